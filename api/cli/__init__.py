@@ -1,0 +1,1 @@
+"""The `fsdp-planner` command line."""

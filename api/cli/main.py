@@ -1,0 +1,24 @@
+"""Entry point of the `fsdp-planner` console script: one Typer app, one module per command group."""
+
+from __future__ import annotations
+
+import typer
+
+from api.cli import plan_cmd
+
+app = typer.Typer(
+    name="fsdp-planner",
+    help="Plan FSDP sharding and compilation for a model on a GPU cluster, serve plans, emit launchers.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+plan_cmd.register(app)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

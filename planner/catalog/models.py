@@ -1,0 +1,155 @@
+"""Model catalog (published architectures) and conversion of any model input into a ModelSpec."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from planner.errors import PlanningError, UnknownCatalogEntryError, UnsupportedArchitectureError
+from planner.specs import ModelSpec
+
+
+def _llama(name: str, **dims: Any) -> ModelSpec:
+    return ModelSpec(name=name, architecture="llama", **dims)
+
+
+def _gpt2(name: str, hidden: int, layers: int, heads: int) -> ModelSpec:
+    return ModelSpec(
+        name=name, architecture="gpt2", vocab_size=50257, hidden_size=hidden, num_layers=layers,
+        num_heads=heads, max_seq_len=1024, tie_word_embeddings=True, norm_eps=1e-5,
+    )
+
+
+MODEL_CATALOG: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        _llama("llama2-7b", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32,
+               intermediate_size=11008, max_seq_len=4096),
+        _llama("llama3-8b", vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32,
+               num_kv_heads=8, intermediate_size=14336, max_seq_len=8192, rope_theta=500000.0),
+        _llama("llama3-70b", vocab_size=128256, hidden_size=8192, num_layers=80, num_heads=64,
+               num_kv_heads=8, intermediate_size=28672, max_seq_len=8192, rope_theta=500000.0),
+        _llama("llama3.1-405b", vocab_size=128256, hidden_size=16384, num_layers=126,
+               num_heads=128, num_kv_heads=8, intermediate_size=53248, max_seq_len=131072,
+               rope_theta=500000.0),
+        _llama("mistral-7b", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32,
+               num_kv_heads=8, intermediate_size=14336, max_seq_len=32768, rope_theta=1000000.0),
+        _gpt2("gpt2", 768, 12, 12),
+        _gpt2("gpt2-medium", 1024, 24, 16),
+        _gpt2("gpt2-large", 1280, 36, 20),
+        _gpt2("gpt2-xl", 1600, 48, 25),
+        # A few million parameters: small enough to train on two CPU ranks in tests.
+        _llama("llama-debug", vocab_size=2048, hidden_size=256, num_layers=4, num_heads=8,
+               num_kv_heads=4, intermediate_size=768, max_seq_len=2048),
+    )
+}
+
+# `llama3.1-8b` and friends share their dims with Llama 3.
+_ALIASES = {"llama3.1-8b": "llama3-8b", "llama3.1-70b": "llama3-70b", "llama3-405b": "llama3.1-405b"}
+
+_HF_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "llama",
+    "GPT2LMHeadModel": "gpt2",
+}
+
+
+def catalog_model(name: str) -> ModelSpec:
+    """The catalog entry for a model name, case-insensitively."""
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    spec = MODEL_CATALOG.get(key)
+    if spec is None:
+        known = ", ".join(MODEL_CATALOG)
+        raise UnknownCatalogEntryError(
+            f"unknown model {name!r}; known models: {known}. For another model pass its Hugging Face "
+            "config.json or a layer graph from `fsdp-planner trace`",
+            field="model",
+        )
+    return spec
+
+
+def model_from_hf_config(config: dict[str, Any], *, name: str | None = None) -> ModelSpec:
+    """Turn a Hugging Face `config.json` (as a dict) into a ModelSpec."""
+    architectures = config.get("architectures") or []
+    if not isinstance(architectures, list) or not architectures:
+        raise UnsupportedArchitecture(
+            "<missing>", detail="config.json has no `architectures` list"
+        )
+    arch = str(architectures[0])
+    family = _HF_ARCHITECTURES.get(arch)
+    if family is None:
+        raise UnsupportedArchitecture(arch)
+    display = name or str(config.get("_name_or_path") or config.get("model_type") or arch)
+    try:
+        if family == "gpt2":
+            return ModelSpec(
+                name=display, architecture="gpt2",
+                vocab_size=_int(config, "vocab_size"), hidden_size=_int(config, "n_embd"),
+                num_layers=_int(config, "n_layer"), num_heads=_int(config, "n_head"),
+                intermediate_size=config.get("n_inner") or None,
+                max_seq_len=_int(config, "n_positions", 1024),
+                tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+                norm_eps=float(config.get("layer_norm_epsilon", 1e-5)),
+            )
+        return ModelSpec(
+            name=display, architecture="llama",
+            vocab_size=_int(config, "vocab_size"), hidden_size=_int(config, "hidden_size"),
+            num_layers=_int(config, "num_hidden_layers"),
+            num_heads=_int(config, "num_attention_heads"),
+            num_kv_heads=config.get("num_key_value_heads") or None,
+            intermediate_size=_int(config, "intermediate_size"),
+            max_seq_len=_int(config, "max_position_embeddings", 2048),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            qkv_bias=arch == "Qwen2ForCausalLM",
+            rope_theta=float(config.get("rope_theta", 10000.0)),
+            norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "config"
+        raise PlanningError(f"config.json {where}: {first['msg']}", field="model") from None
+
+
+class UnsupportedArchitecture(UnsupportedArchitectureError):
+    def __init__(self, arch: str, *, detail: str | None = None) -> None:
+        supported = ", ".join(_HF_ARCHITECTURES)
+        lead = detail or f"unsupported architecture {arch}"
+        super().__init__(f"{lead}; supported: {supported}", field="model")
+
+
+def _int(config: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlanningError(
+            f"config.json: `{key}` must be an integer, got {value!r}", field="model"
+        )
+    return value
+
+
+def resolve_model(value: str | dict[str, Any] | ModelSpec) -> ModelSpec:
+    """Any accepted model input as a ModelSpec.
+
+    Accepts a catalog name, a Hugging Face config.json dict (it has `architectures`), or a
+    ModelSpec / its dict form (including a traced layer graph).
+    """
+    if isinstance(value, ModelSpec):
+        return value
+    if isinstance(value, str):
+        return catalog_model(value)
+    if isinstance(value, dict):
+        if "architectures" in value or "model_type" in value:
+            return model_from_hf_config(value)
+        try:
+            return ModelSpec.model_validate(value)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise PlanningError(
+                f"model.{where}: {first['msg']}" if where else f"model: {first['msg']}", field="model"
+            ) from None
+    raise PlanningError(
+        "model: give a catalog name, a Hugging Face config.json object, or a model spec", field="model"
+    )

@@ -1,0 +1,228 @@
+"""The Plan document: the versioned JSON contract between planner, service and runtime.
+
+`planner` produces it, `api` stores it, `executor.runtime` reads it with its own dataclasses
+(tests/contract keeps the two readings in step). Bump SCHEMA_VERSION when a field changes meaning.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.catalog.gpus import GpuSpec
+from planner.specs import CheckpointMode, ClusterSpec, ModelSpec, ShardingStrategy, TrainingSpec
+
+SCHEMA_VERSION = "1.0"
+
+DType = Literal["bfloat16", "float32"]
+
+
+class Document(BaseModel):
+    """Base of the plan's parts: unknown keys refused, so a stored plan always means one thing."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CheckpointingConfig(Document):
+    """Activation checkpointing policy."""
+
+    mode: CheckpointMode
+    """`none`, `selective` (every `every_k`-th block recomputed), or `full` (every block)."""
+    every_k: Annotated[int, Field(ge=1)] = 1
+    """For `selective`: checkpoint blocks whose index is a multiple of k (k=2: half the blocks)."""
+
+
+class InductorConfig(Document):
+    """torch.compile / inductor knobs implied by the plan (applied only when `compile` is on)."""
+
+    bucket_all_gathers: bool
+    """Merge consecutive all-gathers into buckets up to `all_gather_bucket_mb`."""
+    bucket_reduce_scatters: bool
+    """Merge consecutive reduce-scatters into buckets up to `reduce_scatter_bucket_mb`."""
+    reorder_for_compute_comm_overlap: bool
+    """Let inductor move collectives earlier so they overlap compute (prefetch)."""
+
+
+class ParallelConfig(Document):
+    """The chosen way to shard, wrap, checkpoint, batch and compile."""
+
+    sharding: ShardingStrategy
+    """full_shard (ZeRO-3), shard_grad_op (ZeRO-2), hybrid_shard (2-D mesh), no_shard (DDP-like)."""
+    shard_group_size: Annotated[int, Field(ge=1)]
+    """Ranks a parameter is sharded over (world size for full_shard / shard_grad_op, 1 for no_shard)."""
+    replicate_group_size: Annotated[int, Field(ge=1)]
+    """Ranks holding the same shard (world / shard_group_size)."""
+    blocks_per_unit: Annotated[int, Field(ge=1)]
+    """Transformer blocks per FSDP wrap unit; embeddings and the output head are units of their own."""
+    all_gather_bucket_mb: Annotated[float, Field(ge=0)]
+    """Cap for merged all-gathers in MB; 0 means one collective per wrap unit."""
+    reduce_scatter_bucket_mb: Annotated[float, Field(ge=0)]
+    """Cap for merged reduce-scatters in MB; 0 means one collective per wrap unit."""
+    reshard_after_forward: bool
+    """Free unsharded parameters after a unit's forward (re-gathered in backward)."""
+    prefetch_depth: Annotated[int, Field(ge=0)]
+    """How many units ahead all-gathers are issued."""
+    checkpointing: CheckpointingConfig
+    micro_batch_size: Annotated[int, Field(ge=1)]
+    """Sequences per rank per forward pass."""
+    grad_accum_steps: Annotated[int, Field(ge=1)]
+    """Micro-batches per optimizer step."""
+    param_dtype: DType
+    """Dtype of parameters in compute (all-gathered copies)."""
+    reduce_dtype: DType
+    """Dtype of gradient reduction."""
+    compile: bool
+    """torch.compile over SimpleFSDP-style DTensor sharding (True) or eager FSDP2 fully_shard (False)."""
+    inductor: InductorConfig
+
+    def label(self) -> str:
+        """A short human-readable summary, e.g. `full_shard/8 u2 AC=sel2 mb2x4 compiled`."""
+        shard = self.sharding
+        if self.sharding == "hybrid_shard":
+            shard += f"/{self.shard_group_size}x{self.replicate_group_size}"
+        ac = {"none": "none", "full": "full"}.get(self.checkpointing.mode, f"sel{self.checkpointing.every_k}")
+        buckets = ""
+        if self.compile and (self.all_gather_bucket_mb or self.reduce_scatter_bucket_mb):
+            buckets = f" ag{self.all_gather_bucket_mb:g}/rs{self.reduce_scatter_bucket_mb:g}MB"
+        mode = "compiled" if self.compile else "eager"
+        return (
+            f"{shard} u{self.blocks_per_unit} AC={ac} mb{self.micro_batch_size}x{self.grad_accum_steps}"
+            f"{buckets} {mode}"
+        )
+
+
+class MemoryBreakdown(Document):
+    """Peak memory per GPU by purpose, GiB."""
+
+    params: float
+    """Sharded fp32 master parameters (or the full copy when not sharded)."""
+    grads: float
+    """Sharded gradients kept for the optimizer step."""
+    optimizer: float
+    """Optimizer states."""
+    activations: float
+    """Tensors saved for backward, at their peak (including recompute of one checkpointed block)."""
+    unsharded_buffers: float
+    """All-gathered parameters and unsharded gradients in flight."""
+    logits: float
+    """Output logits and the loss's fp32 copies at the end of forward."""
+    workspace: float
+    """Framework and kernel workspace (CUDA context excluded)."""
+    fragmentation: float
+    """Allocator fragmentation margin."""
+
+    @property
+    def total(self) -> float:
+        return (
+            self.params + self.grads + self.optimizer + self.activations + self.unsharded_buffers
+            + self.logits + self.workspace + self.fragmentation
+        )
+
+
+class TimelineSegment(Document):
+    """One span on the step timeline (one micro-batch, forward then backward)."""
+
+    stream: Literal["compute", "comm"]
+    phase: Literal["forward", "backward", "optimizer"]
+    label: str
+    """What runs, e.g. `fwd unit 3` or `all-gather bucket 2`."""
+    start_s: float
+    end_s: float
+    exposed_s: float = 0.0
+    """For communication: the part of it during which compute waited."""
+
+
+class Prediction(Document):
+    """What the cost model expects for one optimizer step of a configuration."""
+
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    tokens_per_s: float
+    mfu: float
+    """Model FLOPs utilisation (6N + 12LHQT per token) against the GPU's dense bf16 peak, 0..1."""
+    peak_memory_gib: float
+    memory_breakdown_gib: MemoryBreakdown
+    compute_s: float
+    """Compute time per step (forward, backward, recompute, optimizer)."""
+    comm_s: float
+    """Total communication time per step, overlapped or not."""
+    exposed_comm_s: float
+    """Communication time per step not hidden behind compute."""
+    exposed_all_gather_s: float
+    exposed_reduce_scatter_s: float
+    optimizer_s: float
+    timeline: tuple[TimelineSegment, ...] = ()
+    """One micro-batch's forward and backward on the two streams (only for the chosen plan)."""
+
+
+class Candidate(Document):
+    """A ranked configuration with its prediction (alternatives and the Pareto front)."""
+
+    label: str
+    config: ParallelConfig
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+    peak_memory_gib: float
+    exposed_comm_s: float
+    relative_throughput: float
+    """Throughput relative to the chosen plan (1.0 = as fast)."""
+
+
+class RejectedFamily(Document):
+    """Why a family of configurations (a sharding strategy x compile mode) was not chosen."""
+
+    family: str
+    """E.g. `no_shard eager`."""
+    kind: Literal["oom", "slower", "excluded"]
+    reason: str
+    """E.g. `OOM by 12.4 GiB` or `17% slower: exposed all-gather 41 ms/step`."""
+    best_tokens_per_s_per_gpu: float | None = None
+    min_peak_memory_gib: float | None = None
+
+
+class SearchStats(Document):
+    candidates_evaluated: int
+    candidates_fitting: int
+
+
+class PlannedModel(ModelSpec):
+    """The model spec with its derived counts."""
+
+    num_params: int
+    num_params_embedding: int
+    """Input-embedding parameters (lookups, not matmuls; excluded from 6N)."""
+    flops_per_token: float
+    """Training FLOPs per token at this plan's sequence length: 6N + 12LHQT."""
+
+
+class PlannedCluster(ClusterSpec):
+    """The cluster spec with its resolved GPU entry."""
+
+    world_size: int
+    gpu_spec: GpuSpec
+
+
+class PlannedTraining(TrainingSpec):
+    global_batch_sequences: int
+
+
+class Plan(Document):
+    """The versioned plan document (`schema_version`)."""
+
+    schema_version: str = SCHEMA_VERSION
+    planner_version: str
+    plan_hash: str
+    """sha256 of the canonical inputs, calibration id and planner version."""
+    model: PlannedModel
+    cluster: PlannedCluster
+    training: PlannedTraining
+    config: ParallelConfig
+    prediction: Prediction
+    alternatives: tuple[Candidate, ...]
+    pareto_front: tuple[Candidate, ...]
+    """Configurations that no other beats on both throughput and peak memory, fastest first."""
+    rejected: tuple[RejectedFamily, ...]
+    calibration_id: str | None = None
+    search: SearchStats

@@ -1,0 +1,239 @@
+"""Input specifications: the model, the cluster, the training setup, and a whole plan request.
+
+Every spec is a strict pydantic model (unknown fields are refused, numbers are not coerced from
+strings) whose validation errors name the field and say how to fix it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Architecture = Literal["llama", "gpt2", "layer_graph"]
+Precision = Literal["bf16", "fp32"]
+Optimizer = Literal["adamw", "sgd"]
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class StrictModel(BaseModel):
+    """Base for every spec: strict types, unknown keys refused, immutable once built."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class LayerUnit(StrictModel):
+    """One module of a traced layer graph (`fsdp-planner trace`), as the cost model sees it."""
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    """Module path in the user's model, e.g. `layers.3`."""
+    num_params: Annotated[int, Field(ge=0)]
+    """Parameters owned by this module (not counting children listed separately)."""
+    fwd_flops_per_token: Annotated[float, Field(ge=0)]
+    """Forward FLOPs per token; backward is taken as twice this."""
+    activation_bytes_per_token: Annotated[float, Field(ge=0)]
+    """Bytes saved for backward per token when the module is not checkpointed."""
+    is_block: bool = True
+    """Whether the module is a repeated block (a candidate FSDP wrap unit and checkpoint unit)."""
+
+
+class ModelSpec(StrictModel):
+    """A model's architecture and dimensions: enough to count parameters, FLOPs and activations."""
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    """Display name, e.g. `llama3-8b`."""
+    architecture: Architecture
+    """`llama` (covers Llama 2/3, Mistral, Qwen2 dims), `gpt2`, or `layer_graph` (traced module)."""
+    vocab_size: PositiveInt = 1
+    """Token vocabulary size."""
+    hidden_size: PositiveInt = 1
+    """Model width (embedding dimension)."""
+    num_layers: PositiveInt = 1
+    """Number of transformer blocks."""
+    num_heads: PositiveInt = 1
+    """Attention query heads."""
+    num_kv_heads: PositiveInt | None = None
+    """Key/value heads for grouped-query attention; None means equal to `num_heads`."""
+    intermediate_size: PositiveInt | None = None
+    """Feed-forward hidden size; None means 4 x hidden (GPT-2)."""
+    max_seq_len: PositiveInt = 2048
+    """Longest context the model was built for."""
+    tie_word_embeddings: bool = False
+    """Whether the output head shares the token embedding weight."""
+    qkv_bias: bool = False
+    """Bias on the q/k/v projections (Qwen2 style)."""
+    rope_theta: Annotated[float, Field(gt=0)] = 10000.0
+    """RoPE base frequency (Llama family)."""
+    norm_eps: Annotated[float, Field(gt=0)] = 1e-5
+    """Epsilon of RMSNorm / LayerNorm."""
+    layer_graph: list[LayerUnit] | None = None
+    """Modules of a traced model, in forward order (only for `architecture == "layer_graph"`)."""
+
+    @model_validator(mode="after")
+    def _check_dimensions(self) -> ModelSpec:
+        if self.architecture == "layer_graph":
+            if not self.layer_graph:
+                raise ValueError(
+                    "layer_graph: a `layer_graph` model needs its traced modules; "
+                    "produce them with `fsdp-planner trace pkg.module:factory`"
+                )
+            return self
+        if self.layer_graph is not None:
+            raise ValueError(
+                f"layer_graph: only allowed with architecture 'layer_graph', not '{self.architecture}'"
+            )
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"num_heads: {self.num_heads} heads do not divide hidden_size {self.hidden_size}; "
+                f"pick a head count that divides it (e.g. {_nearest_divisor(self.hidden_size, self.num_heads)})"
+            )
+        kv = self.kv_heads
+        if self.num_heads % kv:
+            raise ValueError(
+                f"num_kv_heads: {kv} key/value heads must divide num_heads {self.num_heads} "
+                "(grouped-query attention shares each kv head among a whole group of query heads)"
+            )
+        if self.architecture == "llama" and self.head_dim % 2:
+            raise ValueError(
+                f"num_heads: head dimension {self.head_dim} (hidden_size / num_heads) must be even for RoPE"
+            )
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def ffn_size(self) -> int:
+        return self.intermediate_size or 4 * self.hidden_size
+
+
+class ClusterSpec(StrictModel):
+    """The GPUs to train on: nodes x GPUs per node of one GPU type."""
+
+    num_nodes: PositiveInt = 1
+    """Number of machines."""
+    gpus_per_node: PositiveInt = 8
+    """GPUs (ranks) per machine."""
+    gpu: Annotated[str, Field(min_length=1, max_length=64)]
+    """GPU type: a catalog name or alias (`H100`, `A100-80GB`, `cpu`, ...)."""
+    intra_node_bandwidth_gbps: Annotated[float, Field(gt=0)] | None = None
+    """Override of the per-GPU intra-node link bandwidth in GB/s (default: the GPU catalog's)."""
+    inter_node_bandwidth_gbps: Annotated[float, Field(gt=0)] | None = None
+    """Override of the per-GPU network bandwidth in GB/s (default: the GPU catalog's NIC)."""
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, value: str) -> str:
+        from planner.catalog.gpus import resolve_gpu
+
+        return resolve_gpu(value).name
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    @classmethod
+    def parse(cls, text: str) -> ClusterSpec:
+        """Read `NODESxGPUSxGPU` (e.g. `2x8xH100`) or `GPUSxGPU` (one node)."""
+        parts = text.strip().split("x", 2)
+        try:
+            if len(parts) == 3:
+                return cls(num_nodes=int(parts[0]), gpus_per_node=int(parts[1]), gpu=parts[2])
+            if len(parts) == 2:
+                return cls(num_nodes=1, gpus_per_node=int(parts[0]), gpu=parts[1])
+        except ValueError as exc:
+            if "invalid literal" not in str(exc):
+                raise
+        raise ValueError(
+            f"cluster: cannot read {text!r}; write NODESxGPUSxGPU, e.g. 1x8xH100 or 4x8xA100-80GB"
+        )
+
+
+class TrainingSpec(StrictModel):
+    """What one optimizer step processes and how numbers are represented."""
+
+    seq_len: PositiveInt
+    """Tokens per sequence."""
+    global_batch_tokens: PositiveInt
+    """Tokens per optimizer step over the whole cluster (a multiple of `seq_len`)."""
+    precision: Precision = "bf16"
+    """`bf16`: bf16 compute with fp32 master weights and fp32 gradient reduction; `fp32`: all fp32."""
+    optimizer: Optimizer = "adamw"
+    """`adamw` (two fp32 states per parameter) or `sgd` (momentum: one state)."""
+
+    @model_validator(mode="after")
+    def _whole_sequences(self) -> TrainingSpec:
+        if self.global_batch_tokens % self.seq_len:
+            lower = max(self.seq_len, self.global_batch_tokens // self.seq_len * self.seq_len)
+            raise ValueError(
+                f"global_batch_tokens: {self.global_batch_tokens} is not a whole number of "
+                f"{self.seq_len}-token sequences; use a multiple of seq_len such as {lower} "
+                f"or {lower + self.seq_len}"
+            )
+        return self
+
+    @property
+    def global_batch_sequences(self) -> int:
+        return self.global_batch_tokens // self.seq_len
+
+
+ShardingStrategy = Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
+CheckpointMode = Literal["none", "selective", "full"]
+
+
+class SearchSpace(StrictModel):
+    """Limits on what the search may choose; the defaults search everything."""
+
+    shardings: list[ShardingStrategy] = ["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
+    """Sharding strategies to consider."""
+    compile: list[bool] = [True, False]
+    """Whether to consider torch.compile (True) and eager FSDP2 (False)."""
+    checkpointing: list[CheckpointMode] = ["none", "selective", "full"]
+    """Activation checkpointing modes to consider."""
+    max_micro_batch_size: PositiveInt = 64
+    """Largest micro-batch (sequences per rank per forward) to consider."""
+    memory_headroom: Annotated[float, Field(ge=0.0, le=0.5)] = 0.05
+    """Fraction of GPU memory kept free: a plan fits when peak <= capacity x (1 - headroom)."""
+
+    @field_validator("shardings", "compile", "checkpointing")
+    @classmethod
+    def _not_empty(cls, value: list) -> list:
+        if not value:
+            raise ValueError("must name at least one option")
+        return value
+
+
+class PlanRequest(StrictModel):
+    """Everything the planner needs: what to train, where, how much, and optional calibration."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    search: SearchSpace = SearchSpace()
+    """Restrictions on the search space."""
+    top_k: Annotated[int, Field(ge=1, le=50)] = 5
+    """How many ranked alternatives to return beside the best plan."""
+
+    @model_validator(mode="after")
+    def _batch_reachable(self) -> PlanRequest:
+        world = self.cluster.world_size
+        seqs = self.training.global_batch_sequences
+        if seqs % world:
+            up = -(-seqs // world) * world
+            raise ValueError(
+                f"training.global_batch_tokens: {seqs} sequences of {self.training.seq_len} tokens "
+                f"cannot be split evenly over {world} GPUs (micro-batch x accumulation x "
+                f"data-parallel degree must equal the global batch); use a multiple of {world} "
+                f"sequences, e.g. {up} sequences = {up * self.training.seq_len} tokens"
+            )
+        return self
+
+
+def _nearest_divisor(n: int, near: int) -> int:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return min(divisors, key=lambda d: (abs(d - near), d))

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs the project with every extra into .venv and runs lint, import borders and the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+# torch==2.13.0 is pinned in the `executor` extra so pip takes the local CPU build, not CUDA wheels.
+python -m pip install -q -e '.[executor,dev]'
+ruff check .
+lint-imports
+python -m pytest "$@"
