@@ -28,7 +28,9 @@ class CheckpointingConfig(Document):
     """Activation checkpointing policy."""
 
     mode: CheckpointMode
-    """`none`, `selective` (every `every_k`-th block recomputed), or `full` (every block)."""
+    """`none`; `selective`: every `every_k`-th block recomputed; `op_selective`: in every block the
+    outputs of every other matmul (and attention) are saved and the rest recomputed (torchtitan's
+    op-level SAC); `full`: every block recomputed from its input."""
     every_k: Annotated[int, Field(ge=1)] = 1
     """For `selective`: checkpoint blocks whose index is a multiple of k (k=2: half the blocks)."""
 
@@ -81,7 +83,9 @@ class ParallelConfig(Document):
         shard = self.sharding
         if self.sharding == "hybrid_shard":
             shard += f"/{self.shard_group_size}x{self.replicate_group_size}"
-        ac = {"none": "none", "full": "full"}.get(self.checkpointing.mode, f"sel{self.checkpointing.every_k}")
+        ac = {"none": "none", "full": "full", "op_selective": "op"}.get(
+            self.checkpointing.mode, f"sel{self.checkpointing.every_k}"
+        )
         buckets = ""
         if self.compile and (self.all_gather_bucket_mb or self.reduce_scatter_bucket_mb):
             buckets = f" ag{self.all_gather_bucket_mb:g}/rs{self.reduce_scatter_bucket_mb:g}MB"

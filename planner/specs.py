@@ -183,7 +183,7 @@ class TrainingSpec(StrictModel):
 
 
 ShardingStrategy = Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
-CheckpointMode = Literal["none", "selective", "full"]
+CheckpointMode = Literal["none", "selective", "op_selective", "full"]
 
 
 class SearchSpace(StrictModel):
@@ -193,7 +193,7 @@ class SearchSpace(StrictModel):
     """Sharding strategies to consider."""
     compile: list[bool] = [True, False]
     """Whether to consider torch.compile (True) and eager FSDP2 (False)."""
-    checkpointing: list[CheckpointMode] = ["none", "selective", "full"]
+    checkpointing: list[CheckpointMode] = ["none", "selective", "op_selective", "full"]
     """Activation checkpointing modes to consider."""
     max_micro_batch_size: PositiveInt = 64
     """Largest micro-batch (sequences per rank per forward) to consider."""
