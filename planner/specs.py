@@ -83,9 +83,10 @@ class ModelSpec(StrictModel):
                 f"layer_graph: only allowed with architecture 'layer_graph', not '{self.architecture}'"
             )
         if self.hidden_size % self.num_heads:
+            suggestion = _nearest_divisor(self.hidden_size, self.num_heads)
             raise ValueError(
                 f"num_heads: {self.num_heads} heads do not divide hidden_size {self.hidden_size}; "
-                f"pick a head count that divides it (e.g. {_nearest_divisor(self.hidden_size, self.num_heads)})"
+                f"pick a head count that divides it (e.g. {suggestion})"
             )
         kv = self.kv_heads
         if self.num_heads % kv:

@@ -1,0 +1,337 @@
+"""Predict step time, throughput and peak memory of one parallel configuration.
+
+`Choice` is the search's light-weight configuration (the Plan's `ParallelConfig` is built only for
+the plans that are reported). `memory()` is cheap and runs first so that search can prune by memory
+before paying for the timeline in `timing()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cost.model_costs import ModelCosts, UnitCost
+from planner.cost.parameters import GIB, CostParameters, LinkClass
+from planner.cost.timeline import GroupTimes, TimelineResult, simulate
+from planner.specs import Optimizer, Precision
+
+MB = 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One point of the search space."""
+
+    sharding: str
+    shard_group: int
+    replicate_group: int
+    blocks_per_unit: int
+    all_gather_bucket_mb: float
+    reduce_scatter_bucket_mb: float
+    checkpointing: str
+    every_k: int
+    micro_batch: int
+    grad_accum: int
+    compile: bool
+    prefetch_depth: int = 1
+
+    @property
+    def family(self) -> str:
+        shard = self.sharding
+        if self.sharding == "hybrid_shard":
+            shard += f"/{self.shard_group}x{self.replicate_group}"
+        return f"{shard} {'compiled' if self.compile else 'eager'}"
+
+    @property
+    def reshards_after_forward(self) -> bool:
+        return self.sharding in ("full_shard", "hybrid_shard")
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """What stays fixed across the search: model, hardware, precision, batch."""
+
+    model: ModelCosts
+    params: CostParameters
+    precision: Precision
+    optimizer: Optimizer
+    world_size: int
+    gpus_per_node: int
+    num_nodes: int
+    seq_len: int
+    global_batch_sequences: int
+
+    @property
+    def param_bytes(self) -> int:
+        return 2 if self.precision == "bf16" else 4
+
+    @property
+    def act_bytes(self) -> int:
+        return self.param_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    """Bytes per GPU at peak, by purpose."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    unsharded: float
+    logits: float
+    workspace: float
+    fragmentation: float
+
+    @property
+    def total(self) -> float:
+        return (
+            self.params + self.grads + self.optimizer + self.activations + self.unsharded
+            + self.logits + self.workspace + self.fragmentation
+        )
+
+    @property
+    def sharded_states(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+
+@dataclass(frozen=True, slots=True)
+class TimeEstimate:
+    step_time_s: float
+    compute_s: float
+    comm_s: float
+    exposed_all_gather_s: float
+    exposed_reduce_s: float
+    optimizer_s: float
+    micro_batch_timeline: TimelineResult
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return self.exposed_all_gather_s + self.exposed_reduce_s
+
+
+# ---------------------------------------------------------------- grouping
+
+
+IndexedUnit = tuple[int, UnitCost]
+"""A unit with its block index (-1 for the embedding and the head)."""
+
+
+def comm_groups(setting: Setting, choice: Choice) -> list[list[IndexedUnit]]:
+    """Units merged into collectives: wrap units, then (compiled only) buckets up to the caps.
+
+    The embedding and the head are wrap units of their own. Eager FSDP2 issues one all-gather per
+    wrap unit; compiled SimpleFSDP lets inductor merge consecutive units' all-gathers up to the
+    bucket cap (the smaller of the all-gather and reduce-scatter caps, so that neither bucket
+    exceeds its cap: backward reduces the same groups it gathered).
+    """
+    m = setting.model
+    blocks = list(enumerate(m.blocks))
+    k = choice.blocks_per_unit
+    units: list[list[IndexedUnit]] = [[(-1, m.embedding)]]
+    units += [blocks[i : i + k] for i in range(0, len(blocks), k)]
+    units.append([(-1, m.head)])
+    caps = [c for c in (choice.all_gather_bucket_mb, choice.reduce_scatter_bucket_mb) if c > 0]
+    if not choice.compile or not caps:
+        return units
+    cap = min(caps) * MB
+    merged: list[list[IndexedUnit]] = []
+    current: list[IndexedUnit] = []
+    current_bytes = 0.0
+    for unit in units:
+        unit_bytes = sum(u.num_params for _, u in unit) * setting.param_bytes
+        if current and current_bytes + unit_bytes > cap:
+            merged.append(current)
+            current, current_bytes = [], 0.0
+        current = current + unit
+        current_bytes += unit_bytes
+    merged.append(current)
+    return merged
+
+
+def _is_checkpointed(choice: Choice, block_index: int) -> bool:
+    if choice.checkpointing == "full":
+        return True
+    if choice.checkpointing == "selective":
+        return (block_index + 1) % choice.every_k == 0
+    return False
+
+
+# ---------------------------------------------------------------- memory
+
+
+def memory(setting: Setting, choice: Choice) -> MemoryEstimate:
+    """Peak bytes per GPU (reached at the start of backward, with every saved activation alive)."""
+    m = setting.model
+    p = setting.params
+    n_params = m.num_params
+    shard = choice.shard_group
+    opt_bytes = 8 if setting.optimizer == "adamw" else 4
+    master = 4.0 * n_params / shard
+    grads = 4.0 * n_params / shard
+    optimizer = opt_bytes * n_params / shard
+
+    groups = comm_groups(setting, choice)
+    group_params = [sum(u.num_params for _, u in g) for g in groups]
+    pb = setting.param_bytes
+    # Gradients come out of backward in the compute dtype and are cast to fp32 for reduction.
+    grad_buffer = (pb + 4) if pb == 2 else 4
+    depth = choice.prefetch_depth
+    if choice.sharding in ("full_shard", "hybrid_shard"):
+        unsharded = max(
+            pb * sum(group_params[max(0, j - depth) : j + 1]) + grad_buffer * group_params[j]
+            for j in range(len(groups))
+        )
+    elif choice.sharding == "shard_grad_op":
+        unsharded = pb * n_params + grad_buffer * max(group_params)
+    else:  # no_shard: fp32 weights are local; only the compute-dtype copies are transient
+        unsharded = (pb * (depth + 2) * max(group_params)) if pb == 2 else 0.0
+
+    tokens = choice.micro_batch * setting.seq_len
+    saved = 0.0
+    recompute_peak = 0.0
+    for i, block in enumerate(m.blocks):
+        if _is_checkpointed(choice, i):
+            saved += block.input_elems
+            recompute_peak = max(recompute_peak, block.saved_elems)
+        elif choice.checkpointing == "op_selective":
+            saved += block.op_saved_elems
+            recompute_peak = max(recompute_peak, block.saved_elems - block.op_saved_elems)
+        else:
+            saved += block.saved_elems
+    saved += m.head.saved_elems
+    activations = (saved + recompute_peak) * tokens * setting.act_bytes
+    # Eager: fp32 upcast of logits, log-softmax output and its gradient alive together.
+    # Compiled: the loss is fused; logits in the compute dtype plus one fp32 gradient buffer.
+    logits_bytes = 12.0 if not choice.compile else setting.act_bytes + 4.0
+    logits = tokens * m.vocab_size * logits_bytes
+    dynamic = activations + unsharded + logits
+    return MemoryEstimate(
+        params=master,
+        grads=grads,
+        optimizer=optimizer,
+        activations=activations,
+        unsharded=unsharded,
+        logits=logits,
+        workspace=p.workspace_gib * GIB,
+        fragmentation=p.fragmentation * dynamic,
+    )
+
+
+# ---------------------------------------------------------------- time
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardTime:
+    matmul: float
+    attention: float
+    elementwise: float
+
+    @property
+    def total(self) -> float:
+        return self.matmul + self.attention + self.elementwise
+
+
+def _forward_time(setting: Setting, unit: UnitCost, tokens: int, compile_: bool) -> ForwardTime:
+    p = setting.params
+    matmul = 2.0 * unit.matmul_params * tokens / (p.peak_flops * p.matmul_efficiency)
+    matmul += unit.gemms * p.matmul_overhead_s
+    attention = unit.attention_flops * tokens / (p.peak_flops * p.attention_efficiency)
+    traffic = unit.elementwise_elems * tokens * setting.act_bytes
+    kernels = unit.kernels
+    if compile_:
+        traffic *= p.compile_traffic_fraction
+        kernels *= p.compile_kernel_fraction
+    elementwise = traffic / p.memory_bandwidth + kernels * p.kernel_overhead_s
+    scale = p.compute_scale
+    return ForwardTime(matmul * scale, attention * scale, elementwise * scale)
+
+
+def _recompute_time(setting: Setting, choice: Choice, unit: UnitCost, index: int, fwd: ForwardTime) -> float:
+    """Forward work re-run in backward for a checkpointed (or op-selective) block."""
+    if index < 0:
+        return 0.0
+    if _is_checkpointed(choice, index):
+        return fwd.total
+    if choice.checkpointing == "op_selective" and unit.matmul_params:
+        # The unsaved matmuls and every elementwise op run again; attention output is saved.
+        share = unit.op_recompute_matmul_params / unit.matmul_params
+        return fwd.matmul * share + fwd.elementwise
+    return 0.0
+
+
+def _collective(
+    p: CostParameters, link: LinkClass, nbytes: float, group: int, *, all_reduce: bool = False
+) -> float:
+    if group <= 1 or nbytes <= 0:
+        return 0.0
+    lp = p.links[link]
+    volume = nbytes * (group - 1) / group * (2.0 if all_reduce else 1.0)
+    return lp.latency(group) * (2.0 if all_reduce else 1.0) + volume / lp.bandwidth
+
+
+def timing(setting: Setting, choice: Choice, *, record: bool = False) -> TimeEstimate:
+    """Step time from the two-stream timeline of one micro-batch, times accumulation."""
+    p = setting.params
+    tokens = choice.micro_batch * setting.seq_len
+    pb = setting.param_bytes
+    shard, replicas = choice.shard_group, choice.replicate_group
+    shard_link: LinkClass = "intra" if shard <= setting.gpus_per_node else "inter"
+    replica_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"
+    world_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"
+
+    fwd_cache: dict[int, ForwardTime] = {}  # repeated blocks are one object: price it once
+
+    def unit_forward(u: UnitCost) -> ForwardTime:
+        key = id(u)
+        if key not in fwd_cache:
+            fwd_cache[key] = _forward_time(setting, u, tokens, choice.compile)
+        return fwd_cache[key]
+
+    groups = comm_groups(setting, choice)
+    last: list[GroupTimes] = []
+    middle: list[GroupTimes] = []
+    for group in groups:
+        fwd = 0.0
+        bwd = 0.0
+        for index, u in group:
+            f = unit_forward(u)
+            fwd += f.total
+            bwd += 2.0 * f.total + _recompute_time(setting, choice, u, index, f)
+        n_params = sum(u.num_params for _, u in group)
+        ag = 0.0
+        reduce = 0.0
+        if choice.sharding != "no_shard":
+            ag = _collective(p, shard_link, pb * n_params, shard)
+            reduce = _collective(p, shard_link, 4.0 * n_params, shard)
+            if choice.sharding == "hybrid_shard":
+                reduce += _collective(p, replica_link, 4.0 * n_params / shard, replicas, all_reduce=True)
+            sync_every_micro_batch = reduce
+        else:
+            reduce = _collective(p, world_link, 4.0 * n_params, setting.world_size, all_reduce=True)
+            sync_every_micro_batch = 0.0  # replicas accumulate locally and all-reduce once per step
+        ag_bwd = ag if choice.reshards_after_forward else 0.0
+        last.append(GroupTimes(fwd, bwd, ag, ag_bwd, reduce))
+        middle.append(GroupTimes(fwd, bwd, ag, ag_bwd, sync_every_micro_batch))
+
+    contention = p.overlap_contention
+    final = simulate(last, prefetch_depth=choice.prefetch_depth, contention=contention, record=record)
+    if choice.grad_accum > 1 and middle != last:
+        inner = simulate(middle, prefetch_depth=choice.prefetch_depth, contention=contention)
+    else:
+        inner = final
+    accum_before = choice.grad_accum - 1
+
+    local_params = setting.model.num_params / shard
+    optimizer_s = local_params * p.optimizer_bytes_per_param / p.memory_bandwidth
+    optimizer_s += _collective(p, world_link, 4.0, setting.world_size, all_reduce=True)  # grad-norm
+
+    step = accum_before * inner.total_s + final.total_s + optimizer_s
+    return TimeEstimate(
+        step_time_s=step,
+        compute_s=accum_before * inner.compute_s + final.compute_s + optimizer_s,
+        comm_s=accum_before * inner.comm_s + final.comm_s,
+        exposed_all_gather_s=accum_before * inner.exposed_all_gather_s + final.exposed_all_gather_s,
+        exposed_reduce_s=accum_before * inner.exposed_reduce_s + final.exposed_reduce_s,
+        optimizer_s=optimizer_s,
+        micro_batch_timeline=final,
+    )

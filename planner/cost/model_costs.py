@@ -1,0 +1,221 @@
+"""A model as the cost model sees it: units in forward order with parameters, FLOPs and activations.
+
+Every architecture (built-in dims or a traced layer graph) is reduced to the same shape: an input
+unit (embeddings), repeated blocks, and an output unit (final norm + head + loss), so that the rest
+of the cost model never needs to know which architecture it prices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.specs import LayerUnit, ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class UnitCost:
+    """Per-token costs of one module (an embedding, a block, or the head)."""
+
+    name: str
+    num_params: int
+    """Parameters this unit owns (what FSDP shards and all-gathers)."""
+    matmul_params: int
+    """Weights used as matmul operands per token: 2 forward FLOPs each."""
+    gemms: int
+    """Matmul kernels per forward (each pays a fixed launch/tail cost)."""
+    attention_flops: float
+    """Forward attention FLOPs per token at the given sequence length, as executed (causal)."""
+    attention_flops_convention: float
+    """The same by the PaLM/torchtitan convention (not halved for causality), for MFU."""
+    elementwise_elems: float
+    """Elements read+written per token by non-matmul ops in eager forward (norms, RoPE, activations)."""
+    kernels: int
+    """Kernel launches per forward in eager mode."""
+    saved_elems: float
+    """Activation elements saved for backward per token without checkpointing."""
+    op_saved_elems: float
+    """Elements saved per token under op-level selective checkpointing."""
+    op_recompute_matmul_params: int
+    """Matmul weights re-run in backward under op-level selective checkpointing."""
+    input_elems: float
+    """Elements of the block's input per token (what full checkpointing keeps)."""
+    is_block: bool = True
+
+    @property
+    def forward_flops(self) -> float:
+        return 2.0 * self.matmul_params + self.attention_flops
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCosts:
+    """The whole model at one sequence length."""
+
+    embedding: UnitCost
+    blocks: tuple[UnitCost, ...]
+    head: UnitCost
+    num_params: int
+    num_params_embedding: int
+    vocab_size: int
+    seq_len: int
+
+    @property
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token, 6N + 12LHQT (N: matmul parameters incl. the head)."""
+        units = (self.embedding, *self.blocks, self.head)
+        return sum(6.0 * u.matmul_params + 3.0 * u.attention_flops_convention for u in units)
+
+
+def model_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
+    """Decompose a model into priced units at a sequence length."""
+    if spec.architecture == "layer_graph":
+        return _layer_graph_costs(spec, seq_len)
+    if spec.architecture == "gpt2":
+        return _gpt2_costs(spec, seq_len)
+    return _llama_costs(spec, seq_len)
+
+
+def count_parameters(spec: ModelSpec) -> int:
+    """Total parameters (tied weights counted once)."""
+    return model_costs(spec, 1).num_params
+
+
+def _attention_flops(spec: ModelSpec, seq_len: int) -> tuple[float, float]:
+    # Per token and layer: QK^T and AV are 2 matmuls of 2*seq*hidden FLOPs each; causal masking
+    # lets flash attention skip about half, which the convention (and MFU) ignores.
+    convention = 4.0 * seq_len * spec.hidden_size
+    return convention / 2.0, convention
+
+
+def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
+    h, f, v = spec.hidden_size, spec.ffn_size, spec.vocab_size
+    kv = spec.kv_heads * spec.head_dim
+    attn_weights = h * h + 2 * h * kv + h * h
+    mlp_weights = 3 * h * f
+    bias = (h + 2 * kv) if spec.qkv_bias else 0
+    block_params = attn_weights + mlp_weights + bias + 2 * h
+    attn, attn_conv = _attention_flops(spec, seq_len)
+    block = UnitCost(
+        name="block",
+        num_params=block_params,
+        matmul_params=attn_weights + mlp_weights,
+        gemms=7,
+        attention_flops=attn,
+        attention_flops_convention=attn_conv,
+        # two RMSNorms (~8 passes over h each), RoPE on q and k, two residual adds, SwiGLU.
+        elementwise_elems=16 * h + 6 * (h + kv) + 6 * h + 5 * f,
+        kernels=38,
+        # norm in/out x2, q, k, v, attention out, w1/w3 outputs, silu output, product.
+        saved_elems=6 * h + 2 * kv + 4 * f,
+        # block input, q and v projections, attention out, w1 output, w2 output (every other matmul).
+        op_saved_elems=4 * h + kv + f,
+        op_recompute_matmul_params=h * kv + h * h + h * f,
+        input_elems=h,
+    )
+    embedding = _embedding_unit(v * h, h)
+    head_params = h + (0 if spec.tie_word_embeddings else v * h)
+    head = _head_unit(head_params, v * h, h, v)
+    blocks = (block,) * spec.num_layers
+    total = embedding.num_params + block_params * spec.num_layers + head_params
+    return ModelCosts(embedding, blocks, head, total, v * h, v, seq_len)
+
+
+def _gpt2_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
+    h, f, v = spec.hidden_size, spec.ffn_size, spec.vocab_size
+    attn_weights = 4 * h * h
+    mlp_weights = 2 * h * f
+    block_params = attn_weights + mlp_weights + 3 * h + h + f + h + 4 * h  # biases + 2 LayerNorms
+    attn, attn_conv = _attention_flops(spec, seq_len)
+    block = UnitCost(
+        name="block",
+        num_params=block_params,
+        matmul_params=attn_weights + mlp_weights,
+        gemms=4,
+        attention_flops=attn,
+        attention_flops_convention=attn_conv,
+        elementwise_elems=2 * 6 * h + 6 * h + 4 * f,
+        kernels=30,
+        saved_elems=9 * h + 2 * f,
+        op_saved_elems=5 * h + f,
+        op_recompute_matmul_params=h * h + h * f,
+        input_elems=h,
+    )
+    embed_params = v * h + spec.max_seq_len * h
+    embedding = _embedding_unit(embed_params, h)
+    head_params = 2 * h + (0 if spec.tie_word_embeddings else v * h)
+    head = _head_unit(head_params, v * h, h, v)
+    total = embed_params + block_params * spec.num_layers + head_params
+    return ModelCosts(embedding, (block,) * spec.num_layers, head, total, embed_params, v, seq_len)
+
+
+def _layer_graph_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
+    units = spec.layer_graph or []
+    block_indices = [i for i, u in enumerate(units) if u.is_block]
+    if not block_indices:
+        # Nothing repeated: every module is its own unit.
+        before, blocks, after = [], tuple(_traced_unit(u) for u in units), []
+    else:
+        first = block_indices[0]
+        before = [_traced_unit(u) for u in units[:first]]
+        blocks = tuple(_traced_unit(u) for u in units[first:] if u.is_block)
+        # Non-block modules after the first block (final norm, head) form the output unit.
+        after = [_traced_unit(u) for u in units[first:] if not u.is_block]
+    total = sum(u.num_params for u in units)
+    return ModelCosts(_merge("embedding", before), blocks, _merge("head", after), total, 0, 0, seq_len)
+
+
+def _traced_unit(unit: LayerUnit) -> UnitCost:
+    # A traced module reports FLOPs and saved bytes directly; bytes are taken at 2 per element
+    # (bf16), matching how `fsdp-planner trace` measures them.
+    elems = unit.activation_bytes_per_token / 2.0
+    return UnitCost(
+        name=unit.name,
+        num_params=unit.num_params,
+        matmul_params=int(unit.fwd_flops_per_token // 2),
+        gemms=1 if unit.num_params else 0,
+        attention_flops=0.0,
+        attention_flops_convention=0.0,
+        elementwise_elems=2 * elems,
+        kernels=10,
+        saved_elems=elems,
+        op_saved_elems=elems / 2,
+        op_recompute_matmul_params=int(unit.fwd_flops_per_token // 4),
+        input_elems=elems / 8,
+        is_block=unit.is_block,
+    )
+
+
+def _merge(name: str, units: list[UnitCost]) -> UnitCost:
+    return UnitCost(
+        name=name,
+        num_params=sum(u.num_params for u in units),
+        matmul_params=sum(u.matmul_params for u in units),
+        gemms=sum(u.gemms for u in units),
+        attention_flops=0.0,
+        attention_flops_convention=0.0,
+        elementwise_elems=sum(u.elementwise_elems for u in units),
+        kernels=sum(u.kernels for u in units),
+        saved_elems=sum(u.saved_elems for u in units),
+        op_saved_elems=sum(u.saved_elems for u in units),
+        op_recompute_matmul_params=0,
+        input_elems=sum(u.input_elems for u in units),
+        is_block=False,
+    )
+
+
+def _embedding_unit(params: int, h: int) -> UnitCost:
+    return UnitCost(
+        name="embedding", num_params=params, matmul_params=0, gemms=0, attention_flops=0.0,
+        attention_flops_convention=0.0, elementwise_elems=2 * h, kernels=2, saved_elems=0,
+        op_saved_elems=0, op_recompute_matmul_params=0, input_elems=0, is_block=False,
+    )
+
+
+def _head_unit(params: int, matmul_params: int, h: int, v: int) -> UnitCost:
+    # Final norm, output projection and the loss. The logits themselves are priced separately
+    # by the memory model; here: the norm's saved tensors and the softmax's elementwise passes.
+    return UnitCost(
+        name="head", num_params=params, matmul_params=matmul_params, gemms=1, attention_flops=0.0,
+        attention_flops_convention=0.0, elementwise_elems=16 * h + 6 * v, kernels=14,
+        saved_elems=2 * h, op_saved_elems=2 * h, op_recompute_matmul_params=0, input_elems=h,
+        is_block=False,
+    )

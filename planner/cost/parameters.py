@@ -1,0 +1,112 @@
+"""The cost model's parameters: catalog defaults, replaced by fitted values from a calibration.
+
+Defaults are datasheet peaks times efficiencies typical of well-tuned PyTorch training (cuBLAS
+GEMMs at ~60% of dense peak, flash attention at ~40%, NCCL at ~80% of link bandwidth).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from planner.catalog.gpus import GpuSpec
+from planner.specs import ClusterSpec, Precision
+
+LinkClass = Literal["intra", "inter"]
+GIB = 1024.0**3
+
+
+@dataclass(frozen=True, slots=True)
+class LinkParameters:
+    """Collective cost on one link class: time = latency + bytes x (n-1)/n / bandwidth."""
+
+    latency_s: float
+    """Fixed cost of one collective (launch, synchronisation)."""
+    latency_per_log2_s: float
+    """Extra latency per doubling of the group (tree / ring steps)."""
+    bandwidth: float
+    """Achieved bus bandwidth per GPU, bytes/s."""
+
+    def latency(self, group_size: int) -> float:
+        return self.latency_s + self.latency_per_log2_s * math.log2(max(group_size, 1))
+
+
+@dataclass(frozen=True, slots=True)
+class CostParameters:
+    """Everything the cost model needs to know about the hardware and software stack."""
+
+    peak_flops: float
+    """Dense FLOP/s of the compute dtype (bf16 tensor cores, or fp32)."""
+    mfu_peak_flops: float
+    """The MFU denominator: the GPU's dense bf16 peak."""
+    matmul_efficiency: float
+    """Fraction of `peak_flops` that large GEMMs achieve."""
+    matmul_overhead_s: float
+    """Fixed time per GEMM kernel (launch and tail effects; dominates small shapes)."""
+    attention_efficiency: float
+    """Fraction of `peak_flops` that (flash) attention achieves."""
+    memory_bandwidth: float
+    """Achieved memory bandwidth for elementwise kernels, bytes/s."""
+    kernel_overhead_s: float
+    """Fixed time per non-GEMM kernel launch in eager mode."""
+    compile_traffic_fraction: float
+    """Elementwise memory traffic left after inductor fusion, as a fraction of eager."""
+    compile_kernel_fraction: float
+    """Kernel launches left after inductor fusion, as a fraction of eager."""
+    optimizer_bytes_per_param: float
+    """Memory traffic of one optimizer step per (sharded) parameter."""
+    links: dict[LinkClass, LinkParameters]
+    """Collective costs inside a node and between nodes."""
+    overlap_contention: float
+    """Slowdown of compute while a collective runs beside it (shared SMs and memory)."""
+    workspace_gib: float
+    """Framework workspace (cuBLAS, NCCL buffers) per GPU."""
+    fragmentation: float
+    """Allocator fragmentation as a fraction of dynamically allocated memory."""
+    memory_capacity_gib: float
+    """Memory per GPU."""
+    compute_scale: float = 1.0
+    """Correction factor on predicted compute time (fitted from whole-block measurements)."""
+    calibration_id: str | None = None
+    """The calibration profile these parameters were fitted from, if any."""
+
+    def with_changes(self, **changes: object) -> CostParameters:
+        return replace(self, **changes)
+
+
+def default_parameters(gpu: GpuSpec, cluster: ClusterSpec, precision: Precision) -> CostParameters:
+    """Uncalibrated parameters from the GPU catalog (and the cluster's bandwidth overrides)."""
+    is_cpu = gpu.name == "cpu"
+    intra_bw = (cluster.intra_node_bandwidth_gbps or gpu.intra_node_bandwidth_gbps) * 1e9
+    inter_bw = (cluster.inter_node_bandwidth_gbps or gpu.inter_node_bandwidth_gbps) * 1e9
+    peak = (gpu.peak_bf16_tflops if precision == "bf16" else gpu.peak_fp32_tflops) * 1e12
+    return CostParameters(
+        peak_flops=peak,
+        mfu_peak_flops=gpu.peak_bf16_tflops * 1e12,
+        matmul_efficiency=0.8 if is_cpu else 0.6,
+        matmul_overhead_s=20e-6 if is_cpu else 8e-6,
+        attention_efficiency=0.4,
+        memory_bandwidth=gpu.memory_bandwidth_gbps * 1e9 * 0.7,
+        kernel_overhead_s=15e-6 if is_cpu else 5e-6,
+        compile_traffic_fraction=0.45,
+        compile_kernel_fraction=0.35,
+        # AdamW reads param, grad, m, v and writes param, m, v, all fp32.
+        optimizer_bytes_per_param=28.0,
+        links={
+            "intra": LinkParameters(
+                latency_s=50e-6 if is_cpu else 12e-6,
+                latency_per_log2_s=20e-6 if is_cpu else 2e-6,
+                bandwidth=intra_bw * 0.8,
+            ),
+            "inter": LinkParameters(
+                latency_s=100e-6 if is_cpu else 25e-6,
+                latency_per_log2_s=40e-6 if is_cpu else 6e-6,
+                bandwidth=min(inter_bw, intra_bw) * 0.85,
+            ),
+        },
+        overlap_contention=0.0 if is_cpu else 0.08,
+        workspace_gib=0.1 if is_cpu else 1.0,
+        fragmentation=0.05,
+        memory_capacity_gib=gpu.memory_gib,
+    )
