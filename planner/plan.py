@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -199,6 +200,11 @@ class PlannedModel(ModelSpec):
     """Input-embedding parameters (lookups, not matmuls; excluded from 6N)."""
     flops_per_token: float
     """Training FLOPs per token at this plan's sequence length: 6N + 12LHQT."""
+
+
+# The derived counts are stored fields here (so the JSON carries them) and properties on the specs;
+# pydantic warns about the shadowing, which is intended.
+warnings.filterwarnings("ignore", message='Field name "(world_size|global_batch_sequences)"')
 
 
 class PlannedCluster(ClusterSpec):

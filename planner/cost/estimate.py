@@ -1,8 +1,8 @@
 """Predict step time, throughput and peak memory of one parallel configuration.
 
 `Choice` is the search's light-weight configuration (the Plan's `ParallelConfig` is built only for
-the plans that are reported). `memory()` is cheap and runs first so that search can prune by memory
-before paying for the timeline in `timing()`.
+the plans that are reported). `Estimator.memory()` is cheap and runs first so that search can prune by
+memory before paying for the timeline in `Estimator.timing()`.
 """
 
 from __future__ import annotations
@@ -116,36 +116,66 @@ IndexedUnit = tuple[int, UnitCost]
 """A unit with its block index (-1 for the embedding and the head)."""
 
 
-def comm_groups(setting: Setting, choice: Choice) -> list[list[IndexedUnit]]:
-    """Units merged into collectives: wrap units, then (compiled only) buckets up to the caps.
+@dataclass(frozen=True, slots=True)
+class CommLayout:
+    """How units map onto collectives for one configuration.
 
-    The embedding and the head are wrap units of their own. Eager FSDP2 issues one all-gather per
-    wrap unit; compiled SimpleFSDP lets inductor merge consecutive units' all-gathers up to the
-    bucket cap (the smaller of the all-gather and reduce-scatter caps, so that neither bucket
-    exceeds its cap: backward reduces the same groups it gathered).
+    `groups` are all-gather groups in forward order: wrap units, merged (compiled only) into
+    buckets up to the all-gather cap. `reduce_buckets[j]` lists the parameter counts of the
+    gradient-reduction buckets whose last unit (in backward order) lies in group j: they are formed
+    independently, over units in backward order, up to the reduce-scatter cap.
     """
+
+    groups: tuple[tuple[IndexedUnit, ...], ...]
+    reduce_buckets: tuple[tuple[int, ...], ...]
+
+    @property
+    def signature(self) -> tuple:
+        return (tuple(len(g) for g in self.groups), self.reduce_buckets)
+
+
+def _wrap_units(setting: Setting, choice: Choice) -> list[list[IndexedUnit]]:
     m = setting.model
     blocks = list(enumerate(m.blocks))
     k = choice.blocks_per_unit
     units: list[list[IndexedUnit]] = [[(-1, m.embedding)]]
     units += [blocks[i : i + k] for i in range(0, len(blocks), k)]
     units.append([(-1, m.head)])
-    caps = [c for c in (choice.all_gather_bucket_mb, choice.reduce_scatter_bucket_mb) if c > 0]
-    if not choice.compile or not caps:
-        return units
-    cap = min(caps) * MB
-    merged: list[list[IndexedUnit]] = []
-    current: list[IndexedUnit] = []
+    return units
+
+
+def _bucket(units: list[list[IndexedUnit]], cap_bytes: float, bytes_per_param: int) -> list[list[int]]:
+    """Indices of consecutive units merged while their total stays under the cap."""
+    buckets: list[list[int]] = []
+    current: list[int] = []
     current_bytes = 0.0
-    for unit in units:
-        unit_bytes = sum(u.num_params for _, u in unit) * setting.param_bytes
-        if current and current_bytes + unit_bytes > cap:
-            merged.append(current)
+    for index, unit in enumerate(units):
+        unit_bytes = sum(u.num_params for _, u in unit) * bytes_per_param
+        if current and (cap_bytes <= 0 or current_bytes + unit_bytes > cap_bytes):
+            buckets.append(current)
             current, current_bytes = [], 0.0
-        current = current + unit
+        current.append(index)
         current_bytes += unit_bytes
-    merged.append(current)
-    return merged
+    buckets.append(current)
+    return buckets
+
+
+def comm_layout(setting: Setting, choice: Choice) -> CommLayout:
+    """Eager FSDP2 issues one all-gather and one reduce-scatter per wrap unit; compiled
+    SimpleFSDP lets inductor merge consecutive ones up to the bucket caps."""
+    units = _wrap_units(setting, choice)
+    ag_cap = choice.all_gather_bucket_mb * MB if choice.compile else 0.0
+    rs_cap = choice.reduce_scatter_bucket_mb * MB if choice.compile else 0.0
+    ag_buckets = _bucket(units, ag_cap, setting.param_bytes)
+    group_of_unit = {u: g for g, bucket in enumerate(ag_buckets) for u in bucket}
+    reversed_units = units[::-1]
+    reduce: list[list[int]] = [[] for _ in ag_buckets]
+    for bucket in _bucket(reversed_units, rs_cap, 4):
+        last_unit = len(units) - 1 - bucket[-1]  # in backward order the bucket completes here
+        params = sum(u.num_params for i in bucket for _, u in reversed_units[i])
+        reduce[group_of_unit[last_unit]].append(params)
+    groups = tuple(tuple(x for i in bucket for x in units[i]) for bucket in ag_buckets)
+    return CommLayout(groups, tuple(tuple(r) for r in reduce))
 
 
 def _is_checkpointed(choice: Choice, block_index: int) -> bool:
@@ -159,7 +189,7 @@ def _is_checkpointed(choice: Choice, block_index: int) -> bool:
 # ---------------------------------------------------------------- memory
 
 
-def memory(setting: Setting, choice: Choice) -> MemoryEstimate:
+def _memory(setting: Setting, choice: Choice, layout: CommLayout, saved_elems: float) -> MemoryEstimate:
     """Peak bytes per GPU (reached at the start of backward, with every saved activation alive)."""
     m = setting.model
     p = setting.params
@@ -170,36 +200,24 @@ def memory(setting: Setting, choice: Choice) -> MemoryEstimate:
     grads = 4.0 * n_params / shard
     optimizer = opt_bytes * n_params / shard
 
-    groups = comm_groups(setting, choice)
+    groups = layout.groups
     group_params = [sum(u.num_params for _, u in g) for g in groups]
+    largest_reduce = max(p for bucket in layout.reduce_buckets for p in bucket)
     pb = setting.param_bytes
     # Gradients come out of backward in the compute dtype and are cast to fp32 for reduction.
     grad_buffer = (pb + 4) if pb == 2 else 4
     depth = choice.prefetch_depth
     if choice.sharding in ("full_shard", "hybrid_shard"):
         unsharded = max(
-            pb * sum(group_params[max(0, j - depth) : j + 1]) + grad_buffer * group_params[j]
-            for j in range(len(groups))
-        )
+            pb * sum(group_params[max(0, j - depth) : j + 1]) for j in range(len(groups))
+        ) + grad_buffer * largest_reduce
     elif choice.sharding == "shard_grad_op":
-        unsharded = pb * n_params + grad_buffer * max(group_params)
+        unsharded = pb * n_params + grad_buffer * largest_reduce
     else:  # no_shard: fp32 weights are local; only the compute-dtype copies are transient
         unsharded = (pb * (depth + 2) * max(group_params)) if pb == 2 else 0.0
 
     tokens = choice.micro_batch * setting.seq_len
-    saved = 0.0
-    recompute_peak = 0.0
-    for i, block in enumerate(m.blocks):
-        if _is_checkpointed(choice, i):
-            saved += block.input_elems
-            recompute_peak = max(recompute_peak, block.saved_elems)
-        elif choice.checkpointing == "op_selective":
-            saved += block.op_saved_elems
-            recompute_peak = max(recompute_peak, block.saved_elems - block.op_saved_elems)
-        else:
-            saved += block.saved_elems
-    saved += m.head.saved_elems
-    activations = (saved + recompute_peak) * tokens * setting.act_bytes
+    activations = saved_elems * tokens * setting.act_bytes
     # Eager: fp32 upcast of logits, log-softmax output and its gradient alive together.
     # Compiled: the loss is fused; logits in the compute dtype plus one fp32 gradient buffer.
     logits_bytes = 12.0 if not choice.compile else setting.act_bytes + 4.0
@@ -215,6 +233,25 @@ def memory(setting: Setting, choice: Choice) -> MemoryEstimate:
         workspace=p.workspace_gib * GIB,
         fragmentation=p.fragmentation * dynamic,
     )
+
+
+def saved_elems_per_token(setting: Setting, checkpointing: str, every_k: int) -> float:
+    """Activation elements alive per token at the start of backward, including the transient
+    recompute of one checkpointed block."""
+    m = setting.model
+    probe = Choice("", 1, 1, 1, 0.0, 0.0, checkpointing, every_k, 1, 1, False)
+    saved = m.head.saved_elems
+    recompute_peak = 0.0
+    for i, block in enumerate(m.blocks):
+        if _is_checkpointed(probe, i):
+            saved += block.input_elems
+            recompute_peak = max(recompute_peak, block.saved_elems)
+        elif checkpointing == "op_selective":
+            saved += block.op_saved_elems
+            recompute_peak = max(recompute_peak, block.saved_elems - block.op_saved_elems)
+        else:
+            saved += block.saved_elems
+    return saved + recompute_peak
 
 
 # ---------------------------------------------------------------- time
@@ -269,7 +306,7 @@ def _collective(
     return lp.latency(group) * (2.0 if all_reduce else 1.0) + volume / lp.bandwidth
 
 
-def timing(setting: Setting, choice: Choice, *, record: bool = False) -> TimeEstimate:
+def _timing(setting: Setting, choice: Choice, layout: CommLayout, *, record: bool) -> TimeEstimate:
     """Step time from the two-stream timeline of one micro-batch, times accumulation."""
     p = setting.params
     tokens = choice.micro_batch * setting.seq_len
@@ -287,10 +324,9 @@ def timing(setting: Setting, choice: Choice, *, record: bool = False) -> TimeEst
             fwd_cache[key] = _forward_time(setting, u, tokens, choice.compile)
         return fwd_cache[key]
 
-    groups = comm_groups(setting, choice)
     last: list[GroupTimes] = []
     middle: list[GroupTimes] = []
-    for group in groups:
+    for group, reduce_buckets in zip(layout.groups, layout.reduce_buckets, strict=True):
         fwd = 0.0
         bwd = 0.0
         for index, u in group:
@@ -302,12 +338,14 @@ def timing(setting: Setting, choice: Choice, *, record: bool = False) -> TimeEst
         reduce = 0.0
         if choice.sharding != "no_shard":
             ag = _collective(p, shard_link, pb * n_params, shard)
-            reduce = _collective(p, shard_link, 4.0 * n_params, shard)
-            if choice.sharding == "hybrid_shard":
-                reduce += _collective(p, replica_link, 4.0 * n_params / shard, replicas, all_reduce=True)
+            for params in reduce_buckets:
+                reduce += _collective(p, shard_link, 4.0 * params, shard)
+                if choice.sharding == "hybrid_shard":
+                    reduce += _collective(p, replica_link, 4.0 * params / shard, replicas, all_reduce=True)
             sync_every_micro_batch = reduce
         else:
-            reduce = _collective(p, world_link, 4.0 * n_params, setting.world_size, all_reduce=True)
+            for params in reduce_buckets:
+                reduce += _collective(p, world_link, 4.0 * params, setting.world_size, all_reduce=True)
             sync_every_micro_batch = 0.0  # replicas accumulate locally and all-reduce once per step
         ag_bwd = ag if choice.reshards_after_forward else 0.0
         last.append(GroupTimes(fwd, bwd, ag, ag_bwd, reduce))
@@ -315,7 +353,7 @@ def timing(setting: Setting, choice: Choice, *, record: bool = False) -> TimeEst
 
     contention = p.overlap_contention
     final = simulate(last, prefetch_depth=choice.prefetch_depth, contention=contention, record=record)
-    if choice.grad_accum > 1 and middle != last:
+    if choice.grad_accum > 1 and choice.sharding == "no_shard":
         inner = simulate(middle, prefetch_depth=choice.prefetch_depth, contention=contention)
     else:
         inner = final
@@ -335,3 +373,31 @@ def timing(setting: Setting, choice: Choice, *, record: bool = False) -> TimeEst
         optimizer_s=optimizer_s,
         micro_batch_timeline=final,
     )
+
+
+class Estimator:
+    """Prices many choices for one setting, caching what choices share (layouts, activations)."""
+
+    def __init__(self, setting: Setting) -> None:
+        self.setting = setting
+        self._layouts: dict[tuple, CommLayout] = {}
+        self._saved: dict[tuple[str, int], float] = {}
+
+    def layout(self, choice: Choice) -> CommLayout:
+        key = (
+            choice.blocks_per_unit, choice.compile,
+            choice.all_gather_bucket_mb if choice.compile else 0.0,
+            choice.reduce_scatter_bucket_mb if choice.compile else 0.0,
+        )
+        if key not in self._layouts:
+            self._layouts[key] = comm_layout(self.setting, choice)
+        return self._layouts[key]
+
+    def memory(self, choice: Choice) -> MemoryEstimate:
+        key = (choice.checkpointing, choice.every_k)
+        if key not in self._saved:
+            self._saved[key] = saved_elems_per_token(self.setting, *key)
+        return _memory(self.setting, choice, self.layout(choice), self._saved[key])
+
+    def timing(self, choice: Choice, *, record: bool = False) -> TimeEstimate:
+        return _timing(self.setting, choice, self.layout(choice), record=record)

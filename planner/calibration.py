@@ -1,0 +1,173 @@
+"""CalibrationProfile: measurements from short profiling runs, and fitting cost parameters from them.
+
+The profiler (`executor/profile`, torch) writes this JSON on the target machines; the service
+stores it; the planner fits its cost model parameters to it. Every section is optional: what was
+not measured keeps its catalog default.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.cost.parameters import CostParameters, LinkClass, LinkParameters
+from planner.specs import Precision
+
+PROFILE_SCHEMA_VERSION = "1.0"
+MAX_SAMPLES = 10_000
+
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=1, le=1_000_000_000_000)]
+
+
+class ProfileModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HardwareFingerprint(ProfileModel):
+    """What was measured, so that a profile is used only for matching hardware."""
+
+    device_name: Annotated[str, Field(max_length=200)]
+    """e.g. `NVIDIA H100 80GB HBM3` or `cpu`."""
+    device_count: Count
+    """Ranks that took part."""
+    num_nodes: Count = 1
+    gpus_per_node: Count = 1
+    backend: Literal["nccl", "gloo"]
+    link_class: Annotated[str, Field(max_length=100)] = "unknown"
+    """How devices in a node connect (e.g. `NV18`, `PCIe`, `shm`)."""
+    torch_version: Annotated[str, Field(max_length=100)]
+    cuda_version: Annotated[str, Field(max_length=100)] | None = None
+    nccl_version: Annotated[str, Field(max_length=100)] | None = None
+
+
+class MatmulSample(ProfileModel):
+    """One timed GEMM (m x k) @ (k x n)."""
+
+    m: Count
+    n: Count
+    k: Count
+    dtype: Literal["bfloat16", "float32", "float16"]
+    seconds: PositiveFloat
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+
+class BandwidthSample(ProfileModel):
+    """One timed memory-bound copy: bytes read + written."""
+
+    bytes: Count
+    seconds: PositiveFloat
+
+
+class CollectiveSample(ProfileModel):
+    """One timed collective; `bytes` is the full (unsharded) tensor size."""
+
+    op: Literal["all_gather", "reduce_scatter", "all_reduce"]
+    group_size: Annotated[int, Field(ge=2, le=1_000_000)]
+    link: LinkClass
+    bytes: Count
+    seconds: PositiveFloat
+
+
+class BlockSample(ProfileModel):
+    """Forward + backward of the model's own block at one micro-batch."""
+
+    model: Annotated[str, Field(max_length=200)]
+    micro_batch_size: Count
+    seq_len: Count
+    checkpointing: Literal["none", "selective", "op_selective", "full"] = "none"
+    compile: bool = False
+    seconds: PositiveFloat
+    predicted_seconds: PositiveFloat | None = None
+    """The uncalibrated cost model's time for the same block (filled in by the profiler's fitter)."""
+    peak_memory_bytes: Annotated[int, Field(ge=0)] | None = None
+
+
+class CalibrationProfile(ProfileModel):
+    """Measurements of one hardware + software stack."""
+
+    schema_version: Literal["1.0"] = PROFILE_SCHEMA_VERSION
+    name: Annotated[str, Field(max_length=200)] | None = None
+    gpu: Annotated[str, Field(max_length=64)] | None = None
+    """Catalog GPU name the measurements refer to."""
+    fingerprint: HardwareFingerprint
+    matmul: Annotated[list[MatmulSample], Field(max_length=MAX_SAMPLES)] = []
+    memory_bandwidth: Annotated[list[BandwidthSample], Field(max_length=MAX_SAMPLES)] = []
+    collectives: Annotated[list[CollectiveSample], Field(max_length=MAX_SAMPLES)] = []
+    blocks: Annotated[list[BlockSample], Field(max_length=MAX_SAMPLES)] = []
+    overlap_contention: Annotated[float, Field(ge=0, le=2)] | None = None
+    """Measured compute slowdown while a collective runs beside it."""
+
+
+def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least squares y = a + b x with a >= 0, b > 0; None when there is too little spread."""
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx <= 0:
+        return None
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx
+    a = my - b * mx
+    if b <= 0:
+        return None
+    if a < 0:  # no negative latency: refit through the origin
+        a, b = 0.0, sum(x * y for x, y in points) / sum(x * x for x, _ in points)
+    return a, b
+
+
+def fit_parameters(
+    profile: CalibrationProfile, *, base: CostParameters, precision: Precision
+) -> CostParameters:
+    """Cost parameters with every measured quantity replaced by its fit; the rest from `base`."""
+    changes: dict[str, object] = {}
+    dtype = "bfloat16" if precision == "bf16" else "float32"
+    samples = [s for s in profile.matmul if s.dtype == dtype]
+    # time = flops / (peak * efficiency) + overhead
+    line = _fit_line([(s.flops, s.seconds) for s in samples])
+    if line is not None:
+        overhead, seconds_per_flop = line
+        changes["matmul_efficiency"] = min(1.0, 1.0 / (seconds_per_flop * base.peak_flops))
+        changes["matmul_overhead_s"] = overhead
+    if profile.memory_bandwidth:
+        best = max(s.bytes / s.seconds for s in profile.memory_bandwidth)
+        changes["memory_bandwidth"] = best
+
+    links = dict(base.links)
+    by_link: dict[LinkClass, list[tuple[float, float, int]]] = defaultdict(list)
+    for c in profile.collectives:
+        factor = 2.0 if c.op == "all_reduce" else 1.0
+        volume = c.bytes * (c.group_size - 1) / c.group_size * factor
+        by_link[c.link].append((volume, c.seconds / factor, c.group_size))
+    for link, points in by_link.items():
+        fitted = _fit_line([(v, t) for v, t, _ in points])
+        if fitted is None:
+            continue
+        latency, seconds_per_byte = fitted
+        mean_log2 = sum(math.log2(g) for _, _, g in points) / len(points)
+        # Split the fitted latency between a fixed part and a per-doubling part in the same
+        # proportion as the default, anchored at the group sizes that were measured.
+        default = base.links[link]
+        d_total = default.latency_s + default.latency_per_log2_s * mean_log2
+        share = default.latency_s / d_total if d_total > 0 else 1.0
+        links[link] = LinkParameters(
+            latency_s=latency * share,
+            latency_per_log2_s=(latency * (1 - share) / mean_log2) if mean_log2 > 0 else 0.0,
+            bandwidth=1.0 / seconds_per_byte,
+        )
+    changes["links"] = links
+    if profile.overlap_contention is not None:
+        changes["overlap_contention"] = profile.overlap_contention
+    ratios = [s.seconds / s.predicted_seconds for s in profile.blocks if s.predicted_seconds]
+    if ratios:
+        ratios.sort()
+        changes["compute_scale"] = ratios[len(ratios) // 2]
+    return base.with_changes(**changes)

@@ -1,0 +1,472 @@
+"""Search the parallel configuration space and build the Plan document.
+
+Enumerates sharding x wrap unit x bucket caps x checkpointing x micro-batch x compile, prunes by
+memory first (cheap, closed form), times what fits on the two-stream timeline, ranks by predicted
+tokens/s, and explains why every other family of configurations lost. Deterministic: candidates are
+enumerated in a fixed order and ties broken by their label.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from planner import PLANNER_VERSION
+from planner.calibration import CalibrationProfile, fit_parameters
+from planner.catalog.gpus import resolve_gpu
+from planner.cost.estimate import Choice, Estimator, MemoryEstimate, Setting, TimeEstimate
+from planner.cost.model_costs import model_costs
+from planner.cost.parameters import GIB, CostParameters, default_parameters
+from planner.errors import InfeasiblePlanError
+from planner.hashing import plan_hash
+from planner.plan import (
+    Candidate,
+    CheckpointingConfig,
+    InductorConfig,
+    MemoryBreakdown,
+    ParallelConfig,
+    Plan,
+    PlannedCluster,
+    PlannedModel,
+    PlannedTraining,
+    Prediction,
+    RejectedFamily,
+    SearchStats,
+    TimelineSegment,
+)
+from planner.specs import PlanRequest
+
+BLOCKS_PER_UNIT = (1, 2, 4, 8)
+BUCKET_CAPS_MB = (0.0, 64.0, 512.0)
+SELECTIVE_EVERY_K = (2, 4)
+PARETO_LIMIT = 40
+MAX_NODES_TRIED = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluated:
+    choice: Choice
+    memory: MemoryEstimate
+    time: TimeEstimate | None
+    tokens_per_s_per_gpu: float
+
+    @property
+    def peak_gib(self) -> float:
+        return self.memory.total / GIB
+
+
+def make_plan(
+    request: PlanRequest,
+    *,
+    calibration: CalibrationProfile | None = None,
+    calibration_id: str | None = None,
+) -> Plan:
+    """The best plan for a request, with ranked alternatives and why other families lost.
+
+    Raises InfeasiblePlanError (naming the smallest cluster that would fit) when nothing fits.
+    """
+    setting = _setting(request, calibration, calibration_id)
+    estimator = Estimator(setting)
+    usable = setting.params.memory_capacity_gib * (1.0 - request.search.memory_headroom)
+    evaluated: list[Evaluated] = []
+    min_peak: Evaluated | None = None
+    count = 0
+    # Bucket caps often resolve to the same grouping (units larger than the cap): price it once.
+    priced: dict[tuple, tuple[MemoryEstimate, TimeEstimate | None]] = {}
+    for choice in enumerate_choices(request):
+        count += 1
+        key = (choice.sharding, choice.shard_group, choice.checkpointing, choice.every_k,
+               choice.micro_batch, choice.compile, estimator.layout(choice).signature)
+        if key not in priced:
+            mem = estimator.memory(choice)
+            fits = mem.total / GIB <= usable
+            priced[key] = (mem, estimator.timing(choice) if fits else None)
+        mem, time = priced[key]
+        if time is None:
+            entry = Evaluated(choice, mem, None, 0.0)
+            if min_peak is None or mem.total < min_peak.memory.total:
+                min_peak = entry
+            evaluated.append(entry)
+            continue
+        tps = request.training.seq_len * choice.micro_batch * choice.grad_accum / time.step_time_s
+        evaluated.append(Evaluated(choice, mem, time, tps))
+
+    fitting = [e for e in evaluated if e.time is not None]
+    if not fitting:
+        raise _infeasible(request, setting, usable, min_peak)
+    fitting.sort(key=lambda e: (-round(e.tokens_per_s_per_gpu, 6), round(e.peak_gib, 6), _label(e.choice)))
+    best = fitting[0]
+    best_time = estimator.timing(best.choice, record=True)
+    best = Evaluated(best.choice, best.memory, best_time, best.tokens_per_s_per_gpu)
+
+    return Plan(
+        planner_version=PLANNER_VERSION,
+        plan_hash=plan_hash(request, calibration_id=setting.params.calibration_id),
+        model=_planned_model(request, setting),
+        cluster=PlannedCluster(
+            **request.cluster.model_dump(),
+            world_size=request.cluster.world_size,
+            gpu_spec=resolve_gpu(request.cluster.gpu),
+        ),
+        training=PlannedTraining(
+            **request.training.model_dump(),
+            global_batch_sequences=request.training.global_batch_sequences,
+        ),
+        config=to_parallel_config(best.choice, request),
+        prediction=_prediction(setting, best, record=True),
+        alternatives=tuple(
+            _candidate(e, best, setting, request) for e in _distinct(fitting[1:], request.top_k)
+        ),
+        pareto_front=tuple(_candidate(e, best, setting, request) for e in _pareto(fitting)),
+        rejected=tuple(_rejected_families(evaluated, best, usable)),
+        calibration_id=setting.params.calibration_id,
+        search=SearchStats(candidates_evaluated=count, candidates_fitting=len(fitting)),
+    )
+
+
+# ---------------------------------------------------------------- set-up
+
+
+def _setting(
+    request: PlanRequest, calibration: CalibrationProfile | None, calibration_id: str | None
+) -> Setting:
+    cluster = request.cluster
+    gpu = resolve_gpu(cluster.gpu)
+    params: CostParameters = default_parameters(gpu, cluster, request.training.precision)
+    if calibration is not None:
+        params = fit_parameters(calibration, base=params, precision=request.training.precision)
+    if calibration_id is not None:
+        params = params.with_changes(calibration_id=calibration_id)
+    return Setting(
+        model=model_costs(request.model, request.training.seq_len),
+        params=params,
+        precision=request.training.precision,
+        optimizer=request.training.optimizer,
+        world_size=cluster.world_size,
+        gpus_per_node=cluster.gpus_per_node,
+        num_nodes=cluster.num_nodes,
+        seq_len=request.training.seq_len,
+        global_batch_sequences=request.training.global_batch_sequences,
+    )
+
+
+def _planned_model(request: PlanRequest, setting: Setting) -> PlannedModel:
+    return PlannedModel(
+        **request.model.model_dump(),
+        num_params=setting.model.num_params,
+        num_params_embedding=setting.model.num_params_embedding,
+        flops_per_token=setting.model.flops_per_token,
+    )
+
+
+# ---------------------------------------------------------------- enumeration
+
+
+def hybrid_shard_sizes(world: int, gpus_per_node: int) -> list[int]:
+    """Shard-group sizes for a 2-D mesh: divisors of the world strictly between 1 and world that
+    line up with nodes (a divisor of the node size, or a whole number of nodes)."""
+    return [
+        s
+        for s in range(2, world)
+        if world % s == 0 and (gpus_per_node % s == 0 or s % gpus_per_node == 0) and _is_pow2_multiple(s)
+    ]
+
+
+def _is_pow2_multiple(n: int) -> bool:
+    # Keeps the 2-D options to a handful at large scale (2, 4, 8, 16, ... or 3, 6, 12, ...).
+    odd = n
+    while odd % 2 == 0:
+        odd //= 2
+    return odd <= 3
+
+
+def micro_batch_sizes(local_batch: int, limit: int) -> list[int]:
+    """Divisors of the per-rank batch up to a limit: powers of two, plus the whole local batch."""
+    sizes = {d for d in (2**i for i in range(0, 16)) if d <= limit and local_batch % d == 0}
+    if local_batch <= limit:
+        sizes.add(local_batch)
+    return sorted(sizes)
+
+
+def enumerate_choices(request: PlanRequest) -> Iterator[Choice]:
+    """Every configuration the request allows, in a fixed order."""
+    world = request.cluster.world_size
+    search = request.search
+    shardings: list[tuple[str, int]] = []
+    for sharding in search.shardings:
+        if world == 1 and sharding != "no_shard":
+            continue  # a single GPU has nothing to shard over
+        if sharding == "hybrid_shard":
+            shardings += [(sharding, s) for s in hybrid_shard_sizes(world, request.cluster.gpus_per_node)]
+        elif sharding == "no_shard":
+            shardings.append((sharding, 1))
+        else:
+            shardings.append((sharding, world))
+    layers = request.model.num_layers if request.model.architecture != "layer_graph" else max(
+        1, sum(1 for u in request.model.layer_graph or [] if u.is_block)
+    )
+    units = [k for k in BLOCKS_PER_UNIT if k <= layers]
+    checkpointing: list[tuple[str, int]] = []
+    for mode in search.checkpointing:
+        if mode == "selective":
+            checkpointing += [(mode, k) for k in SELECTIVE_EVERY_K if k <= layers]
+        else:
+            checkpointing.append((mode, 1))
+    local_batch = request.training.global_batch_sequences // world
+    micro_batches = micro_batch_sizes(local_batch, search.max_micro_batch_size)
+    for sharding, shard in shardings:
+        replicas = world // shard
+        for compile_ in search.compile:
+            caps = [(a, r) for a in BUCKET_CAPS_MB for r in BUCKET_CAPS_MB] if compile_ else [(0.0, 0.0)]
+            if sharding == "no_shard":
+                caps = [(0.0, 0.0)]  # nothing is all-gathered; DDP-style buckets are fixed
+            for unit in units:
+                for ag_cap, rs_cap in caps:
+                    for mode, every_k in checkpointing:
+                        for mb in micro_batches:
+                            yield Choice(
+                                sharding=sharding,
+                                shard_group=shard,
+                                replicate_group=replicas,
+                                blocks_per_unit=unit,
+                                all_gather_bucket_mb=ag_cap,
+                                reduce_scatter_bucket_mb=rs_cap,
+                                checkpointing=mode,
+                                every_k=every_k,
+                                micro_batch=mb,
+                                grad_accum=local_batch // mb,
+                                compile=compile_,
+                            )
+
+
+# ---------------------------------------------------------------- results
+
+
+def to_parallel_config(choice: Choice, request: PlanRequest) -> ParallelConfig:
+    bf16 = request.training.precision == "bf16"
+    return ParallelConfig(
+        sharding=choice.sharding,  # type: ignore[arg-type]
+        shard_group_size=choice.shard_group,
+        replicate_group_size=choice.replicate_group,
+        blocks_per_unit=choice.blocks_per_unit,
+        all_gather_bucket_mb=choice.all_gather_bucket_mb,
+        reduce_scatter_bucket_mb=choice.reduce_scatter_bucket_mb,
+        reshard_after_forward=choice.reshards_after_forward,
+        prefetch_depth=choice.prefetch_depth,
+        checkpointing=CheckpointingConfig(mode=choice.checkpointing, every_k=choice.every_k),  # type: ignore[arg-type]
+        micro_batch_size=choice.micro_batch,
+        grad_accum_steps=choice.grad_accum,
+        param_dtype="bfloat16" if bf16 else "float32",
+        reduce_dtype="float32",
+        compile=choice.compile,
+        inductor=InductorConfig(
+            bucket_all_gathers=choice.compile and choice.all_gather_bucket_mb > 0,
+            bucket_reduce_scatters=choice.compile and choice.reduce_scatter_bucket_mb > 0,
+            reorder_for_compute_comm_overlap=choice.compile and choice.sharding != "no_shard",
+        ),
+    )
+
+
+def _label(choice: Choice) -> str:
+    ac = {"none": "none", "full": "full", "op_selective": "op"}.get(
+        choice.checkpointing, f"sel{choice.every_k}"
+    )
+    return (
+        f"{choice.family} u{choice.blocks_per_unit} AC={ac} mb{choice.micro_batch}x{choice.grad_accum} "
+        f"ag{choice.all_gather_bucket_mb:g}/rs{choice.reduce_scatter_bucket_mb:g}"
+    )
+
+
+def _mfu(setting: Setting, tokens_per_s_per_gpu: float) -> float:
+    return tokens_per_s_per_gpu * setting.model.flops_per_token / setting.params.mfu_peak_flops
+
+
+def _prediction(setting: Setting, e: Evaluated, *, record: bool) -> Prediction:
+    assert e.time is not None
+    t = e.time
+    m = e.memory
+    segments: tuple[TimelineSegment, ...] = ()
+    if record:
+        segments = tuple(
+            TimelineSegment(
+                stream=stream, phase=phase, label=label,  # type: ignore[arg-type]
+                start_s=round(start, 9), end_s=round(end, 9), exposed_s=round(exposed, 9),
+            )
+            for stream, phase, label, start, end, exposed in t.micro_batch_timeline.segments
+        )
+    return Prediction(
+        step_time_s=t.step_time_s,
+        tokens_per_s_per_gpu=e.tokens_per_s_per_gpu,
+        tokens_per_s=e.tokens_per_s_per_gpu * setting.world_size,
+        mfu=_mfu(setting, e.tokens_per_s_per_gpu),
+        peak_memory_gib=m.total / GIB,
+        memory_breakdown_gib=MemoryBreakdown(
+            params=m.params / GIB, grads=m.grads / GIB, optimizer=m.optimizer / GIB,
+            activations=m.activations / GIB, unsharded_buffers=m.unsharded / GIB,
+            logits=m.logits / GIB, workspace=m.workspace / GIB, fragmentation=m.fragmentation / GIB,
+        ),
+        compute_s=t.compute_s,
+        comm_s=t.comm_s,
+        exposed_comm_s=t.exposed_comm_s,
+        exposed_all_gather_s=t.exposed_all_gather_s,
+        exposed_reduce_scatter_s=t.exposed_reduce_s,
+        optimizer_s=t.optimizer_s,
+        timeline=segments,
+    )
+
+
+def _candidate(e: Evaluated, best: Evaluated, setting: Setting, request: PlanRequest) -> Candidate:
+    assert e.time is not None
+    return Candidate(
+        label=_label(e.choice),
+        config=to_parallel_config(e.choice, request),
+        step_time_s=e.time.step_time_s,
+        tokens_per_s_per_gpu=e.tokens_per_s_per_gpu,
+        mfu=_mfu(setting, e.tokens_per_s_per_gpu),
+        peak_memory_gib=e.peak_gib,
+        exposed_comm_s=e.time.exposed_comm_s,
+        relative_throughput=e.tokens_per_s_per_gpu / best.tokens_per_s_per_gpu,
+    )
+
+
+def _distinct(ranked: list[Evaluated], k: int) -> list[Evaluated]:
+    """The next k configurations that differ in more than bucket caps (which often tie)."""
+    seen: set[tuple] = set()
+    out: list[Evaluated] = []
+    for e in ranked:
+        c = e.choice
+        key = (c.sharding, c.shard_group, c.blocks_per_unit, c.checkpointing, c.every_k,
+               c.micro_batch, c.compile, round(e.tokens_per_s_per_gpu, 3))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(e)
+        if len(out) == k:
+            break
+    return out
+
+
+def _pareto(ranked: list[Evaluated]) -> list[Evaluated]:
+    """Configurations no other beats on both throughput and peak memory (ranked: fastest first)."""
+    front: list[Evaluated] = []
+    lowest = math.inf
+    for e in ranked:
+        if e.peak_gib < lowest - 1e-9:
+            front.append(e)
+            lowest = e.peak_gib
+    if len(front) > PARETO_LIMIT:
+        step = (len(front) - 1) / (PARETO_LIMIT - 1)
+        front = [front[round(i * step)] for i in range(PARETO_LIMIT)]
+    return front
+
+
+def _rejected_families(evaluated: list[Evaluated], best: Evaluated, usable: float) -> list[RejectedFamily]:
+    """For each family (sharding x compile) other than the winner's: why it lost."""
+    families: dict[str, list[Evaluated]] = {}
+    for e in evaluated:
+        families.setdefault(e.choice.family, []).append(e)
+    out: list[RejectedFamily] = []
+    for family, members in families.items():
+        if family == best.choice.family:
+            continue
+        fitting = [e for e in members if e.time is not None]
+        smallest = min(e.peak_gib for e in members)
+        if not fitting:
+            out.append(RejectedFamily(
+                family=family, kind="oom",
+                reason=f"OOM by {smallest - usable:.1f} GiB: needs at least {smallest:.1f} GiB per GPU, "
+                       f"{usable:.1f} GiB usable",
+                min_peak_memory_gib=smallest,
+            ))
+            continue
+        top = max(fitting, key=lambda e: (e.tokens_per_s_per_gpu, -e.peak_gib))
+        out.append(RejectedFamily(
+            family=family, kind="slower", reason=_slower_reason(top, best),
+            best_tokens_per_s_per_gpu=top.tokens_per_s_per_gpu, min_peak_memory_gib=smallest,
+        ))
+    out.sort(key=lambda r: (r.kind != "slower", -(r.best_tokens_per_s_per_gpu or 0.0), r.family))
+    return out
+
+
+def _slower_reason(loser: Evaluated, best: Evaluated) -> str:
+    assert loser.time is not None and best.time is not None
+    slower_fraction = 1.0 - loser.tokens_per_s_per_gpu / best.tokens_per_s_per_gpu
+    slower = f"{slower_fraction:.0%}" if slower_fraction >= 0.01 else f"{slower_fraction:.1%}"
+    # Compare per token so that different micro-batching stays comparable.
+    def per_token(e: Evaluated, seconds: float) -> float:
+        return seconds / (e.choice.micro_batch * e.choice.grad_accum)
+
+    lt, bt = loser.time, best.time
+    reduce_name = "all-reduce" if loser.choice.sharding == "no_shard" else "reduce-scatter"
+    deltas = {
+        "exposed all-gather": (
+            per_token(loser, lt.exposed_all_gather_s) - per_token(best, bt.exposed_all_gather_s)
+        ),
+        f"exposed {reduce_name}": (
+            per_token(loser, lt.exposed_reduce_s) - per_token(best, bt.exposed_reduce_s)
+        ),
+        "compute": per_token(loser, lt.compute_s) - per_token(best, bt.compute_s),
+    }
+    cause, _ = max(deltas.items(), key=lambda kv: kv[1])
+    if cause == "compute":
+        c = loser.choice
+        why = []
+        if c.checkpointing != "none":
+            why.append(f"recomputation ({c.checkpointing.replace('_', ' ')} checkpointing)")
+        if not c.compile and best.choice.compile:
+            why.append("unfused eager kernels")
+        detail = " and ".join(why) or "smaller, less efficient kernels"
+        return f"{slower} slower: {detail}, compute {lt.compute_s * 1e3:.0f} ms/step"
+    exposed = lt.exposed_all_gather_s if cause == "exposed all-gather" else lt.exposed_reduce_s
+    return f"{slower} slower: {cause} {exposed * 1e3:.0f} ms/step"
+
+
+def _infeasible(
+    request: PlanRequest, setting: Setting, usable: float, min_peak: Evaluated | None
+) -> InfeasiblePlanError:
+    """Explain that nothing fits and find the smallest cluster of the same nodes that would."""
+    assert min_peak is not None
+    cluster = request.cluster
+    lightest = min_peak.choice
+    gpu = cluster.gpu
+
+    def fits(nodes: int) -> bool:
+        world = nodes * cluster.gpus_per_node
+        probe = Setting(**{**_fields(setting), "world_size": world, "num_nodes": nodes})
+        choice = Choice(**{**_fields(lightest), "shard_group": world, "replicate_group": 1,
+                           "sharding": "full_shard"})
+        return Estimator(probe).memory(choice).total / GIB <= usable
+
+    low, high = cluster.num_nodes, cluster.num_nodes * 2
+    while not fits(high) and high < MAX_NODES_TRIED:
+        low, high = high, min(high * 2, MAX_NODES_TRIED)
+    smallest: int | None = None
+    if fits(high):
+        while high - low > 1:
+            mid = (low + high) // 2
+            if fits(mid):
+                high = mid
+            else:
+                low = mid
+        smallest = high
+    peak = min_peak.peak_gib
+    where = f"{cluster.num_nodes}x{cluster.gpus_per_node}x{gpu}"
+    message = (
+        f"{request.model.name} does not fit on {where}: the least memory-hungry configuration "
+        f"({_label(lightest)}) needs {peak:.1f} GiB per GPU, {usable:.1f} GiB usable. "
+    )
+    if smallest is not None:
+        message += (
+            f"Smallest cluster that fits: {smallest}x{cluster.gpus_per_node}x{gpu} "
+            f"({smallest * cluster.gpus_per_node} GPUs, full_shard); or shorten seq_len."
+        )
+    else:
+        message += "No cluster up to 4096 nodes fits (activations dominate): shorten seq_len."
+    return InfeasiblePlanError(
+        message, min_fitting_nodes=smallest, min_peak_memory_gib=peak, capacity_gib=usable
+    )
+
+
+def _fields(obj: object) -> dict:
+    return {name: getattr(obj, name) for name in obj.__slots__}  # type: ignore[attr-defined]
