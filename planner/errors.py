@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 
 class PlanningError(ValueError):
     """A request that cannot be planned; `field` names the input a person should change."""
@@ -39,3 +41,19 @@ class InfeasiblePlanError(PlanningError):
         self.min_fitting_nodes = min_fitting_nodes
         self.min_peak_memory_gib = min_peak_memory_gib
         self.capacity_gib = capacity_gib
+
+
+def describe_validation_error(exc: ValidationError, *, prefix: str = "") -> list[str]:
+    """One line per problem, `field.path: what is wrong and how to fix it`.
+
+    Our validators already lead with the field they concern; pydantic's own messages get the
+    location in front.
+    """
+    lines = []
+    for error in exc.errors():
+        message = str(error["msg"]).removeprefix("Value error, ")
+        where = ".".join(filter(None, [prefix, *(str(p) for p in error["loc"])]))
+        if where and not message.startswith(where.split(".")[-1] + ":"):
+            message = f"{where}: {message}"
+        lines.append(message)
+    return lines

@@ -116,7 +116,7 @@ def make_plan(
         config=to_parallel_config(best.choice, request),
         prediction=_prediction(setting, best, record=True),
         alternatives=tuple(
-            _candidate(e, best, setting, request) for e in _distinct(fitting[1:], request.top_k)
+            _candidate(e, best, setting, request) for e in _distinct(best, fitting[1:], request.top_k)
         ),
         pareto_front=tuple(_candidate(e, best, setting, request) for e in _pareto(fitting)),
         rejected=tuple(_rejected_families(evaluated, best, usable)),
@@ -330,17 +330,20 @@ def _candidate(e: Evaluated, best: Evaluated, setting: Setting, request: PlanReq
     )
 
 
-def _distinct(ranked: list[Evaluated], k: int) -> list[Evaluated]:
-    """The next k configurations that differ in more than bucket caps (which often tie)."""
-    seen: set[tuple] = set()
+def _distinct(best: Evaluated, ranked: list[Evaluated], k: int) -> list[Evaluated]:
+    """The next k configurations that differ in more than bucket caps that change nothing."""
+
+    def key(e: Evaluated) -> tuple:
+        c = e.choice
+        return (c.sharding, c.shard_group, c.blocks_per_unit, c.checkpointing, c.every_k,
+                c.micro_batch, c.compile, round(e.tokens_per_s_per_gpu, 3))
+
+    seen: set[tuple] = {key(best)}
     out: list[Evaluated] = []
     for e in ranked:
-        c = e.choice
-        key = (c.sharding, c.shard_group, c.blocks_per_unit, c.checkpointing, c.every_k,
-               c.micro_batch, c.compile, round(e.tokens_per_s_per_gpu, 3))
-        if key in seen:
+        if key(e) in seen:
             continue
-        seen.add(key)
+        seen.add(key(e))
         out.append(e)
         if len(out) == k:
             break

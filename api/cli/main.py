@@ -13,6 +13,13 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def root() -> None:
+    """fsdp-planner: plan, serve, and launch compiled-FSDP training."""
+
+
 plan_cmd.register(app)
 
 

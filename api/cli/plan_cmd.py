@@ -1,0 +1,166 @@
+"""`fsdp-planner plan`: plan a catalog model or a Hugging Face config on a cluster, print or save it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from planner.calibration import CalibrationProfile
+from planner.catalog import resolve_model
+from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
+from planner.plan import Plan
+from planner.search import make_plan
+from planner.specs import ClusterSpec, PlanRequest, TrainingSpec
+
+EXIT_INVALID_INPUT = 2
+EXIT_INFEASIBLE = 3
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan)
+
+
+def fail(message: str | list[str], code: int = EXIT_INVALID_INPUT) -> typer.Exit:
+    """Print `error: ...` lines to stderr and return the Exit to raise."""
+    err = Console(stderr=True)
+    for line in [message] if isinstance(message, str) else message:
+        err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def read_json_file(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise fail(f"{what}: cannot read {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise fail(f"{what}: {path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+
+
+def plan(
+    model: Annotated[str | None, typer.Option(help="Catalog model name, e.g. llama3-8b.")] = None,
+    hf_config: Annotated[
+        Path | None, typer.Option("--hf-config", help="A Hugging Face config.json to plan instead.")
+    ] = None,
+    cluster: Annotated[
+        str | None, typer.Option(help="NODESxGPUSxGPU, e.g. 1x8xH100 or 4x8xA100-80GB.")
+    ] = None,
+    cluster_file: Annotated[
+        Path | None,
+        typer.Option("--cluster-file", help="JSON cluster spec (num_nodes, gpus_per_node, gpu, ...)."),
+    ] = None,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 2048,
+    global_batch_tokens: Annotated[
+        int | None, typer.Option("--global-batch-tokens", help="Tokens per optimizer step (all GPUs).")
+    ] = None,
+    precision: Annotated[str, typer.Option(help="bf16 (mixed, fp32 master) or fp32.")] = "bf16",
+    calibration: Annotated[
+        Path | None, typer.Option(help="CalibrationProfile JSON from `fsdp-planner calibrate`.")
+    ] = None,
+    top: Annotated[int, typer.Option("--top", help="Ranked alternatives to show.")] = 5,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the Plan document as JSON.")] = False,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the Plan JSON here.")] = None,
+) -> None:
+    """Find the fastest FSDP configuration that fits, and say why."""
+    if (model is None) == (hf_config is None):
+        raise fail("give exactly one of --model NAME or --hf-config PATH")
+    if (cluster is None) == (cluster_file is None):
+        raise fail("give exactly one of --cluster NODESxGPUSxGPU or --cluster-file FILE")
+    if global_batch_tokens is None:
+        raise fail("--global-batch-tokens is required (tokens per optimizer step over all GPUs)")
+    try:
+        model_spec = resolve_model(model if model is not None else read_json_file(hf_config, "--hf-config"))
+        cluster_spec = (
+            ClusterSpec.parse(cluster)
+            if cluster is not None
+            else ClusterSpec.model_validate(read_json_file(cluster_file, "--cluster-file"))
+        )
+        request = PlanRequest(
+            model=model_spec,
+            cluster=cluster_spec,
+            training=TrainingSpec(
+                seq_len=seq_len, global_batch_tokens=global_batch_tokens, precision=precision
+            ),
+            top_k=top,
+        )
+        profile = (
+            CalibrationProfile.model_validate(read_json_file(calibration, "--calibration"))
+            if calibration is not None
+            else None
+        )
+        result = make_plan(
+            request,
+            calibration=profile,
+            calibration_id=(profile.name or calibration.stem) if profile and calibration else None,
+        )
+    except ValidationError as exc:
+        raise fail(describe_validation_error(exc)) from None
+    except InfeasiblePlanError as exc:
+        raise fail(exc.message, EXIT_INFEASIBLE) from None
+    except PlanningError as exc:
+        raise fail(exc.message) from None
+
+    document = result.model_dump_json(indent=2)
+    if output is not None:
+        output.write_text(document + "\n")
+    if as_json:
+        typer.echo(document)
+    else:
+        print_plan(result, Console())
+        if output is not None:
+            Console().print(f"\nPlan written to {output}")
+
+
+def print_plan(p: Plan, console: Console) -> None:
+    """The plan as a person reads it: what was planned, the choice, why, and what else was close."""
+    pred = p.prediction
+    gpu = p.cluster.gpu_spec
+    console.print(
+        f"[bold]{p.model.name}[/] ({p.model.num_params / 1e9:.2f}B params) on "
+        f"{p.cluster.num_nodes}x{p.cluster.gpus_per_node} {gpu.name} ({p.cluster.world_size} GPUs), "
+        f"seq {p.training.seq_len}, {p.training.global_batch_tokens:,} tokens/step"
+        + (f", calibration {p.calibration_id}" if p.calibration_id else ", uncalibrated")
+    )
+    console.print(f"Chosen: [bold green]{p.config.label()}[/]")
+    summary = Table(show_header=False, box=None, pad_edge=False)
+    summary.add_row("step time", f"{pred.step_time_s:.3f} s")
+    summary.add_row("tokens/s/GPU", f"{pred.tokens_per_s_per_gpu:,.0f}")
+    summary.add_row("MFU", f"{pred.mfu:.1%}")
+    summary.add_row("peak memory", f"{pred.peak_memory_gib:.1f} GiB of {gpu.memory_gib:.1f}")
+    summary.add_row("exposed comm", f"{pred.exposed_comm_s * 1e3:.1f} ms/step of {pred.comm_s * 1e3:.1f} ms")
+    console.print(summary)
+
+    memory = Table(title="Peak memory per GPU", title_justify="left")
+    memory.add_column("part")
+    memory.add_column("GiB", justify="right")
+    memory.add_column("share", justify="right")
+    for name, gib in pred.memory_breakdown_gib.model_dump().items():
+        memory.add_row(name.replace("_", " "), f"{gib:.2f}", f"{gib / pred.peak_memory_gib:.0%}")
+    console.print(memory)
+
+    alternatives = Table(title="Alternatives", title_justify="left")
+    for column in ("configuration", "tokens/s/GPU", "vs chosen", "MFU", "peak GiB", "exposed ms"):
+        alternatives.add_column(column, justify="left" if column == "configuration" else "right")
+    for a in p.alternatives:
+        alternatives.add_row(
+            a.label, f"{a.tokens_per_s_per_gpu:,.0f}", f"{a.relative_throughput:.1%}", f"{a.mfu:.1%}",
+            f"{a.peak_memory_gib:.1f}", f"{a.exposed_comm_s * 1e3:.1f}",
+        )
+    console.print(alternatives)
+
+    rejected = Table(title="Why the other families lost", title_justify="left")
+    rejected.add_column("family")
+    rejected.add_column("reason")
+    for r in p.rejected:
+        rejected.add_row(r.family, r.reason)
+    console.print(rejected)
+    console.print(
+        f"[dim]{p.search.candidates_evaluated} configurations evaluated, {p.search.candidates_fitting} fit; "
+        f"plan {p.plan_hash[:12]}[/]"
+    )
