@@ -66,7 +66,7 @@ def make_plan(
 
     Raises InfeasiblePlanError (naming the smallest cluster that would fit) when nothing fits.
     """
-    setting = _setting(request, calibration, calibration_id)
+    setting = build_setting(request, calibration, calibration_id)
     estimator = Estimator(setting)
     usable = setting.params.memory_capacity_gib * (1.0 - request.search.memory_headroom)
     evaluated: list[Evaluated] = []
@@ -128,9 +128,10 @@ def make_plan(
 # ---------------------------------------------------------------- set-up
 
 
-def _setting(
-    request: PlanRequest, calibration: CalibrationProfile | None, calibration_id: str | None
+def build_setting(
+    request: PlanRequest, calibration: CalibrationProfile | None = None, calibration_id: str | None = None
 ) -> Setting:
+    """What the search holds fixed: the priced model and the (calibrated) cost parameters."""
     cluster = request.cluster
     gpu = resolve_gpu(cluster.gpu)
     params: CostParameters = default_parameters(gpu, cluster, request.training.precision)

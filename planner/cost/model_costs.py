@@ -57,12 +57,14 @@ class ModelCosts:
     num_params_embedding: int
     vocab_size: int
     seq_len: int
+    flops_params: int
+    """N of the 6N convention: every parameter except input embeddings (a tied head counts)."""
 
     @property
     def flops_per_token(self) -> float:
-        """Training FLOPs per token, 6N + 12LHQT (N: matmul parameters incl. the head)."""
-        units = (self.embedding, *self.blocks, self.head)
-        return sum(6.0 * u.matmul_params + 3.0 * u.attention_flops_convention for u in units)
+        """Training FLOPs per token, 6N + 12LHQT (the PaLM / torchtitan / nanoGPT convention)."""
+        attention = sum(3.0 * u.attention_flops_convention for u in self.blocks)
+        return 6.0 * self.flops_params + attention
 
 
 def model_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
@@ -116,7 +118,8 @@ def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
     head = _head_unit(head_params, v * h, h, v)
     blocks = (block,) * spec.num_layers
     total = embedding.num_params + block_params * spec.num_layers + head_params
-    return ModelCosts(embedding, blocks, head, total, v * h, v, seq_len)
+    n = total - v * h + (v * h if spec.tie_word_embeddings else 0)
+    return ModelCosts(embedding, blocks, head, total, v * h, v, seq_len, n)
 
 
 def _gpt2_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
@@ -144,7 +147,8 @@ def _gpt2_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
     head_params = 2 * h + (0 if spec.tie_word_embeddings else v * h)
     head = _head_unit(head_params, v * h, h, v)
     total = embed_params + block_params * spec.num_layers + head_params
-    return ModelCosts(embedding, (block,) * spec.num_layers, head, total, embed_params, v, seq_len)
+    n = total - embed_params + (v * h if spec.tie_word_embeddings else 0)
+    return ModelCosts(embedding, (block,) * spec.num_layers, head, total, embed_params, v, seq_len, n)
 
 
 def _layer_graph_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
@@ -160,7 +164,9 @@ def _layer_graph_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
         # Non-block modules after the first block (final norm, head) form the output unit.
         after = [_traced_unit(u) for u in units[first:] if not u.is_block]
     total = sum(u.num_params for u in units)
-    return ModelCosts(_merge("embedding", before), blocks, _merge("head", after), total, 0, 0, seq_len)
+    # Traced FLOPs are what they are: 6N here is 3x the measured forward FLOPs.
+    n = int(sum(u.fwd_flops_per_token for u in units) / 2)
+    return ModelCosts(_merge("embedding", before), blocks, _merge("head", after), total, 0, 0, seq_len, n)
 
 
 def _traced_unit(unit: LayerUnit) -> UnitCost:

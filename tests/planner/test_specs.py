@@ -1,0 +1,127 @@
+"""Impossible inputs are refused with a message that names the field and the fix."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from planner.catalog import resolve_model
+from planner.errors import PlanningError, UnsupportedArchitectureError, describe_validation_error
+from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
+
+
+def messages(exc: pytest.ExceptionInfo[ValidationError]) -> str:
+    return "\n".join(describe_validation_error(exc.value))
+
+
+def test_zero_gpus_is_refused() -> None:
+    with pytest.raises(ValidationError) as exc:
+        ClusterSpec(num_nodes=1, gpus_per_node=0, gpu="H100")
+    assert "gpus_per_node" in messages(exc)
+
+
+def test_zero_sequence_length_is_refused() -> None:
+    with pytest.raises(ValidationError) as exc:
+        TrainingSpec(seq_len=0, global_batch_tokens=1024)
+    assert "seq_len" in messages(exc)
+
+
+def test_global_batch_not_whole_sequences_suggests_multiples() -> None:
+    with pytest.raises(ValidationError) as exc:
+        TrainingSpec(seq_len=8192, global_batch_tokens=100_000)
+    assert "global_batch_tokens: 100000 is not a whole number of 8192-token sequences" in messages(exc)
+    assert "98304" in messages(exc)
+
+
+def test_unreachable_global_batch_names_the_fix() -> None:
+    with pytest.raises(ValidationError) as exc:
+        PlanRequest(
+            model=resolve_model("llama3-8b"),
+            cluster=ClusterSpec.parse("2x8xH100"),
+            training=TrainingSpec(seq_len=4096, global_batch_tokens=4096 * 20),
+        )
+    text = messages(exc)
+    assert "cannot be split evenly over 16 GPUs" in text
+    assert "32 sequences" in text
+
+
+def test_heads_must_divide_hidden_size() -> None:
+    with pytest.raises(ValidationError) as exc:
+        ModelSpec(name="bad", architecture="llama", hidden_size=1000, num_heads=7, num_layers=2)
+    assert "num_heads: 7 heads do not divide hidden_size 1000" in messages(exc)
+
+
+def test_kv_heads_must_divide_heads() -> None:
+    with pytest.raises(ValidationError) as exc:
+        ModelSpec(name="bad", architecture="llama", hidden_size=1024, num_heads=16, num_kv_heads=3)
+    assert "num_kv_heads" in messages(exc)
+
+
+def test_unknown_gpu_in_cluster_is_a_field_error() -> None:
+    with pytest.raises(ValidationError) as exc:
+        ClusterSpec(num_nodes=1, gpus_per_node=8, gpu="TPUv9")
+    assert "gpu" in messages(exc) and "known GPUs" in messages(exc)
+
+
+def test_strict_types_refuse_strings_for_numbers_and_unknown_keys() -> None:
+    with pytest.raises(ValidationError):
+        TrainingSpec.model_validate({"seq_len": "2048", "global_batch_tokens": 4096})
+    with pytest.raises(ValidationError):
+        TrainingSpec.model_validate({"seq_len": 2048, "global_batch_tokens": 4096, "lr": 1})
+
+
+def test_cluster_text_forms() -> None:
+    assert ClusterSpec.parse("4x8xA100").world_size == 32
+    assert ClusterSpec.parse("2xcpu").world_size == 2
+    with pytest.raises(ValueError, match="NODESxGPUSxGPU"):
+        ClusterSpec.parse("lots of gpus")
+
+
+HF_LLAMA3 = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+    "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+}
+
+
+def test_hf_llama_config_matches_catalog_model() -> None:
+    from planner.cost.model_costs import count_parameters
+
+    spec = resolve_model(HF_LLAMA3)
+    assert count_parameters(spec) == count_parameters(resolve_model("llama3-8b"))
+
+
+@pytest.mark.parametrize(
+    ("arch", "extra", "expected_params"),
+    [
+        ("MistralForCausalLM", {}, 7.24e9),
+        ("Qwen2ForCausalLM", {"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
+                              "num_attention_heads": 28, "num_hidden_layers": 28,
+                              "num_key_value_heads": 4}, 7.62e9),
+    ],
+)
+def test_hf_mistral_and_qwen2_configs(arch: str, extra: dict, expected_params: float) -> None:
+    from planner.cost.model_costs import count_parameters
+
+    config = {**HF_LLAMA3, "architectures": [arch], "vocab_size": 32000, **extra}
+    assert count_parameters(resolve_model(config)) == pytest.approx(expected_params, rel=0.005)
+
+
+def test_hf_gpt2_config() -> None:
+    from planner.cost.model_costs import count_parameters
+
+    config = {"architectures": ["GPT2LMHeadModel"], "n_embd": 768, "n_layer": 12, "n_head": 12,
+              "vocab_size": 50257, "n_positions": 1024}
+    assert count_parameters(resolve_model(config)) == pytest.approx(124.4e6, rel=0.005)
+
+
+def test_unsupported_architecture_lists_supported_ones() -> None:
+    with pytest.raises(UnsupportedArchitectureError) as exc:
+        resolve_model({"architectures": ["T5ForConditionalGeneration"], "d_model": 512})
+    assert "unsupported architecture T5ForConditionalGeneration; supported: LlamaForCausalLM" in exc.value.message
+
+
+def test_hf_config_with_wrong_types_names_the_key() -> None:
+    with pytest.raises(PlanningError, match="`hidden_size` must be an integer"):
+        resolve_model({**HF_LLAMA3, "hidden_size": "4096"})
