@@ -1,0 +1,84 @@
+"""The FastAPI application factory: settings, database, middleware, problem handlers, routers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio.to_thread
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from api.db import migrate
+from api.db.session import create_db_engine, create_session_factory
+from api.middleware import BodySizeLimitMiddleware
+from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
+from api.routers import api_router, health
+from api.services.keyed_locks import KeyedLocks
+from api.settings import Settings
+from planner import __version__
+
+API_PREFIX = "/api/v1"
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """\
+Plans FSDP sharding, wrap units, communication buckets, activation checkpointing, micro-batching and
+torch.compile for a model on a GPU cluster, and stores every plan.
+
+Errors are `application/problem+json` (RFC 9457). Writes need `Authorization: Bearer <key>` once an
+API key exists (`fsdp-planner keys create NAME`).
+"""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """A configured app; the database engine is created now, migrations run at start-up."""
+    settings = settings or Settings()
+    engine = create_db_engine(
+        settings.resolved_database_url, pool_size=settings.db_pool_size, max_overflow=settings.db_max_overflow
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.migrate_on_startup:
+            await anyio.to_thread.run_sync(migrate.upgrade, engine)
+            log.info("database %s at schema revision %s", engine.url, migrate.head_revision())
+        yield
+        engine.dispose()
+
+    app = FastAPI(
+        title="fsdp-planner",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.session_factory = create_session_factory(engine)
+    app.state.plan_locks = KeyedLocks()
+
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    install_problem_handlers(app)  # outermost: also catches what the middleware above raises
+
+    app.include_router(api_router, prefix=API_PREFIX)
+    # Probes conventionally hit the root paths; same handlers, documented once under /api/v1.
+    app.include_router(health.router, include_in_schema=False)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, with error responses declared as application/problem+json."""
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        for path in schema.get("paths", {}).values():
+            for operation in path.values():
+                for status, response in operation.get("responses", {}).items():
+                    content = response.get("content", {})
+                    if status[0] in "45" and "application/json" in content:
+                        content[PROBLEM_MEDIA_TYPE] = content.pop("application/json")
+        app.openapi_schema = schema
+    return app.openapi_schema

@@ -1,0 +1,207 @@
+"""Service commands: `serve`, `db upgrade|downgrade|current`, `keys create|list|revoke`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from api.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+    from sqlalchemy.orm import Session
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+DatabaseUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url", envvar="DATABASE_URL", show_envvar=True,
+        help="SQLAlchemy URL, e.g. postgresql://user:pass@host/db (default: a SQLite file in ./data).",
+    ),
+]
+
+
+def _settings(database_url: str | None) -> Settings:
+    return Settings(database_url=database_url) if database_url else Settings()
+
+
+def _engine(database_url: str | None) -> Engine:
+    # Imports stay inside the commands so that `fsdp-planner --help` starts fast.
+    from api.db.session import create_db_engine
+
+    return create_db_engine(_settings(database_url).resolved_database_url, pool_size=1, max_overflow=0)
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000,
+    database_url: DatabaseUrlOption = None,
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes (each plans in threads).")] = 1,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Run the API (migrates the database first); OpenAPI docs at /docs."""
+    import uvicorn
+
+    settings = _settings(database_url)
+    console.print(
+        f"fsdp-planner on http://{host}:{port} (docs: /docs), database: "
+        f"{_display_url(settings.resolved_database_url)}"
+    )
+    if workers == 1:
+        from api.app import create_app
+
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, proxy_headers=True)
+        return
+    # Several workers import the app by name; they read the settings from the environment.
+    import os
+
+    if database_url:
+        os.environ["DATABASE_URL"] = database_url
+    uvicorn.run(
+        "api.app:create_app", factory=True, host=host, port=port, workers=workers, log_level=log_level,
+        proxy_headers=True,
+    )
+
+
+db_app = typer.Typer(help="Database schema migrations (Alembic).", no_args_is_help=True)
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
+    database_url: DatabaseUrlOption = None,
+) -> None:
+    """Migrate the database up (to the newest schema by default)."""
+    from api.db import migrate
+
+    engine = _engine(database_url)
+    try:
+        migrate.upgrade(engine, revision)
+        revision = migrate.current_revision(engine)
+        console.print(f"database {_display_url(str(engine.url))} at revision {revision}")
+    finally:
+        engine.dispose()
+
+
+@db_app.command("downgrade")
+def db_downgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision; `base` drops every table.")],
+    database_url: DatabaseUrlOption = None,
+) -> None:
+    """Migrate the database down to REVISION."""
+    from api.db import migrate
+
+    engine = _engine(database_url)
+    try:
+        migrate.downgrade(engine, revision)
+        console.print(f"database at revision {migrate.current_revision(engine)}")
+    finally:
+        engine.dispose()
+
+
+@db_app.command("current")
+def db_current(database_url: DatabaseUrlOption = None) -> None:
+    """Print the database's schema revision and the newest one this code ships."""
+    from api.db import migrate
+
+    engine = _engine(database_url)
+    try:
+        console.print(f"current: {migrate.current_revision(engine)}  head: {migrate.head_revision()}")
+    finally:
+        engine.dispose()
+
+
+keys_app = typer.Typer(help="API keys for writes (POST/DELETE); once one exists, writes need one.",
+                       no_args_is_help=True)
+
+
+def _key_session(database_url: str | None) -> tuple[Engine, Session]:
+    from api.db import migrate
+    from api.db.session import create_session_factory
+
+    engine = _engine(database_url)
+    migrate.upgrade(engine)
+    return engine, create_session_factory(engine)()
+
+
+@keys_app.command("create")
+def keys_create(
+    name: Annotated[str, typer.Argument(help="Who or what uses the key, e.g. ci or alice.")],
+    database_url: DatabaseUrlOption = None,
+) -> None:
+    """Create a key and print it once (only its hash is stored)."""
+    from api.keys import ApiKeyError, create_key
+
+    engine, session = _key_session(database_url)
+    try:
+        issued = create_key(session, name)
+    except ApiKeyError as exc:
+        err_console.print(f"error: {exc}")
+        raise typer.Exit(1) from None
+    finally:
+        session.close()
+        engine.dispose()
+    err_console.print(
+        f"created key {issued.row.id} ({issued.row.name}); store it now, it is not shown again:",
+        highlight=False,
+    )
+    print(issued.key)  # alone on stdout, so `KEY=$(fsdp-planner keys create ci)` works
+
+
+@keys_app.command("list")
+def keys_list(database_url: DatabaseUrlOption = None) -> None:
+    """List keys (prefix, status); never the keys themselves."""
+    from api.keys import list_keys
+
+    engine, session = _key_session(database_url)
+    try:
+        rows = list_keys(session)
+    finally:
+        session.close()
+        engine.dispose()
+    table = Table("id", "name", "prefix", "created (UTC)", "status")
+    for row in rows:
+        status = f"revoked {row.revoked_at:%Y-%m-%d %H:%M}" if row.revoked_at else "active"
+        created = f"{row.created_at:%Y-%m-%d %H:%M}"
+        table.add_row(str(row.id), row.name, f"fsdpk_{row.prefix}_…", created, status)
+    console.print(table if rows else "no API keys: writes are open to anyone who can reach the server")
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    id_or_name: Annotated[str, typer.Argument(metavar="ID|NAME", help="Key id, or an active key's name.")],
+    database_url: DatabaseUrlOption = None,
+) -> None:
+    """Revoke a key: requests using it get 401 from now on."""
+    from api.keys import ApiKeyError, any_active_key, revoke_key
+
+    engine, session = _key_session(database_url)
+    try:
+        row = revoke_key(session, id_or_name)
+        still_locked = any_active_key(session)
+    except ApiKeyError as exc:
+        err_console.print(f"error: {exc}")
+        raise typer.Exit(1) from None
+    finally:
+        session.close()
+        engine.dispose()
+    console.print(f"revoked key {row.id} ({row.name})")
+    if not still_locked:
+        console.print("no active keys remain: writes are open again")
+
+
+def _display_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+    app.add_typer(db_app, name="db")
+    app.add_typer(keys_app, name="keys")

@@ -1,0 +1,1 @@
+"""The database: typed SQLAlchemy models, engine and sessions, and Alembic migrations at start-up."""

@@ -1,0 +1,129 @@
+"""ORM models: stored plans, calibration profiles, validation runs, API keys and idempotency keys.
+
+The API's pydantic schemas (api/schemas) are separate: these classes describe storage only.
+Every change to them needs an Alembic migration in migrations/versions.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Float, ForeignKey, Index, Integer, String, text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from api.db.base import Base, BigId, JsonDocument, UTCDateTime, utcnow
+
+
+class PlanRow(Base):
+    """One plan: its inputs, the whole Plan document, and the columns lists sort and filter on."""
+
+    __tablename__ = "plans"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    model_name: Mapped[str] = mapped_column(String(200))
+    gpu: Mapped[str] = mapped_column(String(64))
+    num_nodes: Mapped[int] = mapped_column(Integer)
+    gpus_per_node: Mapped[int] = mapped_column(Integer)
+    world_size: Mapped[int] = mapped_column(Integer)
+    tokens_per_s_per_gpu: Mapped[float] = mapped_column(Float)
+    mfu: Mapped[float] = mapped_column(Float)
+    peak_memory_gib: Mapped[float] = mapped_column(Float)
+    step_time_s: Mapped[float] = mapped_column(Float)
+    plan_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    """sha256 of the canonical request, calibration and planner version: identical inputs, one row."""
+    planner_version: Mapped[str] = mapped_column(String(32))
+    calibration_id: Mapped[int | None] = mapped_column(
+        BigId, ForeignKey("calibration_profiles.id", ondelete="RESTRICT"), index=True
+    )
+    # The two documents are large; lists never load them (deferred until a plan is fetched by id).
+    request: Mapped[dict[str, Any]] = mapped_column(JsonDocument, deferred=True)
+    """The normalized PlanRequest the planner ran on (model resolved to a full spec)."""
+    plan: Mapped[dict[str, Any]] = mapped_column(JsonDocument, deferred=True)
+    """The whole versioned Plan document."""
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    __table_args__ = (
+        # One index per sortable column, with the id tie-breaker that keyset pagination walks.
+        Index("ix_plans_created_at_id", "created_at", "id"),
+        Index("ix_plans_tokens_per_s_per_gpu_id", "tokens_per_s_per_gpu", "id"),
+        Index("ix_plans_mfu_id", "mfu", "id"),
+        Index("ix_plans_peak_memory_gib_id", "peak_memory_gib", "id"),
+        Index("ix_plans_world_size_id", "world_size", "id"),
+        Index("ix_plans_model_name_id", "model_name", "id"),
+        Index("ix_plans_gpu_id", "gpu", "id"),
+        Index("ix_plans_num_nodes_id", "num_nodes", "id"),
+    )
+
+
+class CalibrationProfileRow(Base):
+    """Measurements from profiling runs on one hardware setup, and the cost parameters fitted to them."""
+
+    __tablename__ = "calibration_profiles"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    fingerprint: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+    """Hardware fingerprint: device name and count, links, library versions."""
+    profile: Mapped[dict[str, Any]] = mapped_column(JsonDocument, deferred=True)
+    """The uploaded CalibrationProfile document."""
+    fitted_parameters: Mapped[dict[str, Any] | None] = mapped_column(JsonDocument)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+
+
+class ValidationRunRow(Base):
+    """A few measured steps of a plan's launcher, beside what the plan predicted."""
+
+    __tablename__ = "validation_runs"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    plan_id: Mapped[int] = mapped_column(BigId, ForeignKey("plans.id", ondelete="CASCADE"), index=True)
+    measured_step_time_s: Mapped[float] = mapped_column(Float)
+    measured_tokens_per_s_per_gpu: Mapped[float] = mapped_column(Float)
+    measured_peak_memory_gib: Mapped[float | None] = mapped_column(Float)
+    predicted_step_time_s: Mapped[float] = mapped_column(Float)
+    predicted_tokens_per_s_per_gpu: Mapped[float] = mapped_column(Float)
+    predicted_peak_memory_gib: Mapped[float] = mapped_column(Float)
+    step_time_error_pct: Mapped[float] = mapped_column(Float)
+    """(measured - predicted) / measured x 100."""
+    tokens_per_s_error_pct: Mapped[float] = mapped_column(Float)
+    peak_memory_error_pct: Mapped[float | None] = mapped_column(Float)
+    raw: Mapped[dict[str, Any]] = mapped_column(JsonDocument, deferred=True)
+    """The run's full report (per-step times, environment)."""
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ApiKeyRow(Base):
+    """An API key: only its sha256 is stored; `prefix` identifies it in listings and narrows the lookup."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    hashed_key: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        # A name picks one active key (`keys revoke NAME`); revoked keys keep their names for the record.
+        Index(
+            "uq_api_keys_name_active", "name", unique=True,
+            sqlite_where=text("revoked_at IS NULL"), postgresql_where=text("revoked_at IS NULL"),
+        ),
+    )
+
+
+class IdempotencyKeyRow(Base):
+    """The response an `Idempotency-Key` produced, so that a retried POST replays it."""
+
+    __tablename__ = "idempotency_keys"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), unique=True)
+    request_fingerprint: Mapped[str] = mapped_column(String(64))
+    """sha256 of the method, path and canonical JSON body: the same key with another body is refused."""
+    plan_id: Mapped[int] = mapped_column(BigId, ForeignKey("plans.id", ondelete="CASCADE"), index=True)
+    status_code: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)

@@ -1,0 +1,73 @@
+"""FastAPI dependencies and their `Annotated` aliases: settings, database session, API-key access."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from api import keys
+from api.db.models import ApiKeyRow
+from api.problems import ProblemError
+from api.settings import Settings
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with request.app.state.session_factory() as session:
+        yield session
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionDep = Annotated[Session, Depends(get_session)]
+
+# auto_error=False: a missing header is answered by `_authorize` with a problem, not FastAPI's 403.
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="An API key from `fsdp-planner keys create NAME`. Needed for writes once any key exists.",
+)
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def _authorize(session: Session, credentials: HTTPAuthorizationCredentials | None) -> ApiKeyRow | None:
+    if not keys.any_active_key(session):
+        return None
+    challenge = {"WWW-Authenticate": 'Bearer realm="fsdp-planner"'}
+    if credentials is None:
+        raise ProblemError(
+            401, "this server requires an API key: send `Authorization: Bearer <key>` "
+            "(an administrator creates one with `fsdp-planner keys create NAME`)",
+            slug="unauthorized", headers=challenge,
+        )
+    row = keys.verify_key(session, credentials.credentials)
+    if row is None:
+        raise ProblemError(
+            401, "the API key is unknown or revoked; ask for a new one (`fsdp-planner keys create NAME`)",
+            slug="unauthorized", headers={**challenge, "WWW-Authenticate": challenge["WWW-Authenticate"]
+                                          + ', error="invalid_token"'},
+        )
+    return row
+
+
+def require_write_access(session: SessionDep, credentials: BearerDep) -> ApiKeyRow | None:
+    """Writes need a valid key once any active key exists."""
+    return _authorize(session, credentials)
+
+
+def require_read_access(
+    session: SessionDep, settings: SettingsDep, credentials: BearerDep
+) -> ApiKeyRow | None:
+    """Reads are open unless `require_key_for_reads` is set (then they need a key like writes)."""
+    if not settings.require_key_for_reads:
+        return None
+    return _authorize(session, credentials)
+
+
+WriteAccess = Depends(require_write_access)
+ReadAccess = Depends(require_read_access)

@@ -1,0 +1,10 @@
+"""HTTP endpoints, one router per domain, all mounted under /api/v1 by `api.app.create_app`."""
+
+from fastapi import APIRouter
+
+from api.routers import catalog, health, plans
+
+api_router = APIRouter()
+api_router.include_router(plans.router)
+api_router.include_router(catalog.router)
+api_router.include_router(health.router)

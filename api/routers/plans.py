@@ -1,0 +1,136 @@
+"""/plans: create (dedup + idempotency), list (filters, sort, cursor), get, delete."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from sqlalchemy import delete, select
+
+from api.db.models import PlanRow
+from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess
+from api.problems import ProblemError
+from api.routers.responses import problems
+from api.schemas.plans import (
+    MAX_ID,
+    MAX_NODES,
+    PlanCreate,
+    PlanDetail,
+    PlanPage,
+    PlanSort,
+    PlanSummary,
+    SortOrder,
+)
+from api.services import plan_listing
+from api.services import plans as plan_service
+
+router = APIRouter(prefix="/plans", tags=["plans"])
+
+PlanId = Annotated[int, Path(ge=1, le=MAX_ID, description="A plan's id")]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$",
+        description="Makes retries safe: the same key with the same body replays the first response "
+        "(for 24 h by default); the same key with another body is refused with 422.",
+    ),
+]
+
+
+# Sync endpoints: FastAPI runs them in its worker thread pool, so the blocking database calls and the
+# CPU-bound planner search never stall the event loop.
+@router.post(
+    "",
+    status_code=201,
+    response_model=PlanDetail,
+    dependencies=[WriteAccess],
+    responses={
+        200: {"model": PlanDetail, "description": "Identical inputs were planned before: the stored plan"},
+        **problems(401, 415, 422),
+    },
+    summary="Plan a model on a cluster and store the plan",
+)
+def create_plan(
+    body: PlanCreate,
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    settings: SettingsDep,
+    idempotency_key: IdempotencyKey = None,
+) -> PlanDetail:
+    outcome = plan_service.create_plan(
+        session, body, locks=request.app.state.plan_locks, idempotency_key=idempotency_key,
+        idempotency_ttl_s=settings.idempotency_ttl_s,
+    )
+    response.status_code = outcome.status_code
+    response.headers["Location"] = str(request.url_for("get_plan", plan_id=outcome.row.id))
+    if outcome.replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return PlanDetail.model_validate(outcome.row)
+
+
+@router.get(
+    "",
+    response_model=PlanPage,
+    dependencies=[ReadAccess],
+    responses=problems(401, 422),
+    summary="List stored plans",
+)
+def list_plans(
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=200, description="Plans per page")] = 50,
+    cursor: Annotated[
+        str | None, Query(max_length=2000, description="`next_cursor` of the previous page")
+    ] = None,
+    sort: Annotated[PlanSort, Query(description="Column to sort on")] = PlanSort.created_at,
+    order: Annotated[SortOrder, Query(description="Sort direction")] = SortOrder.desc,
+    model: Annotated[str | None, Query(max_length=200, description="Model name (case-insensitive)")] = None,
+    gpu: Annotated[str | None, Query(max_length=64, description="GPU catalog name or alias")] = None,
+    nodes: Annotated[int | None, Query(ge=1, le=MAX_NODES, description="Number of nodes")] = None,
+    q: Annotated[str | None, Query(max_length=200, description="Substring of the plan name")] = None,
+) -> PlanPage:
+    filters = plan_listing.PlanFilters(model=model, gpu=gpu, nodes=nodes, q=q)
+    rows, next_cursor = plan_listing.list_plans(
+        session, filters=filters, sort=sort, order=order, limit=limit, cursor=cursor
+    )
+    if next_cursor is not None:
+        response.headers["Link"] = f'<{request.url.include_query_params(cursor=next_cursor)}>; rel="next"'
+    return PlanPage(items=[PlanSummary.model_validate(row) for row in rows], next_cursor=next_cursor)
+
+
+@router.get(
+    "/{plan_id}",
+    response_model=PlanDetail,
+    dependencies=[ReadAccess],
+    responses=problems(401, 404, 422),
+    summary="Get a stored plan with its whole Plan document",
+)
+def get_plan(plan_id: PlanId, session: SessionDep) -> PlanDetail:
+    row = session.scalar(select(PlanRow).where(PlanRow.id == plan_id).options(*plan_service.full_plan()))
+    if row is None:
+        raise _not_found(plan_id)
+    return PlanDetail.model_validate(row)
+
+
+@router.delete(
+    "/{plan_id}",
+    status_code=204,
+    dependencies=[WriteAccess],
+    responses=problems(401, 404, 422),
+    summary="Delete a stored plan (and its validation runs)",
+)
+def delete_plan(plan_id: PlanId, session: SessionDep) -> Response:
+    deleted = session.execute(delete(PlanRow).where(PlanRow.id == plan_id).returning(PlanRow.id)).first()
+    if deleted is None:
+        raise _not_found(plan_id)
+    session.commit()
+    return Response(status_code=204)
+
+
+def _not_found(plan_id: int) -> ProblemError:
+    return ProblemError(
+        404, f"plan {plan_id} does not exist (it may have been deleted); list plans with GET /api/v1/plans",
+        slug="plan-not-found", title="Plan not found",
+    )

@@ -1,0 +1,28 @@
+"""OpenAPI declarations of the problem responses an endpoint can give."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.problems import Problem
+
+_DESCRIPTIONS = {
+    400: "Malformed request (e.g. the body is not valid JSON)",
+    401: "An API key is required, or the one given is unknown or revoked",
+    404: "No such resource",
+    413: "The request body is larger than the configured limit",
+    415: "The body is not JSON",
+    422: "The request is invalid or cannot be planned; `errors` lists the inputs to fix",
+    500: "Internal error (logged on the server)",
+    503: "The database is unreachable or not migrated",
+}
+
+COMMON = (400, 413, 500)
+
+
+def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """`responses=` for the given error statuses (plus the ones any request can meet)."""
+    return {
+        status: {"model": Problem, "description": _DESCRIPTIONS[status]}
+        for status in sorted({*statuses, *COMMON})
+    }

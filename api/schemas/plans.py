@@ -1,0 +1,148 @@
+"""Bodies of the /plans endpoints."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+from api.problems import UNION_TAG_PREFIX
+from planner.specs import Optimizer, Precision, SearchSpace
+
+# Bounds that keep one request's planning cost sane; the planner's own validators decide the rest.
+MAX_NODES = 4096
+MAX_GPUS_PER_NODE = 64
+MAX_SEQ_LEN = 1 << 20
+MAX_GLOBAL_BATCH_TOKENS = 1 << 36
+MAX_ID = (1 << 63) - 1
+
+
+class StrictBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ClusterIn(StrictBody):
+    """The GPUs to train on."""
+
+    num_nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] = 1
+    gpus_per_node: Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)] = 8
+    gpu: Annotated[str, Field(min_length=1, max_length=64, examples=["H100"])]
+    """A GPU catalog name or alias (see GET /api/v1/gpus)."""
+    intra_node_bandwidth_gbps: Annotated[float, Field(gt=0, le=100_000)] | None = None
+    """Override of the per-GPU intra-node link bandwidth, GB/s."""
+    inter_node_bandwidth_gbps: Annotated[float, Field(gt=0, le=100_000)] | None = None
+    """Override of the per-GPU network bandwidth, GB/s."""
+
+
+class TrainingIn(StrictBody):
+    """What one optimizer step processes."""
+
+    seq_len: Annotated[int, Field(ge=1, le=MAX_SEQ_LEN, examples=[4096])]
+    global_batch_tokens: Annotated[int, Field(ge=1, le=MAX_GLOBAL_BATCH_TOKENS, examples=[1048576])]
+    """Tokens per optimizer step over the whole cluster; a multiple of seq_len."""
+    precision: Precision = "bf16"
+    optimizer: Optimizer = "adamw"
+
+
+def _json_kind(value: Any) -> str | None:
+    # Picks the union branch by JSON type, so errors speak about one branch instead of all of them.
+    if isinstance(value, str):
+        return f"{UNION_TAG_PREFIX}string"
+    if isinstance(value, dict | BaseModel):
+        return f"{UNION_TAG_PREFIX}object"
+    return None
+
+
+ModelIn = Annotated[
+    Annotated[Annotated[str, Field(min_length=1, max_length=200)], Tag(f"{UNION_TAG_PREFIX}string")]
+    | Annotated[dict[str, Any], Tag(f"{UNION_TAG_PREFIX}object")],
+    Discriminator(
+        _json_kind,
+        custom_error_type="model_input_type",
+        custom_error_message="give a catalog model name (GET /api/v1/models), a Hugging Face config.json "
+        "object, or a model spec / layer graph object",
+    ),
+    Field(examples=["llama3-8b"]),
+]
+
+ClusterInput = Annotated[
+    Annotated[Annotated[str, Field(min_length=3, max_length=80)], Tag(f"{UNION_TAG_PREFIX}string")]
+    | Annotated[ClusterIn, Tag(f"{UNION_TAG_PREFIX}object")],
+    Discriminator(
+        _json_kind,
+        custom_error_type="cluster_input_type",
+        custom_error_message="give a cluster as NODESxGPUSxGPU (e.g. 1x8xH100) or an object "
+        "{num_nodes, gpus_per_node, gpu}",
+    ),
+    Field(examples=["1x8xH100"]),
+]
+
+
+class PlanCreate(StrictBody):
+    """What to plan. Identical inputs (name aside) return the plan already stored."""
+
+    model: ModelIn
+    """A catalog name, a Hugging Face config.json object, or a model spec / layer graph."""
+    cluster: ClusterInput
+    training: TrainingIn
+    name: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    """A label for listings; default `<model> on <cluster>`."""
+    calibration_id: Annotated[int, Field(ge=1, le=MAX_ID)] | None = None
+    """A stored calibration profile to plan with."""
+    search: SearchSpace | None = None
+    """Restrictions on the configurations searched."""
+    top_k: Annotated[int, Field(ge=1, le=50)] = 5
+    """How many ranked alternatives to keep beside the best plan."""
+
+
+class PlanSummary(BaseModel):
+    """A stored plan's headline numbers (lists)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    model_name: str
+    gpu: str
+    num_nodes: int
+    gpus_per_node: int
+    world_size: int
+    tokens_per_s_per_gpu: float
+    mfu: float
+    peak_memory_gib: float
+    step_time_s: float
+    plan_hash: str
+    planner_version: str
+    calibration_id: int | None
+    created_at: datetime
+
+
+class PlanDetail(PlanSummary):
+    """A stored plan with its inputs and the whole Plan document."""
+
+    request: dict[str, Any]
+    """The normalized request the planner ran on (the model resolved to a full spec)."""
+    plan: dict[str, Any]
+    """The versioned Plan document: config, prediction, alternatives, Pareto front, rejected families."""
+
+
+class PlanPage(BaseModel):
+    items: list[PlanSummary]
+    next_cursor: str | None
+    """Pass as `cursor` to get the next page; null on the last page."""
+
+
+class PlanSort(StrEnum):
+    created_at = "created_at"
+    tokens_per_s_per_gpu = "tokens_per_s_per_gpu"
+    mfu = "mfu"
+    peak_memory_gib = "peak_memory_gib"
+    world_size = "world_size"
+    model = "model"
+
+
+class SortOrder(StrEnum):
+    asc = "asc"
+    desc = "desc"

@@ -1,0 +1,1 @@
+"""What the endpoints do, apart from HTTP: plan creation with dedup and idempotency, listing queries."""

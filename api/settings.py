@@ -1,0 +1,65 @@
+"""Service settings: one pydantic-settings class, read from the environment (and an optional .env)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATA_DIR = Path("data")
+SQLITE_FILE_NAME = "fsdp-planner.sqlite3"
+
+
+class Settings(BaseSettings):
+    """Everything the service can be configured with; environment names are `FSDP_PLANNER_<FIELD>`.
+
+    `DATABASE_URL` is also read without the prefix, as every hosting platform spells it that way.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="FSDP_PLANNER_", env_file=".env", extra="ignore", populate_by_name=True
+    )
+
+    database_url: Annotated[
+        str | None,
+        Field(validation_alias=AliasChoices("database_url", "DATABASE_URL", "FSDP_PLANNER_DATABASE_URL")),
+    ] = None
+    """SQLAlchemy URL; None means a SQLite file in `data_dir`. `postgresql://` URLs use psycopg 3."""
+    data_dir: Path = DEFAULT_DATA_DIR
+    """Where the embedded SQLite database lives (created on first run)."""
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 5 * 1024 * 1024
+    """Request bodies larger than this are refused with 413."""
+    require_key_for_reads: bool = False
+    """Once API keys exist, also require one for GET requests (writes always need one then)."""
+    migrate_on_startup: bool = True
+    """Run `alembic upgrade head` when the app starts."""
+    idempotency_ttl_s: Annotated[int, Field(ge=60)] = 24 * 3600
+    """How long an `Idempotency-Key` is remembered."""
+    db_pool_size: Annotated[int, Field(ge=1)] = 10
+    """Connections kept open per process (PostgreSQL and SQLite files)."""
+    db_max_overflow: Annotated[int, Field(ge=0)] = 30
+    """Extra connections allowed under load, above `db_pool_size`."""
+    log_level: str = "info"
+
+    @field_validator("database_url")
+    @classmethod
+    def _psycopg_driver(cls, url: str | None) -> str | None:
+        # Hosting platforms hand out `postgres://` / `postgresql://` URLs; the installed driver is psycopg 3.
+        if url is None or not url.strip():
+            return None
+        url = url.strip()
+        for scheme in ("postgres://", "postgresql://"):
+            if url.startswith(scheme):
+                return "postgresql+psycopg://" + url[len(scheme):]
+        return url
+
+    @property
+    def resolved_database_url(self) -> str:
+        """The URL to connect to; the default SQLite file's directory is created here."""
+        if self.database_url:
+            return self.database_url
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{(self.data_dir / SQLITE_FILE_NAME).resolve()}"
+
