@@ -144,9 +144,11 @@ def fit_parameters(
     links = dict(base.links)
     by_link: dict[LinkClass, list[tuple[float, float, int]]] = defaultdict(list)
     for c in profile.collectives:
-        factor = 2.0 if c.op == "all_reduce" else 1.0
-        volume = c.bytes * (c.group_size - 1) / c.group_size * factor
-        by_link[c.link].append((volume, c.seconds / factor, c.group_size))
+        # An all-reduce is priced as a reduce-scatter plus an all-gather: twice the latency and
+        # twice the volume, so half its time is one "pass" comparable with the others.
+        passes = 2.0 if c.op == "all_reduce" else 1.0
+        volume = c.bytes * (c.group_size - 1) / c.group_size
+        by_link[c.link].append((volume, c.seconds / passes, c.group_size))
     for link, points in by_link.items():
         fitted = _fit_line([(v, t) for v, t, _ in points])
         if fitted is None:

@@ -12,9 +12,17 @@ from tests.planner.conftest import make_request
 
 def choice(sharding: str, shard: int, **overrides) -> Choice:
     fields = dict(
-        sharding=sharding, shard_group=shard, replicate_group=8 // shard, blocks_per_unit=1,
-        all_gather_bucket_mb=0.0, reduce_scatter_bucket_mb=0.0, checkpointing="full", every_k=1,
-        micro_batch=1, grad_accum=2, compile=False,
+        sharding=sharding,
+        shard_group=shard,
+        replicate_group=8 // shard,
+        blocks_per_unit=1,
+        all_gather_bucket_mb=0.0,
+        reduce_scatter_bucket_mb=0.0,
+        checkpointing="full",
+        every_k=1,
+        micro_batch=1,
+        grad_accum=2,
+        compile=False,
     )
     return Choice(**{**fields, **overrides})
 
@@ -78,6 +86,15 @@ def test_activations_and_logits_scale_with_micro_batch(estimator: Estimator) -> 
 
 def test_total_is_the_sum_of_its_parts(estimator: Estimator) -> None:
     m = estimator.memory(choice("full_shard", 8))
-    parts = (m.params, m.grads, m.optimizer, m.activations, m.unsharded, m.logits, m.workspace, m.fragmentation)
+    parts = (
+        m.params,
+        m.grads,
+        m.optimizer,
+        m.activations,
+        m.unsharded,
+        m.logits,
+        m.workspace,
+        m.fragmentation,
+    )
     assert m.total == pytest.approx(sum(parts))
     assert m.total / GIB < 80

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from planner.cost.estimate import Choice, Estimator
@@ -59,7 +61,7 @@ def test_rejected_families_explain_themselves(llama8b_request: PlanRequest) -> N
 def test_pareto_front_is_non_dominated_and_contains_the_fastest(llama8b_request: PlanRequest) -> None:
     front = make_plan(llama8b_request).pareto_front
     assert front[0].relative_throughput == pytest.approx(1.0)
-    for a, b in zip(front, front[1:], strict=False):
+    for a, b in itertools.pairwise(front):
         assert a.tokens_per_s_per_gpu >= b.tokens_per_s_per_gpu
         assert a.peak_memory_gib > b.peak_memory_gib
 
@@ -74,12 +76,27 @@ def test_same_inputs_give_the_same_plan_and_hash(llama8b_request: PlanRequest) -
 def test_plan_document_round_trips_and_has_the_contract_fields(llama8b_request: PlanRequest) -> None:
     plan = make_plan(llama8b_request)
     document = plan.model_dump(mode="json")
-    for key in ("schema_version", "plan_hash", "model", "cluster", "training", "config", "prediction",
-                "alternatives", "rejected"):
+    for key in (
+        "schema_version",
+        "plan_hash",
+        "model",
+        "cluster",
+        "training",
+        "config",
+        "prediction",
+        "alternatives",
+        "rejected",
+    ):
         assert key in document
     assert {"name", "num_params"} <= set(document["model"])
-    assert {"step_time_s", "tokens_per_s_per_gpu", "mfu", "peak_memory_gib", "memory_breakdown_gib",
-            "exposed_comm_s"} <= set(document["prediction"])
+    assert {
+        "step_time_s",
+        "tokens_per_s_per_gpu",
+        "mfu",
+        "peak_memory_gib",
+        "memory_breakdown_gib",
+        "exposed_comm_s",
+    } <= set(document["prediction"])
     assert Plan.model_validate_json(plan.model_dump_json()) == plan
     config = plan.config
     assert config.micro_batch_size * config.grad_accum_steps * plan.cluster.world_size == 16
@@ -106,8 +123,13 @@ def test_single_gpu_plans_without_sharding() -> None:
 
 
 def test_search_space_restrictions_are_honoured() -> None:
-    request = make_request("llama-debug", "1x2xcpu", seq_len=256, sequences=8,
-                           search={"shardings": ["full_shard"], "compile": [False]})
+    request = make_request(
+        "llama-debug",
+        "1x2xcpu",
+        seq_len=256,
+        sequences=8,
+        search={"shardings": ["full_shard"], "compile": [False]},
+    )
     plan = make_plan(request)
     assert plan.config.sharding == "full_shard" and not plan.config.compile
     assert all(a.config.sharding == "full_shard" for a in plan.alternatives)
@@ -117,7 +139,9 @@ def test_hybrid_shard_is_chosen_when_inter_node_links_are_slow() -> None:
     # 70B over 4 nodes with a slow network: sharding over all 32 GPUs puts every all-gather on the
     # NIC; a 2-D mesh keeps them on NVLink. The search must at least consider and rank it.
     request = make_request("llama3-70b", "4x8xH100", seq_len=4096, sequences=64)
-    slow = request.model_copy(update={"cluster": request.cluster.model_copy(update={"inter_node_bandwidth_gbps": 3.0})})
+    slow = request.model_copy(
+        update={"cluster": request.cluster.model_copy(update={"inter_node_bandwidth_gbps": 3.0})}
+    )
     plan = make_plan(slow)
     families = {plan.config.sharding} | {r.family.split()[0].split("/")[0] for r in plan.rejected}
     assert "hybrid_shard" in families

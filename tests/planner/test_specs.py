@@ -78,10 +78,18 @@ def test_cluster_text_forms() -> None:
 
 
 HF_LLAMA3 = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-    "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
-    "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
-    "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
 }
 
 
@@ -96,9 +104,18 @@ def test_hf_llama_config_matches_catalog_model() -> None:
     ("arch", "extra", "expected_params"),
     [
         ("MistralForCausalLM", {}, 7.24e9),
-        ("Qwen2ForCausalLM", {"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
-                              "num_attention_heads": 28, "num_hidden_layers": 28,
-                              "num_key_value_heads": 4}, 7.62e9),
+        (
+            "Qwen2ForCausalLM",
+            {
+                "vocab_size": 152064,
+                "hidden_size": 3584,
+                "intermediate_size": 18944,
+                "num_attention_heads": 28,
+                "num_hidden_layers": 28,
+                "num_key_value_heads": 4,
+            },
+            7.62e9,
+        ),
     ],
 )
 def test_hf_mistral_and_qwen2_configs(arch: str, extra: dict, expected_params: float) -> None:
@@ -111,15 +128,24 @@ def test_hf_mistral_and_qwen2_configs(arch: str, extra: dict, expected_params: f
 def test_hf_gpt2_config() -> None:
     from planner.cost.model_costs import count_parameters
 
-    config = {"architectures": ["GPT2LMHeadModel"], "n_embd": 768, "n_layer": 12, "n_head": 12,
-              "vocab_size": 50257, "n_positions": 1024}
+    config = {
+        "architectures": ["GPT2LMHeadModel"],
+        "n_embd": 768,
+        "n_layer": 12,
+        "n_head": 12,
+        "vocab_size": 50257,
+        "n_positions": 1024,
+    }
     assert count_parameters(resolve_model(config)) == pytest.approx(124.4e6, rel=0.005)
 
 
 def test_unsupported_architecture_lists_supported_ones() -> None:
     with pytest.raises(UnsupportedArchitectureError) as exc:
         resolve_model({"architectures": ["T5ForConditionalGeneration"], "d_model": 512})
-    assert "unsupported architecture T5ForConditionalGeneration; supported: LlamaForCausalLM" in exc.value.message
+    assert (
+        "unsupported architecture T5ForConditionalGeneration; supported: LlamaForCausalLM"
+        in exc.value.message
+    )
 
 
 def test_hf_config_with_wrong_types_names_the_key() -> None:
