@@ -14,6 +14,10 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from api.db.base import Base, BigId, JsonDocument, UTCDateTime, utcnow
 
+# SQLite otherwise hands a deleted row's id to the next insert: a stale /plans/{id} link (or a
+# remembered Idempotency-Key) would then name another plan. PostgreSQL sequences never reuse ids.
+NEVER_REUSE_IDS = {"sqlite_autoincrement": True}
+
 
 class PlanRow(Base):
     """One plan: its inputs, the whole Plan document, and the columns lists sort and filter on."""
@@ -54,6 +58,7 @@ class PlanRow(Base):
         Index("ix_plans_model_name_id", "model_name", "id"),
         Index("ix_plans_gpu_id", "gpu", "id"),
         Index("ix_plans_num_nodes_id", "num_nodes", "id"),
+        NEVER_REUSE_IDS,
     )
 
 
@@ -61,6 +66,7 @@ class CalibrationProfileRow(Base):
     """Measurements from profiling runs on one hardware setup, and the cost parameters fitted to them."""
 
     __tablename__ = "calibration_profiles"
+    __table_args__ = (NEVER_REUSE_IDS,)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
@@ -76,6 +82,7 @@ class ValidationRunRow(Base):
     """A few measured steps of a plan's launcher, beside what the plan predicted."""
 
     __tablename__ = "validation_runs"
+    __table_args__ = (NEVER_REUSE_IDS,)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     plan_id: Mapped[int] = mapped_column(BigId, ForeignKey("plans.id", ondelete="CASCADE"), index=True)
@@ -112,6 +119,7 @@ class ApiKeyRow(Base):
             "uq_api_keys_name_active", "name", unique=True,
             sqlite_where=text("revoked_at IS NULL"), postgresql_where=text("revoked_at IS NULL"),
         ),
+        NEVER_REUSE_IDS,
     )
 
 
@@ -119,6 +127,7 @@ class IdempotencyKeyRow(Base):
     """The response an `Idempotency-Key` produced, so that a retried POST replays it."""
 
     __tablename__ = "idempotency_keys"
+    __table_args__ = (NEVER_REUSE_IDS,)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     key: Mapped[str] = mapped_column(String(255), unique=True)

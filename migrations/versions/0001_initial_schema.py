@@ -34,6 +34,7 @@ def upgrade() -> None:
         sa.Column("revoked_at", TIMESTAMP, nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_api_keys")),
         sa.UniqueConstraint("hashed_key", name=op.f("uq_api_keys_hashed_key")),
+        sqlite_autoincrement=True,
     )
     op.create_index(op.f("ix_api_keys_prefix"), "api_keys", ["prefix"])
     op.create_index(
@@ -50,6 +51,7 @@ def upgrade() -> None:
         sa.Column("fitted_parameters", JSON_DOC, nullable=True),
         sa.Column("created_at", TIMESTAMP, nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_calibration_profiles")),
+        sqlite_autoincrement=True,
     )
     op.create_index(op.f("ix_calibration_profiles_created_at"), "calibration_profiles", ["created_at"])
 
@@ -78,6 +80,7 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_plans")),
         sa.UniqueConstraint("plan_hash", name=op.f("uq_plans_plan_hash")),
+        sqlite_autoincrement=True,
     )
     op.create_index(op.f("ix_plans_calibration_id"), "plans", ["calibration_id"])
     for column in (
@@ -99,6 +102,7 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_idempotency_keys")),
         sa.UniqueConstraint("key", name=op.f("uq_idempotency_keys_key")),
+        sqlite_autoincrement=True,
     )
     op.create_index(op.f("ix_idempotency_keys_created_at"), "idempotency_keys", ["created_at"])
     op.create_index(op.f("ix_idempotency_keys_plan_id"), "idempotency_keys", ["plan_id"])
@@ -122,6 +126,7 @@ def upgrade() -> None:
             ["plan_id"], ["plans.id"], name=op.f("fk_validation_runs_plan_id_plans"), ondelete="CASCADE"
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_validation_runs")),
+        sqlite_autoincrement=True,
     )
     op.create_index(op.f("ix_validation_runs_plan_id"), "validation_runs", ["plan_id"])
 

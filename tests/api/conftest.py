@@ -1,0 +1,143 @@
+"""Fixtures of the API suite: every test runs on SQLite and on the real PostgreSQL at 127.0.0.1:5432.
+
+Each backend gets one fresh database per test session (PostgreSQL: a uniquely named database, dropped at
+the end), migrated once; tables are emptied before each test.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+
+from api.app import create_app
+from api.db import migrate
+from api.db.base import Base
+from api.db.session import create_db_engine
+from api.settings import Settings
+
+PG_ADMIN_URL = os.environ.get(
+    "FSDP_PLANNER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+# A small, cheap plan: llama-debug on two CPU ranks, a few tens of milliseconds to search.
+CHEAP_PLAN: dict[str, Any] = {
+    "model": "llama-debug",
+    "cluster": "1x2xcpu",
+    "training": {"seq_len": 256, "global_batch_tokens": 2048},
+}
+
+
+def cheap_plan(**overrides: Any) -> dict[str, Any]:
+    """CHEAP_PLAN with top-level keys replaced."""
+    return {**CHEAP_PLAN, **overrides}
+
+
+def distinct_plans(count: int) -> list[dict[str, Any]]:
+    """`count` cheap requests that all hash differently (sequence length x global batch)."""
+    bodies = []
+    for seq_len in (64, 128, 256, 512, 1024):
+        for sequences in range(2, 2 * (count // 5 + 2), 2):
+            bodies.append(cheap_plan(training={"seq_len": seq_len, "global_batch_tokens": seq_len * sequences}))
+    return bodies[:count]
+
+
+@pytest.fixture(scope="session")
+def database_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], str]]:
+    """Makes fresh, empty databases (`factory(backend) -> url`), dropped when the session ends."""
+    created: list[str] = []
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
+
+    def make(backend: str) -> str:
+        if backend == "sqlite":
+            return f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'fsdp-planner.sqlite3'}"
+        try:
+            with admin.connect() as connection:
+                name = f"fsdp_planner_test_{os.getpid()}_{secrets.token_hex(4)}"
+                connection.execute(text(f'CREATE DATABASE "{name}"'))
+        except OperationalError as exc:
+            pytest.skip(f"PostgreSQL at {make_url(PG_ADMIN_URL).render_as_string()} is unreachable "
+                        f"({exc.orig or exc}); start it or set FSDP_PLANNER_TEST_POSTGRES_URL")
+        created.append(name)
+        return make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+
+    yield make
+    if created:
+        with admin.connect() as connection:
+            for name in created:
+                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def database_url(backend: str, database_factory: Callable[[str], str]) -> str:
+    """The session's database for `backend`, migrated to head."""
+    url = database_factory(backend)
+    engine = create_db_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    return url
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    return Settings(database_url=database_url, migrate_on_startup=False)
+
+
+@pytest.fixture
+def app(settings: Settings) -> Iterator[FastAPI]:
+    app = create_app(settings)
+    with app.state.engine.begin() as connection:
+        for table in reversed(Base.metadata.sorted_tables):
+            connection.execute(table.delete())
+    yield app
+    app.state.engine.dispose()
+
+
+@pytest.fixture
+def session(app: FastAPI) -> Iterator[Session]:
+    """A session on the app's database, for arranging rows and checking what was stored."""
+    with app.state.session_factory() as session:
+        yield session
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client calling the app in process; sync endpoints run in real worker threads."""
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        yield client
+
+
+def assert_problem(response: httpx.Response, status: int, slug: str | None = None) -> dict[str, Any]:
+    """The response is an RFC 9457 problem with this status (and type); returns its body."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json", response.headers
+    body = response.json()
+    assert body["status"] == status
+    assert isinstance(body["title"], str) and body["title"]
+    assert isinstance(body["detail"], str) and len(body["detail"]) > 10
+    assert "Traceback" not in response.text
+    if slug is not None:
+        assert body["type"] == f"urn:fsdp-planner:problem:{slug}", body
+    return body
