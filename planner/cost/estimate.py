@@ -128,10 +128,12 @@ class CommLayout:
 
     groups: tuple[tuple[IndexedUnit, ...], ...]
     reduce_buckets: tuple[tuple[int, ...], ...]
-
-    @property
-    def signature(self) -> tuple:
-        return (tuple(len(g) for g in self.groups), self.reduce_buckets)
+    group_params: tuple[int, ...]
+    """Parameters per all-gather group."""
+    largest_reduce: int
+    """Parameters of the largest gradient-reduction bucket."""
+    signature: tuple
+    """Equal for layouts that price identically (the search memoizes on it)."""
 
 
 def _wrap_units(setting: Setting, choice: Choice) -> list[list[IndexedUnit]]:
@@ -175,7 +177,14 @@ def comm_layout(setting: Setting, choice: Choice) -> CommLayout:
         params = sum(u.num_params for i in bucket for _, u in reversed_units[i])
         reduce[group_of_unit[last_unit]].append(params)
     groups = tuple(tuple(x for i in bucket for x in units[i]) for bucket in ag_buckets)
-    return CommLayout(groups, tuple(tuple(r) for r in reduce))
+    reduce_buckets = tuple(tuple(r) for r in reduce)
+    return CommLayout(
+        groups=groups,
+        reduce_buckets=reduce_buckets,
+        group_params=tuple(sum(u.num_params for _, u in g) for g in groups),
+        largest_reduce=max(p for bucket in reduce_buckets for p in bucket),
+        signature=(tuple(len(g) for g in groups), reduce_buckets),
+    )
 
 
 def _is_checkpointed(choice: Choice, block_index: int) -> bool:
@@ -200,16 +209,15 @@ def _memory(setting: Setting, choice: Choice, layout: CommLayout, saved_elems: f
     grads = 4.0 * n_params / shard
     optimizer = opt_bytes * n_params / shard
 
-    groups = layout.groups
-    group_params = [sum(u.num_params for _, u in g) for g in groups]
-    largest_reduce = max(p for bucket in layout.reduce_buckets for p in bucket)
+    group_params = layout.group_params
+    largest_reduce = layout.largest_reduce
     pb = setting.param_bytes
     # Gradients come out of backward in the compute dtype and are cast to fp32 for reduction.
     grad_buffer = (pb + 4) if pb == 2 else 4
     depth = choice.prefetch_depth
     if choice.sharding in ("full_shard", "hybrid_shard"):
         unsharded = max(
-            pb * sum(group_params[max(0, j - depth) : j + 1]) for j in range(len(groups))
+            pb * sum(group_params[max(0, j - depth) : j + 1]) for j in range(len(group_params))
         ) + grad_buffer * largest_reduce
     elif choice.sharding == "shard_grad_op":
         unsharded = pb * n_params + grad_buffer * largest_reduce

@@ -1,0 +1,56 @@
+"""Benchmark: full planner search latency (not a test; run on demand).
+
+    python bench/search_latency.py [--repeats 7]
+
+Times `make_plan` for Llama 3 8B on 1x8 H100 and Llama 3.1 405B on 128x8 H100 (1024 GPUs), and
+reports the median and candidates evaluated per second. Goals on a 2-core machine: < 100 ms and
+< 1 s median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+from planner.catalog import resolve_model
+from planner.search import make_plan
+from planner.specs import ClusterSpec, PlanRequest, TrainingSpec
+
+CASES = {
+    "llama3-8b on 1x8xH100 (seq 8192, 16 seqs/step)": ("llama3-8b", "1x8xH100", 8192, 16, 0.100),
+    "llama3.1-405b on 128x8xH100 (seq 4096, 2048 seqs/step)": ("llama3.1-405b", "128x8xH100", 4096, 2048, 1.0),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    print(f"machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}")
+    print("| case | median ms | min ms | candidates | fitting | candidates/s | goal |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for label, (model, cluster, seq_len, sequences, goal_s) in CASES.items():
+        request = PlanRequest(
+            model=resolve_model(model),
+            cluster=ClusterSpec.parse(cluster),
+            training=TrainingSpec(seq_len=seq_len, global_batch_tokens=seq_len * sequences),
+        )
+        make_plan(request)  # warm imports and caches outside the timing
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            plan = make_plan(request)
+            times.append(time.perf_counter() - start)
+        median = statistics.median(times)
+        rate = plan.search.candidates_evaluated / median
+        verdict = "met" if median < goal_s else "MISSED"
+        print(
+            f"| {label} | {median * 1e3:.1f} | {min(times) * 1e3:.1f} | {plan.search.candidates_evaluated} | "
+            f"{plan.search.candidates_fitting} | {rate:,.0f} | < {goal_s * 1e3:.0f} ms: {verdict} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
