@@ -95,7 +95,8 @@ def make_plan(
     fitting = [e for e in evaluated if e.time is not None]
     if not fitting:
         raise _infeasible(request, setting, usable, min_peak)
-    fitting.sort(key=lambda e: (-round(e.tokens_per_s_per_gpu, 6), round(e.peak_gib, 6), _label(e.choice)))
+    # Ties broken by the choice's fields, so the ranking never depends on enumeration details.
+    fitting.sort(key=lambda e: (-round(e.tokens_per_s_per_gpu, 6), round(e.peak_gib, 6), repr(e.choice)))
     best = fitting[0]
     best_time = estimator.timing(best.choice, record=True)
     best = Evaluated(best.choice, best.memory, best_time, best.tokens_per_s_per_gpu)
@@ -269,16 +270,6 @@ def to_parallel_config(choice: Choice, request: PlanRequest) -> ParallelConfig:
     )
 
 
-def _label(choice: Choice) -> str:
-    ac = {"none": "none", "full": "full", "op_selective": "op"}.get(
-        choice.checkpointing, f"sel{choice.every_k}"
-    )
-    return (
-        f"{choice.family} u{choice.blocks_per_unit} AC={ac} mb{choice.micro_batch}x{choice.grad_accum} "
-        f"ag{choice.all_gather_bucket_mb:g}/rs{choice.reduce_scatter_bucket_mb:g}"
-    )
-
-
 def _mfu(setting: Setting, tokens_per_s_per_gpu: float) -> float:
     return tokens_per_s_per_gpu * setting.model.flops_per_token / setting.params.mfu_peak_flops
 
@@ -320,8 +311,8 @@ def _prediction(setting: Setting, e: Evaluated, *, record: bool) -> Prediction:
 def _candidate(e: Evaluated, best: Evaluated, setting: Setting, request: PlanRequest) -> Candidate:
     assert e.time is not None
     return Candidate(
-        label=_label(e.choice),
-        config=to_parallel_config(e.choice, request),
+        label=(config := to_parallel_config(e.choice, request)).label(),
+        config=config,
         step_time_s=e.time.step_time_s,
         tokens_per_s_per_gpu=e.tokens_per_s_per_gpu,
         mfu=_mfu(setting, e.tokens_per_s_per_gpu),
@@ -458,7 +449,8 @@ def _infeasible(
     where = f"{cluster.num_nodes}x{cluster.gpus_per_node}x{gpu}"
     message = (
         f"{request.model.name} does not fit on {where}: the least memory-hungry configuration "
-        f"({_label(lightest)}) needs {peak:.1f} GiB per GPU, {usable:.1f} GiB usable. "
+        f"({to_parallel_config(lightest, request).label()}) needs {peak:.1f} GiB per GPU, "
+        f"{usable:.1f} GiB usable. "
     )
     if smallest is not None:
         message += (
