@@ -20,7 +20,13 @@ from planner.specs import ClusterSpec, PlanRequest, TrainingSpec
 
 CASES = {
     "llama3-8b on 1x8xH100 (seq 8192, 16 seqs/step)": ("llama3-8b", "1x8xH100", 8192, 16, 0.100),
-    "llama3.1-405b on 128x8xH100 (seq 4096, 2048 seqs/step)": ("llama3.1-405b", "128x8xH100", 4096, 2048, 1.0),
+    "llama3.1-405b on 128x8xH100 (seq 4096, 2048 seqs/step)": (
+        "llama3.1-405b",
+        "128x8xH100",
+        4096,
+        2048,
+        1.0,
+    ),
 }
 
 
