@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from http import HTTPStatus
 from typing import Any
 
@@ -16,6 +17,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 # Loc segments that name a branch of a tagged union (see api/schemas/plans.py), not a field a user wrote.
 UNION_TAG_PREFIX = "~"
+
+_FIELD_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +110,10 @@ def field_errors(errors: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> l
         cause = (error.get("ctx") or {}).get("error")
         if error.get("type") == "value_error" and cause is not None:
             message = str(cause)  # drop pydantic's "Value error, " prefix
+        head, sep, _ = message.partition(": ")
+        if not path and sep and _FIELD_PATH.fullmatch(head):
+            # Whole-model checks have no loc; the planner starts their messages with the field instead.
+            path = [head]
         result.append(
             FieldError(location=location, field=".".join(path), message=message, type=error["type"])
         )

@@ -31,6 +31,8 @@ class Settings(BaseSettings):
     """Where the embedded SQLite database lives (created on first run)."""
     max_body_bytes: Annotated[int, Field(ge=1024)] = 5 * 1024 * 1024
     """Request bodies larger than this are refused with 413."""
+    max_model_layers: Annotated[int, Field(ge=1)] = 1024
+    """Largest block count (or traced layer-graph units) planned; search time grows with it."""
     require_key_for_reads: bool = False
     """Once API keys exist, also require one for GET requests (writes always need one then)."""
     migrate_on_startup: bool = True

@@ -14,6 +14,7 @@ from api.routers.responses import problems
 from api.schemas.plans import (
     MAX_ID,
     MAX_NODES,
+    NO_NUL,
     PlanCreate,
     PlanDetail,
     PlanPage,
@@ -35,6 +36,15 @@ IdempotencyKey = Annotated[
         "(for 24 h by default); the same key with another body is refused with 422.",
     ),
 ]
+
+Cursor = Annotated[
+    str | None,
+    Query(max_length=2000, pattern=r"^[A-Za-z0-9_-]*$", description="`next_cursor` of the previous page"),
+]
+
+
+def _text_query(max_length: int, description: str) -> Query:
+    return Query(max_length=max_length, pattern=NO_NUL, description=description)
 
 
 # Sync endpoints: FastAPI runs them in its worker thread pool, so the blocking database calls and the
@@ -59,8 +69,8 @@ def create_plan(
     idempotency_key: IdempotencyKey = None,
 ) -> PlanDetail:
     outcome = plan_service.create_plan(
-        session, body, locks=request.app.state.plan_locks, idempotency_key=idempotency_key,
-        idempotency_ttl_s=settings.idempotency_ttl_s,
+        session, body, locks=request.app.state.plan_locks, max_model_layers=settings.max_model_layers,
+        idempotency_key=idempotency_key, idempotency_ttl_s=settings.idempotency_ttl_s,
     )
     response.status_code = outcome.status_code
     response.headers["Location"] = str(request.url_for("get_plan", plan_id=outcome.row.id))
@@ -81,15 +91,13 @@ def list_plans(
     response: Response,
     session: SessionDep,
     limit: Annotated[int, Query(ge=1, le=200, description="Plans per page")] = 50,
-    cursor: Annotated[
-        str | None, Query(max_length=2000, description="`next_cursor` of the previous page")
-    ] = None,
+    cursor: Cursor = None,
     sort: Annotated[PlanSort, Query(description="Column to sort on")] = PlanSort.created_at,
     order: Annotated[SortOrder, Query(description="Sort direction")] = SortOrder.desc,
-    model: Annotated[str | None, Query(max_length=200, description="Model name (case-insensitive)")] = None,
-    gpu: Annotated[str | None, Query(max_length=64, description="GPU catalog name or alias")] = None,
+    model: Annotated[str | None, _text_query(200, "Model name (case-insensitive)")] = None,
+    gpu: Annotated[str | None, _text_query(64, "GPU catalog name or alias")] = None,
     nodes: Annotated[int | None, Query(ge=1, le=MAX_NODES, description="Number of nodes")] = None,
-    q: Annotated[str | None, Query(max_length=200, description="Substring of the plan name")] = None,
+    q: Annotated[str | None, _text_query(200, "Substring of the plan name")] = None,
 ) -> PlanPage:
     filters = plan_listing.PlanFilters(model=model, gpu=gpu, nodes=nodes, q=q)
     rows, next_cursor = plan_listing.list_plans(

@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from api.problems import UNION_TAG_PREFIX
 from planner.specs import Optimizer, Precision, SearchSpace
@@ -17,6 +17,10 @@ MAX_GPUS_PER_NODE = 64
 MAX_SEQ_LEN = 1 << 20
 MAX_GLOBAL_BATCH_TOKENS = 1 << 36
 MAX_ID = (1 << 63) - 1
+# PostgreSQL text and jsonb cannot hold NUL characters; refuse them up front instead of failing on insert.
+NO_NUL = r"^[^\x00]*$"
+# Real inputs (HF configs, layer graphs) nest a few levels; deep nesting only serves to exhaust the stack.
+MAX_JSON_DEPTH = 32
 
 
 class StrictBody(BaseModel):
@@ -83,6 +87,12 @@ ClusterInput = Annotated[
 class PlanCreate(StrictBody):
     """What to plan. Identical inputs (name aside) return the plan already stored."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _sane_json(cls, data: Any) -> Any:
+        _check_json(data)
+        return data
+
     model: ModelIn
     """A catalog name, a Hugging Face config.json object, or a model spec / layer graph."""
     cluster: ClusterInput
@@ -146,3 +156,22 @@ class PlanSort(StrEnum):
 class SortOrder(StrEnum):
     asc = "asc"
     desc = "desc"
+
+
+def _check_json(data: Any) -> None:
+    """Refuse NUL characters and absurd nesting anywhere in a body, without recursion."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"{path}: nested deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise ValueError(f"{path or 'body'}: text must not contain NUL (\\u0000) characters")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                child = f"{path}.{key}" if path else str(key)
+                stack.append((key, child, depth + 1))
+                stack.append((item, child, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}.{index}", depth + 1) for index, item in enumerate(value))

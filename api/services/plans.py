@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -32,8 +31,6 @@ from planner.plan import Plan
 from planner.search import make_plan
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 
-_FIELD_PATH = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*")
-
 
 @dataclass(frozen=True)
 class PlanOutcome:
@@ -49,6 +46,7 @@ def create_plan(
     body: PlanCreate,
     *,
     locks: KeyedLocks,
+    max_model_layers: int,
     idempotency_key: str | None = None,
     idempotency_ttl_s: int = 24 * 3600,
 ) -> PlanOutcome:
@@ -57,7 +55,7 @@ def create_plan(
         replay = _replay(session, idempotency_key, fingerprint, idempotency_ttl_s)
         if replay is not None:
             return replay
-    request = build_request(body)
+    request = build_request(body, max_model_layers=max_model_layers)
     if body.calibration_id is not None and session.get(CalibrationProfileRow, body.calibration_id) is None:
         raise ProblemError(
             422, f"calibration profile {body.calibration_id} does not exist; upload a profile first "
@@ -84,10 +82,11 @@ def create_plan(
     return outcome
 
 
-def build_request(body: PlanCreate) -> PlanRequest:
+def build_request(body: PlanCreate, *, max_model_layers: int) -> PlanRequest:
     """The planner's PlanRequest for an API body; invalid combinations become 422 problems."""
     try:
         model: ModelSpec = resolve_model(body.model)
+        _check_size(model, max_model_layers)
         cluster = (
             ClusterSpec.parse(body.cluster) if isinstance(body.cluster, str)
             else ClusterSpec(**body.cluster.model_dump(exclude_none=True))
@@ -113,17 +112,26 @@ def build_request(body: PlanCreate) -> PlanRequest:
         ) from None
 
 
+def _check_size(model: ModelSpec, max_layers: int) -> None:
+    # Search time grows with the number of units; one request must not hold a worker for minutes.
+    units = len(model.layer_graph) if model.layer_graph else model.num_layers
+    if units > max_layers:
+        what = "layer-graph units" if model.layer_graph else "layers"
+        raise ProblemError(
+            422, f"model: {units} {what} is more than this server plans (at most {max_layers}); merge "
+            "modules into larger units, or raise FSDP_PLANNER_MAX_MODEL_LAYERS on your own server",
+            slug="model-too-large", title="Model too large to plan",
+            errors=[FieldError(location="body", field="model", message=f"more than {max_layers} {what}",
+                               type="too_large")],
+        )
+
+
 def _request_errors(exc: ValidationError) -> list[FieldError]:
     """Field errors of a planner spec, with fields spelled as in the API body."""
     prefix = {"ClusterSpec": "cluster", "TrainingSpec": "training"}.get(exc.title, "")
     fixed = []
     for error in field_errors([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]):
-        field = error.field
-        # Whole-model checks have no loc; the planner starts their messages with the field instead.
-        head, sep, _ = error.message.partition(": ")
-        if not field and sep and _FIELD_PATH.fullmatch(head):
-            field = head
-        fixed.append(error.model_copy(update={"field": ".".join(p for p in (prefix, field) if p)}))
+        fixed.append(error.model_copy(update={"field": ".".join(p for p in (prefix, error.field) if p)}))
     return fixed
 
 

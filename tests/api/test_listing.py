@@ -1,0 +1,163 @@
+"""GET /plans: keyset pagination over every sort and order, filters, and refused cursors."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime, timedelta
+from itertools import product
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api.db.models import PlanRow
+from api.services.plan_listing import PlanFilters
+from tests.api.conftest import assert_problem, cheap_plan
+
+pytestmark = pytest.mark.anyio
+
+PLANS = "/api/v1/plans"
+SORT_KEYS = {
+    "created_at": "created_at", "tokens_per_s_per_gpu": "tokens_per_s_per_gpu", "mfu": "mfu",
+    "peak_memory_gib": "peak_memory_gib", "world_size": "world_size", "model": "model_name",
+}
+
+
+@pytest.fixture
+async def stored(client: httpx.AsyncClient, session: Session) -> list[PlanRow]:
+    """One real plan plus 29 clones with varied columns, including ties on every sort column."""
+    template = (await client.post(PLANS, json=cheap_plan())).json()
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    models = ["llama3-8b", "gpt2", "Llama-Debug"]
+    gpus = ["H100-SXM-80GB", "A100-80GB"]
+    for i in range(29):
+        nodes = (1, 2, 4)[i % 3]
+        session.add(PlanRow(
+            name=["prod 50%_off run", "nightly", "ablation_a"][i % 3] + f" #{i}",
+            model_name=models[i % 3 if i % 5 else 1],
+            gpu=gpus[i % 2],
+            num_nodes=nodes, gpus_per_node=8, world_size=nodes * 8,
+            tokens_per_s_per_gpu=float(1000 + (i % 7) * 250),  # ties
+            mfu=round(0.3 + (i % 4) * 0.05, 2),
+            peak_memory_gib=float(20 + (i * 7) % 11),
+            step_time_s=1.0 + i,
+            plan_hash=f"{i:064x}",
+            planner_version="test",
+            request=template["request"], plan=template["plan"],
+            created_at=base + timedelta(minutes=i // 2),  # pairs share a timestamp
+        ))
+    session.commit()
+    return list(session.scalars(select(PlanRow)))
+
+
+def expected_ids(rows: list[PlanRow], sort: str, order: str, keep: Any = lambda row: True) -> list[int]:
+    column = SORT_KEYS[sort]
+    ordered = sorted((r for r in rows if keep(r)), key=lambda r: (getattr(r, column), r.id))
+    if order == "desc":
+        ordered.reverse()
+    return [r.id for r in ordered]
+
+
+async def walk(client: httpx.AsyncClient, **params: Any) -> list[int]:
+    """Ids of every page, following next_cursor (and checking the Link header says the same)."""
+    ids: list[int] = []
+    cursor = None
+    for _ in range(100):
+        response = await client.get(PLANS, params={**params, **({"cursor": cursor} if cursor else {})})
+        assert response.status_code == 200, response.text
+        page = response.json()
+        assert len(page["items"]) <= params.get("limit", 50)
+        ids += [item["id"] for item in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            assert "link" not in response.headers
+            return ids
+        assert response.headers["link"].endswith('rel="next"') and cursor in response.headers["link"]
+    raise AssertionError("pagination did not end")
+
+
+@pytest.mark.parametrize(("sort", "order"), list(product(SORT_KEYS, ["asc", "desc"])))
+async def test_every_sort_pages_through_each_plan_once_in_order(
+    client: httpx.AsyncClient, stored: list[PlanRow], sort: str, order: str
+) -> None:
+    ids = await walk(client, sort=sort, order=order, limit=4)
+    assert ids == expected_ids(stored, sort, order)
+    assert len(ids) == len(set(ids)) == 30
+
+
+async def test_default_is_newest_first(client: httpx.AsyncClient, stored: list[PlanRow]) -> None:
+    page = (await client.get(PLANS)).json()
+    assert [item["id"] for item in page["items"]] == expected_ids(stored, "created_at", "desc")
+    assert page["next_cursor"] is None
+    assert "plan" not in page["items"][0]  # lists carry the summary, not the document
+
+
+async def test_filters(client: httpx.AsyncClient, stored: list[PlanRow]) -> None:
+    ids = await walk(client, model="llama-debug", sort="mfu", limit=3)  # case-insensitive
+    assert ids == expected_ids(stored, "mfu", "desc", lambda r: r.model_name.lower() == "llama-debug")
+    assert ids
+
+    ids = await walk(client, gpu="H100", limit=5)  # an alias finds the catalog name
+    assert ids == expected_ids(stored, "created_at", "desc", lambda r: r.gpu == "H100-SXM-80GB")
+    assert ids
+
+    ids = await walk(client, nodes=2, gpu="a100-80gb", sort="peak_memory_gib", order="asc", limit=2)
+    assert ids == expected_ids(stored, "peak_memory_gib", "asc", lambda r: r.num_nodes == 2 and r.gpu == "A100-80GB")
+    assert ids
+
+    # `q` is a literal substring: % and _ are not wildcards.
+    ids = await walk(client, q="50%_OFF")
+    assert ids == expected_ids(stored, "created_at", "desc", lambda r: "50%_off" in r.name)
+    assert len(ids) == 10
+    assert await walk(client, q="%") == expected_ids(stored, "created_at", "desc", lambda r: "%" in r.name)
+    assert await walk(client, q="a_a") == []
+    assert await walk(client, model="no-such-model") == []
+
+
+async def test_new_rows_do_not_shift_pages(client: httpx.AsyncClient, stored: list[PlanRow]) -> None:
+    first = (await client.get(PLANS, params={"limit": 10, "sort": "created_at", "order": "asc"})).json()
+    await client.post(PLANS, json=cheap_plan(top_k=3))  # newest: sorts last
+    rest = await walk(client, limit=10, sort="created_at", order="asc", cursor=first["next_cursor"])
+    ids = [item["id"] for item in first["items"]] + rest
+    assert ids[:30] == expected_ids(stored, "created_at", "asc")
+    assert len(ids) == 31 == len(set(ids))
+
+
+async def test_bad_cursors_are_refused(client: httpx.AsyncClient, stored: list[PlanRow]) -> None:
+    cursor = (await client.get(PLANS, params={"limit": 2, "sort": "mfu"})).json()["next_cursor"]
+    for params in ({"sort": "world_size"}, {"sort": "mfu", "order": "asc"}, {"sort": "mfu", "nodes": 1}):
+        problem = assert_problem(await client.get(PLANS, params={"cursor": cursor, **params}), 422, "invalid-cursor")
+        assert "start again without `cursor`" in problem["detail"]
+        assert problem["errors"][0]["field"] == "cursor"
+
+    def forge(payload: Any) -> str:
+        return base64.urlsafe_b64encode(json.dumps(payload).encode()).decode().rstrip("=")
+
+    good = {"s": "mfu", "o": "desc", "f": PlanFilters().digest(), "v": 0.3, "i": 1}
+    assert (await client.get(PLANS, params={"cursor": forge(good), "sort": "mfu"})).status_code == 200
+    forged = [
+        "AAAA", "-_-_", forge([1, 2]), forge({"s": "mfu"}), forge({**good, "i": "1"}),
+        forge({**good, "i": 2**70}), forge({**good, "v": "x"}), forge({**good, "v": True}),
+        forge({**good, "i": -1}), forge({**good, "v": None}),
+        forge({**good, "v": float("nan")}),  # json.dumps writes NaN
+        forge({**good, "s": "created_at", "v": "2026-01-01T00:00:00"}),  # naive timestamp
+    ]
+    # Not even the cursor alphabet: refused by the query parameter's pattern.
+    assert_problem(await client.get(PLANS, params={"cursor": "not base64!"}), 422, "invalid-request")
+    for bad in forged:
+        params = {"cursor": bad, "sort": "created_at" if "created_at" in str(bad) else "mfu"}
+        assert_problem(await client.get(PLANS, params=params), 422, "invalid-cursor")
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"limit": 0}, {"limit": 201}, {"sort": "name"}, {"order": "up"}, {"nodes": 0}, {"nodes": "x"},
+     {"q": "x" * 201}],
+)
+async def test_bad_query_parameters_are_422(client: httpx.AsyncClient, params: dict[str, Any]) -> None:
+    problem = assert_problem(await client.get(PLANS, params=params), 422, "invalid-request")
+    assert problem["errors"][0]["location"] == "query"
+    assert problem["errors"][0]["field"] == next(iter(params))
