@@ -38,7 +38,7 @@ def hash_key(key: str) -> str:
 
 
 def _prefix_of(key: str) -> str | None:
-    parts = key.split("_")
+    parts = key.split("_", 2)  # the secret itself may contain "_"
     if len(parts) != 3 or parts[0] != KEY_SCHEME or len(parts[1]) != 8:
         return None
     return parts[1]

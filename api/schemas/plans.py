@@ -24,7 +24,9 @@ MAX_JSON_DEPTH = 32
 
 
 class StrictBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Unknown keys refused and no coercion ("8" is not 8), like the planner's own specs."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ClusterIn(StrictBody):
