@@ -13,8 +13,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner.cost.estimate import block_step_time
+from planner.cost.model_costs import model_costs
 from planner.cost.parameters import CostParameters, LinkClass, LinkParameters
-from planner.specs import Precision
+from planner.specs import ModelSpec, Precision
 
 PROFILE_SCHEMA_VERSION = "1.0"
 MAX_SAMPLES = 10_000
@@ -83,9 +85,8 @@ class BlockSample(ProfileModel):
     seq_len: Count
     checkpointing: Literal["none", "selective", "op_selective", "full"] = "none"
     compile: bool = False
+    dtype: Literal["bfloat16", "float32"] = "float32"
     seconds: PositiveFloat
-    predicted_seconds: PositiveFloat | None = None
-    """The uncalibrated cost model's time for the same block (filled in by the profiler's fitter)."""
     peak_memory_bytes: Annotated[int, Field(ge=0)] | None = None
 
 
@@ -97,6 +98,8 @@ class CalibrationProfile(ProfileModel):
     gpu: Annotated[str, Field(max_length=64)] | None = None
     """Catalog GPU name the measurements refer to."""
     fingerprint: HardwareFingerprint
+    model: ModelSpec | None = None
+    """The model whose blocks were timed (`blocks`)."""
     matmul: Annotated[list[MatmulSample], Field(max_length=MAX_SAMPLES)] = []
     memory_bandwidth: Annotated[list[BandwidthSample], Field(max_length=MAX_SAMPLES)] = []
     collectives: Annotated[list[CollectiveSample], Field(max_length=MAX_SAMPLES)] = []
@@ -106,21 +109,31 @@ class CalibrationProfile(ProfileModel):
 
 
 def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
-    """Least squares y = a + b x with a >= 0, b > 0; None when there is too little spread."""
+    """y = a + b x with a >= 0, b > 0, minimising relative error (weights 1/y^2).
+
+    Relative error lets small samples (which pin the latency / launch overhead) count as much as
+    large ones (which pin the throughput); plain least squares would fit the largest only.
+    None when there is too little spread to fit a line.
+    """
+    points = [(x, y) for x, y in points if y > 0]
     if len(points) < 2:
         return None
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
+    weights = [1.0 / (y * y) for _, y in points]
+    total = sum(weights)
+    mx = sum(w * x for w, (x, _) in zip(weights, points, strict=True)) / total
+    my = sum(w * y for w, (_, y) in zip(weights, points, strict=True)) / total
+    sxx = sum(w * (x - mx) ** 2 for w, (x, _) in zip(weights, points, strict=True))
     if sxx <= 0:
         return None
-    b = sum((x - mx) * (y - my) for x, y in points) / sxx
+    b = sum(w * (x - mx) * (y - my) for w, (x, y) in zip(weights, points, strict=True)) / sxx
     a = my - b * mx
     if b <= 0:
         return None
     if a < 0:  # no negative latency: refit through the origin
-        a, b = 0.0, sum(x * y for x, y in points) / sum(x * x for x, _ in points)
+        a = 0.0
+        b = sum(w * x * y for w, (x, y) in zip(weights, points, strict=True)) / sum(
+            w * x * x for w, (x, _) in zip(weights, points, strict=True)
+        )
     return a, b
 
 
@@ -168,8 +181,32 @@ def fit_parameters(
     changes["links"] = links
     if profile.overlap_contention is not None:
         changes["overlap_contention"] = profile.overlap_contention
-    ratios = [s.seconds / s.predicted_seconds for s in profile.blocks if s.predicted_seconds]
-    if ratios:
-        ratios.sort()
-        changes["compute_scale"] = ratios[len(ratios) // 2]
-    return base.with_changes(**changes)
+    fitted = base.with_changes(**changes)
+    scale = _block_scale(profile, fitted, dtype)
+    return fitted.with_changes(compute_scale=scale) if scale is not None else fitted
+
+
+def _block_scale(profile: CalibrationProfile, params: CostParameters, dtype: str) -> float | None:
+    """Median of measured / predicted block time: what GEMM and bandwidth fits leave unexplained
+    (kernel launch gaps, attention, framework overhead) as one correction factor on compute."""
+    if profile.model is None or profile.model.architecture == "layer_graph":
+        return None
+    ratios = []
+    act_bytes = 2 if dtype == "bfloat16" else 4
+    for sample in profile.blocks:
+        if sample.dtype != dtype:
+            continue
+        block = model_costs(profile.model, sample.seq_len).blocks[0]
+        predicted = block_step_time(
+            params.with_changes(compute_scale=1.0),
+            block,
+            tokens=sample.micro_batch_size * sample.seq_len,
+            act_bytes=act_bytes,
+            checkpointing=sample.checkpointing,
+            compile_=sample.compile,
+        )
+        ratios.append(sample.seconds / predicted)
+    if not ratios:
+        return None
+    ratios.sort()
+    return ratios[len(ratios) // 2]

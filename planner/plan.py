@@ -120,8 +120,14 @@ class MemoryBreakdown(Document):
     @property
     def total(self) -> float:
         return (
-            self.params + self.grads + self.optimizer + self.activations + self.unsharded_buffers
-            + self.logits + self.workspace + self.fragmentation
+            self.params
+            + self.grads
+            + self.optimizer
+            + self.activations
+            + self.unsharded_buffers
+            + self.logits
+            + self.workspace
+            + self.fragmentation
         )
 
 

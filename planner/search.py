@@ -76,8 +76,15 @@ def make_plan(
     priced: dict[tuple, tuple[MemoryEstimate, TimeEstimate | None]] = {}
     for choice in enumerate_choices(request):
         count += 1
-        key = (choice.sharding, choice.shard_group, choice.checkpointing, choice.every_k,
-               choice.micro_batch, choice.compile, estimator.layout(choice).signature)
+        key = (
+            choice.sharding,
+            choice.shard_group,
+            choice.checkpointing,
+            choice.every_k,
+            choice.micro_batch,
+            choice.compile,
+            estimator.layout(choice).signature,
+        )
         if key not in priced:
             mem = estimator.memory(choice)
             fits = mem.total / GIB <= usable
@@ -205,8 +212,10 @@ def enumerate_choices(request: PlanRequest) -> Iterator[Choice]:
             shardings.append((sharding, 1))
         else:
             shardings.append((sharding, world))
-    layers = request.model.num_layers if request.model.architecture != "layer_graph" else max(
-        1, sum(1 for u in request.model.layer_graph or [] if u.is_block)
+    layers = (
+        request.model.num_layers
+        if request.model.architecture != "layer_graph"
+        else max(1, sum(1 for u in request.model.layer_graph or [] if u.is_block))
     )
     units = [k for k in BLOCKS_PER_UNIT if k <= layers]
     checkpointing: list[tuple[str, int]] = []
@@ -282,8 +291,12 @@ def _prediction(setting: Setting, e: Evaluated, *, record: bool) -> Prediction:
     if record:
         segments = tuple(
             TimelineSegment(
-                stream=stream, phase=phase, label=label,  # type: ignore[arg-type]
-                start_s=round(start, 9), end_s=round(end, 9), exposed_s=round(exposed, 9),
+                stream=stream,
+                phase=phase,
+                label=label,  # type: ignore[arg-type]
+                start_s=round(start, 9),
+                end_s=round(end, 9),
+                exposed_s=round(exposed, 9),
             )
             for stream, phase, label, start, end, exposed in t.micro_batch_timeline.segments
         )
@@ -294,9 +307,14 @@ def _prediction(setting: Setting, e: Evaluated, *, record: bool) -> Prediction:
         mfu=_mfu(setting, e.tokens_per_s_per_gpu),
         peak_memory_gib=m.total / GIB,
         memory_breakdown_gib=MemoryBreakdown(
-            params=m.params / GIB, grads=m.grads / GIB, optimizer=m.optimizer / GIB,
-            activations=m.activations / GIB, unsharded_buffers=m.unsharded / GIB,
-            logits=m.logits / GIB, workspace=m.workspace / GIB, fragmentation=m.fragmentation / GIB,
+            params=m.params / GIB,
+            grads=m.grads / GIB,
+            optimizer=m.optimizer / GIB,
+            activations=m.activations / GIB,
+            unsharded_buffers=m.unsharded / GIB,
+            logits=m.logits / GIB,
+            workspace=m.workspace / GIB,
+            fragmentation=m.fragmentation / GIB,
         ),
         compute_s=t.compute_s,
         comm_s=t.comm_s,
@@ -327,8 +345,16 @@ def _distinct(best: Evaluated, ranked: list[Evaluated], k: int) -> list[Evaluate
 
     def key(e: Evaluated) -> tuple:
         c = e.choice
-        return (c.sharding, c.shard_group, c.blocks_per_unit, c.checkpointing, c.every_k,
-                c.micro_batch, c.compile, round(e.tokens_per_s_per_gpu, 3))
+        return (
+            c.sharding,
+            c.shard_group,
+            c.blocks_per_unit,
+            c.checkpointing,
+            c.every_k,
+            c.micro_batch,
+            c.compile,
+            round(e.tokens_per_s_per_gpu, 3),
+        )
 
     seen: set[tuple] = {key(best)}
     out: list[Evaluated] = []
@@ -368,18 +394,26 @@ def _rejected_families(evaluated: list[Evaluated], best: Evaluated, usable: floa
         fitting = [e for e in members if e.time is not None]
         smallest = min(e.peak_gib for e in members)
         if not fitting:
-            out.append(RejectedFamily(
-                family=family, kind="oom",
-                reason=f"OOM by {smallest - usable:.1f} GiB: needs at least {smallest:.1f} GiB per GPU, "
-                       f"{usable:.1f} GiB usable",
-                min_peak_memory_gib=smallest,
-            ))
+            out.append(
+                RejectedFamily(
+                    family=family,
+                    kind="oom",
+                    reason=f"OOM by {smallest - usable:.1f} GiB: needs at least {smallest:.1f} GiB per GPU, "
+                    f"{usable:.1f} GiB usable",
+                    min_peak_memory_gib=smallest,
+                )
+            )
             continue
         top = max(fitting, key=lambda e: (e.tokens_per_s_per_gpu, -e.peak_gib))
-        out.append(RejectedFamily(
-            family=family, kind="slower", reason=_slower_reason(top, best),
-            best_tokens_per_s_per_gpu=top.tokens_per_s_per_gpu, min_peak_memory_gib=smallest,
-        ))
+        out.append(
+            RejectedFamily(
+                family=family,
+                kind="slower",
+                reason=_slower_reason(top, best),
+                best_tokens_per_s_per_gpu=top.tokens_per_s_per_gpu,
+                min_peak_memory_gib=smallest,
+            )
+        )
     out.sort(key=lambda r: (r.kind != "slower", -(r.best_tokens_per_s_per_gpu or 0.0), r.family))
     return out
 
@@ -388,6 +422,7 @@ def _slower_reason(loser: Evaluated, best: Evaluated) -> str:
     assert loser.time is not None and best.time is not None
     slower_fraction = 1.0 - loser.tokens_per_s_per_gpu / best.tokens_per_s_per_gpu
     slower = f"{slower_fraction:.0%}" if slower_fraction >= 0.01 else f"{slower_fraction:.1%}"
+
     # Compare per token so that different micro-batching stays comparable.
     def per_token(e: Evaluated, seconds: float) -> float:
         return seconds / (e.choice.micro_batch * e.choice.grad_accum)
@@ -429,8 +464,9 @@ def _infeasible(
     def fits(nodes: int) -> bool:
         world = nodes * cluster.gpus_per_node
         probe = Setting(**{**_fields(setting), "world_size": world, "num_nodes": nodes})
-        choice = Choice(**{**_fields(lightest), "shard_group": world, "replicate_group": 1,
-                           "sharding": "full_shard"})
+        choice = Choice(
+            **{**_fields(lightest), "shard_group": world, "replicate_group": 1, "sharding": "full_shard"}
+        )
         return Estimator(probe).memory(choice).total / GIB <= usable
 
     low, high = cluster.num_nodes, cluster.num_nodes * 2

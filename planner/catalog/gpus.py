@@ -42,48 +42,82 @@ GPU_CATALOG: dict[str, GpuSpec] = {
     gpu.name: gpu
     for gpu in (
         GpuSpec(
-            name="H100-SXM-80GB", aliases=("H100", "H100-SXM", "H100-80GB"), memory_gib=79.6,
-            peak_bf16_tflops=989.4, peak_fp32_tflops=66.9, memory_bandwidth_gbps=3350,
-            intra_node_bandwidth_gbps=450, inter_node_bandwidth_gbps=50,
+            name="H100-SXM-80GB",
+            aliases=("H100", "H100-SXM", "H100-80GB"),
+            memory_gib=79.6,
+            peak_bf16_tflops=989.4,
+            peak_fp32_tflops=66.9,
+            memory_bandwidth_gbps=3350,
+            intra_node_bandwidth_gbps=450,
+            inter_node_bandwidth_gbps=50,
         ),
         GpuSpec(
-            name="H200-141GB", aliases=("H200",), memory_gib=140.4,
-            peak_bf16_tflops=989.4, peak_fp32_tflops=66.9, memory_bandwidth_gbps=4800,
-            intra_node_bandwidth_gbps=450, inter_node_bandwidth_gbps=50,
+            name="H200-141GB",
+            aliases=("H200",),
+            memory_gib=140.4,
+            peak_bf16_tflops=989.4,
+            peak_fp32_tflops=66.9,
+            memory_bandwidth_gbps=4800,
+            intra_node_bandwidth_gbps=450,
+            inter_node_bandwidth_gbps=50,
         ),
         GpuSpec(
-            name="A100-80GB", aliases=("A100", "A100-SXM-80GB"), memory_gib=79.2,
-            peak_bf16_tflops=312.0, peak_fp32_tflops=19.5, memory_bandwidth_gbps=2039,
-            intra_node_bandwidth_gbps=300, inter_node_bandwidth_gbps=25,
+            name="A100-80GB",
+            aliases=("A100", "A100-SXM-80GB"),
+            memory_gib=79.2,
+            peak_bf16_tflops=312.0,
+            peak_fp32_tflops=19.5,
+            memory_bandwidth_gbps=2039,
+            intra_node_bandwidth_gbps=300,
+            inter_node_bandwidth_gbps=25,
         ),
         GpuSpec(
-            name="A100-40GB", aliases=("A100-SXM-40GB",), memory_gib=39.4,
-            peak_bf16_tflops=312.0, peak_fp32_tflops=19.5, memory_bandwidth_gbps=1555,
-            intra_node_bandwidth_gbps=300, inter_node_bandwidth_gbps=25,
+            name="A100-40GB",
+            aliases=("A100-SXM-40GB",),
+            memory_gib=39.4,
+            peak_bf16_tflops=312.0,
+            peak_fp32_tflops=19.5,
+            memory_bandwidth_gbps=1555,
+            intra_node_bandwidth_gbps=300,
+            inter_node_bandwidth_gbps=25,
         ),
         GpuSpec(
-            name="L4", aliases=("L4-24GB",), memory_gib=22.0,
-            peak_bf16_tflops=121.0, peak_fp32_tflops=30.3, memory_bandwidth_gbps=300,
-            intra_node_bandwidth_gbps=25, inter_node_bandwidth_gbps=12.5,
+            name="L4",
+            aliases=("L4-24GB",),
+            memory_gib=22.0,
+            peak_bf16_tflops=121.0,
+            peak_fp32_tflops=30.3,
+            memory_bandwidth_gbps=300,
+            intra_node_bandwidth_gbps=25,
+            inter_node_bandwidth_gbps=12.5,
         ),
         GpuSpec(
-            name="B200", aliases=("B200-180GB",), memory_gib=178.0,
-            peak_bf16_tflops=2250.0, peak_fp32_tflops=75.0, memory_bandwidth_gbps=8000,
-            intra_node_bandwidth_gbps=900, inter_node_bandwidth_gbps=50,
+            name="B200",
+            aliases=("B200-180GB",),
+            memory_gib=178.0,
+            peak_bf16_tflops=2250.0,
+            peak_fp32_tflops=75.0,
+            memory_bandwidth_gbps=8000,
+            intra_node_bandwidth_gbps=900,
+            inter_node_bandwidth_gbps=50,
         ),
         # A CPU "device" (one rank per core group, gloo over shared memory): lets plans and
         # launchers be exercised on machines without GPUs. Calibration replaces these guesses.
         GpuSpec(
-            name="cpu", aliases=("CPU",), memory_gib=8.0,
-            peak_bf16_tflops=0.1, peak_fp32_tflops=0.1, memory_bandwidth_gbps=20,
-            intra_node_bandwidth_gbps=2, inter_node_bandwidth_gbps=1.25, default_gpus_per_node=2,
+            name="cpu",
+            aliases=("CPU",),
+            memory_gib=8.0,
+            peak_bf16_tflops=0.1,
+            peak_fp32_tflops=0.1,
+            memory_bandwidth_gbps=20,
+            intra_node_bandwidth_gbps=2,
+            inter_node_bandwidth_gbps=1.25,
+            default_gpus_per_node=2,
         ),
     )
 }
 
-_BY_LOWER_NAME = {
-    key.lower(): gpu for gpu in GPU_CATALOG.values() for key in (gpu.name, *gpu.aliases)
-}
+_BY_LOWER_NAME = {key.lower(): gpu for gpu in GPU_CATALOG.values() for key in (gpu.name, *gpu.aliases)}
 
 
 def resolve_gpu(name: str) -> GpuSpec:

@@ -16,32 +16,89 @@ def _llama(name: str, **dims: Any) -> ModelSpec:
 
 def _gpt2(name: str, hidden: int, layers: int, heads: int) -> ModelSpec:
     return ModelSpec(
-        name=name, architecture="gpt2", vocab_size=50257, hidden_size=hidden, num_layers=layers,
-        num_heads=heads, max_seq_len=1024, tie_word_embeddings=True, norm_eps=1e-5,
+        name=name,
+        architecture="gpt2",
+        vocab_size=50257,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        max_seq_len=1024,
+        tie_word_embeddings=True,
+        norm_eps=1e-5,
     )
 
 
 MODEL_CATALOG: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
-        _llama("llama2-7b", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32,
-               intermediate_size=11008, max_seq_len=4096),
-        _llama("llama3-8b", vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32,
-               num_kv_heads=8, intermediate_size=14336, max_seq_len=8192, rope_theta=500000.0),
-        _llama("llama3-70b", vocab_size=128256, hidden_size=8192, num_layers=80, num_heads=64,
-               num_kv_heads=8, intermediate_size=28672, max_seq_len=8192, rope_theta=500000.0),
-        _llama("llama3.1-405b", vocab_size=128256, hidden_size=16384, num_layers=126,
-               num_heads=128, num_kv_heads=8, intermediate_size=53248, max_seq_len=131072,
-               rope_theta=500000.0),
-        _llama("mistral-7b", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32,
-               num_kv_heads=8, intermediate_size=14336, max_seq_len=32768, rope_theta=1000000.0),
+        _llama(
+            "llama2-7b",
+            vocab_size=32000,
+            hidden_size=4096,
+            num_layers=32,
+            num_heads=32,
+            intermediate_size=11008,
+            max_seq_len=4096,
+        ),
+        _llama(
+            "llama3-8b",
+            vocab_size=128256,
+            hidden_size=4096,
+            num_layers=32,
+            num_heads=32,
+            num_kv_heads=8,
+            intermediate_size=14336,
+            max_seq_len=8192,
+            rope_theta=500000.0,
+        ),
+        _llama(
+            "llama3-70b",
+            vocab_size=128256,
+            hidden_size=8192,
+            num_layers=80,
+            num_heads=64,
+            num_kv_heads=8,
+            intermediate_size=28672,
+            max_seq_len=8192,
+            rope_theta=500000.0,
+        ),
+        _llama(
+            "llama3.1-405b",
+            vocab_size=128256,
+            hidden_size=16384,
+            num_layers=126,
+            num_heads=128,
+            num_kv_heads=8,
+            intermediate_size=53248,
+            max_seq_len=131072,
+            rope_theta=500000.0,
+        ),
+        _llama(
+            "mistral-7b",
+            vocab_size=32000,
+            hidden_size=4096,
+            num_layers=32,
+            num_heads=32,
+            num_kv_heads=8,
+            intermediate_size=14336,
+            max_seq_len=32768,
+            rope_theta=1000000.0,
+        ),
         _gpt2("gpt2", 768, 12, 12),
         _gpt2("gpt2-medium", 1024, 24, 16),
         _gpt2("gpt2-large", 1280, 36, 20),
         _gpt2("gpt2-xl", 1600, 48, 25),
         # A few million parameters: small enough to train on two CPU ranks in tests.
-        _llama("llama-debug", vocab_size=2048, hidden_size=256, num_layers=4, num_heads=8,
-               num_kv_heads=4, intermediate_size=768, max_seq_len=2048),
+        _llama(
+            "llama-debug",
+            vocab_size=2048,
+            hidden_size=256,
+            num_layers=4,
+            num_heads=8,
+            num_kv_heads=4,
+            intermediate_size=768,
+            max_seq_len=2048,
+        ),
     )
 }
 
@@ -75,9 +132,7 @@ def model_from_hf_config(config: dict[str, Any], *, name: str | None = None) -> 
     """Turn a Hugging Face `config.json` (as a dict) into a ModelSpec."""
     architectures = config.get("architectures") or []
     if not isinstance(architectures, list) or not architectures:
-        raise UnsupportedArchitecture(
-            "<missing>", detail="config.json has no `architectures` list"
-        )
+        raise UnsupportedArchitecture("<missing>", detail="config.json has no `architectures` list")
     arch = str(architectures[0])
     family = _HF_ARCHITECTURES.get(arch)
     if family is None:
@@ -86,17 +141,22 @@ def model_from_hf_config(config: dict[str, Any], *, name: str | None = None) -> 
     try:
         if family == "gpt2":
             return ModelSpec(
-                name=display, architecture="gpt2",
-                vocab_size=_int(config, "vocab_size"), hidden_size=_int(config, "n_embd"),
-                num_layers=_int(config, "n_layer"), num_heads=_int(config, "n_head"),
+                name=display,
+                architecture="gpt2",
+                vocab_size=_int(config, "vocab_size"),
+                hidden_size=_int(config, "n_embd"),
+                num_layers=_int(config, "n_layer"),
+                num_heads=_int(config, "n_head"),
                 intermediate_size=config.get("n_inner") or None,
                 max_seq_len=_int(config, "n_positions", 1024),
                 tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
                 norm_eps=float(config.get("layer_norm_epsilon", 1e-5)),
             )
         return ModelSpec(
-            name=display, architecture="llama",
-            vocab_size=_int(config, "vocab_size"), hidden_size=_int(config, "hidden_size"),
+            name=display,
+            architecture="llama",
+            vocab_size=_int(config, "vocab_size"),
+            hidden_size=_int(config, "hidden_size"),
             num_layers=_int(config, "num_hidden_layers"),
             num_heads=_int(config, "num_attention_heads"),
             num_kv_heads=config.get("num_key_value_heads") or None,
@@ -123,9 +183,7 @@ class UnsupportedArchitecture(UnsupportedArchitectureError):
 def _int(config: dict[str, Any], key: str, default: int | None = None) -> int:
     value = config.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise PlanningError(
-            f"config.json: `{key}` must be an integer, got {value!r}", field="model"
-        )
+        raise PlanningError(f"config.json: `{key}` must be an integer, got {value!r}", field="model")
     return value
 
 

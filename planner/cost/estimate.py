@@ -85,8 +85,14 @@ class MemoryEstimate:
     @property
     def total(self) -> float:
         return (
-            self.params + self.grads + self.optimizer + self.activations + self.unsharded
-            + self.logits + self.workspace + self.fragmentation
+            self.params
+            + self.grads
+            + self.optimizer
+            + self.activations
+            + self.unsharded
+            + self.logits
+            + self.workspace
+            + self.fragmentation
         )
 
     @property
@@ -216,9 +222,10 @@ def _memory(setting: Setting, choice: Choice, layout: CommLayout, saved_elems: f
     grad_buffer = (pb + 4) if pb == 2 else 4
     depth = choice.prefetch_depth
     if choice.sharding in ("full_shard", "hybrid_shard"):
-        unsharded = max(
-            pb * sum(group_params[max(0, j - depth) : j + 1]) for j in range(len(group_params))
-        ) + grad_buffer * largest_reduce
+        unsharded = (
+            max(pb * sum(group_params[max(0, j - depth) : j + 1]) for j in range(len(group_params)))
+            + grad_buffer * largest_reduce
+        )
     elif choice.sharding == "shard_grad_op":
         unsharded = pb * n_params + grad_buffer * largest_reduce
     else:  # no_shard: fp32 weights are local; only the compute-dtype copies are transient
@@ -265,6 +272,21 @@ def saved_elems_per_token(setting: Setting, checkpointing: str, every_k: int) ->
 # ---------------------------------------------------------------- time
 
 
+def block_step_time(
+    params: CostParameters,
+    block: UnitCost,
+    *,
+    tokens: int,
+    act_bytes: int,
+    checkpointing: str,
+    compile_: bool,
+) -> float:
+    """Forward + backward (+ recompute) seconds of one block alone: what the profiler times."""
+    fwd = _forward_time(params, act_bytes, block, tokens, compile_)
+    probe = Choice("", 1, 1, 1, 0.0, 0.0, checkpointing, 1, 1, 1, compile_)
+    return 3.0 * fwd.total + _recompute_time(probe, block, 0, fwd)
+
+
 @dataclass(frozen=True, slots=True)
 class ForwardTime:
     matmul: float
@@ -276,12 +298,13 @@ class ForwardTime:
         return self.matmul + self.attention + self.elementwise
 
 
-def _forward_time(setting: Setting, unit: UnitCost, tokens: int, compile_: bool) -> ForwardTime:
-    p = setting.params
+def _forward_time(
+    p: CostParameters, act_bytes: int, unit: UnitCost, tokens: int, compile_: bool
+) -> ForwardTime:
     matmul = 2.0 * unit.matmul_params * tokens / (p.peak_flops * p.matmul_efficiency)
     matmul += unit.gemms * p.matmul_overhead_s
     attention = unit.attention_flops * tokens / (p.peak_flops * p.attention_efficiency)
-    traffic = unit.elementwise_elems * tokens * setting.act_bytes
+    traffic = unit.elementwise_elems * tokens * act_bytes
     kernels = unit.kernels
     if compile_:
         traffic *= p.compile_traffic_fraction
@@ -291,7 +314,7 @@ def _forward_time(setting: Setting, unit: UnitCost, tokens: int, compile_: bool)
     return ForwardTime(matmul * scale, attention * scale, elementwise * scale)
 
 
-def _recompute_time(setting: Setting, choice: Choice, unit: UnitCost, index: int, fwd: ForwardTime) -> float:
+def _recompute_time(choice: Choice, unit: UnitCost, index: int, fwd: ForwardTime) -> float:
     """Forward work re-run in backward for a checkpointed (or op-selective) block."""
     if index < 0:
         return 0.0
@@ -329,7 +352,7 @@ def _timing(setting: Setting, choice: Choice, layout: CommLayout, *, record: boo
     def unit_forward(u: UnitCost) -> ForwardTime:
         key = id(u)
         if key not in fwd_cache:
-            fwd_cache[key] = _forward_time(setting, u, tokens, choice.compile)
+            fwd_cache[key] = _forward_time(p, setting.act_bytes, u, tokens, choice.compile)
         return fwd_cache[key]
 
     last: list[GroupTimes] = []
@@ -340,7 +363,7 @@ def _timing(setting: Setting, choice: Choice, layout: CommLayout, *, record: boo
         for index, u in group:
             f = unit_forward(u)
             fwd += f.total
-            bwd += 2.0 * f.total + _recompute_time(setting, choice, u, index, f)
+            bwd += 2.0 * f.total + _recompute_time(choice, u, index, f)
         n_params = sum(u.num_params for _, u in group)
         ag = 0.0
         reduce = 0.0
@@ -393,7 +416,8 @@ class Estimator:
 
     def layout(self, choice: Choice) -> CommLayout:
         key = (
-            choice.blocks_per_unit, choice.compile,
+            choice.blocks_per_unit,
+            choice.compile,
             choice.all_gather_bucket_mb if choice.compile else 0.0,
             choice.reduce_scatter_bucket_mb if choice.compile else 0.0,
         )

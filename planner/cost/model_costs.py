@@ -210,9 +210,19 @@ def _merge(name: str, units: list[UnitCost]) -> UnitCost:
 
 def _embedding_unit(params: int, h: int) -> UnitCost:
     return UnitCost(
-        name="embedding", num_params=params, matmul_params=0, gemms=0, attention_flops=0.0,
-        attention_flops_convention=0.0, elementwise_elems=2 * h, kernels=2, saved_elems=0,
-        op_saved_elems=0, op_recompute_matmul_params=0, input_elems=0, is_block=False,
+        name="embedding",
+        num_params=params,
+        matmul_params=0,
+        gemms=0,
+        attention_flops=0.0,
+        attention_flops_convention=0.0,
+        elementwise_elems=2 * h,
+        kernels=2,
+        saved_elems=0,
+        op_saved_elems=0,
+        op_recompute_matmul_params=0,
+        input_elems=0,
+        is_block=False,
     )
 
 
@@ -220,8 +230,17 @@ def _head_unit(params: int, matmul_params: int, h: int, v: int) -> UnitCost:
     # Final norm, output projection and the loss. The logits themselves are priced separately
     # by the memory model; here: the norm's saved tensors and the softmax's elementwise passes.
     return UnitCost(
-        name="head", num_params=params, matmul_params=matmul_params, gemms=1, attention_flops=0.0,
-        attention_flops_convention=0.0, elementwise_elems=16 * h + 6 * v, kernels=14,
-        saved_elems=2 * h, op_saved_elems=2 * h, op_recompute_matmul_params=0, input_elems=h,
+        name="head",
+        num_params=params,
+        matmul_params=matmul_params,
+        gemms=1,
+        attention_flops=0.0,
+        attention_flops_convention=0.0,
+        elementwise_elems=16 * h + 6 * v,
+        kernels=14,
+        saved_elems=2 * h,
+        op_saved_elems=2 * h,
+        op_recompute_matmul_params=0,
+        input_elems=h,
         is_block=False,
     )

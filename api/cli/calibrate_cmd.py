@@ -1,0 +1,139 @@
+"""`fsdp-planner calibrate`: profile this machine with torchrun and write a CalibrationProfile.
+
+The profiler (`executor.profile.run`) needs torch, so it runs in a torchrun subprocess; this
+command only prepares its inputs, checks its output against the planner's profile schema and
+shows what the fit changes relative to the catalog.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from api.cli.plan_cmd import fail, read_json_file
+from planner.calibration import CalibrationProfile, fit_parameters
+from planner.catalog import resolve_gpu, resolve_model
+from planner.cost.parameters import default_parameters
+from planner.errors import PlanningError, describe_validation_error
+from planner.specs import ClusterSpec
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate")(calibrate)
+
+
+def calibrate(
+    nproc: Annotated[int, typer.Option("--nproc", help="Local processes (GPUs) to profile.")] = 1,
+    model: Annotated[str | None, typer.Option(help="Catalog model whose shapes and blocks to time.")] = None,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Sequence length for the block timings.")] = 2048,
+    micro_batches: Annotated[str, typer.Option("--micro-batches", help="Comma-separated sizes.")] = "1,2",
+    budget_s: Annotated[float, typer.Option("--budget-s", help="Time allowance in seconds.")] = 120.0,
+    name: Annotated[str | None, typer.Option(help="Name stored in the profile.")] = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the profile.")] = Path(
+        "profile.json"
+    ),
+) -> None:
+    """Measure GEMMs, collectives and the model's blocks here, within a time budget."""
+    if importlib.util.find_spec("torch") is None:
+        raise fail(
+            "calibration runs torch: install the executor extra (pip install 'fsdp-planner[executor]')"
+        )
+    if nproc < 1 or budget_s <= 0:
+        raise fail("--nproc must be at least 1 and --budget-s positive")
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "executor.profile.run",
+            "-o",
+            str(output.resolve()),
+            "--budget-s",
+            str(budget_s),
+            "--seq-len",
+            str(seq_len),
+            "--micro-batches",
+            micro_batches,
+        ]
+        if name:
+            command += ["--name", name]
+        if model is not None:
+            try:
+                spec = resolve_model(model)
+            except PlanningError as exc:
+                raise fail(exc.message) from None
+            model_file = Path(tmp) / "model.json"
+            model_file.write_text(spec.model_dump_json())
+            command += ["--model-json", str(model_file)]
+        # One thread per rank: ranks share the machine's cores, and oversubscription distorts timings.
+        env = {"OMP_NUM_THREADS": "1", **os.environ}
+        result = subprocess.run(command, env=env, check=False)
+    if result.returncode != 0:
+        raise fail(f"the profiler exited with status {result.returncode}; its output is above", 1)
+    try:
+        profile = CalibrationProfile.model_validate(read_json_file(output, "profile"))
+    except ValidationError as exc:
+        raise fail(describe_validation_error(exc, prefix="profile"), 1) from None
+    show_fit(profile, Console())
+    Console().print(
+        f"Profile written to {output}; plan with it: fsdp-planner plan ... --calibration {output}"
+    )
+
+
+def show_fit(profile: CalibrationProfile, console: Console) -> None:
+    """Catalog defaults beside the fitted values, so a person sees what the measurements changed."""
+    if profile.gpu is None:
+        console.print(f"[yellow]device {profile.fingerprint.device_name!r} is not in the GPU catalog[/]")
+        return
+    gpu = resolve_gpu(profile.gpu)
+    precision = "fp32" if profile.gpu == "cpu" else "bf16"
+    cluster = ClusterSpec(
+        num_nodes=profile.fingerprint.num_nodes, gpus_per_node=profile.fingerprint.gpus_per_node, gpu=gpu.name
+    )
+    base = default_parameters(gpu, cluster, precision)
+    fitted = fit_parameters(profile, base=base, precision=precision)
+    table = Table(
+        title=f"Calibration of {profile.fingerprint.device_name} x{profile.fingerprint.device_count}",
+        title_justify="left",
+    )
+    for column in ("parameter", "catalog", "measured"):
+        table.add_column(column, justify="left" if column == "parameter" else "right")
+    rows = [
+        ("matmul efficiency", f"{base.matmul_efficiency:.2f}", f"{fitted.matmul_efficiency:.2f}"),
+        (
+            "matmul overhead",
+            f"{base.matmul_overhead_s * 1e6:.1f} us",
+            f"{fitted.matmul_overhead_s * 1e6:.1f} us",
+        ),
+        (
+            "memory bandwidth",
+            f"{base.memory_bandwidth / 1e9:.0f} GB/s",
+            f"{fitted.memory_bandwidth / 1e9:.0f} GB/s",
+        ),
+        ("compute scale (blocks)", f"{base.compute_scale:.2f}", f"{fitted.compute_scale:.2f}"),
+        ("overlap contention", f"{base.overlap_contention:.2f}", f"{fitted.overlap_contention:.2f}"),
+    ]
+    for link in ("intra", "inter"):
+        b, f = base.links[link], fitted.links[link]
+        rows.append(
+            (f"{link}-node bandwidth", f"{b.bandwidth / 1e9:.1f} GB/s", f"{f.bandwidth / 1e9:.1f} GB/s")
+        )
+        rows.append(
+            (f"{link}-node latency (n=8)", f"{b.latency(8) * 1e6:.0f} us", f"{f.latency(8) * 1e6:.0f} us")
+        )
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)

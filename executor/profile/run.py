@@ -1,0 +1,226 @@
+"""Calibration run: `torchrun --nproc-per-node N -m executor.profile.run -o profile.json [...]`.
+
+Measures the machine briefly (GEMMs at the model's own shapes, memory bandwidth, collectives over
+message sizes for the whole group and node-local sub-groups, comm/compute contention, and the
+model's blocks when a model is given) within a time budget, and writes a CalibrationProfile JSON
+on rank 0. Imports only the standard library and torch, so it runs wherever training would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from executor.profile.measure import (
+    Budget,
+    bandwidth_samples,
+    collective_samples,
+    matmul_samples,
+    overlap_contention,
+)
+
+# Share of the budget per phase; blocks only run when a model is given.
+PHASES = {"matmul": 0.3, "bandwidth": 0.05, "collectives": 0.4, "overlap": 0.05, "blocks": 0.2}
+KNOWN_GPUS = (
+    ("H200", "H200-141GB"),
+    ("H100", "H100-SXM-80GB"),
+    ("A100", "A100-80GB"),
+    ("L4", "L4"),
+    ("B200", "B200"),
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Profile this machine for fsdp-planner calibration.")
+    parser.add_argument("-o", "--output", type=Path, default=Path("profile.json"))
+    parser.add_argument("--budget-s", type=float, default=120.0, help="Total time allowance (seconds).")
+    parser.add_argument("--model-json", type=Path, help="The model spec (planner ModelSpec JSON) to profile.")
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--micro-batches", default="1,2", help="Micro-batch sizes whose shapes to time.")
+    parser.add_argument("--name", default=None, help="Name stored in the profile.")
+    parser.add_argument("--max-message-mib", type=float, default=None, help="Largest collective message.")
+    return parser.parse_args(argv)
+
+
+class Progress:
+    """A one-line progress bar on rank 0 (stderr), driven by elapsed share of the budget."""
+
+    def __init__(self, total_s: float, enabled: bool) -> None:
+        self.total_s, self.enabled, self.start = total_s, enabled, time.perf_counter()
+
+    def __call__(self, what: str) -> None:
+        if not self.enabled:
+            return
+        share = min(1.0, (time.perf_counter() - self.start) / self.total_s)
+        bar = "#" * int(share * 30)
+        sys.stderr.write(f"\r[{bar:<30}] {share:4.0%} {what[:60]:<60}")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def setup() -> tuple[torch.device, str, int]:
+    """Initialise the process group (cuda+nccl or cpu+gloo); returns device, backend, local world."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device, backend = torch.device("cuda", local_rank), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if "RANK" in os.environ and not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timedelta(minutes=10))
+    return device, backend, local_world
+
+
+def fingerprint(device: torch.device, backend: str, local_world: int) -> dict:
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peers = local_world > 1 and torch.cuda.can_device_access_peer(
+            0, min(1, torch.cuda.device_count() - 1)
+        )
+        link = "p2p" if peers else "pcie"
+        nccl = ".".join(str(v) for v in torch.cuda.nccl.version()) if backend == "nccl" else None
+    else:
+        name = "cpu" + (f" ({platform.processor()})" if platform.processor() else "")
+        link, nccl = "shm", None
+    return {
+        "device_name": name,
+        "device_count": world,
+        "num_nodes": max(1, world // max(local_world, 1)),
+        "gpus_per_node": local_world,
+        "backend": backend,
+        "link_class": link,
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "nccl_version": nccl,
+    }
+
+
+def catalog_gpu(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return "cpu"
+    name = torch.cuda.get_device_name(device)
+    return next((catalog for key, catalog in KNOWN_GPUS if key in name), None)
+
+
+def model_shapes(
+    model: dict | None, seq_len: int, micro_batches: list[int], on_gpu: bool
+) -> list[tuple[int, int, int]]:
+    """(m, n, k) of the model's matmuls per micro-batch, plus a square sweep for the curve's shape."""
+    squares = [256, 512, 1024, 2048, 4096, 8192] if on_gpu else [64, 128, 256, 512, 768]
+    shapes = [(s, s, s) for s in squares]
+    if model is None:
+        return shapes
+    h = model["hidden_size"]
+    f = model.get("intermediate_size") or 4 * h
+    heads = model["num_heads"]
+    kv = (model.get("num_kv_heads") or heads) * (h // heads)
+    for mb in micro_batches:
+        t = mb * seq_len
+        shapes += [(t, h, h), (t, kv, h), (t, f, h), (t, h, f)]
+    return shapes
+
+
+def run(args: argparse.Namespace) -> dict:
+    device, backend, local_world = setup()
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    progress = Progress(args.budget_s, enabled=rank == 0)
+    model = json.loads(args.model_json.read_text()) if args.model_json else None
+    micro_batches = [int(x) for x in str(args.micro_batches).split(",") if x.strip()]
+    on_gpu = device.type == "cuda"
+    phases = dict(PHASES)
+    if model is None:
+        phases.pop("blocks")
+    scale = args.budget_s / sum(phases.values())
+
+    dtypes = [torch.bfloat16, torch.float32] if on_gpu else [torch.float32]
+    shapes = model_shapes(model, args.seq_len, micro_batches, on_gpu)
+    matmul = matmul_samples(shapes, dtypes, device, Budget(phases["matmul"] * scale), progress)
+    progress("memory bandwidth")
+    mib = 1 << 20
+    sizes = [64 * mib, 256 * mib, 1024 * mib] if on_gpu else [8 * mib, 32 * mib, 128 * mib]
+    bandwidth = bandwidth_samples(sizes, device, Budget(phases["bandwidth"] * scale))
+
+    collectives: list[dict] = []
+    if world > 1:
+        max_bytes = int((args.max_message_mib or (1024 if on_gpu else 64)) * mib)
+        message_sizes = [1 << p for p in range(10, 31, 2) if (1 << p) <= max_bytes]
+        groups = [(None, world, "inter" if world > local_world else "intra")]
+        if 1 < local_world < world:
+            # Node-local sub-groups: every rank creates every group (new_group is collective).
+            node_groups = [
+                dist.new_group(list(range(start, start + local_world)))
+                for start in range(0, world, local_world)
+            ]
+            groups.append((node_groups[rank // local_world], local_world, "intra"))
+        share = phases["collectives"] * scale / len(groups)
+        for group, size, link in groups:
+            collectives += collective_samples(
+                group=group,
+                member=True,
+                group_size=size,
+                link=link,
+                sizes_bytes=message_sizes,
+                device=device,
+                budget=Budget(share),
+                on_sample=progress,
+            )
+    progress("overlap contention")
+    contention = overlap_contention(
+        device, matmul_size=4096 if on_gpu else 384, message_bytes=(256 if on_gpu else 8) * mib
+    )
+    blocks: list[dict] = []
+    if model is not None:
+        from executor.profile.blocks import block_samples
+
+        blocks = block_samples(
+            model,
+            seq_len=args.seq_len,
+            micro_batches=micro_batches,
+            device=device,
+            budget=Budget(phases["blocks"] * scale),
+            on_sample=progress,
+        )
+    progress("done")
+    progress.done()
+    return {
+        "schema_version": "1.0",
+        "name": args.name,
+        "gpu": catalog_gpu(device),
+        "fingerprint": fingerprint(device, backend, local_world),
+        "model": model,
+        "matmul": matmul,
+        "memory_bandwidth": bandwidth,
+        "collectives": collectives,
+        "blocks": blocks,
+        "overlap_contention": contention,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    profile = run(args)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        args.output.write_text(json.dumps(profile, indent=2) + "\n")
+        print(f"calibration profile written to {args.output}", file=sys.stderr)
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
