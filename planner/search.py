@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner import PLANNER_VERSION
 from planner.calibration import CalibrationProfile, fit_parameters
@@ -463,10 +463,8 @@ def _infeasible(
 
     def fits(nodes: int) -> bool:
         world = nodes * cluster.gpus_per_node
-        probe = Setting(**{**_fields(setting), "world_size": world, "num_nodes": nodes})
-        choice = Choice(
-            **{**_fields(lightest), "shard_group": world, "replicate_group": 1, "sharding": "full_shard"}
-        )
+        probe = replace(setting, world_size=world, num_nodes=nodes)
+        choice = replace(lightest, sharding="full_shard", shard_group=world, replicate_group=1)
         return Estimator(probe).memory(choice).total / GIB <= usable
 
     low, high = cluster.num_nodes, cluster.num_nodes * 2
@@ -499,6 +497,3 @@ def _infeasible(
         message, min_fitting_nodes=smallest, min_peak_memory_gib=peak, capacity_gib=usable
     )
 
-
-def _fields(obj: object) -> dict:
-    return {name: getattr(obj, name) for name in obj.__slots__}  # type: ignore[attr-defined]
