@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -19,9 +19,18 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    with request.app.state.session_factory() as session:
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    """A session for one request, used by the sync endpoints in worker threads.
+
+    Opened and closed on the event loop: closing from a worker thread would need a free thread while the
+    session still holds a pooled connection, and under load every thread can be waiting for a connection
+    (a deadlock until the pool times out).
+    """
+    session: Session = request.app.state.session_factory()
+    try:
         yield session
+    finally:
+        session.close()
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
@@ -36,6 +45,14 @@ BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
 def _authorize(session: Session, credentials: HTTPAuthorizationCredentials | None) -> ApiKeyRow | None:
+    try:
+        return _check_key(session, credentials)
+    finally:
+        # Hand the connection back before the endpoint waits for a worker thread (see get_session).
+        session.commit()
+
+
+def _check_key(session: Session, credentials: HTTPAuthorizationCredentials | None) -> ApiKeyRow | None:
     if not keys.any_active_key(session):
         return None
     challenge = {"WWW-Authenticate": 'Bearer realm="fsdp-planner"'}
