@@ -69,13 +69,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's schema, with error responses declared as application/problem+json."""
+    """FastAPI's schema, with error responses declared as application/problem+json.
+
+    Reads are documented without security unless `require_key_for_reads` is set, as they are served.
+    """
     if app.openapi_schema is None:
         schema = get_openapi(
             title=app.title, version=app.version, description=app.description, routes=app.routes
         )
+        open_reads = not app.state.settings.require_key_for_reads
         for path in schema.get("paths", {}).values():
-            for operation in path.values():
+            for method, operation in path.items():
+                if open_reads and method == "get":
+                    operation.pop("security", None)
                 for status, response in operation.get("responses", {}).items():
                     content = response.get("content", {})
                     if status[0] in "45" and "application/json" in content:

@@ -48,7 +48,9 @@ def distinct_plans(count: int) -> list[dict[str, Any]]:
     bodies = []
     for seq_len in (64, 128, 256, 512, 1024):
         for sequences in range(2, 2 * (count // 5 + 2), 2):
-            bodies.append(cheap_plan(training={"seq_len": seq_len, "global_batch_tokens": seq_len * sequences}))
+            bodies.append(
+                cheap_plan(training={"seq_len": seq_len, "global_batch_tokens": seq_len * sequences})
+            )
     return bodies[:count]
 
 
@@ -66,8 +68,10 @@ def database_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Calla
                 name = f"fsdp_planner_test_{os.getpid()}_{secrets.token_hex(4)}"
                 connection.execute(text(f'CREATE DATABASE "{name}"'))
         except OperationalError as exc:
-            pytest.skip(f"PostgreSQL at {make_url(PG_ADMIN_URL).render_as_string()} is unreachable "
-                        f"({exc.orig or exc}); start it or set FSDP_PLANNER_TEST_POSTGRES_URL")
+            pytest.skip(
+                f"PostgreSQL at {make_url(PG_ADMIN_URL).render_as_string()} is unreachable "
+                f"({exc.orig or exc}); start it or set FSDP_PLANNER_TEST_POSTGRES_URL"
+            )
         created.append(name)
         return make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
 

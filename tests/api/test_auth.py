@@ -1,4 +1,4 @@
-"""API keys: writes need a key once one exists, reads stay open unless configured, revoked keys stop working."""
+"""API keys: writes need one once any exists, reads stay open unless configured, revoked keys fail."""
 
 from __future__ import annotations
 
@@ -36,8 +36,12 @@ async def test_writes_need_a_valid_key_once_one_exists(client: httpx.AsyncClient
 
     problem = assert_problem(await client.post(PLANS, json=cheap_plan()), 401, "unauthorized")
     assert "Authorization: Bearer" in problem["detail"] and "keys create" in problem["detail"]
-    for wrong in ("nonsense", issued.key[:-1] + ("A" if issued.key[-1] != "A" else "B"),
-                  "fsdpk_" + issued.row.prefix + "_x", ""):
+    for wrong in (
+        "nonsense",
+        issued.key[:-1] + ("A" if issued.key[-1] != "A" else "B"),
+        "fsdpk_" + issued.row.prefix + "_x",
+        "",
+    ):
         response = await client.post(PLANS, json=cheap_plan(), headers=bearer(wrong))
         assert_problem(response, 401, "unauthorized")
         assert response.headers["www-authenticate"].startswith("Bearer")
@@ -56,7 +60,9 @@ async def test_writes_need_a_valid_key_once_one_exists(client: httpx.AsyncClient
     assert (await client.delete(plan_url, headers=bearer(issued.key))).status_code == 204
 
 
-async def test_authentication_comes_before_body_validation(client: httpx.AsyncClient, session: Session) -> None:
+async def test_authentication_comes_before_body_validation(
+    client: httpx.AsyncClient, session: Session
+) -> None:
     keys.create_key(session, "ci")
     # An anonymous caller learns nothing about what the body should look like.
     assert_problem(await client.post(PLANS, json={"bogus": 1}), 401)
@@ -77,7 +83,9 @@ async def test_revoked_keys_stop_working(client: httpx.AsyncClient, session: Ses
 @pytest.fixture
 async def locked_reads_client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(settings.model_copy(update={"require_key_for_reads": True}))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver") as client:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://testserver"
+    ) as client:
         yield client
     app.state.engine.dispose()
 

@@ -1,4 +1,4 @@
-"""Concurrent POSTs through real worker threads: dedup holds under races, nothing is lost, the loop stays free."""
+"""Concurrent POSTs on real worker threads: dedup holds under races, nothing is lost, the loop stays free."""
 
 from __future__ import annotations
 
@@ -98,10 +98,14 @@ async def test_200_distinct_posts_are_all_stored(client: httpx.AsyncClient, sess
     for body, response in zip(bodies, responses, strict=True):
         training = stored[response.json()["id"]]
         assert (training["seq_len"], training["global_batch_tokens"]) == (
-            body["training"]["seq_len"], body["training"]["global_batch_tokens"])
+            body["training"]["seq_len"],
+            body["training"]["global_batch_tokens"],
+        )
 
 
-async def test_concurrent_retries_with_one_idempotency_key(client: httpx.AsyncClient, session: Session) -> None:
+async def test_concurrent_retries_with_one_idempotency_key(
+    client: httpx.AsyncClient, session: Session
+) -> None:
     body = cheap_plan(search=NARROW)
     responses = await asyncio.gather(
         *(client.post(PLANS, json=body, headers={"Idempotency-Key": "same"}) for _ in range(20))

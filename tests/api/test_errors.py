@@ -21,24 +21,41 @@ JSON = {"content-type": "application/json"}
 
 
 async def test_malformed_json_is_400(client: httpx.AsyncClient) -> None:
-    problem = assert_problem(await client.post(PLANS, content=b'{"model": "gpt2",', headers=JSON), 400,
-                             "malformed-json")
+    problem = assert_problem(
+        await client.post(PLANS, content=b'{"model": "gpt2",', headers=JSON), 400, "malformed-json"
+    )
     assert "not valid JSON" in problem["detail"]
 
 
 async def test_not_json_is_415(client: httpx.AsyncClient) -> None:
-    problem = assert_problem(await client.post(PLANS, content=b"model=gpt2",
-                                               headers={"content-type": "application/x-www-form-urlencoded"}), 415)
+    problem = assert_problem(
+        await client.post(
+            PLANS, content=b"model=gpt2", headers={"content-type": "application/x-www-form-urlencoded"}
+        ),
+        415,
+    )
     assert "application/json" in problem["detail"]
 
 
 async def test_field_errors_list_every_invalid_input(client: httpx.AsyncClient) -> None:
-    body = {"model": 7, "cluster": {"gpus_per_node": "8", "gpu": "H100", "racks": 2},
-            "training": {"seq_len": -1}, "top_k": 0, "surprise": True}
+    body = {
+        "model": 7,
+        "cluster": {"gpus_per_node": "8", "gpu": "H100", "racks": 2},
+        "training": {"seq_len": -1},
+        "top_k": 0,
+        "surprise": True,
+    }
     problem = assert_problem(await client.post(PLANS, json=body), 422, "invalid-request")
     fields = {error["field"] for error in problem["errors"]}
-    assert {"model", "cluster.gpus_per_node", "cluster.racks", "training.seq_len",
-            "training.global_batch_tokens", "top_k", "surprise"} <= fields
+    assert {
+        "model",
+        "cluster.gpus_per_node",
+        "cluster.racks",
+        "training.seq_len",
+        "training.global_batch_tokens",
+        "top_k",
+        "surprise",
+    } <= fields
     assert all(error["location"] == "body" for error in problem["errors"])
     assert "catalog model name" in next(e["message"] for e in problem["errors"] if e["field"] == "model")
 
@@ -46,7 +63,12 @@ async def test_field_errors_list_every_invalid_input(client: httpx.AsyncClient) 
 @pytest.mark.parametrize(
     "body",
     [
-        b"[]", b'"llama3-8b"', b"null", b"1e999999", b"[" * 50_000, b'{"model": ' * 5_000,
+        b"[]",
+        b'"llama3-8b"',
+        b"null",
+        b"1e999999",
+        b"[" * 50_000,
+        b'{"model": ' * 5_000,
         json.dumps(cheap_plan(name="x\u0000y")).encode(),
         json.dumps(cheap_plan(model={"name\u0000": 1})).encode(),
         b'{"model": {"a": ' + b"[" * 40 + b"{}" + b"]" * 40 + b"}}",
@@ -55,10 +77,12 @@ async def test_field_errors_list_every_invalid_input(client: httpx.AsyncClient) 
         json.dumps(cheap_plan(cluster={"gpu": "cpu", "num_nodes": 2**64})).encode(),
         json.dumps(cheap_plan(calibration_id=2**64)).encode(),
         json.dumps(cheap_plan(model={"name": "huge", "architecture": "llama", "num_layers": 10**9})).encode(),
-        json.dumps(cheap_plan(model={"name": "x", "architecture": "layer_graph", "layer_graph": []})).encode(),
+        json.dumps(
+            cheap_plan(model={"name": "x", "architecture": "layer_graph", "layer_graph": []})
+        ).encode(),
         json.dumps(cheap_plan(model={"architectures": "LlamaForCausalLM"})).encode(),
         json.dumps(cheap_plan(model={"architectures": ["LlamaForCausalLM"], "hidden_size": "4096"})).encode(),
-        "{\"model\": \"\ud800\"}".encode("utf-8", "surrogatepass"),
+        '{"model": "\ud800"}'.encode("utf-8", "surrogatepass"),
         b"\xff\xfe{}",
     ],
 )
@@ -71,7 +95,9 @@ async def test_hostile_bodies_are_4xx_problems(client: httpx.AsyncClient, body: 
 @pytest.fixture
 async def small_limit_client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(settings.model_copy(update={"max_body_bytes": 4096}))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver") as client:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://testserver"
+    ) as client:
         yield client
     app.state.engine.dispose()
 
@@ -120,11 +146,13 @@ async def test_unexpected_errors_are_logged_500_problems_without_internals(
     problem = assert_problem(response, 500, "internal-error")
     assert "secret" not in response.text
     assert "was logged" in problem["detail"]
-    assert any("secret internal state" in r.getMessage() or (r.exc_info and "secret" in str(r.exc_info[1]))
-               for r in caplog.records)
+    assert any(
+        "secret internal state" in r.getMessage() or (r.exc_info and "secret" in str(r.exc_info[1]))
+        for r in caplog.records
+    )
 
 
-async def test_readyz_is_503_when_the_database_is_down(tmp_path) -> None:  # noqa: ANN001
+async def test_readyz_is_503_when_the_database_is_down(tmp_path) -> None:
     url = "postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=2"
     app = create_app(Settings(database_url=url, migrate_on_startup=False))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
@@ -133,8 +161,10 @@ async def test_readyz_is_503_when_the_database_is_down(tmp_path) -> None:  # noq
     assert "DATABASE_URL" in problem["detail"] and "nobody" not in problem["detail"]
 
 
-async def test_readyz_is_503_when_the_schema_is_behind(tmp_path) -> None:  # noqa: ANN001
-    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'empty.sqlite3'}", migrate_on_startup=False))
+async def test_readyz_is_503_when_the_schema_is_behind(tmp_path) -> None:
+    app = create_app(
+        Settings(database_url=f"sqlite:///{tmp_path / 'empty.sqlite3'}", migrate_on_startup=False)
+    )
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
         problem = assert_problem(await client.get("/readyz"), 503, "database-not-migrated")
     assert "fsdp-planner db upgrade" in problem["detail"]

@@ -22,7 +22,9 @@ def key(value: str) -> dict[str, str]:
     return {"Idempotency-Key": value}
 
 
-async def test_same_key_same_body_replays_the_first_response(client: httpx.AsyncClient, session: Session) -> None:
+async def test_same_key_same_body_replays_the_first_response(
+    client: httpx.AsyncClient, session: Session
+) -> None:
     first = await client.post(PLANS, json=cheap_plan(), headers=key("retry-1"))
     retry = await client.post(PLANS, json=cheap_plan(), headers=key("retry-1"))
     assert (first.status_code, retry.status_code) == (201, 201)  # the same response, status included
@@ -36,11 +38,14 @@ async def test_same_key_same_body_replays_the_first_response(client: httpx.Async
 
 async def test_same_key_other_body_is_refused(client: httpx.AsyncClient, session: Session) -> None:
     await client.post(PLANS, json=cheap_plan(), headers=key("k"))
-    problem = assert_problem(await client.post(PLANS, json=cheap_plan(top_k=1), headers=key("k")), 422,
-                             "idempotency-key-reused")
+    problem = assert_problem(
+        await client.post(PLANS, json=cheap_plan(top_k=1), headers=key("k")), 422, "idempotency-key-reused"
+    )
     assert "different request body" in problem["detail"]
     assert problem["errors"][0] == {
-        "location": "header", "field": "Idempotency-Key", "message": "used with another body",
+        "location": "header",
+        "field": "Idempotency-Key",
+        "message": "used with another body",
         "type": "idempotency_key_reused",
     }
     assert session.scalar(select(func.count()).select_from(PlanRow)) == 1
@@ -79,5 +84,7 @@ async def test_deleting_the_plan_forgets_its_keys(client: httpx.AsyncClient, ses
 @pytest.mark.parametrize("value", ["", "x" * 256, "has space", "tab\there", "ünïcode"])
 async def test_malformed_keys_are_422(client: httpx.AsyncClient, value: str) -> None:
     headers = {"Idempotency-Key": value.encode("utf-8")}  # raw bytes: clients can send non-ASCII
-    problem = assert_problem(await client.post(PLANS, json=cheap_plan(), headers=headers), 422, "invalid-request")
+    problem = assert_problem(
+        await client.post(PLANS, json=cheap_plan(), headers=headers), 422, "invalid-request"
+    )
     assert problem["errors"][0]["location"] == "header"

@@ -21,8 +21,12 @@ pytestmark = pytest.mark.anyio
 
 PLANS = "/api/v1/plans"
 SORT_KEYS = {
-    "created_at": "created_at", "tokens_per_s_per_gpu": "tokens_per_s_per_gpu", "mfu": "mfu",
-    "peak_memory_gib": "peak_memory_gib", "world_size": "world_size", "model": "model_name",
+    "created_at": "created_at",
+    "tokens_per_s_per_gpu": "tokens_per_s_per_gpu",
+    "mfu": "mfu",
+    "peak_memory_gib": "peak_memory_gib",
+    "world_size": "world_size",
+    "model": "model_name",
 }
 
 
@@ -35,20 +39,25 @@ async def stored(client: httpx.AsyncClient, session: Session) -> list[PlanRow]:
     gpus = ["H100-SXM-80GB", "A100-80GB"]
     for i in range(29):
         nodes = (1, 2, 4)[i % 3]
-        session.add(PlanRow(
-            name=["prod 50%_off run", "nightly", "ablation_a"][i % 3] + f" #{i}",
-            model_name=models[i % 3 if i % 5 else 1],
-            gpu=gpus[i % 2],
-            num_nodes=nodes, gpus_per_node=8, world_size=nodes * 8,
-            tokens_per_s_per_gpu=float(1000 + (i % 7) * 250),  # ties
-            mfu=round(0.3 + (i % 4) * 0.05, 2),
-            peak_memory_gib=float(20 + (i * 7) % 11),
-            step_time_s=1.0 + i,
-            plan_hash=f"{i:064x}",
-            planner_version="test",
-            request=template["request"], plan=template["plan"],
-            created_at=base + timedelta(minutes=i // 2),  # pairs share a timestamp
-        ))
+        session.add(
+            PlanRow(
+                name=["prod 50%_off run", "nightly", "ablation_a"][i % 3] + f" #{i}",
+                model_name=models[i % 3 if i % 5 else 1],
+                gpu=gpus[i % 2],
+                num_nodes=nodes,
+                gpus_per_node=8,
+                world_size=nodes * 8,
+                tokens_per_s_per_gpu=float(1000 + (i % 7) * 250),  # ties
+                mfu=round(0.3 + (i % 4) * 0.05, 2),
+                peak_memory_gib=float(20 + (i * 7) % 11),
+                step_time_s=1.0 + i,
+                plan_hash=f"{i:064x}",
+                planner_version="test",
+                request=template["request"],
+                plan=template["plan"],
+                created_at=base + timedelta(minutes=i // 2),  # pairs share a timestamp
+            )
+        )
     session.commit()
     return list(session.scalars(select(PlanRow)))
 
@@ -105,7 +114,9 @@ async def test_filters(client: httpx.AsyncClient, stored: list[PlanRow]) -> None
     assert ids
 
     ids = await walk(client, nodes=2, gpu="a100-80gb", sort="peak_memory_gib", order="asc", limit=2)
-    assert ids == expected_ids(stored, "peak_memory_gib", "asc", lambda r: r.num_nodes == 2 and r.gpu == "A100-80GB")
+    assert ids == expected_ids(
+        stored, "peak_memory_gib", "asc", lambda r: r.num_nodes == 2 and r.gpu == "A100-80GB"
+    )
     assert ids
 
     # `q` is a literal substring: % and _ are not wildcards.
@@ -129,7 +140,9 @@ async def test_new_rows_do_not_shift_pages(client: httpx.AsyncClient, stored: li
 async def test_bad_cursors_are_refused(client: httpx.AsyncClient, stored: list[PlanRow]) -> None:
     cursor = (await client.get(PLANS, params={"limit": 2, "sort": "mfu"})).json()["next_cursor"]
     for params in ({"sort": "world_size"}, {"sort": "mfu", "order": "asc"}, {"sort": "mfu", "nodes": 1}):
-        problem = assert_problem(await client.get(PLANS, params={"cursor": cursor, **params}), 422, "invalid-cursor")
+        problem = assert_problem(
+            await client.get(PLANS, params={"cursor": cursor, **params}), 422, "invalid-cursor"
+        )
         assert "start again without `cursor`" in problem["detail"]
         assert problem["errors"][0]["field"] == "cursor"
 
@@ -139,9 +152,16 @@ async def test_bad_cursors_are_refused(client: httpx.AsyncClient, stored: list[P
     good = {"s": "mfu", "o": "desc", "f": PlanFilters().digest(), "v": 0.3, "i": 1}
     assert (await client.get(PLANS, params={"cursor": forge(good), "sort": "mfu"})).status_code == 200
     forged = [
-        "AAAA", "-_-_", forge([1, 2]), forge({"s": "mfu"}), forge({**good, "i": "1"}),
-        forge({**good, "i": 2**70}), forge({**good, "v": "x"}), forge({**good, "v": True}),
-        forge({**good, "i": -1}), forge({**good, "v": None}),
+        "AAAA",
+        "-_-_",
+        forge([1, 2]),
+        forge({"s": "mfu"}),
+        forge({**good, "i": "1"}),
+        forge({**good, "i": 2**70}),
+        forge({**good, "v": "x"}),
+        forge({**good, "v": True}),
+        forge({**good, "i": -1}),
+        forge({**good, "v": None}),
         forge({**good, "v": float("nan")}),  # json.dumps writes NaN
         forge({**good, "s": "created_at", "v": "2026-01-01T00:00:00"}),  # naive timestamp
     ]
@@ -154,8 +174,15 @@ async def test_bad_cursors_are_refused(client: httpx.AsyncClient, stored: list[P
 
 @pytest.mark.parametrize(
     "params",
-    [{"limit": 0}, {"limit": 201}, {"sort": "name"}, {"order": "up"}, {"nodes": 0}, {"nodes": "x"},
-     {"q": "x" * 201}],
+    [
+        {"limit": 0},
+        {"limit": 201},
+        {"sort": "name"},
+        {"order": "up"},
+        {"nodes": 0},
+        {"nodes": "x"},
+        {"q": "x" * 201},
+    ],
 )
 async def test_bad_query_parameters_are_422(client: httpx.AsyncClient, params: dict[str, Any]) -> None:
     problem = assert_problem(await client.get(PLANS, params=params), 422, "invalid-request")

@@ -20,7 +20,9 @@ def count_plans(session: Session) -> int:
     return session.scalar(select(func.count()).select_from(PlanRow)) or 0
 
 
-async def test_create_returns_201_location_and_the_whole_plan(client: httpx.AsyncClient, session: Session) -> None:
+async def test_create_returns_201_location_and_the_whole_plan(
+    client: httpx.AsyncClient, session: Session
+) -> None:
     response = await client.post(PLANS, json=cheap_plan(name="first try"))
     assert response.status_code == 201, response.text
     body = response.json()
@@ -45,11 +47,15 @@ async def test_create_returns_201_location_and_the_whole_plan(client: httpx.Asyn
 async def test_identical_inputs_return_the_stored_plan(client: httpx.AsyncClient, session: Session) -> None:
     first = await client.post(PLANS, json=cheap_plan())
     # Same plan spelled differently: cluster as an object, defaults written out, another name.
-    again = await client.post(PLANS, json=cheap_plan(
-        cluster={"num_nodes": 1, "gpus_per_node": 2, "gpu": "CPU"},
-        training={"seq_len": 256, "global_batch_tokens": 2048, "precision": "bf16", "optimizer": "adamw"},
-        name="another name", top_k=5,
-    ))
+    again = await client.post(
+        PLANS,
+        json=cheap_plan(
+            cluster={"num_nodes": 1, "gpus_per_node": 2, "gpu": "CPU"},
+            training={"seq_len": 256, "global_batch_tokens": 2048, "precision": "bf16", "optimizer": "adamw"},
+            name="another name",
+            top_k=5,
+        ),
+    )
     assert (first.status_code, again.status_code) == (201, 200)
     assert again.json()["id"] == first.json()["id"]
     assert again.json()["name"] == first.json()["name"] == "llama-debug on 1x2xcpu"
@@ -69,21 +75,41 @@ async def test_a_different_input_is_a_different_plan(client: httpx.AsyncClient, 
 
 async def test_hugging_face_config_and_model_spec_inputs(client: httpx.AsyncClient) -> None:
     hf_config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "_name_or_path": "tiny-llama",
-        "vocab_size": 4096, "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "intermediate_size": 512, "max_position_embeddings": 1024,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "_name_or_path": "tiny-llama",
+        "vocab_size": 4096,
+        "hidden_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 512,
+        "max_position_embeddings": 1024,
     }
     response = await client.post(PLANS, json=cheap_plan(model=hf_config))
     assert response.status_code == 201, response.text
     assert response.json()["model_name"] == "tiny-llama"
 
     layer_graph = {
-        "name": "traced-mlp", "architecture": "layer_graph",
+        "name": "traced-mlp",
+        "architecture": "layer_graph",
         "layer_graph": [
-            {"name": "embed", "num_params": 1_000_000, "fwd_flops_per_token": 0,
-             "activation_bytes_per_token": 1024, "is_block": False},
-            *({"name": f"blocks.{i}", "num_params": 4_000_000, "fwd_flops_per_token": 8e6,
-               "activation_bytes_per_token": 16384} for i in range(4)),
+            {
+                "name": "embed",
+                "num_params": 1_000_000,
+                "fwd_flops_per_token": 0,
+                "activation_bytes_per_token": 1024,
+                "is_block": False,
+            },
+            *(
+                {
+                    "name": f"blocks.{i}",
+                    "num_params": 4_000_000,
+                    "fwd_flops_per_token": 8e6,
+                    "activation_bytes_per_token": 16384,
+                }
+                for i in range(4)
+            ),
         ],
     }
     response = await client.post(PLANS, json=cheap_plan(model=layer_graph))
@@ -116,12 +142,18 @@ async def test_calibration_id_must_name_a_stored_profile(client: httpx.AsyncClie
         (cheap_plan(model="gpt-17"), "model", "known models"),
         (cheap_plan(cluster="1x2xTPU"), "cluster.gpu", "known GPUs"),
         (cheap_plan(cluster="two nodes"), "cluster", "NODESxGPUSxGPU"),
-        (cheap_plan(training={"seq_len": 256, "global_batch_tokens": 1000}), "training.global_batch_tokens",
-         "multiple of seq_len"),
+        (
+            cheap_plan(training={"seq_len": 256, "global_batch_tokens": 1000}),
+            "training.global_batch_tokens",
+            "multiple of seq_len",
+        ),
         (cheap_plan(cluster="1x3xcpu"), "training.global_batch_tokens", "split evenly over 3 GPUs"),
         (cheap_plan(model={"architectures": ["BertModel"]}), "model", "supported"),
-        (cheap_plan(model={"name": "odd", "architecture": "llama", "hidden_size": 100, "num_heads": 3}),
-         "model", "divide hidden_size"),
+        (
+            cheap_plan(model={"name": "odd", "architecture": "llama", "hidden_size": 100, "num_heads": 3}),
+            "model",
+            "divide hidden_size",
+        ),
     ],
 )
 async def test_unplannable_inputs_are_422_naming_the_field(
@@ -135,7 +167,11 @@ async def test_unplannable_inputs_are_422_naming_the_field(
 
 
 async def test_infeasible_plan_says_what_would_fit(client: httpx.AsyncClient) -> None:
-    body = {"model": "llama3-70b", "cluster": "1x2xL4", "training": {"seq_len": 4096, "global_batch_tokens": 8192}}
+    body = {
+        "model": "llama3-70b",
+        "cluster": "1x2xL4",
+        "training": {"seq_len": 4096, "global_batch_tokens": 8192},
+    }
     problem = assert_problem(await client.post(PLANS, json=body), 422, "infeasible-plan")
     assert "does not fit" in problem["detail"]
     assert problem["capacity_gib"] > 0

@@ -1,0 +1,114 @@
+"""The service commands: `db upgrade`, `keys create|list|revoke`, and `serve` as a real uvicorn process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from api.cli.main import app
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def fresh_url(backend: str, database_factory: Callable[[str], str]) -> str:
+    return database_factory(backend)
+
+
+def test_db_upgrade_and_current(fresh_url: str) -> None:
+    result = runner.invoke(app, ["db", "upgrade", "--database-url", fresh_url])
+    assert result.exit_code == 0, result.output
+    assert "at revision 0001" in result.output
+    result = runner.invoke(app, ["db", "current", "--database-url", fresh_url])
+    assert "current: 0001" in result.output and "head: 0001" in result.output
+    assert runner.invoke(app, ["db", "downgrade", "base", "--database-url", fresh_url]).exit_code == 0
+    assert "current: None" in runner.invoke(app, ["db", "current", "--database-url", fresh_url]).output
+
+
+def test_keys_create_list_revoke(fresh_url: str) -> None:
+    created = runner.invoke(app, ["keys", "create", "ci", "--database-url", fresh_url])
+    assert created.exit_code == 0, created.output
+    key = created.stdout.strip()
+    assert key.startswith("fsdpk_") and "\n" not in key  # the key alone on stdout: KEY=$(...) works
+    assert "not shown again" in created.stderr
+
+    listed = runner.invoke(app, ["keys", "list", "--database-url", fresh_url])
+    assert "ci" in listed.output and "active" in listed.output
+    assert key not in listed.output and key.split("_")[1] in listed.output  # the prefix identifies it
+
+    duplicate = runner.invoke(app, ["keys", "create", "ci", "--database-url", fresh_url])
+    assert duplicate.exit_code == 1 and "active key named 'ci' exists" in duplicate.stderr
+
+    revoked = runner.invoke(app, ["keys", "revoke", "ci", "--database-url", fresh_url])
+    assert revoked.exit_code == 0 and "revoked key 1 (ci)" in revoked.output
+    assert "writes are open again" in revoked.output
+    again = runner.invoke(app, ["keys", "revoke", "1", "--database-url", fresh_url])
+    assert again.exit_code == 1 and "already revoked" in again.stderr
+    assert "revoked" in runner.invoke(app, ["keys", "list", "--database-url", fresh_url]).output
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def server(fresh_url: str, tmp_path) -> Iterator[str]:
+    """`fsdp-planner serve` in a subprocess, as the README runs it; yields its base URL."""
+    port = _free_port()
+    env = {**os.environ, "DATABASE_URL": fresh_url}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "api.cli.main", "serve", "--port", str(port), "--log-level", "warning"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                pytest.fail(f"serve exited with {process.returncode}: {process.stdout.read()}")  # type: ignore[union-attr]
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        else:
+            pytest.fail("serve did not become ready within 60 s")
+        yield base
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_serve_migrates_and_answers(server: str, fresh_url: str) -> None:
+    body = {
+        "model": "gpt2",
+        "cluster": "1x8xH100",
+        "training": {"seq_len": 1024, "global_batch_tokens": 65536},
+    }
+    created = httpx.post(f"{server}/api/v1/plans", json=body, timeout=60)
+    assert created.status_code == 201, created.text
+    assert created.headers["location"] == f"{server}/api/v1/plans/{created.json()['id']}"
+    listed = httpx.get(f"{server}/api/v1/plans", params={"model": "gpt2"}).json()
+    assert [p["id"] for p in listed["items"]] == [created.json()["id"]]
+    assert httpx.get(f"{server}/docs").status_code == 200
+    assert httpx.get(f"{server}/openapi.json").json()["info"]["title"] == "fsdp-planner"
+
+    # A key created by the CLI locks writes on the running server at once.
+    key = runner.invoke(app, ["keys", "create", "ops", "--database-url", fresh_url]).stdout.strip()
+    assert httpx.delete(created.headers["location"]).status_code == 401
+    deleted = httpx.delete(created.headers["location"], headers={"Authorization": f"Bearer {key}"})
+    assert deleted.status_code == 204
