@@ -1,0 +1,97 @@
+"""Activation checkpointing per the plan: none, every k-th block, op-level selective, or full.
+
+Blocks are wrapped with torch's `checkpoint_wrapper` (non-reentrant). The wrapper only adds
+`_checkpoint_wrapped_module` to parameter names; distributed checkpoints are saved through
+`get_state_dict`, which strips it, so checkpoints move freely between AC settings.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+from executor.runtime.models import ModelParts
+from executor.runtime.models.common import replace_block
+
+
+def _op(namespace: str, name: str, overload: str = "default") -> object | None:
+    packet = getattr(getattr(torch.ops, namespace), name, None)
+    return getattr(packet, overload, None) if packet is not None else None
+
+
+# Outputs worth keeping under op-level SAC: attention (expensive to recompute, small to keep) and
+# reduce-scatters (never re-run communication); matmuls alternate save / recompute.
+_SAVE_OPS = {
+    op
+    for op in (
+        _op("aten", "_scaled_dot_product_flash_attention"),
+        _op("aten", "_scaled_dot_product_efficient_attention"),
+        _op("aten", "_scaled_dot_product_cudnn_attention"),
+        _op("aten", "_scaled_dot_product_flash_attention_for_cpu"),
+        _op("_c10d_functional", "reduce_scatter_tensor"),
+    )
+    if op is not None
+}
+MUST_SAVE, PREFER_RECOMPUTE = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
+_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+_GATHERS = {
+    torch.ops._c10d_functional.all_gather_into_tensor.default,
+    torch.ops._c10d_functional.wait_tensor.default,
+}
+
+
+def _op_sac_context(*, keep_gathered_params: bool):
+    """Context functions for op-level SAC: save attention and every other matmul output."""
+
+    def policy_factory():
+        mm_count: dict[str, int] = defaultdict(int)
+
+        def policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
+            if func in _GATHERS:
+                # shard_grad_op keeps gathered parameters through backward; sharded plans re-gather.
+                return MUST_SAVE if keep_gathered_params else PREFER_RECOMPUTE
+            if func in _SAVE_OPS:
+                return MUST_SAVE
+            if func in _MATMULS:
+                # Count forward and recompute separately so both passes pick the same matmuls.
+                key = "recompute" if ctx.is_recompute else "forward"
+                mm_count[key] += 1
+                return MUST_SAVE if mm_count[key] % 2 == 1 else PREFER_RECOMPUTE
+            return PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    return policy_factory
+
+
+def checkpointed_indices(mode: str, every_k: int, num_blocks: int) -> list[int]:
+    """Blocks (0-based) whose activations are recomputed; `selective` takes blocks k, 2k, ... (1-based),
+    as the planner's cost model does."""
+    if mode in ("full", "op_selective"):
+        return list(range(num_blocks))
+    if mode == "selective":
+        return [i for i in range(num_blocks) if (i + 1) % every_k == 0]
+    if mode == "none":
+        return []
+    raise ValueError(f"unknown activation checkpointing mode {mode!r}")
+
+
+def apply_activation_checkpointing(
+    model: nn.Module, parts: ModelParts, *, mode: str, every_k: int, keep_gathered_params: bool
+) -> list[nn.Module]:
+    """Wrap the chosen blocks in place; returns the wrapped blocks and updates `parts.blocks`."""
+    wrapped: list[nn.Module] = []
+    for index in checkpointed_indices(mode, every_k, len(parts.blocks)):
+        block = parts.blocks[index]
+        kwargs: dict = {"preserve_rng_state": False}
+        if mode == "op_selective":
+            kwargs["context_fn"] = _op_sac_context(keep_gathered_params=keep_gathered_params)
+        new = checkpoint_wrapper(block, **kwargs)
+        replace_block(model, block, new)
+        parts.blocks[index] = new
+        wrapped.append(new)
+    return wrapped

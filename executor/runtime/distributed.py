@@ -1,0 +1,111 @@
+"""Process group, device and device-mesh set-up from the launcher's environment and the plan."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from executor.runtime.plan import RuntimePlan
+
+
+class LaunchError(RuntimeError):
+    """The processes were started in a way that does not fit the plan (reported without traceback)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DistEnv:
+    """Where this process sits in the job."""
+
+    rank: int
+    """Global rank."""
+    local_rank: int
+    """Rank on this node (selects the GPU)."""
+    world_size: int
+    """All ranks of the job."""
+    device: torch.device
+    """cuda:<local_rank>, or cpu."""
+    backend: str
+    """nccl on GPUs, gloo on CPU."""
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise LaunchError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def check_world_size(plan: RuntimePlan, world_size: int) -> None:
+    """Refuse to start with a different number of ranks than the plan shards over."""
+    expected = plan.world_size
+    if world_size == expected:
+        return
+    cluster = plan.cluster
+    raise LaunchError(
+        f"this plan is for {expected} ranks (cluster {cluster.num_nodes} node(s) x "
+        f"{cluster.gpus_per_node} x {cluster.gpu}), but the job has WORLD_SIZE={world_size}. Start "
+        f"{cluster.gpus_per_node} processes on each of {cluster.num_nodes} node(s): `./launch.sh` "
+        f"does that by default (check NPROC_PER_NODE and NNODES if you set them), or make a plan for "
+        f"the cluster you have."
+    )
+
+
+def init_distributed(plan: RuntimePlan, *, device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
+    """Check the world size, pick device and backend, and start the default process group."""
+    standalone = "RANK" not in os.environ
+    world_size = _env_int("WORLD_SIZE", 1)
+    check_world_size(plan, world_size)
+    if standalone:
+        # `python -m executor.runtime.train` without torchrun: a one-rank job.
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        if not torch.cuda.is_available():
+            raise LaunchError("--device cuda: no CUDA device is visible to this process")
+        if local_rank >= torch.cuda.device_count():
+            raise LaunchError(
+                f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s) visible on this node; "
+                "lower NPROC_PER_NODE or check CUDA_VISIBLE_DEVICES"
+            )
+        torch.cuda.set_device(local_rank)
+        dev, backend = torch.device("cuda", local_rank), "nccl"
+    else:
+        dev, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        kwargs = {"device_id": dev} if use_cuda else {}
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, backend=backend)
+
+
+def build_mesh(plan: RuntimePlan, env: DistEnv) -> DeviceMesh:
+    """The data-parallel mesh: 1-D `dp` for full_shard / shard_grad_op; 2-D (`replicate`, `shard`)
+    for hybrid_shard and no_shard (no_shard: shard dimension of size 1).
+
+    Shard groups are consecutive ranks (one node when shard_group_size == gpus_per_node), so
+    all-gathers and reduce-scatters stay on the fast intra-node links and only the replicas'
+    all-reduce crosses nodes.
+    """
+    cfg = plan.config
+    if cfg.sharding in ("full_shard", "shard_grad_op"):
+        return init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("dp",))
+    return init_device_mesh(
+        env.device.type,
+        (cfg.replicate_group_size, cfg.shard_group_size),
+        mesh_dim_names=("replicate", "shard"),
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,57 @@
+"""Eager FSDP2 (`torch.distributed.fsdp.fully_shard`) per wrap unit: the plan's non-compiled path.
+
+Units in forward order: the input embeddings, groups of `blocks_per_unit` blocks, the final norm +
+head, and the root (whatever is left, e.g. a tied embedding/head weight, which must sit in a
+single unit). no_shard and hybrid_shard use FSDP2's HSDP on a 2-D (replicate, shard) mesh; for
+no_shard the shard dimension has size 1, which is DDP.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from executor.runtime.models import ModelParts
+
+
+def apply_fsdp2(
+    model: nn.Module,
+    *,
+    parts: ModelParts,
+    mesh: DeviceMesh,
+    blocks_per_unit: int,
+    reshard_after_forward: bool,
+    prefetch_depth: int,
+    param_dtype: torch.dtype | None,
+    reduce_dtype: torch.dtype | None,
+) -> nn.Module:
+    """Wrap `model` in place and return it (the root is an FSDPModule)."""
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    units: list[FSDPModule] = []
+
+    def shard(modules: list[nn.Module], *, reshard: bool) -> None:
+        target: nn.Module | list[nn.Module] = modules[0] if len(modules) == 1 else modules
+        fully_shard(target, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+        units.append(modules[0])  # type: ignore[arg-type]  # now an FSDPModule
+
+    if parts.inputs:
+        shard(parts.inputs, reshard=reshard_after_forward)
+    blocks = parts.blocks
+    for start in range(0, len(blocks), blocks_per_unit):
+        shard(blocks[start : start + blocks_per_unit], reshard=reshard_after_forward)
+    if parts.outputs:
+        # Backward starts with the head right after forward: resharding it would only re-gather.
+        shard(parts.outputs, reshard=False)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+    if prefetch_depth > 1:
+        _explicit_prefetch(units, prefetch_depth)
+    return model
+
+
+def _explicit_prefetch(units: list[FSDPModule], depth: int) -> None:
+    # FSDP2 prefetches one unit ahead implicitly; deeper prefetch needs explicit lists.
+    for i, unit in enumerate(units):
+        unit.set_modules_to_forward_prefetch(units[i + 1 : i + 1 + depth])
+        unit.set_modules_to_backward_prefetch(list(reversed(units[max(0, i - depth) : i])))

@@ -1,0 +1,136 @@
+"""parallelize(): apply activation checkpointing, data parallelism and compilation, in that order.
+
+Two engines, as the plan chooses with `config.compile`:
+  simple_fsdp (compile=True)   AC -> SimpleFSDP parametrization -> torch.compile (whole model)
+  fsdp2       (compile=False)  AC -> FSDP2 fully_shard per wrap unit (eager)
+`Overrides` lets tests and debugging runs pick the other engine or switch compile off without
+editing the plan (e.g. eager SimpleFSDP to separate sharding bugs from compiler bugs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from executor.runtime.activation_checkpoint import apply_activation_checkpointing
+from executor.runtime.compile import CompileSettings, apply_compile, compile_settings
+from executor.runtime.fsdp2 import apply_fsdp2
+from executor.runtime.models import find_parts
+from executor.runtime.plan import RuntimePlan
+from executor.runtime.simple_fsdp import apply_simple_fsdp
+
+Engine = Literal["simple_fsdp", "fsdp2"]
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True, slots=True)
+class Overrides:
+    """Runtime choices that deviate from the plan (all None: follow the plan)."""
+
+    engine: Engine | None = None
+    """Force SimpleFSDP or FSDP2 regardless of `config.compile`."""
+    compile: bool | None = None
+    """Force torch.compile on or off (SimpleFSDP only; FSDP2 here is always eager)."""
+    backend: str = "inductor"
+    """torch.compile backend."""
+    param_dtype: torch.dtype | None = None
+    """Replace the plan's param dtype (e.g. float32 on CPU)."""
+    reduce_dtype: torch.dtype | None = None
+    """Replace the plan's reduce dtype."""
+
+
+@dataclass(slots=True)
+class Parallelized:
+    """The result of parallelize()."""
+
+    module: nn.Module
+    """The sharded model (parameters are DTensors); checkpoint, init and optimise this one."""
+    forward: nn.Module
+    """What to call in the training step: `module`, or its compiled wrapper."""
+    engine: Engine
+    compiled: bool
+    compile_settings: CompileSettings | None
+    checkpointed_blocks: int
+    param_dtype: torch.dtype
+    reduce_dtype: torch.dtype
+    notes: list[str] = field(default_factory=list)
+    """Human-readable lines describing what was applied (logged by the trainer on rank 0)."""
+
+
+def parallelize(
+    model: nn.Module, *, plan: RuntimePlan, mesh: DeviceMesh, overrides: Overrides = Overrides()
+) -> Parallelized:
+    """Apply the plan's strategy to `model` (typically still on the meta device) in place."""
+    cfg = plan.config
+    engine: Engine = overrides.engine or ("simple_fsdp" if cfg.compile else "fsdp2")
+    compiled = engine == "simple_fsdp" and (cfg.compile if overrides.compile is None else overrides.compile)
+    param_dtype = overrides.param_dtype or _DTYPES[cfg.param_dtype]
+    reduce_dtype = overrides.reduce_dtype or _DTYPES[cfg.reduce_dtype]
+    parts = find_parts(model)
+    notes: list[str] = []
+
+    # 1. Activation checkpointing first: FSDP and compile must see the wrapped blocks.
+    keep_gathered = not cfg.reshard_after_forward
+    checkpointed = apply_activation_checkpointing(
+        model, parts, mode=cfg.checkpointing.mode, every_k=cfg.checkpointing.every_k,
+        keep_gathered_params=keep_gathered,
+    )
+    notes.append(
+        f"activation checkpointing: {cfg.checkpointing.mode} ({len(checkpointed)}/{len(parts.blocks)} blocks)"
+    )
+
+    # 2. Data parallelism.
+    if engine == "simple_fsdp":
+        apply_simple_fsdp(
+            model, mesh=mesh, sharding=cfg.sharding, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+            # Only the compiled partitioner can honour "re-gather in backward" (see simple_fsdp).
+            reshard_after_forward=cfg.reshard_after_forward and compiled,
+            recomputed_blocks=checkpointed,
+        )
+        notes.append(f"SimpleFSDP {cfg.sharding} on mesh {_mesh_str(mesh)}")
+    else:
+        apply_fsdp2(
+            model, parts=parts, mesh=mesh, blocks_per_unit=cfg.blocks_per_unit,
+            reshard_after_forward=cfg.reshard_after_forward, prefetch_depth=cfg.prefetch_depth,
+            param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+        )
+        notes.append(
+            f"FSDP2 {cfg.sharding} on mesh {_mesh_str(mesh)}, {cfg.blocks_per_unit} block(s) per unit"
+        )
+    notes.append(f"mixed precision: params {_dt(param_dtype)}, gradient reduction {_dt(reduce_dtype)}")
+
+    # 3. Compilation last, over the sharded model, so the collectives are part of the graph.
+    forward, settings = model, None
+    if compiled:
+        settings = compile_settings(cfg, backend=overrides.backend)
+        forward = apply_compile(model, settings)
+        applied = ", ".join(f"{k}={_short(v)}" for k, v in settings.options.items()) or "defaults"
+        notes.append(f"torch.compile backend={settings.backend}: {applied}")
+        if settings.skipped:
+            notes.append("inductor knobs not in this torch: " + ", ".join(settings.skipped))
+    return Parallelized(
+        module=model, forward=forward, engine=engine, compiled=compiled, compile_settings=settings,
+        checkpointed_blocks=len(checkpointed), param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+        notes=notes,
+    )
+
+
+def _mesh_str(mesh: DeviceMesh) -> str:
+    names = mesh.mesh_dim_names or tuple(f"d{i}" for i in range(mesh.ndim))
+    return " x ".join(f"{n}={s}" for n, s in zip(names, mesh.shape, strict=True))
+
+
+def _dt(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _short(value: object) -> str:
+    keywords = getattr(value, "keywords", None)  # functools.partial bucket-cap functions
+    if keywords and "cap_mib" in keywords:
+        return f"{keywords['cap_mib']:.1f}MiB"
+    return str(value)

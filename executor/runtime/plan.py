@@ -1,0 +1,338 @@
+"""The runtime's own reading of the Plan JSON (stdlib dataclasses, no pydantic).
+
+The planner's pydantic `planner.plan.Plan` writes the document; this module reads the subset the
+trainer needs. Unknown keys are ignored so that plans from newer planners still load, but a plan of
+another *major* schema version is refused: its fields may mean something else.
+tests/executor/test_plan_contract.py keeps the two readings in step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+SUPPORTED_SCHEMA_MAJOR = 1
+"""Plans whose `schema_version` starts with this major number can be read."""
+
+Sharding = Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
+CheckpointMode = Literal["none", "selective", "op_selective", "full"]
+DType = Literal["bfloat16", "float32"]
+
+
+class PlanError(ValueError):
+    """A plan document the runtime cannot use; the message names the field and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """The model's architecture and dimensions."""
+
+    name: str
+    """Display name, e.g. `llama3-8b`."""
+    architecture: Literal["llama", "gpt2", "layer_graph"]
+    """Built-in family, or `layer_graph` for a traced user model (needs `--model-factory`)."""
+    vocab_size: int = 1
+    """Token vocabulary size."""
+    hidden_size: int = 1
+    """Model width."""
+    num_layers: int = 1
+    """Transformer blocks."""
+    num_heads: int = 1
+    """Attention query heads."""
+    num_kv_heads: int | None = None
+    """Key/value heads (grouped-query attention); None means `num_heads`."""
+    intermediate_size: int | None = None
+    """Feed-forward width; None means 4 x hidden."""
+    max_seq_len: int = 2048
+    """Longest context (GPT-2: size of the learned position table)."""
+    tie_word_embeddings: bool = False
+    """Output head shares the token embedding weight."""
+    qkv_bias: bool = False
+    """Bias on q/k/v projections (Qwen2 style)."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+    norm_eps: float = 1e-5
+    """Epsilon of RMSNorm / LayerNorm."""
+    num_params: int | None = None
+    """Parameter count the planner priced (tied weights once)."""
+    flops_per_token: float | None = None
+    """Training FLOPs per token (6N + 12LHQT) at the plan's sequence length: the MFU numerator."""
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def ffn_size(self) -> int:
+        return self.intermediate_size or 4 * self.hidden_size
+
+
+@dataclass(frozen=True, slots=True)
+class GpuConfig:
+    """The accelerator's catalog entry (only what the runtime reports against)."""
+
+    name: str = "unknown"
+    """Catalog name."""
+    peak_bf16_tflops: float = 0.0
+    """Dense bf16 peak, TFLOP/s: the MFU denominator (0: MFU not reported)."""
+    memory_gib: float = 0.0
+    """Usable device memory, GiB."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Where the plan was made for."""
+
+    gpu: str
+    """GPU type (catalog name), e.g. `H100-SXM-80GB` or `cpu`."""
+    num_nodes: int = 1
+    """Machines."""
+    gpus_per_node: int = 8
+    """Ranks per machine."""
+    world_size: int = 0
+    """Total ranks (num_nodes x gpus_per_node when 0)."""
+    gpu_spec: GpuConfig = field(default_factory=GpuConfig)
+    """The GPU's catalog entry."""
+
+    @property
+    def ranks(self) -> int:
+        return self.world_size or self.num_nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingConfig:
+    """What one optimizer step processes."""
+
+    seq_len: int
+    """Tokens per sequence."""
+    global_batch_tokens: int
+    """Tokens per optimizer step over all ranks."""
+    global_batch_sequences: int = 0
+    """Sequences per optimizer step (global_batch_tokens / seq_len when 0)."""
+    precision: Literal["bf16", "fp32"] = "bf16"
+    """Compute precision the plan was priced for."""
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    """AdamW, or SGD with momentum."""
+
+    @property
+    def sequences(self) -> int:
+        return self.global_batch_sequences or self.global_batch_tokens // self.seq_len
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointingConfig:
+    """Activation checkpointing."""
+
+    mode: CheckpointMode
+    """none / selective (every k-th block) / op_selective (op-level SAC in every block) / full."""
+    every_k: int = 1
+    """For `selective`: blocks whose index is a multiple of k are recomputed."""
+
+
+@dataclass(frozen=True, slots=True)
+class InductorConfig:
+    """Compiler knobs implied by the plan (used only when `compile` is on)."""
+
+    bucket_all_gathers: bool = False
+    """Merge parameter all-gathers into buckets."""
+    bucket_reduce_scatters: bool = False
+    """Merge gradient reduce-scatters (and all-reduces) into buckets."""
+    reorder_for_compute_comm_overlap: bool = False
+    """Let inductor move collectives so they overlap compute."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelConfig:
+    """The chosen sharding, wrapping, checkpointing, batching and compilation."""
+
+    sharding: Sharding
+    """full_shard (ZeRO-3), shard_grad_op (ZeRO-2), hybrid_shard (2-D mesh), no_shard (DDP-like)."""
+    shard_group_size: int
+    """Ranks a parameter is sharded over."""
+    replicate_group_size: int
+    """Ranks holding the same shard."""
+    micro_batch_size: int
+    """Sequences per rank per forward."""
+    grad_accum_steps: int
+    """Micro-batches per optimizer step."""
+    checkpointing: CheckpointingConfig
+    """Activation checkpointing policy."""
+    blocks_per_unit: int = 1
+    """Transformer blocks per FSDP wrap unit."""
+    all_gather_bucket_mb: float = 0.0
+    """All-gather bucket cap in MB (0: one collective per wrap unit)."""
+    reduce_scatter_bucket_mb: float = 0.0
+    """Reduce-scatter bucket cap in MB (0: one collective per wrap unit)."""
+    reshard_after_forward: bool = True
+    """Free gathered parameters after forward (re-gather in backward)."""
+    prefetch_depth: int = 1
+    """Units whose all-gather is issued ahead of use."""
+    param_dtype: DType = "float32"
+    """Dtype of the all-gathered compute copy of parameters."""
+    reduce_dtype: DType = "float32"
+    """Dtype of gradient reduction."""
+    compile: bool = False
+    """torch.compile over SimpleFSDP (True) or eager FSDP2 fully_shard (False)."""
+    inductor: InductorConfig = field(default_factory=InductorConfig)
+    """Compiler knobs."""
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionConfig:
+    """What the cost model expects (reported beside the measurement)."""
+
+    step_time_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    mfu: float | None = None
+    peak_memory_gib: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimePlan:
+    """The whole plan as the runtime needs it."""
+
+    schema_version: str
+    """`MAJOR.MINOR`; only SUPPORTED_SCHEMA_MAJOR is readable."""
+    model: ModelConfig
+    cluster: ClusterConfig
+    training: TrainingConfig
+    config: ParallelConfig
+    plan_hash: str = ""
+    """The planner's input hash (provenance, logged and stored with checkpoints)."""
+    prediction: PredictionConfig = field(default_factory=PredictionConfig)
+
+    @property
+    def world_size(self) -> int:
+        return self.cluster.ranks
+
+
+def load_plan(path: str | Path) -> RuntimePlan:
+    """Read and check a plan JSON file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PlanError(f"cannot read plan file {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    return parse_plan(document)
+
+
+def parse_plan(document: Any) -> RuntimePlan:
+    """Build a RuntimePlan from a decoded JSON document (accepts an API wrapper `{"plan": {...}}`)."""
+    if isinstance(document, dict) and "plan" in document and "schema_version" not in document:
+        document = document["plan"]
+    if not isinstance(document, dict):
+        raise PlanError("plan: expected a JSON object")
+    version = document.get("schema_version")
+    if not isinstance(version, str) or not version.split(".")[0].isdigit():
+        raise PlanError(f"plan.schema_version: expected a version such as '1.0', got {version!r}")
+    major = int(version.split(".")[0])
+    if major != SUPPORTED_SCHEMA_MAJOR:
+        raise PlanError(
+            f"plan.schema_version: this runtime reads schema {SUPPORTED_SCHEMA_MAJOR}.x plans, the plan "
+            f"is {version}; download a launcher bundle made by the same service version as the plan"
+        )
+    plan = _build(RuntimePlan, document, "plan")
+    check_plan(plan)
+    return plan
+
+
+def check_plan(plan: RuntimePlan) -> None:
+    """Consistency checks that types alone do not catch."""
+    cfg, world = plan.config, plan.world_size
+    if cfg.shard_group_size * cfg.replicate_group_size != world:
+        raise PlanError(
+            f"plan.config: shard_group_size {cfg.shard_group_size} x replicate_group_size "
+            f"{cfg.replicate_group_size} must equal the world size {world}"
+        )
+    if cfg.sharding == "no_shard" and cfg.shard_group_size != 1:
+        raise PlanError("plan.config.shard_group_size: must be 1 for no_shard")
+    if cfg.sharding in ("full_shard", "shard_grad_op") and cfg.shard_group_size != world:
+        raise PlanError(f"plan.config.shard_group_size: must be the world size {world} for {cfg.sharding}")
+    expected = cfg.micro_batch_size * cfg.grad_accum_steps * world
+    if expected != plan.training.sequences:
+        raise PlanError(
+            f"plan.config: micro_batch_size {cfg.micro_batch_size} x grad_accum_steps "
+            f"{cfg.grad_accum_steps} x {world} ranks = {expected} sequences, but the global batch is "
+            f"{plan.training.sequences}"
+        )
+    for name in ("micro_batch_size", "grad_accum_steps", "blocks_per_unit"):
+        if getattr(cfg, name) < 1:
+            raise PlanError(f"plan.config.{name}: must be at least 1")
+    if cfg.checkpointing.every_k < 1:
+        raise PlanError("plan.config.checkpointing.every_k: must be at least 1")
+    model = plan.model
+    if model.architecture != "layer_graph":
+        if model.hidden_size % model.num_heads or model.num_heads % model.kv_heads:
+            raise PlanError("plan.model: num_heads must divide hidden_size and num_kv_heads num_heads")
+        if model.architecture == "gpt2" and plan.training.seq_len > model.max_seq_len:
+            raise PlanError(
+                f"plan.training.seq_len: {plan.training.seq_len} exceeds the GPT-2 position table "
+                f"(model.max_seq_len {model.max_seq_len})"
+            )
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    """Instantiate dataclass `cls` from a dict, checking each field's type; unknown keys ignored."""
+    if not isinstance(data, dict):
+        raise PlanError(f"{path}: expected an object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        where = f"{path}.{f.name}"
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise PlanError(f"{where}: missing")
+            continue
+        values[f.name] = _coerce(hints[f.name], data[f.name], where)
+    return cls(**values)
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in (o for o in options if o is not type(None)):
+            try:
+                return _coerce(option, value, path)
+            except PlanError as exc:
+                errors.append(str(exc))
+        raise PlanError(errors[0] if errors else f"{path}: invalid value {value!r}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise PlanError(f"{path}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise PlanError(f"{path}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PlanError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise PlanError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise PlanError(f"{path}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported field type {tp!r} at {path}")  # a bug here, not in the plan

@@ -1,0 +1,100 @@
+"""Plan documents for executor tests, in the exact JSON shape `planner.plan.Plan` dumps.
+
+`debug_plan()` is a `llama-debug` plan on a 1x2 `cpu` cluster; keyword arguments override parts.
+tests/executor/test_plan_contract.py checks this shape against the planner's pydantic model, so
+the hand-made plans here cannot drift from real ones.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+LLAMA_DEBUG: dict[str, Any] = {
+    "name": "llama-debug", "architecture": "llama", "vocab_size": 2048, "hidden_size": 256,
+    "num_layers": 4, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 768, "max_seq_len": 2048,
+    "tie_word_embeddings": False, "qkv_bias": False, "rope_theta": 10000.0, "norm_eps": 1e-5,
+    "layer_graph": None,
+}
+
+CPU_GPU_SPEC: dict[str, Any] = {
+    "name": "cpu", "aliases": ["CPU"], "memory_gib": 8.0, "peak_bf16_tflops": 0.1, "peak_fp32_tflops": 0.1,
+    "memory_bandwidth_gbps": 20.0, "intra_node_bandwidth_gbps": 2.0, "inter_node_bandwidth_gbps": 1.25,
+    "default_gpus_per_node": 2,
+}
+
+
+def count_llama_params(m: dict[str, Any]) -> int:
+    h, v, f = m["hidden_size"], m["vocab_size"], m["intermediate_size"] or 4 * m["hidden_size"]
+    kv = (m["num_kv_heads"] or m["num_heads"]) * (h // m["num_heads"])
+    block = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h + ((h + 2 * kv) if m["qkv_bias"] else 0)
+    head = h + (0 if m["tie_word_embeddings"] else v * h)
+    return v * h + m["num_layers"] * block + head
+
+
+def debug_plan(
+    *,
+    sharding: str = "full_shard",
+    nodes: int = 1,
+    gpus_per_node: int = 2,
+    compile: bool = False,
+    seq_len: int = 64,
+    micro_batch_size: int = 2,
+    grad_accum_steps: int = 1,
+    checkpointing: str = "none",
+    every_k: int = 1,
+    precision: str = "fp32",
+    optimizer: str = "adamw",
+    blocks_per_unit: int = 1,
+    bucket_mb: float = 0.0,
+    name: str = "llama-debug",
+    model: dict[str, Any] | None = None,
+    shard_group_size: int | None = None,
+) -> dict[str, Any]:
+    """A complete plan document (as `Plan.model_dump(mode="json")` writes it)."""
+    world = nodes * gpus_per_node
+    if shard_group_size is None:
+        shard_group_size = {"no_shard": 1, "hybrid_shard": gpus_per_node}.get(sharding, world)
+    model_doc = copy.deepcopy(model or LLAMA_DEBUG)
+    model_doc["name"] = name
+    n = count_llama_params(model_doc) if model_doc["architecture"] == "llama" else 0
+    h, layers = model_doc["hidden_size"], model_doc["num_layers"]
+    flops = 6.0 * (n - model_doc["vocab_size"] * h) + 12.0 * layers * h * seq_len
+    sequences = micro_batch_size * grad_accum_steps * world
+    bf16 = precision == "bf16"
+    return {
+        "schema_version": "1.0",
+        "planner_version": "0.1.0",
+        "plan_hash": "0" * 64,
+        "model": {**model_doc, "num_params": n, "num_params_embedding": model_doc["vocab_size"] * h,
+                  "flops_per_token": flops},
+        "cluster": {"num_nodes": nodes, "gpus_per_node": gpus_per_node, "gpu": "cpu",
+                    "intra_node_bandwidth_gbps": None, "inter_node_bandwidth_gbps": None,
+                    "world_size": world, "gpu_spec": copy.deepcopy(CPU_GPU_SPEC)},
+        "training": {"seq_len": seq_len, "global_batch_tokens": sequences * seq_len, "precision": precision,
+                     "optimizer": optimizer, "global_batch_sequences": sequences},
+        "config": {
+            "sharding": sharding, "shard_group_size": shard_group_size,
+            "replicate_group_size": world // shard_group_size, "blocks_per_unit": blocks_per_unit,
+            "all_gather_bucket_mb": bucket_mb, "reduce_scatter_bucket_mb": bucket_mb,
+            "reshard_after_forward": sharding in ("full_shard", "hybrid_shard"), "prefetch_depth": 1,
+            "checkpointing": {"mode": checkpointing, "every_k": every_k},
+            "micro_batch_size": micro_batch_size, "grad_accum_steps": grad_accum_steps,
+            "param_dtype": "bfloat16" if bf16 else "float32", "reduce_dtype": "float32",
+            "compile": compile,
+            "inductor": {"bucket_all_gathers": compile and bucket_mb > 0,
+                         "bucket_reduce_scatters": compile and bucket_mb > 0,
+                         "reorder_for_compute_comm_overlap": compile and sharding != "no_shard"},
+        },
+        "prediction": {
+            "step_time_s": 1.0, "tokens_per_s_per_gpu": 100.0, "tokens_per_s": 200.0, "mfu": 0.1,
+            "peak_memory_gib": 1.0,
+            "memory_breakdown_gib": {"params": 0.1, "grads": 0.1, "optimizer": 0.2, "activations": 0.3,
+                                     "unsharded_buffers": 0.1, "logits": 0.1, "workspace": 0.05,
+                                     "fragmentation": 0.05},
+            "compute_s": 0.8, "comm_s": 0.3, "exposed_comm_s": 0.1, "exposed_all_gather_s": 0.05,
+            "exposed_reduce_scatter_s": 0.05, "optimizer_s": 0.01, "timeline": [],
+        },
+        "alternatives": [], "pareto_front": [], "rejected": [], "calibration_id": None,
+        "search": {"candidates_evaluated": 1, "candidates_fitting": 1},
+    }
