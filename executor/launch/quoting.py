@@ -1,0 +1,77 @@
+"""Safe rendering of user-provided strings into shell scripts, comments, YAML and resource names.
+
+Every value from a plan that reaches a generated file goes through one of these: names a person
+chose (model name) are never trusted, even though the planner validated their length.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+_UNSAFE_COMMENT = re.compile(r"[^A-Za-z0-9 ._:/+=@,()-]")
+_DNS_BAD = re.compile(r"[^a-z0-9-]+")
+_SLUG_BAD = re.compile(r"[^A-Za-z0-9._-]+")
+_HEX = re.compile(r"^[0-9a-f]{1,128}$")
+# registry[:port]/path[:tag][@sha256:digest] without whitespace, quotes or shell metacharacters.
+_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
+
+
+class UnsafeValueError(ValueError):
+    """A value that cannot be rendered safely (e.g. a container image with shell characters)."""
+
+
+def sh(value: str | int | float) -> str:
+    """A single shell word whose value is exactly `value`."""
+    return shlex.quote(str(value))
+
+
+def comment(value: str, *, limit: int = 80) -> str:
+    """Text safe inside a `#` comment of any script or YAML file: one line, printable ASCII only."""
+    text = _UNSAFE_COMMENT.sub("_", value)[:limit]
+    return text or "_"
+
+
+def yaml_str(value: str) -> str:
+    """A YAML double-quoted scalar: JSON string syntax is valid YAML and escapes everything."""
+    return json.dumps(value, ensure_ascii=True)
+
+
+def slug(value: str, *, limit: int = 40) -> str:
+    """Letters, digits, `.`, `_`, `-` only (file names, SLURM job names)."""
+    text = _SLUG_BAD.sub("-", value).strip("-.")[:limit].strip("-.")
+    return text or "plan"
+
+
+def dns_label(value: str, *, suffix: str, limit: int = 63) -> str:
+    """A Kubernetes DNS-1123 label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, <= 63) ending in `-suffix`."""
+    base = _DNS_BAD.sub("-", value.lower()).strip("-")
+    room = limit - len(suffix) - 1
+    base = base[:room].strip("-") or "plan"
+    if not base[0].isalpha():
+        base = "p" + base[: room - 1]
+    return f"{base}-{suffix}"
+
+
+def hex_id(value: str) -> str:
+    """A lowercase hex string (plan hashes), refused otherwise."""
+    if not _HEX.match(value):
+        raise UnsafeValueError(f"expected a hex digest, got {value!r}")
+    return value
+
+
+def image_ref(value: str) -> str:
+    """A container image reference, refused when it holds anything but image-name characters."""
+    if not _IMAGE.match(value):
+        raise UnsafeValueError(
+            f"container image {value!r}: use a plain reference such as registry.example.com/team/train:1.0"
+        )
+    return value
+
+
+def positive_int(value: object, what: str) -> int:
+    """An int >= 1 (node and GPU counts), refused otherwise (bool is not an int here)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UnsafeValueError(f"{what}: expected a positive integer, got {value!r}")
+    return value

@@ -1,0 +1,271 @@
+"""The trainer a launch bundle runs: `python -m executor.runtime.train --plan plan.json [options]`.
+
+Reads the plan, checks the job matches it, builds the model, applies the planned strategy
+(`parallelize`), then trains on synthetic tokens or a token file with AdamW/SGD, warmup + cosine,
+gradient clipping and accumulation, distributed checkpoints, and per-step metrics.
+
+Precision on CPU: a plan priced for bf16 computes in float32 on CPU by default (`--precision
+auto`): bf16 matmuls on CPUs without AMX are several times slower than fp32 and the CPU run is a
+functional rehearsal, not a performance one. `--precision plan` keeps the plan's dtypes anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from executor.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from executor.runtime.data import BatchIndex, DataError, SyntheticTokens, TokenFile
+from executor.runtime.distributed import DistEnv, LaunchError, build_mesh, init_distributed
+from executor.runtime.materialize import materialize
+from executor.runtime.metrics import MemoryMeter, MetricsWriter, StepMetrics, mfu
+from executor.runtime.models import ModelFactoryError, build_model, count_params
+from executor.runtime.optim import OptimizerSettings, build_optimizer, clip_grad_norm, lr_factor, set_lr
+from executor.runtime.parallelize import Overrides, Parallelized, parallelize
+from executor.runtime.plan import PlanError, RuntimePlan, load_plan
+
+USER_ERRORS = (PlanError, LaunchError, DataError, ModelFactoryError)
+"""Errors caused by inputs a person can fix: reported as one line, without a traceback."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m executor.runtime.train",
+        description="Train with a fsdp-planner plan (compiled SimpleFSDP or eager FSDP2).",
+    )
+    p.add_argument("--plan", required=True, help="plan JSON (as downloaded with the launcher)")
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps to run in total (default 20)")
+    p.add_argument("--data", help="flat binary token file (default: synthetic tokens)")
+    p.add_argument("--data-dtype", default="uint16", choices=["uint16", "uint32"], help="token id type in --data")
+    p.add_argument("--checkpoint-dir", type=Path, help="where distributed checkpoints go")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="save every N steps (0: only at the end)")
+    p.add_argument("--keep-checkpoints", type=int, default=2, help="complete checkpoints to keep (0: all)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir")
+    p.add_argument("--metrics-file", type=Path, help="append per-step JSON lines here (rank 0)")
+    p.add_argument("--seed", type=int, default=0, help="initial weights and data sampling")
+    p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a fraction of --lr")
+    p.add_argument("--warmup", type=int, help="linear warmup steps (default: 10%% of --steps, at most 100)")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (0: off)")
+    p.add_argument("--model-factory", help="package.module:function returning your nn.Module")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    p.add_argument(
+        "--precision", default="auto", choices=["auto", "plan", "fp32"],
+        help="auto: the plan's dtypes on GPU, float32 on CPU; plan: always the plan's; fp32: always float32",
+    )
+    p.add_argument("--engine", default="auto", choices=["auto", "simple_fsdp", "fsdp2"],
+                   help="auto: SimpleFSDP+compile when the plan compiles, else FSDP2")
+    p.add_argument("--no-compile", action="store_true", help="run SimpleFSDP eagerly (debugging)")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
+    p.add_argument("--memory-every", type=int, default=25, help="CPU only: profile memory every N steps")
+    args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error("--steps must be at least 1")
+    if args.resume and args.checkpoint_dir is None:
+        p.error("--resume needs --checkpoint-dir")
+    if args.warmup is None:
+        args.warmup = min(100, max(1, args.steps // 10))
+    return args
+
+
+@dataclass(slots=True)
+class StopFlag:
+    """Set by SIGTERM/SIGUSR1 (preemption): every rank stops after the same step and saves."""
+
+    requested: bool = False
+
+    def install(self) -> None:
+        def handler(signum: int, frame: object) -> None:
+            self.requested = True
+
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, handler)
+
+
+def log0(env: DistEnv, message: str) -> None:
+    if env.rank == 0:
+        print(message, flush=True)
+
+
+def resolve_overrides(plan: RuntimePlan, args: argparse.Namespace, env: DistEnv) -> tuple[Overrides, str | None]:
+    note = None
+    dtype = None
+    wants_bf16 = "bfloat16" in (plan.config.param_dtype, plan.config.reduce_dtype)
+    if args.precision == "fp32" or (args.precision == "auto" and env.device.type == "cpu" and wants_bf16):
+        dtype = torch.float32
+        if wants_bf16:
+            note = "precision: float32 instead of the plan's bfloat16" + (
+                " (CPU run; --precision plan keeps bf16)" if args.precision == "auto" else ""
+            )
+    overrides = Overrides(
+        engine=None if args.engine == "auto" else args.engine,
+        compile=False if args.no_compile else None,
+        backend=args.compile_backend,
+        param_dtype=dtype,
+        reduce_dtype=dtype,
+    )
+    return overrides, note
+
+
+def train(args: argparse.Namespace) -> int:
+    plan = load_plan(args.plan)
+    env = init_distributed(plan, device=args.device)
+    mesh = build_mesh(plan, env)
+    cfg, training = plan.config, plan.training
+    # Data-parallel coordinates: every rank is a data-parallel rank (no TP/PP in these plans).
+    dp_rank, dp_size = env.rank, env.world_size
+    log0(env, f"plan {plan.model.name} {plan.plan_hash[:12]} | {env.world_size} rank(s) on {env.device.type} "
+              f"({env.backend}) | torch {torch.__version__}")
+
+    torch.manual_seed(args.seed)
+    overrides, precision_note = resolve_overrides(plan, args, env)
+    model = build_model(plan.model, seq_len=training.seq_len, factory=args.model_factory)
+    on_meta = any(p.is_meta for p in model.parameters())
+    if not on_meta:
+        model.to(env.device)
+    n_params = count_params(model)
+    if plan.model.num_params and not args.model_factory and n_params != plan.model.num_params:
+        log0(env, f"warning: model has {n_params:,} parameters, the plan priced {plan.model.num_params:,}")
+    par: Parallelized = parallelize(model, plan=plan, mesh=mesh, overrides=overrides)
+    if on_meta:
+        materialize(par.module, device=env.device, seed=args.seed)
+    for line in ([precision_note] if precision_note else []) + par.notes:
+        log0(env, "  " + line)
+    log0(env, f"  model: {n_params / 1e6:.1f}M parameters, {plan.model.num_layers} blocks; "
+              f"micro-batch {cfg.micro_batch_size} x {cfg.grad_accum_steps} accumulation x {dp_size} ranks "
+              f"= {training.sequences} sequences of {training.seq_len} tokens per step")
+
+    settings = OptimizerSettings(
+        name=training.optimizer, lr=args.lr, min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup,
+        weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+    )
+    optimizer = build_optimizer(par.module, settings, device=env.device)
+    if args.data:
+        data = TokenFile(args.data, dtype=args.data_dtype, vocab_size=plan.model.vocab_size,
+                         seq_len=training.seq_len, seed=args.seed)
+    else:
+        data = SyntheticTokens(vocab_size=plan.model.vocab_size, seq_len=training.seq_len, seed=args.seed)
+    log0(env, f"  data: {data.description}; optimizer {settings.name} lr {settings.lr:g} "
+              f"warmup {settings.warmup_steps} cosine to {settings.min_lr_ratio:g}x over {args.steps} steps")
+
+    start_step = 0
+    if args.resume:
+        found = latest_checkpoint(args.checkpoint_dir)
+        if found is None:
+            log0(env, f"  resume: no checkpoint in {args.checkpoint_dir}, starting from step 0")
+        else:
+            state = load_checkpoint(found, model=par.module, optimizer=optimizer)
+            start_step = int(state["step"])
+            if state.get("plan_hash") != plan.plan_hash:
+                log0(env, "  warning: the checkpoint was written under another plan")
+            if state.get("seed") != args.seed:
+                log0(env, f"  warning: checkpoint data seed {state.get('seed')} differs from --seed {args.seed}")
+            log0(env, f"  resumed from {found} (step {start_step})")
+    if start_step >= args.steps:
+        log0(env, f"nothing to do: already at step {start_step} of {args.steps}")
+        return 0
+
+    stop = StopFlag()
+    stop.install()
+    meter = MemoryMeter(env.device, cpu_every=args.memory_every)
+    writer = MetricsWriter(args.metrics_file, enabled=env.rank == 0, total_steps=args.steps)
+    tokens_per_step = training.sequences * training.seq_len
+    flops_per_token = plan.model.flops_per_token
+    history: list[StepMetrics] = []
+    step = start_step
+    try:
+        for step in range(start_step + 1, args.steps + 1):
+            lr = settings.lr * lr_factor(step, total_steps=args.steps, warmup_steps=settings.warmup_steps,
+                                         min_ratio=settings.min_lr_ratio)
+            set_lr(optimizer, lr)
+            if env.device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with meter.measure(step, first_step=start_step + 1, model=par.module, optimizer=optimizer):
+                loss_sum = torch.zeros((), device=env.device)
+                for micro in range(cfg.grad_accum_steps):
+                    batch = data.batch(BatchIndex(step, micro, dp_rank, dp_size, cfg.micro_batch_size))
+                    batch = batch.to(env.device, non_blocking=True)
+                    logits = par.forward(batch[:, :-1])
+                    loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
+                    # Mean over micro-batches here; the mean over ranks happens in the gradient reduction.
+                    (loss / cfg.grad_accum_steps).backward()
+                    loss_sum += loss.detach()
+                grad_norm = clip_grad_norm(par.module, settings.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            # One small all-reduce: the global mean loss, and whether any rank was asked to stop.
+            stats = torch.stack([loss_sum / cfg.grad_accum_steps, torch.tensor(float(stop.requested), device=env.device)])
+            dist.all_reduce(stats)
+            elapsed = time.perf_counter() - t0
+            tps = tokens_per_step / env.world_size / elapsed
+            record = StepMetrics(
+                step=step, loss=stats[0].item() / env.world_size, grad_norm=grad_norm, lr=lr, step_time_s=elapsed,
+                tokens_per_s_per_gpu=tps,
+                mfu=mfu(tps, flops_per_token=flops_per_token, peak_tflops=plan.cluster.gpu_spec.peak_bf16_tflops),
+                peak_memory_gib=meter.last_gib, memory_source=meter.source, tokens_seen=step * tokens_per_step,
+            )
+            history.append(record)
+            writer.log(record)
+            stopping = stats[1].item() > 0
+            due = args.checkpoint_every > 0 and step % args.checkpoint_every == 0
+            if args.checkpoint_dir and (due or step == args.steps or stopping):
+                path = save_checkpoint(
+                    args.checkpoint_dir, step=step, model=par.module, optimizer=optimizer, keep=args.keep_checkpoints,
+                    train_state={"plan_hash": plan.plan_hash, "seed": args.seed, "data": data.description,
+                                 "world_size": env.world_size, "tokens_seen": step * tokens_per_step},
+                )
+                log0(env, f"  checkpoint saved: {path}")
+            if stopping:
+                log0(env, f"stop requested (SIGTERM/SIGUSR1): stopped after step {step}")
+                break
+    finally:
+        writer.close()
+    _summary(env, plan, history)
+    return 0
+
+
+def _summary(env: DistEnv, plan: RuntimePlan, history: list[StepMetrics]) -> None:
+    if env.rank != 0 or not history:
+        return
+    steady = history[1:] or history  # the first step includes compilation and warm-up
+    step_time = sum(m.step_time_s for m in steady) / len(steady)
+    tps = sum(m.tokens_per_s_per_gpu for m in steady) / len(steady)
+    peak = max((m.peak_memory_gib for m in history if m.peak_memory_gib is not None), default=None)
+    pred = plan.prediction
+    line = f"done: {len(history)} steps, loss {history[0].loss:.4f} -> {history[-1].loss:.4f}; " \
+           f"steady step {step_time:.3f} s, {tps:,.0f} tok/s/gpu"
+    if peak is not None:
+        line += f", peak memory {peak:.2f} GiB"
+    print(line, flush=True)
+    if pred.step_time_s and pred.tokens_per_s_per_gpu:
+        print(f"  plan predicted (on {plan.cluster.gpu}): step {pred.step_time_s:.3f} s, "
+              f"{pred.tokens_per_s_per_gpu:,.0f} tok/s/gpu, peak {pred.peak_memory_gib or 0:.2f} GiB", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return train(args)
+    except USER_ERRORS as exc:
+        # Every rank fails the same way; one message is enough.
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
