@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from planner.plan import Plan
-
 from executor.launch import render
 from executor.launch.quoting import comment, dns_label, hex_id, image_ref, positive_int, slug
+from planner.plan import Plan
 
 Target = Literal["torchrun", "slurm", "k8s", "all"]
 Format = Literal["tar.gz", "zip"]
@@ -105,7 +104,9 @@ def bundle_files(plan: Plan, *, target: Target = "all", image: str = DEFAULT_IMA
         # The manifests carry launch.sh + plan + runtime themselves (see render._UNPACK).
         payload = base64.b64encode(_tar_gz(core, root=None)).decode("ascii")
         files.append(BundleFile("k8s.yaml", render.k8s_trainjob(ctx, payload_b64=payload).encode()))
-        files.append(BundleFile("k8s-pytorchjob.yaml", render.k8s_pytorchjob(ctx, payload_b64=payload).encode()))
+        files.append(
+            BundleFile("k8s-pytorchjob.yaml", render.k8s_pytorchjob(ctx, payload_b64=payload).encode())
+        )
     pred = plan.prediction
     prediction = (
         f"Predicted: {pred.step_time_s:.3f} s/step, {pred.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "

@@ -92,8 +92,6 @@ def load_checkpoint(path: Path, *, model: nn.Module, optimizer: torch.optim.Opti
 def _prune(root: Path, keep: int) -> None:
     if keep <= 0:
         return
-    steps = sorted(
-        (int(m.group(1)), child) for child in root.iterdir() if (m := _STEP_DIR.match(child.name))
-    )
+    steps = sorted((int(m.group(1)), child) for child in root.iterdir() if (m := _STEP_DIR.match(child.name)))
     for _, old in steps[:-keep]:
         shutil.rmtree(old, ignore_errors=True)

@@ -64,7 +64,9 @@ class SyntheticTokens:
         rows = []
         for i in index.sequence_ids():
             g = _sequence_generator(self.seed, index.step, i)
-            period = int(torch.randint(min(_MIN_PERIOD, self.max_period), self.max_period + 1, (1,), generator=g))
+            period = int(
+                torch.randint(min(_MIN_PERIOD, self.max_period), self.max_period + 1, (1,), generator=g)
+            )
             motif = torch.multinomial(self.probs, period, replacement=True, generator=g)
             rows.append(motif.repeat(-(-(self.seq_len + 1) // period))[: self.seq_len + 1])
         return torch.stack(rows)
@@ -84,17 +86,26 @@ class TokenFile:
         size = path.stat().st_size
         if size % itemsize:
             raise DataError(
-                f"--data {str(path)!r}: {size} bytes is not a whole number of {dtype} tokens; is --data-dtype right?"
+                f"--data {str(path)!r}: {size} bytes is not a whole number of {dtype} tokens; "
+                "is --data-dtype right?"
             )
         self.num_tokens = size // itemsize
         if self.num_tokens < seq_len + 1:
             raise DataError(
                 f"--data {str(path)!r}: {self.num_tokens} tokens, fewer than one sequence of {seq_len + 1}"
             )
-        self.path, self.dtype, self.vocab_size, self.seq_len, self.seed = path, dtype, vocab_size, seq_len, seed
+        self.path, self.dtype, self.vocab_size, self.seq_len, self.seed = (
+            path,
+            dtype,
+            vocab_size,
+            seq_len,
+            seed,
+        )
         self.description = f"{path.name} ({self.num_tokens:,} {dtype} tokens)"
         # shared=False maps the file privately (copy-on-write, read-only files are fine).
-        self.tokens = torch.from_file(str(path), shared=False, size=self.num_tokens, dtype=_FILE_DTYPES[dtype])
+        self.tokens = torch.from_file(
+            str(path), shared=False, size=self.num_tokens, dtype=_FILE_DTYPES[dtype]
+        )
 
     def batch(self, index: BatchIndex) -> torch.Tensor:
         window = self.seq_len + 1

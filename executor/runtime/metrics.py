@@ -163,7 +163,9 @@ def _peak_net_allocation(prof: Any) -> int | None:
 class MetricsWriter:
     """Appends StepMetrics as JSON lines and prints a progress line (rank 0 only)."""
 
-    def __init__(self, path: Path | None, *, enabled: bool, total_steps: int, stream: IO[str] = sys.stdout) -> None:
+    def __init__(
+        self, path: Path | None, *, enabled: bool, total_steps: int, stream: IO[str] = sys.stdout
+    ) -> None:
         self.enabled = enabled
         self.total_steps = total_steps
         self.stream = stream

@@ -32,7 +32,9 @@ class OptimizerSettings:
     """Global gradient-norm clip (0 disables)."""
 
 
-def build_optimizer(model: nn.Module, settings: OptimizerSettings, *, device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module, settings: OptimizerSettings, *, device: torch.device
+) -> torch.optim.Optimizer:
     """The optimizer over `model`'s (sharded) parameters; decay only on >= 2-D parameters."""
     decay, no_decay = [], []
     for p in model.parameters():

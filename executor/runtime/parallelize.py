@@ -77,7 +77,10 @@ def parallelize(
     # 1. Activation checkpointing first: FSDP and compile must see the wrapped blocks.
     keep_gathered = not cfg.reshard_after_forward
     checkpointed = apply_activation_checkpointing(
-        model, parts, mode=cfg.checkpointing.mode, every_k=cfg.checkpointing.every_k,
+        model,
+        parts,
+        mode=cfg.checkpointing.mode,
+        every_k=cfg.checkpointing.every_k,
         keep_gathered_params=keep_gathered,
     )
     notes.append(
@@ -87,7 +90,11 @@ def parallelize(
     # 2. Data parallelism.
     if engine == "simple_fsdp":
         apply_simple_fsdp(
-            model, mesh=mesh, sharding=cfg.sharding, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+            model,
+            mesh=mesh,
+            sharding=cfg.sharding,
+            param_dtype=param_dtype,
+            reduce_dtype=reduce_dtype,
             # Only the compiled partitioner can honour "re-gather in backward" (see simple_fsdp).
             reshard_after_forward=cfg.reshard_after_forward and compiled,
             recomputed_blocks=checkpointed,
@@ -95,9 +102,14 @@ def parallelize(
         notes.append(f"SimpleFSDP {cfg.sharding} on mesh {_mesh_str(mesh)}")
     else:
         apply_fsdp2(
-            model, parts=parts, mesh=mesh, blocks_per_unit=cfg.blocks_per_unit,
-            reshard_after_forward=cfg.reshard_after_forward, prefetch_depth=cfg.prefetch_depth,
-            param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+            model,
+            parts=parts,
+            mesh=mesh,
+            blocks_per_unit=cfg.blocks_per_unit,
+            reshard_after_forward=cfg.reshard_after_forward,
+            prefetch_depth=cfg.prefetch_depth,
+            param_dtype=param_dtype,
+            reduce_dtype=reduce_dtype,
         )
         notes.append(
             f"FSDP2 {cfg.sharding} on mesh {_mesh_str(mesh)}, {cfg.blocks_per_unit} block(s) per unit"
@@ -114,8 +126,14 @@ def parallelize(
         if settings.skipped:
             notes.append("inductor knobs not in this torch: " + ", ".join(settings.skipped))
     return Parallelized(
-        module=model, forward=forward, engine=engine, compiled=compiled, compile_settings=settings,
-        checkpointed_blocks=len(checkpointed), param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+        module=model,
+        forward=forward,
+        engine=engine,
+        compiled=compiled,
+        compile_settings=settings,
+        checkpointed_blocks=len(checkpointed),
+        param_dtype=param_dtype,
+        reduce_dtype=reduce_dtype,
         notes=notes,
     )
 

@@ -45,11 +45,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plan", required=True, help="plan JSON (as downloaded with the launcher)")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps to run in total (default 20)")
     p.add_argument("--data", help="flat binary token file (default: synthetic tokens)")
-    p.add_argument("--data-dtype", default="uint16", choices=["uint16", "uint32"], help="token id type in --data")
+    p.add_argument(
+        "--data-dtype", default="uint16", choices=["uint16", "uint32"], help="token id type in --data"
+    )
     p.add_argument("--checkpoint-dir", type=Path, help="where distributed checkpoints go")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save every N steps (0: only at the end)")
     p.add_argument("--keep-checkpoints", type=int, default=2, help="complete checkpoints to keep (0: all)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir")
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir"
+    )
     p.add_argument("--metrics-file", type=Path, help="append per-step JSON lines here (rank 0)")
     p.add_argument("--seed", type=int, default=0, help="initial weights and data sampling")
     p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
@@ -60,11 +64,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-factory", help="package.module:function returning your nn.Module")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument(
-        "--precision", default="auto", choices=["auto", "plan", "fp32"],
+        "--precision",
+        default="auto",
+        choices=["auto", "plan", "fp32"],
         help="auto: the plan's dtypes on GPU, float32 on CPU; plan: always the plan's; fp32: always float32",
     )
-    p.add_argument("--engine", default="auto", choices=["auto", "simple_fsdp", "fsdp2"],
-                   help="auto: SimpleFSDP+compile when the plan compiles, else FSDP2")
+    p.add_argument(
+        "--engine",
+        default="auto",
+        choices=["auto", "simple_fsdp", "fsdp2"],
+        help="auto: SimpleFSDP+compile when the plan compiles, else FSDP2",
+    )
     p.add_argument("--no-compile", action="store_true", help="run SimpleFSDP eagerly (debugging)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
     p.add_argument("--memory-every", type=int, default=25, help="CPU only: profile memory every N steps")
@@ -97,7 +107,9 @@ def log0(env: DistEnv, message: str) -> None:
         print(message, flush=True)
 
 
-def resolve_overrides(plan: RuntimePlan, args: argparse.Namespace, env: DistEnv) -> tuple[Overrides, str | None]:
+def resolve_overrides(
+    plan: RuntimePlan, args: argparse.Namespace, env: DistEnv
+) -> tuple[Overrides, str | None]:
     note = None
     dtype = None
     wants_bf16 = "bfloat16" in (plan.config.param_dtype, plan.config.reduce_dtype)
@@ -124,8 +136,11 @@ def train(args: argparse.Namespace) -> int:
     cfg, training = plan.config, plan.training
     # Data-parallel coordinates: every rank is a data-parallel rank (no TP/PP in these plans).
     dp_rank, dp_size = env.rank, env.world_size
-    log0(env, f"plan {plan.model.name} {plan.plan_hash[:12]} | {env.world_size} rank(s) on {env.device.type} "
-              f"({env.backend}) | torch {torch.__version__}")
+    log0(
+        env,
+        f"plan {plan.model.name} {plan.plan_hash[:12]} | {env.world_size} rank(s) on {env.device.type} "
+        f"({env.backend}) | torch {torch.__version__}",
+    )
 
     torch.manual_seed(args.seed)
     overrides, precision_note = resolve_overrides(plan, args, env)
@@ -141,22 +156,37 @@ def train(args: argparse.Namespace) -> int:
         materialize(par.module, device=env.device, seed=args.seed)
     for line in ([precision_note] if precision_note else []) + par.notes:
         log0(env, "  " + line)
-    log0(env, f"  model: {n_params / 1e6:.1f}M parameters, {plan.model.num_layers} blocks; "
-              f"micro-batch {cfg.micro_batch_size} x {cfg.grad_accum_steps} accumulation x {dp_size} ranks "
-              f"= {training.sequences} sequences of {training.seq_len} tokens per step")
+    log0(
+        env,
+        f"  model: {n_params / 1e6:.1f}M parameters, {plan.model.num_layers} blocks; "
+        f"micro-batch {cfg.micro_batch_size} x {cfg.grad_accum_steps} accumulation x {dp_size} ranks "
+        f"= {training.sequences} sequences of {training.seq_len} tokens per step",
+    )
 
     settings = OptimizerSettings(
-        name=training.optimizer, lr=args.lr, min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup,
-        weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+        name=training.optimizer,
+        lr=args.lr,
+        min_lr_ratio=args.min_lr_ratio,
+        warmup_steps=args.warmup,
+        weight_decay=args.weight_decay,
+        max_grad_norm=args.max_grad_norm,
     )
     optimizer = build_optimizer(par.module, settings, device=env.device)
     if args.data:
-        data = TokenFile(args.data, dtype=args.data_dtype, vocab_size=plan.model.vocab_size,
-                         seq_len=training.seq_len, seed=args.seed)
+        data = TokenFile(
+            args.data,
+            dtype=args.data_dtype,
+            vocab_size=plan.model.vocab_size,
+            seq_len=training.seq_len,
+            seed=args.seed,
+        )
     else:
         data = SyntheticTokens(vocab_size=plan.model.vocab_size, seq_len=training.seq_len, seed=args.seed)
-    log0(env, f"  data: {data.description}; optimizer {settings.name} lr {settings.lr:g} "
-              f"warmup {settings.warmup_steps} cosine to {settings.min_lr_ratio:g}x over {args.steps} steps")
+    log0(
+        env,
+        f"  data: {data.description}; optimizer {settings.name} lr {settings.lr:g} "
+        f"warmup {settings.warmup_steps} cosine to {settings.min_lr_ratio:g}x over {args.steps} steps",
+    )
 
     start_step = 0
     if args.resume:
@@ -169,7 +199,10 @@ def train(args: argparse.Namespace) -> int:
             if state.get("plan_hash") != plan.plan_hash:
                 log0(env, "  warning: the checkpoint was written under another plan")
             if state.get("seed") != args.seed:
-                log0(env, f"  warning: checkpoint data seed {state.get('seed')} differs from --seed {args.seed}")
+                log0(
+                    env,
+                    f"  warning: checkpoint data seed {state.get('seed')} differs from --seed {args.seed}",
+                )
             log0(env, f"  resumed from {found} (step {start_step})")
     if start_step >= args.steps:
         log0(env, f"nothing to do: already at step {start_step} of {args.steps}")
@@ -185,8 +218,12 @@ def train(args: argparse.Namespace) -> int:
     step = start_step
     try:
         for step in range(start_step + 1, args.steps + 1):
-            lr = settings.lr * lr_factor(step, total_steps=args.steps, warmup_steps=settings.warmup_steps,
-                                         min_ratio=settings.min_lr_ratio)
+            lr = settings.lr * lr_factor(
+                step,
+                total_steps=args.steps,
+                warmup_steps=settings.warmup_steps,
+                min_ratio=settings.min_lr_ratio,
+            )
             set_lr(optimizer, lr)
             if env.device.type == "cuda":
                 torch.cuda.synchronize()
@@ -205,15 +242,25 @@ def train(args: argparse.Namespace) -> int:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             # One small all-reduce: the global mean loss, and whether any rank was asked to stop.
-            stats = torch.stack([loss_sum / cfg.grad_accum_steps, torch.tensor(float(stop.requested), device=env.device)])
+            stats = torch.stack(
+                [loss_sum / cfg.grad_accum_steps, torch.tensor(float(stop.requested), device=env.device)]
+            )
             dist.all_reduce(stats)
             elapsed = time.perf_counter() - t0
             tps = tokens_per_step / env.world_size / elapsed
             record = StepMetrics(
-                step=step, loss=stats[0].item() / env.world_size, grad_norm=grad_norm, lr=lr, step_time_s=elapsed,
+                step=step,
+                loss=stats[0].item() / env.world_size,
+                grad_norm=grad_norm,
+                lr=lr,
+                step_time_s=elapsed,
                 tokens_per_s_per_gpu=tps,
-                mfu=mfu(tps, flops_per_token=flops_per_token, peak_tflops=plan.cluster.gpu_spec.peak_bf16_tflops),
-                peak_memory_gib=meter.last_gib, memory_source=meter.source, tokens_seen=step * tokens_per_step,
+                mfu=mfu(
+                    tps, flops_per_token=flops_per_token, peak_tflops=plan.cluster.gpu_spec.peak_bf16_tflops
+                ),
+                peak_memory_gib=meter.last_gib,
+                memory_source=meter.source,
+                tokens_seen=step * tokens_per_step,
             )
             history.append(record)
             writer.log(record)
@@ -221,9 +268,18 @@ def train(args: argparse.Namespace) -> int:
             due = args.checkpoint_every > 0 and step % args.checkpoint_every == 0
             if args.checkpoint_dir and (due or step == args.steps or stopping):
                 path = save_checkpoint(
-                    args.checkpoint_dir, step=step, model=par.module, optimizer=optimizer, keep=args.keep_checkpoints,
-                    train_state={"plan_hash": plan.plan_hash, "seed": args.seed, "data": data.description,
-                                 "world_size": env.world_size, "tokens_seen": step * tokens_per_step},
+                    args.checkpoint_dir,
+                    step=step,
+                    model=par.module,
+                    optimizer=optimizer,
+                    keep=args.keep_checkpoints,
+                    train_state={
+                        "plan_hash": plan.plan_hash,
+                        "seed": args.seed,
+                        "data": data.description,
+                        "world_size": env.world_size,
+                        "tokens_seen": step * tokens_per_step,
+                    },
                 )
                 log0(env, f"  checkpoint saved: {path}")
             if stopping:
@@ -243,14 +299,19 @@ def _summary(env: DistEnv, plan: RuntimePlan, history: list[StepMetrics]) -> Non
     tps = sum(m.tokens_per_s_per_gpu for m in steady) / len(steady)
     peak = max((m.peak_memory_gib for m in history if m.peak_memory_gib is not None), default=None)
     pred = plan.prediction
-    line = f"done: {len(history)} steps, loss {history[0].loss:.4f} -> {history[-1].loss:.4f}; " \
-           f"steady step {step_time:.3f} s, {tps:,.0f} tok/s/gpu"
+    line = (
+        f"done: {len(history)} steps, loss {history[0].loss:.4f} -> {history[-1].loss:.4f}; "
+        f"steady step {step_time:.3f} s, {tps:,.0f} tok/s/gpu"
+    )
     if peak is not None:
         line += f", peak memory {peak:.2f} GiB"
     print(line, flush=True)
     if pred.step_time_s and pred.tokens_per_s_per_gpu:
-        print(f"  plan predicted (on {plan.cluster.gpu}): step {pred.step_time_s:.3f} s, "
-              f"{pred.tokens_per_s_per_gpu:,.0f} tok/s/gpu, peak {pred.peak_memory_gib or 0:.2f} GiB", flush=True)
+        print(
+            f"  plan predicted (on {plan.cluster.gpu}): step {pred.step_time_s:.3f} s, "
+            f"{pred.tokens_per_s_per_gpu:,.0f} tok/s/gpu, peak {pred.peak_memory_gib or 0:.2f} GiB",
+            flush=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,9 +53,16 @@ def run_case(case: str, world: int, ref_cache: dict) -> dict:
     ac = rest[0] if rest else "none"
     gpn = 2
     nodes = world // gpn
-    doc = debug_plan(sharding=sharding, nodes=nodes, gpus_per_node=gpn, compile=mode != "eager",
-                     checkpointing=ac, every_k=2, bucket_mb=64.0 if mode != "eager" else 0.0,
-                     model=PARITY_MODEL)
+    doc = debug_plan(
+        sharding=sharding,
+        nodes=nodes,
+        gpus_per_node=gpn,
+        compile=mode != "eager",
+        checkpointing=ac,
+        every_k=2,
+        bucket_mb=64.0 if mode != "eager" else 0.0,
+        model=PARITY_MODEL,
+    )
     plan = parse_plan(doc)
     env = init_distributed(plan)
     mesh = build_mesh(plan, env)
@@ -64,8 +71,9 @@ def run_case(case: str, world: int, ref_cache: dict) -> dict:
     if key not in ref_cache:
         ref_cache[key] = reference_grads(plan, tokens)
     ref_loss, ref = ref_cache[key]
-    overrides = Overrides(engine=engine, compile=mode != "eager",
-                          backend="inductor" if mode == "eager" else mode)
+    overrides = Overrides(
+        engine=engine, compile=mode != "eager", backend="inductor" if mode == "eager" else mode
+    )
     model = build_model(plan.model, seq_len=plan.training.seq_len)
     par = parallelize(model, plan=plan, mesh=mesh, overrides=overrides)
     materialize(par.module, device=env.device, seed=SEED)
@@ -91,8 +99,13 @@ def run_case(case: str, world: int, ref_cache: dict) -> dict:
         except AssertionError:
             failures.append(clean_name(name))
     return {
-        "case": case, "loss": loss_t.item() / world, "ref_loss": ref_loss, "max_rel_err": worst,
-        "worst_param": worst_name, "failures": failures, "first_step_s": elapsed,
+        "case": case,
+        "loss": loss_t.item() / world,
+        "ref_loss": ref_loss,
+        "max_rel_err": worst,
+        "worst_param": worst_name,
+        "failures": failures,
+        "first_step_s": elapsed,
         "notes": par.notes,
     }
 
