@@ -57,11 +57,15 @@ def serve(
 
         uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, proxy_headers=True)
         return
-    # Several workers import the app by name; they read the settings from the environment.
+    # Several workers import the app by name and read the settings from the environment. Migrate once
+    # here: workers migrating a SQLite file side by side would race to create the same tables.
     import os
 
     if database_url:
         os.environ["DATABASE_URL"] = database_url
+    if settings.migrate_on_startup:
+        db_upgrade(revision="head", database_url=settings.resolved_database_url)
+        os.environ["FSDP_PLANNER_MIGRATE_ON_STARTUP"] = "false"
     uvicorn.run(
         "api.app:create_app", factory=True, host=host, port=port, workers=workers, log_level=log_level,
         proxy_headers=True,
