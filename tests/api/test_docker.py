@@ -1,4 +1,4 @@
-"""docker-compose.yml and the Dockerfile: `docker compose config` accepts them; the wiring is what we expect."""
+"""docker-compose.yml and the Dockerfile: `docker compose config` accepts them; the wiring is right."""
 
 from __future__ import annotations
 
