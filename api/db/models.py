@@ -93,7 +93,7 @@ class ValidationRunRow(Base):
     predicted_tokens_per_s_per_gpu: Mapped[float] = mapped_column(Float)
     predicted_peak_memory_gib: Mapped[float] = mapped_column(Float)
     step_time_error_pct: Mapped[float] = mapped_column(Float)
-    """(measured - predicted) / measured x 100."""
+    """(predicted - measured) / measured x 100: positive when the plan promised too slow a step."""
     tokens_per_s_error_pct: Mapped[float] = mapped_column(Float)
     peak_memory_error_pct: Mapped[float | None] = mapped_column(Float)
     raw: Mapped[dict[str, Any]] = mapped_column(JsonDocument, deferred=True)

@@ -2,9 +2,11 @@
 
 from fastapi import APIRouter
 
-from api.routers import catalog, health, plans
+from api.routers import calibrations, catalog, health, plans, runs
 
 api_router = APIRouter()
 api_router.include_router(plans.router)
+api_router.include_router(runs.router)
+api_router.include_router(calibrations.router)
 api_router.include_router(catalog.router)
 api_router.include_router(health.router)

@@ -20,10 +20,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, undefer
 
 from api.db.base import utcnow
-from api.db.models import CalibrationProfileRow, IdempotencyKeyRow, PlanRow
+from api.db.models import IdempotencyKeyRow, PlanRow
 from api.problems import FieldError, ProblemError, field_errors, summarize
 from api.schemas.plans import PlanCreate
+from api.services import calibrations as calibration_service
 from api.services.keyed_locks import KeyedLocks
+from planner.calibration import CalibrationProfile
 from planner.catalog import resolve_model
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.hashing import plan_hash
@@ -56,14 +58,19 @@ def create_plan(
         if replay is not None:
             return replay
     request = build_request(body, max_model_layers=max_model_layers)
-    if body.calibration_id is not None and session.get(CalibrationProfileRow, body.calibration_id) is None:
-        raise ProblemError(
-            422, f"calibration profile {body.calibration_id} does not exist; upload a profile first "
-            "or leave out calibration_id to plan with catalog peaks",
-            slug="unknown-calibration", title="Unknown calibration profile",
-            errors=[FieldError(location="body", field="calibration_id", message="no such calibration profile",
-                               type="not_found")],
-        )
+    profile: CalibrationProfile | None = None
+    if body.calibration_id is not None:
+        calibration = calibration_service.find_calibration(session, body.calibration_id)
+        if calibration is None:
+            raise ProblemError(
+                422, f"calibration profile {body.calibration_id} does not exist; upload a profile first "
+                "or leave out calibration_id to plan with catalog peaks",
+                slug="unknown-calibration", title="Unknown calibration profile",
+                errors=[FieldError(location="body", field="calibration_id",
+                                   message="no such calibration profile", type="not_found")],
+            )
+        profile = calibration_service.load_profile(calibration)
+        calibration_service.check_matches_cluster(calibration, profile, request.cluster.gpu)
     calibration_id = None if body.calibration_id is None else str(body.calibration_id)
     digest = plan_hash(request, calibration_id=calibration_id)
     # End the read transaction: nothing here should hold a pooled connection while waiting or searching.
@@ -72,7 +79,7 @@ def create_plan(
         row = _find(session, digest)
         if row is None:
             session.commit()
-            plan = _search(request, calibration_id)
+            plan = _search(request, profile, calibration_id)
             row, created = _store(session, _row_for(body, request, plan, digest))
         else:
             created = False
@@ -150,10 +157,9 @@ def _unplannable(exc: PlanningError) -> ProblemError:
                         errors=errors)
 
 
-def _search(request: PlanRequest, calibration_id: str | None) -> Plan:
+def _search(request: PlanRequest, profile: CalibrationProfile | None, calibration_id: str | None) -> Plan:
     try:
-        # calibration=None until calibration profiles can be fitted (issue 5); the id is still recorded.
-        return make_plan(request, calibration=None, calibration_id=calibration_id)
+        return make_plan(request, calibration=profile, calibration_id=calibration_id)
     except PlanningError as exc:
         raise _unplannable(exc) from None
 

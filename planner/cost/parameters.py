@@ -9,7 +9,7 @@ of dense peak, flash attention at ~35%, elementwise kernels at ~60% of memory ba
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 from planner.catalog.gpus import GpuSpec
@@ -75,6 +75,10 @@ class CostParameters:
 
     def with_changes(self, **changes: object) -> CostParameters:
         return replace(self, **changes)
+
+    def as_document(self) -> dict:
+        """JSON-ready values (what a stored calibration shows as its fitted parameters)."""
+        return asdict(self)
 
 
 def default_parameters(gpu: GpuSpec, cluster: ClusterSpec, precision: Precision) -> CostParameters:

@@ -38,6 +38,26 @@ CHEAP_PLAN: dict[str, Any] = {
 }
 
 
+def cpu_profile(**overrides: Any) -> dict[str, Any]:
+    """A small but real CalibrationProfile of two CPU ranks (slow links, so plans visibly change)."""
+    sizes = (64, 128, 256, 512)
+    matmul = [{"m": s, "n": s, "k": s, "dtype": "float32", "seconds": 2 * s**3 / 40e9 + 2e-5} for s in sizes]
+    collectives = [
+        {"op": op, "group_size": 2, "link": "intra", "bytes": size,
+         "seconds": (2 if op == "all_reduce" else 1) * (3e-4 + size / 2 / 0.2e9)}
+        for op in ("all_gather", "reduce_scatter", "all_reduce")
+        for size in (1 << 12, 1 << 16, 1 << 20, 1 << 24)
+    ]
+    profile = {
+        "name": "cpu box", "gpu": "cpu",
+        "fingerprint": {"device_name": "cpu", "device_count": 2, "gpus_per_node": 2, "backend": "gloo",
+                        "torch_version": "2.13.0"},
+        "matmul": matmul, "memory_bandwidth": [{"bytes": 1 << 27, "seconds": 0.01}],
+        "collectives": collectives, "overlap_contention": 0.5,
+    }
+    return {**profile, **overrides}
+
+
 def cheap_plan(**overrides: Any) -> dict[str, Any]:
     """CHEAP_PLAN with top-level keys replaced."""
     return {**CHEAP_PLAN, **overrides}

@@ -7,9 +7,9 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.db.models import CalibrationProfileRow, PlanRow
+from api.db.models import PlanRow
 from planner.plan import Plan
-from tests.api.conftest import assert_problem, cheap_plan
+from tests.api.conftest import assert_problem, cheap_plan, cpu_profile
 
 pytestmark = pytest.mark.anyio
 
@@ -124,14 +124,14 @@ async def test_calibration_id_must_name_a_stored_profile(client: httpx.AsyncClie
     assert problem["errors"][0]["field"] == "calibration_id"
     assert "12345" in problem["detail"]
 
-    profile = CalibrationProfileRow(name="cpu box", fingerprint={"device_name": "cpu"}, profile={})
-    session.add(profile)
-    session.commit()
-    with_profile = await client.post(PLANS, json=cheap_plan(calibration_id=profile.id))
+    uploaded = await client.post("/api/v1/calibrations", json=cpu_profile())
+    assert uploaded.status_code == 201, uploaded.text
+    profile_id = uploaded.json()["id"]
+    with_profile = await client.post(PLANS, json=cheap_plan(calibration_id=profile_id))
     without = await client.post(PLANS, json=cheap_plan())
     assert (with_profile.status_code, without.status_code) == (201, 201)
-    assert with_profile.json()["calibration_id"] == profile.id
-    assert with_profile.json()["plan"]["calibration_id"] == str(profile.id)
+    assert with_profile.json()["calibration_id"] == profile_id
+    assert with_profile.json()["plan"]["calibration_id"] == str(profile_id)
     # The calibration used is part of the input hash: these are two plans.
     assert with_profile.json()["plan_hash"] != without.json()["plan_hash"]
 

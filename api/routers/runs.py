@@ -1,0 +1,86 @@
+"""/plans/{id}/runs: store validation runs of a plan (measured vs predicted) and list them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request, Response
+from sqlalchemy import select
+
+from api.db.models import PlanRow, ValidationRunRow
+from api.deps import ReadAccess, SessionDep, WriteAccess
+from api.problems import ProblemError
+from api.routers.responses import problems
+from api.schemas.plans import MAX_ID
+from api.schemas.runs import RunCreate, RunOut, RunPage
+
+router = APIRouter(prefix="/plans/{plan_id}/runs", tags=["validation runs"])
+
+PlanId = Annotated[int, Path(ge=1, le=MAX_ID, description="A plan's id")]
+
+
+def _error_pct(predicted: float, measured: float) -> float:
+    return (predicted - measured) / measured * 100.0
+
+
+def _plan(session: SessionDep, plan_id: int) -> PlanRow:
+    row = session.get(PlanRow, plan_id)
+    if row is None:
+        raise ProblemError(
+            404,
+            f"plan {plan_id} does not exist; validation runs belong to a stored plan",
+            slug="plan-not-found",
+            title="Plan not found",
+        )
+    return row
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=RunOut,
+    dependencies=[WriteAccess],
+    responses=problems(401, 404, 415, 422),
+    summary="Store a validation run: what the plan's launcher measured, beside what it predicted",
+)
+def create_run(
+    plan_id: PlanId, body: RunCreate, request: Request, response: Response, session: SessionDep
+) -> RunOut:
+    plan = _plan(session, plan_id)
+    measured_memory = body.measured_peak_memory_gib
+    row = ValidationRunRow(
+        plan_id=plan.id,
+        measured_step_time_s=body.measured_step_time_s,
+        measured_tokens_per_s_per_gpu=body.measured_tokens_per_s_per_gpu,
+        measured_peak_memory_gib=measured_memory,
+        predicted_step_time_s=plan.step_time_s,
+        predicted_tokens_per_s_per_gpu=plan.tokens_per_s_per_gpu,
+        predicted_peak_memory_gib=plan.peak_memory_gib,
+        step_time_error_pct=_error_pct(plan.step_time_s, body.measured_step_time_s),
+        tokens_per_s_error_pct=_error_pct(plan.tokens_per_s_per_gpu, body.measured_tokens_per_s_per_gpu),
+        peak_memory_error_pct=(
+            _error_pct(plan.peak_memory_gib, measured_memory) if measured_memory else None
+        ),
+        raw={**body.raw, "steps": body.steps},
+    )
+    session.add(row)
+    session.commit()
+    response.headers["Location"] = str(request.url_for("list_runs", plan_id=plan.id))
+    return RunOut.model_validate(row)
+
+
+@router.get(
+    "",
+    response_model=RunPage,
+    dependencies=[ReadAccess],
+    responses=problems(401, 404, 422),
+    summary="List a plan's validation runs, newest first",
+)
+def list_runs(plan_id: PlanId, session: SessionDep) -> RunPage:
+    _plan(session, plan_id)
+    rows = session.scalars(
+        select(ValidationRunRow)
+        .where(ValidationRunRow.plan_id == plan_id)
+        .order_by(ValidationRunRow.id.desc())
+    )
+    return RunPage(items=[RunOut.model_validate(r) for r in rows])
