@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.plan_cmd import fail, read_json_file
+from api.cli.common import EXIT_FAILED, ServerClient, fail, read_json_file
 from planner.calibration import CalibrationProfile, fit_parameters
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.parameters import default_parameters
@@ -42,6 +42,11 @@ def calibrate(
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the profile.")] = Path(
         "profile.json"
     ),
+    upload: Annotated[
+        str | None,
+        typer.Option(help="fsdp-planner server URL to upload the profile to, e.g. http://host:8000."),
+    ] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", help="API key for --upload.")] = None,
 ) -> None:
     """Measure GEMMs, collectives and the model's blocks here, within a time budget."""
     if importlib.util.find_spec("torch") is None:
@@ -82,15 +87,20 @@ def calibrate(
         env = {"OMP_NUM_THREADS": "1", **os.environ}
         result = subprocess.run(command, env=env, check=False)
     if result.returncode != 0:
-        raise fail(f"the profiler exited with status {result.returncode}; its output is above", 1)
+        raise fail(f"the profiler exited with status {result.returncode}; its output is above", EXIT_FAILED)
     try:
         profile = CalibrationProfile.model_validate(read_json_file(output, "profile"))
     except ValidationError as exc:
-        raise fail(describe_validation_error(exc, prefix="profile"), 1) from None
+        raise fail(describe_validation_error(exc, prefix="profile"), EXIT_FAILED) from None
     show_fit(profile, Console())
     Console().print(
         f"Profile written to {output}; plan with it: fsdp-planner plan ... --calibration {output}"
     )
+    if upload is not None:
+        stored = ServerClient(upload, api_key).post("/calibrations", profile.model_dump(mode="json"))
+        Console().print(
+            f'Uploaded as calibration {stored["id"]}: POST plans with "calibration_id": {stored["id"]}'
+        )
 
 
 def show_fit(profile: CalibrationProfile, console: Console) -> None:

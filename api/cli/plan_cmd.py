@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from api.cli.common import EXIT_INFEASIBLE, fail, read_json_file
 from planner.calibration import CalibrationProfile
 from planner.catalog import resolve_model
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
@@ -18,29 +18,9 @@ from planner.plan import Plan
 from planner.search import make_plan
 from planner.specs import ClusterSpec, PlanRequest, TrainingSpec
 
-EXIT_INVALID_INPUT = 2
-EXIT_INFEASIBLE = 3
-
 
 def register(app: typer.Typer) -> None:
     app.command("plan")(plan)
-
-
-def fail(message: str | list[str], code: int = EXIT_INVALID_INPUT) -> typer.Exit:
-    """Print `error: ...` lines to stderr and return the Exit to raise."""
-    err = Console(stderr=True)
-    for line in [message] if isinstance(message, str) else message:
-        err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
-    return typer.Exit(code)
-
-
-def read_json_file(path: Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except OSError as exc:
-        raise fail(f"{what}: cannot read {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise fail(f"{what}: {path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
 
 
 def plan(

@@ -6,7 +6,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner.errors import PlanningError, UnknownCatalogEntryError, UnsupportedArchitectureError
+from planner.errors import (
+    PlanningError,
+    UnknownCatalogEntryError,
+    UnsupportedArchitectureError,
+    describe_validation_error,
+)
 from planner.specs import ModelSpec
 
 
@@ -168,9 +173,9 @@ def model_from_hf_config(config: dict[str, Any], *, name: str | None = None) -> 
             norm_eps=float(config.get("rms_norm_eps", 1e-5)),
         )
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "config"
-        raise PlanningError(f"config.json {where}: {first['msg']}", field="model") from None
+        raise PlanningError(
+            "config.json: " + "; ".join(describe_validation_error(exc)), field="model"
+        ) from None
 
 
 class UnsupportedArchitecture(UnsupportedArchitectureError):
@@ -203,11 +208,8 @@ def resolve_model(value: str | dict[str, Any] | ModelSpec) -> ModelSpec:
         try:
             return ModelSpec.model_validate(value)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise PlanningError(
-                f"model.{where}: {first['msg']}" if where else f"model: {first['msg']}", field="model"
-            ) from None
+            problems = describe_validation_error(exc, prefix="model")
+            raise PlanningError("; ".join(problems), field="model") from None
     raise PlanningError(
         "model: give a catalog name, a Hugging Face config.json object, or a model spec", field="model"
     )

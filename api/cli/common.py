@@ -1,0 +1,91 @@
+"""What every command shares: failing with a clear message, reading JSON files, talking to a server."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+import typer
+from rich.console import Console
+
+EXIT_FAILED = 1
+EXIT_INVALID_INPUT = 2
+EXIT_INFEASIBLE = 3
+EXIT_UNAVAILABLE = 4
+API_KEY_ENV = "FSDP_PLANNER_API_KEY"
+
+
+def fail(message: str | list[str], code: int = EXIT_INVALID_INPUT) -> typer.Exit:
+    """Print `error: ...` lines to stderr and return the Exit to raise."""
+    err = Console(stderr=True)
+    for line in [message] if isinstance(message, str) else message:
+        err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def read_json_file(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise fail(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise fail(f"{what}: {path} is not valid JSON ({exc})") from None
+
+
+class ServerClient:
+    """JSON calls to an fsdp-planner server, every failure turned into one actionable line."""
+
+    def __init__(self, server: str, api_key: str | None = None, *, timeout_s: float = 60.0) -> None:
+        self.server = server.rstrip("/")
+        self.api_key = api_key or os.environ.get(API_KEY_ENV)
+        self.timeout_s = timeout_s
+
+    def get(self, path: str) -> Any:
+        return self._call("GET", path, None)
+
+    def post(self, path: str, body: Any) -> Any:
+        return self._call("POST", path, body)
+
+    def _call(self, method: str, path: str, body: Any) -> Any:
+        url = f"{self.server}/api/v1{path}"
+        headers = {"Accept": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        try:
+            response = httpx.request(method, url, headers=headers, json=body, timeout=self.timeout_s)
+        except httpx.HTTPError as exc:
+            raise fail(
+                f"cannot reach the fsdp-planner server at {self.server} ({type(exc).__name__}: {exc}); "
+                "start it with `fsdp-planner serve` or pass --server",
+                EXIT_UNAVAILABLE,
+            ) from None
+        if response.status_code in (401, 403):
+            raise fail(
+                f"{self.server} refused {method} {path} ({response.status_code}): pass --api-key or set "
+                f"{API_KEY_ENV}"
+            )
+        if response.status_code >= 400:
+            code = EXIT_INVALID_INPUT if response.status_code < 500 else EXIT_UNAVAILABLE
+            raise fail(
+                f"{self.server} answered {response.status_code} to {method} {path}: "
+                f"{problem_detail(response)}",
+                code,
+            )
+        try:
+            return response.json()
+        except ValueError:
+            raise fail(f"{url} did not return JSON", EXIT_UNAVAILABLE) from None
+
+
+def problem_detail(response: httpx.Response) -> str:
+    """The human part of an error response (a problem's `detail`), shortened."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200] or response.reason_phrase
+    if isinstance(body, dict):
+        return str(body.get("detail") or body.get("title") or body)[:300]
+    return str(body)[:300]
