@@ -11,6 +11,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from api.dashboard import install as install_dashboard
 from api.db import migrate
 from api.db.session import create_db_engine, create_session_factory
 from api.middleware import BodySizeLimitMiddleware
@@ -64,6 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api_router, prefix=API_PREFIX)
     # Probes conventionally hit the root paths; same handlers, documented once under /api/v1.
     app.include_router(health.router, include_in_schema=False)
+    install_dashboard(app)  # server-rendered pages at /, static files at /static
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

@@ -1,0 +1,105 @@
+"""The accuracy page: predicted vs measured over every validation run, and how the errors are spread.
+
+Errors are the ones stored with each run by the runs API: (predicted − measured) / measured × 100, so a
+positive step-time error means the plan promised a slower step than was measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from markupsafe import Markup
+
+from api.dashboard import formatting as fmt
+from api.dashboard import svg
+from api.dashboard.queries import RunWithPlan
+
+
+@dataclass(frozen=True)
+class ErrorSummary:
+    metric: str
+    runs: int
+    mean_abs_pct: float
+    median_abs_pct: float
+    p90_abs_pct: float
+    bias_pct: float
+    """Mean signed error: > 0 when predictions run high on average."""
+
+
+def summarize(metric: str, errors: Sequence[float]) -> ErrorSummary | None:
+    if not errors:
+        return None
+    absolute = sorted(abs(e) for e in errors)
+    p90 = absolute[min(len(absolute) - 1, int(0.9 * len(absolute)))]
+    return ErrorSummary(metric, len(errors), statistics.fmean(absolute), statistics.median(absolute), p90,
+                        statistics.fmean(errors))
+
+
+def _by_gpu(runs: Sequence[RunWithPlan]) -> dict[str, list[RunWithPlan]]:
+    groups: dict[str, list[RunWithPlan]] = {}
+    for item in runs:
+        groups.setdefault(item.gpu, []).append(item)
+    return dict(sorted(groups.items()))
+
+
+def _scatter(
+    runs: Sequence[RunWithPlan], *, chart_id: str, title: str, unit: str,
+    predicted: Callable[[RunWithPlan], float | None], measured: Callable[[RunWithPlan], float | None],
+    show: Callable[[float], str],
+) -> Markup | None:
+    series = []
+    for index, (gpu, items) in enumerate(_by_gpu(runs).items()):
+        points = []
+        for item in items:
+            p, m = predicted(item), measured(item)
+            if p is None or m is None:
+                continue
+            points.append(svg.Point(p, m, f"{item.plan_name} (plan {item.run.plan_id}, run {item.run.id}): "
+                                          f"predicted {show(p)}, measured {show(m)}"))
+        if points:
+            series.append(svg.Series(gpu, points, svg.PALETTE[index % len(svg.PALETTE)]))
+    if not series:
+        return None
+    values = [v for s in series for p in s.points for v in (p.x, p.y)]
+    log = svg.should_use_log(values, ratio=20)
+    return svg.xy_chart(
+        chart_id=chart_id, title=title, series=series, x_label=f"predicted {unit}",
+        y_label=f"measured {unit}", x_format=show, y_format=show, x_log=log, y_log=log,
+        guides=[svg.GuideLine(label="y = x (perfect prediction)", diagonal=True)],
+    )
+
+
+def step_time_chart(runs: Sequence[RunWithPlan]) -> Markup | None:
+    return _scatter(runs, chart_id="step-time-chart", title="Predicted vs measured step time",
+                    unit="step time", predicted=lambda r: r.run.predicted_step_time_s,
+                    measured=lambda r: r.run.measured_step_time_s, show=fmt.seconds)
+
+
+def memory_chart(runs: Sequence[RunWithPlan]) -> Markup | None:
+    return _scatter(runs, chart_id="memory-accuracy-chart", title="Predicted vs measured peak memory",
+                    unit="peak memory", predicted=lambda r: r.run.predicted_peak_memory_gib,
+                    measured=lambda r: r.run.measured_peak_memory_gib, show=fmt.gib)
+
+
+def error_histogram(runs: Sequence[RunWithPlan]) -> Markup | None:
+    step = [r.run.step_time_error_pct for r in runs]
+    memory = [r.run.peak_memory_error_pct for r in runs if r.run.peak_memory_error_pct is not None]
+    if not step:
+        return None
+    return svg.histogram(
+        chart_id="error-histogram", title="Distribution of prediction errors",
+        series=[("step time", step, svg.PALETTE[0]), ("peak memory", memory, svg.PALETTE[1])],
+        x_label="prediction error, (predicted − measured) / measured", x_format=lambda v: f"{v:+.0f}%",
+    )
+
+
+def summaries(runs: Sequence[RunWithPlan]) -> list[ErrorSummary]:
+    found = [
+        summarize("step time", [r.run.step_time_error_pct for r in runs]),
+        summarize("tokens/s per GPU", [r.run.tokens_per_s_error_pct for r in runs]),
+        summarize("peak memory", [r.run.peak_memory_error_pct for r in runs
+                                  if r.run.peak_memory_error_pct is not None]),
+    ]
+    return [s for s in found if s is not None]

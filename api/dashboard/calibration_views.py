@@ -1,0 +1,226 @@
+"""What the calibration pages show: a profile's hardware, its measured curves, and the fitted parameters.
+
+Curves are derived from the raw samples of the stored `CalibrationProfile` document:
+- matmul efficiency: achieved FLOP/s (2·m·n·k / seconds) over the GPU's datasheet peak for the dtype;
+- collective bus bandwidth: bytes · (n-1)/n / seconds (twice that volume for an all-reduce, which moves
+  the data once to reduce-scatter and once to all-gather), the quantity `nccl-tests` reports.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from markupsafe import Markup
+from pydantic import ValidationError
+
+from api.dashboard import formatting as fmt
+from api.dashboard import svg
+from api.dashboard.plan_views import Row
+from api.db.models import CalibrationProfileRow
+from planner.calibration import CalibrationProfile, CollectiveSample, MatmulSample
+from planner.catalog import resolve_gpu
+from planner.catalog.gpus import GpuSpec
+from planner.errors import PlanningError
+
+DTYPE_COLORS = {"bfloat16": svg.PALETTE[0], "float16": svg.PALETTE[2], "float32": svg.PALETTE[1]}
+FIT_COLORS = {"bfloat16": "#003f6b", "float16": "#00593f", "float32": "#8a5f00"}
+# Fitted parameters are stored per planner precision; the profile names torch dtypes.
+PRECISION_OF_DTYPE = {"bfloat16": "bf16", "float32": "fp32"}
+
+
+class UnreadableProfileError(ValueError):
+    """A stored profile that this version's CalibrationProfile model rejects."""
+
+
+def read_profile(row: CalibrationProfileRow) -> CalibrationProfile:
+    try:
+        return CalibrationProfile.model_validate(row.profile)
+    except ValidationError as exc:
+        raise UnreadableProfileError(
+            f"calibration profile {row.id} was stored in a format this version cannot show "
+            f"({exc.error_count()} problem(s)); upload it again with `fsdp-planner calibrate`"
+        ) from None
+
+
+def catalog_gpu(profile: CalibrationProfile) -> GpuSpec | None:
+    """The catalog entry the measurements refer to, if the profile names one."""
+    if profile.gpu is None:
+        return None
+    try:
+        return resolve_gpu(profile.gpu)
+    except PlanningError:
+        return None
+
+
+def hardware_label(fingerprint: dict[str, Any]) -> str:
+    """`NVIDIA H100 80GB HBM3 × 8 (1 × 8, nccl, NV18)` from a stored fingerprint (any keys may be missing)."""
+    device = fingerprint.get("device_name", "unknown device")
+    nodes, per_node = fingerprint.get("num_nodes", 1), fingerprint.get("gpus_per_node", 1)
+    extras = ", ".join(str(fingerprint[k]) for k in ("backend", "link_class") if fingerprint.get(k))
+    layout = f"{nodes} × {per_node}" + (f", {extras}" if extras else "")
+    return f"{device} × {fingerprint.get('device_count', '?')} ({layout})"
+
+
+def fingerprint_rows(profile: CalibrationProfile) -> list[Row]:
+    fp = profile.fingerprint
+    gpu = catalog_gpu(profile)
+    return [
+        Row("Device", fp.device_name, f"catalog GPU: {gpu.name}" if gpu else "no catalog GPU named"),
+        Row("Ranks", f"{fp.device_count}", f"{fp.num_nodes} node(s) × {fp.gpus_per_node} per node"),
+        Row("Backend / links", f"{fp.backend} / {fp.link_class}"),
+        Row("Versions", f"torch {fp.torch_version}",
+            ", ".join(f"{k} {v}" for k, v in (("CUDA", fp.cuda_version), ("NCCL", fp.nccl_version)) if v)),
+        Row("Samples", f"{len(profile.matmul)} GEMM, {len(profile.collectives)} collective",
+            f"{len(profile.memory_bandwidth)} memory-bandwidth, {len(profile.blocks)} model-block"),
+        Row("Overlap contention", "not measured" if profile.overlap_contention is None
+            else f"{profile.overlap_contention:.1%} compute slowdown beside a collective"),
+    ]
+
+
+def peak_flops(gpu: GpuSpec, dtype: str) -> float:
+    return (gpu.peak_fp32_tflops if dtype == "float32" else gpu.peak_bf16_tflops) * 1e12
+
+
+def _matmul_point(sample: MatmulSample, gpu: GpuSpec | None) -> svg.Point:
+    achieved = sample.flops / sample.seconds
+    shape = f"{sample.m}×{sample.k} @ {sample.k}×{sample.n} {sample.dtype}"
+    if gpu is None:
+        return svg.Point(sample.flops, achieved, f"{shape}: {fmt.compact_number(achieved)}FLOP/s")
+    efficiency = achieved / peak_flops(gpu, sample.dtype)
+    return svg.Point(sample.flops, efficiency,
+                     f"{shape}: {fmt.compact_number(achieved)}FLOP/s = {efficiency:.1%} of peak, "
+                     f"{fmt.seconds(sample.seconds)}")
+
+
+def _fitted_matmul_curve(
+    fitted: dict[str, Any] | None, dtype: str, flops: list[float], gpu: GpuSpec
+) -> list[svg.Point]:
+    """Efficiency the fitted model predicts (time = overhead + flops / (peak · efficiency)), if stored."""
+    params = (fitted or {}).get(PRECISION_OF_DTYPE.get(dtype, ""))
+    try:
+        efficiency = float(params["matmul_efficiency"])
+        overhead = float(params["matmul_overhead_s"])
+    except (TypeError, KeyError, ValueError):
+        return []
+    peak = peak_flops(gpu, dtype)
+    lo, hi = min(flops), max(flops)
+    steps = 40
+    points = []
+    for i in range(steps + 1):
+        f = lo * (hi / lo) ** (i / steps) if hi > lo else lo
+        predicted = f / (peak * (overhead + f / (peak * efficiency)))
+        points.append(svg.Point(f, predicted, f"fit: {predicted:.1%} at {fmt.compact_number(f)}FLOP"))
+    return points
+
+
+def matmul_chart(profile: CalibrationProfile, fitted: dict[str, Any] | None) -> Markup | None:
+    if not profile.matmul:
+        return None
+    gpu = catalog_gpu(profile)
+    by_dtype: dict[str, list[MatmulSample]] = defaultdict(list)
+    for sample in profile.matmul:
+        by_dtype[sample.dtype].append(sample)
+    series = []
+    for dtype, samples in sorted(by_dtype.items()):
+        series.append(svg.Series(f"measured {dtype}", [_matmul_point(s, gpu) for s in samples],
+                                 DTYPE_COLORS[dtype]))
+        if gpu is not None:
+            curve = _fitted_matmul_curve(fitted, dtype, [s.flops for s in samples], gpu)
+            if curve:
+                series.append(svg.Series(f"fitted {dtype}", curve, FIT_COLORS[dtype], markers=False,
+                                         line=True, css_class="fit"))
+    measured = [p.y for s in series for p in s.points]
+    return svg.xy_chart(
+        chart_id="matmul-chart", title="GEMM efficiency vs size",
+        series=series, x_label="FLOPs per GEMM (2·m·n·k)", x_log=True,
+        y_label="achieved / datasheet peak" if gpu else "achieved FLOP/s",
+        y_format=svg_percent if gpu else fmt.compact_number,
+        y_log=gpu is None and svg.should_use_log(measured), y_from_zero=gpu is not None,
+    )
+
+
+def svg_percent(value: float) -> str:
+    return f"{value:.0%}"
+
+
+def bus_bandwidth(sample: CollectiveSample) -> float:
+    """Bytes/s of bus bandwidth, comparable across ops and group sizes."""
+    passes = 2.0 if sample.op == "all_reduce" else 1.0
+    return passes * sample.bytes * (sample.group_size - 1) / sample.group_size / sample.seconds
+
+
+def collective_chart(profile: CalibrationProfile) -> Markup | None:
+    if not profile.collectives:
+        return None
+    groups: dict[tuple[str, str, int], list[CollectiveSample]] = defaultdict(list)
+    for sample in profile.collectives:
+        groups[(sample.op, sample.link, sample.group_size)].append(sample)
+    series = []
+    for index, ((op, link, size), samples) in enumerate(sorted(groups.items())):
+        points = [
+            svg.Point(s.bytes, bus_bandwidth(s) / 1e9,
+                      f"{op} over {size} ranks ({link}): {fmt.binary_bytes(s.bytes)} in "
+                      f"{fmt.seconds(s.seconds)} = {bus_bandwidth(s) / 1e9:.3g} GB/s bus bandwidth")
+            for s in samples
+        ]
+        series.append(svg.Series(f"{op.replace('_', '-')} ×{size} {link}", points,
+                                 svg.PALETTE[index % len(svg.PALETTE)], line=True))
+    bandwidths = [p.y for s in series for p in s.points]
+    return svg.xy_chart(
+        chart_id="collective-chart", title="Collective bus bandwidth vs message size",
+        series=series, x_label="message size", x_format=fmt.binary_bytes, x_log=True,
+        y_label="bus bandwidth (GB/s)", y_log=svg.should_use_log(bandwidths, ratio=100),
+        y_from_zero=not svg.should_use_log(bandwidths, ratio=100),
+    )
+
+
+@dataclass(frozen=True)
+class FittedRow:
+    label: str
+    fitted: str
+    catalog: str
+
+
+def _get(document: dict[str, Any] | None, *path: str) -> float | None:
+    value: Any = document
+    for key in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+_FITTED_FIELDS: tuple[tuple[str, tuple[str, ...], Any], ...] = (
+    ("GEMM efficiency", ("matmul_efficiency",), lambda v: f"{v:.1%}"),
+    ("GEMM overhead", ("matmul_overhead_s",), fmt.seconds),
+    ("Memory bandwidth", ("memory_bandwidth",), lambda v: f"{v / 1e9:,.0f} GB/s"),
+    ("Intra-node bus bandwidth", ("links", "intra", "bandwidth"), lambda v: f"{v / 1e9:,.1f} GB/s"),
+    ("Intra-node latency", ("links", "intra", "latency_s"), fmt.seconds),
+    ("Inter-node bus bandwidth", ("links", "inter", "bandwidth"), lambda v: f"{v / 1e9:,.1f} GB/s"),
+    ("Inter-node latency", ("links", "inter", "latency_s"), fmt.seconds),
+    ("Overlap contention", ("overlap_contention",), lambda v: f"{v:.1%}"),
+    ("Compute scale", ("compute_scale",), lambda v: f"{v:.3g}×"),
+)
+
+
+def fitted_rows(fitted: dict[str, Any] | None) -> dict[str, list[FittedRow]]:
+    """Per precision, the fitted cost parameters beside the catalog defaults they replace (when stored)."""
+    tables: dict[str, list[FittedRow]] = {}
+    for precision in ("bf16", "fp32"):
+        params = (fitted or {}).get(precision)
+        if not isinstance(params, dict):
+            continue
+        catalog = (fitted or {}).get(f"{precision}_catalog")
+        rows = []
+        for label, path, show in _FITTED_FIELDS:
+            value = _get(params, *path)
+            if value is None:
+                continue
+            default = _get(catalog, *path)
+            rows.append(FittedRow(label, show(value), show(default) if default is not None else "–"))
+        if rows:
+            tables[precision] = rows
+    return tables

@@ -1,0 +1,87 @@
+"""Number formatting shared by the charts and the templates (registered as Jinja filters)."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+
+def compact_number(value: float) -> str:
+    """1234 -> 1.23k, 0.00012 -> 120µ: short tick labels for any magnitude."""
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)
+    magnitude = abs(value)
+    for threshold, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if magnitude >= threshold:
+            return f"{value / threshold:.3g}{suffix}"
+    if magnitude >= 0.01:
+        return f"{value:.3g}"
+    for threshold, suffix in ((1e-3, "m"), (1e-6, "µ"), (1e-9, "n")):
+        if magnitude >= threshold:
+            return f"{value / threshold:.3g}{suffix}"
+    return f"{value:.2g}"
+
+
+def binary_bytes(value: float) -> str:
+    """Bytes with binary prefixes (message sizes, memory)."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(value) >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value:.3g} B"
+
+
+def seconds(value: float) -> str:
+    """A duration in the unit that keeps it readable (s, ms, µs)."""
+    magnitude = abs(value)
+    if magnitude >= 1 or magnitude == 0:
+        return f"{value:.3g} s"
+    if magnitude >= 1e-3:
+        return f"{value * 1e3:.3g} ms"
+    return f"{value * 1e6:.3g} µs"
+
+
+def percent(value: float) -> str:
+    return f"{value * 100:.3g}%"
+
+
+def gib(value: float | None) -> str:
+    return "–" if value is None else f"{value:,.2f} GiB"
+
+
+def thousands(value: float | None) -> str:
+    """1234567.8 -> 1,234,568 (rates and counts are read, not compared to the last digit)."""
+    return "–" if value is None else f"{value:,.0f}"
+
+
+def count(value: float) -> str:
+    """Parameter counts: 124M, 8.03B."""
+    for threshold, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= threshold:
+            return f"{value / threshold:.3g}{suffix}"
+    return f"{value:g}"
+
+
+def signed_percent(value: float | None) -> str:
+    """An error already in percent: +12.3% / -4.0%."""
+    return "–" if value is None else f"{value:+.1f}%"
+
+
+def timestamp(value: datetime) -> str:
+    return f"{value:%Y-%m-%d %H:%M} UTC"
+
+
+def optional_seconds(value: float | None) -> str:
+    return "–" if value is None else seconds(value)
+
+
+FILTERS = {
+    "seconds": optional_seconds,
+    "percent": percent,
+    "signed_percent": signed_percent,
+    "gib": gib,
+    "thousands": thousands,
+    "count": count,
+    "bytes": binary_bytes,
+    "timestamp": timestamp,
+    "compact": compact_number,
+}

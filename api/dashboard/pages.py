@@ -1,0 +1,247 @@
+"""The dashboard's pages: plans (list, new, detail, compare), calibrations, accuracy.
+
+Handlers stay thin: they read through `queries` / `api.services`, shape data with the `*_views`
+modules, and render a template. Sync handlers run in FastAPI's thread pool (database calls and the
+planner's search block); the form handler is async only to read the form, then hops to the pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api.dashboard import access, accuracy_views, calibration_views, plan_form, plan_views, queries
+from api.dashboard.plan_list import COLUMNS, ListingState
+from api.dashboard.rendering import error_page, mark_dashboard_request, render
+from api.deps import SessionDep, SettingsDep
+from api.problems import ProblemError
+from api.schemas.plans import MAX_ID
+from api.services import plan_listing
+from api.services import plans as plan_service
+from planner.catalog import MODEL_CATALOG
+from planner.specs import Optimizer, Precision
+
+router = APIRouter(
+    include_in_schema=False,
+    dependencies=[Depends(mark_dashboard_request), Depends(access.require_read_access)],
+)
+
+LAUNCHER_TARGETS = (
+    ("torchrun", "torchrun"), ("slurm", "SLURM"), ("k8s", "Kubernetes"), ("all", "all targets"),
+)
+MAX_COMPARED = 8
+
+
+def _parse_id(raw: str, what: str) -> int:
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_ID:
+        raise StarletteHTTPException(404, f"There is no {what} {raw[:40]!r}: ids are positive whole numbers.")
+    return int(raw)
+
+
+def launcher_downloads_available(request: Request) -> bool:
+    """Whether this server serves launcher archives (`GET /api/v1/plans/{id}/launcher`)."""
+    from api.app import API_PREFIX  # here, not at import: api.app imports this package
+
+    wanted = f"{API_PREFIX}/plans/{{plan_id}}/launcher"
+    return any(getattr(route, "path", None) == wanted for route in request.app.routes)
+
+
+@router.get("/", response_class=HTMLResponse)
+def plans_page(request: Request, session: SessionDep) -> HTMLResponse:
+    state = ListingState.from_query(request.query_params)
+    notices = list(state.notices)
+    try:
+        rows, next_cursor = plan_listing.list_plans(
+            session, filters=state.filters(), sort=state.sort, order=state.order, limit=state.limit,
+            cursor=state.cursor,
+        )
+    except ProblemError:
+        # A cursor from another sort or filter (an edited or stale link): start from the first page.
+        notices.append("That page link no longer matches the sort or filters; showing the first page.")
+        state = dataclasses.replace(state, cursor=None)
+        rows, next_cursor = plan_listing.list_plans(
+            session, filters=state.filters(), sort=state.sort, order=state.order, limit=state.limit,
+            cursor=None,
+        )
+    total = queries.count_plans(session, state.filters())
+    models, gpus = queries.distinct_values(session)
+    return render(request, "plans.html", {
+        "active": "plans", "rows": rows, "state": state, "columns": COLUMNS, "total": total,
+        "next_href": state.href(cursor=next_cursor) if next_cursor else None,
+        "first_href": state.href(cursor=None) if state.cursor else None,
+        "models": models, "gpus": gpus, "notices": notices,
+        "any_plans": total > 0
+        or (state.filtered and queries.count_plans(session, plan_listing.PlanFilters()) > 0),
+    })
+
+
+def _form_context(request: Request, session: SessionDep, form: plan_form.PlanForm) -> dict[str, object]:
+    return {
+        "active": "new", "form": form,
+        "models": plan_form.model_choices(), "gpus": plan_form.gpu_choices(),
+        "precisions": typing.get_args(Precision), "optimizers": typing.get_args(Optimizer),
+        "calibrations": [
+            (row.id, row.name, calibration_views.hardware_label(row.fingerprint))
+            for row in queries.calibration_choices(session)
+        ],
+        "key_required": access.write_key_required(session, request),
+    }
+
+
+@router.get("/plans/new", response_class=HTMLResponse)
+def new_plan_page(request: Request, session: SessionDep) -> HTMLResponse:
+    # Query parameters prefill the form ("plan again with changes" links from a plan's page).
+    known = plan_form.PlanForm().values()
+    form = plan_form.PlanForm(**{k: v[:10_000] for k, v in request.query_params.items() if k in known})
+    return render(request, "plan_new.html", _form_context(request, session, form))
+
+
+@router.post("/plans/new", response_class=HTMLResponse)
+async def create_plan_from_form(request: Request, session: SessionDep, settings: SettingsDep) -> Response:
+    submitted = await request.form()
+    known = plan_form.PlanForm().values()
+    form = plan_form.PlanForm(**{k: v for k, v in submitted.items() if k in known and isinstance(v, str)})
+    api_key = submitted.get("api_key")
+    return await run_in_threadpool(
+        _create_plan, request, session, settings.max_model_layers, form, api_key if isinstance(api_key, str)
+        else "",
+    )
+
+
+def _create_plan(
+    request: Request, session: SessionDep, max_model_layers: int, form: plan_form.PlanForm, api_key: str
+) -> Response:
+    key_error = access.write_key_error(session, request, api_key)
+    if key_error:
+        form.add_error("api_key", key_error)
+    body = plan_form.to_plan_create(form)
+    if body is not None and not form.errors:
+        try:
+            outcome = plan_service.create_plan(
+                session, body, locks=request.app.state.plan_locks, max_model_layers=max_model_layers
+            )
+        except ProblemError as problem:
+            plan_form.add_problem(form, problem)
+        else:
+            suffix = "?existing=1" if outcome.status_code == 200 else ""
+            return RedirectResponse(f"/plans/{outcome.row.id}{suffix}", status_code=303)
+    session.commit()
+    status = 401 if set(form.errors) == {"api_key"} else 422
+    return render(request, "plan_new.html", _form_context(request, session, form), status_code=status)
+
+
+@router.get("/plans/{plan_id}", response_class=HTMLResponse)
+def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLResponse:
+    row = queries.plan_with_documents(session, _parse_id(plan_id, "plan"))
+    if row is None:
+        raise StarletteHTTPException(404, f"Plan {plan_id} does not exist (it may have been deleted).")
+    try:
+        plan = plan_views.read_plan(row)
+    except plan_views.UnreadablePlanError as exc:
+        return error_page(request, 500, str(exc))
+    runs = queries.validation_runs(session, row.id)
+    replan = {
+        "num_nodes": plan.cluster.num_nodes, "gpus_per_node": plan.cluster.gpus_per_node,
+        "gpu": plan.cluster.gpu, "seq_len": plan.training.seq_len,
+        "global_batch_tokens": plan.training.global_batch_tokens, "precision": plan.training.precision,
+        "optimizer": plan.training.optimizer, "calibration_id": row.calibration_id or "",
+    }
+    if plan.model.name in MODEL_CATALOG:
+        replan["model"] = plan.model.name
+    return render(request, "plan_detail.html", {
+        "active": "plans", "row": row, "plan": plan, "existing": request.query_params.get("existing") == "1",
+        "inputs": plan_views.input_rows(row, plan), "config": plan_views.config_rows(plan.config),
+        "prediction": plan_views.prediction_rows(plan),
+        "memory_chart": plan_views.memory_chart([(row.name, plan)]),
+        "timeline_chart": plan_views.timeline_chart(plan) if plan.prediction.timeline else None,
+        "tradeoff_chart": plan_views.tradeoff_chart(plan),
+        "candidates": plan_views.candidate_rows(plan), "runs": runs,
+        "launcher_available": launcher_downloads_available(request), "launcher_targets": LAUNCHER_TARGETS,
+        "replan_query": replan,
+    })
+
+
+def _compare_ids(request: Request) -> list[int]:
+    ids: list[int] = []
+    for value in request.query_params.getlist("ids"):
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            plan_id = _parse_id(part, "plan")
+            if plan_id not in ids:
+                ids.append(plan_id)
+    return ids
+
+
+@router.get("/compare", response_class=HTMLResponse)
+def compare_page(request: Request, session: SessionDep) -> HTMLResponse:
+    ids = _compare_ids(request)
+    if not 2 <= len(ids) <= MAX_COMPARED:
+        return render(request, "compare.html", {
+            "active": "compare", "ids": ids, "max_compared": MAX_COMPARED, "plans": [], "rows": [],
+        }, status_code=200 if not ids else 400)
+    found = queries.plans_with_documents(session, ids)
+    missing = [i for i in ids if i not in found]
+    if missing:
+        raise StarletteHTTPException(
+            404, f"Plan(s) {', '.join(map(str, missing))} do not exist (they may have been deleted)."
+        )
+    try:
+        plans = [(found[i], plan_views.read_plan(found[i])) for i in ids]
+    except plan_views.UnreadablePlanError as exc:
+        return error_page(request, 500, str(exc))
+    return render(request, "compare.html", {
+        "active": "compare", "ids": ids, "max_compared": MAX_COMPARED, "plans": plans,
+        "rows": plan_views.compare_rows(plans),
+        "memory_chart": plan_views.memory_chart([(f"#{r.id} {r.name}", p) for r, p in plans]),
+    })
+
+
+@router.get("/calibrations", response_class=HTMLResponse)
+def calibrations_page(request: Request, session: SessionDep) -> HTMLResponse:
+    raw_page = request.query_params.get("page", "1")
+    page = int(raw_page) if raw_page.isdigit() and int(raw_page) >= 1 else 1
+    rows, total = queries.calibration_page(session, page)
+    pages = max(1, -(-total // queries.CALIBRATIONS_PER_PAGE))
+    return render(request, "calibrations.html", {
+        "active": "calibrations", "rows": rows, "total": total, "page": page, "pages": pages,
+        "hardware_label": calibration_views.hardware_label,
+    })
+
+
+@router.get("/calibrations/{calibration_id}", response_class=HTMLResponse)
+def calibration_page(calibration_id: str, request: Request, session: SessionDep) -> HTMLResponse:
+    row = queries.calibration_with_profile(session, _parse_id(calibration_id, "calibration profile"))
+    if row is None:
+        raise StarletteHTTPException(404, f"Calibration profile {calibration_id} does not exist.")
+    try:
+        profile = calibration_views.read_profile(row)
+    except calibration_views.UnreadableProfileError as exc:
+        return error_page(request, 500, str(exc))
+    return render(request, "calibration_detail.html", {
+        "active": "calibrations", "row": row, "profile": profile,
+        "fingerprint": calibration_views.fingerprint_rows(profile),
+        "matmul_chart": calibration_views.matmul_chart(profile, row.fitted_parameters),
+        "collective_chart": calibration_views.collective_chart(profile),
+        "fitted": calibration_views.fitted_rows(row.fitted_parameters),
+        "plans": queries.plans_using_calibration(session, row.id),
+        "best_memory_bandwidth": max((s.bytes / s.seconds for s in profile.memory_bandwidth), default=None),
+    })
+
+
+@router.get("/accuracy", response_class=HTMLResponse)
+def accuracy_page(request: Request, session: SessionDep) -> HTMLResponse:
+    runs, total = queries.all_validation_runs(session)
+    return render(request, "accuracy.html", {
+        "active": "accuracy", "runs": runs, "total": total, "shown": len(runs),
+        "summaries": accuracy_views.summaries(runs),
+        "step_time_chart": accuracy_views.step_time_chart(runs),
+        "memory_chart": accuracy_views.memory_chart(runs),
+        "error_histogram": accuracy_views.error_histogram(runs),
+    })

@@ -1,0 +1,178 @@
+"""The new-plan form: its fields, turning a submission into the API's `PlanCreate`, and putting every
+error the API would report beside the form field it concerns.
+
+Submissions go through `api.services.plans.create_plan`, the code behind `POST /api/v1/plans`, so the
+form and the API validate, deduplicate and store plans identically.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from api.dashboard import formatting as fmt
+from api.problems import FieldError, ProblemError, field_errors
+from api.schemas.plans import PlanCreate
+from planner.catalog import GPU_CATALOG, MODEL_CATALOG
+from planner.cost.model_costs import count_parameters
+
+# Where errors go that concern no single field (e.g. "no configuration fits on this cluster").
+FORM_LEVEL = "form"
+# API field paths (prefixes) -> form fields; the first match wins, so longer paths come first.
+_FIELD_FOR_PATH: tuple[tuple[str, str], ...] = (
+    ("cluster.num_nodes", "num_nodes"),
+    ("cluster.gpus_per_node", "gpus_per_node"),
+    ("cluster.gpu", "gpu"),
+    ("cluster", "cluster"),
+    ("training.seq_len", "seq_len"),
+    ("training.global_batch_tokens", "global_batch_tokens"),
+    ("training.precision", "precision"),
+    ("training.optimizer", "optimizer"),
+    ("training", "training"),
+    ("calibration_id", "calibration_id"),
+    ("name", "name"),
+)
+INTEGER_FIELDS = {
+    "num_nodes": "number of nodes",
+    "gpus_per_node": "GPUs per node",
+    "seq_len": "sequence length",
+    "global_batch_tokens": "global batch",
+}
+
+
+@dataclass
+class PlanForm:
+    """The form's values as typed (strings), so that a form with errors is shown back as it was sent."""
+
+    model_source: str = "catalog"
+    """`catalog` (a name from the select) or `config` (a pasted Hugging Face config.json)."""
+    model: str = "llama3-8b"
+    model_config: str = ""
+    name: str = ""
+    num_nodes: str = "1"
+    gpus_per_node: str = "8"
+    gpu: str = "H100-SXM-80GB"
+    seq_len: str = "8192"
+    global_batch_tokens: str = "131072"
+    precision: str = "bf16"
+    optimizer: str = "adamw"
+    calibration_id: str = ""
+    errors: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def model_field(self) -> str:
+        return "model_config" if self.model_source == "config" else "model"
+
+    def add_error(self, form_field: str, message: str) -> None:
+        self.errors.setdefault(form_field, []).append(message)
+
+    def values(self) -> dict[str, Any]:
+        values = asdict(self)
+        values.pop("errors")
+        return values
+
+
+def _integer(form: PlanForm, name: str) -> int | None:
+    raw = getattr(form, name).strip().replace(",", "").replace("_", "")
+    try:
+        return int(raw)
+    except ValueError:
+        form.add_error(name, f"enter the {INTEGER_FIELDS[name]} as a whole number" +
+                       (f" (got {raw[:40]!r})" if raw else ""))
+        return None
+
+
+def _model(form: PlanForm) -> str | dict[str, Any] | None:
+    if form.model_source != "config":
+        if not form.model.strip():
+            form.add_error("model", "choose a model from the catalog, or paste a config.json")
+        return form.model.strip() or None
+    text = form.model_config.strip()
+    if not text:
+        form.add_error("model_config", "paste the model's Hugging Face config.json here")
+        return None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        form.add_error("model_config", f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}")
+        return None
+    if not isinstance(document, dict):
+        form.add_error("model_config", "a config.json is a JSON object ({...})")
+        return None
+    return document
+
+
+def to_plan_create(form: PlanForm) -> PlanCreate | None:
+    """The API body for this form, or None with `form.errors` filled in."""
+    model = _model(form)
+    numbers = {name: _integer(form, name) for name in INTEGER_FIELDS}
+    calibration_id = None
+    if form.calibration_id.strip():
+        try:
+            calibration_id = int(form.calibration_id)
+        except ValueError:
+            form.add_error("calibration_id", "choose a stored calibration profile, or none")
+    if form.errors:
+        return None
+    body = {
+        "model": model,
+        "cluster": {"num_nodes": numbers["num_nodes"], "gpus_per_node": numbers["gpus_per_node"],
+                    "gpu": form.gpu.strip()},
+        "training": {"seq_len": numbers["seq_len"], "global_batch_tokens": numbers["global_batch_tokens"],
+                     "precision": form.precision, "optimizer": form.optimizer},
+        "name": form.name.strip() or None,
+        "calibration_id": calibration_id,
+    }
+    try:
+        return PlanCreate.model_validate(body)
+    except ValidationError as exc:
+        add_api_errors(form, field_errors([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]))
+        return None
+
+
+def _strip_path(message: str, path: str) -> str:
+    # The planner starts many messages with the field path, which is redundant beside that field.
+    for prefix in (path, path.rsplit(".", 1)[-1]):
+        if prefix and message.startswith(f"{prefix}: "):
+            return message[len(prefix) + 2:]
+    return message
+
+
+def form_field_for(form: PlanForm, path: str) -> str:
+    if path == "model" or path.startswith("model."):
+        return form.model_field
+    for prefix, form_field in _FIELD_FOR_PATH:
+        if path == prefix or path.startswith(prefix + "."):
+            return form_field
+    return FORM_LEVEL
+
+
+def add_api_errors(form: PlanForm, errors: list[FieldError]) -> None:
+    for error in errors:
+        form.add_error(form_field_for(form, error.field), _strip_path(error.message, error.field))
+
+
+def add_problem(form: PlanForm, problem: ProblemError) -> None:
+    """A refused plan: its field errors beside their fields, or its detail at the top of the form."""
+    if problem.errors:
+        add_api_errors(form, problem.errors)
+    else:
+        form.add_error(FORM_LEVEL, str(problem.detail))
+
+
+@dataclass(frozen=True)
+class Choice:
+    value: str
+    label: str
+
+
+def model_choices() -> list[Choice]:
+    return [Choice(name, f"{name} ({fmt.count(count_parameters(spec))} parameters)")
+            for name, spec in MODEL_CATALOG.items()]
+
+
+def gpu_choices() -> list[Choice]:
+    return [Choice(gpu.name, f"{gpu.name} ({gpu.memory_gib:g} GiB)") for gpu in GPU_CATALOG.values()]

@@ -1,0 +1,132 @@
+"""The plans page's state: sort, filters and page from the query string, and the links that change them.
+
+The rows themselves come from `api.services.plan_listing` (the API's listing: same filters, same sorts,
+same keyset cursor). Unlike the API, a page never answers a bad query parameter with an error: it falls
+back to the default and says so, because the parameter usually came from an old bookmark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from urllib.parse import urlencode
+
+from starlette.datastructures import QueryParams
+
+from api.schemas.plans import MAX_NODES, PlanSort, SortOrder
+from api.services.plan_listing import PlanFilters
+
+DEFAULT_PAGE_SIZE = 25
+MAX_PAGE_SIZE = 200
+MAX_FILTER_LENGTH = 200
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of the plans table; `sort` is None for columns the listing cannot sort on."""
+
+    label: str
+    sort: PlanSort | None = None
+    numeric: bool = False
+
+
+COLUMNS = (
+    Column("Name"),
+    Column("Model", PlanSort.model),
+    Column("Cluster"),
+    Column("GPUs", PlanSort.world_size, numeric=True),
+    Column("Tokens/s/GPU", PlanSort.tokens_per_s_per_gpu, numeric=True),
+    Column("MFU", PlanSort.mfu, numeric=True),
+    Column("Peak memory", PlanSort.peak_memory_gib, numeric=True),
+    Column("Step time", numeric=True),
+    Column("Created", PlanSort.created_at),
+)
+# Clicking a column first sorts it the way people look at it: best/newest first, names A to Z.
+FIRST_ORDER = {PlanSort.model: SortOrder.asc, PlanSort.peak_memory_gib: SortOrder.asc}
+
+
+@dataclass(frozen=True)
+class SortLink:
+    href: str
+    active: bool
+    aria_sort: str
+    """`ascending`, `descending` or `none` (for screen readers)."""
+    arrow: str
+
+
+@dataclass(frozen=True)
+class ListingState:
+    sort: PlanSort = PlanSort.created_at
+    order: SortOrder = SortOrder.desc
+    model: str = ""
+    gpu: str = ""
+    q: str = ""
+    nodes: str = ""
+    limit: int = DEFAULT_PAGE_SIZE
+    cursor: str | None = None
+    notices: tuple[str, ...] = field(default=(), compare=False)
+
+    @classmethod
+    def from_query(cls, params: QueryParams) -> ListingState:
+        notices = []
+
+        def text(name: str) -> str:
+            value = params.get(name, "").strip()
+            if len(value) > MAX_FILTER_LENGTH or "\x00" in value:
+                notices.append(f"The {name} filter was too long or malformed and was ignored.")
+                return ""
+            return value
+
+        sort, order = PlanSort.created_at, SortOrder.desc
+        if "sort" in params:
+            try:
+                sort = PlanSort(params["sort"])
+                order = FIRST_ORDER.get(sort, SortOrder.desc)
+            except ValueError:
+                notices.append(f"Unknown sort {params['sort'][:40]!r}; showing the newest plans first.")
+        if "order" in params:
+            try:
+                order = SortOrder(params["order"])
+            except ValueError:
+                notices.append(f"Unknown order {params['order'][:10]!r}; use asc or desc.")
+        nodes = text("nodes")
+        if nodes and not (nodes.isdigit() and 1 <= int(nodes) <= MAX_NODES):
+            notices.append(f"Nodes must be a whole number from 1 to {MAX_NODES}; that filter was ignored.")
+            nodes = ""
+        limit = DEFAULT_PAGE_SIZE
+        if params.get("limit", "").isdigit():
+            limit = min(max(int(params["limit"]), 1), MAX_PAGE_SIZE)
+        cursor = params.get("cursor") or None
+        return cls(sort=sort, order=order, model=text("model"), gpu=text("gpu"), q=text("q"), nodes=nodes,
+                   limit=limit, cursor=cursor, notices=tuple(notices))
+
+    def filters(self) -> PlanFilters:
+        return PlanFilters(model=self.model or None, gpu=self.gpu or None,
+                           nodes=int(self.nodes) if self.nodes else None, q=self.q or None)
+
+    @property
+    def filtered(self) -> bool:
+        return bool(self.model or self.gpu or self.q or self.nodes)
+
+    def href(self, **changes: object) -> str:
+        """`/?...` for this state with `changes` applied; defaults are left out to keep links short."""
+        state = replace(self, **changes)  # type: ignore[arg-type]
+        query = {
+            "sort": state.sort.value if state.sort is not PlanSort.created_at else None,
+            "order": state.order.value if state.order is not FIRST_ORDER.get(state.sort, SortOrder.desc)
+            else None,
+            "model": state.model, "gpu": state.gpu, "q": state.q, "nodes": state.nodes,
+            "limit": state.limit if state.limit != DEFAULT_PAGE_SIZE else None,
+            "cursor": state.cursor,
+        }
+        encoded = urlencode({k: v for k, v in query.items() if v})
+        return f"/?{encoded}" if encoded else "/"
+
+    def sort_link(self, sort: PlanSort) -> SortLink:
+        active = sort is self.sort
+        if active:
+            order = SortOrder.asc if self.order is SortOrder.desc else SortOrder.desc
+        else:
+            order = FIRST_ORDER.get(sort, SortOrder.desc)
+        aria = ("ascending" if self.order is SortOrder.asc else "descending") if active else "none"
+        arrow = ("▲" if self.order is SortOrder.asc else "▼") if active else ""
+        return SortLink(self.href(sort=sort, order=order, cursor=None), active, aria, arrow)

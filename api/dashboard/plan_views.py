@@ -1,0 +1,353 @@
+"""What the plan pages show, computed from a stored plan: labelled rows, charts, and the compare table.
+
+The stored document is read back through the planner's own `Plan` model, so every field is typed and
+a document this version cannot read is caught in one place (`read_plan`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from markupsafe import Markup
+from pydantic import ValidationError
+
+from api.dashboard import formatting as fmt
+from api.dashboard import svg
+from api.db.models import PlanRow
+from planner.plan import Candidate, ParallelConfig, Plan
+
+# Memory parts in the order they are stacked, with the words a person reads.
+MEMORY_PARTS = {
+    "params": "parameters",
+    "grads": "gradients",
+    "optimizer": "optimizer states",
+    "activations": "activations",
+    "unsharded_buffers": "unsharded buffers",
+    "logits": "logits & loss",
+    "workspace": "workspace",
+    "fragmentation": "fragmentation margin",
+}
+MEMORY_COLORS = dict(zip(MEMORY_PARTS.values(), (*svg.PALETTE[:7], "#bbbbbb"), strict=True))
+
+COMPUTE_FORWARD, COMPUTE_BACKWARD, OPTIMIZER = svg.PALETTE[0], svg.PALETTE[2], svg.PALETTE[3]
+ALL_GATHER, REDUCE = svg.PALETTE[1], svg.PALETTE[4]
+TIMELINE_LEGEND = (
+    ("forward compute", COMPUTE_FORWARD),
+    ("backward compute", COMPUTE_BACKWARD),
+    ("optimizer", OPTIMIZER),
+    ("all-gather", ALL_GATHER),
+    ("reduce-scatter / all-reduce", REDUCE),
+    ("exposed communication (compute waits)", svg.EXPOSED_COLOR),
+)
+LANE_COMPUTE, LANE_COMM = "compute", "communication"
+
+
+class UnreadablePlanError(ValueError):
+    """A stored document that this version's Plan model rejects (stored by another planner version)."""
+
+
+def read_plan(row: PlanRow) -> Plan:
+    try:
+        return Plan.model_validate(row.plan)
+    except ValidationError as exc:
+        raise UnreadablePlanError(
+            f"plan {row.id} was stored by planner {row.planner_version} in a format this version cannot "
+            f"show ({exc.error_count()} problem(s)); its raw JSON is still at /api/v1/plans/{row.id}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One labelled value of a definition list."""
+
+    label: str
+    value: str
+    hint: str = ""
+
+
+def cluster_label(plan: Plan) -> str:
+    c = plan.cluster
+    return f"{c.num_nodes} × {c.gpus_per_node} × {c.gpu}"
+
+
+def checkpointing_label(config: ParallelConfig) -> str:
+    mode = config.checkpointing.mode
+    if mode == "selective":
+        return f"selective: every {config.checkpointing.every_k}th block recomputed" if (
+            config.checkpointing.every_k > 1) else "selective: every block recomputed"
+    return {"none": "none", "full": "full (every block recomputed)",
+            "op_selective": "op-level selective (every other matmul saved)"}.get(mode, mode)
+
+
+def sharding_label(config: ParallelConfig) -> str:
+    if config.sharding == "hybrid_shard":
+        return (f"hybrid_shard: sharded over {config.shard_group_size}, "
+                f"replicated × {config.replicate_group_size}")
+    return {"full_shard": "full_shard (ZeRO-3)", "shard_grad_op": "shard_grad_op (ZeRO-2)",
+            "no_shard": "no_shard (replicated, DDP-like)"}.get(config.sharding, config.sharding)
+
+
+def input_rows(row: PlanRow, plan: Plan) -> list[Row]:
+    model, cluster, training = plan.model, plan.cluster, plan.training
+    dims = (f"{model.num_layers} layers, hidden {model.hidden_size}, {model.num_heads} heads"
+            if model.architecture != "layer_graph" else f"{len(model.layer_graph or [])} traced units")
+    return [
+        Row("Model", model.name, f"{model.architecture}, {fmt.count(model.num_params)} parameters, {dims}"),
+        Row("Cluster", cluster_label(plan), f"{cluster.world_size} GPUs"),
+        Row("GPU", cluster.gpu_spec.name, f"{cluster.gpu_spec.memory_gib:g} GiB, "
+            f"{cluster.gpu_spec.peak_bf16_tflops:g} TFLOP/s bf16 peak"),
+        Row("Sequence length", f"{training.seq_len:,} tokens"),
+        Row("Global batch", f"{training.global_batch_tokens:,} tokens",
+            f"{training.global_batch_sequences:,} sequences per optimizer step"),
+        Row("Precision / optimizer", f"{training.precision} / {training.optimizer}"),
+        Row("Calibration", f"profile {row.calibration_id}" if row.calibration_id else "none (catalog peaks)"),
+    ]
+
+
+def config_rows(config: ParallelConfig) -> list[Row]:
+    buckets = (
+        "one collective per wrap unit" if not (config.all_gather_bucket_mb or config.reduce_scatter_bucket_mb)
+        else f"all-gather {config.all_gather_bucket_mb:g} MB, "
+        f"reduce-scatter {config.reduce_scatter_bucket_mb:g} MB"
+    )
+    inductor = config.inductor
+    knobs = [name for name, on in (
+        ("bucket all-gathers", inductor.bucket_all_gathers),
+        ("bucket reduce-scatters", inductor.bucket_reduce_scatters),
+        ("reorder for compute/comm overlap", inductor.reorder_for_compute_comm_overlap),
+    ) if on]
+    return [
+        Row("Sharding", sharding_label(config)),
+        Row("Wrap units", f"{config.blocks_per_unit} block(s) per FSDP unit",
+            "embeddings and the output head are units of their own"),
+        Row("Communication buckets", buckets),
+        Row("Reshard after forward", "yes" if config.reshard_after_forward else "no"),
+        Row("Prefetch depth", f"{config.prefetch_depth} unit(s) ahead"),
+        Row("Activation checkpointing", checkpointing_label(config)),
+        Row("Micro-batching", f"{config.micro_batch_size} sequence(s) per micro-batch × "
+            f"{config.grad_accum_steps} accumulation step(s)"),
+        Row("Mixed precision", f"params {config.param_dtype}, reductions {config.reduce_dtype}"),
+        Row("torch.compile", ("on: " + (", ".join(knobs) or "default inductor")) if config.compile
+            else "off (eager FSDP2)"),
+    ]
+
+
+def prediction_rows(plan: Plan) -> list[Row]:
+    p = plan.prediction
+    capacity = plan.cluster.gpu_spec.memory_gib
+    return [
+        Row("Step time", fmt.seconds(p.step_time_s)),
+        Row("Throughput", f"{fmt.thousands(p.tokens_per_s_per_gpu)} tokens/s per GPU",
+            f"{fmt.thousands(p.tokens_per_s)} tokens/s over the cluster"),
+        Row("MFU", fmt.percent(p.mfu), "model FLOPs utilisation against the bf16 peak"),
+        Row("Peak memory", fmt.gib(p.peak_memory_gib),
+            f"{p.peak_memory_gib / capacity:.0%} of the GPU's {capacity:g} GiB"),
+        Row("Compute", fmt.seconds(p.compute_s), f"of which optimizer {fmt.seconds(p.optimizer_s)}"),
+        Row("Communication", fmt.seconds(p.comm_s), "overlapped or not"),
+        Row("Exposed communication", fmt.seconds(p.exposed_comm_s),
+            f"all-gather {fmt.seconds(p.exposed_all_gather_s)}, "
+            f"reduce-scatter {fmt.seconds(p.exposed_reduce_scatter_s)}"),
+        Row("Search", f"{plan.search.candidates_evaluated:,} configurations evaluated",
+            f"{plan.search.candidates_fitting:,} fit in memory"),
+    ]
+
+
+def memory_segments(plan: Plan) -> list[tuple[str, float]]:
+    breakdown = plan.prediction.memory_breakdown_gib
+    return [(label, getattr(breakdown, key)) for key, label in MEMORY_PARTS.items()]
+
+
+def memory_chart(plans: Sequence[tuple[str, Plan]], chart_id: str = "memory-chart") -> Markup:
+    """Stacked memory breakdown per plan, against the GPU capacity when the plans share one GPU."""
+    capacities = {plan.cluster.gpu_spec.memory_gib for _, plan in plans}
+    limit = None
+    if len(capacities) == 1:
+        capacity = capacities.pop()
+        limit = svg.GuideLine(label=f"GPU capacity {capacity:g} GiB", x=capacity)
+    return svg.stacked_bars(
+        chart_id=chart_id, title="Peak memory per GPU by purpose",
+        bars=[svg.Bar(label=label, segments=memory_segments(plan)) for label, plan in plans],
+        x_label="GiB per GPU", colors=MEMORY_COLORS, limit=limit, value_format=fmt.gib,
+    )
+
+
+def _segment_color(stream: str, phase: str, label: str) -> str:
+    if stream == "compute":
+        return {"forward": COMPUTE_FORWARD, "backward": COMPUTE_BACKWARD}.get(phase, OPTIMIZER)
+    return ALL_GATHER if "gather" in label else REDUCE
+
+
+def timeline_chart(plan: Plan) -> Markup:
+    """One micro-batch on the compute and communication streams; exposed waits marked on compute.
+
+    The planner records a wait as a comm segment whose `exposed_s` is the time compute stood still, so it
+    is drawn where that idle time is: on the compute lane, in red. A transfer that is partly exposed is
+    drawn on the communication lane too.
+    """
+    spans = []
+    for seg in plan.prediction.timeline:
+        duration = seg.end_s - seg.start_s
+        tooltip = f"{seg.label} ({seg.phase}): {fmt.seconds(seg.start_s)} → {fmt.seconds(seg.end_s)}, " \
+                  f"{fmt.seconds(duration)}"
+        if seg.exposed_s > 0:
+            spans.append(svg.Span(
+                lane=LANE_COMPUTE, start=seg.end_s - seg.exposed_s, end=seg.end_s, color=svg.EXPOSED_COLOR,
+                tooltip=f"{tooltip}; compute waits {fmt.seconds(seg.exposed_s)}", css_class="exposed",
+            ))
+            if seg.exposed_s >= duration * 0.999:
+                continue
+        lane = LANE_COMPUTE if seg.stream == "compute" else LANE_COMM
+        spans.append(svg.Span(lane=lane, start=seg.start_s, end=seg.end_s, tooltip=tooltip,
+                              color=_segment_color(seg.stream, seg.phase, seg.label)))
+    present = {s.color for s in spans}
+    return svg.timeline(
+        chart_id="timeline-chart", title="Step timeline of one micro-batch",
+        lanes=(LANE_COMPUTE, LANE_COMM), spans=spans,
+        legend=[(name, color) for name, color in TIMELINE_LEGEND if color in present],
+    )
+
+
+def _candidate_point(candidate: Candidate) -> svg.Point:
+    return svg.Point(
+        x=candidate.peak_memory_gib, y=candidate.tokens_per_s_per_gpu,
+        tooltip=f"{candidate.label}: {fmt.thousands(candidate.tokens_per_s_per_gpu)} tokens/s/GPU, "
+                f"{fmt.gib(candidate.peak_memory_gib)}, MFU {fmt.percent(candidate.mfu)}",
+    )
+
+
+def tradeoff_chart(plan: Plan) -> Markup:
+    """Throughput against peak memory: alternatives, the Pareto front, and the chosen plan."""
+    p = plan.prediction
+    chosen = svg.Point(
+        x=p.peak_memory_gib, y=p.tokens_per_s_per_gpu,
+        tooltip=f"chosen: {plan.config.label()}: {fmt.thousands(p.tokens_per_s_per_gpu)} tokens/s/GPU, "
+                f"{fmt.gib(p.peak_memory_gib)}",
+    )
+    capacity = plan.cluster.gpu_spec.memory_gib
+    peaks = [c.peak_memory_gib for c in (*plan.alternatives, *plan.pareto_front)] + [p.peak_memory_gib]
+    # The capacity line only helps when the plans come near it; otherwise it squeezes them into a corner.
+    guides = [svg.GuideLine(label=f"capacity {capacity:g} GiB", x=capacity)] if capacity <= max(peaks) * 1.5 \
+        else []
+    return svg.xy_chart(
+        chart_id="tradeoff-chart", title="Throughput vs peak memory",
+        series=[
+            svg.Series("alternatives", [_candidate_point(c) for c in plan.alternatives], svg.PALETTE[0],
+                       css_class="alternative"),
+            svg.Series("Pareto front", [_candidate_point(c) for c in plan.pareto_front], svg.PALETTE[1],
+                       line=True, css_class="pareto"),
+            svg.Series("chosen plan", [chosen], svg.HIGHLIGHT_COLOR, radius=7, css_class="chosen"),
+        ],
+        x_label="peak memory per GPU (GiB)", y_label="tokens/s per GPU", guides=guides,
+    )
+
+
+@dataclass(frozen=True)
+class CandidateRow:
+    rank: str
+    candidate: Candidate
+    on_pareto_front: bool
+    chosen: bool
+
+
+def candidate_rows(plan: Plan) -> list[CandidateRow]:
+    """The chosen configuration then the alternatives, each marked when it is on the Pareto front."""
+    front = {c.config for c in plan.pareto_front}
+    p = plan.prediction
+    chosen = Candidate(
+        label=plan.config.label(), config=plan.config, step_time_s=p.step_time_s,
+        tokens_per_s_per_gpu=p.tokens_per_s_per_gpu, mfu=p.mfu, peak_memory_gib=p.peak_memory_gib,
+        exposed_comm_s=p.exposed_comm_s, relative_throughput=1.0,
+    )
+    rows = [CandidateRow("chosen", chosen, plan.config in front, True)]
+    rows += [CandidateRow(str(i), c, c.config in front, False) for i, c in enumerate(plan.alternatives, 1)]
+    return rows
+
+
+# --- compare -------------------------------------------------------------------------------------------
+
+Better = Literal["higher", "lower"] | None
+
+
+@dataclass(frozen=True)
+class CompareField:
+    section: str
+    label: str
+    value: Callable[[PlanRow, Plan], str]
+    number: Callable[[Plan], float] | None = None
+    better: Better = None
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    section: str
+    label: str
+    values: list[str]
+    differs: bool
+    best: set[int]
+    """Columns holding the best value (numeric rows with a direction only, and only when they differ)."""
+
+
+def _memory_field(key: str, label: str) -> CompareField:
+    return CompareField("Memory per GPU", label,
+                        lambda _r, p: fmt.gib(getattr(p.prediction.memory_breakdown_gib, key)),
+                        lambda p: getattr(p.prediction.memory_breakdown_gib, key), "lower")
+
+
+COMPARE_FIELDS: tuple[CompareField, ...] = (
+    CompareField("Inputs", "Name", lambda r, _p: r.name),
+    CompareField("Inputs", "Model", lambda _r, p: f"{p.model.name} ({fmt.count(p.model.num_params)})"),
+    CompareField("Inputs", "Cluster", lambda _r, p: cluster_label(p)),
+    CompareField("Inputs", "GPUs", lambda _r, p: str(p.cluster.world_size)),
+    CompareField("Inputs", "Sequence length", lambda _r, p: f"{p.training.seq_len:,}"),
+    CompareField("Inputs", "Global batch (tokens)", lambda _r, p: f"{p.training.global_batch_tokens:,}"),
+    CompareField("Inputs", "Precision / optimizer",
+                 lambda _r, p: f"{p.training.precision} / {p.training.optimizer}"),
+    CompareField("Inputs", "Calibration",
+                 lambda r, _p: f"profile {r.calibration_id}" if r.calibration_id else "none"),
+    CompareField("Configuration", "Sharding", lambda _r, p: sharding_label(p.config)),
+    CompareField("Configuration", "Blocks per unit", lambda _r, p: str(p.config.blocks_per_unit)),
+    CompareField("Configuration", "Buckets AG / RS (MB)",
+                 lambda _r, p: f"{p.config.all_gather_bucket_mb:g} / {p.config.reduce_scatter_bucket_mb:g}"),
+    CompareField("Configuration", "Reshard after forward",
+                 lambda _r, p: "yes" if p.config.reshard_after_forward else "no"),
+    CompareField("Configuration", "Prefetch depth", lambda _r, p: str(p.config.prefetch_depth)),
+    CompareField("Configuration", "Activation checkpointing", lambda _r, p: checkpointing_label(p.config)),
+    CompareField("Configuration", "Micro-batch × accumulation",
+                 lambda _r, p: f"{p.config.micro_batch_size} × {p.config.grad_accum_steps}"),
+    CompareField("Configuration", "Param / reduce dtype",
+                 lambda _r, p: f"{p.config.param_dtype} / {p.config.reduce_dtype}"),
+    CompareField("Configuration", "torch.compile", lambda _r, p: "on" if p.config.compile else "off"),
+    CompareField("Prediction", "Step time", lambda _r, p: fmt.seconds(p.prediction.step_time_s),
+                 lambda p: p.prediction.step_time_s, "lower"),
+    CompareField("Prediction", "Tokens/s per GPU",
+                 lambda _r, p: fmt.thousands(p.prediction.tokens_per_s_per_gpu),
+                 lambda p: p.prediction.tokens_per_s_per_gpu, "higher"),
+    CompareField("Prediction", "Tokens/s (cluster)", lambda _r, p: fmt.thousands(p.prediction.tokens_per_s),
+                 lambda p: p.prediction.tokens_per_s, "higher"),
+    CompareField("Prediction", "MFU", lambda _r, p: fmt.percent(p.prediction.mfu), lambda p: p.prediction.mfu,
+                 "higher"),
+    CompareField("Prediction", "Peak memory", lambda _r, p: fmt.gib(p.prediction.peak_memory_gib),
+                 lambda p: p.prediction.peak_memory_gib, "lower"),
+    CompareField("Prediction", "Exposed communication",
+                 lambda _r, p: fmt.seconds(p.prediction.exposed_comm_s),
+                 lambda p: p.prediction.exposed_comm_s, "lower"),
+    *(_memory_field(key, label) for key, label in MEMORY_PARTS.items()),
+    CompareField("Provenance", "Planner version", lambda r, _p: r.planner_version),
+    CompareField("Provenance", "Created", lambda r, _p: fmt.timestamp(r.created_at)),
+)
+
+
+def compare_rows(plans: Sequence[tuple[PlanRow, Plan]]) -> list[CompareRow]:
+    rows = []
+    for f in COMPARE_FIELDS:
+        values = [f.value(row, plan) for row, plan in plans]
+        differs = len(set(values)) > 1
+        best: set[int] = set()
+        if differs and f.number is not None and f.better is not None:
+            numbers = [f.number(plan) for _, plan in plans]
+            target = max(numbers) if f.better == "higher" else min(numbers)
+            best = {i for i, n in enumerate(numbers) if n == target}
+        rows.append(CompareRow(f.section, f.label, values, differs, best))
+    return rows

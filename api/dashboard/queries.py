@@ -1,0 +1,97 @@
+"""Database reads the dashboard needs beyond the plan listing (which `api.services.plan_listing` does)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, undefer
+
+from api.db.models import CalibrationProfileRow, PlanRow, ValidationRunRow
+from api.services.plan_listing import PlanFilters
+from api.services.plans import full_plan
+
+# The accuracy page plots every run up to this many (newest first); beyond it a scatter is unreadable
+# and the page slow, so it says how many were left out.
+MAX_ACCURACY_RUNS = 5000
+CALIBRATIONS_PER_PAGE = 50
+
+
+def plan_with_documents(session: Session, plan_id: int) -> PlanRow | None:
+    return session.scalar(select(PlanRow).where(PlanRow.id == plan_id).options(*full_plan()))
+
+
+def plans_with_documents(session: Session, plan_ids: Sequence[int]) -> dict[int, PlanRow]:
+    rows = session.scalars(select(PlanRow).where(PlanRow.id.in_(plan_ids)).options(*full_plan()))
+    return {row.id: row for row in rows}
+
+
+def count_plans(session: Session, filters: PlanFilters) -> int:
+    return session.scalar(select(func.count()).select_from(PlanRow).where(*filters.conditions())) or 0
+
+
+def distinct_values(session: Session) -> tuple[list[str], list[str]]:
+    """Model names and GPUs that stored plans use (the list page's filter choices)."""
+    models = list(session.scalars(select(PlanRow.model_name).distinct().order_by(PlanRow.model_name)))
+    gpus = list(session.scalars(select(PlanRow.gpu).distinct().order_by(PlanRow.gpu)))
+    return models, gpus
+
+
+def validation_runs(session: Session, plan_id: int) -> list[ValidationRunRow]:
+    return list(session.scalars(
+        select(ValidationRunRow).where(ValidationRunRow.plan_id == plan_id)
+        .order_by(ValidationRunRow.created_at.desc(), ValidationRunRow.id.desc())
+    ))
+
+
+@dataclass(frozen=True)
+class RunWithPlan:
+    run: ValidationRunRow
+    plan_name: str
+    model_name: str
+    gpu: str
+
+
+def all_validation_runs(session: Session) -> tuple[list[RunWithPlan], int]:
+    """The newest runs (up to MAX_ACCURACY_RUNS) with their plans' labels, and how many runs exist."""
+    total = session.scalar(select(func.count()).select_from(ValidationRunRow)) or 0
+    rows = session.execute(
+        select(ValidationRunRow, PlanRow.name, PlanRow.model_name, PlanRow.gpu)
+        .join(PlanRow, PlanRow.id == ValidationRunRow.plan_id)
+        .order_by(ValidationRunRow.created_at.desc(), ValidationRunRow.id.desc())
+        .limit(MAX_ACCURACY_RUNS)
+    )
+    return [RunWithPlan(run, name, model, gpu) for run, name, model, gpu in rows], total
+
+
+def calibration_page(session: Session, page: int) -> tuple[list[CalibrationProfileRow], int]:
+    """One page of calibration profiles, newest first (without their large documents), and the total."""
+    total = session.scalar(select(func.count()).select_from(CalibrationProfileRow)) or 0
+    rows = session.scalars(
+        select(CalibrationProfileRow)
+        .order_by(CalibrationProfileRow.created_at.desc(), CalibrationProfileRow.id.desc())
+        .offset((page - 1) * CALIBRATIONS_PER_PAGE).limit(CALIBRATIONS_PER_PAGE)
+    )
+    return list(rows), total
+
+
+def calibration_choices(session: Session) -> list[CalibrationProfileRow]:
+    """Every profile, newest first, for the new-plan form's select (documents not loaded)."""
+    return list(session.scalars(
+        select(CalibrationProfileRow).order_by(CalibrationProfileRow.created_at.desc(),
+                                               CalibrationProfileRow.id.desc())
+    ))
+
+
+def calibration_with_profile(session: Session, calibration_id: int) -> CalibrationProfileRow | None:
+    return session.scalar(
+        select(CalibrationProfileRow).where(CalibrationProfileRow.id == calibration_id)
+        .options(undefer(CalibrationProfileRow.profile))
+    )
+
+
+def plans_using_calibration(session: Session, calibration_id: int) -> list[PlanRow]:
+    return list(session.scalars(
+        select(PlanRow).where(PlanRow.calibration_id == calibration_id).order_by(PlanRow.id.desc()).limit(50)
+    ))

@@ -1,0 +1,72 @@
+// fsdp-planner dashboard: small progressive enhancements. Every page works without this file.
+"use strict";
+
+document.documentElement.classList.add("js");
+
+// Plans list: the Compare button is enabled once two or more plans are ticked.
+function setUpCompare() {
+  const button = document.getElementById("compare-button");
+  const hint = document.getElementById("compare-hint");
+  if (!button) return;
+  const boxes = Array.from(document.querySelectorAll('input[type="checkbox"][form="compare-form"]'));
+  const update = () => {
+    const ticked = boxes.filter((box) => box.checked).length;
+    button.disabled = ticked < 2;
+    button.textContent = ticked >= 2 ? `Compare ${ticked} plans` : "Compare selected";
+    if (hint) hint.hidden = ticked >= 2;
+  };
+  boxes.forEach((box) => box.addEventListener("change", update));
+  update();
+}
+
+// New plan: show only the model input of the chosen source; say how many sequences a batch holds.
+function setUpPlanForm() {
+  const form = document.getElementById("plan-form");
+  if (!form) return;
+  const radios = Array.from(form.querySelectorAll('input[name="model_source"]'));
+  const showSource = () => {
+    const chosen = (radios.find((radio) => radio.checked) || {}).value || "catalog";
+    form.querySelectorAll(".field[data-source]").forEach((field) => {
+      field.classList.toggle("source-hidden", field.dataset.source !== chosen);
+    });
+  };
+  radios.forEach((radio) => radio.addEventListener("change", showSource));
+  showSource();
+
+  const seqLen = document.getElementById("seq_len");
+  const batch = document.getElementById("global_batch_tokens");
+  const output = document.getElementById("batch-sequences");
+  const describeBatch = () => {
+    const seq = Number(seqLen.value);
+    const tokens = Number(batch.value);
+    if (!output) return;
+    if (!(seq > 0 && tokens > 0)) {
+      output.textContent = "";
+    } else if (tokens % seq === 0) {
+      output.textContent = `= ${(tokens / seq).toLocaleString()} sequences per step.`;
+    } else {
+      output.textContent = `Not a multiple of ${seq.toLocaleString()}: try ${(Math.max(1, Math.round(tokens / seq)) * seq).toLocaleString()}.`;
+    }
+  };
+  [seqLen, batch].forEach((input) => input && input.addEventListener("input", describeBatch));
+  describeBatch();
+
+  // Planning a large model takes a moment: say so, and keep a double click from sending twice.
+  form.addEventListener("submit", () => {
+    const button = document.getElementById("create-plan");
+    const status = document.getElementById("planning-status");
+    if (button) button.disabled = true;
+    if (status) status.textContent = "Searching configurations…";
+  });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  setUpCompare();
+  setUpPlanForm();
+});
+
+// Coming back to the form with the back button restores the page as it was left: re-enable its button.
+window.addEventListener("pageshow", () => {
+  const button = document.getElementById("create-plan");
+  if (button) button.disabled = false;
+});
