@@ -1,0 +1,201 @@
+"""Fixtures of the dashboard suite.
+
+- `client` / `db`: the app in-process (TestClient) on a fresh SQLite file, for the server-side page tests.
+- `live_server`: `uvicorn` in a subprocess on a free port with its own SQLite file, for the browser tests.
+- `browser` / `page`: Debian's Chromium (`/usr/bin/chromium`) driven by playwright; never downloaded. A
+  `page` fails its test on any console error or uncaught exception, and `screenshot()` keeps a full-page
+  capture under test-artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
+
+from api.app import create_app
+from api.db.session import create_db_engine, create_session_factory
+from api.settings import SQLITE_FILE_NAME, Settings
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOT_DIR = REPO_ROOT / "test-artifacts" / "screenshots"
+CHROMIUM = Path(os.environ.get("FSDP_PLANNER_TEST_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+]
+SERVER_START_TIMEOUT_S = 60
+
+# Cheap inputs: searched in well under a second.
+GPT2_FORM = {"model": "gpt2", "num_nodes": "1", "gpus_per_node": "8", "gpu": "H100-SXM-80GB",
+             "seq_len": "512", "global_batch_tokens": "4096"}
+DEBUG_CPU_FORM = {"model": "llama-debug", "num_nodes": "1", "gpus_per_node": "2", "gpu": "cpu",
+                  "seq_len": "512", "global_batch_tokens": "4096"}
+
+
+@dataclass
+class Database:
+    """Direct ORM access to the database a server uses (to seed uploads made by other services)."""
+
+    url: str
+    _factory: Any = field(init=False, repr=False)
+    _engine: Any = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._engine = create_db_engine(self.url, pool_size=1, max_overflow=0)
+        self._factory = create_session_factory(self._engine)
+
+    def session(self) -> Session:
+        return self._factory()
+
+    def dispose(self) -> None:
+        self._engine.dispose()
+
+
+@pytest.fixture
+def app_settings(tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path / "data")
+
+
+@pytest.fixture
+def client(app_settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(app_settings)) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def db(client: TestClient, app_settings: Settings) -> Iterator[Database]:
+    database = Database(app_settings.resolved_database_url)
+    yield database
+    database.dispose()
+
+
+def create_plan(client: TestClient | httpx.Client, **overrides: str) -> int:
+    """Create a plan through the dashboard form; the plan's id."""
+    response = client.post("/plans/new", data={**GPT2_FORM, **overrides}, follow_redirects=False)
+    assert response.status_code == 303, response.text
+    match = re.fullmatch(r"/plans/(\d+)(\?existing=1)?", response.headers["location"])
+    assert match, response.headers["location"]
+    return int(match.group(1))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LiveServer:
+    url: str
+    db: Database
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A real uvicorn process serving the app on a fresh SQLite database (one per test module)."""
+    data_dir = tmp_path_factory.mktemp("live-data")
+    port = _free_port()
+    log = data_dir / "server.log"
+    env = {**os.environ, "FSDP_PLANNER_DATA_DIR": str(data_dir), "FSDP_PLANNER_LOG_LEVEL": "warning"}
+    env.pop("DATABASE_URL", None)
+    env.pop("FSDP_PLANNER_DATABASE_URL", None)
+    with log.open("wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--host", "127.0.0.1",
+             "--port", str(port), "--log-level", "warning"],
+            cwd=REPO_ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"the server exited with {process.returncode}:\n{log.read_text()}")
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"no server after {SERVER_START_TIMEOUT_S} s:\n{log.read_text()}")
+            time.sleep(0.1)
+        database = Database(f"sqlite:///{data_dir / SQLITE_FILE_NAME}")
+        yield LiveServer(url=url, db=database, log=log)
+        database.dispose()
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium); "
+                    "scripts/test.sh does this on CI")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    with sync_api.sync_playwright() as playwright:
+        instance = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield instance
+        instance.close()
+
+
+@dataclass
+class BrowserPage:
+    """A playwright page plus what it logged; `screenshot(name)` saves a full-page capture."""
+
+    page: Any
+    errors: list[str]
+
+    def screenshot(self, name: str) -> Path:
+        SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+        path = SCREENSHOT_DIR / f"{name}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        return path
+
+
+@pytest.fixture
+def page_factory(browser: Any) -> Iterator[Callable[..., BrowserPage]]:
+    """New pages in fresh contexts (laptop-sized unless told); each test fails on console errors."""
+    opened: list[tuple[Any, BrowserPage]] = []
+
+    def make(**context_options: Any) -> BrowserPage:
+        context = browser.new_context(
+            accept_downloads=True, **({"viewport": {"width": 1366, "height": 900}} | context_options)
+        )
+        context.set_default_timeout(15_000)
+        page = context.new_page()
+        wrapped = BrowserPage(page=page, errors=[])
+        page.on("console", lambda msg: wrapped.errors.append(f"console.{msg.type}: {msg.text} at {page.url}")
+                if msg.type == "error" else None)
+        page.on("pageerror", lambda exc: wrapped.errors.append(f"uncaught: {exc} at {page.url}"))
+        opened.append((context, wrapped))
+        return wrapped
+
+    yield make
+    errors = [error for _, wrapped in opened for error in wrapped.errors]
+    for context, _ in opened:
+        context.close()
+    assert not errors, "the pages logged errors:\n" + "\n".join(errors)
+
+
+@pytest.fixture
+def page(page_factory: Callable[..., BrowserPage]) -> BrowserPage:
+    return page_factory()

@@ -1,0 +1,341 @@
+"""Server-side tests of every dashboard page: status, key content, empty states, errors, escaping, auth."""
+
+from __future__ import annotations
+
+import base64
+import html as html_module
+import re
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api import keys
+from api.app import create_app
+from api.db.models import PlanRow
+from api.db.session import create_db_engine, create_session_factory
+from api.settings import Settings
+from tests.dashboard.conftest import DEBUG_CPU_FORM, GPT2_FORM, Database, create_plan
+from tests.dashboard.sample_data import h100_profile, insert_calibration, insert_runs
+
+HTML = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+
+
+def figure(html: str, chart: str) -> str:
+    match = re.search(rf'<figure class="chart" data-chart="{chart}">(.*?)</figure>', html, re.S)
+    assert match, f"no {chart} chart on the page"
+    return match.group(1)
+
+
+def marks(html: str, chart: str, kind: str = "") -> int:
+    """Data marks (class `mark`) of one chart, optionally of one SVG element kind."""
+    return len(re.findall(rf'<{kind or "[a-z]+"} [^>]*class="mark[ "]', figure(html, chart)))
+
+
+def row_ids(html: str) -> list[int]:
+    return [int(i) for i in re.findall(r'<tr data-plan-id="(\d+)"', html)]
+
+
+def error_beside(html: str, input_id: str, error_field: str) -> str:
+    """The error text shown for `error_field`, asserting it sits in the same form field as `input_id`."""
+    field = re.search(
+        rf'<div class="field"[^>]*>(?:(?!<div class="field").)*?id="{input_id}"(?:(?!<div class="field").)*?'
+        rf'<p class="field-error" id="error-{error_field}"[^>]*>(.*?)</p>', html, re.S,
+    )
+    assert field, f"no error for {error_field} beside #{input_id}"
+    return html_module.unescape(" ".join(field.group(1).split()))
+
+
+def test_empty_states_say_what_to_do(client: TestClient) -> None:
+    plans = client.get("/", headers=HTML)
+    assert plans.status_code == 200
+    assert "<title>Plans · fsdp-planner</title>" in plans.text
+    assert 'id="empty-plans"' in plans.text
+    assert 'href="/plans/new"' in plans.text
+    assert "curl -s http://testserver/api/v1/plans" in plans.text  # a runnable example for this server
+
+    calibrations = client.get("/calibrations")
+    assert calibrations.status_code == 200 and 'id="empty-calibrations"' in calibrations.text
+    assert "fsdp-planner calibrate" in calibrations.text and "/api/v1/calibrations" in calibrations.text
+
+    accuracy = client.get("/accuracy")
+    assert accuracy.status_code == 200 and 'id="empty-accuracy"' in accuracy.text
+    assert "fsdp-planner validate" in accuracy.text
+
+    compare = client.get("/compare")
+    assert compare.status_code == 200 and 'id="compare-empty"' in compare.text
+
+
+def test_every_page_is_a_responsive_html_page_with_nav(client: TestClient) -> None:
+    plan_id = create_plan(client)
+    for path in ("/", "/plans/new", f"/plans/{plan_id}", "/calibrations", "/accuracy", "/compare"):
+        response = client.get(path)
+        assert response.status_code == 200, path
+        assert response.headers["content-type"].startswith("text/html")
+        assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in response.text
+        assert re.search(r"<title>[^<]+ · fsdp-planner</title>", response.text)
+        for link in ('href="/"', 'href="/plans/new"', 'href="/calibrations"', 'href="/accuracy"'):
+            assert link in response.text, (path, link)
+        assert "script-src 'self'" in response.headers["content-security-policy"]
+    css = client.get("/static/dashboard.css")
+    assert css.status_code == 200 and css.headers["content-type"].startswith("text/css")
+    assert client.get("/static/dashboard.js").status_code == 200
+
+
+def test_plan_created_through_the_form_opens_with_all_charts(client: TestClient) -> None:
+    plan_id = create_plan(client, name="GPT-2 baseline")
+    page = client.get(f"/plans/{plan_id}")
+    assert page.status_code == 200
+    html = page.text
+    assert '<h1 id="plan-name">GPT-2 baseline</h1>' in html
+    stored = client.get(f"/api/v1/plans/{plan_id}").json()
+    plan = stored["plan"]
+    # Inputs, chosen configuration and predictions.
+    assert "gpt2" in html and "1 × 8 × H100-SXM-80GB" in html
+    assert plan["config"]["sharding"] in html
+    assert f"{plan['prediction']['tokens_per_s_per_gpu']:,.0f}" in html
+    # Every chart has data marks: 8 memory parts, a timeline with exposed waits, the chosen plan once.
+    breakdown = plan["prediction"]["memory_breakdown_gib"]
+    assert marks(html, "memory", "rect") == sum(value > 0 for value in breakdown.values())
+    assert "GPU capacity 79.6 GiB" in figure(html, "memory")
+    assert marks(html, "timeline", "rect") >= len(plan["prediction"]["timeline"]) // 2
+    assert len(re.findall(r'class="mark exposed"', figure(html, "timeline"))) == sum(
+        1 for seg in plan["prediction"]["timeline"] if seg["exposed_s"] > 0
+    )
+    tradeoff = figure(html, "tradeoff")
+    assert tradeoff.count('class="mark chosen"') == 1
+    assert tradeoff.count('class="mark alternative"') == len(plan["alternatives"])
+    # A point per configuration on the Pareto front, and the line through them.
+    assert tradeoff.count('class="mark pareto"') == len(plan["pareto_front"]) + 1
+    assert marks(html, "tradeoff", "path") == 1
+    # Alternatives, why other families lost, downloads, validation runs' empty state.
+    for alternative in plan["alternatives"]:
+        assert alternative["label"] in html
+    for rejected in plan["rejected"]:
+        assert rejected["reason"] in html
+    assert f'href="/api/v1/plans/{plan_id}" download="plan-{plan_id}.json"' in html
+    assert 'id="no-runs"' in html and f"fsdp-planner validate --plan-id {plan_id}" in html
+
+
+def test_identical_form_inputs_open_the_stored_plan(client: TestClient) -> None:
+    first = create_plan(client)
+    again = client.post("/plans/new", data=GPT2_FORM, follow_redirects=False)
+    assert again.status_code == 303 and again.headers["location"] == f"/plans/{first}?existing=1"
+    assert 'id="existing-notice"' in client.get(again.headers["location"]).text
+    assert len(client.get("/api/v1/plans").json()["items"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("overrides", "input_id", "error_field", "expected"),
+    [
+        ({"global_batch_tokens": "4000"}, "global_batch_tokens", "global_batch_tokens",
+         "whole number of 512-token"),
+        ({"num_nodes": "two"}, "num_nodes", "num_nodes", "whole number"),
+        ({"gpus_per_node": "3"}, "global_batch_tokens", "global_batch_tokens", "split evenly over 3 GPUs"),
+        ({"num_nodes": "0"}, "num_nodes", "num_nodes", "greater than or equal to 1"),
+        ({"gpu": "H999"}, "gpu", "gpu", "unknown GPU 'H999'"),
+        ({"model": "llama3.1-405b"}, "cluster", "cluster", "does not fit"),
+        ({"model": "nope"}, "model", "model", "unknown model 'nope'"),
+        ({"model_source": "config", "model_config": "{not json"}, "model_config", "model_config",
+         "not valid JSON"),
+        ({"model_source": "config", "model_config": '{"architectures": ["BertModel"]}'}, "model_config",
+         "model_config", "unsupported architecture BertModel"),
+        ({"model_source": "config", "model_config": "[1, 2]"}, "model_config", "model_config", "JSON object"),
+        ({"calibration_id": "999"}, "calibration_id", "calibration_id", "no such calibration profile"),
+    ],
+)
+def test_form_errors_are_shown_beside_their_field(
+    client: TestClient, overrides: dict[str, str], input_id: str, error_field: str, expected: str
+) -> None:
+    response = client.post("/plans/new", data={**GPT2_FORM, **overrides, "name": "kept as typed"})
+    assert response.status_code == 422
+    html = response.text
+    if input_id == "cluster":  # a whole-cluster problem: shown at the top of the cluster fieldset
+        assert re.search(r"<legend>Cluster</legend>\s*<p class=\"field-error\" id=\"error-cluster\"", html)
+        assert expected in html
+    else:
+        assert expected in error_beside(html, input_id, error_field)
+        assert re.search(rf'id="{input_id}"[^>]*aria-invalid="true"', html)
+    assert 'id="form-problem"' in html
+    assert 'value="kept as typed"' in html  # what was typed comes back
+    assert client.get("/api/v1/plans").json()["items"] == []
+
+
+def test_pasted_hugging_face_config_is_planned(client: TestClient) -> None:
+    config = """{"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 688,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 4, "vocab_size": 32000,
+      "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "_name_or_path": "tiny-llama"}"""
+    plan_id = create_plan(client, model_source="config", model_config=config, model="gpt2")
+    plan = client.get(f"/api/v1/plans/{plan_id}").json()
+    assert plan["plan"]["model"]["architecture"] == "llama" and plan["plan"]["model"]["num_layers"] == 4
+
+
+def test_missing_pages_are_html_for_browsers_and_problems_for_api_clients(client: TestClient) -> None:
+    missing = client.get("/plans/999", headers=HTML)
+    assert missing.status_code == 404 and missing.headers["content-type"].startswith("text/html")
+    assert "Plan 999 does not exist" in missing.text
+    assert "<title>404 Not Found · fsdp-planner</title>" in missing.text
+    # No Accept preference (curl's */*): a dashboard page still answers in HTML.
+    assert client.get("/plans/999").headers["content-type"].startswith("text/html")
+    as_json = client.get("/plans/999", headers={"Accept": "application/json"})
+    assert as_json.status_code == 404 and as_json.headers["content-type"] == "application/problem+json"
+    assert "Plan 999 does not exist" in as_json.json()["detail"]
+    for path in ("/plans/abc", "/plans/0", "/calibrations/7", "/calibrations/x", "/compare?ids=1,999"):
+        response = client.get(path, headers=HTML)
+        assert response.status_code == 404, path
+        assert response.headers["content-type"].startswith("text/html"), path
+    unknown = client.get("/no-such-page", headers=HTML)
+    assert unknown.status_code == 404 and "There is no page at /no-such-page" in unknown.text
+    # The API keeps its problem JSON, even for a browser.
+    api = client.get("/api/v1/plans/999", headers=HTML)
+    assert api.status_code == 404 and api.headers["content-type"] == "application/problem+json"
+    assert client.get("/no-such-page").headers["content-type"] == "application/problem+json"
+
+
+def test_user_text_is_escaped_everywhere(client: TestClient) -> None:
+    hostile = "<script>alert(1)</script>"
+    first = create_plan(client, name=hostile)
+    second = create_plan(client, **DEBUG_CPU_FORM, name='"><img src=x onerror=alert(2)>')
+    escaped = "&lt;script&gt;alert(1)&lt;/script&gt;"
+    pages = [client.get(path).text for path in ("/", f"/plans/{first}", f"/compare?ids={first},{second}")]
+    for html in pages:
+        assert hostile not in html and "<img src=x" not in html
+    assert all(escaped in html for html in pages)
+    # In the compare page's SVG too (bar labels and tooltips are text nodes, escaped by the chart code).
+    assert "&lt;script&gt;" in figure(pages[2], "compare-memory")
+    # A rejected form shows the hostile input back, escaped.
+    rejected = client.post("/plans/new", data={**GPT2_FORM, "num_nodes": hostile})
+    assert rejected.status_code == 422 and hostile not in rejected.text and escaped in rejected.text
+
+
+def test_sorting_filtering_and_pages(client: TestClient) -> None:
+    gpt2 = create_plan(client, name="gpt2 baseline")
+    debug = create_plan(client, **DEBUG_CPU_FORM, name="debug on cpu")
+    small = create_plan(client, gpus_per_node="4", name="gpt2 on four")
+    summaries = {p["id"]: p for p in client.get("/api/v1/plans").json()["items"]}
+
+    assert row_ids(client.get("/").text) == [small, debug, gpt2]  # newest first
+    for sort, key in (("mfu", "mfu"), ("tokens_per_s_per_gpu", "tokens_per_s_per_gpu"),
+                      ("peak_memory_gib", "peak_memory_gib"), ("world_size", "world_size")):
+        for order in ("asc", "desc"):
+            expected = sorted(summaries, key=lambda i: (summaries[i][key], i), reverse=order == "desc")
+            assert row_ids(client.get(f"/?sort={sort}&order={order}").text) == expected, (sort, order)
+    assert row_ids(client.get("/?sort=model&order=asc").text)[-1] == debug  # gpt2 < llama-debug
+
+    # Header links: the active column flips its order; others start at their natural order.
+    html = client.get("/?sort=mfu&order=desc").text
+    assert 'href="/?sort=mfu&amp;order=asc"' in html and 'aria-sort="descending"' in html
+    assert 'href="/?sort=model"' in html
+
+    assert row_ids(client.get("/?gpu=cpu").text) == [debug]
+    assert row_ids(client.get("/?gpu=H100").text) == [small, gpt2]  # an alias finds the catalog name
+    assert row_ids(client.get("/?model=GPT2").text) == [small, gpt2]
+    assert row_ids(client.get("/?q=baseline").text) == [gpt2]
+    assert row_ids(client.get("/?nodes=1&q=four").text) == [small]
+    nothing = client.get("/?q=zzz").text
+    assert 'id="no-matches"' in nothing and 'id="empty-plans"' not in nothing
+
+    first_page = client.get("/?limit=2&sort=mfu").text
+    assert len(row_ids(first_page)) == 2
+    next_href = re.search(r'href="([^"]+)" id="next-page"', first_page)
+    assert next_href
+    second_page = client.get(next_href.group(1).replace("&amp;", "&")).text
+    assert set(row_ids(first_page)) | set(row_ids(second_page)) == {gpt2, debug, small}
+    assert 'id="first-page"' in second_page and 'id="next-page"' not in second_page
+
+    cursor = re.search(r"cursor=([A-Za-z0-9_-]+)", next_href.group(1)).group(1)
+    stale = client.get(f"/?sort=model&cursor={cursor}")  # a cursor issued for another sort
+    assert stale.status_code == 200 and "showing the first page" in stale.text
+    bogus = client.get("/?sort=bogus&order=sideways&nodes=-1&limit=0")
+    assert bogus.status_code == 200
+    assert "Unknown sort" in bogus.text and "Unknown order" in bogus.text and "Nodes must be" in bogus.text
+
+
+def test_compare_highlights_differences_and_best_values(client: TestClient) -> None:
+    gpt2 = create_plan(client, name="eight GPUs")
+    small = create_plan(client, gpus_per_node="4", name="four GPUs")
+    for query in (f"ids={gpt2},{small}", f"ids={gpt2}&ids={small}"):
+        response = client.get(f"/compare?{query}")
+        assert response.status_code == 200
+        html = response.text
+        assert "eight GPUs" in html and "four GPUs" in html
+        gpus_row = re.search(r'<tr class="(\w+)">\s*<th scope="row">GPUs</th>', html)
+        assert gpus_row and gpus_row.group(1) == "differs"
+        model_row = re.search(r'<tr class="(\w+)">\s*<th scope="row">Model</th>', html)
+        assert model_row and model_row.group(1) == "same"
+        assert 'class="best"' in html
+        assert marks(html, "compare-memory", "rect") > 0
+    assert client.get(f"/compare?ids={gpt2}").status_code == 400
+    too_many = ",".join(str(i) for i in range(1, 11))
+    assert client.get(f"/compare?ids={too_many}").status_code == 400
+
+
+def test_calibration_pages_draw_the_measured_curves(client: TestClient, db: Database) -> None:
+    with db.session() as session:
+        row = insert_calibration(session, h100_profile())
+    listing = client.get("/calibrations").text
+    assert "8x H100 node a17" in listing and "NVIDIA H100 80GB HBM3 × 8" in listing
+    assert f'href="/calibrations/{row.id}"' in listing
+
+    html = client.get(f"/calibrations/{row.id}").text
+    assert marks(html, "matmul", "circle") == 12  # every GEMM sample
+    assert marks(html, "matmul", "path") == 2  # the fitted curve per dtype
+    assert marks(html, "collective", "circle") == 33 and marks(html, "collective", "path") == 3
+    # Efficiency is achieved over the datasheet peak: the largest bf16 GEMM reaches about 72%.
+    assert re.search(r"8192×8192 @ 8192×8192 bfloat16: [0-9.]+TFLOP/s = 7[01]\.\d% of peak", html)
+    assert "GEMM efficiency" in html and "Intra-node bus bandwidth" in html and "NV18" in html
+
+    form = client.get("/plans/new").text
+    assert f'<option value="{row.id}">#{row.id} 8x H100 node a17' in form
+    plan_id = create_plan(client, calibration_id=str(row.id))
+    assert f"profile {row.id}" in client.get(f"/plans/{plan_id}").text
+    assert f'href="/plans/{plan_id}"' in client.get(f"/calibrations/{row.id}").text
+
+
+def test_accuracy_page_plots_every_run(client: TestClient, db: Database) -> None:
+    first = create_plan(client)
+    second = create_plan(client, **DEBUG_CPU_FORM)
+    with db.session() as session:
+        insert_runs(session, session.get(PlanRow, first), 3, seed=1)
+        insert_runs(session, session.get(PlanRow, second), 2, seed=2)
+    html = client.get("/accuracy").text
+    assert marks(html, "step-time", "circle") == 5
+    assert marks(html, "memory-accuracy", "circle") == 5
+    assert 'class="guide"' in figure(html, "step-time")  # the y = x line
+    assert marks(html, "errors", "rect") >= 2
+    assert re.search(r'<th scope="row">step time</th><td class="num">5</td>', html)
+    detail = client.get(f"/plans/{first}").text
+    assert 'id="runs-table"' in detail and len(re.findall(r'<td data-label="Run">#', detail)) == 3
+
+
+def test_writes_need_a_key_once_keys_exist(client: TestClient, db: Database) -> None:
+    with db.session() as session:
+        issued = keys.create_key(session, "ci")
+    form = client.get("/plans/new").text
+    assert 'id="api_key"' in form
+    missing = client.post("/plans/new", data=GPT2_FORM)
+    assert missing.status_code == 401
+    assert "requires an API key" in error_beside(missing.text, "api_key", "api_key")
+    wrong = client.post("/plans/new", data={**GPT2_FORM, "api_key": "fsdpk_00000000_nope"})
+    assert wrong.status_code == 401 and "unknown or revoked" in wrong.text
+    assert client.get("/api/v1/plans").json()["items"] == []
+    assert create_plan(client, api_key=issued.key) >= 1
+
+
+def test_reads_need_a_key_when_the_server_says_so(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, require_key_for_reads=True)
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/").status_code == 200  # no key exists yet: open
+        engine = create_db_engine(settings.resolved_database_url)
+        with create_session_factory(engine)() as session:
+            issued = keys.create_key(session, "reader")
+        engine.dispose()
+        denied = client.get("/", headers=HTML)
+        assert denied.status_code == 401 and denied.headers["www-authenticate"].startswith("Basic")
+        assert "API key as the password" in denied.text
+        basic = {"Authorization": "Basic " + base64.b64encode(f"me:{issued.key}".encode()).decode()}
+        assert client.get("/", headers=basic).status_code == 200
+        # Signed in through the browser prompt, the form needs no key field.
+        assert 'id="api_key"' not in client.get("/plans/new", headers=basic).text
+        created = client.post("/plans/new", data=GPT2_FORM, headers=basic, follow_redirects=False)
+        assert created.status_code == 303
