@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import datetime
+import io
 import os
 import socket
 from dataclasses import dataclass
@@ -57,8 +59,36 @@ def check_world_size(plan: RuntimePlan, world_size: int) -> None:
     )
 
 
+def _object_collectives_without_numpy() -> None:
+    """Let object collectives (which DCP uses for its save/load plans) run without NumPy.
+
+    torch 2.13 decodes received objects with `tensor.numpy().tobytes()`, so on a machine with
+    torch but no NumPy every distributed checkpoint fails ("Numpy is not available"). When NumPy is
+    missing, replace that one decoding helper with a byte copy that needs nothing but ctypes.
+    """
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        return
+    import torch.distributed.distributed_c10d as c10d
+
+    if getattr(c10d, "_fsdp_planner_numpy_free", False) or not hasattr(c10d, "_tensor_to_object"):
+        return
+
+    def tensor_to_object(tensor: torch.Tensor, tensor_size: object, group: object = None) -> object:
+        data = tensor.detach().cpu().contiguous()
+        size = min(int(tensor_size), data.numel() * data.element_size())  # type: ignore[call-overload]
+        return c10d._unpickler(io.BytesIO(ctypes.string_at(data.data_ptr(), size))).load()
+
+    c10d._tensor_to_object = tensor_to_object
+    c10d._fsdp_planner_numpy_free = True
+
+
 def init_distributed(plan: RuntimePlan, *, device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
     """Check the world size, pick device and backend, and start the default process group."""
+    _object_collectives_without_numpy()
     standalone = "RANK" not in os.environ
     world_size = _env_int("WORLD_SIZE", 1)
     check_world_size(plan, world_size)

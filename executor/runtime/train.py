@@ -139,7 +139,7 @@ def train(args: argparse.Namespace) -> int:
     log0(
         env,
         f"plan {plan.model.name} {plan.plan_hash[:12]} | {env.world_size} rank(s) on {env.device.type} "
-        f"({env.backend}) | torch {torch.__version__}",
+        f"({env.backend}) | torch {torch.__version__} | runtime {Path(__file__).parent}",
     )
 
     torch.manual_seed(args.seed)

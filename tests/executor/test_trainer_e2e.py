@@ -1,0 +1,172 @@
+"""End to end on CPU: a real plan's bundle trains through its own launch.sh; checkpoints resume
+exactly; a job that does not match the plan's world size is refused with a clear message."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from executor.launch.bundle import bundle_name, write_bundle
+from planner.catalog.models import catalog_model
+from planner.search import make_plan
+from planner.specs import ClusterSpec, PlanRequest, SearchSpace, TrainingSpec
+from tests.executor.conftest import REPO, explain, job_env, read_metrics, torchrun
+from tests.executor.plan_factory import debug_plan
+
+TRAIN = ["-m", "executor.runtime.train"]
+
+
+@pytest.mark.distributed
+def test_bundle_trains_through_its_own_launch_sh(tmp_path: Path) -> None:
+    # A real plan from the planner for llama-debug on 1x2 cpu (eager: compiled runs are covered by
+    # test_parity; here the bundle mechanics are under test).
+    request = PlanRequest(
+        model=catalog_model("llama-debug"),
+        cluster=ClusterSpec.parse("1x2xcpu"),
+        training=TrainingSpec(seq_len=64, global_batch_tokens=64 * 8, precision="fp32"),
+        search=SearchSpace(compile=[False]),
+    )
+    plan = make_plan(request)
+    write_bundle(plan, tmp_path / "out", target="all")
+    # Run it where only the bundle is: a copy outside the repository, no PYTHONPATH to our code.
+    bundle = tmp_path / "elsewhere" / "bundle"
+    shutil.copytree(tmp_path / "out" / bundle_name(plan), bundle)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NPROC_PER_NODE", "NNODES")}
+    env.update(PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    metrics = tmp_path / "metrics.jsonl"
+    result = subprocess.run(
+        ["./launch.sh", "--steps", "16", "--lr", "2e-3", "--metrics-file", str(metrics)],
+        cwd=bundle,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, explain(result)
+    assert "done: 16 steps" in result.stdout
+    records = read_metrics(metrics)
+    assert [r["step"] for r in records] == list(range(1, 17))
+    for r in records:
+        assert r["tokens_per_s_per_gpu"] > 0 and r["step_time_s"] > 0 and r["mfu"] > 0
+    assert records[-1]["peak_memory_gib"] > 0 and records[-1]["memory_source"] == "cpu_tensor_profile"
+    first, last = records[0]["loss"], sum(r["loss"] for r in records[-4:]) / 4
+    assert first > 7.0 and last < first - 1.5, [r["loss"] for r in records]
+    # The trainer ran from the bundle's copy of the runtime, not from this repository.
+    assert f"runtime {bundle / 'executor' / 'runtime'}" in result.stdout
+
+
+def _train(plan: Path, tmp: Path, name: str, *extra: str) -> list[dict]:
+    metrics = tmp / f"{name}.jsonl"
+    result = torchrun(
+        2,
+        [
+            *TRAIN,
+            "--plan",
+            str(plan),
+            "--metrics-file",
+            str(metrics),
+            "--lr",
+            "1e-3",
+            "--warmup",
+            "2",
+            *extra,
+        ],
+    )
+    assert result.returncode == 0, explain(result)
+    return read_metrics(metrics)
+
+
+@pytest.mark.distributed
+def test_checkpoint_resume_reproduces_uninterrupted_run(tmp_path: Path, write_plan) -> None:
+    # Gradient accumulation (2 micro-batches) so the data position inside a step matters too.
+    plan = write_plan(debug_plan(sharding="full_shard", micro_batch_size=1, grad_accum_steps=2))
+    ckpt = tmp_path / "ckpt"
+    # 8 uninterrupted steps (saving does not disturb training), checkpoints at 4 and 8.
+    straight = _train(
+        plan,
+        tmp_path,
+        "straight",
+        "--steps",
+        "8",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every",
+        "4",
+        "--keep-checkpoints",
+        "0",
+    )
+    # Make step 8's checkpoint disappear: resume must pick the newest complete one, step 4.
+    shutil.rmtree(ckpt / "step-00000008")
+    shutil.copytree(ckpt, tmp_path / "ckpt-simple")
+    resumed = _train(plan, tmp_path, "resumed", "--steps", "8", "--checkpoint-dir", str(ckpt), "--resume")
+    assert [r["step"] for r in resumed] == [5, 6, 7, 8]
+    expected = [r["loss"] for r in straight]
+    assert [r["loss"] for r in resumed] == pytest.approx(expected[4:], rel=1e-6)
+    assert [r["lr"] for r in resumed] == pytest.approx([r["lr"] for r in straight[4:]], rel=1e-9)
+    # The same checkpoint (FSDP2 wrote it) resumes under SimpleFSDP: parameter names and DTensor
+    # shards are engine-independent.
+    simple = _train(
+        plan,
+        tmp_path,
+        "simple",
+        "--steps",
+        "8",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt-simple"),
+        "--resume",
+        "--engine",
+        "simple_fsdp",
+        "--no-compile",
+    )
+    assert [r["loss"] for r in simple] == pytest.approx(expected[4:], rel=1e-4)
+
+
+def test_world_size_mismatch_is_a_clear_error(write_plan) -> None:
+    plan = write_plan(debug_plan(nodes=1, gpus_per_node=2))
+    env = job_env(WORLD_SIZE="3")
+    result = subprocess.run(
+        [sys.executable, *TRAIN, "--plan", str(plan), "--steps", "1"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    message = result.stderr
+    assert "this plan is for 2 ranks" in message and "WORLD_SIZE=3" in message
+    assert "NPROC_PER_NODE" in message and "1 node(s) x 2 x cpu" in message
+
+
+def test_bad_plan_is_a_clear_error(write_plan, tmp_path: Path) -> None:
+    doc = debug_plan()
+    doc["schema_version"] = "2.0"
+    result = subprocess.run(
+        [sys.executable, *TRAIN, "--plan", str(write_plan(doc)), "--steps", "1"],
+        cwd=REPO,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "schema 1.x" in result.stderr and "2.0" in result.stderr
+    missing = subprocess.run(
+        [sys.executable, *TRAIN, "--plan", str(tmp_path / "nope.json")],
+        cwd=REPO,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert missing.returncode == 2 and "cannot read plan file" in missing.stderr
