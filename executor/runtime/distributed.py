@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import importlib.util
 import io
 import os
 import socket
@@ -66,11 +67,7 @@ def _object_collectives_without_numpy() -> None:
     torch but no NumPy every distributed checkpoint fails ("Numpy is not available"). When NumPy is
     missing, replace that one decoding helper with a byte copy that needs nothing but ctypes.
     """
-    try:
-        import numpy  # noqa: F401
-    except ImportError:
-        pass
-    else:
+    if importlib.util.find_spec("numpy") is not None:
         return
     import torch.distributed.distributed_c10d as c10d
 

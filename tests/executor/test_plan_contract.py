@@ -1,0 +1,141 @@
+"""The runtime's stdlib reading of the Plan JSON vs the planner's pydantic Plan (the contract)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+
+import pytest
+
+from executor.runtime.models import build_model, count_params
+from executor.runtime.plan import PlanError, RuntimePlan, parse_plan
+from planner.catalog.models import catalog_model
+from planner.cost.model_costs import count_parameters
+from planner.plan import Plan
+from planner.search import make_plan
+from planner.specs import ClusterSpec, ModelSpec, PlanRequest, SearchSpace, TrainingSpec
+from tests.executor.plan_factory import debug_plan
+
+
+def real_plan(model: str = "llama-debug", cluster: str = "1x2xcpu", **search) -> Plan:
+    request = PlanRequest(
+        model=catalog_model(model),
+        cluster=ClusterSpec.parse(cluster),
+        training=TrainingSpec(seq_len=64, global_batch_tokens=64 * 16, precision="bf16"),
+        search=SearchSpace(**search),
+    )
+    return make_plan(request)
+
+
+def assert_same_reading(plan: Plan, runtime: RuntimePlan) -> None:
+    """Every field the runtime reads equals the planner's value."""
+    for section in ("model", "training", "config"):
+        theirs = getattr(plan, section)
+        ours = getattr(runtime, section)
+        for field in dataclasses.fields(ours):
+            value = getattr(ours, field.name)
+            if dataclasses.is_dataclass(value):
+                for sub in dataclasses.fields(value):
+                    assert getattr(value, sub.name) == getattr(getattr(theirs, field.name), sub.name), (
+                        f"{section}.{field.name}.{sub.name}"
+                    )
+            else:
+                assert value == getattr(theirs, field.name), f"{section}.{field.name}"
+    assert runtime.cluster.ranks == plan.cluster.world_size
+    assert runtime.cluster.gpu_spec.peak_bf16_tflops == plan.cluster.gpu_spec.peak_bf16_tflops
+    assert runtime.plan_hash == plan.plan_hash
+    assert runtime.prediction.step_time_s == plan.prediction.step_time_s
+
+
+@pytest.mark.parametrize(
+    ("model", "cluster", "search"),
+    [
+        ("llama-debug", "1x2xcpu", {}),
+        ("llama-debug", "2x2xcpu", {"shardings": ["hybrid_shard"]}),
+        ("llama3-8b", "2x8xH100", {}),
+        ("gpt2", "1x8xA100", {"compile": [False], "checkpointing": ["selective"]}),
+    ],
+)
+def test_real_plans_load_in_the_runtime(model: str, cluster: str, search: dict) -> None:
+    plan = real_plan(model, cluster, **search)
+    runtime = parse_plan(json.loads(plan.model_dump_json()))
+    assert_same_reading(plan, runtime)
+
+
+def test_hand_made_test_plans_are_valid_plans() -> None:
+    # plan_factory writes what the executor tests train on: it must be a plan the planner accepts.
+    for kwargs in (
+        {},
+        {"sharding": "hybrid_shard", "nodes": 2},
+        {"sharding": "no_shard", "compile": True, "bucket_mb": 64.0, "precision": "bf16"},
+        {"checkpointing": "selective", "every_k": 2, "grad_accum_steps": 2},
+    ):
+        document = debug_plan(**kwargs)
+        plan = Plan.model_validate(document)
+        assert_same_reading(plan, parse_plan(document))
+
+
+@pytest.mark.parametrize("name", ["llama-debug", "llama3-8b", "mistral-7b", "gpt2", "gpt2-medium"])
+def test_built_models_have_the_parameter_count_the_planner_priced(name: str) -> None:
+    spec = catalog_model(name)
+    runtime = parse_plan(debug_plan(model=spec.model_dump(mode="json"))).model
+    model = build_model(runtime, seq_len=64)  # meta device: no memory even for 8B
+    assert count_params(model) == count_parameters(spec)
+
+
+def test_qwen2_style_qkv_bias_and_tied_llama_counts() -> None:
+    for dims in ({"qkv_bias": True}, {"tie_word_embeddings": True}, {"num_kv_heads": None}):
+        base = {
+            "name": "custom",
+            "architecture": "llama",
+            "vocab_size": 1000,
+            "hidden_size": 128,
+            "num_layers": 3,
+            "num_heads": 4,
+            "num_kv_heads": 2,
+            "intermediate_size": 300,
+        }
+        spec = ModelSpec(**{**base, **dims})
+        runtime = parse_plan(debug_plan(model=spec.model_dump(mode="json"))).model
+        assert count_params(build_model(runtime, seq_len=32)) == count_parameters(spec), dims
+
+
+def test_unknown_keys_are_ignored_and_minor_versions_accepted() -> None:
+    document = debug_plan()
+    document["schema_version"] = "1.7"
+    document["brand_new_section"] = {"x": 1}
+    document["config"]["future_knob"] = True
+    document["model"]["rope_scaling"] = {"type": "yarn"}
+    plan = parse_plan(document)
+    assert plan.config.sharding == "full_shard" and plan.model.vocab_size == 2048
+
+
+def test_api_wrapper_is_unwrapped() -> None:
+    plan = parse_plan({"id": 7, "name": "x", "plan": debug_plan()})
+    assert plan.world_size == 2
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.update(schema_version="2.0"), "reads schema 1.x plans, the plan is 2.0"),
+        (lambda d: d.pop("schema_version"), "plan.schema_version"),
+        (lambda d: d["config"].update(sharding="zero4"), "plan.config.sharding: expected one of"),
+        (
+            lambda d: d["config"].update(micro_batch_size="2"),
+            "plan.config.micro_batch_size: expected an integer",
+        ),
+        (lambda d: d["config"].update(compile=1), "plan.config.compile: expected true or false"),
+        (lambda d: d["model"].pop("vocab_size") and d["model"].pop("name"), "plan.model.name: missing"),
+        (lambda d: d["config"].update(grad_accum_steps=3), "global batch is 4"),
+        (lambda d: d["config"].update(shard_group_size=1), "must equal the world size 2"),
+        (lambda d: d["config"]["checkpointing"].update(mode="sometimes"), "plan.config.checkpointing.mode"),
+    ],
+)
+def test_bad_plans_fail_with_the_field_named(mutate, message: str) -> None:
+    document = copy.deepcopy(debug_plan())
+    mutate(document)
+    with pytest.raises(PlanError) as err:
+        parse_plan(document)
+    assert message in str(err.value)
