@@ -1,0 +1,172 @@
+"""Single-process unit tests of the runtime's pieces: models, init, data sampling, schedule, AC."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from executor.runtime.activation_checkpoint import checkpointed_indices
+from executor.runtime.data import BatchIndex, DataError, SyntheticTokens, TokenFile
+from executor.runtime.materialize import materialize
+from executor.runtime.models import ModelFactoryError, build_model, find_parts
+from executor.runtime.models.common import sdpa_causal
+from executor.runtime.optim import lr_factor
+from executor.runtime.plan import parse_plan
+from tests.executor.plan_factory import LLAMA_DEBUG, debug_plan
+
+SMALL = {
+    **LLAMA_DEBUG,
+    "num_layers": 2,
+    "hidden_size": 64,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "intermediate_size": 96,
+    "vocab_size": 128,
+}
+GPT2_SMALL = {
+    **SMALL,
+    "architecture": "gpt2",
+    "num_kv_heads": None,
+    "intermediate_size": None,
+    "tie_word_embeddings": True,
+    "max_seq_len": 64,
+}
+
+
+def model_config(dims: dict):
+    return parse_plan(debug_plan(model=dims, seq_len=32)).model
+
+
+@pytest.mark.parametrize("dims", [SMALL, {**SMALL, "qkv_bias": True}, GPT2_SMALL])
+def test_models_are_causal_and_initialised_reproducibly(dims: dict) -> None:
+    cfg = model_config(dims)
+    model = build_model(cfg, seq_len=32)
+    assert all(p.is_meta for p in model.parameters())
+    materialize(model, device=torch.device("cpu"), seed=3)
+    again = build_model(cfg, seq_len=32)
+    materialize(again, device=torch.device("cpu"), seed=3)
+    for (name, a), (_, b) in zip(model.named_parameters(), again.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+    tokens = torch.randint(0, cfg.vocab_size, (2, 16))
+    logits = model(tokens)
+    assert logits.shape == (2, 16, cfg.vocab_size)
+    # Changing a future token must not change earlier positions' logits.
+    changed = tokens.clone()
+    changed[:, 10] = (changed[:, 10] + 1) % cfg.vocab_size
+    torch.testing.assert_close(model(changed)[:, :10], logits[:, :10])
+    assert not torch.allclose(model(changed)[:, 10:], logits[:, 10:])
+    # Initial loss is close to a uniform guess: the init is sane.
+    loss = F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+    assert abs(loss.item() - math.log(cfg.vocab_size)) < 1.0
+
+
+def test_gpt2_head_is_tied_and_parts_keep_tied_weights_together() -> None:
+    model = build_model(model_config(GPT2_SMALL), seq_len=32)
+    assert model.lm_head.weight is model.wte.weight
+    parts = find_parts(model)
+    assert model.wte not in parts.inputs and parts.outputs == [] and len(parts.blocks) == 2
+
+
+def test_grouped_query_attention_equals_repeated_heads() -> None:
+    q, k, v = torch.randn(2, 8, 5, 4), torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4)
+    expected = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1), is_causal=True
+    )
+    torch.testing.assert_close(sdpa_causal(q, k, v), expected)
+
+
+def test_user_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "my_models.py").write_text(
+        "import torch\n"
+        "class Tiny(torch.nn.Module):\n"
+        "    def __init__(self, vocab):\n"
+        "        super().__init__()\n"
+        "        self.emb = torch.nn.Embedding(vocab, 8)\n"
+        "        self.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))\n"
+        "        self.out = torch.nn.Linear(8, vocab)\n"
+        "    def forward(self, t):\n"
+        "        h = self.emb(t)\n"
+        "        for b in self.blocks: h = b(h)\n"
+        "        return self.out(h)\n"
+        "def build(cfg):\n    return Tiny(cfg.vocab_size)\n"
+        "def no_args():\n    return Tiny(5)\n"
+        "def not_a_module():\n    return 3\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = model_config(SMALL)
+    model = build_model(cfg, seq_len=32, factory="my_models:build")
+    assert model.out.out_features == cfg.vocab_size and len(find_parts(model).blocks) == 3
+    assert build_model(cfg, seq_len=32, factory="my_models:no_args").out.out_features == 5
+    for spec, message in [
+        ("my_models:not_a_module", "not an nn.Module"),
+        ("my_models:missing", "has no attribute"),
+        ("no_such_pkg.mod:fn", "cannot import"),
+        ("my_models", "package.module:function"),
+    ]:
+        with pytest.raises(ModelFactoryError, match=message):
+            build_model(cfg, seq_len=32, factory=spec)
+    layer_graph = parse_plan(debug_plan(model={**SMALL, "architecture": "layer_graph"})).model
+    with pytest.raises(ModelFactoryError, match="--model-factory"):
+        build_model(layer_graph, seq_len=32)
+
+
+def test_sampling_is_stateless_and_independent_of_the_split() -> None:
+    data = SyntheticTokens(vocab_size=100, seq_len=16, seed=5)
+    # The global batch of step 3: 8 sequences, as 2 ranks x 2 micro-batches x 2, or 4 ranks x 1 x 2.
+    split_a = [data.batch(BatchIndex(3, m, r, 2, 2)) for m in range(2) for r in range(2)]
+    split_b = [data.batch(BatchIndex(3, 0, r, 4, 2)) for r in range(4)]
+    torch.testing.assert_close(torch.cat(split_a), torch.cat(split_b))
+    assert not torch.equal(data.batch(BatchIndex(4, 0, 0, 2, 2)), split_a[0])
+    batch = torch.cat(split_a)
+    assert batch.shape == (8, 17) and batch.dtype == torch.int64 and int(batch.max()) < 100
+    # Motifs repeat: the second half of each row is predictable from the first.
+    for row in batch:
+        assert any(torch.equal(row[p:], row[:-p]) for p in range(1, 17))
+
+
+def test_token_file(tmp_path: Path) -> None:
+    tokens = torch.arange(1000, dtype=torch.int32) % 300
+    path = tmp_path / "tokens.bin"
+    path.write_bytes(_u16(tokens))
+    data = TokenFile(path, dtype="uint16", vocab_size=300, seq_len=20, seed=1)
+    assert data.num_tokens == 1000
+    batch = data.batch(BatchIndex(1, 0, 0, 1, 4))
+    assert batch.shape == (4, 21)
+    for row in batch:  # every row is a contiguous window of the file (i mod 300)
+        assert torch.equal(row, (int(row[0]) + torch.arange(21)) % 300)
+    assert len({int(row[0]) for row in batch}) > 1  # different windows
+    torch.testing.assert_close(batch, data.batch(BatchIndex(1, 0, 0, 1, 4)))
+    with pytest.raises(DataError, match="outside the model's vocabulary"):
+        TokenFile(path, dtype="uint16", vocab_size=10, seq_len=20, seed=1).batch(BatchIndex(1, 0, 0, 1, 4))
+    odd = tmp_path / "odd.bin"
+    odd.write_bytes(b"\x01\x02\x03")
+    with pytest.raises(DataError, match="not a whole number"):
+        TokenFile(odd, dtype="uint16", vocab_size=10, seq_len=4, seed=1)
+    with pytest.raises(DataError, match="fewer than one sequence"):
+        TokenFile(path, dtype="uint16", vocab_size=300, seq_len=5000, seed=1)
+    with pytest.raises(DataError, match="no such file"):
+        TokenFile(tmp_path / "missing.bin", dtype="uint16", vocab_size=300, seq_len=5, seed=1)
+
+
+def _u16(values: torch.Tensor) -> bytes:
+    # Little-endian uint16 without NumPy (not installed here).
+    return b"".join(int(v).to_bytes(2, "little") for v in values.tolist())
+
+
+def test_lr_schedule_warmup_then_cosine() -> None:
+    f = [lr_factor(s, total_steps=100, warmup_steps=10, min_ratio=0.1) for s in range(1, 101)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in itertools.pairwise(f[9:]))
+    assert f[-1] == pytest.approx(0.1) and f[54] == pytest.approx(0.55, abs=0.01)
+
+
+def test_checkpointed_blocks_match_the_planner() -> None:
+    assert checkpointed_indices("selective", 2, 6) == [1, 3, 5]  # blocks k, 2k, ... (1-based)
+    assert checkpointed_indices("selective", 3, 7) == [2, 5]
+    assert checkpointed_indices("full", 1, 3) == [0, 1, 2] == checkpointed_indices("op_selective", 1, 3)
+    assert checkpointed_indices("none", 1, 3) == []
