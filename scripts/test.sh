@@ -2,6 +2,8 @@
 # Installs the project with every extra into .venv and runs lint, import borders and the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The dashboard's browser tests drive Debian's Chromium (never a downloaded one); they skip if it cannot be had.
+command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; } || echo "no chromium: browser tests will skip"
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip

@@ -172,6 +172,7 @@ def collective_chart(profile: CalibrationProfile) -> Markup | None:
     return svg.xy_chart(
         chart_id="collective-chart", title="Collective bus bandwidth vs message size",
         series=series, x_label="message size", x_format=fmt.binary_bytes, x_log=True,
+        x_binary=True,
         y_label="bus bandwidth (GB/s)", y_log=svg.should_use_log(bandwidths, ratio=100),
         y_from_zero=not svg.should_use_log(bandwidths, ratio=100),
     )

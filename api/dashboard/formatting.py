@@ -27,7 +27,7 @@ def binary_bytes(value: float) -> str:
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if abs(value) >= size:
             return f"{value / size:.3g} {unit}"
-    return f"{value:.3g} B"
+    return f"{value:.4g} B"
 
 
 def seconds(value: float) -> str:

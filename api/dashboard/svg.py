@@ -64,6 +64,8 @@ class Scale:
     out_lo: float
     out_hi: float
     log: bool = False
+    binary: bool = False
+    """Log ticks at powers of two (byte sizes: 1 KiB, 16 KiB, ...) instead of powers of ten."""
 
     def __call__(self, value: float) -> float:
         lo, hi, v = self.lo, self.hi, value
@@ -73,7 +75,9 @@ class Scale:
         return self.out_lo + fraction * (self.out_hi - self.out_lo)
 
     def ticks(self, count: int = 5) -> list[float]:
-        return log_ticks(self.lo, self.hi) if self.log else nice_ticks(self.lo, self.hi, count)
+        if self.log:
+            return binary_ticks(self.lo, self.hi) if self.binary else log_ticks(self.lo, self.hi)
+        return nice_ticks(self.lo, self.hi, count)
 
 
 def nice_step(span: float, count: int) -> float:
@@ -108,6 +112,18 @@ def log_ticks(lo: float, hi: float) -> list[float]:
     if len(inside) > 8:  # too many decades to label every one
         inside = inside[:: math.ceil(len(inside) / 8)]
     return inside or [lo, hi]
+
+
+def binary_ticks(lo: float, hi: float, most: int = 7) -> list[float]:
+    """Powers of two inside [lo, hi], every k-th so that at most `most` remain, on whole powers of 4."""
+    first, last = math.ceil(math.log2(lo)), math.floor(math.log2(hi))
+    if last < first:
+        return [lo, hi]
+    step = 2
+    while (last - first) // step + 1 > most:
+        step += 2
+    start = first + (-first) % 2  # even exponents: 1 KiB, 4 KiB, ..., never 2 KiB next to 1 KiB
+    return [2.0**e for e in range(start, last + 1, step)] or [2.0**first]
 
 
 def padded_domain(values: Sequence[float], *, log: bool, include_zero: bool = False) -> tuple[float, float]:
@@ -266,6 +282,7 @@ def xy_chart(
     x_format: Formatter = compact_number,
     y_format: Formatter = compact_number,
     x_log: bool = False,
+    x_binary: bool = False,
     y_log: bool = False,
     guides: Sequence[GuideLine] = (),
     plot_height: int = 260,
@@ -281,8 +298,10 @@ def xy_chart(
     legend = [(s.name, s.color) for s in series if s.points]
     frame = _Frame(height=0, bottom=_bottom(legend))
     frame.height = frame.top + plot_height + frame.bottom
-    x_scale = Scale(*padded_domain(xs, log=x_log), frame.x0, frame.x1, log=x_log)
     y_scale = Scale(*padded_domain(ys, log=y_log, include_zero=y_from_zero), frame.y0, frame.y1, log=y_log)
+    # Room for the longest y tick label beside the rotated axis title.
+    frame.left = max(frame.left, 34 + 7 * max((len(y_format(t)) for t in y_scale.ticks()), default=0))
+    x_scale = Scale(*padded_domain(xs, log=x_log), frame.x0, frame.x1, log=x_log, binary=x_binary)
     _x_axis(frame, x_scale, x_label, x_format)
     _y_axis(frame, y_scale, y_label, y_format)
     for guide in guides:

@@ -163,6 +163,18 @@ class BrowserPage:
 
     page: Any
     errors: list[str]
+    expected_statuses: set[int] = field(default_factory=set)
+    """HTTP statuses a test expects a document to answer with (e.g. 422 for a refused form): Chromium
+    logs "Failed to load resource" for those, which is not an error of the page."""
+
+    def record_console(self, message: Any) -> None:
+        if message.type != "error":
+            return
+        status = re.search(r"the server responded with a status of (\d{3})", message.text)
+        is_document = message.location.get("url") == self.page.url
+        if status and is_document and int(status.group(1)) in self.expected_statuses:
+            return
+        self.errors.append(f"console.error: {message.text} ({message.location.get('url')})")
 
     def screenshot(self, name: str) -> Path:
         SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
@@ -183,8 +195,7 @@ def page_factory(browser: Any) -> Iterator[Callable[..., BrowserPage]]:
         context.set_default_timeout(15_000)
         page = context.new_page()
         wrapped = BrowserPage(page=page, errors=[])
-        page.on("console", lambda msg: wrapped.errors.append(f"console.{msg.type}: {msg.text} at {page.url}")
-                if msg.type == "error" else None)
+        page.on("console", wrapped.record_console)
         page.on("pageerror", lambda exc: wrapped.errors.append(f"uncaught: {exc} at {page.url}"))
         opened.append((context, wrapped))
         return wrapped

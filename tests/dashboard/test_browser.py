@@ -1,0 +1,272 @@
+"""The dashboard in a real browser (headless Debian Chromium) against a real server process.
+
+One server per module: the tests run in file order and build on each other's plans, as a person would
+(create through the form, find in the list, sort, filter, open, download, compare). Every page visited
+must log no console error; each one leaves a screenshot in test-artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import tarfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from api.db.models import PlanRow
+from tests.dashboard.conftest import BrowserPage, LiveServer
+from tests.dashboard.sample_data import h100_profile, insert_calibration, insert_runs
+
+pytestmark = pytest.mark.browser
+
+LAUNCHER_ROUTE = "/api/v1/plans/{plan_id}/launcher"
+
+
+def chart_marks(page: Any, chart: str, selector: str = ".mark") -> int:
+    """Data marks drawn in one chart; also checks the chart is laid out (not a zero-size SVG)."""
+    svg = page.locator(f'figure[data-chart="{chart}"] svg')
+    box = svg.bounding_box()
+    assert box and box["width"] > 200 and box["height"] > 80, f"{chart} chart is not laid out: {box}"
+    return int(svg.locator(selector).count())
+
+
+def fill_plan_form(page: Any, *, model: str, nodes: str, gpus: str, gpu: str, seq_len: str, batch: str,
+                   name: str) -> None:
+    page.select_option("#model", model)
+    page.fill("#num_nodes", nodes)
+    page.fill("#gpus_per_node", gpus)
+    page.select_option("#gpu", gpu)
+    page.fill("#seq_len", seq_len)
+    page.fill("#global_batch_tokens", batch)
+    page.fill("#name", name)
+
+
+def listed_names(page: Any) -> list[str]:
+    return [name.strip() for name in page.locator("#plans-table tbody .plan-link").all_inner_texts()]
+
+
+def percents(page: Any, cell: str) -> list[float]:
+    texts = page.locator(f"#plans-table tbody {cell}").all_inner_texts()
+    return [float(text.strip().rstrip("%")) for text in texts]
+
+
+def test_create_find_sort_filter_open_and_compare(live_server: LiveServer, page: BrowserPage) -> None:
+    p = page.page
+    p.goto(live_server.url + "/")
+    assert p.title() == "Plans · fsdp-planner"
+    assert p.locator("#empty-plans").is_visible()
+    assert "api/v1/plans" in p.locator("#empty-plans pre").inner_text()
+    page.screenshot("plans-empty")
+
+    # Create two plans through the form, as a person would: from the nav, then submit.
+    p.click("text=New plan >> nth=0")
+    assert p.title() == "New plan · fsdp-planner"
+    fill_plan_form(p, model="gpt2", nodes="1", gpus="8", gpu="H100-SXM-80GB", seq_len="512", batch="4096",
+                   name="GPT-2 baseline")
+    assert p.locator("#batch-sequences").inner_text() == "= 8 sequences per step."
+    page.screenshot("new-plan")
+    p.click("#create-plan")
+    p.wait_for_url(re.compile(r".*/plans/\d+$"))
+    gpt2_id = int(p.url.rsplit("/", 1)[1])
+    assert p.locator("#plan-name").inner_text() == "GPT-2 baseline"
+
+    p.goto(live_server.url + "/plans/new")
+    fill_plan_form(p, model="llama-debug", nodes="1", gpus="2", gpu="cpu", seq_len="512", batch="4096",
+                   name="Debug on CPU")
+    p.click("#create-plan")
+    p.wait_for_url(re.compile(r".*/plans/\d+$"))
+    debug_id = int(p.url.rsplit("/", 1)[1])
+
+    # Find them in the list, newest first.
+    p.click("nav >> text=Plans")
+    assert listed_names(p) == ["Debug on CPU", "GPT-2 baseline"]
+    assert p.locator("#plan-count").inner_text().startswith("2 plans")
+    page.screenshot("plans")
+
+    # Sort by MFU through the header link, both ways; then by model.
+    p.click('a.sort-link[data-sort="mfu"]')
+    p.wait_for_url(re.compile(r".*sort=mfu.*"))
+    descending = percents(p, ".cell-mfu")
+    assert descending == sorted(descending, reverse=True) and len(descending) == 2
+    assert p.locator('th[aria-sort="descending"]').inner_text().startswith("MFU")
+    p.click('a.sort-link[data-sort="mfu"]')
+    p.wait_for_url(re.compile(r".*order=asc.*"))
+    assert percents(p, ".cell-mfu") == sorted(descending)
+    p.click('a.sort-link[data-sort="model"]')
+    p.wait_for_url(re.compile(r".*sort=model.*"))
+    models = [m.strip() for m in p.locator("#plans-table tbody .cell-model").all_inner_texts()]
+    assert models == ["gpt2", "llama-debug"]
+    page.screenshot("plans-sorted-by-model")
+
+    # Filter by GPU, then by name; the sort is kept; clearing brings both back.
+    p.select_option("#filter-gpu", "cpu")
+    p.click("#apply-filters")
+    p.wait_for_url(re.compile(r".*gpu=cpu.*"))
+    assert listed_names(p) == ["Debug on CPU"] and "sort=model" in p.url
+    p.select_option("#filter-gpu", "")
+    p.fill("#filter-q", "baseline")
+    p.click("#apply-filters")
+    p.wait_for_url(re.compile(r".*q=baseline.*"))
+    assert listed_names(p) == ["GPT-2 baseline"]
+    page.screenshot("plans-filtered")
+    p.click("#clear-filters")
+    assert listed_names(p) == ["GPT-2 baseline", "Debug on CPU"]
+
+    # Open a plan from the list: every chart drew real marks.
+    p.click("text=GPT-2 baseline")
+    p.wait_for_url(f"**/plans/{gpt2_id}")
+    assert p.title() == f"GPT-2 baseline · plan {gpt2_id} · fsdp-planner"
+    assert chart_marks(p, "memory", "rect.mark") >= 6
+    assert chart_marks(p, "timeline", "rect.mark") > 20
+    assert chart_marks(p, "timeline", "rect.mark.exposed") >= 1  # exposed communication is marked
+    assert chart_marks(p, "tradeoff", "circle.mark") > 3
+    assert chart_marks(p, "tradeoff", "circle.mark.chosen") == 1
+    assert chart_marks(p, "tradeoff", "path.mark.pareto") == 1
+    assert p.locator("#alternatives-table tbody tr").count() >= 2
+    assert p.locator("#rejected-table tbody tr").count() >= 1
+    assert p.locator("#no-runs").is_visible()
+    page.screenshot("plan-detail")
+
+    # Download the raw plan JSON.
+    with p.expect_download() as download_info:
+        p.click("#download-plan-json")
+    download = download_info.value
+    assert download.suggested_filename == f"plan-{gpt2_id}.json"
+    document = json.loads(Path(download.path()).read_text())
+    assert document["id"] == gpt2_id and document["plan"]["schema_version"] == "1.0"
+    assert document["plan"]["config"]["sharding"] in p.locator("#config-title + dl").inner_text()
+
+    # Compare both: tick them in the list, press Compare.
+    p.goto(live_server.url + "/")
+    assert p.locator("#compare-button").is_disabled()
+    p.check(f'input[name="ids"][value="{gpt2_id}"]')
+    p.check(f'input[name="ids"][value="{debug_id}"]')
+    assert p.locator("#compare-button").inner_text() == "Compare 2 plans"
+    p.click("#compare-button")
+    p.wait_for_url(re.compile(r".*/compare\?ids=.*"))
+    assert p.locator("#compare-table thead th").count() == 3
+    assert p.locator("#compare-table tr.differs").count() > 5
+    assert p.locator("#compare-table td.best").count() > 3
+    assert chart_marks(p, "compare-memory", "rect.mark") >= 10
+    page.screenshot("compare")
+    p.check("#only-differences")
+    assert p.locator("#compare-table tr.same").first.is_hidden()
+    assert p.locator("#compare-table tr.differs").first.is_visible()
+
+
+def test_form_validation_errors_appear_beside_the_field(live_server: LiveServer, page: BrowserPage) -> None:
+    p = page.page
+    page.expected_statuses.add(422)
+    p.goto(live_server.url + "/plans/new")
+    fill_plan_form(p, model="gpt2", nodes="1", gpus="8", gpu="H100-SXM-80GB", seq_len="512", batch="4000",
+                   name="typo in the batch")
+    assert "Not a multiple of 512" in p.locator("#batch-sequences").inner_text()
+    p.click("#create-plan")
+    error = p.locator("#error-global_batch_tokens")
+    error.wait_for()
+    assert "whole number of 512-token sequences" in error.inner_text()
+    field = p.locator(".field", has=p.locator("#global_batch_tokens"))
+    assert field.locator("#error-global_batch_tokens").is_visible()  # beside its own input
+    assert p.locator("#global_batch_tokens").get_attribute("aria-invalid") == "true"
+    assert p.locator("#seq_len").input_value() == "512"  # what was typed comes back
+    assert p.locator("#name").input_value() == "typo in the batch"
+    assert p.locator(".field-error").count() == 1
+    page.screenshot("new-plan-errors")
+
+    # A pasted config that is not JSON: the error sits under the textarea, which stays visible.
+    p.check("#source-config")
+    assert p.locator("#model").is_hidden() and p.locator("#model_config").is_visible()
+    p.fill("#model_config", '{"architectures": ["LlamaForCausalLM"],')
+    p.fill("#global_batch_tokens", "4096")
+    p.click("#create-plan")
+    p.locator("#error-model_config").wait_for()
+    assert "not valid JSON" in p.locator("#error-model_config").inner_text()
+    assert p.locator(".field", has=p.locator("#model_config")).locator("#error-model_config").is_visible()
+
+
+def test_launcher_archive_download(live_server: LiveServer, page: BrowserPage) -> None:
+    routes = httpx.get(live_server.url + "/openapi.json").json()["paths"]
+    if LAUNCHER_ROUTE not in routes:
+        pytest.skip(f"this server has no {LAUNCHER_ROUTE} endpoint yet, so the plan page offers the CLI "
+                    "command instead of launcher downloads; nothing to download")
+    plan_id = httpx.get(live_server.url + "/api/v1/plans").json()["items"][0]["id"]
+    p = page.page
+    p.goto(f"{live_server.url}/plans/{plan_id}")
+    with p.expect_download() as download_info:
+        p.click("#download-launcher-torchrun")
+    data = Path(download_info.value.path()).read_bytes()
+    if zipfile.is_zipfile(io.BytesIO(data)):
+        names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+    else:
+        with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+            names = archive.getnames()
+    assert any(name.endswith("launch.sh") for name in names), names
+    assert any(name.endswith("plan.json") for name in names), names
+
+
+def test_missing_plan_shows_an_html_error_page(live_server: LiveServer, page: BrowserPage) -> None:
+    page.expected_statuses.add(404)
+    p = page.page
+    response = p.goto(live_server.url + "/plans/424242")
+    assert response is not None and response.status == 404
+    assert p.title() == "404 Not Found · fsdp-planner"
+    assert "Plan 424242 does not exist" in p.locator("main").inner_text()
+    page.screenshot("not-found")
+
+
+def test_calibrations_and_accuracy_pages(live_server: LiveServer, page: BrowserPage) -> None:
+    p = page.page
+    p.goto(live_server.url + "/calibrations")
+    assert p.locator("#empty-calibrations").is_visible()
+    page.screenshot("calibrations-empty")
+    p.goto(live_server.url + "/accuracy")
+    assert p.locator("#empty-accuracy").is_visible()
+    page.screenshot("accuracy-empty")
+
+    # What the calibration and validation uploads would have stored.
+    with live_server.db.session() as session:
+        calibration = insert_calibration(session, h100_profile())
+        for seed, plan in enumerate(session.query(PlanRow).all()):
+            insert_runs(session, plan, 4, seed=seed)
+
+    p.goto(live_server.url + "/calibrations")
+    p.click("text=8x H100 node a17")
+    p.wait_for_url(f"**/calibrations/{calibration.id}")
+    assert chart_marks(p, "matmul", "circle.mark") == 12
+    assert chart_marks(p, "matmul", "path.mark") == 2
+    assert chart_marks(p, "collective", "circle.mark") == 33
+    assert "NVIDIA H100 80GB HBM3" in p.locator("#hardware-title + dl").inner_text()
+    page.screenshot("calibration-detail")
+
+    p.click("nav >> text=Accuracy")
+    assert p.title() == "Accuracy · fsdp-planner"
+    assert chart_marks(p, "step-time", "circle.mark") == 8
+    assert chart_marks(p, "memory-accuracy", "circle.mark") == 8
+    assert chart_marks(p, "errors", "rect.mark") >= 2
+    assert p.locator("#accuracy-summary tbody tr").count() == 3
+    page.screenshot("accuracy")
+
+
+def test_pages_are_readable_on_a_phone(live_server: LiveServer, page_factory: Any) -> None:
+    phone = page_factory(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
+                         device_scale_factor=2)
+    p = phone.page
+    plan_id = httpx.get(live_server.url + "/api/v1/plans").json()["items"][0]["id"]
+    for name, path in (("plans", "/"), ("plan-detail", f"/plans/{plan_id}"), ("new-plan", "/plans/new"),
+                       ("accuracy", "/accuracy")):
+        p.goto(live_server.url + path)
+        # Nothing wider than the screen except inside the scrolling chart and table boxes.
+        assert p.evaluate("document.documentElement.scrollWidth") <= 390, path
+        font = p.evaluate("parseFloat(getComputedStyle(document.body).fontSize)")
+        assert font >= 14, path
+        phone.screenshot(f"phone-{name}")
+    p.goto(live_server.url + "/")
+    # On a phone the plan list is a stack of cards, each value labelled.
+    first_cell = p.locator("#plans-table tbody tr").first.locator(".cell-throughput")
+    label = p.evaluate("(el) => getComputedStyle(el, '::before').content", first_cell.element_handle())
+    assert label.startswith('"Tokens/s/GPU')
