@@ -247,7 +247,7 @@ def _legend(entries: Sequence[tuple[str, str]], y: float) -> list[str]:
     """One row of colour swatches and names (wraps onto further rows when long)."""
     parts, x, row = [], 64.0, 0
     for name, color in entries:
-        width = 22 + 7 * len(name)
+        width = 28 + 7.6 * len(name)
         if x + width > WIDTH - 8 and x > 64:
             x, row = 64.0, row + 1
         top = y + row * 18
@@ -265,7 +265,7 @@ def _bottom(legend: Sequence[tuple[str, str]]) -> int:
 def legend_rows(entries: Sequence[tuple[str, str]]) -> int:
     x, rows = 64.0, 1
     for name, _ in entries:
-        width = 22 + 7 * len(name)
+        width = 28 + 7.6 * len(name)
         if x + width > WIDTH - 8 and x > 64:
             x, rows = 64.0, rows + 1
         x += width
