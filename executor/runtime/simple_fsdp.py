@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -34,6 +35,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+# DTensor.redistribute(forward_dtype=, backward_dtype=) is recent; without it, cast before gathering.
+_REDISTRIBUTE_CASTS = "forward_dtype" in inspect.signature(DTensor.redistribute).parameters
 
 # Ops that make up a parameter gather: recomputing them in backward is what "reshard" means.
 _GATHER_OPS = {
@@ -103,9 +107,14 @@ class GatherParameter:
         # backward_dtype reduces gradients in reduce_dtype, then casts back to the master dtype.
         forward_dtype = self.param_dtype if self.param_dtype not in (None, param.dtype) else None
         backward_dtype = self.reduce_dtype if forward_dtype is not None else None
-        full = param.redistribute(
-            placements=self.layout.compute, forward_dtype=forward_dtype, backward_dtype=backward_dtype
-        )
+        if _REDISTRIBUTE_CASTS:
+            full = param.redistribute(
+                placements=self.layout.compute, forward_dtype=forward_dtype, backward_dtype=backward_dtype
+            )
+        else:
+            # Older torch: cast the shard first; gradients are then reduced in param_dtype.
+            source = param.to(forward_dtype) if forward_dtype is not None else param
+            full = source.redistribute(placements=self.layout.compute)
         return full.to_local(grad_placements=self.layout.grad)
 
     def __call__(self, param: torch.Tensor) -> torch.Tensor:
