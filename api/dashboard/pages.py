@@ -43,14 +43,6 @@ def _parse_id(raw: str, what: str) -> int:
     return int(raw)
 
 
-def launcher_downloads_available(request: Request) -> bool:
-    """Whether this server serves launcher archives (`GET /api/v1/plans/{id}/launcher`)."""
-    from api.app import API_PREFIX  # here, not at import: api.app imports this package
-
-    wanted = f"{API_PREFIX}/plans/{{plan_id}}/launcher"
-    return any(getattr(route, "path", None) == wanted for route in request.app.routes)
-
-
 @router.get("/", response_class=HTMLResponse)
 def plans_page(request: Request, session: SessionDep) -> HTMLResponse:
     state = ListingState.from_query(request.query_params)
@@ -161,7 +153,7 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
         "timeline_chart": plan_views.timeline_chart(plan) if plan.prediction.timeline else None,
         "tradeoff_chart": plan_views.tradeoff_chart(plan),
         "candidates": plan_views.candidate_rows(plan), "runs": runs,
-        "launcher_available": launcher_downloads_available(request), "launcher_targets": LAUNCHER_TARGETS,
+        "launcher_targets": LAUNCHER_TARGETS,
         "replan_query": replan,
     })
 

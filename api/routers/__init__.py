@@ -2,11 +2,12 @@
 
 from fastapi import APIRouter
 
-from api.routers import calibrations, catalog, health, plans, runs
+from api.routers import calibrations, catalog, health, launchers, plans, runs
 
 api_router = APIRouter()
 api_router.include_router(plans.router)
 api_router.include_router(runs.router)
+api_router.include_router(launchers.router)
 api_router.include_router(calibrations.router)
 api_router.include_router(catalog.router)
 api_router.include_router(health.router)

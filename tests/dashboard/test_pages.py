@@ -341,16 +341,12 @@ def test_reads_need_a_key_when_the_server_says_so(tmp_path: Path) -> None:
         assert created.status_code == 303
 
 
-def test_launcher_buttons_follow_the_servers_routes(client: TestClient) -> None:
+def test_launcher_buttons_link_to_real_archives(client: TestClient) -> None:
     plan_id = create_plan(client)
     html = client.get(f"/plans/{plan_id}").text
-    if 'id="launcher-unavailable"' in html:
-        assert f"fsdp-planner launcher --plan-id {plan_id}" in html
-        # Once the endpoint exists, the page links each target to it.
-        client.app.add_api_route(  # type: ignore[attr-defined]
-            "/api/v1/plans/{plan_id}/launcher", lambda plan_id: None, methods=["GET"]
-        )
-        html = client.get(f"/plans/{plan_id}").text
-    assert 'id="launcher-unavailable"' not in html
+    assert f"fsdp-planner launcher --plan-id {plan_id}" in html
     for target in ("torchrun", "slurm", "k8s", "all"):
-        assert f'href="/api/v1/plans/{plan_id}/launcher?target={target}" download' in html
+        link = f"/api/v1/plans/{plan_id}/launcher?target={target}"
+        assert f'href="{link}" download' in html
+        archive = client.get(link)
+        assert archive.status_code == 200 and archive.headers["content-type"] == "application/gzip"
