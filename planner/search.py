@@ -18,7 +18,7 @@ from planner.catalog.gpus import resolve_gpu
 from planner.cost.estimate import Choice, Estimator, MemoryEstimate, Setting, TimeEstimate
 from planner.cost.model_costs import model_costs
 from planner.cost.parameters import GIB, CostParameters, default_parameters
-from planner.errors import InfeasiblePlanError
+from planner.errors import InfeasiblePlanError, PlanningError
 from planner.hashing import plan_hash
 from planner.plan import (
     Candidate,
@@ -108,9 +108,25 @@ def make_plan(
     best_time = estimator.timing(best.choice, record=True)
     best = Evaluated(best.choice, best.memory, best_time, best.tokens_per_s_per_gpu)
 
+    return _plan_document(
+        request, setting, best, fitting=fitting, evaluated=evaluated, count=count, usable=usable
+    )
+
+
+def _plan_document(
+    request: PlanRequest,
+    setting: Setting,
+    best: Evaluated,
+    *,
+    fitting: list[Evaluated],
+    evaluated: list[Evaluated],
+    count: int,
+    usable: float | None = None,
+    digest: str | None = None,
+) -> Plan:
     return Plan(
         planner_version=PLANNER_VERSION,
-        plan_hash=plan_hash(request, calibration_id=setting.params.calibration_id),
+        plan_hash=digest or plan_hash(request, calibration_id=setting.params.calibration_id),
         model=_planned_model(request, setting),
         cluster=PlannedCluster(
             **request.cluster.model_dump(),
@@ -127,9 +143,56 @@ def make_plan(
             _candidate(e, best, setting, request) for e in _distinct(best, fitting[1:], request.top_k)
         ),
         pareto_front=tuple(_candidate(e, best, setting, request) for e in _pareto(fitting)),
-        rejected=tuple(_rejected_families(evaluated, best, usable)),
+        rejected=tuple(_rejected_families(evaluated, best, usable)) if usable is not None else (),
         calibration_id=setting.params.calibration_id,
         search=SearchStats(candidates_evaluated=count, candidates_fitting=len(fitting)),
+    )
+
+
+def predict(
+    request: PlanRequest,
+    config: ParallelConfig,
+    *,
+    calibration: CalibrationProfile | None = None,
+    calibration_id: str | None = None,
+) -> Plan:
+    """A Plan for exactly `config` (no search): what-if questions and measuring the cost model.
+
+    Raises PlanningError when the configuration cannot run this request (its batch split does not
+    reach the global batch, or its groups do not divide the cluster).
+    """
+    world = request.cluster.world_size
+    local_batch = request.training.global_batch_sequences // world
+    if config.micro_batch_size * config.grad_accum_steps != local_batch:
+        raise PlanningError(
+            f"config: micro_batch_size {config.micro_batch_size} x grad_accum_steps "
+            f"{config.grad_accum_steps} must equal the per-rank batch {local_batch}",
+            field="config",
+        )
+    if config.shard_group_size * config.replicate_group_size != world:
+        raise PlanningError(
+            f"config: shard_group_size x replicate_group_size must equal the world size {world}",
+            field="config",
+        )
+    choice = Choice(
+        sharding=config.sharding, shard_group=config.shard_group_size,
+        replicate_group=config.replicate_group_size, blocks_per_unit=config.blocks_per_unit,
+        all_gather_bucket_mb=config.all_gather_bucket_mb,
+        reduce_scatter_bucket_mb=config.reduce_scatter_bucket_mb,
+        checkpointing=config.checkpointing.mode, every_k=config.checkpointing.every_k,
+        micro_batch=config.micro_batch_size, grad_accum=config.grad_accum_steps, compile=config.compile,
+        prefetch_depth=config.prefetch_depth,
+    )
+    setting = build_setting(request, calibration, calibration_id)
+    estimator = Estimator(setting)
+    time = estimator.timing(choice, record=True)
+    tps = request.training.seq_len * choice.micro_batch * choice.grad_accum / time.step_time_s
+    evaluated = Evaluated(choice, estimator.memory(choice), time, tps)
+    digest = plan_hash(
+        request, calibration_id=setting.params.calibration_id, config=config.model_dump(mode="json")
+    )
+    return _plan_document(
+        request, setting, evaluated, fitting=[evaluated], evaluated=[evaluated], count=1, digest=digest
     )
 
 

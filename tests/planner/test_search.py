@@ -8,7 +8,7 @@ import pytest
 
 from planner.cost.estimate import Choice, Estimator
 from planner.cost.parameters import GIB
-from planner.errors import InfeasiblePlanError
+from planner.errors import InfeasiblePlanError, PlanningError
 from planner.hashing import plan_hash
 from planner.plan import Plan
 from planner.search import build_setting, make_plan
@@ -147,3 +147,22 @@ def test_hybrid_shard_is_chosen_when_inter_node_links_are_slow() -> None:
     assert "hybrid_shard" in families
     fast = make_plan(request)
     assert fast.prediction.tokens_per_s_per_gpu > plan.prediction.tokens_per_s_per_gpu
+
+
+def test_predict_prices_exactly_the_given_configuration(llama8b_request: PlanRequest) -> None:
+    from planner.search import predict
+
+    searched = make_plan(llama8b_request)
+    again = predict(llama8b_request, searched.config)
+    assert again.config == searched.config
+    assert again.prediction.step_time_s == pytest.approx(searched.prediction.step_time_s)
+    assert again.prediction.peak_memory_gib == pytest.approx(searched.prediction.peak_memory_gib)
+    assert again.plan_hash != searched.plan_hash  # a fixed configuration is another plan
+
+    slower = searched.alternatives[-1].config
+    assert predict(llama8b_request, slower).prediction.tokens_per_s_per_gpu == pytest.approx(
+        searched.alternatives[-1].tokens_per_s_per_gpu
+    )
+    broken = searched.config.model_copy(update={"grad_accum_steps": 7})
+    with pytest.raises(PlanningError, match="per-rank batch 2"):
+        predict(llama8b_request, broken)
