@@ -9,7 +9,11 @@ from typing import Any
 
 import httpx
 import typer
+from pydantic import ValidationError
 from rich.console import Console
+
+from planner.errors import describe_validation_error
+from planner.plan import Plan
 
 EXIT_FAILED = 1
 EXIT_INVALID_INPUT = 2
@@ -89,3 +93,36 @@ def problem_detail(response: httpx.Response) -> str:
     if isinstance(body, dict):
         return str(body.get("detail") or body.get("title") or body)[:300]
     return str(body)[:300]
+
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+
+
+def plan_from_document(document: Any, source: str) -> Plan:
+    """A Plan from a plan file or an API response (`{"id": ..., "plan": {...}}`); anything else refused."""
+    if (
+        isinstance(document, dict)
+        and "schema_version" not in document
+        and isinstance(document.get("plan"), dict)
+    ):
+        document = document["plan"]
+    if not isinstance(document, dict):
+        raise fail(f"{source}: expected a plan JSON object")
+    version = str(document.get("schema_version", ""))
+    if version.split(".")[0] != "1":
+        raise fail(f"{source}: plan schema_version {version or '(missing)'!r} is not supported (1.x)")
+    try:
+        return Plan.model_validate(document)
+    except ValidationError as exc:
+        lines = describe_validation_error(exc, prefix="plan")
+        raise fail([f"{source}: not a valid plan ({len(lines)} problem(s))", *lines[:5]]) from None
+
+
+def load_plan(plan_file: Path | None, plan_id: int | None, server: str, api_key: str | None) -> Plan:
+    """The plan named by `--plan FILE` or `--plan-id ID [--server URL]` (exactly one of them)."""
+    if (plan_file is None) == (plan_id is None):
+        raise fail("give exactly one of --plan FILE or --plan-id ID")
+    if plan_file is not None:
+        return plan_from_document(read_json_file(plan_file, "--plan"), str(plan_file))
+    client = ServerClient(server, api_key)
+    return plan_from_document(client.get(f"/plans/{plan_id}"), f"{client.server}/api/v1/plans/{plan_id}")
