@@ -112,7 +112,8 @@ def default_parameters(gpu: GpuSpec, cluster: ClusterSpec, precision: Precision)
             ),
         },
         overlap_contention=0.3 if is_cpu else 0.08,
-        workspace_gib=0.1 if is_cpu else 1.0,
-        fragmentation=0.05,
+        # CPU tensors live in the process heap: no CUDA workspace, no caching-allocator fragmentation.
+        workspace_gib=0.0 if is_cpu else 1.0,
+        fragmentation=0.0 if is_cpu else 0.05,
         memory_capacity_gib=gpu.memory_gib,
     )
