@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 from typer.testing import CliRunner
 
 from api.cli.main import app
+from tests.live_server import running_server
 
 runner = CliRunner()
 
@@ -55,42 +53,12 @@ def test_keys_create_list_revoke(fresh_url: str) -> None:
     assert "revoked" in runner.invoke(app, ["keys", "list", "--database-url", fresh_url]).output
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
-def server(fresh_url: str, tmp_path) -> Iterator[str]:
+def server(fresh_url: str, tmp_path: Path) -> Iterator[str]:
     """`fsdp-planner serve` in a subprocess, as the README runs it; yields its base URL."""
-    port = _free_port()
     env = {**os.environ, "DATABASE_URL": fresh_url}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "api.cli.main", "serve", "--port", str(port), "--log-level", "warning"],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                pytest.fail(f"serve exited with {process.returncode}: {process.stdout.read()}")  # type: ignore[union-attr]
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        else:
-            pytest.fail("serve did not become ready within 60 s")
-        yield base
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    with running_server(env=env, log=tmp_path / "serve.log", cwd=tmp_path) as url:
+        yield url
 
 
 def test_serve_migrates_and_answers(server: str, fresh_url: str) -> None:

@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +24,7 @@ from sqlalchemy.orm import Session
 from api.app import create_app
 from api.db.session import create_db_engine, create_session_factory
 from api.settings import SQLITE_FILE_NAME, Settings
+from tests.live_server import running_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT_DIR = REPO_ROOT / "test-artifacts" / "screenshots"
@@ -36,7 +33,6 @@ CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
     "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
 ]
-SERVER_START_TIMEOUT_S = 60
 
 # Cheap inputs: searched in well under a second.
 GPT2_FORM = {"model": "gpt2", "num_nodes": "1", "gpus_per_node": "8", "gpu": "H100-SXM-80GB",
@@ -91,12 +87,6 @@ def create_plan(client: TestClient | httpx.Client, **overrides: str) -> int:
     return int(match.group(1))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class LiveServer:
     url: str
@@ -108,41 +98,14 @@ class LiveServer:
 def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """A real uvicorn process serving the app on a fresh SQLite database (one per test module)."""
     data_dir = tmp_path_factory.mktemp("live-data")
-    port = _free_port()
     log = data_dir / "server.log"
     env = {**os.environ, "FSDP_PLANNER_DATA_DIR": str(data_dir), "FSDP_PLANNER_LOG_LEVEL": "warning"}
     env.pop("DATABASE_URL", None)
     env.pop("FSDP_PLANNER_DATABASE_URL", None)
-    with log.open("wb") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--host", "127.0.0.1",
-             "--port", str(port), "--log-level", "warning"],
-            cwd=REPO_ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"the server exited with {process.returncode}:\n{log.read_text()}")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"no server after {SERVER_START_TIMEOUT_S} s:\n{log.read_text()}")
-            time.sleep(0.1)
+    with running_server(env=env, log=log) as url:
         database = Database(f"sqlite:///{data_dir / SQLITE_FILE_NAME}")
         yield LiveServer(url=url, db=database, log=log)
         database.dispose()
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture(scope="session")
