@@ -1,0 +1,105 @@
+"""The closed loop on CPU: calibrate -> upload -> plan with the profile -> validate -> stored run."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from api.cli.main import app
+from tests.live_server import running_server
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[str]:
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'loop.sqlite3'}"}
+    with running_server(env=env, log=tmp_path / "serve.log") as url:
+        yield url
+
+
+def test_calibrate_plan_validate_round_trip(server: str, tmp_path: Path) -> None:
+    runner = CliRunner()
+    calibrated = runner.invoke(
+        app,
+        [
+            "calibrate",
+            "--nproc",
+            "2",
+            "--model",
+            "llama-debug",
+            "--seq-len",
+            "128",
+            "--micro-batches",
+            "1",
+            "--budget-s",
+            "8",
+            "--name",
+            "ci-loop",
+            "-o",
+            str(tmp_path / "cpu.json"),
+            "--upload",
+            server,
+        ],
+    )
+    assert calibrated.exit_code == 0, calibrated.output
+    profiles = httpx.get(f"{server}/api/v1/calibrations").json()["items"]
+    assert [p["name"] for p in profiles] == ["ci-loop"]
+
+    body = {
+        "model": "llama-debug",
+        "cluster": "1x2xcpu",
+        "training": {"seq_len": 128, "global_batch_tokens": 1024, "precision": "fp32"},
+        "calibration_id": profiles[0]["id"],
+        # Eager keeps this CI run short; compiled launchers are exercised by tests/executor.
+        "search": {"compile": [False], "shardings": ["full_shard"]},
+    }
+    plan = httpx.post(f"{server}/api/v1/plans", json=body, timeout=60)
+    assert plan.status_code == 201, plan.text
+    plan_id = plan.json()["id"]
+    assert plan.json()["plan"]["calibration_id"] == str(profiles[0]["id"])
+
+    validated = runner.invoke(
+        app,
+        [
+            "validate",
+            "--plan-id",
+            str(plan_id),
+            "--server",
+            server,
+            "--steps",
+            "4",
+            "--warmup",
+            "2",
+            "--upload",
+        ],
+    )
+    assert validated.exit_code == 0, validated.output
+    assert "predicted" in validated.output and "measured" in validated.output
+
+    runs = httpx.get(f"{server}/api/v1/plans/{plan_id}/runs").json()["items"]
+    assert len(runs) == 1
+    run = runs[0]
+    assert run["measured_step_time_s"] > 0 and run["measured_tokens_per_s_per_gpu"] > 0
+    assert run["measured_peak_memory_gib"] and run["measured_peak_memory_gib"] > 0
+    assert run["predicted_step_time_s"] == pytest.approx(plan.json()["step_time_s"])
+    # The dashboard's accuracy page now draws this run instead of its empty state.
+    accuracy = httpx.get(f"{server}/accuracy").text
+    assert 'id="empty-accuracy"' not in accuracy and "step-time" in accuracy
+
+
+def test_validate_refuses_what_it_cannot_do(tmp_path: Path) -> None:
+    runner = CliRunner()
+    both = runner.invoke(app, ["validate", "--plan", "x.json", "--plan-id", "3"])
+    assert both.exit_code == 2 and "exactly one of --plan FILE or --plan-id ID" in both.output
+    upload = runner.invoke(app, ["validate", "--plan", "x.json", "--upload"])
+    assert upload.exit_code == 2 and "--plan-id" in upload.output
+    steps = runner.invoke(app, ["validate", "--plan", "x.json", "--steps", "2", "--warmup", "2"])
+    assert steps.exit_code == 2 and "must exceed --warmup" in steps.output
+    down = runner.invoke(app, ["validate", "--plan-id", "1", "--server", "http://127.0.0.1:9"])
+    assert down.exit_code == 4 and "cannot reach the fsdp-planner server" in down.output
