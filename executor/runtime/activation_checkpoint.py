@@ -68,6 +68,24 @@ def _op_sac_context(*, keep_gathered_params: bool):
     return policy_factory
 
 
+def _recompute_all_context(*, keep_gathered_params: bool):
+    """Whole-block recomputation as an SAC policy (see apply_activation_checkpointing): every op is
+    recomputed except attention (whose output and softmax statistics are kept, as torchtitan does)
+    and communication."""
+
+    def policy_factory():
+        def policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
+            if keep_gathered_params and func in _GATHERS:
+                return MUST_SAVE
+            if func in _SAVE_OPS:
+                return MUST_SAVE
+            return PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    return policy_factory
+
+
 def checkpointed_indices(mode: str, every_k: int, num_blocks: int) -> list[int]:
     """Blocks (0-based) whose activations are recomputed; `selective` takes blocks k, 2k, ... (1-based),
     as the planner's cost model does."""
@@ -81,15 +99,30 @@ def checkpointed_indices(mode: str, every_k: int, num_blocks: int) -> list[int]:
 
 
 def apply_activation_checkpointing(
-    model: nn.Module, parts: ModelParts, *, mode: str, every_k: int, keep_gathered_params: bool
+    model: nn.Module,
+    parts: ModelParts,
+    *,
+    mode: str,
+    every_k: int,
+    keep_gathered_params: bool,
+    compiled: bool = False,
 ) -> list[nn.Module]:
-    """Wrap the chosen blocks in place; returns the wrapped blocks and updates `parts.blocks`."""
+    """Wrap the chosen blocks in place; returns the wrapped blocks and updates `parts.blocks`.
+
+    Under torch.compile with DTensor parameters (SimpleFSDP), torch 2.13 fails at run time when a
+    checkpointed block recomputes attention ("expected all tensors_saved_with_vc_check to be
+    Tensors, got ... DeviceMesh"), with plain checkpointing as with an all-recompute policy. So
+    compiled whole-block checkpointing is an SAC policy that recomputes every op but attention and
+    collectives: the attention output of a block (batch x seq x hidden) stays saved.
+    """
     wrapped: list[nn.Module] = []
     for index in checkpointed_indices(mode, every_k, len(parts.blocks)):
         block = parts.blocks[index]
         kwargs: dict = {"preserve_rng_state": False}
         if mode == "op_selective":
             kwargs["context_fn"] = _op_sac_context(keep_gathered_params=keep_gathered_params)
+        elif compiled:
+            kwargs["context_fn"] = _recompute_all_context(keep_gathered_params=keep_gathered_params)
         new = checkpoint_wrapper(block, **kwargs)
         replace_block(model, block, new)
         parts.blocks[index] = new

@@ -82,6 +82,7 @@ def parallelize(
         mode=cfg.checkpointing.mode,
         every_k=cfg.checkpointing.every_k,
         keep_gathered_params=keep_gathered,
+        compiled=compiled,
     )
     notes.append(
         f"activation checkpointing: {cfg.checkpointing.mode} ({len(checkpointed)}/{len(parts.blocks)} blocks)"

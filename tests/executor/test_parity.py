@@ -2,7 +2,8 @@
 
 Three torchrun launches (cases batched to pay process start-up and compilation once):
   2 ranks eager     FSDP2 and eager SimpleFSDP, each mode, with activation-checkpointing variants and bf16
-  2 ranks compiled  SimpleFSDP + inductor (bucketed, reordered) for full_shard, shard_grad_op, no_shard
+  2 ranks compiled  SimpleFSDP + inductor (bucketed, reordered) for full_shard, shard_grad_op, no_shard;
+                    compiled activation checkpointing (full, every k-th block, op-level)
   4 ranks 2x2       hybrid_shard: FSDP2 (HSDP), eager SimpleFSDP, SimpleFSDP + inductor
 Compiled cases also count the collectives inductor generated, which pins down what each mode
 means (full_shard re-gathers in backward, shard_grad_op keeps the gathered weights, no_shard only
@@ -75,6 +76,11 @@ def test_compiled_modes_match_reference(tmp_path: Path) -> None:
         "full_shard:simple_fsdp:inductor",
         "shard_grad_op:simple_fsdp:inductor",
         "no_shard:simple_fsdp:inductor",
+        # Activation checkpointing under compile (aot_eager: the same AOTAutograd partitioning and
+        # runtime as inductor, without code generation): whole blocks, every k-th block, op-level.
+        "full_shard:simple_fsdp:aot_eager:full",
+        "full_shard:simple_fsdp:aot_eager:selective",
+        "shard_grad_op:simple_fsdp:aot_eager:op_selective",
     ]
     records = run_cases(tmp_path, 2, cases)
     for case in cases:
