@@ -47,13 +47,14 @@ class ServerClient:
         self.api_key = api_key or os.environ.get(API_KEY_ENV)
         self.timeout_s = timeout_s
 
-    def get(self, path: str) -> Any:
-        return self._call("GET", path, None)
+    def get(self, path: str, *, not_found: str | None = None) -> Any:
+        """`not_found`: the message for a 404 (what is missing and where to look)."""
+        return self._call("GET", path, None, not_found=not_found)
 
     def post(self, path: str, body: Any) -> Any:
         return self._call("POST", path, body)
 
-    def _call(self, method: str, path: str, body: Any) -> Any:
+    def _call(self, method: str, path: str, body: Any, *, not_found: str | None = None) -> Any:
         url = f"{self.server}/api/v1{path}"
         headers = {"Accept": "application/json"}
         if self.api_key:
@@ -66,6 +67,8 @@ class ServerClient:
                 "start it with `fsdp-planner serve` or pass --server",
                 EXIT_UNAVAILABLE,
             ) from None
+        if response.status_code == 404 and not_found is not None:
+            raise fail(not_found)
         if response.status_code in (401, 403):
             raise fail(
                 f"{self.server} refused {method} {path} ({response.status_code}): pass --api-key or set "
@@ -125,4 +128,9 @@ def load_plan(plan_file: Path | None, plan_id: int | None, server: str, api_key:
     if plan_file is not None:
         return plan_from_document(read_json_file(plan_file, "--plan"), str(plan_file))
     client = ServerClient(server, api_key)
-    return plan_from_document(client.get(f"/plans/{plan_id}"), f"{client.server}/api/v1/plans/{plan_id}")
+    document = client.get(
+        f"/plans/{plan_id}",
+        not_found=f"plan {plan_id} does not exist on {client.server} "
+        f"(list plans at {client.server}/api/v1/plans)",
+    )
+    return plan_from_document(document, f"{client.server}/api/v1/plans/{plan_id}")
