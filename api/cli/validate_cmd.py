@@ -82,6 +82,7 @@ def run_validation(
             f"this plan spans {plan.cluster.num_nodes} nodes; validate runs one node. Run the bundle's "
             "slurm.sbatch (or launch.sh on every node) with `--metrics-file`, then upload with the runs API"
         )
+    workdir = workdir.resolve()  # launch.sh changes into the bundle: every path it gets must be absolute
     write_bundle(plan, workdir, target="torchrun")
     bundle = workdir / bundle_name(plan)
     metrics_file = workdir / "metrics.jsonl"

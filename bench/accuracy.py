@@ -1,0 +1,225 @@
+"""Benchmark: how well the calibrated cost model predicts real runs (not a test; run on demand).
+
+    python bench/accuracy.py [--budget-s 60] [--steps 8] [--out bench/out/accuracy] [--write]
+
+On this machine: calibrate once (2 CPU ranks, gloo), then run 12 configurations of a small Llama
+that differ in sharding, wrap unit, micro-batch, checkpointing and compile, each through its own
+launch bundle (`launch.sh`), none of them used in fitting. Reports predicted vs measured step time
+and peak memory per configuration, the mean absolute percentage errors, the Spearman rank
+correlation of step times, and the regret of the planner's choice (how much slower, measured, the
+configuration the model ranks first is than the fastest measured one). `--write` records the
+result in bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+from datetime import date
+from pathlib import Path
+
+from api.cli.validate_cmd import Measurement, run_validation
+from planner.calibration import CalibrationProfile
+from planner.plan import CheckpointingConfig, InductorConfig, ParallelConfig, Plan
+from planner.search import predict
+from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
+
+MODEL = ModelSpec(
+    name="llama-small",
+    architecture="llama",
+    vocab_size=4096,
+    hidden_size=256,
+    num_layers=8,
+    num_heads=8,
+    num_kv_heads=4,
+    intermediate_size=768,
+    max_seq_len=1024,
+)
+SEQ_LEN = 256
+SEQUENCES = 8  # global batch: 4 sequences per rank
+# (sharding, blocks per unit, checkpointing, every_k, micro-batch, compile)
+CONFIGS = [
+    ("full_shard", 1, "none", 1, 4, False),
+    ("full_shard", 2, "none", 1, 2, False),
+    ("full_shard", 1, "full", 1, 4, False),
+    ("full_shard", 4, "op_selective", 1, 4, False),
+    ("shard_grad_op", 1, "none", 1, 4, False),
+    ("shard_grad_op", 2, "selective", 2, 2, False),
+    ("no_shard", 1, "none", 1, 4, False),
+    ("no_shard", 1, "full", 1, 1, False),
+    ("full_shard", 1, "none", 1, 4, True),
+    ("shard_grad_op", 1, "none", 1, 2, True),
+    ("no_shard", 1, "none", 1, 4, True),
+    ("full_shard", 2, "full", 1, 4, True),
+]
+
+
+def config(
+    sharding: str, unit: int, ac: str, every_k: int, micro_batch: int, compiled: bool
+) -> ParallelConfig:
+    world = 2
+    shard = 1 if sharding == "no_shard" else world
+    return ParallelConfig(
+        sharding=sharding,
+        shard_group_size=shard,
+        replicate_group_size=world // shard,
+        blocks_per_unit=unit,
+        all_gather_bucket_mb=0.0,
+        reduce_scatter_bucket_mb=0.0,
+        reshard_after_forward=sharding == "full_shard",
+        prefetch_depth=1,
+        checkpointing=CheckpointingConfig(mode=ac, every_k=every_k),
+        micro_batch_size=micro_batch,
+        grad_accum_steps=SEQUENCES // world // micro_batch,
+        param_dtype="float32",
+        reduce_dtype="float32",
+        compile=compiled,
+        inductor=InductorConfig(
+            bucket_all_gathers=False,
+            bucket_reduce_scatters=False,
+            reorder_for_compute_comm_overlap=compiled and sharding != "no_shard",
+        ),
+    )
+
+
+def calibrate(out: Path, budget_s: float) -> CalibrationProfile:
+    model_file = out / "model.json"
+    model_file.write_text(MODEL.model_dump_json())
+    profile_file = out / "profile.json"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "executor.profile.run",
+            "-o",
+            str(profile_file),
+            "--budget-s",
+            str(budget_s),
+            "--model-json",
+            str(model_file),
+            "--seq-len",
+            str(SEQ_LEN),
+            "--micro-batches",
+            "1,2,4",
+            "--name",
+            "bench-cpu",
+        ],
+        check=True,
+        env={"OMP_NUM_THREADS": "1", **os.environ},
+    )
+    return CalibrationProfile.model_validate_json(profile_file.read_text())
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=lambda i: values[i])
+        r = [0.0] * len(values)
+        for rank, i in enumerate(order):
+            r[i] = float(rank)
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    n = len(xs)
+    d2 = sum((a - b) ** 2 for a, b in zip(rx, ry, strict=True))
+    return 1 - 6 * d2 / (n * (n * n - 1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-s", type=float, default=60.0, help="calibration time budget")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("bench/out/accuracy"))
+    parser.add_argument("--write", action="store_true", help="record the result in bench/RESULTS.md")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    profile = calibrate(args.out, args.budget_s)
+    request = PlanRequest(
+        model=MODEL,
+        cluster=ClusterSpec.parse("1x2xcpu"),
+        training=TrainingSpec(seq_len=SEQ_LEN, global_batch_tokens=SEQ_LEN * SEQUENCES, precision="fp32"),
+    )
+    rows: list[tuple[Plan, Measurement]] = []
+    for index, spec in enumerate(CONFIGS):
+        plan = predict(request, config(*spec), calibration=profile, calibration_id="bench-cpu")
+        print(f"[{index + 1}/{len(CONFIGS)}] {plan.config.label()}", flush=True)
+        measured = run_validation(
+            plan, steps=args.steps, warmup=args.warmup, workdir=args.out / f"run{index}"
+        )
+        rows.append((plan, measured))
+
+    lines = [
+        "| configuration | predicted step s | measured step s | error | predicted GiB | measured GiB "
+        "| error |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    time_errors, memory_errors = [], []
+    for plan, m in rows:
+        p = plan.prediction
+        te = (p.step_time_s - m.step_time_s) / m.step_time_s
+        time_errors.append(abs(te))
+        me = None
+        if m.peak_memory_gib:
+            me = (p.peak_memory_gib - m.peak_memory_gib) / m.peak_memory_gib
+            memory_errors.append(abs(me))
+        lines.append(
+            f"| {plan.config.label()} | {p.step_time_s:.3f} | {m.step_time_s:.3f} | {te:+.1%} | "
+            f"{p.peak_memory_gib:.3f} | {m.peak_memory_gib or 0:.3f} | "
+            f"{'-' if me is None else f'{me:+.1%}'} |"
+        )
+    predicted = [plan.prediction.step_time_s for plan, _ in rows]
+    measured = [m.step_time_s for _, m in rows]
+    rho = spearman(predicted, measured)
+    choice = min(range(len(rows)), key=lambda i: predicted[i])
+    regret = measured[choice] / min(measured) - 1
+    summary = (
+        f"step-time MAPE {sum(time_errors) / len(time_errors):.1%} (max {max(time_errors):.1%}); "
+        f"memory MAPE {sum(memory_errors) / max(len(memory_errors), 1):.1%} "
+        f"(max {max(memory_errors, default=0):.1%}); Spearman rho (step time) {rho:.2f}; "
+        f"planner's choice: {rows[choice][0].config.label()}, regret {regret:.1%}"
+    )
+    table = "\n".join(lines)
+    print(table)
+    print(summary)
+    (args.out / "result.json").write_text(
+        json.dumps(
+            {
+                "rows": [
+                    {
+                        "config": plan.config.label(),
+                        "predicted_step_s": plan.prediction.step_time_s,
+                        "measured_step_s": m.step_time_s,
+                        "predicted_gib": plan.prediction.peak_memory_gib,
+                        "measured_gib": m.peak_memory_gib,
+                    }
+                    for plan, m in rows
+                ],
+                "summary": summary,
+            },
+            indent=2,
+        )
+    )
+    if args.write:
+        results = Path("bench/RESULTS.md")
+        section = (
+            f"\n## Cost-model accuracy on CPU (`bench/accuracy.py`)\n\n"
+            f"Machine: 2-core x86_64 container, no GPU, torch 2.13.0 CPU, gloo, 2 ranks; {date.today()}; "
+            f"{platform.python_version()}. Model: {MODEL.name} ({MODEL.num_layers} layers, hidden "
+            f"{MODEL.hidden_size}), seq {SEQ_LEN}, {SEQUENCES} sequences per step, fp32. Calibrated once "
+            f"({args.budget_s:.0f} s budget); each configuration ran {args.steps} steps through its own "
+            f"launch.sh, the first {args.warmup} left out of the timing.\n\n{table}\n\n**{summary}**\n"
+        )
+        results.write_text(results.read_text() + section)
+
+
+if __name__ == "__main__":
+    main()
