@@ -11,6 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from api.cli.main import app
+from planner.calibration import CalibrationProfile, fit_parameters
+from planner.catalog import resolve_gpu
+from planner.cost.parameters import default_parameters
+from planner.specs import ClusterSpec
 from tests.live_server import running_server
 
 pytestmark = pytest.mark.distributed
@@ -21,6 +25,20 @@ def server(tmp_path: Path) -> Iterator[str]:
     env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'loop.sqlite3'}"}
     with running_server(env=env, log=tmp_path / "serve.log") as url:
         yield url
+
+
+def check_profile(profile: CalibrationProfile) -> None:
+    """What a CPU calibration must contain, and that fitting it changes the cost model."""
+    assert profile.fingerprint.backend == "gloo" and profile.fingerprint.device_count == 2
+    assert profile.gpu == "cpu" and profile.model is not None and profile.model.name == "llama-debug"
+    assert profile.matmul and profile.memory_bandwidth
+    assert {c.op for c in profile.collectives} == {"all_gather", "reduce_scatter", "all_reduce"}
+    assert all(c.group_size == 2 and c.link == "intra" for c in profile.collectives)
+    assert profile.blocks and {b.checkpointing for b in profile.blocks} <= {"none", "op_selective", "full"}
+    base = default_parameters(resolve_gpu("cpu"), ClusterSpec.parse("1x2xcpu"), "fp32")
+    fitted = fit_parameters(profile, base=base, precision="fp32")
+    assert fitted.links["intra"] != base.links["intra"]  # measured, not the catalog guess
+    assert fitted.memory_bandwidth != base.memory_bandwidth
 
 
 def test_calibrate_plan_validate_round_trip(server: str, tmp_path: Path) -> None:
@@ -48,6 +66,7 @@ def test_calibrate_plan_validate_round_trip(server: str, tmp_path: Path) -> None
         ],
     )
     assert calibrated.exit_code == 0, calibrated.output
+    check_profile(CalibrationProfile.model_validate_json((tmp_path / "cpu.json").read_text()))
     profiles = httpx.get(f"{server}/api/v1/calibrations").json()["items"]
     assert [p["name"] for p in profiles] == ["ci-loop"]
 
