@@ -21,6 +21,8 @@ from rich.console import Console
 from rich.table import Table
 
 from api.cli.common import EXIT_FAILED, ServerClient, fail, read_json_file
+from executor.launch.calibration import write_calibration_bundle
+from executor.launch.quoting import UnsafeValueError
 from planner.calibration import CalibrationProfile, fit_parameters
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.parameters import default_parameters
@@ -47,8 +49,31 @@ def calibrate(
         typer.Option(help="fsdp-planner server URL to upload the profile to, e.g. http://host:8000."),
     ] = None,
     api_key: Annotated[str | None, typer.Option("--api-key", help="API key for --upload.")] = None,
+    bundle: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write a calibration bundle for --cluster into this directory instead of running here."
+        ),
+    ] = None,
+    cluster: Annotated[
+        str | None, typer.Option(help="With --bundle: NODESxGPUSxGPU of the cluster to calibrate.")
+    ] = None,
 ) -> None:
-    """Measure GEMMs, collectives and the model's blocks here, within a time budget."""
+    """Measure GEMMs, collectives and the model's blocks here, within a time budget.
+
+    For several nodes, `--bundle DIR --cluster 4x8xH100` writes a bundle to run on the cluster.
+    """
+    if bundle is not None:
+        write_bundle(
+            bundle,
+            cluster,
+            model=model,
+            seq_len=seq_len,
+            micro_batches=micro_batches,
+            budget_s=budget_s,
+            name=name,
+        )
+        return
     if importlib.util.find_spec("torch") is None:
         raise fail(
             "calibration runs torch: install the executor extra (pip install 'fsdp-planner[executor]')"
@@ -101,6 +126,44 @@ def calibrate(
         Console().print(
             f'Uploaded as calibration {stored["id"]}: POST plans with "calibration_id": {stored["id"]}'
         )
+
+
+def write_bundle(
+    out: Path,
+    cluster: str | None,
+    *,
+    model: str | None,
+    seq_len: int,
+    micro_batches: str,
+    budget_s: float,
+    name: str | None,
+) -> None:
+    """The calibration bundle (calibrate.sh over torchrun, calibrate.sbatch) for a whole cluster."""
+    if cluster is None:
+        raise fail("--bundle needs --cluster NODESxGPUSxGPU (the cluster the bundle will run on)")
+    try:
+        spec = ClusterSpec.parse(cluster)
+        model_spec = resolve_model(model) if model is not None else None
+        directory = write_calibration_bundle(
+            spec,
+            out,
+            model=model_spec,
+            seq_len=seq_len,
+            micro_batches=micro_batches,
+            budget_s=budget_s,
+            name=name,
+        )
+    except PlanningError as exc:
+        raise fail(exc.message) from None
+    except (ValueError, UnsafeValueError) as exc:
+        raise fail(str(exc)) from None
+    Console().print(
+        f"wrote {directory}\n  on the cluster: cd {directory.name} && sbatch calibrate.sbatch "
+        f"(or NNODES={spec.num_nodes} MASTER_ADDR=<node 0> ./calibrate.sh on every node); then upload "
+        "profile.json (POST /api/v1/calibrations)",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def show_fit(profile: CalibrationProfile, console: Console) -> None:

@@ -14,13 +14,11 @@ from api.problems import FieldError, ProblemError
 from api.routers.responses import problems
 from api.schemas.plans import MAX_ID
 from api.services import plans as plan_service
-from executor.launch.bundle import DEFAULT_IMAGE, archive_filename, build_bundle
+from executor.launch.bundle import DEFAULT_IMAGE, MEDIA_TYPES, archive_filename, build_bundle
 from executor.launch.quoting import UnsafeValueError
 from planner.plan import Plan
 
 router = APIRouter(prefix="/plans/{plan_id}/launcher", tags=["launchers"])
-
-MEDIA_TYPES = {"tar.gz": "application/gzip", "zip": "application/zip"}
 
 
 class LaunchTarget(StrEnum):

@@ -29,7 +29,7 @@ DEFAULT_IMAGE = "pytorch/pytorch:latest"
 """Container image in the Kubernetes manifests unless one is given (edit it: pin a torch version)."""
 
 _RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
-_EXECUTOR_INIT = '"""fsdp-planner executor (bundle copy: the runtime only)."""\n'
+_EXECUTOR_INIT = '"""fsdp-planner executor (bundle copy: the packages the bundle runs)."""\n'
 _MTIME = 315532800  # 1980-01-01: zip's earliest date; fixed so archives are reproducible
 MEDIA_TYPES = {"tar.gz": "application/gzip", "zip": "application/zip"}
 
@@ -76,14 +76,15 @@ def context(plan: Plan, *, image: str = DEFAULT_IMAGE) -> render.LaunchContext:
     )
 
 
-def runtime_files() -> list[BundleFile]:
-    """The runtime package source (stdlib + torch only), as the bundle carries it."""
+def runtime_files(packages: tuple[str, ...] = ("runtime",)) -> list[BundleFile]:
+    """The source of executor packages (stdlib + torch only), as a bundle carries them."""
     files = [BundleFile("executor/__init__.py", _EXECUTOR_INIT.encode())]
-    for source in sorted(_RUNTIME_DIR.rglob("*.py")):
-        if "__pycache__" in source.parts:
-            continue
-        rel = source.relative_to(_RUNTIME_DIR.parent.parent).as_posix()
-        files.append(BundleFile(rel, source.read_bytes()))
+    root = _RUNTIME_DIR.parent
+    for package in packages:
+        for source in sorted((root / package).rglob("*.py")):
+            if "__pycache__" in source.parts:
+                continue
+            files.append(BundleFile(source.relative_to(root.parent).as_posix(), source.read_bytes()))
     return files
 
 

@@ -1,0 +1,131 @@
+"""Calibration bundles: the profiler for a multi-node cluster, launched like training (torchrun, SLURM).
+
+`fsdp-planner calibrate` profiles the node it runs on; a cluster of several nodes gets this bundle
+instead: `calibrate.sh` on every node (or `sbatch calibrate.sbatch`) measures inter-node collectives
+too, and rank 0 writes `profile.json` into the bundle directory for upload.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+from executor.launch import render
+from executor.launch.bundle import DEFAULT_IMAGE, BundleFile, _tar_gz, runtime_files
+from executor.launch.quoting import comment, dns_label, image_ref, positive_int, sh, slug
+from planner.specs import ClusterSpec, ModelSpec
+
+_MICRO_BATCHES = re.compile(r"^[1-9][0-9]{0,4}(,[1-9][0-9]{0,4}){0,7}$")
+
+
+def _entry(
+    *, budget_s: float, seq_len: int, micro_batches: str, name: str | None, has_model: bool
+) -> render.Entry:
+    args = (
+        f'-o "$HERE/profile.json" --budget-s {budget_s:g} --seq-len {positive_int(seq_len, "seq_len")} '
+        f"--micro-batches {micro_batches}"
+    )
+    if has_model:
+        args += ' --model-json "$HERE/model.json"'
+    if name:
+        args += f" --name {sh(name)}"
+    return render.Entry(
+        script="calibrate.sh",
+        module="executor.profile.run",
+        args=args,
+        usage="./calibrate.sh [profiler options]        e.g. ./calibrate.sh --budget-s 300",
+        resumable=False,
+    )
+
+
+def calibration_bundle_files(
+    cluster: ClusterSpec,
+    *,
+    model: ModelSpec | None = None,
+    seq_len: int = 2048,
+    micro_batches: str = "1,2",
+    budget_s: float = 120.0,
+    name: str | None = None,
+) -> list[BundleFile]:
+    """calibrate.sh, calibrate.sbatch, model.json, the runtime and profiler source, and a README."""
+    if not _MICRO_BATCHES.fullmatch(micro_batches):
+        raise ValueError(f"micro_batches {micro_batches!r}: write sizes separated by commas, e.g. 1,2,4")
+    if not 0 < budget_s <= 24 * 3600:
+        raise ValueError(f"budget_s {budget_s}: give a positive number of seconds (at most a day)")
+    inputs = {
+        "cluster": cluster.model_dump(mode="json"),
+        "model": model.model_dump(mode="json") if model else None,
+        "seq_len": seq_len,
+        "micro_batches": micro_batches,
+        "budget_s": budget_s,
+        "name": name,
+    }
+    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+    where = f"{cluster.num_nodes}x{cluster.gpus_per_node}x{cluster.gpu}"
+    ctx = render.LaunchContext(
+        title=comment(f"calibration of {where}", limit=100),
+        plan_hash=digest,
+        short_hash=digest[:12],
+        job_name=slug(f"fsdp-calibrate-{cluster.gpu}", limit=60),
+        k8s_name=dns_label(f"fsdp-calibrate-{cluster.gpu}", suffix=digest[:8]),
+        num_nodes=positive_int(cluster.num_nodes, "cluster.num_nodes"),
+        gpus_per_node=positive_int(cluster.gpus_per_node, "cluster.gpus_per_node"),
+        gpu=comment(cluster.gpu, limit=40),
+        uses_gpus=cluster.gpu.lower() != "cpu",
+        image=image_ref(DEFAULT_IMAGE),
+        label="calibration",
+    )
+    entry = _entry(
+        budget_s=budget_s,
+        seq_len=seq_len,
+        micro_batches=micro_batches,
+        name=name,
+        has_model=model is not None,
+    )
+    files = [
+        BundleFile("calibrate.sh", render.launch_sh(ctx, entry).encode(), executable=True),
+        BundleFile("calibrate.sbatch", render.slurm_sbatch(ctx, entry).encode(), executable=True),
+        *runtime_files(("runtime", "profile")),
+    ]
+    if model is not None:
+        files.append(BundleFile("model.json", (model.model_dump_json(indent=1) + "\n").encode()))
+    files.append(BundleFile("README.md", _readme(where, cluster, budget_s).encode()))
+    return files
+
+
+def calibration_bundle_name(cluster: ClusterSpec) -> str:
+    return slug(f"fsdp-calibrate-{cluster.num_nodes}x{cluster.gpus_per_node}x{cluster.gpu}", limit=60)
+
+
+def build_calibration_bundle(cluster: ClusterSpec, **options: object) -> bytes:
+    """The calibration bundle as a .tar.gz."""
+    return _tar_gz(calibration_bundle_files(cluster, **options), root=calibration_bundle_name(cluster))  # type: ignore[arg-type]
+
+
+def write_calibration_bundle(cluster: ClusterSpec, out_dir: str | Path, **options: object) -> Path:
+    """Unpack the calibration bundle into `out_dir`; returns its directory."""
+    root = Path(out_dir) / calibration_bundle_name(cluster)
+    for f in calibration_bundle_files(cluster, **options):  # type: ignore[arg-type]
+        dest = root / f.path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(f.data)
+        dest.chmod(0o755 if f.executable else 0o644)
+    return root
+
+
+def _readme(where: str, cluster: ClusterSpec, budget_s: float) -> str:
+    return f"""# Calibration bundle: {comment(where, limit=100)}
+
+Measures GEMMs, memory bandwidth, all-gather / reduce-scatter / all-reduce over message sizes for
+the whole job and for each node's GPUs, compute/communication contention and (with `model.json`) the
+model's own blocks, in about {budget_s:g} s. Needs Python >= 3.10 and torch on every node.
+
+    sbatch calibrate.sbatch                         # SLURM: one torchrun per node
+    NNODES={cluster.num_nodes} MASTER_ADDR=10.0.0.1 ./calibrate.sh    # or by hand, on every node
+
+Rank 0 writes `profile.json` here. Upload it and plan with it:
+
+    curl -X POST -H 'content-type: application/json' --data @profile.json http://planner:8000/api/v1/calibrations
+"""
