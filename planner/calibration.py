@@ -7,6 +7,7 @@ not measured keeps its catalog default.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import defaultdict
 from typing import Annotated, Literal
@@ -106,6 +107,11 @@ class CalibrationProfile(ProfileModel):
     blocks: Annotated[list[BlockSample], Field(max_length=MAX_SAMPLES)] = []
     overlap_contention: Annotated[float, Field(ge=0, le=2)] | None = None
     """Measured compute slowdown while a collective runs beside it."""
+
+    def content_id(self) -> str:
+        """A stable id from the measurements themselves (`profile-<12 hex>`)."""
+        digest = hashlib.sha256(self.model_dump_json().encode()).hexdigest()
+        return f"profile-{digest[:12]}"
 
 
 def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:

@@ -208,6 +208,9 @@ def build_setting(
     params: CostParameters = default_parameters(gpu, cluster, request.training.precision)
     if calibration is not None:
         params = fit_parameters(calibration, base=params, precision=request.training.precision)
+        # A calibrated plan must never share its hash with an uncalibrated one: name the profile by
+        # its content when the caller gives no id.
+        calibration_id = calibration_id or calibration.content_id()
     if calibration_id is not None:
         params = params.with_changes(calibration_id=calibration_id)
     return Setting(

@@ -2,7 +2,9 @@
 
 A block is timed as the difference between the model with two blocks and with one (same small
 vocabulary), so embeddings, head and loss cancel out and any built-in architecture works without
-knowing its block's call signature. Runs on rank 0 only; the other ranks wait.
+knowing its block's call signature. Every rank times the same blocks at the same time, because in
+training all ranks compute at once and share the node's memory bandwidth and caches (a rank timed
+alone runs faster than it ever will in training); rank 0 reports.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def block_samples(
     """One sample per (micro-batch, checkpointing) that fits in the budget; [] off rank 0."""
     samples: list[dict] = []
     rank = dist.get_rank() if dist.is_initialized() else 0
-    if rank == 0 and spec.get("architecture") in ("llama", "gpt2"):
+    if spec.get("architecture") in ("llama", "gpt2"):
         cfg = model_config(spec)
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         for micro_batch in micro_batches:
@@ -108,4 +110,4 @@ def block_samples(
                 on_sample(f"block mb{micro_batch} {checkpointing}")
     if dist.is_initialized():
         dist.barrier()
-    return samples
+    return samples if rank == 0 else []

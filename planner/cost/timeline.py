@@ -76,7 +76,7 @@ def simulate(
                 segments.append(("comm", "forward", f"all-gather group {issued}", start, comm_free, 0.0))
             issued += 1
 
-    issue_forward(depth if depth else 0, 0.0)
+    issue_forward(depth, 0.0)
     for i, g in enumerate(groups):
         issue_forward(i, compute_end)  # without prefetch, gather on demand
         start = max(compute_end, gathered_end[i])
@@ -112,7 +112,7 @@ def simulate(
                 gathered_end_b[j] = at
             issued_b += 1
 
-    issue_backward(depth if depth else 0, compute_end)
+    issue_backward(depth, compute_end)
     for pos, j in enumerate(order):
         g = groups[j]
         issue_backward(pos, compute_end)

@@ -87,3 +87,14 @@ def test_malformed_profiles_are_refused(mutation) -> None:
     mutation(profile)
     with pytest.raises(ValidationError):
         CalibrationProfile.model_validate(profile)
+
+
+def test_a_calibrated_plan_never_shares_the_uncalibrated_hash() -> None:
+    request = make_request("llama3-8b", "1x8xH100", seq_len=4096, sequences=32)
+    profile = CalibrationProfile.model_validate(
+        synthetic_profile(efficiency=0.5, overhead=8e-6, latency=20e-6, bandwidth=3e11)
+    )
+    calibrated = make_plan(request, calibration=profile)
+    assert calibrated.calibration_id == profile.content_id()
+    assert calibrated.plan_hash != make_plan(request).plan_hash
+    assert make_plan(request, calibration=profile).plan_hash == calibrated.plan_hash
