@@ -5,14 +5,14 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Query, Response
 from sqlalchemy import select
 
 from api.db.models import PlanRow
 from api.deps import ReadAccess, SessionDep
 from api.problems import FieldError, ProblemError
 from api.routers.responses import problems
-from api.schemas.plans import MAX_ID
+from api.schemas.plans import PlanId
 from api.services import plans as plan_service
 from executor.launch.bundle import DEFAULT_IMAGE, MEDIA_TYPES, archive_filename, build_bundle
 from executor.launch.quoting import UnsafeValueError
@@ -49,7 +49,7 @@ class ArchiveFormat(StrEnum):
     summary="Download the plan's launch bundle",
 )
 def download_launcher(
-    plan_id: Annotated[int, Path(ge=1, le=MAX_ID, description="A plan's id")],
+    plan_id: PlanId,
     session: SessionDep,
     target: Annotated[LaunchTarget, Query(description="Which launchers to include")] = LaunchTarget.all,
     archive_format: Annotated[
@@ -61,12 +61,7 @@ def download_launcher(
 ) -> Response:
     row = session.scalar(select(PlanRow).where(PlanRow.id == plan_id).options(*plan_service.full_plan()))
     if row is None:
-        raise ProblemError(
-            404,
-            f"plan {plan_id} does not exist; list plans with GET /api/v1/plans",
-            slug="plan-not-found",
-            title="Plan not found",
-        )
+        raise plan_service.plan_not_found(plan_id)
     plan = Plan.model_validate(row.plan)
     try:
         archive = build_bundle(plan, target=target.value, fmt=archive_format.value, image=image)

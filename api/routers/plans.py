@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from sqlalchemy import delete, select
 
 from api.db.models import PlanRow
 from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess
-from api.problems import ProblemError
 from api.routers.responses import problems
 from api.schemas.plans import (
-    MAX_ID,
     MAX_NODES,
     NO_NUL,
     PlanCreate,
     PlanDetail,
+    PlanId,
     PlanPage,
     PlanSort,
     PlanSummary,
@@ -27,7 +26,6 @@ from api.services import plans as plan_service
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 
-PlanId = Annotated[int, Path(ge=1, le=MAX_ID, description="A plan's id")]
 IdempotencyKey = Annotated[
     str | None,
     Header(
@@ -118,7 +116,7 @@ def list_plans(
 def get_plan(plan_id: PlanId, session: SessionDep) -> PlanDetail:
     row = session.scalar(select(PlanRow).where(PlanRow.id == plan_id).options(*plan_service.full_plan()))
     if row is None:
-        raise _not_found(plan_id)
+        raise plan_service.plan_not_found(plan_id)
     return PlanDetail.model_validate(row)
 
 
@@ -132,13 +130,6 @@ def get_plan(plan_id: PlanId, session: SessionDep) -> PlanDetail:
 def delete_plan(plan_id: PlanId, session: SessionDep) -> Response:
     deleted = session.execute(delete(PlanRow).where(PlanRow.id == plan_id).returning(PlanRow.id)).first()
     if deleted is None:
-        raise _not_found(plan_id)
+        raise plan_service.plan_not_found(plan_id)
     session.commit()
     return Response(status_code=204)
-
-
-def _not_found(plan_id: int) -> ProblemError:
-    return ProblemError(
-        404, f"plan {plan_id} does not exist (it may have been deleted); list plans with GET /api/v1/plans",
-        slug="plan-not-found", title="Plan not found",
-    )

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Path, Request, Response
+from fastapi import APIRouter, Request, Response
 from sqlalchemy import select
 
 from api.db.models import PlanRow, ValidationRunRow
 from api.deps import ReadAccess, SessionDep, WriteAccess
-from api.problems import ProblemError
 from api.routers.responses import problems
-from api.schemas.plans import MAX_ID
+from api.schemas.plans import PlanId
 from api.schemas.runs import RunCreate, RunOut, RunPage
+from api.services import plans as plan_service
 
 router = APIRouter(prefix="/plans/{plan_id}/runs", tags=["validation runs"])
-
-PlanId = Annotated[int, Path(ge=1, le=MAX_ID, description="A plan's id")]
 
 
 def _error_pct(predicted: float, measured: float) -> float:
@@ -26,12 +22,7 @@ def _error_pct(predicted: float, measured: float) -> float:
 def _plan(session: SessionDep, plan_id: int) -> PlanRow:
     row = session.get(PlanRow, plan_id)
     if row is None:
-        raise ProblemError(
-            404,
-            f"plan {plan_id} does not exist; validation runs belong to a stored plan",
-            slug="plan-not-found",
-            title="Plan not found",
-        )
+        raise plan_service.plan_not_found(plan_id)
     return row
 
 

@@ -6,6 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
+from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from api.problems import UNION_TAG_PREFIX
@@ -17,6 +18,7 @@ MAX_GPUS_PER_NODE = 64
 MAX_SEQ_LEN = 1 << 20
 MAX_GLOBAL_BATCH_TOKENS = 1 << 36
 MAX_ID = (1 << 63) - 1
+PlanId = Annotated[int, Path(ge=1, le=MAX_ID, description="A plan's id")]
 # PostgreSQL text and jsonb cannot hold NUL characters; refuse them up front instead of failing on insert.
 NO_NUL = r"^[^\x00]*$"
 # Real inputs (HF configs, layer graphs) nest a few levels; deep nesting only serves to exhaust the stack.

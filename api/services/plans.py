@@ -276,3 +276,11 @@ def _all_finite(value: Any) -> bool:
     if isinstance(value, list):
         return all(_all_finite(v) for v in value)
     return True
+
+
+def plan_not_found(plan_id: int) -> ProblemError:
+    """The 404 for a plan id that names no stored plan (every /plans/{id}/... endpoint answers it)."""
+    return ProblemError(
+        404, f"plan {plan_id} does not exist (it may have been deleted); list plans with GET /api/v1/plans",
+        slug="plan-not-found", title="Plan not found",
+    )
