@@ -27,6 +27,7 @@ from executor.profile.measure import (
     matmul_samples,
     overlap_contention,
 )
+from executor.runtime.distributed import exit_process
 
 # Share of the budget per phase; blocks only run when a model is given.
 PHASES = {"matmul": 0.3, "bandwidth": 0.05, "collectives": 0.4, "overlap": 0.05, "blocks": 0.2}
@@ -224,3 +225,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)

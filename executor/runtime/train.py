@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from executor.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from executor.runtime.data import BatchIndex, DataError, SyntheticTokens, TokenFile
-from executor.runtime.distributed import DistEnv, LaunchError, build_mesh, init_distributed
+from executor.runtime.distributed import DistEnv, LaunchError, build_mesh, exit_process, init_distributed
 from executor.runtime.materialize import materialize
 from executor.runtime.metrics import MemoryMeter, MetricsWriter, StepMetrics, mfu
 from executor.runtime.models import ModelFactoryError, build_model, count_params
@@ -329,4 +329,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
