@@ -14,10 +14,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.cost.estimate import block_step_time
-from planner.cost.model_costs import model_costs
+from planner.cost.estimate import Choice, Estimator, Setting, block_step_time
+from planner.cost.model_costs import ModelCosts, model_costs
 from planner.cost.parameters import CostParameters, LinkClass, LinkParameters
-from planner.specs import ModelSpec, Precision
+from planner.specs import ModelSpec, Optimizer, Precision
 
 PROFILE_SCHEMA_VERSION = "1.0"
 MAX_SAMPLES = 10_000
@@ -91,6 +91,23 @@ class BlockSample(ProfileModel):
     peak_memory_bytes: Annotated[int, Field(ge=0)] | None = None
 
 
+class StepSample(ProfileModel):
+    """A whole training step (runtime's own step, eager FSDP2, no checkpointing) of the model cut
+    to `num_layers` blocks, sharded over `shard_group_size` ranks."""
+
+    num_layers: Count
+    micro_batch_size: Count
+    grad_accum_steps: Count = 1
+    seq_len: Count
+    shard_group_size: Count
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    dtype: Literal["bfloat16", "float32"] = "float32"
+    seconds: PositiveFloat
+    """The whole step (forward, backward, clipping, update)."""
+    update_seconds: PositiveFloat
+    """Its gradient clipping and optimizer update alone."""
+
+
 class CalibrationProfile(ProfileModel):
     """Measurements of one hardware + software stack."""
 
@@ -105,6 +122,7 @@ class CalibrationProfile(ProfileModel):
     memory_bandwidth: Annotated[list[BandwidthSample], Field(max_length=MAX_SAMPLES)] = []
     collectives: Annotated[list[CollectiveSample], Field(max_length=MAX_SAMPLES)] = []
     blocks: Annotated[list[BlockSample], Field(max_length=MAX_SAMPLES)] = []
+    steps: Annotated[list[StepSample], Field(max_length=MAX_SAMPLES)] = []
     overlap_contention: Annotated[float, Field(ge=0, le=2)] | None = None
     """Measured compute slowdown while a collective runs beside it."""
 
@@ -144,7 +162,11 @@ def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
 
 
 def fit_parameters(
-    profile: CalibrationProfile, *, base: CostParameters, precision: Precision
+    profile: CalibrationProfile,
+    *,
+    base: CostParameters,
+    precision: Precision,
+    optimizer: Optimizer = "adamw",
 ) -> CostParameters:
     """Cost parameters with every measured quantity replaced by its fit; the rest from `base`."""
     changes: dict[str, object] = {}
@@ -189,7 +211,114 @@ def fit_parameters(
         changes["overlap_contention"] = profile.overlap_contention
     fitted = base.with_changes(**changes)
     scale = _block_scale(profile, fitted, dtype)
-    return fitted.with_changes(compute_scale=scale) if scale is not None else fitted
+    if scale is not None:
+        fitted = fitted.with_changes(compute_scale=scale)
+    # Whole steps come last: they correct what the parts fitted above leave unexplained.
+    steps = [
+        s
+        for s in profile.steps
+        if s.dtype == dtype and s.optimizer == optimizer and profile.model is not None
+    ]
+    if steps:
+        fitted = _fit_optimizer(profile, steps, fitted)
+        fitted = _fit_steps(profile, steps, fitted, precision)
+    return fitted
+
+
+def _step_model(profile: CalibrationProfile, sample: StepSample) -> ModelCosts:
+    assert profile.model is not None
+    cut = profile.model.model_copy(update={"num_layers": sample.num_layers})
+    return model_costs(cut, sample.seq_len)
+
+
+def _fit_optimizer(
+    profile: CalibrationProfile, steps: list[StepSample], params: CostParameters
+) -> CostParameters:
+    """Update time = fixed + per-parameter part, over the shard each rank updates."""
+    points = [(_step_model(profile, s).num_params / s.shard_group_size, s.update_seconds) for s in steps]
+    line = _fit_line(points)
+    if line is None:  # one model size only: all of it per parameter
+        x, y = points[0]
+        line = (0.0, y / x)
+    overhead, seconds_per_param = line
+    return params.with_changes(
+        optimizer_overhead_s=overhead,
+        optimizer_bytes_per_param=seconds_per_param * params.memory_bandwidth,
+    )
+
+
+def predicted_step_time(
+    profile: CalibrationProfile, sample: StepSample, params: CostParameters, precision: Precision
+) -> float:
+    """The cost model's step time for a timed step's model and configuration."""
+    fp = profile.fingerprint
+    setting = Setting(
+        model=_step_model(profile, sample),
+        params=params,
+        precision=precision,
+        optimizer=sample.optimizer,
+        world_size=sample.shard_group_size,
+        gpus_per_node=min(fp.gpus_per_node, sample.shard_group_size),
+        num_nodes=max(1, sample.shard_group_size // max(fp.gpus_per_node, 1)),
+        seq_len=sample.seq_len,
+        global_batch_sequences=sample.micro_batch_size * sample.grad_accum_steps * sample.shard_group_size,
+    )
+    choice = Choice(
+        sharding="full_shard",
+        shard_group=sample.shard_group_size,
+        replicate_group=1,
+        blocks_per_unit=1,
+        all_gather_bucket_mb=0.0,
+        reduce_scatter_bucket_mb=0.0,
+        checkpointing="none",
+        every_k=1,
+        micro_batch=sample.micro_batch_size,
+        grad_accum=sample.grad_accum_steps,
+        compile=False,
+    )
+    return Estimator(setting).timing(choice).step_time_s
+
+
+def _fit_steps(
+    profile: CalibrationProfile, steps: list[StepSample], params: CostParameters, precision: Precision
+) -> CostParameters:
+    """Compute scale and per-micro-batch overhead under which the cost model matches timed steps.
+
+    Blocks timed alone miss part of what each block costs inside training (its FSDP hooks and
+    collectives competing for the device, a working set spread over the whole model), and nothing
+    but a whole step shows the framework time per micro-batch (root hooks, loss, Python). Where
+    steps were timed at two or more depths, the scale is searched (a log grid, then golden-section
+    refinement) for the least relative error, the overhead being solved exactly for each scale;
+    with one depth only the overhead is fitted and the block scale kept. The overhead stays at zero
+    or above: a model that over-predicts is not corrected by negative time.
+    """
+    params = params.with_changes(micro_batch_overhead_s=0.0)
+
+    def fit_at(scale: float) -> tuple[float, float]:
+        """(relative squared error, overhead) with the compute scale fixed."""
+        scaled = params.with_changes(compute_scale=scale)
+        rows = [
+            (s.seconds, s.grad_accum_steps, predicted_step_time(profile, s, scaled, precision)) for s in steps
+        ]
+        numerator = sum(a * (y - p) / (y * y) for y, a, p in rows)
+        denominator = sum(a * a / (y * y) for y, a, _ in rows)
+        overhead = max(0.0, numerator / denominator)
+        return sum(((y - p - overhead * a) / y) ** 2 for y, a, p in rows), overhead
+
+    scale = params.compute_scale
+    if len({s.num_layers for s in steps}) >= 2:
+        grid = [0.2 * 1.1**i for i in range(50)]  # 0.2 .. ~21
+        best = min(range(len(grid)), key=lambda i: fit_at(grid[i])[0])
+        low, high = grid[max(0, best - 1)], grid[min(len(grid) - 1, best + 1)]
+        ratio = (math.sqrt(5) - 1) / 2
+        for _ in range(30):
+            a, b = high - ratio * (high - low), low + ratio * (high - low)
+            if fit_at(a)[0] <= fit_at(b)[0]:
+                high = b
+            else:
+                low = a
+        scale = (low + high) / 2
+    return params.with_changes(compute_scale=scale, micro_batch_overhead_s=fit_at(scale)[1])
 
 
 def _block_scale(profile: CalibrationProfile, params: CostParameters, dtype: str) -> float | None:

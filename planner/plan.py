@@ -155,7 +155,7 @@ class Prediction(Document):
     peak_memory_gib: float
     memory_breakdown_gib: MemoryBreakdown
     compute_s: float
-    """Compute time per step (forward, backward, recompute, optimizer)."""
+    """Compute time per step (forward, backward, recompute, optimizer, framework overhead)."""
     comm_s: float
     """Total communication time per step, overlapped or not."""
     exposed_comm_s: float
@@ -163,6 +163,8 @@ class Prediction(Document):
     exposed_all_gather_s: float
     exposed_reduce_scatter_s: float
     optimizer_s: float
+    overhead_s: float = 0.0
+    """Framework time per step outside the priced kernels (hooks, Python), from timed steps; in compute_s."""
     timeline: tuple[TimelineSegment, ...] = ()
     """One micro-batch's forward and backward on the two streams (only for the chosen plan)."""
 

@@ -175,12 +175,17 @@ def predict(
             field="config",
         )
     choice = Choice(
-        sharding=config.sharding, shard_group=config.shard_group_size,
-        replicate_group=config.replicate_group_size, blocks_per_unit=config.blocks_per_unit,
+        sharding=config.sharding,
+        shard_group=config.shard_group_size,
+        replicate_group=config.replicate_group_size,
+        blocks_per_unit=config.blocks_per_unit,
         all_gather_bucket_mb=config.all_gather_bucket_mb,
         reduce_scatter_bucket_mb=config.reduce_scatter_bucket_mb,
-        checkpointing=config.checkpointing.mode, every_k=config.checkpointing.every_k,
-        micro_batch=config.micro_batch_size, grad_accum=config.grad_accum_steps, compile=config.compile,
+        checkpointing=config.checkpointing.mode,
+        every_k=config.checkpointing.every_k,
+        micro_batch=config.micro_batch_size,
+        grad_accum=config.grad_accum_steps,
+        compile=config.compile,
         prefetch_depth=config.prefetch_depth,
     )
     setting = build_setting(request, calibration, calibration_id)
@@ -207,7 +212,12 @@ def build_setting(
     gpu = resolve_gpu(cluster.gpu)
     params: CostParameters = default_parameters(gpu, cluster, request.training.precision)
     if calibration is not None:
-        params = fit_parameters(calibration, base=params, precision=request.training.precision)
+        params = fit_parameters(
+            calibration,
+            base=params,
+            precision=request.training.precision,
+            optimizer=request.training.optimizer,
+        )
         # A calibrated plan must never share its hash with an uncalibrated one: name the profile by
         # its content when the caller gives no id.
         calibration_id = calibration_id or calibration.content_id()
@@ -388,6 +398,7 @@ def _prediction(setting: Setting, e: Evaluated, *, record: bool) -> Prediction:
         exposed_all_gather_s=t.exposed_all_gather_s,
         exposed_reduce_scatter_s=t.exposed_reduce_s,
         optimizer_s=t.optimizer_s,
+        overhead_s=t.overhead_s,
         timeline=segments,
     )
 
@@ -562,4 +573,3 @@ def _infeasible(
     return InfeasiblePlanError(
         message, min_fitting_nodes=smallest, min_peak_memory_gib=peak, capacity_gib=usable
     )
-

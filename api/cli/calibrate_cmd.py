@@ -196,7 +196,17 @@ def show_fit(profile: CalibrationProfile, console: Console) -> None:
             f"{base.memory_bandwidth / 1e9:.0f} GB/s",
             f"{fitted.memory_bandwidth / 1e9:.0f} GB/s",
         ),
-        ("compute scale (blocks)", f"{base.compute_scale:.2f}", f"{fitted.compute_scale:.2f}"),
+        ("compute scale", f"{base.compute_scale:.2f}", f"{fitted.compute_scale:.2f}"),
+        (
+            "optimizer step",
+            f"{base.optimizer_bytes_per_param:.0f} B/param",
+            f"{fitted.optimizer_bytes_per_param:.0f} B/param + {fitted.optimizer_overhead_s * 1e3:.1f} ms",
+        ),
+        (
+            "overhead per micro-batch",
+            f"{base.micro_batch_overhead_s * 1e3:.1f} ms",
+            f"{fitted.micro_batch_overhead_s * 1e3:.1f} ms",
+        ),
         ("overlap contention", f"{base.overlap_contention:.2f}", f"{fitted.overlap_contention:.2f}"),
     ]
     for link in ("intra", "inter"):

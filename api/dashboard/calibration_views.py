@@ -74,7 +74,8 @@ def fingerprint_rows(profile: CalibrationProfile) -> list[Row]:
         Row("Versions", f"torch {fp.torch_version}",
             ", ".join(f"{k} {v}" for k, v in (("CUDA", fp.cuda_version), ("NCCL", fp.nccl_version)) if v)),
         Row("Samples", f"{len(profile.matmul)} GEMM, {len(profile.collectives)} collective",
-            f"{len(profile.memory_bandwidth)} memory-bandwidth, {len(profile.blocks)} model-block"),
+            f"{len(profile.memory_bandwidth)} memory-bandwidth, {len(profile.blocks)} model-block, "
+            f"{len(profile.steps)} training-step"),
         Row("Overlap contention", "not measured" if profile.overlap_contention is None
             else f"{profile.overlap_contention:.1%} compute slowdown beside a collective"),
     ]
@@ -204,6 +205,9 @@ _FITTED_FIELDS: tuple[tuple[str, tuple[str, ...], Any], ...] = (
     ("Inter-node latency", ("links", "inter", "latency_s"), fmt.seconds),
     ("Overlap contention", ("overlap_contention",), lambda v: f"{v:.1%}"),
     ("Compute scale", ("compute_scale",), lambda v: f"{v:.3g}×"),
+    ("Optimizer traffic", ("optimizer_bytes_per_param",), lambda v: f"{v:,.0f} B/parameter"),
+    ("Optimizer overhead", ("optimizer_overhead_s",), fmt.seconds),
+    ("Overhead per micro-batch", ("micro_batch_overhead_s",), fmt.seconds),
 )
 
 

@@ -29,8 +29,15 @@ from executor.profile.measure import (
 )
 from executor.runtime.distributed import exit_process
 
-# Share of the budget per phase; blocks only run when a model is given.
-PHASES = {"matmul": 0.3, "bandwidth": 0.05, "collectives": 0.4, "overlap": 0.05, "blocks": 0.2}
+# Share of the budget per phase; blocks and training steps only run when a model is given.
+PHASES = {
+    "matmul": 0.25,
+    "bandwidth": 0.05,
+    "collectives": 0.35,
+    "overlap": 0.05,
+    "blocks": 0.15,
+    "steps": 0.15,
+}
 KNOWN_GPUS = (
     ("H200", "H200-141GB"),
     ("H100", "H100-SXM-80GB"),
@@ -47,6 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model-json", type=Path, help="The model spec (planner ModelSpec JSON) to profile.")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--micro-batches", default="1,2", help="Micro-batch sizes whose shapes to time.")
+    parser.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=["adamw", "sgd"],
+        help="Optimizer of the timed steps.",
+    )
     parser.add_argument("--name", default=None, help="Name stored in the profile.")
     parser.add_argument("--max-message-mib", type=float, default=None, help="Largest collective message.")
     return parser.parse_args(argv)
@@ -146,6 +159,7 @@ def run(args: argparse.Namespace) -> dict:
     phases = dict(PHASES)
     if model is None:
         phases.pop("blocks")
+        phases.pop("steps")
     scale = args.budget_s / sum(phases.values())
 
     dtypes = [torch.bfloat16, torch.float32] if on_gpu else [torch.float32]
@@ -196,6 +210,19 @@ def run(args: argparse.Namespace) -> dict:
             budget=Budget(phases["blocks"] * scale),
             on_sample=progress,
         )
+    steps: list[dict] = []
+    if model is not None:
+        from executor.profile.step import step_samples
+
+        steps = step_samples(
+            model,
+            seq_len=args.seq_len,
+            micro_batch=max(micro_batches),
+            optimizer=args.optimizer,
+            device=device,
+            budget=Budget(phases["steps"] * scale),
+            on_sample=progress,
+        )
     progress("done")
     progress.done()
     return {
@@ -208,6 +235,7 @@ def run(args: argparse.Namespace) -> dict:
         "memory_bandwidth": bandwidth,
         "collectives": collectives,
         "blocks": blocks,
+        "steps": steps if rank == 0 else [],
         "overlap_contention": contention,
     }
 

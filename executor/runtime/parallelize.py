@@ -58,6 +58,9 @@ class Parallelized:
     checkpointed_blocks: int
     param_dtype: torch.dtype
     reduce_dtype: torch.dtype
+    sync_last_micro_batch_only: bool = False
+    """Replicated gradients accumulate locally and are all-reduced after the last micro-batch only
+    (eager no_shard, as the planner prices it); sharded gradients are reduced every micro-batch."""
     notes: list[str] = field(default_factory=list)
     """Human-readable lines describing what was applied (logged by the trainer on rank 0)."""
 
@@ -135,6 +138,7 @@ def parallelize(
         checkpointed_blocks=len(checkpointed),
         param_dtype=param_dtype,
         reduce_dtype=reduce_dtype,
+        sync_last_micro_batch_only=engine == "fsdp2" and cfg.sharding == "no_shard",
         notes=notes,
     )
 

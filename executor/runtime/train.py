@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from executor.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from executor.runtime.data import BatchIndex, DataError, SyntheticTokens, TokenFile
@@ -29,9 +28,10 @@ from executor.runtime.distributed import DistEnv, LaunchError, build_mesh, exit_
 from executor.runtime.materialize import materialize
 from executor.runtime.metrics import MemoryMeter, MetricsWriter, StepMetrics, mfu
 from executor.runtime.models import ModelFactoryError, build_model, count_params
-from executor.runtime.optim import OptimizerSettings, build_optimizer, clip_grad_norm, lr_factor, set_lr
+from executor.runtime.optim import OptimizerSettings, build_optimizer, lr_factor, set_lr
 from executor.runtime.parallelize import Overrides, Parallelized, parallelize
 from executor.runtime.plan import PlanError, RuntimePlan, load_plan
+from executor.runtime.step import train_step
 
 USER_ERRORS = (PlanError, LaunchError, DataError, ModelFactoryError)
 """Errors caused by inputs a person can fix: reported as one line, without a traceback."""
@@ -229,21 +229,25 @@ def train(args: argparse.Namespace) -> int:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             with meter.measure(step, first_step=start_step + 1, model=par.module, optimizer=optimizer):
-                loss_sum = torch.zeros((), device=env.device)
-                for micro in range(cfg.grad_accum_steps):
-                    batch = data.batch(BatchIndex(step, micro, dp_rank, dp_size, cfg.micro_batch_size))
-                    batch = batch.to(env.device, non_blocking=True)
-                    logits = par.forward(batch[:, :-1])
-                    loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
-                    # Mean over micro-batches here; the mean over ranks happens in the gradient reduction.
-                    (loss / cfg.grad_accum_steps).backward()
-                    loss_sum += loss.detach()
-                grad_norm = clip_grad_norm(par.module, settings.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                batches = (
+                    data.batch(BatchIndex(step, micro, dp_rank, dp_size, cfg.micro_batch_size)).to(
+                        env.device, non_blocking=True
+                    )
+                    for micro in range(cfg.grad_accum_steps)
+                )
+                result = train_step(
+                    par,
+                    optimizer,
+                    batches,
+                    grad_accum_steps=cfg.grad_accum_steps,
+                    max_grad_norm=settings.max_grad_norm,
+                )
             # One small all-reduce: the global mean loss, and whether any rank was asked to stop.
             stats = torch.stack(
-                [loss_sum / cfg.grad_accum_steps, torch.tensor(float(stop.requested), device=env.device)]
+                [
+                    result.loss_sum / cfg.grad_accum_steps,
+                    torch.tensor(float(stop.requested), device=env.device),
+                ]
             )
             dist.all_reduce(stats)
             elapsed = time.perf_counter() - t0
@@ -251,7 +255,7 @@ def train(args: argparse.Namespace) -> int:
             record = StepMetrics(
                 step=step,
                 loss=stats[0].item() / env.world_size,
-                grad_norm=grad_norm,
+                grad_norm=result.grad_norm,
                 lr=lr,
                 step_time_s=elapsed,
                 tokens_per_s_per_gpu=tps,

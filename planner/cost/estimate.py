@@ -108,6 +108,7 @@ class TimeEstimate:
     exposed_all_gather_s: float
     exposed_reduce_s: float
     optimizer_s: float
+    overhead_s: float
     micro_batch_timeline: TimelineResult
 
     @property
@@ -250,17 +251,18 @@ def _memory(setting: Setting, choice: Choice, layout: CommLayout, saved_elems: f
     )
 
 
-def saved_elems_per_token(setting: Setting, checkpointing: str, every_k: int) -> float:
+def saved_elems_per_token(setting: Setting, checkpointing: str, every_k: int, compile_: bool) -> float:
     """Activation elements alive per token at the start of backward, including the transient
     recompute of one checkpointed block."""
     m = setting.model
-    probe = Choice("", 1, 1, 1, 0.0, 0.0, checkpointing, every_k, 1, 1, False)
+    probe = Choice("", 1, 1, 1, 0.0, 0.0, checkpointing, every_k, 1, 1, compile_)
     saved = m.head.saved_elems
     recompute_peak = 0.0
     for i, block in enumerate(m.blocks):
         if _is_checkpointed(probe, i):
-            saved += block.input_elems
-            recompute_peak = max(recompute_peak, block.saved_elems)
+            kept = block.input_elems + _compiled_keeps(probe, block)
+            saved += kept
+            recompute_peak = max(recompute_peak, block.saved_elems - kept + block.input_elems)
         elif checkpointing == "op_selective":
             saved += block.op_saved_elems
             recompute_peak = max(recompute_peak, block.saved_elems - block.op_saved_elems)
@@ -314,12 +316,22 @@ def _forward_time(
     return ForwardTime(matmul * scale, attention * scale, elementwise * scale)
 
 
+def _compiled_keeps(choice: Choice, unit: UnitCost) -> float:
+    """Elements per token a compiled whole-block checkpoint keeps besides the block input.
+
+    The runtime's compiled whole-block checkpointing keeps attention outputs (torch 2.13 cannot
+    recompute attention over DTensor parameters under torch.compile; see
+    executor/runtime/activation_checkpoint.py), so it saves more and recomputes less than eager.
+    """
+    return unit.attention_output_elems if choice.compile else 0.0
+
+
 def _recompute_time(choice: Choice, unit: UnitCost, index: int, fwd: ForwardTime) -> float:
     """Forward work re-run in backward for a checkpointed (or op-selective) block."""
     if index < 0:
         return 0.0
     if _is_checkpointed(choice, index):
-        return fwd.total
+        return fwd.total - (fwd.attention if _compiled_keeps(choice, unit) else 0.0)
     if choice.checkpointing == "op_selective" and unit.matmul_params:
         # The unsaved matmuls and every elementwise op run again; attention output is saved.
         share = unit.op_recompute_matmul_params / unit.matmul_params
@@ -377,31 +389,35 @@ def _timing(setting: Setting, choice: Choice, layout: CommLayout, *, record: boo
         else:
             for params in reduce_buckets:
                 reduce += _collective(p, world_link, 4.0 * params, setting.world_size, all_reduce=True)
-            sync_every_micro_batch = 0.0  # replicas accumulate locally and all-reduce once per step
+            # Eager (FSDP2) replicas accumulate locally and all-reduce once per step; compiled
+            # SimpleFSDP's all-reduce is part of every backward graph.
+            sync_every_micro_batch = reduce if choice.compile else 0.0
         ag_bwd = ag if choice.reshards_after_forward else 0.0
         last.append(GroupTimes(fwd, bwd, ag, ag_bwd, reduce))
         middle.append(GroupTimes(fwd, bwd, ag, ag_bwd, sync_every_micro_batch))
 
     contention = p.overlap_contention
     final = simulate(last, prefetch_depth=choice.prefetch_depth, contention=contention, record=record)
-    if choice.grad_accum > 1 and choice.sharding == "no_shard":
+    if choice.grad_accum > 1 and choice.sharding == "no_shard" and not choice.compile:
         inner = simulate(middle, prefetch_depth=choice.prefetch_depth, contention=contention)
     else:
         inner = final
     accum_before = choice.grad_accum - 1
 
     local_params = setting.model.num_params / shard
-    optimizer_s = local_params * p.optimizer_bytes_per_param / p.memory_bandwidth
+    optimizer_s = p.optimizer_overhead_s + local_params * p.optimizer_bytes_per_param / p.memory_bandwidth
     optimizer_s += _collective(p, world_link, 4.0, setting.world_size, all_reduce=True)  # grad-norm
+    overhead_s = p.micro_batch_overhead_s * choice.grad_accum
 
-    step = accum_before * inner.total_s + final.total_s + optimizer_s
+    step = accum_before * inner.total_s + final.total_s + optimizer_s + overhead_s
     return TimeEstimate(
         step_time_s=step,
-        compute_s=accum_before * inner.compute_s + final.compute_s + optimizer_s,
+        compute_s=accum_before * inner.compute_s + final.compute_s + optimizer_s + overhead_s,
         comm_s=accum_before * inner.comm_s + final.comm_s,
         exposed_all_gather_s=accum_before * inner.exposed_all_gather_s + final.exposed_all_gather_s,
         exposed_reduce_s=accum_before * inner.exposed_reduce_s + final.exposed_reduce_s,
         optimizer_s=optimizer_s,
+        overhead_s=overhead_s,
         micro_batch_timeline=final,
     )
 
@@ -412,7 +428,7 @@ class Estimator:
     def __init__(self, setting: Setting) -> None:
         self.setting = setting
         self._layouts: dict[tuple, CommLayout] = {}
-        self._saved: dict[tuple[str, int], float] = {}
+        self._saved: dict[tuple[str, int, bool], float] = {}
 
     def layout(self, choice: Choice) -> CommLayout:
         key = (
@@ -426,7 +442,7 @@ class Estimator:
         return self._layouts[key]
 
     def memory(self, choice: Choice) -> MemoryEstimate:
-        key = (choice.checkpointing, choice.every_k)
+        key = (choice.checkpointing, choice.every_k, choice.compile)
         if key not in self._saved:
             self._saved[key] = saved_elems_per_token(self.setting, *key)
         return _memory(self.setting, choice, self.layout(choice), self._saved[key])

@@ -39,6 +39,8 @@ class UnitCost:
     """Matmul weights re-run in backward under op-level selective checkpointing."""
     input_elems: float
     """Elements of the block's input per token (what full checkpointing keeps)."""
+    attention_output_elems: float = 0.0
+    """Elements of the attention output per token (what compiled whole-block checkpointing also keeps)."""
     is_block: bool = True
 
     @property
@@ -112,6 +114,7 @@ def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
         op_saved_elems=4 * h + kv + f,
         op_recompute_matmul_params=h * kv + h * h + h * f,
         input_elems=h,
+        attention_output_elems=h,
     )
     embedding = _embedding_unit(v * h, h)
     head_params = h + (0 if spec.tie_word_embeddings else v * h)
@@ -141,6 +144,7 @@ def _gpt2_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
         op_saved_elems=5 * h + f,
         op_recompute_matmul_params=h * h + h * f,
         input_elems=h,
+        attention_output_elems=h,
     )
     embed_params = v * h + spec.max_seq_len * h
     embedding = _embedding_unit(embed_params, h)

@@ -57,7 +57,7 @@ class CostParameters:
     compile_kernel_fraction: float
     """Kernel launches left after inductor fusion, as a fraction of eager."""
     optimizer_bytes_per_param: float
-    """Memory traffic of one optimizer step per (sharded) parameter."""
+    """Memory traffic of one optimizer step (with gradient clipping) per (sharded) parameter."""
     links: dict[LinkClass, LinkParameters]
     """Collective costs inside a node and between nodes."""
     overlap_contention: float
@@ -70,6 +70,10 @@ class CostParameters:
     """Memory per GPU."""
     compute_scale: float = 1.0
     """Correction factor on predicted compute time (fitted from whole-block measurements)."""
+    optimizer_overhead_s: float = 0.0
+    """Fixed time of one optimizer step and gradient clip (launches, per-tensor dispatch)."""
+    micro_batch_overhead_s: float = 0.0
+    """Framework time per micro-batch outside the priced work: FSDP hooks, loss, Python."""
     calibration_id: str | None = None
     """The calibration profile these parameters were fitted from, if any."""
 

@@ -47,6 +47,9 @@ EAGER_CASES = [
     "full_shard:fsdp2:eager",
     "shard_grad_op:fsdp2:eager",
     "no_shard:fsdp2:eager",
+    # Accumulation: replicas all-reduce once after the last micro-batch, shards every micro-batch.
+    "no_shard:fsdp2:eager:none:fp32:2",
+    "full_shard:fsdp2:eager:none:fp32:2",
     "full_shard:simple_fsdp:eager",
     "shard_grad_op:simple_fsdp:eager",
     "no_shard:simple_fsdp:eager",

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from planner.calibration import CalibrationProfile, fit_parameters
-from planner.catalog import resolve_gpu
+from planner.calibration import CalibrationProfile, StepSample, fit_parameters, predicted_step_time
+from planner.catalog import resolve_gpu, resolve_model
+from planner.cost.model_costs import model_costs
 from planner.cost.parameters import default_parameters
 from planner.search import make_plan
 from planner.specs import ClusterSpec
@@ -80,6 +81,30 @@ def test_a_slow_measured_machine_changes_the_plan_where_it_should() -> None:
         lambda p: p["fingerprint"].update(backend="carrier-pigeon"),
         lambda p: p.update(unexpected=True),
         lambda p: p["matmul"][0].update(seconds=float("nan")),
+        lambda p: p.update(
+            steps=[
+                {
+                    "num_layers": 0,
+                    "micro_batch_size": 1,
+                    "seq_len": 8,
+                    "shard_group_size": 2,
+                    "seconds": 1.0,
+                    "update_seconds": 0.1,
+                }
+            ]
+        ),
+        lambda p: p.update(
+            steps=[
+                {
+                    "num_layers": 1,
+                    "micro_batch_size": 1,
+                    "seq_len": 8,
+                    "shard_group_size": 2,
+                    "seconds": 1.0,
+                    "update_seconds": -0.1,
+                }
+            ]
+        ),
     ],
 )
 def test_malformed_profiles_are_refused(mutation) -> None:
@@ -98,3 +123,88 @@ def test_a_calibrated_plan_never_shares_the_uncalibrated_hash() -> None:
     assert calibrated.calibration_id == profile.content_id()
     assert calibrated.plan_hash != make_plan(request).plan_hash
     assert make_plan(request, calibration=profile).plan_hash == calibrated.plan_hash
+
+
+def cpu_profile_with_steps(truth, shapes) -> CalibrationProfile:
+    """A CPU profile of llama-debug whose timed steps are what `truth` parameters predict."""
+    skeleton = CalibrationProfile.model_validate(
+        {
+            "gpu": "cpu",
+            "fingerprint": {
+                "device_name": "cpu",
+                "device_count": 2,
+                "gpus_per_node": 2,
+                "backend": "gloo",
+                "torch_version": "2.13.0",
+            },
+            "model": resolve_model("llama-debug").model_dump(),
+        }
+    )
+    steps = []
+    for layers, accum in shapes:
+        sample = StepSample(
+            num_layers=layers,
+            micro_batch_size=2,
+            grad_accum_steps=accum,
+            seq_len=128,
+            shard_group_size=2,
+            seconds=1.0,
+            update_seconds=1.0,
+        )
+        local_params = (
+            model_costs(skeleton.model.model_copy(update={"num_layers": layers}), 128).num_params / 2
+        )
+        steps.append(
+            sample.model_copy(
+                update={
+                    "seconds": predicted_step_time(skeleton, sample, truth, "fp32"),
+                    "update_seconds": truth.optimizer_overhead_s
+                    + local_params * truth.optimizer_bytes_per_param / truth.memory_bandwidth,
+                }
+            )
+        )
+    return skeleton.model_copy(update={"steps": steps})
+
+
+def test_fitting_recovers_optimizer_scale_and_overhead_from_timed_steps() -> None:
+    base = default_parameters(resolve_gpu("cpu"), ClusterSpec.parse("1x2xcpu"), "fp32")
+    truth = base.with_changes(
+        compute_scale=1.35,
+        micro_batch_overhead_s=0.02,
+        optimizer_overhead_s=0.004,
+        optimizer_bytes_per_param=150.0,
+    )
+    profile = cpu_profile_with_steps(truth, [(1, 1), (2, 1), (1, 2), (4, 1)])
+    fitted = fit_parameters(profile, base=base, precision="fp32")
+    assert fitted.compute_scale == pytest.approx(1.35, rel=0.01)
+    assert fitted.micro_batch_overhead_s == pytest.approx(0.02, rel=0.02)
+    assert fitted.optimizer_overhead_s == pytest.approx(0.004, rel=1e-3)
+    assert fitted.optimizer_bytes_per_param == pytest.approx(150.0, rel=1e-3)
+    # The fitted model reproduces every timed step, including the depth it never saw.
+    deeper = cpu_profile_with_steps(truth, [(8, 2)]).steps[0]
+    assert predicted_step_time(profile, deeper, fitted, "fp32") == pytest.approx(deeper.seconds, rel=0.01)
+
+
+def test_steps_at_one_depth_fit_the_overhead_and_keep_the_scale() -> None:
+    base = default_parameters(resolve_gpu("cpu"), ClusterSpec.parse("1x2xcpu"), "fp32")
+    truth = base.with_changes(micro_batch_overhead_s=0.05)
+    fitted = fit_parameters(cpu_profile_with_steps(truth, [(1, 1), (1, 2)]), base=base, precision="fp32")
+    assert fitted.compute_scale == base.compute_scale
+    assert fitted.micro_batch_overhead_s == pytest.approx(0.05, rel=0.01)
+
+
+def test_a_faster_than_predicted_step_never_gives_negative_overhead() -> None:
+    base = default_parameters(resolve_gpu("cpu"), ClusterSpec.parse("1x2xcpu"), "fp32")
+    profile = cpu_profile_with_steps(base, [(1, 1)])
+    fast = profile.model_copy(
+        update={"steps": [profile.steps[0].model_copy(update={"seconds": profile.steps[0].seconds / 3})]}
+    )
+    assert fit_parameters(fast, base=base, precision="fp32").micro_batch_overhead_s == 0.0
+
+
+def test_timed_steps_of_another_optimizer_are_not_used() -> None:
+    base = default_parameters(resolve_gpu("cpu"), ClusterSpec.parse("1x2xcpu"), "fp32")
+    profile = cpu_profile_with_steps(base.with_changes(micro_batch_overhead_s=0.05), [(1, 1)])
+    fitted = fit_parameters(profile, base=base, precision="fp32", optimizer="sgd")
+    assert fitted.micro_batch_overhead_s == 0.0
+    assert fitted.optimizer_bytes_per_param == base.optimizer_bytes_per_param

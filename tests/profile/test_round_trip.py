@@ -35,10 +35,14 @@ def check_profile(profile: CalibrationProfile) -> None:
     assert {c.op for c in profile.collectives} == {"all_gather", "reduce_scatter", "all_reduce"}
     assert all(c.group_size == 2 and c.link == "intra" for c in profile.collectives)
     assert profile.blocks and {b.checkpointing for b in profile.blocks} <= {"none", "op_selective", "full"}
+    # Whole steps of the model cut to one block (at least), sharded over both ranks.
+    assert profile.steps and profile.steps[0].num_layers == 1
+    assert all(s.shard_group_size == 2 and 0 < s.update_seconds < s.seconds for s in profile.steps)
     base = default_parameters(resolve_gpu("cpu"), ClusterSpec.parse("1x2xcpu"), "fp32")
     fitted = fit_parameters(profile, base=base, precision="fp32")
     assert fitted.links["intra"] != base.links["intra"]  # measured, not the catalog guess
     assert fitted.memory_bandwidth != base.memory_bandwidth
+    assert fitted.optimizer_bytes_per_param != base.optimizer_bytes_per_param  # from the timed updates
 
 
 def test_calibrate_plan_validate_round_trip(server: str, tmp_path: Path) -> None:

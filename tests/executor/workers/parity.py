@@ -2,9 +2,12 @@
 
     torchrun --nproc-per-node N tests/executor/workers/parity.py --out result.json CASE [CASE ...]
 
-CASE is `sharding:engine:backend[:ac[:precision]]`, e.g. `full_shard:simple_fsdp:inductor`,
-`hybrid_shard:fsdp2:eager` or `full_shard:simple_fsdp:eager:none:bf16` (backend `eager`: no
-torch.compile). Every case starts from the same weights (initialised per parameter name, so
+CASE is `sharding:engine:backend[:ac[:precision[:micro_batches]]]`, e.g.
+`full_shard:simple_fsdp:inductor`, `hybrid_shard:fsdp2:eager`, `full_shard:simple_fsdp:eager:none:bf16`
+or `no_shard:fsdp2:eager:none:fp32:2` (backend `eager`: no torch.compile; micro_batches: gradient
+accumulation steps the rank's share of the batch is split into). Each case runs the runtime's own
+`train_step` and compares the gradients it holds before the (zero learning rate) update.
+Every case starts from the same weights (initialised per parameter name, so
 independent of sharding) and sees the same global batch, split over ranks; the reference runs
 the whole batch in one process, unsharded, in fp32. Rank 0 writes one record per case: loss,
 worst relative gradient error, the parameters outside tolerance, and for inductor cases the
@@ -36,6 +39,7 @@ from executor.runtime.materialize import clean_name, materialize  # noqa: E402
 from executor.runtime.models import build_model  # noqa: E402
 from executor.runtime.parallelize import Overrides, parallelize  # noqa: E402
 from executor.runtime.plan import parse_plan  # noqa: E402
+from executor.runtime.step import train_step  # noqa: E402
 from tests.executor.plan_factory import LLAMA_DEBUG, debug_plan  # noqa: E402
 
 SEED = 1234
@@ -73,8 +77,11 @@ def run_case(case: str, world: int, cache: dict) -> dict:
     sharding, engine, backend, *rest = case.split(":")
     ac = rest[0] if rest else "none"
     precision = rest[1] if len(rest) > 1 else "fp32"
+    accum = int(rest[2]) if len(rest) > 2 else 1
     compiled = backend != "eager"
     doc = debug_plan(
+        micro_batch_size=2 // accum,
+        grad_accum_steps=accum,
         sharding=sharding,
         nodes=world // 2,
         gpus_per_node=2,
@@ -97,14 +104,21 @@ def run_case(case: str, world: int, cache: dict) -> dict:
     overrides = Overrides(engine=engine, compile=compiled, backend=backend if compiled else "inductor")
     par = parallelize(model, plan=plan, mesh=mesh, overrides=overrides)
     materialize(par.module, device=env.device, seed=SEED)
-    mbs = plan.config.micro_batch_size
-    local = tokens[env.rank * mbs : (env.rank + 1) * mbs]
+    per_rank = plan.config.micro_batch_size * accum
+    local = tokens[env.rank * per_rank : (env.rank + 1) * per_rank]
+    optimizer = torch.optim.SGD(par.module.parameters(), lr=0.0)
+    grads: dict[str, torch.Tensor] = {}
+
+    def capture() -> None:
+        for name, p in par.module.named_parameters():
+            grads[name] = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad.clone()
 
     def step() -> torch.Tensor:
-        logits = par.forward(local[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), local[:, 1:].flatten())
-        loss.backward()
-        return loss
+        micro_batches = local.chunk(accum)
+        result = train_step(
+            par, optimizer, micro_batches, grad_accum_steps=accum, max_grad_norm=0.0, before_update=capture
+        )
+        return result.loss_sum / accum
 
     t0 = time.perf_counter()
     collectives = None
@@ -118,8 +132,7 @@ def run_case(case: str, world: int, cache: dict) -> dict:
     dist.all_reduce(loss_sum)
 
     worst, worst_name, failures = 0.0, "", []
-    for name, p in par.module.named_parameters():
-        grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+    for name, grad in grads.items():
         r = ref[clean_name(name)]
         err = ((grad - r).abs().max() / r.abs().max().clamp_min(1e-12)).item()
         if err > worst:
