@@ -22,7 +22,7 @@ import sys
 from datetime import date
 from pathlib import Path
 
-from api.cli.validate_cmd import Measurement, run_validation
+from api.cli.validate_cmd import Measurement, ValidationError, run_validation
 from planner.calibration import CalibrationProfile
 from planner.plan import CheckpointingConfig, InductorConfig, ParallelConfig, Plan
 from planner.search import predict
@@ -118,6 +118,16 @@ def calibrate(out: Path, budget_s: float) -> CalibrationProfile:
     return CalibrationProfile.model_validate_json(profile_file.read_text())
 
 
+def measure(plan: Plan, *, args: argparse.Namespace, workdir: Path) -> Measurement:
+    """One validation run of `plan`; a failed run is retried once and reported, so that one rare
+    crash (see bench/RESULTS.md) does not throw away a long benchmark."""
+    try:
+        return run_validation(plan, steps=args.steps, warmup=args.warmup, workdir=workdir)
+    except ValidationError as exc:
+        print(f"run failed ({exc}); retrying once", flush=True)
+        return run_validation(plan, steps=args.steps, warmup=args.warmup, workdir=workdir)
+
+
 def spearman(xs: list[float], ys: list[float]) -> float:
     def ranks(values: list[float]) -> list[float]:
         order = sorted(range(len(values)), key=lambda i: values[i])
@@ -159,11 +169,7 @@ def main() -> None:
         order = range(len(plans)) if number % 2 == 0 else reversed(range(len(plans)))
         for index in order:
             print(f"[pass {number + 1}, {index + 1}/{len(plans)}] {plans[index].config.label()}", flush=True)
-            runs[index].append(
-                run_validation(
-                    plans[index], steps=args.steps, warmup=args.warmup, workdir=args.out / f"run{index}"
-                )
-            )
+            runs[index].append(measure(plans[index], args=args, workdir=args.out / f"run{index}"))
     rows: list[tuple[Plan, Measurement]] = [
         (plan, min(measured, key=lambda m: m.step_time_s)) for plan, measured in zip(plans, runs, strict=True)
     ]

@@ -27,36 +27,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PRESETS = {
-    # llama-debug: 4.2M parameters, runs anywhere.
-    "debug": {
-        "name": "llama-debug",
-        "architecture": "llama",
-        "vocab_size": 2048,
-        "hidden_size": 256,
-        "num_layers": 4,
-        "num_heads": 8,
-        "num_kv_heads": 4,
-        "intermediate_size": 768,
-        "max_seq_len": 2048,
-        "rope_theta": 10000.0,
-        "norm_eps": 1e-5,
-    },
+
+def _presets() -> dict[str, dict]:
+    from planner.catalog import resolve_model
+
+    debug = resolve_model("llama-debug")  # 4.2M parameters, runs anywhere
     # Llama-3-8B-shaped blocks (4 of them) with its vocabulary: ~1.3B parameters (GPU only).
-    "8b-blocks": {
-        "name": "llama3-8b-4blocks",
-        "architecture": "llama",
-        "vocab_size": 128256,
-        "hidden_size": 4096,
-        "num_layers": 4,
-        "num_heads": 32,
-        "num_kv_heads": 8,
-        "intermediate_size": 14336,
-        "max_seq_len": 8192,
-        "rope_theta": 500000.0,
-        "norm_eps": 1e-5,
-    },
-}
+    blocks_8b = resolve_model("llama3-8b").model_copy(update={"name": "llama3-8b-4blocks", "num_layers": 4})
+    return {"debug": debug.model_dump(mode="json"), "8b-blocks": blocks_8b.model_dump(mode="json")}
+
+
+PRESETS = _presets()
+
 ENGINES = [("simple_fsdp", True), ("fsdp2", False)]
 SECTION = "## Launcher throughput"
 

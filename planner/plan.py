@@ -98,12 +98,13 @@ class ParallelConfig(Document):
 
 
 class MemoryBreakdown(Document):
-    """Peak memory per GPU by purpose, GiB."""
+    """Peak memory per GPU by purpose, GiB: what is alive at the moment of the peak."""
 
     params: float
     """Sharded fp32 master parameters (or the full copy when not sharded)."""
     grads: float
-    """Sharded gradients kept for the optimizer step."""
+    """Sharded gradients alive at the peak: from earlier micro-batches when the peak is in backward
+    (none with one micro-batch per step), all of them when it is in the optimizer step."""
     optimizer: float
     """Optimizer states."""
     activations: float

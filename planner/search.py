@@ -540,9 +540,24 @@ def _infeasible(
 
     def fits(nodes: int) -> bool:
         world = nodes * cluster.gpus_per_node
-        probe = replace(setting, world_size=world, num_nodes=nodes)
-        choice = replace(lightest, sharding="full_shard", shard_group=world, replicate_group=1)
-        return Estimator(probe).memory(choice).total / GIB <= usable
+        probe = Estimator(replace(setting, world_size=world, num_nodes=nodes))
+        # One sequence per micro-batch (per-GPU batches shrink as the cluster grows). Eager and
+        # compiled trade memory differently (compiled whole-block checkpointing keeps attention
+        # outputs, the compiled loss smaller logits): as states shrink with more GPUs the lighter
+        # of the two can change, so both are tried.
+        variants = (
+            replace(
+                lightest,
+                sharding="full_shard",
+                shard_group=world,
+                replicate_group=1,
+                micro_batch=1,
+                grad_accum=1,
+                compile=compiled,
+            )
+            for compiled in (lightest.compile, not lightest.compile)
+        )
+        return any(probe.memory(choice).total / GIB <= usable for choice in variants)
 
     low, high = cluster.num_nodes, cluster.num_nodes * 2
     while not fits(high) and high < MAX_NODES_TRIED:

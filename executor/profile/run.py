@@ -29,14 +29,14 @@ from executor.profile.measure import (
 )
 from executor.runtime.distributed import exit_process
 
-# Share of the budget per phase; blocks and training steps only run when a model is given.
+# Share of the budget per phase (the contention probe takes a few seconds and is not budgeted);
+# blocks and training steps only run when a model is given.
 PHASES = {
     "matmul": 0.25,
     "bandwidth": 0.05,
-    "collectives": 0.35,
-    "overlap": 0.05,
+    "collectives": 0.3,
     "blocks": 0.15,
-    "steps": 0.15,
+    "steps": 0.25,
 }
 KNOWN_GPUS = (
     ("H200", "H200-141GB"),
@@ -63,6 +63,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--name", default=None, help="Name stored in the profile.")
     parser.add_argument("--max-message-mib", type=float, default=None, help="Largest collective message.")
     return parser.parse_args(argv)
+
+
+class PhaseBudgets:
+    """Each phase's allowance is its share of the time still left, so time a phase does not use
+    (collectives that reach the largest message early, a small model's blocks) goes to the next."""
+
+    def __init__(self, total_s: float, shares: dict[str, float]) -> None:
+        self.total_s, self.shares, self.started = total_s, dict(shares), time.perf_counter()
+
+    def take(self, phase: str) -> Budget:
+        left = max(0.0, self.total_s - (time.perf_counter() - self.started))
+        share = self.shares[phase] / sum(self.shares.values())
+        del self.shares[phase]
+        return Budget(left * share)
 
 
 class Progress:
@@ -160,15 +174,15 @@ def run(args: argparse.Namespace) -> dict:
     if model is None:
         phases.pop("blocks")
         phases.pop("steps")
-    scale = args.budget_s / sum(phases.values())
+    budgets = PhaseBudgets(args.budget_s, phases)
 
     dtypes = [torch.bfloat16, torch.float32] if on_gpu else [torch.float32]
     shapes = model_shapes(model, args.seq_len, micro_batches, on_gpu)
-    matmul = matmul_samples(shapes, dtypes, device, Budget(phases["matmul"] * scale), progress)
+    matmul = matmul_samples(shapes, dtypes, device, budgets.take("matmul"), progress)
     progress("memory bandwidth")
     mib = 1 << 20
     sizes = [64 * mib, 256 * mib, 1024 * mib] if on_gpu else [8 * mib, 32 * mib, 128 * mib]
-    bandwidth = bandwidth_samples(sizes, device, Budget(phases["bandwidth"] * scale))
+    bandwidth = bandwidth_samples(sizes, device, budgets.take("bandwidth"))
 
     collectives: list[dict] = []
     if world > 1:
@@ -182,7 +196,7 @@ def run(args: argparse.Namespace) -> dict:
                 for start in range(0, world, local_world)
             ]
             groups.append((node_groups[rank // local_world], local_world, "intra"))
-        share = phases["collectives"] * scale / len(groups)
+        share = budgets.take("collectives").seconds / len(groups)
         for group, size, link in groups:
             collectives += collective_samples(
                 group=group,
@@ -207,7 +221,7 @@ def run(args: argparse.Namespace) -> dict:
             seq_len=args.seq_len,
             micro_batches=micro_batches,
             device=device,
-            budget=Budget(phases["blocks"] * scale),
+            budget=budgets.take("blocks"),
             on_sample=progress,
         )
     steps: list[dict] = []
@@ -220,7 +234,7 @@ def run(args: argparse.Namespace) -> dict:
             micro_batch=max(micro_batches),
             optimizer=args.optimizer,
             device=device,
-            budget=Budget(phases["steps"] * scale),
+            budget=budgets.take("steps"),
             on_sample=progress,
         )
     progress("done")

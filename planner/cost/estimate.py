@@ -206,7 +206,13 @@ def _is_checkpointed(choice: Choice, block_index: int) -> bool:
 
 
 def _memory(setting: Setting, choice: Choice, layout: CommLayout, saved_elems: float) -> MemoryEstimate:
-    """Peak bytes per GPU (reached at the start of backward, with every saved activation alive)."""
+    """Peak bytes per GPU, by what is alive at the peak.
+
+    Two moments compete. The start of the last micro-batch's backward holds every saved activation,
+    the logits and their gradient, and the gathered parameters; gradients exist then only from
+    earlier micro-batches (this micro-batch's are allocated as backward frees its activations).
+    The optimizer step holds the states and all gradients, nothing transient. The larger is the peak.
+    """
     m = setting.model
     p = setting.params
     n_params = m.num_params
@@ -227,9 +233,12 @@ def _memory(setting: Setting, choice: Choice, layout: CommLayout, saved_elems: f
             max(pb * sum(group_params[max(0, j - depth) : j + 1]) for j in range(len(group_params)))
             + grad_buffer * largest_reduce
         )
-    elif choice.sharding == "shard_grad_op":
+    elif choice.sharding == "shard_grad_op" or not choice.compile:
+        # ZeRO-2 keeps every gathered parameter until backward. So does eager no_shard: FSDP2 on a
+        # shard group of one still copies each parameter into an unsharded buffer, kept through
+        # backward as no_shard does not reshard.
         unsharded = pb * n_params + grad_buffer * largest_reduce
-    else:  # no_shard: fp32 weights are local; only the compute-dtype copies are transient
+    else:  # compiled no_shard: fp32 weights are used in place; compute-dtype copies are transient
         unsharded = (pb * (depth + 2) * max(group_params)) if pb == 2 else 0.0
 
     tokens = choice.micro_batch * setting.seq_len
@@ -239,16 +248,28 @@ def _memory(setting: Setting, choice: Choice, layout: CommLayout, saved_elems: f
     logits_bytes = 12.0 if not choice.compile else setting.act_bytes + 4.0
     logits = tokens * m.vocab_size * logits_bytes
     dynamic = activations + unsharded + logits
-    return MemoryEstimate(
+    workspace = p.workspace_gib * GIB
+    in_backward = MemoryEstimate(
         params=master,
-        grads=grads,
+        grads=grads if choice.grad_accum > 1 else 0.0,
         optimizer=optimizer,
         activations=activations,
         unsharded=unsharded,
         logits=logits,
-        workspace=p.workspace_gib * GIB,
+        workspace=workspace,
         fragmentation=p.fragmentation * dynamic,
     )
+    in_update = MemoryEstimate(
+        params=master,
+        grads=grads,
+        optimizer=optimizer,
+        activations=0.0,
+        unsharded=0.0,
+        logits=0.0,
+        workspace=workspace,
+        fragmentation=0.0,
+    )
+    return max(in_backward, in_update, key=lambda estimate: estimate.total)
 
 
 def saved_elems_per_token(setting: Setting, checkpointing: str, every_k: int, compile_: bool) -> float:

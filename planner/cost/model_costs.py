@@ -108,8 +108,10 @@ def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
         # two RMSNorms (~8 passes over h each), RoPE on q and k, two residual adds, SwiGLU.
         elementwise_elems=16 * h + 6 * (h + kv) + 6 * h + 5 * f,
         kernels=38,
-        # norm in/out x2, q, k, v, attention out, w1/w3 outputs, silu output, product.
-        saved_elems=6 * h + 2 * kv + 4 * f,
+        # Per RMSNorm its input, normalized value and output (x2); rotated q and k, v, attention
+        # output, w1/w3 outputs, silu output, product (counted on the runtime's block with
+        # saved-tensor hooks: 8h + 2kv + 4f, plus a few elements of norm and softmax statistics).
+        saved_elems=8 * h + 2 * kv + 4 * f,
         # block input, q and v projections, attention out, w1 output, w2 output (every other matmul).
         op_saved_elems=4 * h + kv + f,
         op_recompute_matmul_params=h * kv + h * h + h * f,

@@ -10,34 +10,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-LLAMA_DEBUG: dict[str, Any] = {
-    "name": "llama-debug",
-    "architecture": "llama",
-    "vocab_size": 2048,
-    "hidden_size": 256,
-    "num_layers": 4,
-    "num_heads": 8,
-    "num_kv_heads": 4,
-    "intermediate_size": 768,
-    "max_seq_len": 2048,
-    "tie_word_embeddings": False,
-    "qkv_bias": False,
-    "rope_theta": 10000.0,
-    "norm_eps": 1e-5,
-    "layer_graph": None,
-}
+from planner.catalog import resolve_gpu, resolve_model
 
-CPU_GPU_SPEC: dict[str, Any] = {
-    "name": "cpu",
-    "aliases": ["CPU"],
-    "memory_gib": 8.0,
-    "peak_bf16_tflops": 0.1,
-    "peak_fp32_tflops": 0.1,
-    "memory_bandwidth_gbps": 20.0,
-    "intra_node_bandwidth_gbps": 2.0,
-    "inter_node_bandwidth_gbps": 1.25,
-    "default_gpus_per_node": 2,
-}
+# The catalog's own entries, as a plan document carries them.
+LLAMA_DEBUG: dict[str, Any] = resolve_model("llama-debug").model_dump(mode="json")
+CPU_GPU_SPEC: dict[str, Any] = resolve_gpu("cpu").model_dump(mode="json")
 
 
 def count_llama_params(m: dict[str, Any]) -> int:

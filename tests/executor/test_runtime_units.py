@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from executor.profile.run import PhaseBudgets
 from executor.runtime.activation_checkpoint import checkpointed_indices
 from executor.runtime.data import BatchIndex, DataError, SyntheticTokens, TokenFile
 from executor.runtime.materialize import materialize
@@ -170,3 +171,11 @@ def test_checkpointed_blocks_match_the_planner() -> None:
     assert checkpointed_indices("selective", 3, 7) == [2, 5]
     assert checkpointed_indices("full", 1, 3) == [0, 1, 2] == checkpointed_indices("op_selective", 1, 3)
     assert checkpointed_indices("none", 1, 3) == []
+
+
+def test_calibration_phases_pass_unused_time_on() -> None:
+    budgets = PhaseBudgets(100.0, {"matmul": 1.0, "collectives": 1.0, "steps": 2.0})
+    assert budgets.take("matmul").seconds == pytest.approx(25.0, rel=0.01)
+    # matmul's 25 s were not used: collectives and steps share all 100 s still left.
+    assert budgets.take("collectives").seconds == pytest.approx(100.0 / 3, rel=0.01)
+    assert budgets.take("steps").seconds == pytest.approx(100.0, rel=0.01)

@@ -98,3 +98,30 @@ def test_total_is_the_sum_of_its_parts(estimator: Estimator) -> None:
     )
     assert m.total == pytest.approx(sum(parts))
     assert m.total / GIB < 80
+
+
+def test_with_one_micro_batch_the_backward_peak_holds_no_gradients_yet(estimator: Estimator) -> None:
+    accumulating = estimator.memory(choice("full_shard", 8, checkpointing="none", grad_accum=2))
+    single = estimator.memory(choice("full_shard", 8, checkpointing="none", micro_batch=2, grad_accum=1))
+    n_params = estimator.setting.model.num_params
+    assert accumulating.grads == pytest.approx(4 * n_params / 8)
+    assert single.grads == 0.0 and single.activations > 0
+
+
+def test_the_optimizer_step_is_the_peak_when_backward_holds_little(estimator: Estimator) -> None:
+    # Replicated fp32 states dwarf one checkpointed sequence: the peak is in the update, with
+    # every gradient and nothing transient.
+    ddp = estimator.memory(
+        choice("no_shard", 1, replicate_group=8, grad_accum=1, micro_batch=2, compile=True)
+    )
+    n_params = estimator.setting.model.num_params
+    assert ddp.grads == pytest.approx(4 * n_params)
+    assert ddp.activations == 0.0 and ddp.logits == 0.0
+
+
+def test_eager_no_shard_keeps_unsharded_copies_compiled_does_not(estimator: Estimator) -> None:
+    eager = estimator.memory(choice("no_shard", 1, replicate_group=8, compile=False))
+    compiled = estimator.memory(choice("no_shard", 1, replicate_group=8, compile=True))
+    n_params = estimator.setting.model.num_params
+    # bf16 compute copies of every parameter (FSDP2 gathers even over a group of one).
+    assert eager.unsharded - compiled.unsharded > 2 * n_params * 0.9
