@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -93,13 +95,14 @@ class BlockSample(ProfileModel):
 
 class StepSample(ProfileModel):
     """A whole training step (runtime's own step, eager FSDP2, no checkpointing) of the model cut
-    to `num_layers` blocks, sharded over `shard_group_size` ranks."""
+    to `num_layers` blocks, on `ranks` ranks: sharded over all of them, or replicated."""
 
     num_layers: Count
     micro_batch_size: Count
     grad_accum_steps: Count = 1
     seq_len: Count
-    shard_group_size: Count
+    ranks: Count
+    sharding: Literal["full_shard", "no_shard"] = "full_shard"
     optimizer: Literal["adamw", "sgd"] = "adamw"
     dtype: Literal["bfloat16", "float32"] = "float32"
     seconds: PositiveFloat
@@ -161,6 +164,12 @@ def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
     return a, b
 
 
+_FITTED: dict[tuple[str, str, str, str], CostParameters] = {}
+"""Fits by (profile content, base parameters, precision, optimizer): the timed-step fit prices
+thousands of trial steps, and every plan made with a profile needs the same fit again."""
+_FITTED_LIMIT = 64
+
+
 def fit_parameters(
     profile: CalibrationProfile,
     *,
@@ -169,6 +178,17 @@ def fit_parameters(
     optimizer: Optimizer = "adamw",
 ) -> CostParameters:
     """Cost parameters with every measured quantity replaced by its fit; the rest from `base`."""
+    key = (profile.content_id(), repr(base), precision, optimizer)
+    if key not in _FITTED:
+        if len(_FITTED) >= _FITTED_LIMIT:
+            _FITTED.pop(next(iter(_FITTED)))
+        _FITTED[key] = _fit(profile, base=base, precision=precision, optimizer=optimizer)
+    return _FITTED[key]
+
+
+def _fit(
+    profile: CalibrationProfile, *, base: CostParameters, precision: Precision, optimizer: Optimizer
+) -> CostParameters:
     changes: dict[str, object] = {}
     dtype = "bfloat16" if precision == "bf16" else "float32"
     samples = [s for s in profile.matmul if s.dtype == dtype]
@@ -235,7 +255,7 @@ def _fit_optimizer(
     profile: CalibrationProfile, steps: list[StepSample], params: CostParameters
 ) -> CostParameters:
     """Update time = fixed + per-parameter part, over the shard each rank updates."""
-    points = [(_step_model(profile, s).num_params / s.shard_group_size, s.update_seconds) for s in steps]
+    points = [(_step_model(profile, s).num_params / _shard(s), s.update_seconds) for s in steps]
     line = _fit_line(points)
     if line is None:  # one model size only: all of it per parameter
         x, y = points[0]
@@ -247,26 +267,30 @@ def _fit_optimizer(
     )
 
 
-def predicted_step_time(
+def _shard(sample: StepSample) -> int:
+    return sample.ranks if sample.sharding == "full_shard" else 1
+
+
+def _step_case(
     profile: CalibrationProfile, sample: StepSample, params: CostParameters, precision: Precision
-) -> float:
-    """The cost model's step time for a timed step's model and configuration."""
+) -> tuple[Setting, Choice]:
+    """The cost model's setting and configuration of a timed step."""
     fp = profile.fingerprint
     setting = Setting(
         model=_step_model(profile, sample),
         params=params,
         precision=precision,
         optimizer=sample.optimizer,
-        world_size=sample.shard_group_size,
-        gpus_per_node=min(fp.gpus_per_node, sample.shard_group_size),
-        num_nodes=max(1, sample.shard_group_size // max(fp.gpus_per_node, 1)),
+        world_size=sample.ranks,
+        gpus_per_node=min(fp.gpus_per_node, sample.ranks),
+        num_nodes=max(1, sample.ranks // max(fp.gpus_per_node, 1)),
         seq_len=sample.seq_len,
-        global_batch_sequences=sample.micro_batch_size * sample.grad_accum_steps * sample.shard_group_size,
+        global_batch_sequences=sample.micro_batch_size * sample.grad_accum_steps * sample.ranks,
     )
     choice = Choice(
-        sharding="full_shard",
-        shard_group=sample.shard_group_size,
-        replicate_group=1,
+        sharding=sample.sharding,
+        shard_group=_shard(sample),
+        replicate_group=sample.ranks // _shard(sample),
         blocks_per_unit=1,
         all_gather_bucket_mb=0.0,
         reduce_scatter_bucket_mb=0.0,
@@ -276,49 +300,77 @@ def predicted_step_time(
         grad_accum=sample.grad_accum_steps,
         compile=False,
     )
+    return setting, choice
+
+
+def predicted_step_time(
+    profile: CalibrationProfile, sample: StepSample, params: CostParameters, precision: Precision
+) -> float:
+    """The cost model's step time for a timed step's model and configuration."""
+    setting, choice = _step_case(profile, sample, params, precision)
     return Estimator(setting).timing(choice).step_time_s
 
 
 def _fit_steps(
     profile: CalibrationProfile, steps: list[StepSample], params: CostParameters, precision: Precision
 ) -> CostParameters:
-    """Compute scale and per-micro-batch overhead under which the cost model matches timed steps.
+    """Compute scale and per-micro-batch overheads that match the timed steps.
 
-    Blocks timed alone miss part of what each block costs inside training (its FSDP hooks and
-    collectives competing for the device, a working set spread over the whole model), and nothing
-    but a whole step shows the framework time per micro-batch (root hooks, loss, Python). Where
-    steps were timed at two or more depths, the scale is searched (a log grid, then golden-section
-    refinement) for the least relative error, the overhead being solved exactly for each scale;
-    with one depth only the overhead is fitted and the block scale kept. The overhead stays at zero
-    or above: a model that over-predicts is not corrected by negative time.
+    Blocks timed alone miss part of what a block costs inside training (its working set spread over
+    the whole model, the collectives beside it), and nothing but a whole step shows the framework
+    time per micro-batch (FSDP hooks, buffer copies, loss, Python). Replicated steps at two or more
+    depths set the compute scale (else all steps do; with one depth the block scale stays). The
+    overhead is then solved exactly on replicated steps, and what sharded steps cost beyond it is
+    the sharding overhead. Overheads stay at zero or above: a model that over-predicts is not
+    corrected by negative time.
     """
-    params = params.with_changes(micro_batch_overhead_s=0.0)
+    params = params.with_changes(micro_batch_overhead_s=0.0, sharding_overhead_s=0.0)
+    cases = {id(s): _step_case(profile, s, params, precision) for s in steps}  # priced once per trial
 
-    def fit_at(scale: float) -> tuple[float, float]:
-        """(relative squared error, overhead) with the compute scale fixed."""
-        scaled = params.with_changes(compute_scale=scale)
-        rows = [
-            (s.seconds, s.grad_accum_steps, predicted_step_time(profile, s, scaled, precision)) for s in steps
-        ]
+    def predict(sample: StepSample, trial: CostParameters) -> float:
+        setting, choice = cases[id(sample)]
+        return Estimator(replace(setting, params=trial)).timing(choice).step_time_s
+
+    def fit_at(trial: CostParameters, samples: list[StepSample]) -> tuple[float, float]:
+        """(relative squared error, overhead per micro-batch) of `trial` on `samples`."""
+        rows = [(s.seconds, s.grad_accum_steps, predict(s, trial)) for s in samples]
         numerator = sum(a * (y - p) / (y * y) for y, a, p in rows)
         denominator = sum(a * a / (y * y) for y, a, _ in rows)
         overhead = max(0.0, numerator / denominator)
         return sum(((y - p - overhead * a) / y) ** 2 for y, a, p in rows), overhead
 
-    scale = params.compute_scale
-    if len({s.num_layers for s in steps}) >= 2:
-        grid = [0.2 * 1.1**i for i in range(50)]  # 0.2 .. ~21
-        best = min(range(len(grid)), key=lambda i: fit_at(grid[i])[0])
-        low, high = grid[max(0, best - 1)], grid[min(len(grid) - 1, best + 1)]
-        ratio = (math.sqrt(5) - 1) / 2
-        for _ in range(30):
-            a, b = high - ratio * (high - low), low + ratio * (high - low)
-            if fit_at(a)[0] <= fit_at(b)[0]:
-                high = b
-            else:
-                low = a
-        scale = (low + high) / 2
-    return params.with_changes(compute_scale=scale, micro_batch_overhead_s=fit_at(scale)[1])
+    replicated = [s for s in steps if s.sharding == "no_shard"]
+    sharded = [s for s in steps if s.sharding != "no_shard"]
+    by_depth = replicated if len({s.num_layers for s in replicated}) >= 2 else steps
+    if len({s.num_layers for s in by_depth}) >= 2:
+        scale = _minimize(lambda x: fit_at(params.with_changes(compute_scale=x), by_depth)[0])
+        params = params.with_changes(compute_scale=scale)
+    if replicated and sharded:
+        base_overhead = fit_at(params, replicated)[1]
+        extra = max(0.0, fit_at(params, sharded)[1] - base_overhead)
+        return params.with_changes(micro_batch_overhead_s=base_overhead, sharding_overhead_s=extra)
+    return params.with_changes(micro_batch_overhead_s=fit_at(params, steps)[1])
+
+
+def _minimize(error: Callable[[float], float]) -> float:
+    """The positive factor (0.2 .. ~18) with the least error: a log grid, then golden-section
+    refinement around the best grid point (the errors here are smooth and unimodal near it)."""
+    grid = [0.2 * 1.25**i for i in range(21)]
+    best = min(range(len(grid)), key=lambda i: error(grid[i]))
+    low, high = grid[max(0, best - 1)], grid[min(len(grid) - 1, best + 1)]
+    ratio = (math.sqrt(5) - 1) / 2
+    a, b = high - ratio * (high - low), low + ratio * (high - low)
+    error_a, error_b = error(a), error(b)
+    for _ in range(24):  # the bracket shrinks to ~1e-5 of its width
+        if error_a <= error_b:
+            high, b, error_b = b, a, error_a
+            a = high - ratio * (high - low)
+            error_a = error(a)
+        else:
+            low, a, error_a = a, b, error_b
+            b = low + ratio * (high - low)
+            error_b = error(b)
+    return (low + high) / 2
 
 
 def _block_scale(profile: CalibrationProfile, params: CostParameters, dtype: str) -> float | None:

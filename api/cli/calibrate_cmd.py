@@ -207,6 +207,11 @@ def show_fit(profile: CalibrationProfile, console: Console) -> None:
             f"{base.micro_batch_overhead_s * 1e3:.1f} ms",
             f"{fitted.micro_batch_overhead_s * 1e3:.1f} ms",
         ),
+        (
+            "sharding overhead per micro-batch",
+            f"{base.sharding_overhead_s * 1e3:.1f} ms",
+            f"{fitted.sharding_overhead_s * 1e3:.1f} ms",
+        ),
         ("overlap contention", f"{base.overlap_contention:.2f}", f"{fitted.overlap_contention:.2f}"),
     ]
     for link in ("intra", "inter"):

@@ -208,6 +208,7 @@ _FITTED_FIELDS: tuple[tuple[str, tuple[str, ...], Any], ...] = (
     ("Optimizer traffic", ("optimizer_bytes_per_param",), lambda v: f"{v:,.0f} B/parameter"),
     ("Optimizer overhead", ("optimizer_overhead_s",), fmt.seconds),
     ("Overhead per micro-batch", ("micro_batch_overhead_s",), fmt.seconds),
+    ("Sharding overhead per micro-batch", ("sharding_overhead_s",), fmt.seconds),
 )
 
 

@@ -3,8 +3,9 @@
 The GEMM, bandwidth, collective and block measurements price the model's parts; a real step also
 pays for what lies between them: the optimizer and gradient clipping over sharded parameters, FSDP's
 hooks, the full-vocabulary head and loss, and Python. Timing `train_step` on the model cut to one,
-two (and four) blocks, with its real vocabulary, sharded over every rank with eager FSDP2, lets the
-planner fit those costs instead of assuming them. The optimizer part is timed on its own too.
+two (and four) blocks, with its real vocabulary, with eager FSDP2 sharding over every rank or
+replicating on every rank, lets the planner fit those costs instead of assuming them. The
+optimizer part is timed on its own too.
 """
 
 from __future__ import annotations
@@ -34,15 +35,24 @@ from executor.runtime.plan import (
 )
 from executor.runtime.step import train_step
 
-# (blocks, micro-batches per step): the block count separates per-block from fixed costs, the
-# accumulation separates per-micro-batch from per-step costs.
-SHAPES = ((1, 1), (2, 1), (1, 2), (4, 1))
+# (sharding, blocks, micro-batches per step), most telling first: replicated steps (one all-reduce
+# per block) at two depths price a block; sharded steps (all-gathers and reduce-scatters) then price
+# the collectives in place; accumulation separates per-micro-batch from per-step costs.
+SHAPES = (
+    ("full_shard", 1, 1),
+    ("no_shard", 1, 1),
+    ("no_shard", 2, 1),
+    ("full_shard", 2, 1),
+    ("full_shard", 1, 2),
+    ("full_shard", 4, 1),
+    ("no_shard", 4, 1),
+)
 WARMUP_STEPS = 2
 TIMED_STEPS = 7
 
 
 def _plan(
-    spec: dict, *, layers: int, accum: int, micro_batch: int, seq_len: int, on_gpu: bool
+    spec: dict, *, sharding: str, layers: int, accum: int, micro_batch: int, seq_len: int, on_gpu: bool
 ) -> RuntimePlan:
     world = dist.get_world_size() if dist.is_initialized() else 1
     local = min(world, torch.cuda.device_count()) if on_gpu else world
@@ -59,9 +69,10 @@ def _plan(
             precision="bf16" if on_gpu else "fp32",
         ),
         config=ParallelConfig(
-            sharding="full_shard",
-            shard_group_size=world,
-            replicate_group_size=1,
+            sharding=sharding,  # type: ignore[arg-type]
+            shard_group_size=world if sharding == "full_shard" else 1,
+            replicate_group_size=1 if sharding == "full_shard" else world,
+            reshard_after_forward=sharding == "full_shard",
             micro_batch_size=micro_batch,
             grad_accum_steps=accum,
             checkpointing=CheckpointingConfig(mode="none"),
@@ -135,7 +146,7 @@ def step_samples(
         return samples
     on_gpu = device.type == "cuda"
     world = dist.get_world_size() if dist.is_initialized() else 1
-    for layers, accum in SHAPES:
+    for sharding, layers, accum in SHAPES:
         # Every rank must take the same decision: the runtime's collectives need all of them.
         stop = torch.tensor([1.0 if budget.exhausted else 0.0], device=device)
         if dist.is_initialized():
@@ -143,28 +154,36 @@ def step_samples(
         if stop.item() > 0:
             break
         plan = _plan(
-            spec, layers=layers, accum=accum, micro_batch=micro_batch, seq_len=seq_len, on_gpu=on_gpu
+            spec,
+            sharding=sharding,
+            layers=layers,
+            accum=accum,
+            micro_batch=micro_batch,
+            seq_len=seq_len,
+            on_gpu=on_gpu,
         )
         try:
             seconds, update_seconds = _time_steps(plan, device, optimizer)
         except torch.OutOfMemoryError:
-            # Same model on every rank: all run out together. Larger shapes will not fit either.
+            # Same model on every rank: all run out together. Skip the shape (a replicated one may
+            # not fit where a sharded one does).
             torch.cuda.empty_cache()
-            break
+            continue
         samples.append(
             {
                 "num_layers": layers,
                 "micro_batch_size": micro_batch,
                 "grad_accum_steps": accum,
                 "seq_len": seq_len,
-                "shard_group_size": world,
+                "ranks": world,
+                "sharding": sharding,
                 "optimizer": optimizer,
                 "dtype": plan.config.param_dtype,
                 "seconds": seconds,
                 "update_seconds": update_seconds,
             }
         )
-        on_sample(f"training step {layers} block(s) x{accum} micro-batch(es)")
+        on_sample(f"training step {sharding} {layers} block(s) x{accum} micro-batch(es)")
     if dist.is_initialized():
         dist.barrier()
     return samples

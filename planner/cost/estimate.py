@@ -428,7 +428,8 @@ def _timing(setting: Setting, choice: Choice, layout: CommLayout, *, record: boo
     local_params = setting.model.num_params / shard
     optimizer_s = p.optimizer_overhead_s + local_params * p.optimizer_bytes_per_param / p.memory_bandwidth
     optimizer_s += _collective(p, world_link, 4.0, setting.world_size, all_reduce=True)  # grad-norm
-    overhead_s = p.micro_batch_overhead_s * choice.grad_accum
+    sharded = choice.sharding != "no_shard"
+    overhead_s = (p.micro_batch_overhead_s + (p.sharding_overhead_s if sharded else 0.0)) * choice.grad_accum
 
     step = accum_before * inner.total_s + final.total_s + optimizer_s + overhead_s
     return TimeEstimate(

@@ -74,6 +74,9 @@ class CostParameters:
     """Fixed time of one optimizer step and gradient clip (launches, per-tensor dispatch)."""
     micro_batch_overhead_s: float = 0.0
     """Framework time per micro-batch outside the priced work: FSDP hooks, loss, Python."""
+    sharding_overhead_s: float = 0.0
+    """Extra framework time per micro-batch when parameters are sharded rather than replicated
+    (gather and reduce hooks, buffer copies, collectives competing with compute)."""
     calibration_id: str | None = None
     """The calibration profile these parameters were fitted from, if any."""
 

@@ -87,7 +87,7 @@ def test_a_slow_measured_machine_changes_the_plan_where_it_should() -> None:
                     "num_layers": 0,
                     "micro_batch_size": 1,
                     "seq_len": 8,
-                    "shard_group_size": 2,
+                    "ranks": 2,
                     "seconds": 1.0,
                     "update_seconds": 0.1,
                 }
@@ -99,7 +99,7 @@ def test_a_slow_measured_machine_changes_the_plan_where_it_should() -> None:
                     "num_layers": 1,
                     "micro_batch_size": 1,
                     "seq_len": 8,
-                    "shard_group_size": 2,
+                    "ranks": 2,
                     "seconds": 1.0,
                     "update_seconds": -0.1,
                 }
@@ -141,18 +141,20 @@ def cpu_profile_with_steps(truth, shapes) -> CalibrationProfile:
         }
     )
     steps = []
-    for layers, accum in shapes:
+    for layers, accum, *sharding in shapes:
         sample = StepSample(
             num_layers=layers,
             micro_batch_size=2,
             grad_accum_steps=accum,
             seq_len=128,
-            shard_group_size=2,
+            ranks=2,
+            sharding=sharding[0] if sharding else "full_shard",
             seconds=1.0,
             update_seconds=1.0,
         )
+        shard = 2 if sample.sharding == "full_shard" else 1
         local_params = (
-            model_costs(skeleton.model.model_copy(update={"num_layers": layers}), 128).num_params / 2
+            model_costs(skeleton.model.model_copy(update={"num_layers": layers}), 128).num_params / shard
         )
         steps.append(
             sample.model_copy(
@@ -183,6 +185,16 @@ def test_fitting_recovers_optimizer_scale_and_overhead_from_timed_steps() -> Non
     # The fitted model reproduces every timed step, including the depth it never saw.
     deeper = cpu_profile_with_steps(truth, [(8, 2)]).steps[0]
     assert predicted_step_time(profile, deeper, fitted, "fp32") == pytest.approx(deeper.seconds, rel=0.01)
+
+
+def test_replicated_and_sharded_steps_separate_the_sharding_overhead() -> None:
+    base = default_parameters(resolve_gpu("cpu"), ClusterSpec.parse("1x2xcpu"), "fp32")
+    truth = base.with_changes(compute_scale=1.35, micro_batch_overhead_s=0.02, sharding_overhead_s=0.03)
+    shapes = [(1, 1), (1, 1, "no_shard"), (2, 1, "no_shard"), (2, 1), (1, 2), (4, 1)]
+    fitted = fit_parameters(cpu_profile_with_steps(truth, shapes), base=base, precision="fp32")
+    assert fitted.compute_scale == pytest.approx(1.35, rel=0.01)
+    assert fitted.micro_batch_overhead_s == pytest.approx(0.02, rel=0.02)
+    assert fitted.sharding_overhead_s == pytest.approx(0.03, rel=0.02)
 
 
 def test_steps_at_one_depth_fit_the_overhead_and_keep_the_scale() -> None:

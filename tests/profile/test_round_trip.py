@@ -37,7 +37,7 @@ def check_profile(profile: CalibrationProfile) -> None:
     assert profile.blocks and {b.checkpointing for b in profile.blocks} <= {"none", "op_selective", "full"}
     # Whole steps of the model cut to one block (at least), sharded over both ranks.
     assert profile.steps and profile.steps[0].num_layers == 1
-    assert all(s.shard_group_size == 2 and 0 < s.update_seconds < s.seconds for s in profile.steps)
+    assert all(s.ranks == 2 and 0 < s.update_seconds < s.seconds for s in profile.steps)
     base = default_parameters(resolve_gpu("cpu"), ClusterSpec.parse("1x2xcpu"), "fp32")
     fitted = fit_parameters(profile, base=base, precision="fp32")
     assert fitted.links["intra"] != base.links["intra"]  # measured, not the catalog guess
