@@ -1,8 +1,9 @@
 """Benchmark: how well the calibrated cost model predicts real runs (not a test; run on demand).
 
     python bench/accuracy.py [--budget-s 60] [--steps 10] [--passes 2] [--out bench/out/accuracy] [--write]
+    python bench/accuracy.py --cluster 1x8xH100 --precision bf16 --model gpt2-large --seq-len 1024
 
-On this machine: calibrate once (2 CPU ranks, gloo), then run 12 configurations of a small Llama
+By default (this CPU machine): calibrate once (2 CPU ranks, gloo), then run 12 configurations of a small Llama
 that differ in sharding, wrap unit, micro-batch, checkpointing and compile, each through its own
 launch bundle (`launch.sh`), none of them used in fitting. Reports predicted vs measured step time
 and peak memory per configuration, the mean absolute percentage errors, the Spearman rank
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from api.cli.validate_cmd import Measurement, ValidationError, run_validation
 from planner.calibration import CalibrationProfile
+from planner.catalog import resolve_model
 from planner.plan import CheckpointingConfig, InductorConfig, ParallelConfig, Plan
 from planner.search import predict
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
@@ -40,7 +42,7 @@ MODEL = ModelSpec(
     max_seq_len=1024,
 )
 SEQ_LEN = 256
-SEQUENCES = 8  # global batch: 4 sequences per rank
+SEQUENCES_PER_RANK = 4  # the configurations split them as 4x1, 2x2 and 1x4
 # (sharding, blocks per unit, checkpointing, every_k, micro-batch, compile)
 CONFIGS = [
     ("full_shard", 1, "none", 1, 4, False),
@@ -59,9 +61,16 @@ CONFIGS = [
 
 
 def config(
-    sharding: str, unit: int, ac: str, every_k: int, micro_batch: int, compiled: bool
+    sharding: str,
+    unit: int,
+    ac: str,
+    every_k: int,
+    micro_batch: int,
+    compiled: bool,
+    *,
+    world: int,
+    precision: str,
 ) -> ParallelConfig:
-    world = 2
     shard = 1 if sharding == "no_shard" else world
     return ParallelConfig(
         sharding=sharding,
@@ -74,8 +83,8 @@ def config(
         prefetch_depth=1,
         checkpointing=CheckpointingConfig(mode=ac, every_k=every_k),
         micro_batch_size=micro_batch,
-        grad_accum_steps=SEQUENCES // world // micro_batch,
-        param_dtype="float32",
+        grad_accum_steps=SEQUENCES_PER_RANK // micro_batch,
+        param_dtype="bfloat16" if precision == "bf16" else "float32",
         reduce_dtype="float32",
         compile=compiled,
         inductor=InductorConfig(
@@ -86,9 +95,11 @@ def config(
     )
 
 
-def calibrate(out: Path, budget_s: float) -> CalibrationProfile:
+def calibrate(
+    out: Path, budget_s: float, *, model: ModelSpec, seq_len: int, nproc: int
+) -> CalibrationProfile:
     model_file = out / "model.json"
-    model_file.write_text(MODEL.model_dump_json())
+    model_file.write_text(model.model_dump_json())
     profile_file = out / "profile.json"
     subprocess.run(
         [
@@ -96,7 +107,7 @@ def calibrate(out: Path, budget_s: float) -> CalibrationProfile:
             "-m",
             "torch.distributed.run",
             "--standalone",
-            "--nproc-per-node=2",
+            f"--nproc-per-node={nproc}",
             "-m",
             "executor.profile.run",
             "-o",
@@ -106,7 +117,7 @@ def calibrate(out: Path, budget_s: float) -> CalibrationProfile:
             "--model-json",
             str(model_file),
             "--seq-len",
-            str(SEQ_LEN),
+            str(seq_len),
             "--micro-batches",
             "1,2,4",
             "--name",
@@ -149,18 +160,37 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--passes", type=int, default=2, help="runs per configuration (the faster counts)")
     parser.add_argument("--out", type=Path, default=Path("bench/out/accuracy"))
+    parser.add_argument("--cluster", default="1x2xcpu", help="one node: 1xNxGPU (e.g. 1x8xH100)")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--model", default=None, help="catalog model (default: llama-small, 8 layers)")
+    parser.add_argument("--seq-len", type=int, default=SEQ_LEN)
     parser.add_argument("--write", action="store_true", help="record the result in bench/RESULTS.md")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    profile = calibrate(args.out, args.budget_s)
+    cluster = ClusterSpec.parse(args.cluster)
+    if cluster.num_nodes != 1:
+        parser.error("--cluster: validation runs one node; use 1xNxGPU")
+    model = resolve_model(args.model) if args.model else MODEL
+    world = cluster.world_size
+    profile = calibrate(args.out, args.budget_s, model=model, seq_len=args.seq_len, nproc=world)
     request = PlanRequest(
-        model=MODEL,
-        cluster=ClusterSpec.parse("1x2xcpu"),
-        training=TrainingSpec(seq_len=SEQ_LEN, global_batch_tokens=SEQ_LEN * SEQUENCES, precision="fp32"),
+        model=model,
+        cluster=cluster,
+        training=TrainingSpec(
+            seq_len=args.seq_len,
+            global_batch_tokens=args.seq_len * SEQUENCES_PER_RANK * world,
+            precision=args.precision,
+        ),
     )
     plans = [
-        predict(request, config(*spec), calibration=profile, calibration_id="bench-cpu") for spec in CONFIGS
+        predict(
+            request,
+            config(*spec, world=world, precision=args.precision),
+            calibration=profile,
+            calibration_id="bench",
+        )
+        for spec in CONFIGS
     ]
     # Each configuration runs once per pass, the passes in opposite orders, and keeps its faster
     # run: on a shared machine a run can be slowed by a neighbour for tens of seconds, never sped up.
@@ -227,11 +257,13 @@ def main() -> None:
     )
     if args.write:
         results = Path("bench/RESULTS.md")
+        fp = profile.fingerprint
         section = (
-            f"\n## Cost-model accuracy on CPU (`bench/accuracy.py`)\n\n"
-            f"Machine: 2-core x86_64 container, no GPU, torch 2.13.0 CPU, gloo, 2 ranks; {date.today()}; "
-            f"{platform.python_version()}. Model: {MODEL.name} ({MODEL.num_layers} layers, hidden "
-            f"{MODEL.hidden_size}), seq {SEQ_LEN}, {SEQUENCES} sequences per step, fp32. Calibrated once "
+            f"\n## Cost-model accuracy on {fp.device_name} x{fp.device_count} (`bench/accuracy.py`)\n\n"
+            f"Machine: {fp.device_name} x{fp.device_count}, {fp.backend}, torch {fp.torch_version}; "
+            f"{date.today()}; Python {platform.python_version()}. Model: {model.name} ({model.num_layers} "
+            f"layers, hidden {model.hidden_size}), seq {args.seq_len}, {SEQUENCES_PER_RANK} sequences per "
+            f"rank per step, {args.precision}. Calibrated once "
             f"({args.budget_s:.0f} s budget); each configuration ran {args.steps} steps through its own "
             f"launch.sh, the first {args.warmup} left out of the timing (median of the rest), in "
             f"{args.passes} passes in alternating order, the faster pass counting."
