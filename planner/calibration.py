@@ -11,7 +11,6 @@ import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -234,12 +233,8 @@ def _fit(
     if scale is not None:
         fitted = fitted.with_changes(compute_scale=scale)
     # Whole steps come last: they correct what the parts fitted above leave unexplained.
-    steps = [
-        s
-        for s in profile.steps
-        if s.dtype == dtype and s.optimizer == optimizer and profile.model is not None
-    ]
-    if steps:
+    steps = [s for s in profile.steps if s.dtype == dtype and s.optimizer == optimizer]
+    if steps and profile.model is not None:
         fitted = _fit_optimizer(profile, steps, fitted)
         fitted = _fit_steps(profile, steps, fitted, precision)
     return fitted
@@ -271,10 +266,10 @@ def _shard(sample: StepSample) -> int:
     return sample.ranks if sample.sharding == "full_shard" else 1
 
 
-def _step_case(
+def predicted_step_time(
     profile: CalibrationProfile, sample: StepSample, params: CostParameters, precision: Precision
-) -> tuple[Setting, Choice]:
-    """The cost model's setting and configuration of a timed step."""
+) -> float:
+    """The cost model's step time for a timed step's model and configuration."""
     fp = profile.fingerprint
     setting = Setting(
         model=_step_model(profile, sample),
@@ -300,14 +295,6 @@ def _step_case(
         grad_accum=sample.grad_accum_steps,
         compile=False,
     )
-    return setting, choice
-
-
-def predicted_step_time(
-    profile: CalibrationProfile, sample: StepSample, params: CostParameters, precision: Precision
-) -> float:
-    """The cost model's step time for a timed step's model and configuration."""
-    setting, choice = _step_case(profile, sample, params, precision)
     return Estimator(setting).timing(choice).step_time_s
 
 
@@ -325,15 +312,13 @@ def _fit_steps(
     corrected by negative time.
     """
     params = params.with_changes(micro_batch_overhead_s=0.0, sharding_overhead_s=0.0)
-    cases = {id(s): _step_case(profile, s, params, precision) for s in steps}  # priced once per trial
-
-    def predict(sample: StepSample, trial: CostParameters) -> float:
-        setting, choice = cases[id(sample)]
-        return Estimator(replace(setting, params=trial)).timing(choice).step_time_s
 
     def fit_at(trial: CostParameters, samples: list[StepSample]) -> tuple[float, float]:
         """(relative squared error, overhead per micro-batch) of `trial` on `samples`."""
-        rows = [(s.seconds, s.grad_accum_steps, predict(s, trial)) for s in samples]
+        rows = [
+            (s.seconds, s.grad_accum_steps, predicted_step_time(profile, s, trial, precision))
+            for s in samples
+        ]
         numerator = sum(a * (y - p) / (y * y) for y, a, p in rows)
         denominator = sum(a * a / (y * y) for y, a, _ in rows)
         overhead = max(0.0, numerator / denominator)

@@ -61,6 +61,15 @@ def agreed_seconds(seconds: float, device: torch.device, group: dist.ProcessGrou
     return float(t.item())
 
 
+def agreed_exhausted(budget: Budget, device: torch.device) -> bool:
+    """Whether any rank's budget has run out: ranks about to run collectives must stop together,
+    or one would wait forever for the others."""
+    stop = torch.tensor([1.0 if budget.exhausted else 0.0], device=device)
+    if dist.is_initialized():
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+    return stop.item() > 0
+
+
 def matmul_samples(
     shapes: Iterable[tuple[int, int, int]],
     dtypes: Iterable[torch.dtype],
@@ -116,10 +125,7 @@ def collective_samples(
     """
     samples = []
     for size in sorted(sizes_bytes):
-        # Everyone stops together, or a rank would wait forever in a collective.
-        stop = torch.tensor([1.0 if budget.exhausted else 0.0], device=device)
-        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-        if stop.item() > 0:
+        if agreed_exhausted(budget, device):
             break
         if not member:
             dist.barrier()

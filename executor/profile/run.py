@@ -233,6 +233,7 @@ def run(args: argparse.Namespace) -> dict:
             seq_len=args.seq_len,
             micro_batch=max(micro_batches),
             optimizer=args.optimizer,
+            gpus_per_node=local_world,
             device=device,
             budget=budgets.take("steps"),
             on_sample=progress,

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from executor.profile.blocks import model_config
-from executor.profile.measure import Budget, agreed_seconds, synchronize
+from executor.profile.measure import Budget, agreed_exhausted, agreed_seconds, synchronize
 from executor.runtime.distributed import DistEnv, build_mesh
 from executor.runtime.materialize import materialize
 from executor.runtime.models import build_model
@@ -52,16 +52,26 @@ TIMED_STEPS = 7
 
 
 def _plan(
-    spec: dict, *, sharding: str, layers: int, accum: int, micro_batch: int, seq_len: int, on_gpu: bool
+    spec: dict,
+    *,
+    sharding: str,
+    layers: int,
+    accum: int,
+    micro_batch: int,
+    seq_len: int,
+    gpus_per_node: int,
+    on_gpu: bool,
 ) -> RuntimePlan:
     world = dist.get_world_size() if dist.is_initialized() else 1
-    local = min(world, torch.cuda.device_count()) if on_gpu else world
     dtype = "bfloat16" if on_gpu else "float32"
     return RuntimePlan(
         schema_version="1.0",
         model=dataclasses.replace(model_config(spec), num_layers=layers),
         cluster=ClusterConfig(
-            gpu="profile", num_nodes=max(1, world // max(local, 1)), gpus_per_node=local, world_size=world
+            gpu="profile",
+            num_nodes=max(1, world // gpus_per_node),
+            gpus_per_node=gpus_per_node,
+            world_size=world,
         ),
         training=TrainingConfig(
             seq_len=seq_len,
@@ -136,22 +146,19 @@ def step_samples(
     seq_len: int,
     micro_batch: int,
     optimizer: str,
+    gpus_per_node: int,
     device: torch.device,
     budget: Budget,
     on_sample: Callable[[str], None] = lambda _: None,
 ) -> list[dict]:
-    """One sample per (blocks, accumulation) shape that fits in the budget and in memory."""
+    """One sample per (sharding, blocks, accumulation) shape that fits in the budget and in memory."""
     samples: list[dict] = []
     if spec.get("architecture") not in ("llama", "gpt2"):
         return samples
     on_gpu = device.type == "cuda"
     world = dist.get_world_size() if dist.is_initialized() else 1
     for sharding, layers, accum in SHAPES:
-        # Every rank must take the same decision: the runtime's collectives need all of them.
-        stop = torch.tensor([1.0 if budget.exhausted else 0.0], device=device)
-        if dist.is_initialized():
-            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-        if stop.item() > 0:
+        if agreed_exhausted(budget, device):
             break
         plan = _plan(
             spec,
@@ -160,6 +167,7 @@ def step_samples(
             accum=accum,
             micro_batch=micro_batch,
             seq_len=seq_len,
+            gpus_per_node=gpus_per_node,
             on_gpu=on_gpu,
         )
         try:

@@ -11,18 +11,12 @@ import copy
 from typing import Any
 
 from planner.catalog import resolve_gpu, resolve_model
+from planner.cost.model_costs import model_costs
+from planner.specs import ModelSpec
 
 # The catalog's own entries, as a plan document carries them.
 LLAMA_DEBUG: dict[str, Any] = resolve_model("llama-debug").model_dump(mode="json")
 CPU_GPU_SPEC: dict[str, Any] = resolve_gpu("cpu").model_dump(mode="json")
-
-
-def count_llama_params(m: dict[str, Any]) -> int:
-    h, v, f = m["hidden_size"], m["vocab_size"], m["intermediate_size"] or 4 * m["hidden_size"]
-    kv = (m["num_kv_heads"] or m["num_heads"]) * (h // m["num_heads"])
-    block = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h + ((h + 2 * kv) if m["qkv_bias"] else 0)
-    head = h + (0 if m["tie_word_embeddings"] else v * h)
-    return v * h + m["num_layers"] * block + head
 
 
 def debug_plan(
@@ -50,9 +44,9 @@ def debug_plan(
         shard_group_size = {"no_shard": 1, "hybrid_shard": gpus_per_node}.get(sharding, world)
     model_doc = copy.deepcopy(model or LLAMA_DEBUG)
     model_doc["name"] = name
-    n = count_llama_params(model_doc) if model_doc["architecture"] == "llama" else 0
-    h, layers = model_doc["hidden_size"], model_doc["num_layers"]
-    flops = 6.0 * (n - model_doc["vocab_size"] * h) + 12.0 * layers * h * seq_len
+    # A `layer_graph` model here stands for a user model the planner never priced (no traced modules).
+    priced = model_doc["architecture"] != "layer_graph"
+    costs = model_costs(ModelSpec.model_validate(model_doc), seq_len) if priced else None
     sequences = micro_batch_size * grad_accum_steps * world
     bf16 = precision == "bf16"
     return {
@@ -61,9 +55,9 @@ def debug_plan(
         "plan_hash": "0" * 64,
         "model": {
             **model_doc,
-            "num_params": n,
-            "num_params_embedding": model_doc["vocab_size"] * h,
-            "flops_per_token": flops,
+            "num_params": costs.num_params if costs else 0,
+            "num_params_embedding": costs.num_params_embedding if costs else 0,
+            "flops_per_token": costs.flops_per_token if costs else 0.0,
         },
         "cluster": {
             "num_nodes": nodes,
