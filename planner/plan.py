@@ -78,6 +78,10 @@ class ParallelConfig(Document):
     compile: bool
     """torch.compile over SimpleFSDP-style DTensor sharding (True) or eager FSDP2 fully_shard (False)."""
     inductor: InductorConfig
+    loss_chunks: Annotated[int, Field(ge=1)] = 1
+    """The output projection and cross-entropy run over this many slices of the micro-batch's tokens,
+    each computing its gradients at once, so at most one slice's logits is alive at a time (1: the
+    whole micro-batch's logits at once)."""
 
     def label(self) -> str:
         """A short human-readable summary, e.g. `full_shard/8 u2 AC=sel2 mb2x4 compiled`."""

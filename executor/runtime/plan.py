@@ -184,6 +184,8 @@ class ParallelConfig:
     """torch.compile over SimpleFSDP (True) or eager FSDP2 fully_shard (False)."""
     inductor: InductorConfig = field(default_factory=InductorConfig)
     """Compiler knobs."""
+    loss_chunks: int = 1
+    """Token slices the output projection and cross-entropy run over (1: all logits at once)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +269,7 @@ def check_plan(plan: RuntimePlan) -> None:
             f"{cfg.grad_accum_steps} x {world} ranks = {expected} sequences, but the global batch is "
             f"{plan.training.sequences}"
         )
-    for name in ("micro_batch_size", "grad_accum_steps", "blocks_per_unit"):
+    for name in ("micro_batch_size", "grad_accum_steps", "blocks_per_unit", "loss_chunks"):
         if getattr(cfg, name) < 1:
             raise PlanError(f"plan.config.{name}: must be at least 1")
     if cfg.checkpointing.every_k < 1:
