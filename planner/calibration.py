@@ -15,9 +15,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.cost.estimate import Choice, Estimator, Setting, block_step_time
+from planner.cost.estimate import Estimator, block_step_time
 from planner.cost.model_costs import ModelCosts, model_costs
 from planner.cost.parameters import CostParameters, LinkClass, LinkParameters
+from planner.cost.setting import Choice, Setting
 from planner.specs import ModelSpec, Optimizer, Precision
 
 PROFILE_SCHEMA_VERSION = "1.0"

@@ -7,14 +7,14 @@
 from __future__ import annotations
 
 import warnings
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.catalog.gpus import GpuSpec
 from planner.specs import CheckpointMode, ClusterSpec, ModelSpec, ShardingStrategy, TrainingSpec
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 DType = Literal["bfloat16", "float32"]
 
@@ -102,25 +102,44 @@ class ParallelConfig(Document):
 
 
 class MemoryBreakdown(Document):
-    """Peak memory per GPU by purpose, GiB: what is alive at the moment of the peak."""
+    """Peak memory per GPU by purpose, GiB: what is alive at the moment of the peak.
+
+    The terms are planner/cost/memory.py's MEMORY_TERMS, the same estimate the search pruned with.
+    """
 
     params: float
     """Sharded fp32 master parameters (or the full copy when not sharded)."""
     grads: float
-    """Sharded gradients alive at the peak: from earlier micro-batches when the peak is in backward
-    (none with one micro-batch per step), all of them when it is in the optimizer step."""
+    """Sharded gradients alive at the peak: from earlier micro-batches when the peak is at backward
+    start (none with one micro-batch per step), all of them at the optimizer step."""
     optimizer: float
-    """Optimizer states."""
+    """Optimizer states (and the update's temporaries when the peak is the optimizer step)."""
     activations: float
     """Tensors saved for backward, at their peak (including recompute of one checkpointed block)."""
-    unsharded_buffers: float
-    """All-gathered parameters and unsharded gradients in flight."""
+    unsharded_params: float
+    """All-gathered compute-dtype parameters in flight."""
+    grad_buffers: float
+    """Unsharded gradients being reduced and their reduce-dtype buffer."""
     logits: float
-    """Output logits and the loss's fp32 copies at the end of forward."""
+    """One loss slice's logits and softmax, and the hidden-state gradient the loss keeps."""
     workspace: float
-    """Framework and kernel workspace (CUDA context excluded)."""
-    fragmentation: float
-    """Allocator fragmentation margin."""
+    """Library workspace inside the allocator (the CUDA context and NCCL are outside it: they
+    reduce the usable memory instead)."""
+    allocator_reserve: float
+    """Reserved by the caching allocator but not allocatable (fragmentation)."""
+    moment: Literal["backward start", "optimizer step"] = "backward start"
+    """When in the step the peak happens."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_schema_1_0(cls, data: Any) -> Any:
+        # Plans stored before schema 1.1 named two terms differently and had no gradient-buffer term.
+        if isinstance(data, dict) and "unsharded_buffers" in data:
+            data = dict(data)
+            data["unsharded_params"] = data.pop("unsharded_buffers")
+            data["allocator_reserve"] = data.pop("fragmentation", 0.0)
+            data.setdefault("grad_buffers", 0.0)
+        return data
 
     @property
     def total(self) -> float:
@@ -129,10 +148,11 @@ class MemoryBreakdown(Document):
             + self.grads
             + self.optimizer
             + self.activations
-            + self.unsharded_buffers
+            + self.unsharded_params
+            + self.grad_buffers
             + self.logits
             + self.workspace
-            + self.fragmentation
+            + self.allocator_reserve
         )
 
 
@@ -158,7 +178,16 @@ class Prediction(Document):
     mfu: float
     """Model FLOPs utilisation (6N + 12LHQT per token) against the GPU's dense bf16 peak, 0..1."""
     peak_memory_gib: float
+    """Predicted peak per GPU: what `torch.cuda.max_memory_reserved` reports over a step."""
     memory_breakdown_gib: MemoryBreakdown
+    usable_memory_gib: float | None = None
+    """What the allocator can obtain per GPU: capacity less the CUDA context and NCCL (and less the
+    request's extra headroom)."""
+    memory_margin: float | None = None
+    """Headroom kept on top of the predicted peak, as a fraction of it (the plan fits when
+    peak x (1 + margin) <= usable)."""
+    memory_margin_reason: str | None = None
+    """Where the margin comes from: the memory model's measured error, or the calibration's fit."""
     compute_s: float
     """Compute time per step (forward, backward, recompute, optimizer, framework overhead)."""
     comm_s: float

@@ -15,9 +15,11 @@ from dataclasses import dataclass, replace
 from planner import PLANNER_VERSION
 from planner.calibration import CalibrationProfile, fit_parameters
 from planner.catalog.gpus import resolve_gpu
-from planner.cost.estimate import Choice, Estimator, MemoryEstimate, Setting, TimeEstimate
+from planner.cost.estimate import Estimator, TimeEstimate
+from planner.cost.memory import MemoryEstimate, loss_chunks_for, memory_limit_gib
 from planner.cost.model_costs import model_costs
 from planner.cost.parameters import GIB, CostParameters, default_parameters
+from planner.cost.setting import Choice, Setting
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.hashing import plan_hash
 from planner.plan import (
@@ -68,26 +70,22 @@ def make_plan(
     """
     setting = build_setting(request, calibration, calibration_id)
     estimator = Estimator(setting)
-    usable = setting.params.memory_capacity_gib * (1.0 - request.search.memory_headroom)
+    limit = memory_limit_gib(setting.params, request.search.memory_headroom)
     evaluated: list[Evaluated] = []
     min_peak: Evaluated | None = None
     count = 0
     # Bucket caps often resolve to the same grouping (units larger than the cap): price it once.
     priced: dict[tuple, tuple[MemoryEstimate, TimeEstimate | None]] = {}
-    for choice in enumerate_choices(request):
+    for choice in enumerate_choices(request, setting):
         count += 1
+        # Everything of the choice but what the layout signature already stands for.
         key = (
-            choice.sharding,
-            choice.shard_group,
-            choice.checkpointing,
-            choice.every_k,
-            choice.micro_batch,
-            choice.compile,
+            replace(choice, blocks_per_unit=1, all_gather_bucket_mb=0.0, reduce_scatter_bucket_mb=0.0),
             estimator.layout(choice).signature,
         )
         if key not in priced:
             mem = estimator.memory(choice)
-            fits = mem.total / GIB <= usable
+            fits = mem.total / GIB <= limit
             priced[key] = (mem, estimator.timing(choice) if fits else None)
         mem, time = priced[key]
         if time is None:
@@ -101,7 +99,7 @@ def make_plan(
 
     fitting = [e for e in evaluated if e.time is not None]
     if not fitting:
-        raise _infeasible(request, setting, usable, min_peak)
+        raise _infeasible(request, setting, limit, min_peak)
     # Ties broken by the choice's fields, so the ranking never depends on enumeration details.
     fitting.sort(key=lambda e: (-round(e.tokens_per_s_per_gpu, 6), round(e.peak_gib, 6), repr(e.choice)))
     best = fitting[0]
@@ -109,7 +107,7 @@ def make_plan(
     best = Evaluated(best.choice, best.memory, best_time, best.tokens_per_s_per_gpu)
 
     return _plan_document(
-        request, setting, best, fitting=fitting, evaluated=evaluated, count=count, usable=usable
+        request, setting, best, fitting=fitting, evaluated=evaluated, count=count, limit=limit
     )
 
 
@@ -121,7 +119,7 @@ def _plan_document(
     fitting: list[Evaluated],
     evaluated: list[Evaluated],
     count: int,
-    usable: float | None = None,
+    limit: float | None = None,
     digest: str | None = None,
 ) -> Plan:
     return Plan(
@@ -138,12 +136,12 @@ def _plan_document(
             global_batch_sequences=request.training.global_batch_sequences,
         ),
         config=to_parallel_config(best.choice, request),
-        prediction=_prediction(setting, best, record=True),
+        prediction=_prediction(setting, best, headroom=request.search.memory_headroom),
         alternatives=tuple(
             _candidate(e, best, setting, request) for e in _distinct(best, fitting[1:], request.top_k)
         ),
         pareto_front=tuple(_candidate(e, best, setting, request) for e in _pareto(fitting)),
-        rejected=tuple(_rejected_families(evaluated, best, usable)) if usable is not None else (),
+        rejected=tuple(_rejected_families(evaluated, best, limit)) if limit is not None else (),
         calibration_id=setting.params.calibration_id,
         search=SearchStats(candidates_evaluated=count, candidates_fitting=len(fitting)),
     )
@@ -187,6 +185,7 @@ def predict(
         grad_accum=config.grad_accum_steps,
         compile=config.compile,
         prefetch_depth=config.prefetch_depth,
+        loss_chunks=config.loss_chunks,
     )
     setting = build_setting(request, calibration, calibration_id)
     estimator = Estimator(setting)
@@ -274,8 +273,11 @@ def micro_batch_sizes(local_batch: int, limit: int) -> list[int]:
     return sorted(sizes)
 
 
-def enumerate_choices(request: PlanRequest) -> Iterator[Choice]:
-    """Every configuration the request allows, in a fixed order."""
+def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice]:
+    """Every configuration the request allows that the runtime executes differently, in a fixed
+    order. Wrap units matter only to eager FSDP2 on more than one GPU: compiled SimpleFSDP never
+    groups parameters by unit (inductor buckets them by the caps), and one GPU has nothing to gather.
+    The loss is sliced by one rule (`loss_chunks_for`), not searched."""
     world = request.cluster.world_size
     search = request.search
     shardings: list[tuple[str, int]] = []
@@ -302,13 +304,17 @@ def enumerate_choices(request: PlanRequest) -> Iterator[Choice]:
             checkpointing.append((mode, 1))
     local_batch = request.training.global_batch_sequences // world
     micro_batches = micro_batch_sizes(local_batch, search.max_micro_batch_size)
+    chunks = {
+        mb: loss_chunks_for(mb * setting.seq_len, setting.model.vocab_size, setting.act_bytes)
+        for mb in micro_batches
+    }
     for sharding, shard in shardings:
         replicas = world // shard
         for compile_ in search.compile:
             caps = [(a, r) for a in BUCKET_CAPS_MB for r in BUCKET_CAPS_MB] if compile_ else [(0.0, 0.0)]
-            if sharding == "no_shard":
+            if sharding == "no_shard" or world == 1:
                 caps = [(0.0, 0.0)]  # nothing is all-gathered; DDP-style buckets are fixed
-            for unit in units:
+            for unit in units if world > 1 and not compile_ else [1]:
                 for ag_cap, rs_cap in caps:
                     for mode, every_k in checkpointing:
                         for mb in micro_batches:
@@ -324,6 +330,7 @@ def enumerate_choices(request: PlanRequest) -> Iterator[Choice]:
                                 micro_batch=mb,
                                 grad_accum=local_batch // mb,
                                 compile=compile_,
+                                loss_chunks=chunks[mb],
                             )
 
 
@@ -347,6 +354,7 @@ def to_parallel_config(choice: Choice, request: PlanRequest) -> ParallelConfig:
         param_dtype="bfloat16" if bf16 else "float32",
         reduce_dtype="float32",
         compile=choice.compile,
+        loss_chunks=choice.loss_chunks,
         inductor=InductorConfig(
             bucket_all_gathers=choice.compile and choice.all_gather_bucket_mb > 0,
             bucket_reduce_scatters=choice.compile and choice.reduce_scatter_bucket_mb > 0,
@@ -359,23 +367,22 @@ def _mfu(setting: Setting, tokens_per_s_per_gpu: float) -> float:
     return tokens_per_s_per_gpu * setting.model.flops_per_token / setting.params.mfu_peak_flops
 
 
-def _prediction(setting: Setting, e: Evaluated, *, record: bool) -> Prediction:
+def _prediction(setting: Setting, e: Evaluated, *, headroom: float) -> Prediction:
     assert e.time is not None
     t = e.time
     m = e.memory
-    segments: tuple[TimelineSegment, ...] = ()
-    if record:
-        segments = tuple(
-            TimelineSegment(
-                stream=stream,
-                phase=phase,
-                label=label,  # type: ignore[arg-type]
-                start_s=round(start, 9),
-                end_s=round(end, 9),
-                exposed_s=round(exposed, 9),
-            )
-            for stream, phase, label, start, end, exposed in t.micro_batch_timeline.segments
+    params = setting.params
+    segments = tuple(
+        TimelineSegment(
+            stream=stream,
+            phase=phase,
+            label=label,  # type: ignore[arg-type]
+            start_s=round(start, 9),
+            end_s=round(end, 9),
+            exposed_s=round(exposed, 9),
         )
+        for stream, phase, label, start, end, exposed in t.micro_batch_timeline.segments
+    )
     return Prediction(
         step_time_s=t.step_time_s,
         tokens_per_s_per_gpu=e.tokens_per_s_per_gpu,
@@ -383,15 +390,12 @@ def _prediction(setting: Setting, e: Evaluated, *, record: bool) -> Prediction:
         mfu=_mfu(setting, e.tokens_per_s_per_gpu),
         peak_memory_gib=m.total / GIB,
         memory_breakdown_gib=MemoryBreakdown(
-            params=m.params / GIB,
-            grads=m.grads / GIB,
-            optimizer=m.optimizer / GIB,
-            activations=m.activations / GIB,
-            unsharded_buffers=m.unsharded / GIB,
-            logits=m.logits / GIB,
-            workspace=m.workspace / GIB,
-            fragmentation=m.fragmentation / GIB,
+            **{name: value / GIB for name, value in m.terms().items()},
+            moment=m.moment,  # type: ignore[arg-type]
         ),
+        usable_memory_gib=params.usable_memory_gib * (1.0 - headroom),
+        memory_margin=params.memory_margin,
+        memory_margin_reason=params.memory_margin_reason,
         compute_s=t.compute_s,
         comm_s=t.comm_s,
         exposed_comm_s=t.exposed_comm_s,
@@ -459,7 +463,7 @@ def _pareto(ranked: list[Evaluated]) -> list[Evaluated]:
     return front
 
 
-def _rejected_families(evaluated: list[Evaluated], best: Evaluated, usable: float) -> list[RejectedFamily]:
+def _rejected_families(evaluated: list[Evaluated], best: Evaluated, limit: float) -> list[RejectedFamily]:
     """For each family (sharding x compile) other than the winner's: why it lost."""
     families: dict[str, list[Evaluated]] = {}
     for e in evaluated:
@@ -475,8 +479,8 @@ def _rejected_families(evaluated: list[Evaluated], best: Evaluated, usable: floa
                 RejectedFamily(
                     family=family,
                     kind="oom",
-                    reason=f"OOM by {smallest - usable:.1f} GiB: needs at least {smallest:.1f} GiB per GPU, "
-                    f"{usable:.1f} GiB usable",
+                    reason=f"OOM by {smallest - limit:.1f} GiB: needs at least {smallest:.1f} GiB per GPU, "
+                    f"at most {limit:.1f} GiB fits with the memory margin",
                     min_peak_memory_gib=smallest,
                 )
             )
@@ -530,7 +534,7 @@ def _slower_reason(loser: Evaluated, best: Evaluated) -> str:
 
 
 def _infeasible(
-    request: PlanRequest, setting: Setting, usable: float, min_peak: Evaluated | None
+    request: PlanRequest, setting: Setting, limit: float, min_peak: Evaluated | None
 ) -> InfeasiblePlanError:
     """Explain that nothing fits and find the smallest cluster of the same nodes that would."""
     assert min_peak is not None
@@ -545,6 +549,11 @@ def _infeasible(
         # compiled trade memory differently (compiled whole-block checkpointing keeps attention
         # outputs, the compiled loss smaller logits): as states shrink with more GPUs the lighter
         # of the two can change, so both are tried.
+        # Full checkpointing, when allowed, holds the least activation memory; at the request's
+        # cluster the states hide that, so the lightest configuration found there may not show it.
+        modes = {(lightest.checkpointing, lightest.every_k)}
+        if "full" in request.search.checkpointing:
+            modes.add(("full", 1))
         variants = (
             replace(
                 lightest,
@@ -554,10 +563,14 @@ def _infeasible(
                 micro_batch=1,
                 grad_accum=1,
                 compile=compiled,
+                checkpointing=mode,
+                every_k=every_k,
+                loss_chunks=loss_chunks_for(setting.seq_len, setting.model.vocab_size, setting.act_bytes),
             )
             for compiled in (lightest.compile, not lightest.compile)
+            for mode, every_k in sorted(modes)
         )
-        return any(probe.memory(choice).total / GIB <= usable for choice in variants)
+        return any(probe.memory(choice).total / GIB <= limit for choice in variants)
 
     low, high = cluster.num_nodes, cluster.num_nodes * 2
     while not fits(high) and high < MAX_NODES_TRIED:
@@ -576,7 +589,7 @@ def _infeasible(
     message = (
         f"{request.model.name} does not fit on {where}: the least memory-hungry configuration "
         f"({to_parallel_config(lightest, request).label()}) needs {peak:.1f} GiB per GPU, "
-        f"{usable:.1f} GiB usable. "
+        f"at most {limit:.1f} GiB fits with the memory margin. "
     )
     if smallest is not None:
         message += (
@@ -586,5 +599,5 @@ def _infeasible(
     else:
         message += "No cluster up to 4096 nodes fits (activations dominate): shorten seq_len."
     return InfeasiblePlanError(
-        message, min_fitting_nodes=smallest, min_peak_memory_gib=peak, capacity_gib=usable
+        message, min_fitting_nodes=smallest, min_peak_memory_gib=peak, capacity_gib=limit
     )

@@ -198,8 +198,9 @@ class SearchSpace(StrictModel):
     """Activation checkpointing modes to consider."""
     max_micro_batch_size: PositiveInt = 64
     """Largest micro-batch (sequences per rank per forward) to consider."""
-    memory_headroom: Annotated[float, Field(ge=0.0, le=0.5)] = 0.05
-    """Fraction of GPU memory kept free: a plan fits when peak <= capacity x (1 - headroom)."""
+    memory_headroom: Annotated[float, Field(ge=0.0, le=0.5)] = 0.0
+    """Extra fraction of usable GPU memory kept free, on top of the margin the memory model's
+    measured error calls for: a plan fits when peak x (1 + margin) <= usable x (1 - headroom)."""
 
     @field_validator("shardings", "compile", "checkpointing")
     @classmethod

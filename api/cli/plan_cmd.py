@@ -13,6 +13,7 @@ from rich.table import Table
 from api.cli.common import EXIT_INFEASIBLE, fail, read_json_file
 from planner.calibration import CalibrationProfile
 from planner.catalog import resolve_model
+from planner.cost.memory import MEMORY_TERMS
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
 from planner.plan import Plan
 from planner.search import make_plan
@@ -112,17 +113,21 @@ def print_plan(p: Plan, console: Console) -> None:
     summary.add_row("step time", f"{pred.step_time_s:.3f} s")
     summary.add_row("tokens/s/GPU", f"{pred.tokens_per_s_per_gpu:,.0f}")
     summary.add_row("MFU", f"{pred.mfu:.1%}")
-    summary.add_row("peak memory", f"{pred.peak_memory_gib:.1f} GiB of {gpu.memory_gib:.1f}")
+    summary.add_row("peak memory", _peak_line(p))
     summary.add_row("exposed comm", f"{pred.exposed_comm_s * 1e3:.1f} ms/step of {pred.comm_s * 1e3:.1f} ms")
     console.print(summary)
 
-    memory = Table(title="Peak memory per GPU", title_justify="left")
+    breakdown = pred.memory_breakdown_gib
+    memory = Table(title=f"Peak memory per GPU (at {breakdown.moment})", title_justify="left")
     memory.add_column("part")
     memory.add_column("GiB", justify="right")
     memory.add_column("share", justify="right")
-    for name, gib in pred.memory_breakdown_gib.model_dump().items():
-        memory.add_row(name.replace("_", " "), f"{gib:.2f}", f"{gib / pred.peak_memory_gib:.0%}")
+    for name, label in MEMORY_TERMS.items():
+        gib = getattr(breakdown, name)
+        memory.add_row(label, f"{gib:.2f}", f"{gib / pred.peak_memory_gib:.0%}")
     console.print(memory)
+    if pred.memory_margin_reason:
+        console.print(f"memory margin {pred.memory_margin:.0%}: {pred.memory_margin_reason}")
 
     alternatives = Table(title="Alternatives", title_justify="left")
     for column in ("configuration", "tokens/s/GPU", "vs chosen", "MFU", "peak GiB", "exposed ms"):
@@ -143,4 +148,15 @@ def print_plan(p: Plan, console: Console) -> None:
     console.print(
         f"[dim]{p.search.candidates_evaluated} configurations evaluated, {p.search.candidates_fitting} fit; "
         f"plan {p.plan_hash[:12]}[/]"
+    )
+
+
+def _peak_line(plan: Plan) -> str:
+    """`68.4 GiB of 78.6 usable (fits with a 12% margin)`; plans stored before 1.1 lack the margin."""
+    pred = plan.prediction
+    if pred.usable_memory_gib is None or pred.memory_margin is None:
+        return f"{pred.peak_memory_gib:.1f} GiB of {plan.cluster.gpu_spec.memory_gib:.1f}"
+    return (
+        f"{pred.peak_memory_gib:.1f} GiB of {pred.usable_memory_gib:.1f} usable "
+        f"(+{pred.memory_margin:.0%} margin: {pred.peak_memory_gib * (1 + pred.memory_margin):.1f} GiB)"
     )

@@ -16,20 +16,12 @@ from pydantic import ValidationError
 from api.dashboard import formatting as fmt
 from api.dashboard import svg
 from api.db.models import PlanRow
-from planner.plan import Candidate, ParallelConfig, Plan
+from planner.cost.memory import MEMORY_TERMS
+from planner.plan import Candidate, ParallelConfig, Plan, Prediction
 
-# Memory parts in the order they are stacked, with the words a person reads.
-MEMORY_PARTS = {
-    "params": "parameters",
-    "grads": "gradients",
-    "optimizer": "optimizer states",
-    "activations": "activations",
-    "unsharded_buffers": "unsharded buffers",
-    "logits": "logits & loss",
-    "workspace": "workspace",
-    "fragmentation": "fragmentation margin",
-}
-MEMORY_COLORS = dict(zip(MEMORY_PARTS.values(), (*svg.PALETTE[:7], "#bbbbbb"), strict=True))
+# Memory parts in the order they are stacked, with the words a person reads: the planner's own terms.
+MEMORY_PARTS = MEMORY_TERMS
+MEMORY_COLORS = dict(zip(MEMORY_PARTS.values(), (*svg.PALETTE[:8], "#bbbbbb"), strict=True))
 
 COMPUTE_FORWARD, COMPUTE_BACKWARD, OPTIMIZER = svg.PALETTE[0], svg.PALETTE[2], svg.PALETTE[3]
 ALL_GATHER, REDUCE = svg.PALETTE[1], svg.PALETTE[4]
@@ -143,7 +135,9 @@ def prediction_rows(plan: Plan) -> list[Row]:
             f"{fmt.thousands(p.tokens_per_s)} tokens/s over the cluster"),
         Row("MFU", fmt.percent(p.mfu), "model FLOPs utilisation against the bf16 peak"),
         Row("Peak memory", fmt.gib(p.peak_memory_gib),
-            f"{p.peak_memory_gib / capacity:.0%} of the GPU's {capacity:g} GiB"),
+            f"{p.peak_memory_gib / capacity:.0%} of the GPU's {capacity:g} GiB, "
+            f"at {p.memory_breakdown_gib.moment}"),
+        *_margin_rows(p),
         Row("Compute", fmt.seconds(p.compute_s), f"of which optimizer {fmt.seconds(p.optimizer_s)}"),
         Row("Communication", fmt.seconds(p.comm_s), "overlapped or not"),
         Row("Exposed communication", fmt.seconds(p.exposed_comm_s),
@@ -151,6 +145,18 @@ def prediction_rows(plan: Plan) -> list[Row]:
             f"reduce-scatter {fmt.seconds(p.exposed_reduce_scatter_s)}"),
         Row("Search", f"{plan.search.candidates_evaluated:,} configurations evaluated",
             f"{plan.search.candidates_fitting:,} fit in memory"),
+    ]
+
+
+def _margin_rows(p: Prediction) -> list[Row]:
+    """Usable memory and the margin kept, with its reason (plans stored before schema 1.1 lack them)."""
+    if p.usable_memory_gib is None or p.memory_margin is None:
+        return []
+    return [
+        Row("Usable memory", fmt.gib(p.usable_memory_gib), "the GPU less the CUDA context and NCCL"),
+        Row("Memory margin", fmt.percent(p.memory_margin),
+            f"peak + margin = {fmt.gib(p.peak_memory_gib * (1 + p.memory_margin))}; "
+            f"{p.memory_margin_reason or ''}"),
     ]
 
 

@@ -1,103 +1,20 @@
-"""Predict step time, throughput and peak memory of one parallel configuration.
+"""Predict step time and peak memory of one parallel configuration.
 
-`Choice` is the search's light-weight configuration (the Plan's `ParallelConfig` is built only for
-the plans that are reported). `Estimator.memory()` is cheap and runs first so that search can prune by
-memory before paying for the timeline in `Estimator.timing()`.
+`Estimator.memory()` (planner/cost/memory.py) is cheap and runs first so that search can prune by
+memory before paying for the timeline in `Estimator.timing()`; both share the configuration's
+collective layout (planner/cost/layout.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost.model_costs import ModelCosts, UnitCost
-from planner.cost.parameters import GIB, CostParameters, LinkClass
+from planner.cost.layout import CommLayout, comm_layout
+from planner.cost.memory import MemoryEstimate, compiled_keeps, memory_moments, saved_elems_per_token
+from planner.cost.model_costs import UnitCost
+from planner.cost.parameters import CostParameters, LinkClass
+from planner.cost.setting import Choice, Setting
 from planner.cost.timeline import GroupTimes, TimelineResult, simulate
-from planner.specs import Optimizer, Precision
-
-MB = 1e6
-
-
-@dataclass(frozen=True, slots=True)
-class Choice:
-    """One point of the search space."""
-
-    sharding: str
-    shard_group: int
-    replicate_group: int
-    blocks_per_unit: int
-    all_gather_bucket_mb: float
-    reduce_scatter_bucket_mb: float
-    checkpointing: str
-    every_k: int
-    micro_batch: int
-    grad_accum: int
-    compile: bool
-    prefetch_depth: int = 1
-
-    @property
-    def family(self) -> str:
-        shard = self.sharding
-        if self.sharding == "hybrid_shard":
-            shard += f"/{self.shard_group}x{self.replicate_group}"
-        return f"{shard} {'compiled' if self.compile else 'eager'}"
-
-    @property
-    def reshards_after_forward(self) -> bool:
-        return self.sharding in ("full_shard", "hybrid_shard")
-
-
-@dataclass(frozen=True, slots=True)
-class Setting:
-    """What stays fixed across the search: model, hardware, precision, batch."""
-
-    model: ModelCosts
-    params: CostParameters
-    precision: Precision
-    optimizer: Optimizer
-    world_size: int
-    gpus_per_node: int
-    num_nodes: int
-    seq_len: int
-    global_batch_sequences: int
-
-    @property
-    def param_bytes(self) -> int:
-        return 2 if self.precision == "bf16" else 4
-
-    @property
-    def act_bytes(self) -> int:
-        return self.param_bytes
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryEstimate:
-    """Bytes per GPU at peak, by purpose."""
-
-    params: float
-    grads: float
-    optimizer: float
-    activations: float
-    unsharded: float
-    logits: float
-    workspace: float
-    fragmentation: float
-
-    @property
-    def total(self) -> float:
-        return (
-            self.params
-            + self.grads
-            + self.optimizer
-            + self.activations
-            + self.unsharded
-            + self.logits
-            + self.workspace
-            + self.fragmentation
-        )
-
-    @property
-    def sharded_states(self) -> float:
-        return self.params + self.grads + self.optimizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,182 +31,6 @@ class TimeEstimate:
     @property
     def exposed_comm_s(self) -> float:
         return self.exposed_all_gather_s + self.exposed_reduce_s
-
-
-# ---------------------------------------------------------------- grouping
-
-
-IndexedUnit = tuple[int, UnitCost]
-"""A unit with its block index (-1 for the embedding and the head)."""
-
-
-@dataclass(frozen=True, slots=True)
-class CommLayout:
-    """How units map onto collectives for one configuration.
-
-    `groups` are all-gather groups in forward order: wrap units, merged (compiled only) into
-    buckets up to the all-gather cap. `reduce_buckets[j]` lists the parameter counts of the
-    gradient-reduction buckets whose last unit (in backward order) lies in group j: they are formed
-    independently, over units in backward order, up to the reduce-scatter cap.
-    """
-
-    groups: tuple[tuple[IndexedUnit, ...], ...]
-    reduce_buckets: tuple[tuple[int, ...], ...]
-    group_params: tuple[int, ...]
-    """Parameters per all-gather group."""
-    largest_reduce: int
-    """Parameters of the largest gradient-reduction bucket."""
-    signature: tuple
-    """Equal for layouts that price identically (the search memoizes on it)."""
-
-
-def _wrap_units(setting: Setting, choice: Choice) -> list[list[IndexedUnit]]:
-    m = setting.model
-    blocks = list(enumerate(m.blocks))
-    k = choice.blocks_per_unit
-    units: list[list[IndexedUnit]] = [[(-1, m.embedding)]]
-    units += [blocks[i : i + k] for i in range(0, len(blocks), k)]
-    units.append([(-1, m.head)])
-    return units
-
-
-def _bucket(units: list[list[IndexedUnit]], cap_bytes: float, bytes_per_param: int) -> list[list[int]]:
-    """Indices of consecutive units merged while their total stays under the cap."""
-    buckets: list[list[int]] = []
-    current: list[int] = []
-    current_bytes = 0.0
-    for index, unit in enumerate(units):
-        unit_bytes = sum(u.num_params for _, u in unit) * bytes_per_param
-        if current and (cap_bytes <= 0 or current_bytes + unit_bytes > cap_bytes):
-            buckets.append(current)
-            current, current_bytes = [], 0.0
-        current.append(index)
-        current_bytes += unit_bytes
-    buckets.append(current)
-    return buckets
-
-
-def comm_layout(setting: Setting, choice: Choice) -> CommLayout:
-    """Eager FSDP2 issues one all-gather and one reduce-scatter per wrap unit; compiled
-    SimpleFSDP lets inductor merge consecutive ones up to the bucket caps."""
-    units = _wrap_units(setting, choice)
-    ag_cap = choice.all_gather_bucket_mb * MB if choice.compile else 0.0
-    rs_cap = choice.reduce_scatter_bucket_mb * MB if choice.compile else 0.0
-    ag_buckets = _bucket(units, ag_cap, setting.param_bytes)
-    group_of_unit = {u: g for g, bucket in enumerate(ag_buckets) for u in bucket}
-    reversed_units = units[::-1]
-    reduce: list[list[int]] = [[] for _ in ag_buckets]
-    for bucket in _bucket(reversed_units, rs_cap, 4):
-        last_unit = len(units) - 1 - bucket[-1]  # in backward order the bucket completes here
-        params = sum(u.num_params for i in bucket for _, u in reversed_units[i])
-        reduce[group_of_unit[last_unit]].append(params)
-    groups = tuple(tuple(x for i in bucket for x in units[i]) for bucket in ag_buckets)
-    reduce_buckets = tuple(tuple(r) for r in reduce)
-    return CommLayout(
-        groups=groups,
-        reduce_buckets=reduce_buckets,
-        group_params=tuple(sum(u.num_params for _, u in g) for g in groups),
-        largest_reduce=max(p for bucket in reduce_buckets for p in bucket),
-        signature=(tuple(len(g) for g in groups), reduce_buckets),
-    )
-
-
-def _is_checkpointed(choice: Choice, block_index: int) -> bool:
-    if choice.checkpointing == "full":
-        return True
-    if choice.checkpointing == "selective":
-        return (block_index + 1) % choice.every_k == 0
-    return False
-
-
-# ---------------------------------------------------------------- memory
-
-
-def _memory(setting: Setting, choice: Choice, layout: CommLayout, saved_elems: float) -> MemoryEstimate:
-    """Peak bytes per GPU, by what is alive at the peak.
-
-    Two moments compete. The start of the last micro-batch's backward holds every saved activation,
-    the logits and their gradient, and the gathered parameters; gradients exist then only from
-    earlier micro-batches (this micro-batch's are allocated as backward frees its activations).
-    The optimizer step holds the states and all gradients, nothing transient. The larger is the peak.
-    """
-    m = setting.model
-    p = setting.params
-    n_params = m.num_params
-    shard = choice.shard_group
-    opt_bytes = 8 if setting.optimizer == "adamw" else 4
-    master = 4.0 * n_params / shard
-    grads = 4.0 * n_params / shard
-    optimizer = opt_bytes * n_params / shard
-
-    group_params = layout.group_params
-    largest_reduce = layout.largest_reduce
-    pb = setting.param_bytes
-    # Gradients come out of backward in the compute dtype and are cast to fp32 for reduction.
-    grad_buffer = (pb + 4) if pb == 2 else 4
-    depth = choice.prefetch_depth
-    if choice.sharding in ("full_shard", "hybrid_shard"):
-        unsharded = (
-            max(pb * sum(group_params[max(0, j - depth) : j + 1]) for j in range(len(group_params)))
-            + grad_buffer * largest_reduce
-        )
-    elif choice.sharding == "shard_grad_op" or not choice.compile:
-        # ZeRO-2 keeps every gathered parameter until backward. So does eager no_shard: FSDP2 on a
-        # shard group of one still copies each parameter into an unsharded buffer, kept through
-        # backward as no_shard does not reshard.
-        unsharded = pb * n_params + grad_buffer * largest_reduce
-    else:  # compiled no_shard: fp32 weights are used in place; compute-dtype copies are transient
-        unsharded = (pb * (depth + 2) * max(group_params)) if pb == 2 else 0.0
-
-    tokens = choice.micro_batch * setting.seq_len
-    activations = saved_elems * tokens * setting.act_bytes
-    # Eager: fp32 upcast of logits, log-softmax output and its gradient alive together.
-    # Compiled: the loss is fused; logits in the compute dtype plus one fp32 gradient buffer.
-    logits_bytes = 12.0 if not choice.compile else setting.act_bytes + 4.0
-    logits = tokens * m.vocab_size * logits_bytes
-    dynamic = activations + unsharded + logits
-    workspace = p.workspace_gib * GIB
-    in_backward = MemoryEstimate(
-        params=master,
-        grads=grads if choice.grad_accum > 1 else 0.0,
-        optimizer=optimizer,
-        activations=activations,
-        unsharded=unsharded,
-        logits=logits,
-        workspace=workspace,
-        fragmentation=p.fragmentation * dynamic,
-    )
-    in_update = MemoryEstimate(
-        params=master,
-        grads=grads,
-        optimizer=optimizer,
-        activations=0.0,
-        unsharded=0.0,
-        logits=0.0,
-        workspace=workspace,
-        fragmentation=0.0,
-    )
-    return max(in_backward, in_update, key=lambda estimate: estimate.total)
-
-
-def saved_elems_per_token(setting: Setting, checkpointing: str, every_k: int, compile_: bool) -> float:
-    """Activation elements alive per token at the start of backward, including the transient
-    recompute of one checkpointed block."""
-    m = setting.model
-    probe = Choice("", 1, 1, 1, 0.0, 0.0, checkpointing, every_k, 1, 1, compile_)
-    saved = m.head.saved_elems
-    recompute_peak = 0.0
-    for i, block in enumerate(m.blocks):
-        if _is_checkpointed(probe, i):
-            kept = block.input_elems + _compiled_keeps(probe, block)
-            saved += kept
-            recompute_peak = max(recompute_peak, block.saved_elems - kept + block.input_elems)
-        elif checkpointing == "op_selective":
-            saved += block.op_saved_elems
-            recompute_peak = max(recompute_peak, block.saved_elems - block.op_saved_elems)
-        else:
-            saved += block.saved_elems
-    return saved + recompute_peak
 
 
 # ---------------------------------------------------------------- time
@@ -351,8 +92,8 @@ def _recompute_time(choice: Choice, unit: UnitCost, index: int, fwd: ForwardTime
     """Forward work re-run in backward for a checkpointed (or op-selective) block."""
     if index < 0:
         return 0.0
-    if _is_checkpointed(choice, index):
-        return fwd.total - (fwd.attention if _compiled_keeps(choice, unit) else 0.0)
+    if choice.is_checkpointed(index):
+        return fwd.total - (fwd.attention if compiled_keeps(choice, unit) else 0.0)
     if choice.checkpointing == "op_selective" and unit.matmul_params:
         # The unsaved matmuls and every elementwise op run again; attention output is saved.
         share = unit.op_recompute_matmul_params / unit.matmul_params
@@ -361,13 +102,21 @@ def _recompute_time(choice: Choice, unit: UnitCost, index: int, fwd: ForwardTime
 
 
 def _collective(
-    p: CostParameters, link: LinkClass, nbytes: float, group: int, *, all_reduce: bool = False
+    p: CostParameters,
+    link: LinkClass,
+    nbytes: float,
+    group: int,
+    *,
+    all_reduce: bool = False,
+    launches: int = 1,
 ) -> float:
+    """Seconds of `launches` collectives moving `nbytes` in all over a group of `group` ranks."""
     if group <= 1 or nbytes <= 0:
         return 0.0
     lp = p.links[link]
-    volume = nbytes * (group - 1) / group * (2.0 if all_reduce else 1.0)
-    return lp.latency(group) * (2.0 if all_reduce else 1.0) + volume / lp.bandwidth
+    passes = 2.0 if all_reduce else 1.0
+    volume = nbytes * (group - 1) / group * passes
+    return lp.latency(group) * passes * launches + volume / lp.bandwidth
 
 
 def _timing(setting: Setting, choice: Choice, layout: CommLayout, *, record: bool) -> TimeEstimate:
@@ -390,7 +139,9 @@ def _timing(setting: Setting, choice: Choice, layout: CommLayout, *, record: boo
 
     last: list[GroupTimes] = []
     middle: list[GroupTimes] = []
-    for group, reduce_buckets in zip(layout.groups, layout.reduce_buckets, strict=True):
+    for group, reduce_buckets, ag_launches, reduce_launches in zip(
+        layout.groups, layout.reduce_buckets, layout.group_launches, layout.reduce_launches, strict=True
+    ):
         fwd = 0.0
         bwd = 0.0
         for index, u in group:
@@ -400,16 +151,21 @@ def _timing(setting: Setting, choice: Choice, layout: CommLayout, *, record: boo
         n_params = sum(u.num_params for _, u in group)
         ag = 0.0
         reduce = 0.0
+        buckets = tuple(zip(reduce_buckets, reduce_launches, strict=True))
         if choice.sharding != "no_shard":
-            ag = _collective(p, shard_link, pb * n_params, shard)
-            for params in reduce_buckets:
-                reduce += _collective(p, shard_link, 4.0 * params, shard)
+            ag = _collective(p, shard_link, pb * n_params, shard, launches=ag_launches)
+            for params, launches in buckets:
+                reduce += _collective(p, shard_link, 4.0 * params, shard, launches=launches)
                 if choice.sharding == "hybrid_shard":
-                    reduce += _collective(p, replica_link, 4.0 * params / shard, replicas, all_reduce=True)
+                    reduce += _collective(
+                        p, replica_link, 4.0 * params / shard, replicas, all_reduce=True, launches=launches
+                    )
             sync_every_micro_batch = reduce
         else:
-            for params in reduce_buckets:
-                reduce += _collective(p, world_link, 4.0 * params, setting.world_size, all_reduce=True)
+            for params, launches in buckets:
+                reduce += _collective(
+                    p, world_link, 4.0 * params, setting.world_size, all_reduce=True, launches=launches
+                )
             # Eager (FSDP2) replicas accumulate locally and all-reduce once per step; compiled
             # SimpleFSDP's all-reduce is part of every backward graph.
             sync_every_micro_batch = reduce if choice.compile else 0.0
@@ -454,7 +210,7 @@ class Estimator:
 
     def layout(self, choice: Choice) -> CommLayout:
         key = (
-            choice.blocks_per_unit,
+            1 if choice.compile else choice.blocks_per_unit,
             choice.compile,
             choice.all_gather_bucket_mb if choice.compile else 0.0,
             choice.reduce_scatter_bucket_mb if choice.compile else 0.0,
@@ -463,11 +219,16 @@ class Estimator:
             self._layouts[key] = comm_layout(self.setting, choice)
         return self._layouts[key]
 
-    def memory(self, choice: Choice) -> MemoryEstimate:
+    def moments(self, choice: Choice) -> tuple[MemoryEstimate, MemoryEstimate]:
+        """Memory at the step's two candidate peaks: (backward start, optimizer step)."""
         key = (choice.checkpointing, choice.every_k, choice.compile)
         if key not in self._saved:
             self._saved[key] = saved_elems_per_token(self.setting, *key)
-        return _memory(self.setting, choice, self.layout(choice), self._saved[key])
+        return memory_moments(self.setting, choice, self.layout(choice), self._saved[key])
+
+    def memory(self, choice: Choice) -> MemoryEstimate:
+        """The step's peak: the larger of its moments."""
+        return max(self.moments(choice), key=lambda m: m.total)
 
     def timing(self, choice: Choice, *, record: bool = False) -> TimeEstimate:
         return _timing(self.setting, choice, self.layout(choice), record=record)

@@ -41,6 +41,8 @@ class UnitCost:
     """Elements of the block's input per token (what full checkpointing keeps)."""
     attention_output_elems: float = 0.0
     """Elements of the attention output per token (what compiled whole-block checkpointing also keeps)."""
+    tensors: int = 1
+    """Parameter tensors (compiled SimpleFSDP gathers and reduces each one on its own unless bucketed)."""
     is_block: bool = True
 
     @property
@@ -117,10 +119,11 @@ def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
         op_recompute_matmul_params=h * kv + h * h + h * f,
         input_elems=h,
         attention_output_elems=h,
+        tensors=9 + (3 if spec.qkv_bias else 0),  # 7 projections, 2 norms (+ q/k/v biases)
     )
-    embedding = _embedding_unit(v * h, h)
+    embedding = _embedding_unit(v * h, h, tensors=1)
     head_params = h + (0 if spec.tie_word_embeddings else v * h)
-    head = _head_unit(head_params, v * h, h, v)
+    head = _head_unit(head_params, v * h, h, v, tensors=1 if spec.tie_word_embeddings else 2)
     blocks = (block,) * spec.num_layers
     total = embedding.num_params + block_params * spec.num_layers + head_params
     n = total - v * h + (v * h if spec.tie_word_embeddings else 0)
@@ -147,11 +150,12 @@ def _gpt2_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
         op_recompute_matmul_params=h * h + h * f,
         input_elems=h,
         attention_output_elems=h,
+        tensors=12,  # 4 projections and 2 LayerNorms, each a weight and a bias
     )
     embed_params = v * h + spec.max_seq_len * h
-    embedding = _embedding_unit(embed_params, h)
+    embedding = _embedding_unit(embed_params, h, tensors=2)
     head_params = 2 * h + (0 if spec.tie_word_embeddings else v * h)
-    head = _head_unit(head_params, v * h, h, v)
+    head = _head_unit(head_params, v * h, h, v, tensors=2 if spec.tie_word_embeddings else 3)
     total = embed_params + block_params * spec.num_layers + head_params
     n = total - embed_params + (v * h if spec.tie_word_embeddings else 0)
     return ModelCosts(embedding, (block,) * spec.num_layers, head, total, embed_params, v, seq_len, n)
@@ -192,6 +196,7 @@ def _traced_unit(unit: LayerUnit) -> UnitCost:
         op_saved_elems=elems / 2,
         op_recompute_matmul_params=int(unit.fwd_flops_per_token // 4),
         input_elems=elems / 8,
+        tensors=1 if unit.num_params else 0,
         is_block=unit.is_block,
     )
 
@@ -210,11 +215,12 @@ def _merge(name: str, units: list[UnitCost]) -> UnitCost:
         op_saved_elems=sum(u.saved_elems for u in units),
         op_recompute_matmul_params=0,
         input_elems=sum(u.input_elems for u in units),
+        tensors=sum(u.tensors for u in units),
         is_block=False,
     )
 
 
-def _embedding_unit(params: int, h: int) -> UnitCost:
+def _embedding_unit(params: int, h: int, *, tensors: int) -> UnitCost:
     return UnitCost(
         name="embedding",
         num_params=params,
@@ -228,11 +234,12 @@ def _embedding_unit(params: int, h: int) -> UnitCost:
         op_saved_elems=0,
         op_recompute_matmul_params=0,
         input_elems=0,
+        tensors=tensors,
         is_block=False,
     )
 
 
-def _head_unit(params: int, matmul_params: int, h: int, v: int) -> UnitCost:
+def _head_unit(params: int, matmul_params: int, h: int, v: int, *, tensors: int) -> UnitCost:
     # Final norm, output projection and the loss. The logits themselves are priced separately
     # by the memory model; here: the norm's saved tensors and the softmax's elementwise passes.
     return UnitCost(
@@ -248,5 +255,6 @@ def _head_unit(params: int, matmul_params: int, h: int, v: int) -> UnitCost:
         op_saved_elems=2 * h,
         op_recompute_matmul_params=0,
         input_elems=h,
+        tensors=tensors,
         is_block=False,
     )

@@ -63,11 +63,30 @@ class CostParameters:
     overlap_contention: float
     """Slowdown of compute while a collective runs beside it (shared SMs and memory)."""
     workspace_gib: float
-    """Framework workspace (cuBLAS, NCCL buffers) per GPU."""
-    fragmentation: float
-    """Allocator fragmentation as a fraction of dynamically allocated memory."""
+    """Library workspace inside the caching allocator (cuBLAS) per GPU."""
+    allocator_reserve: float
+    """Memory the caching allocator holds reserved but cannot hand out (fragmentation), as a
+    fraction of the step's transient allocations. Launchers set `expandable_segments:True`, which
+    keeps it small."""
     memory_capacity_gib: float
     """Memory per GPU."""
+    context_gib: float = 0.0
+    """Taken outside the allocator before training allocates anything: the CUDA context, NCCL's
+    communicators and buffers. Calibration measures it (`torch.cuda.mem_get_info`)."""
+    optimizer_temp_bytes_per_param: float = 0.0
+    """Temporaries of one optimizer update per (sharded) parameter (foreach AdamW's denominators)."""
+    activation_memory_scale: float = 1.0
+    """Correction on eager activation memory, fitted from measured step peaks."""
+    compiled_activation_memory_scale: float = 1.0
+    """Correction on compiled activation memory (inductor's partitioner saves its own choice)."""
+    memory_margin: float = 0.12
+    """Headroom a plan keeps on top of its predicted peak, as a fraction of it: the memory model's
+    largest measured under-prediction (wider uncalibrated; from the fit's residuals when calibrated)."""
+    memory_margin_reason: str = (
+        "uncalibrated: the memory model's largest under-prediction measured on H100 runs was 10.8% "
+        "(bench/RESULTS.md); 12% covers it"
+    )
+    """Why `memory_margin` is what it is (shown with every plan)."""
     compute_scale: float = 1.0
     """Correction factor on predicted compute time (fitted from whole-block measurements)."""
     optimizer_overhead_s: float = 0.0
@@ -79,6 +98,11 @@ class CostParameters:
     (gather and reduce hooks, buffer copies, collectives competing with compute)."""
     calibration_id: str | None = None
     """The calibration profile these parameters were fitted from, if any."""
+
+    @property
+    def usable_memory_gib(self) -> float:
+        """What the caching allocator can obtain: capacity less the context outside it."""
+        return self.memory_capacity_gib - self.context_gib
 
     def with_changes(self, **changes: object) -> CostParameters:
         return replace(self, **changes)
@@ -119,8 +143,11 @@ def default_parameters(gpu: GpuSpec, cluster: ClusterSpec, precision: Precision)
             ),
         },
         overlap_contention=0.3 if is_cpu else 0.08,
-        # CPU tensors live in the process heap: no CUDA workspace, no caching-allocator fragmentation.
-        workspace_gib=0.0 if is_cpu else 1.0,
-        fragmentation=0.0 if is_cpu else 0.05,
+        # CPU tensors live in the process heap: no CUDA context or workspace, no caching allocator;
+        # on CPU the runtime's optimizer loops over parameters, without foreach temporaries.
+        workspace_gib=0.0 if is_cpu else 0.25,
+        allocator_reserve=0.0 if is_cpu else 0.05,
         memory_capacity_gib=gpu.memory_gib,
+        context_gib=0.0 if is_cpu else 1.0,
+        optimizer_temp_bytes_per_param=0.0 if is_cpu else 4.0,
     )

@@ -8,6 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from api.cli.main import app
+from planner.plan import SCHEMA_VERSION
 from tests.planner.test_specs import HF_LLAMA3
 
 runner = CliRunner()
@@ -57,7 +58,7 @@ def test_plan_json_and_output_file(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     printed = json.loads(result.stdout)
     assert printed == json.loads(out.read_text())
-    assert printed["model"]["name"] == "gpt2" and printed["schema_version"] == "1.0"
+    assert printed["model"]["name"] == "gpt2" and printed["schema_version"] == SCHEMA_VERSION
     assert len(printed["alternatives"]) <= 3
 
 

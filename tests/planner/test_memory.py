@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from planner.cost.estimate import Choice, Estimator
+from planner.cost.estimate import Estimator
+from planner.cost.memory import MEMORY_TERMS, loss_chunks_for
 from planner.cost.parameters import GIB
-from planner.search import build_setting
+from planner.cost.setting import Choice
+from planner.plan import MemoryBreakdown
+from planner.search import build_setting, enumerate_choices, make_plan
 from tests.planner.conftest import make_request
 
 
@@ -48,16 +51,18 @@ def test_shard_grad_op_keeps_sharded_states_but_holds_unsharded_params(estimator
     zero2 = estimator.memory(choice("shard_grad_op", 8))
     assert zero2.sharded_states == pytest.approx(zero3.sharded_states)
     # ZeRO-2 does not reshard after forward: every bf16 parameter stays gathered until backward.
-    assert zero2.unsharded - zero3.unsharded > 2 * n_params * 0.9
+    assert zero2.unsharded_params - zero3.unsharded_params > 2 * n_params * 0.9
     assert zero2.activations == zero3.activations
 
 
 def test_no_shard_replicates_everything_like_ddp(estimator: Estimator) -> None:
     n_params = estimator.setting.model.num_params
     ddp = estimator.memory(choice("no_shard", 1, replicate_group=8))
+    assert ddp.moment == "optimizer step"
     assert ddp.params == pytest.approx(4 * n_params)
     assert ddp.grads == pytest.approx(4 * n_params)
-    assert ddp.optimizer == pytest.approx(8 * n_params)
+    # AdamW's m and v, and foreach AdamW's fp32 temporaries while it updates.
+    assert ddp.optimizer == pytest.approx((8 + 4) * n_params)
 
 
 def test_hybrid_states_shrink_with_the_shard_group_not_the_world(estimator: Estimator) -> None:
@@ -91,10 +96,11 @@ def test_total_is_the_sum_of_its_parts(estimator: Estimator) -> None:
         m.grads,
         m.optimizer,
         m.activations,
-        m.unsharded,
+        m.unsharded_params,
+        m.grad_buffers,
         m.logits,
         m.workspace,
-        m.fragmentation,
+        m.allocator_reserve,
     )
     assert m.total == pytest.approx(sum(parts))
     assert m.total / GIB < 80
@@ -120,8 +126,87 @@ def test_the_optimizer_step_is_the_peak_when_backward_holds_little(estimator: Es
 
 
 def test_eager_no_shard_keeps_unsharded_copies_compiled_does_not(estimator: Estimator) -> None:
-    eager = estimator.memory(choice("no_shard", 1, replicate_group=8, compile=False))
-    compiled = estimator.memory(choice("no_shard", 1, replicate_group=8, compile=True))
+    eager, _ = estimator.moments(choice("no_shard", 1, replicate_group=8, compile=False))
+    compiled, _ = estimator.moments(choice("no_shard", 1, replicate_group=8, compile=True))
     n_params = estimator.setting.model.num_params
     # bf16 compute copies of every parameter (FSDP2 gathers even over a group of one).
-    assert eager.unsharded - compiled.unsharded > 2 * n_params * 0.9
+    assert eager.unsharded_params == pytest.approx(2 * n_params)
+    # Compiled: only transient compute-dtype casts of the units in flight.
+    assert compiled.unsharded_params < 0.25 * eager.unsharded_params
+
+
+def test_the_breakdown_is_the_estimate_term_for_term() -> None:
+    # One memory model: the plan's breakdown carries exactly the estimate's terms and its total.
+    request = make_request("llama3-8b", "1x8xH100", seq_len=4096, sequences=16)
+    plan = make_plan(request)
+    breakdown = plan.prediction.memory_breakdown_gib
+    assert set(MemoryBreakdown.model_fields) - {"moment"} == set(MEMORY_TERMS)
+    assert breakdown.total == pytest.approx(plan.prediction.peak_memory_gib)
+
+
+def test_a_plan_keeps_its_margin_below_the_usable_memory() -> None:
+    request = make_request("llama3-8b", "1x8xH100", seq_len=8192, sequences=64)
+    plan = make_plan(request)
+    p = plan.prediction
+    assert p.usable_memory_gib is not None and p.memory_margin is not None
+    assert p.usable_memory_gib < plan.cluster.gpu_spec.memory_gib  # the CUDA context is outside
+    assert p.peak_memory_gib * (1 + p.memory_margin) <= p.usable_memory_gib
+    assert "under-prediction" in (p.memory_margin_reason or "")
+    for alternative in plan.alternatives:
+        assert alternative.peak_memory_gib * (1 + p.memory_margin) <= p.usable_memory_gib
+
+
+def test_slicing_the_loss_bounds_the_logits(estimator: Estimator) -> None:
+    whole = estimator.memory(choice("full_shard", 8, checkpointing="full", micro_batch=2, grad_accum=1))
+    sliced = estimator.memory(
+        choice("full_shard", 8, checkpointing="full", micro_batch=2, grad_accum=1, loss_chunks=8)
+    )
+    vocab = estimator.setting.model.vocab_size
+    # bf16: the compute-dtype logits, their fp32 copy and the fp32 softmax/gradient of one slice.
+    assert whole.logits - sliced.logits == pytest.approx(10.0 * (2 * 4096 - 1024) * vocab)
+    assert sliced.total < whole.total
+
+
+def test_the_search_slices_a_large_vocabulary_loss_and_prices_the_slices() -> None:
+    request = make_request("llama3-8b", "1x8xH100", seq_len=8192, sequences=64)
+    plan = make_plan(request)
+    tokens = plan.config.micro_batch_size * 8192
+    assert plan.config.loss_chunks == loss_chunks_for(tokens, 128256, 2) > 1
+    slice_tokens = -(-tokens // plan.config.loss_chunks)
+    assert slice_tokens * 128256 * 10.0 <= 1.0 * GIB
+
+
+def test_the_first_optimizer_step_creates_states_and_temporaries() -> None:
+    # One GPU, a small batch: the update (states + every gradient + foreach temporaries) is the peak.
+    request = make_request("llama3-8b", "1x1xH200", seq_len=1024, sequences=1)
+    setting = build_setting(request, None, None)
+    e = Estimator(setting)
+    one = choice("no_shard", 1, replicate_group=1, checkpointing="full", grad_accum=1)
+    backward, update = e.moments(one)
+    n_params = setting.model.num_params
+    assert update.moment == "optimizer step" and update.total > backward.total
+    assert update.optimizer == pytest.approx(12 * n_params)
+    assert e.memory(one) == update
+
+
+def test_compiled_configurations_do_not_repeat_wrap_units() -> None:
+    # The compiled runtime never groups parameters by unit: the search lists each compiled
+    # configuration once, and u2/u4 stay eager-only.
+    request = make_request("llama3-8b", "1x8xH100", seq_len=4096, sequences=16)
+    setting = build_setting(request, None, None)
+    compiled = [c for c in enumerate_choices(request, setting) if c.compile]
+    assert compiled and {c.blocks_per_unit for c in compiled} == {1}
+    eager = [c for c in enumerate_choices(request, setting) if not c.compile and c.sharding == "full_shard"]
+    assert {c.blocks_per_unit for c in eager} == {1, 2, 4, 8}
+    single = make_request("llama3-8b", "1x1xH200", seq_len=2048, sequences=4)
+    assert {c.blocks_per_unit for c in enumerate_choices(single, build_setting(single, None, None))} == {1}
+
+
+def test_plans_stored_before_schema_1_1_still_read() -> None:
+    old = {
+        "params": 1.0, "grads": 1.0, "optimizer": 2.0, "activations": 3.0, "unsharded_buffers": 0.5,
+        "logits": 0.25, "workspace": 1.0, "fragmentation": 0.1,
+    }
+    breakdown = MemoryBreakdown.model_validate(old)
+    assert breakdown.unsharded_params == 0.5 and breakdown.allocator_reserve == 0.1
+    assert breakdown.total == pytest.approx(8.85)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.cost.estimate import Choice, Estimator
+from planner.cost.estimate import Estimator
+from planner.cost.setting import Choice
 from planner.errors import InfeasiblePlanError
 from planner.search import build_setting, make_plan
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec

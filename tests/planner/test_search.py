@@ -6,8 +6,9 @@ import itertools
 
 import pytest
 
-from planner.cost.estimate import Choice, Estimator
+from planner.cost.estimate import Estimator
 from planner.cost.parameters import GIB
+from planner.cost.setting import Choice
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.hashing import plan_hash
 from planner.plan import Plan

@@ -1,0 +1,128 @@
+"""How a configuration's parameters map onto collectives: wrap units, buckets and launches.
+
+Eager FSDP2 copies each wrap unit's parameters into one flat buffer: one all-gather and one
+reduce-scatter per unit. Compiled SimpleFSDP gathers every parameter tensor on its own, and inductor
+merges consecutive gathers (and reductions) into buckets up to the plan's caps; with a cap of 0 no
+bucketing runs and each tensor is one collective. The compiled runtime never groups parameters by
+wrap unit, so for compiled configurations `blocks_per_unit` changes nothing and the search keeps it
+at 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.cost.model_costs import UnitCost
+from planner.cost.setting import Choice, Setting
+
+MB = 1e6
+
+IndexedUnit = tuple[int, UnitCost]
+"""A unit with its block index (-1 for the embedding and the head)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommLayout:
+    """How units map onto collectives for one configuration.
+
+    `groups` are all-gather groups in forward order: wrap units, merged (compiled only) into
+    buckets up to the all-gather cap. `reduce_buckets[j]` lists the parameter counts of the
+    gradient-reduction buckets whose last unit (in backward order) lies in group j: they are formed
+    independently, over units in backward order, up to the reduce-scatter cap.
+    """
+
+    groups: tuple[tuple[IndexedUnit, ...], ...]
+    reduce_buckets: tuple[tuple[int, ...], ...]
+    group_params: tuple[int, ...]
+    """Parameters per all-gather group."""
+    group_launches: tuple[int, ...]
+    """All-gather kernels per group (each pays the collective's latency)."""
+    reduce_launches: tuple[tuple[int, ...], ...]
+    """Reduction kernels per entry of `reduce_buckets`."""
+    largest_reduce: int
+    """Parameters of the largest gradient-reduction bucket."""
+    signature: tuple
+    """Equal for layouts that price identically (the search memoizes on it)."""
+
+
+def _wrap_units(setting: Setting, choice: Choice) -> list[list[IndexedUnit]]:
+    m = setting.model
+    blocks = list(enumerate(m.blocks))
+    k = 1 if choice.compile else choice.blocks_per_unit
+    units: list[list[IndexedUnit]] = [[(-1, m.embedding)]]
+    units += [blocks[i : i + k] for i in range(0, len(blocks), k)]
+    units.append([(-1, m.head)])
+    return units
+
+
+def _bucket(units: list[list[IndexedUnit]], cap_bytes: float, bytes_per_param: int) -> list[list[int]]:
+    """Indices of consecutive units merged while their total stays under the cap."""
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    current_bytes = 0.0
+    for index, unit in enumerate(units):
+        unit_bytes = sum(u.num_params for _, u in unit) * bytes_per_param
+        if current and (cap_bytes <= 0 or current_bytes + unit_bytes > cap_bytes):
+            buckets.append(current)
+            current, current_bytes = [], 0.0
+        current.append(index)
+        current_bytes += unit_bytes
+    buckets.append(current)
+    return buckets
+
+
+def _launches(
+    units: list[list[IndexedUnit]],
+    indices: list[int],
+    *,
+    compile_: bool,
+    cap_bytes: float,
+    bytes_per_param: int,
+) -> int:
+    """Collective kernels a bucket of units takes."""
+    if not compile_:
+        return len(indices)  # FSDP2: one flat-buffer collective per wrap unit
+    tensors = sum(u.tensors for i in indices for _, u in units[i])
+    if cap_bytes <= 0:
+        return tensors  # no bucketing: every parameter tensor is its own collective
+    params = sum(u.num_params for i in indices for _, u in units[i])
+    # A unit larger than the cap is split over several buckets.
+    return max(1, min(tensors, math.ceil(params * bytes_per_param / cap_bytes)))
+
+
+def comm_layout(setting: Setting, choice: Choice) -> CommLayout:
+    """Eager FSDP2 issues one all-gather and one reduce-scatter per wrap unit; compiled
+    SimpleFSDP one per parameter tensor, merged by inductor into buckets up to the caps."""
+    units = _wrap_units(setting, choice)
+    ag_cap = choice.all_gather_bucket_mb * MB if choice.compile else 0.0
+    rs_cap = choice.reduce_scatter_bucket_mb * MB if choice.compile else 0.0
+    ag_buckets = _bucket(units, ag_cap, setting.param_bytes)
+    group_of_unit = {u: g for g, bucket in enumerate(ag_buckets) for u in bucket}
+    reversed_units = units[::-1]
+    reduce: list[list[int]] = [[] for _ in ag_buckets]
+    reduce_launches: list[list[int]] = [[] for _ in ag_buckets]
+    for bucket in _bucket(reversed_units, rs_cap, 4):
+        last_unit = len(units) - 1 - bucket[-1]  # in backward order the bucket completes here
+        params = sum(u.num_params for i in bucket for _, u in reversed_units[i])
+        reduce[group_of_unit[last_unit]].append(params)
+        reduce_launches[group_of_unit[last_unit]].append(
+            _launches(reversed_units, bucket, compile_=choice.compile, cap_bytes=rs_cap, bytes_per_param=4)
+        )
+    groups = tuple(tuple(x for i in bucket for x in units[i]) for bucket in ag_buckets)
+    pb = setting.param_bytes
+    group_launches = tuple(
+        _launches(units, bucket, compile_=choice.compile, cap_bytes=ag_cap, bytes_per_param=pb)
+        for bucket in ag_buckets
+    )
+    reduce_buckets = tuple(tuple(r) for r in reduce)
+    launches = tuple(tuple(r) for r in reduce_launches)
+    return CommLayout(
+        groups=groups,
+        reduce_buckets=reduce_buckets,
+        group_params=tuple(sum(u.num_params for _, u in g) for g in groups),
+        group_launches=group_launches,
+        reduce_launches=launches,
+        largest_reduce=max(p for bucket in reduce_buckets for p in bucket),
+        signature=(tuple(len(g) for g in groups), reduce_buckets, group_launches, launches),
+    )

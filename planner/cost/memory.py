@@ -1,0 +1,218 @@
+"""Peak memory per GPU: what the runtime holds, moment by moment through one training step.
+
+Two moments compete, and the larger is the step's peak:
+
+- *backward start* of the last micro-batch: master parameters, optimizer states (they exist from
+  the first optimizer step on, so every later step carries them through forward), gradients of the
+  earlier micro-batches, every saved activation (plus the transient recompute of one checkpointed
+  block), the gathered parameters in flight, the first unsharded gradients and their reduction
+  buffer, and the loss: one slice of logits (the runtime runs the output projection and the
+  cross-entropy over `loss_chunks` slices, each computing its gradient at once);
+- *optimizer step*: parameters, all gradients, optimizer states (created here in the first step)
+  and the update's temporaries.
+
+Each moment's allocations are priced in bytes per term (`MEMORY_TERMS`); the allocator then keeps
+part of the transient memory reserved but unusable (fragmentation, smaller with
+`expandable_segments`), priced as a fraction of it. The total is what `max_memory_reserved` reports.
+The CUDA context and NCCL's buffers lie outside the allocator: they shrink the usable capacity
+(`CostParameters.usable_memory_gib`) instead of adding to the peak.
+
+Search, the plan's breakdown and the dashboard all read this one estimate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from planner.cost.layout import CommLayout
+from planner.cost.model_costs import UnitCost
+from planner.cost.parameters import GIB, CostParameters
+from planner.cost.setting import Choice, Setting
+
+MEMORY_TERMS: dict[str, str] = {
+    "params": "parameters",
+    "grads": "gradients",
+    "optimizer": "optimizer states",
+    "activations": "activations",
+    "unsharded_params": "gathered parameters",
+    "grad_buffers": "gradient buffers",
+    "logits": "logits & loss",
+    "workspace": "workspace",
+    "allocator_reserve": "allocator reserve",
+}
+"""Every term of the estimate, in stacking order, with the words a person reads."""
+
+LOSS_SLICE_BYTES_PER_ELEMENT = {2: 10.0, 4: 12.0}
+"""Bytes alive per (token x vocab entry) of one loss slice, by compute-dtype size: the logits in the
+compute dtype, their fp32 copy and the fp32 softmax that becomes their gradient (measured on the
+runtime's chunked loss, bench/RESULTS.md)."""
+
+LOSS_SLICE_TARGET_BYTES = 1.0 * GIB
+"""The loss is sliced until one slice's logits take at most this much: a few percent of a
+datacenter GPU, while a slice of a 128k vocabulary still has ~800 tokens, enough for an efficient
+output-projection GEMM."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    """Bytes per GPU at the peak moment of a step, by purpose (keys of MEMORY_TERMS)."""
+
+    params: float
+    """Master parameters (fp32), sharded over the shard group."""
+    grads: float
+    """Sharded gradients alive at the moment: from earlier micro-batches at backward start, all of
+    them at the optimizer step."""
+    optimizer: float
+    """Optimizer states, plus the update's temporaries at the optimizer step."""
+    activations: float
+    """Tensors saved for backward (including recompute of one checkpointed block)."""
+    unsharded_params: float
+    """All-gathered compute-dtype parameters in flight (or kept, without resharding)."""
+    grad_buffers: float
+    """Unsharded gradients of the unit being reduced and their reduce-dtype buffer."""
+    logits: float
+    """One loss slice's logits and softmax, and the hidden-state gradient the loss stores."""
+    workspace: float
+    """Library workspace inside the allocator (cuBLAS)."""
+    allocator_reserve: float
+    """Reserved but not allocated: fragmentation of the transient allocations."""
+    moment: str = "backward start"
+    """When the peak happens: `backward start` or `optimizer step`."""
+
+    @property
+    def total(self) -> float:
+        return sum(getattr(self, name) for name in MEMORY_TERMS)
+
+    @property
+    def sharded_states(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    def terms(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in MEMORY_TERMS}
+
+
+assert tuple(f.name for f in fields(MemoryEstimate))[:-1] == tuple(MEMORY_TERMS)
+
+
+def loss_chunks_for(tokens: int, vocab_size: int, compute_bytes: int) -> int:
+    """Slices the loss of a `tokens`-token micro-batch needs to keep one slice under the target."""
+    if vocab_size <= 0:
+        return 1
+    whole = tokens * vocab_size * LOSS_SLICE_BYTES_PER_ELEMENT[compute_bytes]
+    return max(1, min(tokens, math.ceil(whole / LOSS_SLICE_TARGET_BYTES)))
+
+
+def loss_bytes(setting: Setting, choice: Choice) -> float:
+    """What the loss holds at its peak: one slice of vocabulary-sized tensors, and the gradient of
+    the hidden states it already computed for the whole micro-batch."""
+    m = setting.model
+    tokens = choice.micro_batch * setting.seq_len
+    slice_tokens = math.ceil(tokens / choice.loss_chunks)
+    per_element = LOSS_SLICE_BYTES_PER_ELEMENT[setting.act_bytes]
+    hidden = m.head.input_elems * tokens * setting.act_bytes
+    return slice_tokens * m.vocab_size * per_element + hidden
+
+
+def saved_elems_per_token(setting: Setting, checkpointing: str, every_k: int, compile_: bool) -> float:
+    """Activation elements alive per token at the start of backward, including the transient
+    recompute of one checkpointed block."""
+    m = setting.model
+    probe = Choice("", 1, 1, 1, 0.0, 0.0, checkpointing, every_k, 1, 1, compile_)
+    saved = m.head.saved_elems
+    recompute_peak = 0.0
+    for i, block in enumerate(m.blocks):
+        if probe.is_checkpointed(i):
+            kept = block.input_elems + compiled_keeps(probe, block)
+            saved += kept
+            recompute_peak = max(recompute_peak, block.saved_elems - kept + block.input_elems)
+        elif checkpointing == "op_selective":
+            saved += block.op_saved_elems
+            recompute_peak = max(recompute_peak, block.saved_elems - block.op_saved_elems)
+        else:
+            saved += block.saved_elems
+    return saved + recompute_peak
+
+
+def compiled_keeps(choice: Choice, unit: UnitCost) -> float:
+    """Elements per token a compiled whole-block checkpoint keeps besides the block input.
+
+    The runtime's compiled whole-block checkpointing keeps attention outputs (torch 2.13 cannot
+    recompute attention over DTensor parameters under torch.compile; see
+    executor/runtime/activation_checkpoint.py), so it saves more and recomputes less than eager.
+    """
+    return unit.attention_output_elems if choice.compile else 0.0
+
+
+def _unsharded_params(setting: Setting, choice: Choice, layout: CommLayout) -> float:
+    pb = setting.param_bytes
+    groups = layout.group_params
+    depth = choice.prefetch_depth
+    if choice.sharding in ("full_shard", "hybrid_shard"):
+        # The group computing and the ones prefetched ahead of it.
+        return max(pb * sum(groups[max(0, j - depth) : j + 1]) for j in range(len(groups)))
+    if choice.sharding == "shard_grad_op" or not choice.compile:
+        # ZeRO-2 keeps every gathered parameter until backward. So does eager no_shard: FSDP2 on a
+        # shard group of one still copies each parameter into an unsharded buffer, kept through
+        # backward as no_shard does not reshard.
+        return pb * setting.model.num_params
+    # Compiled no_shard uses fp32 weights in place; compute-dtype copies are transient.
+    return pb * (depth + 2) * max(groups) if pb == 2 else 0.0
+
+
+def memory_moments(
+    setting: Setting, choice: Choice, layout: CommLayout, saved_elems: float
+) -> tuple[MemoryEstimate, MemoryEstimate]:
+    """The step's two candidate peaks: (backward start, optimizer step)."""
+    p = setting.params
+    n_params = setting.model.num_params
+    shard = choice.shard_group
+    state_bytes = 8 if setting.optimizer == "adamw" else 4
+    params = 4.0 * n_params / shard
+    grads = 4.0 * n_params / shard
+    optimizer = state_bytes * n_params / shard
+    workspace = p.workspace_gib * GIB
+
+    pb = setting.param_bytes
+    # Gradients come out of backward in the compute dtype and are cast to fp32 for reduction.
+    grad_buffer_bytes = (pb + 4) if pb == 2 else 4
+    tokens = choice.micro_batch * setting.seq_len
+    activation_scale = p.compiled_activation_memory_scale if choice.compile else p.activation_memory_scale
+    activations = saved_elems * tokens * setting.act_bytes * activation_scale
+    unsharded = _unsharded_params(setting, choice, layout)
+    grad_buffers = grad_buffer_bytes * layout.largest_reduce
+    logits = loss_bytes(setting, choice)
+    earlier_grads = grads if choice.grad_accum > 1 else 0.0
+    transient = activations + unsharded + grad_buffers + logits
+    backward_start = MemoryEstimate(
+        params=params,
+        grads=earlier_grads,
+        optimizer=optimizer,
+        activations=activations,
+        unsharded_params=unsharded,
+        grad_buffers=grad_buffers,
+        logits=logits,
+        workspace=workspace,
+        allocator_reserve=p.allocator_reserve * (transient + earlier_grads),
+        moment="backward start",
+    )
+    temporaries = p.optimizer_temp_bytes_per_param * n_params / shard
+    optimizer_step = MemoryEstimate(
+        params=params,
+        grads=grads,
+        optimizer=optimizer + temporaries,
+        activations=0.0,
+        unsharded_params=0.0,
+        grad_buffers=0.0,
+        logits=0.0,
+        workspace=workspace,
+        allocator_reserve=p.allocator_reserve * (grads + temporaries),
+        moment="optimizer step",
+    )
+    return backward_start, optimizer_step
+
+
+def memory_limit_gib(params: CostParameters, headroom: float) -> float:
+    """The largest predicted peak a plan may have: the usable capacity, less the user's headroom,
+    shrunk by the margin the memory model's measured error calls for."""
+    return params.usable_memory_gib * (1.0 - headroom) / (1.0 + params.memory_margin)
