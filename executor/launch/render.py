@@ -126,6 +126,9 @@ else
 fi
 
 export PYTHONPATH="$HERE${{PYTHONPATH:+:$PYTHONPATH}}"
+# The plan's memory was priced for the caching allocator with expandable segments (little
+# fragmentation); a setting exported by the caller wins.
+export PYTORCH_CUDA_ALLOC_CONF="${{PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}}"
 cd "$HERE"
 exec "$PYTHON" -m torch.distributed.run "${{RDZV[@]}}" \\
   --nproc-per-node "$NPROC_PER_NODE" --max-restarts "$MAX_RESTARTS" \\

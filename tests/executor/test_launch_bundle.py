@@ -245,3 +245,30 @@ def test_image_and_names_are_validated() -> None:
         and label.endswith("-0123abcd")
     )
     assert dns_label("123", suffix="ab").startswith("p")
+
+
+def test_launch_sh_runs_the_allocator_the_plan_was_priced_for(tmp_path: Path) -> None:
+    plan = make_plan()
+    write_bundle(plan, tmp_path, target="torchrun")
+    directory = tmp_path / bundle_name(plan)
+    fake = tmp_path / "fake-python"
+    record = tmp_path / "alloc.txt"
+    fake.write_text(
+        f'#!/usr/bin/env bash\n[ "$1" = "-c" ] && exit 0\necho "$PYTORCH_CUDA_ALLOC_CONF" > {record}\n'
+    )
+    fake.chmod(0o755)
+    base = {"PATH": os.environ["PATH"], "PYTHON": str(fake)}
+    for env, expected in (
+        ({}, "expandable_segments:True"),
+        ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}, "max_split_size_mb:512"),
+    ):
+        run = subprocess.run(
+            [str(directory / "launch.sh")],
+            env={**base, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert run.returncode == 0, run.stderr
+        assert record.read_text().strip() == expected
