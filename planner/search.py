@@ -71,6 +71,7 @@ def make_plan(
     setting = build_setting(request, calibration, calibration_id)
     estimator = Estimator(setting)
     limit = memory_limit_gib(setting.params, request.search.memory_headroom)
+    ceiling = request.search.max_peak_memory_gib  # exclusive; set when re-planning after an OOM
     evaluated: list[Evaluated] = []
     min_peak: Evaluated | None = None
     count = 0
@@ -85,7 +86,7 @@ def make_plan(
         )
         if key not in priced:
             mem = estimator.memory(choice)
-            fits = mem.total / GIB <= limit
+            fits = mem.total / GIB <= limit and (ceiling is None or mem.total / GIB < ceiling)
             priced[key] = (mem, estimator.timing(choice) if fits else None)
         mem, time = priced[key]
         if time is None:

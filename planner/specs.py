@@ -6,9 +6,17 @@ strings) whose validation errors name the field and say how to fix it.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 Architecture = Literal["llama", "gpt2", "layer_graph"]
 Precision = Literal["bf16", "fp32"]
@@ -201,6 +209,18 @@ class SearchSpace(StrictModel):
     memory_headroom: Annotated[float, Field(ge=0.0, le=0.5)] = 0.0
     """Extra fraction of usable GPU memory kept free, on top of the margin the memory model's
     measured error calls for: a plan fits when peak x (1 + margin) <= usable x (1 - headroom)."""
+    max_peak_memory_gib: Annotated[float, Field(gt=0.0, le=1e6, allow_inf_nan=False)] | None = None
+    """Exclusive ceiling on predicted peak memory per GPU (GiB): configurations predicted at or above
+    it are treated as not fitting. Re-planning after an out-of-memory run sets it to the failed
+    configuration's predicted peak. None: only the GPU's capacity limits."""
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_ceiling(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Requests without a ceiling serialise (and so hash) exactly as before the field existed.
+        data = handler(self)
+        if data.get("max_peak_memory_gib") is None:
+            data.pop("max_peak_memory_gib", None)
+        return data
 
     @field_validator("shardings", "compile", "checkpointing")
     @classmethod

@@ -19,6 +19,8 @@ EXIT_FAILED = 1
 EXIT_INVALID_INPUT = 2
 EXIT_INFEASIBLE = 3
 EXIT_UNAVAILABLE = 4
+EXIT_OOM = 5
+"""`validate`: the plan's launcher ran out of memory (the run is stored as an OOM run with --upload)."""
 API_KEY_ENV = "FSDP_PLANNER_API_KEY"
 
 
@@ -76,6 +78,8 @@ class ServerClient:
             )
         if response.status_code >= 400:
             code = EXIT_INVALID_INPUT if response.status_code < 500 else EXIT_UNAVAILABLE
+            if _problem_type(response).endswith(":infeasible-plan"):
+                code = EXIT_INFEASIBLE  # as `plan` exits when nothing fits
             raise fail(
                 f"{self.server} answered {response.status_code} to {method} {path}: "
                 f"{problem_detail(response)}",
@@ -85,6 +89,14 @@ class ServerClient:
             return response.json()
         except ValueError:
             raise fail(f"{url} did not return JSON", EXIT_UNAVAILABLE) from None
+
+
+def _problem_type(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    return str(body.get("type", "")) if isinstance(body, dict) else ""
 
 
 def problem_detail(response: httpx.Response) -> str:

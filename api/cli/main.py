@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from api.cli import calibrate_cmd, launcher_cmd, plan_cmd, service_cmd, validate_cmd
+from api.cli import calibrate_cmd, launcher_cmd, plan_cmd, replan_cmd, service_cmd, validate_cmd
 
 app = typer.Typer(
     name="fsdp-planner",
@@ -21,6 +21,7 @@ def root() -> None:
 
 
 plan_cmd.register(app)
+replan_cmd.register(app)
 service_cmd.register(app)
 calibrate_cmd.register(app)
 validate_cmd.register(app)

@@ -3,6 +3,11 @@
 The bundle is the one users download (`launch.sh` over torchrun), so validation exercises the
 real path. Timing skips warm-up steps (compilation, allocator growth, and on CPU the step whose
 memory is profiled); memory is the largest peak any step reported.
+
+A run that runs out of memory is a verdict, not an error: the trainer's `{"event": "oom"}` record
+is read from the metrics file, printed, uploaded as an OOM run with --upload, and the command
+exits with EXIT_OOM (5). torchrun itself exits 1 whatever its workers did, so the record, not the
+exit status, says what happened.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.common import DEFAULT_SERVER, EXIT_FAILED, ServerClient, fail, load_plan
+from api.cli.common import DEFAULT_SERVER, EXIT_FAILED, EXIT_OOM, ServerClient, fail, load_plan
 from executor.launch.bundle import bundle_name, write_bundle
 from planner.plan import Plan
 
@@ -44,6 +49,16 @@ class Measurement:
 
 class ValidationError(RuntimeError):
     """The launcher failed or reported nothing to measure."""
+
+
+class RanOutOfMemory(RuntimeError):
+    """The launcher ran out of memory: `record` is the first failing rank's OOM record."""
+
+    def __init__(self, record: dict[str, Any], steps: list[dict[str, Any]]) -> None:
+        super().__init__(f"out of memory at step {record.get('step')} ({record.get('phase')})")
+        self.record = record
+        self.steps = steps
+        """The steps that completed before it (rank 0's lines)."""
 
 
 def summarize(metrics: list[dict[str, Any]], *, warmup: int) -> Measurement:
@@ -101,12 +116,29 @@ def run_validation(
     ]
     env = {**os.environ, "NPROC_PER_NODE": str(plan.cluster.gpus_per_node), "PYTHON": python}
     result = subprocess.run(command, env=env, check=False, timeout=timeout_s)
+    lines = _read_metrics(metrics_file)
+    ooms = [line for line in lines if line.get("event") == "oom"]
+    if ooms:
+        # Every failing rank writes one; the earliest (by step, then time) is where it started.
+        first = min(ooms, key=lambda r: (r.get("step") is None, r.get("step") or 0, r.get("time", 0.0)))
+        raise RanOutOfMemory(first, [line for line in lines if "event" not in line])
     if result.returncode != 0:
         raise ValidationError(f"the launcher exited with status {result.returncode}; its output is above")
     if not metrics_file.exists():
         raise ValidationError(f"the launcher wrote no metrics to {metrics_file}")
-    lines = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
     return summarize(lines, warmup=warmup)
+
+
+def _read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    lines = []
+    for text in path.read_text().splitlines():
+        try:
+            lines.append(json.loads(text))
+        except json.JSONDecodeError:  # a line cut short by a killed rank
+            continue
+    return lines
 
 
 def register(app: typer.Typer) -> None:
@@ -124,8 +156,20 @@ def validate(
     upload: Annotated[bool, typer.Option(help="Store the run on the server (needs --plan-id).")] = False,
     api_key: Annotated[str | None, typer.Option("--api-key", help="API key for --upload.")] = None,
     keep: Annotated[Path | None, typer.Option(help="Keep the bundle and metrics in this directory.")] = None,
+    model_factory: Annotated[
+        str | None,
+        typer.Option("--model-factory", help="package.module:function building your model (traced plans)."),
+    ] = None,
+    max_memory_gib: Annotated[
+        float | None,
+        typer.Option("--max-memory-gib", help="CUDA: cap each GPU at this many GiB (rehearse a smaller GPU)"),
+    ] = None,
 ) -> None:
-    """Run the plan's launcher for a few steps and report measured vs predicted."""
+    """Run the plan's launcher for a few steps and report measured vs predicted.
+
+    Exit status: 0 measured; 5 the run ran out of memory (stored as an OOM run with --upload; then
+    `fsdp-planner replan PLAN_ID`); 1 the launcher failed otherwise; 2 invalid options.
+    """
     if steps <= warmup or warmup < 0:
         raise fail(f"--steps ({steps}) must exceed --warmup ({warmup}), which cannot be negative")
     if upload and plan_id is None:
@@ -137,15 +181,31 @@ def validate(
             "[yellow]note:[/] this plan assumes bf16 but CPU runs train in float32, so time and memory "
             "differ from the prediction; plan CPU runs with --precision fp32"
         )
+    trainer_args: tuple[str, ...] = ()
+    if model_factory:
+        trainer_args += ("--model-factory", model_factory)
+    if max_memory_gib is not None:
+        trainer_args += ("--max-memory-gib", str(max_memory_gib))
     try:
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
-            measured = run_validation(plan, steps=steps, warmup=warmup, workdir=keep)
+            measured = run_validation(
+                plan, steps=steps, warmup=warmup, workdir=keep, trainer_args=trainer_args
+            )
         else:
             with tempfile.TemporaryDirectory() as tmp:
-                measured = run_validation(plan, steps=steps, warmup=warmup, workdir=Path(tmp))
+                measured = run_validation(
+                    plan, steps=steps, warmup=warmup, workdir=Path(tmp), trainer_args=trainer_args
+                )
     except ValidationError as exc:
         raise fail(str(exc), EXIT_FAILED) from None
+    except RanOutOfMemory as oom:
+        show_oom(plan, oom.record, console)
+        if upload:
+            run = ServerClient(server, api_key).post(f"/plans/{plan_id}/runs", oom_body(oom))
+            console.print(f"Stored as out-of-memory run {run['id']} of plan {plan_id}; re-plan without "
+                          f"configurations as memory-hungry: fsdp-planner replan {plan_id} --server {server}")
+        raise typer.Exit(EXIT_OOM) from None
     show(plan, measured, console)
     if upload:
         body = {
@@ -162,6 +222,51 @@ def validate(
         }
         run = ServerClient(server, api_key).post(f"/plans/{plan_id}/runs", body)
         console.print(f"Stored as validation run {run['id']} of plan {plan_id}")
+
+
+def oom_body(oom: RanOutOfMemory) -> dict[str, Any]:
+    """The runs API body of an out-of-memory run."""
+    record = oom.record
+    peaks = [s["peak_memory_gib"] for s in oom.steps if s.get("peak_memory_gib") is not None]
+    return {
+        "outcome": "oom",
+        "steps": len(oom.steps),
+        "measured_peak_memory_gib": max(peaks) if peaks else None,
+        "oom": {
+            "step": record.get("step"),
+            "phase": record.get("phase") or "unknown",
+            "requested_bytes": record.get("requested_bytes"),
+            "allocated_bytes": record.get("allocated_bytes"),
+            "reserved_bytes": record.get("reserved_bytes"),
+            "message": str(record.get("message", ""))[:2000],
+        },
+        "raw": {"oom_record": record, "losses": [s.get("loss") for s in oom.steps]},
+    }
+
+
+def _gib(n: int | None) -> str:
+    return f"{n / 1024**3:.2f} GiB" if n is not None else "?"
+
+
+def show_oom(plan: Plan, record: dict[str, Any], console: Console) -> None:
+    """The verdict: where it ran out, what it asked for, and what the plan had predicted."""
+    step = record.get("step")
+    where = f"step {step}" if step is not None else "start-up"
+    line = f"OUT OF MEMORY at {where} ({record.get('phase')}) on rank {record.get('rank')}"
+    details = []
+    if record.get("requested_bytes") is not None:
+        details.append(f"tried to allocate {_gib(record['requested_bytes'])}")
+    if record.get("allocated_bytes") is not None:
+        reserved = _gib(record.get("reserved_bytes"))
+        details.append(f"{_gib(record['allocated_bytes'])} allocated, {reserved} reserved")
+    if record.get("memory_limit_bytes") is not None:
+        details.append(f"capped at {_gib(record['memory_limit_bytes'])}")
+    pred = plan.prediction
+    details.append(
+        f"predicted peak {pred.peak_memory_gib:.2f} GiB per GPU of "
+        f"{plan.cluster.gpu_spec.memory_gib:.0f} GiB ({plan.config.label()})"
+    )
+    console.print(f"[bold red]{line}[/]: " + "; ".join(details), highlight=False, soft_wrap=True)
 
 
 def _error(predicted: float, measured: float | None) -> str:

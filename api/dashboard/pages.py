@@ -20,9 +20,10 @@ from api.dashboard.plan_list import COLUMNS, ListingState
 from api.dashboard.rendering import error_page, mark_dashboard_request, render
 from api.deps import SessionDep, SettingsDep
 from api.problems import ProblemError
-from api.schemas.plans import MAX_ID
+from api.schemas.plans import MAX_ID, ReplanCreate
 from api.services import plan_listing
 from api.services import plans as plan_service
+from api.services import replan as replan_service
 from planner.catalog import MODEL_CATALOG
 from planner.specs import Optimizer, Precision
 
@@ -155,7 +156,33 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
         "candidates": plan_views.candidate_rows(plan), "runs": runs,
         "launcher_targets": LAUNCHER_TARGETS,
         "replan_query": replan,
+        "key_required": access.write_key_required(session, request),
     })
+
+
+@router.post("/plans/{plan_id}/replan", response_class=HTMLResponse)
+async def replan_from_form(plan_id: str, request: Request, session: SessionDep) -> Response:
+    """The OOM row's button: the same as POST /api/v1/plans/{id}/replan, then the new plan's page."""
+    submitted = await request.form()
+    run_id, api_key = submitted.get("run_id"), submitted.get("api_key")
+    return await run_in_threadpool(
+        _replan, request, session, _parse_id(plan_id, "plan"),
+        run_id if isinstance(run_id, str) else "", api_key if isinstance(api_key, str) else "",
+    )
+
+
+def _replan(request: Request, session: SessionDep, plan_id: int, run_id: str, api_key: str) -> Response:
+    key_error = access.write_key_error(session, request, api_key)
+    if key_error:
+        return error_page(request, 401, key_error)
+    try:
+        body = ReplanCreate(run_id=_parse_id(run_id, "run") if run_id else None)
+        outcome = replan_service.replan(session, plan_id, body, locks=request.app.state.plan_locks)
+    except ProblemError as problem:
+        session.commit()
+        return error_page(request, problem.status_code, problem.detail)
+    suffix = "?existing=1" if outcome.status_code == 200 else ""
+    return RedirectResponse(f"/plans/{outcome.row.id}{suffix}", status_code=303)
 
 
 def _compare_ids(request: Request) -> list[int]:

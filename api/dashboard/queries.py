@@ -54,11 +54,16 @@ class RunWithPlan:
 
 
 def all_validation_runs(session: Session) -> tuple[list[RunWithPlan], int]:
-    """The newest runs (up to MAX_ACCURACY_RUNS) with their plans' labels, and how many runs exist."""
-    total = session.scalar(select(func.count()).select_from(ValidationRunRow)) or 0
+    """The newest completed runs (up to MAX_ACCURACY_RUNS) with their plans' labels, and how many exist.
+
+    Out-of-memory runs measured no step to compare with a prediction: they are left out.
+    """
+    completed = ValidationRunRow.outcome == "completed"
+    total = session.scalar(select(func.count()).select_from(ValidationRunRow).where(completed)) or 0
     rows = session.execute(
         select(ValidationRunRow, PlanRow.name, PlanRow.model_name, PlanRow.gpu)
         .join(PlanRow, PlanRow.id == ValidationRunRow.plan_id)
+        .where(completed)
         .order_by(ValidationRunRow.created_at.desc(), ValidationRunRow.id.desc())
         .limit(MAX_ACCURACY_RUNS)
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Float, ForeignKey, Index, Integer, String, text
+from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from api.db.base import Base, BigId, JsonDocument, UTCDateTime, utcnow
@@ -47,6 +47,12 @@ class PlanRow(Base):
     plan: Mapped[dict[str, Any]] = mapped_column(JsonDocument, deferred=True)
     """The whole versioned Plan document."""
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Provenance of a re-plan (POST /plans/{id}/replan). Plain ids, no foreign keys: the record must
+    # survive its source plan being deleted, and SQLite could not drop a referencing column again.
+    replanned_from_plan_id: Mapped[int | None] = mapped_column(BigId, index=True)
+    """The plan whose out-of-memory run (or configuration) this plan was re-planned to avoid."""
+    replanned_from_run_id: Mapped[int | None] = mapped_column(BigId)
+    """The OOM validation run whose configuration set the memory ceiling (None: the plan's own)."""
 
     __table_args__ = (
         # One index per sortable column, with the id tie-breaker that keyset pagination walks.
@@ -79,23 +85,33 @@ class CalibrationProfileRow(Base):
 
 
 class ValidationRunRow(Base):
-    """A few measured steps of a plan's launcher, beside what the plan predicted."""
+    """A few measured steps of a plan's launcher, beside what the plan predicted; or the record of a run
+    that ran out of memory (`outcome == "oom"`: no step measurements, no prediction errors)."""
 
     __tablename__ = "validation_runs"
     __table_args__ = (NEVER_REUSE_IDS,)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     plan_id: Mapped[int] = mapped_column(BigId, ForeignKey("plans.id", ondelete="CASCADE"), index=True)
-    measured_step_time_s: Mapped[float] = mapped_column(Float)
-    measured_tokens_per_s_per_gpu: Mapped[float] = mapped_column(Float)
+    outcome: Mapped[str] = mapped_column(String(16), default="completed", server_default="completed")
+    """`completed` or `oom`."""
+    measured_step_time_s: Mapped[float | None] = mapped_column(Float)
+    measured_tokens_per_s_per_gpu: Mapped[float | None] = mapped_column(Float)
     measured_peak_memory_gib: Mapped[float | None] = mapped_column(Float)
     predicted_step_time_s: Mapped[float] = mapped_column(Float)
     predicted_tokens_per_s_per_gpu: Mapped[float] = mapped_column(Float)
     predicted_peak_memory_gib: Mapped[float] = mapped_column(Float)
-    step_time_error_pct: Mapped[float] = mapped_column(Float)
+    step_time_error_pct: Mapped[float | None] = mapped_column(Float)
     """(predicted - measured) / measured x 100: positive when the plan promised too slow a step."""
-    tokens_per_s_error_pct: Mapped[float] = mapped_column(Float)
+    tokens_per_s_error_pct: Mapped[float | None] = mapped_column(Float)
     peak_memory_error_pct: Mapped[float | None] = mapped_column(Float)
+    # Out of memory (outcome == "oom"): where it failed and what the allocator said.
+    oom_step: Mapped[int | None] = mapped_column(Integer)
+    oom_phase: Mapped[str | None] = mapped_column(String(32))
+    oom_requested_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    oom_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    oom_reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    oom_message: Mapped[str | None] = mapped_column(String(2000))
     raw: Mapped[dict[str, Any]] = mapped_column(JsonDocument, deferred=True)
     """The run's full report (per-step times, environment)."""
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

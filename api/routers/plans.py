@@ -19,10 +19,12 @@ from api.schemas.plans import (
     PlanPage,
     PlanSort,
     PlanSummary,
+    ReplanCreate,
     SortOrder,
 )
 from api.services import plan_listing
 from api.services import plans as plan_service
+from api.services import replan as replan_service
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 
@@ -133,3 +135,33 @@ def delete_plan(plan_id: PlanId, session: SessionDep) -> Response:
         raise plan_service.plan_not_found(plan_id)
     session.commit()
     return Response(status_code=204)
+
+
+@router.post(
+    "/{plan_id}/replan",
+    status_code=201,
+    response_model=PlanDetail,
+    dependencies=[WriteAccess],
+    responses={
+        200: {"model": PlanDetail, "description": "This failure was re-planned before: the stored plan"},
+        **problems(401, 404, 415, 422),
+    },
+    summary="Re-plan a plan's request without every configuration as memory-hungry as one that ran out of "
+    "memory",
+)
+def replan(
+    plan_id: PlanId,
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    body: ReplanCreate | None = None,
+) -> PlanDetail:
+    """The failed configuration is the plan's own (its newest OOM run's, or `run_id`'s); it is re-priced
+    with the current planner, and the new plan only considers configurations predicted below that peak
+    (`request.search.max_peak_memory_gib`, exclusive). 422 when nothing lighter fits."""
+    outcome = replan_service.replan(
+        session, plan_id, body or ReplanCreate(), locks=request.app.state.plan_locks
+    )
+    response.status_code = outcome.status_code
+    response.headers["Location"] = str(request.url_for("get_plan", plan_id=outcome.row.id))
+    return PlanDetail.model_validate(outcome.row)

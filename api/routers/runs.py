@@ -15,8 +15,8 @@ from api.services import plans as plan_service
 router = APIRouter(prefix="/plans/{plan_id}/runs", tags=["validation runs"])
 
 
-def _error_pct(predicted: float, measured: float) -> float:
-    return (predicted - measured) / measured * 100.0
+def _error_pct(predicted: float, measured: float | None) -> float | None:
+    return (predicted - measured) / measured * 100.0 if measured else None
 
 
 def _plan(session: SessionDep, plan_id: int) -> PlanRow:
@@ -32,26 +32,39 @@ def _plan(session: SessionDep, plan_id: int) -> PlanRow:
     response_model=RunOut,
     dependencies=[WriteAccess],
     responses=problems(401, 404, 415, 422),
-    summary="Store a validation run: what the plan's launcher measured, beside what it predicted",
+    summary="Store a validation run: what the plan's launcher measured beside what it predicted, or where "
+    "it ran out of memory",
 )
 def create_run(
     plan_id: PlanId, body: RunCreate, request: Request, response: Response, session: SessionDep
 ) -> RunOut:
     plan = _plan(session, plan_id)
-    measured_memory = body.measured_peak_memory_gib
+    completed = body.outcome == "completed"
+    oom = body.oom
     row = ValidationRunRow(
         plan_id=plan.id,
+        outcome=body.outcome,
         measured_step_time_s=body.measured_step_time_s,
         measured_tokens_per_s_per_gpu=body.measured_tokens_per_s_per_gpu,
-        measured_peak_memory_gib=measured_memory,
+        measured_peak_memory_gib=body.measured_peak_memory_gib,
         predicted_step_time_s=plan.step_time_s,
         predicted_tokens_per_s_per_gpu=plan.tokens_per_s_per_gpu,
         predicted_peak_memory_gib=plan.peak_memory_gib,
-        step_time_error_pct=_error_pct(plan.step_time_s, body.measured_step_time_s),
-        tokens_per_s_error_pct=_error_pct(plan.tokens_per_s_per_gpu, body.measured_tokens_per_s_per_gpu),
-        peak_memory_error_pct=(
-            _error_pct(plan.peak_memory_gib, measured_memory) if measured_memory else None
+        # An OOM run's partial measurements are no test of the prediction: no errors, so accuracy
+        # views leave it out.
+        step_time_error_pct=_error_pct(plan.step_time_s, body.measured_step_time_s) if completed else None,
+        tokens_per_s_error_pct=(
+            _error_pct(plan.tokens_per_s_per_gpu, body.measured_tokens_per_s_per_gpu) if completed else None
         ),
+        peak_memory_error_pct=(
+            _error_pct(plan.peak_memory_gib, body.measured_peak_memory_gib) if completed else None
+        ),
+        oom_step=oom.step if oom else None,
+        oom_phase=oom.phase if oom else None,
+        oom_requested_bytes=oom.requested_bytes if oom else None,
+        oom_allocated_bytes=oom.allocated_bytes if oom else None,
+        oom_reserved_bytes=oom.reserved_bytes if oom else None,
+        oom_message=oom.message if oom else None,
         raw={**body.raw, "steps": body.steps},
     )
     session.add(row)

@@ -136,10 +136,25 @@ class PlanSummary(BaseModel):
 class PlanDetail(PlanSummary):
     """A stored plan with its inputs and the whole Plan document."""
 
+    replanned_from_plan_id: int | None = None
+    """Set on a re-plan: the plan whose configuration (or OOM run) it avoids."""
+    replanned_from_run_id: int | None = None
+    """Set on a re-plan after an out-of-memory run: that run's id."""
+
     request: dict[str, Any]
     """The normalized request the planner ran on (the model resolved to a full spec)."""
     plan: dict[str, Any]
     """The versioned Plan document: config, prediction, alternatives, Pareto front, rejected families."""
+
+
+class ReplanCreate(StrictBody):
+    """Which failure to re-plan around (every field optional)."""
+
+    run_id: Annotated[int, Field(ge=1, le=MAX_ID)] | None = None
+    """An out-of-memory run of this plan; default: its newest OOM run, or else the plan's own
+    configuration."""
+    name: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    """A label for the new plan; default `<plan name> (re-planned)`."""
 
 
 class PlanPage(BaseModel):

@@ -76,11 +76,14 @@ def create_plan(
     # End the read transaction: nothing here should hold a pooled connection while waiting or searching.
     session.commit()
     with locks.hold(digest):
-        row = _find(session, digest)
+        row = find(session, digest)
         if row is None:
             session.commit()
-            plan = _search(request, profile, calibration_id)
-            row, created = _store(session, _row_for(body, request, plan, digest))
+            plan = search(request, profile, calibration_id)
+            row, created = store(
+                session,
+                row_for(request, plan, digest, name=body.name, calibration_id=body.calibration_id),
+            )
         else:
             created = False
     outcome = PlanOutcome(row=row, status_code=201 if created else 200)
@@ -106,7 +109,7 @@ def build_request(body: PlanCreate, *, max_model_layers: int) -> PlanRequest:
             top_k=body.top_k,
         )
     except PlanningError as exc:
-        raise _unplannable(exc) from None
+        raise unplannable(exc) from None
     except ValidationError as exc:
         errors = _request_errors(exc)
         raise ProblemError(
@@ -142,7 +145,7 @@ def _request_errors(exc: ValidationError) -> list[FieldError]:
     return fixed
 
 
-def _unplannable(exc: PlanningError) -> ProblemError:
+def unplannable(exc: PlanningError) -> ProblemError:
     field = exc.field or ""
     # The catalog relays pydantic messages of model specs; their "Value error, " prefix is noise here.
     message = exc.message.replace("Value error, ", "")
@@ -157,14 +160,17 @@ def _unplannable(exc: PlanningError) -> ProblemError:
                         errors=errors)
 
 
-def _search(request: PlanRequest, profile: CalibrationProfile | None, calibration_id: str | None) -> Plan:
+def search(request: PlanRequest, profile: CalibrationProfile | None, calibration_id: str | None) -> Plan:
     try:
         return make_plan(request, calibration=profile, calibration_id=calibration_id)
     except PlanningError as exc:
-        raise _unplannable(exc) from None
+        raise unplannable(exc) from None
 
 
-def _row_for(body: PlanCreate, request: PlanRequest, plan: Plan, digest: str) -> PlanRow:
+def row_for(
+    request: PlanRequest, plan: Plan, digest: str, *, name: str | None, calibration_id: int | None
+) -> PlanRow:
+    """The row that stores `plan` (refused when the cost model produced non-finite numbers)."""
     document = plan.model_dump(mode="json")
     if not _all_finite(document):
         raise ProblemError(
@@ -175,7 +181,7 @@ def _row_for(body: PlanCreate, request: PlanRequest, plan: Plan, digest: str) ->
     cluster = plan.cluster
     prediction = plan.prediction
     return PlanRow(
-        name=body.name or f"{plan.model.name} on {cluster.num_nodes}x{cluster.gpus_per_node}x{cluster.gpu}",
+        name=name or f"{plan.model.name} on {cluster.num_nodes}x{cluster.gpus_per_node}x{cluster.gpu}",
         model_name=plan.model.name,
         gpu=cluster.gpu,
         num_nodes=cluster.num_nodes,
@@ -187,13 +193,13 @@ def _row_for(body: PlanCreate, request: PlanRequest, plan: Plan, digest: str) ->
         step_time_s=prediction.step_time_s,
         plan_hash=digest,
         planner_version=plan.planner_version,
-        calibration_id=body.calibration_id,
+        calibration_id=calibration_id,
         request=request.model_dump(mode="json"),
         plan=document,
     )
 
 
-def _store(session: Session, row: PlanRow) -> tuple[PlanRow, bool]:
+def store(session: Session, row: PlanRow) -> tuple[PlanRow, bool]:
     """Insert `row`, or return the row another process stored for the same hash first."""
     session.add(row)
     try:
@@ -201,7 +207,7 @@ def _store(session: Session, row: PlanRow) -> tuple[PlanRow, bool]:
         return row, True
     except IntegrityError:
         session.rollback()
-        existing = _find(session, row.plan_hash)
+        existing = find(session, row.plan_hash)
         if existing is not None:
             return existing, False
         if row.calibration_id is not None:
@@ -212,7 +218,7 @@ def _store(session: Session, row: PlanRow) -> tuple[PlanRow, bool]:
         raise
 
 
-def _find(session: Session, digest: str) -> PlanRow | None:
+def find(session: Session, digest: str) -> PlanRow | None:
     return session.scalar(select(PlanRow).where(PlanRow.plan_hash == digest).options(*full_plan()))
 
 

@@ -7,6 +7,10 @@ gradient clipping and accumulation, distributed checkpoints, and per-step metric
 Precision on CPU: a plan priced for bf16 computes in float32 on CPU by default (`--precision
 auto`): bf16 matmuls on CPUs without AMX are several times slower than fp32 and the CPU run is a
 functional rehearsal, not a performance one. `--precision plan` keeps the plan's dtypes anyway.
+
+Out of memory: any rank whose allocation fails (CUDA or CPU) appends one `{"event": "oom", ...}`
+line to the metrics file, prints one line to stderr and exits with EXIT_OOM (3), see
+`executor.runtime.oom`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from executor.runtime.distributed import DistEnv, LaunchError, build_mesh, exit_
 from executor.runtime.materialize import materialize
 from executor.runtime.metrics import MemoryMeter, MetricsWriter, StepMetrics, mfu
 from executor.runtime.models import ModelFactoryError, build_model, count_params
+from executor.runtime.oom import EXIT_OOM, PhaseTracker, find_oom, limit_cuda_memory, oom_record, report_oom
 from executor.runtime.optim import OptimizerSettings, build_optimizer, lr_factor, set_lr
 from executor.runtime.parallelize import Overrides, Parallelized, parallelize
 from executor.runtime.plan import PlanError, RuntimePlan, load_plan
@@ -36,11 +41,18 @@ from executor.runtime.step import train_step
 USER_ERRORS = (PlanError, LaunchError, DataError, ModelFactoryError)
 """Errors caused by inputs a person can fix: reported as one line, without a traceback."""
 
+EPILOG = f"""exit status: 0 done; 1 unexpected failure (traceback above); 2 invalid input (plan, launch,
+data, model factory: one line says what to fix); {EXIT_OOM} out of memory: the failing rank appends
+{{"event": "oom", "step", "phase", "requested_bytes", "allocated_bytes", "reserved_bytes", ...}} to
+--metrics-file and prints one line to stderr."""
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m executor.runtime.train",
         description="Train with a fsdp-planner plan (compiled SimpleFSDP or eager FSDP2).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--plan", required=True, help="plan JSON (as downloaded with the launcher)")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps to run in total (default 20)")
@@ -54,7 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir"
     )
-    p.add_argument("--metrics-file", type=Path, help="append per-step JSON lines here (rank 0)")
+    p.add_argument(
+        "--metrics-file", type=Path, help="append per-step JSON lines here (rank 0; OOM records: every rank)"
+    )
     p.add_argument("--seed", type=int, default=0, help="initial weights and data sampling")
     p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
     p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a fraction of --lr")
@@ -78,7 +92,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-compile", action="store_true", help="run SimpleFSDP eagerly (debugging)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
     p.add_argument("--memory-every", type=int, default=25, help="CPU only: profile memory every N steps")
+    p.add_argument(
+        "--max-memory-gib",
+        type=float,
+        help="CUDA only: cap each process's GPU memory at this many GiB (rehearse the plan for a smaller "
+        "GPU; going over it is an out-of-memory exit)",
+    )
     args = p.parse_args(argv)
+    if args.max_memory_gib is not None and args.max_memory_gib <= 0:
+        p.error("--max-memory-gib must be positive")
     if args.steps < 1:
         p.error("--steps must be at least 1")
     if args.resume and args.checkpoint_dir is None:
@@ -129,9 +151,19 @@ def resolve_overrides(
     return overrides, note
 
 
-def train(args: argparse.Namespace) -> int:
+def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
+    tracker = tracker or PhaseTracker()
     plan = load_plan(args.plan)
+    tracker.plan_hash = plan.plan_hash
     env = init_distributed(plan, device=args.device)
+    tracker.rank, tracker.device = env.rank, env.device
+    if args.max_memory_gib is not None:
+        if env.device.type != "cuda":
+            raise LaunchError("--max-memory-gib caps CUDA memory; this run is on CPU (leave the option out)")
+        try:
+            tracker.memory_limit_bytes = limit_cuda_memory(env.device, args.max_memory_gib)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
     mesh = build_mesh(plan, env)
     cfg, training = plan.config, plan.training
     # Data-parallel coordinates: every rank is a data-parallel rank (no TP/PP in these plans).
@@ -190,6 +222,7 @@ def train(args: argparse.Namespace) -> int:
 
     start_step = 0
     if args.resume:
+        tracker.enter("resume")
         found = latest_checkpoint(args.checkpoint_dir)
         if found is None:
             log0(env, f"  resume: no checkpoint in {args.checkpoint_dir}, starting from step 0")
@@ -225,6 +258,7 @@ def train(args: argparse.Namespace) -> int:
                 min_ratio=settings.min_lr_ratio,
             )
             set_lr(optimizer, lr)
+            tracker.enter("data", step)
             if env.device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -241,7 +275,9 @@ def train(args: argparse.Namespace) -> int:
                     batches,
                     grad_accum_steps=cfg.grad_accum_steps,
                     max_grad_norm=settings.max_grad_norm,
+                    phase=tracker,
                 )
+            tracker.enter("sync")
             # One small all-reduce: the global mean loss, and whether any rank was asked to stop.
             stats = torch.stack(
                 [
@@ -271,6 +307,7 @@ def train(args: argparse.Namespace) -> int:
             stopping = stats[1].item() > 0
             due = args.checkpoint_every > 0 and step % args.checkpoint_every == 0
             if args.checkpoint_dir and (due or step == args.steps or stopping):
+                tracker.enter("checkpoint")
                 path = save_checkpoint(
                     args.checkpoint_dir,
                     step=step,
@@ -320,15 +357,26 @@ def _summary(env: DistEnv, plan: RuntimePlan, history: list[StepMetrics]) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    tracker = PhaseTracker()
+    oom = False
     try:
-        return train(args)
+        return train(args, tracker)
     except USER_ERRORS as exc:
         # Every rank fails the same way; one message is enough.
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except Exception as exc:  # an allocation failure may arrive wrapped (compile, checkpointing)
+        failure = find_oom(exc)
+        if failure is None:
+            raise
+        oom = True
+        report_oom(oom_record(failure, tracker), args.metrics_file)
+        return EXIT_OOM
     finally:
-        if dist.is_initialized():
+        # After an OOM the other ranks may be inside a collective this rank will never join: tearing
+        # the process group down could wait on them. The caller exits without teardown anyway.
+        if dist.is_initialized() and not oom:
             dist.destroy_process_group()
 
 

@@ -29,7 +29,7 @@ def test_upgrade_downgrade_upgrade(fresh_url: str) -> None:
     try:
         assert migrate.current_revision(engine) is None
         migrate.upgrade(engine)
-        assert migrate.current_revision(engine) == migrate.head_revision() == "0001"
+        assert migrate.current_revision(engine) == migrate.head_revision() == "0002"
         assert set(inspect(engine).get_table_names()) >= TABLES
 
         migrate.downgrade(engine, "base")
@@ -38,7 +38,7 @@ def test_upgrade_downgrade_upgrade(fresh_url: str) -> None:
 
         migrate.upgrade(engine)
         migrate.upgrade(engine)  # a no-op at head
-        assert migrate.current_revision(engine) == "0001"
+        assert migrate.current_revision(engine) == "0002"
         assert set(inspect(engine).get_table_names()) >= TABLES
     finally:
         engine.dispose()
@@ -74,7 +74,7 @@ async def test_the_app_migrates_a_fresh_database_at_startup(fresh_url: str, anyi
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            assert (await client.get("/readyz")).json()["schema_revision"] == "0001"
+            assert (await client.get("/readyz")).json()["schema_revision"] == "0002"
             body = {
                 "model": "llama-debug",
                 "cluster": "1x2xcpu",

@@ -352,3 +352,32 @@ def test_launcher_buttons_link_to_real_archives(client: TestClient) -> None:
         assert f'href="{link}" download' in html
         archive = client.get(link)
         assert archive.status_code == 200 and archive.headers["content-type"] == "application/gzip"
+
+
+def test_an_oom_run_is_shown_with_a_replan_button_and_left_out_of_accuracy(
+    client: TestClient, db: Database
+) -> None:
+    plan_id = create_plan(client, **DEBUG_CPU_FORM)
+    oom = {"outcome": "oom", "oom": {"step": 2, "phase": "backward", "requested_bytes": 8_400_000_000,
+                                     "allocated_bytes": 70 * 2**30, "reserved_bytes": 74 * 2**30}}
+    run = client.post(f"/api/v1/plans/{plan_id}/runs", json=oom).json()
+    with db.session() as session:
+        insert_runs(session, session.get(PlanRow, plan_id), 1, seed=3)
+    detail = client.get(f"/plans/{plan_id}").text
+    row = detail[detail.index(f'id="run-{run["id"]}"'):]
+    row = html_module.unescape(row[: row.index("</tr>")])
+    assert "out of memory" in row and "OOM at step 2, backward, asked for 7.82 GiB" in row
+    assert "70.0 GiB allocated" in row or "70.00 GiB allocated" in row, row
+    assert f'action="/plans/{plan_id}/replan"' in row and f'value="{run["id"]}"' in row
+    accuracy = client.get("/accuracy").text
+    assert marks(accuracy, "step-time", "circle") == 1  # the completed run only
+
+    form = {"run_id": str(run["id"])}
+    replanned = client.post(f"/plans/{plan_id}/replan", data=form, follow_redirects=False)
+    assert replanned.status_code == 303, replanned.text
+    new_page = client.get(replanned.headers["location"]).text
+    assert 'id="replanned-notice"' in new_page and f'href="/plans/{plan_id}"' in new_page
+    assert f"after its run #{run['id']} ran out of memory" in new_page
+    missing = client.post(f"/plans/{plan_id}/replan", data={"run_id": "999999"})
+    assert missing.status_code == 422
+    assert "is not a validation run of plan" in html_module.unescape(missing.text)

@@ -1,0 +1,57 @@
+"""`fsdp-planner replan PLAN_ID`: ask the server for a plan of the same request without every
+configuration predicted to need as much memory as the one that ran out (POST /plans/{id}/replan)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from api.cli.common import DEFAULT_SERVER, ServerClient, plan_from_document
+from api.cli.plan_cmd import print_plan
+
+
+def register(app: typer.Typer) -> None:
+    app.command("replan")(replan)
+
+
+def replan(
+    plan_id: Annotated[int, typer.Argument(help="The stored plan whose configuration ran out of memory.")],
+    run: Annotated[
+        int | None,
+        typer.Option("--run", help="Its OOM run (default: the newest, else the plan's own configuration)."),
+    ] = None,
+    server: Annotated[str, typer.Option(help="fsdp-planner server URL.")] = DEFAULT_SERVER,
+    api_key: Annotated[str | None, typer.Option("--api-key", help="API key, when writes need one.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Also write the Plan JSON.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the Plan JSON, not the summary.")] = False,
+) -> None:
+    """Re-plan a stored plan's request below the peak memory of its configuration that ran out of memory.
+
+    Exit status: 0 with the new (or already stored) plan; 3 when no lighter configuration fits; 2 for
+    an unknown plan or run; 4 when the server cannot be reached.
+    """
+    client = ServerClient(server, api_key)
+    body = {} if run is None else {"run_id": run}
+    stored = client.post(f"/plans/{plan_id}/replan", body)
+    plan = plan_from_document(stored, f"{client.server}/api/v1/plans/{stored.get('id')}")
+    document = plan.model_dump_json(indent=2)
+    if output is not None:
+        output.write_text(document + "\n")
+    if as_json:
+        typer.echo(document)
+        return
+    console = Console()
+    ceiling = stored["request"]["search"].get("max_peak_memory_gib")
+    failed = stored.get("replanned_from_run_id")
+    source = f"as run {failed} of plan {plan_id} did" if failed else f"as plan {plan_id}'s configuration"
+    console.print(
+        f"Re-planned without configurations predicted to need {ceiling:.3g} GiB per GPU or more "
+        f"({source}): stored as plan {stored['id']} ({client.server}/plans/{stored['id']})\n",
+        highlight=False,
+    )
+    print_plan(plan, console)
+    if output is not None:
+        console.print(f"\nPlan written to {output}")
