@@ -67,18 +67,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+MIN_PHASE_SHARE = 0.25
+"""No phase gets less than this part of its share of the whole budget."""
+
+
 class PhaseBudgets:
     """Each phase's allowance is its share of the time still left, so time a phase does not use
-    (collectives that reach the largest message early, a small model's blocks) goes to the next."""
+    (collectives that reach the largest message early, a small model's blocks) goes to the next.
+    A phase that overran (a large collective on a loaded machine) still leaves every later phase
+    a quarter of its own share: a short profile then runs past its budget instead of missing the
+    model's blocks and steps."""
 
     def __init__(self, total_s: float, shares: dict[str, float]) -> None:
         self.total_s, self.shares, self.started = total_s, dict(shares), time.perf_counter()
+        self.floors = {k: MIN_PHASE_SHARE * total_s * v / sum(shares.values()) for k, v in shares.items()}
 
     def take(self, phase: str) -> Budget:
         left = max(0.0, self.total_s - (time.perf_counter() - self.started))
         share = self.shares[phase] / sum(self.shares.values())
         del self.shares[phase]
-        return Budget(left * share)
+        return Budget(max(left * share, self.floors[phase]))
 
 
 class Progress:
