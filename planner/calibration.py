@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.cost.estimate import Estimator, block_step_time
 from planner.cost.model_costs import ModelCosts, model_costs
@@ -26,6 +26,10 @@ MAX_SAMPLES = 10_000
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=1, le=1_000_000_000_000)]
+MAX_DEVICE_BYTES = 1 << 50
+"""1 PiB: far beyond any accelerator's memory, low enough to refuse nonsense."""
+DeviceBytes = Annotated[int, Field(ge=0, le=MAX_DEVICE_BYTES)]
+Checkpointing = Literal["none", "selective", "op_selective", "full"]
 
 
 class ProfileModel(BaseModel):
@@ -86,16 +90,21 @@ class BlockSample(ProfileModel):
     model: Annotated[str, Field(max_length=200)]
     micro_batch_size: Count
     seq_len: Count
-    checkpointing: Literal["none", "selective", "op_selective", "full"] = "none"
+    checkpointing: Checkpointing = "none"
     compile: bool = False
     dtype: Literal["bfloat16", "float32"] = "float32"
     seconds: PositiveFloat
-    peak_memory_bytes: Annotated[int, Field(ge=0)] | None = None
+    peak_memory_bytes: DeviceBytes | None = None
 
 
 class StepSample(ProfileModel):
-    """A whole training step (runtime's own step, eager FSDP2, no checkpointing) of the model cut
-    to `num_layers` blocks, on `ranks` ranks: sharded over all of them, or replicated."""
+    """A whole training step (the runtime's own step) of the model cut to `num_layers` blocks, on
+    `ranks` ranks: sharded over all of them, or replicated; eager FSDP2 or compiled SimpleFSDP.
+
+    Memory fields are per rank, the largest over ranks, over the timed steps (all after the first
+    optimizer update, so optimizer state exists). Profiles written before they existed parse with
+    the defaults: an eager step without checkpointing whose memory was not measured.
+    """
 
     num_layers: Count
     micro_batch_size: Count
@@ -109,6 +118,33 @@ class StepSample(ProfileModel):
     """The whole step (forward, backward, clipping, update)."""
     update_seconds: PositiveFloat
     """Its gradient clipping and optimizer update alone."""
+    compile: bool = False
+    """Compiled SimpleFSDP (torch.compile over the whole model) rather than eager FSDP2."""
+    checkpointing: Checkpointing = "none"
+    """Activation checkpointing of every block (the plan's mode, every_k 1)."""
+    loss_chunks: Annotated[int, Field(ge=1, le=1_000_000)] = 1
+    """Token slices of the output projection and loss (the plan's `config.loss_chunks`)."""
+    peak_allocated_bytes: DeviceBytes | None = None
+    """Peak bytes held by tensors during a step (CUDA: `max_memory_allocated`)."""
+    peak_reserved_bytes: DeviceBytes | None = None
+    """Peak bytes the allocator held from the device (CUDA: `max_memory_reserved`; on CPU, where
+    no caching allocator holds memory back, equal to allocated)."""
+    state_bytes: DeviceBytes | None = None
+    """Bytes of parameters, buffers and optimizer state on the rank between steps (the part of
+    the peak that does not depend on activations)."""
+    memory_source: Literal["cuda", "cpu_tensor_profile", "cpu_rss"] | None = None
+    """How memory was measured: the CUDA caching allocator's peaks; on CPU, persistent tensors plus
+    the torch profiler's peak net allocation over one step, or (no profiler) the process's peak
+    resident set size, an upper bound."""
+
+    @model_validator(mode="after")
+    def _reserved_holds_allocated(self) -> StepSample:
+        allocated, reserved = self.peak_allocated_bytes, self.peak_reserved_bytes
+        if allocated is not None and reserved is not None and reserved < allocated:
+            raise ValueError(
+                "peak_reserved_bytes is below peak_allocated_bytes: the allocator holds what tensors use"
+            )
+        return self
 
 
 class CalibrationProfile(ProfileModel):
@@ -128,6 +164,18 @@ class CalibrationProfile(ProfileModel):
     steps: Annotated[list[StepSample], Field(max_length=MAX_SAMPLES)] = []
     overlap_contention: Annotated[float, Field(ge=0, le=2)] | None = None
     """Measured compute slowdown while a collective runs beside it."""
+    usable_memory_bytes: DeviceBytes | None = None
+    """Free device memory per GPU once CUDA and the process group (NCCL) are initialised, before
+    any model (`torch.cuda.mem_get_info`), the smallest over ranks. None on CPU."""
+    device_memory_bytes: DeviceBytes | None = None
+    """Total device memory per GPU (the smallest over ranks). None on CPU."""
+
+    @model_validator(mode="after")
+    def _usable_within_device(self) -> CalibrationProfile:
+        usable, total = self.usable_memory_bytes, self.device_memory_bytes
+        if usable is not None and total is not None and usable > total:
+            raise ValueError("usable_memory_bytes exceeds device_memory_bytes")
+        return self
 
     def content_id(self) -> str:
         """A stable id from the measurements themselves (`profile-<12 hex>`)."""
@@ -233,11 +281,19 @@ def _fit(
     scale = _block_scale(profile, fitted, dtype)
     if scale is not None:
         fitted = fitted.with_changes(compute_scale=scale)
-    # Whole steps come last: they correct what the parts fitted above leave unexplained.
+    # Whole steps come last: they correct what the parts fitted above leave unexplained. The
+    # optimizer runs eagerly in both engines, so every step times it; eager steps without
+    # checkpointing fit the compute scale and overheads (as before compiled and checkpointed
+    # steps were measured), and compiled steps then fit what compilation changes on top of them.
     steps = [s for s in profile.steps if s.dtype == dtype and s.optimizer == optimizer]
     if steps and profile.model is not None:
         fitted = _fit_optimizer(profile, steps, fitted)
-        fitted = _fit_steps(profile, steps, fitted, precision)
+        eager = [s for s in steps if not s.compile and s.checkpointing == "none"]
+        if eager:
+            fitted = _fit_steps(profile, eager, fitted, precision)
+        compiled = [s for s in steps if s.compile]
+        if compiled:
+            fitted = _fit_compiled(profile, compiled, fitted, precision)
     return fitted
 
 
@@ -270,7 +326,8 @@ def _shard(sample: StepSample) -> int:
 def predicted_step_time(
     profile: CalibrationProfile, sample: StepSample, params: CostParameters, precision: Precision
 ) -> float:
-    """The cost model's step time for a timed step's model and configuration."""
+    """The cost model's step time for a timed step's model and configuration (its engine and
+    checkpointing included; compiled steps run without bucketing, as the profiler runs them)."""
     fp = profile.fingerprint
     setting = Setting(
         model=_step_model(profile, sample),
@@ -290,11 +347,11 @@ def predicted_step_time(
         blocks_per_unit=1,
         all_gather_bucket_mb=0.0,
         reduce_scatter_bucket_mb=0.0,
-        checkpointing="none",
+        checkpointing=sample.checkpointing,
         every_k=1,
         micro_batch=sample.micro_batch_size,
         grad_accum=sample.grad_accum_steps,
-        compile=False,
+        compile=sample.compile,
     )
     return Estimator(setting).timing(choice).step_time_s
 
@@ -336,6 +393,26 @@ def _fit_steps(
         extra = max(0.0, fit_at(params, sharded)[1] - base_overhead)
         return params.with_changes(micro_batch_overhead_s=base_overhead, sharding_overhead_s=extra)
     return params.with_changes(micro_batch_overhead_s=fit_at(params, steps)[1])
+
+
+def _fit_compiled(
+    profile: CalibrationProfile, compiled: list[StepSample], params: CostParameters, precision: Precision
+) -> CostParameters:
+    """The compiled compute scale with the least relative error on the compiled steps.
+
+    Everything else (compute scale, overheads, optimizer) stays as the eager steps fitted it: the
+    compiled steps run the same model, collectives and optimizer, so what differs is the compute
+    that inductor fuses and schedules, which the catalog's fusion fractions only guess.
+    """
+
+    def error(scale: float) -> float:
+        trial = params.with_changes(compiled_compute_scale=scale)
+        return sum(
+            ((s.seconds - predicted_step_time(profile, s, trial, precision)) / s.seconds) ** 2
+            for s in compiled
+        )
+
+    return params.with_changes(compiled_compute_scale=_minimize(error))
 
 
 def _minimize(error: Callable[[float], float]) -> float:

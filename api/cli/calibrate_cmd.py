@@ -198,6 +198,11 @@ def show_fit(profile: CalibrationProfile, console: Console) -> None:
         ),
         ("compute scale", f"{base.compute_scale:.2f}", f"{fitted.compute_scale:.2f}"),
         (
+            "compiled compute scale",
+            f"{base.compiled_compute_scale:.2f}",
+            f"{fitted.compiled_compute_scale:.2f}",
+        ),
+        (
             "optimizer step",
             f"{base.optimizer_bytes_per_param:.0f} B/param",
             f"{fitted.optimizer_bytes_per_param:.0f} B/param + {fitted.optimizer_overhead_s * 1e3:.1f} ms",

@@ -78,7 +78,26 @@ def fingerprint_rows(profile: CalibrationProfile) -> list[Row]:
             f"{len(profile.steps)} training-step"),
         Row("Overlap contention", "not measured" if profile.overlap_contention is None
             else f"{profile.overlap_contention:.1%} compute slowdown beside a collective"),
+        _memory_row(profile),
     ]
+
+
+def _memory_row(profile: CalibrationProfile) -> Row:
+    """Usable device memory and the largest training-step peak the profile measured."""
+    usable, total = profile.usable_memory_bytes, profile.device_memory_bytes
+    capacity = (
+        f"{fmt.binary_bytes(usable)} usable" + (f" of {fmt.binary_bytes(total)}" if total else "")
+        if usable is not None
+        else "capacity not measured"
+    )
+    peaks = [s.peak_allocated_bytes for s in profile.steps if s.peak_allocated_bytes is not None]
+    measured = (
+        f"training-step peaks measured in {len(peaks)} of {len(profile.steps)} steps, "
+        f"largest {fmt.binary_bytes(max(peaks))}"
+        if peaks
+        else "no training-step peaks measured"
+    )
+    return Row("Device memory", capacity, measured)
 
 
 def peak_flops(gpu: GpuSpec, dtype: str) -> float:
@@ -205,6 +224,7 @@ _FITTED_FIELDS: tuple[tuple[str, tuple[str, ...], Any], ...] = (
     ("Inter-node latency", ("links", "inter", "latency_s"), fmt.seconds),
     ("Overlap contention", ("overlap_contention",), lambda v: f"{v:.1%}"),
     ("Compute scale", ("compute_scale",), lambda v: f"{v:.3g}×"),
+    ("Compiled compute scale", ("compiled_compute_scale",), lambda v: f"{v:.3g}×"),
     ("Optimizer traffic", ("optimizer_bytes_per_param",), lambda v: f"{v:,.0f} B/parameter"),
     ("Optimizer overhead", ("optimizer_overhead_s",), fmt.seconds),
     ("Overhead per micro-batch", ("micro_batch_overhead_s",), fmt.seconds),

@@ -1,8 +1,9 @@
 """Calibration run: `torchrun --nproc-per-node N -m executor.profile.run -o profile.json [...]`.
 
 Measures the machine briefly (GEMMs at the model's own shapes, memory bandwidth, collectives over
-message sizes for the whole group and node-local sub-groups, comm/compute contention, and the
-model's blocks when a model is given) within a time budget, and writes a CalibrationProfile JSON
+message sizes for the whole group and node-local sub-groups, comm/compute contention, the usable
+device memory, and, when a model is given, its blocks and whole training steps, eager and compiled,
+with their peak memory) within a time budget, and writes a CalibrationProfile JSON
 on rank 0. Imports only the standard library and torch, so it runs wherever training would.
 """
 
@@ -30,13 +31,14 @@ from executor.profile.measure import (
 from executor.runtime.distributed import exit_process
 
 # Share of the budget per phase (the contention probe takes a few seconds and is not budgeted);
-# blocks and training steps only run when a model is given.
+# blocks and training steps only run when a model is given. Half the steps' share is kept for the
+# compiled shapes (see executor/profile/step.py).
 PHASES = {
     "matmul": 0.25,
     "bandwidth": 0.05,
     "collectives": 0.3,
     "blocks": 0.15,
-    "steps": 0.25,
+    "steps": 0.45,
 }
 KNOWN_GPUS = (
     ("H200", "H200-141GB"),
@@ -65,18 +67,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+MIN_PHASE_SHARE = 0.25
+"""No phase gets less than this part of its share of the whole budget."""
+
+
 class PhaseBudgets:
     """Each phase's allowance is its share of the time still left, so time a phase does not use
-    (collectives that reach the largest message early, a small model's blocks) goes to the next."""
+    (collectives that reach the largest message early, a small model's blocks) goes to the next.
+    A phase that overran (a large collective on a loaded machine) still leaves every later phase
+    a quarter of its own share: a short profile then runs past its budget instead of missing the
+    model's blocks and steps."""
 
     def __init__(self, total_s: float, shares: dict[str, float]) -> None:
         self.total_s, self.shares, self.started = total_s, dict(shares), time.perf_counter()
+        self.floors = {k: MIN_PHASE_SHARE * total_s * v / sum(shares.values()) for k, v in shares.items()}
 
     def take(self, phase: str) -> Budget:
         left = max(0.0, self.total_s - (time.perf_counter() - self.started))
         share = self.shares[phase] / sum(self.shares.values())
         del self.shares[phase]
-        return Budget(left * share)
+        return Budget(max(left * share, self.floors[phase]))
 
 
 class Progress:
@@ -137,6 +147,23 @@ def fingerprint(device: torch.device, backend: str, local_world: int) -> dict:
     }
 
 
+def memory_capacity(device: torch.device) -> tuple[int | None, int | None]:
+    """(free, total) device bytes once CUDA and the process group are up, before any model: what
+    training can use. The smallest over ranks (the fullest GPU decides what fits). None on CPU."""
+    if device.type != "cuda":
+        return None, None
+    if dist.is_initialized():
+        # NCCL creates its communicator (and its buffers) on the first collective: make that
+        # happen before reading what is free.
+        dist.all_reduce(torch.zeros(1, device=device))
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    both = torch.tensor([free, total], dtype=torch.int64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(both, op=dist.ReduceOp.MIN)
+    return int(both[0].item()), int(both[1].item())
+
+
 def catalog_gpu(device: torch.device) -> str | None:
     if device.type != "cuda":
         return "cpu"
@@ -164,6 +191,7 @@ def model_shapes(
 
 def run(args: argparse.Namespace) -> dict:
     device, backend, local_world = setup()
+    usable_bytes, device_bytes = memory_capacity(device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     progress = Progress(args.budget_s, enabled=rank == 0)
@@ -252,6 +280,8 @@ def run(args: argparse.Namespace) -> dict:
         "blocks": blocks,
         "steps": steps if rank == 0 else [],
         "overlap_contention": contention,
+        "usable_memory_bytes": usable_bytes,
+        "device_memory_bytes": device_bytes,
     }
 
 

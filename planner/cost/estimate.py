@@ -74,7 +74,7 @@ def _forward_time(
         traffic *= p.compile_traffic_fraction
         kernels *= p.compile_kernel_fraction
     elementwise = traffic / p.memory_bandwidth + kernels * p.kernel_overhead_s
-    scale = p.compute_scale
+    scale = p.compute_scale * (p.compiled_compute_scale if compile_ else 1.0)
     return ForwardTime(matmul * scale, attention * scale, elementwise * scale)
 
 

@@ -89,6 +89,10 @@ class CostParameters:
     """Why `memory_margin` is what it is (shown with every plan)."""
     compute_scale: float = 1.0
     """Correction factor on predicted compute time (fitted from whole-block measurements)."""
+    compiled_compute_scale: float = 1.0
+    """Further correction on compute time of compiled (SimpleFSDP + torch.compile) configurations
+    only, on top of `compute_scale`: what inductor's fusion and scheduling gain or lose beyond the
+    fused-traffic and kernel-count fractions. Fitted from timed compiled steps after the eager fit."""
     optimizer_overhead_s: float = 0.0
     """Fixed time of one optimizer step and gradient clip (launches, per-tensor dispatch)."""
     micro_batch_overhead_s: float = 0.0

@@ -41,6 +41,7 @@ async def test_upload_stores_the_profile_and_its_fit(client: httpx.AsyncClient) 
             "collectives",
         ),
         ({"schema_version": "9.9"}, "schema_version"),
+        ({"usable_memory_bytes": 1e200}, "usable_memory_bytes"),
         ({"extra": True}, "extra"),
     ],
 )

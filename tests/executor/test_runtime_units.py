@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from executor.profile.run import PhaseBudgets
+from executor.profile.run import MIN_PHASE_SHARE, PhaseBudgets
 from executor.runtime.activation_checkpoint import checkpointed_indices
 from executor.runtime.data import BatchIndex, DataError, SyntheticTokens, TokenFile
 from executor.runtime.materialize import materialize
@@ -179,3 +179,10 @@ def test_calibration_phases_pass_unused_time_on() -> None:
     # matmul's 25 s were not used: collectives and steps share all 100 s still left.
     assert budgets.take("collectives").seconds == pytest.approx(100.0 / 3, rel=0.01)
     assert budgets.take("steps").seconds == pytest.approx(100.0, rel=0.01)
+
+
+def test_a_phase_that_overran_leaves_later_phases_a_floor() -> None:
+    budgets = PhaseBudgets(8.0, {"collectives": 1.0, "steps": 1.0})
+    budgets.started -= 20.0  # collectives took 20 s of an 8 s budget
+    budgets.take("collectives")
+    assert budgets.take("steps").seconds == pytest.approx(MIN_PHASE_SHARE * 4.0)

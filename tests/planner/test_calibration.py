@@ -141,16 +141,18 @@ def cpu_profile_with_steps(truth, shapes) -> CalibrationProfile:
         }
     )
     steps = []
-    for layers, accum, *sharding in shapes:
+    for layers, accum, *rest in shapes:
+        # (layers, accumulation[, sharding[, other StepSample fields]])
         sample = StepSample(
             num_layers=layers,
             micro_batch_size=2,
             grad_accum_steps=accum,
             seq_len=128,
             ranks=2,
-            sharding=sharding[0] if sharding else "full_shard",
+            sharding=rest[0] if rest else "full_shard",
             seconds=1.0,
             update_seconds=1.0,
+            **(rest[1] if len(rest) > 1 else {}),
         )
         shard = 2 if sample.sharding == "full_shard" else 1
         local_params = (
@@ -220,3 +222,111 @@ def test_timed_steps_of_another_optimizer_are_not_used() -> None:
     fitted = fit_parameters(profile, base=base, precision="fp32", optimizer="sgd")
     assert fitted.micro_batch_overhead_s == 0.0
     assert fitted.optimizer_bytes_per_param == base.optimizer_bytes_per_param
+
+
+EAGER_SHAPES = [(1, 1), (1, 1, "no_shard"), (2, 1, "no_shard"), (2, 1), (1, 2), (4, 1)]
+COMPILED = {"compile": True}
+
+
+def test_compiled_steps_fit_the_compiled_compute_scale_after_the_eager_fit() -> None:
+    base = default_parameters(resolve_gpu("cpu"), ClusterSpec.parse("1x2xcpu"), "fp32")
+    truth = base.with_changes(
+        compute_scale=1.35, micro_batch_overhead_s=0.02, sharding_overhead_s=0.03, compiled_compute_scale=0.8
+    )
+    shapes = [
+        *EAGER_SHAPES,
+        (2, 1, "full_shard", {"checkpointing": "full"}),
+        (1, 1, "full_shard", COMPILED),
+        (1, 1, "no_shard", COMPILED),
+    ]
+    profile = cpu_profile_with_steps(truth, shapes)
+    fitted = fit_parameters(profile, base=base, precision="fp32")
+    assert fitted.compiled_compute_scale == pytest.approx(0.8, rel=0.01)
+    # The eager fit is what eager steps alone give: compiled and checkpointed steps do not bend it.
+    assert fitted.compute_scale == pytest.approx(1.35, rel=0.01)
+    assert fitted.micro_batch_overhead_s == pytest.approx(0.02, rel=0.02)
+    assert fitted.sharding_overhead_s == pytest.approx(0.03, rel=0.02)
+    # A compiled depth it never saw is priced right; eager prices are untouched by the new scale.
+    deeper = cpu_profile_with_steps(truth, [(4, 1, "full_shard", COMPILED), (4, 1)]).steps
+    for sample in deeper:
+        assert predicted_step_time(profile, sample, fitted, "fp32") == pytest.approx(sample.seconds, rel=0.02)
+
+
+def test_without_compiled_steps_the_compiled_scale_stays_neutral() -> None:
+    base = default_parameters(resolve_gpu("cpu"), ClusterSpec.parse("1x2xcpu"), "fp32")
+    truth = base.with_changes(compute_scale=1.2, compiled_compute_scale=0.5)
+    fitted = fit_parameters(cpu_profile_with_steps(truth, EAGER_SHAPES), base=base, precision="fp32")
+    assert fitted.compiled_compute_scale == 1.0
+
+
+def test_a_step_is_priced_with_its_own_engine_and_checkpointing() -> None:
+    base = default_parameters(resolve_gpu("cpu"), ClusterSpec.parse("1x2xcpu"), "fp32")
+    profile = cpu_profile_with_steps(base, [(2, 1)])
+    eager = profile.steps[0]
+    full = eager.model_copy(update={"checkpointing": "full"})
+    compiled = eager.model_copy(update={"compile": True})
+    price = lambda s, p=base: predicted_step_time(profile, s, p, "fp32")  # noqa: E731
+    assert price(full) > price(eager)  # recomputation
+    assert price(compiled) != price(eager)
+    slower = base.with_changes(compiled_compute_scale=2.0)
+    assert price(compiled, slower) > price(compiled) and price(eager, slower) == price(eager)
+
+
+OLD_STEP = {
+    "num_layers": 1,
+    "micro_batch_size": 1,
+    "seq_len": 8,
+    "ranks": 2,
+    "seconds": 1.0,
+    "update_seconds": 0.1,
+}
+
+
+def test_profiles_written_before_memory_and_compiled_steps_still_parse() -> None:
+    profile = synthetic_profile(efficiency=0.5, overhead=1e-5, latency=1e-5, bandwidth=1e11)
+    parsed = CalibrationProfile.model_validate({**profile, "steps": [OLD_STEP]})
+    step = parsed.steps[0]
+    assert (step.compile, step.checkpointing, step.loss_chunks) == (False, "none", 1)
+    assert step.peak_allocated_bytes is None and step.memory_source is None
+    assert parsed.usable_memory_bytes is None and parsed.device_memory_bytes is None
+
+
+def test_memory_measurements_round_trip_through_json() -> None:
+    profile = synthetic_profile(efficiency=0.5, overhead=1e-5, latency=1e-5, bandwidth=1e11)
+    step = {
+        **OLD_STEP,
+        "compile": True,
+        "checkpointing": "full",
+        "loss_chunks": 4,
+        "peak_allocated_bytes": 60 << 30,
+        "peak_reserved_bytes": 64 << 30,
+        "state_bytes": 20 << 30,
+        "memory_source": "cuda",
+    }
+    document = {**profile, "steps": [step], "usable_memory_bytes": 79 << 30, "device_memory_bytes": 80 << 30}
+    parsed = CalibrationProfile.model_validate(document)
+    assert CalibrationProfile.model_validate_json(parsed.model_dump_json()) == parsed
+    assert parsed.steps[0].peak_reserved_bytes == 64 << 30 and parsed.usable_memory_bytes == 79 << 30
+
+
+@pytest.mark.parametrize(
+    ("step", "profile_fields"),
+    [
+        ({"peak_allocated_bytes": 1e200}, {}),
+        ({"peak_allocated_bytes": -1}, {}),
+        ({"peak_reserved_bytes": 2 << 50}, {}),
+        ({"state_bytes": -5}, {}),
+        ({"peak_allocated_bytes": 10, "peak_reserved_bytes": 5}, {}),
+        ({"memory_source": "guess"}, {}),
+        ({"loss_chunks": 0}, {}),
+        ({"checkpointing": "some"}, {}),
+        ({}, {"usable_memory_bytes": 1e200}),
+        ({}, {"usable_memory_bytes": -1}),
+        ({}, {"device_memory_bytes": float("inf")}),
+        ({}, {"usable_memory_bytes": 81 << 30, "device_memory_bytes": 80 << 30}),
+    ],
+)
+def test_memory_fields_are_bounded(step: dict, profile_fields: dict) -> None:
+    profile = synthetic_profile(efficiency=0.5, overhead=1e-5, latency=1e-5, bandwidth=1e11)
+    with pytest.raises(ValidationError):
+        CalibrationProfile.model_validate({**profile, "steps": [{**OLD_STEP, **step}], **profile_fields})

@@ -38,11 +38,22 @@ def check_profile(profile: CalibrationProfile) -> None:
     # Whole steps of the model cut to one block (at least), sharded over both ranks.
     assert profile.steps and profile.steps[0].num_layers == 1
     assert all(s.ranks == 2 and 0 < s.update_seconds < s.seconds for s in profile.steps)
+    # At least one compiled step (SimpleFSDP + torch.compile), however short the budget.
+    assert any(s.compile for s in profile.steps) and not profile.steps[0].compile
+    for step in profile.steps:
+        # Live tensor bytes on CPU: the step's peak holds the persistent state (parameter shards and
+        # AdamW state) plus gradients and activations; no caching allocator, so reserved == allocated.
+        assert step.memory_source == "cpu_tensor_profile"
+        assert step.state_bytes is not None and step.peak_allocated_bytes is not None
+        assert step.state_bytes < step.peak_allocated_bytes < 1 << 30
+        assert step.peak_reserved_bytes == step.peak_allocated_bytes
+    assert profile.usable_memory_bytes is None and profile.device_memory_bytes is None  # CPU
     base = default_parameters(resolve_gpu("cpu"), ClusterSpec.parse("1x2xcpu"), "fp32")
     fitted = fit_parameters(profile, base=base, precision="fp32")
     assert fitted.links["intra"] != base.links["intra"]  # measured, not the catalog guess
     assert fitted.memory_bandwidth != base.memory_bandwidth
     assert fitted.optimizer_bytes_per_param != base.optimizer_bytes_per_param  # from the timed updates
+    assert fitted.compiled_compute_scale != base.compiled_compute_scale  # from the compiled steps
 
 
 def test_calibrate_plan_validate_round_trip(server: str, tmp_path: Path) -> None:
