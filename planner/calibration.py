@@ -19,6 +19,7 @@ from planner.cost.estimate import Estimator, block_step_time
 from planner.cost.model_costs import ModelCosts, model_costs
 from planner.cost.parameters import CostParameters, LinkClass, LinkParameters
 from planner.cost.setting import Choice, Setting
+from planner.memory_calibration import fit_memory
 from planner.specs import ModelSpec, Optimizer, Precision
 
 PROFILE_SCHEMA_VERSION = "1.0"
@@ -294,7 +295,19 @@ def _fit(
         compiled = [s for s in steps if s.compile]
         if compiled:
             fitted = _fit_compiled(profile, compiled, fitted, precision)
-    return fitted
+    # Memory last: it prices with the same model, whatever the time fit changed.
+    measured = [
+        (*sample_setting(profile, s, fitted, precision), s.peak_allocated_bytes, s.peak_reserved_bytes)
+        for s in steps
+        if s.peak_allocated_bytes and profile.model is not None
+    ]
+    return fit_memory(
+        measured,
+        fitted,
+        usable_bytes=profile.usable_memory_bytes,
+        device_bytes=profile.device_memory_bytes,
+        profile_id=profile.content_id(),
+    )
 
 
 def _step_model(profile: CalibrationProfile, sample: StepSample) -> ModelCosts:
@@ -323,11 +336,12 @@ def _shard(sample: StepSample) -> int:
     return sample.ranks if sample.sharding == "full_shard" else 1
 
 
-def predicted_step_time(
+def sample_setting(
     profile: CalibrationProfile, sample: StepSample, params: CostParameters, precision: Precision
-) -> float:
-    """The cost model's step time for a timed step's model and configuration (its engine and
-    checkpointing included; compiled steps run without bucketing, as the profiler runs them)."""
+) -> tuple[Setting, Choice]:
+    """The cost model's view of a measured step: its cut model on its ranks, and its configuration
+    (engine, checkpointing and loss slices included; compiled steps run without bucketing, as the
+    profiler runs them)."""
     fp = profile.fingerprint
     setting = Setting(
         model=_step_model(profile, sample),
@@ -352,7 +366,16 @@ def predicted_step_time(
         micro_batch=sample.micro_batch_size,
         grad_accum=sample.grad_accum_steps,
         compile=sample.compile,
+        loss_chunks=sample.loss_chunks,
     )
+    return setting, choice
+
+
+def predicted_step_time(
+    profile: CalibrationProfile, sample: StepSample, params: CostParameters, precision: Precision
+) -> float:
+    """The cost model's step time for a timed step's model and configuration."""
+    setting, choice = sample_setting(profile, sample, params, precision)
     return Estimator(setting).timing(choice).step_time_s
 
 

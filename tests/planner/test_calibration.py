@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from pydantic import ValidationError
 
-from planner.calibration import CalibrationProfile, StepSample, fit_parameters, predicted_step_time
+from planner.calibration import (
+    CalibrationProfile,
+    StepSample,
+    fit_parameters,
+    predicted_step_time,
+    sample_setting,
+)
 from planner.catalog import resolve_gpu, resolve_model
+from planner.cost.estimate import Estimator
 from planner.cost.model_costs import model_costs
 from planner.cost.parameters import default_parameters
-from planner.search import make_plan
+from planner.search import make_plan, predict
 from planner.specs import ClusterSpec
 from tests.planner.conftest import make_request
 
@@ -330,3 +339,96 @@ def test_memory_fields_are_bounded(step: dict, profile_fields: dict) -> None:
     profile = synthetic_profile(efficiency=0.5, overhead=1e-5, latency=1e-5, bandwidth=1e11)
     with pytest.raises(ValidationError):
         CalibrationProfile.model_validate({**profile, "steps": [{**OLD_STEP, **step}], **profile_fields})
+
+
+def gpu_profile_with_memory(truth, shapes, *, usable: int | None, device: int | None) -> CalibrationProfile:
+    """An H100 profile of llama-debug whose step peaks are what `truth` parameters predict
+    (allocated: without the allocator's reserve; reserved: with it)."""
+    skeleton = CalibrationProfile.model_validate(
+        {
+            "gpu": "H100",
+            "fingerprint": {
+                "device_name": "NVIDIA H100 80GB HBM3",
+                "device_count": 1,
+                "backend": "nccl",
+                "torch_version": "2.11.0",
+            },
+            "model": resolve_model("llama-debug").model_dump(),
+            "usable_memory_bytes": usable,
+            "device_memory_bytes": device,
+        }
+    )
+    allocated_only = truth.with_changes(allocator_reserve=0.0)
+    steps = []
+    for layers, micro_batch, extra in shapes:
+        sample = StepSample(
+            num_layers=layers, micro_batch_size=micro_batch, seq_len=512, ranks=1, sharding="no_shard",
+            dtype="bfloat16", seconds=1.0, update_seconds=0.1, **extra,
+        )  # fmt: skip
+        setting, choice = sample_setting(skeleton, sample, truth, "bf16")
+        allocated, reserved = (
+            int(Estimator(replace(setting, params=params)).memory(choice).total)
+            for params in (allocated_only, truth)
+        )
+        steps.append(
+            sample.model_copy(update={"peak_allocated_bytes": allocated, "peak_reserved_bytes": reserved})
+        )
+    return skeleton.model_copy(update={"steps": steps})
+
+
+MEMORY_SHAPES = [
+    (1, 4, {}),
+    (2, 4, {}),
+    (2, 4, {"checkpointing": "full"}),
+    (1, 4, COMPILED),
+    (2, 2, COMPILED),
+]
+
+
+def test_memory_fit_recovers_engine_activations_reserve_and_usable_memory() -> None:
+    base = default_parameters(resolve_gpu("H100"), ClusterSpec.parse("1x1xH100"), "bf16")
+    truth = base.with_changes(
+        activation_memory_scale=0.9, compiled_activation_memory_scale=1.25, allocator_reserve=0.08
+    )
+    gib = 1024**3
+    profile = gpu_profile_with_memory(truth, MEMORY_SHAPES, usable=int(77.9 * gib), device=int(79.2 * gib))
+    fitted = fit_parameters(profile, base=base, precision="bf16")
+    assert fitted.activation_memory_scale == pytest.approx(0.9, rel=0.01)
+    assert fitted.compiled_activation_memory_scale == pytest.approx(1.25, rel=0.01)
+    assert fitted.allocator_reserve == pytest.approx(0.08, rel=0.02)
+    assert fitted.usable_memory_gib == pytest.approx(77.9, rel=1e-6)
+    # The fitted model reproduces every measured peak: the margin falls to its floor, and says so.
+    assert fitted.memory_margin == pytest.approx(0.03)
+    assert "calibrated" in fitted.memory_margin_reason and "5 measured steps" in fitted.memory_margin_reason
+
+
+def test_a_calibrated_plan_takes_its_memory_and_margin_from_the_fit() -> None:
+    base = default_parameters(resolve_gpu("H100"), ClusterSpec.parse("1x1xH100"), "bf16")
+    truth = base.with_changes(compiled_activation_memory_scale=1.4, allocator_reserve=0.1)
+    gib = 1024**3
+    profile = gpu_profile_with_memory(truth, MEMORY_SHAPES, usable=int(78 * gib), device=int(79.2 * gib))
+    request = make_request("llama-debug", "1x1xH100", seq_len=512, sequences=4)
+    config = make_plan(request).config.model_copy(update={"compile": True})
+    uncalibrated = predict(request, config).prediction
+    calibrated = predict(request, config, calibration=profile).prediction
+    assert calibrated.peak_memory_gib > uncalibrated.peak_memory_gib  # compiled keeps more than priced
+    assert calibrated.memory_margin < uncalibrated.memory_margin
+    assert calibrated.usable_memory_gib == pytest.approx(78.0)
+    assert calibrated.memory_margin_reason.startswith("calibrated")
+
+
+def test_memory_samples_the_model_misses_widen_the_margin() -> None:
+    base = default_parameters(resolve_gpu("H100"), ClusterSpec.parse("1x1xH100"), "bf16")
+    profile = gpu_profile_with_memory(base, MEMORY_SHAPES, usable=None, device=None)
+    # One step measured 10% above anything the fitted scales can explain (the optimizer step, say).
+    steps = list(profile.steps)
+    first = steps[0]
+    steps[0] = first.model_copy(
+        update={
+            "peak_allocated_bytes": int(first.peak_allocated_bytes * 1.1),
+            "peak_reserved_bytes": int(first.peak_reserved_bytes * 1.1),
+        }
+    )
+    fitted = fit_parameters(profile.model_copy(update={"steps": steps}), base=base, precision="bf16")
+    assert 0.05 < fitted.memory_margin < 0.2
+    assert fitted.usable_memory_gib == base.usable_memory_gib  # nothing measured: the catalog's

@@ -1,0 +1,105 @@
+"""Fitting the memory model to measured step peaks: the memory half of calibration.
+
+The profiler times whole training steps of the model cut to a few blocks, in both engines and with
+checkpointing, for several steps so that optimizer state exists, and records each step's peak
+allocated and reserved bytes, and the device's usable memory once CUDA and NCCL have started. From
+them the planner fits what its first-principles model cannot know:
+
+- how much activation memory each engine really keeps (inductor's partitioner picks its own saved
+  tensors): one scale per engine on the activation term;
+- how much the caching allocator reserves beyond what is allocated (fragmentation);
+- how much memory is usable at all (the CUDA context and NCCL's buffers lie outside the allocator);
+- the margin a plan keeps: the largest under-prediction the fitted model still makes, plus a step.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+from planner.cost.estimate import Estimator
+from planner.cost.memory import MemoryEstimate
+from planner.cost.parameters import GIB, CostParameters
+from planner.cost.setting import Choice, Setting
+
+MARGIN_FLOOR = 0.03
+"""The least margin a calibrated plan keeps: real runs differ from the profiled ones in shape."""
+MARGIN_STEP = 0.02
+"""Added to the largest residual under-prediction: a handful of samples understates the error on
+configurations never measured."""
+SCALE_BOUNDS = (0.5, 2.0)
+RESERVE_BOUNDS = (0.0, 0.5)
+
+MeasuredStep = tuple[Setting, Choice, int, int | None]
+"""(setting, choice, peak allocated bytes, peak reserved bytes) of one measured step."""
+
+
+def _clamp(value: float, bounds: tuple[float, float]) -> float:
+    return min(max(value, bounds[0]), bounds[1])
+
+
+def _moments(setting: Setting, choice: Choice, params: CostParameters) -> tuple[MemoryEstimate, ...]:
+    return Estimator(replace(setting, params=params)).moments(choice)
+
+
+def _peak(setting: Setting, choice: Choice, params: CostParameters) -> MemoryEstimate:
+    return max(_moments(setting, choice, params), key=lambda m: m.total)
+
+
+def fit_memory(
+    steps: list[MeasuredStep],
+    params: CostParameters,
+    *,
+    usable_bytes: int | None,
+    device_bytes: int | None,
+    profile_id: str,
+) -> CostParameters:
+    """Memory parameters fitted to measured peaks; `params` kept where nothing was measured."""
+    changes: dict[str, object] = {}
+    if usable_bytes and device_bytes and usable_bytes <= device_bytes:
+        changes["memory_capacity_gib"] = device_bytes / GIB
+        changes["context_gib"] = (device_bytes - usable_bytes) / GIB
+    if not steps:
+        return params.with_changes(**changes)
+    allocated_only = params.with_changes(
+        activation_memory_scale=1.0, compiled_activation_memory_scale=1.0, allocator_reserve=0.0
+    )
+    # Activation scale per engine, from steps whose measured peak lies above what the update needs
+    # (so it was in backward, where activations live).
+    for compiled, name in ((False, "activation_memory_scale"), (True, "compiled_activation_memory_scale")):
+        ratios = []
+        for setting, choice, allocated, _ in steps:
+            if choice.compile != compiled:
+                continue
+            backward, update = _moments(setting, choice, allocated_only)
+            if backward.activations > 0 and allocated > update.total:
+                ratios.append((allocated - (backward.total - backward.activations)) / backward.activations)
+        if ratios:
+            changes[name] = _clamp(statistics.median(ratios), SCALE_BOUNDS)
+    fitted = allocated_only.with_changes(**changes)
+
+    # Reserved beyond allocated, as a fraction of the transient allocations at the peak.
+    reserves = []
+    for setting, choice, allocated, reserved in steps:
+        peak = _peak(setting, choice, fitted)
+        transient = peak.total - peak.params - peak.optimizer - peak.workspace
+        if reserved is not None and transient > 0:
+            reserves.append((reserved - allocated) / transient)
+    reserve = _clamp(statistics.median(reserves), RESERVE_BOUNDS) if reserves else params.allocator_reserve
+    fitted = fitted.with_changes(allocator_reserve=reserve)
+
+    # The margin: how far the fitted model still falls short of a measured peak.
+    errors = []
+    for setting, choice, allocated, reserved in steps:
+        predicted = _peak(setting, choice, fitted).total
+        errors.append(((reserved or allocated) - predicted) / predicted)
+    worst = max(0.0, max(errors))
+    mean_abs = sum(abs(e) for e in errors) / len(errors)
+    return fitted.with_changes(
+        memory_margin=max(MARGIN_FLOOR, worst + MARGIN_STEP),
+        memory_margin_reason=(
+            f"calibrated ({profile_id}): over {len(errors)} measured steps the fitted memory model's "
+            f"largest under-prediction is {worst:.1%} (mean error {mean_abs:.1%}); the margin is that "
+            f"+ {MARGIN_STEP:.0%}, at least {MARGIN_FLOOR:.0%}"
+        ),
+    )
