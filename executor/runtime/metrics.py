@@ -1,6 +1,8 @@
 """Per-step metrics: JSON lines for machines, one progress line for people (rank 0 writes both).
 
-Peak memory: on GPU, `torch.cuda.max_memory_allocated` over the step (reset every step). On CPU
+Peak memory: on GPU, `torch.cuda.max_memory_reserved` over the step (reset every step): what the
+caching allocator took from the device, which is what the plan predicts and what runs out; the
+allocated peak is recorded beside it (`peak_allocated_gib`). On CPU
 there is no allocator high-water mark, so selected steps run under the torch profiler with memory
 recording: peak = tensors alive at the step's start (parameters, optimizer state, buffers) + the
 highest net allocation during the step. Steps in between carry the last measurement. If the
@@ -41,6 +43,8 @@ class StepMetrics:
     peak_memory_gib: float | None
     memory_source: str
     tokens_seen: int
+    peak_allocated_gib: float | None = None
+    """GPU only: the allocated (not reserved) peak of the step."""
 
 
 def mfu(tokens_per_s_per_gpu: float, *, flops_per_token: float | None, peak_tflops: float) -> float | None:
@@ -74,7 +78,8 @@ class MemoryMeter:
         self.device = device
         self.cpu_every = cpu_every
         self.last_gib: float | None = None
-        self.source = "cuda_max_allocated" if device.type == "cuda" else "cpu_tensor_profile"
+        self.last_allocated_gib: float | None = None
+        self.source = "cuda_max_reserved" if device.type == "cuda" else "cpu_tensor_profile"
 
     def _cpu_due(self, step: int, first_step: int) -> bool:
         # Not the first step of a run: it is dominated by compilation and lazy initialisation.
@@ -88,7 +93,8 @@ class MemoryMeter:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
             yield
-            self.last_gib = torch.cuda.max_memory_allocated(self.device) / GIB
+            self.last_gib = torch.cuda.max_memory_reserved(self.device) / GIB
+            self.last_allocated_gib = torch.cuda.max_memory_allocated(self.device) / GIB
             return
         if not self._cpu_due(step, first_step) or self.source == "cpu_rss":
             yield

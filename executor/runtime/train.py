@@ -301,6 +301,7 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
                 peak_memory_gib=meter.last_gib,
                 memory_source=meter.source,
                 tokens_seen=step * tokens_per_step,
+                peak_allocated_gib=meter.last_allocated_gib,
             )
             history.append(record)
             writer.log(record)
