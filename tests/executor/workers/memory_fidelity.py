@@ -9,9 +9,9 @@ group, for `--steps` optimizer steps:
 
   step 1        warm-up: lazy initialisation, compilation, optimizer state created
   step 2..N     the whole-step peak by the runtime's CPU method (`MemoryMeter`: persistent bytes at
-                the step's start + the torch profiler's peak net allocation during the step); the
-                highest of these steps counts (compiled steps differ by a few MiB from step to step:
-                when gloo's worker threads allocate relative to the compute thread)
+                the step's start + the torch profiler's peak net allocation during the step), read
+                twice from one profile: all threads (the runtime's number) and the training thread
+                alone (without gloo's worker-thread temporaries, which a GPU does not have)
   last step     eager FSDP2 plans only: again under torch's `FSDPMemTracker`, whose peak snapshot
                 splits the same peak by category (params, gradients, optimizer, activations, ...)
 
@@ -34,8 +34,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._C._profiler import _EventType
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
+from torch.profiler import ProfilerActivity, profile
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
@@ -43,7 +45,12 @@ sys.path.insert(0, str(ROOT))
 from executor.runtime.data import BatchIndex, SyntheticTokens  # noqa: E402
 from executor.runtime.distributed import build_mesh, exit_process, init_distributed  # noqa: E402
 from executor.runtime.materialize import materialize  # noqa: E402
-from executor.runtime.metrics import MemoryMeter, persistent_bytes  # noqa: E402
+from executor.runtime.metrics import (  # noqa: E402
+    GIB,
+    _peak_net_allocation,
+    _quiet_stdout,
+    persistent_bytes,
+)
 from executor.runtime.models import build_model, count_params  # noqa: E402
 from executor.runtime.optim import OptimizerSettings, build_optimizer  # noqa: E402
 from executor.runtime.parallelize import Overrides, parallelize  # noqa: E402
@@ -65,6 +72,60 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Moment buffers only (AdamW's scalar `step` counters are not priced, and are a few bytes)."""
     states = [v for state in optimizer.state.values() for v in state.values()]
     return local_bytes([v for v in states if isinstance(v, torch.Tensor) and v.ndim])
+
+
+def training_thread_peak(prof: Any) -> int:
+    """Highest net allocation of tensors allocated on the training thread (wherever freed).
+
+    gloo's worker threads allocate temporaries of their own (a reduce-scatter copies its input);
+    when they run relative to the training thread varies from step to step, and NCCL on a GPU
+    makes no such allocations. The training thread is the one that allocates most often.
+    """
+    allocations = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
+            fields = event.extra_fields
+            allocations.append((event.start_time_ns, event.start_tid, fields.ptr, fields.alloc_size))
+    allocations.sort()
+    counts: dict[int, int] = {}
+    for _, tid, _, size in allocations:
+        counts[tid] = counts.get(tid, 0) + (size > 0)
+    main = max(counts, key=counts.__getitem__, default=0)
+    owner: dict[int, int] = {}
+    running = peak = 0
+    for _, tid, ptr, size in allocations:
+        if size > 0:
+            owner[ptr] = tid
+        elif owner.pop(ptr, main) != main:
+            continue
+        if size < 0 or tid == main:
+            running += size
+            peak = max(peak, running)
+    return peak
+
+
+def measured_step(module: nn.Module, optimizer: torch.optim.Optimizer, step: Any) -> dict[str, float]:
+    """One step under the torch profiler, as the runtime's MemoryMeter measures a CPU step
+    (persistent bytes at the step's start + peak net allocation), read for all threads (exactly
+    the runtime's number) and for the training thread alone."""
+    base = persistent_bytes(module, optimizer)
+    with _quiet_stdout():  # kineto prints start/stop banners from C++
+        prof_cm = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        prof = prof_cm.__enter__()
+    try:
+        step()
+    finally:
+        with _quiet_stdout():
+            prof_cm.__exit__(None, None, None)
+    all_threads = _peak_net_allocation(prof)
+    assert all_threads is not None, "the profiler's memory events are unreadable in this torch"
+    return {
+        "all_threads": (base + all_threads) / GIB,
+        "training_thread": (base + training_thread_peak(prof)) / GIB,
+    }
 
 
 def mem_tracker_peak(
@@ -124,8 +185,7 @@ def run_plan(label: str, plan: RuntimePlan, *, steps: int, meshes: dict[tuple, D
             before_update=capture_grads,
         )
 
-    meter = MemoryMeter(env.device, cpu_every=0)
-    peaks: list[float] = []
+    peaks: list[dict[str, float]] = []
     times: list[float] = []
     tracker: dict[str, int] | None = None
     tracker_error: str | None = None
@@ -138,12 +198,7 @@ def run_plan(label: str, plan: RuntimePlan, *, steps: int, meshes: dict[tuple, D
         elif step == steps and use_tracker:
             tracker, tracker_error = mem_tracker_peak(par.module, optimizer, lambda s=step: one_step(s))
         else:
-            # first_step=step-1: the meter measures "the step after the first", i.e. this one.
-            with meter.measure(step, first_step=step - 1, model=par.module, optimizer=optimizer):
-                one_step(step)
-            assert meter.source == "cpu_tensor_profile", f"memory fell back to {meter.source}"
-            assert meter.last_gib is not None
-            peaks.append(meter.last_gib)
+            peaks.append(measured_step(par.module, optimizer, lambda s=step: one_step(s)))
         times.append(time.perf_counter() - t0)
 
     params = local_bytes(list(par.module.parameters()))
@@ -157,8 +212,9 @@ def run_plan(label: str, plan: RuntimePlan, *, steps: int, meshes: dict[tuple, D
         "grad_bytes": max(grad_bytes),
         "optimizer_bytes": optimizer_bytes(optimizer),
         "persistent_bytes": persistent_bytes(par.module, optimizer),
-        "peak_gib": max(peaks),
-        "peaks_gib": peaks,
+        "peaks_gib": [p["training_thread"] for p in peaks],
+        "runtime_meter_peak_gib": max(p["all_threads"] for p in peaks),
+        "runtime_meter_peaks_gib": [p["all_threads"] for p in peaks],
         "mem_tracker": tracker,
         "mem_tracker_error": tracker_error,
         "step_s": times,
@@ -171,7 +227,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--plans", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--steps", type=int, default=4, help="optimizer steps per eager plan")
+    parser.add_argument("--steps", type=int, default=5, help="optimizer steps per eager plan")
     parser.add_argument("--compiled-steps", type=int, default=4, help="optimizer steps per compiled plan")
     args = parser.parse_args()
     cases = json.loads(args.plans.read_text())
@@ -186,7 +242,7 @@ def main() -> None:
         results.append(gathered)
         gc.collect()  # the last plan's model and optimizer, before the next plan is built
         if dist.get_rank() == 0:
-            summary = {k: record[k] for k in ("label", "peak_gib", "step_s", "mem_tracker_error")}
+            summary = {k: record[k] for k in ("label", "peaks_gib", "step_s", "mem_tracker_error")}
             print(json.dumps(summary), flush=True)
     if dist.get_rank() == 0:
         args.out.write_text(json.dumps(results, indent=1))
