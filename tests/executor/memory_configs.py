@@ -1,0 +1,120 @@
+"""The configurations the memory-fidelity test runs, priced by the planner itself.
+
+A small Llama (4 blocks, hidden 256, vocab 8192, 256-token sequences) on a 1x2 `cpu` cluster in
+fp32: small enough for two CPU ranks, with a vocabulary large enough that the logits are a
+memory term of their own beside the states and the activations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from planner.plan import CheckpointingConfig, InductorConfig, ParallelConfig, Plan
+from planner.search import predict
+from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
+
+MODEL = ModelSpec(
+    name="llama-fidelity",
+    architecture="llama",
+    vocab_size=8192,
+    hidden_size=256,
+    num_layers=4,
+    num_heads=8,
+    num_kv_heads=4,
+    intermediate_size=768,
+    max_seq_len=256,
+)
+SEQ_LEN = 256
+CLUSTER = "1x2xcpu"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryCase:
+    """One configuration: what is varied, everything else as the planner would set it."""
+
+    sharding: str
+    checkpointing: str = "none"
+    micro_batch: int = 2
+    grad_accum: int = 1
+    compile: bool = False
+    loss_chunks: int = 1
+    every_k: int = 2
+    layers: int = MODEL.num_layers
+    """Compiled cases use fewer blocks: inductor's compile time grows with the graph."""
+
+    @property
+    def label(self) -> str:
+        short = {"selective": f"sel{self.every_k}", "op_selective": "op"}
+        ac = short.get(self.checkpointing, self.checkpointing)
+        chunks = f" lc{self.loss_chunks}" if self.loss_chunks > 1 else ""
+        mode = "compiled" if self.compile else "eager"
+        return f"L{self.layers} {self.sharding} AC={ac} mb{self.micro_batch}x{self.grad_accum}{chunks} {mode}"
+
+
+CASES: tuple[MemoryCase, ...] = (
+    # Eager FSDP2: every sharding mode, every checkpointing mode, accumulation, loss chunks.
+    MemoryCase("full_shard"),
+    MemoryCase("full_shard", micro_batch=1, grad_accum=2),
+    MemoryCase("full_shard", "selective"),
+    MemoryCase("full_shard", "op_selective"),
+    MemoryCase("full_shard", "full"),
+    MemoryCase("full_shard", loss_chunks=4),
+    MemoryCase("shard_grad_op"),
+    MemoryCase("shard_grad_op", "full", micro_batch=1, grad_accum=2),
+    MemoryCase("no_shard"),
+    MemoryCase("no_shard", "selective", micro_batch=1, grad_accum=2),
+    # Compiled SimpleFSDP.
+    MemoryCase("full_shard", compile=True, layers=2),
+    MemoryCase("shard_grad_op", "op_selective", compile=True, layers=2),
+    MemoryCase("no_shard", micro_batch=1, grad_accum=2, compile=True, layers=2),
+    MemoryCase("full_shard", "full", compile=True, loss_chunks=4, layers=2),
+)
+
+
+def parallel_config(case: MemoryCase, world: int) -> ParallelConfig:
+    shard = 1 if case.sharding == "no_shard" else world
+    return ParallelConfig(
+        sharding=case.sharding,  # type: ignore[arg-type]
+        shard_group_size=shard,
+        replicate_group_size=world // shard,
+        blocks_per_unit=1,
+        all_gather_bucket_mb=0.0,
+        reduce_scatter_bucket_mb=0.0,
+        reshard_after_forward=case.sharding == "full_shard",
+        prefetch_depth=1,
+        checkpointing=CheckpointingConfig(mode=case.checkpointing, every_k=case.every_k),  # type: ignore[arg-type]
+        micro_batch_size=case.micro_batch,
+        grad_accum_steps=case.grad_accum,
+        param_dtype="float32",
+        reduce_dtype="float32",
+        compile=case.compile,
+        inductor=InductorConfig(
+            bucket_all_gathers=False,
+            bucket_reduce_scatters=False,
+            reorder_for_compute_comm_overlap=case.compile and case.sharding != "no_shard",
+        ),
+        loss_chunks=case.loss_chunks,
+    )
+
+
+def plan_for(case: MemoryCase) -> Plan:
+    """The planner's own plan (and prediction) for exactly this configuration."""
+    cluster = ClusterSpec.parse(CLUSTER)
+    world = cluster.world_size
+    request = PlanRequest(
+        model=MODEL.model_copy(update={"num_layers": case.layers}),
+        cluster=cluster,
+        training=TrainingSpec(
+            seq_len=SEQ_LEN,
+            global_batch_tokens=SEQ_LEN * case.micro_batch * case.grad_accum * world,
+            precision="fp32",
+            optimizer="adamw",
+        ),
+    )
+    return predict(request, parallel_config(case, world))
+
+
+def plan_documents(cases: tuple[MemoryCase, ...] = CASES) -> list[dict[str, Any]]:
+    """What the worker reads: one `{"label", "plan"}` per case."""
+    return [{"label": case.label, "plan": plan_for(case).model_dump(mode="json")} for case in cases]
