@@ -27,6 +27,9 @@ MARGIN_FLOOR = 0.03
 MARGIN_STEP = 0.02
 """Added to the largest residual under-prediction: a handful of samples understates the error on
 configurations never measured."""
+MIN_STEPS = 5
+"""Fewer measured steps than this fit as many scales as they have points: their residuals prove
+nothing, so the plan keeps the uncalibrated margin."""
 SCALE_BOUNDS = (0.5, 2.0)
 RESERVE_BOUNDS = (0.0, 0.5)
 
@@ -95,11 +98,20 @@ def fit_memory(
         errors.append(((reserved or allocated) - predicted) / predicted)
     worst = max(0.0, max(errors))
     mean_abs = sum(abs(e) for e in errors) / len(errors)
+    evidence = (
+        f"calibrated ({profile_id}): over {len(errors)} measured steps the fitted memory model's "
+        f"largest under-prediction is {worst:.1%} (mean error {mean_abs:.1%})"
+    )
+    margin = max(MARGIN_FLOOR, worst + MARGIN_STEP)
+    if len(errors) < MIN_STEPS and margin < params.memory_margin:
+        return fitted.with_changes(
+            memory_margin=params.memory_margin,
+            memory_margin_reason=f"{evidence}; fewer than {MIN_STEPS} steps cannot check the fit, so the "
+            f"uncalibrated {params.memory_margin:.0%} stays",
+        )
     return fitted.with_changes(
-        memory_margin=max(MARGIN_FLOOR, worst + MARGIN_STEP),
+        memory_margin=margin,
         memory_margin_reason=(
-            f"calibrated ({profile_id}): over {len(errors)} measured steps the fitted memory model's "
-            f"largest under-prediction is {worst:.1%} (mean error {mean_abs:.1%}); the margin is that "
-            f"+ {MARGIN_STEP:.0%}, at least {MARGIN_FLOOR:.0%}"
+            f"{evidence}; the margin is that + {MARGIN_STEP:.0%}, at least {MARGIN_FLOOR:.0%}"
         ),
     )

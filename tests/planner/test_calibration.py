@@ -432,3 +432,11 @@ def test_memory_samples_the_model_misses_widen_the_margin() -> None:
     fitted = fit_parameters(profile.model_copy(update={"steps": steps}), base=base, precision="bf16")
     assert 0.05 < fitted.memory_margin < 0.2
     assert fitted.usable_memory_gib == base.usable_memory_gib  # nothing measured: the catalog's
+
+
+def test_too_few_memory_samples_keep_the_uncalibrated_margin() -> None:
+    base = default_parameters(resolve_gpu("H100"), ClusterSpec.parse("1x1xH100"), "bf16")
+    profile = gpu_profile_with_memory(base, MEMORY_SHAPES[:2], usable=None, device=None)
+    fitted = fit_parameters(profile, base=base, precision="bf16")
+    assert fitted.memory_margin == base.memory_margin
+    assert "cannot check the fit" in fitted.memory_margin_reason
