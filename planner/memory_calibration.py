@@ -74,9 +74,10 @@ def fit_memory(
         for setting, choice, allocated, _ in steps:
             if choice.compile != compiled:
                 continue
-            backward, update = _moments(setting, choice, allocated_only)
-            if backward.activations > 0 and allocated > update.total:
-                ratios.append((allocated - (backward.total - backward.activations)) / backward.activations)
+            *backward, update = _moments(setting, choice, allocated_only)
+            peak = max(backward, key=lambda m: m.total)
+            if peak.activations > 0 and allocated > update.total:
+                ratios.append((allocated - (peak.total - peak.activations)) / peak.activations)
         if ratios:
             changes[name] = _clamp(statistics.median(ratios), SCALE_BOUNDS)
     fitted = allocated_only.with_changes(**changes)

@@ -127,7 +127,7 @@ class MemoryBreakdown(Document):
     reduce the usable memory instead)."""
     allocator_reserve: float
     """Reserved by the caching allocator but not allocatable (fragmentation)."""
-    moment: Literal["backward start", "optimizer step"] = "backward start"
+    moment: Literal["backward start", "backward recompute", "optimizer step"] = "backward start"
     """When in the step the peak happens."""
 
     @model_validator(mode="before")

@@ -10,7 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost.layout import CommLayout, comm_layout
-from planner.cost.memory import MemoryEstimate, compiled_keeps, memory_moments, saved_elems_per_token
+from planner.cost.memory import (
+    MemoryEstimate,
+    SavedActivations,
+    compiled_keeps,
+    memory_moments,
+    saved_activations,
+)
 from planner.cost.model_costs import UnitCost
 from planner.cost.parameters import CostParameters, LinkClass
 from planner.cost.setting import Choice, Setting
@@ -206,7 +212,7 @@ class Estimator:
     def __init__(self, setting: Setting) -> None:
         self.setting = setting
         self._layouts: dict[tuple, CommLayout] = {}
-        self._saved: dict[tuple[str, int, bool], float] = {}
+        self._saved: dict[tuple[str, int, bool], SavedActivations] = {}
 
     def layout(self, choice: Choice) -> CommLayout:
         key = (
@@ -219,11 +225,11 @@ class Estimator:
             self._layouts[key] = comm_layout(self.setting, choice)
         return self._layouts[key]
 
-    def moments(self, choice: Choice) -> tuple[MemoryEstimate, MemoryEstimate]:
-        """Memory at the step's two candidate peaks: (backward start, optimizer step)."""
+    def moments(self, choice: Choice) -> tuple[MemoryEstimate, ...]:
+        """Memory at the step's candidate peaks (planner/cost/memory.py)."""
         key = (choice.checkpointing, choice.every_k, choice.compile)
         if key not in self._saved:
-            self._saved[key] = saved_elems_per_token(self.setting, *key)
+            self._saved[key] = saved_activations(self.setting, *key)
         return memory_moments(self.setting, choice, self.layout(choice), self._saved[key])
 
     def memory(self, choice: Choice) -> MemoryEstimate:

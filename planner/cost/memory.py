@@ -1,13 +1,15 @@
 """Peak memory per GPU: what the runtime holds, moment by moment through one training step.
 
-Two moments compete, and the larger is the step's peak:
+Three moments compete, and the largest is the step's peak:
 
 - *backward start* of the last micro-batch: master parameters, optimizer states (they exist from
   the first optimizer step on, so every later step carries them through forward), gradients of the
-  earlier micro-batches, every saved activation (plus the transient recompute of one checkpointed
-  block), the gathered parameters in flight, the first unsharded gradients and their reduction
-  buffer, and the loss: one slice of logits (the runtime runs the output projection and the
-  cross-entropy over `loss_chunks` slices, each computing its gradient at once);
+  earlier micro-batches, every saved activation, the gathered parameters in flight, the first
+  unsharded gradients and their reduction buffer, and the loss: one slice of logits (the runtime
+  runs the output projection and the cross-entropy over `loss_chunks` slices, each computing its
+  gradient at once);
+- *backward recompute*, with checkpointing: the loss is gone, this micro-batch's gradients are
+  arriving (priced whole), and one checkpointed block is recomputed beside the saved activations;
 - *optimizer step*: parameters, all gradients, optimizer states (created here in the first step)
   and the update's temporaries.
 
@@ -43,10 +45,10 @@ MEMORY_TERMS: dict[str, str] = {
 }
 """Every term of the estimate, in stacking order, with the words a person reads."""
 
-LOSS_SLICE_BYTES_PER_ELEMENT = {2: 10.0, 4: 12.0}
-"""Bytes alive per (token x vocab entry) of one loss slice, by compute-dtype size: the logits in the
-compute dtype, their fp32 copy and the fp32 softmax that becomes their gradient (measured on the
-runtime's chunked loss, bench/RESULTS.md)."""
+LOSS_SLICE_BYTES_PER_ELEMENT = {2: 6.0, 4: 4.0}
+"""Bytes alive per (token x vocab entry) of one loss slice, by compute-dtype size: bf16 logits and
+their fp32 copy, which becomes the softmax and the gradient in place; in fp32 the logits themselves
+(the runtime's chunked loss, executor/runtime/loss.py; measured in bench/RESULTS.md)."""
 
 LOSS_SLICE_TARGET_BYTES = 1.0 * GIB
 """The loss is sliced until one slice's logits take at most this much: a few percent of a
@@ -66,7 +68,7 @@ class MemoryEstimate:
     optimizer: float
     """Optimizer states, plus the update's temporaries at the optimizer step."""
     activations: float
-    """Tensors saved for backward (including recompute of one checkpointed block)."""
+    """Tensors saved for backward (and one checkpointed block's recompute, at that moment)."""
     unsharded_params: float
     """All-gathered compute-dtype parameters in flight (or kept, without resharding)."""
     grad_buffers: float
@@ -78,7 +80,7 @@ class MemoryEstimate:
     allocator_reserve: float
     """Reserved but not allocated: fragmentation of the transient allocations."""
     moment: str = "backward start"
-    """When the peak happens: `backward start` or `optimizer step`."""
+    """When the peak happens: `backward start`, `backward recompute` or `optimizer step`."""
 
     @property
     def total(self) -> float:
@@ -114,9 +116,18 @@ def loss_bytes(setting: Setting, choice: Choice) -> float:
     return slice_tokens * m.vocab_size * per_element + hidden
 
 
-def saved_elems_per_token(setting: Setting, checkpointing: str, every_k: int, compile_: bool) -> float:
-    """Activation elements alive per token at the start of backward, including the transient
-    recompute of one checkpointed block."""
+@dataclass(frozen=True, slots=True)
+class SavedActivations:
+    """Activation elements per token of one checkpointing policy."""
+
+    saved: float
+    """Saved for backward at its start."""
+    recompute: float
+    """Added while the largest checkpointed block is recomputed (0 without checkpointing)."""
+
+
+def saved_activations(setting: Setting, checkpointing: str, every_k: int, compile_: bool) -> SavedActivations:
+    """What a checkpointing policy keeps per token, and what its recompute adds."""
     m = setting.model
     probe = Choice("", 1, 1, 1, 0.0, 0.0, checkpointing, every_k, 1, 1, compile_)
     saved = m.head.saved_elems
@@ -131,7 +142,7 @@ def saved_elems_per_token(setting: Setting, checkpointing: str, every_k: int, co
             recompute_peak = max(recompute_peak, block.saved_elems - block.op_saved_elems)
         else:
             saved += block.saved_elems
-    return saved + recompute_peak
+    return SavedActivations(saved, recompute_peak)
 
 
 def compiled_keeps(choice: Choice, unit: UnitCost) -> float:
@@ -161,9 +172,10 @@ def _unsharded_params(setting: Setting, choice: Choice, layout: CommLayout) -> f
 
 
 def memory_moments(
-    setting: Setting, choice: Choice, layout: CommLayout, saved_elems: float
-) -> tuple[MemoryEstimate, MemoryEstimate]:
-    """The step's two candidate peaks: (backward start, optimizer step)."""
+    setting: Setting, choice: Choice, layout: CommLayout, activations: SavedActivations
+) -> tuple[MemoryEstimate, ...]:
+    """The step's candidate peaks: backward start, backward recompute (with checkpointing), and the
+    optimizer step."""
     p = setting.params
     n_params = setting.model.num_params
     shard = choice.shard_group
@@ -176,40 +188,50 @@ def memory_moments(
     pb = setting.param_bytes
     # Gradients come out of backward in the compute dtype and are cast to fp32 for reduction.
     grad_buffer_bytes = (pb + 4) if pb == 2 else 4
-    tokens = choice.micro_batch * setting.seq_len
-    activation_scale = p.compiled_activation_memory_scale if choice.compile else p.activation_memory_scale
-    activations = saved_elems * tokens * setting.act_bytes * activation_scale
+    activation_bytes = choice.micro_batch * setting.seq_len * setting.act_bytes
+    activation_bytes *= p.compiled_activation_memory_scale if choice.compile else p.activation_memory_scale
+    saved = activations.saved * activation_bytes
     unsharded = _unsharded_params(setting, choice, layout)
     grad_buffers = grad_buffer_bytes * layout.largest_reduce
-    logits = loss_bytes(setting, choice)
     earlier_grads = grads if choice.grad_accum > 1 else 0.0
-    transient = activations + unsharded + grad_buffers + logits
-    backward_start = MemoryEstimate(
-        params=params,
-        grads=earlier_grads,
-        optimizer=optimizer,
-        activations=activations,
-        unsharded_params=unsharded,
-        grad_buffers=grad_buffers,
-        logits=logits,
-        workspace=workspace,
-        allocator_reserve=p.allocator_reserve * (transient + earlier_grads),
-        moment="backward start",
-    )
+
+    def in_backward(
+        moment: str, grads_alive: float, activations_alive: float, logits: float
+    ) -> MemoryEstimate:
+        transient = grads_alive + activations_alive + unsharded + grad_buffers + logits
+        return MemoryEstimate(
+            params=params,
+            grads=grads_alive,
+            optimizer=optimizer,
+            activations=activations_alive,
+            unsharded_params=unsharded,
+            grad_buffers=grad_buffers,
+            logits=logits,
+            workspace=workspace,
+            allocator_reserve=p.allocator_reserve * transient,
+            moment=moment,
+        )
+
+    moments = [in_backward("backward start", earlier_grads, saved, loss_bytes(setting, choice))]
+    if activations.recompute > 0:
+        recompute = activations.recompute * activation_bytes
+        moments.append(in_backward("backward recompute", grads, saved + recompute, 0.0))
     temporaries = p.optimizer_temp_bytes_per_param * n_params / shard
-    optimizer_step = MemoryEstimate(
-        params=params,
-        grads=grads,
-        optimizer=optimizer + temporaries,
-        activations=0.0,
-        unsharded_params=0.0,
-        grad_buffers=0.0,
-        logits=0.0,
-        workspace=workspace,
-        allocator_reserve=p.allocator_reserve * (grads + temporaries),
-        moment="optimizer step",
+    moments.append(
+        MemoryEstimate(
+            params=params,
+            grads=grads,
+            optimizer=optimizer + temporaries,
+            activations=0.0,
+            unsharded_params=0.0,
+            grad_buffers=0.0,
+            logits=0.0,
+            workspace=workspace,
+            allocator_reserve=p.allocator_reserve * (grads + temporaries),
+            moment="optimizer step",
+        )
     )
-    return backward_start, optimizer_step
+    return tuple(moments)
 
 
 def memory_limit_gib(params: CostParameters, headroom: float) -> float:
