@@ -241,6 +241,7 @@ def train(args: argparse.Namespace) -> int:
                     batches,
                     grad_accum_steps=cfg.grad_accum_steps,
                     max_grad_norm=settings.max_grad_norm,
+                    loss_chunks=cfg.loss_chunks,
                 )
             # One small all-reduce: the global mean loss, and whether any rank was asked to stop.
             stats = torch.stack(
