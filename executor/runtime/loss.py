@@ -20,6 +20,43 @@ from __future__ import annotations
 import torch
 
 
+def _slice_loss_and_grads(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    t: torch.Tensor,
+    grad_h: torch.Tensor,
+    grad_weight: torch.Tensor,
+    *,
+    tokens: int,
+) -> torch.Tensor:
+    """One slice: returns its cross-entropy sum, writes d(mean loss)/d h into `grad_h` and adds
+    its share of d(mean loss)/d weight to the fp32 `grad_weight`.
+
+    A function of its own so that its vocabulary-sized locals are freed when it returns, before
+    the next slice allocates its logits (a loop body would keep the last ones alive until rebound).
+    """
+    # In-place from here on: one fp32 [slice, vocab] buffer becomes the softmax gradient.
+    # (For fp32 inputs `.float()` returns the logits themselves: no copy at all.)
+    z = (h @ weight.t()).float()
+    target_logit = z.gather(1, t.unsqueeze(1)).squeeze(1)
+    row_max = z.amax(dim=1)
+    z.sub_(row_max.unsqueeze(1)).exp_()
+    row_sum = z.sum(dim=1)
+    loss_sum = (row_max + row_sum.log() - target_logit).sum()
+    # d(mean CE)/d logits = (softmax - one_hot) / tokens.
+    z.mul_((row_sum * tokens).reciprocal().unsqueeze(1))
+    z.scatter_add_(1, t.unsqueeze(1), torch.full_like(z[:, :1], -1.0 / tokens))
+    d_logits = z.to(h.dtype)
+    del z  # bf16: drop the fp32 buffer before the matmuls allocate
+    grad_h.copy_(d_logits @ weight)
+    if h.dtype == torch.float32:
+        grad_weight.addmm_(d_logits.t(), h)
+    else:
+        # Matmul in the compute dtype (fp32 accumulation inside), sum over slices in fp32.
+        grad_weight.add_(d_logits.t() @ h)
+    return loss_sum
+
+
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """mean_i CE(hidden_i @ weight.T, targets_i) over [tokens, hidden] inputs, in slices."""
 
@@ -32,7 +69,6 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         chunks: int,
     ) -> torch.Tensor:
         tokens = hidden.shape[0]
-        compute = hidden.dtype
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
@@ -43,25 +79,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             strict=True,
         )
         for h, t, g in slices:
-            # In-place from here on: one fp32 [slice, vocab] buffer becomes the softmax gradient.
-            # (For fp32 inputs `.float()` returns the logits themselves: no copy at all.)
-            z = (h @ weight.t()).float()
-            target_logit = z.gather(1, t.unsqueeze(1)).squeeze(1)
-            row_max = z.amax(dim=1)
-            z.sub_(row_max.unsqueeze(1)).exp_()
-            row_sum = z.sum(dim=1)
-            loss_sum = loss_sum + (row_max + row_sum.log() - target_logit).sum()
-            # d(mean CE)/d logits = (softmax - one_hot) / tokens.
-            z.mul_((row_sum * tokens).reciprocal().unsqueeze(1))
-            z.scatter_add_(1, t.unsqueeze(1), torch.full_like(z[:, :1], -1.0 / tokens))
-            d_logits = z.to(compute)
-            del z  # bf16: drop the fp32 buffer before the matmuls allocate
-            g.copy_(d_logits @ weight)
-            if compute == torch.float32:
-                grad_weight.addmm_(d_logits.t(), h)
-            else:
-                # Matmul in the compute dtype (fp32 accumulation inside), sum over slices in fp32.
-                grad_weight.add_(d_logits.t() @ h)
+            loss_sum = loss_sum + _slice_loss_and_grads(h, weight, t, g, grad_weight, tokens=tokens)
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
         return loss_sum / tokens
 
