@@ -180,6 +180,7 @@ def _time_steps(plan: RuntimePlan, device: torch.device, optimizer_name: str) ->
             batches,
             grad_accum_steps=cfg.grad_accum_steps,
             max_grad_norm=1.0,
+            loss_chunks=cfg.loss_chunks,
             before_update=before_update,
         )
 

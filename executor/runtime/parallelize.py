@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from executor.runtime.activation_checkpoint import apply_activation_checkpointing
 from executor.runtime.compile import CompileSettings, apply_compile, compile_settings
 from executor.runtime.fsdp2 import apply_fsdp2
-from executor.runtime.models import find_parts
+from executor.runtime.models import computes_own_loss, find_parts
 from executor.runtime.plan import RuntimePlan
 from executor.runtime.simple_fsdp import apply_simple_fsdp
 
@@ -119,6 +119,10 @@ def parallelize(
             f"FSDP2 {cfg.sharding} on mesh {_mesh_str(mesh)}, {cfg.blocks_per_unit} block(s) per unit"
         )
     notes.append(f"mixed precision: params {_dt(param_dtype)}, gradient reduction {_dt(reduce_dtype)}")
+    if computes_own_loss(model):
+        notes.append(f"loss: output projection + cross-entropy in {cfg.loss_chunks} token slice(s)")
+    else:
+        notes.append("loss: unchunked cross-entropy on the model's logits (its forward takes no loss_chunks)")
 
     # 3. Compilation last, over the sharded model, so the collectives are part of the graph.
     forward, settings = model, None

@@ -1,7 +1,10 @@
 """One optimizer step: forward and backward over the micro-batches, gradient clipping, update.
 
 The trainer runs it every step and the calibration profiler times it, so what calibration measures
-of a whole step is exactly what training does.
+of a whole step is exactly what training does. Models that compute their own loss (the built-in
+ones) get the targets and the plan's `loss_chunks`, so the output projection and cross-entropy run
+in token slices and the full logits never exist; any other model returns logits and the loss is
+taken here, unchunked.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from executor.runtime.models import computes_own_loss
 from executor.runtime.oom import PhaseTracker
 from executor.runtime.optim import clip_grad_norm
 from executor.runtime.parallelize import Parallelized
@@ -32,20 +36,28 @@ def train_step(
     *,
     grad_accum_steps: int,
     max_grad_norm: float,
+    loss_chunks: int,
     before_update: Callable[[], None] = lambda: None,
     phase: PhaseTracker | None = None,
 ) -> StepResult:
     """Accumulate gradients over `batches` (token ids, one extra position for the targets), clip,
-    and update. `before_update` runs between the last backward and the clipping (a timing hook);
-    `phase`, when given, follows forward / backward / optimizer (an OOM report names the phase)."""
+    and update. `loss_chunks` is the number of token slices of the output projection and loss (the
+    plan's `config.loss_chunks`; ignored by models that return logits). `before_update` runs between
+    the last backward and the clipping (a timing hook); `phase`, when given, follows forward /
+    backward / optimizer (an OOM report names the phase)."""
     track = phase.enter if phase is not None else lambda name: None
+    own_loss = computes_own_loss(par.module)
     loss_sum: torch.Tensor | None = None
     for index, batch in enumerate(batches):
         track("forward")
         if par.sync_last_micro_batch_only:
             par.module.set_requires_gradient_sync(index == grad_accum_steps - 1)  # type: ignore[operator]
-        logits = par.forward(batch[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        if own_loss:
+            loss = par.forward(inputs, targets, loss_chunks=loss_chunks)
+        else:
+            logits = par.forward(inputs)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         # Mean over micro-batches here; the mean over ranks happens in the gradient reduction.
         track("backward")
         (loss / grad_accum_steps).backward()

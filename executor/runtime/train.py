@@ -275,6 +275,7 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
                     batches,
                     grad_accum_steps=cfg.grad_accum_steps,
                     max_grad_norm=settings.max_grad_norm,
+                    loss_chunks=cfg.loss_chunks,
                     phase=tracker,
                 )
             tracker.enter("sync")

@@ -37,6 +37,7 @@ def debug_plan(
     name: str = "llama-debug",
     model: dict[str, Any] | None = None,
     shard_group_size: int | None = None,
+    loss_chunks: int = 1,
 ) -> dict[str, Any]:
     """A complete plan document (as `Plan.model_dump(mode="json")` writes it)."""
     world = nodes * gpus_per_node
@@ -90,6 +91,7 @@ def debug_plan(
             "param_dtype": "bfloat16" if bf16 else "float32",
             "reduce_dtype": "float32",
             "compile": compile,
+            "loss_chunks": loss_chunks,
             "inductor": {
                 "bucket_all_gathers": compile and bucket_mb > 0,
                 "bucket_reduce_scatters": compile and bucket_mb > 0,

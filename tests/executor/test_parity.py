@@ -1,9 +1,11 @@
 """Numerical parity: every sharding mode, eager and compiled, against a single-process reference.
 
 Three torchrun launches (cases batched to pay process start-up and compilation once):
-  2 ranks eager     FSDP2 and eager SimpleFSDP, each mode, with activation-checkpointing variants and bf16
-  2 ranks compiled  SimpleFSDP + inductor (bucketed, reordered) for full_shard, shard_grad_op, no_shard;
-                    compiled activation checkpointing (full, every k-th block, op-level)
+  2 ranks eager     FSDP2 and eager SimpleFSDP, each mode, with activation-checkpointing variants, bf16
+                    and the loss in token slices
+  2 ranks compiled  SimpleFSDP + inductor (bucketed, reordered) for full_shard (loss in token slices),
+                    shard_grad_op, no_shard; compiled activation checkpointing (full, every k-th block,
+                    op-level)
   4 ranks 2x2       hybrid_shard: FSDP2 (HSDP), eager SimpleFSDP, SimpleFSDP + inductor
 Compiled cases also count the collectives inductor generated, which pins down what each mode
 means (full_shard re-gathers in backward, shard_grad_op keeps the gathered weights, no_shard only
@@ -59,6 +61,9 @@ EAGER_CASES = [
     "shard_grad_op:simple_fsdp:eager:full",
     "full_shard:fsdp2:eager:none:bf16",
     "full_shard:simple_fsdp:eager:none:bf16",
+    # The loss in 3 token slices (128 tokens per rank: uneven slices) through both engines' head.
+    "full_shard:fsdp2:eager:none:fp32:1:3",
+    "shard_grad_op:simple_fsdp:eager:none:bf16:1:3",
 ]
 
 
@@ -72,11 +77,14 @@ def test_eager_modes_match_reference(tmp_path: Path) -> None:
     assert bf16[0]["max_rel_err"] == pytest.approx(bf16[1]["max_rel_err"], rel=1e-3)
     assert any("2/2 blocks" in n for n in records["full_shard:fsdp2:eager:full"]["notes"])
     assert any("1/2 blocks" in n for n in records["full_shard:fsdp2:eager:selective"]["notes"])
+    for case in ("full_shard:fsdp2:eager:none:fp32:1:3", "shard_grad_op:simple_fsdp:eager:none:bf16:1:3"):
+        assert any("in 3 token slice(s)" in n for n in records[case]["notes"]), records[case]["notes"]
 
 
 def test_compiled_modes_match_reference(tmp_path: Path) -> None:
     cases = [
-        "full_shard:simple_fsdp:inductor",
+        # The loss in 3 token slices: the chunked loss compiles into the model's one graph.
+        "full_shard:simple_fsdp:inductor:none:fp32:1:3",
         "shard_grad_op:simple_fsdp:inductor",
         "no_shard:simple_fsdp:inductor",
         # Activation checkpointing under compile (aot_eager: the same AOTAutograd partitioning and
@@ -88,9 +96,11 @@ def test_compiled_modes_match_reference(tmp_path: Path) -> None:
     records = run_cases(tmp_path, 2, cases)
     for case in cases:
         assert_matches_reference(records[case])
+    chunked = records["full_shard:simple_fsdp:inductor:none:fp32:1:3"]
+    assert any("in 3 token slice(s)" in n for n in chunked["notes"]), chunked["notes"]
     # One bucket holds every parameter (cap 64 MB > 4 MB model): one all-gather per graph.
     # full_shard re-gathers in backward (resharded after forward); shard_grad_op does not.
-    assert records["full_shard:simple_fsdp:inductor"]["collectives"] == {
+    assert chunked["collectives"] == {
         "all_gather_into_tensor": 2,
         "reduce_scatter_tensor": 1,
     }

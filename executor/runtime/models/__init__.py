@@ -12,12 +12,21 @@ import inspect
 import torch
 from torch import nn
 
-from executor.runtime.models.common import InitRule, ModelParts, find_parts
+from executor.runtime.models.common import InitRule, ModelParts, computes_own_loss, find_parts
 from executor.runtime.models.gpt2 import GPT2
 from executor.runtime.models.llama import Llama
 from executor.runtime.plan import ModelConfig
 
-__all__ = ["GPT2", "InitRule", "Llama", "ModelFactoryError", "ModelParts", "build_model", "find_parts"]
+__all__ = [
+    "GPT2",
+    "InitRule",
+    "Llama",
+    "ModelFactoryError",
+    "ModelParts",
+    "build_model",
+    "computes_own_loss",
+    "find_parts",
+]
 
 _BUILTIN = {"llama": Llama, "gpt2": GPT2}
 
@@ -31,8 +40,11 @@ def build_model(cfg: ModelConfig, *, seq_len: int, factory: str | None = None) -
 
     A factory is `package.module:function`; it is called with no arguments, or with the plan's
     ModelConfig when it takes one. It must return an `nn.Module` mapping int64 tokens [batch, seq]
-    to logits [batch, seq, vocab]. Its blocks (for wrap units and activation checkpointing) are its
-    `parallel_parts()` if it has one, otherwise its longest `nn.ModuleList`.
+    to logits [batch, seq, vocab]; if its forward also takes `(tokens, targets, *, loss_chunks=k)`
+    and then returns the scalar mean cross-entropy (as the built-in models do, see
+    `computes_own_loss`), the trainer lets it compute the loss itself. Its blocks (for wrap units
+    and activation checkpointing) are its `parallel_parts()` if it has one, otherwise its longest
+    `nn.ModuleList`.
     """
     if factory:
         return _from_factory(factory, cfg)

@@ -1,13 +1,16 @@
-"""Shared pieces of the models: the parts FSDP wraps, init rules, causal attention."""
+"""Shared pieces of the models: the parts FSDP wraps, init rules, causal attention, the output head."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from executor.runtime.loss import chunked_linear_cross_entropy
 
 # `enable_gqa` arrived in torch 2.5; older torch gets key/value heads repeated explicitly.
 _SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
@@ -44,6 +47,35 @@ def sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
     repeat = q.shape[1] // k.shape[1]
     k, v = (z.repeat_interleave(repeat, dim=1) for z in (k, v))
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class OutputHead(nn.Linear):
+    """The bias-free vocabulary projection; given targets, it returns the mean cross-entropy instead
+    of logits, computed in `chunks` token slices (`executor.runtime.loss`).
+
+    The loss reads `self.weight` inside this module's own forward on purpose: eager FSDP2 unshards
+    a unit's parameters only within its modules' forward hooks, and SimpleFSDP gathers on attribute
+    access, so the weight must be read here, not by the caller. A plain `nn.Linear` otherwise: same
+    parameter name (`weight`), so state dicts, init rules and tied embeddings are unchanged.
+    """
+
+    def __init__(self, hidden: int, vocab: int) -> None:
+        super().__init__(hidden, vocab, bias=False)
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, targets: torch.Tensor | None = None, *, chunks: int = 1
+    ) -> torch.Tensor:
+        if targets is None:
+            return super().forward(x)
+        return chunked_linear_cross_entropy(x, self.weight, targets, chunks=chunks)
+
+
+def computes_own_loss(model: nn.Module) -> bool:
+    """Whether `model.forward` takes `(tokens, targets, *, loss_chunks=k)` and then returns the
+    scalar mean cross-entropy itself (the built-in models do). The parameter name `loss_chunks` is
+    the contract: a user model without it returns logits and the caller applies the loss."""
+    forward = getattr(model, "forward", None)
+    return callable(forward) and "loss_chunks" in inspect.signature(forward).parameters
 
 
 def find_parts(model: nn.Module) -> ModelParts:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from executor.runtime.models.common import InitRule, ModelParts, sdpa_causal
+from executor.runtime.models.common import InitRule, ModelParts, OutputHead, sdpa_causal
 from executor.runtime.plan import ModelConfig
 
 
@@ -60,7 +60,8 @@ class Block(nn.Module):
 
 
 class GPT2(nn.Module):
-    """Token + position embeddings, blocks, final LayerNorm, head (tied unless the plan says not)."""
+    """Token + position embeddings, blocks, final LayerNorm, head (tied unless the plan says not);
+    returns logits, or with `targets` the mean cross-entropy computed in `loss_chunks` token slices."""
 
     def __init__(self, cfg: ModelConfig, *, seq_len: int) -> None:
         super().__init__()
@@ -70,16 +71,18 @@ class GPT2(nn.Module):
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.hidden_size)
         self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.ln_f = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = OutputHead(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.wte.weight
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, loss_chunks: int = 1
+    ) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.wte(tokens) + self.wpe(positions)
         for block in self.h:
             x = block(x)
-        return self.lm_head(self.ln_f(x))
+        return self.lm_head(self.ln_f(x), targets, chunks=loss_chunks)
 
     def parallel_parts(self) -> ModelParts:
         tied = self.cfg.tie_word_embeddings

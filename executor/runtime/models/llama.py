@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from executor.runtime.models.common import InitRule, ModelParts, sdpa_causal
+from executor.runtime.models.common import InitRule, ModelParts, OutputHead, sdpa_causal
 from executor.runtime.plan import ModelConfig
 
 
@@ -113,7 +113,8 @@ class TransformerBlock(nn.Module):
 
 
 class Llama(nn.Module):
-    """Token embeddings, `num_layers` blocks, final norm and output head; returns logits."""
+    """Token embeddings, `num_layers` blocks, final norm and output head; returns logits, or with
+    `targets` the mean cross-entropy computed in `loss_chunks` token slices."""
 
     def __init__(self, cfg: ModelConfig, *, seq_len: int) -> None:
         super().__init__()
@@ -122,15 +123,17 @@ class Llama(nn.Module):
         self.rope = RotaryEmbedding(cfg.head_dim, max_len=seq_len, theta=cfg.rope_theta)
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.output = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.output = OutputHead(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, loss_chunks: int = 1
+    ) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, self.rope)
-        return self.output(self.norm(h))
+        return self.output(self.norm(h), targets, chunks=loss_chunks)
 
     def parallel_parts(self) -> ModelParts:
         tied = self.cfg.tie_word_embeddings

@@ -182,6 +182,7 @@ def run_plan(label: str, plan: RuntimePlan, *, steps: int, meshes: dict[tuple, D
             iter(batches),
             grad_accum_steps=cfg.grad_accum_steps,
             max_grad_norm=1.0,
+            loss_chunks=cfg.loss_chunks,
             before_update=capture_grads,
         )
 

@@ -2,11 +2,13 @@
 
     torchrun --nproc-per-node N tests/executor/workers/parity.py --out result.json CASE [CASE ...]
 
-CASE is `sharding:engine:backend[:ac[:precision[:micro_batches]]]`, e.g.
-`full_shard:simple_fsdp:inductor`, `hybrid_shard:fsdp2:eager`, `full_shard:simple_fsdp:eager:none:bf16`
-or `no_shard:fsdp2:eager:none:fp32:2` (backend `eager`: no torch.compile; micro_batches: gradient
-accumulation steps the rank's share of the batch is split into). Each case runs the runtime's own
-`train_step` and compares the gradients it holds before the (zero learning rate) update.
+CASE is `sharding:engine:backend[:ac[:precision[:micro_batches[:loss_chunks]]]]`, e.g.
+`full_shard:simple_fsdp:inductor`, `hybrid_shard:fsdp2:eager`, `full_shard:simple_fsdp:eager:none:bf16`,
+`no_shard:fsdp2:eager:none:fp32:2` or `full_shard:fsdp2:eager:none:fp32:1:3` (backend `eager`: no
+torch.compile; micro_batches: gradient accumulation steps the rank's share of the batch is split
+into; loss_chunks: token slices of the output projection and loss, the plan's `loss_chunks`).
+Each case runs the runtime's own `train_step` and compares the gradients it holds before the
+(zero learning rate) update.
 Every case starts from the same weights (initialised per parameter name, so
 independent of sharding) and sees the same global batch, split over ranks; the reference runs
 the whole batch in one process, unsharded, in fp32. Rank 0 writes one record per case: loss,
@@ -78,6 +80,7 @@ def run_case(case: str, world: int, cache: dict) -> dict:
     ac = rest[0] if rest else "none"
     precision = rest[1] if len(rest) > 1 else "fp32"
     accum = int(rest[2]) if len(rest) > 2 else 1
+    loss_chunks = int(rest[3]) if len(rest) > 3 else 1
     compiled = backend != "eager"
     doc = debug_plan(
         micro_batch_size=2 // accum,
@@ -91,6 +94,7 @@ def run_case(case: str, world: int, cache: dict) -> dict:
         bucket_mb=64.0 if compiled else 0.0,
         model=PARITY_MODEL,
         precision=precision,
+        loss_chunks=loss_chunks,
     )
     plan = parse_plan(doc)
     env = init_distributed(plan)
@@ -116,7 +120,13 @@ def run_case(case: str, world: int, cache: dict) -> dict:
     def step() -> torch.Tensor:
         micro_batches = local.chunk(accum)
         result = train_step(
-            par, optimizer, micro_batches, grad_accum_steps=accum, max_grad_norm=0.0, before_update=capture
+            par,
+            optimizer,
+            micro_batches,
+            grad_accum_steps=accum,
+            max_grad_norm=0.0,
+            loss_chunks=plan.config.loss_chunks,
+            before_update=capture,
         )
         return result.loss_sum / accum
 
