@@ -121,13 +121,14 @@ class MemoryBreakdown(Document):
     grad_buffers: float
     """Unsharded gradients being reduced and their reduce-dtype buffer."""
     logits: float
-    """One loss slice's logits and softmax, and the hidden-state gradient the loss keeps."""
+    """The loss's working memory: one slice's logits, the head's gradient accumulator, and the
+    hidden-state gradient it keeps for backward."""
     workspace: float
     """Library workspace inside the allocator (the CUDA context and NCCL are outside it: they
     reduce the usable memory instead)."""
     allocator_reserve: float
     """Reserved by the caching allocator but not allocatable (fragmentation)."""
-    moment: Literal["backward start", "backward recompute", "optimizer step"] = "backward start"
+    moment: Literal["loss", "backward start", "backward recompute", "optimizer step"] = "backward start"
     """When in the step the peak happens."""
 
     @model_validator(mode="before")

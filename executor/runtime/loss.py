@@ -88,8 +88,10 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx, grad_loss: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, None, None]:
         grad_hidden, grad_weight = ctx.saved_tensors  # type: ignore[attr-defined]
-        # Out of place: the saved gradients stay valid if backward runs again (retain_graph).
-        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None
+        # In place: a head-sized copy at the start of backward is what slicing saves elsewhere
+        # (~1 GiB for a 128k x 4096 bf16 head). A second backward through the same graph
+        # (retain_graph) is refused by autograd's version check instead of silently doubling.
+        return grad_hidden.mul_(grad_loss), grad_weight.mul_(grad_loss), None, None
 
 
 def chunked_linear_cross_entropy(

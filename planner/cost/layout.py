@@ -42,6 +42,10 @@ class CommLayout:
     """Reduction kernels per entry of `reduce_buckets`."""
     largest_reduce: int
     """Parameters of the largest gradient-reduction bucket."""
+    block_group_params: tuple[int, ...]
+    """Parameters of the groups that hold transformer blocks only (what backward recomputes)."""
+    largest_block_reduce: int
+    """Parameters of the largest gradient-reduction bucket completing in such a group."""
     signature: tuple
     """Equal for layouts that price identically (the search memoizes on it)."""
 
@@ -117,12 +121,18 @@ def comm_layout(setting: Setting, choice: Choice) -> CommLayout:
     )
     reduce_buckets = tuple(tuple(r) for r in reduce)
     launches = tuple(tuple(r) for r in reduce_launches)
+    group_params = tuple(sum(u.num_params for _, u in g) for g in groups)
+    largest_reduce = max(p for bucket in reduce_buckets for p in bucket)
+    block_groups = [j for j, g in enumerate(groups) if all(index >= 0 for index, _ in g)]
+    block_reduces = [p for j in block_groups for p in reduce_buckets[j]]
     return CommLayout(
         groups=groups,
         reduce_buckets=reduce_buckets,
-        group_params=tuple(sum(u.num_params for _, u in g) for g in groups),
+        group_params=group_params,
         group_launches=group_launches,
         reduce_launches=launches,
-        largest_reduce=max(p for bucket in reduce_buckets for p in bucket),
+        largest_reduce=largest_reduce,
+        block_group_params=tuple(group_params[j] for j in block_groups) or group_params,
+        largest_block_reduce=max(block_reduces, default=largest_reduce),
         signature=(tuple(len(g) for g in groups), reduce_buckets, group_launches, launches),
     )

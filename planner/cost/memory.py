@@ -1,15 +1,16 @@
 """Peak memory per GPU: what the runtime holds, moment by moment through one training step.
 
-Three moments compete, and the largest is the step's peak:
+The moments of the last micro-batch compete, and the largest is the step's peak:
 
-- *backward start* of the last micro-batch: master parameters, optimizer states (they exist from
-  the first optimizer step on, so every later step carries them through forward), gradients of the
-  earlier micro-batches, every saved activation, the gathered parameters in flight, the first
-  unsharded gradients and their reduction buffer, and the loss: one slice of logits (the runtime
-  runs the output projection and the cross-entropy over `loss_chunks` slices, each computing its
-  gradient at once);
-- *backward recompute*, with checkpointing: the loss is gone, this micro-batch's gradients are
-  arriving (priced whole), and one checkpointed block is recomputed beside the saved activations;
+- *loss*, at the end of forward: master parameters, optimizer states (they exist from the first
+  optimizer step on, so every later step carries them through forward), gradients of the earlier
+  micro-batches, every saved activation, the gathered parameters in flight, and the loss itself:
+  one slice of logits (the runtime runs the output projection and cross-entropy over
+  `loss_chunks` slices, each computing its gradients at once) and the head's gradient accumulator;
+- *backward start*: the same, with the head's gradient (from the loss) and its reduction buffer
+  in place of the loss's working memory;
+- *backward recompute*, with checkpointing: this micro-batch's gradients are arriving (priced
+  whole), and one checkpointed block is recomputed beside the saved activations;
 - *optimizer step*: parameters, all gradients, optimizer states (created here in the first step)
   and the update's temporaries.
 
@@ -74,13 +75,14 @@ class MemoryEstimate:
     grad_buffers: float
     """Unsharded gradients of the unit being reduced and their reduce-dtype buffer."""
     logits: float
-    """One loss slice's logits and softmax, and the hidden-state gradient the loss stores."""
+    """The loss's working memory: one slice's logits, the head's gradient accumulator, and the
+    hidden-state gradient it keeps for backward."""
     workspace: float
     """Library workspace inside the allocator (cuBLAS)."""
     allocator_reserve: float
     """Reserved but not allocated: fragmentation of the transient allocations."""
     moment: str = "backward start"
-    """When the peak happens: `backward start`, `backward recompute` or `optimizer step`."""
+    """When the peak happens: `loss`, `backward start`, `backward recompute` or `optimizer step`."""
 
     @property
     def total(self) -> float:
@@ -106,14 +108,22 @@ def loss_chunks_for(tokens: int, vocab_size: int, compute_bytes: int) -> int:
 
 
 def loss_bytes(setting: Setting, choice: Choice) -> float:
-    """What the loss holds at its peak: one slice of vocabulary-sized tensors, and the gradient of
-    the hidden states it already computed for the whole micro-batch."""
+    """What the loss holds while it runs, at the end of forward: one slice of vocabulary-sized
+    tensors, the fp32 accumulator of the head's weight gradient (with, in bf16, one slice's
+    contribution before it is added), and the hidden-state gradient, already whole."""
     m = setting.model
     tokens = choice.micro_batch * setting.seq_len
     slice_tokens = math.ceil(tokens / choice.loss_chunks)
     per_element = LOSS_SLICE_BYTES_PER_ELEMENT[setting.act_bytes]
-    hidden = m.head.input_elems * tokens * setting.act_bytes
-    return slice_tokens * m.vocab_size * per_element + hidden
+    head_weight = m.head.matmul_params if m.vocab_size else 0
+    weight_grad = (4 + (setting.act_bytes if setting.act_bytes < 4 else 0)) * head_weight
+    return slice_tokens * m.vocab_size * per_element + weight_grad + _hidden_grad_bytes(setting, choice)
+
+
+def _hidden_grad_bytes(setting: Setting, choice: Choice) -> float:
+    """The loss's gradient w.r.t. the final hidden states, kept from the loss to backward."""
+    tokens = choice.micro_batch * setting.seq_len
+    return setting.model.head.input_elems * tokens * setting.act_bytes if setting.model.vocab_size else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,9 +165,9 @@ def compiled_keeps(choice: Choice, unit: UnitCost) -> float:
     return unit.attention_output_elems if choice.compile else 0.0
 
 
-def _unsharded_params(setting: Setting, choice: Choice, layout: CommLayout) -> float:
+def _unsharded_params(setting: Setting, choice: Choice, groups: tuple[int, ...]) -> float:
+    """Gathered compute-dtype parameters alive while `groups` (in order) compute."""
     pb = setting.param_bytes
-    groups = layout.group_params
     depth = choice.prefetch_depth
     if choice.sharding in ("full_shard", "hybrid_shard"):
         # The group computing and the ones prefetched ahead of it.
@@ -191,20 +201,25 @@ def memory_moments(
     activation_bytes = choice.micro_batch * setting.seq_len * setting.act_bytes
     activation_bytes *= p.compiled_activation_memory_scale if choice.compile else p.activation_memory_scale
     saved = activations.saved * activation_bytes
-    unsharded = _unsharded_params(setting, choice, layout)
-    grad_buffers = grad_buffer_bytes * layout.largest_reduce
+    unsharded = _unsharded_params(setting, choice, layout.group_params)
     earlier_grads = grads if choice.grad_accum > 1 else 0.0
 
-    def in_backward(
-        moment: str, grads_alive: float, activations_alive: float, logits: float
+    def in_step(
+        moment: str,
+        *,
+        grads_alive: float,
+        activations_alive: float,
+        gathered: float,
+        grad_buffers: float,
+        logits: float,
     ) -> MemoryEstimate:
-        transient = grads_alive + activations_alive + unsharded + grad_buffers + logits
+        transient = grads_alive + activations_alive + gathered + grad_buffers + logits
         return MemoryEstimate(
             params=params,
             grads=grads_alive,
             optimizer=optimizer,
             activations=activations_alive,
-            unsharded_params=unsharded,
+            unsharded_params=gathered,
             grad_buffers=grad_buffers,
             logits=logits,
             workspace=workspace,
@@ -212,10 +227,38 @@ def memory_moments(
             moment=moment,
         )
 
-    moments = [in_backward("backward start", earlier_grads, saved, loss_bytes(setting, choice))]
+    moments = [
+        # The loss runs: no gradient of this micro-batch is being reduced yet.
+        in_step(
+            "loss",
+            grads_alive=earlier_grads,
+            activations_alive=saved,
+            gathered=unsharded,
+            grad_buffers=0.0,
+            logits=loss_bytes(setting, choice),
+        ),
+        # Backward starts with the head's gradient (computed by the loss) being reduced.
+        in_step(
+            "backward start",
+            grads_alive=earlier_grads,
+            activations_alive=saved,
+            gathered=unsharded,
+            grad_buffers=grad_buffer_bytes * layout.largest_reduce,
+            logits=_hidden_grad_bytes(setting, choice),
+        ),
+    ]
     if activations.recompute > 0:
-        recompute = activations.recompute * activation_bytes
-        moments.append(in_backward("backward recompute", grads, saved + recompute, 0.0))
+        # Deeper in backward, among the blocks: their gathers and reductions, not the head's.
+        moments.append(
+            in_step(
+                "backward recompute",
+                grads_alive=grads,
+                activations_alive=saved + activations.recompute * activation_bytes,
+                gathered=_unsharded_params(setting, choice, layout.block_group_params),
+                grad_buffers=grad_buffer_bytes * layout.largest_block_reduce,
+                logits=0.0,
+            )
+        )
     temporaries = p.optimizer_temp_bytes_per_param * n_params / shard
     moments.append(
         MemoryEstimate(

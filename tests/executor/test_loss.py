@@ -162,3 +162,15 @@ def test_train_step_chunks_built_in_models_and_falls_back_for_logit_models() -> 
     torch.testing.assert_close(results["built_in"][0], results["user"][0])
     for name, grad in results["built_in"][1].items():
         torch.testing.assert_close(grad, results["user"][1][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_second_backward_through_the_same_loss_is_refused_not_wrong() -> None:
+    # Backward scales the stored gradients in place (no head-sized copy); autograd's version
+    # check must then refuse a retained second backward rather than return scaled-twice gradients.
+    hidden = torch.randn(6, 8, requires_grad=True)
+    weight = torch.randn(11, 8, requires_grad=True)
+    targets = torch.randint(0, 11, (6,))
+    loss = chunked_linear_cross_entropy(hidden, weight, targets, chunks=2)
+    (loss * 0.5).backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
