@@ -171,14 +171,21 @@ def _unsharded_params(setting: Setting, choice: Choice, groups: tuple[int, ...])
     depth = choice.prefetch_depth
     if choice.sharding in ("full_shard", "hybrid_shard"):
         # The group computing and the ones prefetched ahead of it.
-        return max(pb * sum(groups[max(0, j - depth) : j + 1]) for j in range(len(groups)))
-    if choice.sharding == "shard_grad_op" or not choice.compile:
+        gathered = max(pb * sum(groups[max(0, j - depth) : j + 1]) for j in range(len(groups)))
+    elif choice.sharding == "shard_grad_op" or not choice.compile:
         # ZeRO-2 keeps every gathered parameter until backward. So does eager no_shard: FSDP2 on a
         # shard group of one still copies each parameter into an unsharded buffer, kept through
         # backward as no_shard does not reshard.
-        return pb * setting.model.num_params
-    # Compiled no_shard uses fp32 weights in place; compute-dtype copies are transient.
-    return pb * (depth + 2) * max(groups) if pb == 2 else 0.0
+        gathered = pb * setting.model.num_params
+    else:
+        # Compiled no_shard uses fp32 weights in place; compute-dtype copies are transient.
+        return pb * (depth + 2) * max(groups) if pb == 2 else 0.0
+    if not choice.compile:
+        # FSDP2 keeps the last all-gather's output buffer until the next all-gather is issued (so
+        # that the allocator cannot hand it to another stream early): one unit's worth, besides
+        # the parameters copied out of it (measured with FSDPMemTracker, tests/executor).
+        gathered += pb * max(groups)
+    return gathered
 
 
 def memory_moments(

@@ -133,7 +133,9 @@ def test_eager_no_shard_keeps_unsharded_copies_compiled_does_not(estimator: Esti
     compiled = estimator.moments(choice("no_shard", 1, replicate_group=8, compile=True))[0]
     n_params = estimator.setting.model.num_params
     # bf16 compute copies of every parameter (FSDP2 gathers even over a group of one).
-    assert eager.unsharded_params == pytest.approx(2 * n_params)
+    # ... plus FSDP2's last all-gather output (one unit: here the 128k-vocabulary embedding).
+    largest_unit = estimator.setting.model.embedding.num_params
+    assert eager.unsharded_params == pytest.approx(2 * (n_params + largest_unit))
     # Compiled: only transient compute-dtype casts of the units in flight.
     assert compiled.unsharded_params < 0.25 * eager.unsharded_params
 
