@@ -23,6 +23,7 @@ The per-configuration table (predicted, measured, error) is printed and is part 
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any
 
 import pytest
@@ -52,7 +53,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     documents = plan_documents(CASES)
     plans_file, out = tmp / "plans.json", tmp / "measured.json"
     plans_file.write_text(json.dumps(documents))
-    result = torchrun(2, [WORKER, "--plans", str(plans_file), "--out", str(out)], env=job_env(), timeout=600)
+    command = [WORKER, "--plans", str(plans_file), "--out", str(out)]
+    result = torchrun(2, command, env=job_env(), timeout=600)
+    if result.returncode != 0 and "SIGABRT" in result.stderr:
+        # About one launch in five on this 2-core VM, a rank aborts mid-run inside gloo/the profiler
+        # (no Python traceback; see the closing notes of issue 11). Once is retried, loudly; twice fails.
+        detail = explain(result, tail=2000)
+        warnings.warn(f"memory-fidelity workers aborted; retrying once\n{detail}", stacklevel=1)
+        result = torchrun(2, command, env=job_env(), timeout=600)
     assert result.returncode == 0, explain(result)
     measured = json.loads(out.read_text())
     runs = {
