@@ -83,8 +83,8 @@ class CostParameters:
     """Headroom a plan keeps on top of its predicted peak, as a fraction of it: the memory model's
     largest measured under-prediction (wider uncalibrated; from the fit's residuals when calibrated)."""
     memory_margin_reason: str = (
-        "uncalibrated: the memory model's largest under-prediction measured on H100 runs was 10.8% "
-        "(bench/RESULTS.md); 12% covers it"
+        "uncalibrated: on H100 runs the memory model has under-predicted peaks by up to 10.8% "
+        "(issue 11); 12% covers that"
     )
     """Why `memory_margin` is what it is (shown with every plan)."""
     compute_scale: float = 1.0
