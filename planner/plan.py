@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.catalog.gpus import GpuSpec
+from planner.cost.memory import MEMORY_TERMS
 from planner.specs import CheckpointMode, ClusterSpec, ModelSpec, ShardingStrategy, TrainingSpec
 
 SCHEMA_VERSION = "1.1"
@@ -101,33 +102,25 @@ class ParallelConfig(Document):
         )
 
 
+def _term(name: str) -> Any:
+    return Field(description=MEMORY_TERMS[name].meaning)
+
+
 class MemoryBreakdown(Document):
     """Peak memory per GPU by purpose, GiB: what is alive at the moment of the peak.
 
     The terms are planner/cost/memory.py's MEMORY_TERMS, the same estimate the search pruned with.
     """
 
-    params: float
-    """Sharded fp32 master parameters (or the full copy when not sharded)."""
-    grads: float
-    """Sharded gradients alive at the peak: from earlier micro-batches when the peak is at backward
-    start (none with one micro-batch per step), all of them at the optimizer step."""
-    optimizer: float
-    """Optimizer states (and the update's temporaries when the peak is the optimizer step)."""
-    activations: float
-    """Tensors saved for backward, at their peak (including recompute of one checkpointed block)."""
-    unsharded_params: float
-    """All-gathered compute-dtype parameters in flight."""
-    grad_buffers: float
-    """Unsharded gradients being reduced and their reduce-dtype buffer."""
-    logits: float
-    """The loss's working memory: one slice's logits, the head's gradient accumulator, and the
-    hidden-state gradient it keeps for backward."""
-    workspace: float
-    """Library workspace inside the allocator (the CUDA context and NCCL are outside it: they
-    reduce the usable memory instead)."""
-    allocator_reserve: float
-    """Reserved by the caching allocator but not allocatable (fragmentation)."""
+    params: Annotated[float, _term("params")]
+    grads: Annotated[float, _term("grads")]
+    optimizer: Annotated[float, _term("optimizer")]
+    activations: Annotated[float, _term("activations")]
+    unsharded_params: Annotated[float, _term("unsharded_params")]
+    grad_buffers: Annotated[float, _term("grad_buffers")]
+    logits: Annotated[float, _term("logits")]
+    workspace: Annotated[float, _term("workspace")]
+    allocator_reserve: Annotated[float, _term("allocator_reserve")]
     moment: Literal["loss", "backward start", "backward recompute", "optimizer step"] = "backward start"
     """When in the step the peak happens."""
 

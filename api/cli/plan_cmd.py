@@ -122,9 +122,9 @@ def print_plan(p: Plan, console: Console) -> None:
     memory.add_column("part")
     memory.add_column("GiB", justify="right")
     memory.add_column("share", justify="right")
-    for name, label in MEMORY_TERMS.items():
+    for name, term in MEMORY_TERMS.items():
         gib = getattr(breakdown, name)
-        memory.add_row(label, f"{gib:.2f}", f"{gib / pred.peak_memory_gib:.0%}")
+        memory.add_row(term.label, f"{gib:.2f}", f"{gib / pred.peak_memory_gib:.0%}")
     console.print(memory)
     if pred.memory_margin_reason:
         console.print(f"memory margin {pred.memory_margin:.0%}: {pred.memory_margin_reason}")

@@ -20,7 +20,7 @@ from planner.cost.memory import MEMORY_TERMS
 from planner.plan import Candidate, ParallelConfig, Plan, Prediction
 
 # Memory parts in the order they are stacked, with the words a person reads: the planner's own terms.
-MEMORY_PARTS = MEMORY_TERMS
+MEMORY_PARTS = {name: term.label for name, term in MEMORY_TERMS.items()}
 MEMORY_COLORS = dict(zip(MEMORY_PARTS.values(), (*svg.PALETTE[:8], "#bbbbbb"), strict=True))
 
 COMPUTE_FORWARD, COMPUTE_BACKWARD, OPTIMIZER = svg.PALETTE[0], svg.PALETTE[2], svg.PALETTE[3]

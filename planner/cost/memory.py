@@ -27,24 +27,59 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 from planner.cost.layout import CommLayout
 from planner.cost.model_costs import UnitCost
 from planner.cost.parameters import GIB, CostParameters
 from planner.cost.setting import Choice, Setting
 
-MEMORY_TERMS: dict[str, str] = {
-    "params": "parameters",
-    "grads": "gradients",
-    "optimizer": "optimizer states",
-    "activations": "activations",
-    "unsharded_params": "gathered parameters",
-    "grad_buffers": "gradient buffers",
-    "logits": "logits & loss",
-    "workspace": "workspace",
-    "allocator_reserve": "allocator reserve",
+
+class MemoryTerm(NamedTuple):
+    label: str
+    """The words a person reads (CLI, dashboard)."""
+    meaning: str
+    """What the term holds (docs, the Plan's JSON schema)."""
+
+
+MEMORY_TERMS: dict[str, MemoryTerm] = {
+    "params": MemoryTerm("parameters", "Master parameters (fp32), sharded over the shard group."),
+    "grads": MemoryTerm(
+        "gradients",
+        "Sharded gradients alive at the moment: from earlier micro-batches until backward, this "
+        "micro-batch's too while it recomputes, all of them at the optimizer step.",
+    ),
+    "optimizer": MemoryTerm(
+        "optimizer states", "Optimizer states, plus the update's temporaries at the optimizer step."
+    ),
+    "activations": MemoryTerm(
+        "activations",
+        "Tensors saved for backward (and one checkpointed block's recompute, at that moment).",
+    ),
+    "unsharded_params": MemoryTerm(
+        "gathered parameters",
+        "All-gathered compute-dtype parameters in flight (or kept, without resharding), and eager "
+        "FSDP2's last all-gather buffer.",
+    ),
+    "grad_buffers": MemoryTerm(
+        "gradient buffers", "Unsharded gradients of the unit being reduced and their reduce-dtype buffer."
+    ),
+    "logits": MemoryTerm(
+        "logits & loss",
+        "The loss's working memory: one slice's logits, the head's gradient accumulator, and the "
+        "hidden-state gradient it keeps for backward.",
+    ),
+    "workspace": MemoryTerm(
+        "workspace",
+        "Library workspace inside the allocator (cuBLAS); the CUDA context and NCCL are outside it "
+        "and reduce the usable memory instead.",
+    ),
+    "allocator_reserve": MemoryTerm(
+        "allocator reserve", "Reserved by the caching allocator but not allocatable (fragmentation)."
+    ),
 }
-"""Every term of the estimate, in stacking order, with the words a person reads."""
+"""Every term of the estimate, in stacking order: the one description the estimate, the Plan's
+breakdown, the CLI and the dashboard share."""
 
 LOSS_SLICE_BYTES_PER_ELEMENT = {2: 6.0, 4: 4.0}
 """Bytes alive per (token x vocab entry) of one loss slice, by compute-dtype size: bf16 logits and
@@ -59,28 +94,17 @@ output-projection GEMM."""
 
 @dataclass(frozen=True, slots=True)
 class MemoryEstimate:
-    """Bytes per GPU at the peak moment of a step, by purpose (keys of MEMORY_TERMS)."""
+    """Bytes per GPU at one moment of a step, by purpose (the terms of MEMORY_TERMS)."""
 
     params: float
-    """Master parameters (fp32), sharded over the shard group."""
     grads: float
-    """Sharded gradients alive at the moment: from earlier micro-batches at backward start, all of
-    them at the optimizer step."""
     optimizer: float
-    """Optimizer states, plus the update's temporaries at the optimizer step."""
     activations: float
-    """Tensors saved for backward (and one checkpointed block's recompute, at that moment)."""
     unsharded_params: float
-    """All-gathered compute-dtype parameters in flight (or kept, without resharding)."""
     grad_buffers: float
-    """Unsharded gradients of the unit being reduced and their reduce-dtype buffer."""
     logits: float
-    """The loss's working memory: one slice's logits, the head's gradient accumulator, and the
-    hidden-state gradient it keeps for backward."""
     workspace: float
-    """Library workspace inside the allocator (cuBLAS)."""
     allocator_reserve: float
-    """Reserved but not allocated: fragmentation of the transient allocations."""
     moment: str = "backward start"
     """When the peak happens: `loss`, `backward start`, `backward recompute` or `optimizer step`."""
 

@@ -156,7 +156,7 @@ def test_a_plan_keeps_its_margin_below_the_usable_memory() -> None:
     assert p.usable_memory_gib is not None and p.memory_margin is not None
     assert p.usable_memory_gib < plan.cluster.gpu_spec.memory_gib  # the CUDA context is outside
     assert p.peak_memory_gib * (1 + p.memory_margin) <= p.usable_memory_gib
-    assert "under-prediction" in (p.memory_margin_reason or "")
+    assert "under-predicted" in (p.memory_margin_reason or "")
     for alternative in plan.alternatives:
         assert alternative.peak_memory_gib * (1 + p.memory_margin) <= p.usable_memory_gib
 

@@ -5,8 +5,6 @@ shows it, and `replan` returns a stored plan below the failed configuration's pr
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -15,16 +13,8 @@ from typer.testing import CliRunner
 from api.cli.common import EXIT_OOM
 from api.cli.main import app
 from tests.executor.conftest import REPO
-from tests.live_server import running_server
 
 pytestmark = pytest.mark.distributed
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'oom.sqlite3'}"}
-    with running_server(env=env, log=tmp_path / "serve.log") as url:
-        yield url
 
 
 def test_oom_validate_upload_and_replan(server: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -15,16 +13,8 @@ from planner.calibration import CalibrationProfile, fit_parameters
 from planner.catalog import resolve_gpu
 from planner.cost.parameters import default_parameters
 from planner.specs import ClusterSpec
-from tests.live_server import running_server
 
 pytestmark = pytest.mark.distributed
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'loop.sqlite3'}"}
-    with running_server(env=env, log=tmp_path / "serve.log") as url:
-        yield url
 
 
 def check_profile(profile: CalibrationProfile) -> None:
