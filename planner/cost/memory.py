@@ -25,6 +25,7 @@ Search, the plan's breakdown and the dashboard all read this one estimate.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 from typing import NamedTuple
@@ -110,7 +111,18 @@ class MemoryEstimate:
 
     @property
     def total(self) -> float:
-        return sum(getattr(self, name) for name in MEMORY_TERMS)
+        # Spelled out: the search sums thousands of these (the assert below keeps it complete).
+        return (
+            self.params
+            + self.grads
+            + self.optimizer
+            + self.activations
+            + self.unsharded_params
+            + self.grad_buffers
+            + self.logits
+            + self.workspace
+            + self.allocator_reserve
+        )
 
     @property
     def sharded_states(self) -> float:
@@ -189,13 +201,19 @@ def compiled_keeps(choice: Choice, unit: UnitCost) -> float:
     return unit.attention_output_elems if choice.compile else 0.0
 
 
+@functools.lru_cache(maxsize=256)
+def _largest_window(groups: tuple[int, ...], width: int) -> int:
+    """The largest sum of `width` consecutive groups (fewer at the start)."""
+    return max(sum(groups[max(0, j - width + 1) : j + 1]) for j in range(len(groups)))
+
+
 def _unsharded_params(setting: Setting, choice: Choice, groups: tuple[int, ...]) -> float:
     """Gathered compute-dtype parameters alive while `groups` (in order) compute."""
     pb = setting.param_bytes
     depth = choice.prefetch_depth
     if choice.sharding in ("full_shard", "hybrid_shard"):
         # The group computing and the ones prefetched ahead of it.
-        gathered = max(pb * sum(groups[max(0, j - depth) : j + 1]) for j in range(len(groups)))
+        gathered = pb * _largest_window(groups, depth + 1)
     elif choice.sharding == "shard_grad_op" or not choice.compile:
         # ZeRO-2 keeps every gathered parameter until backward. So does eager no_shard: FSDP2 on a
         # shard group of one still copies each parameter into an unsharded buffer, kept through
