@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from api.db.models import PlanRow
+from planner.plan import SCHEMA_VERSION
 from tests.dashboard.conftest import BrowserPage, LiveServer
 from tests.dashboard.sample_data import h100_profile, insert_calibration, insert_runs
 
@@ -121,7 +122,9 @@ def test_create_find_sort_filter_open_and_compare(live_server: LiveServer, page:
     p.wait_for_url(f"**/plans/{gpt2_id}")
     assert p.title() == f"GPT-2 baseline · plan {gpt2_id} · fsdp-planner"
     assert chart_marks(p, "memory", "rect.mark") >= 6
-    assert chart_marks(p, "timeline", "rect.mark") > 20
+    # One mark per timeline segment at least (a partly exposed transfer draws two).
+    stored = p.request.get(f"{live_server.url}/api/v1/plans/{gpt2_id}").json()
+    assert chart_marks(p, "timeline", "rect.mark") >= len(stored["plan"]["prediction"]["timeline"]) > 10
     assert chart_marks(p, "timeline", "rect.mark.exposed") >= 1  # exposed communication is marked
     assert chart_marks(p, "tradeoff", "circle.mark") > 3
     assert chart_marks(p, "tradeoff", "circle.mark.chosen") == 1
@@ -137,7 +140,7 @@ def test_create_find_sort_filter_open_and_compare(live_server: LiveServer, page:
     download = download_info.value
     assert download.suggested_filename == f"plan-{gpt2_id}.json"
     document = json.loads(Path(download.path()).read_text())
-    assert document["id"] == gpt2_id and document["plan"]["schema_version"] == "1.0"
+    assert document["id"] == gpt2_id and document["plan"]["schema_version"] == SCHEMA_VERSION
     assert document["plan"]["config"]["sharding"] in p.locator("#config-title + dl").inner_text()
 
     # Compare both: tick them in the list, press Compare.
