@@ -67,7 +67,7 @@ class Request:
     model: ModelSpec
     seq_len: int
     sequences: int
-    """Sequences per step on the one GPU."""
+    """Sequences per step per GPU."""
 
 
 REQUESTS = (
@@ -105,18 +105,21 @@ REQUESTS = (
     ),
     Request("gpt2-xl-s1024-b16", resolve_model("gpt2-xl"), 1024, 16),
 )
+SMOKE = Request("cpu-smoke", resolve_model("llama-debug"), 128, 4)
+"""Not one of the benchmark's requests: `--requests cpu-smoke --gpu cpu --nproc 2 --precision fp32`
+runs the whole loop on a machine without GPUs, to check the script before spending GPU time."""
 NON_PICKED = 3
 """Configurations run beside each pick: the fastest alternatives of the other engine first."""
 
 
-def calibrate(request: Request, out: Path, budget_s: float) -> CalibrationProfile:
+def calibrate(request: Request, out: Path, budget_s: float, nproc: int) -> CalibrationProfile:
     out.mkdir(parents=True, exist_ok=True)
     model_file = out / "model.json"
     model_file.write_text(request.model.model_dump_json())
     profile_file = out / "profile.json"
     subprocess.run(
         [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
             "-m", "executor.profile.run", "-o", str(profile_file), "--budget-s", str(budget_s),
             "--model-json", str(model_file), "--seq-len", str(request.seq_len),
             "--micro-batches", "1,2", "--name", f"bench-{request.name}",
@@ -126,13 +129,12 @@ def calibrate(request: Request, out: Path, budget_s: float) -> CalibrationProfil
     return CalibrationProfile.model_validate_json(profile_file.read_text())
 
 
-def plan_request(request: Request, cluster: ClusterSpec) -> PlanRequest:
+def plan_request(request: Request, cluster: ClusterSpec, precision: str) -> PlanRequest:
+    tokens = request.seq_len * request.sequences * cluster.world_size
     return PlanRequest(
         model=request.model,
         cluster=cluster,
-        training=TrainingSpec(
-            seq_len=request.seq_len, global_batch_tokens=request.seq_len * request.sequences
-        ),
+        training=TrainingSpec(seq_len=request.seq_len, global_batch_tokens=tokens, precision=precision),
     )
 
 
@@ -162,8 +164,8 @@ def run(plan: Plan, *, steps: int, workdir: Path) -> tuple[Measurement | None, b
 
 def bench_request(request: Request, args: argparse.Namespace, cluster: ClusterSpec) -> list[dict]:
     out = args.out / request.name
-    profile = calibrate(request, out, args.budget_s)
-    spec = plan_request(request, cluster)
+    profile = calibrate(request, out, args.budget_s, cluster.world_size)
+    spec = plan_request(request, cluster, args.precision)
     pick = make_plan(spec, calibration=profile, calibration_id=profile.content_id())
     uncalibrated = predict(spec, pick.config)
     print(f"[{request.name}] pick: {pick.config.label()}", flush=True)
@@ -223,6 +225,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--budget-s", type=float, default=45.0, help="calibration time budget per request")
     parser.add_argument("--gpu", default="H100", help="catalog GPU this machine has (default H100)")
+    parser.add_argument("--nproc", type=int, default=1, help="GPUs (or CPU ranks) of this node to use")
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     parser.add_argument("--out", type=Path, default=Path("bench/out/gpu"))
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--summary", action="store_true", help="print the table from --results and stop")
@@ -234,11 +238,11 @@ def main() -> None:
     import torch  # only where the benchmark runs: the summary needs no torch
 
     names = args.requests.split(",") if args.requests else [r.name for r in REQUESTS]
-    known = {r.name: r for r in REQUESTS}
+    known = {r.name: r for r in (*REQUESTS, SMOKE)}
     unknown = sorted(set(names) - set(known))
     if unknown:
         parser.error(f"unknown request(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    cluster = ClusterSpec(num_nodes=1, gpus_per_node=1, gpu=args.gpu)
+    cluster = ClusterSpec(num_nodes=1, gpus_per_node=args.nproc, gpu=args.gpu)
     document["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     document["torch"] = torch.__version__
     for name in names:
