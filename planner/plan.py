@@ -137,17 +137,7 @@ class MemoryBreakdown(Document):
 
     @property
     def total(self) -> float:
-        return (
-            self.params
-            + self.grads
-            + self.optimizer
-            + self.activations
-            + self.unsharded_params
-            + self.grad_buffers
-            + self.logits
-            + self.workspace
-            + self.allocator_reserve
-        )
+        return sum(getattr(self, name) for name in MEMORY_TERMS)
 
 
 class TimelineSegment(Document):
