@@ -29,7 +29,7 @@ from pathlib import Path
 from api.cli.validate_cmd import Measurement, RanOutOfMemory, run_validation
 from planner.calibration import CalibrationProfile
 from planner.catalog import resolve_model
-from planner.plan import Plan
+from planner.plan import InductorConfig, ParallelConfig, Plan
 from planner.search import make_plan, predict
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 
@@ -109,7 +109,7 @@ SMOKE = Request("cpu-smoke", resolve_model("llama-debug"), 128, 4)
 """Not one of the benchmark's requests: `--requests cpu-smoke --gpu cpu --nproc 2 --precision fp32`
 runs the whole loop on a machine without GPUs, to check the script before spending GPU time."""
 NON_PICKED = 3
-"""Configurations run beside each pick: the fastest alternatives of the other engine first."""
+"""Configurations run beside each pick: the pick in the other engine, then the fastest alternatives."""
 
 
 def calibrate(request: Request, out: Path, budget_s: float, nproc: int) -> CalibrationProfile:
@@ -154,6 +154,31 @@ def row(request: Request, plan: Plan, *, picked: bool, calibrated: bool, measure
     }
 
 
+def non_picked(pick: Plan) -> list[ParallelConfig]:
+    """The pick's configuration in the other engine, then the fastest alternatives, NON_PICKED in all."""
+    other = pick.config.compile is False
+    swapped = pick.config.model_copy(
+        update={
+            "compile": other,
+            "blocks_per_unit": 1,
+            "all_gather_bucket_mb": 0.0,
+            "reduce_scatter_bucket_mb": 0.0,
+            "inductor": InductorConfig(
+                bucket_all_gathers=False,
+                bucket_reduce_scatters=False,
+                reorder_for_compute_comm_overlap=other and pick.config.sharding != "no_shard",
+            ),
+        }
+    )
+    configs = [swapped]
+    for alternative in pick.alternatives:
+        if len(configs) == NON_PICKED:
+            break
+        if alternative.config.label() not in {c.label() for c in configs}:
+            configs.append(alternative.config)
+    return configs
+
+
 def run(plan: Plan, *, steps: int, workdir: Path) -> tuple[Measurement | None, bool]:
     try:
         return run_validation(plan, steps=steps, warmup=3, workdir=workdir), False
@@ -174,9 +199,8 @@ def bench_request(request: Request, args: argparse.Namespace, cluster: ClusterSp
         row(request, pick, picked=True, calibrated=True, measured=measured, oom=oom),
         row(request, uncalibrated, picked=True, calibrated=False, measured=measured, oom=oom),
     ]
-    others = sorted(pick.alternatives, key=lambda c: c.config.compile == pick.config.compile)[:NON_PICKED]
-    for index, alternative in enumerate(others):
-        plan = predict(spec, alternative.config, calibration=profile, calibration_id=profile.content_id())
+    for index, config in enumerate(non_picked(pick)):
+        plan = predict(spec, config, calibration=profile, calibration_id=profile.content_id())
         print(f"[{request.name}] not picked: {plan.config.label()}", flush=True)
         measured, oom = run(plan, steps=args.steps, workdir=out / f"alt{index}")
         rows.append(row(request, plan, picked=False, calibrated=True, measured=measured, oom=oom))
