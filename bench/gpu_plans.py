@@ -229,8 +229,8 @@ def summary(document: dict) -> str:
         lines.append(
             f"| {r['request']} | {r['config']} | {'yes' if r['picked'] else ''} | "
             f"{'yes' if r['calibrated'] else ''} | {r['predicted_step_s']:.3f} | "
-            f"{r['measured_step_s'] or 0:.3f} | {r['predicted_peak_gib']:.1f} | "
-            f"{r['measured_peak_gib'] or 0:.1f} | "
+            f"{r['measured_step_s'] or 0:.3f} | {r['predicted_peak_gib']:.2f} | "
+            f"{r['measured_peak_gib'] or 0:.2f} | "
             f"{error} | {'OOM' if r['oom'] else ''} |"
         )
     picks_oom = sum(1 for r in runs if r["picked"] and r["calibrated"] and r["oom"])
