@@ -217,7 +217,20 @@ def show_fit(profile: CalibrationProfile, console: Console) -> None:
             f"{base.sharding_overhead_s * 1e3:.1f} ms",
             f"{fitted.sharding_overhead_s * 1e3:.1f} ms",
         ),
+        (
+            "compiled overhead per micro-batch",
+            f"{base.compiled_overhead_s * 1e3:.1f} ms",
+            f"{fitted.compiled_overhead_s * 1e3:.1f} ms",
+        ),
         ("overlap contention", f"{base.overlap_contention:.2f}", f"{fitted.overlap_contention:.2f}"),
+        (
+            "activation memory (eager / compiled)",
+            f"{base.activation_memory_scale:.2f} / {base.compiled_activation_memory_scale:.2f}",
+            f"{fitted.activation_memory_scale:.2f} / {fitted.compiled_activation_memory_scale:.2f}",
+        ),
+        ("allocator reserve", f"{base.allocator_reserve:.1%}", f"{fitted.allocator_reserve:.1%}"),
+        ("usable memory", f"{base.usable_memory_gib:.1f} GiB", f"{fitted.usable_memory_gib:.1f} GiB"),
+        ("memory margin", f"{base.memory_margin:.0%}", f"{fitted.memory_margin:.0%}"),
     ]
     for link in ("intra", "inter"):
         b, f = base.links[link], fitted.links[link]

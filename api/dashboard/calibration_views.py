@@ -229,6 +229,11 @@ _FITTED_FIELDS: tuple[tuple[str, tuple[str, ...], Any], ...] = (
     ("Optimizer overhead", ("optimizer_overhead_s",), fmt.seconds),
     ("Overhead per micro-batch", ("micro_batch_overhead_s",), fmt.seconds),
     ("Sharding overhead per micro-batch", ("sharding_overhead_s",), fmt.seconds),
+    ("Compiled overhead per micro-batch", ("compiled_overhead_s",), fmt.seconds),
+    ("Activation memory, eager", ("activation_memory_scale",), lambda v: f"{v:.3g}×"),
+    ("Activation memory, compiled", ("compiled_activation_memory_scale",), lambda v: f"{v:.3g}×"),
+    ("Allocator reserve", ("allocator_reserve",), lambda v: f"{v:.1%}"),
+    ("Memory margin", ("memory_margin",), lambda v: f"{v:.1%}"),
 )
 
 

@@ -191,7 +191,11 @@ def _timing(setting: Setting, choice: Choice, layout: CommLayout, *, record: boo
     optimizer_s = p.optimizer_overhead_s + local_params * p.optimizer_bytes_per_param / p.memory_bandwidth
     optimizer_s += _collective(p, world_link, 4.0, setting.world_size, all_reduce=True)  # grad-norm
     sharded = choice.sharding != "no_shard"
-    overhead_s = (p.micro_batch_overhead_s + (p.sharding_overhead_s if sharded else 0.0)) * choice.grad_accum
+    if choice.compile:
+        per_micro_batch = p.compiled_overhead_s
+    else:
+        per_micro_batch = p.micro_batch_overhead_s + (p.sharding_overhead_s if sharded else 0.0)
+    overhead_s = per_micro_batch * choice.grad_accum
 
     step = accum_before * inner.total_s + final.total_s + optimizer_s + overhead_s
     return TimeEstimate(

@@ -96,7 +96,10 @@ class CostParameters:
     optimizer_overhead_s: float = 0.0
     """Fixed time of one optimizer step and gradient clip (launches, per-tensor dispatch)."""
     micro_batch_overhead_s: float = 0.0
-    """Framework time per micro-batch outside the priced work: FSDP hooks, loss, Python."""
+    """Eager framework time per micro-batch outside the priced work: FSDP2 hooks, loss, Python."""
+    compiled_overhead_s: float = 0.0
+    """The same for compiled configurations: one graph per micro-batch, no FSDP2 hooks (fitted
+    beside `compiled_compute_scale` from the compiled steps)."""
     sharding_overhead_s: float = 0.0
     """Extra framework time per micro-batch when parameters are sharded rather than replicated
     (gather and reduce hooks, buffer copies, collectives competing with compute)."""

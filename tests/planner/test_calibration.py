@@ -261,6 +261,19 @@ def test_compiled_steps_fit_the_compiled_compute_scale_after_the_eager_fit() -> 
         assert predicted_step_time(profile, sample, fitted, "fp32") == pytest.approx(sample.seconds, rel=0.02)
 
 
+def test_compiled_steps_do_not_pay_the_eager_hooks_overhead() -> None:
+    # On CPU, FSDP2's hooks cost eager steps far more than one compiled graph's launch: compiled steps
+    # are faster for that reason, not because their compute is 5x cheaper. With compiled steps at one
+    # depth the fit cannot tell a scale from an overhead, and must not invent an implausible scale.
+    base = default_parameters(resolve_gpu("cpu"), ClusterSpec.parse("1x2xcpu"), "fp32")
+    truth = base.with_changes(compute_scale=1.2, micro_batch_overhead_s=0.15, compiled_overhead_s=0.01)
+    shapes = [*EAGER_SHAPES, (1, 1, "full_shard", COMPILED), (1, 1, "no_shard", COMPILED)]
+    fitted = fit_parameters(cpu_profile_with_steps(truth, shapes), base=base, precision="fp32")
+    assert fitted.compiled_compute_scale == pytest.approx(1.0, abs=0.02)
+    assert fitted.compiled_overhead_s == pytest.approx(0.01, rel=0.1)
+    assert fitted.micro_batch_overhead_s == pytest.approx(0.15, rel=0.02)
+
+
 def test_without_compiled_steps_the_compiled_scale_stays_neutral() -> None:
     base = default_parameters(resolve_gpu("cpu"), ClusterSpec.parse("1x2xcpu"), "fp32")
     truth = base.with_changes(compute_scale=1.2, compiled_compute_scale=0.5)
