@@ -395,15 +395,7 @@ def _fit_steps(
     params = params.with_changes(micro_batch_overhead_s=0.0, sharding_overhead_s=0.0)
 
     def fit_at(trial: CostParameters, samples: list[StepSample]) -> tuple[float, float]:
-        """(relative squared error, overhead per micro-batch) of `trial` on `samples`."""
-        rows = [
-            (s.seconds, s.grad_accum_steps, predicted_step_time(profile, s, trial, precision))
-            for s in samples
-        ]
-        numerator = sum(a * (y - p) / (y * y) for y, a, p in rows)
-        denominator = sum(a * a / (y * y) for y, a, _ in rows)
-        overhead = max(0.0, numerator / denominator)
-        return sum(((y - p - overhead * a) / y) ** 2 for y, a, p in rows), overhead
+        return _overhead_fit(profile, samples, trial, precision)
 
     replicated = [s for s in steps if s.sharding == "no_shard"]
     sharded = [s for s in steps if s.sharding != "no_shard"]
@@ -416,6 +408,21 @@ def _fit_steps(
         extra = max(0.0, fit_at(params, sharded)[1] - base_overhead)
         return params.with_changes(micro_batch_overhead_s=base_overhead, sharding_overhead_s=extra)
     return params.with_changes(micro_batch_overhead_s=fit_at(params, steps)[1])
+
+
+def _overhead_fit(
+    profile: CalibrationProfile, samples: list[StepSample], trial: CostParameters, precision: Precision
+) -> tuple[float, float]:
+    """(relative squared error, overhead per micro-batch) of `trial`, priced without the overhead
+    being fitted, on `samples`: the overhead is solved exactly, and never negative (a model that
+    over-predicts is not corrected by negative time)."""
+    rows = [
+        (s.seconds, s.grad_accum_steps, predicted_step_time(profile, s, trial, precision)) for s in samples
+    ]
+    numerator = sum(a * (y - p) / (y * y) for y, a, p in rows)
+    denominator = sum(a * a / (y * y) for y, a, _ in rows)
+    overhead = max(0.0, numerator / denominator)
+    return sum(((y - p - overhead * a) / y) ** 2 for y, a, p in rows), overhead
 
 
 def _fit_compiled(
@@ -433,14 +440,7 @@ def _fit_compiled(
     def fit_at(scale: float) -> tuple[float, float]:
         """(penalised relative squared error, overhead per micro-batch) with compiled scale `scale`."""
         trial = params.with_changes(compiled_compute_scale=scale, compiled_overhead_s=0.0)
-        rows = [
-            (s.seconds, s.grad_accum_steps, predicted_step_time(profile, s, trial, precision))
-            for s in compiled
-        ]
-        numerator = sum(a * (y - p) / (y * y) for y, a, p in rows)
-        denominator = sum(a * a / (y * y) for y, a, _ in rows)
-        overhead = max(0.0, numerator / denominator)
-        error = sum(((y - p - overhead * a) / y) ** 2 for y, a, p in rows)
+        error, overhead = _overhead_fit(profile, compiled, trial, precision)
         return error + SCALE_PRIOR * math.log(scale) ** 2, overhead
 
     scale = _minimize(lambda x: fit_at(x)[0])
