@@ -402,7 +402,10 @@ def _fit_steps(
     by_depth = replicated if len({s.num_layers for s in replicated}) >= 2 else steps
     if len({s.num_layers for s in by_depth}) >= 2:
         scale = _minimize(lambda x: fit_at(params.with_changes(compute_scale=x), by_depth)[0])
-        params = params.with_changes(compute_scale=scale)
+        # At the edge of the search range the depths said nothing (a deeper step timed no slower
+        # than a shallower one: noise); the blocks' own scale is the better evidence then.
+        if SCALE_RANGE[0] * 1.01 < scale < SCALE_RANGE[1] * 0.99:
+            params = params.with_changes(compute_scale=scale)
     if replicated and sharded:
         base_overhead = fit_at(params, replicated)[1]
         extra = max(0.0, fit_at(params, sharded)[1] - base_overhead)
@@ -452,10 +455,14 @@ SCALE_PRIOR = 1e-4
 step, so the data win wherever they can tell; between equally exact fits it picks the one nearest 1."""
 
 
+SCALE_RANGE = (0.2, 0.2 * 1.25**20)
+"""Where `_minimize` looks for a factor."""
+
+
 def _minimize(error: Callable[[float], float]) -> float:
     """The positive factor (0.2 .. ~18) with the least error: a log grid, then golden-section
     refinement around the best grid point (the errors here are smooth and unimodal near it)."""
-    grid = [0.2 * 1.25**i for i in range(21)]
+    grid = [SCALE_RANGE[0] * 1.25**i for i in range(21)]
     best = min(range(len(grid)), key=lambda i: error(grid[i]))
     low, high = grid[max(0, best - 1)], grid[min(len(grid) - 1, best + 1)]
     ratio = (math.sqrt(5) - 1) / 2

@@ -30,6 +30,8 @@ configurations never measured."""
 MIN_STEPS = 5
 """Fewer measured steps than this fit as many scales as they have points: their residuals prove
 nothing, so the plan keeps the uncalibrated margin."""
+MIN_SCALE_STEPS = 2
+"""Measured steps of one engine needed before its activation scale moves from 1."""
 SCALE_BOUNDS = (0.5, 2.0)
 RESERVE_BOUNDS = (0.0, 0.5)
 
@@ -68,18 +70,21 @@ def fit_memory(
         activation_memory_scale=1.0, compiled_activation_memory_scale=1.0, allocator_reserve=0.0
     )
     # Activation scale per engine, from steps whose measured peak lies above what the update needs
-    # (so it was in backward, where activations live).
+    # (so it was in backward, where activations live). Least squares on the activation bytes: a step
+    # with few activations (one small block) says little about their scale and weighs little; one
+    # step alone is not trusted with a scale that every plan of that engine will carry.
     for compiled, name in ((False, "activation_memory_scale"), (True, "compiled_activation_memory_scale")):
-        ratios = []
+        points = []
         for setting, choice, allocated, _ in steps:
             if choice.compile != compiled:
                 continue
             *backward, update = _moments(setting, choice, allocated_only)
             peak = max(backward, key=lambda m: m.total)
             if peak.activations > 0 and allocated > update.total:
-                ratios.append((allocated - (peak.total - peak.activations)) / peak.activations)
-        if ratios:
-            changes[name] = _clamp(statistics.median(ratios), SCALE_BOUNDS)
+                points.append((peak.activations, allocated - (peak.total - peak.activations)))
+        if len(points) >= MIN_SCALE_STEPS:
+            scale = sum(a * r for a, r in points) / sum(a * a for a, _ in points)
+            changes[name] = _clamp(scale, SCALE_BOUNDS)
     fitted = allocated_only.with_changes(**changes)
 
     # Reserved beyond allocated, as a fraction of the transient allocations at the peak.

@@ -64,15 +64,18 @@ class Shape:
 # block; sharded steps (all-gathers and reduce-scatters) then price the collectives in place;
 # accumulation separates per-micro-batch from per-step costs; full checkpointing shows the memory
 # model an activation-checkpointing mode.
+# Most telling first, as a short budget reaches only the head of the list: replicated steps at 1 and
+# 4 blocks (the widest depth spread prices a block against noise), the sharded ones beside them,
+# then accumulation and checkpointing.
 SHAPES = (
     Shape("full_shard", 1),
     Shape("no_shard", 1),
-    Shape("no_shard", 2),
-    Shape("full_shard", 2),
-    Shape("full_shard", 2, checkpointing="full"),
-    Shape("full_shard", 1, accum=2),
-    Shape("full_shard", 4),
     Shape("no_shard", 4),
+    Shape("full_shard", 4),
+    Shape("no_shard", 2),
+    Shape("full_shard", 1, accum=2),
+    Shape("full_shard", 2, checkpointing="full"),
+    Shape("full_shard", 2),
 )
 # Compiled shapes: each pays a compilation (tens of seconds on CPU), so few and small.
 COMPILED_SHAPES = (

@@ -453,3 +453,27 @@ def test_too_few_memory_samples_keep_the_uncalibrated_margin() -> None:
     fitted = fit_parameters(profile, base=base, precision="bf16")
     assert fitted.memory_margin == base.memory_margin
     assert "cannot check the fit" in fitted.memory_margin_reason
+
+
+def test_deeper_steps_timed_no_slower_leave_the_block_scale() -> None:
+    # Seen on a loaded CPU: the 2-block replicated step timed faster than the 1-block one. A depth fit
+    # would then drive the compute scale to the bottom of its range and price every deeper model at a
+    # fraction of its cost; the blocks' own scale stands instead.
+    base = default_parameters(resolve_gpu("cpu"), ClusterSpec.parse("1x2xcpu"), "fp32")
+    profile = cpu_profile_with_steps(base.with_changes(micro_batch_overhead_s=0.1), EAGER_SHAPES)
+    steps = [
+        s.model_copy(update={"seconds": 0.5}) if s.sharding == "no_shard" else s for s in profile.steps
+    ]
+    fitted = fit_parameters(profile.model_copy(update={"steps": steps}), base=base, precision="fp32")
+    assert fitted.compute_scale == base.compute_scale
+
+
+def test_one_step_of_an_engine_does_not_set_its_activation_scale() -> None:
+    base = default_parameters(resolve_gpu("H100"), ClusterSpec.parse("1x1xH100"), "bf16")
+    truth = base.with_changes(compiled_activation_memory_scale=1.4)
+    one_compiled = [shape for shape in MEMORY_SHAPES if not shape[2].get("compile")] + [(1, 4, COMPILED)]
+    profile = gpu_profile_with_memory(truth, one_compiled, usable=None, device=None)
+    fitted = fit_parameters(profile, base=base, precision="bf16")
+    assert fitted.compiled_activation_memory_scale == 1.0
+    # What it missed shows as a residual: the margin widens instead.
+    assert fitted.memory_margin > 0.03
