@@ -5,7 +5,8 @@ caching allocator took from the device, which is what the plan predicts and what
 allocated peak is recorded beside it (`peak_allocated_gib`). On CPU
 there is no allocator high-water mark, so selected steps run under the torch profiler with memory
 recording: peak = tensors alive at the step's start (parameters, optimizer state, buffers) + the
-highest net allocation during the step. Steps in between carry the last measurement. If the
+highest net allocation of the training thread during the step (gloo's worker threads stand where
+NCCL's buffers do on a GPU: outside what the plan prices). Steps in between carry the last measurement. If the
 profiler is unavailable the process's peak resident set size is reported instead (an upper bound
 that includes the interpreter and compiler); `memory_source` names which one a record holds.
 """
@@ -149,6 +150,15 @@ def _quiet_stdout() -> Iterator[None]:
 
 
 def _peak_net_allocation(prof: Any) -> int | None:
+    """Highest net allocation of a profiled step (bytes): the training thread's, or every thread's
+    when the profiler's event tree cannot be read; None if neither can."""
+    try:
+        return training_thread_peak(prof)
+    except Exception:  # the event tree is not public API and changes between releases
+        return all_threads_peak(prof)
+
+
+def all_threads_peak(prof: Any) -> int | None:
     """Highest running sum of CPU allocation events (bytes) in a profile, or None if unreadable."""
     try:
         events = prof.profiler.kineto_results.events()
@@ -163,6 +173,42 @@ def _peak_net_allocation(prof: Any) -> int | None:
     for _, nbytes in allocations:
         running += nbytes
         peak = max(peak, running)
+    return peak
+
+
+def training_thread_peak(prof: Any) -> int:
+    """Highest net allocation of tensors allocated on the training thread (wherever freed).
+
+    gloo's worker threads allocate temporaries of their own (a reduce-scatter copies its input), and
+    when they run relative to the training thread varies from step to step; NCCL's buffers on a GPU
+    lie outside PyTorch's allocator, so what a GPU's allocator sees is the training thread's share.
+    The training thread is the one that allocates most often.
+    """
+    from torch._C._profiler import _EventType
+
+    allocations = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
+            fields = event.extra_fields
+            allocations.append((event.start_time_ns, event.start_tid, fields.ptr, fields.alloc_size))
+    allocations.sort()
+    counts: dict[int, int] = {}
+    for _, tid, _, size in allocations:
+        counts[tid] = counts.get(tid, 0) + (size > 0)
+    main = max(counts, key=counts.__getitem__, default=0)
+    owner: dict[int, int] = {}
+    running = peak = 0
+    for _, tid, ptr, size in allocations:
+        if size > 0:
+            owner[ptr] = tid
+        elif owner.pop(ptr, main) != main:
+            continue
+        if size < 0 or tid == main:
+            running += size
+            peak = max(peak, running)
     return peak
 
 

@@ -34,7 +34,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._C._profiler import _EventType
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
@@ -47,9 +46,10 @@ from executor.runtime.distributed import build_mesh, exit_process, init_distribu
 from executor.runtime.materialize import materialize  # noqa: E402
 from executor.runtime.metrics import (  # noqa: E402
     GIB,
-    _peak_net_allocation,
     _quiet_stdout,
+    all_threads_peak,
     persistent_bytes,
+    training_thread_peak,
 )
 from executor.runtime.models import build_model, count_params  # noqa: E402
 from executor.runtime.optim import OptimizerSettings, build_optimizer  # noqa: E402
@@ -74,39 +74,6 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     return local_bytes([v for v in states if isinstance(v, torch.Tensor) and v.ndim])
 
 
-def training_thread_peak(prof: Any) -> int:
-    """Highest net allocation of tensors allocated on the training thread (wherever freed).
-
-    gloo's worker threads allocate temporaries of their own (a reduce-scatter copies its input);
-    when they run relative to the training thread varies from step to step, and NCCL on a GPU
-    makes no such allocations. The training thread is the one that allocates most often.
-    """
-    allocations = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
-        stack.extend(event.children)
-        if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
-            fields = event.extra_fields
-            allocations.append((event.start_time_ns, event.start_tid, fields.ptr, fields.alloc_size))
-    allocations.sort()
-    counts: dict[int, int] = {}
-    for _, tid, _, size in allocations:
-        counts[tid] = counts.get(tid, 0) + (size > 0)
-    main = max(counts, key=counts.__getitem__, default=0)
-    owner: dict[int, int] = {}
-    running = peak = 0
-    for _, tid, ptr, size in allocations:
-        if size > 0:
-            owner[ptr] = tid
-        elif owner.pop(ptr, main) != main:
-            continue
-        if size < 0 or tid == main:
-            running += size
-            peak = max(peak, running)
-    return peak
-
-
 def measured_step(module: nn.Module, optimizer: torch.optim.Optimizer, step: Any) -> dict[str, float]:
     """One step under the torch profiler, as the runtime's MemoryMeter measures a CPU step
     (persistent bytes at the step's start + peak net allocation), read for all threads (exactly
@@ -120,7 +87,7 @@ def measured_step(module: nn.Module, optimizer: torch.optim.Optimizer, step: Any
     finally:
         with _quiet_stdout():
             prof_cm.__exit__(None, None, None)
-    all_threads = _peak_net_allocation(prof)
+    all_threads = all_threads_peak(prof)
     assert all_threads is not None, "the profiler's memory events are unreadable in this torch"
     return {
         "all_threads": (base + all_threads) / GIB,
