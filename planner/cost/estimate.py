@@ -84,16 +84,6 @@ def _forward_time(
     return ForwardTime(matmul * scale, attention * scale, elementwise * scale)
 
 
-def _compiled_keeps(choice: Choice, unit: UnitCost) -> float:
-    """Elements per token a compiled whole-block checkpoint keeps besides the block input.
-
-    The runtime's compiled whole-block checkpointing keeps attention outputs (torch 2.13 cannot
-    recompute attention over DTensor parameters under torch.compile; see
-    executor/runtime/activation_checkpoint.py), so it saves more and recomputes less than eager.
-    """
-    return unit.attention_output_elems if choice.compile else 0.0
-
-
 def _recompute_time(choice: Choice, unit: UnitCost, index: int, fwd: ForwardTime) -> float:
     """Forward work re-run in backward for a checkpointed (or op-selective) block."""
     if index < 0:
