@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,6 +22,7 @@ from api.db.models import IdempotencyKeyRow, PlanRow
 from api.services import plans as plan_service
 from api.settings import Settings
 from tests.api.conftest import cheap_plan, distinct_plans
+from tests.live_server import running_server
 
 pytestmark = pytest.mark.anyio
 
@@ -199,6 +202,21 @@ async def test_one_key_with_one_body_on_two_servers_replays(
     assert [r.status_code for r in responses] == [201, 201]
     assert responses[0].json() == responses[1].json()
     assert sorted(r.headers.get("idempotent-replayed", "") for r in responses) == ["", "true"]
+    assert count(session, PlanRow) == 1 and count(session, IdempotencyKeyRow) == 1
+
+
+async def test_one_key_with_50_bodies_on_two_worker_processes_stores_one_plan(
+    database_url: str, session: Session, tmp_path: Path
+) -> None:
+    """The real thing: `fsdp-planner serve --workers 2`, two processes sharing one database."""
+    bodies = [{**body, "search": NARROW} for body in distinct_plans(50)]
+    env = {**os.environ, "DATABASE_URL": database_url}
+    with running_server(env=env, log=tmp_path / "serve.log", cwd=tmp_path, workers=2) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            responses = await asyncio.gather(
+                *(client.post(PLANS, json=body, headers={"Idempotency-Key": "one"}) for body in bodies)
+            )
+    assert Counter(r.status_code for r in responses) == {201: 1, 422: 49}, [r.text for r in responses][:3]
     assert count(session, PlanRow) == 1 and count(session, IdempotencyKeyRow) == 1
 
 
