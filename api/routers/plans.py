@@ -39,7 +39,10 @@ IdempotencyKey = Annotated[
 
 Cursor = Annotated[
     str | None,
-    Query(max_length=2000, pattern=r"^[A-Za-z0-9_-]*$", description="`next_cursor` of the previous page"),
+    Query(
+        max_length=2000, pattern=r"^[A-Za-z0-9_-]*$",
+        description="`next_cursor` of the previous page; absent or empty for the first page",
+    ),
 ]
 
 
@@ -101,7 +104,7 @@ def list_plans(
 ) -> PlanPage:
     filters = plan_listing.PlanFilters(model=model, gpu=gpu, nodes=nodes, q=q)
     rows, next_cursor = plan_listing.list_plans(
-        session, filters=filters, sort=sort, order=order, limit=limit, cursor=cursor
+        session, filters=filters, sort=sort, order=order, limit=limit, cursor=cursor or None
     )
     if next_cursor is not None:
         response.headers["Link"] = f'<{request.url.include_query_params(cursor=next_cursor)}>; rel="next"'
