@@ -253,7 +253,7 @@ def save(session: Session, row: PlanRow, *, claim: KeyClaim | None = None) -> Pl
     }
     for _ in range(SAVE_ATTEMPTS):
         try:
-            outcome = _save_once(session, values, claim)
+            outcome = _save_once(session, values, claim, stored_before=row.id is not None)
         except IntegrityError:
             # A foreign key: the plan's calibration, or the plan the key names, was deleted meanwhile.
             session.rollback()
@@ -274,17 +274,24 @@ def save(session: Session, row: PlanRow, *, claim: KeyClaim | None = None) -> Pl
     )
 
 
-def _save_once(session: Session, values: dict[str, Any], claim: KeyClaim | None) -> PlanOutcome | None:
+def _save_once(
+    session: Session, values: dict[str, Any], claim: KeyClaim | None, *, stored_before: bool
+) -> PlanOutcome | None:
     """One attempt of `save`: the outcome, or None when a concurrent delete calls for another attempt."""
     digest = values["plan_hash"]
     if claim is not None:
         # First statement, and a write: SQLite takes its write lock here, so the whole transaction is
         # serialized there. An expired key (this one included) is free for a new body.
         session.execute(delete(IdempotencyKeyRow).where(IdempotencyKeyRow.created_at < claim.cutoff()))
-    plan_id = insert_unless_taken(session, PlanRow, values, unique="plan_hash")
-    created = plan_id is not None
-    if plan_id is None:  # stored before, or by a concurrent request that has committed
-        plan_id = session.scalar(select(PlanRow.id).where(PlanRow.plan_hash == digest))
+    find_id = select(PlanRow.id).where(PlanRow.plan_hash == digest)
+    # A plan found before is looked up, not sent again: its documents are large.
+    plan_id = session.scalar(find_id) if stored_before else None
+    created = False
+    if plan_id is None:
+        plan_id = insert_unless_taken(session, PlanRow, values, unique="plan_hash")
+        created = plan_id is not None
+    if plan_id is None:  # stored by a concurrent request that has committed
+        plan_id = session.scalar(find_id)
         if plan_id is None:  # ... and deleted since
             session.rollback()
             return None

@@ -156,3 +156,28 @@ async def test_a_calibration_deleted_while_planning_stores_nothing(
     )
     assert "deleted while planning" in problem["detail"]
     assert stored(session) == before == ([], [])
+
+
+async def test_a_plan_deleted_before_its_key_is_stored_is_stored_again(
+    client: httpx.AsyncClient, session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Identical inputs were planned before, but the plan is deleted between the lookup and the write:
+    the key must not point at nothing, so the found plan is stored again with it."""
+    first = (await client.post(PLANS, json=cheap_plan())).json()
+    real = plan_service.find
+
+    def find_then_delete(db: Session, digest: str) -> PlanRow | None:
+        row = real(db, digest)
+        with Session(session.get_bind()) as other:
+            other.execute(delete(PlanRow).where(PlanRow.plan_hash == digest))
+            other.commit()
+        return row
+
+    monkeypatch.setattr(plan_service, "find", find_then_delete)
+    again = await client.post(PLANS, json=cheap_plan(), headers=key("after-delete"))
+    assert again.status_code == 201 and again.json()["id"] != first["id"]
+    assert again.json()["plan"] == first["plan"]
+    monkeypatch.undo()
+    plans, keys = stored(session)
+    assert [plan_id for plan_id, _ in plans] == [again.json()["id"]]
+    assert [(k[0], k[2], k[3]) for k in keys] == [("after-delete", again.json()["id"], 201)]
