@@ -1,4 +1,5 @@
-"""`INSERT ... ON CONFLICT DO NOTHING RETURNING id` on SQLite and PostgreSQL.
+"""Writing under constraints on SQLite and PostgreSQL alike: `INSERT ... ON CONFLICT DO NOTHING
+RETURNING id`, and telling a foreign-key violation from other integrity errors.
 
 A plain INSERT that hits a unique constraint raises, and on PostgreSQL that aborts the whole
 transaction, so a caller could not go on to read the row that won. With ON CONFLICT DO NOTHING the
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 _INSERTS = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
@@ -25,3 +27,12 @@ def insert_unless_taken(session: Session, model: Any, values: dict[str, Any], *,
         raise NotImplementedError(f"only SQLite and PostgreSQL are supported, not {dialect}") from None
     statement = insert(model).values(**values).on_conflict_do_nothing(index_elements=[unique])
     return session.scalar(statement.returning(model.id))
+
+
+def is_foreign_key_violation(error: IntegrityError) -> bool:
+    """A row referred to by the statement does not exist (deleted meanwhile), as opposed to a bug."""
+    driver_error = error.orig
+    return (
+        getattr(driver_error, "sqlstate", None) == "23503"  # PostgreSQL's foreign_key_violation
+        or getattr(driver_error, "sqlite_errorname", None) == "SQLITE_CONSTRAINT_FOREIGNKEY"
+    )

@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, undefer
 
 from api.db.base import utcnow
-from api.db.inserts import insert_unless_taken
+from api.db.inserts import insert_unless_taken, is_foreign_key_violation
 from api.db.models import IdempotencyKeyRow, PlanRow
 from api.problems import FieldError, ProblemError, field_errors, summarize
 from api.schemas.plans import PlanCreate
@@ -254,9 +254,11 @@ def save(session: Session, row: PlanRow, *, claim: KeyClaim | None = None) -> Pl
     for _ in range(SAVE_ATTEMPTS):
         try:
             outcome = _save_once(session, values, claim, stored_before=row.id is not None)
-        except IntegrityError:
-            # A foreign key: the plan's calibration, or the plan the key names, was deleted meanwhile.
+        except IntegrityError as error:
             session.rollback()
+            if not is_foreign_key_violation(error):
+                raise
+            # The plan's calibration, or the plan the key names, was deleted meanwhile.
             if row.calibration_id is not None and calibration_service.find_calibration(
                 session, row.calibration_id
             ) is None:
