@@ -59,7 +59,7 @@ def _text_query(max_length: int, description: str) -> Query:
     dependencies=[WriteAccess],
     responses={
         200: {"model": PlanDetail, "description": "Identical inputs were planned before: the stored plan"},
-        **problems(401, 415, 422),
+        **problems(401, 409, 415, 422),
     },
     summary="Plan a model on a cluster and store the plan",
 )
@@ -147,7 +147,7 @@ def delete_plan(plan_id: PlanId, session: SessionDep) -> Response:
     dependencies=[WriteAccess],
     responses={
         200: {"model": PlanDetail, "description": "This failure was re-planned before: the stored plan"},
-        **problems(401, 404, 415, 422),
+        **problems(401, 404, 409, 415, 422),
     },
     summary="Re-plan a plan's request without every configuration as memory-hungry as one that ran out of "
     "memory",
