@@ -155,17 +155,18 @@ class TwoServers:
         both_searched = threading.Barrier(2, timeout=30)
         first_two = iter(range(2))
         lock = threading.Lock()
-        real = plan_service.make_plan
+        real = plan_service.search
 
-        def search_then_wait(request: Any, **kwargs: Any) -> Any:
-            plan = real(request, **kwargs)
+        # Wraps the service's one search step, whatever it takes (it may hand the search to a pool).
+        def search_then_wait(*args: Any, **kwargs: Any) -> Any:
+            plan = real(*args, **kwargs)
             with lock:
                 waits = next(first_two, None) is not None
             if waits:
                 both_searched.wait()
             return plan
 
-        monkeypatch.setattr(plan_service, "make_plan", search_then_wait)
+        monkeypatch.setattr(plan_service, "search", search_then_wait)
 
     async def post(self, bodies: list[dict[str, Any]], key: str) -> list[httpx.Response]:
         """POST the bodies with one key, alternating between the two servers, all at once."""

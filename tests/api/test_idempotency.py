@@ -139,16 +139,16 @@ async def test_a_calibration_deleted_while_planning_stores_nothing(
 ) -> None:
     """The profile goes while the search runs: the foreign key refuses the plan, and the key with it."""
     profile_id = (await client.post("/api/v1/calibrations", json=cpu_profile())).json()["id"]
-    real = plan_service.make_plan
+    real = plan_service.search
 
-    def search_then_delete_the_profile(request: Any, **kwargs: Any) -> Any:
-        plan = real(request, **kwargs)
+    def search_then_delete_the_profile(*args: Any, **kwargs: Any) -> Any:
+        plan = real(*args, **kwargs)
         with Session(session.get_bind()) as other:
             other.execute(delete(CalibrationProfileRow).where(CalibrationProfileRow.id == profile_id))
             other.commit()
         return plan
 
-    monkeypatch.setattr(plan_service, "make_plan", search_then_delete_the_profile)
+    monkeypatch.setattr(plan_service, "search", search_then_delete_the_profile)
     before = stored(session)
     problem = assert_problem(
         await client.post(PLANS, json=cheap_plan(calibration_id=profile_id), headers=key("gone")),
