@@ -33,7 +33,7 @@ IdempotencyKey = Annotated[
     Header(
         alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$",
         description="Makes retries safe: the same key with the same body replays the first response "
-        "(for 24 h by default); the same key with another body is refused with 422.",
+        "(for 24 h by default); the same key with another body is refused with 422 and stores nothing.",
     ),
 ]
 
