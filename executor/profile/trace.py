@@ -152,7 +152,9 @@ def build_on_meta(factory: str, kwargs: Mapping[str, Any]) -> nn.Module:
     """Import `package.module:function`, call it with `kwargs` on the meta device, check the result."""
     label = "trace"
     try:
-        fn = import_factory(factory, label=label)
+        fn = import_factory(
+            factory, label=label, hint="run trace in the directory that holds it, or put it on PYTHONPATH"
+        )
     except ModelFactoryError as exc:
         raise TraceError(str(exc)) from None
     except Exception as exc:  # the user's module failed while importing
@@ -497,7 +499,10 @@ def _describe_kwargs(kwargs: Mapping[str, Any]) -> str:
 
 
 def _signature(fn: Callable[..., Any]) -> str:
+    """`(width, depth=4)`: parameter names and defaults, without annotations."""
     try:
-        return str(inspect.signature(fn))
+        signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return "(...)"
+    bare = [p.replace(annotation=p.empty) for p in signature.parameters.values()]
+    return str(signature.replace(parameters=bare, return_annotation=signature.empty))

@@ -94,7 +94,8 @@ def broken() -> nn.Module:
 
 
 def needs_width(width: int) -> nn.Module:
-    return nn.Linear(width, width)
+    """No ModuleList, so no repeated blocks: every child is a unit."""
+    return nn.Sequential(nn.Embedding(100, width), nn.Linear(width, width))
 
 
 def wrong_input() -> nn.Module:

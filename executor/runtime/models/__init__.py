@@ -70,10 +70,16 @@ def count_params(model: nn.Module) -> int:
     return total
 
 
-def import_factory(spec: str, *, label: str = "--model-factory") -> Callable[..., object]:
+def import_factory(
+    spec: str,
+    *,
+    label: str = "--model-factory",
+    hint: str = "put its package on PYTHONPATH on every node",
+) -> Callable[..., object]:
     """The callable named by `package.module:function` (dots after the colon reach attributes).
 
-    `label` starts every error message, so each command names its own option.
+    `label` starts every error message, so each command names its own option; `hint` says how to
+    make a module importable where that command runs.
     """
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
@@ -82,8 +88,7 @@ def import_factory(spec: str, *, label: str = "--model-factory") -> Callable[...
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ModelFactoryError(
-            f"{label} {spec!r}: cannot import {module_name!r} ({exc}); put its package on "
-            "PYTHONPATH on every node"
+            f"{label} {spec!r}: cannot import {module_name!r} ({exc}); {hint}"
         ) from None
     fn = module
     for part in attr.split("."):
