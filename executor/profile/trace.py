@@ -31,9 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from executor.runtime.models import ModelFactoryError, find_parts, import_factory
@@ -323,7 +321,7 @@ class _Meter:
         try:
             with (
                 self._counter,
-                _FusedAttentionMode(),
+                _fused_attention_on_meta(),
                 torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t),
             ):
                 yield
@@ -391,13 +389,21 @@ class _FusedAttention(torch.autograd.Function):
     fp32 log-sum-exp per query (plus an additive mask when given), never the attention weights."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any) -> torch.Tensor:
-        attn_mask, dropout_p, is_causal, scale, enable_gqa = rest
-        # Grad mode is off inside forward: the math kernel runs on meta (its matmuls are counted)
-        # and autograd keeps nothing of it.
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-            enable_gqa=enable_gqa,
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        dropout_p: float,
+        is_causal: bool,
+        scale: float | None,
+        enable_gqa: bool,
+    ) -> torch.Tensor:
+        # The math kernel gives the output's shape and dtype, and its matmuls are what the FLOP
+        # counter counts; grad mode is off in here, so autograd keeps nothing of it.
+        out, _ = torch.ops.aten._scaled_dot_product_attention_math(
+            q, k, v, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
         )
         if out.dim() >= 4:
             # Fused kernels write [batch, seq, heads, dim] and return it transposed, so the usual
@@ -416,23 +422,7 @@ class _FusedAttention(torch.autograd.Function):
         raise RuntimeError("a traced model is never trained: trace runs forward only")
 
 
-class _FusedAttentionMode(TorchFunctionMode):
-    """Routes `F.scaled_dot_product_attention` (however the model imported it) to `_FusedAttention`."""
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention:
-            return func(*args, **kwargs)
-        bound = _SDPA_SIGNATURE.bind(*args, **kwargs)
-        bound.apply_defaults()
-        a = bound.arguments
-        return _FusedAttention.apply(
-            a["query"], a["key"], a["value"], a["attn_mask"], a["dropout_p"], a["is_causal"],
-            a["scale"], a["enable_gqa"],
-        )
-
-
-def _sdpa_reference(
+def _fused_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -441,11 +431,24 @@ def _sdpa_reference(
     is_causal: bool = False,
     scale: float | None = None,
     enable_gqa: bool = False,
-) -> None:
-    """The signature of `F.scaled_dot_product_attention` (a builtin that `inspect` cannot read)."""
+) -> torch.Tensor:
+    return _FusedAttention.apply(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
-_SDPA_SIGNATURE = inspect.signature(_sdpa_reference)
+@contextmanager
+def _fused_attention_on_meta() -> Iterator[None]:
+    """While tracing, `scaled_dot_product_attention` on meta tensors runs `_FusedAttention`.
+
+    Registered as the op's meta autograd kernel rather than intercepted in Python, so that it also
+    applies where torch calls it internally (nn.MultiheadAttention, nn.TransformerEncoderLayer).
+    Only meta tensors are affected, and only until the trace ends.
+    """
+    library = torch.library.Library("aten", "IMPL")
+    try:
+        library.impl("scaled_dot_product_attention", _fused_attention, "AutogradMeta")
+        yield
+    finally:
+        library._destroy()
 
 
 def _count_new(params: list[nn.Parameter], seen: set[int]) -> int:

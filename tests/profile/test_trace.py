@@ -19,13 +19,14 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 from executor.profile.trace import BlockType, Trace, trace_factory
 from executor.runtime.materialize import materialize
 from planner.catalog.models import catalog_model, model_from_hf_config
 from planner.cost.model_costs import model_costs
 from planner.specs import ModelSpec
-from tests.profile.trace_models import llama_debug
+from tests.profile.trace_models import encoder, llama_debug
 
 SEQ = 256
 FACTORIES = "tests.profile.trace_models"
@@ -124,35 +125,53 @@ def test_a_model_built_from_a_hugging_face_config_agrees_with_the_catalog(
     assert trace.block_types[0].count == config["num_hidden_layers"]
 
 
-def test_saved_bytes_on_meta_equal_a_real_bf16_forward() -> None:
-    """The meta trace (fused-attention bookkeeping included) keeps exactly what a real CPU run keeps."""
-    traced = {u.name: u.activation_bytes_per_token for u in trace_factory(
-        f"{FACTORIES}:llama_debug", kwargs={"seq_len": SEQ}, seq_len=SEQ
-    ).units}
-
-    model = llama_debug(seq_len=SEQ)
-    materialize(model, device=torch.device("cpu"), seed=0)
+def real_saved_bytes_per_token(model: nn.Module, blocks: nn.ModuleList, *, vocab: int) -> list[float]:
+    """Bytes each block keeps for backward in a real CPU bf16 forward (storages once, no weights)."""
     model.to(torch.bfloat16)
     weights = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
     held: dict[int, torch.Tensor] = {}
-    per_block: dict[str, int] = {}
-    current = ["outside"]
-    for i, layer in enumerate(model.layers):
-        layer.register_forward_pre_hook(lambda m, a, name=f"layers.{i}": current.__setitem__(0, name))
-        layer.register_forward_hook(lambda m, a, out: current.__setitem__(0, "outside"))
+    per_block = [0] * len(blocks)
+    current: list[int | None] = [None]
+    for i, block in enumerate(blocks):
+        block.register_forward_pre_hook(lambda m, a, i=i: current.__setitem__(0, i))
+        block.register_forward_hook(lambda m, a, out: current.__setitem__(0, None))
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
-        if storage.data_ptr() not in weights and storage.data_ptr() not in held:
-            held[storage.data_ptr()] = tensor  # alive until the end: no address is reused
-            per_block[current[0]] = per_block.get(current[0], 0) + storage.nbytes()
+        key = storage.data_ptr()
+        if key not in weights and key not in held and current[0] is not None:
+            held[key] = tensor  # alive until the end: no address is reused
+            per_block[current[0]] += storage.nbytes()
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(torch.randint(0, 2048, (1, SEQ)))
+        model(torch.randint(0, vocab, (1, SEQ)))
+    return [b / SEQ for b in per_block]
 
-    for i in range(4):
-        assert per_block[f"layers.{i}"] / SEQ == traced[f"layers.{i}"]
+
+def test_saved_bytes_on_meta_equal_a_real_bf16_forward() -> None:
+    """The meta trace (fused-attention bookkeeping included) keeps exactly what a real CPU run keeps."""
+    traced = trace_factory(f"{FACTORIES}:llama_debug", kwargs={"seq_len": SEQ}, seq_len=SEQ)
+
+    model = llama_debug(seq_len=SEQ)
+    materialize(model, device=torch.device("cpu"), seed=0)
+    real = real_saved_bytes_per_token(model, model.layers, vocab=2048)
+
+    assert [u.activation_bytes_per_token for u in traced.units if u.is_block] == real
+
+
+def test_attention_inside_torch_modules_keeps_no_attention_weights() -> None:
+    """nn.TransformerEncoderLayer calls attention from inside nn.MultiheadAttention: the trace must
+    still keep what the fused kernel keeps, not the [seq, seq] weights of the meta math path."""
+    traced = trace_factory(f"{FACTORIES}:encoder", kwargs={}, seq_len=SEQ)
+    blocks = [u.activation_bytes_per_token for u in traced.units if u.is_block]
+
+    model = encoder()
+    real = real_saved_bytes_per_token(model, model.layers, vocab=1000)
+
+    # CPU LayerNorm keeps its mean and rstd in bf16, GPU kernels (and meta) in fp32: 2 norms x 2 x 2 B.
+    # (The math path's attention weights would add about 8 heads x 256 keys x 4 B per token.)
+    assert blocks == [b + 8 for b in real]
 
 
 def test_blocks_of_different_shapes_are_different_types() -> None:

@@ -85,6 +85,29 @@ def two_widths(narrow: int = 32, wide: int = 64, each: int = 3) -> nn.Module:
     return TwoWidths(narrow=narrow, wide=wide, each=each)
 
 
+class Encoder(nn.Module):
+    """torch's own TransformerEncoderLayer blocks: attention runs inside nn.MultiheadAttention."""
+
+    def __init__(self, *, width: int, depth: int, vocab: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(width, 8, 4 * width, dropout=0.0, batch_first=True)
+            for _ in range(depth)
+        )
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def encoder(width: int = 256, depth: int = 2, vocab: int = 1000) -> nn.Module:
+    return Encoder(width=width, depth=depth, vocab=vocab)
+
+
 def not_a_module() -> dict[str, int]:
     return {"hidden_size": 256}
 
