@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -40,20 +41,28 @@ def register(app: typer.Typer) -> None:
 
 def trace(
     factory: Annotated[
-        str, typer.Argument(help="package.module:function that builds and returns your nn.Module.")
+        str,
+        typer.Argument(
+            metavar="PACKAGE.MODULE:FACTORY", help="The function that builds and returns your nn.Module."
+        ),
     ],
     arg: Annotated[
         list[str] | None,
-        typer.Option("--arg", help="Keyword argument for the factory, name=value (JSON values); repeatable."),
+        typer.Option(
+            "--arg", metavar="NAME=VALUE", help="Keyword argument for the factory (JSON value); repeatable."
+        ),
     ] = None,
     seq_len: Annotated[
-        int, typer.Option("--seq-len", min=1, help="Tokens per sequence to trace at (use your training one).")
+        int,
+        typer.Option(
+            "--seq-len", min=1, metavar="N", help="Tokens per sequence to trace at (use your training one)."
+        ),
     ] = 2048,
     name: Annotated[
-        str | None, typer.Option(help="Model name in the graph (default: the factory's).")
+        str | None, typer.Option(help="Model name in the graph (default: the factory).")
     ] = None,
     output: Annotated[
-        Path, typer.Option("-o", "--output", help="Where to write the layer graph JSON.")
+        Path, typer.Option("-o", "--output", metavar="FILE", help="Where to write the layer graph JSON.")
     ] = Path("graph.json"),
     as_json: Annotated[
         bool, typer.Option("--json", help="Also print the layer graph JSON on stdout.")
@@ -72,6 +81,8 @@ def trace(
     # Like `python -m`: a factory in the current directory imports without setting PYTHONPATH.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    # torch's CPU wheel warns at import when numpy is absent; tracing never needs numpy.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     from executor.profile.trace import TraceError, parse_factory_args, trace_factory
 
     try:
@@ -106,7 +117,8 @@ def print_trace(result: Trace, console: Console) -> None:
     )
     table = Table(title="Layer graph (per token; a block row is one block)", title_justify="left")
     for column in ("unit", "block type", "count", "params", "fwd FLOP", "saved"):
-        table.add_column(column, justify="left" if column in ("unit", "block type") else "right")
+        text = column in ("unit", "block type")
+        table.add_column(column, justify="left" if text else "right", overflow="fold" if text else "ellipsis")
     types = {t.name: t for t in result.block_types}
     shown: set[str] = set()
     for unit in result.units:

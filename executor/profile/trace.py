@@ -186,7 +186,7 @@ def trace_factory(
 ) -> Trace:
     """Build the factory's model on the meta device and trace it."""
     model = build_on_meta(factory, kwargs)
-    return trace_model(model, seq_len=seq_len, batch=batch, name=name or factory.rpartition(":")[2])
+    return trace_model(model, seq_len=seq_len, batch=batch, name=name or factory)
 
 
 def trace_model(model: nn.Module, *, seq_len: int, batch: int = 1, name: str) -> Trace:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 
 from api.cli.main import app
 from planner.plan import Plan
-from tests.api.conftest import cheap_plan
+from tests.api.conftest import assert_problem, cheap_plan
 
 pytestmark = pytest.mark.anyio
 
@@ -50,3 +51,15 @@ async def test_a_traced_graph_plans_like_the_catalog_model(
     assert abs(plan.model.flops_per_token / reference.model.flops_per_token - 1) < 0.02
     assert plan.prediction.tokens_per_s_per_gpu > 0 and plan.prediction.peak_memory_gib > 0
     assert (await client.get(f"{PLANS}/{body['id']}")).json() == body
+
+
+async def test_an_empty_layer_graph_names_the_command_that_writes_one(client: httpx.AsyncClient) -> None:
+    body = cheap_plan(model={"name": "mine", "architecture": "layer_graph"})
+    problem = assert_problem(await client.post(PLANS, json=body), 422)
+
+    command = re.search(r"`fsdp-planner (trace [^`]+)`", problem["detail"])
+    assert command is not None, problem["detail"]
+    # The command it names exists, with the arguments it shows.
+    usage = CliRunner().invoke(app, [*command.group(1).split(), "--help"])
+    assert usage.exit_code == 0, usage.output
+    assert "PACKAGE.MODULE:FACTORY" in usage.output and "--output" in usage.output

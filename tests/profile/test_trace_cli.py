@@ -63,7 +63,7 @@ def test_the_printed_curl_plans_on_a_real_server(server: str, tmp_path: Path) ->
     answer = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=120, cwd=tmp_path)
 
     body = json.loads(answer.stdout)
-    assert body["model_name"] == "llama_debug", body
+    assert body["model_name"] == f"{FACTORIES}:llama_debug", body
     assert body["request"]["model"]["layer_graph"] == json.loads(graph.read_text())["layer_graph"]
     assert body["plan"]["prediction"]["tokens_per_s_per_gpu"] > 0
     assert httpx.get(f"{server}/api/v1/plans/{body['id']}").status_code == 200
