@@ -124,6 +124,7 @@ class Trace:
             "architecture": "layer_graph",
             # FLOPs were counted at this length: the model is priced as built for it.
             "max_seq_len": self.seq_len,
+            "num_layers": max(1, sum(1 for u in self.units if u.is_block)),
             "layer_graph": [u.as_layer_unit() for u in self.units],
         }
 
