@@ -25,6 +25,7 @@ This module uses only the standard library and torch.
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -132,8 +133,6 @@ class Trace:
 def parse_factory_args(pairs: list[str]) -> dict[str, Any]:
     """`k=v` strings as keyword arguments: JSON values (`4`, `1e-5`, `true`, `"x"`, `[1,2]`) are
     decoded, anything else stays a string."""
-    import json
-
     kwargs: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
@@ -193,13 +192,16 @@ def trace_factory(
 def trace_model(model: nn.Module, *, seq_len: int, batch: int = 1, name: str) -> Trace:
     """Trace `model` (moved to the meta device and cast to bf16) forward over [batch, seq_len] tokens."""
     if seq_len < 1 or batch < 1:
-        raise TraceError("--seq-len must be at least 1")
+        raise TraceError(f"seq_len ({seq_len}) and batch ({batch}) must be at least 1")
     notes: list[str] = []
     if any(t.device.type != "meta" for t in (*model.parameters(), *model.buffers())):
         notes.append("the factory put tensors off the meta device (explicit device=...): moved to meta")
     model = model.to(device="meta", dtype=TRACE_DTYPE).train()
 
-    blocks = [b for b in find_parts(model).blocks if b is not model]
+    try:
+        blocks = [b for b in find_parts(model).blocks if b is not model]
+    except Exception as exc:  # the model's own parallel_parts()
+        raise TraceError(f"the model's parallel_parts() raised {type(exc).__name__}: {exc}") from None
     units, own_params = _partition(model, blocks)
     if not blocks:
         notes.append(
@@ -226,7 +228,8 @@ def trace_model(model: nn.Module, *, seq_len: int, batch: int = 1, name: str) ->
             notes.append(f"{path} was never called by forward: its parameters are counted, not its work")
     # A tied weight belongs to the first unit that runs it (the embedding, not the head).
     seen: set[int] = set()
-    signatures = {path: _signature_of(units[path]) for path in order if units[path] in blocks}
+    block_ids = {id(b) for b in blocks}
+    signatures = {path: _signature_of(units[path]) for path in order if id(units[path]) in block_ids}
     type_names = _block_type_names(order, signatures)
     traced = []
     if own_params:
@@ -303,6 +306,9 @@ class _Meter:
         # Weights and buffers are not activations: a linear layer saves its weight for backward.
         self._static = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
         self._seen: set[int] = set()
+        # Saved tensors are kept alive to the end, so that no storage address is reused and a new
+        # storage mistaken for one already counted (meta tensors cost no memory).
+        self._held: list[torch.Tensor] = []
         self._counter = FlopCounterMode(display=False)
         self._active: str | None = None
         self._depth = 0
@@ -381,6 +387,7 @@ class _Meter:
         # A storage saved by several ops (or viewed several ways) is held once.
         if key not in self._static and key not in self._seen:
             self._seen.add(key)
+            self._held.append(tensor)
             self._interval_bytes += storage.nbytes()
         return tensor
 

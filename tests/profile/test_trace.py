@@ -185,3 +185,11 @@ def test_blocks_of_different_shapes_are_different_types() -> None:
     narrow, wide = trace.units[1], trace.units[4]
     assert (narrow.num_params, wide.num_params) == (32 * 32 + 32 + 2 * 32, 64 * 64 + 64 + 2 * 64)
     assert [u.name for u in trace.units if not u.is_block] == ["embed", "head"]
+
+
+def test_a_model_built_off_the_meta_device_is_traced_on_it_and_said_so() -> None:
+    trace = trace_factory(f"{FACTORIES}:on_cpu", kwargs={}, seq_len=8)
+
+    assert [(u.name, u.num_params) for u in trace.units] == [("0", 1600), ("1", 272)]
+    assert any("off the meta device" in note for note in trace.notes)
+    assert any("no repeated blocks found" in note for note in trace.notes)

@@ -124,3 +124,8 @@ def needs_width(width: int) -> nn.Module:
 def wrong_input() -> nn.Module:
     """A model whose forward does not take token ids."""
     return nn.Conv2d(3, 8, kernel_size=3)
+
+
+def on_cpu() -> nn.Module:
+    """Ignores the meta device it is built under."""
+    return nn.Sequential(nn.Embedding(100, 16, device="cpu"), nn.Linear(16, 16, device="cpu"))
