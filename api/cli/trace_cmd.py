@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.common import fail
+from api.cli.common import API_KEY_ENV, ServerClient, fail
 from api.settings import Settings
 from planner.errors import describe_validation_error
 from planner.specs import ModelSpec
@@ -67,12 +67,29 @@ def trace(
     as_json: Annotated[
         bool, typer.Option("--json", help="Also print the layer graph JSON on stdout.")
     ] = False,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            help="Also plan the graph on this fsdp-planner server (with --cluster, --global-batch-tokens)."
+        ),
+    ] = None,
+    cluster: Annotated[
+        str | None, typer.Option(help="With --server: NODESxGPUSxGPU to plan for, e.g. 1x8xH100.")
+    ] = None,
+    global_batch_tokens: Annotated[
+        int | None, typer.Option("--global-batch-tokens", help="With --server: tokens per optimizer step.")
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", help=f"With --server: API key (or {API_KEY_ENV}).")
+    ] = None,
 ) -> None:
     """Build your model on the meta device (no weights, no memory) and write its layer graph:
     per module its parameters, forward FLOPs per token and bytes saved for backward per token,
     with repeated blocks found. Plan it with `fsdp-planner plan --layer-graph FILE` or post it
     to a server as the plan's `model`.
     """
+    if server is not None and (cluster is None or global_batch_tokens is None):
+        raise fail("--server plans the graph: give --cluster NODESxGPUSxGPU and --global-batch-tokens N too")
     if importlib.util.find_spec("torch") is None:
         raise fail(
             "trace builds your model with torch: install the executor extra "
@@ -103,7 +120,26 @@ def trace(
         typer.echo(text)
     console = Console(stderr=as_json)  # with --json, stdout carries only the document
     print_trace(result, console)
-    print_next_steps(result, output, console)
+    if server is None:
+        print_next_steps(result, output, console)
+        return
+    body = {
+        "model": document,
+        "cluster": cluster,
+        "training": {"seq_len": seq_len, "global_batch_tokens": global_batch_tokens},
+    }
+    client = ServerClient(server, api_key)
+    stored = client.post("/plans", body)
+    console.print(
+        f"\nLayer graph written to {output} and planned on {client.server}: plan {stored['id']}, "
+        f"{stored['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, MFU {stored['mfu']:.1%}, "
+        f"peak {stored['peak_memory_gib']:.1f} GiB per GPU",
+        highlight=False, soft_wrap=True,
+    )
+    console.print(
+        f"  {client.server}/plans/{stored['id']} (dashboard), {client.server}/api/v1/plans/{stored['id']}",
+        highlight=False, soft_wrap=True,
+    )
 
 
 def print_trace(result: Trace, console: Console) -> None:

@@ -105,3 +105,28 @@ def test_factory_arguments_are_json_values(tmp_path: Path) -> None:
     assert (embedding.name, embedding.num_params, embedding.fwd_flops_per_token) == ("0", 100 * 48, 0)
     assert (linear.name, linear.num_params, linear.fwd_flops_per_token) == ("1", 48 * 48 + 48, 2 * 48 * 48)
     assert "no repeated blocks found" in result.output
+
+
+def test_server_plans_the_graph_in_the_same_command(server: str, tmp_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        ["trace", *DEBUG, "-o", str(tmp_path / "graph.json"), "--server", server, "--cluster", "1x2xcpu",
+         "--global-batch-tokens", "2048"],
+    )
+
+    assert result.exit_code == 0, result.output
+    assert f"planned on {server}: plan 1," in " ".join(result.output.split())
+    stored = httpx.get(f"{server}/api/v1/plans/1").json()
+    assert stored["model_name"] == f"{FACTORIES}:llama_debug" and stored["world_size"] == 2
+
+    refused = runner.invoke(app, ["trace", *DEBUG, "--server", server, "--cluster", "1x3xcpu",
+                                  "--global-batch-tokens", "2048", "-o", str(tmp_path / "again.json")])
+    assert refused.exit_code == 2 and "cannot be split evenly over 3 GPUs" in refused.stderr
+
+
+def test_server_needs_a_cluster_and_a_batch(tmp_path: Path) -> None:
+    graph = tmp_path / "graph.json"
+    result = runner.invoke(app, ["trace", *DEBUG, "--server", "http://127.0.0.1:9", "-o", str(graph)])
+    assert result.exit_code == 2, result.output
+    assert "give --cluster NODESxGPUSxGPU and --global-batch-tokens" in result.stderr
+    assert not graph.exists()
