@@ -82,8 +82,9 @@ class ModelSpec(StrictModel):
         if self.architecture == "layer_graph":
             if not self.layer_graph:
                 raise ValueError(
-                    "layer_graph: a `layer_graph` model needs its traced modules; "
-                    "produce them with `fsdp-planner trace pkg.module:factory`"
+                    "layer_graph: a `layer_graph` model needs its traced modules; write them with "
+                    "`fsdp-planner trace package.module:factory -o graph.json` and send that file "
+                    "as the model"
                 )
             return self
         if self.layer_graph is not None:

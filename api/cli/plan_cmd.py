@@ -29,6 +29,10 @@ def plan(
     hf_config: Annotated[
         Path | None, typer.Option("--hf-config", help="A Hugging Face config.json to plan instead.")
     ] = None,
+    layer_graph: Annotated[
+        Path | None,
+        typer.Option("--layer-graph", help="A layer graph JSON from `fsdp-planner trace` to plan instead."),
+    ] = None,
     cluster: Annotated[
         str | None, typer.Option(help="NODESxGPUSxGPU, e.g. 1x8xH100 or 4x8xA100-80GB.")
     ] = None,
@@ -49,14 +53,19 @@ def plan(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the Plan JSON here.")] = None,
 ) -> None:
     """Find the fastest FSDP configuration that fits, and say why."""
-    if (model is None) == (hf_config is None):
-        raise fail("give exactly one of --model NAME or --hf-config PATH")
+    if sum(x is not None for x in (model, hf_config, layer_graph)) != 1:
+        raise fail("give exactly one of --model NAME, --hf-config PATH or --layer-graph PATH")
     if (cluster is None) == (cluster_file is None):
         raise fail("give exactly one of --cluster NODESxGPUSxGPU or --cluster-file FILE")
     if global_batch_tokens is None:
         raise fail("--global-batch-tokens is required (tokens per optimizer step over all GPUs)")
     try:
-        model_spec = resolve_model(model if model is not None else read_json_file(hf_config, "--hf-config"))
+        if model is not None:
+            model_spec = resolve_model(model)
+        elif hf_config is not None:
+            model_spec = resolve_model(read_json_file(hf_config, "--hf-config"))
+        else:
+            model_spec = resolve_model(read_json_file(layer_graph, "--layer-graph"))
         cluster_spec = (
             ClusterSpec.parse(cluster)
             if cluster is not None
