@@ -1,0 +1,418 @@
+"""Advice the planner itself accepts: what would fit when nothing does, and what a fitting plan
+should know.
+
+When no configuration fits, the advice names a cluster (and, when the requested batch cannot be
+split over it, a batch) on which `make_plan` succeeds. Each candidate is checked by the same test
+the search applies, over the same configurations it enumerates (`fitting_choice`), so the advice
+and the search cannot disagree. It also names the memory term that really dominates, because that
+decides what helps: sharded states shrink with more GPUs, activations of one sequence do not.
+
+A plan that fits carries warnings (`plan_warnings`) where data parallelism alone serves it badly
+(most of the step is exposed communication) or where the request goes past what the model was
+built for (a sequence beyond its positions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from planner.cost.estimate import Estimator, TimeEstimate
+from planner.cost.memory import MemoryEstimate
+from planner.cost.parameters import GIB
+from planner.cost.setting import Choice, Setting
+from planner.errors import InfeasiblePlanError, PlanningError
+from planner.plan import PlanWarning
+from planner.search import enumerate_choices, to_parallel_config
+from planner.specs import PlanRequest
+
+MAX_NODES_TRIED = 4096
+"""The advice looks for a fitting cluster up to this many nodes."""
+
+COMM_BOUND_FRACTION = 0.25
+"""A plan whose exposed communication is at least this share of its step is flagged."""
+
+DOMINANT_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "states": ("parameters, gradients and optimizer state", ("params", "grads", "optimizer")),
+    "activations": ("activations and the loss", ("activations", "logits")),
+    "gathered": ("gathered parameters and gradient buffers", ("unsharded_params", "grad_buffers")),
+    "overhead": ("workspace and allocator reserve", ("workspace", "allocator_reserve")),
+}
+"""MEMORY_TERMS grouped by what changes them: sharded states shrink as more GPUs share them; the
+activations of one micro-batch do not; gathered buffers follow the wrap unit and buckets."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dominant:
+    """The group of memory terms holding most of a peak."""
+
+    group: str
+    label: str
+    gib: float
+    share: float
+
+
+def dominant_term(memory: MemoryEstimate) -> Dominant:
+    """Which group of terms holds most of `memory` (ties: the first in DOMINANT_GROUPS)."""
+    terms = memory.terms()
+    total = memory.total or 1.0
+    group, (label, names) = max(DOMINANT_GROUPS.items(), key=lambda kv: sum(terms[n] for n in kv[1][1]))
+    held = sum(terms[n] for n in names)
+    return Dominant(group=group, label=label, gib=held / GIB, share=held / total)
+
+
+# ---------------------------------------------------------------- the check the search applies
+
+
+def fits(memory: MemoryEstimate, *, limit_gib: float, ceiling_gib: float | None) -> bool:
+    """The search's memory test: within the margin-shrunk limit and under the exclusive ceiling."""
+    gib = memory.total / GIB
+    return gib <= limit_gib and (ceiling_gib is None or gib < ceiling_gib)
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """The lightest configuration found for one cluster size and batch, and whether one fits."""
+
+    num_nodes: int
+    global_batch_sequences: int
+    choice: Choice
+    memory: MemoryEstimate
+    fits: bool
+
+
+class Prober:
+    """Prices the request's own search space on other cluster sizes and batches, memoized.
+
+    Peak memory depends on the cluster only through each configuration's shard group (the cost
+    parameters that differ between node counts are link speeds, which only timing reads), so one
+    estimator of the request's fitted setting prices every probe and shares its layouts.
+    """
+
+    def __init__(self, request: PlanRequest, setting: Setting, *, limit_gib: float) -> None:
+        self.request = request
+        self.setting = setting
+        self.limit_gib = limit_gib
+        self.ceiling_gib = request.search.max_peak_memory_gib
+        self._estimator = Estimator(setting)
+        self._cache: dict[tuple[int, int, bool], Probe] = {}
+
+    def at(self, num_nodes: int, sequences: int, *, lightest: bool = False) -> Probe:
+        """Probe `num_nodes` nodes with a global batch of `sequences`: the first fitting
+        configuration in search order, or (with `lightest`, or when none fits) the lightest."""
+        for key in ((num_nodes, sequences, True), (num_nodes, sequences, lightest)):
+            if key in self._cache:
+                return self._cache[key]
+        request = self.variant(num_nodes, sequences)
+        setting = replace(
+            self.setting,
+            world_size=request.cluster.world_size,
+            num_nodes=num_nodes,
+            global_batch_sequences=sequences,
+        )
+        best: tuple[Choice, MemoryEstimate] | None = None
+        found = False
+        for choice in enumerate_choices(request, setting):
+            memory = self._estimator.memory(choice)
+            if fits(memory, limit_gib=self.limit_gib, ceiling_gib=self.ceiling_gib) and not lightest:
+                best, found = (choice, memory), True
+                break
+            if best is None or _lighter(memory, best[1]):
+                best = (choice, memory)
+        assert best is not None, "every request enumerates at least one configuration"
+        found = found or fits(best[1], limit_gib=self.limit_gib, ceiling_gib=self.ceiling_gib)
+        probe = Probe(num_nodes, sequences, best[0], best[1], found)
+        self._cache[(num_nodes, sequences, lightest)] = probe
+        return probe
+
+    def variant(self, num_nodes: int, sequences: int) -> PlanRequest:
+        """The request on `num_nodes` nodes of the same kind with a global batch of `sequences`."""
+        r = self.request
+        # model_copy skips validation: the batch splits over the new cluster by construction.
+        return r.model_copy(
+            update={
+                "cluster": r.cluster.model_copy(update={"num_nodes": num_nodes}),
+                "training": r.training.model_copy(
+                    update={"global_batch_tokens": sequences * r.training.seq_len}
+                ),
+            }
+        )
+
+    def nearest_batch(self, num_nodes: int) -> int:
+        """The global batch (sequences) to advise on `num_nodes` nodes: the requested one when it
+        splits over them, else the nearest that does."""
+        world = num_nodes * self.request.cluster.gpus_per_node
+        return batches_near(self.request.training.global_batch_sequences, world)[0]
+
+    def fits_at(self, num_nodes: int) -> bool:
+        """Whether the request, with the nearest batch that splits, plans on `num_nodes` nodes."""
+        return self.at(num_nodes, self.nearest_batch(num_nodes)).fits
+
+
+def _lighter(a: MemoryEstimate, b: MemoryEstimate) -> bool:
+    # Equal peaks (the optimizer step often sets them): prefer fewer activations, so that the
+    # configuration named is the one that also has the most room left elsewhere.
+    return (round(a.total), a.activations) < (round(b.total), b.activations)
+
+
+def batches_near(sequences: int, world: int) -> list[int]:
+    """Global batches (sequences) that split evenly over `world` ranks, nearest to `sequences`
+    first (the request's own when it splits; a tie goes to the smaller)."""
+    if sequences % world == 0:
+        return [sequences]
+    below = sequences // world * world
+    options = [b for b in (below, below + world) if b >= world]
+    return sorted(options, key=lambda b: (abs(b - sequences), b))
+
+
+# ---------------------------------------------------------------- nothing fits
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterAdvice:
+    """The smallest cluster found to fit, with the batch to use there."""
+
+    smallest: Probe | None
+    """Smallest node count that fits (its batch the requested one, or the nearest that splits)."""
+    same_batch: Probe | None
+    """When `smallest` changes the batch: the smallest node count that fits the requested batch."""
+    largest_tried: Probe | None
+    """When nothing fits: the lightest configuration on the largest cluster tried."""
+
+
+def smallest_cluster(prober: Prober) -> ClusterAdvice:
+    """Bisect node counts for the smallest cluster whose own search finds a fitting configuration.
+
+    Fitting is monotone in the node count in all but rounding of the batch (sharded states shrink,
+    one micro-batch's activations stay), so doubling then bisecting finds the boundary in a few
+    dozen probes; every probe is the exact test the search would apply there.
+    """
+    request = prober.request
+    low = request.cluster.num_nodes  # does not fit: that is why we are here
+    high = min(low * 2, MAX_NODES_TRIED)
+    while not prober.fits_at(high):
+        if high >= MAX_NODES_TRIED:
+            largest = prober.at(high, prober.nearest_batch(high), lightest=True)
+            return ClusterAdvice(smallest=None, same_batch=None, largest_tried=largest)
+        low, high = high, min(high * 2, MAX_NODES_TRIED)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if prober.fits_at(mid):
+            high = mid
+        else:
+            low = mid
+    smallest = prober.at(high, prober.nearest_batch(high), lightest=True)
+    same_batch = None
+    if smallest.global_batch_sequences != request.training.global_batch_sequences:
+        same_batch = _smallest_keeping_batch(prober, at_least=high)
+    return ClusterAdvice(smallest=smallest, same_batch=same_batch, largest_tried=None)
+
+
+def _gpn(request: PlanRequest) -> int:
+    return request.cluster.gpus_per_node
+
+
+def _smallest_keeping_batch(prober: Prober, *, at_least: int) -> Probe | None:
+    """The smallest node count from `at_least` on over which the requested batch splits and fits."""
+    sequences = prober.request.training.global_batch_sequences
+    gpn = _gpn(prober.request)
+    if sequences % gpn:
+        return None
+    per_node = sequences // gpn
+    for nodes in range(at_least, min(per_node, MAX_NODES_TRIED) + 1):
+        if per_node % nodes == 0:
+            probe = prober.at(nodes, sequences)
+            if probe.fits:
+                return probe
+    return None
+
+
+def _cluster_name(request: PlanRequest, nodes: int) -> str:
+    c = request.cluster
+    return f"{nodes}x{c.gpus_per_node}x{c.gpu}"
+
+
+def _gpus(request: PlanRequest, nodes: int) -> str:
+    return f"{nodes * request.cluster.gpus_per_node} GPUs"
+
+
+def _sequences(n: int) -> str:
+    return f"{n} sequence" if n == 1 else f"{n} sequences"
+
+
+def infeasible_error(
+    request: PlanRequest,
+    setting: Setting,
+    *,
+    limit_gib: float,
+    peak_gib: float,
+) -> InfeasiblePlanError:
+    """Why nothing fits on the requested cluster, and what would: a cluster and batch that the
+    planner accepts, or, when data parallelism cannot fit the model at all, what would."""
+    prober = Prober(request, setting, limit_gib=limit_gib)
+    here = prober.at(request.cluster.num_nodes, request.training.global_batch_sequences, lightest=True)
+    dominant = dominant_term(here.memory)
+    advice = smallest_cluster(prober)
+    # Where data parallelism runs out: the fitting cluster (or the largest tried) is held up by
+    # what more data-parallel GPUs do not shrink.
+    limiting = advice.smallest or advice.largest_tried
+    assert limiting is not None
+    needs_model_parallelism = (
+        advice.smallest is None or dominant_term(limiting.memory).group == "activations"
+    )
+    parts = [
+        _why_not_here(request, here, peak_gib=peak_gib, limit_gib=limit_gib),
+        _what_fits(request, advice) if advice.smallest else _data_parallel_cannot(request, limiting),
+    ]
+    if advice.smallest and needs_model_parallelism:
+        parts.append(_model_parallelism_would_help(request, advice.smallest))
+    smallest, same = advice.smallest, advice.same_batch
+    keeps_batch = smallest is not None and (
+        smallest.global_batch_sequences == request.training.global_batch_sequences
+    )
+    return InfeasiblePlanError(
+        " ".join(parts),
+        min_fitting_nodes=smallest.num_nodes if smallest else None,
+        min_peak_memory_gib=peak_gib,
+        capacity_gib=limit_gib,
+        suggested_global_batch_tokens=(
+            smallest.global_batch_sequences * request.training.seq_len if smallest else None
+        ),
+        min_fitting_nodes_same_batch=(
+            smallest.num_nodes if smallest and keeps_batch else (same.num_nodes if same else None)
+        ),
+        dominant_memory_term=dominant.label,
+        dominant_memory_gib=dominant.gib,
+        needs_model_parallelism=needs_model_parallelism,
+    )
+
+
+def _why_not_here(request: PlanRequest, here: Probe, *, peak_gib: float, limit_gib: float) -> str:
+    dominant = dominant_term(here.memory)
+    text = (
+        f"{request.model.name} does not fit on {_cluster_name(request, here.num_nodes)}: the least "
+        f"memory-hungry configuration ({to_parallel_config(here.choice, request).label()}) needs "
+        f"{peak_gib:.1f} GiB per GPU, at most {limit_gib:.1f} GiB fits with the memory margin; "
+        f"{dominant.gib:.1f} GiB of it ({dominant.share:.0%}) is {dominant.label}"
+    )
+    if dominant.group == "states":
+        return text + ", which shrink as more GPUs shard them."
+    if dominant.group in ("activations", "gathered"):
+        return text + f" of {_sequences(here.choice.micro_batch)} per GPU, which more GPUs do not shrink."
+    return text + "."
+
+
+def _what_fits(request: PlanRequest, advice: ClusterAdvice) -> str:
+    smallest = advice.smallest
+    assert smallest is not None
+    requested = request.training.global_batch_sequences
+    text = f"Smallest cluster that fits: {_cluster_name(request, smallest.num_nodes)} "
+    text += f"({_gpus(request, smallest.num_nodes)})"
+    if smallest.global_batch_sequences == requested:
+        return text + "."
+    text += (
+        f" with global_batch_tokens {smallest.global_batch_sequences * request.training.seq_len} "
+        f"({_sequences(smallest.global_batch_sequences)}: {requested} do not split evenly over "
+        f"{_gpus(request, smallest.num_nodes)})"
+    )
+    if advice.same_batch is not None:
+        same = advice.same_batch
+        return text + (
+            f"; keeping global_batch_tokens {request.training.global_batch_tokens}: "
+            f"{_cluster_name(request, same.num_nodes)} ({_gpus(request, same.num_nodes)})."
+        )
+    return text + f"; {_sequences(requested)} split over no larger cluster that fits."
+
+
+def _unshrinkable(request: PlanRequest, probe: Probe) -> str:
+    """What more data-parallel GPUs leave as it is: one micro-batch's activations and whole
+    gathered blocks, against the peak."""
+    terms = probe.memory.terms()
+
+    def gib(group: str) -> float:
+        return sum(terms[n] for n in DOMINANT_GROUPS[group][1]) / GIB
+
+    tokens = f"{_sequences(probe.choice.micro_batch)} of {request.training.seq_len} tokens"
+    return (
+        f"activations and the loss ({gib('activations'):.1f} GiB for {tokens}) and gathered "
+        f"parameters and gradient buffers of whole blocks ({gib('gathered'):.1f} GiB) hold "
+        f"{gib('activations') + gib('gathered'):.1f} of its {probe.memory.total / GIB:.1f} GiB per GPU, "
+        "and more data-parallel GPUs shrink neither"
+    )
+
+
+def _model_parallelism_would_help(request: PlanRequest, there: Probe) -> str:
+    return (
+        f"At that size {_unshrinkable(request, there)}: tensor or context parallelism would fit on "
+        "fewer GPUs (this planner plans FSDP data parallelism only)."
+    )
+
+
+def _data_parallel_cannot(request: PlanRequest, largest: Probe) -> str:
+    return (
+        f"Data parallelism alone cannot fit it: even on {_cluster_name(request, largest.num_nodes)} "
+        f"({_gpus(request, largest.num_nodes)}) the lightest configuration "
+        f"({to_parallel_config(largest.choice, request).label()}) needs "
+        f"{largest.memory.total / GIB:.1f} GiB per GPU; {_unshrinkable(request, largest)}. "
+        "It needs tensor or context parallelism (this planner plans FSDP data parallelism only)."
+    )
+
+
+# ---------------------------------------------------------------- a plan that fits
+
+
+def check_sequence_length(request: PlanRequest) -> None:
+    """Refuse what the runtime cannot run: GPT-2 learns one embedding per position."""
+    model = request.model
+    seq_len = request.training.seq_len
+    if model.architecture == "gpt2" and seq_len > model.max_seq_len:
+        raise PlanningError(
+            f"training.seq_len: {seq_len} is longer than {model.name}'s {model.max_seq_len} learned "
+            f"positions (GPT-2 has one position embedding per token); use seq_len <= {model.max_seq_len}",
+            field="training.seq_len",
+        )
+
+
+def plan_warnings(
+    request: PlanRequest, time: TimeEstimate, *, micro_batch: int, mfu: float
+) -> tuple[PlanWarning, ...]:
+    """What a person should know about a plan that fits, in the order they matter."""
+    out: list[PlanWarning] = []
+    model = request.model
+    seq_len = request.training.seq_len
+    # A layer graph's default max_seq_len is nobody's statement about the model: only warn when
+    # the model (catalog, HF config, or the caller) named its positions.
+    if seq_len > model.max_seq_len and (
+        model.architecture != "layer_graph" or "max_seq_len" in model.model_fields_set
+    ):
+        out.append(
+            PlanWarning(
+                code="seq_len_beyond_max_position",
+                message=(
+                    f"seq_len {seq_len} is beyond {model.name}'s {model.max_seq_len} positions "
+                    f"(max_position_embeddings): the model was not trained on positions past "
+                    f"{model.max_seq_len}; extend its context (e.g. RoPE scaling) or expect worse quality"
+                ),
+            )
+        )
+    step = time.step_time_s
+    exposed = time.exposed_comm_s
+    if step > 0 and exposed / step >= COMM_BOUND_FRACTION:
+        out.append(
+            PlanWarning(
+                code="communication_bound",
+                message=(
+                    f"communication-bound: {exposed / step:.0%} of the step is exposed communication "
+                    f"({_seconds(exposed)} of {_seconds(step)}; MFU {mfu:.1%}): every micro-batch "
+                    f"moves the whole model's parameters and gradients while each GPU computes only "
+                    f"{micro_batch} x {seq_len} tokens, and more data-parallel GPUs do not change that. "
+                    "Tensor parallelism inside nodes would cut it (this planner plans FSDP data "
+                    "parallelism only)"
+                ),
+            )
+        )
+    return tuple(out)
+
+
+def _seconds(s: float) -> str:
+    return f"{s * 1e3:.0f} ms" if s < 1 else f"{s:.1f} s"
+
