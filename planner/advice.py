@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from planner.cost.estimate import Estimator, TimeEstimate
-from planner.cost.memory import MemoryEstimate
+from planner.cost.memory import MemoryEstimate, memory_limit_gib
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice, Setting
 from planner.errors import InfeasiblePlanError, PlanningError
@@ -109,9 +109,22 @@ class Prober:
             num_nodes=num_nodes,
             global_batch_sequences=sequences,
         )
+        choices = enumerate_choices(request, setting)
+        first = next(choices)
+        if not lightest and not self._states_may_fit(first, request.cluster.world_size):
+            probe = Probe(num_nodes, sequences, first, self._estimator.memory(first), False)
+            self._cache[(num_nodes, sequences, lightest)] = probe
+            return probe
         best: tuple[Choice, MemoryEstimate] | None = None
         found = False
-        for choice in enumerate_choices(request, setting):
+        world = request.cluster.world_size
+        priced: set[Choice] = set()
+        for choice in (first, *choices):
+            if choice.sharding != "full_shard":
+                twin = replace(choice, sharding="full_shard", shard_group=world, replicate_group=1)
+                if twin in priced:
+                    continue  # never lighter than its fully sharded twin (tests/planner/test_advice.py)
+            priced.add(choice)
             memory = self._estimator.memory(choice)
             if fits(memory, limit_gib=self.limit_gib, ceiling_gib=self.ceiling_gib) and not lightest:
                 best, found = (choice, memory), True
@@ -123,6 +136,14 @@ class Prober:
         probe = Probe(num_nodes, sequences, best[0], best[1], found)
         self._cache[(num_nodes, sequences, lightest)] = probe
         return probe
+
+    def _states_may_fit(self, choice: Choice, world: int) -> bool:
+        """A lower bound that skips hopeless probes: every configuration's peak is at least its
+        optimizer step (parameters, gradients, optimizer states and the update's temporaries),
+        which no configuration holds in less than fully sharded over the whole world."""
+        sharded = replace(choice, sharding="full_shard", shard_group=world, replicate_group=1)
+        step = next(m for m in self._estimator.moments(sharded) if m.moment == "optimizer step")
+        return fits(step, limit_gib=self.limit_gib, ceiling_gib=self.ceiling_gib)
 
     def variant(self, num_nodes: int, sequences: int) -> PlanRequest:
         """The request on `num_nodes` nodes of the same kind with a global batch of `sequences`."""
@@ -355,6 +376,51 @@ def _data_parallel_cannot(request: PlanRequest, largest: Probe) -> str:
         f"{largest.memory.total / GIB:.1f} GiB per GPU; {_unshrinkable(request, largest)}. "
         "It needs tensor or context parallelism (this planner plans FSDP data parallelism only)."
     )
+
+
+# ---------------------------------------------------------------- a batch that does not split
+
+
+def batch_suggestion(request: PlanRequest) -> str:
+    """What to say when the requested batch does not split over the cluster: batches that split
+    and that the planner accepts there, nearest first, or, when none fits, the cluster and batch
+    that would. `request` is the refused request (its batch is only read).
+
+    Checked with the uncalibrated cost model: the request's calibration is not known where the
+    batch is validated (planner/specs.py).
+    """
+    world = request.cluster.world_size
+    requested = request.training.global_batch_sequences
+    seq_len = request.training.seq_len
+    options = batches_near(requested, world)
+    plain = f"use a multiple of {world} sequences, e.g. " + " or ".join(
+        f"{b} sequences = {b * seq_len} tokens" for b in options
+    )
+    from planner.search import build_setting  # late: planner.specs is imported by the search
+
+    try:
+        setting = build_setting(request)
+        limit = memory_limit_gib(setting.params, request.search.memory_headroom)
+        prober = Prober(request, setting, limit_gib=limit)
+        nodes = request.cluster.num_nodes
+        candidates = options if world in options else [*options, world]  # one sequence per GPU: least
+        fitting = [b for b in candidates if prober.at(nodes, b).fits]
+        if fitting:
+            return f"use a multiple of {world} sequences that fits, e.g. " + " or ".join(
+                f"{b} sequences = {b * seq_len} tokens" for b in fitting[:2]
+            )
+        advice = smallest_cluster(prober)
+    except Exception:  # advice must never turn a refused input into a server error
+        return plain
+    where = _cluster_name(request, request.cluster.num_nodes)
+    text = (
+        f"but {request.model.name} does not fit on {where} at any such batch "
+        f"({', '.join(str(b) for b in candidates)} sequences). "
+    )
+    if advice.smallest is not None:
+        return text + _what_fits(request, advice)
+    assert advice.largest_tried is not None
+    return text + _data_parallel_cannot(request, advice.largest_tried)
 
 
 # ---------------------------------------------------------------- a plan that fits

@@ -246,12 +246,13 @@ class PlanRequest(StrictModel):
         world = self.cluster.world_size
         seqs = self.training.global_batch_sequences
         if seqs % world:
-            up = -(-seqs // world) * world
+            # Late import: the advice plans (it checks that the batches it names fit).
+            from planner.advice import batch_suggestion
+
             raise ValueError(
                 f"training.global_batch_tokens: {seqs} sequences of {self.training.seq_len} tokens "
                 f"cannot be split evenly over {world} GPUs (micro-batch x accumulation x "
-                f"data-parallel degree must equal the global batch); use a multiple of {world} "
-                f"sequences, e.g. {up} sequences = {up * self.training.seq_len} tokens"
+                f"data-parallel degree must equal the global batch); {batch_suggestion(self)}"
             )
         return self
 

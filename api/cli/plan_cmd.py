@@ -116,6 +116,9 @@ def print_plan(p: Plan, console: Console) -> None:
     summary.add_row("peak memory", _peak_line(p))
     summary.add_row("exposed comm", f"{pred.exposed_comm_s * 1e3:.1f} ms/step of {pred.comm_s * 1e3:.1f} ms")
     console.print(summary)
+    for warning in p.warnings:
+        # Markup off: the message is the planner's text, with brackets of its own.
+        console.print(f"warning: {warning.message}", style="bold yellow", markup=False)
 
     breakdown = pred.memory_breakdown_gib
     memory = Table(title=f"Peak memory per GPU (at {breakdown.moment})", title_justify="left")

@@ -153,8 +153,7 @@ def unplannable(exc: PlanningError) -> ProblemError:
     if isinstance(exc, InfeasiblePlanError):
         return ProblemError(
             422, message, slug="infeasible-plan", title="No configuration fits in memory", errors=errors,
-            min_fitting_nodes=exc.min_fitting_nodes, min_peak_memory_gib=exc.min_peak_memory_gib,
-            capacity_gib=exc.capacity_gib,
+            **exc.problem_fields(),
         )
     return ProblemError(422, message, slug="unplannable-request", title="Cannot plan this request",
                         errors=errors)
