@@ -129,13 +129,25 @@ class Prober:
             if fits(memory, limit_gib=self.limit_gib, ceiling_gib=self.ceiling_gib) and not lightest:
                 best, found = (choice, memory), True
                 break
-            if best is None or _lighter(memory, best[1]):
+            if best is None or (
+                self._lighter(choice, memory, best) if lightest else memory.total < best[1].total
+            ):
                 best = (choice, memory)
         assert best is not None, "every request enumerates at least one configuration"
         found = found or fits(best[1], limit_gib=self.limit_gib, ceiling_gib=self.ceiling_gib)
         probe = Probe(num_nodes, sequences, best[0], best[1], found)
         self._cache[(num_nodes, sequences, lightest)] = probe
         return probe
+
+    def _lighter(self, choice: Choice, memory: MemoryEstimate, than: tuple[Choice, MemoryEstimate]) -> bool:
+        if round(memory.total) != round(than[1].total):
+            return memory.total < than[1].total
+        # Equal peaks (the optimizer step often sets them): the one whose other moments are
+        # lighter, so that the configuration named is also the lightest through the step.
+        return self._moments_key(choice) < self._moments_key(than[0])
+
+    def _moments_key(self, choice: Choice) -> tuple[int, ...]:
+        return tuple(sorted((round(m.total) for m in self._estimator.moments(choice)), reverse=True))
 
     def _states_may_fit(self, choice: Choice, world: int) -> bool:
         """A lower bound that skips hopeless probes: every configuration's peak is at least its
@@ -167,12 +179,6 @@ class Prober:
     def fits_at(self, num_nodes: int) -> bool:
         """Whether the request, with the nearest batch that splits, plans on `num_nodes` nodes."""
         return self.at(num_nodes, self.nearest_batch(num_nodes)).fits
-
-
-def _lighter(a: MemoryEstimate, b: MemoryEstimate) -> bool:
-    # Equal peaks (the optimizer step often sets them): prefer fewer activations, so that the
-    # configuration named is the one that also has the most room left elsewhere.
-    return (round(a.total), a.activations) < (round(b.total), b.activations)
 
 
 def batches_near(sequences: int, world: int) -> list[int]:
