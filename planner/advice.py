@@ -286,12 +286,10 @@ def infeasible_error(
     needs_model_parallelism = (
         advice.smallest is None or dominant_term(limiting.memory).group == "activations"
     )
-    parts = [
-        _why_not_here(request, here, peak_gib=peak_gib, limit_gib=limit_gib),
-        _what_fits(request, advice) if advice.smallest else _data_parallel_cannot(request, limiting),
-    ]
+    remedy = [_what_fits(request, advice) if advice.smallest else _data_parallel_cannot(request, limiting)]
     if advice.smallest and needs_model_parallelism:
-        parts.append(_model_parallelism_would_help(request, advice.smallest))
+        remedy.append(_model_parallelism_would_help(request, advice.smallest))
+    parts = [_why_not_here(request, here, peak_gib=peak_gib, limit_gib=limit_gib), *remedy]
     smallest, same = advice.smallest, advice.same_batch
     keeps_batch = smallest is not None and (
         smallest.global_batch_sequences == request.training.global_batch_sequences
@@ -310,6 +308,7 @@ def infeasible_error(
         dominant_memory_term=dominant.label,
         dominant_memory_gib=dominant.gib,
         needs_model_parallelism=needs_model_parallelism,
+        advice=" ".join(remedy),
     )
 
 
@@ -318,7 +317,7 @@ def _why_not_here(request: PlanRequest, here: Probe, *, peak_gib: float, limit_g
     text = (
         f"{request.model.name} does not fit on {_cluster_name(request, here.num_nodes)}: the least "
         f"memory-hungry configuration ({to_parallel_config(here.choice, request).label()}) needs "
-        f"{peak_gib:.1f} GiB per GPU, at most {limit_gib:.1f} GiB fits with the memory margin; "
+        f"{peak_gib:.1f} GiB per GPU, {_allowed(request, limit_gib)}; "
         f"{dominant.gib:.1f} GiB of it ({dominant.share:.0%}) is {dominant.label}"
     )
     if dominant.group == "states":
@@ -326,6 +325,13 @@ def _why_not_here(request: PlanRequest, here: Probe, *, peak_gib: float, limit_g
     if dominant.group in ("activations", "gathered"):
         return text + f" of {_sequences(here.choice.micro_batch)} per GPU, which more GPUs do not shrink."
     return text + "."
+
+
+def _allowed(request: PlanRequest, limit_gib: float) -> str:
+    ceiling = request.search.max_peak_memory_gib
+    if ceiling is not None and ceiling <= limit_gib:
+        return f"the ceiling (search.max_peak_memory_gib) admits less than {ceiling:.1f} GiB"
+    return f"at most {limit_gib:.1f} GiB fits with the memory margin"
 
 
 def _what_fits(request: PlanRequest, advice: ClusterAdvice) -> str:

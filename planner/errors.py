@@ -46,6 +46,7 @@ class InfeasiblePlanError(PlanningError):
         dominant_memory_term: str | None = None,
         dominant_memory_gib: float | None = None,
         needs_model_parallelism: bool = False,
+        advice: str = "",
     ) -> None:
         super().__init__(message, field="cluster")
         self.min_fitting_nodes = min_fitting_nodes
@@ -56,6 +57,8 @@ class InfeasiblePlanError(PlanningError):
         self.dominant_memory_term = dominant_memory_term
         self.dominant_memory_gib = dominant_memory_gib
         self.needs_model_parallelism = needs_model_parallelism
+        self.advice = advice
+        """The message's remedy alone (what would fit), for callers that explain the refusal their way."""
 
     def problem_fields(self) -> dict[str, object]:
         """The advice as JSON members (the API's infeasible-plan problem)."""

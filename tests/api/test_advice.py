@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.db.models import PlanRow
-from tests.api.conftest import assert_problem
+from tests.api.conftest import assert_problem, cheap_plan
 
 pytestmark = pytest.mark.anyio
 
@@ -80,3 +80,30 @@ async def test_warnings_show_on_the_plan_page(client: httpx.AsyncClient) -> None
     assert page.status_code == 200
     assert 'id="warning-seq_len_beyond_max_position"' in page.text
     assert "beyond llama3-8b's 8192 positions" in html.unescape(page.text)
+
+
+async def test_replan_with_nothing_lighter_names_a_cluster_that_plans_under_the_ceiling(
+    client: httpx.AsyncClient,
+) -> None:
+    response = await client.post(PLANS, json=cheap_plan())
+    current = response.json()
+    for _ in range(100):
+        response = await client.post(f"{PLANS}/{current['id']}/replan", json={})
+        if response.status_code == 422:
+            break
+        assert response.status_code == 201, response.text
+        current = response.json()
+    else:
+        pytest.fail("re-planning never ran out of lighter configurations")
+    problem = assert_problem(response, 422, "infeasible-plan")
+    assert "nothing lighter is left" in problem["detail"]
+    nodes, tokens = problem["min_fitting_nodes"], problem["suggested_global_batch_tokens"]
+    assert f"Smallest cluster that fits: {nodes}x2xcpu" in problem["detail"]
+    retry = {
+        **cheap_plan(cluster=f"{nodes}x2xcpu"),
+        "training": {"seq_len": 256, "global_batch_tokens": tokens},
+        "search": {"max_peak_memory_gib": problem["max_peak_memory_gib"]},
+    }
+    response = await client.post(PLANS, json=retry)
+    assert response.status_code == 201, response.text
+    assert response.json()["peak_memory_gib"] < problem["max_peak_memory_gib"]
