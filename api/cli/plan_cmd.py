@@ -17,7 +17,7 @@ from planner.cost.memory import MEMORY_TERMS
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
 from planner.plan import Plan
 from planner.search import make_plan
-from planner.specs import ClusterSpec, PlanRequest, TrainingSpec
+from planner.specs import ClusterSpec, PlanRequest
 
 
 def register(app: typer.Typer) -> None:
@@ -65,9 +65,8 @@ def plan(
         request = PlanRequest(
             model=model_spec,
             cluster=cluster_spec,
-            training=TrainingSpec(
-                seq_len=seq_len, global_batch_tokens=global_batch_tokens, precision=precision
-            ),
+            # A dict, so that a batch of partial sequences is refused with batches for this cluster.
+            training={"seq_len": seq_len, "global_batch_tokens": global_batch_tokens, "precision": precision},
             top_k=top,
         )
         profile = (

@@ -31,7 +31,7 @@ from planner.errors import InfeasiblePlanError, PlanningError
 from planner.hashing import plan_hash
 from planner.plan import Plan
 from planner.search import make_plan
-from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
+from planner.specs import ClusterSpec, ModelSpec, PlanRequest
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,8 @@ def build_request(body: PlanCreate, *, max_model_layers: int) -> PlanRequest:
         return PlanRequest(
             model=model,
             cluster=cluster,
-            training=TrainingSpec(**body.training.model_dump()),
+            # A dict, so that a batch of partial sequences is refused with batches for this cluster.
+            training=body.training.model_dump(),
             search=body.search if body.search is not None else PlanRequest.model_fields["search"].default,
             top_k=body.top_k,
         )

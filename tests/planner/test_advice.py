@@ -13,10 +13,11 @@ import pytest
 from pydantic import ValidationError
 
 from planner.advice import dominant_term
+from planner.catalog import resolve_model
 from planner.cost.estimate import Estimator
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
 from planner.search import build_setting, enumerate_choices, make_plan
-from planner.specs import PlanRequest
+from planner.specs import ClusterSpec, PlanRequest
 from tests.planner.conftest import make_request
 
 
@@ -192,3 +193,20 @@ def test_dominant_term_of_a_fitting_plan_is_what_its_breakdown_says(llama8b_requ
     dominant = dominant_term(memory)
     assert 0 < dominant.share <= 1
     assert dominant.gib * 2**30 >= max(memory.terms().values()) - 1e-6
+
+
+def test_partial_sequences_are_refused_with_batches_that_plan_on_this_cluster() -> None:
+    # TrainingSpec alone cannot know the cluster; with the training given beside it, the refusal
+    # names whole-sequence batches that split over 24 GPUs and fit.
+    with pytest.raises(ValidationError) as exc:
+        PlanRequest(
+            model=resolve_model("llama3-8b"),
+            cluster=ClusterSpec.parse("3x8xH100"),
+            training={"seq_len": 4096, "global_batch_tokens": 400_000},
+        )
+    text = "\n".join(describe_validation_error(exc.value))
+    assert "training.global_batch_tokens: 400000 is not a whole number of 4096-token sequences" in text
+    batches = suggested_batches(text)
+    assert batches, text
+    for tokens in batches:
+        make_plan(make_request("llama3-8b", "3x8xH100", seq_len=4096, sequences=tokens // 4096))
