@@ -10,8 +10,11 @@ import re
 from dataclasses import replace
 
 import pytest
+from click.testing import Result
 from pydantic import ValidationError
+from typer.testing import CliRunner
 
+from api.cli.main import app
 from planner.advice import dominant_term
 from planner.catalog import resolve_model
 from planner.cost.estimate import Estimator
@@ -210,3 +213,23 @@ def test_partial_sequences_are_refused_with_batches_that_plan_on_this_cluster() 
     assert batches, text
     for tokens in batches:
         make_plan(make_request("llama3-8b", "3x8xH100", seq_len=4096, sequences=tokens // 4096))
+
+
+def plan_cli(model: str, cluster: str, seq_len: int, tokens: int) -> Result:
+    return CliRunner().invoke(
+        app,
+        ["plan", "--model", model, "--cluster", cluster, "--seq-len", str(seq_len),
+         "--global-batch-tokens", str(tokens)],
+    )
+
+
+def test_the_readme_405b_example_advice_is_accepted_by_the_cli() -> None:
+    refusal = plan_cli("llama3.1-405b", "1x8xH100", 4096, 4194304)
+    assert refusal.exit_code == 3, refusal.output
+    text = " ".join(refusal.output.split())  # rich wraps long lines
+    advice = r"Smallest cluster that fits: (\d+x8)xH100-SXM-80GB .*? global_batch_tokens (\d+)"
+    found = re.search(advice, text)
+    assert found, text
+    accepted = plan_cli("llama3.1-405b", f"{found[1]}xH100", 4096, int(found[2]))
+    assert accepted.exit_code == 0, accepted.output
+    assert "warning: communication-bound" in " ".join(accepted.output.split())
