@@ -3,7 +3,7 @@ should know.
 
 When no configuration fits, the advice names a cluster (and, when the requested batch cannot be
 split over it, a batch) on which `make_plan` succeeds. Each candidate is checked by the same test
-the search applies, over the same configurations it enumerates (`fitting_choice`), so the advice
+the search applies, over the same configurations it enumerates (`Prober`), so the advice
 and the search cannot disagree. It also names the memory term that really dominates, because that
 decides what helps: sharded states shrink with more GPUs, activations of one sequence do not.
 
@@ -215,6 +215,9 @@ def smallest_cluster(prober: Prober) -> ClusterAdvice:
     """
     request = prober.request
     low = request.cluster.num_nodes  # does not fit: that is why we are here
+    if low >= MAX_NODES_TRIED:
+        largest = prober.at(low, request.training.global_batch_sequences, lightest=True)
+        return ClusterAdvice(smallest=None, same_batch=None, largest_tried=largest)
     high = min(low * 2, MAX_NODES_TRIED)
     while not prober.fits_at(high):
         if high >= MAX_NODES_TRIED:
@@ -322,8 +325,10 @@ def _why_not_here(request: PlanRequest, here: Probe, *, peak_gib: float, limit_g
     )
     if dominant.group == "states":
         return text + ", which shrink as more GPUs shard them."
-    if dominant.group in ("activations", "gathered"):
+    if dominant.group == "activations":
         return text + f" of {_sequences(here.choice.micro_batch)} per GPU, which more GPUs do not shrink."
+    if dominant.group == "gathered":
+        return text + " of whole blocks, which more GPUs do not shrink."
     return text + "."
 
 
