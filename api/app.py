@@ -14,7 +14,7 @@ from fastapi.openapi.utils import get_openapi
 from api.dashboard import install as install_dashboard
 from api.db import migrate
 from api.db.session import create_db_engine, create_session_factory
-from api.middleware import BodySizeLimitMiddleware
+from api.middleware import AllowedMethodsMiddleware, BodySizeLimitMiddleware
 from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
 from api.routers import api_router, health
 from api.services.keyed_locks import KeyedLocks
@@ -60,6 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.plan_locks = KeyedLocks()
 
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AllowedMethodsMiddleware, router=app.router)
     install_problem_handlers(app)  # outermost: also catches what the middleware above raises
 
     app.include_router(api_router, prefix=API_PREFIX)

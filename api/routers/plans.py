@@ -33,13 +33,16 @@ IdempotencyKey = Annotated[
     Header(
         alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$",
         description="Makes retries safe: the same key with the same body replays the first response "
-        "(for 24 h by default); the same key with another body is refused with 422.",
+        "(for 24 h by default); the same key with another body is refused with 422 and stores nothing.",
     ),
 ]
 
 Cursor = Annotated[
     str | None,
-    Query(max_length=2000, pattern=r"^[A-Za-z0-9_-]*$", description="`next_cursor` of the previous page"),
+    Query(
+        max_length=2000, pattern=r"^[A-Za-z0-9_-]*$",
+        description="`next_cursor` of the previous page; absent or empty for the first page",
+    ),
 ]
 
 
@@ -56,7 +59,7 @@ def _text_query(max_length: int, description: str) -> Query:
     dependencies=[WriteAccess],
     responses={
         200: {"model": PlanDetail, "description": "Identical inputs were planned before: the stored plan"},
-        **problems(401, 415, 422),
+        **problems(401, 409, 415, 422),
     },
     summary="Plan a model on a cluster and store the plan",
 )
@@ -101,7 +104,7 @@ def list_plans(
 ) -> PlanPage:
     filters = plan_listing.PlanFilters(model=model, gpu=gpu, nodes=nodes, q=q)
     rows, next_cursor = plan_listing.list_plans(
-        session, filters=filters, sort=sort, order=order, limit=limit, cursor=cursor
+        session, filters=filters, sort=sort, order=order, limit=limit, cursor=cursor or None
     )
     if next_cursor is not None:
         response.headers["Link"] = f'<{request.url.include_query_params(cursor=next_cursor)}>; rel="next"'
@@ -144,7 +147,7 @@ def delete_plan(plan_id: PlanId, session: SessionDep) -> Response:
     dependencies=[WriteAccess],
     responses={
         200: {"model": PlanDetail, "description": "This failure was re-planned before: the stored plan"},
-        **problems(401, 404, 415, 422),
+        **problems(401, 404, 409, 415, 422),
     },
     summary="Re-plan a plan's request without every configuration as memory-hungry as one that ran out of "
     "memory",

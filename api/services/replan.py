@@ -71,8 +71,7 @@ def replan(
         )
         row.replanned_from_plan_id = source.id
         row.replanned_from_run_id = run.id if run is not None else None
-        row, created = plan_service.store(session, row)
-    return plan_service.PlanOutcome(row=row, status_code=201 if created else 200)
+        return plan_service.save(session, row)
 
 
 def _name(name: str) -> str:
