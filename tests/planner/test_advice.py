@@ -16,12 +16,14 @@ from typer.testing import CliRunner
 
 from api.cli.main import app
 from planner.advice import dominant_term
+from planner.calibration import CalibrationProfile
 from planner.catalog import resolve_model
 from planner.cost.estimate import Estimator
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
 from planner.search import build_setting, enumerate_choices, make_plan
 from planner.specs import ClusterSpec, PlanRequest
 from tests.planner.conftest import make_request
+from tests.planner.test_calibration import synthetic_profile
 
 
 def refused(request: PlanRequest) -> InfeasiblePlanError:
@@ -233,3 +235,20 @@ def test_the_readme_405b_example_advice_is_accepted_by_the_cli() -> None:
     accepted = plan_cli("llama3.1-405b", f"{found[1]}xH100", 4096, int(found[2]))
     assert accepted.exit_code == 0, accepted.output
     assert "warning: communication-bound" in " ".join(accepted.output.split())
+
+
+def test_calibrated_advice_plans_with_the_same_calibration() -> None:
+    # The advice prices other clusters with the request's fitted (calibrated) parameters.
+    profile = CalibrationProfile.model_validate(
+        synthetic_profile(efficiency=0.4, overhead=2e-5, latency=3e-5, bandwidth=200e9)
+    )
+    request = make_request("llama3.1-405b", "1x8xH100", seq_len=4096, sequences=1024)
+    with pytest.raises(InfeasiblePlanError) as exc:
+        make_plan(request, calibration=profile)
+    error = exc.value
+    assert error.min_fitting_nodes is not None and error.suggested_global_batch_tokens is not None
+    plan = make_plan(
+        variant(request, nodes=error.min_fitting_nodes, tokens=error.suggested_global_batch_tokens),
+        calibration=profile,
+    )
+    assert plan.calibration_id is not None
