@@ -472,7 +472,8 @@ def plan_warnings(
                 code="seq_len_beyond_max_position",
                 message=(
                     f"seq_len {seq_len} is beyond {model.name}'s {model.max_seq_len} positions "
-                    f"(max_position_embeddings): the model was not trained on positions past "
+                    f"(model.max_seq_len; a config's max_position_embeddings): the model was not "
+                    f"trained on positions past "
                     f"{model.max_seq_len}; extend its context (e.g. RoPE scaling) or expect worse quality"
                 ),
             )
