@@ -216,7 +216,7 @@ def smallest_cluster(prober: Prober) -> ClusterAdvice:
     request = prober.request
     low = request.cluster.num_nodes  # does not fit: that is why we are here
     if low >= MAX_NODES_TRIED:
-        largest = prober.at(low, request.training.global_batch_sequences, lightest=True)
+        largest = prober.at(low, prober.nearest_batch(low), lightest=True)
         return ClusterAdvice(smallest=None, same_batch=None, largest_tried=largest)
     high = min(low * 2, MAX_NODES_TRIED)
     while not prober.fits_at(high):
@@ -415,6 +415,10 @@ def batch_suggestion(request: PlanRequest) -> str:
     )
     from planner.search import build_setting  # late: planner.specs is imported by the search
 
+    try:
+        check_sequence_length(request)
+    except PlanningError as exc:
+        return f"{plain}; and {exc.message}"  # no batch plans until seq_len does
     try:
         setting = build_setting(request)
         limit = memory_limit_gib(setting.params, request.search.memory_headroom)

@@ -252,3 +252,11 @@ def test_calibrated_advice_plans_with_the_same_calibration() -> None:
         calibration=profile,
     )
     assert plan.calibration_id is not None
+
+
+def test_a_batch_suggestion_says_when_seq_len_must_change_first() -> None:
+    with pytest.raises(ValidationError) as exc:
+        make_request("gpt2", "1x8xH100", seq_len=4096, sequences=3)
+    text = "\n".join(describe_validation_error(exc.value))
+    assert "that fits" not in text  # nothing plans at this seq_len, whatever the batch
+    assert "use seq_len <= 1024" in text
