@@ -103,6 +103,7 @@ class Prober:
             if key in self._cache:
                 return self._cache[key]
         request = self.variant(num_nodes, sequences)
+        assert sequences % request.cluster.world_size == 0, "probe only batches that split"
         setting = replace(
             self.setting,
             world_size=request.cluster.world_size,
