@@ -11,6 +11,8 @@ from dataclasses import replace
 
 import pytest
 from click.testing import Result
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
@@ -21,7 +23,7 @@ from planner.catalog import resolve_model
 from planner.cost.estimate import Estimator
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
 from planner.search import build_setting, enumerate_choices, make_plan
-from planner.specs import ClusterSpec, PlanRequest
+from planner.specs import ClusterSpec, ModelSpec, PlanRequest
 from tests.planner.conftest import make_request
 from tests.planner.test_calibration import synthetic_profile
 
@@ -260,3 +262,70 @@ def test_a_batch_suggestion_says_when_seq_len_must_change_first() -> None:
     text = "\n".join(describe_validation_error(exc.value))
     assert "that fits" not in text  # nothing plans at this seq_len, whatever the batch
     assert "use seq_len <= 1024" in text
+
+
+CLUSTER_ADVICE = re.compile(
+    r"Smallest cluster that fits: (\d+)x\d+x\S+ \(\d+ GPUs\)( with global_batch_tokens (\d+))?"
+)
+
+
+@st.composite
+def heavy_requests(draw: st.DrawFn) -> tuple[PlanRequest, bool]:
+    """Random Llama-shaped requests, mostly too big for their cluster (so the advice is exercised),
+    and whether the request is itself a suggestion that must plan: a drawn batch that does not
+    split is replaced by what its refusal suggests."""
+    heads = draw(st.sampled_from([32, 64, 128]))
+    model = ModelSpec(
+        name="random",
+        architecture="llama",
+        vocab_size=draw(st.integers(32_000, 200_000)),
+        hidden_size=heads * 128,
+        num_layers=draw(st.integers(16, 128)),
+        num_heads=heads,
+        num_kv_heads=8,
+        intermediate_size=heads * 128 * draw(st.sampled_from([3, 4])),
+        max_seq_len=131072,
+    )
+    nodes, gpus = draw(st.integers(1, 3)), draw(st.sampled_from([1, 2, 4, 8]))
+    gpu = draw(st.sampled_from(["L4", "A100-40GB", "H100"]))
+    seq_len = draw(st.sampled_from([2048, 4096, 8192, 32768]))
+    sequences = nodes * gpus * draw(st.integers(1, 4)) + draw(st.sampled_from([0, 0, 1]))
+    training = {"seq_len": seq_len, "global_batch_tokens": seq_len * sequences}
+    cluster = ClusterSpec(num_nodes=nodes, gpus_per_node=gpus, gpu=gpu)
+    try:
+        return PlanRequest(model=model, cluster=cluster, training=training), False
+    except ValidationError as exc:
+        text = str(exc)
+    batches = suggested_batches(text)
+    if batches:
+        training["global_batch_tokens"] = batches[0]
+    else:
+        found = CLUSTER_ADVICE.search(text)
+        assume(found is not None)  # data parallelism alone cannot fit it: nothing to plan
+        assert found is not None
+        cluster = cluster.model_copy(update={"num_nodes": int(found[1])})
+        training["global_batch_tokens"] = int(found[3]) if found[3] else seq_len * sequences
+    return PlanRequest(model=model, cluster=cluster, training=training), True
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(heavy_requests())
+def test_any_advised_cluster_and_batch_plans(drawn: tuple[PlanRequest, bool]) -> None:
+    request, suggested = drawn
+    try:
+        make_plan(request)
+    except InfeasiblePlanError as error:
+        assert not suggested, f"a suggested request was refused: {error.message}"
+        if error.min_fitting_nodes is None:
+            assert error.needs_model_parallelism
+            return
+        assert error.suggested_global_batch_tokens is not None
+        make_plan(variant(request, nodes=error.min_fitting_nodes, tokens=error.suggested_global_batch_tokens))
+        if error.min_fitting_nodes_same_batch is not None:
+            make_plan(
+                variant(
+                    request,
+                    nodes=error.min_fitting_nodes_same_batch,
+                    tokens=request.training.global_batch_tokens,
+                )
+            )
