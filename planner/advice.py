@@ -95,6 +95,7 @@ class Prober:
         self.ceiling_gib = request.search.max_peak_memory_gib
         self._estimator = Estimator(setting)
         self._cache: dict[tuple[int, int, bool], Probe] = {}
+        self._keys: dict[Choice, tuple[int, ...]] = {}
 
     def at(self, num_nodes: int, sequences: int, *, lightest: bool = False) -> Probe:
         """Probe `num_nodes` nodes with a global batch of `sequences`: the first fitting
@@ -118,14 +119,13 @@ class Prober:
             return probe
         best: tuple[Choice, MemoryEstimate] | None = None
         found = False
-        world = request.cluster.world_size
-        priced: set[Choice] = set()
+        sharded: set[tuple] = set()  # fully sharded configurations priced, by everything else
         for choice in (first, *choices):
-            if choice.sharding != "full_shard":
-                twin = replace(choice, sharding="full_shard", shard_group=world, replicate_group=1)
-                if twin in priced:
-                    continue  # never lighter than its fully sharded twin (tests/planner/test_advice.py)
-            priced.add(choice)
+            key = _all_but_sharding(choice)
+            if choice.sharding == "full_shard":
+                sharded.add(key)
+            elif key in sharded:
+                continue  # never lighter than its fully sharded twin (tests/planner/test_advice.py)
             memory = self._estimator.memory(choice)
             if fits(memory, limit_gib=self.limit_gib, ceiling_gib=self.ceiling_gib) and not lightest:
                 best, found = (choice, memory), True
@@ -148,7 +148,11 @@ class Prober:
         return self._moments_key(choice) < self._moments_key(than[0])
 
     def _moments_key(self, choice: Choice) -> tuple[int, ...]:
-        return tuple(sorted((round(m.total) for m in self._estimator.moments(choice)), reverse=True))
+        # Memoized: at a small cluster thousands of configurations tie with the one kept.
+        if choice not in self._keys:
+            moments = self._estimator.moments(choice)
+            self._keys[choice] = tuple(sorted((round(m.total) for m in moments), reverse=True))
+        return self._keys[choice]
 
     def _states_may_fit(self, choice: Choice, world: int) -> bool:
         """A lower bound that skips hopeless probes: every configuration's peak is at least its
@@ -180,6 +184,22 @@ class Prober:
     def fits_at(self, num_nodes: int) -> bool:
         """Whether the request, with the nearest batch that splits, plans on `num_nodes` nodes."""
         return self.at(num_nodes, self.nearest_batch(num_nodes)).fits
+
+
+def _all_but_sharding(c: Choice) -> tuple:
+    # A tuple rather than dataclasses.replace: a probe compares thousands of configurations.
+    return (
+        c.blocks_per_unit,
+        c.all_gather_bucket_mb,
+        c.reduce_scatter_bucket_mb,
+        c.checkpointing,
+        c.every_k,
+        c.micro_batch,
+        c.grad_accum,
+        c.compile,
+        c.prefetch_depth,
+        c.loss_chunks,
+    )
 
 
 def batches_near(sequences: int, world: int) -> list[int]:
