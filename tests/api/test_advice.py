@@ -58,10 +58,9 @@ async def test_405b_at_seq_8192_problem_says_it_needs_model_parallelism(client: 
     assert "tensor or context parallelism" in problem["detail"]
 
 
-async def test_batch_suggestions_are_accepted(client: httpx.AsyncClient) -> None:
-    problem = assert_problem(
-        await client.post(PLANS, json=body("llama3-8b", "3x8xH100", 4096, 4096 * 100)), 422
-    )
+@pytest.mark.parametrize("tokens", [4096 * 100, 400_000], ids=["does-not-split", "partial-sequences"])
+async def test_batch_suggestions_are_accepted(client: httpx.AsyncClient, tokens: int) -> None:
+    problem = assert_problem(await client.post(PLANS, json=body("llama3-8b", "3x8xH100", 4096, tokens)), 422)
     (error,) = [e for e in problem["errors"] if e["field"] == "training.global_batch_tokens"]
     suggested = [int(t) for t in re.findall(r"\d+ sequences = (\d+) tokens", error["message"])]
     assert suggested, error
