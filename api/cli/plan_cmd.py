@@ -17,7 +17,7 @@ from planner.cost.memory import MEMORY_TERMS
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
 from planner.plan import Plan
 from planner.search import make_plan
-from planner.specs import ClusterSpec, PlanRequest, TrainingSpec
+from planner.specs import ClusterSpec, PlanRequest
 
 
 def register(app: typer.Typer) -> None:
@@ -74,9 +74,8 @@ def plan(
         request = PlanRequest(
             model=model_spec,
             cluster=cluster_spec,
-            training=TrainingSpec(
-                seq_len=seq_len, global_batch_tokens=global_batch_tokens, precision=precision
-            ),
+            # A dict, so that a batch of partial sequences is refused with batches for this cluster.
+            training={"seq_len": seq_len, "global_batch_tokens": global_batch_tokens, "precision": precision},
             top_k=top,
         )
         profile = (
@@ -125,6 +124,9 @@ def print_plan(p: Plan, console: Console) -> None:
     summary.add_row("peak memory", _peak_line(p))
     summary.add_row("exposed comm", f"{pred.exposed_comm_s * 1e3:.1f} ms/step of {pred.comm_s * 1e3:.1f} ms")
     console.print(summary)
+    for warning in p.warnings:
+        # Markup off: the message is the planner's text, with brackets of its own.
+        console.print(f"warning: {warning.message}", style="bold yellow", markup=False)
 
     breakdown = pred.memory_breakdown_gib
     memory = Table(title=f"Peak memory per GPU (at {breakdown.moment})", title_justify="left")

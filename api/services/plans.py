@@ -35,7 +35,7 @@ from planner.errors import InfeasiblePlanError, PlanningError
 from planner.hashing import plan_hash
 from planner.plan import Plan
 from planner.search import make_plan
-from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
+from planner.specs import ClusterSpec, ModelSpec, PlanRequest
 
 # `save` retries only when a plan is deleted in the instant between two of its statements.
 SAVE_ATTEMPTS = 3
@@ -143,7 +143,8 @@ def build_request(body: PlanCreate, *, max_model_layers: int) -> PlanRequest:
         return PlanRequest(
             model=model,
             cluster=cluster,
-            training=TrainingSpec(**body.training.model_dump()),
+            # A dict, so that a batch of partial sequences is refused with batches for this cluster.
+            training=body.training.model_dump(),
             search=body.search if body.search is not None else PlanRequest.model_fields["search"].default,
             top_k=body.top_k,
         )
@@ -192,8 +193,7 @@ def unplannable(exc: PlanningError) -> ProblemError:
     if isinstance(exc, InfeasiblePlanError):
         return ProblemError(
             422, message, slug="infeasible-plan", title="No configuration fits in memory", errors=errors,
-            min_fitting_nodes=exc.min_fitting_nodes, min_peak_memory_gib=exc.min_peak_memory_gib,
-            capacity_gib=exc.capacity_gib,
+            **exc.problem_fields(),
         )
     return ProblemError(422, message, slug="unplannable-request", title="Cannot plan this request",
                         errors=errors)
