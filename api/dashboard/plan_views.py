@@ -1,21 +1,24 @@
 """What the plan pages show, computed from a stored plan: labelled rows, charts, and the compare table.
 
-The stored document is read back through the planner's own `Plan` model, so every field is typed and
-a document this version cannot read is caught in one place (`read_plan`).
+The stored document is read back through the planner's own `Plan` model
+(`api.services.plan_documents.read_plan`), so every field is typed and a document this version cannot
+read is caught in one place.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from datetime import datetime
+from typing import Any
 
 from markupsafe import Markup
-from pydantic import ValidationError
 
 from api.dashboard import formatting as fmt
 from api.dashboard import svg
 from api.db.models import PlanRow
+from api.services import plan_compare
+from api.services.plan_compare import Scalar
 from planner.cost.memory import MEMORY_TERMS
 from planner.plan import Candidate, ParallelConfig, Plan, Prediction
 
@@ -34,20 +37,6 @@ TIMELINE_LEGEND = (
     ("exposed communication (compute waits)", svg.EXPOSED_COLOR),
 )
 LANE_COMPUTE, LANE_COMM = "compute", "communication"
-
-
-class UnreadablePlanError(ValueError):
-    """A stored document that this version's Plan model rejects (stored by another planner version)."""
-
-
-def read_plan(row: PlanRow) -> Plan:
-    try:
-        return Plan.model_validate(row.plan)
-    except ValidationError as exc:
-        raise UnreadablePlanError(
-            f"plan {row.id} was stored by planner {row.planner_version} in a format this version cannot "
-            f"show ({exc.error_count()} problem(s)); its raw JSON is still at /api/v1/plans/{row.id}"
-        ) from None
 
 
 @dataclass(frozen=True)
@@ -273,17 +262,6 @@ def candidate_rows(plan: Plan) -> list[CandidateRow]:
 
 # --- compare -------------------------------------------------------------------------------------------
 
-Better = Literal["higher", "lower"] | None
-
-
-@dataclass(frozen=True)
-class CompareField:
-    section: str
-    label: str
-    value: Callable[[PlanRow, Plan], str]
-    number: Callable[[Plan], float] | None = None
-    better: Better = None
-
 
 @dataclass(frozen=True)
 class CompareRow:
@@ -295,65 +273,47 @@ class CompareRow:
     """Columns holding the best value (numeric rows with a direction only, and only when they differ)."""
 
 
-def _memory_field(key: str, label: str) -> CompareField:
-    return CompareField("Memory per GPU", label,
-                        lambda _r, p: fmt.gib(getattr(p.prediction.memory_breakdown_gib, key)),
-                        lambda p: getattr(p.prediction.memory_breakdown_gib, key), "lower")
+_SHARDING_WORDS = {"full_shard": "full_shard (ZeRO-3)", "shard_grad_op": "shard_grad_op (ZeRO-2)",
+                   "hybrid_shard": "hybrid_shard (2-D mesh)", "no_shard": "no_shard (replicated, DDP-like)"}
+_CHECKPOINTING_WORDS = {"none": "none", "selective": "selective (every k-th block)",
+                        "op_selective": "op-level selective", "full": "full (every block)"}
 
 
-COMPARE_FIELDS: tuple[CompareField, ...] = (
-    CompareField("Inputs", "Name", lambda r, _p: r.name),
-    CompareField("Inputs", "Model", lambda _r, p: f"{p.model.name} ({fmt.count(p.model.num_params)})"),
-    CompareField("Inputs", "Cluster", lambda _r, p: cluster_label(p)),
-    CompareField("Inputs", "GPUs", lambda _r, p: str(p.cluster.world_size)),
-    CompareField("Inputs", "Sequence length", lambda _r, p: f"{p.training.seq_len:,}"),
-    CompareField("Inputs", "Global batch (tokens)", lambda _r, p: f"{p.training.global_batch_tokens:,}"),
-    CompareField("Inputs", "Precision / optimizer",
-                 lambda _r, p: f"{p.training.precision} / {p.training.optimizer}"),
-    CompareField("Inputs", "Calibration",
-                 lambda r, _p: f"profile {r.calibration_id}" if r.calibration_id else "none"),
-    CompareField("Configuration", "Sharding", lambda _r, p: sharding_label(p.config)),
-    CompareField("Configuration", "Blocks per unit", lambda _r, p: str(p.config.blocks_per_unit)),
-    CompareField("Configuration", "Buckets AG / RS (MB)",
-                 lambda _r, p: f"{p.config.all_gather_bucket_mb:g} / {p.config.reduce_scatter_bucket_mb:g}"),
-    CompareField("Configuration", "Reshard after forward",
-                 lambda _r, p: "yes" if p.config.reshard_after_forward else "no"),
-    CompareField("Configuration", "Prefetch depth", lambda _r, p: str(p.config.prefetch_depth)),
-    CompareField("Configuration", "Activation checkpointing", lambda _r, p: checkpointing_label(p.config)),
-    CompareField("Configuration", "Micro-batch × accumulation",
-                 lambda _r, p: f"{p.config.micro_batch_size} × {p.config.grad_accum_steps}"),
-    CompareField("Configuration", "Param / reduce dtype",
-                 lambda _r, p: f"{p.config.param_dtype} / {p.config.reduce_dtype}"),
-    CompareField("Configuration", "torch.compile", lambda _r, p: "on" if p.config.compile else "off"),
-    CompareField("Prediction", "Step time", lambda _r, p: fmt.seconds(p.prediction.step_time_s),
-                 lambda p: p.prediction.step_time_s, "lower"),
-    CompareField("Prediction", "Tokens/s per GPU",
-                 lambda _r, p: fmt.thousands(p.prediction.tokens_per_s_per_gpu),
-                 lambda p: p.prediction.tokens_per_s_per_gpu, "higher"),
-    CompareField("Prediction", "Tokens/s (cluster)", lambda _r, p: fmt.thousands(p.prediction.tokens_per_s),
-                 lambda p: p.prediction.tokens_per_s, "higher"),
-    CompareField("Prediction", "MFU", lambda _r, p: fmt.percent(p.prediction.mfu), lambda p: p.prediction.mfu,
-                 "higher"),
-    CompareField("Prediction", "Peak memory", lambda _r, p: fmt.gib(p.prediction.peak_memory_gib),
-                 lambda p: p.prediction.peak_memory_gib, "lower"),
-    CompareField("Prediction", "Exposed communication",
-                 lambda _r, p: fmt.seconds(p.prediction.exposed_comm_s),
-                 lambda p: p.prediction.exposed_comm_s, "lower"),
-    *(_memory_field(key, label) for key, label in MEMORY_PARTS.items()),
-    CompareField("Provenance", "Planner version", lambda r, _p: r.planner_version),
-    CompareField("Provenance", "Created", lambda r, _p: fmt.timestamp(r.created_at)),
-)
+def _yes_no(value: Scalar) -> str:
+    return "yes" if value else "no"
+
+
+def _number(value: Scalar) -> str:
+    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+
+
+# How the page writes each compared field's raw value (plan_compare.FIELDS decides what is compared).
+_COMPARE_DISPLAY: dict[str, Callable[[Any], str]] = {
+    "model.num_params": fmt.count,
+    "training.seq_len": _number,
+    "training.global_batch_tokens": _number,
+    "calibration_id": lambda v: f"profile {v}" if v else "none",
+    "config.sharding": lambda v: _SHARDING_WORDS.get(v, v),
+    "config.all_gather_bucket_mb": _number,
+    "config.reduce_scatter_bucket_mb": _number,
+    "config.reshard_after_forward": _yes_no,
+    "config.checkpointing.mode": lambda v: _CHECKPOINTING_WORDS.get(v, v),
+    "config.compile": lambda v: "on" if v else "off",
+    "prediction.step_time_s": fmt.seconds,
+    "prediction.tokens_per_s_per_gpu": fmt.thousands,
+    "prediction.tokens_per_s": fmt.thousands,
+    "prediction.mfu": fmt.percent,
+    "prediction.peak_memory_gib": fmt.gib,
+    "prediction.exposed_comm_s": fmt.seconds,
+    "created_at": lambda v: fmt.timestamp(datetime.fromisoformat(v)),
+    **{f"prediction.memory_breakdown_gib.{key}": fmt.gib for key in MEMORY_PARTS},
+}
 
 
 def compare_rows(plans: Sequence[tuple[PlanRow, Plan]]) -> list[CompareRow]:
-    rows = []
-    for f in COMPARE_FIELDS:
-        values = [f.value(row, plan) for row, plan in plans]
-        differs = len(set(values)) > 1
-        best: set[int] = set()
-        if differs and f.number is not None and f.better is not None:
-            numbers = [f.number(plan) for _, plan in plans]
-            target = max(numbers) if f.better == "higher" else min(numbers)
-            best = {i for i, n in enumerate(numbers) if n == target}
-        rows.append(CompareRow(f.section, f.label, values, differs, best))
-    return rows
+    """The compare table: plan_compare's comparison, its values written for a person."""
+    return [
+        CompareRow(c.field.section, c.field.label,
+                   [_COMPARE_DISPLAY.get(c.field.key, str)(v) for v in c.values], c.differs, set(c.best))
+        for c in plan_compare.compare(plans)
+    ]

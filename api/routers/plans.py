@@ -1,7 +1,8 @@
-"""/plans: create (dedup + idempotency), list (filters, sort, cursor), get, delete."""
+"""/plans: create (dedup + idempotency), list (filters, sort, cursor), compare, get, delete."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -9,10 +10,14 @@ from sqlalchemy import delete, select
 
 from api.db.models import PlanRow
 from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess
+from api.problems import FieldError, ProblemError
 from api.routers.responses import problems
 from api.schemas.plans import (
     MAX_NODES,
     NO_NUL,
+    ComparedPlan,
+    ComparisonRow,
+    PlanComparison,
     PlanCreate,
     PlanDetail,
     PlanId,
@@ -22,9 +27,10 @@ from api.schemas.plans import (
     ReplanCreate,
     SortOrder,
 )
-from api.services import plan_listing
+from api.services import plan_compare, plan_listing
 from api.services import plans as plan_service
 from api.services import replan as replan_service
+from api.services.plan_documents import UnreadablePlanError
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 
@@ -109,6 +115,67 @@ def list_plans(
     if next_cursor is not None:
         response.headers["Link"] = f'<{request.url.include_query_params(cursor=next_cursor)}>; rel="next"'
     return PlanPage(items=[PlanSummary.model_validate(row) for row in rows], next_cursor=next_cursor)
+
+
+# Declared before /{plan_id}, which would otherwise take "compare" for an id.
+@router.get(
+    "/compare",
+    response_model=PlanComparison,
+    dependencies=[ReadAccess],
+    responses=problems(401, 404, 409, 422),
+    summary="Compare stored plans side by side: inputs, configuration, predictions and what differs",
+)
+def compare_plans(
+    request: Request,
+    session: SessionDep,
+    ids: Annotated[str, Query(
+        max_length=200,
+        description=f"{plan_compare.MIN_COMPARED} to {plan_compare.MAX_COMPARED} plan ids, comma-separated "
+        "(the dashboard's /compare?ids=... takes the same)",
+        examples=["3,7"],
+        # Documented for clients; checked by plan_compare so that a bad value gets a message with the fix.
+        json_schema_extra={"pattern": plan_compare.IDS_PATTERN},
+    )],
+) -> PlanComparison:
+    # `ids=3&ids=7` works too, as on the dashboard: every value is read, not only the last.
+    values = request.query_params.getlist("ids") or [ids]
+    try:
+        for value in values:
+            if not re.fullmatch(plan_compare.IDS_PATTERN, value):
+                raise plan_compare.CompareIdsError(
+                    f"{value[:40]!r} is not a list of plan ids: send comma-separated positive whole "
+                    "numbers, e.g. ids=3,7"
+                )
+        parsed = plan_compare.parse_ids(values)
+        plan_compare.check_count(parsed)
+    except plan_compare.CompareIdsError as exc:
+        error = FieldError(location="query", field="ids", message=str(exc), type="value_error")
+        raise ProblemError(422, f"ids: {exc}", slug="invalid-request", title="Invalid request",
+                           errors=[error]) from None
+    try:
+        plans = plan_compare.load_plans(session, parsed)
+    except plan_compare.MissingPlansError as exc:
+        raise ProblemError(404, f"{exc}; list plans with GET /api/v1/plans", slug="plan-not-found",
+                           title="Plan not found", missing_ids=exc.missing) from None
+    except UnreadablePlanError as exc:
+        raise ProblemError(409, str(exc), slug="plan-unreadable", title="Plan unreadable") from None
+    rows = plan_compare.compare(plans)
+    return PlanComparison(
+        ids=parsed,
+        plans=[
+            ComparedPlan(id=row.id, name=row.name, created_at=row.created_at,
+                         training=plan.training.model_dump(mode="json"),
+                         config=plan.config.model_dump(mode="json"),
+                         prediction=plan.prediction.model_dump(mode="json"))
+            for row, plan in plans
+        ],
+        fields=[
+            ComparisonRow(field=c.field.key, section=c.field.section, label=c.field.label,
+                          values=c.values, differs=c.differs, best=c.best)
+            for c in rows
+        ],
+        differences=[c.field.key for c in rows if c.differs],
+    )
 
 
 @router.get(
