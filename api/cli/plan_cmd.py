@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.common import EXIT_INFEASIBLE, fail, read_json_file
+from api.cli.common import EXIT_INFEASIBLE, cpu_precision_note, fail, read_json_file
 from planner.calibration import CalibrationProfile
 from planner.catalog import resolve_model
 from planner.cost.memory import MEMORY_TERMS
@@ -45,7 +45,9 @@ def plan(
     global_batch_tokens: Annotated[
         int | None, typer.Option("--global-batch-tokens", help="Tokens per optimizer step (all GPUs).")
     ] = None,
-    precision: Annotated[str, typer.Option(help="bf16 (mixed, fp32 master) or fp32.")] = "bf16",
+    precision: Annotated[str, typer.Option(
+        help="bf16 (mixed, fp32 master) or fp32; CPU clusters train in fp32, so plan them with fp32."
+    )] = "bf16",
     calibration: Annotated[
         Path | None, typer.Option(help="CalibrationProfile JSON from `fsdp-planner calibrate`.")
     ] = None,
@@ -105,6 +107,8 @@ def plan(
         print_plan(result, Console())
         if output is not None:
             Console().print(f"\nPlan written to {output}")
+    if note := cpu_precision_note(result):
+        Console(stderr=True).print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
 
 
 def print_plan(p: Plan, console: Console) -> None:

@@ -26,7 +26,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.common import DEFAULT_SERVER, EXIT_FAILED, EXIT_OOM, ServerClient, fail, load_plan
+from api.cli.common import (
+    DEFAULT_SERVER,
+    EXIT_FAILED,
+    EXIT_OOM,
+    ServerClient,
+    cpu_precision_note,
+    fail,
+    load_plan,
+)
 from executor.launch.bundle import bundle_name, write_bundle
 from planner.formatting import duration
 from planner.plan import Plan
@@ -183,11 +191,8 @@ def validate(
         raise fail("--upload stores the run with its plan on the server: use --plan-id ID (not --plan FILE)")
     plan = load_plan(plan_file, plan_id, server, api_key)
     console = Console()
-    if plan.cluster.gpu == "cpu" and plan.training.precision == "bf16":
-        console.print(
-            "[yellow]note:[/] this plan assumes bf16 but CPU runs train in float32, so time and memory "
-            "differ from the prediction; plan CPU runs with --precision fp32"
-        )
+    if note := cpu_precision_note(plan):
+        console.print(f"[yellow]note:[/] {note}")
     trainer_args: tuple[str, ...] = ()
     if model_factory:
         trainer_args += ("--model-factory", model_factory)
