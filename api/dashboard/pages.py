@@ -152,6 +152,7 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
         "prediction": plan_views.prediction_rows(plan),
         "memory_chart": plan_views.memory_chart([(row.name, plan)]),
         "timeline_chart": plan_views.timeline_chart(plan) if plan.prediction.timeline else None,
+        "timeline_per_phase": plan_views.timeline_per_phase(plan),
         "tradeoff_chart": plan_views.tradeoff_chart(plan),
         "candidates": plan_views.candidate_rows(plan), "runs": runs,
         "launcher_targets": LAUNCHER_TARGETS,

@@ -20,7 +20,7 @@ from api.db.models import PlanRow
 from api.services import plan_compare
 from api.services.plan_compare import Scalar
 from planner.cost.memory import MEMORY_TERMS
-from planner.plan import Candidate, ParallelConfig, Plan, Prediction
+from planner.plan import Candidate, ParallelConfig, Plan, Prediction, TimelineSegment
 
 # Memory parts in the order they are stacked, with the words a person reads: the planner's own terms.
 MEMORY_PARTS = {name: term.label for name, term in MEMORY_TERMS.items()}
@@ -174,12 +174,85 @@ def _segment_color(stream: str, phase: str, label: str) -> str:
     return ALL_GATHER if "gather" in label else REDUCE
 
 
-def timeline_chart(plan: Plan) -> Markup:
-    """One micro-batch on the compute and communication streams; exposed waits marked on compute.
+# Beyond this many segments (a 70B or 405B model's hundreds of units) single spans are a pixel or two
+# wide and the chart turns into stripes: it is drawn per phase instead.
+TIMELINE_DETAIL_LIMIT = 200
+PHASES = ("forward", "backward", "optimizer")
 
-    The planner records a wait as a comm segment whose `exposed_s` is the time compute stood still, so it
-    is drawn where that idle time is: on the compute lane, in red. A transfer that is partly exposed is
-    drawn on the communication lane too.
+
+def _is_wait(seg: TimelineSegment) -> bool:
+    """A comm segment that is all waiting: compute stood still for its whole length."""
+    return seg.exposed_s > 0 and seg.exposed_s >= (seg.end_s - seg.start_s) * 0.999
+
+
+def timeline_per_phase(plan: Plan) -> bool:
+    return len(plan.prediction.timeline) > TIMELINE_DETAIL_LIMIT
+
+
+def timeline_chart(plan: Plan) -> Markup:
+    """One micro-batch on the compute and communication streams: every span for small plans, per
+    phase when there are too many to see (`timeline_per_phase`)."""
+    if timeline_per_phase(plan):
+        return _phase_timeline(plan)
+    return _detailed_timeline(plan)
+
+
+def _phase_timeline(plan: Plan) -> Markup:
+    """Per phase, where it starts: on the compute lane its compute then the time compute waited for
+    communication (red); on the communication lane its all-gathers then its reductions. Widths are
+    the summed durations, so the picture keeps how long each part takes, not where each unit ran."""
+    spans = []
+    for phase in PHASES:
+        segments = [seg for seg in plan.prediction.timeline if seg.phase == phase]
+        if not segments:
+            continue
+        start = min(seg.start_s for seg in segments)
+        compute = [seg for seg in segments if seg.stream == "compute"]
+        waits = sum(seg.exposed_s for seg in segments if seg.stream == "comm")
+        busy = sum(seg.end_s - seg.start_s for seg in compute)
+        cursor = start
+        if compute:
+            spans.append(svg.Span(
+                lane=LANE_COMPUTE, start=cursor, end=cursor + busy, label=f"{phase} {fmt.seconds(busy)}",
+                color=_segment_color("compute", phase, ""), css_class="phase",
+                tooltip=f"{phase} compute: {len(compute)} span(s), {fmt.seconds(busy)} in all",
+            ))
+            cursor += busy
+        if waits > 0:
+            spans.append(svg.Span(
+                lane=LANE_COMPUTE, start=cursor, end=cursor + waits, color=svg.EXPOSED_COLOR,
+                label=f"waits {fmt.seconds(waits)}", css_class="exposed phase",
+                tooltip=f"{phase}: compute waits {fmt.seconds(waits)} for communication (exposed)",
+            ))
+        transfers = [seg for seg in segments if seg.stream == "comm" and not _is_wait(seg)]
+        cursor = min((seg.start_s for seg in transfers), default=start)
+        gathers = [seg for seg in transfers if "gather" in seg.label]
+        reductions = [seg for seg in transfers if "gather" not in seg.label]
+        for group, word, short in ((gathers, "all-gather", "all-gather"),
+                                   (reductions, "reduce-scatter / all-reduce", "reduce")):
+            if not group:
+                continue
+            busy = sum(seg.end_s - seg.start_s for seg in group)
+            exposed = sum(seg.exposed_s for seg in group)
+            spans.append(svg.Span(
+                lane=LANE_COMM, start=cursor, end=cursor + busy, label=f"{short} {fmt.seconds(busy)}",
+                color=_segment_color("comm", phase, word), css_class="phase",
+                tooltip=f"{phase} {word}: {len(group)} transfer(s), {fmt.seconds(busy)} on the links"
+                        + (f", {fmt.seconds(exposed)} of it exposed" if exposed else ""),
+            ))
+            cursor += busy
+    present = {s.color for s in spans}
+    return svg.timeline(
+        chart_id="timeline-chart", title="Step timeline of one micro-batch, per phase",
+        lanes=(LANE_COMPUTE, LANE_COMM), spans=spans,
+        legend=[(name, color) for name, color in TIMELINE_LEGEND if color in present],
+    )
+
+
+def _detailed_timeline(plan: Plan) -> Markup:
+    """Every span. The planner records a wait as a comm segment whose `exposed_s` is the time compute
+    stood still, so it is drawn where that idle time is: on the compute lane, in red. A transfer that
+    is partly exposed is drawn on the communication lane too.
     """
     spans = []
     for seg in plan.prediction.timeline:
@@ -191,7 +264,7 @@ def timeline_chart(plan: Plan) -> Markup:
                 lane=LANE_COMPUTE, start=seg.end_s - seg.exposed_s, end=seg.end_s, color=svg.EXPOSED_COLOR,
                 tooltip=f"{tooltip}; compute waits {fmt.seconds(seg.exposed_s)}", css_class="exposed",
             ))
-            if seg.exposed_s >= duration * 0.999:
+            if _is_wait(seg):
                 continue
         lane = LANE_COMPUTE if seg.stream == "compute" else LANE_COMM
         spans.append(svg.Span(lane=lane, start=seg.start_s, end=seg.end_s, tooltip=tooltip,

@@ -304,3 +304,21 @@ def test_api_docs_render_without_internet(live_server: LiveServer, page: Browser
     p.wait_for_selector(".opblock.is-open .parameters, .opblock.is-open .opblock-description-wrapper")
     page.screenshot("api-docs")
     assert refused == [], f"/docs asked other hosts for {refused}"
+
+
+def test_a_405b_timeline_is_readable(live_server: LiveServer, page: BrowserPage) -> None:
+    """Hundreds of units are drawn per phase: a few blocks, each wide enough to see and hover."""
+    created = httpx.post(f"{live_server.url}/api/v1/plans", timeout=60, json={
+        "model": "llama3.1-405b", "cluster": "128x8xH100", "name": "405B timeline",
+        "training": {"seq_len": 2048, "global_batch_tokens": 2048 * 2048},
+    })
+    assert created.status_code == 201, created.text
+    p = page.page
+    p.goto(f"{live_server.url}/plans/{created.json()['id']}")
+    blocks = p.locator('figure[data-chart="timeline"] svg rect.mark')
+    assert 4 <= blocks.count() <= 12
+    widths = [box["width"] for box in (blocks.nth(i).bounding_box() for i in range(blocks.count())) if box]
+    assert min(widths) >= 4, widths  # on screen: no one-pixel stripes
+    assert p.locator('figure[data-chart="timeline"] text.span-label', has_text="backward").count() == 1
+    p.locator('figure[data-chart="timeline"]').scroll_into_view_if_needed()
+    page.screenshot("plan-405b-timeline")
