@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -122,7 +121,7 @@ def list_plans(
     "/compare",
     response_model=PlanComparison,
     dependencies=[ReadAccess],
-    responses=problems(401, 404, 409, 422),
+    responses=problems(401, 404, 422),
     summary="Compare stored plans side by side: inputs, configuration, predictions and what differs",
 )
 def compare_plans(
@@ -138,27 +137,16 @@ def compare_plans(
     )],
 ) -> PlanComparison:
     # `ids=3&ids=7` works too, as on the dashboard: every value is read, not only the last.
-    values = request.query_params.getlist("ids") or [ids]
     try:
-        for value in values:
-            if not re.fullmatch(plan_compare.IDS_PATTERN, value):
-                raise plan_compare.CompareIdsError(
-                    f"{value[:40]!r} is not a list of plan ids: send comma-separated positive whole "
-                    "numbers, e.g. ids=3,7"
-                )
-        parsed = plan_compare.parse_ids(values)
-        plan_compare.check_count(parsed)
-    except plan_compare.CompareIdsError as exc:
+        parsed = plan_compare.parse_query_ids(request.query_params.getlist("ids") or [ids])
+        plans = plan_compare.load_plans(session, parsed)
+    except (plan_compare.CompareIdsError, UnreadablePlanError) as exc:
         error = FieldError(location="query", field="ids", message=str(exc), type="value_error")
         raise ProblemError(422, f"ids: {exc}", slug="invalid-request", title="Invalid request",
                            errors=[error]) from None
-    try:
-        plans = plan_compare.load_plans(session, parsed)
     except plan_compare.MissingPlansError as exc:
         raise ProblemError(404, f"{exc}; list plans with GET /api/v1/plans", slug="plan-not-found",
                            title="Plan not found", missing_ids=exc.missing) from None
-    except UnreadablePlanError as exc:
-        raise ProblemError(409, str(exc), slug="plan-unreadable", title="Plan unreadable") from None
     rows = plan_compare.compare(plans)
     return PlanComparison(
         ids=parsed,

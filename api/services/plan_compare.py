@@ -7,6 +7,7 @@ only formats them for reading.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -49,6 +50,21 @@ def parse_ids(values: Iterable[str]) -> list[int]:
                 )
             if int(part) not in ids:
                 ids.append(int(part))
+    return ids
+
+
+def parse_query_ids(values: Iterable[str]) -> list[int]:
+    """The API's reading: each value must match IDS_PATTERN (what its OpenAPI schema says), then the
+    ids are parsed and counted as on the dashboard."""
+    values = list(values)
+    for value in values:
+        if not re.fullmatch(IDS_PATTERN, value):
+            raise CompareIdsError(
+                f"{value[:40]!r} is not a list of plan ids: send comma-separated positive whole numbers, "
+                "e.g. ids=3,7"
+            )
+    ids = parse_ids(values)
+    check_count(ids)
     return ids
 
 

@@ -9,7 +9,10 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import update
+from sqlalchemy.orm import Session
 
+from api.db.models import PlanRow
 from tests.api.conftest import assert_problem, cheap_plan
 
 pytestmark = pytest.mark.anyio
@@ -99,6 +102,18 @@ async def test_bad_ids_get_a_422_naming_the_field_and_the_fix(
     body = assert_problem(await client.get(f"/api/v1/plans/compare?{query}"), 422, "invalid-request")
     assert says in body["detail"] and "e.g. ids=3,7" in body["detail"]
     assert [(e["location"], e["field"]) for e in body["errors"]] == [("query", "ids")]
+
+
+async def test_a_plan_this_version_cannot_read_is_a_422_not_a_500(
+    client: httpx.AsyncClient, session: Session
+) -> None:
+    two, four = await _two_plans(client)
+    session.execute(update(PlanRow).where(PlanRow.id == four).values(plan={"schema_version": "1.0"}))
+    session.commit()
+    body = assert_problem(await client.get(f"/api/v1/plans/compare?ids={two},{four}"), 422, "invalid-request")
+    assert f"plan {four} was stored by planner" in body["detail"]
+    assert f"/api/v1/plans/{four}" in body["detail"]  # where its raw JSON still is
+    assert body["errors"][0]["field"] == "ids"
 
 
 async def test_missing_ids_parameter_names_it(client: httpx.AsyncClient) -> None:
