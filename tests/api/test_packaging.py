@@ -3,6 +3,7 @@ every file the service reads at run time (templates, static assets, migrations) 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -12,8 +13,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_wheel_builds_without_warnings_and_carries_the_service_files(tmp_path: Path) -> None:
+    # Built from a copy: pip builds in the source tree and would leave build/ and *.egg-info behind.
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "data", "test-artifacts", "*.egg-info", "__pycache__", ".*_cache",
+        ".hypothesis",
+    ))
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w", str(tmp_path),
+         str(source)],
         capture_output=True, text=True, timeout=300, check=False,
     )
     output = result.stdout + result.stderr
