@@ -378,7 +378,8 @@ _COMPARE_DISPLAY: dict[str, Callable[[Any], str]] = {
     "prediction.mfu": fmt.percent,
     "prediction.peak_memory_gib": fmt.gib,
     "prediction.exposed_comm_s": fmt.seconds,
-    "created_at": lambda v: fmt.timestamp(datetime.fromisoformat(v)),
+    # To the second: two plans made in the same minute differ here, and the row must show how.
+    "created_at": lambda v: f"{datetime.fromisoformat(v):%Y-%m-%d %H:%M:%S} UTC",
     **{f"prediction.memory_breakdown_gib.{key}": fmt.gib for key in MEMORY_PARTS},
 }
 
@@ -386,7 +387,13 @@ _COMPARE_DISPLAY: dict[str, Callable[[Any], str]] = {
 def compare_rows(plans: Sequence[tuple[PlanRow, Plan]]) -> list[CompareRow]:
     """The compare table: plan_compare's comparison, its values written for a person."""
     return [
-        CompareRow(c.field.section, c.field.label,
-                   [_COMPARE_DISPLAY.get(c.field.key, str)(v) for v in c.values], c.differs, set(c.best))
+        CompareRow(c.field.section, c.field.label, [_compare_value(c.field.key, v) for v in c.values],
+                   c.differs, set(c.best))
         for c in plan_compare.compare(plans)
     ]
+
+
+def _compare_value(key: str, value: Scalar) -> str:
+    if value is None and key != "calibration_id":
+        return "–"  # not applicable to this plan
+    return _COMPARE_DISPLAY.get(key, str)(value)

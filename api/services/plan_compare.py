@@ -149,8 +149,10 @@ FIELDS: tuple[ComparedField, ...] = (
                   lambda _r, p: p.config.prefetch_depth),
     ComparedField("config.checkpointing.mode", "Configuration", "Activation checkpointing",
                   lambda _r, p: p.config.checkpointing.mode),
+    # Only selective checkpointing reads every_k; elsewhere it is not applicable (null), not "1".
     ComparedField("config.checkpointing.every_k", "Configuration", "Checkpoint every k-th block",
-                  lambda _r, p: p.config.checkpointing.every_k),
+                  lambda _r, p: p.config.checkpointing.every_k if p.config.checkpointing.mode == "selective"
+                  else None),
     ComparedField("config.micro_batch_size", "Configuration", "Micro-batch (sequences)",
                   lambda _r, p: p.config.micro_batch_size),
     ComparedField("config.grad_accum_steps", "Configuration", "Accumulation steps",
