@@ -174,7 +174,8 @@ FIELDS: tuple[ComparedField, ...] = (
                   lambda _r, p: p.prediction.exposed_comm_s, "lower"),
     *(_memory(key, term.label) for key, term in MEMORY_TERMS.items()),
     ComparedField("planner_version", "Provenance", "Planner version", lambda r, _p: r.planner_version),
-    ComparedField("created_at", "Provenance", "Created", lambda r, _p: r.created_at.isoformat()),
+    ComparedField("created_at", "Provenance", "Created",
+                  lambda r, _p: r.created_at.isoformat(timespec="seconds")),
 )
 
 
