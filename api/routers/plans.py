@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from sqlalchemy import delete, select
+from starlette.convertors import Convertor, register_url_convertor
 
 from api.db.models import PlanRow
 from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess
@@ -32,6 +33,22 @@ from api.services import replan as replan_service
 from api.services.plan_documents import UnreadablePlanError
 
 router = APIRouter(prefix="/plans", tags=["plans"])
+
+
+class _PlanIdSegment(Convertor[str]):
+    """`/plans/{plan_id}`'s segment: anything but `compare` (then the int check names a bad id), so that
+    /plans/compare is never taken for a plan: not for GET, and not by OPTIONS/405 `Allow` for DELETE."""
+
+    regex = "(?!compare$)[^/]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return str(value)
+
+
+register_url_convertor("plan_id", _PlanIdSegment())
 
 IdempotencyKey = Annotated[
     str | None,
@@ -116,7 +133,6 @@ def list_plans(
     return PlanPage(items=[PlanSummary.model_validate(row) for row in rows], next_cursor=next_cursor)
 
 
-# Declared before /{plan_id}, which would otherwise take "compare" for an id.
 @router.get(
     "/compare",
     response_model=PlanComparison,
@@ -167,7 +183,7 @@ def compare_plans(
 
 
 @router.get(
-    "/{plan_id}",
+    "/{plan_id:plan_id}",
     response_model=PlanDetail,
     dependencies=[ReadAccess],
     responses=problems(401, 404, 422),
@@ -181,7 +197,7 @@ def get_plan(plan_id: PlanId, session: SessionDep) -> PlanDetail:
 
 
 @router.delete(
-    "/{plan_id}",
+    "/{plan_id:plan_id}",
     status_code=204,
     dependencies=[WriteAccess],
     responses=problems(401, 404, 422),

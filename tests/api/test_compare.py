@@ -125,3 +125,10 @@ async def test_compare_is_documented_and_not_taken_for_a_plan_id(client: httpx.A
     schema = (await client.get("/openapi.json")).json()
     parameters = schema["paths"]["/api/v1/plans/compare"]["get"]["parameters"]
     assert parameters[0]["name"] == "ids" and parameters[0]["schema"]["pattern"]
+    # Not a plan id for any method: DELETE is refused with what the path serves ...
+    refused = assert_problem(await client.delete("/api/v1/plans/compare"), 405)
+    assert refused["detail"] == "DELETE is not allowed on /api/v1/plans/compare"
+    assert (await client.options("/api/v1/plans/compare")).headers["allow"] == "GET, OPTIONS"
+    # ... while a word where a plan id belongs is still a 422 naming plan_id.
+    wrong = assert_problem(await client.get("/api/v1/plans/comparison"), 422, "invalid-request")
+    assert wrong["errors"][0]["field"] == "plan_id"
