@@ -214,6 +214,7 @@ def _phase_timeline(plan: Plan) -> Markup:
         if compute:
             spans.append(svg.Span(
                 lane=LANE_COMPUTE, start=cursor, end=cursor + busy, label=f"{phase} {fmt.seconds(busy)}",
+                short_label=fmt.seconds(busy),
                 color=_segment_color("compute", phase, ""), css_class="phase",
                 tooltip=f"{phase} compute: {len(compute)} span(s), {fmt.seconds(busy)} in all",
             ))
@@ -221,7 +222,8 @@ def _phase_timeline(plan: Plan) -> Markup:
         if waits > 0:
             spans.append(svg.Span(
                 lane=LANE_COMPUTE, start=cursor, end=cursor + waits, color=svg.EXPOSED_COLOR,
-                label=f"waits {fmt.seconds(waits)}", css_class="exposed phase",
+                label=f"waits {fmt.seconds(waits)}", short_label=fmt.seconds(waits),
+                css_class="exposed phase",
                 tooltip=f"{phase}: compute waits {fmt.seconds(waits)} for communication (exposed)",
             ))
         transfers = [seg for seg in segments if seg.stream == "comm" and not _is_wait(seg)]
@@ -236,6 +238,7 @@ def _phase_timeline(plan: Plan) -> Markup:
             exposed = sum(seg.exposed_s for seg in group)
             spans.append(svg.Span(
                 lane=LANE_COMM, start=cursor, end=cursor + busy, label=f"{short} {fmt.seconds(busy)}",
+                short_label=fmt.seconds(busy),
                 color=_segment_color("comm", phase, word), css_class="phase",
                 tooltip=f"{phase} {word}: {len(group)} transfer(s), {fmt.seconds(busy)} on the links"
                         + (f", {fmt.seconds(exposed)} of it exposed" if exposed else ""),

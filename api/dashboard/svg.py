@@ -404,6 +404,8 @@ class Span:
     css_class: str = ""
     label: str = ""
     """Written inside the span when it is wide enough (aggregated timelines name their phases)."""
+    short_label: str = ""
+    """Written instead when `label` does not fit (e.g. only the duration)."""
 
 
 def timeline(
@@ -432,8 +434,10 @@ def timeline(
                 width=width, height=26, fill=span.color,
                 class_=f"mark {span.css_class}".strip(),
             ))
-            if span.label and width >= FONT * 0.62 * len(span.label) + 8:
-                frame.parts.append(_text(scale(span.start) + 4, y + 17, span.label,
+            label = next((text for text in (span.label, span.short_label)
+                          if text and width >= FONT * 0.62 * len(text) + 8), None)
+            if label:
+                frame.parts.append(_text(scale(span.start) + 4, y + 17, label,
                                          fill=_ink_on(span.color), class_="span-label"))
     frame.parts.extend(_legend(legend, frame.y0 + LEGEND_OFFSET))
     return _svg(chart_id, title, frame.height, frame.parts)
