@@ -14,6 +14,7 @@ from fastapi.openapi.utils import get_openapi
 from api.dashboard import install as install_dashboard
 from api.db import migrate
 from api.db.session import create_db_engine, create_session_factory
+from api.docs import install as install_docs
 from api.middleware import AllowedMethodsMiddleware, BodySizeLimitMiddleware
 from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
 from api.routers import api_router, health
@@ -53,6 +54,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # api.docs serves /docs from local assets (no CDN)
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.engine = engine
@@ -66,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api_router, prefix=API_PREFIX)
     # Probes conventionally hit the root paths; same handlers, documented once under /api/v1.
     app.include_router(health.router, include_in_schema=False)
+    install_docs(app)  # /docs with Swagger UI from /static/swagger-ui: before the dashboard's /static
     install_dashboard(app)  # server-rendered pages at /, static files at /static
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

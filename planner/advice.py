@@ -21,6 +21,7 @@ from planner.cost.memory import MemoryEstimate, memory_limit_gib
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice, Setting
 from planner.errors import InfeasiblePlanError, PlanningError
+from planner.formatting import duration
 from planner.plan import PlanWarning
 from planner.search import enumerate_choices, to_parallel_config
 from planner.specs import PlanRequest
@@ -511,7 +512,7 @@ def plan_warnings(
                 code="communication_bound",
                 message=(
                     f"communication-bound: {exposed / step:.0%} of the step is exposed communication "
-                    f"({_seconds(exposed)} of {_seconds(step)}; MFU {mfu:.1%}): every micro-batch "
+                    f"({duration(exposed)} of {duration(step)}; MFU {mfu:.1%}): every micro-batch "
                     f"moves the whole model's parameters and gradients while each GPU computes only "
                     f"{micro_batch} x {seq_len} tokens, and more data-parallel GPUs do not change that. "
                     "Tensor parallelism inside nodes would cut it (this planner plans FSDP data "
@@ -520,8 +521,4 @@ def plan_warnings(
             )
         )
     return tuple(out)
-
-
-def _seconds(s: float) -> str:
-    return f"{s * 1e3:.0f} ms" if s < 1 else f"{s:.1f} s"
 

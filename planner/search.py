@@ -21,6 +21,7 @@ from planner.cost.model_costs import model_costs
 from planner.cost.parameters import GIB, CostParameters, default_parameters
 from planner.cost.setting import Choice, Setting
 from planner.errors import InfeasiblePlanError, PlanningError
+from planner.formatting import duration
 from planner.hashing import plan_hash
 from planner.plan import (
     Candidate,
@@ -549,9 +550,9 @@ def _slower_reason(loser: Evaluated, best: Evaluated) -> str:
         if not c.compile and best.choice.compile:
             why.append("unfused eager kernels")
         detail = " and ".join(why) or "smaller, less efficient kernels"
-        return f"{slower} slower: {detail}, compute {lt.compute_s * 1e3:.0f} ms/step"
+        return f"{slower} slower: {detail}, compute {duration(lt.compute_s)}/step"
     exposed = lt.exposed_all_gather_s if cause == "exposed all-gather" else lt.exposed_reduce_s
-    return f"{slower} slower: {cause} {exposed * 1e3:.0f} ms/step"
+    return f"{slower} slower: {cause} {duration(exposed)}/step"
 
 
 def _infeasible(

@@ -10,11 +10,12 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.common import EXIT_INFEASIBLE, fail, read_json_file
+from api.cli.common import EXIT_INFEASIBLE, cpu_precision_note, fail, read_json_file
 from planner.calibration import CalibrationProfile
 from planner.catalog import resolve_model
 from planner.cost.memory import MEMORY_TERMS
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
+from planner.formatting import duration
 from planner.plan import Plan
 from planner.search import make_plan
 from planner.specs import ClusterSpec, PlanRequest
@@ -44,7 +45,9 @@ def plan(
     global_batch_tokens: Annotated[
         int | None, typer.Option("--global-batch-tokens", help="Tokens per optimizer step (all GPUs).")
     ] = None,
-    precision: Annotated[str, typer.Option(help="bf16 (mixed, fp32 master) or fp32.")] = "bf16",
+    precision: Annotated[str, typer.Option(
+        help="bf16 (mixed, fp32 master) or fp32; CPU clusters train in fp32, so plan them with fp32."
+    )] = "bf16",
     calibration: Annotated[
         Path | None, typer.Option(help="CalibrationProfile JSON from `fsdp-planner calibrate`.")
     ] = None,
@@ -104,6 +107,8 @@ def plan(
         print_plan(result, Console())
         if output is not None:
             Console().print(f"\nPlan written to {output}")
+    if note := cpu_precision_note(result):
+        Console(stderr=True).print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
 
 
 def print_plan(p: Plan, console: Console) -> None:
@@ -118,11 +123,11 @@ def print_plan(p: Plan, console: Console) -> None:
     )
     console.print(f"Chosen: [bold green]{p.config.label()}[/]")
     summary = Table(show_header=False, box=None, pad_edge=False)
-    summary.add_row("step time", f"{pred.step_time_s:.3f} s")
+    summary.add_row("step time", duration(pred.step_time_s))
     summary.add_row("tokens/s/GPU", f"{pred.tokens_per_s_per_gpu:,.0f}")
     summary.add_row("MFU", f"{pred.mfu:.1%}")
     summary.add_row("peak memory", _peak_line(p))
-    summary.add_row("exposed comm", f"{pred.exposed_comm_s * 1e3:.1f} ms/step of {pred.comm_s * 1e3:.1f} ms")
+    summary.add_row("exposed comm", f"{duration(pred.exposed_comm_s)}/step of {duration(pred.comm_s)}")
     console.print(summary)
     for warning in p.warnings:
         # Markup off: the message is the planner's text, with brackets of its own.
@@ -141,12 +146,12 @@ def print_plan(p: Plan, console: Console) -> None:
         console.print(f"memory margin {pred.memory_margin:.0%}: {pred.memory_margin_reason}")
 
     alternatives = Table(title="Alternatives", title_justify="left")
-    for column in ("configuration", "tokens/s/GPU", "vs chosen", "MFU", "peak GiB", "exposed ms"):
+    for column in ("configuration", "tokens/s/GPU", "vs chosen", "MFU", "peak GiB", "exposed comm"):
         alternatives.add_column(column, justify="left" if column == "configuration" else "right")
     for a in p.alternatives:
         alternatives.add_row(
             a.label, f"{a.tokens_per_s_per_gpu:,.0f}", f"{a.relative_throughput:.1%}", f"{a.mfu:.1%}",
-            f"{a.peak_memory_gib:.1f}", f"{a.exposed_comm_s * 1e3:.1f}",
+            f"{a.peak_memory_gib:.1f}", duration(a.exposed_comm_s),
         )
     console.print(alternatives)
 

@@ -1,4 +1,4 @@
-"""/plans: create (dedup + idempotency), list (filters, sort, cursor), get, delete."""
+"""/plans: create (dedup + idempotency), list (filters, sort, cursor), compare, get, delete."""
 
 from __future__ import annotations
 
@@ -6,13 +6,18 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from sqlalchemy import delete, select
+from starlette.convertors import Convertor, register_url_convertor
 
 from api.db.models import PlanRow
 from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess
+from api.problems import FieldError, ProblemError
 from api.routers.responses import problems
 from api.schemas.plans import (
     MAX_NODES,
     NO_NUL,
+    ComparedPlan,
+    ComparisonRow,
+    PlanComparison,
     PlanCreate,
     PlanDetail,
     PlanId,
@@ -22,11 +27,28 @@ from api.schemas.plans import (
     ReplanCreate,
     SortOrder,
 )
-from api.services import plan_listing
+from api.services import plan_compare, plan_listing
 from api.services import plans as plan_service
 from api.services import replan as replan_service
+from api.services.plan_documents import UnreadablePlanError
 
 router = APIRouter(prefix="/plans", tags=["plans"])
+
+
+class _PlanIdSegment(Convertor[str]):
+    """`/plans/{plan_id}`'s segment: anything but `compare` (then the int check names a bad id), so that
+    /plans/compare is never taken for a plan: not for GET, and not by OPTIONS/405 `Allow` for DELETE."""
+
+    regex = "(?!compare$)[^/]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return str(value)
+
+
+register_url_convertor("plan_id", _PlanIdSegment())
 
 IdempotencyKey = Annotated[
     str | None,
@@ -112,7 +134,56 @@ def list_plans(
 
 
 @router.get(
-    "/{plan_id}",
+    "/compare",
+    response_model=PlanComparison,
+    dependencies=[ReadAccess],
+    responses=problems(401, 404, 422),
+    summary="Compare stored plans side by side: inputs, configuration, predictions and what differs",
+)
+def compare_plans(
+    request: Request,
+    session: SessionDep,
+    ids: Annotated[str, Query(
+        max_length=200,
+        description=f"{plan_compare.MIN_COMPARED} to {plan_compare.MAX_COMPARED} plan ids, comma-separated "
+        "(the dashboard's /compare?ids=... takes the same)",
+        examples=["3,7"],
+        # Documented for clients; checked by plan_compare so that a bad value gets a message with the fix.
+        json_schema_extra={"pattern": plan_compare.IDS_PATTERN},
+    )],
+) -> PlanComparison:
+    # `ids=3&ids=7` works too, as on the dashboard: every value is read, not only the last.
+    try:
+        parsed = plan_compare.parse_query_ids(request.query_params.getlist("ids") or [ids])
+        plans = plan_compare.load_plans(session, parsed)
+    except (plan_compare.CompareIdsError, UnreadablePlanError) as exc:
+        error = FieldError(location="query", field="ids", message=str(exc), type="value_error")
+        raise ProblemError(422, f"ids: {exc}", slug="invalid-request", title="Invalid request",
+                           errors=[error]) from None
+    except plan_compare.MissingPlansError as exc:
+        raise ProblemError(404, f"{exc}; list plans with GET /api/v1/plans", slug="plan-not-found",
+                           title="Plan not found", missing_ids=exc.missing) from None
+    rows = plan_compare.compare(plans)
+    return PlanComparison(
+        ids=parsed,
+        plans=[
+            ComparedPlan(id=row.id, name=row.name, created_at=row.created_at,
+                         training=plan.training.model_dump(mode="json"),
+                         config=plan.config.model_dump(mode="json"),
+                         prediction=plan.prediction.model_dump(mode="json"))
+            for row, plan in plans
+        ],
+        fields=[
+            ComparisonRow(field=c.field.key, section=c.field.section, label=c.field.label,
+                          values=c.values, differs=c.differs, best=c.best)
+            for c in rows
+        ],
+        differences=[c.field.key for c in rows if c.differs],
+    )
+
+
+@router.get(
+    "/{plan_id:plan_id}",
     response_model=PlanDetail,
     dependencies=[ReadAccess],
     responses=problems(401, 404, 422),
@@ -126,7 +197,7 @@ def get_plan(plan_id: PlanId, session: SessionDep) -> PlanDetail:
 
 
 @router.delete(
-    "/{plan_id}",
+    "/{plan_id:plan_id}",
     status_code=204,
     dependencies=[WriteAccess],
     responses=problems(401, 404, 422),
