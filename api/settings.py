@@ -32,7 +32,12 @@ class Settings(BaseSettings):
     max_body_bytes: Annotated[int, Field(ge=1024)] = 5 * 1024 * 1024
     """Request bodies larger than this are refused with 413."""
     max_model_layers: Annotated[int, Field(ge=1)] = 1024
-    """Largest block count (or traced layer-graph units) planned; search time grows with it."""
+    """Largest block count (or traced layer-graph units) planned; search time grows with the
+    distinct ones (identical blocks are priced once)."""
+    search_deadline_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    """Longest one plan's search may run; past it the request is refused (422 search-deadline-exceeded)."""
+    search_workers: Annotated[int | None, Field(ge=1)] = None
+    """Processes that run plan searches, per web process; None: one per available core."""
     require_key_for_reads: bool = False
     """Once API keys exist, also require one for GET requests (writes always need one then)."""
     migrate_on_startup: bool = True

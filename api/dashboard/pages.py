@@ -116,7 +116,8 @@ def _create_plan(
     if body is not None and not form.errors:
         try:
             outcome = plan_service.create_plan(
-                session, body, locks=request.app.state.plan_locks, max_model_layers=max_model_layers
+                session, body, locks=request.app.state.plan_locks, search_pool=request.app.state.search_pool,
+                max_model_layers=max_model_layers,
             )
         except ProblemError as problem:
             plan_form.add_problem(form, problem)

@@ -56,7 +56,7 @@ def _text_query(max_length: int, description: str) -> Query:
     dependencies=[WriteAccess],
     responses={
         200: {"model": PlanDetail, "description": "Identical inputs were planned before: the stored plan"},
-        **problems(401, 415, 422),
+        **problems(401, 415, 422, 503),
     },
     summary="Plan a model on a cluster and store the plan",
 )
@@ -69,7 +69,8 @@ def create_plan(
     idempotency_key: IdempotencyKey = None,
 ) -> PlanDetail:
     outcome = plan_service.create_plan(
-        session, body, locks=request.app.state.plan_locks, max_model_layers=settings.max_model_layers,
+        session, body, locks=request.app.state.plan_locks, search_pool=request.app.state.search_pool,
+        max_model_layers=settings.max_model_layers,
         idempotency_key=idempotency_key, idempotency_ttl_s=settings.idempotency_ttl_s,
     )
     response.status_code = outcome.status_code

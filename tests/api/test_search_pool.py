@@ -1,0 +1,101 @@
+"""Bounded searches: they run in the app's process pool, stop at the configured deadline with a
+problem that stores nothing, and never hold up reads or small plans."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from api.db.models import IdempotencyKeyRow, PlanRow
+from api.services import search_pool
+from api.settings import Settings
+from tests.api.conftest import assert_problem, cheap_plan
+
+pytestmark = pytest.mark.anyio
+
+PLANS = "/api/v1/plans"
+DEADLINE_S = 2.0
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    # Two search processes (one per core of the CI machine) and a short deadline.
+    return Settings(
+        database_url=database_url, migrate_on_startup=False, search_deadline_s=DEADLINE_S, search_workers=2
+    )
+
+
+def distinct_graph(units: int = 1024) -> dict[str, Any]:
+    """A traced model of `units` modules, no two alike: nothing repeats, so pricing it takes tens of
+    seconds of CPU, far past the deadline."""
+    return {
+        "name": "all-different",
+        "architecture": "layer_graph",
+        "layer_graph": [
+            {"name": f"layers.{i}", "num_params": 1_000_000 + i, "fwd_flops_per_token": 4e7,
+             "activation_bytes_per_token": 4096}
+            for i in range(units)
+        ],
+    }
+
+
+LARGE = cheap_plan(model=distinct_graph(), cluster="1x8xH100",
+                   training={"seq_len": 2048, "global_batch_tokens": 2048 * 32})
+
+
+def count(session: Session, table: type) -> int:
+    session.expire_all()
+    return session.scalar(select(func.count()).select_from(table)) or 0
+
+
+async def test_a_search_past_the_deadline_is_refused_and_stores_nothing(
+    client: httpx.AsyncClient, session: Session
+) -> None:
+    response = await client.post(PLANS, json=LARGE, headers={"Idempotency-Key": "big-one"})
+    problem = assert_problem(response, 422, "search-deadline-exceeded")
+    assert problem["time_limit_s"] == DEADLINE_S
+    assert f"stopped after {DEADLINE_S:g} s, the limit per plan" in problem["detail"]
+    assert "merge the 1024 layer-graph units into fewer, larger blocks" in problem["detail"]
+    assert problem["errors"][0]["field"] == "search"
+    assert count(session, PlanRow) == 0 and count(session, IdempotencyKeyRow) == 0
+
+
+async def test_reads_and_a_small_plan_answer_while_a_large_search_runs(client: httpx.AsyncClient) -> None:
+    stored = await client.post(PLANS, json=cheap_plan())
+    assert stored.status_code == 201, stored.text
+    finished: list[str] = []
+
+    async def timed(name: str, request: Any) -> httpx.Response:
+        response = await request
+        finished.append(name)
+        return response
+
+    large = asyncio.ensure_future(timed("large", client.post(PLANS, json=LARGE)))
+    await asyncio.sleep(0.2)  # the large search is under way in one of the two search processes
+    small_body = cheap_plan(training={"seq_len": 128, "global_batch_tokens": 128 * 4})
+    small, read, health = await asyncio.gather(
+        timed("small", client.post(PLANS, json=small_body)),
+        timed("read", client.get(f"{PLANS}/{stored.json()['id']}")),
+        timed("health", client.get("/healthz")),
+    )
+    assert (small.status_code, read.status_code, health.status_code) == (201, 200, 200)
+    assert (await large).status_code == 422  # it ran into the deadline
+    assert finished[-1] == "large", finished
+
+
+async def test_the_search_runs_in_a_worker_process(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def in_the_request_process(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the plan was searched in the web process")
+
+    # The workers forked from a server that imported the planner before this patch existed.
+    monkeypatch.setattr(search_pool, "make_plan", in_the_request_process)
+    response = await client.post(PLANS, json=cheap_plan())
+    assert response.status_code == 201, response.text
+    assert response.json()["plan"]["config"]["sharding"]
