@@ -35,7 +35,8 @@ class Settings(BaseSettings):
     """Largest block count (or traced layer-graph units) planned; search time grows with the
     distinct ones (identical blocks are priced once)."""
     search_deadline_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
-    """Longest one plan's search may run; past it the request is refused (422 search-deadline-exceeded)."""
+    """CPU seconds one plan's search may take; past them the request is refused (422
+    search-deadline-exceeded). CPU time, so that whether a request fits does not depend on the load."""
     search_workers: Annotated[int | None, Field(ge=1)] = None
     """Processes that run plan searches, per web process; None: one per available core."""
     require_key_for_reads: bool = False

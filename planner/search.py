@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from time import monotonic
+from time import process_time
 
 from planner import PLANNER_VERSION
 from planner.calibration import CalibrationProfile, fit_parameters
@@ -69,9 +69,10 @@ def make_plan(
     """The best plan for a request, with ranked alternatives and why other families lost.
 
     Raises InfeasiblePlanError (naming the smallest cluster that would fit) when nothing fits, and
-    SearchDeadlineError when pricing the candidates takes longer than `time_limit_s`.
+    SearchDeadlineError when pricing the candidates takes more than `time_limit_s` seconds of CPU
+    time (CPU, not wall-clock, so that whether a request fits the limit does not depend on the load).
     """
-    deadline = None if time_limit_s is None else monotonic() + time_limit_s
+    deadline = None if time_limit_s is None else process_time() + time_limit_s
     setting = build_setting(request, calibration, calibration_id)
     estimator = Estimator(setting)
     limit = memory_limit_gib(setting.params, request.search.memory_headroom)
@@ -82,7 +83,7 @@ def make_plan(
     # Bucket caps often resolve to the same grouping (units larger than the cap): price it once.
     priced: dict[tuple, tuple[MemoryEstimate, TimeEstimate | None]] = {}
     for choice in enumerate_choices(request, setting):
-        if deadline is not None and monotonic() > deadline:
+        if deadline is not None and process_time() > deadline:
             raise _over_deadline(request, time_limit_s or 0.0, count)
         count += 1
         # Everything of the choice but what the layout signature already stands for.
@@ -127,8 +128,8 @@ def _over_deadline(request: PlanRequest, time_limit_s: float, priced: int) -> Se
     if units:
         shrink.insert(0, f"merge the {units} into fewer, larger blocks (identical blocks are priced once)")
     return SearchDeadlineError(
-        f"search: stopped after {time_limit_s:g} s, the limit per plan, with {priced} configurations "
-        f"priced; shrink the search: {'; '.join(shrink)}",
+        f"search: stopped after {time_limit_s:g} s of CPU time, the limit per plan, with {priced} "
+        f"configurations priced; shrink the search: {'; '.join(shrink)}",
         time_limit_s=time_limit_s,
         candidates_priced=priced,
     )

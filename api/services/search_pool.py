@@ -24,6 +24,9 @@ from planner.plan import Plan
 from planner.search import make_plan
 from planner.specs import PlanRequest
 
+SEARCH_NICENESS = 10
+"""Added to the workers' nice value: at 10 the kernel gives a busy web process ~9x their CPU share."""
+
 
 class SearchPoolBrokenError(RuntimeError):
     """A worker died mid-search (killed, out of memory); the pool is replaced for the next one."""
@@ -64,7 +67,7 @@ class SearchPool:
     def search(
         self, request: PlanRequest, calibration: CalibrationProfile | None, calibration_id: str | None
     ) -> Plan:
-        """The plan, searched in a worker within `deadline_s` seconds of search time.
+        """The plan, searched in a worker within `deadline_s` seconds of CPU time.
 
         Raises what make_plan raises (PlanningError and its subclasses, SearchDeadlineError) and
         SearchPoolBrokenError when the worker died.
@@ -84,10 +87,12 @@ def _new_executor(workers: int) -> ProcessPoolExecutor:
     context = multiprocessing.get_context("forkserver")
     # Read by the forkserver when it starts (once per web process): workers fork with the planner imported.
     context.set_forkserver_preload([__name__])
-    return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_ignore_interrupts)
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker)
 
 
-def _ignore_interrupts() -> None:
+def _init_worker() -> None:
+    # Searches are batch work: when cores are short, the web process (reads, small requests) goes first.
+    os.nice(SEARCH_NICENESS)
     # Ctrl-C reaches the whole process group: the web process shuts the pool down in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 

@@ -59,7 +59,7 @@ async def test_a_search_past_the_deadline_is_refused_and_stores_nothing(
     response = await client.post(PLANS, json=LARGE, headers={"Idempotency-Key": "big-one"})
     problem = assert_problem(response, 422, "search-deadline-exceeded")
     assert problem["time_limit_s"] == DEADLINE_S
-    assert f"stopped after {DEADLINE_S:g} s, the limit per plan" in problem["detail"]
+    assert f"stopped after {DEADLINE_S:g} s of CPU time, the limit per plan" in problem["detail"]
     assert "merge the 1024 layer-graph units into fewer, larger blocks" in problem["detail"]
     assert problem["errors"][0]["field"] == "search"
     assert count(session, PlanRow) == 0 and count(session, IdempotencyKeyRow) == 0
