@@ -79,9 +79,45 @@ class _Mark:
     totals: tuple[float, ...]
 
 
-def _same(a: tuple[float, ...], b: tuple[float, ...], clock: float) -> bool:
-    tolerance = SAME_STATE_TOLERANCE * max(clock, 1e-30)
-    return len(a) == len(b) and all(abs(x - y) <= tolerance for x, y in zip(a, b, strict=True))
+class _Periods:
+    """Where one pass over the groups (forward, or backward in reverse order) may jump whole
+    periods of a repeated run: at a period's start whose state, relative to the clock, is that of
+    the period before."""
+
+    def __init__(self, groups: RepeatedGroups, *, reverse: bool, lookahead: int) -> None:
+        self.groups = groups
+        self.reverse = reverse
+        self.lookahead = lookahead
+        self.mark: _Mark | None = None
+
+    def boundary(self, position: int) -> tuple[int, int, int] | None:
+        """(run, period, periods that may be jumped) when `position` starts a period of a run."""
+        n = len(self.groups)
+        r = self.groups.run_index(n - 1 - position if self.reverse else position)
+        run = self.groups.runs[r]
+        first = n - run.end if self.reverse else run.start  # the run's first position in this pass
+        if run.repeats <= 2 or (position - first) % run.period:
+            return None
+        # Whole periods whose groups, and the gathers prefetched for them, all lie in the run.
+        last = first + run.period * run.repeats - self.lookahead
+        return r, run.period, (last - position) // run.period
+
+    def jump(
+        self, at: tuple[int, int, int], position: int, state: tuple[float, ...], totals: tuple[float, ...]
+    ) -> tuple[int, list[float]] | None:
+        """(periods to jump, each total's change per period) when the state repeats; else None,
+        and this period's start is remembered. `totals[0]` is the clock."""
+        r, period, periods = at
+        mark = self.mark
+        if mark and mark.run == r and mark.position == position - period and periods > 0:
+            tolerance = SAME_STATE_TOLERANCE * max(totals[0], 1e-30)
+            if len(mark.state) == len(state) and all(
+                abs(a - b) <= tolerance for a, b in zip(mark.state, state, strict=True)
+            ):
+                self.mark = None
+                return periods, [a - b for a, b in zip(totals, mark.totals, strict=True)]
+        self.mark = _Mark(r, position, state, totals)
+        return None
 
 
 def simulate(
@@ -131,36 +167,25 @@ def simulate(
             issued += 1
 
     issue_forward(depth, 0.0)
-    mark: _Mark | None = None
+    periods = _Periods(repeated, reverse=False, lookahead=depth) if repeated is not None else None
     i = 0
     while i < n:
-        if repeated is not None and i > 0:
-            r = repeated.run_index(i)
-            run = repeated.runs[r]
-            if run.repeats > 2 and (i - run.start) % run.period == 0:
-                state = (issued - i, ahead(comm_free), *(ahead(gathered_end[j]) for j in range(i, issued)))
-                totals = (compute_end, compute_total, comm_total, exposed_ag)
-                # Whole periods whose groups, and the gathers prefetched for them, lie in the run.
-                periods = (run.end - depth - i) // run.period
-                if mark and mark.run == r and mark.position == i - run.period and periods > 0 and _same(
-                    mark.state, state, compute_end
-                ):
-                    step, d_compute, d_comm, d_exposed = (
-                        a - b for a, b in zip(totals, mark.totals, strict=True)
-                    )
-                    shift = periods * run.period
-                    pending = [gathered_end[j] + periods * step for j in range(i, issued)]
-                    gathered_end[i + shift : issued + shift] = pending
-                    issued += shift
-                    compute_end += periods * step
-                    comm_free += periods * step
-                    compute_total += periods * d_compute
-                    comm_total += periods * d_comm
-                    exposed_ag += periods * d_exposed
-                    i += shift
-                    mark = None
-                    continue
-                mark = _Mark(r, i, state, totals)
+        if periods and i > 0 and (at := periods.boundary(i)):
+            state = (issued - i, ahead(comm_free), *(ahead(gathered_end[j]) for j in range(i, issued)))
+            jump = periods.jump(at, i, state, (compute_end, compute_total, comm_total, exposed_ag))
+            if jump:
+                count, (step, d_compute, d_comm, d_exposed) = jump
+                shift = count * at[1]
+                ahead_ends = [gathered_end[j] + count * step for j in range(i, issued)]
+                gathered_end[i + shift : issued + shift] = ahead_ends
+                issued += shift
+                compute_end += count * step
+                comm_free += count * step
+                compute_total += count * d_compute
+                comm_total += count * d_comm
+                exposed_ag += count * d_exposed
+                i += shift
+                continue
         g = groups[i]
         issue_forward(i, compute_end)  # without prefetch, gather on demand
         start = max(compute_end, gathered_end[i])
@@ -197,42 +222,28 @@ def simulate(
             issued_b += 1
 
     issue_backward(depth, compute_end)
-    mark = None
+    periods = _Periods(repeated, reverse=True, lookahead=depth) if repeated is not None else None
     pos = 0
     while pos < n:
         j = n - 1 - pos
-        if repeated is not None and pos > 0:
-            r = repeated.run_index(j)
-            run = repeated.runs[r]
-            first = n - run.end  # the run's first position in backward order
-            if run.repeats > 2 and (pos - first) % run.period == 0:
-                state = (
-                    issued_b - pos,
-                    ahead(comm_free),
-                    *(ahead(gathered_end_b[n - 1 - q]) for q in range(pos, issued_b)),
-                )
-                totals = (compute_end, compute_total, comm_total, exposed_ag)
-                periods = (n - run.start - depth - pos) // run.period
-                if mark and mark.run == r and mark.position == pos - run.period and periods > 0 and _same(
-                    mark.state, state, compute_end
-                ):
-                    step, d_compute, d_comm, d_exposed = (
-                        a - b for a, b in zip(totals, mark.totals, strict=True)
-                    )
-                    shift = periods * run.period
-                    pending = [gathered_end_b[n - 1 - q] + periods * step for q in range(pos, issued_b)]
-                    for q, value in zip(range(pos + shift, issued_b + shift), pending, strict=True):
-                        gathered_end_b[n - 1 - q] = value
-                    issued_b += shift
-                    compute_end += periods * step
-                    comm_free += periods * step
-                    compute_total += periods * d_compute
-                    comm_total += periods * d_comm
-                    exposed_ag += periods * d_exposed
-                    pos += shift
-                    mark = None
-                    continue
-                mark = _Mark(r, pos, state, totals)
+        if periods and pos > 0 and (at := periods.boundary(pos)):
+            pending = range(pos, issued_b)
+            state = (issued_b - pos, ahead(comm_free), *(ahead(gathered_end_b[n - 1 - q]) for q in pending))
+            jump = periods.jump(at, pos, state, (compute_end, compute_total, comm_total, exposed_ag))
+            if jump:
+                count, (step, d_compute, d_comm, d_exposed) = jump
+                shift = count * at[1]
+                ahead_ends = [gathered_end_b[n - 1 - q] + count * step for q in pending]
+                for q, value in zip(range(pos + shift, issued_b + shift), ahead_ends, strict=True):
+                    gathered_end_b[n - 1 - q] = value
+                issued_b += shift
+                compute_end += count * step
+                comm_free += count * step
+                compute_total += count * d_compute
+                comm_total += count * d_comm
+                exposed_ag += count * d_exposed
+                pos += shift
+                continue
         g = groups[j]
         issue_backward(pos, compute_end)
         start = max(compute_end, gathered_end_b[j])
