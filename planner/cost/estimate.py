@@ -294,7 +294,8 @@ class Estimator:
         """The layout's groups as repeated runs, checkpointing included (k-th-block checkpointing
         repeats with a longer period than the blocks themselves)."""
         layout = self.layout(choice)
-        key = (id(layout), choice.checkpointing, choice.every_k)  # layouts live as long as self
+        # Only k-th-block checkpointing treats blocks unalike (layouts live as long as self).
+        key = (id(layout), choice.every_k if choice.checkpointing == "selective" else 0)
         if key not in self._repeats:
             self._repeats[key] = repeated_layout(layout, choice)
         return self._repeats[key]
