@@ -6,7 +6,7 @@
 For each backend: a fresh database (PostgreSQL: a new database on 127.0.0.1:5432, dropped afterwards),
 migrated, then bulk-loaded with synthetic plans (one real Plan document, cloned with distinct hashes and
 varied headline columns). A real `fsdp-planner serve --workers N` on a loopback port takes the load from
-an asyncio httpx client with a fixed number of requests in flight. Scenarios: reads (first page,
+a lean asyncio HTTP/1.1 client with a fixed number of requests in flight. Scenarios: reads (first page,
 filtered, deep cursor, one plan), 200 new plans posted at once, duplicates (answered from the stored
 hash), and reads of one plan while 8 maximal layer graphs (1,024 units, no two alike: the worst case,
 stopped by the search deadline) are searched. Reports requests/s and p50/p99 latency per scenario
@@ -31,7 +31,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from json import dumps, loads
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 from sqlalchemy import create_engine, insert, text
@@ -133,6 +136,63 @@ def seed(url: str, count: int) -> None:
     engine.dispose()
 
 
+@dataclass
+class Reply:
+    status_code: int
+    body: bytes
+
+    def json(self) -> Any:
+        return loads(self.body)
+
+
+class LeanClient:
+    """Keep-alive HTTP/1.1 over asyncio streams, the least client work per request: httpx spends
+    about as much CPU on a request as the server does, and here client and server share two cores."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def get(self, path: str, params: dict[str, Any] | None = None) -> Reply:
+        target = f"{path}?{urlencode(params)}" if params else path
+        return await self._send(f"GET {target} HTTP/1.1\r\nHost: {self.host}\r\n\r\n".encode())
+
+    async def post(self, path: str, json: Any) -> Reply:
+        body = dumps(json).encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        return await self._send(head.encode() + body)
+
+    async def _send(self, request: bytes) -> Reply:
+        for attempt in range(2):  # a kept-alive connection the server closed meanwhile: reconnect once
+            if self._idle:
+                reader, writer = self._idle.pop()
+            else:
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+            writer.write(request)
+            status_line = await reader.readline()
+            if not status_line:
+                writer.close()
+                if attempt == 0:
+                    continue
+                raise ConnectionError("the server closed the connection")
+            length = 0
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            reply = Reply(int(status_line.split()[1]), await reader.readexactly(length))
+            self._idle.append((reader, writer))
+            return reply
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        for _, writer in self._idle:
+            writer.close()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -158,11 +218,11 @@ def start_server(url: str, port: int, workers: int) -> subprocess.Popen[bytes]:
 
 
 async def run(
-    client: httpx.AsyncClient,
+    client: LeanClient,
     scenario: str,
     count: int,
     concurrency: int,
-    make: Callable[[int], Awaitable[httpx.Response]],
+    make: Callable[[int], Awaitable[Reply]],
     ok: set[int],
 ) -> Result:
     latencies: list[float] = []
@@ -184,10 +244,10 @@ async def run(
     return Result(scenario, count, errors, time.perf_counter() - started, latencies)
 
 
-async def load(base: str, concurrency: int, requests: int, posts: int, scenarios: set[str]) -> list[Result]:
+async def load(port: int, concurrency: int, requests: int, posts: int, scenarios: set[str]) -> list[Result]:
     rng = random.Random(1)
-    limits = httpx.Limits(max_connections=max(concurrency, posts), max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits) as client:
+    client = LeanClient("127.0.0.1", port)
+    try:
         ids = [
             item["id"] for item in (await client.get("/api/v1/plans", params={"limit": 200})).json()["items"]
         ]
@@ -203,10 +263,10 @@ async def load(base: str, concurrency: int, requests: int, posts: int, scenarios
                 )
             ).json()
 
-        async def first_page(_: int) -> httpx.Response:
+        async def first_page(_: int) -> Reply:
             return await client.get("/api/v1/plans", params={"limit": 50})
 
-        async def filtered(_: int) -> httpx.Response:
+        async def filtered(_: int) -> Reply:
             params = {
                 "limit": 50,
                 "model": rng.choice(MODELS),
@@ -215,15 +275,15 @@ async def load(base: str, concurrency: int, requests: int, posts: int, scenarios
             }
             return await client.get("/api/v1/plans", params=params)
 
-        async def deep_page(_: int) -> httpx.Response:
+        async def deep_page(_: int) -> Reply:
             return await client.get(
                 "/api/v1/plans", params={"sort": "mfu", "limit": 50, "cursor": rng.choice(cursors)}
             )
 
-        async def one_plan(_: int) -> httpx.Response:
+        async def one_plan(_: int) -> Reply:
             return await client.get(f"/api/v1/plans/{rng.choice(ids)}")
 
-        async def new_plan(index: int) -> httpx.Response:
+        async def new_plan(index: int) -> Reply:
             seq_len = (64, 128, 256, 512)[index % 4]
             body = {
                 **TEMPLATE,
@@ -231,7 +291,7 @@ async def load(base: str, concurrency: int, requests: int, posts: int, scenarios
             }
             return await client.post("/api/v1/plans", json=body)
 
-        async def duplicate_plan(_: int) -> httpx.Response:
+        async def duplicate_plan(_: int) -> Reply:
             return await client.post("/api/v1/plans", json=TEMPLATE)
 
         results: list[Result] = []
@@ -253,16 +313,18 @@ async def load(base: str, concurrency: int, requests: int, posts: int, scenarios
         if "graphs" in scenarios:
             results += await reads_during_graphs(client, one_plan)
         return results
+    finally:
+        await client.aclose()
 
 
 async def reads_during_graphs(
-    client: httpx.AsyncClient, one_plan: Callable[[int], Awaitable[httpx.Response]]
+    client: LeanClient, one_plan: Callable[[int], Awaitable[Reply]]
 ) -> list[Result]:
     """Read single plans (4 in flight) for as long as 8 maximal layer graphs are being planned."""
     started = time.perf_counter()
     graph_latencies: list[float] = []
 
-    async def post_graph(variant: int) -> httpx.Response:
+    async def post_graph(variant: int) -> Reply:
         sent = time.perf_counter()
         response = await client.post("/api/v1/plans", json=maximal_graph(variant))
         graph_latencies.append((time.perf_counter() - sent) * 1000)
@@ -327,7 +389,8 @@ def table(results: dict[str, list[Result]], plans: int, concurrency: int, worker
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC (load average {os.getloadavg()[0]:.1f} at the end: other "
         f"work shared the cores). {plans:,} stored plans, `fsdp-planner serve --workers {workers}` on "
         f"loopback (each web process with its pool of search processes, one per core), {concurrency} "
-        "requests in flight from an httpx client on the same two cores unless the scenario says otherwise.",
+        "requests in flight from one lean asyncio client on the same two cores unless the scenario says "
+        "otherwise.",
         "",
         "| database | scenario | requests | errors | req/s | p50 ms | p99 ms | goal |",
         "|---|---|---:|---:|---:|---:|---:|---|",
@@ -377,8 +440,7 @@ def main() -> None:
                 server = start_server(url, port, args.workers)
                 try:
                     results[backend] = asyncio.run(
-                        load(f"http://127.0.0.1:{port}", args.concurrency, args.requests, args.posts,
-                             set(args.scenarios))
+                        load(port, args.concurrency, args.requests, args.posts, set(args.scenarios))
                     )
                 finally:
                     server.terminate()
