@@ -38,7 +38,8 @@ class Settings(BaseSettings):
     """CPU seconds one plan's search may take; past them the request is refused (422
     search-deadline-exceeded). CPU time, so that whether a request fits does not depend on the load."""
     search_workers: Annotated[int | None, Field(ge=1)] = None
-    """Processes that run plan searches, per web process; None: one per available core."""
+    """Processes that run plan searches, per web process; None: one per available core (`serve
+    --workers N` shares the cores among its N web processes)."""
     require_key_for_reads: bool = False
     """Once API keys exist, also require one for GET requests (writes always need one then)."""
     migrate_on_startup: bool = True
