@@ -24,9 +24,6 @@ from planner.plan import Plan
 from planner.search import make_plan
 from planner.specs import PlanRequest
 
-SEARCH_NICENESS = 10
-"""Added to the workers' nice value: at 10 the kernel gives a busy web process ~9x their CPU share."""
-
 
 class SearchPoolBrokenError(RuntimeError):
     """A worker died mid-search (killed, out of memory); the pool is replaced for the next one."""
@@ -91,8 +88,6 @@ def _new_executor(workers: int) -> ProcessPoolExecutor:
 
 
 def _init_worker() -> None:
-    # Searches are batch work: when cores are short, the web process (reads, small requests) goes first.
-    os.nice(SEARCH_NICENESS)
     # Ctrl-C reaches the whole process group: the web process shuts the pool down in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
