@@ -4,6 +4,9 @@ problem that stores nothing, and never hold up reads or small plans."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -99,3 +102,27 @@ async def test_the_search_runs_in_a_worker_process(
     response = await client.post(PLANS, json=cheap_plan())
     assert response.status_code == 201, response.text
     assert response.json()["plan"]["config"]["sharding"]
+
+
+def forked_workers() -> list[int]:
+    """Processes forked by this test process's forkserver: the search pools' workers."""
+
+    def children(pid: int) -> list[int]:
+        tasks = Path(f"/proc/{pid}/task").glob("*/children")
+        return [int(child) for task in tasks for child in task.read_text().split()]
+
+    return [worker for server in children(os.getpid()) for worker in children(server)]
+
+
+async def test_a_search_process_that_dies_is_a_503_and_the_pool_recovers(
+    client: httpx.AsyncClient, session: Session
+) -> None:
+    large = asyncio.ensure_future(client.post(PLANS, json=LARGE))
+    await asyncio.sleep(0.5)  # searching
+    for pid in forked_workers():  # as the kernel's OOM killer would
+        os.kill(pid, signal.SIGKILL)
+    problem = assert_problem(await large, 503, "search-failed")
+    assert "send the request again" in problem["detail"]
+    assert count(session, PlanRow) == 0
+    again = await client.post(PLANS, json=cheap_plan())
+    assert again.status_code == 201, again.text
