@@ -388,7 +388,7 @@ def table(results: dict[str, list[Result]], plans: int, concurrency: int, worker
         f"Machine: 2-core x86_64 container, no GPU, CPython {platform.python_version()}; measured "
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC (load average {os.getloadavg()[0]:.1f} at the end: other "
         f"work shared the cores). {plans:,} stored plans, `fsdp-planner serve --workers {workers}` on "
-        f"loopback (each web process with its pool of search processes, one per core), {concurrency} "
+        f"loopback (the web processes share the cores among their pools of search processes), {concurrency} "
         "requests in flight from one lean asyncio client on the same two cores unless the scenario says "
         "otherwise.",
         "",
