@@ -4,6 +4,7 @@ with the number of identical blocks."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Any
 
@@ -73,6 +74,21 @@ def test_every_configuration_times_as_when_every_group_is_simulated(name: str) -
         for field in ("step_time_s", "compute_s", "comm_s", "exposed_all_gather_s", "exposed_reduce_s"):
             assert math.isclose(getattr(got, field), getattr(want, field), rel_tol=1e-9, abs_tol=1e-15), (
                 name, choice, field, getattr(got, field), getattr(want, field))
+
+
+@pytest.mark.parametrize("depth", [0, 2, 3])
+@pytest.mark.parametrize("name", ["uniform graph, 4 nodes", "alternating graph, k-th block checkpointing"])
+def test_other_prefetch_depths_time_as_when_every_group_is_simulated(name: str, depth: int) -> None:
+    # The search prefetches one group ahead; `predict` prices whatever depth a configuration names.
+    request = REQUESTS[name]
+    setting = build_setting(request)
+    fast = Estimator(setting)
+    reference = Estimator(dataclasses.replace(setting, model=every_block_its_own(setting.model)))
+    for choice in itertools.islice(enumerate_choices(request, setting), 0, None, 7):
+        choice = dataclasses.replace(choice, prefetch_depth=depth)
+        got, want = fast.timing(choice), reference.timing(choice)
+        assert math.isclose(got.step_time_s, want.step_time_s, rel_tol=1e-9), (choice, got, want)
+        assert math.isclose(got.exposed_comm_s, want.exposed_comm_s, rel_tol=1e-9, abs_tol=1e-15)
 
 
 def _assert_close(got: Any, want: Any, path: str = "plan") -> None:
