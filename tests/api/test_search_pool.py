@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from api.db.models import IdempotencyKeyRow, PlanRow
 from api.services import search_pool
 from api.settings import Settings
 from tests.api.conftest import assert_problem, cheap_plan
+from tests.live_server import running_server
 
 pytestmark = pytest.mark.anyio
 
@@ -104,13 +106,17 @@ async def test_the_search_runs_in_a_worker_process(
     assert response.json()["plan"]["config"]["sharding"]
 
 
+def children(pid: int) -> list[int]:
+    tasks = Path(f"/proc/{pid}/task").glob("*/children")
+    return [int(child) for task in tasks for child in task.read_text().split()]
+
+
+def descendants(pid: int) -> list[int]:
+    return [d for child in children(pid) for d in (child, *descendants(child))]
+
+
 def forked_workers() -> list[int]:
     """Processes forked by this test process's forkserver: the search pools' workers."""
-
-    def children(pid: int) -> list[int]:
-        tasks = Path(f"/proc/{pid}/task").glob("*/children")
-        return [int(child) for task in tasks for child in task.read_text().split()]
-
     return [worker for server in children(os.getpid()) for worker in children(server)]
 
 
@@ -126,3 +132,31 @@ async def test_a_search_process_that_dies_is_a_503_and_the_pool_recovers(
     assert count(session, PlanRow) == 0
     again = await client.post(PLANS, json=cheap_plan())
     assert again.status_code == 201, again.text
+
+
+def test_serve_with_several_workers_searches_in_pools_and_stops_them(
+    database_url: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "DATABASE_URL": database_url, "FSDP_PLANNER_SEARCH_DEADLINE_S": str(DEADLINE_S)}
+    with running_server(env=env, log=tmp_path / "serve.log", cwd=tmp_path, args=("--workers", "2")) as url:
+        small = httpx.post(f"{url}{PLANS}", json=cheap_plan(), timeout=60)
+        assert small.status_code in (200, 201), small.text  # the session's database may hold it already
+        assert_problem(httpx.post(f"{url}{PLANS}", json=LARGE, timeout=120), 422, "search-deadline-exceeded")
+        assert httpx.get(small.headers["location"]).status_code == 200
+        server = next(pid for pid in children(os.getpid()) if str(url.rsplit(":", 1)[1]) in
+                      Path(f"/proc/{pid}/cmdline").read_text())
+        processes = descendants(server)
+        # Two web processes, each with its forkserver and at least one search process.
+        assert sum("forkserver" in Path(f"/proc/{p}/cmdline").read_text() for p in processes) >= 4
+    # Stopped with the server (forkservers notice their web process is gone within moments).
+    deadline = time.monotonic() + 15
+    while (left := [pid for pid in processes if running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, [Path(f"/proc/{pid}/cmdline").read_text() for pid in left]
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
