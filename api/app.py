@@ -23,6 +23,8 @@ from api.settings import Settings
 from planner import __version__
 
 API_PREFIX = "/api/v1"
+PLANNING_THREADS = 40
+"""Plan requests in progress per web process (waiting on the search pool, or storing)."""
 log = logging.getLogger(__name__)
 
 DESCRIPTION = """\
@@ -67,6 +69,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.session_factory = create_session_factory(engine)
     app.state.plan_locks = KeyedLocks()
     app.state.search_pool = search_pool
+    # Threads that wait on the search pool, apart from the default pool's (api/deps.py run_planning).
+    app.state.planning_threads = anyio.CapacityLimiter(PLANNING_THREADS)
 
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     install_problem_handlers(app)  # outermost: also catches what the middleware above raises

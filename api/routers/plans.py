@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from sqlalchemy import delete, select
 
 from api.db.models import PlanRow
-from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess
+from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess, run_planning
 from api.routers.responses import problems
 from api.schemas.plans import (
     MAX_NODES,
@@ -47,8 +48,9 @@ def _text_query(max_length: int, description: str) -> Query:
     return Query(max_length=max_length, pattern=NO_NUL, description=description)
 
 
-# Sync endpoints: FastAPI runs them in its worker thread pool, so the blocking database calls and the
-# CPU-bound planner search never stall the event loop.
+# Sync endpoints: FastAPI runs them in its worker thread pool, so the blocking database calls never
+# stall the event loop (plan creation runs in threads of its own, see create_plan; the CPU-bound search
+# itself in the app's search pool).
 @router.post(
     "",
     status_code=201,
@@ -60,7 +62,7 @@ def _text_query(max_length: int, description: str) -> Query:
     },
     summary="Plan a model on a cluster and store the plan",
 )
-def create_plan(
+async def create_plan(
     body: PlanCreate,
     request: Request,
     response: Response,
@@ -68,11 +70,12 @@ def create_plan(
     settings: SettingsDep,
     idempotency_key: IdempotencyKey = None,
 ) -> PlanDetail:
-    outcome = plan_service.create_plan(
-        session, body, locks=request.app.state.plan_locks, search_pool=request.app.state.search_pool,
-        max_model_layers=settings.max_model_layers,
+    # In a thread of its own limiter: requests waiting for a search never take the threads reads need.
+    outcome = await run_planning(request, partial(
+        plan_service.create_plan, session, body, locks=request.app.state.plan_locks,
+        search_pool=request.app.state.search_pool, max_model_layers=settings.max_model_layers,
         idempotency_key=idempotency_key, idempotency_ttl_s=settings.idempotency_ttl_s,
-    )
+    ))
     response.status_code = outcome.status_code
     response.headers["Location"] = str(request.url_for("get_plan", plan_id=outcome.row.id))
     if outcome.replayed:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,12 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from api.app import PLANNING_THREADS
 from api.db.models import IdempotencyKeyRow, PlanRow
 from api.services import search_pool
+from api.services.search_pool import SearchPool
 from api.settings import Settings
-from tests.api.conftest import assert_problem, cheap_plan
+from tests.api.conftest import assert_problem, cheap_plan, distinct_plans
 from tests.live_server import running_server
 
 pytestmark = pytest.mark.anyio
@@ -91,6 +94,29 @@ async def test_reads_and_a_small_plan_answer_while_a_large_search_runs(client: h
     assert (small.status_code, read.status_code, health.status_code) == (201, 200, 200)
     assert (await large).status_code == 422  # it ran into the deadline
     assert finished[-1] == "large", finished
+
+
+async def test_reads_answer_while_more_plans_wait_for_a_search_than_there_are_threads(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # More waiting plan requests than FastAPI's default thread pool (40) holds threads.
+    waiting = PLANNING_THREADS + 5
+    searches_may_finish = threading.Event()
+    real = SearchPool.search
+
+    def held(pool: SearchPool, request: Any, *args: Any) -> Any:
+        searches_may_finish.wait(timeout=60)
+        return real(pool, request, *args)
+
+    monkeypatch.setattr(SearchPool, "search", held)
+    posts = [asyncio.ensure_future(client.post(PLANS, json=body)) for body in distinct_plans(waiting)]
+    await asyncio.sleep(0.5)  # every thread of the planning limiter is waiting for a search
+    health = await client.get("/healthz")
+    listing = await client.get(PLANS)
+    assert (health.status_code, listing.status_code) == (200, 200)
+    assert not any(post.done() for post in posts)  # the reads did not wait for the searches
+    searches_may_finish.set()
+    assert {(await post).status_code for post in posts} == {201}
 
 
 async def test_the_search_runs_in_a_worker_process(
