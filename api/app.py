@@ -23,8 +23,9 @@ from api.settings import Settings
 from planner import __version__
 
 API_PREFIX = "/api/v1"
-PLANNING_THREADS = 40
-"""Plan requests in progress per web process (waiting on the search pool, or storing)."""
+PLANNING_THREADS = 16
+"""Plan requests in progress per web process (waiting on the search pool, or storing); more wait for
+a turn without holding a thread. A plan holds no database connection while its search runs."""
 log = logging.getLogger(__name__)
 
 DESCRIPTION = """\

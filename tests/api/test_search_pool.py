@@ -16,7 +16,6 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.app import PLANNING_THREADS
 from api.db.models import IdempotencyKeyRow, PlanRow
 from api.services import search_pool
 from api.services.search_pool import SearchPool
@@ -100,7 +99,7 @@ async def test_reads_answer_while_more_plans_wait_for_a_search_than_there_are_th
     client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # More waiting plan requests than FastAPI's default thread pool (40) holds threads.
-    waiting = PLANNING_THREADS + 5
+    waiting = 45
     searches_may_finish = threading.Event()
     real = SearchPool.search
 
@@ -110,7 +109,7 @@ async def test_reads_answer_while_more_plans_wait_for_a_search_than_there_are_th
 
     monkeypatch.setattr(SearchPool, "search", held)
     posts = [asyncio.ensure_future(client.post(PLANS, json=body)) for body in distinct_plans(waiting)]
-    await asyncio.sleep(0.5)  # every thread of the planning limiter is waiting for a search
+    await asyncio.sleep(0.5)  # every planning thread is waiting for a search, the other plans for a thread
     health = await client.get("/healthz")
     listing = await client.get(PLANS)
     assert (health.status_code, listing.status_code) == (200, 200)
