@@ -150,6 +150,19 @@ def simulate(
         # Only how far a time lies past the compute stream matters to what follows.
         return max(0.0, t - compute_end)
 
+    def totals() -> tuple[float, float, float, float]:
+        return compute_end, compute_total, comm_total, exposed_ag
+
+    def advance(count: int, deltas: list[float]) -> None:
+        """Jump `count` periods, each adding `deltas` to `totals()` (the clock's to both streams)."""
+        nonlocal compute_end, comm_free, compute_total, comm_total, exposed_ag
+        step, d_compute, d_comm, d_exposed = deltas
+        compute_end += count * step
+        comm_free += count * step
+        compute_total += count * d_compute
+        comm_total += count * d_comm
+        exposed_ag += count * d_exposed
+
     # ---- forward
     gathered_end = [0.0] * n
     issued = 0
@@ -172,18 +185,14 @@ def simulate(
     while i < n:
         if periods and i > 0 and (at := periods.boundary(i)):
             state = (issued - i, ahead(comm_free), *(ahead(gathered_end[j]) for j in range(i, issued)))
-            jump = periods.jump(at, i, state, (compute_end, compute_total, comm_total, exposed_ag))
+            jump = periods.jump(at, i, state, totals())
             if jump:
-                count, (step, d_compute, d_comm, d_exposed) = jump
+                count, deltas = jump
                 shift = count * at[1]
-                ahead_ends = [gathered_end[j] + count * step for j in range(i, issued)]
+                ahead_ends = [gathered_end[j] + count * deltas[0] for j in range(i, issued)]
                 gathered_end[i + shift : issued + shift] = ahead_ends
                 issued += shift
-                compute_end += count * step
-                comm_free += count * step
-                compute_total += count * d_compute
-                comm_total += count * d_comm
-                exposed_ag += count * d_exposed
+                advance(count, deltas)
                 i += shift
                 continue
         g = groups[i]
@@ -229,19 +238,15 @@ def simulate(
         if periods and pos > 0 and (at := periods.boundary(pos)):
             pending = range(pos, issued_b)
             state = (issued_b - pos, ahead(comm_free), *(ahead(gathered_end_b[n - 1 - q]) for q in pending))
-            jump = periods.jump(at, pos, state, (compute_end, compute_total, comm_total, exposed_ag))
+            jump = periods.jump(at, pos, state, totals())
             if jump:
-                count, (step, d_compute, d_comm, d_exposed) = jump
+                count, deltas = jump
                 shift = count * at[1]
-                ahead_ends = [gathered_end_b[n - 1 - q] + count * step for q in pending]
+                ahead_ends = [gathered_end_b[n - 1 - q] + count * deltas[0] for q in pending]
                 for q, value in zip(range(pos + shift, issued_b + shift), ahead_ends, strict=True):
                     gathered_end_b[n - 1 - q] = value
                 issued_b += shift
-                compute_end += count * step
-                comm_free += count * step
-                compute_total += count * d_compute
-                comm_total += count * d_comm
-                exposed_ag += count * d_exposed
+                advance(count, deltas)
                 pos += shift
                 continue
         g = groups[j]
