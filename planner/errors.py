@@ -13,6 +13,18 @@ class PlanningError(ValueError):
         self.message = message
         self.field = field
 
+    def __reduce__(self) -> tuple:
+        # Keyword-only arguments are not in `args`, so the default pickling cannot rebuild a
+        # subclass; the service's search pool sends these errors between processes.
+        return _restore, (type(self), self.args, self.__dict__)
+
+
+def _restore(cls: type[PlanningError], args: tuple, state: dict) -> PlanningError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 class UnknownCatalogEntryError(PlanningError):
     """A model or GPU name that the catalog does not know."""
@@ -72,6 +84,15 @@ class InfeasiblePlanError(PlanningError):
             "dominant_memory_gib": self.dominant_memory_gib,
             "needs_model_parallelism": self.needs_model_parallelism,
         }
+
+
+class SearchDeadlineError(PlanningError):
+    """The search ran past the time the caller allowed it (a server's limit per request)."""
+
+    def __init__(self, message: str, *, time_limit_s: float, candidates_priced: int) -> None:
+        super().__init__(message, field="search")
+        self.time_limit_s = time_limit_s
+        self.candidates_priced = candidates_priced
 
 
 def describe_validation_error(exc: ValidationError, *, prefix: str = "") -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from time import process_time
 
 from planner import PLANNER_VERSION
 from planner.calibration import CalibrationProfile, fit_parameters
@@ -20,7 +21,7 @@ from planner.cost.memory import MemoryEstimate, loss_chunks_for, memory_limit_gi
 from planner.cost.model_costs import model_costs
 from planner.cost.parameters import GIB, CostParameters, default_parameters
 from planner.cost.setting import Choice, Setting
-from planner.errors import InfeasiblePlanError, PlanningError
+from planner.errors import InfeasiblePlanError, PlanningError, SearchDeadlineError
 from planner.formatting import duration
 from planner.hashing import plan_hash
 from planner.plan import (
@@ -64,12 +65,16 @@ def make_plan(
     *,
     calibration: CalibrationProfile | None = None,
     calibration_id: str | None = None,
+    time_limit_s: float | None = None,
 ) -> Plan:
     """The best plan for a request, with ranked alternatives and why other families lost.
 
-    Raises InfeasiblePlanError (naming the smallest cluster that would fit) when nothing fits.
+    Raises InfeasiblePlanError (naming the smallest cluster that would fit) when nothing fits, and
+    SearchDeadlineError when pricing the candidates takes more than `time_limit_s` seconds of CPU
+    time (CPU, not wall-clock, so that whether a request fits the limit does not depend on the load).
     """
     _check_request(request)
+    deadline = None if time_limit_s is None else process_time() + time_limit_s
     setting = build_setting(request, calibration, calibration_id)
     estimator = Estimator(setting)
     limit = memory_limit_gib(setting.params, request.search.memory_headroom)
@@ -80,6 +85,8 @@ def make_plan(
     # Bucket caps often resolve to the same grouping (units larger than the cap): price it once.
     priced: dict[tuple, tuple[MemoryEstimate, TimeEstimate | None]] = {}
     for choice in enumerate_choices(request, setting):
+        if deadline is not None and process_time() > deadline:
+            raise _over_deadline(request, time_limit_s or 0.0, count)
         count += 1
         # Everything of the choice but what the layout signature already stands for.
         key = (
@@ -111,6 +118,22 @@ def make_plan(
 
     return _plan_document(
         request, setting, best, fitting=fitting, evaluated=evaluated, count=count, limit=limit
+    )
+
+
+def _over_deadline(request: PlanRequest, time_limit_s: float, priced: int) -> SearchDeadlineError:
+    units = f"{len(request.model.layer_graph)} layer-graph units" if request.model.layer_graph else None
+    shrink = [
+        "restrict search.shardings, search.compile or search.checkpointing",
+        "lower search.max_micro_batch_size",
+    ]
+    if units:
+        shrink.insert(0, f"merge the {units} into fewer, larger blocks (identical blocks are priced once)")
+    return SearchDeadlineError(
+        f"search: stopped after {time_limit_s:g} s of CPU time, the limit per plan, with {priced} "
+        f"configurations priced; shrink the search: {'; '.join(shrink)}",
+        time_limit_s=time_limit_s,
+        candidates_priced=priced,
     )
 
 

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api.dashboard import access, accuracy_views, calibration_views, plan_form, plan_views, queries
 from api.dashboard.plan_list import COLUMNS, ListingState
 from api.dashboard.rendering import error_page, mark_dashboard_request, render
-from api.deps import SessionDep, SettingsDep
+from api.deps import SessionDep, SettingsDep, run_planning
 from api.problems import ProblemError
 from api.schemas.plans import MAX_ID, ReplanCreate
 from api.services import plan_compare, plan_listing
@@ -100,9 +100,9 @@ async def create_plan_from_form(request: Request, session: SessionDep, settings:
     known = plan_form.PlanForm().values()
     form = plan_form.PlanForm(**{k: v for k, v in submitted.items() if k in known and isinstance(v, str)})
     api_key = submitted.get("api_key")
-    return await run_in_threadpool(
-        _create_plan, request, session, settings.max_model_layers, form, api_key if isinstance(api_key, str)
-        else "",
+    return await run_planning(
+        request, _create_plan, request, session, settings.max_model_layers, form,
+        api_key if isinstance(api_key, str) else "",
     )
 
 
@@ -116,7 +116,8 @@ def _create_plan(
     if body is not None and not form.errors:
         try:
             outcome = plan_service.create_plan(
-                session, body, locks=request.app.state.plan_locks, max_model_layers=max_model_layers
+                session, body, locks=request.app.state.plan_locks, search_pool=request.app.state.search_pool,
+                max_model_layers=max_model_layers,
             )
         except ProblemError as problem:
             plan_form.add_problem(form, problem)

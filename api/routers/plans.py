@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -9,7 +10,7 @@ from sqlalchemy import delete, select
 from starlette.convertors import Convertor, register_url_convertor
 
 from api.db.models import PlanRow
-from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess
+from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess, run_planning
 from api.problems import FieldError, ProblemError
 from api.routers.responses import problems
 from api.schemas.plans import (
@@ -72,8 +73,9 @@ def _text_query(max_length: int, description: str) -> Query:
     return Query(max_length=max_length, pattern=NO_NUL, description=description)
 
 
-# Sync endpoints: FastAPI runs them in its worker thread pool, so the blocking database calls and the
-# CPU-bound planner search never stall the event loop.
+# Sync endpoints: FastAPI runs them in its worker thread pool, so the blocking database calls never
+# stall the event loop (plan creation runs in threads of its own, see create_plan; the CPU-bound search
+# itself in the app's search pool).
 @router.post(
     "",
     status_code=201,
@@ -81,11 +83,11 @@ def _text_query(max_length: int, description: str) -> Query:
     dependencies=[WriteAccess],
     responses={
         200: {"model": PlanDetail, "description": "Identical inputs were planned before: the stored plan"},
-        **problems(401, 409, 415, 422),
+        **problems(401, 409, 415, 422, 503),
     },
     summary="Plan a model on a cluster and store the plan",
 )
-def create_plan(
+async def create_plan(
     body: PlanCreate,
     request: Request,
     response: Response,
@@ -93,10 +95,12 @@ def create_plan(
     settings: SettingsDep,
     idempotency_key: IdempotencyKey = None,
 ) -> PlanDetail:
-    outcome = plan_service.create_plan(
-        session, body, locks=request.app.state.plan_locks, max_model_layers=settings.max_model_layers,
+    # In a thread of its own limiter: requests waiting for a search never take the threads reads need.
+    outcome = await run_planning(request, partial(
+        plan_service.create_plan, session, body, locks=request.app.state.plan_locks,
+        search_pool=request.app.state.search_pool, max_model_layers=settings.max_model_layers,
         idempotency_key=idempotency_key, idempotency_ttl_s=settings.idempotency_ttl_s,
-    )
+    ))
     response.status_code = outcome.status_code
     response.headers["Location"] = str(request.url_for("get_plan", plan_id=outcome.row.id))
     if outcome.replayed:

@@ -16,7 +16,7 @@ _DESCRIPTIONS = {
     415: "The body is not JSON",
     422: "The request is invalid or cannot be planned; `errors` lists the inputs to fix",
     500: "Internal error (logged on the server)",
-    503: "The database is unreachable or not migrated",
+    503: "The database is unreachable or not migrated, or a search process stopped (send it again)",
 }
 
 COMMON = (400, 413, 500)

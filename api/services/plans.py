@@ -1,6 +1,7 @@
 """Creating plans: validate, dedup by input hash (before searching), search, store; Idempotency-Key replay.
 
-Runs in a worker thread (the endpoints are sync), so the CPU-bound search never blocks the event loop.
+Runs in a worker thread (the endpoints are sync); the CPU-bound search itself runs in the app's search
+pool (api/services/search_pool.py), so it holds neither the event loop nor the web process's GIL.
 Nothing is written until the search is done; then one transaction (`save`) stores the plan and claims
 the Idempotency-Key, or stores nothing. The unique constraints on the plan hash and on the key decide
 races, between threads and between server processes alike; per-hash and per-key locks only spare a
@@ -29,12 +30,12 @@ from api.problems import FieldError, ProblemError, field_errors, summarize
 from api.schemas.plans import PlanCreate
 from api.services import calibrations as calibration_service
 from api.services.keyed_locks import KeyedLocks
+from api.services.search_pool import SearchPool, SearchPoolBrokenError
 from planner.calibration import CalibrationProfile
 from planner.catalog import resolve_model
-from planner.errors import InfeasiblePlanError, PlanningError
+from planner.errors import InfeasiblePlanError, PlanningError, SearchDeadlineError
 from planner.hashing import plan_hash
 from planner.plan import Plan
-from planner.search import make_plan
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest
 
 # `save` retries only when a plan is deleted in the instant between two of its statements.
@@ -69,6 +70,7 @@ def create_plan(
     body: PlanCreate,
     *,
     locks: KeyedLocks,
+    search_pool: SearchPool,
     max_model_layers: int,
     idempotency_key: str | None = None,
     idempotency_ttl_s: int = 24 * 3600,
@@ -101,7 +103,7 @@ def create_plan(
             if stored is not None and claim is None:
                 return PlanOutcome(row=stored, status_code=200)
             if stored is None:
-                plan = search(request, profile, calibration_id)
+                plan = search(search_pool, request, profile, calibration_id)
                 stored = row_for(request, plan, digest, name=body.name, calibration_id=body.calibration_id)
             return save(session, stored, claim=claim)
 
@@ -190,6 +192,11 @@ def unplannable(exc: PlanningError) -> ProblemError:
     # The catalog relays pydantic messages of model specs; their "Value error, " prefix is noise here.
     message = exc.message.replace("Value error, ", "")
     errors = [FieldError(location="body", field=field, message=message, type="planning_error")]
+    if isinstance(exc, SearchDeadlineError):
+        return ProblemError(
+            422, message, slug="search-deadline-exceeded", title="Search took too long", errors=errors,
+            time_limit_s=exc.time_limit_s, candidates_priced=exc.candidates_priced,
+        )
     if isinstance(exc, InfeasiblePlanError):
         return ProblemError(
             422, message, slug="infeasible-plan", title="No configuration fits in memory", errors=errors,
@@ -199,11 +206,20 @@ def unplannable(exc: PlanningError) -> ProblemError:
                         errors=errors)
 
 
-def search(request: PlanRequest, profile: CalibrationProfile | None, calibration_id: str | None) -> Plan:
+def search(
+    pool: SearchPool, request: PlanRequest, profile: CalibrationProfile | None, calibration_id: str | None
+) -> Plan:
+    """The plan, searched in the pool's worker processes (the request's thread only waits)."""
     try:
-        return make_plan(request, calibration=profile, calibration_id=calibration_id)
+        return pool.search(request, profile, calibration_id)
     except PlanningError as exc:
         raise unplannable(exc) from None
+    except SearchPoolBrokenError:
+        raise ProblemError(
+            503, "the process searching this plan stopped before answering (it may have run out of "
+            "memory); nothing was stored: send the request again", slug="search-failed",
+            title="Search failed", headers={"Retry-After": "1"},
+        ) from None
 
 
 def row_for(

@@ -164,13 +164,23 @@ def _gpt2_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
 def _layer_graph_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
     units = spec.layer_graph or []
     block_indices = [i for i, u in enumerate(units) if u.is_block]
+    # Identical modules become one object, as the built-in architectures' blocks are: the cost
+    # model then prices a run of them once (planner/cost/repeats.py). Names are not priced.
+    interned: dict[tuple, UnitCost] = {}
+
+    def priced(unit: LayerUnit) -> UnitCost:
+        key = (unit.num_params, unit.fwd_flops_per_token, unit.activation_bytes_per_token, unit.is_block)
+        if key not in interned:
+            interned[key] = _traced_unit(unit)
+        return interned[key]
+
     if not block_indices:
         # Nothing repeated: every module is its own unit.
-        before, blocks, after = [], tuple(_traced_unit(u) for u in units), []
+        before, blocks, after = [], tuple(priced(u) for u in units), []
     else:
         first = block_indices[0]
         before = [_traced_unit(u) for u in units[:first]]
-        blocks = tuple(_traced_unit(u) for u in units[first:] if u.is_block)
+        blocks = tuple(priced(u) for u in units[first:] if u.is_block)
         # Non-block modules after the first block (final norm, head) form the output unit.
         after = [_traced_unit(u) for u in units[first:] if not u.is_block]
     total = sum(u.num_params for u in units)

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from api.app import create_app
 from api.db.models import IdempotencyKeyRow, PlanRow
-from api.services import plans as plan_service
+from api.services.search_pool import SearchPool
 from api.settings import Settings
 from tests.api.conftest import cheap_plan, distinct_plans
 from tests.live_server import running_server
@@ -38,17 +38,17 @@ def count(session: Session, table: type) -> int:
 
 @pytest.fixture
 def searches(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """Counts planner searches by model name (the real planner still runs)."""
+    """Counts planner searches by model name (the real planner still runs, in the search pool)."""
     counter: Counter[str] = Counter()
     lock = threading.Lock()
-    real = plan_service.make_plan
+    real = SearchPool.search
 
-    def counting(request: Any, **kwargs: Any) -> Any:
+    def counting(pool: SearchPool, request: Any, *args: Any) -> Any:
         with lock:
             counter[request.model.name] += 1
-        return real(request, **kwargs)
+        return real(pool, request, *args)
 
-    monkeypatch.setattr(plan_service, "make_plan", counting)
+    monkeypatch.setattr(SearchPool, "search", counting)
     return counter
 
 
@@ -69,14 +69,14 @@ async def test_racing_processes_store_one_plan(
 ) -> None:
     """Two app instances (as two server processes: no shared locks) search the same input at once."""
     both_searched = threading.Barrier(2, timeout=30)
-    real = plan_service.make_plan
+    real = SearchPool.search
 
-    def search_then_wait(request: Any, **kwargs: Any) -> Any:
-        plan = real(request, **kwargs)
+    def search_then_wait(pool: SearchPool, request: Any, *args: Any) -> Any:
+        plan = real(pool, request, *args)
         both_searched.wait()  # neither inserts before both have missed the lookup
         return plan
 
-    monkeypatch.setattr(plan_service, "make_plan", search_then_wait)
+    monkeypatch.setattr(SearchPool, "search", search_then_wait)
     apps = [create_app(settings), create_app(settings)]
     clients = [httpx.AsyncClient(transport=httpx.ASGITransport(app=a), base_url="http://t") for a in apps]
     try:
@@ -85,6 +85,7 @@ async def test_racing_processes_store_one_plan(
     finally:
         for c, a in zip(clients, apps, strict=True):
             await c.aclose()
+            a.state.search_pool.shutdown()
             a.state.engine.dispose()
     assert sorted(r.status_code for r in responses) == [200, 201]  # the unique constraint decided
     assert responses[0].json()["id"] == responses[1].json()["id"]
@@ -155,7 +156,7 @@ class TwoServers:
         both_searched = threading.Barrier(2, timeout=30)
         first_two = iter(range(2))
         lock = threading.Lock()
-        real = plan_service.search
+        real = SearchPool.search
 
         # Wraps the service's one search step, whatever it takes (it may hand the search to a pool).
         def search_then_wait(*args: Any, **kwargs: Any) -> Any:
@@ -166,7 +167,7 @@ class TwoServers:
                 both_searched.wait()
             return plan
 
-        monkeypatch.setattr(plan_service, "search", search_then_wait)
+        monkeypatch.setattr(SearchPool, "search", search_then_wait)
 
     async def post(self, bodies: list[dict[str, Any]], key: str) -> list[httpx.Response]:
         """POST the bodies with one key, alternating between the two servers, all at once."""
@@ -178,6 +179,7 @@ class TwoServers:
     async def close(self) -> None:
         for client, app in zip(self.clients, self.apps, strict=True):
             await client.aclose()
+            app.state.search_pool.shutdown()
             app.state.engine.dispose()
 
 
@@ -215,7 +217,7 @@ async def test_one_key_with_50_bodies_on_two_worker_processes_stores_one_plan(
     """The real thing: `fsdp-planner serve --workers 2`, two processes sharing one database."""
     bodies = [{**body, "search": NARROW} for body in distinct_plans(50)]
     env = {**os.environ, "DATABASE_URL": database_url}
-    with running_server(env=env, log=tmp_path / "serve.log", cwd=tmp_path, workers=2) as url:
+    with running_server(env=env, log=tmp_path / "serve.log", cwd=tmp_path, args=("--workers", "2")) as url:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             responses = await asyncio.gather(
                 *(client.post(PLANS, json=body, headers={"Idempotency-Key": "one"}) for body in bodies)
@@ -227,13 +229,13 @@ async def test_one_key_with_50_bodies_on_two_worker_processes_stores_one_plan(
 async def test_a_long_search_does_not_block_the_event_loop(
     app: FastAPI, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = plan_service.make_plan
+    real = SearchPool.search
 
-    def slow(request: Any, **kwargs: Any) -> Any:
+    def slow(pool: SearchPool, request: Any, *args: Any) -> Any:
         time.sleep(1.0)  # blocks its thread; were it on the event loop, nothing else would run
-        return real(request, **kwargs)
+        return real(pool, request, *args)
 
-    monkeypatch.setattr(plan_service, "make_plan", slow)
+    monkeypatch.setattr(SearchPool, "search", slow)
     finished: dict[str, float] = {}
 
     async def timed(name: str, request: Any) -> httpx.Response:
