@@ -6,9 +6,10 @@ What the catalog counts and what the trace measures, reconciled (both per token)
   the catalog's `attention_flops_convention` does; so a block is 2 x matmul weights + that.
 - saved bytes: the catalog counts saved *elements* (`saved_elems`, priced at the compute dtype's
   size). Trained in bf16, each RMSNorm upcasts its input to fp32 and keeps that copy (4 bytes an
-  element, not 2), and norms and attention keep per-row fp32 statistics (one rstd per norm, one
-  log-sum-exp per head). The reconciled count is stated in `expected_block_saved_bytes`; the 2%
-  tolerance applies to it unchanged.
+  element, not 2), which the planner prices as `saved_fp32_elems` (`eager_saved_bytes`); norms and
+  attention also keep per-row fp32 statistics (one rstd per norm, one log-sum-exp per head), a few
+  bytes per token the planner leaves out. The count is stated in `expected_block_saved_bytes`; the
+  2% tolerance applies to it unchanged.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import nn
 from executor.profile.trace import BlockType, Trace, trace_factory
 from executor.runtime.materialize import materialize
 from planner.catalog.models import catalog_model, model_from_hf_config
-from planner.cost.model_costs import model_costs
+from planner.cost.model_costs import eager_saved_bytes, model_costs
 from planner.specs import ModelSpec
 from tests.profile.trace_models import encoder, llama_debug
 
@@ -66,9 +67,8 @@ MISTRAL_CONFIG: dict[str, Any] = {
 def expected_block_saved_bytes(spec: ModelSpec) -> float:
     """The catalog's saved elements of a Llama block as bytes in bf16 training (module docstring)."""
     block = model_costs(spec, SEQ).blocks[0]
-    fp32_norm_copies = 2 * (2 * spec.hidden_size)  # two RMSNorms, 2 bytes more per element
     statistics = 4 * (2 + spec.num_heads)  # fp32: an rstd per norm, a log-sum-exp per head
-    return 2 * block.saved_elems + fp32_norm_copies + statistics
+    return eager_saved_bytes(block, 2) + statistics
 
 
 def assert_close(measured: float, expected: float, what: str) -> None:
