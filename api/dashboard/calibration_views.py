@@ -168,8 +168,7 @@ def svg_percent(value: float) -> str:
 
 def bus_bandwidth(sample: CollectiveSample) -> float:
     """Bytes/s of bus bandwidth, comparable across ops and group sizes."""
-    passes = 2.0 if sample.op == "all_reduce" else 1.0
-    return passes * sample.bytes * (sample.group_size - 1) / sample.group_size / sample.seconds
+    return sample.bus_bytes / sample.seconds
 
 
 def collective_chart(profile: CalibrationProfile) -> Markup | None:

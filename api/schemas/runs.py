@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Seconds = Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
-TokensPerSecond = Annotated[float, Field(gt=0, le=1e12, allow_inf_nan=False)]
+from planner.bounds import MemoryGiB, StepSeconds, TokensPerSecond
+
 Bytes = Annotated[int, Field(ge=0, le=2**62)]
 RunOutcome = Literal["completed", "oom"]
 
@@ -40,14 +40,36 @@ class RunCreate(BaseModel):
     and may carry measurements of the steps before it failed.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    # The two shapes, stated in the schema too, so that clients (and schemathesis) see what
+    # `_consistent` below enforces.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "anyOf": [
+                {
+                    "properties": {
+                        "outcome": {"const": "completed"},
+                        "measured_step_time_s": {"type": "number"},
+                        "measured_tokens_per_s_per_gpu": {"type": "number"},
+                        "steps": {"minimum": 1},
+                        "oom": {"type": "null"},
+                    },
+                    "required": ["measured_step_time_s", "measured_tokens_per_s_per_gpu"],
+                },
+                {
+                    "properties": {"outcome": {"const": "oom"}, "oom": {"type": "object"}},
+                    "required": ["outcome", "oom"],
+                },
+            ]
+        },
+    )
 
     outcome: RunOutcome = "completed"
-    measured_step_time_s: Seconds | None = None
+    measured_step_time_s: StepSeconds | None = None
     """Median optimizer-step time over the measured steps (warm-up excluded). Required when completed."""
     measured_tokens_per_s_per_gpu: TokensPerSecond | None = None
     """Required when completed."""
-    measured_peak_memory_gib: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] | None = None
+    measured_peak_memory_gib: MemoryGiB | None = None
     """Peak memory per device as the runtime sees it (CUDA allocator, or live tensors on CPU)."""
     steps: Annotated[int, Field(ge=0, le=1_000_000)] = 1
     """Steps measured (an OOM run may have measured none)."""
