@@ -37,6 +37,13 @@ MAX_DEVICE_BYTES = 1 << 50
 """1 PiB: far beyond any accelerator's memory, low enough to refuse nonsense."""
 DeviceBytes = Annotated[int, Field(ge=0, le=MAX_DEVICE_BYTES)]
 Checkpointing = Literal["none", "selective", "op_selective", "full"]
+MAX_STEP_LAYERS = 64
+MAX_STEP_SAMPLES = 64
+"""Timed steps accepted, and their deepest cut of the model: the profiler times about ten steps of 1
+to 4 blocks, and the fit prices every step some hundred times at a cost that grows with its depth, so
+these bound one upload's fitting to seconds."""
+MAX_PROFILE_MODEL_LAYERS = 1_000_000
+"""The profile's model is only read for one block's costs, but building it is linear in its depth."""
 
 
 class ProfileModel(BaseModel):
@@ -150,7 +157,8 @@ class StepSample(ProfileModel):
     the defaults: an eager step without checkpointing whose memory was not measured.
     """
 
-    num_layers: Count
+    num_layers: Annotated[int, Field(ge=1, le=MAX_STEP_LAYERS)]
+    """Blocks of the profile's model kept (at most the model's own, and at most 64)."""
     micro_batch_size: Count
     grad_accum_steps: Count = 1
     seq_len: Count
@@ -205,7 +213,7 @@ class CalibrationProfile(ProfileModel):
     memory_bandwidth: Annotated[list[BandwidthSample], Field(max_length=MAX_SAMPLES)] = []
     collectives: Annotated[list[CollectiveSample], Field(max_length=MAX_SAMPLES)] = []
     blocks: Annotated[list[BlockSample], Field(max_length=MAX_SAMPLES)] = []
-    steps: Annotated[list[StepSample], Field(max_length=MAX_SAMPLES)] = []
+    steps: Annotated[list[StepSample], Field(max_length=MAX_STEP_SAMPLES)] = []
     overlap_contention: Annotated[float, Field(ge=0, le=2)] | None = None
     """Measured compute slowdown while a collective runs beside it."""
     usable_memory_bytes: DeviceBytes | None = None
@@ -219,6 +227,23 @@ class CalibrationProfile(ProfileModel):
         usable, total = self.usable_memory_bytes, self.device_memory_bytes
         if usable is not None and total is not None and usable > total:
             raise ValueError("usable_memory_bytes exceeds device_memory_bytes")
+        return self
+
+    @model_validator(mode="after")
+    def _steps_cut_the_model(self) -> CalibrationProfile:
+        if self.model is None:
+            return self
+        if self.model.num_layers > MAX_PROFILE_MODEL_LAYERS:
+            raise ValueError(
+                f"model.num_layers: {self.model.num_layers} blocks is more than a profile's model can have "
+                f"(at most {MAX_PROFILE_MODEL_LAYERS:,})"
+            )
+        for index, step in enumerate(self.steps):
+            if step.num_layers > self.model.num_layers:
+                raise ValueError(
+                    f"steps.{index}.num_layers: a timed step keeps at most the model's own "
+                    f"{self.model.num_layers} blocks, not {step.num_layers}"
+                )
         return self
 
     def content_id(self) -> str:

@@ -125,6 +125,9 @@ def _fitted_matmul_curve(
         overhead = float(params["matmul_overhead_s"])
     except (TypeError, KeyError, ValueError):
         return []
+    # Stored by another version, the document may hold anything: draw no curve rather than divide by 0.
+    if not (0 < efficiency <= 1 and 0 <= overhead < math.inf):
+        return []
     peak = peak_flops(gpu, dtype)
     lo, hi = min(flops), max(flops)
     steps = 40

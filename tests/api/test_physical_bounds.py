@@ -135,3 +135,20 @@ async def test_the_openapi_schema_states_the_bounds(client: httpx.AsyncClient) -
     out = schemas["RunOut"]["properties"]
     for name in ("step_time_error_pct", "tokens_per_s_error_pct", "peak_memory_error_pct"):
         assert {"type": "null"} in out[name]["anyOf"], out[name]
+
+
+@pytest.mark.parametrize(
+    ("layers", "field", "advice"),
+    [
+        (65, "steps.1.num_layers", "less than or equal to 64"),  # fitting time grows with the depth
+        (5, "steps.1.num_layers", "keeps at most the model's own 4 blocks, not 5"),  # llama-debug: 4
+    ],
+)
+async def test_timed_steps_deeper_than_the_fit_prices_are_refused(
+    client: httpx.AsyncClient, layers: int, field: str, advice: str
+) -> None:
+    profile = extreme_profile()
+    profile["steps"][1]["num_layers"] = layers
+    problem = assert_problem(await client.post(CALIBRATIONS, json=profile), 422, "invalid-request")
+    assert advice in problem["detail"], problem["detail"]
+    assert [e["field"] for e in problem["errors"]] == [field]
