@@ -256,6 +256,16 @@ class PlanRequest(StrictModel):
         return self
 
 
+_DIVISOR_SEARCH = 100_000
+"""How far from `near` _nearest_divisor looks: its input is a user's number, which may be huge."""
+
+
 def _nearest_divisor(n: int, near: int) -> int:
-    divisors = [d for d in range(1, n + 1) if n % d == 0]
-    return min(divisors, key=lambda d: (abs(d - near), d))
+    """The divisor of n nearest to `near` (the smaller on a tie), searching outwards from it: never
+    more than _DIVISOR_SEARCH steps, whatever n is (1 divides everything, if nothing nearer does)."""
+    near = max(1, min(near, n))
+    for step in range(_DIVISOR_SEARCH):
+        found = [d for d in (near - step, near + step) if 1 <= d <= n and n % d == 0]
+        if found:
+            return min(found)
+    return 1

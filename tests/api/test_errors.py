@@ -77,6 +77,10 @@ async def test_field_errors_list_every_invalid_input(client: httpx.AsyncClient) 
         json.dumps(cheap_plan(cluster={"gpu": "cpu", "num_nodes": 2**64})).encode(),
         json.dumps(cheap_plan(calibration_id=2**64)).encode(),
         json.dumps(cheap_plan(model={"name": "huge", "architecture": "llama", "num_layers": 10**9})).encode(),
+        # Heads that do not divide a huge hidden size: the suggested head count was found by trying
+        # every number up to hidden_size (a request that never ended).
+        json.dumps(cheap_plan(model={"name": "wide", "architecture": "llama", "hidden_size": 10**15 + 37,
+                                     "num_heads": 7})).encode(),
         json.dumps(
             cheap_plan(model={"name": "x", "architecture": "layer_graph", "layer_graph": []})
         ).encode(),
