@@ -21,14 +21,16 @@ from pydantic import (
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from api.problems import UNION_TAG_PREFIX
-from planner.specs import Optimizer, Precision, SearchSpace
+from planner.specs import Optimizer, Precision, SearchSpace, whole_numbers
 
 # Bounds that keep one request's planning cost sane; the planner's own validators decide the rest.
 MAX_NODES = 4096
 MAX_GPUS_PER_NODE = 64
 MAX_SEQ_LEN = 1 << 20
 MAX_GLOBAL_BATCH_TOKENS = 1 << 36
-MAX_ID = (1 << 63) - 1
+MAX_ID = (1 << 53) - 1
+"""The largest id every JSON client reads exactly (JavaScript numbers, and JSON Schema validators that
+compare in floats: against 2^63 - 1 as a float, 2^63 + 191 passes); far beyond any table's ids."""
 PlanId = Annotated[int, Path(ge=1, le=MAX_ID, description="A plan's id")]
 # PostgreSQL text and jsonb cannot hold NUL characters; refuse them up front instead of failing on insert.
 NO_NUL = r"^[^\x00]*$"
@@ -49,6 +51,11 @@ class StrictBody(BaseModel):
     """Unknown key -> the field that was meant."""
     example: ClassVar[str] = ""
     """A valid object of this kind, for the advice."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_numbers(cls, data: Any) -> Any:
+        return whole_numbers(cls, data)
 
     @model_validator(mode="wrap")
     @classmethod

@@ -6,8 +6,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from api.schemas.plans import MAX_JSON_DEPTH, NO_NUL
 from planner.bounds import MemoryGiB, StepSeconds, TokensPerSecond
 
 Bytes = Annotated[int, Field(ge=0, le=2**62)]
@@ -29,8 +30,8 @@ class OomDetails(BaseModel):
     """CUDA allocator: bytes held by tensors when it failed (null on CPU)."""
     reserved_bytes: Bytes | None = None
     """CUDA allocator: bytes reserved from the driver (null on CPU)."""
-    message: Annotated[str, Field(max_length=2000)] = ""
-    """The allocator's message, on one line."""
+    message: Annotated[str, Field(max_length=2000, pattern=NO_NUL)] = ""
+    """The allocator's message, on one line (no NUL characters: PostgreSQL text cannot hold them)."""
 
 
 class RunCreate(BaseModel):
@@ -78,6 +79,11 @@ class RunCreate(BaseModel):
     raw: Annotated[dict[str, Any], Field(max_length=64)] = {}
     """The run's report: per-step metrics, environment (kept as sent)."""
 
+    @field_validator("raw")
+    @classmethod
+    def _storable(cls, raw: dict[str, Any]) -> dict[str, Any]:
+        return _without_nul(raw, depth=0)
+
     @model_validator(mode="after")
     def _consistent(self) -> RunCreate:
         if self.outcome == "completed":
@@ -100,6 +106,20 @@ class RunCreate(BaseModel):
                 "(the trainer's OOM record)"
             )
         return self
+
+
+def _without_nul(value: Any, *, depth: int) -> Any:
+    """`value` with NUL characters replaced by U+FFFD: PostgreSQL's jsonb cannot store them, and the raw
+    report is kept for people to read, not interpreted. Nesting is refused beyond MAX_JSON_DEPTH."""
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"raw: nested deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_without_nul(k, depth=depth): _without_nul(v, depth=depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_nul(item, depth=depth + 1) for item in value]
+    return value
 
 
 class RunOut(BaseModel):

@@ -152,3 +152,18 @@ async def test_timed_steps_deeper_than_the_fit_prices_are_refused(
     problem = assert_problem(await client.post(CALIBRATIONS, json=profile), 422, "invalid-request")
     assert advice in problem["detail"], problem["detail"]
     assert [e["field"] for e in problem["errors"]] == [field]
+
+
+async def test_nul_characters_in_a_run_are_stored_or_refused_never_a_500(client: httpx.AsyncClient) -> None:
+    # PostgreSQL text and jsonb cannot hold NUL: found by schemathesis as a 500 on PostgreSQL only.
+    runs = f"{PLANS}/{await plan_id(client)}/runs"
+    stored = await client.post(runs, json={**RUN, "raw": {"log\u0000": ["a\u0000b", {"c": "\u0000"}]}})
+    assert stored.status_code == 201, stored.text
+    oom = {"outcome": "oom", "oom": {"phase": "backward", "message": "out of memory\u0000"}}
+    problem = assert_problem(await client.post(runs, json=oom), 422, "invalid-request")
+    assert [e["field"] for e in problem["errors"]] == ["oom.message"]
+    deep: Any = "x"
+    for _ in range(40):
+        deep = [deep]
+    assert_problem(await client.post(runs, json={**RUN, "raw": {"deep": deep}}), 422)
+    assert len((await client.get(runs)).json()["items"]) == 1
