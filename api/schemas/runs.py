@@ -10,8 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from api.schemas.plans import MAX_JSON_DEPTH, NO_NUL
 from planner.bounds import MemoryGiB, StepSeconds, TokensPerSecond
+from planner.calibration import MAX_DEVICE_BYTES
 
-Bytes = Annotated[int, Field(ge=0, le=2**62)]
+# 1 PiB, as for calibration profiles: beyond any device, and below 2^53, so that every client (and
+# schema validator) comparing in floats reads the bound exactly.
+Bytes = Annotated[int, Field(ge=0, le=MAX_DEVICE_BYTES)]
 RunOutcome = Literal["completed", "oom"]
 
 
