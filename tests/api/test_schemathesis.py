@@ -15,19 +15,23 @@ work with pytest 9, so operations are driven through `as_strategy`: the same gen
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 import pytest
 import schemathesis
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
 from api import keys
 from api.app import create_app
 from api.settings import Settings
+from planner.bounds import StepSeconds
 from tests.api.conftest import CHEAP_PLAN, cpu_profile
 
 # The schema does not depend on the database; an unconnected in-memory engine is enough to read it.
@@ -131,6 +135,14 @@ def test_operation_conforms(
     app: FastAPI, api_key: str, stored: dict[str, int], method: str, path: str,
     mode: schemathesis.GenerationMode,
 ) -> None:
+    exercise(app, api_key=api_key, stored=stored, method=method, path=path, mode=mode)
+
+
+def exercise(
+    app: FastAPI, *, api_key: str, stored: dict[str, int], method: str, path: str,
+    mode: schemathesis.GenerationMode,
+) -> None:
+    """Generate `mode` requests for one operation and run every check on each response."""
     config = schemathesis.Config.from_dict(CONFIG)
     operation = schemathesis.openapi.from_asgi("/openapi.json", app, config=config)[path][method]
     aimed = [name for name in stored if f"{{{name}}}" in path] if mode is POSITIVE else []
@@ -154,3 +166,47 @@ def test_operation_conforms(
         )
 
     check()
+
+
+class Measured(BaseModel):
+    seconds: StepSeconds
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+@pytest.mark.parametrize(
+    ("broken", "mode", "caught"),
+    [
+        # A 422 for a schema-valid body, naming a bound the schema states.
+        ("refuses_valid", POSITIVE, "refused for a rule the schema does not state"),
+        # A 200 for a body the schema says is invalid.
+        ("accepts_invalid", NEGATIVE, "Schema-violating request accepted"),
+        # A response body that does not match the declared response.
+        ("wrong_response", POSITIVE, "Response violates schema"),
+    ],
+)
+def test_the_harness_catches_a_broken_contract(
+    app: FastAPI, api_key: str, broken: str, mode: schemathesis.GenerationMode, caught: str
+) -> None:
+    """The checks can fail: an operation that breaks its own schema in each way is caught."""
+
+    async def endpoint(request: Request) -> JSONResponse:
+        try:
+            seconds = (await request.json())["seconds"]
+        except Exception:
+            seconds = None
+        if broken == "refuses_valid" and isinstance(seconds, float | int) and seconds > 10:
+            return JSONResponse({"errors": [{"type": "less_than_equal"}]}, status_code=422)
+        if broken == "wrong_response":
+            return JSONResponse({"seconds": "soon"})
+        if broken == "accepts_invalid" or isinstance(seconds, float | int):
+            return JSONResponse({"seconds": 1.0})
+        return JSONResponse({"errors": []}, status_code=422)
+
+    app.add_api_route(
+        "/api/v1/broken", endpoint, methods=["POST"], response_model=Measured,
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+            "schema": Measured.model_json_schema()}}}},
+    )
+    with pytest.raises(BaseException) as failure:  # schemathesis raises a group of its failures
+        exercise(app, api_key=api_key, stored={}, method="POST", path="/api/v1/broken", mode=mode)
+    assert caught in "".join(traceback.format_exception(failure.value))
