@@ -14,14 +14,19 @@ from fastapi.openapi.utils import get_openapi
 from api.dashboard import install as install_dashboard
 from api.db import migrate
 from api.db.session import create_db_engine, create_session_factory
-from api.middleware import BodySizeLimitMiddleware
+from api.docs import install as install_docs
+from api.middleware import AllowedMethodsMiddleware, BodySizeLimitMiddleware
 from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
 from api.routers import api_router, health
 from api.services.keyed_locks import KeyedLocks
+from api.services.search_pool import SearchPool, available_cores
 from api.settings import Settings
 from planner import __version__
 
 API_PREFIX = "/api/v1"
+PLANNING_THREADS = 16
+"""Plan requests in progress per web process (waiting on the search pool, or storing); more wait for
+a turn without holding a thread. A plan holds no database connection while its search runs."""
 log = logging.getLogger(__name__)
 
 DESCRIPTION = """\
@@ -40,31 +45,45 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings.resolved_database_url, pool_size=settings.db_pool_size, max_overflow=settings.db_max_overflow
     )
 
+    search_pool = SearchPool(workers=settings.search_workers or available_cores(),
+                             deadline_s=settings.search_deadline_s)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.migrate_on_startup:
             await anyio.to_thread.run_sync(migrate.upgrade, engine)
             log.info("database %s at schema revision %s", engine.url, migrate.head_revision())
-        yield
-        engine.dispose()
+        await anyio.to_thread.run_sync(search_pool.start)
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(search_pool.shutdown)
+            engine.dispose()
 
     app = FastAPI(
         title="fsdp-planner",
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # api.docs serves /docs from local assets (no CDN)
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.engine = engine
     app.state.session_factory = create_session_factory(engine)
     app.state.plan_locks = KeyedLocks()
+    app.state.search_pool = search_pool
+    # Threads that wait on the search pool, apart from the default pool's (api/deps.py run_planning).
+    app.state.planning_threads = anyio.CapacityLimiter(PLANNING_THREADS)
 
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AllowedMethodsMiddleware, router=app.router)
     install_problem_handlers(app)  # outermost: also catches what the middleware above raises
 
     app.include_router(api_router, prefix=API_PREFIX)
     # Probes conventionally hit the root paths; same handlers, documented once under /api/v1.
     app.include_router(health.router, include_in_schema=False)
+    install_docs(app)  # /docs with Swagger UI from /static/swagger-ui: before the dashboard's /static
     install_dashboard(app)  # server-rendered pages at /, static files at /static
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -1,10 +1,12 @@
-"""FastAPI dependencies and their `Annotated` aliases: settings, database session, API-key access."""
+"""FastAPI dependencies and their `Annotated` aliases: settings, database session, API-key access; and
+`run_planning`, the thread pool of plan creation."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Annotated
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, TypeVar
 
+import anyio.to_thread
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
@@ -13,6 +15,15 @@ from api import keys
 from api.db.models import ApiKeyRow
 from api.problems import ProblemError
 from api.settings import Settings
+
+T = TypeVar("T")
+
+
+async def run_planning(request: Request, func: Callable[..., T], *args: object) -> T:
+    """Run a sync call that may wait on the search pool (plan creation) in a worker thread of the
+    app's own planning limiter: however many requests wait for a search, the default thread pool
+    that serves every other endpoint keeps its threads."""
+    return await anyio.to_thread.run_sync(func, *args, limiter=request.app.state.planning_threads)
 
 
 def get_settings(request: Request) -> Settings:

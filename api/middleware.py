@@ -1,8 +1,11 @@
-"""Request body size limit that answers with a problem, whether or not the endpoint reads the body."""
+"""ASGI middleware: a request body size limit that answers with a problem whether or not the endpoint
+reads the body, and OPTIONS / 405 answers whose `Allow` names every method a path supports."""
 
 from __future__ import annotations
 
-from starlette.datastructures import Headers
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.responses import Response
+from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.problems import ProblemError, problem_response
@@ -50,3 +53,55 @@ class BodySizeLimitMiddleware:
             return message
 
         await self.app(scope, limited_receive, send)
+
+
+# The methods a route can declare; OPTIONS is answered here for every path.
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+# Not a method anything declares: a route that accepts it (a Mount) leaves methods to the app inside.
+_PROBE = "FSDP-PLANNER-PROBE"
+
+
+class AllowedMethodsMiddleware:
+    """Answers OPTIONS with 204 and `Allow`, and makes every 405's `Allow` complete.
+
+    The router stops at the first route whose path matches, so its 405 (and, with no OPTIONS routes,
+    every OPTIONS is a 405) named only that route's methods: `Allow: POST` on a path that also serves
+    GET. The router itself is asked instead, once per method, which routes accept the path.
+    """
+
+    def __init__(self, app: ASGIApp, router: Router) -> None:
+        self.app = app
+        self.router = router
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] == "OPTIONS" and not self._accepts(scope, "OPTIONS"):
+            allowed = self.allowed_methods(scope)
+            if allowed:
+                await Response(status_code=204, headers={"Allow": _allow(allowed)})(scope, receive, send)
+                return
+
+        async def complete_allow(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 405:
+                allowed = self.allowed_methods(scope)
+                if allowed:
+                    MutableHeaders(scope=message)["Allow"] = _allow(allowed)
+            await send(message)
+
+        await self.app(scope, receive, complete_allow)
+
+    def allowed_methods(self, scope: Scope) -> list[str]:
+        """The methods some route serves at this path; empty for none, or for a mounted app's path."""
+        if self._accepts(scope, _PROBE):
+            return []
+        return [method for method in METHODS if self._accepts(scope, method)]
+
+    def _accepts(self, scope: Scope, method: str) -> bool:
+        probe = {**scope, "method": method}
+        return any(route.matches(probe)[0] is Match.FULL for route in self.router.routes)
+
+
+def _allow(methods: list[str]) -> str:
+    return ", ".join([*methods, "OPTIONS"])

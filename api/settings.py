@@ -32,7 +32,14 @@ class Settings(BaseSettings):
     max_body_bytes: Annotated[int, Field(ge=1024)] = 5 * 1024 * 1024
     """Request bodies larger than this are refused with 413."""
     max_model_layers: Annotated[int, Field(ge=1)] = 1024
-    """Largest block count (or traced layer-graph units) planned; search time grows with it."""
+    """Largest block count (or traced layer-graph units) planned; search time grows with the
+    distinct ones (identical blocks are priced once)."""
+    search_deadline_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    """CPU seconds one plan's search may take; past them the request is refused (422
+    search-deadline-exceeded). CPU time, so that whether a request fits does not depend on the load."""
+    search_workers: Annotated[int | None, Field(ge=1)] = None
+    """Processes that run plan searches, per web process; None: one per available core (`serve
+    --workers N` shares the cores among its N web processes)."""
     require_key_for_reads: bool = False
     """Once API keys exist, also require one for GET requests (writes always need one then)."""
     migrate_on_startup: bool = True

@@ -2,9 +2,10 @@
 
     python bench/search_latency.py [--repeats 7]
 
-Times `make_plan` for Llama 3 8B on 1x8 H100 and Llama 3.1 405B on 128x8 H100 (1024 GPUs), and
-reports the median and candidates evaluated per second. Goals on a 2-core machine: < 100 ms and
-< 1 s median.
+Times `make_plan` for Llama 3 8B on 1x8 H100, Llama 3.1 405B on 128x8 H100 (1024 GPUs) and a
+maximal traced layer graph (1,024 units, the API's default limit: an embedding, 1,022 identical
+blocks, a head) on 4x8 H100, and reports the median and candidates evaluated per second. Goals on a
+2-core machine: < 100 ms, < 1 s and < 1 s median.
 """
 
 from __future__ import annotations
@@ -16,7 +17,20 @@ import time
 
 from planner.catalog import resolve_model
 from planner.search import make_plan
-from planner.specs import ClusterSpec, PlanRequest, TrainingSpec
+from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
+
+MAXIMAL_GRAPH = ModelSpec(
+    name="traced-1024",
+    architecture="layer_graph",
+    layer_graph=[
+        {"name": "embed", "num_params": 50_000_000, "fwd_flops_per_token": 0,
+         "activation_bytes_per_token": 8192, "is_block": False},
+        *({"name": f"layers.{i}", "num_params": 1_000_000, "fwd_flops_per_token": 4e7,
+           "activation_bytes_per_token": 4096} for i in range(1022)),
+        {"name": "head", "num_params": 50_000_000, "fwd_flops_per_token": 1e8,
+         "activation_bytes_per_token": 8192, "is_block": False},
+    ],
+)
 
 CASES = {
     "llama3-8b on 1x8xH100 (seq 8192, 16 seqs/step)": ("llama3-8b", "1x8xH100", 8192, 16, 0.100),
@@ -26,6 +40,9 @@ CASES = {
         4096,
         2048,
         1.0,
+    ),
+    "traced graph of 1,024 units on 4x8xH100 (seq 4096, 128 seqs/step)": (
+        MAXIMAL_GRAPH, "4x8xH100", 4096, 128, 1.0,
     ),
 }
 
@@ -39,7 +56,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---|")
     for label, (model, cluster, seq_len, sequences, goal_s) in CASES.items():
         request = PlanRequest(
-            model=resolve_model(model),
+            model=model if isinstance(model, ModelSpec) else resolve_model(model),
             cluster=ClusterSpec.parse(cluster),
             training=TrainingSpec(seq_len=seq_len, global_batch_tokens=seq_len * sequences),
         )

@@ -204,8 +204,12 @@ class CalibrationProfile(ProfileModel):
 
     schema_version: Literal["1.0"] = PROFILE_SCHEMA_VERSION
     name: Annotated[str, Field(max_length=200)] | None = None
-    gpu: Annotated[str, Field(max_length=64)] | None = None
-    """Catalog GPU name the measurements refer to."""
+    gpu: Annotated[str, Field(max_length=64)] | None = Field(
+        None,
+        description="Catalog GPU the measurements refer to (GET /api/v1/gpus). Left out, the service derives "
+        "it from `fingerprint.device_name` (`NVIDIA H100 80GB HBM3` is H100-SXM-80GB) and refuses a device "
+        "the catalog does not know.",
+    )
     fingerprint: HardwareFingerprint
     model: ModelSpec | None = None
     """The model whose blocks were timed (`blocks`)."""

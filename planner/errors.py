@@ -13,6 +13,18 @@ class PlanningError(ValueError):
         self.message = message
         self.field = field
 
+    def __reduce__(self) -> tuple:
+        # Keyword-only arguments are not in `args`, so the default pickling cannot rebuild a
+        # subclass; the service's search pool sends these errors between processes.
+        return _restore, (type(self), self.args, self.__dict__)
+
+
+def _restore(cls: type[PlanningError], args: tuple, state: dict) -> PlanningError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 class UnknownCatalogEntryError(PlanningError):
     """A model or GPU name that the catalog does not know."""
@@ -25,8 +37,13 @@ class UnsupportedArchitectureError(PlanningError):
 class InfeasiblePlanError(PlanningError):
     """No configuration fits in memory on the requested cluster.
 
-    `min_fitting_nodes` is the smallest node count (same GPU and GPUs per node) on which the
-    least memory-hungry configuration fits, or None when even the largest cluster tried does not.
+    The advice is what the planner accepts (planner/advice.py): `min_fitting_nodes` is the smallest
+    node count (same GPU and GPUs per node) on which the request plans, with the global batch
+    `suggested_global_batch_tokens` (the requested one when it splits there), or None when even the
+    largest cluster tried does not; `min_fitting_nodes_same_batch` the smallest that plans the
+    requested batch unchanged. `dominant_memory_term` names what holds most of the lightest
+    configuration's peak on the requested cluster; `needs_model_parallelism` says that data
+    parallelism alone cannot fit it, or fits it only where activations dominate.
     """
 
     def __init__(
@@ -36,11 +53,46 @@ class InfeasiblePlanError(PlanningError):
         min_fitting_nodes: int | None,
         min_peak_memory_gib: float,
         capacity_gib: float,
+        suggested_global_batch_tokens: int | None = None,
+        min_fitting_nodes_same_batch: int | None = None,
+        dominant_memory_term: str | None = None,
+        dominant_memory_gib: float | None = None,
+        needs_model_parallelism: bool = False,
+        advice: str = "",
     ) -> None:
         super().__init__(message, field="cluster")
         self.min_fitting_nodes = min_fitting_nodes
         self.min_peak_memory_gib = min_peak_memory_gib
         self.capacity_gib = capacity_gib
+        self.suggested_global_batch_tokens = suggested_global_batch_tokens
+        self.min_fitting_nodes_same_batch = min_fitting_nodes_same_batch
+        self.dominant_memory_term = dominant_memory_term
+        self.dominant_memory_gib = dominant_memory_gib
+        self.needs_model_parallelism = needs_model_parallelism
+        self.advice = advice
+        """The message's remedy alone (what would fit), for callers that explain the refusal their way."""
+
+    def problem_fields(self) -> dict[str, object]:
+        """The advice as JSON members (the API's infeasible-plan problem)."""
+        return {
+            "min_fitting_nodes": self.min_fitting_nodes,
+            "suggested_global_batch_tokens": self.suggested_global_batch_tokens,
+            "min_fitting_nodes_same_batch": self.min_fitting_nodes_same_batch,
+            "min_peak_memory_gib": self.min_peak_memory_gib,
+            "capacity_gib": self.capacity_gib,
+            "dominant_memory_term": self.dominant_memory_term,
+            "dominant_memory_gib": self.dominant_memory_gib,
+            "needs_model_parallelism": self.needs_model_parallelism,
+        }
+
+
+class SearchDeadlineError(PlanningError):
+    """The search ran past the time the caller allowed it (a server's limit per request)."""
+
+    def __init__(self, message: str, *, time_limit_s: float, candidates_priced: int) -> None:
+        super().__init__(message, field="search")
+        self.time_limit_s = time_limit_s
+        self.candidates_priced = candidates_priced
 
 
 def describe_validation_error(exc: ValidationError, *, prefix: str = "") -> list[str]:

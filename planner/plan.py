@@ -15,7 +15,7 @@ from planner.catalog.gpus import GpuSpec
 from planner.cost.memory import MEMORY_TERMS
 from planner.specs import CheckpointMode, ClusterSpec, ModelSpec, ShardingStrategy, TrainingSpec
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 
 DType = Literal["bfloat16", "float32"]
 
@@ -213,6 +213,16 @@ class RejectedFamily(Document):
     min_peak_memory_gib: float | None = None
 
 
+class PlanWarning(Document):
+    """Something a person should know about a plan that fits (planner/advice.py)."""
+
+    code: Literal["communication_bound", "seq_len_beyond_max_position"]
+    """`communication_bound`: much of the step is exposed communication, which data parallelism
+    alone cannot hide; `seq_len_beyond_max_position`: longer sequences than the model's positions."""
+    message: str
+    """What is wrong, with the numbers, and what would help."""
+
+
 class SearchStats(Document):
     candidates_evaluated: int
     candidates_fitting: int
@@ -262,3 +272,5 @@ class Plan(Document):
     rejected: tuple[RejectedFamily, ...]
     calibration_id: str | None = None
     search: SearchStats
+    warnings: tuple[PlanWarning, ...] = ()
+    """What to know before running it (empty when nothing stands out); added in schema 1.2."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from time import process_time
 
 from planner import PLANNER_VERSION
 from planner.calibration import CalibrationProfile, fit_parameters
@@ -20,7 +21,8 @@ from planner.cost.memory import MemoryEstimate, loss_chunks_for, memory_limit_gi
 from planner.cost.model_costs import model_costs
 from planner.cost.parameters import GIB, CostParameters, default_parameters
 from planner.cost.setting import Choice, Setting
-from planner.errors import InfeasiblePlanError, PlanningError
+from planner.errors import InfeasiblePlanError, PlanningError, SearchDeadlineError
+from planner.formatting import duration
 from planner.hashing import plan_hash
 from planner.plan import (
     Candidate,
@@ -32,6 +34,7 @@ from planner.plan import (
     PlannedCluster,
     PlannedModel,
     PlannedTraining,
+    PlanWarning,
     Prediction,
     RejectedFamily,
     SearchStats,
@@ -43,7 +46,6 @@ BLOCKS_PER_UNIT = (1, 2, 4, 8)
 BUCKET_CAPS_MB = (0.0, 64.0, 512.0)
 SELECTIVE_EVERY_K = (2, 4)
 PARETO_LIMIT = 40
-MAX_NODES_TRIED = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +65,16 @@ def make_plan(
     *,
     calibration: CalibrationProfile | None = None,
     calibration_id: str | None = None,
+    time_limit_s: float | None = None,
 ) -> Plan:
     """The best plan for a request, with ranked alternatives and why other families lost.
 
-    Raises InfeasiblePlanError (naming the smallest cluster that would fit) when nothing fits.
+    Raises InfeasiblePlanError (naming the smallest cluster that would fit) when nothing fits, and
+    SearchDeadlineError when pricing the candidates takes more than `time_limit_s` seconds of CPU
+    time (CPU, not wall-clock, so that whether a request fits the limit does not depend on the load).
     """
+    _check_request(request)
+    deadline = None if time_limit_s is None else process_time() + time_limit_s
     setting = build_setting(request, calibration, calibration_id)
     estimator = Estimator(setting)
     limit = memory_limit_gib(setting.params, request.search.memory_headroom)
@@ -78,6 +85,8 @@ def make_plan(
     # Bucket caps often resolve to the same grouping (units larger than the cap): price it once.
     priced: dict[tuple, tuple[MemoryEstimate, TimeEstimate | None]] = {}
     for choice in enumerate_choices(request, setting):
+        if deadline is not None and process_time() > deadline:
+            raise _over_deadline(request, time_limit_s or 0.0, count)
         count += 1
         # Everything of the choice but what the layout signature already stands for.
         key = (
@@ -109,6 +118,22 @@ def make_plan(
 
     return _plan_document(
         request, setting, best, fitting=fitting, evaluated=evaluated, count=count, limit=limit
+    )
+
+
+def _over_deadline(request: PlanRequest, time_limit_s: float, priced: int) -> SearchDeadlineError:
+    units = f"{len(request.model.layer_graph)} layer-graph units" if request.model.layer_graph else None
+    shrink = [
+        "restrict search.shardings, search.compile or search.checkpointing",
+        "lower search.max_micro_batch_size",
+    ]
+    if units:
+        shrink.insert(0, f"merge the {units} into fewer, larger blocks (identical blocks are priced once)")
+    return SearchDeadlineError(
+        f"search: stopped after {time_limit_s:g} s of CPU time, the limit per plan, with {priced} "
+        f"configurations priced; shrink the search: {'; '.join(shrink)}",
+        time_limit_s=time_limit_s,
+        candidates_priced=priced,
     )
 
 
@@ -145,6 +170,24 @@ def _plan_document(
         rejected=tuple(_rejected_families(evaluated, best, limit)) if limit is not None else (),
         calibration_id=setting.params.calibration_id,
         search=SearchStats(candidates_evaluated=count, candidates_fitting=len(fitting)),
+        warnings=_warnings(request, setting, best),
+    )
+
+
+def _check_request(request: PlanRequest) -> None:
+    """Refuse what the runtime would refuse: planner/advice.py (imported here, as in `_infeasible`)."""
+    from planner.advice import check_sequence_length
+
+    check_sequence_length(request)
+
+
+def _warnings(request: PlanRequest, setting: Setting, best: Evaluated) -> tuple[PlanWarning, ...]:
+    """What to know about the chosen plan: planner/advice.py (imported here, as in `_infeasible`)."""
+    from planner.advice import plan_warnings
+
+    assert best.time is not None
+    return plan_warnings(
+        request, best.time, micro_batch=best.choice.micro_batch, mfu=_mfu(setting, best.tokens_per_s_per_gpu)
     )
 
 
@@ -188,6 +231,7 @@ def predict(
         prefetch_depth=config.prefetch_depth,
         loss_chunks=config.loss_chunks,
     )
+    _check_request(request)
     setting = build_setting(request, calibration, calibration_id)
     estimator = Estimator(setting)
     time = estimator.timing(choice, record=True)
@@ -529,76 +573,17 @@ def _slower_reason(loser: Evaluated, best: Evaluated) -> str:
         if not c.compile and best.choice.compile:
             why.append("unfused eager kernels")
         detail = " and ".join(why) or "smaller, less efficient kernels"
-        return f"{slower} slower: {detail}, compute {lt.compute_s * 1e3:.0f} ms/step"
+        return f"{slower} slower: {detail}, compute {duration(lt.compute_s)}/step"
     exposed = lt.exposed_all_gather_s if cause == "exposed all-gather" else lt.exposed_reduce_s
-    return f"{slower} slower: {cause} {exposed * 1e3:.0f} ms/step"
+    return f"{slower} slower: {cause} {duration(exposed)}/step"
 
 
 def _infeasible(
     request: PlanRequest, setting: Setting, limit: float, min_peak: Evaluated | None
 ) -> InfeasiblePlanError:
-    """Explain that nothing fits and find the smallest cluster of the same nodes that would."""
+    """Explain that nothing fits and what would: planner/advice.py (imported here: it searches
+    other clusters through this module's enumeration)."""
+    from planner.advice import infeasible_error
+
     assert min_peak is not None
-    cluster = request.cluster
-    lightest = min_peak.choice
-    gpu = cluster.gpu
-
-    def fits(nodes: int) -> bool:
-        world = nodes * cluster.gpus_per_node
-        probe = Estimator(replace(setting, world_size=world, num_nodes=nodes))
-        # One sequence per micro-batch (per-GPU batches shrink as the cluster grows). Eager and
-        # compiled trade memory differently (compiled whole-block checkpointing keeps attention
-        # outputs, the compiled loss smaller logits): as states shrink with more GPUs the lighter
-        # of the two can change, so both are tried.
-        # Full checkpointing, when allowed, holds the least activation memory; at the request's
-        # cluster the states hide that, so the lightest configuration found there may not show it.
-        modes = {(lightest.checkpointing, lightest.every_k)}
-        if "full" in request.search.checkpointing:
-            modes.add(("full", 1))
-        variants = (
-            replace(
-                lightest,
-                sharding="full_shard",
-                shard_group=world,
-                replicate_group=1,
-                micro_batch=1,
-                grad_accum=1,
-                compile=compiled,
-                checkpointing=mode,
-                every_k=every_k,
-                loss_chunks=loss_chunks_for(setting.seq_len, setting.model.vocab_size, setting.act_bytes),
-            )
-            for compiled in (lightest.compile, not lightest.compile)
-            for mode, every_k in sorted(modes)
-        )
-        return any(probe.memory(choice).total / GIB <= limit for choice in variants)
-
-    low, high = cluster.num_nodes, cluster.num_nodes * 2
-    while not fits(high) and high < MAX_NODES_TRIED:
-        low, high = high, min(high * 2, MAX_NODES_TRIED)
-    smallest: int | None = None
-    if fits(high):
-        while high - low > 1:
-            mid = (low + high) // 2
-            if fits(mid):
-                high = mid
-            else:
-                low = mid
-        smallest = high
-    peak = min_peak.peak_gib
-    where = f"{cluster.num_nodes}x{cluster.gpus_per_node}x{gpu}"
-    message = (
-        f"{request.model.name} does not fit on {where}: the least memory-hungry configuration "
-        f"({to_parallel_config(lightest, request).label()}) needs {peak:.1f} GiB per GPU, "
-        f"at most {limit:.1f} GiB fits with the memory margin. "
-    )
-    if smallest is not None:
-        message += (
-            f"Smallest cluster that fits: {smallest}x{cluster.gpus_per_node}x{gpu} "
-            f"({smallest * cluster.gpus_per_node} GPUs, full_shard); or shorten seq_len."
-        )
-    else:
-        message += "No cluster up to 4096 nodes fits (activations dominate): shorten seq_len."
-    return InfeasiblePlanError(
-        message, min_fitting_nodes=smallest, min_peak_memory_gib=peak, capacity_gib=limit
-    )
+    return infeasible_error(request, setting, limit_gib=limit, peak_gib=min_peak.peak_gib)

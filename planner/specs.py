@@ -120,8 +120,9 @@ class ModelSpec(StrictModel):
         if self.architecture == "layer_graph":
             if not self.layer_graph:
                 raise ValueError(
-                    "layer_graph: a `layer_graph` model needs its traced modules; "
-                    "produce them with `fsdp-planner trace pkg.module:factory`"
+                    "layer_graph: a `layer_graph` model needs its traced modules; write them with "
+                    "`fsdp-planner trace package.module:factory -o graph.json` and send that file "
+                    "as the model"
                 )
             return self
         if self.layer_graph is not None:
@@ -279,17 +280,47 @@ class PlanRequest(StrictModel):
     top_k: Annotated[int, Field(ge=1, le=50)] = 5
     """How many ranked alternatives to return beside the best plan."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_sequences_on_this_cluster(cls, data: Any) -> Any:
+        # TrainingSpec alone refuses partial sequences without knowing the cluster, so its example
+        # batches may not split over it; given the training as a dict beside a built model and
+        # cluster, the refusal names batches that split here and fit (planner/advice.py).
+        if not isinstance(data, dict) or not isinstance(data.get("training"), dict):
+            return data
+        training, model, cluster = data["training"], data.get("model"), data.get("cluster")
+        seq_len, tokens = training.get("seq_len"), training.get("global_batch_tokens")
+        if not (type(seq_len) is int and type(tokens) is int and seq_len > 0 and tokens % seq_len > 0):
+            return data
+        if not (isinstance(model, ModelSpec) and isinstance(cluster, ClusterSpec)):
+            return data
+        try:
+            whole = TrainingSpec.model_validate(
+                {**training, "global_batch_tokens": max(seq_len, tokens // seq_len * seq_len)}
+            )
+            search = SearchSpace.model_validate(data.get("search", {}))
+        except ValueError:
+            return data  # the fields' own errors say what is wrong
+        from planner.advice import batch_suggestion  # late: the advice plans
+
+        nearby = cls.model_construct(model=model, cluster=cluster, training=whole, search=search)
+        raise ValueError(
+            f"training.global_batch_tokens: {tokens} is not a whole number of {seq_len}-token "
+            f"sequences (the batch must be a multiple of seq_len); {batch_suggestion(nearby)}"
+        )
+
     @model_validator(mode="after")
     def _batch_reachable(self) -> PlanRequest:
         world = self.cluster.world_size
         seqs = self.training.global_batch_sequences
         if seqs % world:
-            up = -(-seqs // world) * world
+            # Late import: the advice plans (it checks that the batches it names fit).
+            from planner.advice import batch_suggestion
+
             raise ValueError(
                 f"training.global_batch_tokens: {seqs} sequences of {self.training.seq_len} tokens "
                 f"cannot be split evenly over {world} GPUs (micro-batch x accumulation x "
-                f"data-parallel degree must equal the global batch); use a multiple of {world} "
-                f"sequences, e.g. {up} sequences = {up * self.training.seq_len} tokens"
+                f"data-parallel degree must equal the global batch); {batch_suggestion(self)}"
             )
         return self
 

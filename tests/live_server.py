@@ -24,14 +24,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(*, env: dict[str, str], log: Path, cwd: Path = REPO_ROOT) -> Iterator[str]:
-    """`fsdp-planner serve` on a free loopback port, as the README runs it; yields its base URL once
-    /readyz answers, and stops it afterwards. Its output goes to `log` (shown if it fails to start)."""
+def running_server(
+    *, env: dict[str, str], log: Path, cwd: Path = REPO_ROOT, args: tuple[str, ...] = ()
+) -> Iterator[str]:
+    """`fsdp-planner serve [args]` on a free loopback port, as the README runs it; yields its base URL
+    once /readyz answers, and stops it afterwards. Its output goes to `log` (shown if it fails to start)."""
     port = free_port()
     with log.open("wb") as log_file:
         process = subprocess.Popen(
             [sys.executable, "-m", "api.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--log-level", "warning"],
+             "--log-level", "warning", *args],
             cwd=cwd, env=env, stdout=log_file, stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"

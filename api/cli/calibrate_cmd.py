@@ -27,6 +27,7 @@ from planner.calibration import CalibrationProfile, fit_parameters
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.parameters import default_parameters
 from planner.errors import PlanningError, describe_validation_error
+from planner.formatting import duration
 from planner.specs import ClusterSpec
 
 
@@ -188,8 +189,8 @@ def show_fit(profile: CalibrationProfile, console: Console) -> None:
         ("matmul efficiency", f"{base.matmul_efficiency:.2f}", f"{fitted.matmul_efficiency:.2f}"),
         (
             "matmul overhead",
-            f"{base.matmul_overhead_s * 1e6:.1f} us",
-            f"{fitted.matmul_overhead_s * 1e6:.1f} us",
+            duration(base.matmul_overhead_s),
+            duration(fitted.matmul_overhead_s),
         ),
         (
             "memory bandwidth",
@@ -205,22 +206,22 @@ def show_fit(profile: CalibrationProfile, console: Console) -> None:
         (
             "optimizer step",
             f"{base.optimizer_bytes_per_param:.0f} B/param",
-            f"{fitted.optimizer_bytes_per_param:.0f} B/param + {fitted.optimizer_overhead_s * 1e3:.1f} ms",
+            f"{fitted.optimizer_bytes_per_param:.0f} B/param + {duration(fitted.optimizer_overhead_s)}",
         ),
         (
             "overhead per micro-batch",
-            f"{base.micro_batch_overhead_s * 1e3:.1f} ms",
-            f"{fitted.micro_batch_overhead_s * 1e3:.1f} ms",
+            duration(base.micro_batch_overhead_s),
+            duration(fitted.micro_batch_overhead_s),
         ),
         (
             "sharding overhead per micro-batch",
-            f"{base.sharding_overhead_s * 1e3:.1f} ms",
-            f"{fitted.sharding_overhead_s * 1e3:.1f} ms",
+            duration(base.sharding_overhead_s),
+            duration(fitted.sharding_overhead_s),
         ),
         (
             "compiled overhead per micro-batch",
-            f"{base.compiled_overhead_s * 1e3:.1f} ms",
-            f"{fitted.compiled_overhead_s * 1e3:.1f} ms",
+            duration(base.compiled_overhead_s),
+            duration(fitted.compiled_overhead_s),
         ),
         ("overlap contention", f"{base.overlap_contention:.2f}", f"{fitted.overlap_contention:.2f}"),
         (
@@ -238,7 +239,7 @@ def show_fit(profile: CalibrationProfile, console: Console) -> None:
             (f"{link}-node bandwidth", f"{b.bandwidth / 1e9:.1f} GB/s", f"{f.bandwidth / 1e9:.1f} GB/s")
         )
         rows.append(
-            (f"{link}-node latency (n=8)", f"{b.latency(8) * 1e6:.0f} us", f"{f.latency(8) * 1e6:.0f} us")
+            (f"{link}-node latency (n=8)", duration(b.latency(8)), duration(f.latency(8)))
         )
     for row in rows:
         table.add_row(*row)

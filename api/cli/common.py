@@ -113,6 +113,17 @@ def problem_detail(response: httpx.Response) -> str:
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 
 
+def cpu_precision_note(plan: Plan) -> str | None:
+    """Why a bf16 plan for a CPU cluster will not predict its CPU run (None when that does not apply).
+
+    The trainer runs CPU jobs in float32 (`--precision auto`): bf16 matmuls are slow on most CPUs.
+    """
+    if plan.cluster.gpu != "cpu" or plan.training.precision != "bf16":
+        return None
+    return ("this plan assumes bf16 but CPU runs train in float32, so their time and memory differ from "
+            "the prediction; plan CPU runs with --precision fp32")
+
+
 def plan_from_document(document: Any, source: str) -> Plan:
     """A Plan from a plan file or an API response (`{"id": ..., "plan": {...}}`); anything else refused."""
     if (

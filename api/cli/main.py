@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from api.cli import calibrate_cmd, launcher_cmd, plan_cmd, replan_cmd, service_cmd, validate_cmd
+from api.cli import calibrate_cmd, launcher_cmd, plan_cmd, replan_cmd, service_cmd, trace_cmd, validate_cmd
 
 app = typer.Typer(
     name="fsdp-planner",
@@ -26,6 +26,7 @@ service_cmd.register(app)
 calibrate_cmd.register(app)
 validate_cmd.register(app)
 launcher_cmd.register(app)
+trace_cmd.register(app)
 
 
 def main() -> None:

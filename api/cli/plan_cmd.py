@@ -10,14 +10,15 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.common import EXIT_INFEASIBLE, fail, read_json_file
+from api.cli.common import EXIT_INFEASIBLE, cpu_precision_note, fail, read_json_file
 from planner.calibration import CalibrationProfile
 from planner.catalog import resolve_model
 from planner.cost.memory import MEMORY_TERMS
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
+from planner.formatting import duration
 from planner.plan import Plan
 from planner.search import make_plan
-from planner.specs import ClusterSpec, PlanRequest, TrainingSpec
+from planner.specs import ClusterSpec, PlanRequest
 
 
 def register(app: typer.Typer) -> None:
@@ -28,6 +29,10 @@ def plan(
     model: Annotated[str | None, typer.Option(help="Catalog model name, e.g. llama3-8b.")] = None,
     hf_config: Annotated[
         Path | None, typer.Option("--hf-config", help="A Hugging Face config.json to plan instead.")
+    ] = None,
+    layer_graph: Annotated[
+        Path | None,
+        typer.Option("--layer-graph", help="A layer graph JSON from `fsdp-planner trace` to plan instead."),
     ] = None,
     cluster: Annotated[
         str | None, typer.Option(help="NODESxGPUSxGPU, e.g. 1x8xH100 or 4x8xA100-80GB.")
@@ -40,7 +45,9 @@ def plan(
     global_batch_tokens: Annotated[
         int | None, typer.Option("--global-batch-tokens", help="Tokens per optimizer step (all GPUs).")
     ] = None,
-    precision: Annotated[str, typer.Option(help="bf16 (mixed, fp32 master) or fp32.")] = "bf16",
+    precision: Annotated[str, typer.Option(
+        help="bf16 (mixed, fp32 master) or fp32; CPU clusters train in fp32, so plan them with fp32."
+    )] = "bf16",
     calibration: Annotated[
         Path | None, typer.Option(help="CalibrationProfile JSON from `fsdp-planner calibrate`.")
     ] = None,
@@ -49,14 +56,19 @@ def plan(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the Plan JSON here.")] = None,
 ) -> None:
     """Find the fastest FSDP configuration that fits, and say why."""
-    if (model is None) == (hf_config is None):
-        raise fail("give exactly one of --model NAME or --hf-config PATH")
+    if sum(x is not None for x in (model, hf_config, layer_graph)) != 1:
+        raise fail("give exactly one of --model NAME, --hf-config PATH or --layer-graph PATH")
     if (cluster is None) == (cluster_file is None):
         raise fail("give exactly one of --cluster NODESxGPUSxGPU or --cluster-file FILE")
     if global_batch_tokens is None:
         raise fail("--global-batch-tokens is required (tokens per optimizer step over all GPUs)")
     try:
-        model_spec = resolve_model(model if model is not None else read_json_file(hf_config, "--hf-config"))
+        if model is not None:
+            model_spec = resolve_model(model)
+        elif hf_config is not None:
+            model_spec = resolve_model(read_json_file(hf_config, "--hf-config"))
+        else:
+            model_spec = resolve_model(read_json_file(layer_graph, "--layer-graph"))
         cluster_spec = (
             ClusterSpec.parse(cluster)
             if cluster is not None
@@ -65,9 +77,8 @@ def plan(
         request = PlanRequest(
             model=model_spec,
             cluster=cluster_spec,
-            training=TrainingSpec(
-                seq_len=seq_len, global_batch_tokens=global_batch_tokens, precision=precision
-            ),
+            # A dict, so that a batch of partial sequences is refused with batches for this cluster.
+            training={"seq_len": seq_len, "global_batch_tokens": global_batch_tokens, "precision": precision},
             top_k=top,
         )
         profile = (
@@ -96,6 +107,8 @@ def plan(
         print_plan(result, Console())
         if output is not None:
             Console().print(f"\nPlan written to {output}")
+    if note := cpu_precision_note(result):
+        Console(stderr=True).print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
 
 
 def print_plan(p: Plan, console: Console) -> None:
@@ -110,12 +123,15 @@ def print_plan(p: Plan, console: Console) -> None:
     )
     console.print(f"Chosen: [bold green]{p.config.label()}[/]")
     summary = Table(show_header=False, box=None, pad_edge=False)
-    summary.add_row("step time", f"{pred.step_time_s:.3f} s")
+    summary.add_row("step time", duration(pred.step_time_s))
     summary.add_row("tokens/s/GPU", f"{pred.tokens_per_s_per_gpu:,.0f}")
     summary.add_row("MFU", f"{pred.mfu:.1%}")
     summary.add_row("peak memory", _peak_line(p))
-    summary.add_row("exposed comm", f"{pred.exposed_comm_s * 1e3:.1f} ms/step of {pred.comm_s * 1e3:.1f} ms")
+    summary.add_row("exposed comm", f"{duration(pred.exposed_comm_s)}/step of {duration(pred.comm_s)}")
     console.print(summary)
+    for warning in p.warnings:
+        # Markup off: the message is the planner's text, with brackets of its own.
+        console.print(f"warning: {warning.message}", style="bold yellow", markup=False)
 
     breakdown = pred.memory_breakdown_gib
     memory = Table(title=f"Peak memory per GPU (at {breakdown.moment})", title_justify="left")
@@ -130,12 +146,12 @@ def print_plan(p: Plan, console: Console) -> None:
         console.print(f"memory margin {pred.memory_margin:.0%}: {pred.memory_margin_reason}")
 
     alternatives = Table(title="Alternatives", title_justify="left")
-    for column in ("configuration", "tokens/s/GPU", "vs chosen", "MFU", "peak GiB", "exposed ms"):
+    for column in ("configuration", "tokens/s/GPU", "vs chosen", "MFU", "peak GiB", "exposed comm"):
         alternatives.add_column(column, justify="left" if column == "configuration" else "right")
     for a in p.alternatives:
         alternatives.add_row(
             a.label, f"{a.tokens_per_s_per_gpu:,.0f}", f"{a.relative_throughput:.1%}", f"{a.mfu:.1%}",
-            f"{a.peak_memory_gib:.1f}", f"{a.exposed_comm_s * 1e3:.1f}",
+            f"{a.peak_memory_gib:.1f}", duration(a.exposed_comm_s),
         )
     console.print(alternatives)
 

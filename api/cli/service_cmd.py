@@ -66,6 +66,11 @@ def serve(
     if settings.migrate_on_startup:
         db_upgrade(revision="head", database_url=settings.resolved_database_url)
         os.environ["FSDP_PLANNER_MIGRATE_ON_STARTUP"] = "false"
+    if settings.search_workers is None:
+        from api.services.search_pool import available_cores
+
+        # Each web process has its own search pool: share the cores among them.
+        os.environ["FSDP_PLANNER_SEARCH_WORKERS"] = str(max(1, available_cores() // workers))
     uvicorn.run(
         "api.app:create_app", factory=True, host=host, port=port, workers=workers, log_level=log_level,
         proxy_headers=True,

@@ -26,8 +26,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.common import DEFAULT_SERVER, EXIT_FAILED, EXIT_OOM, ServerClient, fail, load_plan
+from api.cli.common import (
+    DEFAULT_SERVER,
+    EXIT_FAILED,
+    EXIT_OOM,
+    ServerClient,
+    cpu_precision_note,
+    fail,
+    load_plan,
+)
 from executor.launch.bundle import bundle_name, write_bundle
+from planner.formatting import duration
 from planner.plan import Plan
 
 DEFAULT_STEPS = 8
@@ -45,6 +54,8 @@ class Measurement:
     steps: int
     losses: list[float]
     step_times_s: list[float]
+    timed_steps: tuple[int, int] = (0, 0)
+    """The first and last step (1-based, as the trainer numbers them) behind the medians."""
 
 
 class ValidationError(RuntimeError):
@@ -78,6 +89,7 @@ def summarize(metrics: list[dict[str, Any]], *, warmup: int) -> Measurement:
         steps=len(steady),
         losses=[m["loss"] for m in metrics],
         step_times_s=[m["step_time_s"] for m in metrics],
+        timed_steps=(steady[0].get("step", warmup + 1), steady[-1].get("step", len(metrics))),
     )
 
 
@@ -112,6 +124,9 @@ def run_validation(
         # On CPU, profile memory on one early step only: profiling slows the steps it watches.
         "--memory-every",
         "0",
+        # The trainer's closing line then reports the same median over the same steps as this command.
+        "--timing-warmup",
+        str(warmup),
         *trainer_args,
     ]
     env = {**os.environ, "NPROC_PER_NODE": str(plan.cluster.gpus_per_node), "PYTHON": python}
@@ -176,11 +191,8 @@ def validate(
         raise fail("--upload stores the run with its plan on the server: use --plan-id ID (not --plan FILE)")
     plan = load_plan(plan_file, plan_id, server, api_key)
     console = Console()
-    if plan.cluster.gpu == "cpu" and plan.training.precision == "bf16":
-        console.print(
-            "[yellow]note:[/] this plan assumes bf16 but CPU runs train in float32, so time and memory "
-            "differ from the prediction; plan CPU runs with --precision fp32"
-        )
+    if note := cpu_precision_note(plan):
+        console.print(f"[yellow]note:[/] {note}")
     trainer_args: tuple[str, ...] = ()
     if model_factory:
         trainer_args += ("--model-factory", model_factory)
@@ -282,10 +294,11 @@ def show(plan: Plan, measured: Measurement, console: Console) -> None:
     )
     for column in ("", "predicted", "measured", "error"):
         table.add_column(column, justify="left" if not column else "right")
+    first, last = measured.timed_steps
     table.add_row(
-        "step time",
-        f"{pred.step_time_s:.4f} s",
-        f"{measured.step_time_s:.4f} s",
+        f"step time (median, steps {first}-{last})",
+        duration(pred.step_time_s),
+        duration(measured.step_time_s),
         _error(pred.step_time_s, measured.step_time_s),
     )
     table.add_row(
@@ -303,6 +316,7 @@ def show(plan: Plan, measured: Measurement, console: Console) -> None:
     )
     console.print(table)
     console.print(
-        f"[dim]{measured.steps} timed steps after warm-up; loss {measured.losses[0]:.3f} -> "
+        f"[dim]measured: median over the {measured.steps} steady steps after {first - 1} warm-up (the "
+        f"trainer's `done:` line reports the same; --upload stores it); loss {measured.losses[0]:.3f} -> "
         f"{measured.losses[-1]:.3f}; memory from {measured.memory_source or 'nothing'}[/]"
     )

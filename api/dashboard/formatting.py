@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from datetime import datetime
 
+from planner.formatting import duration
+
 
 def compact_number(value: float) -> str:
     """1234 -> 1.23k, 0.00012 -> 120µ: short tick labels for any magnitude."""
@@ -30,14 +32,8 @@ def binary_bytes(value: float) -> str:
     return f"{value:.4g} B"
 
 
-def seconds(value: float) -> str:
-    """A duration in the unit that keeps it readable (s, ms, µs)."""
-    magnitude = abs(value)
-    if magnitude >= 1 or magnitude == 0:
-        return f"{value:.3g} s"
-    if magnitude >= 1e-3:
-        return f"{value * 1e3:.3g} ms"
-    return f"{value * 1e6:.3g} µs"
+# Durations read the same everywhere (CLI, reasons, pages): one formatter, the planner's.
+seconds = duration
 
 
 def percent(value: float) -> str:

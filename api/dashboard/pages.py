@@ -18,12 +18,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api.dashboard import access, accuracy_views, calibration_views, plan_form, plan_views, queries
 from api.dashboard.plan_list import COLUMNS, ListingState
 from api.dashboard.rendering import error_page, mark_dashboard_request, render
-from api.deps import SessionDep, SettingsDep
+from api.deps import SessionDep, SettingsDep, run_planning
 from api.problems import ProblemError
 from api.schemas.plans import MAX_ID, ReplanCreate
-from api.services import plan_listing
+from api.services import plan_compare, plan_listing
 from api.services import plans as plan_service
 from api.services import replan as replan_service
+from api.services.plan_documents import UnreadablePlanError, read_plan
 from planner.catalog import MODEL_CATALOG
 from planner.specs import Optimizer, Precision
 
@@ -35,7 +36,6 @@ router = APIRouter(
 LAUNCHER_TARGETS = (
     ("torchrun", "torchrun"), ("slurm", "SLURM"), ("k8s", "Kubernetes"), ("all", "all targets"),
 )
-MAX_COMPARED = 8
 
 
 def _parse_id(raw: str, what: str) -> int:
@@ -100,9 +100,9 @@ async def create_plan_from_form(request: Request, session: SessionDep, settings:
     known = plan_form.PlanForm().values()
     form = plan_form.PlanForm(**{k: v for k, v in submitted.items() if k in known and isinstance(v, str)})
     api_key = submitted.get("api_key")
-    return await run_in_threadpool(
-        _create_plan, request, session, settings.max_model_layers, form, api_key if isinstance(api_key, str)
-        else "",
+    return await run_planning(
+        request, _create_plan, request, session, settings.max_model_layers, form,
+        api_key if isinstance(api_key, str) else "",
     )
 
 
@@ -116,7 +116,8 @@ def _create_plan(
     if body is not None and not form.errors:
         try:
             outcome = plan_service.create_plan(
-                session, body, locks=request.app.state.plan_locks, max_model_layers=max_model_layers
+                session, body, locks=request.app.state.plan_locks, search_pool=request.app.state.search_pool,
+                max_model_layers=max_model_layers,
             )
         except ProblemError as problem:
             plan_form.add_problem(form, problem)
@@ -134,8 +135,8 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
     if row is None:
         raise StarletteHTTPException(404, f"Plan {plan_id} does not exist (it may have been deleted).")
     try:
-        plan = plan_views.read_plan(row)
-    except plan_views.UnreadablePlanError as exc:
+        plan = read_plan(row)
+    except UnreadablePlanError as exc:
         return error_page(request, 500, str(exc))
     runs = queries.validation_runs(session, row.id)
     replan = {
@@ -152,6 +153,7 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
         "prediction": plan_views.prediction_rows(plan),
         "memory_chart": plan_views.memory_chart([(row.name, plan)]),
         "timeline_chart": plan_views.timeline_chart(plan) if plan.prediction.timeline else None,
+        "timeline_per_phase": plan_views.timeline_per_phase(plan),
         "tradeoff_chart": plan_views.tradeoff_chart(plan),
         "candidates": plan_views.candidate_rows(plan), "runs": runs,
         "launcher_targets": LAUNCHER_TARGETS,
@@ -185,38 +187,27 @@ def _replan(request: Request, session: SessionDep, plan_id: int, run_id: str, ap
     return RedirectResponse(f"/plans/{outcome.row.id}{suffix}", status_code=303)
 
 
-def _compare_ids(request: Request) -> list[int]:
-    ids: list[int] = []
-    for value in request.query_params.getlist("ids"):
-        for part in value.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            plan_id = _parse_id(part, "plan")
-            if plan_id not in ids:
-                ids.append(plan_id)
-    return ids
-
-
 @router.get("/compare", response_class=HTMLResponse)
 def compare_page(request: Request, session: SessionDep) -> HTMLResponse:
-    ids = _compare_ids(request)
-    if not 2 <= len(ids) <= MAX_COMPARED:
-        return render(request, "compare.html", {
-            "active": "compare", "ids": ids, "max_compared": MAX_COMPARED, "plans": [], "rows": [],
-        }, status_code=200 if not ids else 400)
-    found = queries.plans_with_documents(session, ids)
-    missing = [i for i in ids if i not in found]
-    if missing:
-        raise StarletteHTTPException(
-            404, f"Plan(s) {', '.join(map(str, missing))} do not exist (they may have been deleted)."
-        )
     try:
-        plans = [(found[i], plan_views.read_plan(found[i])) for i in ids]
-    except plan_views.UnreadablePlanError as exc:
+        ids = plan_compare.parse_ids(request.query_params.getlist("ids"))
+    except plan_compare.CompareIdsError as exc:
+        raise StarletteHTTPException(404, f"There is no plan to compare: {exc}.") from None
+    try:
+        plan_compare.check_count(ids)
+    except plan_compare.CompareIdsError:
+        return render(request, "compare.html", {
+            "active": "compare", "ids": ids, "max_compared": plan_compare.MAX_COMPARED, "plans": [],
+            "rows": [],
+        }, status_code=200 if not ids else 400)
+    try:
+        plans = plan_compare.load_plans(session, ids)
+    except plan_compare.MissingPlansError as exc:
+        raise StarletteHTTPException(404, f"{str(exc).capitalize()}.") from None
+    except UnreadablePlanError as exc:
         return error_page(request, 500, str(exc))
     return render(request, "compare.html", {
-        "active": "compare", "ids": ids, "max_compared": MAX_COMPARED, "plans": plans,
+        "active": "compare", "ids": ids, "max_compared": plan_compare.MAX_COMPARED, "plans": plans,
         "rows": plan_views.compare_rows(plans),
         "memory_chart": plan_views.memory_chart([(f"#{r.id} {r.name}", p) for r, p in plans]),
     })

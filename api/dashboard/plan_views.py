@@ -1,23 +1,26 @@
 """What the plan pages show, computed from a stored plan: labelled rows, charts, and the compare table.
 
-The stored document is read back through the planner's own `Plan` model, so every field is typed and
-a document this version cannot read is caught in one place (`read_plan`).
+The stored document is read back through the planner's own `Plan` model
+(`api.services.plan_documents.read_plan`), so every field is typed and a document this version cannot
+read is caught in one place.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from datetime import datetime
+from typing import Any
 
 from markupsafe import Markup
-from pydantic import ValidationError
 
 from api.dashboard import formatting as fmt
 from api.dashboard import svg
 from api.db.models import PlanRow
+from api.services import plan_compare
+from api.services.plan_compare import Scalar
 from planner.cost.memory import MEMORY_TERMS
-from planner.plan import Candidate, ParallelConfig, Plan, Prediction
+from planner.plan import Candidate, ParallelConfig, Plan, Prediction, TimelineSegment
 
 # Memory parts in the order they are stacked, with the words a person reads: the planner's own terms.
 MEMORY_PARTS = {name: term.label for name, term in MEMORY_TERMS.items()}
@@ -34,20 +37,6 @@ TIMELINE_LEGEND = (
     ("exposed communication (compute waits)", svg.EXPOSED_COLOR),
 )
 LANE_COMPUTE, LANE_COMM = "compute", "communication"
-
-
-class UnreadablePlanError(ValueError):
-    """A stored document that this version's Plan model rejects (stored by another planner version)."""
-
-
-def read_plan(row: PlanRow) -> Plan:
-    try:
-        return Plan.model_validate(row.plan)
-    except ValidationError as exc:
-        raise UnreadablePlanError(
-            f"plan {row.id} was stored by planner {row.planner_version} in a format this version cannot "
-            f"show ({exc.error_count()} problem(s)); its raw JSON is still at /api/v1/plans/{row.id}"
-        ) from None
 
 
 @dataclass(frozen=True)
@@ -185,12 +174,88 @@ def _segment_color(stream: str, phase: str, label: str) -> str:
     return ALL_GATHER if "gather" in label else REDUCE
 
 
-def timeline_chart(plan: Plan) -> Markup:
-    """One micro-batch on the compute and communication streams; exposed waits marked on compute.
+# Beyond this many segments (a 70B or 405B model's hundreds of units) single spans are a pixel or two
+# wide and the chart turns into stripes: it is drawn per phase instead.
+TIMELINE_DETAIL_LIMIT = 200
+PHASES = ("forward", "backward", "optimizer")
 
-    The planner records a wait as a comm segment whose `exposed_s` is the time compute stood still, so it
-    is drawn where that idle time is: on the compute lane, in red. A transfer that is partly exposed is
-    drawn on the communication lane too.
+
+def _is_wait(seg: TimelineSegment) -> bool:
+    """A comm segment that is all waiting: compute stood still for its whole length."""
+    return seg.exposed_s > 0 and seg.exposed_s >= (seg.end_s - seg.start_s) * 0.999
+
+
+def timeline_per_phase(plan: Plan) -> bool:
+    return len(plan.prediction.timeline) > TIMELINE_DETAIL_LIMIT
+
+
+def timeline_chart(plan: Plan) -> Markup:
+    """One micro-batch on the compute and communication streams: every span for small plans, per
+    phase when there are too many to see (`timeline_per_phase`)."""
+    if timeline_per_phase(plan):
+        return _phase_timeline(plan)
+    return _detailed_timeline(plan)
+
+
+def _phase_timeline(plan: Plan) -> Markup:
+    """Per phase, where it starts: on the compute lane its compute then the time compute waited for
+    communication (red); on the communication lane its all-gathers then its reductions. Widths are
+    the summed durations, so the picture keeps how long each part takes, not where each unit ran."""
+    spans = []
+    for phase in PHASES:
+        segments = [seg for seg in plan.prediction.timeline if seg.phase == phase]
+        if not segments:
+            continue
+        start = min(seg.start_s for seg in segments)
+        compute = [seg for seg in segments if seg.stream == "compute"]
+        waits = sum(seg.exposed_s for seg in segments if seg.stream == "comm")
+        busy = sum(seg.end_s - seg.start_s for seg in compute)
+        cursor = start
+        if compute:
+            spans.append(svg.Span(
+                lane=LANE_COMPUTE, start=cursor, end=cursor + busy, label=f"{phase} {fmt.seconds(busy)}",
+                short_label=fmt.seconds(busy),
+                color=_segment_color("compute", phase, ""), css_class="phase",
+                tooltip=f"{phase} compute: {len(compute)} span(s), {fmt.seconds(busy)} in all",
+            ))
+            cursor += busy
+        if waits > 0:
+            spans.append(svg.Span(
+                lane=LANE_COMPUTE, start=cursor, end=cursor + waits, color=svg.EXPOSED_COLOR,
+                label=f"waits {fmt.seconds(waits)}", short_label=fmt.seconds(waits),
+                css_class="exposed phase",
+                tooltip=f"{phase}: compute waits {fmt.seconds(waits)} for communication (exposed)",
+            ))
+        transfers = [seg for seg in segments if seg.stream == "comm" and not _is_wait(seg)]
+        cursor = min((seg.start_s for seg in transfers), default=start)
+        gathers = [seg for seg in transfers if "gather" in seg.label]
+        reductions = [seg for seg in transfers if "gather" not in seg.label]
+        for group, word, short in ((gathers, "all-gather", "all-gather"),
+                                   (reductions, "reduce-scatter / all-reduce", "reduce")):
+            if not group:
+                continue
+            busy = sum(seg.end_s - seg.start_s for seg in group)
+            exposed = sum(seg.exposed_s for seg in group)
+            spans.append(svg.Span(
+                lane=LANE_COMM, start=cursor, end=cursor + busy, label=f"{short} {fmt.seconds(busy)}",
+                short_label=fmt.seconds(busy),
+                color=_segment_color("comm", phase, word), css_class="phase",
+                tooltip=f"{phase} {word}: {len(group)} transfer(s), {fmt.seconds(busy)} on the links"
+                        + (f", {fmt.seconds(exposed)} of it exposed" if exposed else ""),
+            ))
+            cursor += busy
+    present = {s.color for s in spans}
+    return svg.timeline(
+        chart_id="timeline-chart", title="Step timeline of one micro-batch, per phase",
+        lanes=(LANE_COMPUTE, LANE_COMM), spans=spans,
+        legend=[(name, color) for name, color in TIMELINE_LEGEND if color in present],
+    )
+
+
+def _detailed_timeline(plan: Plan) -> Markup:
+    """Every span. The planner records a wait as a comm segment whose `exposed_s` is the time compute
+    stood still, so it is drawn where that idle time is: on the compute lane, in red. A transfer that
+    is partly exposed is drawn on the communication lane too.
     """
     spans = []
     for seg in plan.prediction.timeline:
@@ -202,7 +267,7 @@ def timeline_chart(plan: Plan) -> Markup:
                 lane=LANE_COMPUTE, start=seg.end_s - seg.exposed_s, end=seg.end_s, color=svg.EXPOSED_COLOR,
                 tooltip=f"{tooltip}; compute waits {fmt.seconds(seg.exposed_s)}", css_class="exposed",
             ))
-            if seg.exposed_s >= duration * 0.999:
+            if _is_wait(seg):
                 continue
         lane = LANE_COMPUTE if seg.stream == "compute" else LANE_COMM
         spans.append(svg.Span(lane=lane, start=seg.start_s, end=seg.end_s, tooltip=tooltip,
@@ -273,17 +338,6 @@ def candidate_rows(plan: Plan) -> list[CandidateRow]:
 
 # --- compare -------------------------------------------------------------------------------------------
 
-Better = Literal["higher", "lower"] | None
-
-
-@dataclass(frozen=True)
-class CompareField:
-    section: str
-    label: str
-    value: Callable[[PlanRow, Plan], str]
-    number: Callable[[Plan], float] | None = None
-    better: Better = None
-
 
 @dataclass(frozen=True)
 class CompareRow:
@@ -295,65 +349,54 @@ class CompareRow:
     """Columns holding the best value (numeric rows with a direction only, and only when they differ)."""
 
 
-def _memory_field(key: str, label: str) -> CompareField:
-    return CompareField("Memory per GPU", label,
-                        lambda _r, p: fmt.gib(getattr(p.prediction.memory_breakdown_gib, key)),
-                        lambda p: getattr(p.prediction.memory_breakdown_gib, key), "lower")
+_SHARDING_WORDS = {"full_shard": "full_shard (ZeRO-3)", "shard_grad_op": "shard_grad_op (ZeRO-2)",
+                   "hybrid_shard": "hybrid_shard (2-D mesh)", "no_shard": "no_shard (replicated, DDP-like)"}
+_CHECKPOINTING_WORDS = {"none": "none", "selective": "selective (every k-th block)",
+                        "op_selective": "op-level selective", "full": "full (every block)"}
 
 
-COMPARE_FIELDS: tuple[CompareField, ...] = (
-    CompareField("Inputs", "Name", lambda r, _p: r.name),
-    CompareField("Inputs", "Model", lambda _r, p: f"{p.model.name} ({fmt.count(p.model.num_params)})"),
-    CompareField("Inputs", "Cluster", lambda _r, p: cluster_label(p)),
-    CompareField("Inputs", "GPUs", lambda _r, p: str(p.cluster.world_size)),
-    CompareField("Inputs", "Sequence length", lambda _r, p: f"{p.training.seq_len:,}"),
-    CompareField("Inputs", "Global batch (tokens)", lambda _r, p: f"{p.training.global_batch_tokens:,}"),
-    CompareField("Inputs", "Precision / optimizer",
-                 lambda _r, p: f"{p.training.precision} / {p.training.optimizer}"),
-    CompareField("Inputs", "Calibration",
-                 lambda r, _p: f"profile {r.calibration_id}" if r.calibration_id else "none"),
-    CompareField("Configuration", "Sharding", lambda _r, p: sharding_label(p.config)),
-    CompareField("Configuration", "Blocks per unit", lambda _r, p: str(p.config.blocks_per_unit)),
-    CompareField("Configuration", "Buckets AG / RS (MB)",
-                 lambda _r, p: f"{p.config.all_gather_bucket_mb:g} / {p.config.reduce_scatter_bucket_mb:g}"),
-    CompareField("Configuration", "Reshard after forward",
-                 lambda _r, p: "yes" if p.config.reshard_after_forward else "no"),
-    CompareField("Configuration", "Prefetch depth", lambda _r, p: str(p.config.prefetch_depth)),
-    CompareField("Configuration", "Activation checkpointing", lambda _r, p: checkpointing_label(p.config)),
-    CompareField("Configuration", "Micro-batch × accumulation",
-                 lambda _r, p: f"{p.config.micro_batch_size} × {p.config.grad_accum_steps}"),
-    CompareField("Configuration", "Param / reduce dtype",
-                 lambda _r, p: f"{p.config.param_dtype} / {p.config.reduce_dtype}"),
-    CompareField("Configuration", "torch.compile", lambda _r, p: "on" if p.config.compile else "off"),
-    CompareField("Prediction", "Step time", lambda _r, p: fmt.seconds(p.prediction.step_time_s),
-                 lambda p: p.prediction.step_time_s, "lower"),
-    CompareField("Prediction", "Tokens/s per GPU",
-                 lambda _r, p: fmt.thousands(p.prediction.tokens_per_s_per_gpu),
-                 lambda p: p.prediction.tokens_per_s_per_gpu, "higher"),
-    CompareField("Prediction", "Tokens/s (cluster)", lambda _r, p: fmt.thousands(p.prediction.tokens_per_s),
-                 lambda p: p.prediction.tokens_per_s, "higher"),
-    CompareField("Prediction", "MFU", lambda _r, p: fmt.percent(p.prediction.mfu), lambda p: p.prediction.mfu,
-                 "higher"),
-    CompareField("Prediction", "Peak memory", lambda _r, p: fmt.gib(p.prediction.peak_memory_gib),
-                 lambda p: p.prediction.peak_memory_gib, "lower"),
-    CompareField("Prediction", "Exposed communication",
-                 lambda _r, p: fmt.seconds(p.prediction.exposed_comm_s),
-                 lambda p: p.prediction.exposed_comm_s, "lower"),
-    *(_memory_field(key, label) for key, label in MEMORY_PARTS.items()),
-    CompareField("Provenance", "Planner version", lambda r, _p: r.planner_version),
-    CompareField("Provenance", "Created", lambda r, _p: fmt.timestamp(r.created_at)),
-)
+def _yes_no(value: Scalar) -> str:
+    return "yes" if value else "no"
+
+
+def _number(value: Scalar) -> str:
+    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+
+
+# How the page writes each compared field's raw value (plan_compare.FIELDS decides what is compared).
+_COMPARE_DISPLAY: dict[str, Callable[[Any], str]] = {
+    "model.num_params": fmt.count,
+    "training.seq_len": _number,
+    "training.global_batch_tokens": _number,
+    "calibration_id": lambda v: f"profile {v}" if v else "none",
+    "config.sharding": lambda v: _SHARDING_WORDS.get(v, v),
+    "config.all_gather_bucket_mb": _number,
+    "config.reduce_scatter_bucket_mb": _number,
+    "config.reshard_after_forward": _yes_no,
+    "config.checkpointing.mode": lambda v: _CHECKPOINTING_WORDS.get(v, v),
+    "config.compile": lambda v: "on" if v else "off",
+    "prediction.step_time_s": fmt.seconds,
+    "prediction.tokens_per_s_per_gpu": fmt.thousands,
+    "prediction.tokens_per_s": fmt.thousands,
+    "prediction.mfu": fmt.percent,
+    "prediction.peak_memory_gib": fmt.gib,
+    "prediction.exposed_comm_s": fmt.seconds,
+    # To the second: two plans made in the same minute differ here, and the row must show how.
+    "created_at": lambda v: f"{datetime.fromisoformat(v):%Y-%m-%d %H:%M:%S} UTC",
+    **{f"prediction.memory_breakdown_gib.{key}": fmt.gib for key in MEMORY_PARTS},
+}
 
 
 def compare_rows(plans: Sequence[tuple[PlanRow, Plan]]) -> list[CompareRow]:
-    rows = []
-    for f in COMPARE_FIELDS:
-        values = [f.value(row, plan) for row, plan in plans]
-        differs = len(set(values)) > 1
-        best: set[int] = set()
-        if differs and f.number is not None and f.better is not None:
-            numbers = [f.number(plan) for _, plan in plans]
-            target = max(numbers) if f.better == "higher" else min(numbers)
-            best = {i for i, n in enumerate(numbers) if n == target}
-        rows.append(CompareRow(f.section, f.label, values, differs, best))
-    return rows
+    """The compare table: plan_compare's comparison, its values written for a person."""
+    return [
+        CompareRow(c.field.section, c.field.label, [_compare_value(c.field.key, v) for v in c.values],
+                   c.differs, set(c.best))
+        for c in plan_compare.compare(plans)
+    ]
+
+
+def _compare_value(key: str, value: Scalar) -> str:
+    if value is None and key != "calibration_id":
+        return "–"  # not applicable to this plan
+    return _COMPARE_DISPLAY.get(key, str)(value)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
@@ -20,11 +19,6 @@ CALIBRATIONS_PER_PAGE = 50
 
 def plan_with_documents(session: Session, plan_id: int) -> PlanRow | None:
     return session.scalar(select(PlanRow).where(PlanRow.id == plan_id).options(*full_plan()))
-
-
-def plans_with_documents(session: Session, plan_ids: Sequence[int]) -> dict[int, PlanRow]:
-    rows = session.scalars(select(PlanRow).where(PlanRow.id.in_(plan_ids)).options(*full_plan()))
-    return {row.id: row for row in rows}
 
 
 def count_plans(session: Session, filters: PlanFilters) -> int:

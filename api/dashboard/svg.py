@@ -444,6 +444,10 @@ class Span:
     color: str
     tooltip: str
     css_class: str = ""
+    label: str = ""
+    """Written inside the span when it is wide enough (aggregated timelines name their phases)."""
+    short_label: str = ""
+    """Written instead when `label` does not fit (e.g. only the duration)."""
 
 
 def timeline(
@@ -466,13 +470,25 @@ def timeline(
         y = frame.y1 + 8 + 40 * row
         frame.parts.append(_text(frame.x0 - 8, y + 17, lane, text_anchor="end", fill="#222"))
         for span in (s for s in spans if s.lane == lane):
+            width = max(scale(span.end) - scale(span.start), 0.75)
             frame.parts.append(_element(
                 "rect", tooltip=span.tooltip, x=scale(span.start), y=y,
-                width=max(scale(span.end) - scale(span.start), 0.75), height=26, fill=span.color,
+                width=width, height=26, fill=span.color,
                 class_=f"mark {span.css_class}".strip(),
             ))
+            label = next((text for text in (span.label, span.short_label)
+                          if text and width >= FONT * 0.62 * len(text) + 8), None)
+            if label:
+                frame.parts.append(_text(scale(span.start) + 4, y + 17, label,
+                                         fill=_ink_on(span.color), class_="span-label"))
     frame.parts.extend(_legend(legend, frame.y0 + LEGEND_OFFSET))
     return _svg(chart_id, title, frame.height, frame.parts)
+
+
+def _ink_on(fill: str) -> str:
+    """Dark or white text, whichever reads on a `#rrggbb` fill (by its relative luminance)."""
+    red, green, blue = (int(fill[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    return "#111111" if 0.2126 * red + 0.7152 * green + 0.0722 * blue > 0.45 else "#ffffff"
 
 
 def _bin_edges(lo: float, hi: float, bins: int) -> list[float]:

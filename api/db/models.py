@@ -148,7 +148,7 @@ class IdempotencyKeyRow(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     key: Mapped[str] = mapped_column(String(255), unique=True)
     request_fingerprint: Mapped[str] = mapped_column(String(64))
-    """sha256 of the method, path and canonical JSON body: the same key with another body is refused."""
+    """sha256 of the canonical JSON body: the same key with another body is refused."""
     plan_id: Mapped[int] = mapped_column(BigId, ForeignKey("plans.id", ondelete="CASCADE"), index=True)
     status_code: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)

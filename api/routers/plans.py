@@ -1,18 +1,24 @@
-"""/plans: create (dedup + idempotency), list (filters, sort, cursor), get, delete."""
+"""/plans: create (dedup + idempotency), list (filters, sort, cursor), compare, get, delete."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from sqlalchemy import delete, select
+from starlette.convertors import Convertor, register_url_convertor
 
 from api.db.models import PlanRow
-from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess
+from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess, run_planning
+from api.problems import FieldError, ProblemError
 from api.routers.responses import problems
 from api.schemas.plans import (
     MAX_NODES,
     NO_NUL,
+    ComparedPlan,
+    ComparisonRow,
+    PlanComparison,
     PlanCreate,
     PlanDetail,
     PlanId,
@@ -22,24 +28,44 @@ from api.schemas.plans import (
     ReplanCreate,
     SortOrder,
 )
-from api.services import plan_listing
+from api.services import plan_compare, plan_listing
 from api.services import plans as plan_service
 from api.services import replan as replan_service
+from api.services.plan_documents import UnreadablePlanError
 
 router = APIRouter(prefix="/plans", tags=["plans"])
+
+
+class _PlanIdSegment(Convertor[str]):
+    """`/plans/{plan_id}`'s segment: anything but `compare` (then the int check names a bad id), so that
+    /plans/compare is never taken for a plan: not for GET, and not by OPTIONS/405 `Allow` for DELETE."""
+
+    regex = "(?!compare$)[^/]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return str(value)
+
+
+register_url_convertor("plan_id", _PlanIdSegment())
 
 IdempotencyKey = Annotated[
     str | None,
     Header(
         alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$",
         description="Makes retries safe: the same key with the same body replays the first response "
-        "(for 24 h by default); the same key with another body is refused with 422.",
+        "(for 24 h by default); the same key with another body is refused with 422 and stores nothing.",
     ),
 ]
 
 Cursor = Annotated[
     str | None,
-    Query(max_length=2000, pattern=r"^[A-Za-z0-9_-]*$", description="`next_cursor` of the previous page"),
+    Query(
+        max_length=2000, pattern=r"^[A-Za-z0-9_-]*$",
+        description="`next_cursor` of the previous page; absent or empty for the first page",
+    ),
 ]
 
 
@@ -47,8 +73,9 @@ def _text_query(max_length: int, description: str) -> Query:
     return Query(max_length=max_length, pattern=NO_NUL, description=description)
 
 
-# Sync endpoints: FastAPI runs them in its worker thread pool, so the blocking database calls and the
-# CPU-bound planner search never stall the event loop.
+# Sync endpoints: FastAPI runs them in its worker thread pool, so the blocking database calls never
+# stall the event loop (plan creation runs in threads of its own, see create_plan; the CPU-bound search
+# itself in the app's search pool).
 @router.post(
     "",
     status_code=201,
@@ -56,11 +83,11 @@ def _text_query(max_length: int, description: str) -> Query:
     dependencies=[WriteAccess],
     responses={
         200: {"model": PlanDetail, "description": "Identical inputs were planned before: the stored plan"},
-        **problems(401, 415, 422),
+        **problems(401, 409, 415, 422, 503),
     },
     summary="Plan a model on a cluster and store the plan",
 )
-def create_plan(
+async def create_plan(
     body: PlanCreate,
     request: Request,
     response: Response,
@@ -68,10 +95,12 @@ def create_plan(
     settings: SettingsDep,
     idempotency_key: IdempotencyKey = None,
 ) -> PlanDetail:
-    outcome = plan_service.create_plan(
-        session, body, locks=request.app.state.plan_locks, max_model_layers=settings.max_model_layers,
+    # In a thread of its own limiter: requests waiting for a search never take the threads reads need.
+    outcome = await run_planning(request, partial(
+        plan_service.create_plan, session, body, locks=request.app.state.plan_locks,
+        search_pool=request.app.state.search_pool, max_model_layers=settings.max_model_layers,
         idempotency_key=idempotency_key, idempotency_ttl_s=settings.idempotency_ttl_s,
-    )
+    ))
     response.status_code = outcome.status_code
     response.headers["Location"] = str(request.url_for("get_plan", plan_id=outcome.row.id))
     if outcome.replayed:
@@ -101,7 +130,7 @@ def list_plans(
 ) -> PlanPage:
     filters = plan_listing.PlanFilters(model=model, gpu=gpu, nodes=nodes, q=q)
     rows, next_cursor = plan_listing.list_plans(
-        session, filters=filters, sort=sort, order=order, limit=limit, cursor=cursor
+        session, filters=filters, sort=sort, order=order, limit=limit, cursor=cursor or None
     )
     if next_cursor is not None:
         response.headers["Link"] = f'<{request.url.include_query_params(cursor=next_cursor)}>; rel="next"'
@@ -109,7 +138,56 @@ def list_plans(
 
 
 @router.get(
-    "/{plan_id}",
+    "/compare",
+    response_model=PlanComparison,
+    dependencies=[ReadAccess],
+    responses=problems(401, 404, 422),
+    summary="Compare stored plans side by side: inputs, configuration, predictions and what differs",
+)
+def compare_plans(
+    request: Request,
+    session: SessionDep,
+    ids: Annotated[str, Query(
+        max_length=200,
+        description=f"{plan_compare.MIN_COMPARED} to {plan_compare.MAX_COMPARED} plan ids, comma-separated "
+        "(the dashboard's /compare?ids=... takes the same)",
+        examples=["3,7"],
+        # Documented for clients; checked by plan_compare so that a bad value gets a message with the fix.
+        json_schema_extra={"pattern": plan_compare.IDS_PATTERN},
+    )],
+) -> PlanComparison:
+    # `ids=3&ids=7` works too, as on the dashboard: every value is read, not only the last.
+    try:
+        parsed = plan_compare.parse_query_ids(request.query_params.getlist("ids") or [ids])
+        plans = plan_compare.load_plans(session, parsed)
+    except (plan_compare.CompareIdsError, UnreadablePlanError) as exc:
+        error = FieldError(location="query", field="ids", message=str(exc), type="value_error")
+        raise ProblemError(422, f"ids: {exc}", slug="invalid-request", title="Invalid request",
+                           errors=[error]) from None
+    except plan_compare.MissingPlansError as exc:
+        raise ProblemError(404, f"{exc}; list plans with GET /api/v1/plans", slug="plan-not-found",
+                           title="Plan not found", missing_ids=exc.missing) from None
+    rows = plan_compare.compare(plans)
+    return PlanComparison(
+        ids=parsed,
+        plans=[
+            ComparedPlan(id=row.id, name=row.name, created_at=row.created_at,
+                         training=plan.training.model_dump(mode="json"),
+                         config=plan.config.model_dump(mode="json"),
+                         prediction=plan.prediction.model_dump(mode="json"))
+            for row, plan in plans
+        ],
+        fields=[
+            ComparisonRow(field=c.field.key, section=c.field.section, label=c.field.label,
+                          values=c.values, differs=c.differs, best=c.best)
+            for c in rows
+        ],
+        differences=[c.field.key for c in rows if c.differs],
+    )
+
+
+@router.get(
+    "/{plan_id:plan_id}",
     response_model=PlanDetail,
     dependencies=[ReadAccess],
     responses=problems(401, 404, 422),
@@ -123,7 +201,7 @@ def get_plan(plan_id: PlanId, session: SessionDep) -> PlanDetail:
 
 
 @router.delete(
-    "/{plan_id}",
+    "/{plan_id:plan_id}",
     status_code=204,
     dependencies=[WriteAccess],
     responses=problems(401, 404, 422),
@@ -144,7 +222,7 @@ def delete_plan(plan_id: PlanId, session: SessionDep) -> Response:
     dependencies=[WriteAccess],
     responses={
         200: {"model": PlanDetail, "description": "This failure was re-planned before: the stored plan"},
-        **problems(401, 404, 415, 422),
+        **problems(401, 404, 409, 415, 422),
     },
     summary="Re-plan a plan's request without every configuration as memory-hungry as one that ran out of "
     "memory",

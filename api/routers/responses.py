@@ -10,12 +10,13 @@ _DESCRIPTIONS = {
     400: "Malformed request (e.g. the body is not valid JSON)",
     401: "An API key is required, or the one given is unknown or revoked",
     404: "No such resource",
-    409: "The resource is in use by others (e.g. plans that were fitted with it)",
+    409: "Conflicts with what is stored (a profile plans use, or a plan deleted while it was being "
+    "saved); `detail` says what to do",
     413: "The request body is larger than the configured limit",
     415: "The body is not JSON",
     422: "The request is invalid or cannot be planned; `errors` lists the inputs to fix",
     500: "Internal error (logged on the server)",
-    503: "The database is unreachable or not migrated",
+    503: "The database is unreachable or not migrated, or a search process stopped (send it again)",
 }
 
 COMMON = (400, 413, 500)

@@ -266,3 +266,41 @@ def _check_json(data: Any) -> None:
                 stack.append((item, child, depth + 1))
         elif isinstance(value, list):
             stack.extend((item, f"{path}.{index}", depth + 1) for index, item in enumerate(value))
+
+
+class ComparedPlan(BaseModel):
+    """One compared plan: who it is and the parts of its Plan document that differ between plans."""
+
+    id: int
+    name: str
+    created_at: datetime
+    training: dict[str, Any]
+    """The training setup (sequence length, global batch, precision, optimizer)."""
+    config: dict[str, Any]
+    """The chosen parallel configuration (sharding, wrap units, buckets, checkpointing, batching)."""
+    prediction: dict[str, Any]
+    """Step time, throughput, MFU, peak memory with its breakdown, exposed communication."""
+
+
+class ComparisonRow(BaseModel):
+    """One row of the comparison: a field's value in every plan, in the order of `plans`."""
+
+    field: str = Field(examples=["config.sharding"])
+    """Where the value comes from, as a dotted path into the plan (or the stored row: name, created_at)."""
+    section: str = Field(examples=["Configuration"])
+    label: str = Field(examples=["Sharding"])
+    values: list[str | int | float | bool | None]
+    differs: bool
+    best: list[int]
+    """Positions (in `plans`) of the best value of a prediction, when the values differ; else empty."""
+
+
+class PlanComparison(BaseModel):
+    """Plans side by side, as on the dashboard's compare page."""
+
+    ids: list[int]
+    plans: list[ComparedPlan]
+    fields: list[ComparisonRow]
+    """Every compared field, in the dashboard's order (inputs, configuration, prediction, memory)."""
+    differences: list[str]
+    """The `field` of every row whose values differ."""

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session, undefer
 from api.db.models import CalibrationProfileRow, PlanRow
 from api.problems import FieldError, ProblemError
 from planner.calibration import CalibrationProfile, fit_parameters
-from planner.catalog import resolve_gpu
+from planner.catalog import gpu_for_device, resolve_gpu
 from planner.cost.parameters import default_parameters
 from planner.errors import PlanningError
 from planner.specs import ClusterSpec
@@ -29,6 +29,7 @@ def fitted_parameters(profile: CalibrationProfile) -> dict[str, dict]:
 
 
 def create_calibration(session: Session, profile: CalibrationProfile) -> CalibrationProfileRow:
+    profile = with_catalog_gpu(profile)
     fitted = fitted_parameters(profile)
     row = CalibrationProfileRow(
         name=profile.name or f"{profile.fingerprint.device_name} x{profile.fingerprint.device_count}",
@@ -39,6 +40,32 @@ def create_calibration(session: Session, profile: CalibrationProfile) -> Calibra
     session.add(row)
     session.commit()
     return row
+
+
+def with_catalog_gpu(profile: CalibrationProfile) -> CalibrationProfile:
+    """The profile with its `gpu` named: as sent, or derived from the device name it was measured on.
+
+    The fit starts from the catalog GPU's datasheet peaks, and plans check the profile against the
+    cluster's GPU, so a stored profile always names one.
+    """
+    if profile.gpu is not None:
+        return profile
+    device = profile.fingerprint.device_name
+    gpu = gpu_for_device(device)
+    if gpu is None:
+        raise ProblemError(
+            422,
+            f"the profile has no `gpu`, and its device {device!r} (fingerprint.device_name) is not a GPU of "
+            "the catalog; set `gpu` to the catalog GPU (GET /api/v1/gpus) whose datasheet peaks the fit "
+            "should start from",
+            slug="invalid-calibration",
+            title="Invalid calibration profile",
+            errors=[
+                FieldError(location="body", field="gpu", type="missing",
+                           message=f"missing, and device {device!r} is not a catalog GPU")
+            ],
+        )
+    return profile.model_copy(update={"gpu": gpu.name})
 
 
 def find_calibration(session: Session, calibration_id: int) -> CalibrationProfileRow | None:

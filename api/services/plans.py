@@ -1,8 +1,11 @@
 """Creating plans: validate, dedup by input hash (before searching), search, store; Idempotency-Key replay.
 
-Runs in a worker thread (the endpoints are sync), so the CPU-bound search never blocks the event loop.
-Identical concurrent requests in one process wait on a per-hash lock and find the stored row; across
-processes the unique `plan_hash` constraint decides and the loser returns the winner's row.
+Runs in a worker thread (the endpoints are sync); the CPU-bound search itself runs in the app's search
+pool (api/services/search_pool.py), so it holds neither the event loop nor the web process's GIL.
+Nothing is written until the search is done; then one transaction (`save`) stores the plan and claims
+the Idempotency-Key, or stores nothing. The unique constraints on the plan hash and on the key decide
+races, between threads and between server processes alike; per-hash and per-key locks only spare a
+process searching twice for one answer.
 """
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -20,18 +24,22 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, undefer
 
 from api.db.base import utcnow
+from api.db.inserts import insert_unless_taken, is_foreign_key_violation
 from api.db.models import IdempotencyKeyRow, PlanRow
 from api.problems import FieldError, ProblemError, field_errors, summarize
 from api.schemas.plans import PlanCreate
 from api.services import calibrations as calibration_service
 from api.services.keyed_locks import KeyedLocks
+from api.services.search_pool import SearchPool, SearchPoolBrokenError
 from planner.calibration import CalibrationProfile
 from planner.catalog import resolve_model
-from planner.errors import InfeasiblePlanError, PlanningError
+from planner.errors import InfeasiblePlanError, PlanningError, SearchDeadlineError
 from planner.hashing import plan_hash
 from planner.plan import Plan
-from planner.search import make_plan
-from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
+from planner.specs import ClusterSpec, ModelSpec, PlanRequest
+
+# `save` retries only when a plan is deleted in the instant between two of its statements.
+SAVE_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -43,53 +51,86 @@ class PlanOutcome:
     """True when an Idempotency-Key replayed an earlier response."""
 
 
+@dataclass(frozen=True)
+class KeyClaim:
+    """An `Idempotency-Key` and the body it came with, to be stored together with the plan it answers."""
+
+    key: str
+    fingerprint: str
+    """sha256 of the canonical request body: the same key with another body is refused."""
+    ttl_s: int
+
+    def cutoff(self) -> datetime:
+        """Keys stored before this are forgotten."""
+        return utcnow() - timedelta(seconds=self.ttl_s)
+
+
 def create_plan(
     session: Session,
     body: PlanCreate,
     *,
     locks: KeyedLocks,
+    search_pool: SearchPool,
     max_model_layers: int,
     idempotency_key: str | None = None,
     idempotency_ttl_s: int = 24 * 3600,
 ) -> PlanOutcome:
-    fingerprint = _fingerprint(body)
-    if idempotency_key is not None:
-        replay = _replay(session, idempotency_key, fingerprint, idempotency_ttl_s)
-        if replay is not None:
-            return replay
-    request = build_request(body, max_model_layers=max_model_layers)
-    profile: CalibrationProfile | None = None
-    if body.calibration_id is not None:
-        calibration = calibration_service.find_calibration(session, body.calibration_id)
-        if calibration is None:
-            raise ProblemError(
-                422, f"calibration profile {body.calibration_id} does not exist; upload a profile first "
-                "or leave out calibration_id to plan with catalog peaks",
-                slug="unknown-calibration", title="Unknown calibration profile",
-                errors=[FieldError(location="body", field="calibration_id",
-                                   message="no such calibration profile", type="not_found")],
-            )
-        profile = calibration_service.load_profile(calibration)
-        calibration_service.check_matches_cluster(calibration, profile, request.cluster.gpu)
-    calibration_id = None if body.calibration_id is None else str(body.calibration_id)
-    digest = plan_hash(request, calibration_id=calibration_id)
-    # End the read transaction: nothing here should hold a pooled connection while waiting or searching.
-    session.commit()
-    with locks.hold(digest):
-        row = find(session, digest)
-        if row is None:
+    """Find or search and store the plan for `body`; with a key, claim it in the same transaction.
+
+    Three steps, and only the last one writes: read (an earlier answer to the key, the calibration, a
+    stored plan with the same hash), search (CPU-bound, holding no connection), then `save`, one
+    transaction that stores the plan and the key or nothing at all. A refused request never gets there.
+    """
+    claim = None if idempotency_key is None else KeyClaim(
+        key=idempotency_key, fingerprint=_fingerprint(body), ttl_s=idempotency_ttl_s
+    )
+    # In this process, requests with one key take turns, so that a retry finds the first answer instead
+    # of searching again for nothing. Between processes the key's unique constraint decides (`save`).
+    with locks.hold(f"idempotency-key:{idempotency_key}") if claim is not None else nullcontext():
+        if claim is not None:
+            replay = _replay(session, claim)
+            if replay is not None:
+                return replay
+        request = build_request(body, max_model_layers=max_model_layers)
+        profile = _calibration_profile(session, body.calibration_id, request)
+        calibration_id = None if body.calibration_id is None else str(body.calibration_id)
+        digest = plan_hash(request, calibration_id=calibration_id)
+        # Identical requests in this process wait for one search instead of running one each.
+        with locks.hold(digest):
+            stored = find(session, digest)
+            # End the read transaction: nothing should hold a pooled connection while searching.
             session.commit()
-            plan = search(request, profile, calibration_id)
-            row, created = store(
-                session,
-                row_for(request, plan, digest, name=body.name, calibration_id=body.calibration_id),
-            )
-        else:
-            created = False
-    outcome = PlanOutcome(row=row, status_code=201 if created else 200)
-    if idempotency_key is not None:
-        return _remember(session, idempotency_key, fingerprint, outcome, idempotency_ttl_s)
-    return outcome
+            if stored is not None and claim is None:
+                return PlanOutcome(row=stored, status_code=200)
+            if stored is None:
+                plan = search(search_pool, request, profile, calibration_id)
+                stored = row_for(request, plan, digest, name=body.name, calibration_id=body.calibration_id)
+            return save(session, stored, claim=claim)
+
+
+def _calibration_profile(
+    session: Session, calibration_id: int | None, request: PlanRequest
+) -> CalibrationProfile | None:
+    """The stored profile a request names (None for none), checked against the cluster's GPU."""
+    if calibration_id is None:
+        return None
+    calibration = calibration_service.find_calibration(session, calibration_id)
+    if calibration is None:
+        raise _unknown_calibration(
+            f"calibration profile {calibration_id} does not exist; upload a profile first "
+            "or leave out calibration_id to plan with catalog peaks"
+        )
+    profile = calibration_service.load_profile(calibration)
+    calibration_service.check_matches_cluster(calibration, profile, request.cluster.gpu)
+    return profile
+
+
+def _unknown_calibration(detail: str) -> ProblemError:
+    return ProblemError(
+        422, detail, slug="unknown-calibration", title="Unknown calibration profile",
+        errors=[FieldError(location="body", field="calibration_id", message="no such calibration profile",
+                           type="not_found")],
+    )
 
 
 def build_request(body: PlanCreate, *, max_model_layers: int) -> PlanRequest:
@@ -104,7 +145,8 @@ def build_request(body: PlanCreate, *, max_model_layers: int) -> PlanRequest:
         return PlanRequest(
             model=model,
             cluster=cluster,
-            training=TrainingSpec(**body.training.model_dump()),
+            # A dict, so that a batch of partial sequences is refused with batches for this cluster.
+            training=body.training.model_dump(),
             search=body.search if body.search is not None else PlanRequest.model_fields["search"].default,
             top_k=body.top_k,
         )
@@ -150,21 +192,34 @@ def unplannable(exc: PlanningError) -> ProblemError:
     # The catalog relays pydantic messages of model specs; their "Value error, " prefix is noise here.
     message = exc.message.replace("Value error, ", "")
     errors = [FieldError(location="body", field=field, message=message, type="planning_error")]
+    if isinstance(exc, SearchDeadlineError):
+        return ProblemError(
+            422, message, slug="search-deadline-exceeded", title="Search took too long", errors=errors,
+            time_limit_s=exc.time_limit_s, candidates_priced=exc.candidates_priced,
+        )
     if isinstance(exc, InfeasiblePlanError):
         return ProblemError(
             422, message, slug="infeasible-plan", title="No configuration fits in memory", errors=errors,
-            min_fitting_nodes=exc.min_fitting_nodes, min_peak_memory_gib=exc.min_peak_memory_gib,
-            capacity_gib=exc.capacity_gib,
+            **exc.problem_fields(),
         )
     return ProblemError(422, message, slug="unplannable-request", title="Cannot plan this request",
                         errors=errors)
 
 
-def search(request: PlanRequest, profile: CalibrationProfile | None, calibration_id: str | None) -> Plan:
+def search(
+    pool: SearchPool, request: PlanRequest, profile: CalibrationProfile | None, calibration_id: str | None
+) -> Plan:
+    """The plan, searched in the pool's worker processes (the request's thread only waits)."""
     try:
-        return make_plan(request, calibration=profile, calibration_id=calibration_id)
+        return pool.search(request, profile, calibration_id)
     except PlanningError as exc:
         raise unplannable(exc) from None
+    except SearchPoolBrokenError:
+        raise ProblemError(
+            503, "the process searching this plan stopped before answering (it may have run out of "
+            "memory); nothing was stored: send the request again", slug="search-failed",
+            title="Search failed", headers={"Retry-After": "1"},
+        ) from None
 
 
 def row_for(
@@ -199,23 +254,78 @@ def row_for(
     )
 
 
-def store(session: Session, row: PlanRow) -> tuple[PlanRow, bool]:
-    """Insert `row`, or return the row another process stored for the same hash first."""
-    session.add(row)
-    try:
-        session.commit()
-        return row, True
-    except IntegrityError:
-        session.rollback()
-        existing = find(session, row.plan_hash)
-        if existing is not None:
-            return existing, False
-        if row.calibration_id is not None:
-            raise ProblemError(
-                422, f"calibration profile {row.calibration_id} was deleted while planning; plan again",
-                slug="unknown-calibration", title="Unknown calibration profile",
-            ) from None
-        raise
+def save(session: Session, row: PlanRow, *, claim: KeyClaim | None = None) -> PlanOutcome:
+    """Store `row` unless a plan with its hash is stored, and claim `claim`'s key for that plan: in one
+    transaction, so that a refused request (the key taken by another body) leaves nothing behind.
+
+    `row` is new (from a search) or one found stored before (then only the key is written, and the
+    plan is stored again if it was deleted meanwhile). The unique constraints on `plans.plan_hash` and
+    `idempotency_keys.key` decide races between threads and between server processes alike.
+    """
+    values = {
+        column.key: getattr(row, column.key)
+        for column in PlanRow.__table__.columns
+        if column.key not in ("id", "created_at")
+    }
+    for _ in range(SAVE_ATTEMPTS):
+        try:
+            outcome = _save_once(session, values, claim, stored_before=row.id is not None)
+        except IntegrityError as error:
+            session.rollback()
+            if not is_foreign_key_violation(error):
+                raise
+            # The plan's calibration, or the plan the key names, was deleted meanwhile.
+            if row.calibration_id is not None and calibration_service.find_calibration(
+                session, row.calibration_id
+            ) is None:
+                raise _unknown_calibration(
+                    f"calibration profile {row.calibration_id} was deleted while planning; upload it again "
+                    "or leave out calibration_id"
+                ) from None
+            continue
+        if outcome is not None:
+            return outcome
+    session.rollback()
+    raise ProblemError(
+        409, "the stored plan changed while this request was saved (deleted or re-created at the same "
+        "moment); send the request again", slug="concurrent-change", title="Concurrent change",
+    )
+
+
+def _save_once(
+    session: Session, values: dict[str, Any], claim: KeyClaim | None, *, stored_before: bool
+) -> PlanOutcome | None:
+    """One attempt of `save`: the outcome, or None when a concurrent delete calls for another attempt."""
+    digest = values["plan_hash"]
+    if claim is not None:
+        # First statement, and a write: SQLite takes its write lock here, so the whole transaction is
+        # serialized there. An expired key (this one included) is free for a new body.
+        session.execute(delete(IdempotencyKeyRow).where(IdempotencyKeyRow.created_at < claim.cutoff()))
+    find_id = select(PlanRow.id).where(PlanRow.plan_hash == digest)
+    # A plan found before is looked up, not sent again: its documents are large.
+    plan_id = session.scalar(find_id) if stored_before else None
+    created = False
+    if plan_id is None:
+        plan_id = insert_unless_taken(session, PlanRow, values, unique="plan_hash")
+        created = plan_id is not None
+    if plan_id is None:  # stored by a concurrent request that has committed
+        plan_id = session.scalar(find_id)
+        if plan_id is None:  # ... and deleted since
+            session.rollback()
+            return None
+    status_code = 201 if created else 200
+    if claim is not None:
+        claimed = insert_unless_taken(session, IdempotencyKeyRow, {
+            "key": claim.key, "request_fingerprint": claim.fingerprint, "plan_id": plan_id,
+            "status_code": status_code,
+        }, unique="key")
+        if claimed is None:
+            # Another request holds the key: store nothing, answer as it did (or refuse another body).
+            session.rollback()
+            return _replay(session, claim)
+    row = session.scalar(select(PlanRow).where(PlanRow.id == plan_id).options(*full_plan()))
+    session.commit()
+    return PlanOutcome(row=row, status_code=status_code)
 
 
 def find(session: Session, digest: str) -> PlanRow | None:
@@ -232,15 +342,17 @@ def _fingerprint(body: PlanCreate) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _replay(session: Session, key: str, fingerprint: str, ttl_s: int) -> PlanOutcome | None:
-    remembered = session.scalar(select(IdempotencyKeyRow).where(IdempotencyKeyRow.key == key))
+def _replay(session: Session, claim: KeyClaim) -> PlanOutcome | None:
+    """The response stored for `claim`'s key (a 422 problem for another body), or None while the key is
+    free. Reads only."""
+    remembered = session.scalar(
+        select(IdempotencyKeyRow).where(
+            IdempotencyKeyRow.key == claim.key, IdempotencyKeyRow.created_at >= claim.cutoff()
+        )
+    )
     if remembered is None:
         return None
-    if remembered.created_at < utcnow() - timedelta(seconds=ttl_s):
-        session.delete(remembered)
-        session.commit()
-        return None
-    if remembered.request_fingerprint != fingerprint:
+    if remembered.request_fingerprint != claim.fingerprint:
         raise ProblemError(
             422, "this Idempotency-Key was already used with a different request body; use a new key "
             "for a new request, or resend the original body to get the original response",
@@ -252,26 +364,6 @@ def _replay(session: Session, key: str, fingerprint: str, ttl_s: int) -> PlanOut
     if row is None:  # the plan was deleted in between; the cascade removes the key with it
         return None
     return PlanOutcome(row=row, status_code=remembered.status_code, replayed=True)
-
-
-def _remember(session: Session, key: str, fingerprint: str, outcome: PlanOutcome, ttl_s: int) -> PlanOutcome:
-    # Expired keys are purged as new ones arrive, so the table stays as small as one TTL of traffic.
-    session.execute(
-        delete(IdempotencyKeyRow).where(IdempotencyKeyRow.created_at < utcnow() - timedelta(seconds=ttl_s))
-    )
-    session.add(IdempotencyKeyRow(
-        key=key, request_fingerprint=fingerprint, plan_id=outcome.row.id, status_code=outcome.status_code
-    ))
-    try:
-        session.commit()
-    except IntegrityError:
-        # The same key raced us: whoever stored it first defines the response (or the conflict).
-        session.rollback()
-        replay = _replay(session, key, fingerprint, ttl_s)
-        if replay is None:
-            raise
-        return replay
-    return outcome
 
 
 def _all_finite(value: Any) -> bool:

@@ -71,8 +71,7 @@ def replan(
         )
         row.replanned_from_plan_id = source.id
         row.replanned_from_run_id = run.id if run is not None else None
-        row, created = plan_service.store(session, row)
-    return plan_service.PlanOutcome(row=row, status_code=201 if created else 200)
+        return plan_service.save(session, row)
 
 
 def _name(name: str) -> str:
@@ -125,9 +124,9 @@ def _search(
         what += f", which ran out of memory in run {run.id}"
     try:
         plan = make_plan(request, calibration=profile, calibration_id=calibration_id)
-    except InfeasiblePlanError:
-        # The planner's own message sizes a cluster for the GPU's capacity, not for this ceiling.
-        raise _nothing_lighter(request, what, ceiling) from None
+    except InfeasiblePlanError as exc:
+        # The planner's advice already honours the ceiling: a cluster it names plans under it.
+        raise _nothing_lighter(request, what, ceiling, exc) from None
     except PlanningError as exc:
         raise plan_service.unplannable(exc) from None
     # What the planner allows without the ceiling: the families above it OOM for real.
@@ -137,17 +136,18 @@ def _search(
     return plan.model_copy(update={"rejected": rejected})
 
 
-def _nothing_lighter(request: PlanRequest, what: str, ceiling: float) -> ProblemError:
+def _nothing_lighter(
+    request: PlanRequest, what: str, ceiling: float, refusal: InfeasiblePlanError
+) -> ProblemError:
     cluster = request.cluster
     return ProblemError(
         422, f"nothing lighter is left: every configuration of {request.model.name} on "
         f"{cluster.num_nodes}x{cluster.gpus_per_node}x{cluster.gpu} is predicted to need "
-        f"{_gib(ceiling)} GiB per GPU or more, as much as {what}. Plan for more GPUs (states shard further), "
-        "a shorter seq_len, or a GPU with more memory",
+        f"{_gib(ceiling)} GiB per GPU or more, as much as {what}. {refusal.advice}",
         slug="infeasible-plan", title="No configuration fits in memory",
         errors=[FieldError(location="body", field="cluster", message="no lighter configuration",
                            type="infeasible")],
-        max_peak_memory_gib=ceiling,
+        **{**refusal.problem_fields(), "max_peak_memory_gib": ceiling},
     )
 
 

@@ -19,6 +19,7 @@ from typing import Literal
 
 from executor.launch import render
 from executor.launch.quoting import comment, dns_label, hex_id, image_ref, positive_int, slug
+from planner.formatting import duration
 from planner.plan import Plan
 
 Target = Literal["torchrun", "slurm", "k8s", "all"]
@@ -110,7 +111,7 @@ def bundle_files(plan: Plan, *, target: Target = "all", image: str = DEFAULT_IMA
         )
     pred = plan.prediction
     prediction = (
-        f"Predicted: {pred.step_time_s:.3f} s/step, {pred.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+        f"Predicted: {duration(pred.step_time_s)}/step, {pred.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
         f"MFU {100 * pred.mfu:.1f}%, peak {pred.peak_memory_gib:.1f} GiB per GPU."
     )
     files.append(BundleFile("README.md", render.readme(ctx, targets=targets, prediction=prediction).encode()))

@@ -234,9 +234,11 @@ class MetricsWriter:
             self.file.flush()
         mem = f"{m.peak_memory_gib:.2f} GiB" if m.peak_memory_gib is not None else "n/a"
         util = f"{100 * m.mfu:.1f}%" if m.mfu is not None else "n/a"
+        # Step time in seconds, like the closing summary: a large model's step lasts minutes, which in
+        # milliseconds reads "486854 ms". (The runtime imports nothing of ours: no planner.formatting.)
         print(
             f"step {m.step}/{self.total_steps} | loss {m.loss:.4f} | grad norm {m.grad_norm:.3f} | "
-            f"lr {m.lr:.2e} | {m.step_time_s * 1000:.0f} ms | {m.tokens_per_s_per_gpu:,.0f} tok/s/gpu | "
+            f"lr {m.lr:.2e} | {m.step_time_s:.4g} s | {m.tokens_per_s_per_gpu:,.0f} tok/s/gpu | "
             f"mfu {util} | mem {mem}",
             file=self.stream,
             flush=True,

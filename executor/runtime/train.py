@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -92,6 +93,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-compile", action="store_true", help="run SimpleFSDP eagerly (debugging)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
     p.add_argument("--memory-every", type=int, default=25, help="CPU only: profile memory every N steps")
+    p.add_argument(
+        "--timing-warmup",
+        type=int,
+        default=1,
+        help="leading steps left out of the closing summary's median step time (compilation, allocator "
+        "growth; default 1); `fsdp-planner validate` passes its --warmup so both report one number",
+    )
     p.add_argument(
         "--max-memory-gib",
         type=float,
@@ -330,21 +338,25 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
                 break
     finally:
         writer.close()
-    _summary(env, plan, history)
+    _summary(env, plan, history, timing_warmup=args.timing_warmup)
     return 0
 
 
-def _summary(env: DistEnv, plan: RuntimePlan, history: list[StepMetrics]) -> None:
+def _summary(env: DistEnv, plan: RuntimePlan, history: list[StepMetrics], *, timing_warmup: int) -> None:
     if env.rank != 0 or not history:
         return
-    steady = history[1:] or history  # the first step includes compilation and warm-up
-    step_time = sum(m.step_time_s for m in steady) / len(steady)
-    tps = sum(m.tokens_per_s_per_gpu for m in steady) / len(steady)
+    # The statistic `fsdp-planner validate` prints and stores: the median over the steps after the
+    # warm-up ones, so a run never reports two step times (the mean let one slow step pull it).
+    warm = timing_warmup if 0 <= timing_warmup < len(history) else 0
+    steady = history[warm:]
+    step_time = statistics.median(m.step_time_s for m in steady)
+    tps = statistics.median(m.tokens_per_s_per_gpu for m in steady)
     peak = max((m.peak_memory_gib for m in history if m.peak_memory_gib is not None), default=None)
     pred = plan.prediction
     line = (
         f"done: {len(history)} steps, loss {history[0].loss:.4f} -> {history[-1].loss:.4f}; "
-        f"steady step {step_time:.3f} s, {tps:,.0f} tok/s/gpu"
+        f"median step time {step_time:.4g} s over steps {steady[0].step}-{steady[-1].step} "
+        f"(after {warm} warm-up), {tps:,.0f} tok/s/gpu"
     )
     if peak is not None:
         line += f", peak memory {peak:.2f} GiB"

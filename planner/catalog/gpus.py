@@ -6,6 +6,7 @@ Memory is what the runtime can allocate, in GiB.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -130,3 +131,17 @@ def resolve_gpu(name: str) -> GpuSpec:
             field="cluster.gpu",
         )
     return gpu
+
+
+def gpu_for_device(device_name: str) -> GpuSpec | None:
+    """The catalog GPU a device reports itself as (`torch.cuda.get_device_name`), or None.
+
+    `NVIDIA H100 80GB HBM3` is H100-SXM-80GB, `NVIDIA A100-SXM4-40GB` is A100-40GB, `cpu (x86_64)` is
+    cpu: a catalog family (the name up to its first dash) must be a whole word of the device name, so
+    that `NVIDIA L40S` is not an L4. Where a family has several sizes, a size written in the device
+    name picks one; otherwise the family's first entry (the one its short alias names) is taken.
+    """
+    words = {word for word in re.split(r"[^a-z0-9]+", device_name.lower()) if word}
+    matches = [gpu for gpu in GPU_CATALOG.values() if gpu.name.split("-")[0].lower() in words]
+    sized = [gpu for gpu in matches if words & {part.lower() for part in gpu.name.split("-")[1:]}]
+    return (sized or matches or [None])[0]

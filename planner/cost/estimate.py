@@ -19,8 +19,59 @@ from planner.cost.memory import (
 )
 from planner.cost.model_costs import UnitCost
 from planner.cost.parameters import CostParameters, LinkClass
+from planner.cost.repeats import Run, periodic_runs
 from planner.cost.setting import Choice, Setting
-from planner.cost.timeline import GroupTimes, TimelineResult, simulate
+from planner.cost.timeline import GroupTimes, RepeatedGroups, TimelineResult, simulate
+
+
+@dataclass(frozen=True, slots=True)
+class GroupShape:
+    """One group's units and gradient reductions, each kind listed once with how many there are."""
+
+    group: int
+    units: tuple[tuple[int, UnitCost, int], ...]
+    """(a block index standing for the units alike, the unit, how many)."""
+    reduces: tuple[tuple[int, int, int], ...]
+    """(parameters, kernel launches, how many) of the reduction buckets completing in the group."""
+
+
+@dataclass(frozen=True, slots=True)
+class RepeatedLayout:
+    """A layout's groups as runs of a repeated pattern, for one checkpointing policy."""
+
+    runs: tuple[Run, ...]
+    patterns: tuple[tuple[GroupShape, ...], ...]
+    """Per run, the groups of its first period."""
+
+
+def repeated_layout(layout: CommLayout, choice: Choice) -> RepeatedLayout:
+    """Find the repeated groups: same units, collectives and checkpointed blocks."""
+
+    def role(index: int) -> tuple[bool, bool]:
+        return index >= 0, choice.is_checkpointed(index)
+
+    runs = periodic_runs(
+        [
+            (key, tuple(role(index) for index, _ in group))
+            for key, group in zip(layout.group_keys, layout.groups, strict=True)
+        ]
+    )
+
+    def shape(g: int) -> GroupShape:
+        units: dict[tuple, list] = {}
+        for index, u in layout.groups[g]:
+            units.setdefault((id(u), role(index)), [index, u, 0])[2] += 1
+        reduces: dict[tuple[int, int], int] = {}
+        for bucket in zip(layout.reduce_buckets[g], layout.reduce_launches[g], strict=True):
+            reduces[bucket] = reduces.get(bucket, 0) + 1
+        return GroupShape(
+            g,
+            tuple((index, u, count) for index, u, count in units.values()),
+            tuple((params, launches, count) for (params, launches), count in reduces.items()),
+        )
+
+    patterns = tuple(tuple(shape(g) for g in range(run.start, run.start + run.period)) for run in runs)
+    return RepeatedLayout(runs, patterns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +166,13 @@ def _collective(
     return lp.latency(group) * passes * launches + volume / lp.bandwidth
 
 
-def _timing(setting: Setting, choice: Choice, layout: CommLayout, *, record: bool) -> TimeEstimate:
-    """Step time from the two-stream timeline of one micro-batch, times accumulation."""
+def _timing(
+    setting: Setting, choice: Choice, layout: CommLayout, repeats: RepeatedLayout, *, record: bool
+) -> TimeEstimate:
+    """Step time from the two-stream timeline of one micro-batch, times accumulation.
+
+    `repeats` (Estimator.repeats) says which groups repeat: each distinct group is priced once.
+    """
     p = setting.params
     tokens = choice.micro_batch * setting.seq_len
     pb = setting.param_bytes
@@ -133,41 +189,43 @@ def _timing(setting: Setting, choice: Choice, layout: CommLayout, *, record: boo
             fwd_cache[key] = _forward_time(p, setting.act_bytes, u, tokens, choice.compile)
         return fwd_cache[key]
 
-    last: list[GroupTimes] = []
-    middle: list[GroupTimes] = []
-    for group, reduce_buckets, ag_launches, reduce_launches in zip(
-        layout.groups, layout.reduce_buckets, layout.group_launches, layout.reduce_launches, strict=True
-    ):
+    def group_times(shape: GroupShape) -> tuple[GroupTimes, GroupTimes]:
+        """One group in the last micro-batch, and in the earlier ones."""
         fwd = 0.0
         bwd = 0.0
-        for index, u in group:
+        for index, u, count in shape.units:
             f = unit_forward(u)
-            fwd += f.total
-            bwd += 2.0 * f.total + _recompute_time(choice, u, index, f)
-        n_params = sum(u.num_params for _, u in group)
+            fwd += count * f.total
+            bwd += count * (2.0 * f.total + _recompute_time(choice, u, index, f))
         ag = 0.0
         reduce = 0.0
-        buckets = tuple(zip(reduce_buckets, reduce_launches, strict=True))
         if choice.sharding != "no_shard":
-            ag = _collective(p, shard_link, pb * n_params, shard, launches=ag_launches)
-            for params, launches in buckets:
-                reduce += _collective(p, shard_link, 4.0 * params, shard, launches=launches)
+            g = shape.group
+            gathered = pb * layout.group_params[g]
+            ag = _collective(p, shard_link, gathered, shard, launches=layout.group_launches[g])
+            for params, launches, count in shape.reduces:
+                reduce += count * _collective(p, shard_link, 4.0 * params, shard, launches=launches)
                 if choice.sharding == "hybrid_shard":
-                    reduce += _collective(
+                    reduce += count * _collective(
                         p, replica_link, 4.0 * params / shard, replicas, all_reduce=True, launches=launches
                     )
             sync_every_micro_batch = reduce
         else:
-            for params, launches in buckets:
-                reduce += _collective(
+            for params, launches, count in shape.reduces:
+                reduce += count * _collective(
                     p, world_link, 4.0 * params, setting.world_size, all_reduce=True, launches=launches
                 )
             # Eager (FSDP2) replicas accumulate locally and all-reduce once per step; compiled
             # SimpleFSDP's all-reduce is part of every backward graph.
             sync_every_micro_batch = reduce if choice.compile else 0.0
         ag_bwd = ag if choice.reshards_after_forward else 0.0
-        last.append(GroupTimes(fwd, bwd, ag, ag_bwd, reduce))
-        middle.append(GroupTimes(fwd, bwd, ag, ag_bwd, sync_every_micro_batch))
+        last = GroupTimes(fwd, bwd, ag, ag_bwd, reduce)
+        return last, GroupTimes(fwd, bwd, ag, ag_bwd, sync_every_micro_batch)
+
+    # Each run's pattern, priced from its first period's groups.
+    priced = [[group_times(shape) for shape in pattern] for pattern in repeats.patterns]
+    last = RepeatedGroups(repeats.runs, tuple(tuple(t[0] for t in pattern) for pattern in priced))
+    middle = RepeatedGroups(repeats.runs, tuple(tuple(t[1] for t in pattern) for pattern in priced))
 
     contention = p.overlap_contention
     final = simulate(last, prefetch_depth=choice.prefetch_depth, contention=contention, record=record)
@@ -201,12 +259,14 @@ def _timing(setting: Setting, choice: Choice, layout: CommLayout, *, record: boo
 
 
 class Estimator:
-    """Prices many choices for one setting, caching what choices share (layouts, activations)."""
+    """Prices many choices for one setting, caching what choices share (layouts, activations,
+    repeated groups)."""
 
     def __init__(self, setting: Setting) -> None:
         self.setting = setting
         self._layouts: dict[tuple, CommLayout] = {}
         self._saved: dict[tuple[str, int, bool], SavedActivations] = {}
+        self._repeats: dict[tuple, RepeatedLayout] = {}
 
     def layout(self, choice: Choice) -> CommLayout:
         key = (
@@ -230,5 +290,15 @@ class Estimator:
         """The step's peak: the larger of its moments."""
         return max(self.moments(choice), key=lambda m: m.total)
 
+    def repeats(self, choice: Choice) -> RepeatedLayout:
+        """The layout's groups as repeated runs, checkpointing included (k-th-block checkpointing
+        repeats with a longer period than the blocks themselves)."""
+        layout = self.layout(choice)
+        # Only k-th-block checkpointing treats blocks unalike (layouts live as long as self).
+        key = (id(layout), choice.every_k if choice.checkpointing == "selective" else 0)
+        if key not in self._repeats:
+            self._repeats[key] = repeated_layout(layout, choice)
+        return self._repeats[key]
+
     def timing(self, choice: Choice, *, record: bool = False) -> TimeEstimate:
-        return _timing(self.setting, choice, self.layout(choice), record=record)
+        return _timing(self.setting, choice, self.layout(choice), self.repeats(choice), record=record)

@@ -48,6 +48,9 @@ class CommLayout:
     """Parameters of the largest gradient-reduction bucket completing in such a group."""
     signature: tuple
     """Equal for layouts that price identically (the search memoizes on it)."""
+    group_keys: tuple[int, ...]
+    """Equal for groups that price identically under a configuration that checkpoints every block
+    alike: same units in the same roles, same collectives (what lets repeated blocks price once)."""
 
 
 def _wrap_units(setting: Setting, choice: Choice) -> list[list[IndexedUnit]]:
@@ -135,4 +138,22 @@ def comm_layout(setting: Setting, choice: Choice) -> CommLayout:
         block_group_params=tuple(group_params[j] for j in block_groups) or group_params,
         largest_block_reduce=max(block_reduces, default=largest_reduce),
         signature=(tuple(len(g) for g in groups), reduce_buckets, group_launches, launches),
+        group_keys=_group_keys(groups, reduce_buckets, group_launches, launches),
     )
+
+
+def _group_keys(
+    groups: tuple[tuple[IndexedUnit, ...], ...],
+    reduce_buckets: tuple[tuple[int, ...], ...],
+    group_launches: tuple[int, ...],
+    reduce_launches: tuple[tuple[int, ...], ...],
+) -> tuple[int, ...]:
+    ids: dict[tuple, int] = {}
+    keys = []
+    for group, reduces, launches, reduce_launch in zip(
+        groups, reduce_buckets, group_launches, reduce_launches, strict=True
+    ):
+        # Units by identity: the model's repeated blocks are one object (planner/cost/model_costs.py).
+        content = (tuple((id(u), index >= 0) for index, u in group), reduces, launches, reduce_launch)
+        keys.append(ids.setdefault(content, len(ids)))
+    return tuple(keys)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 from planner.cost.layout import CommLayout
-from planner.cost.model_costs import UnitCost
+from planner.cost.model_costs import UnitCost, eager_saved_bytes
 from planner.cost.parameters import GIB, CostParameters
 from planner.cost.setting import Choice, Setting
 
@@ -176,18 +176,25 @@ def saved_activations(setting: Setting, checkpointing: str, every_k: int, compil
     """What a checkpointing policy keeps per token, and what its recompute adds."""
     m = setting.model
     probe = Choice("", 1, 1, 1, 0.0, 0.0, checkpointing, every_k, 1, 1, compile_)
-    saved = m.head.saved_elems
+
+    def whole(unit: UnitCost) -> float:
+        # Everything the unit's forward keeps, in compute-dtype elements (eager keeps some in fp32).
+        if compile_:
+            return unit.saved_elems
+        return eager_saved_bytes(unit, setting.act_bytes) / setting.act_bytes
+
+    saved = whole(m.head)
     recompute_peak = 0.0
     for i, block in enumerate(m.blocks):
         if probe.is_checkpointed(i):
             kept = block.input_elems + compiled_keeps(probe, block)
             saved += kept
-            recompute_peak = max(recompute_peak, block.saved_elems - kept + block.input_elems)
+            recompute_peak = max(recompute_peak, whole(block) - kept + block.input_elems)
         elif checkpointing == "op_selective":
             saved += block.op_saved_elems
-            recompute_peak = max(recompute_peak, block.saved_elems - block.op_saved_elems)
+            recompute_peak = max(recompute_peak, whole(block) - block.op_saved_elems)
         else:
-            saved += block.saved_elems
+            saved += whole(block)
     return SavedActivations(saved, recompute_peak)
 
 

@@ -39,6 +39,11 @@ class UnitCost:
     """Matmul weights re-run in backward under op-level selective checkpointing."""
     input_elems: float
     """Elements of the block's input per token (what full checkpointing keeps)."""
+    saved_fp32_elems: float = 0.0
+    """Of `saved_elems`, those eager autograd keeps in fp32 whatever the compute dtype: each RMSNorm
+    normalises an fp32 copy of its input and keeps it (in bf16 that is 4 bytes an element, not 2;
+    measured with saved-tensor hooks, tests/profile/test_trace.py). Inductor's partitioner keeps the
+    bf16 input and recomputes the cast instead, so compiled plans do not pay it."""
     attention_output_elems: float = 0.0
     """Elements of the attention output per token (what compiled whole-block checkpointing also keeps)."""
     tensors: int = 1
@@ -80,6 +85,11 @@ def model_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
     return _llama_costs(spec, seq_len)
 
 
+def eager_saved_bytes(unit: UnitCost, act_bytes: int) -> float:
+    """Bytes per token eager autograd keeps for a unit's backward at a compute dtype of `act_bytes`."""
+    return unit.saved_elems * act_bytes + unit.saved_fp32_elems * max(0, 4 - act_bytes)
+
+
 def count_parameters(spec: ModelSpec) -> int:
     """Total parameters (tied weights counted once)."""
     return model_costs(spec, 1).num_params
@@ -114,6 +124,7 @@ def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
         # output, w1/w3 outputs, silu output, product (counted on the runtime's block with
         # saved-tensor hooks: 8h + 2kv + 4f, plus a few elements of norm and softmax statistics).
         saved_elems=8 * h + 2 * kv + 4 * f,
+        saved_fp32_elems=2 * h,  # the two RMSNorms' upcast inputs
         # block input, q and v projections, attention out, w1 output, w2 output (every other matmul).
         op_saved_elems=4 * h + kv + f,
         op_recompute_matmul_params=h * kv + h * h + h * f,
@@ -123,7 +134,9 @@ def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
     )
     embedding = _embedding_unit(v * h, h, tensors=1)
     head_params = h + (0 if spec.tie_word_embeddings else v * h)
-    head = _head_unit(head_params, v * h, h, v, tensors=1 if spec.tie_word_embeddings else 2)
+    head = _head_unit(
+        head_params, v * h, h, v, tensors=1 if spec.tie_word_embeddings else 2, fp32_norm_input=True
+    )
     blocks = (block,) * spec.num_layers
     total = embedding.num_params + block_params * spec.num_layers + head_params
     n = total - v * h + (v * h if spec.tie_word_embeddings else 0)
@@ -164,13 +177,23 @@ def _gpt2_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
 def _layer_graph_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
     units = spec.layer_graph or []
     block_indices = [i for i, u in enumerate(units) if u.is_block]
+    # Identical modules become one object, as the built-in architectures' blocks are: the cost
+    # model then prices a run of them once (planner/cost/repeats.py). Names are not priced.
+    interned: dict[tuple, UnitCost] = {}
+
+    def priced(unit: LayerUnit) -> UnitCost:
+        key = (unit.num_params, unit.fwd_flops_per_token, unit.activation_bytes_per_token, unit.is_block)
+        if key not in interned:
+            interned[key] = _traced_unit(unit)
+        return interned[key]
+
     if not block_indices:
         # Nothing repeated: every module is its own unit.
-        before, blocks, after = [], tuple(_traced_unit(u) for u in units), []
+        before, blocks, after = [], tuple(priced(u) for u in units), []
     else:
         first = block_indices[0]
         before = [_traced_unit(u) for u in units[:first]]
-        blocks = tuple(_traced_unit(u) for u in units[first:] if u.is_block)
+        blocks = tuple(priced(u) for u in units[first:] if u.is_block)
         # Non-block modules after the first block (final norm, head) form the output unit.
         after = [_traced_unit(u) for u in units[first:] if not u.is_block]
     total = sum(u.num_params for u in units)
@@ -239,7 +262,9 @@ def _embedding_unit(params: int, h: int, *, tensors: int) -> UnitCost:
     )
 
 
-def _head_unit(params: int, matmul_params: int, h: int, v: int, *, tensors: int) -> UnitCost:
+def _head_unit(
+    params: int, matmul_params: int, h: int, v: int, *, tensors: int, fp32_norm_input: bool = False
+) -> UnitCost:
     # Final norm, output projection and the loss. The logits themselves are priced separately
     # by the memory model; here: the norm's saved tensors and the softmax's elementwise passes.
     return UnitCost(
@@ -252,6 +277,7 @@ def _head_unit(params: int, matmul_params: int, h: int, v: int, *, tensors: int)
         elementwise_elems=16 * h + 6 * v,
         kernels=14,
         saved_elems=2 * h,
+        saved_fp32_elems=h if fp32_norm_input else 0.0,
         op_saved_elems=2 * h,
         op_recompute_matmul_params=0,
         input_elems=h,

@@ -130,6 +130,7 @@ def app(settings: Settings) -> Iterator[FastAPI]:
         for table in reversed(Base.metadata.sorted_tables):
             connection.execute(table.delete())
     yield app
+    app.state.search_pool.shutdown()  # started by a search when a test ran no lifespan
     app.state.engine.dispose()
 
 
@@ -147,9 +148,12 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    """An HTTP client calling the app in process; sync endpoints run in real worker threads."""
+    """An HTTP client calling the app in process, inside its lifespan (the search pool runs); sync
+    endpoints run in real worker threads."""
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+        transport=transport, base_url="http://testserver"
+    ) as client:
         yield client
 
 

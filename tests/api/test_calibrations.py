@@ -31,6 +31,38 @@ async def test_upload_stores_the_profile_and_its_fit(client: httpx.AsyncClient) 
 
 
 @pytest.mark.parametrize(
+    ("device_name", "gpu"),
+    [
+        ("cpu (x86_64)", "cpu"),
+        ("NVIDIA H100 80GB HBM3", "H100-SXM-80GB"),
+        ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
+    ],
+)
+async def test_without_gpu_the_catalog_gpu_comes_from_the_device_name(
+    client: httpx.AsyncClient, device_name: str, gpu: str
+) -> None:
+    """`gpu` is optional in the schema, so a profile without it is accepted when the device is known."""
+    profile = cpu_profile()
+    del profile["gpu"]
+    profile["fingerprint"] = {**profile["fingerprint"], "device_name": device_name}
+    created = await client.post(CALIBRATIONS, json=profile)
+    assert created.status_code == 201, created.text
+    assert created.json()["profile"]["gpu"] == gpu
+    stored = (await client.get(created.headers["location"])).json()
+    assert stored["profile"]["gpu"] == gpu and set(stored["fitted_parameters"]) >= {"bf16", "fp32"}
+
+
+async def test_without_gpu_an_unknown_device_is_refused_naming_the_field(client: httpx.AsyncClient) -> None:
+    profile = cpu_profile()
+    del profile["gpu"]
+    profile["fingerprint"] = {**profile["fingerprint"], "device_name": "NVIDIA L40S"}
+    problem = assert_problem(await client.post(CALIBRATIONS, json=profile), 422, "invalid-calibration")
+    assert "'NVIDIA L40S'" in problem["detail"] and "set `gpu`" in problem["detail"]
+    assert problem["errors"][0]["field"] == "gpu"
+    assert (await client.get(CALIBRATIONS)).json()["items"] == []
+
+
+@pytest.mark.parametrize(
     ("overrides", "field"),
     [
         ({"gpu": "TPUv9"}, "gpu"),

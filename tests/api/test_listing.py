@@ -172,6 +172,15 @@ async def test_bad_cursors_are_refused(client: httpx.AsyncClient, stored: list[P
         assert_problem(await client.get(PLANS, params=params), 422, "invalid-cursor")
 
 
+async def test_an_empty_cursor_is_the_first_page(client: httpx.AsyncClient, stored: list[PlanRow]) -> None:
+    """The parameter's pattern allows the empty string; it means what no cursor means."""
+    first = await client.get(PLANS, params={"limit": 4, "sort": "mfu"})
+    empty = await client.get(PLANS, params={"limit": 4, "sort": "mfu", "cursor": ""})
+    assert empty.status_code == 200, empty.text
+    assert empty.json() == first.json() and empty.json()["next_cursor"] is not None
+    assert (await client.get(f"{PLANS}?cursor=")).json()["items"] == (await client.get(PLANS)).json()["items"]
+
+
 @pytest.mark.parametrize(
     "params",
     [

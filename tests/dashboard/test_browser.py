@@ -274,3 +274,51 @@ def test_pages_are_readable_on_a_phone(live_server: LiveServer, page_factory: An
     first_cell = p.locator("#plans-table tbody tr").first.locator(".cell-throughput")
     label = p.evaluate("(el) => getComputedStyle(el, '::before').content", first_cell.element_handle())
     assert label.startswith('"Tokens/s/GPU')
+
+
+def test_api_docs_render_without_internet(live_server: LiveServer, page: BrowserPage) -> None:
+    """/docs draws every operation with every request to another host refused (a cluster offline)."""
+    p = page.page
+    server_origin = live_server.url.rstrip("/")
+    refused: list[str] = []
+
+    def only_this_server(route: Any) -> None:
+        url = route.request.url
+        if url.startswith(server_origin + "/") or url.startswith("data:"):
+            route.continue_()
+        else:
+            refused.append(url)
+            route.abort("internetdisconnected")
+
+    p.context.route("**/*", only_this_server)
+    p.goto(live_server.url + "/docs")
+    p.wait_for_selector(".opblock", timeout=20_000)
+    assert p.locator(".information-container .title").inner_text().startswith("fsdp-planner")
+    paths = {text.strip() for text in p.locator(".opblock-summary-path").all_inner_texts()}
+    assert {"/api/v1/plans", "/api/v1/plans/{plan_id}", "/api/v1/calibrations"} <= {
+        path.replace("\u200b", "") for path in paths
+    }
+    assert p.locator(".opblock").count() >= 15
+    # Expanding one shows its parameters: the UI works, not just its first paint.
+    p.locator(".opblock-get .opblock-summary-path", has_text="/api/v1/plans/").first.click()
+    p.wait_for_selector(".opblock.is-open .parameters, .opblock.is-open .opblock-description-wrapper")
+    page.screenshot("api-docs")
+    assert refused == [], f"/docs asked other hosts for {refused}"
+
+
+def test_a_405b_timeline_is_readable(live_server: LiveServer, page: BrowserPage) -> None:
+    """Hundreds of units are drawn per phase: a few blocks, each wide enough to see and hover."""
+    created = httpx.post(f"{live_server.url}/api/v1/plans", timeout=60, json={
+        "model": "llama3.1-405b", "cluster": "128x8xH100", "name": "405B timeline",
+        "training": {"seq_len": 2048, "global_batch_tokens": 2048 * 2048},
+    })
+    assert created.status_code == 201, created.text
+    p = page.page
+    p.goto(f"{live_server.url}/plans/{created.json()['id']}")
+    blocks = p.locator('figure[data-chart="timeline"] svg rect.mark')
+    assert 4 <= blocks.count() <= 12
+    widths = [box["width"] for box in (blocks.nth(i).bounding_box() for i in range(blocks.count())) if box]
+    assert min(widths) >= 4, widths  # on screen: no one-pixel stripes
+    assert p.locator('figure[data-chart="timeline"] text.span-label', has_text="backward").count() == 1
+    p.locator('figure[data-chart="timeline"]').scroll_into_view_if_needed()
+    page.screenshot("plan-405b-timeline")

@@ -42,6 +42,8 @@ class MemoryCase:
     every_k: int = 2
     layers: int = MODEL.num_layers
     """Compiled cases use fewer blocks: inductor's compile time grows with the graph."""
+    precision: str = "fp32"
+    """bf16 parameters and activations (fp32 states and reductions), where RMSNorm keeps fp32 copies."""
 
     @property
     def label(self) -> str:
@@ -49,7 +51,9 @@ class MemoryCase:
         ac = short.get(self.checkpointing, self.checkpointing)
         chunks = f" lc{self.loss_chunks}" if self.loss_chunks > 1 else ""
         mode = "compiled" if self.compile else "eager"
-        return f"L{self.layers} {self.sharding} AC={ac} mb{self.micro_batch}x{self.grad_accum}{chunks} {mode}"
+        dtype = f" {self.precision}" if self.precision != "fp32" else ""
+        batch = f"mb{self.micro_batch}x{self.grad_accum}"
+        return f"L{self.layers} {self.sharding} AC={ac} {batch}{chunks}{dtype} {mode}"
 
 
 CASES: tuple[MemoryCase, ...] = (
@@ -64,6 +68,8 @@ CASES: tuple[MemoryCase, ...] = (
     MemoryCase("shard_grad_op", "full", micro_batch=1, grad_accum=2),
     MemoryCase("no_shard"),
     MemoryCase("no_shard", "selective", micro_batch=1, grad_accum=2),
+    MemoryCase("full_shard", precision="bf16"),
+    MemoryCase("shard_grad_op", precision="bf16"),
     # Compiled SimpleFSDP.
     MemoryCase("full_shard", compile=True, layers=2),
     MemoryCase("shard_grad_op", "op_selective", compile=True, layers=2),
@@ -86,7 +92,7 @@ def parallel_config(case: MemoryCase, world: int) -> ParallelConfig:
         checkpointing=CheckpointingConfig(mode=case.checkpointing, every_k=case.every_k),  # type: ignore[arg-type]
         micro_batch_size=case.micro_batch,
         grad_accum_steps=case.grad_accum,
-        param_dtype="float32",
+        param_dtype="bfloat16" if case.precision == "bf16" else "float32",
         reduce_dtype="float32",
         compile=case.compile,
         inductor=InductorConfig(
@@ -108,7 +114,7 @@ def plan_for(case: MemoryCase) -> Plan:
         training=TrainingSpec(
             seq_len=SEQ_LEN,
             global_batch_tokens=SEQ_LEN * case.micro_batch * case.grad_accum * world,
-            precision="fp32",
+            precision=case.precision,  # type: ignore[arg-type]
             optimizer="adamw",
         ),
     )

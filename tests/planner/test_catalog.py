@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.catalog import GPU_CATALOG, MODEL_CATALOG, resolve_gpu, resolve_model
+from planner.catalog import GPU_CATALOG, MODEL_CATALOG, gpu_for_device, resolve_gpu, resolve_model
 from planner.cost.model_costs import count_parameters, model_costs
 from planner.errors import UnknownCatalogEntryError
 
@@ -60,3 +60,25 @@ def test_unknown_names_list_what_is_known() -> None:
         resolve_gpu("V9000")
     with pytest.raises(UnknownCatalogEntryError, match=r"unknown model 'llama9'.*llama3-8b"):
         resolve_model("llama9")
+
+
+@pytest.mark.parametrize(
+    ("device_name", "gpu"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100-SXM-80GB"),
+        ("NVIDIA H200", "H200-141GB"),
+        ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+        ("NVIDIA A100-PCIE-40GB", "A100-40GB"),
+        ("NVIDIA A100 PCIe", "A100-80GB"),  # no size written: the family's first entry
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA B200", "B200"),
+        ("cpu (x86_64)", "cpu"),
+        ("NVIDIA L40S", None),  # a word, not a prefix: an L40S is no L4
+        ("NVIDIA GH200 480GB", None),
+        ("TPU v5e", None),
+        ("", None),
+    ],
+)
+def test_a_device_name_finds_its_catalog_gpu(device_name: str, gpu: str | None) -> None:
+    found = gpu_for_device(device_name)
+    assert (found.name if found else None) == gpu

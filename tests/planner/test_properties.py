@@ -28,6 +28,8 @@ def requests(draw: st.DrawFn) -> PlanRequest:
         num_kv_heads=kv_heads if architecture == "llama" else None,
         intermediate_size=draw(st.integers(64, 30_000)),
         tie_word_embeddings=draw(st.booleans()),
+        # GPT-2's positions are a learned table: every drawn seq_len must fit in it.
+        max_seq_len=8192,
     )
     nodes = draw(st.integers(1, 4))
     gpus = draw(st.sampled_from([1, 2, 4, 8]))

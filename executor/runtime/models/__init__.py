@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -26,6 +27,7 @@ __all__ = [
     "build_model",
     "computes_own_loss",
     "find_parts",
+    "import_factory",
 ]
 
 _BUILTIN = {"llama": Llama, "gpt2": GPT2}
@@ -68,24 +70,38 @@ def count_params(model: nn.Module) -> int:
     return total
 
 
-def _from_factory(spec: str, cfg: ModelConfig) -> nn.Module:
+def import_factory(
+    spec: str,
+    *,
+    label: str = "--model-factory",
+    hint: str = "put its package on PYTHONPATH on every node",
+) -> Callable[..., object]:
+    """The callable named by `package.module:function` (dots after the colon reach attributes).
+
+    `label` starts every error message, so each command names its own option; `hint` says how to
+    make a module importable where that command runs.
+    """
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise ModelFactoryError(f"--model-factory {spec!r}: write it as package.module:function")
+        raise ModelFactoryError(f"{label} {spec!r}: write it as package.module:function")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ModelFactoryError(
-            f"--model-factory {spec!r}: cannot import {module_name!r} ({exc}); put its package on "
-            "PYTHONPATH on every node"
+            f"{label} {spec!r}: cannot import {module_name!r} ({exc}); {hint}"
         ) from None
     fn = module
     for part in attr.split("."):
         fn = getattr(fn, part, None)
         if fn is None:
-            raise ModelFactoryError(f"--model-factory {spec!r}: {module_name} has no attribute {attr!r}")
+            raise ModelFactoryError(f"{label} {spec!r}: {module_name} has no attribute {attr!r}")
     if not callable(fn):
-        raise ModelFactoryError(f"--model-factory {spec!r}: {attr} is not callable")
+        raise ModelFactoryError(f"{label} {spec!r}: {attr} is not callable")
+    return fn
+
+
+def _from_factory(spec: str, cfg: ModelConfig) -> nn.Module:
+    fn = import_factory(spec)
     takes_config = any(
         p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
         for p in inspect.signature(fn).parameters.values()

@@ -125,8 +125,8 @@ def run_plan(label: str, plan: RuntimePlan, *, steps: int, meshes: dict[tuple, D
 
     model = build_model(plan.model, seq_len=plan.training.seq_len)
     n_params = count_params(model)
-    fp32 = Overrides(param_dtype=torch.float32, reduce_dtype=torch.float32)
-    par = parallelize(model, plan=plan, mesh=mesh, overrides=fp32)
+    # The plan's own dtypes: fp32 cases, and bf16 ones where RMSNorm keeps fp32 copies of its input.
+    par = parallelize(model, plan=plan, mesh=mesh, overrides=Overrides())
     materialize(par.module, device=env.device, seed=SEED)
     optimizer = build_optimizer(
         par.module, OptimizerSettings(name=plan.training.optimizer, warmup_steps=1), device=env.device

@@ -1,0 +1,102 @@
+"""The plan search, off the request workers: a pool of processes sized to the cores.
+
+A search is pure CPU (planner/search.py). Run in the web process it holds the GIL, so reads and
+small plans wait behind a large one; in a pool of processes it runs beside them on another core.
+Each web process (uvicorn worker) owns one pool, started with the app's lifespan and shut down with
+it (the first search starts it where an embedding runs no lifespan). Workers fork from a
+forkserver that has imported the planner already, so a new worker is ready in milliseconds, and no
+worker inherits the web process's threads or database connections.
+
+This module is what the workers import: it stays free of the database and the web framework.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from planner.calibration import CalibrationProfile
+from planner.plan import Plan
+from planner.search import make_plan
+from planner.specs import PlanRequest
+
+
+class SearchPoolBrokenError(RuntimeError):
+    """A worker died mid-search (killed, out of memory); the pool is replaced for the next one."""
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class SearchPool:
+    """Runs `make_plan` in worker processes; `search` blocks the calling (worker) thread only."""
+
+    def __init__(self, *, workers: int, deadline_s: float) -> None:
+        self.workers = workers
+        self.deadline_s = deadline_s
+        self._executor: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Create the pool and start one worker in the background (idempotent)."""
+        self._running()
+
+    def _running(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = _new_executor(self.workers)
+                self._executor.submit(os.getpid)  # warm: the forkserver and a worker start now
+            return self._executor
+
+    def shutdown(self) -> None:
+        """Stop the workers; searches still queued are cancelled, running ones finish."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+    def search(
+        self, request: PlanRequest, calibration: CalibrationProfile | None, calibration_id: str | None
+    ) -> Plan:
+        """The plan, searched in a worker within `deadline_s` seconds of CPU time.
+
+        Raises what make_plan raises (PlanningError and its subclasses, SearchDeadlineError) and
+        SearchPoolBrokenError when the worker died.
+        """
+        executor = self._running()
+        try:
+            return executor.submit(_search, request, calibration, calibration_id, self.deadline_s).result()
+        except BrokenProcessPool:
+            with self._lock:
+                if self._executor is executor:  # replace it once, whoever notices first
+                    self._executor = None
+            executor.shutdown(wait=False, cancel_futures=True)
+            raise SearchPoolBrokenError("the search process stopped before answering") from None
+
+
+def _new_executor(workers: int) -> ProcessPoolExecutor:
+    context = multiprocessing.get_context("forkserver")
+    # Read by the forkserver when it starts (once per web process): workers fork with the planner imported.
+    context.set_forkserver_preload([__name__])
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker)
+
+
+def _init_worker() -> None:
+    # Ctrl-C reaches the whole process group: the web process shuts the pool down in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _search(
+    request: PlanRequest,
+    calibration: CalibrationProfile | None,
+    calibration_id: str | None,
+    deadline_s: float,
+) -> Plan:
+    """What a worker runs (pickled by name: workers import this module)."""
+    return make_plan(request, calibration=calibration, calibration_id=calibration_id, time_limit_s=deadline_s)

@@ -1,0 +1,187 @@
+"""Bounded searches: they run in the app's process pool, stop at the configured deadline with a
+problem that stores nothing, and never hold up reads or small plans."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from api.db.models import IdempotencyKeyRow, PlanRow
+from api.services import search_pool
+from api.services.search_pool import SearchPool
+from api.settings import Settings
+from tests.api.conftest import assert_problem, cheap_plan, distinct_plans
+from tests.live_server import running_server
+
+pytestmark = pytest.mark.anyio
+
+PLANS = "/api/v1/plans"
+DEADLINE_S = 2.0
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    # Two search processes (one per core of the CI machine) and a short deadline.
+    return Settings(
+        database_url=database_url, migrate_on_startup=False, search_deadline_s=DEADLINE_S, search_workers=2
+    )
+
+
+def distinct_graph(units: int = 1024) -> dict[str, Any]:
+    """A traced model of `units` modules, no two alike: nothing repeats, so pricing it takes tens of
+    seconds of CPU, far past the deadline."""
+    return {
+        "name": "all-different",
+        "architecture": "layer_graph",
+        "layer_graph": [
+            {"name": f"layers.{i}", "num_params": 1_000_000 + i, "fwd_flops_per_token": 4e7,
+             "activation_bytes_per_token": 4096}
+            for i in range(units)
+        ],
+    }
+
+
+LARGE = cheap_plan(model=distinct_graph(), cluster="1x8xH100",
+                   training={"seq_len": 2048, "global_batch_tokens": 2048 * 32})
+
+
+def count(session: Session, table: type) -> int:
+    session.expire_all()
+    return session.scalar(select(func.count()).select_from(table)) or 0
+
+
+async def test_a_search_past_the_deadline_is_refused_and_stores_nothing(
+    client: httpx.AsyncClient, session: Session
+) -> None:
+    response = await client.post(PLANS, json=LARGE, headers={"Idempotency-Key": "big-one"})
+    problem = assert_problem(response, 422, "search-deadline-exceeded")
+    assert problem["time_limit_s"] == DEADLINE_S
+    assert f"stopped after {DEADLINE_S:g} s of CPU time, the limit per plan" in problem["detail"]
+    assert "merge the 1024 layer-graph units into fewer, larger blocks" in problem["detail"]
+    assert problem["errors"][0]["field"] == "search"
+    assert count(session, PlanRow) == 0 and count(session, IdempotencyKeyRow) == 0
+
+
+async def test_reads_and_a_small_plan_answer_while_a_large_search_runs(client: httpx.AsyncClient) -> None:
+    stored = await client.post(PLANS, json=cheap_plan())
+    assert stored.status_code == 201, stored.text
+    finished: list[str] = []
+
+    async def timed(name: str, request: Any) -> httpx.Response:
+        response = await request
+        finished.append(name)
+        return response
+
+    large = asyncio.ensure_future(timed("large", client.post(PLANS, json=LARGE)))
+    await asyncio.sleep(0.2)  # the large search is under way in one of the two search processes
+    small_body = cheap_plan(training={"seq_len": 128, "global_batch_tokens": 128 * 4})
+    small, read, health = await asyncio.gather(
+        timed("small", client.post(PLANS, json=small_body)),
+        timed("read", client.get(f"{PLANS}/{stored.json()['id']}")),
+        timed("health", client.get("/healthz")),
+    )
+    assert (small.status_code, read.status_code, health.status_code) == (201, 200, 200)
+    assert (await large).status_code == 422  # it ran into the deadline
+    assert finished[-1] == "large", finished
+
+
+async def test_reads_answer_while_more_plans_wait_for_a_search_than_there_are_threads(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # More waiting plan requests than FastAPI's default thread pool (40) holds threads.
+    waiting = 45
+    searches_may_finish = threading.Event()
+    real = SearchPool.search
+
+    def held(pool: SearchPool, request: Any, *args: Any) -> Any:
+        searches_may_finish.wait(timeout=60)
+        return real(pool, request, *args)
+
+    monkeypatch.setattr(SearchPool, "search", held)
+    posts = [asyncio.ensure_future(client.post(PLANS, json=body)) for body in distinct_plans(waiting)]
+    await asyncio.sleep(0.5)  # every planning thread is waiting for a search, the other plans for a thread
+    health = await client.get("/healthz")
+    listing = await client.get(PLANS)
+    assert (health.status_code, listing.status_code) == (200, 200)
+    assert not any(post.done() for post in posts)  # the reads did not wait for the searches
+    searches_may_finish.set()
+    assert {(await post).status_code for post in posts} == {201}
+
+
+async def test_the_search_runs_in_a_worker_process(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def in_the_request_process(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the plan was searched in the web process")
+
+    # The workers forked from a server that imported the planner before this patch existed.
+    monkeypatch.setattr(search_pool, "make_plan", in_the_request_process)
+    response = await client.post(PLANS, json=cheap_plan())
+    assert response.status_code == 201, response.text
+    assert response.json()["plan"]["config"]["sharding"]
+
+
+def children(pid: int) -> list[int]:
+    tasks = Path(f"/proc/{pid}/task").glob("*/children")
+    return [int(child) for task in tasks for child in task.read_text().split()]
+
+
+def descendants(pid: int) -> list[int]:
+    return [d for child in children(pid) for d in (child, *descendants(child))]
+
+
+def forked_workers() -> list[int]:
+    """Processes forked by this test process's forkserver: the search pools' workers."""
+    return [worker for server in children(os.getpid()) for worker in children(server)]
+
+
+async def test_a_search_process_that_dies_is_a_503_and_the_pool_recovers(
+    client: httpx.AsyncClient, session: Session
+) -> None:
+    large = asyncio.ensure_future(client.post(PLANS, json=LARGE))
+    await asyncio.sleep(0.5)  # searching
+    for pid in forked_workers():  # as the kernel's OOM killer would
+        os.kill(pid, signal.SIGKILL)
+    problem = assert_problem(await large, 503, "search-failed")
+    assert "send the request again" in problem["detail"]
+    assert count(session, PlanRow) == 0
+    again = await client.post(PLANS, json=cheap_plan())
+    assert again.status_code == 201, again.text
+
+
+def test_serve_with_several_workers_searches_in_pools_and_stops_them(
+    database_url: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "DATABASE_URL": database_url, "FSDP_PLANNER_SEARCH_DEADLINE_S": str(DEADLINE_S)}
+    with running_server(env=env, log=tmp_path / "serve.log", cwd=tmp_path, args=("--workers", "2")) as url:
+        small = httpx.post(f"{url}{PLANS}", json=cheap_plan(), timeout=60)
+        assert small.status_code in (200, 201), small.text  # the session's database may hold it already
+        assert_problem(httpx.post(f"{url}{PLANS}", json=LARGE, timeout=120), 422, "search-deadline-exceeded")
+        assert httpx.get(small.headers["location"]).status_code == 200
+        server = next(pid for pid in children(os.getpid()) if str(url.rsplit(":", 1)[1]) in
+                      Path(f"/proc/{pid}/cmdline").read_text())
+        processes = descendants(server)
+        # Two web processes, each with its forkserver and at least one search process.
+        assert sum("forkserver" in Path(f"/proc/{p}/cmdline").read_text() for p in processes) >= 4
+    # Stopped with the server (forkservers notice their web process is gone within moments).
+    deadline = time.monotonic() + 15
+    while (left := [pid for pid in processes if running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, [Path(f"/proc/{pid}/cmdline").read_text() for pid in left]
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -1,0 +1,331 @@
+"""The planner's advice is accepted by the planner itself (planner/advice.py).
+
+Every cluster and batch the advice names is planned here with `make_plan`; every claim about what
+dominates memory is checked against the plan's own breakdown.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import pytest
+from click.testing import Result
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from api.cli.main import app
+from planner.advice import dominant_term
+from planner.calibration import CalibrationProfile
+from planner.catalog import resolve_model
+from planner.cost.estimate import Estimator
+from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
+from planner.search import build_setting, enumerate_choices, make_plan
+from planner.specs import ClusterSpec, ModelSpec, PlanRequest
+from tests.planner.conftest import make_request
+from tests.planner.test_calibration import synthetic_profile
+
+
+def refused(request: PlanRequest) -> InfeasiblePlanError:
+    with pytest.raises(InfeasiblePlanError) as exc:
+        make_plan(request)
+    return exc.value
+
+
+def variant(request: PlanRequest, *, nodes: int, tokens: int) -> PlanRequest:
+    """The request on another node count and global batch, validated as a user's request is."""
+    data = request.model_dump()
+    data["cluster"]["num_nodes"] = nodes
+    data["training"]["global_batch_tokens"] = tokens
+    return PlanRequest.model_validate(data)
+
+
+def test_405b_on_one_node_names_a_cluster_and_batch_that_plan() -> None:
+    request = make_request("llama3.1-405b", "1x8xH100", seq_len=4096, sequences=1024)
+    error = refused(request)
+    assert error.min_fitting_nodes is not None and error.suggested_global_batch_tokens is not None
+    nodes, tokens = error.min_fitting_nodes, error.suggested_global_batch_tokens
+    assert f"Smallest cluster that fits: {nodes}x8xH100-SXM-80GB" in error.message
+    assert f"global_batch_tokens {tokens}" in error.message  # 1024 sequences do not split there
+
+    plan = make_plan(variant(request, nodes=nodes, tokens=tokens))
+    assert plan.prediction.peak_memory_gib <= plan.prediction.usable_memory_gib
+    # ... and it is the smallest: one node fewer, with the batch nearest the request, is refused.
+    fewer = 8 * (nodes - 1)
+    nearest = min((1024 // fewer * fewer, (1024 // fewer + 1) * fewer), key=lambda b: (abs(b - 1024), b))
+    with pytest.raises(InfeasiblePlanError):
+        make_plan(variant(request, nodes=nodes - 1, tokens=nearest * 4096))
+
+    # Keeping the requested batch: the cluster named plans it unchanged.
+    same = error.min_fitting_nodes_same_batch
+    assert same is not None and 1024 % (8 * same) == 0
+    assert f"keeping global_batch_tokens 4194304: {same}x8xH100-SXM-80GB" in error.message
+    make_plan(variant(request, nodes=same, tokens=4096 * 1024))
+
+
+def test_405b_on_one_node_is_held_up_by_states_not_activations() -> None:
+    error = refused(make_request("llama3.1-405b", "1x8xH100", seq_len=4096, sequences=1024))
+    assert error.dominant_memory_term == "parameters, gradients and optimizer state"
+    assert error.dominant_memory_gib is not None
+    assert error.dominant_memory_gib > 0.9 * error.min_peak_memory_gib
+    assert "activations dominate" not in error.message
+    assert not error.needs_model_parallelism
+    assert "shorten seq_len" not in error.message
+
+
+def test_405b_at_seq_8192_needs_tensor_or_context_parallelism() -> None:
+    error = refused(make_request("llama3.1-405b", "16x8xH100", seq_len=8192, sequences=1024))
+    assert error.min_fitting_nodes is None and error.needs_model_parallelism
+    assert "Data parallelism alone cannot fit it" in error.message
+    assert "tensor or context parallelism" in error.message
+    assert "more data-parallel GPUs shrink neither" in error.message
+    assert "shorten seq_len" not in error.message
+
+
+def test_70b_at_32k_fits_only_where_activations_dominate_and_says_so() -> None:
+    request = make_request("llama3-70b", "4x8xH100", seq_len=32768, sequences=64)
+    error = refused(request)
+    assert error.needs_model_parallelism
+    assert error.dominant_memory_term == "activations and the loss"
+    assert "tensor or context parallelism would fit on fewer GPUs" in error.message
+    assert error.min_fitting_nodes is not None and error.suggested_global_batch_tokens is not None
+    plan = make_plan(
+        variant(request, nodes=error.min_fitting_nodes, tokens=error.suggested_global_batch_tokens)
+    )
+    breakdown = plan.prediction.memory_breakdown_gib
+    assert breakdown.activations + breakdown.logits > breakdown.params + breakdown.grads + breakdown.optimizer
+
+
+def test_advice_respects_the_replanning_ceiling() -> None:
+    # A ceiling (set when re-planning after an OOM) that 8 GPUs cannot meet: the cluster named must
+    # plan under the same ceiling.
+    request = make_request(
+        "llama3-70b", "1x8xH100", seq_len=4096, sequences=64, search={"max_peak_memory_gib": 40.0}
+    )
+    error = refused(request)
+    assert error.min_fitting_nodes is not None and error.suggested_global_batch_tokens is not None
+    plan = make_plan(
+        variant(request, nodes=error.min_fitting_nodes, tokens=error.suggested_global_batch_tokens)
+    )
+    assert plan.prediction.peak_memory_gib < 40.0
+
+
+def test_405b_seq_2048_on_1024_gpus_warns_that_it_is_communication_bound() -> None:
+    plan = make_plan(make_request("llama3.1-405b", "128x8xH100", seq_len=2048, sequences=2048))
+    warnings = {w.code: w.message for w in plan.warnings}
+    assert "communication_bound" in warnings
+    share = plan.prediction.exposed_comm_s / plan.prediction.step_time_s
+    assert f"{share:.0%} of the step is exposed communication" in warnings["communication_bound"]
+    assert "Tensor parallelism inside nodes would cut it" in warnings["communication_bound"]
+
+
+def test_a_plan_that_overlaps_its_communication_carries_no_warning(llama8b_request: PlanRequest) -> None:
+    plan = make_plan(llama8b_request)
+    assert plan.prediction.exposed_comm_s / plan.prediction.step_time_s < 0.25
+    assert plan.warnings == ()
+
+
+def test_seq_len_beyond_the_models_positions_warns() -> None:
+    plan = make_plan(make_request("llama3-8b", "1x8xH100", seq_len=16384, sequences=8))
+    (warning,) = [w for w in plan.warnings if w.code == "seq_len_beyond_max_position"]
+    assert "seq_len 16384 is beyond llama3-8b's 8192 positions" in warning.message
+    within = make_plan(make_request("llama3-8b", "1x8xH100", seq_len=8192, sequences=8))
+    assert all(w.code != "seq_len_beyond_max_position" for w in within.warnings)
+
+
+def test_gpt2_past_its_position_table_is_refused() -> None:
+    # GPT-2 learns one embedding per position: the runtime cannot run a longer sequence.
+    with pytest.raises(PlanningError) as exc:
+        make_plan(make_request("gpt2", "1x8xH100", seq_len=2048, sequences=8))
+    assert exc.value.field == "training.seq_len"
+    assert "use seq_len <= 1024" in exc.value.message
+
+
+def suggested_batches(message: str) -> list[int]:
+    return [int(tokens) for tokens in re.findall(r"\d+ sequences = (\d+) tokens", message)]
+
+
+def test_suggested_batches_plan() -> None:
+    with pytest.raises(ValidationError) as exc:
+        make_request("llama3-8b", "3x8xH100", seq_len=4096, sequences=100)
+    text = "\n".join(describe_validation_error(exc.value))
+    assert "cannot be split evenly over 24 GPUs" in text
+    batches = suggested_batches(text)
+    assert batches, text
+    for tokens in batches:
+        make_plan(make_request("llama3-8b", "3x8xH100", seq_len=4096, sequences=tokens // 4096))
+
+
+def test_a_batch_suggestion_where_nothing_fits_names_the_cluster_that_does() -> None:
+    # The issue's trap: 1024 sequences over 33x8, where no batch fits at all.
+    with pytest.raises(ValidationError) as exc:
+        make_request("llama3.1-405b", "33x8xH100", seq_len=4096, sequences=1024)
+    text = "\n".join(describe_validation_error(exc.value))
+    assert "does not fit on 33x8xH100-SXM-80GB at any such batch" in text
+    assert suggested_batches(text) == []  # no batch is offered for a cluster that cannot take one
+    found = re.search(r"Smallest cluster that fits: (\d+)x8xH100-SXM-80GB .*?global_batch_tokens (\d+)", text)
+    assert found, text
+    nodes, tokens = int(found[1]), int(found[2])
+    make_plan(make_request("llama3.1-405b", f"{nodes}x8xH100", seq_len=4096, sequences=tokens // 4096))
+
+
+@pytest.mark.parametrize(
+    ("model", "cluster", "seq_len", "sequences"),
+    [
+        ("llama3-70b", "2x8xH100", 4096, 64),
+        ("llama-debug", "1x4xcpu", 256, 16),
+        ("gpt2", "4x8xA100", 1024, 64),
+    ],
+)
+def test_no_configuration_is_lighter_than_its_fully_sharded_twin(
+    model: str, cluster: str, seq_len: int, sequences: int
+) -> None:
+    # The advice skips configurations whose fully sharded twin was priced (planner/advice.py):
+    # this holds the memory model to that.
+    request = make_request(model, cluster, seq_len=seq_len, sequences=sequences)
+    setting = build_setting(request)
+    estimator = Estimator(setting)
+    world = request.cluster.world_size
+    for choice in enumerate_choices(request, setting):
+        twin = replace(choice, sharding="full_shard", shard_group=world, replicate_group=1)
+        assert estimator.memory(choice).total >= estimator.memory(twin).total - 1e-6, choice
+
+
+def test_dominant_term_of_a_fitting_plan_is_what_its_breakdown_says(llama8b_request: PlanRequest) -> None:
+    setting = build_setting(llama8b_request)
+    choice = next(enumerate_choices(llama8b_request, setting))
+    memory = Estimator(setting).memory(choice)
+    dominant = dominant_term(memory)
+    assert 0 < dominant.share <= 1
+    assert dominant.gib * 2**30 >= max(memory.terms().values()) - 1e-6
+
+
+def test_partial_sequences_are_refused_with_batches_that_plan_on_this_cluster() -> None:
+    # TrainingSpec alone cannot know the cluster; with the training given beside it, the refusal
+    # names whole-sequence batches that split over 24 GPUs and fit.
+    with pytest.raises(ValidationError) as exc:
+        PlanRequest(
+            model=resolve_model("llama3-8b"),
+            cluster=ClusterSpec.parse("3x8xH100"),
+            training={"seq_len": 4096, "global_batch_tokens": 400_000},
+        )
+    text = "\n".join(describe_validation_error(exc.value))
+    assert "training.global_batch_tokens: 400000 is not a whole number of 4096-token sequences" in text
+    batches = suggested_batches(text)
+    assert batches, text
+    for tokens in batches:
+        make_plan(make_request("llama3-8b", "3x8xH100", seq_len=4096, sequences=tokens // 4096))
+
+
+def plan_cli(model: str, cluster: str, seq_len: int, tokens: int) -> Result:
+    return CliRunner().invoke(
+        app,
+        ["plan", "--model", model, "--cluster", cluster, "--seq-len", str(seq_len),
+         "--global-batch-tokens", str(tokens)],
+    )
+
+
+def test_the_readme_405b_example_advice_is_accepted_by_the_cli() -> None:
+    refusal = plan_cli("llama3.1-405b", "1x8xH100", 4096, 4194304)
+    assert refusal.exit_code == 3, refusal.output
+    text = " ".join(refusal.output.split())  # rich wraps long lines
+    advice = r"Smallest cluster that fits: (\d+x8)xH100-SXM-80GB .*? global_batch_tokens (\d+)"
+    found = re.search(advice, text)
+    assert found, text
+    accepted = plan_cli("llama3.1-405b", f"{found[1]}xH100", 4096, int(found[2]))
+    assert accepted.exit_code == 0, accepted.output
+    assert "warning: communication-bound" in " ".join(accepted.output.split())
+
+
+def test_calibrated_advice_plans_with_the_same_calibration() -> None:
+    # The advice prices other clusters with the request's fitted (calibrated) parameters.
+    profile = CalibrationProfile.model_validate(
+        synthetic_profile(efficiency=0.4, overhead=2e-5, latency=3e-5, bandwidth=200e9)
+    )
+    request = make_request("llama3.1-405b", "1x8xH100", seq_len=4096, sequences=1024)
+    with pytest.raises(InfeasiblePlanError) as exc:
+        make_plan(request, calibration=profile)
+    error = exc.value
+    assert error.min_fitting_nodes is not None and error.suggested_global_batch_tokens is not None
+    plan = make_plan(
+        variant(request, nodes=error.min_fitting_nodes, tokens=error.suggested_global_batch_tokens),
+        calibration=profile,
+    )
+    assert plan.calibration_id is not None
+
+
+def test_a_batch_suggestion_says_when_seq_len_must_change_first() -> None:
+    with pytest.raises(ValidationError) as exc:
+        make_request("gpt2", "1x8xH100", seq_len=4096, sequences=3)
+    text = "\n".join(describe_validation_error(exc.value))
+    assert "that fits" not in text  # nothing plans at this seq_len, whatever the batch
+    assert "use seq_len <= 1024" in text
+
+
+CLUSTER_ADVICE = re.compile(
+    r"Smallest cluster that fits: (\d+)x\d+x\S+ \(\d+ GPUs\)( with global_batch_tokens (\d+))?"
+)
+
+
+@st.composite
+def heavy_requests(draw: st.DrawFn) -> tuple[PlanRequest, bool]:
+    """Random Llama-shaped requests, mostly too big for their cluster (so the advice is exercised),
+    and whether the request is itself a suggestion that must plan: a drawn batch that does not
+    split is replaced by what its refusal suggests."""
+    heads = draw(st.sampled_from([32, 64, 128]))
+    model = ModelSpec(
+        name="random",
+        architecture="llama",
+        vocab_size=draw(st.integers(32_000, 200_000)),
+        hidden_size=heads * 128,
+        num_layers=draw(st.integers(16, 128)),
+        num_heads=heads,
+        num_kv_heads=8,
+        intermediate_size=heads * 128 * draw(st.sampled_from([3, 4])),
+        max_seq_len=131072,
+    )
+    nodes, gpus = draw(st.integers(1, 3)), draw(st.sampled_from([1, 2, 4, 8]))
+    gpu = draw(st.sampled_from(["L4", "A100-40GB", "H100"]))
+    seq_len = draw(st.sampled_from([2048, 4096, 8192, 32768]))
+    sequences = nodes * gpus * draw(st.integers(1, 4)) + draw(st.sampled_from([0, 0, 1]))
+    training = {"seq_len": seq_len, "global_batch_tokens": seq_len * sequences}
+    cluster = ClusterSpec(num_nodes=nodes, gpus_per_node=gpus, gpu=gpu)
+    try:
+        return PlanRequest(model=model, cluster=cluster, training=training), False
+    except ValidationError as exc:
+        text = str(exc)
+    batches = suggested_batches(text)
+    if batches:
+        training["global_batch_tokens"] = batches[0]
+    else:
+        found = CLUSTER_ADVICE.search(text)
+        assume(found is not None)  # data parallelism alone cannot fit it: nothing to plan
+        assert found is not None
+        cluster = cluster.model_copy(update={"num_nodes": int(found[1])})
+        training["global_batch_tokens"] = int(found[3]) if found[3] else seq_len * sequences
+    return PlanRequest(model=model, cluster=cluster, training=training), True
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(heavy_requests())
+def test_any_advised_cluster_and_batch_plans(drawn: tuple[PlanRequest, bool]) -> None:
+    request, suggested = drawn
+    try:
+        make_plan(request)
+    except InfeasiblePlanError as error:
+        assert not suggested, f"a suggested request was refused: {error.message}"
+        if error.min_fitting_nodes is None:
+            assert error.needs_model_parallelism
+            return
+        assert error.suggested_global_batch_tokens is not None
+        make_plan(variant(request, nodes=error.min_fitting_nodes, tokens=error.suggested_global_batch_tokens))
+        if error.min_fitting_nodes_same_batch is not None:
+            make_plan(
+                variant(
+                    request,
+                    nodes=error.min_fitting_nodes_same_batch,
+                    tokens=request.training.global_batch_tokens,
+                )
+            )
