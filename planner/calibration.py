@@ -15,6 +15,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.bounds import (
+    MAX_BYTES_PER_S,
+    MAX_FLOPS_PER_S,
+    KernelSeconds,
+    StepSeconds,
+    rate_problem,
+)
 from planner.cost.estimate import Estimator, block_step_time
 from planner.cost.model_costs import ModelCosts, model_costs
 from planner.cost.parameters import CostParameters, LinkClass, LinkParameters
@@ -25,12 +32,18 @@ from planner.specs import ModelSpec, Optimizer, Precision
 PROFILE_SCHEMA_VERSION = "1.0"
 MAX_SAMPLES = 10_000
 
-PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=1, le=1_000_000_000_000)]
 MAX_DEVICE_BYTES = 1 << 50
 """1 PiB: far beyond any accelerator's memory, low enough to refuse nonsense."""
 DeviceBytes = Annotated[int, Field(ge=0, le=MAX_DEVICE_BYTES)]
 Checkpointing = Literal["none", "selective", "op_selective", "full"]
+MAX_STEP_LAYERS = 64
+MAX_STEP_SAMPLES = 64
+"""Timed steps accepted, and their deepest cut of the model: the profiler times about ten steps of 1
+to 4 blocks, and the fit prices every step some hundred times at a cost that grows with its depth, so
+these bound one upload's fitting to seconds."""
+MAX_PROFILE_MODEL_LAYERS = 1_000_000
+"""The profile's model is only read for one block's costs, but building it is linear in its depth."""
 
 
 class ProfileModel(BaseModel):
@@ -61,18 +74,38 @@ class MatmulSample(ProfileModel):
     n: Count
     k: Count
     dtype: Literal["bfloat16", "float32", "float16"]
-    seconds: PositiveFloat
+    seconds: KernelSeconds
+    """At most 100 PFLOP/s (2·m·n·k / seconds)."""
 
     @property
     def flops(self) -> float:
         return 2.0 * self.m * self.n * self.k
+
+    @model_validator(mode="after")
+    def _possible(self) -> MatmulSample:
+        problem = rate_problem(
+            amount=self.flops, unit="FLOP", seconds=self.seconds, limit=MAX_FLOPS_PER_S, what="accelerator"
+        )
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 class BandwidthSample(ProfileModel):
     """One timed memory-bound copy: bytes read + written."""
 
     bytes: Count
-    seconds: PositiveFloat
+    seconds: KernelSeconds
+    """At most 100 TB/s (bytes / seconds)."""
+
+    @model_validator(mode="after")
+    def _possible(self) -> BandwidthSample:
+        problem = rate_problem(
+            amount=self.bytes, unit="B", seconds=self.seconds, limit=MAX_BYTES_PER_S, what="memory"
+        )
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 class CollectiveSample(ProfileModel):
@@ -82,7 +115,24 @@ class CollectiveSample(ProfileModel):
     group_size: Annotated[int, Field(ge=2, le=1_000_000)]
     link: LinkClass
     bytes: Count
-    seconds: PositiveFloat
+    seconds: KernelSeconds
+    """At most 100 TB/s of bus bandwidth (bytes x (n-1)/n per pass / seconds)."""
+
+    @property
+    def bus_bytes(self) -> float:
+        """Bytes each rank moves over its link: (n-1)/n of the tensor per pass, two passes for an
+        all-reduce (reduce-scatter, then all-gather)."""
+        passes = 2.0 if self.op == "all_reduce" else 1.0
+        return passes * self.bytes * (self.group_size - 1) / self.group_size
+
+    @model_validator(mode="after")
+    def _possible(self) -> CollectiveSample:
+        problem = rate_problem(
+            amount=self.bus_bytes, unit="B", seconds=self.seconds, limit=MAX_BYTES_PER_S, what="link"
+        )
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 class BlockSample(ProfileModel):
@@ -94,7 +144,7 @@ class BlockSample(ProfileModel):
     checkpointing: Checkpointing = "none"
     compile: bool = False
     dtype: Literal["bfloat16", "float32"] = "float32"
-    seconds: PositiveFloat
+    seconds: KernelSeconds
     peak_memory_bytes: DeviceBytes | None = None
 
 
@@ -107,7 +157,8 @@ class StepSample(ProfileModel):
     the defaults: an eager step without checkpointing whose memory was not measured.
     """
 
-    num_layers: Count
+    num_layers: Annotated[int, Field(ge=1, le=MAX_STEP_LAYERS)]
+    """Blocks of the profile's model kept (at most the model's own, and at most 64)."""
     micro_batch_size: Count
     grad_accum_steps: Count = 1
     seq_len: Count
@@ -115,9 +166,9 @@ class StepSample(ProfileModel):
     sharding: Literal["full_shard", "no_shard"] = "full_shard"
     optimizer: Literal["adamw", "sgd"] = "adamw"
     dtype: Literal["bfloat16", "float32"] = "float32"
-    seconds: PositiveFloat
+    seconds: StepSeconds
     """The whole step (forward, backward, clipping, update)."""
-    update_seconds: PositiveFloat
+    update_seconds: KernelSeconds
     """Its gradient clipping and optimizer update alone."""
     compile: bool = False
     """Compiled SimpleFSDP (torch.compile over the whole model) rather than eager FSDP2."""
@@ -166,7 +217,7 @@ class CalibrationProfile(ProfileModel):
     memory_bandwidth: Annotated[list[BandwidthSample], Field(max_length=MAX_SAMPLES)] = []
     collectives: Annotated[list[CollectiveSample], Field(max_length=MAX_SAMPLES)] = []
     blocks: Annotated[list[BlockSample], Field(max_length=MAX_SAMPLES)] = []
-    steps: Annotated[list[StepSample], Field(max_length=MAX_SAMPLES)] = []
+    steps: Annotated[list[StepSample], Field(max_length=MAX_STEP_SAMPLES)] = []
     overlap_contention: Annotated[float, Field(ge=0, le=2)] | None = None
     """Measured compute slowdown while a collective runs beside it."""
     usable_memory_bytes: DeviceBytes | None = None
@@ -182,6 +233,23 @@ class CalibrationProfile(ProfileModel):
             raise ValueError("usable_memory_bytes exceeds device_memory_bytes")
         return self
 
+    @model_validator(mode="after")
+    def _steps_cut_the_model(self) -> CalibrationProfile:
+        if self.model is None:
+            return self
+        if self.model.num_layers > MAX_PROFILE_MODEL_LAYERS:
+            raise ValueError(
+                f"model.num_layers: {self.model.num_layers} blocks is more than a profile's model can have "
+                f"(at most {MAX_PROFILE_MODEL_LAYERS:,})"
+            )
+        for index, step in enumerate(self.steps):
+            if step.num_layers > self.model.num_layers:
+                raise ValueError(
+                    f"steps.{index}.num_layers: a timed step keeps at most the model's own "
+                    f"{self.model.num_layers} blocks, not {step.num_layers}"
+                )
+        return self
+
     def content_id(self) -> str:
         """A stable id from the measurements themselves (`profile-<12 hex>`)."""
         digest = hashlib.sha256(self.model_dump_json().encode()).hexdigest()
@@ -193,27 +261,39 @@ def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
 
     Relative error lets small samples (which pin the latency / launch overhead) count as much as
     large ones (which pin the throughput); plain least squares would fit the largest only.
-    None when there is too little spread to fit a line.
+    None when there is too little spread to fit a line (one point, all sizes equal) or the fit is
+    not a line with positive slope.
+
+    Sizes and times are scaled to at most 1 first and the weights to (0, 1], so that no product
+    under- or overflows whatever their magnitude (1/y^2 of a time of 1e200 s is 0.0 in floats).
     """
-    points = [(x, y) for x, y in points if y > 0]
+    points = [(x, y) for x, y in points if 0 <= x < math.inf and 0 < y < math.inf]
     if len(points) < 2:
         return None
-    weights = [1.0 / (y * y) for _, y in points]
+    x_scale = max(x for x, _ in points) or 1.0
+    y_scale = max(y for _, y in points)
+    xs = [x / x_scale for x, _ in points]
+    ys = [y / y_scale for _, y in points]
+    y_min = min(ys)
+    weights = [(y_min / y) ** 2 for y in ys]
     total = sum(weights)
-    mx = sum(w * x for w, (x, _) in zip(weights, points, strict=True)) / total
-    my = sum(w * y for w, (_, y) in zip(weights, points, strict=True)) / total
-    sxx = sum(w * (x - mx) ** 2 for w, (x, _) in zip(weights, points, strict=True))
+    mx = sum(w * x for w, x in zip(weights, xs, strict=True)) / total
+    my = sum(w * y for w, y in zip(weights, ys, strict=True)) / total
+    sxx = sum(w * (x - mx) ** 2 for w, x in zip(weights, xs, strict=True))
     if sxx <= 0:
         return None
-    b = sum(w * (x - mx) * (y - my) for w, (x, y) in zip(weights, points, strict=True)) / sxx
+    b = sum(w * (x - mx) * (y - my) for w, x, y in zip(weights, xs, ys, strict=True)) / sxx
     a = my - b * mx
-    if b <= 0:
+    if not b > 0:
         return None
     if a < 0:  # no negative latency: refit through the origin
         a = 0.0
-        b = sum(w * x * y for w, (x, y) in zip(weights, points, strict=True)) / sum(
-            w * x * x for w, (x, _) in zip(weights, points, strict=True)
+        b = sum(w * x * y for w, x, y in zip(weights, xs, ys, strict=True)) / sum(
+            w * x * x for w, x in zip(weights, xs, strict=True)
         )
+    a, b = a * y_scale, b * y_scale / x_scale
+    if not (math.isfinite(a) and math.isfinite(b) and b > 0):
+        return None
     return a, b
 
 
@@ -277,7 +357,9 @@ def _fit(
         links[link] = LinkParameters(
             latency_s=latency * share,
             latency_per_log2_s=(latency * (1 - share) / mean_log2) if mean_log2 > 0 else 0.0,
-            bandwidth=1.0 / seconds_per_byte,
+            # A slope of almost nothing (times that barely grow with size) is noise, not a link
+            # faster than any hardware: the bandwidth stays within the physical bound.
+            bandwidth=1.0 / max(seconds_per_byte, 1.0 / MAX_BYTES_PER_S),
         )
     changes["links"] = links
     if profile.overlap_contention is not None:

@@ -6,6 +6,9 @@ strings) whose validation errors name the field and say how to fix it.
 
 from __future__ import annotations
 
+import functools
+import types
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -28,6 +31,41 @@ class StrictModel(BaseModel):
     """Base for every spec: strict types, unknown keys refused, immutable once built."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_numbers(cls, data: Any) -> Any:
+        return whole_numbers(cls, data)
+
+
+def whole_numbers(model: type[BaseModel], data: Any) -> Any:
+    """`data` with integral floats in `model`'s integer fields made ints, for strict models.
+
+    JSON has one number type: 8.0 is the integer 8 (JSON Schema's `integer` includes it, and so do
+    clients that write every number as a float), while "8" stays refused.
+    """
+    if not isinstance(data, dict):
+        return data
+    names = _integer_fields(model)
+    changed = {
+        name: int(value) for name, value in data.items()
+        if name in names and isinstance(value, float) and value.is_integer()
+    }
+    return {**data, **changed} if changed else data
+
+
+@functools.cache
+def _integer_fields(model: type[BaseModel]) -> frozenset[str]:
+    def is_integer(annotation: Any) -> bool:
+        if typing.get_origin(annotation) is Annotated:
+            return is_integer(typing.get_args(annotation)[0])
+        if annotation is int:
+            return True
+        arguments = [a for a in typing.get_args(annotation) if a is not type(None)]
+        union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        return union and len(arguments) == 1 and is_integer(arguments[0])
+
+    return frozenset(name for name, field in model.model_fields.items() if is_integer(field.annotation))
 
 
 class LayerUnit(StrictModel):
@@ -287,6 +325,16 @@ class PlanRequest(StrictModel):
         return self
 
 
+_DIVISOR_SEARCH = 100_000
+"""How far from `near` _nearest_divisor looks: its input is a user's number, which may be huge."""
+
+
 def _nearest_divisor(n: int, near: int) -> int:
-    divisors = [d for d in range(1, n + 1) if n % d == 0]
-    return min(divisors, key=lambda d: (abs(d - near), d))
+    """The divisor of n nearest to `near` (the smaller on a tie), searching outwards from it: never
+    more than _DIVISOR_SEARCH steps, whatever n is (1 divides everything, if nothing nearer does)."""
+    near = max(1, min(near, n))
+    for step in range(_DIVISOR_SEARCH):
+        found = [d for d in (near - step, near + step) if 1 <= d <= n and n % d == 0]
+        if found:
+            return min(found)
+    return 1

@@ -6,6 +6,7 @@ positive step-time error means the plan promised a slower step than was measured
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,14 @@ class ErrorSummary:
     """Mean signed error: > 0 when predictions run high on average."""
 
 
-def summarize(metric: str, errors: Sequence[float]) -> ErrorSummary | None:
+def _finite(values: Sequence[float | None]) -> list[float]:
+    """The values a summary or chart can use: rows stored before the API bounded its inputs may hold
+    nulls or infinities (an error against a measured 5e-324 s), which would poison every statistic."""
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def summarize(metric: str, errors: Sequence[float | None]) -> ErrorSummary | None:
+    errors = _finite(errors)
     if not errors:
         return None
     absolute = sorted(abs(e) for e in errors)
@@ -54,7 +62,7 @@ def _scatter(
         points = []
         for item in items:
             p, m = predicted(item), measured(item)
-            if p is None or m is None:
+            if p is None or m is None or not (math.isfinite(p) and math.isfinite(m)):
                 continue
             points.append(svg.Point(p, m, f"{item.plan_name} (plan {item.run.plan_id}, run {item.run.id}): "
                                           f"predicted {show(p)}, measured {show(m)}"))
@@ -84,8 +92,8 @@ def memory_chart(runs: Sequence[RunWithPlan]) -> Markup | None:
 
 
 def error_histogram(runs: Sequence[RunWithPlan]) -> Markup | None:
-    step = [r.run.step_time_error_pct for r in runs]
-    memory = [r.run.peak_memory_error_pct for r in runs if r.run.peak_memory_error_pct is not None]
+    step = _finite([r.run.step_time_error_pct for r in runs])
+    memory = _finite([r.run.peak_memory_error_pct for r in runs])
     if not step:
         return None
     return svg.histogram(
@@ -99,7 +107,6 @@ def summaries(runs: Sequence[RunWithPlan]) -> list[ErrorSummary]:
     found = [
         summarize("step time", [r.run.step_time_error_pct for r in runs]),
         summarize("tokens/s per GPU", [r.run.tokens_per_s_error_pct for r in runs]),
-        summarize("peak memory", [r.run.peak_memory_error_pct for r in runs
-                                  if r.run.peak_memory_error_pct is not None]),
+        summarize("peak memory", [r.run.peak_memory_error_pct for r in runs]),
     ]
     return [s for s in found if s is not None]

@@ -125,6 +125,9 @@ def _fitted_matmul_curve(
         overhead = float(params["matmul_overhead_s"])
     except (TypeError, KeyError, ValueError):
         return []
+    # Stored by another version, the document may hold anything: draw no curve rather than divide by 0.
+    if not (0 < efficiency <= 1 and 0 <= overhead < math.inf):
+        return []
     peak = peak_flops(gpu, dtype)
     lo, hi = min(flops), max(flops)
     steps = 40
@@ -168,8 +171,7 @@ def svg_percent(value: float) -> str:
 
 def bus_bandwidth(sample: CollectiveSample) -> float:
     """Bytes/s of bus bandwidth, comparable across ops and group sizes."""
-    passes = 2.0 if sample.op == "all_reduce" else 1.0
-    return passes * sample.bytes * (sample.group_size - 1) / sample.group_size / sample.seconds
+    return sample.bus_bytes / sample.seconds
 
 
 def collective_chart(profile: CalibrationProfile) -> Markup | None:

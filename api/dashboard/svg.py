@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -70,8 +71,13 @@ class Scale:
     def __call__(self, value: float) -> float:
         lo, hi, v = self.lo, self.hi, value
         if self.log:
-            lo, hi, v = math.log10(lo), math.log10(hi), math.log10(max(value, self.lo))
-        fraction = 0.5 if hi == lo else (v - lo) / (hi - lo)
+            lo, hi, v = _log10(lo), _log10(hi), _log10(value if value > 0 else self.lo)
+        if not math.isfinite(v):
+            v = hi if v > 0 else lo
+        # Halve first: hi - lo of two large floats of opposite sign overflows, their halves do not.
+        span = hi / 2 - lo / 2
+        fraction = (v / 2 - lo / 2) / span if 0 < span < math.inf else 0.5
+        fraction = 0.5 if math.isnan(fraction) else min(max(fraction, -1.0), 2.0)
         return self.out_lo + fraction * (self.out_hi - self.out_lo)
 
     def ticks(self, count: int = 5) -> list[float]:
@@ -80,34 +86,65 @@ class Scale:
         return nice_ticks(self.lo, self.hi, count)
 
 
-def nice_step(span: float, count: int) -> float:
+def _log10(value: float) -> float:
+    """log10 of a positive float, denormals and infinity included (never a math domain error)."""
+    if value <= 0 or math.isnan(value):
+        return _LOG_MIN
+    return math.log10(value) if math.isfinite(value) else _LOG_MAX
+
+
+_LOG_MIN = math.log10(sys.float_info.min)
+"""About -308: the smallest decade a normal float reaches; denormals plot there."""
+_LOG_MAX = math.log10(sys.float_info.max)
+
+
+def _power(base: float, exponent: float) -> float:
+    """base ** exponent clamped to the positive normal floats (no OverflowError, no 0)."""
+    try:
+        return min(max(base**exponent, sys.float_info.min), sys.float_info.max)
+    except OverflowError:
+        return sys.float_info.max
+
+
+def nice_step(span: float, count: float) -> float:
     """A 1, 2 or 5 x 10^k step that cuts `span` into about `count` parts."""
     raw = span / max(count, 1)
-    power = 10 ** math.floor(math.log10(raw))
+    if not (math.isfinite(raw) and raw > 0):
+        return 1.0
+    power = _power(10.0, math.floor(math.log10(raw)))
     for multiple in (1, 2, 5, 10):
         if raw <= multiple * power:
             return multiple * power
     return 10 * power
 
 
+MAX_TICKS = 50
+
+
 def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    if hi <= lo:
+    if not hi > lo:
         return [lo]
-    step = nice_step(hi - lo, count)
-    first = math.ceil(lo / step - 1e-9) * step
+    step = nice_step(hi / 2 - lo / 2, count / 2)  # halves: hi - lo may overflow, they cannot
+    first = lo / step - 1e-9
+    if not math.isfinite(first):
+        return [lo, hi]
+    first = math.ceil(first) * step
+    # By index, not by adding `step` in a loop: at magnitudes where lo + step == lo that never ends.
     ticks = []
-    value = first
-    while value <= hi + step * 1e-9:
+    for index in range(MAX_TICKS):
+        value = first + index * step
+        if not math.isfinite(value) or value > hi + step * 1e-9:
+            break
         ticks.append(round(value, 12))
-        value += step
-    return ticks
+    ticks = sorted(set(ticks))
+    return ticks if len(ticks) >= 2 else [lo, hi]
 
 
 def log_ticks(lo: float, hi: float) -> list[float]:
     """Powers of ten inside [lo, hi]; also 2 and 5 times them when the range spans few decades."""
-    first, last = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    first, last = math.floor(_log10(lo)), math.ceil(_log10(hi))
     multiples = (1, 2, 5) if last - first <= 3 else (1,)
-    ticks = [m * 10.0**p for p in range(first, last + 1) for m in multiples]
+    ticks = [m * _power(10.0, p) for p in range(first, last + 1) for m in multiples]
     inside = [t for t in ticks if lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9)]
     if len(inside) > 8:  # too many decades to label every one
         inside = inside[:: math.ceil(len(inside) / 8)]
@@ -116,34 +153,39 @@ def log_ticks(lo: float, hi: float) -> list[float]:
 
 def binary_ticks(lo: float, hi: float, most: int = 7) -> list[float]:
     """Powers of two inside [lo, hi], every k-th so that at most `most` remain, on whole powers of 4."""
-    first, last = math.ceil(math.log2(lo)), math.floor(math.log2(hi))
+    first, last = math.ceil(_log10(lo) / math.log10(2)), math.floor(_log10(hi) / math.log10(2))
     if last < first:
         return [lo, hi]
     step = 2
     while (last - first) // step + 1 > most:
         step += 2
     start = first + (-first) % 2  # even exponents: 1 KiB, 4 KiB, ..., never 2 KiB next to 1 KiB
-    return [2.0**e for e in range(start, last + 1, step)] or [2.0**first]
+    return [_power(2.0, e) for e in range(start, last + 1, step)] or [_power(2.0, first)]
 
 
 def padded_domain(values: Sequence[float], *, log: bool, include_zero: bool = False) -> tuple[float, float]:
-    """The interval to plot `values` in, with a margin so that marks do not sit on the frame."""
+    """The interval to plot `values` in, with a margin so that marks do not sit on the frame.
+
+    Any finite values give a finite interval with lo < hi (positive on a log axis), however far apart
+    or close together they are: padding is computed in log space, or from halves, so it cannot overflow.
+    """
     finite = [v for v in values if math.isfinite(v) and (v > 0 or not log)]
     if not finite:
         return (1.0, 10.0) if log else (0.0, 1.0)
     lo, hi = min(finite), max(finite)
     if log:
-        if lo == hi:
-            return lo / 2, hi * 2
-        ratio = (hi / lo) ** 0.05
-        return lo / ratio, hi * ratio
+        log_lo, log_hi = _log10(lo), _log10(hi)
+        pad = 0.05 * (log_hi - log_lo) or math.log10(2)
+        return _power(10.0, log_lo - pad), _power(10.0, log_hi + pad)
     if include_zero:
         lo, hi = min(lo, 0.0), max(hi, 0.0)
     if lo == hi:
         pad = abs(lo) * 0.1 or 1.0
-        return lo - pad, hi + pad
-    pad = (hi - lo) * 0.06
-    return (lo if include_zero and lo == 0 else lo - pad), hi + pad
+        lo, hi = lo - pad, hi + pad
+    else:
+        pad = hi * 0.06 - lo * 0.06
+        lo, hi = (lo if include_zero and lo == 0 else lo - pad), hi + pad
+    return max(lo, -sys.float_info.max), min(hi, sys.float_info.max)
 
 
 def should_use_log(values: Sequence[float], ratio: float = 30.0) -> bool:
@@ -449,6 +491,20 @@ def _ink_on(fill: str) -> str:
     return "#111111" if 0.2126 * red + 0.7152 * green + 0.0722 * blue > 0.45 else "#ffffff"
 
 
+def _bin_edges(lo: float, hi: float, bins: int) -> list[float]:
+    """About `bins` bins of a nice width covering [lo, hi]; one bin when the values are too close
+    together (relative to their size) or too far apart for floats to hold distinct nice edges."""
+    width = nice_step(hi / 2 - lo / 2, bins / 2)
+    start = math.floor(lo / width) * width if math.isfinite(lo / width) else lo
+    count = math.ceil((hi / 2 - start / 2) / width * 2) if math.isfinite(start) else 1
+    edges = [start + i * width for i in range(max(1, min(count, 4 * bins)) + 1)]
+    if all(math.isfinite(e) for e in edges) and all(a < b for a, b in itertools.pairwise(edges)) and (
+        edges[0] <= lo and edges[-1] >= hi
+    ):
+        return edges
+    return [lo, hi]
+
+
 def histogram(
     *,
     chart_id: str,
@@ -463,13 +519,14 @@ def histogram(
     legend = [(name, color) for name, vs, color in series if vs]
     frame = _Frame(height=0, bottom=_bottom(legend))
     frame.height = frame.top + 220 + frame.bottom
-    lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
-    if lo == hi:
-        lo, hi = lo - 1, hi + 1
-    width = nice_step(hi - lo, bins)
-    lo = math.floor(lo / width) * width
-    hi = max(math.ceil(hi / width) * width, lo + width)
-    edges = [lo + i * width for i in range(round((hi - lo) / width) + 1)]
+    if not values:
+        lo, hi = 0.0, 1.0
+    elif min(values) == max(values):
+        lo, hi = padded_domain(values, log=False)
+    else:
+        lo, hi = min(values), max(values)
+    edges = _bin_edges(lo, hi, bins)
+    lo, hi = edges[0], edges[-1]
     bin_edges = list(itertools.pairwise(edges))
     # Half-open bins, except the last, which also takes the maximum.
     counts = [

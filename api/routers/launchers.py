@@ -15,7 +15,7 @@ from api.routers.responses import problems
 from api.schemas.plans import PlanId
 from api.services import plans as plan_service
 from executor.launch.bundle import DEFAULT_IMAGE, MEDIA_TYPES, archive_filename, build_bundle
-from executor.launch.quoting import UnsafeValueError
+from executor.launch.quoting import IMAGE_PATTERN, UnsafeValueError
 from planner.plan import Plan
 
 router = APIRouter(prefix="/plans/{plan_id}/launcher", tags=["launchers"])
@@ -56,7 +56,11 @@ def download_launcher(
         ArchiveFormat, Query(alias="format", description="Archive format")
     ] = ArchiveFormat.tar_gz,
     image: Annotated[
-        str, Query(min_length=1, max_length=300, description="Container image for the Kubernetes manifests")
+        str,
+        Query(
+            min_length=1, max_length=255, pattern=IMAGE_PATTERN,
+            description="Container image for the Kubernetes manifests (a plain image reference)",
+        ),
     ] = DEFAULT_IMAGE,
 ) -> Response:
     row = session.scalar(select(PlanRow).where(PlanRow.id == plan_id).options(*plan_service.full_plan()))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from fastapi import APIRouter, Request, Response
 from sqlalchemy import select
 
@@ -16,7 +18,12 @@ router = APIRouter(prefix="/plans/{plan_id}/runs", tags=["validation runs"])
 
 
 def _error_pct(predicted: float, measured: float | None) -> float | None:
-    return (predicted - measured) / measured * 100.0 if measured else None
+    """(predicted - measured) / measured in percent; None where there is no finite answer."""
+    if not measured:
+        return None
+    error = (predicted - measured) / measured * 100.0
+    # Measurements are bounded, but a stored prediction is only finite: the ratio may overflow.
+    return error if math.isfinite(error) else None
 
 
 def _plan(session: SessionDep, plan_id: int) -> PlanRow:

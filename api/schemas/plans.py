@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    ModelWrapValidatorHandler,
+    Tag,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from api.problems import UNION_TAG_PREFIX
-from planner.specs import Optimizer, Precision, SearchSpace
+from planner.specs import Optimizer, Precision, SearchSpace, whole_numbers
 
 # Bounds that keep one request's planning cost sane; the planner's own validators decide the rest.
 MAX_NODES = 4096
 MAX_GPUS_PER_NODE = 64
 MAX_SEQ_LEN = 1 << 20
 MAX_GLOBAL_BATCH_TOKENS = 1 << 36
-MAX_ID = (1 << 63) - 1
+MAX_ID = (1 << 53) - 1
+"""The largest id every JSON client reads exactly (JavaScript numbers, and JSON Schema validators that
+compare in floats: against 2^63 - 1 as a float, 2^63 + 191 passes); far beyond any table's ids."""
 PlanId = Annotated[int, Path(ge=1, le=MAX_ID, description="A plan's id")]
 # PostgreSQL text and jsonb cannot hold NUL characters; refuse them up front instead of failing on insert.
 NO_NUL = r"^[^\x00]*$"
@@ -26,13 +39,47 @@ MAX_JSON_DEPTH = 32
 
 
 class StrictBody(BaseModel):
-    """Unknown keys refused and no coercion ("8" is not 8), like the planner's own specs."""
+    """Unknown keys refused and no coercion ("8" is not 8), like the planner's own specs.
+
+    An unknown key that people commonly send for a field (`nodes` for `num_nodes`) is refused with the
+    field to use and an example of the whole object, instead of a bare "Extra inputs are not permitted".
+    """
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    renamed: ClassVar[Mapping[str, str]] = {}
+    """Unknown key -> the field that was meant."""
+    example: ClassVar[str] = ""
+    """A valid object of this kind, for the advice."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_numbers(cls, data: Any) -> Any:
+        return whole_numbers(cls, data)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _suggest_renamed(cls, data: Any, handler: ModelWrapValidatorHandler[StrictBody]) -> StrictBody:
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            errors = exc.errors()
+            hinted = [_hint_renamed(cls, error) for error in errors]
+            if hinted == errors:
+                raise
+            raise ValidationError.from_exception_data(exc.title, hinted) from None
 
 
 class ClusterIn(StrictBody):
     """The GPUs to train on."""
+
+    renamed: ClassVar[Mapping[str, str]] = {
+        "nodes": "num_nodes", "n_nodes": "num_nodes", "node_count": "num_nodes",
+        "gpus": "gpus_per_node", "num_gpus": "gpus_per_node", "n_gpus": "gpus_per_node",
+        "gpus_per_nodes": "gpus_per_node", "devices_per_node": "gpus_per_node",
+        "gpu_type": "gpu", "device": "gpu",
+    }
+    example: ClassVar[str] = '{"num_nodes": 1, "gpus_per_node": 8, "gpu": "H100"}, or the string "1x8xH100"'
 
     num_nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] = 1
     gpus_per_node: Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)] = 8
@@ -46,6 +93,16 @@ class ClusterIn(StrictBody):
 
 class TrainingIn(StrictBody):
     """What one optimizer step processes."""
+
+    renamed: ClassVar[Mapping[str, str]] = {
+        "seq_length": "seq_len", "sequence_length": "seq_len", "max_seq_len": "seq_len",
+        "batch_size": "global_batch_tokens", "global_batch_size": "global_batch_tokens",
+        "global_batch": "global_batch_tokens", "batch_tokens": "global_batch_tokens",
+    }
+    example: ClassVar[str] = (
+        '{"seq_len": 4096, "global_batch_tokens": 1048576} (tokens per step over the whole cluster, a '
+        "multiple of seq_len)"
+    )
 
     seq_len: Annotated[int, Field(ge=1, le=MAX_SEQ_LEN, examples=[4096])]
     global_batch_tokens: Annotated[int, Field(ge=1, le=MAX_GLOBAL_BATCH_TOKENS, examples=[1048576])]
@@ -175,6 +232,21 @@ class PlanSort(StrEnum):
 class SortOrder(StrEnum):
     asc = "asc"
     desc = "desc"
+
+
+def _hint_renamed(model: type[StrictBody], error: ErrorDetails) -> Any:
+    """`error` with the field that was meant, when it refuses a key of `model.renamed`."""
+    loc = error["loc"]
+    if error["type"] != "extra_forbidden" or len(loc) != 1 or loc[0] not in model.renamed:
+        return error
+    return InitErrorDetails(
+        type=PydanticCustomError(
+            "renamed_field", 'unknown field "{given}": did you mean "{meant}"? e.g. {example}',
+            {"given": loc[0], "meant": model.renamed[str(loc[0])], "example": model.example},
+        ),
+        loc=loc,
+        input=error["input"],
+    )
 
 
 def _check_json(data: Any) -> None:

@@ -6,11 +6,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-Seconds = Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
-TokensPerSecond = Annotated[float, Field(gt=0, le=1e12, allow_inf_nan=False)]
-Bytes = Annotated[int, Field(ge=0, le=2**62)]
+from api.schemas.plans import MAX_JSON_DEPTH, NO_NUL
+from planner.bounds import MemoryGiB, StepSeconds, TokensPerSecond
+from planner.calibration import MAX_DEVICE_BYTES
+
+# 1 PiB, as for calibration profiles: beyond any device, and below 2^53, so that every client (and
+# schema validator) comparing in floats reads the bound exactly.
+Bytes = Annotated[int, Field(ge=0, le=MAX_DEVICE_BYTES)]
 RunOutcome = Literal["completed", "oom"]
 
 
@@ -29,8 +33,8 @@ class OomDetails(BaseModel):
     """CUDA allocator: bytes held by tensors when it failed (null on CPU)."""
     reserved_bytes: Bytes | None = None
     """CUDA allocator: bytes reserved from the driver (null on CPU)."""
-    message: Annotated[str, Field(max_length=2000)] = ""
-    """The allocator's message, on one line."""
+    message: Annotated[str, Field(max_length=2000, pattern=NO_NUL)] = ""
+    """The allocator's message, on one line (no NUL characters: PostgreSQL text cannot hold them)."""
 
 
 class RunCreate(BaseModel):
@@ -40,14 +44,36 @@ class RunCreate(BaseModel):
     and may carry measurements of the steps before it failed.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    # The two shapes, stated in the schema too, so that clients (and schemathesis) see what
+    # `_consistent` below enforces.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "anyOf": [
+                {
+                    "properties": {
+                        "outcome": {"const": "completed"},
+                        "measured_step_time_s": {"type": "number"},
+                        "measured_tokens_per_s_per_gpu": {"type": "number"},
+                        "steps": {"minimum": 1},
+                        "oom": {"type": "null"},
+                    },
+                    "required": ["measured_step_time_s", "measured_tokens_per_s_per_gpu"],
+                },
+                {
+                    "properties": {"outcome": {"const": "oom"}, "oom": {"type": "object"}},
+                    "required": ["outcome", "oom"],
+                },
+            ]
+        },
+    )
 
     outcome: RunOutcome = "completed"
-    measured_step_time_s: Seconds | None = None
+    measured_step_time_s: StepSeconds | None = None
     """Median optimizer-step time over the measured steps (warm-up excluded). Required when completed."""
     measured_tokens_per_s_per_gpu: TokensPerSecond | None = None
     """Required when completed."""
-    measured_peak_memory_gib: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] | None = None
+    measured_peak_memory_gib: MemoryGiB | None = None
     """Peak memory per device as the runtime sees it (CUDA allocator, or live tensors on CPU)."""
     steps: Annotated[int, Field(ge=0, le=1_000_000)] = 1
     """Steps measured (an OOM run may have measured none)."""
@@ -55,6 +81,11 @@ class RunCreate(BaseModel):
     """Required when outcome is `oom`, refused otherwise."""
     raw: Annotated[dict[str, Any], Field(max_length=64)] = {}
     """The run's report: per-step metrics, environment (kept as sent)."""
+
+    @field_validator("raw")
+    @classmethod
+    def _storable(cls, raw: dict[str, Any]) -> dict[str, Any]:
+        return _without_nul(raw, depth=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> RunCreate:
@@ -78,6 +109,20 @@ class RunCreate(BaseModel):
                 "(the trainer's OOM record)"
             )
         return self
+
+
+def _without_nul(value: Any, *, depth: int) -> Any:
+    """`value` with NUL characters replaced by U+FFFD: PostgreSQL's jsonb cannot store them, and the raw
+    report is kept for people to read, not interpreted. Nesting is refused beyond MAX_JSON_DEPTH."""
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"raw: nested deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_without_nul(k, depth=depth): _without_nul(v, depth=depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_nul(item, depth=depth + 1) for item in value]
+    return value
 
 
 class RunOut(BaseModel):

@@ -14,8 +14,10 @@ _UNSAFE_COMMENT = re.compile(r"[^A-Za-z0-9 ._:/+=@,()-]")
 _DNS_BAD = re.compile(r"[^a-z0-9-]+")
 _SLUG_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 _HEX = re.compile(r"^[0-9a-f]{1,128}$")
-# registry[:port]/path[:tag][@sha256:digest] without whitespace, quotes or shell metacharacters.
-_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$"
+"""registry[:port]/path[:tag][@sha256:digest] without whitespace, quotes or shell metacharacters
+(public so that the API can declare it in its schema)."""
+_IMAGE = re.compile(IMAGE_PATTERN)
 
 
 class UnsafeValueError(ValueError):

@@ -192,6 +192,25 @@ def _int(config: dict[str, Any], key: str, default: int | None = None) -> int:
     return value
 
 
+def _shape_advice(value: dict[str, Any]) -> str:
+    """What to send instead of an object that is neither a model spec nor a config.json: most often a
+    catalog model wrapped in an object (`{"name": "llama3-8b"}`), where a plain string was meant."""
+    name = value.get("name")
+    known = isinstance(name, str) and name.strip().lower() in {*MODEL_CATALOG, *_ALIASES}
+    if known:
+        lead = f'to plan the catalog model {name!r}, pass its name as a string: "model": "{name}"'
+    else:
+        lead = (
+            'to plan a catalog model, pass its name as a string, e.g. "model": "llama3-8b" (catalog: '
+            f"{', '.join(MODEL_CATALOG)})"
+        )
+    return (
+        f"model: {lead}; an object must be a full model spec (`architecture`: llama, gpt2 or layer_graph, "
+        "with its dimensions), a Hugging Face config.json (with `architectures`), or a layer graph from "
+        "`fsdp-planner trace`"
+    )
+
+
 def resolve_model(value: str | dict[str, Any] | ModelSpec) -> ModelSpec:
     """Any accepted model input as a ModelSpec.
 
@@ -205,6 +224,8 @@ def resolve_model(value: str | dict[str, Any] | ModelSpec) -> ModelSpec:
     if isinstance(value, dict):
         if "architectures" in value or "model_type" in value:
             return model_from_hf_config(value)
+        if "architecture" not in value:
+            raise PlanningError(_shape_advice(value), field="model")
         try:
             return ModelSpec.model_validate(value)
         except ValidationError as exc:

@@ -77,6 +77,10 @@ async def test_field_errors_list_every_invalid_input(client: httpx.AsyncClient) 
         json.dumps(cheap_plan(cluster={"gpu": "cpu", "num_nodes": 2**64})).encode(),
         json.dumps(cheap_plan(calibration_id=2**64)).encode(),
         json.dumps(cheap_plan(model={"name": "huge", "architecture": "llama", "num_layers": 10**9})).encode(),
+        # Heads that do not divide a huge hidden size: the suggested head count was found by trying
+        # every number up to hidden_size (a request that never ended).
+        json.dumps(cheap_plan(model={"name": "wide", "architecture": "llama", "hidden_size": 10**15 + 37,
+                                     "num_heads": 7})).encode(),
         json.dumps(
             cheap_plan(model={"name": "x", "architecture": "layer_graph", "layer_graph": []})
         ).encode(),
@@ -168,3 +172,38 @@ async def test_readyz_is_503_when_the_schema_is_behind(tmp_path) -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
         problem = assert_problem(await client.get("/readyz"), 503, "database-not-migrated")
     assert "fsdp-planner db upgrade" in problem["detail"]
+
+
+@pytest.mark.parametrize(
+    ("model", "advice"),
+    [
+        ({"name": "llama3-8b"}, 'pass its name as a string: "model": "llama3-8b"'),
+        ({"name": "llama3-8b", "num_layers": 4}, 'pass its name as a string: "model": "llama3-8b"'),
+        ({"name": "my-model", "hidden_size": 4096}, 'e.g. "model": "llama3-8b" (catalog: llama2-7b'),
+        ({}, 'e.g. "model": "llama3-8b"'),
+    ],
+)
+async def test_a_catalog_model_wrapped_in_an_object_is_told_to_pass_the_name(
+    client: httpx.AsyncClient, model: dict, advice: str
+) -> None:
+    problem = assert_problem(await client.post(PLANS, json=cheap_plan(model=model)), 422)
+    assert advice in problem["detail"], problem["detail"]
+    assert "Field required" not in problem["detail"]
+    assert "full model spec" in problem["detail"] and "config.json" in problem["detail"]
+    assert [e["field"] for e in problem["errors"]] == ["model"]
+
+
+async def test_misnamed_cluster_and_training_fields_name_the_field_meant(client: httpx.AsyncClient) -> None:
+    body = cheap_plan(cluster={"nodes": 1, "gpus": 8, "gpu": "H100"},
+                      training={"seq_length": 256, "global_batch_tokens": 2048})
+    problem = assert_problem(await client.post(PLANS, json=body), 422, "invalid-request")
+    messages = {e["field"]: e["message"] for e in problem["errors"]}
+    assert 'did you mean "num_nodes"' in messages["cluster.nodes"]
+    assert 'did you mean "gpus_per_node"' in messages["cluster.gpus"]
+    assert '"1x8xH100"' in messages["cluster.gpus"]
+    assert 'did you mean "seq_len"' in messages["training.seq_length"]
+    assert "training.seq_len" in messages  # still missing: every problem is listed
+    # A key nobody means as a field keeps the plain refusal.
+    racks = cheap_plan(cluster={"gpu": "cpu", "racks": 2})
+    problem = assert_problem(await client.post(PLANS, json=racks), 422)
+    assert [e["type"] for e in problem["errors"]] == ["extra_forbidden"]

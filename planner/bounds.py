@@ -1,0 +1,92 @@
+"""Physical bounds on measured values: what a timing, a rate, a memory size can plausibly be.
+
+Every measurement the service accepts (calibration samples, validation runs) is typed with these, so
+the OpenAPI schema shows the limits and a value outside them is refused at the edge, naming the field,
+instead of being stored and breaking a fit, an error percentage or a chart later. The limits lie
+orders of magnitude beyond any hardware today, but they are finite and away from zero: that is what
+keeps every ratio, logarithm and line fit computed from stored values finite.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic_core import PydanticCustomError
+
+MIN_KERNEL_SECONDS = 1e-7
+"""100 ns: below a single kernel launch, so no timed GEMM, copy or collective can be shorter."""
+MIN_STEP_SECONDS = 1e-6
+"""1 µs: a whole training step (forward, backward, update) takes far longer on any device."""
+MAX_SECONDS = 1e6
+"""About 11.6 days: longer than any calibration sample or validation step is ever timed."""
+MAX_BYTES_PER_S = 100e12
+"""100 TB/s: beyond any memory or link (HBM3e is ~8 TB/s per GPU, NVLink 5 ~1.8 TB/s)."""
+MAX_FLOPS_PER_S = 1e17
+"""100 PFLOP/s per device: ~20x the fastest accelerator's dense low-precision peak."""
+MIN_TOKENS_PER_S = 1e-6
+MAX_TOKENS_PER_S = 1e9
+"""Per GPU: a billion tokens a second, beyond the smallest model on the largest GPU."""
+MIN_MEMORY_GIB = 1e-6
+"""About 1 KiB: the smallest peak a training process can report and still have run a model."""
+MAX_MEMORY_GIB = float(1 << 20)
+"""1 PiB per device."""
+
+_RANGE_ERRORS = frozenset(
+    {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"}
+)
+
+
+def _physical(*, low: float, high: float, unit: str, meaning: str) -> Any:
+    """A float type bounded to [low, high] (shown in the JSON schema), whose out-of-range error says
+    what range is plausible and why, instead of pydantic's bare "should be less than or equal to"."""
+    advice = f"give {unit} between {low:g} and {high:g} ({meaning})"
+
+    def explain(value: Any, handler: ValidatorFunctionWrapHandler) -> float:
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            if not any(error["type"] in _RANGE_ERRORS for error in exc.errors()):
+                raise
+            raise PydanticCustomError(
+                "physical_bound", "{value} is not physically plausible: " + advice, {"value": value}
+            ) from None
+
+    return Annotated[
+        float,
+        Field(ge=low, le=high, allow_inf_nan=False, description=f"{unit.capitalize()}, {low:g} to {high:g}."),
+        WrapValidator(explain),
+    ]
+
+
+KernelSeconds = _physical(
+    low=MIN_KERNEL_SECONDS, high=MAX_SECONDS, unit="seconds",
+    meaning="100 ns to ~11.6 days; a time in ms or µs is off by 1000x",
+)
+StepSeconds = _physical(
+    low=MIN_STEP_SECONDS, high=MAX_SECONDS, unit="seconds",
+    meaning="a training step takes 1 µs to ~11.6 days; a time in ms is off by 1000x",
+)
+TokensPerSecond = _physical(
+    low=MIN_TOKENS_PER_S, high=MAX_TOKENS_PER_S, unit="tokens per second per GPU",
+    meaning="per GPU, not summed over the cluster",
+)
+MemoryGiB = _physical(
+    low=MIN_MEMORY_GIB, high=MAX_MEMORY_GIB, unit="GiB per device",
+    meaning="~1 KiB to 1 PiB; a value in bytes or MiB is off by 2^30 or 2^10",
+)
+
+
+def rate_problem(*, amount: float, unit: str, seconds: float, limit: float, what: str) -> str | None:
+    """Why `amount` `unit`s in `seconds` is physically impossible (faster than `limit` per second), or None.
+
+    The message names the implied rate and the likely mistake, for a validator to raise.
+    """
+    rate = amount / seconds
+    if rate <= limit:
+        return None
+    return (
+        f"{amount:g} {unit} in {seconds:g} s is {rate:.3g} {unit}/s, faster than {limit:.3g} {unit}/s "
+        f"that any {what} reaches; check the units: `seconds` in seconds (not milliseconds), sizes in "
+        f"{unit}"
+    )
