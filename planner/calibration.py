@@ -22,10 +22,12 @@ from planner.bounds import (
     StepSeconds,
     rate_problem,
 )
+from planner.catalog import GpuSpec, gpu_for_device, resolve_gpu
 from planner.cost.estimate import Estimator, block_step_time
 from planner.cost.model_costs import ModelCosts, model_costs
 from planner.cost.parameters import CostParameters, LinkClass, LinkParameters
 from planner.cost.setting import Choice, Setting
+from planner.errors import PlanningError
 from planner.memory_calibration import fit_memory
 from planner.specs import ModelSpec, Optimizer, Precision
 
@@ -223,6 +225,16 @@ class CalibrationProfile(ProfileModel):
     usable_memory_bytes: DeviceBytes | None = None
     """Free device memory per GPU once CUDA and the process group (NCCL) are initialised, before
     any model (`torch.cuda.mem_get_info`), the smallest over ranks. None on CPU."""
+
+    def catalog_gpu(self) -> GpuSpec | None:
+        """The catalog GPU the measurements refer to: `gpu` as named, else the one the device reports
+        itself as (`fingerprint.device_name`); None when the catalog knows neither."""
+        if self.gpu is None:
+            return gpu_for_device(self.fingerprint.device_name)
+        try:
+            return resolve_gpu(self.gpu)
+        except PlanningError:
+            return None
     device_memory_bytes: DeviceBytes | None = None
     """Total device memory per GPU (the smallest over ranks). None on CPU."""
 

@@ -24,7 +24,7 @@ from api.cli.common import EXIT_FAILED, ServerClient, fail, read_json_file
 from executor.launch.calibration import write_calibration_bundle
 from executor.launch.quoting import UnsafeValueError
 from planner.calibration import CalibrationProfile, fit_parameters
-from planner.catalog import resolve_gpu, resolve_model
+from planner.catalog import resolve_model
 from planner.cost.parameters import default_parameters
 from planner.errors import PlanningError, describe_validation_error
 from planner.formatting import duration
@@ -169,11 +169,14 @@ def write_bundle(
 
 def show_fit(profile: CalibrationProfile, console: Console) -> None:
     """Catalog defaults beside the fitted values, so a person sees what the measurements changed."""
-    if profile.gpu is None:
-        console.print(f"[yellow]device {profile.fingerprint.device_name!r} is not in the GPU catalog[/]")
+    gpu = profile.catalog_gpu()
+    if gpu is None:
+        console.print(
+            f"[yellow]neither gpu {profile.gpu!r} nor device {profile.fingerprint.device_name!r} is in the "
+            "GPU catalog: set the profile's `gpu` to compare with catalog defaults[/]"
+        )
         return
-    gpu = resolve_gpu(profile.gpu)
-    precision = "fp32" if profile.gpu == "cpu" else "bf16"
+    precision = "fp32" if gpu.name == "cpu" else "bf16"
     cluster = ClusterSpec(
         num_nodes=profile.fingerprint.num_nodes, gpus_per_node=profile.fingerprint.gpus_per_node, gpu=gpu.name
     )

@@ -21,9 +21,7 @@ from api.dashboard import svg
 from api.dashboard.plan_views import Row
 from api.db.models import CalibrationProfileRow
 from planner.calibration import CalibrationProfile, CollectiveSample, MatmulSample
-from planner.catalog import resolve_gpu
 from planner.catalog.gpus import GpuSpec
-from planner.errors import PlanningError
 
 DTYPE_COLORS = {"bfloat16": svg.PALETTE[0], "float16": svg.PALETTE[2], "float32": svg.PALETTE[1]}
 FIT_COLORS = {"bfloat16": "#003f6b", "float16": "#00593f", "float32": "#8a5f00"}
@@ -45,16 +43,6 @@ def read_profile(row: CalibrationProfileRow) -> CalibrationProfile:
         ) from None
 
 
-def catalog_gpu(profile: CalibrationProfile) -> GpuSpec | None:
-    """The catalog entry the measurements refer to, if the profile names one."""
-    if profile.gpu is None:
-        return None
-    try:
-        return resolve_gpu(profile.gpu)
-    except PlanningError:
-        return None
-
-
 def hardware_label(fingerprint: dict[str, Any]) -> str:
     """`NVIDIA H100 80GB HBM3 × 8 (1 × 8, nccl, NV18)` from a stored fingerprint (any keys may be missing)."""
     device = fingerprint.get("device_name", "unknown device")
@@ -66,7 +54,7 @@ def hardware_label(fingerprint: dict[str, Any]) -> str:
 
 def fingerprint_rows(profile: CalibrationProfile) -> list[Row]:
     fp = profile.fingerprint
-    gpu = catalog_gpu(profile)
+    gpu = profile.catalog_gpu()
     return [
         Row("Device", fp.device_name, f"catalog GPU: {gpu.name}" if gpu else "no catalog GPU named"),
         Row("Ranks", f"{fp.device_count}", f"{fp.num_nodes} node(s) × {fp.gpus_per_node} per node"),
@@ -142,7 +130,7 @@ def _fitted_matmul_curve(
 def matmul_chart(profile: CalibrationProfile, fitted: dict[str, Any] | None) -> Markup | None:
     if not profile.matmul:
         return None
-    gpu = catalog_gpu(profile)
+    gpu = profile.catalog_gpu()
     by_dtype: dict[str, list[MatmulSample]] = defaultdict(list)
     for sample in profile.matmul:
         by_dtype[sample.dtype].append(sample)

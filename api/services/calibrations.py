@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session, undefer
 from api.db.models import CalibrationProfileRow, PlanRow
 from api.problems import FieldError, ProblemError
 from planner.calibration import CalibrationProfile, fit_parameters
-from planner.catalog import gpu_for_device, resolve_gpu
+from planner.catalog import resolve_gpu
 from planner.cost.parameters import default_parameters
 from planner.errors import PlanningError
 from planner.specs import ClusterSpec
@@ -51,7 +51,7 @@ def with_catalog_gpu(profile: CalibrationProfile) -> CalibrationProfile:
     if profile.gpu is not None:
         return profile
     device = profile.fingerprint.device_name
-    gpu = gpu_for_device(device)
+    gpu = profile.catalog_gpu()
     if gpu is None:
         raise ProblemError(
             422,

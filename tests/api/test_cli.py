@@ -8,9 +8,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
+from api.cli.calibrate_cmd import show_fit
 from api.cli.main import app
+from planner.calibration import CalibrationProfile
+from tests.api.conftest import cpu_profile
 from tests.live_server import running_server
 
 runner = CliRunner()
@@ -80,3 +84,17 @@ def test_serve_migrates_and_answers(server: str, fresh_url: str) -> None:
     assert httpx.delete(created.headers["location"]).status_code == 401
     deleted = httpx.delete(created.headers["location"], headers={"Authorization": f"Bearer {key}"})
     assert deleted.status_code == 204
+
+
+def test_calibrate_shows_the_fit_of_a_profile_that_names_only_its_device() -> None:
+    # A profile without `gpu` is fitted from the catalog GPU its device reports itself as, as the
+    # service stores it; an unknown device says what to set instead of failing.
+    console = Console(record=True, width=200)
+    show_fit(CalibrationProfile.model_validate(cpu_profile(gpu=None)), console)
+    assert "matmul efficiency" in console.export_text()
+
+    unknown = cpu_profile(gpu=None)
+    unknown["fingerprint"] = {**unknown["fingerprint"], "device_name": "Mystery Accelerator 9000"}
+    console = Console(record=True, width=200)
+    show_fit(CalibrationProfile.model_validate(unknown), console)
+    assert "set the profile's `gpu`" in console.export_text()
