@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from planner.cost.estimate import Estimator, TimeEstimate
-from planner.cost.memory import MemoryEstimate, memory_limit_gib
+from planner.cost.memory import MemoryEstimate, fits_in_memory, memory_limit_gib
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice, Setting
 from planner.errors import InfeasiblePlanError, PlanningError
@@ -59,15 +59,6 @@ def dominant_term(memory: MemoryEstimate) -> Dominant:
     group, (label, names) = max(DOMINANT_GROUPS.items(), key=lambda kv: sum(terms[n] for n in kv[1][1]))
     held = sum(terms[n] for n in names)
     return Dominant(group=group, label=label, gib=held / GIB, share=held / total)
-
-
-# ---------------------------------------------------------------- the check the search applies
-
-
-def fits(memory: MemoryEstimate, *, limit_gib: float, ceiling_gib: float | None) -> bool:
-    """The search's memory test: within the margin-shrunk limit and under the exclusive ceiling."""
-    gib = memory.total / GIB
-    return gib <= limit_gib and (ceiling_gib is None or gib < ceiling_gib)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +119,7 @@ class Prober:
             elif key in sharded:
                 continue  # never lighter than its fully sharded twin (tests/planner/test_advice.py)
             memory = self._estimator.memory(choice)
-            if fits(memory, limit_gib=self.limit_gib, ceiling_gib=self.ceiling_gib) and not lightest:
+            if self._fits(memory) and not lightest:
                 best, found = (choice, memory), True
                 break
             if best is None or (
@@ -136,10 +127,13 @@ class Prober:
             ):
                 best = (choice, memory)
         assert best is not None, "every request enumerates at least one configuration"
-        found = found or fits(best[1], limit_gib=self.limit_gib, ceiling_gib=self.ceiling_gib)
+        found = found or self._fits(best[1])
         probe = Probe(num_nodes, sequences, best[0], best[1], found)
         self._cache[(num_nodes, sequences, lightest)] = probe
         return probe
+
+    def _fits(self, memory: MemoryEstimate) -> bool:
+        return fits_in_memory(memory, limit_gib=self.limit_gib, ceiling_gib=self.ceiling_gib)
 
     def _lighter(self, choice: Choice, memory: MemoryEstimate, than: tuple[Choice, MemoryEstimate]) -> bool:
         if round(memory.total) != round(than[1].total):
@@ -161,7 +155,7 @@ class Prober:
         which no configuration holds in less than fully sharded over the whole world."""
         sharded = replace(choice, sharding="full_shard", shard_group=world, replicate_group=1)
         step = next(m for m in self._estimator.moments(sharded) if m.moment == "optimizer step")
-        return fits(step, limit_gib=self.limit_gib, ceiling_gib=self.ceiling_gib)
+        return self._fits(step)
 
     def variant(self, num_nodes: int, sequences: int) -> PlanRequest:
         """The request on `num_nodes` nodes of the same kind with a global batch of `sequences`."""

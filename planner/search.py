@@ -17,7 +17,7 @@ from planner import PLANNER_VERSION
 from planner.calibration import CalibrationProfile, fit_parameters
 from planner.catalog.gpus import resolve_gpu
 from planner.cost.estimate import Estimator, TimeEstimate
-from planner.cost.memory import MemoryEstimate, loss_chunks_for, memory_limit_gib
+from planner.cost.memory import MemoryEstimate, fits_in_memory, loss_chunks_for, memory_limit_gib
 from planner.cost.model_costs import model_costs
 from planner.cost.parameters import GIB, CostParameters, default_parameters
 from planner.cost.setting import Choice, Setting
@@ -95,7 +95,7 @@ def make_plan(
         )
         if key not in priced:
             mem = estimator.memory(choice)
-            fits = mem.total / GIB <= limit and (ceiling is None or mem.total / GIB < ceiling)
+            fits = fits_in_memory(mem, limit_gib=limit, ceiling_gib=ceiling)
             priced[key] = (mem, estimator.timing(choice) if fits else None)
         mem, time = priced[key]
         if time is None:

@@ -337,3 +337,9 @@ def memory_limit_gib(params: CostParameters, headroom: float) -> float:
     """The largest predicted peak a plan may have: the usable capacity, less the user's headroom,
     shrunk by the margin the memory model's measured error calls for."""
     return params.usable_memory_gib * (1.0 - headroom) / (1.0 + params.memory_margin)
+
+
+def fits_in_memory(memory: MemoryEstimate, *, limit_gib: float, ceiling_gib: float | None) -> bool:
+    """The search's memory test: within `memory_limit_gib` and under the exclusive re-plan ceiling."""
+    gib = memory.total / GIB
+    return gib <= limit_gib and (ceiling_gib is None or gib < ceiling_gib)
