@@ -82,7 +82,7 @@ def _scatter(
 def step_time_chart(runs: Sequence[RunWithPlan]) -> Markup | None:
     return _scatter(runs, chart_id="step-time-chart", title="Predicted vs measured step time",
                     unit="step time", predicted=lambda r: r.run.predicted_step_time_s,
-                    measured=lambda r: r.run.measured_step_time_s, show=fmt.seconds)
+                    measured=lambda r: r.run.measured_step_time_s, show=fmt.duration)
 
 
 def memory_chart(runs: Sequence[RunWithPlan]) -> Markup | None:

@@ -100,7 +100,7 @@ def _matmul_point(sample: MatmulSample, gpu: GpuSpec | None) -> svg.Point:
     efficiency = achieved / peak_flops(gpu, sample.dtype)
     return svg.Point(sample.flops, efficiency,
                      f"{shape}: {fmt.compact_number(achieved)}FLOP/s = {efficiency:.1%} of peak, "
-                     f"{fmt.seconds(sample.seconds)}")
+                     f"{fmt.duration(sample.seconds)}")
 
 
 def _fitted_matmul_curve(
@@ -173,7 +173,7 @@ def collective_chart(profile: CalibrationProfile) -> Markup | None:
         points = [
             svg.Point(s.bytes, bus_bandwidth(s) / 1e9,
                       f"{op} over {size} ranks ({link}): {fmt.binary_bytes(s.bytes)} in "
-                      f"{fmt.seconds(s.seconds)} = {bus_bandwidth(s) / 1e9:.3g} GB/s bus bandwidth")
+                      f"{fmt.duration(s.seconds)} = {bus_bandwidth(s) / 1e9:.3g} GB/s bus bandwidth")
             for s in samples
         ]
         series.append(svg.Series(f"{op.replace('_', '-')} ×{size} {link}", points,
@@ -206,20 +206,20 @@ def _get(document: dict[str, Any] | None, *path: str) -> float | None:
 
 _FITTED_FIELDS: tuple[tuple[str, tuple[str, ...], Any], ...] = (
     ("GEMM efficiency", ("matmul_efficiency",), lambda v: f"{v:.1%}"),
-    ("GEMM overhead", ("matmul_overhead_s",), fmt.seconds),
+    ("GEMM overhead", ("matmul_overhead_s",), fmt.duration),
     ("Memory bandwidth", ("memory_bandwidth",), lambda v: f"{v / 1e9:,.0f} GB/s"),
     ("Intra-node bus bandwidth", ("links", "intra", "bandwidth"), lambda v: f"{v / 1e9:,.1f} GB/s"),
-    ("Intra-node latency", ("links", "intra", "latency_s"), fmt.seconds),
+    ("Intra-node latency", ("links", "intra", "latency_s"), fmt.duration),
     ("Inter-node bus bandwidth", ("links", "inter", "bandwidth"), lambda v: f"{v / 1e9:,.1f} GB/s"),
-    ("Inter-node latency", ("links", "inter", "latency_s"), fmt.seconds),
+    ("Inter-node latency", ("links", "inter", "latency_s"), fmt.duration),
     ("Overlap contention", ("overlap_contention",), lambda v: f"{v:.1%}"),
     ("Compute scale", ("compute_scale",), lambda v: f"{v:.3g}×"),
     ("Compiled compute scale", ("compiled_compute_scale",), lambda v: f"{v:.3g}×"),
     ("Optimizer traffic", ("optimizer_bytes_per_param",), lambda v: f"{v:,.0f} B/parameter"),
-    ("Optimizer overhead", ("optimizer_overhead_s",), fmt.seconds),
-    ("Overhead per micro-batch", ("micro_batch_overhead_s",), fmt.seconds),
-    ("Sharding overhead per micro-batch", ("sharding_overhead_s",), fmt.seconds),
-    ("Compiled overhead per micro-batch", ("compiled_overhead_s",), fmt.seconds),
+    ("Optimizer overhead", ("optimizer_overhead_s",), fmt.duration),
+    ("Overhead per micro-batch", ("micro_batch_overhead_s",), fmt.duration),
+    ("Sharding overhead per micro-batch", ("sharding_overhead_s",), fmt.duration),
+    ("Compiled overhead per micro-batch", ("compiled_overhead_s",), fmt.duration),
     ("Activation memory, eager", ("activation_memory_scale",), lambda v: f"{v:.3g}×"),
     ("Activation memory, compiled", ("compiled_activation_memory_scale",), lambda v: f"{v:.3g}×"),
     ("Allocator reserve", ("allocator_reserve",), lambda v: f"{v:.1%}"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from datetime import datetime
 
+# Durations read the same everywhere (CLI, reasons, pages): one formatter, the planner's.
 from planner.formatting import duration
 
 
@@ -30,10 +31,6 @@ def binary_bytes(value: float) -> str:
         if abs(value) >= size:
             return f"{value / size:.3g} {unit}"
     return f"{value:.4g} B"
-
-
-# Durations read the same everywhere (CLI, reasons, pages): one formatter, the planner's.
-seconds = duration
 
 
 def percent(value: float) -> str:
@@ -67,7 +64,7 @@ def timestamp(value: datetime) -> str:
 
 
 def optional_seconds(value: float | None) -> str:
-    return "–" if value is None else seconds(value)
+    return "–" if value is None else duration(value)
 
 
 FILTERS = {

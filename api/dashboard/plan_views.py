@@ -119,7 +119,7 @@ def prediction_rows(plan: Plan) -> list[Row]:
     p = plan.prediction
     capacity = plan.cluster.gpu_spec.memory_gib
     return [
-        Row("Step time", fmt.seconds(p.step_time_s)),
+        Row("Step time", fmt.duration(p.step_time_s)),
         Row("Throughput", f"{fmt.thousands(p.tokens_per_s_per_gpu)} tokens/s per GPU",
             f"{fmt.thousands(p.tokens_per_s)} tokens/s over the cluster"),
         Row("MFU", fmt.percent(p.mfu), "model FLOPs utilisation against the bf16 peak"),
@@ -127,11 +127,11 @@ def prediction_rows(plan: Plan) -> list[Row]:
             f"{p.peak_memory_gib / capacity:.0%} of the GPU's {capacity:g} GiB, "
             f"at {p.memory_breakdown_gib.moment}"),
         *_margin_rows(p),
-        Row("Compute", fmt.seconds(p.compute_s), f"of which optimizer {fmt.seconds(p.optimizer_s)}"),
-        Row("Communication", fmt.seconds(p.comm_s), "overlapped or not"),
-        Row("Exposed communication", fmt.seconds(p.exposed_comm_s),
-            f"all-gather {fmt.seconds(p.exposed_all_gather_s)}, "
-            f"reduce-scatter {fmt.seconds(p.exposed_reduce_scatter_s)}"),
+        Row("Compute", fmt.duration(p.compute_s), f"of which optimizer {fmt.duration(p.optimizer_s)}"),
+        Row("Communication", fmt.duration(p.comm_s), "overlapped or not"),
+        Row("Exposed communication", fmt.duration(p.exposed_comm_s),
+            f"all-gather {fmt.duration(p.exposed_all_gather_s)}, "
+            f"reduce-scatter {fmt.duration(p.exposed_reduce_scatter_s)}"),
         Row("Search", f"{plan.search.candidates_evaluated:,} configurations evaluated",
             f"{plan.search.candidates_fitting:,} fit in memory"),
     ]
@@ -213,18 +213,18 @@ def _phase_timeline(plan: Plan) -> Markup:
         cursor = start
         if compute:
             spans.append(svg.Span(
-                lane=LANE_COMPUTE, start=cursor, end=cursor + busy, label=f"{phase} {fmt.seconds(busy)}",
-                short_label=fmt.seconds(busy),
+                lane=LANE_COMPUTE, start=cursor, end=cursor + busy, label=f"{phase} {fmt.duration(busy)}",
+                short_label=fmt.duration(busy),
                 color=_segment_color("compute", phase, ""), css_class="phase",
-                tooltip=f"{phase} compute: {len(compute)} span(s), {fmt.seconds(busy)} in all",
+                tooltip=f"{phase} compute: {len(compute)} span(s), {fmt.duration(busy)} in all",
             ))
             cursor += busy
         if waits > 0:
             spans.append(svg.Span(
                 lane=LANE_COMPUTE, start=cursor, end=cursor + waits, color=svg.EXPOSED_COLOR,
-                label=f"waits {fmt.seconds(waits)}", short_label=fmt.seconds(waits),
+                label=f"waits {fmt.duration(waits)}", short_label=fmt.duration(waits),
                 css_class="exposed phase",
-                tooltip=f"{phase}: compute waits {fmt.seconds(waits)} for communication (exposed)",
+                tooltip=f"{phase}: compute waits {fmt.duration(waits)} for communication (exposed)",
             ))
         transfers = [seg for seg in segments if seg.stream == "comm" and not _is_wait(seg)]
         cursor = min((seg.start_s for seg in transfers), default=start)
@@ -237,11 +237,11 @@ def _phase_timeline(plan: Plan) -> Markup:
             busy = sum(seg.end_s - seg.start_s for seg in group)
             exposed = sum(seg.exposed_s for seg in group)
             spans.append(svg.Span(
-                lane=LANE_COMM, start=cursor, end=cursor + busy, label=f"{short} {fmt.seconds(busy)}",
-                short_label=fmt.seconds(busy),
+                lane=LANE_COMM, start=cursor, end=cursor + busy, label=f"{short} {fmt.duration(busy)}",
+                short_label=fmt.duration(busy),
                 color=_segment_color("comm", phase, word), css_class="phase",
-                tooltip=f"{phase} {word}: {len(group)} transfer(s), {fmt.seconds(busy)} on the links"
-                        + (f", {fmt.seconds(exposed)} of it exposed" if exposed else ""),
+                tooltip=f"{phase} {word}: {len(group)} transfer(s), {fmt.duration(busy)} on the links"
+                        + (f", {fmt.duration(exposed)} of it exposed" if exposed else ""),
             ))
             cursor += busy
     present = {s.color for s in spans}
@@ -260,12 +260,12 @@ def _detailed_timeline(plan: Plan) -> Markup:
     spans = []
     for seg in plan.prediction.timeline:
         duration = seg.end_s - seg.start_s
-        tooltip = f"{seg.label} ({seg.phase}): {fmt.seconds(seg.start_s)} → {fmt.seconds(seg.end_s)}, " \
-                  f"{fmt.seconds(duration)}"
+        tooltip = f"{seg.label} ({seg.phase}): {fmt.duration(seg.start_s)} → {fmt.duration(seg.end_s)}, " \
+                  f"{fmt.duration(duration)}"
         if seg.exposed_s > 0:
             spans.append(svg.Span(
                 lane=LANE_COMPUTE, start=seg.end_s - seg.exposed_s, end=seg.end_s, color=svg.EXPOSED_COLOR,
-                tooltip=f"{tooltip}; compute waits {fmt.seconds(seg.exposed_s)}", css_class="exposed",
+                tooltip=f"{tooltip}; compute waits {fmt.duration(seg.exposed_s)}", css_class="exposed",
             ))
             if _is_wait(seg):
                 continue
@@ -375,12 +375,12 @@ _COMPARE_DISPLAY: dict[str, Callable[[Any], str]] = {
     "config.reshard_after_forward": _yes_no,
     "config.checkpointing.mode": lambda v: _CHECKPOINTING_WORDS.get(v, v),
     "config.compile": lambda v: "on" if v else "off",
-    "prediction.step_time_s": fmt.seconds,
+    "prediction.step_time_s": fmt.duration,
     "prediction.tokens_per_s_per_gpu": fmt.thousands,
     "prediction.tokens_per_s": fmt.thousands,
     "prediction.mfu": fmt.percent,
     "prediction.peak_memory_gib": fmt.gib,
-    "prediction.exposed_comm_s": fmt.seconds,
+    "prediction.exposed_comm_s": fmt.duration,
     # To the second: two plans made in the same minute differ here, and the row must show how.
     "created_at": lambda v: f"{datetime.fromisoformat(v):%Y-%m-%d %H:%M:%S} UTC",
     **{f"prediction.memory_breakdown_gib.{key}": fmt.gib for key in MEMORY_PARTS},

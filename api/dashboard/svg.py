@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from markupsafe import Markup, escape
 
-from api.dashboard.formatting import compact_number, seconds
+from api.dashboard.formatting import compact_number, duration
 
 # A qualitative palette that stays distinguishable for common colour-vision deficiencies (Okabe-Ito).
 PALETTE = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#f0e442", "#999999")
@@ -465,7 +465,7 @@ def timeline(
     frame.height = frame.top + 40 * len(lanes) + frame.bottom
     end = max((s.end for s in spans), default=1.0) or 1.0
     scale = Scale(0.0, end, frame.x0, frame.x1)
-    _x_axis(frame, scale, x_label, seconds)
+    _x_axis(frame, scale, x_label, duration)
     for row, lane in enumerate(lanes):
         y = frame.y1 + 8 + 40 * row
         frame.parts.append(_text(frame.x0 - 8, y + 17, lane, text_anchor="end", fill="#222"))

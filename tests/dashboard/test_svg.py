@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from api.dashboard import svg
-from api.dashboard.formatting import binary_bytes, compact_number, seconds
+from api.dashboard.formatting import binary_bytes, compact_number, duration
 
 
 def test_ticks_are_round_numbers_inside_the_domain() -> None:
@@ -28,7 +28,7 @@ def test_scales_map_ends_to_ends() -> None:
 
 def test_formatters() -> None:
     assert compact_number(1234) == "1.23k" and compact_number(0.00012) == "120µ"
-    assert seconds(0.0055) == "5.5 ms" and seconds(2.07) == "2.07 s" and seconds(3e-5) == "30 µs"
+    assert duration(0.0055) == "5.5 ms" and duration(2.07) == "2.07 s" and duration(3e-5) == "30 µs"
     assert binary_bytes(3 << 20) == "3 MiB" and binary_bytes(1000) == "1000 B"
 
 
