@@ -29,6 +29,7 @@ from planner.cost.parameters import CostParameters, LinkClass, LinkParameters
 from planner.cost.setting import Choice, Setting
 from planner.errors import PlanningError
 from planner.memory_calibration import fit_memory
+from planner.parallel_dims import ParallelDims
 from planner.specs import ModelSpec, Optimizer, Precision
 
 PROFILE_SCHEMA_VERSION = "1.0"
@@ -454,15 +455,14 @@ def sample_setting(
     )
     choice = Choice(
         sharding=sample.sharding,
-        shard_group=_shard(sample),
-        replicate_group=sample.ranks // _shard(sample),
+        mesh=ParallelDims(dp_replicate=sample.ranks // _shard(sample), dp_shard=_shard(sample)),
         blocks_per_unit=1,
         all_gather_bucket_mb=0.0,
         reduce_scatter_bucket_mb=0.0,
         checkpointing=sample.checkpointing,
         every_k=1,
-        micro_batch=sample.micro_batch_size,
-        grad_accum=sample.grad_accum_steps,
+        micro_batch_size=sample.micro_batch_size,
+        grad_accum_steps=sample.grad_accum_steps,
         compile=sample.compile,
         loss_chunks=sample.loss_chunks,
     )
