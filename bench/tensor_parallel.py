@@ -37,7 +37,7 @@ SEQ_LEN = 8192
 CASES = (
     Case("70B on 256 H100", "llama3-70b", "32x8xH100", 512,
          "FSDP 32 x TP 8, local batch 16, full AC, compile + Float8: 829 tok/s/GPU, 71.9 GiB"),
-    Case("405B on 512 H100", "llama3.1-405b", "64x8xH100", 512,
+    Case("405B on 512 H100", "llama3.1-405b", "64x8xH100", 256,
          "FSDP 8 x TP 8 x PP 8, global batch 256, full AC, compile + Float8 + async TP: "
          "128 tok/s/GPU, 72.7 GiB"),
     Case("405B on 1024 H100 (16M tokens/step)", "llama3.1-405b", "128x8xH100", 2048, "none published"),
