@@ -21,6 +21,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from api.problems import UNION_TAG_PREFIX
+from planner.parallel_dims import ParallelDims
 from planner.specs import Optimizer, Precision, SearchSpace, whole_numbers
 
 # Bounds that keep one request's planning cost sane; the planner's own validators decide the rest.
@@ -180,6 +181,12 @@ class PlanSummary(BaseModel):
     num_nodes: int
     gpus_per_node: int
     world_size: int
+    sharding: str = Field(examples=["full_shard"])
+    """The chosen sharding: full_shard, shard_grad_op, hybrid_shard or no_shard."""
+    tensor_parallel_degree: int = Field(ge=1, examples=[8])
+    """The mesh's tp: GPUs (inside one node) that split every block's matmuls; 1: data parallelism only."""
+    mesh: ParallelDims
+    """The device mesh: dp_replicate x dp_shard x tp = world_size."""
     tokens_per_s_per_gpu: float
     mfu: float
     peak_memory_gib: float
@@ -188,6 +195,20 @@ class PlanSummary(BaseModel):
     planner_version: str
     calibration_id: int | None
     created_at: datetime
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mesh_from_row(cls, data: Any) -> Any:
+        # A stored row (api.db.models.PlanRow) holds the mesh as columns (tp, dp_shard);
+        # dp_replicate is what the world size leaves.
+        if not isinstance(data, dict) and hasattr(data, "data_parallel_shard_degree"):
+            values = {name: getattr(data, name) for name in cls.model_fields if name != "mesh"}
+            tp, dp_shard = data.tensor_parallel_degree, data.data_parallel_shard_degree
+            values["mesh"] = ParallelDims(
+                dp_replicate=max(1, data.world_size // (tp * dp_shard)), dp_shard=dp_shard, tp=tp
+            )
+            return values
+        return data
 
 
 class PlanDetail(PlanSummary):
