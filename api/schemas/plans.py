@@ -199,16 +199,17 @@ class PlanSummary(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _mesh_from_row(cls, data: Any) -> Any:
-        # A stored row (api.db.models.PlanRow) holds the mesh as columns (tp, dp_shard);
-        # dp_replicate is what the world size leaves.
         if not isinstance(data, dict) and hasattr(data, "data_parallel_shard_degree"):
             values = {name: getattr(data, name) for name in cls.model_fields if name != "mesh"}
-            tp, dp_shard = data.tensor_parallel_degree, data.data_parallel_shard_degree
-            values["mesh"] = ParallelDims(
-                dp_replicate=max(1, data.world_size // (tp * dp_shard)), dp_shard=dp_shard, tp=tp
-            )
-            return values
+            return {**values, "mesh": stored_mesh(data)}
         return data
+
+
+def stored_mesh(row: Any) -> ParallelDims:
+    """The mesh of a stored plan row (api.db.models.PlanRow), from its columns alone: tp and dp_shard
+    are stored, dp_replicate is what the world size leaves."""
+    tp, dp_shard = row.tensor_parallel_degree, row.data_parallel_shard_degree
+    return ParallelDims(dp_replicate=max(1, row.world_size // (tp * dp_shard)), dp_shard=dp_shard, tp=tp)
 
 
 class PlanDetail(PlanSummary):
