@@ -27,7 +27,7 @@ def text(html: str) -> str:
 def mesh_cells(html: str) -> dict[int, str]:
     rows = re.findall(r'<tr data-plan-id="(\d+)">.*?<td data-label="Mesh" class="cell-mesh"[^>]*>(.*?)</td>',
                       html, re.S)
-    return {int(plan_id): html_module.unescape(cell) for plan_id, cell in rows}
+    return {int(plan_id): text(cell) for plan_id, cell in rows}
 
 
 def test_a_pinned_plan_shows_its_mesh_and_tensor_parallel_time(client: TestClient) -> None:

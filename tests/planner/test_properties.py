@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 
 from planner.cost.estimate import Estimator
 from planner.cost.setting import Choice
-from planner.parallel_dims import ParallelDims
 from planner.errors import InfeasiblePlanError
+from planner.parallel_dims import ParallelDims
 from planner.search import build_setting, make_plan
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 
