@@ -201,8 +201,8 @@ def print_plan(p: Plan, console: Console) -> None:
     summary.add_row("exposed comm", f"{duration(pred.exposed_comm_s)}/step of {duration(pred.comm_s)}")
     if p.config.mesh.tp > 1:
         summary.add_row(
-            "tensor parallel", f"{duration(pred.exposed_tensor_parallel_s)}/step of the exposed comm "
-            "(per-layer collectives between the matmuls: never overlapped)",
+            "tensor parallel",
+            f"{duration(pred.exposed_tensor_parallel_s)}/step of it (between the matmuls: never overlapped)",
         )
     console.print(summary)
     for warning in p.warnings:

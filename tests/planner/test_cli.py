@@ -206,7 +206,7 @@ def test_tp_pin_plans_that_degree_and_prints_the_mesh() -> None:
     assert result.exit_code == 0, result.output
     assert re.search(r"Chosen: \S+ tp2 ", result.output), result.output
     assert re.search(r"mesh +dp_replicate 1 x dp_shard 4 x tp 2 \(sequence \+ loss parallel\)", result.output)
-    exposed = re.search(r"tensor parallel\s+(\S+ \S+)/step of the exposed comm", result.output)
+    exposed = re.search(r"tensor parallel\s+(\S+ \S+)/step of it \(between the matmuls", result.output)
     assert exposed, result.output
     document = plan_json(*LLAMA8B_ONE_NODE, "--tp", "2")
     assert document["config"]["mesh"] == {"dp_replicate": 1, "dp_shard": 4, "tp": 2}
