@@ -63,6 +63,16 @@ async def test_a_pinned_degree_is_planned_stored_and_listed(
     assert [item["id"] for item in data_parallel] == [free.json()["id"]]
 
 
+async def test_a_pin_written_as_a_float_is_the_integer(client: httpx.AsyncClient) -> None:
+    """JSON has one number type: [2.0] pins tp=2 (as 8.0 is 8 in every integer field); 2.5 is refused."""
+    response = await client.post(PLANS, json=pinned(FOUR_CPU_RANKS, 2.0))
+    assert response.status_code == 201, response.text
+    assert response.json()["tensor_parallel_degree"] == 2
+    assert response.json()["request"]["search"]["tensor_parallel_degrees"] == [2]
+    problem = assert_problem(await client.post(PLANS, json=pinned(FOUR_CPU_RANKS, 2.5)), 422)
+    assert f"{FIELD}.0" in [error["field"] for error in problem["errors"]]
+
+
 @pytest.mark.parametrize(
     ("body", "field", "needles"),
     [
