@@ -21,7 +21,7 @@ from planner.cost.memory import MemoryEstimate, fits_in_memory, memory_limit_gib
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice, Setting
 from planner.document import to_parallel_config
-from planner.enumeration import enumerate_choices, tensor_parallel_degrees
+from planner.enumeration import enumerate_choices, splitting_degrees, tensor_parallel_degrees
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.formatting import duration
 from planner.parallel_dims import ParallelDims
@@ -98,7 +98,7 @@ class Prober:
             if key in self._cache:
                 return self._cache[key]
         request = self.variant(num_nodes, sequences)
-        assert sequences % request.cluster.world_size == 0, "probe only batches that split"
+        assert splitting_degrees(request), "probe only batches that split"
         setting = replace(
             self.setting,
             world_size=request.cluster.world_size,

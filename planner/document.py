@@ -76,10 +76,12 @@ def plan_document(
     fitting: list[Evaluated],
     rejected: list[RejectedFamily],
     count: int,
+    fitting_count: int,
     warnings: tuple[PlanWarning, ...],
     digest: str | None = None,
 ) -> Plan:
-    """The Plan for `best`, with the `fitting` alternatives (ranked, best first) beside it."""
+    """The Plan for `best`, with the `fitting` alternatives (timed, ranked best first) beside it;
+    `count` configurations were enumerated, `fitting_count` of them fit."""
     return Plan(
         planner_version=PLANNER_VERSION,
         plan_hash=digest or plan_hash(request, calibration_id=setting.params.calibration_id),
@@ -106,7 +108,7 @@ def plan_document(
         pareto_front=tuple(_candidate(e, best, setting, request) for e in pareto(fitting)),
         rejected=tuple(rejected),
         calibration_id=setting.params.calibration_id,
-        search=SearchStats(candidates_evaluated=count, candidates_fitting=len(fitting)),
+        search=SearchStats(candidates_evaluated=count, candidates_fitting=fitting_count),
         warnings=warnings,
     )
 

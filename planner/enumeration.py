@@ -106,6 +106,17 @@ def tensor_parallel_degrees(request: PlanRequest) -> list[int]:
     return sorted(set(pinned))
 
 
+def splitting_degrees(request: PlanRequest) -> list[int]:
+    """The searched tensor-parallel degrees whose data-parallel ranks (world / tp) split the global
+    batch evenly (a pin the model cannot take counts as tp=1 here: planning names that error)."""
+    try:
+        degrees = tensor_parallel_degrees(request)
+    except PlanningError:
+        degrees = [1]
+    world, sequences = request.cluster.world_size, request.training.global_batch_sequences
+    return [tp for tp in degrees if world % tp == 0 and sequences % (world // tp) == 0]
+
+
 def check_mesh(request: PlanRequest, sharding: str, mesh: ParallelDims) -> None:
     """Refuse a mesh the cluster, the sharding or the model cannot take (a given configuration)."""
     world = request.cluster.world_size
@@ -157,7 +168,8 @@ def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice
             checkpointing += [(mode, k) for k in SELECTIVE_EVERY_K if k <= layers]
         else:
             checkpointing.append((mode, 1))
-    for tp in tensor_parallel_degrees(request):
+    tensor_parallel_degrees(request)  # a pin the model cannot take is refused here, with why
+    for tp in splitting_degrees(request):
         dp = request.cluster.world_size // tp
         local_batch = request.training.global_batch_sequences // dp
         micro_batches = micro_batch_sizes(local_batch, search.max_micro_batch_size)

@@ -22,12 +22,18 @@ PARETO_LIMIT = 40
 
 @dataclass(frozen=True, slots=True)
 class Evaluated:
-    """One priced configuration (`time` None: it does not fit, so it was not timed)."""
+    """One priced configuration. `time` is None when it does not fit (`fits` False), or when it
+    fits but the search proved it beaten without timing it (planner/search.py's floor test)."""
 
     choice: Choice
     memory: MemoryEstimate
     time: TimeEstimate | None
     tokens_per_s_per_gpu: float
+    fits: bool = True
+
+    @classmethod
+    def untimed(cls, choice: Choice, memory: MemoryEstimate, *, fits: bool) -> Evaluated:
+        return cls(choice, memory, None, 0.0, fits)
 
     @classmethod
     def priced(
@@ -35,9 +41,13 @@ class Evaluated:
     ) -> Evaluated:
         """An entry with its throughput: each data-parallel rank's tokens, shared by its tp GPUs."""
         if time is None:
-            return cls(choice, memory, None, 0.0)
-        tokens = setting.seq_len * choice.sequences_per_step
-        return cls(choice, memory, time, tokens / time.step_time_s / choice.mesh.tp)
+            return cls.untimed(choice, memory, fits=False)
+        return cls(choice, memory, time, cls.throughput(setting, choice, time.step_time_s))
+
+    @staticmethod
+    def throughput(setting: Setting, choice: Choice, step_time_s: float) -> float:
+        """Tokens/s per GPU: each data-parallel rank's tokens, shared by its tensor-parallel GPUs."""
+        return setting.seq_len * choice.sequences_per_step / step_time_s / choice.mesh.tp
 
     @property
     def peak_gib(self) -> float:
@@ -118,9 +128,10 @@ def rejected_families(evaluated: list[Evaluated], best: Evaluated, limit: float)
 
 
 def _why_lost(family: str, members: list[Evaluated], best: Evaluated, limit: float) -> RejectedFamily:
+    # A family with a fitting member has a timed one: the search times each family's fastest.
     fitting = [e for e in members if e.time is not None]
     smallest = min(e.peak_gib for e in members)
-    if not fitting:
+    if not any(e.fits for e in members):
         return RejectedFamily(
             family=family,
             kind="oom",

@@ -9,17 +9,21 @@ Deterministic: candidates are enumerated in a fixed order and ties broken by the
 
 from __future__ import annotations
 
+import heapq
+import itertools
+from collections.abc import Iterator
+from dataclasses import replace
 from time import process_time
 
 from planner.calibration import CalibrationProfile, fit_parameters
 from planner.catalog.gpus import resolve_gpu
-from planner.cost.estimate import Estimator, TimeEstimate
+from planner.cost.estimate import Estimator
 from planner.cost.memory import MemoryEstimate, fits_in_memory, memory_limit_gib
 from planner.cost.model_costs import model_costs
 from planner.cost.parameters import CostParameters, default_parameters
-from planner.cost.setting import Setting
+from planner.cost.setting import Choice, Setting
 from planner.document import choice_from_config, mfu, plan_document
-from planner.enumeration import check_mesh, enumerate_choices
+from planner.enumeration import BUCKET_CAPS_MB, check_mesh, enumerate_choices
 from planner.errors import InfeasiblePlanError, PlanningError, SearchDeadlineError
 from planner.hashing import plan_hash
 from planner.plan import ParallelConfig, Plan, PlanWarning
@@ -49,22 +53,49 @@ def make_plan(
     evaluated: list[Evaluated] = []
     min_peak: Evaluated | None = None
     count = 0
+    board = _Leaderboard(size=(request.top_k + 1) * len(BUCKET_CAPS_MB) ** 2)
     # Bucket caps often resolve to the same grouping (units larger than the cap): price it once.
-    priced: dict[tuple, tuple[MemoryEstimate, TimeEstimate | None]] = {}
-    for choice in enumerate_choices(request, setting):
-        if deadline is not None and process_time() > deadline:
-            raise _over_deadline(request, time_limit_s or 0.0, count)
-        count += 1
-        key = (choice.priced_key, estimator.layout(choice).signature)
-        if key not in priced:
+    memo: dict[tuple, Evaluated] = {}
+    # Families are enumerated whole, then timed in order of their floors (see _beaten).
+    for family in _families(enumerate_choices(request, setting)):
+        fitting: list[tuple[Choice, MemoryEstimate]] = []
+        repeats: list[tuple[Choice, tuple]] = []
+        for choice in family:
+            if deadline is not None and process_time() > deadline:
+                raise _over_deadline(request, time_limit_s or 0.0, count)
+            count += 1
+            key = (choice.priced_key, estimator.layout(choice).signature)
+            if key in memo:
+                repeats.append((choice, key))
+                continue
             mem = estimator.memory(choice)
-            fits = fits_in_memory(mem, limit_gib=limit, ceiling_gib=ceiling)
-            priced[key] = (mem, estimator.timing(choice) if fits else None)
-        mem, time = priced[key]
-        entry = Evaluated.priced(setting, choice, mem, time)
-        if time is None and (min_peak is None or mem.total < min_peak.memory.total):
-            min_peak = entry
-        evaluated.append(entry)
+            if fits_in_memory(mem, limit_gib=limit, ceiling_gib=ceiling):
+                memo[key] = Evaluated.untimed(choice, mem, fits=True)  # timed below
+                fitting.append((choice, mem))
+                continue
+            memo[key] = entry = Evaluated.untimed(choice, mem, fits=False)
+            if min_peak is None or mem.total < min_peak.memory.total:
+                min_peak = entry
+            evaluated.append(entry)
+        # Most promising first (lowest floor on the step time), so that what is beaten is seen to be.
+        floors = sorted(
+            ((estimator.floor_s(c), i, c, m) for i, (c, m) in enumerate(fitting)), key=lambda t: t[:2]
+        )
+        family_best = 0.0
+        for floor_s, _, choice, mem in floors:
+            if deadline is not None and process_time() > deadline:
+                raise _over_deadline(request, time_limit_s or 0.0, count)
+            ceiling_tps = Evaluated.throughput(setting, choice, floor_s)
+            if ceiling_tps < min(board.threshold, family_best) and board.dominated(ceiling_tps, mem.total):
+                entry = Evaluated.untimed(choice, mem, fits=True)
+            else:
+                entry = Evaluated.priced(setting, choice, mem, estimator.timing(choice))
+                family_best = max(family_best, entry.tokens_per_s_per_gpu)
+                board.add(entry.tokens_per_s_per_gpu, entry.memory.total)
+            memo[(choice.priced_key, estimator.layout(choice).signature)] = entry
+            evaluated.append(entry)
+        # Choices that price exactly as one already priced (bucket caps that change nothing).
+        evaluated += [replace(memo[key], choice=choice) for choice, key in repeats]
 
     fitting = ranked([e for e in evaluated if e.time is not None])
     if not fitting:
@@ -78,8 +109,53 @@ def make_plan(
         fitting=fitting,
         rejected=rejected_families(evaluated, best, limit),
         count=count,
+        fitting_count=sum(e.fits for e in evaluated),
         warnings=_warnings(request, setting, best),
     )
+
+
+class _Leaderboard:
+    """What the timed configurations so far prove about an untimed one, from a ceiling on its
+    throughput (its step-time floor, `PricedStep.floor_s`).
+
+    The search leaves a fitting configuration untimed only when the report cannot show it
+    (planner/ranking.py reads timed entries only): its ceiling lies below the best `size`
+    throughputs (so it is no alternative: a distinct one repeats at most once per bucket-cap pair,
+    hence the size), below its own family's best (so it is not that family's, nor its tp
+    degree's, best: a family has one mesh), and a faster configuration needs no more memory (so it
+    is off the Pareto front).
+    """
+
+    def __init__(self, *, size: int) -> None:
+        self.size = size
+        self._best: list[float] = []
+        self._front: list[tuple[float, float]] = []
+        """(tokens/s/GPU, bytes) of the timed configurations no other timed one dominates."""
+
+    def add(self, tokens_per_s_per_gpu: float, memory_bytes: float) -> None:
+        if len(self._best) < self.size:
+            heapq.heappush(self._best, tokens_per_s_per_gpu)
+        else:
+            heapq.heappushpop(self._best, tokens_per_s_per_gpu)
+        if not self.dominated(tokens_per_s_per_gpu - 1e-12, memory_bytes):
+            self._front = [
+                (t, m) for t, m in self._front if not (t <= tokens_per_s_per_gpu and m >= memory_bytes)
+            ]
+            self._front.append((tokens_per_s_per_gpu, memory_bytes))
+
+    @property
+    def threshold(self) -> float:
+        return self._best[0] if len(self._best) == self.size else 0.0
+
+    def dominated(self, ceiling_tps: float, memory_bytes: float) -> bool:
+        """Whether a timed configuration is faster than `ceiling_tps` in no more memory."""
+        return any(t > ceiling_tps and m <= memory_bytes for t, m in self._front)
+
+
+def _families(choices: Iterator[Choice]) -> Iterator[list[Choice]]:
+    """Consecutive choices of one sharding family and mesh (the enumeration's outer axes)."""
+    for _, family in itertools.groupby(choices, key=lambda c: (c.sharding, c.mesh, c.compile)):
+        yield list(family)
 
 
 def _over_deadline(request: PlanRequest, time_limit_s: float, priced: int) -> SearchDeadlineError:
@@ -155,6 +231,7 @@ def predict(
         fitting=[evaluated],
         rejected=[],
         count=1,
+        fitting_count=1,
         warnings=_warnings(request, setting, evaluated),
         digest=digest,
     )

@@ -318,14 +318,17 @@ class PlanRequest(StrictModel):
     def _batch_reachable(self) -> PlanRequest:
         world = self.cluster.world_size
         seqs = self.training.global_batch_sequences
-        if seqs % world:
-            # Late import: the advice plans (it checks that the batches it names fit).
+        # Late imports: the enumeration and the advice plan (they import this module).
+        from planner.enumeration import splitting_degrees
+
+        if not splitting_degrees(self):
             from planner.advice import batch_suggestion
 
             raise ValueError(
                 f"training.global_batch_tokens: {seqs} sequences of {self.training.seq_len} tokens "
                 f"cannot be split evenly over {world} GPUs (micro-batch x accumulation x "
-                f"data-parallel degree must equal the global batch); {batch_suggestion(self)}"
+                f"data-parallel degree must equal the global batch, and the data-parallel degree is "
+                f"the GPUs over the tensor-parallel degree); {batch_suggestion(self)}"
             )
         return self
 

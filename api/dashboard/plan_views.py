@@ -8,7 +8,7 @@ read is caught in one place.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -208,8 +208,6 @@ def _segment_color(stream: str, phase: str, label: str) -> str:
 # wide and the chart turns into stripes: it is drawn per phase instead.
 TIMELINE_DETAIL_LIMIT = 200
 PHASES = ("forward", "backward", "optimizer")
-PHASE_MIN_WIDTH = 4.0
-"""Chart units (of 720): about 5 px on a laptop screen, enough to see and hover."""
 
 
 def _is_wait(seg: TimelineSegment) -> bool:
@@ -276,10 +274,10 @@ def _phase_timeline(plan: Plan) -> Markup:
                         + (f", {fmt.duration(exposed)} of it exposed" if exposed else ""),
             ))
             cursor += busy
-    # A block of a few ms in a step of tens of seconds (a tensor-parallel plan's waits) would be a
-    # one-pixel stripe: every block is drawn at least PHASE_MIN_WIDTH wide (its tooltip keeps the exact
-    # time), narrower blocks last, so that a neighbour never covers the width they were given.
-    spans = sorted((replace(s, min_width=PHASE_MIN_WIDTH) for s in spans), key=lambda s: s.start - s.end)
+    # svg.timeline draws a phase block at least 4 units wide (a tensor-parallel plan's waits of a few
+    # ms in a step of tens of seconds would be a one-pixel stripe); narrower blocks go last, so that
+    # the neighbour drawn after them never covers the width they were given.
+    spans.sort(key=lambda s: s.start - s.end)
     present = {s.color for s in spans}
     return svg.timeline(
         chart_id="timeline-chart", title="Step timeline of one micro-batch, per phase",

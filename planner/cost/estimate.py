@@ -181,35 +181,43 @@ def tensor_parallel_seconds(
     return _collective(p, "intra", nbytes, tp, launches=unit.tp_collectives)
 
 
-def _timing(
-    setting: Setting, choice: Choice, layout: CommLayout, repeats: RepeatedLayout, *, record: bool
-) -> TimeEstimate:
-    """Step time from the two-stream timeline of one micro-batch, times accumulation.
+@dataclass(frozen=True, slots=True)
+class PricedStep:
+    """One configuration's groups priced, before the timeline places them (Estimator.price)."""
+
+    last: RepeatedGroups
+    """Every group's times in the last micro-batch."""
+    middle: RepeatedGroups
+    """The same in the earlier micro-batches (eager no_shard syncs only in the last)."""
+    tensor_parallel_s: float
+    """Tensor-parallel collectives per micro-batch (inside the groups' compute)."""
+    optimizer_s: float
+    overhead_s: float
+    """Framework time per step outside the priced kernels."""
+    micro_batch_compute_s: float
+    """Compute-stream work of one micro-batch (forward, backward, recompute)."""
+
+    def floor_s(self, grad_accum_steps: int) -> float:
+        """A lower bound on the step time: the compute stream's own work, as if every collective
+        were hidden (the timeline only adds waits and contention to it)."""
+        return grad_accum_steps * self.micro_batch_compute_s + self.optimizer_s + self.overhead_s
+
+
+def _price(setting: Setting, choice: Choice, layout: CommLayout, repeats: RepeatedLayout) -> PricedStep:
+    """Every group's compute and collectives, once per distinct group, plus the optimizer step.
 
     `setting` is the rank's tensor-parallel share (Estimator.setting_for); `repeats`
     (Estimator.repeats) says which groups repeat: each distinct group is priced once.
     """
     p = setting.params
     mesh = choice.mesh
-    tokens = choice.micro_batch_size * setting.seq_len
     pb = setting.param_bytes
     shard, replicas = mesh.dp_shard, mesh.dp_replicate
     shard_link: LinkClass = mesh.shard_link(setting.gpus_per_node)
     replica_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"
     world_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"
 
-    fwd_cache: dict[int, tuple[ForwardTime, float]] = {}  # repeated blocks are one object: price once
-
-    def unit_forward(u: UnitCost) -> tuple[ForwardTime, float]:
-        key = id(u)
-        if key not in fwd_cache:
-            tp_s = (
-                tensor_parallel_seconds(p, u, tokens=tokens, act_bytes=setting.act_bytes, tp=mesh.tp)
-                if mesh.tp > 1
-                else 0.0
-            )
-            fwd_cache[key] = (_forward_time(p, setting.act_bytes, u, tokens, choice.compile), tp_s)
-        return fwd_cache[key]
+    unit_times = _UnitTimes(setting, choice)
 
     def group_times(shape: GroupShape) -> tuple[GroupTimes, GroupTimes, float]:
         """One group in the last micro-batch, and in the earlier ones, and its tensor-parallel
@@ -218,12 +226,10 @@ def _timing(
         bwd = 0.0
         tp_s = 0.0
         for index, u, count in shape.units:
-            f, tp_fwd = unit_forward(u)
-            # Recomputing a whole block re-runs its forward collectives.
-            tp_unit = tp_fwd * (3.0 if choice.is_checkpointed(index) and index >= 0 else 2.0)
-            fwd += count * (f.total + tp_fwd)
-            bwd += count * (2.0 * f.total + _recompute_time(choice, u, index, f) + tp_unit - tp_fwd)
-            tp_s += count * tp_unit
+            f, b, t = unit_times(index, u)
+            fwd += count * f
+            bwd += count * b
+            tp_s += count * t
         ag = 0.0
         reduce = 0.0
         if choice.sharding != "no_shard":
@@ -254,19 +260,64 @@ def _timing(
     last = RepeatedGroups(repeats.runs, tuple(tuple(t[0] for t in pattern) for pattern in priced))
     middle = RepeatedGroups(repeats.runs, tuple(tuple(t[1] for t in pattern) for pattern in priced))
     tp_per_micro_batch = 0.0
-    if mesh.tp > 1:
-        for run, pattern in zip(repeats.runs, priced, strict=True):
-            tp_per_micro_batch += run.repeats * sum(t[2] for t in pattern)
+    compute = 0.0
+    for run, pattern in zip(repeats.runs, priced, strict=True):
+        tp_per_micro_batch += run.repeats * sum(t[2] for t in pattern)
+        compute += run.repeats * sum(t[0].forward + t[0].backward for t in pattern)
 
-    contention = p.overlap_contention
-    final = simulate(last, prefetch_depth=choice.prefetch_depth, contention=contention, record=record)
-    if choice.grad_accum_steps > 1 and choice.sharding == "no_shard" and not choice.compile:
-        inner = simulate(middle, prefetch_depth=choice.prefetch_depth, contention=contention)
-    else:
-        inner = final
-    accum_before = choice.grad_accum_steps - 1
+    optimizer_s, overhead_s = _outside_the_timeline(setting, choice)
+    return PricedStep(
+        last=last,
+        middle=middle,
+        tensor_parallel_s=tp_per_micro_batch,
+        optimizer_s=optimizer_s,
+        overhead_s=overhead_s,
+        micro_batch_compute_s=compute,
+    )
 
-    local_params = setting.model.rank_params / shard
+
+class _UnitTimes:
+    """(forward, backward, tensor-parallel collectives) seconds of one unit in one micro-batch,
+    backward with its recompute; forward and backward include the tensor-parallel collectives,
+    which sit on the compute stream. Repeated blocks are one object: priced once."""
+
+    def __init__(self, setting: Setting, choice: Choice) -> None:
+        self.setting = setting
+        self.choice = choice
+        self.tokens = choice.micro_batch_size * setting.seq_len
+        self._forward: dict[int, tuple[ForwardTime, float]] = {}
+
+    def __call__(self, index: int, u: UnitCost) -> tuple[float, float, float]:
+        setting, choice = self.setting, self.choice
+        if id(u) not in self._forward:
+            tp = choice.mesh.tp
+            tp_s = 0.0
+            if tp > 1:
+                tp_s = tensor_parallel_seconds(
+                    setting.params, u, tokens=self.tokens, act_bytes=setting.act_bytes, tp=tp
+                )
+            forward = _forward_time(setting.params, setting.act_bytes, u, self.tokens, choice.compile)
+            self._forward[id(u)] = (forward, tp_s)
+        f, tp_fwd = self._forward[id(u)]
+        # Recomputing a whole block re-runs its forward collectives.
+        tp_unit = tp_fwd * (3.0 if index >= 0 and choice.is_checkpointed(index) else 2.0)
+        backward = 2.0 * f.total + _recompute_time(choice, u, index, f) + tp_unit - tp_fwd
+        return f.total + tp_fwd, backward, tp_unit
+
+
+def _micro_batch_compute(setting: Setting, choice: Choice) -> float:
+    """The compute stream's work for one micro-batch: every unit's forward and backward."""
+    m = setting.model
+    unit_times = _UnitTimes(setting, choice)
+    indexed = [(-1, m.embedding), *enumerate(m.blocks), (-1, m.head)]
+    return sum(f + b for f, b, _ in (unit_times(i, u) for i, u in indexed))
+
+
+def _outside_the_timeline(setting: Setting, choice: Choice) -> tuple[float, float]:
+    """(optimizer step, framework overhead) seconds per step: around the micro-batches' timeline."""
+    p = setting.params
+    world_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"
+    local_params = setting.model.rank_params / choice.mesh.dp_shard
     optimizer_s = p.optimizer_overhead_s + local_params * p.optimizer_bytes_per_param / p.memory_bandwidth
     optimizer_s += _collective(p, world_link, 4.0, setting.world_size, all_reduce=True)  # grad-norm
     sharded = choice.sharding != "no_shard"
@@ -274,9 +325,19 @@ def _timing(
         per_micro_batch = p.compiled_overhead_s
     else:
         per_micro_batch = p.micro_batch_overhead_s + (p.sharding_overhead_s if sharded else 0.0)
-    overhead_s = per_micro_batch * choice.grad_accum_steps
-    tp_comm_s = tp_per_micro_batch * choice.grad_accum_steps
+    return optimizer_s, per_micro_batch * choice.grad_accum_steps
 
+
+def _timing(priced: PricedStep, choice: Choice, contention: float, *, record: bool) -> TimeEstimate:
+    """Step time from the two-stream timeline of one micro-batch, times accumulation."""
+    final = simulate(priced.last, prefetch_depth=choice.prefetch_depth, contention=contention, record=record)
+    if choice.grad_accum_steps > 1 and choice.sharding == "no_shard" and not choice.compile:
+        inner = simulate(priced.middle, prefetch_depth=choice.prefetch_depth, contention=contention)
+    else:
+        inner = final
+    accum_before = choice.grad_accum_steps - 1
+    optimizer_s, overhead_s = priced.optimizer_s, priced.overhead_s
+    tp_comm_s = priced.tensor_parallel_s * choice.grad_accum_steps
     step = accum_before * inner.total_s + final.total_s + optimizer_s + overhead_s
     compute_s = accum_before * inner.compute_s + final.compute_s + optimizer_s + overhead_s
     return TimeEstimate(
@@ -302,6 +363,7 @@ class Estimator:
         self._layouts: dict[tuple, CommLayout] = {}
         self._saved: dict[tuple, SavedActivations] = {}
         self._repeats: dict[tuple, RepeatedLayout] = {}
+        self._compute: dict[tuple, float] = {}
 
     def setting_for(self, choice: Choice) -> Setting:
         """The setting as one rank of the choice's tensor-parallel group sees it."""
@@ -340,7 +402,23 @@ class Estimator:
             self._repeats[key] = repeated_layout(layout, choice)
         return self._repeats[key]
 
-    def timing(self, choice: Choice, *, record: bool = False) -> TimeEstimate:
-        return _timing(
-            self.setting_for(choice), choice, self.layout(choice), self.repeats(choice), record=record
-        )
+    def floor_s(self, choice: Choice) -> float:
+        """A lower bound on the choice's step time without pricing its collectives (`PricedStep.floor_s`
+        from the compute alone, shared by every sharding of the same tp, micro-batch, checkpointing
+        and compile)."""
+        key = choice.compute_key
+        if key not in self._compute:
+            self._compute[key] = _micro_batch_compute(self.setting_for(choice), choice)
+        optimizer_s, overhead_s = _outside_the_timeline(self.setting_for(choice), choice)
+        return choice.grad_accum_steps * self._compute[key] + optimizer_s + overhead_s
+
+    def price(self, choice: Choice) -> PricedStep:
+        """The choice's groups priced, ready for the timeline (and a floor on its step time)."""
+        return _price(self.setting_for(choice), choice, self.layout(choice), self.repeats(choice))
+
+    def timing(
+        self, choice: Choice, *, record: bool = False, priced: PricedStep | None = None
+    ) -> TimeEstimate:
+        """The step's time on the two-stream timeline (`priced`: this choice's `price`, if known)."""
+        priced = priced or self.price(choice)
+        return _timing(priced, choice, self.setting.params.overlap_contention, record=record)

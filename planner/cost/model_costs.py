@@ -79,6 +79,9 @@ class ModelCosts:
     tensor_parallel: int = 1
     """1: the whole model; else one rank's share of a tensor-parallel group
     (`tensor_parallel_share`): units and vocabulary are per rank, `num_params` the whole model's."""
+    share_params: int = 0
+    """With tensor_parallel > 1: the parameters one rank holds (summed once, the search reads it
+    thousands of times)."""
 
     @property
     def supports_tensor_parallel(self) -> bool:
@@ -88,9 +91,7 @@ class ModelCosts:
     @property
     def rank_params(self) -> int:
         """Parameters one rank of the tensor-parallel group holds (all of them when tp is 1)."""
-        if self.tensor_parallel == 1:
-            return self.num_params
-        return sum(u.num_params for u in (self.embedding, *self.blocks, self.head))
+        return self.share_params if self.tensor_parallel > 1 else self.num_params
 
     @property
     def flops_per_token(self) -> float:
@@ -139,13 +140,15 @@ def tensor_parallel_share(model: ModelCosts, tp: int) -> ModelCosts:
             )
         return shares[id(u)]
 
+    embedding, blocks, head = share(model.embedding), tuple(share(b) for b in model.blocks), share(model.head)
     return replace(
         model,
-        embedding=share(model.embedding),
-        blocks=tuple(share(b) for b in model.blocks),
-        head=share(model.head),
+        embedding=embedding,
+        blocks=blocks,
+        head=head,
         vocab_size=model.vocab_size // tp,
         tensor_parallel=tp,
+        share_params=sum(u.num_params for u in (embedding, *blocks, head)),
     )
 
 

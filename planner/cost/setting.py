@@ -6,7 +6,8 @@ the plans that are reported); `Setting` is what stays fixed across a search.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import operator
+from dataclasses import dataclass, fields
 
 from planner.cost.model_costs import ModelCosts
 from planner.cost.parameters import CostParameters
@@ -14,6 +15,8 @@ from planner.parallel_dims import ParallelDims
 from planner.specs import Optimizer, Precision
 
 SINGLE_RANK = ParallelDims()
+LAYOUT_FIELDS = ("blocks_per_unit", "all_gather_bucket_mb", "reduce_scatter_bucket_mb")
+"""Choice fields that act on cost only through the collective layout (planner/cost/layout.py)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,10 +69,15 @@ class Choice:
         )
 
     @property
-    def priced_key(self) -> Choice:
+    def priced_key(self) -> tuple:
         """The choice less what its collective layout's signature already stands for (the search
         prices choices equal in this and in their layout's signature once)."""
-        return replace(self, blocks_per_unit=1, all_gather_bucket_mb=0.0, reduce_scatter_bucket_mb=0.0)
+        return _PRICED_FIELDS(self)
+
+    @property
+    def compute_key(self) -> tuple:
+        """What one micro-batch's compute (forward, backward, recompute, tp collectives) depends on."""
+        return (self.mesh.tp, self.micro_batch_size, self.checkpointing, self.every_k, self.compile)
 
     @property
     def activations_key(self) -> tuple:
@@ -87,6 +95,11 @@ class Choice:
         if self.checkpointing == "selective":
             return (block_index + 1) % self.every_k == 0
         return False
+
+
+_PRICED_FIELDS = operator.attrgetter(
+    *(f.name for f in fields(Choice) if f.name not in LAYOUT_FIELDS)
+)
 
 
 @dataclass(frozen=True, slots=True)
