@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Annotated
 
@@ -16,9 +17,12 @@ from planner.catalog import resolve_model
 from planner.cost.memory import MEMORY_TERMS
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
 from planner.formatting import duration
-from planner.plan import Plan
+from planner.plan import ParallelConfig, Plan
 from planner.search import make_plan
-from planner.specs import ClusterSpec, PlanRequest
+from planner.specs import CheckpointMode, ClusterSpec, PlanRequest, SearchSpace, ShardingStrategy
+
+SHARDINGS: tuple[str, ...] = typing.get_args(ShardingStrategy)
+CHECKPOINT_MODES: tuple[str, ...] = typing.get_args(CheckpointMode)
 
 
 def register(app: typer.Typer) -> None:
@@ -51,6 +55,25 @@ def plan(
     calibration: Annotated[
         Path | None, typer.Option(help="CalibrationProfile JSON from `fsdp-planner calibrate`.")
     ] = None,
+    tp: Annotated[list[str] | None, typer.Option(
+        "--tp", metavar="N[,N...]",
+        help="Pin the tensor-parallel degrees to search (repeatable or comma-separated): --tp 8 plans "
+        "tp=8 only, --tp 1 data parallelism only. Default: every degree that splits the model in a node.",
+    )] = None,
+    sharding: Annotated[list[str] | None, typer.Option(
+        "--sharding", metavar="STRATEGY[,...]",
+        help=f"Pin the sharding strategies to search (repeatable or comma-separated): "
+        f"{', '.join(SHARDINGS)}. Default: all.",
+    )] = None,
+    compile_: Annotated[bool | None, typer.Option(
+        "--compile/--eager",
+        help="Pin torch.compile (SimpleFSDP) or eager FSDP2. Default: search both.",
+    )] = None,
+    checkpointing: Annotated[list[str] | None, typer.Option(
+        "--checkpointing", metavar="MODE[,...]",
+        help=f"Pin the activation checkpointing modes to search (repeatable or comma-separated): "
+        f"{', '.join(CHECKPOINT_MODES)}. Default: all.",
+    )] = None,
     top: Annotated[int, typer.Option("--top", help="Ranked alternatives to show.")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print the Plan document as JSON.")] = False,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the Plan JSON here.")] = None,
@@ -62,6 +85,7 @@ def plan(
         raise fail("give exactly one of --cluster NODESxGPUSxGPU or --cluster-file FILE")
     if global_batch_tokens is None:
         raise fail("--global-batch-tokens is required (tokens per optimizer step over all GPUs)")
+    search = search_pins(tp=tp, sharding=sharding, compile_=compile_, checkpointing=checkpointing)
     try:
         if model is not None:
             model_spec = resolve_model(model)
@@ -79,6 +103,7 @@ def plan(
             cluster=cluster_spec,
             # A dict, so that a batch of partial sequences is refused with batches for this cluster.
             training={"seq_len": seq_len, "global_batch_tokens": global_batch_tokens, "precision": precision},
+            search=search,
             top_k=top,
         )
         profile = (
@@ -111,6 +136,51 @@ def plan(
         Console(stderr=True).print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
 
 
+def _choices(values: list[str] | None) -> list[str]:
+    """`--opt a --opt b,c` -> [a, b, c] (blank parts ignored)."""
+    return [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
+
+
+def search_pins(
+    *,
+    tp: list[str] | None,
+    sharding: list[str] | None,
+    compile_: bool | None,
+    checkpointing: list[str] | None,
+) -> SearchSpace:
+    """The search space the pins leave (an unpinned axis searches all its values)."""
+    pins: dict[str, object] = {}
+    if tp:
+        degrees = _choices(tp)
+        bad = [d for d in degrees if not d.isdigit() or int(d) < 1]
+        if bad or not degrees:
+            raise fail(f"--tp: {bad[0] if bad else '(empty)'!r} is not a tensor-parallel degree; give whole "
+                       "numbers from 1, e.g. --tp 8 or --tp 2,4 (leave --tp out to search every degree)")
+        pins["tensor_parallel_degrees"] = sorted({int(d) for d in degrees})
+    for option, values, known, field in (
+        ("--sharding", sharding, SHARDINGS, "shardings"),
+        ("--checkpointing", checkpointing, CHECKPOINT_MODES, "checkpointing"),
+    ):
+        if not values:
+            continue
+        chosen = _choices(values)
+        unknown = [v for v in chosen if v not in known] or ([] if chosen else ["(empty)"])
+        if unknown:
+            raise fail(f"{option}: {unknown[0]!r} is not one of {', '.join(known)}")
+        pins[field] = list(dict.fromkeys(chosen))
+    if compile_ is not None:
+        pins["compile"] = [compile_]
+    return SearchSpace(**pins)
+
+
+def mesh_line(config: ParallelConfig) -> str:
+    """`dp_replicate 1 x dp_shard 64 x tp 8 (sequence + loss parallel)`: every degree named, since
+    `hybrid_shard/16x2` style labels and `dp 2x16` ones order the two data-parallel degrees apart."""
+    mesh = config.mesh
+    degrees = f"dp_replicate {mesh.dp_replicate} x dp_shard {mesh.dp_shard} x tp {mesh.tp}"
+    return degrees + (" (sequence + loss parallel)" if mesh.tp > 1 else " (data parallelism only)")
+
+
 def print_plan(p: Plan, console: Console) -> None:
     """The plan as a person reads it: what was planned, the choice, why, and what else was close."""
     pred = p.prediction
@@ -123,11 +193,17 @@ def print_plan(p: Plan, console: Console) -> None:
     )
     console.print(f"Chosen: [bold green]{p.config.label()}[/]")
     summary = Table(show_header=False, box=None, pad_edge=False)
+    summary.add_row("mesh", mesh_line(p.config))
     summary.add_row("step time", duration(pred.step_time_s))
     summary.add_row("tokens/s/GPU", f"{pred.tokens_per_s_per_gpu:,.0f}")
     summary.add_row("MFU", f"{pred.mfu:.1%}")
     summary.add_row("peak memory", _peak_line(p))
     summary.add_row("exposed comm", f"{duration(pred.exposed_comm_s)}/step of {duration(pred.comm_s)}")
+    if p.config.mesh.tp > 1:
+        summary.add_row(
+            "tensor parallel",
+            f"{duration(pred.exposed_tensor_parallel_s)}/step of it (between the matmuls: never overlapped)",
+        )
     console.print(summary)
     for warning in p.warnings:
         # Markup off: the message is the planner's text, with brackets of its own.

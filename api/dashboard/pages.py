@@ -16,11 +16,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.dashboard import access, accuracy_views, calibration_views, plan_form, plan_views, queries
-from api.dashboard.plan_list import COLUMNS, ListingState
+from api.dashboard.plan_list import COLUMNS, SHARDINGS, ListingState
 from api.dashboard.rendering import error_page, mark_dashboard_request, render
 from api.deps import SessionDep, SettingsDep, run_planning
 from api.problems import ProblemError
-from api.schemas.plans import MAX_ID, ReplanCreate
+from api.schemas.plans import MAX_ID, ReplanCreate, stored_mesh
 from api.services import plan_compare, plan_listing
 from api.services import plans as plan_service
 from api.services import replan as replan_service
@@ -62,12 +62,14 @@ def plans_page(request: Request, session: SessionDep) -> HTMLResponse:
             cursor=None,
         )
     total = queries.count_plans(session, state.filters())
-    models, gpus = queries.distinct_values(session)
+    choices = queries.distinct_values(session)
     return render(request, "plans.html", {
         "active": "plans", "rows": rows, "state": state, "columns": COLUMNS, "total": total,
         "next_href": state.href(cursor=next_cursor) if next_cursor else None,
         "first_href": state.href(cursor=None) if state.cursor else None,
-        "models": models, "gpus": gpus, "notices": notices,
+        "models": choices.models, "gpus": choices.gpus, "shardings": SHARDINGS,
+        "tensor_parallel_degrees": choices.tensor_parallel_degrees, "mesh_of": stored_mesh,
+        "notices": notices,
         "any_plans": total > 0
         or (state.filtered and queries.count_plans(session, plan_listing.PlanFilters()) > 0),
     })
@@ -147,6 +149,9 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
     }
     if plan.model.name in MODEL_CATALOG:
         replan["model"] = plan.model.name
+    pinned = (row.request.get("search") or {}).get("tensor_parallel_degrees")
+    if isinstance(pinned, list) and len(pinned) == 1:
+        replan["tensor_parallel_degree"] = pinned[0]  # the form pins one degree; keep the pin
     return render(request, "plan_detail.html", {
         "active": "plans", "row": row, "plan": plan, "existing": request.query_params.get("existing") == "1",
         "inputs": plan_views.input_rows(row, plan), "config": plan_views.config_rows(plan.config),

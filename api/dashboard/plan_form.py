@@ -34,6 +34,7 @@ _FIELD_FOR_PATH: tuple[tuple[str, str], ...] = (
     ("training", "training"),
     ("calibration_id", "calibration_id"),
     ("name", "name"),
+    ("search.tensor_parallel_degrees", "tensor_parallel_degree"),
 )
 INTEGER_FIELDS = {
     "num_nodes": "number of nodes",
@@ -60,6 +61,8 @@ class PlanForm:
     precision: str = "bf16"
     optimizer: str = "adamw"
     calibration_id: str = ""
+    tensor_parallel_degree: str = ""
+    """Empty: search every degree that splits the model inside a node; a number pins it (1: no TP)."""
     errors: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -115,9 +118,16 @@ def to_plan_create(form: PlanForm) -> PlanCreate | None:
             calibration_id = int(form.calibration_id)
         except ValueError:
             form.add_error("calibration_id", "choose a stored calibration profile, or none")
+    tensor_parallel = None
+    if raw := form.tensor_parallel_degree.strip():
+        if not raw.isdigit() or int(raw) < 1:
+            form.add_error("tensor_parallel_degree", "enter a whole number from 1 (1: data parallelism "
+                           "only), or leave it empty to search every degree")
+        else:
+            tensor_parallel = int(raw)
     if form.errors:
         return None
-    body = {
+    body: dict[str, Any] = {
         "model": model,
         "cluster": {"num_nodes": numbers["num_nodes"], "gpus_per_node": numbers["gpus_per_node"],
                     "gpu": form.gpu.strip()},
@@ -126,6 +136,8 @@ def to_plan_create(form: PlanForm) -> PlanCreate | None:
         "name": form.name.strip() or None,
         "calibration_id": calibration_id,
     }
+    if tensor_parallel is not None:
+        body["search"] = {"tensor_parallel_degrees": [tensor_parallel]}
     try:
         return PlanCreate.model_validate(body)
     except ValidationError as exc:

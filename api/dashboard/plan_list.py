@@ -7,17 +7,20 @@ back to the default and says so, because the parameter usually came from an old 
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlencode
 
 from starlette.datastructures import QueryParams
 
-from api.schemas.plans import MAX_NODES, PlanSort, SortOrder
+from api.schemas.plans import MAX_GPUS_PER_NODE, MAX_NODES, PlanSort, SortOrder
 from api.services.plan_listing import PlanFilters
+from planner.specs import ShardingStrategy
 
 DEFAULT_PAGE_SIZE = 25
 MAX_PAGE_SIZE = 200
 MAX_FILTER_LENGTH = 200
+SHARDINGS: tuple[str, ...] = typing.get_args(ShardingStrategy)
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ COLUMNS = (
     Column("Model", PlanSort.model),
     Column("Cluster"),
     Column("GPUs", PlanSort.world_size, numeric=True),
+    Column("Mesh"),
     Column("Tokens/s/GPU", PlanSort.tokens_per_s_per_gpu, numeric=True),
     Column("MFU", PlanSort.mfu, numeric=True),
     Column("Peak memory", PlanSort.peak_memory_gib, numeric=True),
@@ -61,6 +65,8 @@ class ListingState:
     gpu: str = ""
     q: str = ""
     nodes: str = ""
+    sharding: str = ""
+    tp: str = ""
     limit: int = DEFAULT_PAGE_SIZE
     cursor: str | None = None
     notices: tuple[str, ...] = field(default=(), compare=False)
@@ -92,20 +98,35 @@ class ListingState:
         if nodes and not (nodes.isdigit() and 1 <= int(nodes) <= MAX_NODES):
             notices.append(f"Nodes must be a whole number from 1 to {MAX_NODES}; that filter was ignored.")
             nodes = ""
+        sharding = text("sharding")
+        if sharding and sharding not in SHARDINGS:
+            notices.append(f"Unknown sharding {sharding[:40]!r} (use one of {', '.join(SHARDINGS)}); "
+                           "that filter was ignored.")
+            sharding = ""
+        tp = text("tp")
+        if tp and not (tp.isdigit() and 1 <= int(tp) <= MAX_GPUS_PER_NODE):
+            notices.append(f"Tensor parallel must be a whole number from 1 to {MAX_GPUS_PER_NODE}; "
+                           "that filter was ignored.")
+            tp = ""
         limit = DEFAULT_PAGE_SIZE
         if params.get("limit", "").isdigit():
             limit = min(max(int(params["limit"]), 1), MAX_PAGE_SIZE)
         cursor = params.get("cursor") or None
         return cls(sort=sort, order=order, model=text("model"), gpu=text("gpu"), q=text("q"), nodes=nodes,
-                   limit=limit, cursor=cursor, notices=tuple(notices))
+                   sharding=sharding, tp=tp, limit=limit, cursor=cursor, notices=tuple(notices))
 
     def filters(self) -> PlanFilters:
         return PlanFilters(model=self.model or None, gpu=self.gpu or None,
-                           nodes=int(self.nodes) if self.nodes else None, q=self.q or None)
+                           nodes=int(self.nodes) if self.nodes else None, q=self.q or None,
+                           sharding=self.sharding or None, tp=int(self.tp) if self.tp else None)
 
     @property
     def filtered(self) -> bool:
-        return bool(self.model or self.gpu or self.q or self.nodes)
+        return bool(self.model or self.gpu or self.q or self.nodes or self.sharding or self.tp)
+
+    def cleared(self) -> str:
+        """The link that drops every filter (keeps the sort)."""
+        return self.href(model="", gpu="", q="", nodes="", sharding="", tp="", cursor=None)
 
     def href(self, **changes: object) -> str:
         """`/?...` for this state with `changes` applied; defaults are left out to keep links short."""
@@ -115,6 +136,7 @@ class ListingState:
             "order": state.order.value if state.order is not FIRST_ORDER.get(state.sort, SortOrder.desc)
             else None,
             "model": state.model, "gpu": state.gpu, "q": state.q, "nodes": state.nodes,
+            "sharding": state.sharding, "tp": state.tp,
             "limit": state.limit if state.limit != DEFAULT_PAGE_SIZE else None,
             "cursor": state.cursor,
         }

@@ -72,6 +72,19 @@ def sharding_label(config: ParallelConfig) -> str:
     return label + (f"; tensor parallel × {mesh.tp}" if mesh.tp > 1 else "")
 
 
+def mesh_row(config: ParallelConfig) -> Row:
+    """The device mesh, every degree named, with what tensor parallelism brings when it is on."""
+    mesh = config.mesh
+    value = f"dp_replicate {mesh.dp_replicate} × dp_shard {mesh.dp_shard} × tp {mesh.tp}"
+    if mesh.tp == 1:
+        return Row("Device mesh", value, f"{mesh.world_size} GPUs, data parallelism only")
+    return Row(
+        "Device mesh", value,
+        f"{mesh.world_size} GPUs; each tp group is {mesh.tp} consecutive ranks inside a node, with "
+        "sequence parallel and loss parallel (vocabulary-sharded cross-entropy)",
+    )
+
+
 def input_rows(row: PlanRow, plan: Plan) -> list[Row]:
     model, cluster, training = plan.model, plan.cluster, plan.training
     dims = (f"{model.num_layers} layers, hidden {model.hidden_size}, {model.num_heads} heads"
@@ -103,6 +116,7 @@ def config_rows(config: ParallelConfig) -> list[Row]:
     ) if on]
     return [
         Row("Sharding", sharding_label(config)),
+        mesh_row(config),
         Row("Wrap units", f"{config.blocks_per_unit} block(s) per FSDP unit",
             "embeddings and the output head are units of their own"),
         Row("Communication buckets", buckets),
@@ -133,10 +147,24 @@ def prediction_rows(plan: Plan) -> list[Row]:
         Row("Communication", fmt.duration(p.comm_s), "overlapped or not"),
         Row("Exposed communication", fmt.duration(p.exposed_comm_s),
             f"all-gather {fmt.duration(p.exposed_all_gather_s)}, "
-            f"reduce-scatter {fmt.duration(p.exposed_reduce_scatter_s)}"),
+            f"reduce-scatter {fmt.duration(p.exposed_reduce_scatter_s)}"
+            + (f", tensor parallel {fmt.duration(p.exposed_tensor_parallel_s)}" if plan.config.mesh.tp > 1
+               else "")),
+        *_tensor_parallel_rows(plan),
         Row("Search", f"{plan.search.candidates_evaluated:,} configurations evaluated",
             f"{plan.search.candidates_fitting:,} fit in memory"),
     ]
+
+
+def _tensor_parallel_rows(plan: Plan) -> list[Row]:
+    if plan.config.mesh.tp == 1:
+        return []
+    p = plan.prediction
+    return [Row(
+        "Tensor-parallel communication", fmt.duration(p.exposed_tensor_parallel_s),
+        f"per step, all exposed: the tp={plan.config.mesh.tp} collectives of every layer sit between its "
+        f"matmuls ({p.exposed_tensor_parallel_s / p.step_time_s:.0%} of the step)",
+    )]
 
 
 def _margin_rows(p: Prediction) -> list[Row]:
@@ -246,6 +274,10 @@ def _phase_timeline(plan: Plan) -> Markup:
                         + (f", {fmt.duration(exposed)} of it exposed" if exposed else ""),
             ))
             cursor += busy
+    # svg.timeline draws a phase block at least 4 units wide (a tensor-parallel plan's waits of a few
+    # ms in a step of tens of seconds would be a one-pixel stripe); narrower blocks go last, so that
+    # the neighbour drawn after them never covers the width they were given.
+    spans.sort(key=lambda s: s.start - s.end)
     present = {s.color for s in spans}
     return svg.timeline(
         chart_id="timeline-chart", title="Step timeline of one micro-batch, per phase",
@@ -383,6 +415,8 @@ _COMPARE_DISPLAY: dict[str, Callable[[Any], str]] = {
     "prediction.mfu": fmt.percent,
     "prediction.peak_memory_gib": fmt.gib,
     "prediction.exposed_comm_s": fmt.duration,
+    "prediction.exposed_tensor_parallel_s": fmt.duration,
+    "config.mesh.tp": lambda v: "none (1)" if v == 1 else f"{v} (sequence + loss parallel)",
     # To the second: two plans made in the same minute differ here, and the row must show how.
     "created_at": lambda v: f"{datetime.fromisoformat(v):%Y-%m-%d %H:%M:%S} UTC",
     **{f"prediction.memory_breakdown_gib.{key}": fmt.gib for key in MEMORY_PARTS},

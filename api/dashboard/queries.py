@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, undefer
@@ -25,11 +26,21 @@ def count_plans(session: Session, filters: PlanFilters) -> int:
     return session.scalar(select(func.count()).select_from(PlanRow).where(*filters.conditions())) or 0
 
 
-def distinct_values(session: Session) -> tuple[list[str], list[str]]:
-    """Model names and GPUs that stored plans use (the list page's filter choices)."""
-    models = list(session.scalars(select(PlanRow.model_name).distinct().order_by(PlanRow.model_name)))
-    gpus = list(session.scalars(select(PlanRow.gpu).distinct().order_by(PlanRow.gpu)))
-    return models, gpus
+@dataclass(frozen=True)
+class FilterChoices:
+    """What stored plans use: the list page's filter choices."""
+
+    models: list[str]
+    gpus: list[str]
+    tensor_parallel_degrees: list[int]
+
+
+def distinct_values(session: Session) -> FilterChoices:
+    def distinct(column: Any) -> list[Any]:
+        return list(session.scalars(select(column).distinct().order_by(column)))
+
+    return FilterChoices(distinct(PlanRow.model_name), distinct(PlanRow.gpu),
+                         distinct(PlanRow.tensor_parallel_degree))
 
 
 def validation_runs(session: Session, plan_id: int) -> list[ValidationRunRow]:

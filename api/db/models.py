@@ -53,6 +53,14 @@ class PlanRow(Base):
     """The plan whose out-of-memory run (or configuration) this plan was re-planned to avoid."""
     replanned_from_run_id: Mapped[int | None] = mapped_column(BigId)
     """The OOM validation run whose configuration set the memory ceiling (None: the plan's own)."""
+    # The chosen device mesh, copied out of `plan` so that lists filter on it and show it without
+    # loading the documents (backfilled by migration 0003). dp_replicate is world_size / (dp_shard x tp).
+    sharding: Mapped[str] = mapped_column(String(32))
+    """config.sharding: full_shard, shard_grad_op, hybrid_shard or no_shard."""
+    tensor_parallel_degree: Mapped[int] = mapped_column(Integer)
+    """config.mesh.tp: GPUs splitting every block's matmuls (1: data parallelism only)."""
+    data_parallel_shard_degree: Mapped[int] = mapped_column(Integer)
+    """config.mesh.dp_shard: data-parallel ranks a parameter is sharded over."""
 
     __table_args__ = (
         # One index per sortable column, with the id tie-breaker that keyset pagination walks.

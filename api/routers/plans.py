@@ -14,6 +14,7 @@ from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess, run_plann
 from api.problems import FieldError, ProblemError
 from api.routers.responses import problems
 from api.schemas.plans import (
+    MAX_GPUS_PER_NODE,
     MAX_NODES,
     NO_NUL,
     ComparedPlan,
@@ -32,6 +33,7 @@ from api.services import plan_compare, plan_listing
 from api.services import plans as plan_service
 from api.services import replan as replan_service
 from api.services.plan_documents import UnreadablePlanError
+from planner.specs import ShardingStrategy
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 
@@ -127,8 +129,13 @@ def list_plans(
     gpu: Annotated[str | None, _text_query(64, "GPU catalog name or alias")] = None,
     nodes: Annotated[int | None, Query(ge=1, le=MAX_NODES, description="Number of nodes")] = None,
     q: Annotated[str | None, _text_query(200, "Substring of the plan name")] = None,
+    sharding: Annotated[ShardingStrategy | None, Query(description="Chosen sharding strategy")] = None,
+    tp: Annotated[int | None, Query(
+        ge=1, le=MAX_GPUS_PER_NODE,
+        description="Tensor-parallel degree of the chosen mesh (1: data parallelism only)",
+    )] = None,
 ) -> PlanPage:
-    filters = plan_listing.PlanFilters(model=model, gpu=gpu, nodes=nodes, q=q)
+    filters = plan_listing.PlanFilters(model=model, gpu=gpu, nodes=nodes, q=q, sharding=sharding, tp=tp)
     rows, next_cursor = plan_listing.list_plans(
         session, filters=filters, sort=sort, order=order, limit=limit, cursor=cursor or None
     )

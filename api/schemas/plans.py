@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
@@ -21,6 +22,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from api.problems import UNION_TAG_PREFIX
+from planner.parallel_dims import ParallelDims
 from planner.specs import Optimizer, Precision, SearchSpace, whole_numbers
 
 # Bounds that keep one request's planning cost sane; the planner's own validators decide the rest.
@@ -154,6 +156,23 @@ class PlanCreate(StrictBody):
         _check_json(data)
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_numbers_in_search_lists(cls, data: Any) -> Any:
+        # JSON has one number type: [8.0] is the list [8]. The planner's strict specs turn integral
+        # floats into ints for integer fields (planner.specs.whole_numbers) but not for the items of
+        # integer lists, such as search.tensor_parallel_degrees; this does it for those.
+        if not isinstance(data, dict) or not isinstance(data.get("search"), dict):
+            return data
+        search = dict(data["search"])
+        for name in _SEARCH_INTEGER_LISTS:
+            values = search.get(name)
+            if isinstance(values, list):
+                search[name] = [
+                    int(v) if isinstance(v, float) and v.is_integer() else v for v in values
+                ]
+        return {**data, "search": search}
+
     model: ModelIn
     """A catalog name, a Hugging Face config.json object, or a model spec / layer graph."""
     cluster: ClusterInput
@@ -180,6 +199,12 @@ class PlanSummary(BaseModel):
     num_nodes: int
     gpus_per_node: int
     world_size: int
+    sharding: str = Field(examples=["full_shard"])
+    """The chosen sharding: full_shard, shard_grad_op, hybrid_shard or no_shard."""
+    tensor_parallel_degree: int = Field(ge=1, examples=[8])
+    """The mesh's tp: GPUs (inside one node) that split every block's matmuls; 1: data parallelism only."""
+    mesh: ParallelDims
+    """The device mesh: dp_replicate x dp_shard x tp = world_size."""
     tokens_per_s_per_gpu: float
     mfu: float
     peak_memory_gib: float
@@ -188,6 +213,21 @@ class PlanSummary(BaseModel):
     planner_version: str
     calibration_id: int | None
     created_at: datetime
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mesh_from_row(cls, data: Any) -> Any:
+        if not isinstance(data, dict) and hasattr(data, "data_parallel_shard_degree"):
+            values = {name: getattr(data, name) for name in cls.model_fields if name != "mesh"}
+            return {**values, "mesh": stored_mesh(data)}
+        return data
+
+
+def stored_mesh(row: Any) -> ParallelDims:
+    """The mesh of a stored plan row (api.db.models.PlanRow), from its columns alone: tp and dp_shard
+    are stored, dp_replicate is what the world size leaves."""
+    tp, dp_shard = row.tensor_parallel_degree, row.data_parallel_shard_degree
+    return ParallelDims(dp_replicate=max(1, row.world_size // (tp * dp_shard)), dp_shard=dp_shard, tp=tp)
 
 
 class PlanDetail(PlanSummary):
@@ -232,6 +272,23 @@ class PlanSort(StrEnum):
 class SortOrder(StrEnum):
     asc = "asc"
     desc = "desc"
+
+
+def _integer_lists(model: type[BaseModel]) -> tuple[str, ...]:
+    """Fields of `model` that are (optional) lists of integers."""
+    def integer_items(annotation: Any) -> bool:
+        for candidate in (annotation, *typing.get_args(annotation)):
+            if typing.get_origin(candidate) is list:
+                (item,) = typing.get_args(candidate) or (None,)
+                if typing.get_origin(item) is Annotated:
+                    item = typing.get_args(item)[0]
+                return item is int
+        return False
+
+    return tuple(name for name, field in model.model_fields.items() if integer_items(field.annotation))
+
+
+_SEARCH_INTEGER_LISTS = _integer_lists(SearchSpace)
 
 
 def _hint_renamed(model: type[StrictBody], error: ErrorDetails) -> Any:

@@ -41,6 +41,9 @@ class PlanFilters:
     gpu: str | None = None
     nodes: int | None = None
     q: str | None = None
+    sharding: str | None = None
+    tp: int | None = None
+    """Tensor-parallel degree (1: plans without tensor parallelism)."""
 
     def digest(self) -> str:
         return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
@@ -53,6 +56,10 @@ class PlanFilters:
             conditions.append(PlanRow.gpu == _canonical_gpu(self.gpu))
         if self.nodes is not None:
             conditions.append(PlanRow.num_nodes == self.nodes)
+        if self.sharding is not None:
+            conditions.append(PlanRow.sharding == self.sharding)
+        if self.tp is not None:
+            conditions.append(PlanRow.tensor_parallel_degree == self.tp)
         if self.q:
             conditions.append(func.lower(PlanRow.name).contains(self.q.lower(), autoescape=True))
         return conditions

@@ -62,6 +62,7 @@ def context(plan: Plan, *, image: str = DEFAULT_IMAGE) -> render.LaunchContext:
     nodes = positive_int(cluster.num_nodes, "cluster.num_nodes")
     gpus = positive_int(cluster.gpus_per_node, "cluster.gpus_per_node")
     title = comment(f"{plan.model.name} on {nodes}x{gpus}x{cluster.gpu}", limit=100)
+    mesh = plan.config.mesh
     return render.LaunchContext(
         title=title,
         plan_hash=full_hash,
@@ -74,6 +75,11 @@ def context(plan: Plan, *, image: str = DEFAULT_IMAGE) -> render.LaunchContext:
         uses_gpus=cluster.gpu.lower() != "cpu",
         image=image_ref(image),
         label=comment(plan.config.label(), limit=100),
+        mesh=render.Mesh(
+            dp_replicate=positive_int(mesh.dp_replicate, "config.mesh.dp_replicate"),
+            dp_shard=positive_int(mesh.dp_shard, "config.mesh.dp_shard"),
+            tp=positive_int(mesh.tp, "config.mesh.tp"),
+        ),
     )
 
 

@@ -109,7 +109,9 @@ REFUSED = {
     "infeasible": (cheap_plan(model="llama3-8b"), "infeasible-plan"),
     "unknown-model": (cheap_plan(model="nope"), "unplannable-request"),
     "unknown-calibration": (cheap_plan(calibration_id=424242), "unknown-calibration"),
-    "indivisible-batch": (cheap_plan(training={"seq_len": 256, "global_batch_tokens": 256 * 3}), None),
+    # Data parallelism only: with tp=2 searched, one data-parallel rank takes any batch.
+    "indivisible-batch": (cheap_plan(training={"seq_len": 256, "global_batch_tokens": 256 * 3},
+                                     search={"tensor_parallel_degrees": [1]}), None),
     "key-reused": (cheap_plan(top_k=1), "idempotency-key-reused"),
 }
 

@@ -37,8 +37,10 @@ async def stored(client: httpx.AsyncClient, session: Session) -> list[PlanRow]:
     base = datetime(2026, 1, 1, tzinfo=UTC)
     models = ["llama3-8b", "gpt2", "Llama-Debug"]
     gpus = ["H100-SXM-80GB", "A100-80GB"]
+    shardings = ["full_shard", "hybrid_shard", "no_shard", "shard_grad_op"]
     for i in range(29):
         nodes = (1, 2, 4)[i % 3]
+        tp = (1, 2, 8)[i // 3 % 3]
         session.add(
             PlanRow(
                 name=["prod 50%_off run", "nightly", "ablation_a"][i % 3] + f" #{i}",
@@ -47,6 +49,9 @@ async def stored(client: httpx.AsyncClient, session: Session) -> list[PlanRow]:
                 num_nodes=nodes,
                 gpus_per_node=8,
                 world_size=nodes * 8,
+                sharding=shardings[i % 4],
+                tensor_parallel_degree=tp,
+                data_parallel_shard_degree=2 if shardings[i % 4] == "hybrid_shard" else nodes * 8 // tp,
                 tokens_per_s_per_gpu=float(1000 + (i % 7) * 250),  # ties
                 mfu=round(0.3 + (i % 4) * 0.05, 2),
                 peak_memory_gib=float(20 + (i * 7) % 11),
@@ -128,6 +133,46 @@ async def test_filters(client: httpx.AsyncClient, stored: list[PlanRow]) -> None
     assert await walk(client, model="no-such-model") == []
 
 
+async def test_filters_on_the_mesh(client: httpx.AsyncClient, stored: list[PlanRow]) -> None:
+    ids = await walk(client, tp=8, limit=3)
+    assert ids == expected_ids(stored, "created_at", "desc", lambda r: r.tensor_parallel_degree == 8)
+    assert len(ids) >= 3
+
+    ids = await walk(client, sharding="hybrid_shard", tp=2, sort="mfu", order="asc", limit=2)
+    assert ids == expected_ids(
+        stored, "mfu", "asc", lambda r: r.sharding == "hybrid_shard" and r.tensor_parallel_degree == 2
+    )
+    assert ids
+
+    # The real plan stored its own mesh, and is found by it.
+    real = next(r for r in stored if r.planner_version != "test")
+    config = real.plan["config"]
+    assert (real.sharding, real.tensor_parallel_degree, real.data_parallel_shard_degree) == (
+        config["sharding"], config["mesh"]["tp"], config["mesh"]["dp_shard"]
+    )
+    assert real.id in await walk(client, tp=real.tensor_parallel_degree, sharding=real.sharding)
+    assert await walk(client, tp=4) == []
+
+    # Every item says its sharding and mesh; dp_replicate is what the world size leaves.
+    items = (await client.get(PLANS, params={"limit": 200})).json()["items"]
+    by_id = {r.id: r for r in stored}
+    for item in items:
+        row = by_id[item["id"]]
+        mesh = item["mesh"]
+        assert item["sharding"] == row.sharding
+        assert item["tensor_parallel_degree"] == mesh["tp"] == row.tensor_parallel_degree
+        assert mesh["dp_shard"] == row.data_parallel_shard_degree
+        assert mesh["dp_replicate"] * mesh["dp_shard"] * mesh["tp"] == row.world_size
+    hybrid = next(i for i in items if i["sharding"] == "hybrid_shard" and i["world_size"] == 32 and
+                  i["tensor_parallel_degree"] == 2)
+    assert hybrid["mesh"] == {"dp_replicate": 8, "dp_shard": 2, "tp": 2}
+
+    # A cursor is bound to its mesh filters too.
+    cursor = (await client.get(PLANS, params={"limit": 2, "tp": 1})).json()["next_cursor"]
+    assert cursor is not None
+    assert_problem(await client.get(PLANS, params={"cursor": cursor, "tp": 2}), 422, "invalid-cursor")
+
+
 async def test_new_rows_do_not_shift_pages(client: httpx.AsyncClient, stored: list[PlanRow]) -> None:
     first = (await client.get(PLANS, params={"limit": 10, "sort": "created_at", "order": "asc"})).json()
     await client.post(PLANS, json=cheap_plan(top_k=3))  # newest: sorts last
@@ -191,9 +236,16 @@ async def test_an_empty_cursor_is_the_first_page(client: httpx.AsyncClient, stor
         {"nodes": 0},
         {"nodes": "x"},
         {"q": "x" * 201},
+        {"tp": 0},
+        {"tp": 65},
+        {"tp": "two"},
+        {"sharding": "zero3"},
+        {"sharding": "FULL_SHARD"},
     ],
 )
 async def test_bad_query_parameters_are_422(client: httpx.AsyncClient, params: dict[str, Any]) -> None:
     problem = assert_problem(await client.get(PLANS, params=params), 422, "invalid-request")
     assert problem["errors"][0]["location"] == "query"
     assert problem["errors"][0]["field"] == next(iter(params))
+    if "sharding" in params:  # the message names what is accepted
+        assert "hybrid_shard" in problem["detail"], problem

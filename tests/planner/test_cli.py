@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from typer.testing import CliRunner
 
 from api.cli.main import app
+from planner.formatting import duration
 from planner.plan import SCHEMA_VERSION
 from tests.planner.test_specs import HF_LLAMA3
 
@@ -178,3 +180,81 @@ def test_errors_are_one_clear_line_not_a_traceback(tmp_path: Path) -> None:
         ],
     )
     assert too_big.exit_code == 3 and "Smallest cluster that fits" in too_big.output
+
+
+# --- search pins: --tp, --sharding, --compile/--eager, --checkpointing -----------------------------
+
+LLAMA8B_ONE_NODE = ["plan", "--model", "llama3-8b", "--cluster", "1x8xH100", "--seq-len", "8192",
+                    "--global-batch-tokens", str(8192 * 16)]
+# 128k-token sequences: their activations fit on an H100 only split over tensor-parallel ranks.
+LONG_CONTEXT = ["plan", "--model", "llama3-8b", "--cluster", "1x8xH100", "--seq-len", "131072",
+                "--global-batch-tokens", str(131072 * 8)]
+
+
+WIDE = {"COLUMNS": "200"}
+"""Rich wraps at 80 columns otherwise (tables and error lines alike)."""
+
+
+def plan_json(*args: str) -> dict:
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_tp_pin_plans_that_degree_and_prints_the_mesh() -> None:
+    result = runner.invoke(app, [*LLAMA8B_ONE_NODE, "--tp", "2"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert re.search(r"Chosen: \S+ tp2 ", result.output), result.output
+    assert re.search(r"mesh +dp_replicate 1 x dp_shard 4 x tp 2 \(sequence \+ loss parallel\)", result.output)
+    exposed = re.search(r"tensor parallel\s+(\S+ \S+)/step of it \(between the matmuls", result.output)
+    assert exposed, result.output
+    document = plan_json(*LLAMA8B_ONE_NODE, "--tp", "2")
+    assert document["config"]["mesh"] == {"dp_replicate": 1, "dp_shard": 4, "tp": 2}
+    assert exposed.group(1) == duration(document["prediction"]["exposed_tensor_parallel_s"])
+    assert {c["config"]["mesh"]["tp"] for c in document["alternatives"]} == {2}
+    assert not any(r["family"].startswith("tp=") for r in document["rejected"])  # nothing else searched
+
+
+def test_tp_pins_repeat_or_list_and_tp_1_is_data_parallel_only() -> None:
+    document = plan_json(*LLAMA8B_ONE_NODE, "--tp", "1,2", "--tp", "8")
+    searched = {document["config"]["mesh"]["tp"]} | {
+        int(r["family"].removeprefix("tp=")) for r in document["rejected"] if r["family"].startswith("tp=")
+    }
+    assert searched == {1, 2, 8}  # the chosen degree, and a rejected family for each other one
+    result = runner.invoke(app, [*LLAMA8B_ONE_NODE, "--tp", "1"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert re.search(r"mesh +dp_replicate 1 x dp_shard 8 x tp 1 \(data parallelism only\)", result.output)
+    assert "tensor parallel " not in result.output and " tp2 " not in result.output
+
+
+def test_pins_of_the_other_axes() -> None:
+    document = plan_json(*LLAMA8B_ONE_NODE, "--sharding", "hybrid_shard", "--eager", "--checkpointing",
+                         "full", "--tp", "1")
+    config = document["config"]
+    assert (config["sharding"], config["compile"], config["checkpointing"]["mode"]) == (
+        "hybrid_shard", False, "full"
+    )
+    both = plan_json(*LLAMA8B_ONE_NODE, "--sharding", "no_shard,shard_grad_op", "--compile")
+    assert both["config"]["sharding"] in ("no_shard", "shard_grad_op") and both["config"]["compile"] is True
+    assert all(c["config"]["compile"] for c in both["alternatives"])
+
+
+def test_bad_or_unfittable_pins_are_clear_errors() -> None:
+    cannot_split = runner.invoke(app, [*LLAMA8B_ONE_NODE, "--tp", "3"])
+    assert cannot_split.exit_code == 2
+    assert "tp=3 must divide each of num_heads 32" in cannot_split.stderr
+    assert "Traceback" not in cannot_split.output
+    for bad, needle in ((["--tp", "x"], "--tp: 'x' is not a tensor-parallel degree"),
+                        (["--tp", "0"], "--tp: '0'"),
+                        (["--sharding", "zero3"], "--sharding: 'zero3' is not one of full_shard"),
+                        (["--checkpointing", "some"], "--checkpointing: 'some' is not one of none")):
+        result = runner.invoke(app, [*LLAMA8B_ONE_NODE, *bad])
+        assert result.exit_code == 2 and needle in result.stderr, (bad, result.output)
+    gpt2 = runner.invoke(app, ["plan", "--model", "gpt2", "--cluster", "1x2xcpu", "--seq-len", "256",
+                               "--global-batch-tokens", "2048", "--tp", "2"])
+    assert gpt2.exit_code == 2 and "needs a llama-family model" in gpt2.stderr
+    # Data parallelism alone cannot hold 128k-token activations: infeasible (exit 3), with the way out.
+    infeasible = runner.invoke(app, [*LONG_CONTEXT, "--tp", "1"], env=WIDE)
+    assert infeasible.exit_code == 3
+    assert "does not fit" in infeasible.stderr and "tensor parallelism beyond tp=1" in infeasible.stderr
+    assert plan_json(*LONG_CONTEXT)["config"]["mesh"]["tp"] > 1  # unpinned, it plans
