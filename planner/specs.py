@@ -46,16 +46,23 @@ def whole_numbers(model: type[BaseModel], data: Any) -> Any:
     """
     if not isinstance(data, dict):
         return data
-    names = _integer_fields(model)
+    names, lists = _integer_fields(model)
     changed = {
         name: int(value) for name, value in data.items()
         if name in names and isinstance(value, float) and value.is_integer()
+    }
+    changed |= {
+        name: [int(v) if isinstance(v, float) and v.is_integer() else v for v in value]
+        for name, value in data.items()
+        if name in lists and isinstance(value, list)
     }
     return {**data, **changed} if changed else data
 
 
 @functools.cache
-def _integer_fields(model: type[BaseModel]) -> frozenset[str]:
+def _integer_fields(model: type[BaseModel]) -> tuple[frozenset[str], frozenset[str]]:
+    """`model`'s integer fields, and its (optional) lists of integers."""
+
     def is_integer(annotation: Any) -> bool:
         if typing.get_origin(annotation) is Annotated:
             return is_integer(typing.get_args(annotation)[0])
@@ -65,7 +72,18 @@ def _integer_fields(model: type[BaseModel]) -> frozenset[str]:
         union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
         return union and len(arguments) == 1 and is_integer(arguments[0])
 
-    return frozenset(name for name, field in model.model_fields.items() if is_integer(field.annotation))
+    def is_integer_list(annotation: Any) -> bool:
+        options = typing.get_args(annotation) if typing.get_origin(annotation) in (
+            typing.Union, types.UnionType) else (annotation,)
+        return any(
+            typing.get_origin(o) is list and is_integer(typing.get_args(o)[0]) for o in options
+        )
+
+    fields = model.model_fields.items()
+    return (
+        frozenset(name for name, field in fields if is_integer(field.annotation)),
+        frozenset(name for name, field in fields if is_integer_list(field.annotation)),
+    )
 
 
 class LayerUnit(StrictModel):

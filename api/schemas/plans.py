@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import typing
 from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
@@ -156,23 +155,6 @@ class PlanCreate(StrictBody):
         _check_json(data)
         return data
 
-    @model_validator(mode="before")
-    @classmethod
-    def _whole_numbers_in_search_lists(cls, data: Any) -> Any:
-        # JSON has one number type: [8.0] is the list [8]. The planner's strict specs turn integral
-        # floats into ints for integer fields (planner.specs.whole_numbers) but not for the items of
-        # integer lists, such as search.tensor_parallel_degrees; this does it for those.
-        if not isinstance(data, dict) or not isinstance(data.get("search"), dict):
-            return data
-        search = dict(data["search"])
-        for name in _SEARCH_INTEGER_LISTS:
-            values = search.get(name)
-            if isinstance(values, list):
-                search[name] = [
-                    int(v) if isinstance(v, float) and v.is_integer() else v for v in values
-                ]
-        return {**data, "search": search}
-
     model: ModelIn
     """A catalog name, a Hugging Face config.json object, or a model spec / layer graph."""
     cluster: ClusterInput
@@ -274,21 +256,6 @@ class SortOrder(StrEnum):
     desc = "desc"
 
 
-def _integer_lists(model: type[BaseModel]) -> tuple[str, ...]:
-    """Fields of `model` that are (optional) lists of integers."""
-    def integer_items(annotation: Any) -> bool:
-        for candidate in (annotation, *typing.get_args(annotation)):
-            if typing.get_origin(candidate) is list:
-                (item,) = typing.get_args(candidate) or (None,)
-                if typing.get_origin(item) is Annotated:
-                    item = typing.get_args(item)[0]
-                return item is int
-        return False
-
-    return tuple(name for name, field in model.model_fields.items() if integer_items(field.annotation))
-
-
-_SEARCH_INTEGER_LISTS = _integer_lists(SearchSpace)
 
 
 def _hint_renamed(model: type[StrictBody], error: ErrorDetails) -> Any:
