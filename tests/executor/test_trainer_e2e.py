@@ -148,7 +148,7 @@ def test_world_size_mismatch_is_a_clear_error(write_plan) -> None:
 
 def test_bad_plan_is_a_clear_error(write_plan, tmp_path: Path) -> None:
     doc = debug_plan()
-    doc["schema_version"] = "2.0"
+    doc["schema_version"] = "3.0"
     result = subprocess.run(
         [sys.executable, *TRAIN, "--plan", str(write_plan(doc)), "--steps", "1"],
         cwd=REPO,
@@ -159,7 +159,7 @@ def test_bad_plan_is_a_clear_error(write_plan, tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "schema 1.x" in result.stderr and "2.0" in result.stderr
+    assert "schema 1.x and 2.x" in result.stderr and "3.0" in result.stderr
     missing = subprocess.run(
         [sys.executable, *TRAIN, "--plan", str(tmp_path / "nope.json")],
         cwd=REPO,

@@ -1,16 +1,22 @@
 """torchrun worker: a dp x tp Llama trains like one process, and its 2-D checkpoints resume.
 
     torchrun --nproc-per-node 4 tests/executor/workers/tensor_parallel.py --out result.json \
-        --checkpoint-dir DIR --tp 2 --steps 4 CASE [CASE ...]
+        --checkpoint-dir DIR [--tp 2] [--steps 4] CASE [CASE ...]
 
-CASE is `engine:backend[:loss_chunks]`: `fsdp2:eager`, `simple_fsdp:eager`, `simple_fsdp:inductor`,
-`simple_fsdp:aot_eager`. Every case is a full_shard plan over (dp_shard = world / tp) x tp ranks.
-Each trains `--steps` optimizer steps with the runtime's own data sampling (by data-parallel rank),
-`train_step` (clipping on) and AdamW, from weights initialised per parameter name; the reference
-trains the same global batches in one process, unsharded. Rank 0 writes one record per case: the
-per-step losses of both, the worst relative gradient error at step 1 (before any update), and for
-`fsdp2:eager` the loss of the last step after resuming from a checkpoint of the step before it,
-under FSDP2 and under eager SimpleFSDP (both hold the same DTensors on the combined mesh).
+CASE is `sharding:engine:backend[:loss_chunks[:ac]]`, e.g. `full_shard:fsdp2:eager`,
+`no_shard:simple_fsdp:eager`, `full_shard:simple_fsdp:inductor:2` (backend `eager`: no
+torch.compile; loss_chunks: token slices of the vocabulary-parallel loss; ac: the plan's activation
+checkpointing mode). Every case is a plan over (world / tp data-parallel ranks) x tp ranks, the data-
+parallel ranks all dp_shard (full_shard) or all dp_replicate (no_shard).
+
+Each case trains `--steps` optimizer steps with the runtime's own data sampling (by data-parallel
+rank), `train_step` (gradient clipping on) and AdamW, from weights initialised per parameter name;
+the reference trains the same global batches in one process, unsharded, without tensor
+parallelism. Rank 0 writes one record per case: each rank's (data-parallel rank, size), the
+per-step losses of both, the relative gradient
+error per parameter at step 1 (before clipping and the update), and for cases with a checkpoint
+(`full_shard:fsdp2:eager`) the loss of the last step again, after resuming from the checkpoint of
+the step before it, under FSDP2 and under eager SimpleFSDP (the same DTensors on the combined mesh).
 """
 
 from __future__ import annotations
@@ -24,12 +30,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from executor.runtime.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from executor.runtime.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint  # noqa: E402
 from executor.runtime.data import BatchIndex, SyntheticTokens  # noqa: E402
 from executor.runtime.distributed import build_mesh, data_parallel_rank, init_distributed  # noqa: E402
 from executor.runtime.materialize import clean_name, materialize  # noqa: E402
@@ -38,35 +45,32 @@ from executor.runtime.optim import OptimizerSettings, build_optimizer, set_lr  #
 from executor.runtime.parallelize import Overrides, Parallelized, parallelize  # noqa: E402
 from executor.runtime.plan import RuntimePlan, parse_plan  # noqa: E402
 from executor.runtime.step import train_step  # noqa: E402
-from tests.executor.plan_factory import debug_plan  # noqa: E402
+from tests.executor.plan_factory import LLAMA_DEBUG, debug_plan  # noqa: E402
 
 SEED = 7
-LR = 2e-3
-SETTINGS = OptimizerSettings(lr=LR, weight_decay=0.1, max_grad_norm=1.0)
+# llama-debug with 2 blocks: the same layers, half the graph to trace and compile on 2 cores.
+MODEL = {**LLAMA_DEBUG, "num_layers": 2}
+SETTINGS = OptimizerSettings(lr=5e-4, weight_decay=0.1, max_grad_norm=1.0)
+CPU = torch.device("cpu")
+CHECKPOINTED_CASE = "full_shard:fsdp2:eager"
 
 
-def make_plan(*, world: int, tp: int, compiled: bool, loss_chunks: int) -> RuntimePlan:
+def make_plan(*, sharding: str, world: int, tp: int, backend: str, loss_chunks: int, ac: str) -> RuntimePlan:
+    compiled = backend != "eager"
     return parse_plan(
         debug_plan(
-            sharding="full_shard",
+            sharding=sharding,
             nodes=1,
             gpus_per_node=world,
             tp=tp,
             micro_batch_size=2,
             compile=compiled,
+            checkpointing=ac,
             bucket_mb=64.0 if compiled else 0.0,
             loss_chunks=loss_chunks,
+            model=MODEL,
         )
     )
-
-
-def batches(plan: RuntimePlan, data: SyntheticTokens, step: int, dp_rank: int, dp_size: int) -> list:
-    cfg = plan.config
-    per_rank = cfg.micro_batch_size * plan.config.mesh.dp // dp_size  # the reference takes them all
-    return [
-        data.batch(BatchIndex(step, micro, dp_rank, dp_size, per_rank))
-        for micro in range(cfg.grad_accum_steps)
-    ]
 
 
 def train(
@@ -75,15 +79,16 @@ def train(
     *,
     steps: range,
     dp: tuple[int, int],
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: torch.optim.Optimizer,
     grads: dict[str, torch.Tensor] | None = None,
-) -> tuple[list[float], torch.optim.Optimizer]:
-    """Train `steps`; returns the global mean loss per step. With `grads`, fills it with the full
-    gradients of the first step (before clipping and the update). `dp` is (data-parallel rank,
-    size): (0, 1) for the single-process reference."""
+) -> list[float]:
+    """Train `steps` (1-based); returns the global mean loss of each. `dp` is (data-parallel rank,
+    size), (0, 1) for the reference, which then reads the whole global batch. With `grads`, fills
+    it with the full gradients of the first step."""
+    cfg = plan.config
     data = SyntheticTokens(vocab_size=plan.model.vocab_size, seq_len=plan.training.seq_len, seed=SEED)
-    optimizer = optimizer or build_optimizer(par.module, SETTINGS, device=torch.device("cpu"))
-    set_lr(optimizer, LR)
+    per_rank = cfg.micro_batch_size * cfg.mesh.dp // dp[1]
+    set_lr(optimizer, SETTINGS.lr)
     losses = []
     for step in steps:
 
@@ -94,29 +99,33 @@ def train(
                 grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
                 grads[clean_name(name)] = grad.detach().clone()
 
+        micro_batches = [
+            data.batch(BatchIndex(step, micro, dp[0], dp[1], per_rank))
+            for micro in range(cfg.grad_accum_steps)
+        ]
         result = train_step(
             par,
             optimizer,
-            iter(batches(plan, data, step, *dp)),
-            grad_accum_steps=plan.config.grad_accum_steps,
+            iter(micro_batches),
+            grad_accum_steps=cfg.grad_accum_steps,
             max_grad_norm=SETTINGS.max_grad_norm,
-            loss_chunks=plan.config.loss_chunks,
+            loss_chunks=cfg.loss_chunks,
             before_update=capture,
         )
-        loss = result.loss_sum / plan.config.grad_accum_steps
+        loss = result.loss_sum / cfg.grad_accum_steps
         if dp[1] > 1:
             # As the trainer does: the ranks of a tp group hold equal losses, so the mean over
             # every rank is the mean over the data-parallel ranks.
             dist.all_reduce(loss)
             loss = loss / dist.get_world_size()
         losses.append(float(loss))
-    return losses, optimizer
+    return losses
 
 
 def reference(plan: RuntimePlan, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The same training in this process alone: no sharding, no tensor parallelism."""
     model = build_model(plan.model, seq_len=plan.training.seq_len)
-    materialize(model, device=torch.device("cpu"), seed=SEED)
+    materialize(model, device=CPU, seed=SEED)
     par = Parallelized(
         module=model,
         forward=model,
@@ -128,14 +137,15 @@ def reference(plan: RuntimePlan, steps: int) -> tuple[list[float], dict[str, tor
         reduce_dtype=torch.float32,
     )
     grads: dict[str, torch.Tensor] = {}
-    losses, _ = train(par, plan, steps=range(1, steps + 1), dp=(0, 1), grads=grads)
+    optimizer = build_optimizer(model, SETTINGS, device=CPU)
+    losses = train(par, plan, steps=range(1, steps + 1), dp=(0, 1), optimizer=optimizer, grads=grads)
     return losses, grads
 
 
-def parallel(plan: RuntimePlan, mesh, overrides: Overrides) -> Parallelized:
+def parallel(plan: RuntimePlan, mesh: DeviceMesh, overrides: Overrides) -> Parallelized:
     model = build_model(plan.model, seq_len=plan.training.seq_len)
     par = parallelize(model, plan=plan, mesh=mesh, overrides=overrides)
-    materialize(par.module, device=torch.device("cpu"), seed=SEED)
+    materialize(par.module, device=CPU, seed=SEED)
     return par
 
 
@@ -143,41 +153,55 @@ def rel_err(grad: torch.Tensor, ref: torch.Tensor) -> float:
     return ((grad - ref).norm() / ref.norm().clamp_min(1e-12)).item()
 
 
-def run_case(case: str, *, world: int, tp: int, steps: int, cache: dict, ckpt_root: Path) -> dict:
-    engine, backend, *rest = case.split(":")
+def run_case(case: str, *, world: int, tp: int, steps: int, cache: dict, checkpoint_dir: Path) -> dict:
+    sharding, engine, backend, *rest = case.split(":")
     loss_chunks = int(rest[0]) if rest else 1
-    compiled = backend != "eager"
-    plan = make_plan(world=world, tp=tp, compiled=compiled, loss_chunks=loss_chunks)
+    ac = rest[1] if len(rest) > 1 else "none"
+    plan = make_plan(sharding=sharding, world=world, tp=tp, backend=backend, loss_chunks=loss_chunks, ac=ac)
     env = init_distributed(plan)
-    if "mesh" not in cache:
-        cache["mesh"] = build_mesh(plan, env)
-    mesh = cache["mesh"]
+    shape = (plan.config.mesh.dp_replicate, plan.config.mesh.dp_shard, tp)
+    if shape not in cache:  # one set of process groups per mesh shape, reused across cases
+        cache[shape] = build_mesh(plan, env)
+    mesh = cache[shape]
     dp = data_parallel_rank(mesh)
-    if loss_chunks not in cache:
-        cache[loss_chunks] = reference(plan, steps)
-    ref_losses, ref_grads = cache[loss_chunks]
+    every_dp: list = [None] * world
+    dist.all_gather_object(every_dp, dp)
+    if "reference" not in cache:
+        cache["reference"] = reference(plan, steps)
+    ref_losses, ref_grads = cache["reference"]
 
+    compiled = backend != "eager"
     overrides = Overrides(engine=engine, compile=compiled, backend=backend if compiled else "inductor")
     t0 = time.perf_counter()
     par = parallel(plan, mesh, overrides)
+    optimizer = build_optimizer(par.module, SETTINGS, device=CPU)
     grads: dict[str, torch.Tensor] = {}
-    losses, optimizer = train(par, plan, steps=range(1, steps), dp=dp, grads=grads)
-    record: dict = {"case": case, "dp": dp, "notes": par.notes, "ref_losses": ref_losses}
-    ckpt = ckpt_root / case.replace(":", "-")
-    if engine == "fsdp2":
-        save_checkpoint(ckpt, step=steps - 1, model=par.module, optimizer=optimizer, train_state={}, keep=1)
-    last, _ = train(par, plan, steps=range(steps, steps + 1), dp=dp, optimizer=optimizer)
-    record["losses"] = losses + last
-    record["seconds"] = time.perf_counter() - t0
-    record["grad_errors"] = {name: rel_err(grads[name], ref) for name, ref in ref_grads.items()}
-    if engine == "fsdp2":
+    losses = train(par, plan, steps=range(1, steps), dp=dp, optimizer=optimizer, grads=grads)
+    checkpointed = case == CHECKPOINTED_CASE
+    if checkpointed:
+        save_checkpoint(
+            checkpoint_dir, step=steps - 1, model=par.module, optimizer=optimizer, train_state={}, keep=1
+        )
+    losses += train(par, plan, steps=range(steps, steps + 1), dp=dp, optimizer=optimizer)
+    record: dict = {
+        "case": case,
+        "dp": every_dp,
+        "notes": par.notes,
+        "losses": losses,
+        "ref_losses": ref_losses,
+        "grad_errors": {name: rel_err(grads[name], ref) for name, ref in ref_grads.items()},
+        "seconds": time.perf_counter() - t0,
+    }
+    if checkpointed:
         resumed = {}
         for other in ("fsdp2", "simple_fsdp"):
             again = parallel(plan, mesh, Overrides(engine=other, compile=False))
-            optimizer = build_optimizer(again.module, SETTINGS, device=torch.device("cpu"))
-            load_checkpoint(ckpt / f"step-{steps - 1:08d}", model=again.module, optimizer=optimizer)
-            resumed[other], _ = train(again, plan, steps=range(steps, steps + 1), dp=dp, optimizer=optimizer)
-        record["resumed_last_loss"] = {k: v[0] for k, v in resumed.items()}
+            optimizer = build_optimizer(again.module, SETTINGS, device=CPU)
+            load_checkpoint(
+                checkpoint_path(checkpoint_dir, steps - 1), model=again.module, optimizer=optimizer
+            )
+            resumed[other] = train(again, plan, steps=range(steps, steps + 1), dp=dp, optimizer=optimizer)[0]
+        record["resumed_last_loss"] = resumed
     return record
 
 
@@ -194,7 +218,7 @@ def main() -> None:
     cache: dict = {}
     for case in args.cases:
         record = run_case(
-            case, world=world, tp=args.tp, steps=args.steps, cache=cache, ckpt_root=args.checkpoint_dir
+            case, world=world, tp=args.tp, steps=args.steps, cache=cache, checkpoint_dir=args.checkpoint_dir
         )
         results.append(record)
         if dist.get_rank() == 0:
