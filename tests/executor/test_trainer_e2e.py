@@ -61,10 +61,10 @@ def test_bundle_trains_through_its_own_launch_sh(tmp_path: Path) -> None:
     assert f"runtime {bundle / 'executor' / 'runtime'}" in result.stdout
 
 
-def _train(plan: Path, tmp: Path, name: str, *extra: str) -> list[dict]:
+def _train(plan: Path, tmp: Path, name: str, *extra: str, nproc: int = 2) -> list[dict]:
     metrics = tmp / f"{name}.jsonl"
     result = torchrun(
-        2,
+        nproc,
         [
             *TRAIN,
             "--plan",
@@ -125,6 +125,22 @@ def test_checkpoint_resume_reproduces_uninterrupted_run(tmp_path: Path, write_pl
         "--no-compile",
     )
     assert [r["loss"] for r in simple] == pytest.approx(expected[4:], rel=1e-4)
+
+
+@pytest.mark.distributed
+def test_tensor_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan) -> None:
+    # dp 2 x tp 2: the trainer hands each tp group one data-parallel share of the batch (2
+    # micro-batches of 1 sequence), so its losses are those of one rank taking all 4 sequences
+    # (fp32; tp only reorders sums, see test_tensor_parallel).
+    tp = write_plan(debug_plan(gpus_per_node=4, tp=2, micro_batch_size=1, grad_accum_steps=2), "tp.json")
+    one = write_plan(debug_plan(gpus_per_node=1, micro_batch_size=2, grad_accum_steps=2), "one.json")
+    sharded = _train(tp, tmp_path, "tp", "--steps", "4", nproc=4)
+    single = _train(one, tmp_path, "one", "--steps", "4", nproc=1)
+    assert [r["loss"] for r in sharded] == pytest.approx([r["loss"] for r in single], rel=2e-5)
+    assert [r["grad_norm"] for r in sharded] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
+    # Per GPU: a step's tokens over all 4 ranks (the tp pair shares its tokens and splits the FLOPs).
+    for r in sharded:
+        assert r["tokens_per_s_per_gpu"] == pytest.approx(4 * 64 / 4 / r["step_time_s"], rel=1e-6)
 
 
 def test_world_size_mismatch_is_a_clear_error(write_plan) -> None:
