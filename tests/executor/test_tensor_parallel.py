@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.executor.conftest import REPO, explain, job_env, torchrun
+from tests.executor.test_parity import NO_GRAPH_CACHE
 
 pytestmark = pytest.mark.distributed
 
@@ -61,7 +62,9 @@ def dp2_tp2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     tmp = tmp_path_factory.mktemp("tp")
     out = tmp / "tp.json"
     args = [str(WORKERS / "tensor_parallel.py"), "--out", str(out), "--checkpoint-dir", str(tmp / "ckpt")]
-    result = torchrun(4, [*args, "--tp", "2", "--steps", "4", *CASES], env=job_env(), timeout=540)
+    result = torchrun(
+        4, [*args, "--tp", "2", "--steps", "4", *CASES], env=job_env(**NO_GRAPH_CACHE), timeout=540
+    )
     assert result.returncode == 0, explain(result)
     return {record["case"]: record for record in json.loads(out.read_text())}
 
@@ -90,6 +93,18 @@ def test_compiled_simple_fsdp_dp2_tp2_trains_like_one_process(dp2_tp2: dict[str,
     assert any("SimpleFSDP full_shard on mesh dp_shard=2" in n for n in notes), notes
     assert any(n.startswith("torch.compile backend=inductor") for n in notes), notes
     assert any("in 2 token slice(s)" in n for n in notes), notes
+    # What the generated code runs for one step of 2 blocks (forward + backward graph):
+    # all-gathers: the parameters' over dp, one bucket, gathered again in backward (resharded) = 2;
+    #   sequence gathers before attention and the MLP (2 per block) and before the head = 5, each
+    #   once more in backward as the gradient of a reduce-scatter = 5.
+    # all-reduces: the loss's max and sums, 2 per token slice = 4; the sequence-parallel norm
+    #   weights' gradients over tp (2 per block + the final norm) = 5.
+    # reduce-scatters: the embedding's and each block's two row-parallel outputs = 5, each once more
+    #   in backward as the gradient of a sequence gather = 5, then the parameters' gradients over dp
+    #   (bucketed; how many buckets inductor forms between the tp collectives is its choice).
+    counts = record["collectives"]
+    assert counts["all_gather_into_tensor"] == 12 and counts["all_reduce"] == 4 + 5, counts
+    assert counts["reduce_scatter_tensor"] > 10, counts
 
 
 def test_tensor_parallel_with_replicas_and_activation_checkpointing(dp2_tp2: dict[str, dict]) -> None:

@@ -16,7 +16,8 @@ parallelism. Rank 0 writes one record per case: each rank's (data-parallel rank,
 per-step losses of both, the relative gradient
 error per parameter at step 1 (before clipping and the update), and for cases with a checkpoint
 (`full_shard:fsdp2:eager`) the loss of the last step again, after resuming from the checkpoint of
-the step before it, under FSDP2 and under eager SimpleFSDP (the same DTensors on the combined mesh).
+the step before it, under FSDP2 and under eager SimpleFSDP (the same DTensors on the combined mesh);
+for inductor cases, the collectives in the generated code (one call per bucket).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch._inductor.utils import run_and_get_code
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
@@ -46,6 +48,7 @@ from executor.runtime.parallelize import Overrides, Parallelized, parallelize  #
 from executor.runtime.plan import RuntimePlan, parse_plan  # noqa: E402
 from executor.runtime.step import train_step  # noqa: E402
 from tests.executor.plan_factory import LLAMA_DEBUG, debug_plan  # noqa: E402
+from tests.executor.workers.parity import count_collectives  # noqa: E402
 
 SEED = 7
 # llama-debug with 2 blocks: the same layers, half the graph to trace and compile on 2 cores.
@@ -176,7 +179,16 @@ def run_case(case: str, *, world: int, tp: int, steps: int, cache: dict, checkpo
     par = parallel(plan, mesh, overrides)
     optimizer = build_optimizer(par.module, SETTINGS, device=CPU)
     grads: dict[str, torch.Tensor] = {}
-    losses = train(par, plan, steps=range(1, steps), dp=dp, optimizer=optimizer, grads=grads)
+
+    def first_steps() -> list[float]:
+        return train(par, plan, steps=range(1, steps), dp=dp, optimizer=optimizer, grads=grads)
+
+    collectives = None
+    if backend == "inductor":
+        losses, codes = run_and_get_code(first_steps)
+        collectives = count_collectives(codes)
+    else:
+        losses = first_steps()
     checkpointed = case == CHECKPOINTED_CASE
     if checkpointed:
         save_checkpoint(
@@ -191,6 +203,7 @@ def run_case(case: str, *, world: int, tp: int, steps: int, cache: dict, checkpo
         "ref_losses": ref_losses,
         "grad_errors": {name: rel_err(grads[name], ref) for name, ref in ref_grads.items()},
         "seconds": time.perf_counter() - t0,
+        "collectives": collectives,
     }
     if checkpointed:
         resumed = {}
