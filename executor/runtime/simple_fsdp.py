@@ -110,7 +110,7 @@ def _reshard_context() -> tuple:
     return create_selective_checkpoint_contexts(_must_recompute_gathers)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GatherParameter:
     """Turns a stored DTensor parameter into what a module computes with: the full local tensor,
     or for a tensor-parallel parameter its tp shard as a DTensor on the tp mesh.
@@ -242,10 +242,10 @@ def apply_simple_fsdp(
                 sharded[id(param)] = _shard_parameter(param, mesh=mesh, dp_dims=dp_dims, layout=layout)
             module._parameters[name], tp = sharded[id(param)]
             gather = GatherParameter(
-                layout,
-                dp_mesh,
-                param_dtype,
-                reduce_dtype,
+                layout=layout,
+                dp_mesh=dp_mesh,
+                param_dtype=param_dtype,
+                reduce_dtype=reduce_dtype,
                 reshard_after_forward=reshard and id(module) not in inside_checkpoint,
                 tp=tp,
             )

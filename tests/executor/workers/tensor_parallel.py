@@ -16,7 +16,8 @@ parallelism. Rank 0 writes one record per case: each rank's (data-parallel rank,
 per-step losses of both, the relative gradient
 error per parameter at step 1 (before clipping and the update), and for cases with a checkpoint
 (`full_shard:fsdp2:eager`) the loss of the last step again, after resuming from the checkpoint of
-the step before it, under FSDP2 and under eager SimpleFSDP (the same DTensors on the combined mesh);
+the step before it, under FSDP2, under eager SimpleFSDP (the same DTensors on the combined mesh) and
+unsharded in one process;
 for inductor cases, the collectives in the generated code (one call per bucket).
 """
 
@@ -125,11 +126,11 @@ def train(
     return losses
 
 
-def reference(plan: RuntimePlan, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """The same training in this process alone: no sharding, no tensor parallelism."""
+def unsharded(plan: RuntimePlan) -> Parallelized:
+    """The model in this process alone: no sharding, no tensor parallelism."""
     model = build_model(plan.model, seq_len=plan.training.seq_len)
     materialize(model, device=CPU, seed=SEED)
-    par = Parallelized(
+    return Parallelized(
         module=model,
         forward=model,
         engine="fsdp2",
@@ -139,8 +140,13 @@ def reference(plan: RuntimePlan, steps: int) -> tuple[list[float], dict[str, tor
         param_dtype=torch.float32,
         reduce_dtype=torch.float32,
     )
+
+
+def reference(plan: RuntimePlan, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The same training in this process alone (each rank runs it: it is small)."""
+    par = unsharded(plan)
     grads: dict[str, torch.Tensor] = {}
-    optimizer = build_optimizer(model, SETTINGS, device=CPU)
+    optimizer = build_optimizer(par.module, SETTINGS, device=CPU)
     losses = train(par, plan, steps=range(1, steps + 1), dp=(0, 1), optimizer=optimizer, grads=grads)
     return losses, grads
 
@@ -206,14 +212,22 @@ def run_case(case: str, *, world: int, tp: int, steps: int, cache: dict, checkpo
         "collectives": collectives,
     }
     if checkpointed:
+        # Resume step `steps` from the checkpoint of the step before: under both engines (the same
+        # 2-D layout), and unsharded in one process (DCP reassembles the global tensors, which only
+        # works if the saved shards say truthfully where in the global tensor they lie).
         resumed = {}
-        for other in ("fsdp2", "simple_fsdp"):
-            again = parallel(plan, mesh, Overrides(engine=other, compile=False))
+        for other in ("fsdp2", "simple_fsdp", "unsharded"):
+            if other == "unsharded":
+                again, other_dp = unsharded(plan), (0, 1)
+            else:
+                again, other_dp = parallel(plan, mesh, Overrides(engine=other, compile=False)), dp
             optimizer = build_optimizer(again.module, SETTINGS, device=CPU)
             load_checkpoint(
                 checkpoint_path(checkpoint_dir, steps - 1), model=again.module, optimizer=optimizer
             )
-            resumed[other] = train(again, plan, steps=range(steps, steps + 1), dp=dp, optimizer=optimizer)[0]
+            resumed[other] = train(
+                again, plan, steps=range(steps, steps + 1), dp=other_dp, optimizer=optimizer
+            )[0]
         record["resumed_last_loss"] = resumed
     return record
 
