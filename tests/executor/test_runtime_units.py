@@ -75,6 +75,19 @@ def test_gpt2_head_is_tied_and_parts_keep_tied_weights_together() -> None:
     assert model.wte not in parts.inputs and parts.outputs == [] and len(parts.blocks) == 2
 
 
+@pytest.mark.parametrize("dims", [GPT2_SMALL, {**SMALL, "tie_word_embeddings": True}], ids=["gpt2", "llama"])
+def test_tied_weights_stay_tied_when_materialized_unsharded(dims: dict) -> None:
+    model = build_model(model_config(dims), seq_len=32)
+    materialize(model, device=torch.device("cpu"), seed=3)
+    embedding, head = (
+        (model.wte, model.lm_head) if dims is GPT2_SMALL else (model.tok_embeddings, model.output)
+    )
+    assert head.weight is embedding.weight and not head.weight.is_meta
+    # One parameter, initialised by the embedding's rule (the first name it is reached by).
+    assert len(list(model.parameters())) == len({id(p) for p in model.parameters()})
+    assert head.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
 def test_grouped_query_attention_equals_repeated_heads() -> None:
     q, k, v = torch.randn(2, 8, 5, 4), torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4)
     expected = F.scaled_dot_product_attention(

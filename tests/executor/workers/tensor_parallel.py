@@ -3,22 +3,22 @@
     torchrun --nproc-per-node 4 tests/executor/workers/tensor_parallel.py --out result.json \
         --checkpoint-dir DIR [--tp 2] [--steps 4] CASE [CASE ...]
 
-CASE is `sharding:engine:backend[:loss_chunks[:ac]]`, e.g. `full_shard:fsdp2:eager`,
+CASE is `sharding:engine:backend[:loss_chunks[:ac[:tied]]]`, e.g. `full_shard:fsdp2:eager`,
 `no_shard:simple_fsdp:eager`, `full_shard:simple_fsdp:inductor:2` (backend `eager`: no
 torch.compile; loss_chunks: token slices of the vocabulary-parallel loss; ac: the plan's activation
-checkpointing mode). Every case is a plan over (world / tp data-parallel ranks) x tp ranks, the data-
-parallel ranks all dp_shard (full_shard) or all dp_replicate (no_shard).
+checkpointing mode; `tied`: the head shares the embedding's weight). Every case is a plan over
+(world / tp data-parallel ranks) x tp ranks, the data-parallel ranks all dp_shard (full_shard) or
+all dp_replicate (no_shard).
 
 Each case trains `--steps` optimizer steps with the runtime's own data sampling (by data-parallel
 rank), `train_step` (gradient clipping on) and AdamW, from weights initialised per parameter name;
 the reference trains the same global batches in one process, unsharded, without tensor
 parallelism. Rank 0 writes one record per case: each rank's (data-parallel rank, size), the
-per-step losses of both, the relative gradient
-error per parameter at step 1 (before clipping and the update), and for cases with a checkpoint
-(`full_shard:fsdp2:eager`) the loss of the last step again, after resuming from the checkpoint of
-the step before it, under FSDP2, under eager SimpleFSDP (the same DTensors on the combined mesh) and
-unsharded in one process;
-for inductor cases, the collectives in the generated code (one call per bucket).
+per-step losses of both, the relative gradient error per parameter at step 1 (before clipping and
+the update); for inductor cases the collectives in the generated code (one call per bucket); and
+for the case with a checkpoint (`full_shard:fsdp2:eager`) the loss of the last step again, after
+resuming from the checkpoint of the step before it under FSDP2, under eager SimpleFSDP (the same
+DTensors on the combined mesh) and unsharded in one process.
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ CPU = torch.device("cpu")
 CHECKPOINTED_CASE = "full_shard:fsdp2:eager"
 
 
-def make_plan(*, sharding: str, world: int, tp: int, backend: str, loss_chunks: int, ac: str) -> RuntimePlan:
+def make_plan(
+    *, sharding: str, world: int, tp: int, backend: str, loss_chunks: int, ac: str, tied: bool
+) -> RuntimePlan:
     compiled = backend != "eager"
     return parse_plan(
         debug_plan(
@@ -72,7 +74,7 @@ def make_plan(*, sharding: str, world: int, tp: int, backend: str, loss_chunks: 
             checkpointing=ac,
             bucket_mb=64.0 if compiled else 0.0,
             loss_chunks=loss_chunks,
-            model=MODEL,
+            model={**MODEL, "tie_word_embeddings": tied},
         )
     )
 
@@ -166,7 +168,10 @@ def run_case(case: str, *, world: int, tp: int, steps: int, cache: dict, checkpo
     sharding, engine, backend, *rest = case.split(":")
     loss_chunks = int(rest[0]) if rest else 1
     ac = rest[1] if len(rest) > 1 else "none"
-    plan = make_plan(sharding=sharding, world=world, tp=tp, backend=backend, loss_chunks=loss_chunks, ac=ac)
+    tied = rest[2:] == ["tied"]
+    plan = make_plan(
+        sharding=sharding, world=world, tp=tp, backend=backend, loss_chunks=loss_chunks, ac=ac, tied=tied
+    )
     env = init_distributed(plan)
     shape = (plan.config.mesh.dp_replicate, plan.config.mesh.dp_shard, tp)
     if shape not in cache:  # one set of process groups per mesh shape, reused across cases
@@ -175,9 +180,9 @@ def run_case(case: str, *, world: int, tp: int, steps: int, cache: dict, checkpo
     dp = data_parallel_rank(mesh)
     every_dp: list = [None] * world
     dist.all_gather_object(every_dp, dp)
-    if "reference" not in cache:
-        cache["reference"] = reference(plan, steps)
-    ref_losses, ref_grads = cache["reference"]
+    if ("reference", tied) not in cache:
+        cache["reference", tied] = reference(plan, steps)
+    ref_losses, ref_grads = cache["reference", tied]
 
     compiled = backend != "eager"
     overrides = Overrides(engine=engine, compile=compiled, backend=backend if compiled else "inductor")
