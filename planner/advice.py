@@ -20,10 +20,12 @@ from planner.cost.estimate import Estimator, TimeEstimate
 from planner.cost.memory import MemoryEstimate, fits_in_memory, memory_limit_gib
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice, Setting
+from planner.document import to_parallel_config
+from planner.enumeration import enumerate_choices, splitting_degrees, tensor_parallel_degrees
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.formatting import duration
+from planner.parallel_dims import ParallelDims
 from planner.plan import PlanWarning
-from planner.search import enumerate_choices, to_parallel_config
 from planner.specs import PlanRequest
 
 MAX_NODES_TRIED = 4096
@@ -96,7 +98,7 @@ class Prober:
             if key in self._cache:
                 return self._cache[key]
         request = self.variant(num_nodes, sequences)
-        assert sequences % request.cluster.world_size == 0, "probe only batches that split"
+        assert splitting_degrees(request), "probe only batches that split"
         setting = replace(
             self.setting,
             world_size=request.cluster.world_size,
@@ -153,7 +155,7 @@ class Prober:
         """A lower bound that skips hopeless probes: every configuration's peak is at least its
         optimizer step (parameters, gradients, optimizer states and the update's temporaries),
         which no configuration holds in less than fully sharded over the whole world."""
-        sharded = replace(choice, sharding="full_shard", shard_group=world, replicate_group=1)
+        sharded = replace(choice, sharding="full_shard", mesh=ParallelDims(dp_shard=world))
         step = next(m for m in self._estimator.moments(sharded) if m.moment == "optimizer step")
         return self._fits(step)
 
@@ -184,13 +186,14 @@ class Prober:
 def _all_but_sharding(c: Choice) -> tuple:
     # A tuple rather than dataclasses.replace: a probe compares thousands of configurations.
     return (
+        c.mesh.tp,
         c.blocks_per_unit,
         c.all_gather_bucket_mb,
         c.reduce_scatter_bucket_mb,
         c.checkpointing,
         c.every_k,
-        c.micro_batch,
-        c.grad_accum,
+        c.micro_batch_size,
+        c.grad_accum_steps,
         c.compile,
         c.prefetch_depth,
         c.loss_chunks,
@@ -342,7 +345,8 @@ def _why_not_here(request: PlanRequest, here: Probe, *, peak_gib: float, limit_g
     if dominant.group == "states":
         return text + ", which shrink as more GPUs shard them."
     if dominant.group == "activations":
-        return text + f" of {_sequences(here.choice.micro_batch)} per GPU, which more GPUs do not shrink."
+        sequences = _sequences(here.choice.micro_batch_size)
+        return text + f" of {sequences} per GPU, which more GPUs do not shrink."
     if dominant.group == "gathered":
         return text + " of whole blocks, which more GPUs do not shrink."
     return text + "."
@@ -385,7 +389,7 @@ def _unshrinkable(request: PlanRequest, probe: Probe) -> str:
     def gib(group: str) -> float:
         return sum(terms[n] for n in DOMINANT_GROUPS[group][1]) / GIB
 
-    tokens = f"{_sequences(probe.choice.micro_batch)} of {request.training.seq_len} tokens"
+    tokens = f"{_sequences(probe.choice.micro_batch_size)} of {request.training.seq_len} tokens"
     return (
         f"activations and the loss ({gib('activations'):.1f} GiB for {tokens}) and gathered "
         f"parameters and gradient buffers of whole blocks ({gib('gathered'):.1f} GiB) hold "
@@ -394,20 +398,59 @@ def _unshrinkable(request: PlanRequest, probe: Probe) -> str:
     )
 
 
+def _tensor_parallel_reach(request: PlanRequest) -> tuple[int, int]:
+    """The largest tensor-parallel degree the request searched, and the largest the model takes."""
+    unpinned = request.search.model_copy(update={"tensor_parallel_degrees": None})
+    possible = max(tensor_parallel_degrees(request.model_copy(update={"search": unpinned})))
+    return max(tensor_parallel_degrees(request)), possible
+
+
+def _beyond_the_search(request: PlanRequest) -> str:
+    """The parallelism this request's search left out that would divide activations further."""
+    searched, possible = _tensor_parallel_reach(request)
+    if possible > searched:
+        return (
+            f"tensor parallelism beyond tp={searched} (up to tp={possible} splits this model; widen "
+            "search.tensor_parallel_degrees) or context parallelism"
+        )
+    if searched > 1:
+        return (
+            f"context or pipeline parallelism (this planner plans FSDP data parallelism with tensor "
+            f"parallelism up to tp={searched}, inside a node)"
+        )
+    return "tensor or context parallelism (this model's runtime has data parallelism only)"
+
+
+def _what_cuts_communication(request: PlanRequest) -> str:
+    """What would shrink exposed FSDP communication that this request's search did not try."""
+    searched, possible = _tensor_parallel_reach(request)
+    if possible > searched:
+        return (
+            f"Tensor parallelism inside nodes would cut it (widen search.tensor_parallel_degrees: "
+            f"up to tp={possible} splits this model)"
+        )
+    return "A larger global batch (more tokens per GPU per step) or pipeline parallelism would cut it"
+
+
+def _searched_parallelism(request: PlanRequest) -> str:
+    tensor = max(tensor_parallel_degrees(request)) > 1
+    return "Data and tensor parallelism" if tensor else "Data parallelism alone"
+
+
 def _model_parallelism_would_help(request: PlanRequest, there: Probe) -> str:
     return (
-        f"At that size {_unshrinkable(request, there)}: tensor or context parallelism would fit on "
-        "fewer GPUs (this planner plans FSDP data parallelism only)."
+        f"At that size {_unshrinkable(request, there)}: {_beyond_the_search(request)} would fit on "
+        "fewer GPUs."
     )
 
 
 def _data_parallel_cannot(request: PlanRequest, largest: Probe) -> str:
     return (
-        f"Data parallelism alone cannot fit it: even on {_cluster_name(request, largest.num_nodes)} "
-        f"({_gpus(request, largest.num_nodes)}) the lightest configuration "
-        f"({to_parallel_config(largest.choice, request).label()}) needs "
+        f"{_searched_parallelism(request)} cannot fit it: even on "
+        f"{_cluster_name(request, largest.num_nodes)} ({_gpus(request, largest.num_nodes)}) the lightest "
+        f"configuration ({to_parallel_config(largest.choice, request).label()}) needs "
         f"{largest.memory.total / GIB:.1f} GiB per GPU; {_unshrinkable(request, largest)}. "
-        "It needs tensor or context parallelism (this planner plans FSDP data parallelism only)."
+        f"It needs {_beyond_the_search(request)}."
     )
 
 
@@ -509,8 +552,7 @@ def plan_warnings(
                     f"({duration(exposed)} of {duration(step)}; MFU {mfu:.1%}): every micro-batch "
                     f"moves the whole model's parameters and gradients while each GPU computes only "
                     f"{micro_batch} x {seq_len} tokens, and more data-parallel GPUs do not change that. "
-                    "Tensor parallelism inside nodes would cut it (this planner plans FSDP data "
-                    "parallelism only)"
+                    f"{_what_cuts_communication(request)}"
                 ),
             )
         )

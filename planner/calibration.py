@@ -29,6 +29,7 @@ from planner.cost.parameters import CostParameters, LinkClass, LinkParameters
 from planner.cost.setting import Choice, Setting
 from planner.errors import PlanningError
 from planner.memory_calibration import fit_memory
+from planner.parallel_dims import ParallelDims
 from planner.specs import ModelSpec, Optimizer, Precision
 
 PROFILE_SCHEMA_VERSION = "1.0"
@@ -309,6 +310,120 @@ def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
     return a, b
 
 
+def _fit_link(points: list[tuple[float, float, int]], default: LinkParameters) -> LinkParameters | None:
+    """One link's collective cost from (volume per rank, seconds per pass, group size) samples.
+
+    Samples at two or more group sizes (the profiler measures every power-of-two node-local group,
+    the tensor-parallel sizes) fit time = latency + per_log2 x log2(n) + volume / bandwidth, so the
+    data say how latency grows with the group. With one group size (or sizes whose samples cannot
+    tell the two latency terms apart) the latency is one number, split between its fixed and
+    per-doubling parts in the catalog's proportion, anchored at the sizes that were measured.
+    None when the samples fit no line with a positive slope.
+    """
+    plane = _fit_latency_plane(points) if len({g for _, _, g in points}) >= 2 else None
+    if plane is not None:
+        latency, per_log2, seconds_per_byte = plane
+    else:
+        line = _fit_line([(v, t) for v, t, _ in points])
+        if line is None:
+            return None
+        latency, seconds_per_byte = line
+        mean_log2 = sum(math.log2(g) for _, _, g in points) / len(points)
+        d_total = default.latency_s + default.latency_per_log2_s * mean_log2
+        share = default.latency_s / d_total if d_total > 0 else 1.0
+        latency, per_log2 = latency * share, (latency * (1 - share) / mean_log2) if mean_log2 > 0 else 0.0
+    return LinkParameters(
+        latency_s=latency,
+        latency_per_log2_s=per_log2,
+        # A slope of almost nothing (times that barely grow with size) is noise, not a link
+        # faster than any hardware: the bandwidth stays within the physical bound.
+        bandwidth=1.0 / max(seconds_per_byte, 1.0 / MAX_BYTES_PER_S),
+    )
+
+
+def _fit_latency_plane(points: list[tuple[float, float, int]]) -> tuple[float, float, float] | None:
+    """t = a + c log2(n) + b v with a >= 0, c >= 0, b > 0, minimising relative error (weights
+    1/t^2, as `_fit_line`): (a, c, b), or None when the samples cannot tell the three apart.
+
+    That takes two group sizes, and two volumes at one of them: the slope must come from messages
+    of one group, or a group's extra latency would pass for bandwidth (a profile whose budget ran
+    out after each group's first message has three group sizes at one volume each, and a plane
+    through them would be exact and meaningless).
+
+    The bounds make it a small convex problem whose optimum is the unconstrained optimum on one
+    face (some of a, c held at zero): every face is solved and the best one within the bounds wins.
+    Inputs are scaled to at most 1 first, as in `_fit_line`.
+    """
+    rows = [(v, t, math.log2(g)) for v, t, g in points if 0 <= v < math.inf and 0 < t < math.inf and g >= 2]
+    volumes: dict[float, set[float]] = defaultdict(set)
+    for v, _, lg in rows:
+        volumes[lg].add(v)
+    if len(volumes) < 2 or max(len(vs) for vs in volumes.values()) < 2:
+        return None
+    v_scale = max(v for v, _, _ in rows) or 1.0
+    t_scale = max(t for _, t, _ in rows)
+    l_scale = max(lg for _, _, lg in rows)
+    ts = [t / t_scale for _, t, _ in rows]
+    t_min = min(ts)
+    weights = [(t_min / t) ** 2 for t in ts]
+    columns = {
+        "a": [1.0] * len(rows),
+        "c": [lg / l_scale for _, _, lg in rows],
+        "b": [v / v_scale for v, _, _ in rows],
+    }
+    best: tuple[float, dict[str, float]] | None = None
+    for free in (("a", "c", "b"), ("c", "b"), ("a", "b"), ("b",)):
+        solution = _weighted_least_squares([columns[name] for name in free], ts, weights)
+        if solution is None:
+            if len(free) == 3:
+                return None  # the design cannot tell a fixed latency from a per-doubling one
+            continue
+        coefficients = dict.fromkeys("acb", 0.0) | dict(zip(free, solution, strict=True))
+        if coefficients["a"] < 0 or coefficients["c"] < 0 or not coefficients["b"] > 0:
+            continue
+        error = sum(
+            w * (t - sum(coefficients[name] * columns[name][i] for name in free)) ** 2
+            for i, (w, t) in enumerate(zip(weights, ts, strict=True))
+        )
+        if best is None or error < best[0]:
+            best = (error, coefficients)
+    if best is None:
+        return None
+    a, c, b = best[1]["a"] * t_scale, best[1]["c"] * t_scale / l_scale, best[1]["b"] * t_scale / v_scale
+    if not all(math.isfinite(x) for x in (a, c, b)):
+        return None
+    return a, c, b
+
+
+def _weighted_least_squares(
+    columns: list[list[float]], ys: list[float], weights: list[float]
+) -> list[float] | None:
+    """Coefficients of `columns` that minimise sum w (y - X beta)^2 (normal equations, Gaussian
+    elimination with partial pivoting); None when the columns are (nearly) linearly dependent."""
+    k = len(columns)
+    gram = [
+        [sum(w * x * z for w, x, z in zip(weights, columns[i], columns[j], strict=True)) for j in range(k)]
+        for i in range(k)
+    ]
+    rhs = [sum(w * x * y for w, x, y in zip(weights, columns[i], ys, strict=True)) for i in range(k)]
+    tolerance = 1e-10 * max(gram[i][i] for i in range(k))
+    for col in range(k):
+        pivot = max(range(col, k), key=lambda r: abs(gram[r][col]))
+        if abs(gram[pivot][col]) <= tolerance:
+            return None
+        gram[col], gram[pivot] = gram[pivot], gram[col]
+        rhs[col], rhs[pivot] = rhs[pivot], rhs[col]
+        for r in range(col + 1, k):
+            factor = gram[r][col] / gram[col][col]
+            for j in range(col, k):
+                gram[r][j] -= factor * gram[col][j]
+            rhs[r] -= factor * rhs[col]
+    beta = [0.0] * k
+    for i in reversed(range(k)):
+        beta[i] = (rhs[i] - sum(gram[i][j] * beta[j] for j in range(i + 1, k))) / gram[i][i]
+    return beta
+
+
 _FITTED: dict[tuple[str, str, str, str], CostParameters] = {}
 """Fits by (profile content, base parameters, precision, optimizer): the timed-step fit prices
 thousands of trial steps, and every plan made with a profile needs the same fit again."""
@@ -356,23 +471,9 @@ def _fit(
         volume = c.bytes * (c.group_size - 1) / c.group_size
         by_link[c.link].append((volume, c.seconds / passes, c.group_size))
     for link, points in by_link.items():
-        fitted = _fit_line([(v, t) for v, t, _ in points])
-        if fitted is None:
-            continue
-        latency, seconds_per_byte = fitted
-        mean_log2 = sum(math.log2(g) for _, _, g in points) / len(points)
-        # Split the fitted latency between a fixed part and a per-doubling part in the same
-        # proportion as the default, anchored at the group sizes that were measured.
-        default = base.links[link]
-        d_total = default.latency_s + default.latency_per_log2_s * mean_log2
-        share = default.latency_s / d_total if d_total > 0 else 1.0
-        links[link] = LinkParameters(
-            latency_s=latency * share,
-            latency_per_log2_s=(latency * (1 - share) / mean_log2) if mean_log2 > 0 else 0.0,
-            # A slope of almost nothing (times that barely grow with size) is noise, not a link
-            # faster than any hardware: the bandwidth stays within the physical bound.
-            bandwidth=1.0 / max(seconds_per_byte, 1.0 / MAX_BYTES_PER_S),
-        )
+        fitted_link = _fit_link(points, base.links[link])
+        if fitted_link is not None:
+            links[link] = fitted_link
     changes["links"] = links
     if profile.overlap_contention is not None:
         changes["overlap_contention"] = profile.overlap_contention
@@ -454,15 +555,14 @@ def sample_setting(
     )
     choice = Choice(
         sharding=sample.sharding,
-        shard_group=_shard(sample),
-        replicate_group=sample.ranks // _shard(sample),
+        mesh=ParallelDims(dp_replicate=sample.ranks // _shard(sample), dp_shard=_shard(sample)),
         blocks_per_unit=1,
         all_gather_bucket_mb=0.0,
         reduce_scatter_bucket_mb=0.0,
         checkpointing=sample.checkpointing,
         every_k=1,
-        micro_batch=sample.micro_batch_size,
-        grad_accum=sample.grad_accum_steps,
+        micro_batch_size=sample.micro_batch_size,
+        grad_accum_steps=sample.grad_accum_steps,
         compile=sample.compile,
         loss_chunks=sample.loss_chunks,
     )

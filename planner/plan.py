@@ -13,9 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.catalog.gpus import GpuSpec
 from planner.cost.memory import MEMORY_TERMS
+from planner.parallel_dims import ParallelDims
 from planner.specs import CheckpointMode, ClusterSpec, ModelSpec, ShardingStrategy, TrainingSpec
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "2.0"
+READABLE_SCHEMA_MAJORS = ("1", "2")
+"""Schema 1.x plans (no tensor parallelism) are read as the 2.0 documents they are equivalent to."""
 
 DType = Literal["bfloat16", "float32"]
 
@@ -52,11 +55,12 @@ class ParallelConfig(Document):
     """The chosen way to shard, wrap, checkpoint, batch and compile."""
 
     sharding: ShardingStrategy
-    """full_shard (ZeRO-3), shard_grad_op (ZeRO-2), hybrid_shard (2-D mesh), no_shard (DDP-like)."""
-    shard_group_size: Annotated[int, Field(ge=1)]
-    """Ranks a parameter is sharded over (world size for full_shard / shard_grad_op, 1 for no_shard)."""
-    replicate_group_size: Annotated[int, Field(ge=1)]
-    """Ranks holding the same shard (world / shard_group_size)."""
+    """How the data-parallel dimensions hold parameters: full_shard (ZeRO-3), shard_grad_op
+    (ZeRO-2), hybrid_shard (sharded within dp_shard, replicated across dp_replicate), no_shard
+    (DDP-like)."""
+    mesh: ParallelDims
+    """The device mesh (dp_replicate x dp_shard x tp = world size): full_shard / shard_grad_op
+    shard over every data-parallel rank (dp_replicate 1), no_shard over none (dp_shard 1)."""
     blocks_per_unit: Annotated[int, Field(ge=1)]
     """Transformer blocks per FSDP wrap unit; embeddings and the output head are units of their own."""
     all_gather_bucket_mb: Annotated[float, Field(ge=0)]
@@ -69,7 +73,8 @@ class ParallelConfig(Document):
     """How many units ahead all-gathers are issued."""
     checkpointing: CheckpointingConfig
     micro_batch_size: Annotated[int, Field(ge=1)]
-    """Sequences per rank per forward pass."""
+    """Sequences per data-parallel rank per forward pass (the ranks of a tensor-parallel group
+    share them)."""
     grad_accum_steps: Annotated[int, Field(ge=1)]
     """Micro-batches per optimizer step."""
     param_dtype: DType
@@ -84,11 +89,26 @@ class ParallelConfig(Document):
     each computing its gradients at once, so at most one slice's logits is alive at a time (1: the
     whole micro-batch's logits at once)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _read_schema_1(cls, data: Any) -> Any:
+        # Schema 1.x plans had no tensor parallelism and named the two data-parallel degrees apart.
+        if isinstance(data, dict) and "shard_group_size" in data and "mesh" not in data:
+            data = dict(data)
+            data["mesh"] = {
+                "dp_shard": data.pop("shard_group_size"),
+                "dp_replicate": data.pop("replicate_group_size", 1),
+                "tp": 1,
+            }
+        return data
+
     def label(self) -> str:
-        """A short human-readable summary, e.g. `full_shard/8 u2 AC=sel2 mb2x4 compiled`."""
+        """A short human-readable summary, e.g. `full_shard/8 tp2 u2 AC=sel2 mb2x4 compiled`."""
         shard = self.sharding
         if self.sharding == "hybrid_shard":
-            shard += f"/{self.shard_group_size}x{self.replicate_group_size}"
+            shard += f"/{self.mesh.dp_shard}x{self.mesh.dp_replicate}"
+        if self.mesh.tp > 1:
+            shard += f" tp{self.mesh.tp}"
         ac = {"none": "none", "full": "full", "op_selective": "op"}.get(
             self.checkpointing.mode, f"sel{self.checkpointing.every_k}"
         )
@@ -180,6 +200,8 @@ class Prediction(Document):
     """Communication time per step not hidden behind compute."""
     exposed_all_gather_s: float
     exposed_reduce_scatter_s: float
+    exposed_tensor_parallel_s: float = 0.0
+    """Tensor-parallel collectives per step (all exposed: they sit between the matmuls)."""
     optimizer_s: float
     overhead_s: float = 0.0
     """Framework time per step outside the priced kernels (hooks, Python), from timed steps; in compute_s."""
@@ -274,3 +296,11 @@ class Plan(Document):
     search: SearchStats
     warnings: tuple[PlanWarning, ...] = ()
     """What to know before running it (empty when nothing stands out); added in schema 1.2."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade_schema_1(cls, data: Any) -> Any:
+        # A 1.x document's configs are read into the mesh (ParallelConfig): the result is a 2.0 one.
+        if isinstance(data, dict) and str(data.get("schema_version", "")).startswith("1."):
+            data = {**data, "schema_version": SCHEMA_VERSION}
+        return data

@@ -243,8 +243,12 @@ class SearchSpace(StrictModel):
     """Whether to consider torch.compile (True) and eager FSDP2 (False)."""
     checkpointing: list[CheckpointMode] = ["none", "selective", "op_selective", "full"]
     """Activation checkpointing modes to consider."""
+    tensor_parallel_degrees: list[Annotated[int, Field(ge=1, le=1024)]] | None = None
+    """Tensor-parallel degrees to consider (`[8]` pins tp=8; `[1]` keeps data parallelism only).
+    None: every power of two up to the GPUs per node that divides the model's heads, key/value
+    heads, FFN and vocabulary (llama family; other architectures plan tp=1)."""
     max_micro_batch_size: PositiveInt = 64
-    """Largest micro-batch (sequences per rank per forward) to consider."""
+    """Largest micro-batch (sequences per data-parallel rank per forward) to consider."""
     memory_headroom: Annotated[float, Field(ge=0.0, le=0.5)] = 0.0
     """Extra fraction of usable GPU memory kept free, on top of the margin the memory model's
     measured error calls for: a plan fits when peak x (1 + margin) <= usable x (1 - headroom)."""
@@ -254,17 +258,18 @@ class SearchSpace(StrictModel):
     configuration's predicted peak. None: only the GPU's capacity limits."""
 
     @model_serializer(mode="wrap")
-    def _omit_unset_ceiling(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Requests without a ceiling serialise (and so hash) exactly as before the field existed.
+    def _omit_unset_options(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Requests without a ceiling or tp pins serialise (and so hash) as before the fields existed.
         data = handler(self)
-        if data.get("max_peak_memory_gib") is None:
-            data.pop("max_peak_memory_gib", None)
+        for name in ("max_peak_memory_gib", "tensor_parallel_degrees"):
+            if data.get(name) is None:
+                data.pop(name, None)
         return data
 
-    @field_validator("shardings", "compile", "checkpointing")
+    @field_validator("shardings", "compile", "checkpointing", "tensor_parallel_degrees")
     @classmethod
-    def _not_empty(cls, value: list) -> list:
-        if not value:
+    def _not_empty(cls, value: list | None) -> list | None:
+        if value is not None and not value:
             raise ValueError("must name at least one option")
         return value
 
@@ -313,14 +318,17 @@ class PlanRequest(StrictModel):
     def _batch_reachable(self) -> PlanRequest:
         world = self.cluster.world_size
         seqs = self.training.global_batch_sequences
-        if seqs % world:
-            # Late import: the advice plans (it checks that the batches it names fit).
+        # Late imports: the enumeration and the advice plan (they import this module).
+        from planner.enumeration import splitting_degrees
+
+        if not splitting_degrees(self):
             from planner.advice import batch_suggestion
 
             raise ValueError(
                 f"training.global_batch_tokens: {seqs} sequences of {self.training.seq_len} tokens "
                 f"cannot be split evenly over {world} GPUs (micro-batch x accumulation x "
-                f"data-parallel degree must equal the global batch); {batch_suggestion(self)}"
+                f"data-parallel degree must equal the global batch, and the data-parallel degree is "
+                f"the GPUs over the tensor-parallel degree); {batch_suggestion(self)}"
             )
         return self
 

@@ -244,6 +244,13 @@ def show_fit(profile: CalibrationProfile, console: Console) -> None:
         rows.append(
             (f"{link}-node latency (n=8)", duration(b.latency(8)), duration(f.latency(8)))
         )
+        rows.append(
+            (
+                f"{link}-node latency per doubling",
+                duration(b.latency_per_log2_s),
+                duration(f.latency_per_log2_s),
+            )
+        )
     for row in rows:
         table.add_row(*row)
     console.print(table)

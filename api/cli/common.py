@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from planner.errors import describe_validation_error
-from planner.plan import Plan
+from planner.plan import READABLE_SCHEMA_MAJORS, Plan
 
 EXIT_FAILED = 1
 EXIT_INVALID_INPUT = 2
@@ -135,8 +135,11 @@ def plan_from_document(document: Any, source: str) -> Plan:
     if not isinstance(document, dict):
         raise fail(f"{source}: expected a plan JSON object")
     version = str(document.get("schema_version", ""))
-    if version.split(".")[0] != "1":
-        raise fail(f"{source}: plan schema_version {version or '(missing)'!r} is not supported (1.x)")
+    if version.split(".")[0] not in READABLE_SCHEMA_MAJORS:
+        raise fail(
+            f"{source}: plan schema_version {version or '(missing)'!r} is not supported "
+            f"({' or '.join(f'{major}.x' for major in READABLE_SCHEMA_MAJORS)})"
+        )
     try:
         return Plan.model_validate(document)
     except ValidationError as exc:

@@ -210,8 +210,11 @@ _FITTED_FIELDS: tuple[tuple[str, tuple[str, ...], Any], ...] = (
     ("Memory bandwidth", ("memory_bandwidth",), lambda v: f"{v / 1e9:,.0f} GB/s"),
     ("Intra-node bus bandwidth", ("links", "intra", "bandwidth"), lambda v: f"{v / 1e9:,.1f} GB/s"),
     ("Intra-node latency", ("links", "intra", "latency_s"), fmt.duration),
+    # Read from collectives at several group sizes (the TP sizes): part of the latency may be here.
+    ("Intra-node latency per group doubling", ("links", "intra", "latency_per_log2_s"), fmt.duration),
     ("Inter-node bus bandwidth", ("links", "inter", "bandwidth"), lambda v: f"{v / 1e9:,.1f} GB/s"),
     ("Inter-node latency", ("links", "inter", "latency_s"), fmt.duration),
+    ("Inter-node latency per group doubling", ("links", "inter", "latency_per_log2_s"), fmt.duration),
     ("Overlap contention", ("overlap_contention",), lambda v: f"{v:.1%}"),
     ("Compute scale", ("compute_scale",), lambda v: f"{v:.3g}×"),
     ("Compiled compute scale", ("compiled_compute_scale",), lambda v: f"{v:.3g}×"),

@@ -63,11 +63,13 @@ def checkpointing_label(config: ParallelConfig) -> str:
 
 
 def sharding_label(config: ParallelConfig) -> str:
+    mesh = config.mesh
     if config.sharding == "hybrid_shard":
-        return (f"hybrid_shard: sharded over {config.shard_group_size}, "
-                f"replicated × {config.replicate_group_size}")
-    return {"full_shard": "full_shard (ZeRO-3)", "shard_grad_op": "shard_grad_op (ZeRO-2)",
-            "no_shard": "no_shard (replicated, DDP-like)"}.get(config.sharding, config.sharding)
+        label = f"hybrid_shard: sharded over {mesh.dp_shard}, replicated × {mesh.dp_replicate}"
+    else:
+        label = {"full_shard": "full_shard (ZeRO-3)", "shard_grad_op": "shard_grad_op (ZeRO-2)",
+                 "no_shard": "no_shard (replicated, DDP-like)"}.get(config.sharding, config.sharding)
+    return label + (f"; tensor parallel × {mesh.tp}" if mesh.tp > 1 else "")
 
 
 def input_rows(row: PlanRow, plan: Plan) -> list[Row]:

@@ -470,7 +470,10 @@ def timeline(
         y = frame.y1 + 8 + 40 * row
         frame.parts.append(_text(frame.x0 - 8, y + 17, lane, text_anchor="end", fill="#222"))
         for span in (s for s in spans if s.lane == lane):
-            width = max(scale(span.end) - scale(span.start), 0.75)
+            # A summed phase block stands for a whole part of the step: never thinner than a line
+            # one can point at (single spans may be slivers: there are hundreds of them).
+            least = 4.0 if "phase" in span.css_class.split() else 0.75
+            width = max(scale(span.end) - scale(span.start), least)
             frame.parts.append(_element(
                 "rect", tooltip=span.tooltip, x=scale(span.start), y=y,
                 width=width, height=26, fill=span.color,

@@ -1,10 +1,11 @@
 """Calibration run: `torchrun --nproc-per-node N -m executor.profile.run -o profile.json [...]`.
 
 Measures the machine briefly (GEMMs at the model's own shapes, memory bandwidth, collectives over
-message sizes for the whole group and node-local sub-groups, comm/compute contention, the usable
-device memory, and, when a model is given, its blocks and whole training steps, eager and compiled,
-with their peak memory) within a time budget, and writes a CalibrationProfile JSON
-on rank 0. Imports only the standard library and torch, so it runs wherever training would.
+message sizes for the whole group, the whole node and node-local groups of every power-of-two size
+(the tensor-parallel group sizes), comm/compute contention, the usable device memory, and, when a
+model is given, its blocks and whole training steps, eager and compiled, with their peak memory)
+within a time budget, and writes a CalibrationProfile JSON on rank 0. Imports only the standard
+library and torch, so it runs wherever training would.
 """
 
 from __future__ import annotations
@@ -106,6 +107,38 @@ class Progress:
     def done(self) -> None:
         if self.enabled:
             sys.stderr.write("\n")
+
+
+def collective_groups(world: int, local_world: int) -> list[tuple[int, str]]:
+    """(group size, link) of every group whose collectives the profile measures, in order.
+
+    The whole world first ("inter" when it spans nodes), then node-local groups of consecutive
+    ranks, largest first: the whole node, and every power of two from 2 up that divides the GPUs
+    per node, which are the tensor-parallel group sizes (TP runs its per-layer collectives inside a
+    node). A size is measured once per link: on one node the world is the node. Groups are only
+    formed when every node has the same number of ranks.
+    """
+    if world < 2:
+        return []
+    measured = [(world, "inter" if world > local_world else "intra")]
+    if local_world < 2 or world % local_world:
+        return measured
+    powers = {1 << p for p in range(1, local_world.bit_length())}
+    sizes = {local_world} | {size for size in powers if local_world % size == 0}
+    for size in sorted(sizes, reverse=True):
+        if (size, "intra") not in measured:
+            measured.append((size, "intra"))
+    return measured
+
+
+def own_group(size: int, world: int, rank: int) -> dist.ProcessGroup:
+    """This rank's group among the world split into groups of `size` consecutive ranks.
+
+    dist.new_group is collective over the whole world: every rank creates every group, in the
+    same order, and keeps only the one it belongs to.
+    """
+    groups = [dist.new_group(list(range(start, start + size))) for start in range(0, world, size)]
+    return groups[rank // size]
 
 
 def setup() -> tuple[torch.device, str, int]:
@@ -216,24 +249,21 @@ def run(args: argparse.Namespace) -> dict:
     if world > 1:
         max_bytes = int((args.max_message_mib or (1024 if on_gpu else 64)) * mib)
         message_sizes = [1 << p for p in range(10, 31, 2) if (1 << p) <= max_bytes]
-        groups = [(None, world, "inter" if world > local_world else "intra")]
-        if 1 < local_world < world:
-            # Node-local sub-groups: every rank creates every group (new_group is collective).
-            node_groups = [
-                dist.new_group(list(range(start, start + local_world)))
-                for start in range(0, world, local_world)
-            ]
-            groups.append((node_groups[rank // local_world], local_world, "intra"))
-        share = budgets.take("collectives").seconds / len(groups)
-        for group, size, link in groups:
+        measured = collective_groups(world, local_world)
+        # Each group takes its share of the collectives time still left (what the world leaves
+        # unused goes to the smaller groups after it), never less than a quarter of an equal share.
+        shares = PhaseBudgets(
+            budgets.take("collectives").seconds, {f"{size} {link}": 1.0 for size, link in measured}
+        )
+        for size, link in measured:
             collectives += collective_samples(
-                group=group,
+                group=own_group(size, world, rank) if size < world else None,
                 member=True,
                 group_size=size,
                 link=link,
                 sizes_bytes=message_sizes,
                 device=device,
-                budget=Budget(share),
+                budget=shares.take(f"{size} {link}"),
                 on_sample=progress,
             )
     progress("overlap contention")

@@ -7,7 +7,7 @@ collective layout (planner/cost/layout.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.cost.layout import CommLayout, comm_layout
 from planner.cost.memory import (
@@ -17,7 +17,7 @@ from planner.cost.memory import (
     memory_moments,
     saved_activations,
 )
-from planner.cost.model_costs import UnitCost
+from planner.cost.model_costs import UnitCost, tensor_parallel_share
 from planner.cost.parameters import CostParameters, LinkClass
 from planner.cost.repeats import Run, periodic_runs
 from planner.cost.setting import Choice, Setting
@@ -84,10 +84,13 @@ class TimeEstimate:
     optimizer_s: float
     overhead_s: float
     micro_batch_timeline: TimelineResult
+    tensor_parallel_s: float = 0.0
+    """Tensor-parallel collectives per step: on the compute stream's path, so all exposed (in
+    `comm_s`, not in `compute_s`)."""
 
     @property
     def exposed_comm_s(self) -> float:
-        return self.exposed_all_gather_s + self.exposed_reduce_s
+        return self.exposed_all_gather_s + self.exposed_reduce_s + self.tensor_parallel_s
 
 
 # ---------------------------------------------------------------- time
@@ -104,7 +107,7 @@ def block_step_time(
 ) -> float:
     """Forward + backward (+ recompute) seconds of one block alone: what the profiler times."""
     fwd = _forward_time(params, act_bytes, block, tokens, compile_)
-    probe = Choice("", 1, 1, 1, 0.0, 0.0, checkpointing, 1, 1, 1, compile_)
+    probe = Choice(sharding="", checkpointing=checkpointing, compile=compile_)
     return 3.0 * fwd.total + _recompute_time(probe, block, 0, fwd)
 
 
@@ -166,37 +169,67 @@ def _collective(
     return lp.latency(group) * passes * launches + volume / lp.bandwidth
 
 
-def _timing(
-    setting: Setting, choice: Choice, layout: CommLayout, repeats: RepeatedLayout, *, record: bool
-) -> TimeEstimate:
-    """Step time from the two-stream timeline of one micro-batch, times accumulation.
+def tensor_parallel_seconds(
+    p: CostParameters, unit: UnitCost, *, tokens: int, act_bytes: int, tp: int
+) -> float:
+    """One forward's tensor-parallel collectives of a unit (backward runs their mirror images).
 
-    `repeats` (Estimator.repeats) says which groups repeat: each distinct group is priced once.
+    They sit between a unit's matmuls on the compute stream's critical path, on the node's own
+    links (a tp group is consecutive ranks in one node): priced as exposed, never overlapped.
+    """
+    nbytes = unit.tp_collective_elems * tokens * act_bytes
+    return _collective(p, "intra", nbytes, tp, launches=unit.tp_collectives)
+
+
+@dataclass(frozen=True, slots=True)
+class PricedStep:
+    """One configuration's groups priced, before the timeline places them (Estimator.price)."""
+
+    last: RepeatedGroups
+    """Every group's times in the last micro-batch."""
+    middle: RepeatedGroups
+    """The same in the earlier micro-batches (eager no_shard syncs only in the last)."""
+    tensor_parallel_s: float
+    """Tensor-parallel collectives per micro-batch (inside the groups' compute)."""
+    optimizer_s: float
+    overhead_s: float
+    """Framework time per step outside the priced kernels."""
+    micro_batch_compute_s: float
+    """Compute-stream work of one micro-batch (forward, backward, recompute)."""
+
+    def floor_s(self, grad_accum_steps: int) -> float:
+        """A lower bound on the step time: the compute stream's own work, as if every collective
+        were hidden (the timeline only adds waits and contention to it)."""
+        return grad_accum_steps * self.micro_batch_compute_s + self.optimizer_s + self.overhead_s
+
+
+def _price(setting: Setting, choice: Choice, layout: CommLayout, repeats: RepeatedLayout) -> PricedStep:
+    """Every group's compute and collectives, once per distinct group, plus the optimizer step.
+
+    `setting` is the rank's tensor-parallel share (Estimator.setting_for); `repeats`
+    (Estimator.repeats) says which groups repeat: each distinct group is priced once.
     """
     p = setting.params
-    tokens = choice.micro_batch * setting.seq_len
+    mesh = choice.mesh
     pb = setting.param_bytes
-    shard, replicas = choice.shard_group, choice.replicate_group
-    shard_link: LinkClass = "intra" if shard <= setting.gpus_per_node else "inter"
+    shard, replicas = mesh.dp_shard, mesh.dp_replicate
+    shard_link: LinkClass = mesh.shard_link(setting.gpus_per_node)
     replica_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"
     world_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"
 
-    fwd_cache: dict[int, ForwardTime] = {}  # repeated blocks are one object: price it once
+    unit_times = _UnitTimes(setting, choice)
 
-    def unit_forward(u: UnitCost) -> ForwardTime:
-        key = id(u)
-        if key not in fwd_cache:
-            fwd_cache[key] = _forward_time(p, setting.act_bytes, u, tokens, choice.compile)
-        return fwd_cache[key]
-
-    def group_times(shape: GroupShape) -> tuple[GroupTimes, GroupTimes]:
-        """One group in the last micro-batch, and in the earlier ones."""
+    def group_times(shape: GroupShape) -> tuple[GroupTimes, GroupTimes, float]:
+        """One group in the last micro-batch, and in the earlier ones, and its tensor-parallel
+        collectives' seconds (inside its compute)."""
         fwd = 0.0
         bwd = 0.0
+        tp_s = 0.0
         for index, u, count in shape.units:
-            f = unit_forward(u)
-            fwd += count * f.total
-            bwd += count * (2.0 * f.total + _recompute_time(choice, u, index, f))
+            f, b, t = unit_times(index, u)
+            fwd += count * f
+            bwd += count * b
+            tp_s += count * t
         ag = 0.0
         reduce = 0.0
         if choice.sharding != "no_shard":
@@ -213,29 +246,78 @@ def _timing(
         else:
             for params, launches, count in shape.reduces:
                 reduce += count * _collective(
-                    p, world_link, 4.0 * params, setting.world_size, all_reduce=True, launches=launches
+                    p, world_link, 4.0 * params, mesh.dp, all_reduce=True, launches=launches
                 )
             # Eager (FSDP2) replicas accumulate locally and all-reduce once per step; compiled
             # SimpleFSDP's all-reduce is part of every backward graph.
             sync_every_micro_batch = reduce if choice.compile else 0.0
         ag_bwd = ag if choice.reshards_after_forward else 0.0
         last = GroupTimes(fwd, bwd, ag, ag_bwd, reduce)
-        return last, GroupTimes(fwd, bwd, ag, ag_bwd, sync_every_micro_batch)
+        return last, GroupTimes(fwd, bwd, ag, ag_bwd, sync_every_micro_batch), tp_s
 
     # Each run's pattern, priced from its first period's groups.
     priced = [[group_times(shape) for shape in pattern] for pattern in repeats.patterns]
     last = RepeatedGroups(repeats.runs, tuple(tuple(t[0] for t in pattern) for pattern in priced))
     middle = RepeatedGroups(repeats.runs, tuple(tuple(t[1] for t in pattern) for pattern in priced))
+    tp_per_micro_batch = 0.0
+    compute = 0.0
+    for run, pattern in zip(repeats.runs, priced, strict=True):
+        tp_per_micro_batch += run.repeats * sum(t[2] for t in pattern)
+        compute += run.repeats * sum(t[0].forward + t[0].backward for t in pattern)
 
-    contention = p.overlap_contention
-    final = simulate(last, prefetch_depth=choice.prefetch_depth, contention=contention, record=record)
-    if choice.grad_accum > 1 and choice.sharding == "no_shard" and not choice.compile:
-        inner = simulate(middle, prefetch_depth=choice.prefetch_depth, contention=contention)
-    else:
-        inner = final
-    accum_before = choice.grad_accum - 1
+    optimizer_s, overhead_s = _outside_the_timeline(setting, choice)
+    return PricedStep(
+        last=last,
+        middle=middle,
+        tensor_parallel_s=tp_per_micro_batch,
+        optimizer_s=optimizer_s,
+        overhead_s=overhead_s,
+        micro_batch_compute_s=compute,
+    )
 
-    local_params = setting.model.num_params / shard
+
+class _UnitTimes:
+    """(forward, backward, tensor-parallel collectives) seconds of one unit in one micro-batch,
+    backward with its recompute; forward and backward include the tensor-parallel collectives,
+    which sit on the compute stream. Repeated blocks are one object: priced once."""
+
+    def __init__(self, setting: Setting, choice: Choice) -> None:
+        self.setting = setting
+        self.choice = choice
+        self.tokens = choice.micro_batch_size * setting.seq_len
+        self._forward: dict[int, tuple[ForwardTime, float]] = {}
+
+    def __call__(self, index: int, u: UnitCost) -> tuple[float, float, float]:
+        setting, choice = self.setting, self.choice
+        if id(u) not in self._forward:
+            tp = choice.mesh.tp
+            tp_s = 0.0
+            if tp > 1:
+                tp_s = tensor_parallel_seconds(
+                    setting.params, u, tokens=self.tokens, act_bytes=setting.act_bytes, tp=tp
+                )
+            forward = _forward_time(setting.params, setting.act_bytes, u, self.tokens, choice.compile)
+            self._forward[id(u)] = (forward, tp_s)
+        f, tp_fwd = self._forward[id(u)]
+        # Recomputing a whole block re-runs its forward collectives.
+        tp_unit = tp_fwd * (3.0 if index >= 0 and choice.is_checkpointed(index) else 2.0)
+        backward = 2.0 * f.total + _recompute_time(choice, u, index, f) + tp_unit - tp_fwd
+        return f.total + tp_fwd, backward, tp_unit
+
+
+def _micro_batch_compute(setting: Setting, choice: Choice) -> float:
+    """The compute stream's work for one micro-batch: every unit's forward and backward."""
+    m = setting.model
+    unit_times = _UnitTimes(setting, choice)
+    indexed = [(-1, m.embedding), *enumerate(m.blocks), (-1, m.head)]
+    return sum(f + b for f, b, _ in (unit_times(i, u) for i, u in indexed))
+
+
+def _outside_the_timeline(setting: Setting, choice: Choice) -> tuple[float, float]:
+    """(optimizer step, framework overhead) seconds per step: around the micro-batches' timeline."""
+    p = setting.params
+    world_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"
+    local_params = setting.model.rank_params / choice.mesh.dp_shard
     optimizer_s = p.optimizer_overhead_s + local_params * p.optimizer_bytes_per_param / p.memory_bandwidth
     optimizer_s += _collective(p, world_link, 4.0, setting.world_size, all_reduce=True)  # grad-norm
     sharded = choice.sharding != "no_shard"
@@ -243,48 +325,68 @@ def _timing(
         per_micro_batch = p.compiled_overhead_s
     else:
         per_micro_batch = p.micro_batch_overhead_s + (p.sharding_overhead_s if sharded else 0.0)
-    overhead_s = per_micro_batch * choice.grad_accum
+    return optimizer_s, per_micro_batch * choice.grad_accum_steps
 
+
+def _timing(priced: PricedStep, choice: Choice, contention: float, *, record: bool) -> TimeEstimate:
+    """Step time from the two-stream timeline of one micro-batch, times accumulation."""
+    final = simulate(priced.last, prefetch_depth=choice.prefetch_depth, contention=contention, record=record)
+    if choice.grad_accum_steps > 1 and choice.sharding == "no_shard" and not choice.compile:
+        inner = simulate(priced.middle, prefetch_depth=choice.prefetch_depth, contention=contention)
+    else:
+        inner = final
+    accum_before = choice.grad_accum_steps - 1
+    optimizer_s, overhead_s = priced.optimizer_s, priced.overhead_s
+    tp_comm_s = priced.tensor_parallel_s * choice.grad_accum_steps
     step = accum_before * inner.total_s + final.total_s + optimizer_s + overhead_s
+    compute_s = accum_before * inner.compute_s + final.compute_s + optimizer_s + overhead_s
     return TimeEstimate(
         step_time_s=step,
-        compute_s=accum_before * inner.compute_s + final.compute_s + optimizer_s + overhead_s,
-        comm_s=accum_before * inner.comm_s + final.comm_s,
+        compute_s=compute_s - tp_comm_s,
+        comm_s=accum_before * inner.comm_s + final.comm_s + tp_comm_s,
         exposed_all_gather_s=accum_before * inner.exposed_all_gather_s + final.exposed_all_gather_s,
         exposed_reduce_s=accum_before * inner.exposed_reduce_s + final.exposed_reduce_s,
         optimizer_s=optimizer_s,
         overhead_s=overhead_s,
         micro_batch_timeline=final,
+        tensor_parallel_s=tp_comm_s,
     )
 
 
 class Estimator:
-    """Prices many choices for one setting, caching what choices share (layouts, activations,
-    repeated groups)."""
+    """Prices many choices for one setting, caching what choices share (tensor-parallel shares,
+    layouts, activations, repeated groups); every cache is keyed by the choice's own keys."""
 
     def __init__(self, setting: Setting) -> None:
         self.setting = setting
+        self._shares: dict[int, Setting] = {1: setting}
         self._layouts: dict[tuple, CommLayout] = {}
-        self._saved: dict[tuple[str, int, bool], SavedActivations] = {}
+        self._saved: dict[tuple, SavedActivations] = {}
         self._repeats: dict[tuple, RepeatedLayout] = {}
+        self._compute: dict[tuple, float] = {}
+
+    def setting_for(self, choice: Choice) -> Setting:
+        """The setting as one rank of the choice's tensor-parallel group sees it."""
+        tp = choice.mesh.tp
+        if tp not in self._shares:
+            self._shares[tp] = replace(self.setting, model=tensor_parallel_share(self.setting.model, tp))
+        return self._shares[tp]
 
     def layout(self, choice: Choice) -> CommLayout:
-        key = (
-            1 if choice.compile else choice.blocks_per_unit,
-            choice.compile,
-            choice.all_gather_bucket_mb if choice.compile else 0.0,
-            choice.reduce_scatter_bucket_mb if choice.compile else 0.0,
-        )
+        key = choice.layout_key
         if key not in self._layouts:
-            self._layouts[key] = comm_layout(self.setting, choice)
+            self._layouts[key] = comm_layout(self.setting_for(choice), choice)
         return self._layouts[key]
 
     def moments(self, choice: Choice) -> tuple[MemoryEstimate, ...]:
         """Memory at the step's candidate peaks (planner/cost/memory.py)."""
-        key = (choice.checkpointing, choice.every_k, choice.compile)
+        setting = self.setting_for(choice)
+        key = choice.activations_key
         if key not in self._saved:
-            self._saved[key] = saved_activations(self.setting, *key)
-        return memory_moments(self.setting, choice, self.layout(choice), self._saved[key])
+            self._saved[key] = saved_activations(
+                setting, choice.checkpointing, choice.every_k, choice.compile
+            )
+        return memory_moments(setting, choice, self.layout(choice), self._saved[key])
 
     def memory(self, choice: Choice) -> MemoryEstimate:
         """The step's peak: the larger of its moments."""
@@ -300,5 +402,23 @@ class Estimator:
             self._repeats[key] = repeated_layout(layout, choice)
         return self._repeats[key]
 
-    def timing(self, choice: Choice, *, record: bool = False) -> TimeEstimate:
-        return _timing(self.setting, choice, self.layout(choice), self.repeats(choice), record=record)
+    def floor_s(self, choice: Choice) -> float:
+        """A lower bound on the choice's step time without pricing its collectives (`PricedStep.floor_s`
+        from the compute alone, shared by every sharding of the same tp, micro-batch, checkpointing
+        and compile)."""
+        key = choice.compute_key
+        if key not in self._compute:
+            self._compute[key] = _micro_batch_compute(self.setting_for(choice), choice)
+        optimizer_s, overhead_s = _outside_the_timeline(self.setting_for(choice), choice)
+        return choice.grad_accum_steps * self._compute[key] + optimizer_s + overhead_s
+
+    def price(self, choice: Choice) -> PricedStep:
+        """The choice's groups priced, ready for the timeline (and a floor on its step time)."""
+        return _price(self.setting_for(choice), choice, self.layout(choice), self.repeats(choice))
+
+    def timing(
+        self, choice: Choice, *, record: bool = False, priced: PricedStep | None = None
+    ) -> TimeEstimate:
+        """The step's time on the two-stream timeline (`priced`: this choice's `price`, if known)."""
+        priced = priced or self.price(choice)
+        return _timing(priced, choice, self.setting.params.overlap_contention, record=record)

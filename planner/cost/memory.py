@@ -44,7 +44,10 @@ class MemoryTerm(NamedTuple):
 
 
 MEMORY_TERMS: dict[str, MemoryTerm] = {
-    "params": MemoryTerm("parameters", "Master parameters (fp32), sharded over the shard group."),
+    "params": MemoryTerm(
+        "parameters",
+        "Master parameters (fp32): the rank's tensor-parallel share, sharded over the shard group.",
+    ),
     "grads": MemoryTerm(
         "gradients",
         "Sharded gradients alive at the moment: from earlier micro-batches until backward, this "
@@ -148,7 +151,7 @@ def loss_bytes(setting: Setting, choice: Choice) -> float:
     tensors, the fp32 accumulator of the head's weight gradient (with, in bf16, one slice's
     contribution before it is added), and the hidden-state gradient, already whole."""
     m = setting.model
-    tokens = choice.micro_batch * setting.seq_len
+    tokens = choice.micro_batch_size * setting.seq_len
     slice_tokens = math.ceil(tokens / choice.loss_chunks)
     per_element = LOSS_SLICE_BYTES_PER_ELEMENT[setting.act_bytes]
     head_weight = m.head.matmul_params if m.vocab_size else 0
@@ -158,7 +161,7 @@ def loss_bytes(setting: Setting, choice: Choice) -> float:
 
 def _hidden_grad_bytes(setting: Setting, choice: Choice) -> float:
     """The loss's gradient w.r.t. the final hidden states, kept from the loss to backward."""
-    tokens = choice.micro_batch * setting.seq_len
+    tokens = choice.micro_batch_size * setting.seq_len
     return setting.model.head.input_elems * tokens * setting.act_bytes if setting.model.vocab_size else 0.0
 
 
@@ -175,7 +178,7 @@ class SavedActivations:
 def saved_activations(setting: Setting, checkpointing: str, every_k: int, compile_: bool) -> SavedActivations:
     """What a checkpointing policy keeps per token, and what its recompute adds."""
     m = setting.model
-    probe = Choice("", 1, 1, 1, 0.0, 0.0, checkpointing, every_k, 1, 1, compile_)
+    probe = Choice(sharding="", checkpointing=checkpointing, every_k=every_k, compile=compile_)
 
     def whole(unit: UnitCost) -> float:
         # Everything the unit's forward keeps, in compute-dtype elements (eager keeps some in fp32).
@@ -225,7 +228,7 @@ def _unsharded_params(setting: Setting, choice: Choice, groups: tuple[int, ...])
         # ZeRO-2 keeps every gathered parameter until backward. So does eager no_shard: FSDP2 on a
         # shard group of one still copies each parameter into an unsharded buffer, kept through
         # backward as no_shard does not reshard.
-        gathered = pb * setting.model.num_params
+        gathered = pb * setting.model.rank_params
     else:
         # Compiled no_shard uses fp32 weights in place; compute-dtype copies are transient.
         return pb * (depth + 2) * max(groups) if pb == 2 else 0.0
@@ -243,8 +246,8 @@ def memory_moments(
     """The step's candidate peaks: backward start, backward recompute (with checkpointing), and the
     optimizer step."""
     p = setting.params
-    n_params = setting.model.num_params
-    shard = choice.shard_group
+    n_params = setting.model.rank_params  # this rank's tensor-parallel share
+    shard = choice.mesh.dp_shard
     state_bytes = 8 if setting.optimizer == "adamw" else 4
     params = 4.0 * n_params / shard
     grads = 4.0 * n_params / shard
@@ -254,11 +257,11 @@ def memory_moments(
     pb = setting.param_bytes
     # Gradients come out of backward in the compute dtype and are cast to fp32 for reduction.
     grad_buffer_bytes = (pb + 4) if pb == 2 else 4
-    activation_bytes = choice.micro_batch * setting.seq_len * setting.act_bytes
+    activation_bytes = choice.micro_batch_size * setting.seq_len * setting.act_bytes
     activation_bytes *= p.compiled_activation_memory_scale if choice.compile else p.activation_memory_scale
     saved = activations.saved * activation_bytes
     unsharded = _unsharded_params(setting, choice, layout.group_params)
-    earlier_grads = grads if choice.grad_accum > 1 else 0.0
+    earlier_grads = grads if choice.grad_accum_steps > 1 else 0.0
 
     def in_step(
         moment: str,

@@ -7,7 +7,7 @@ of the cost model never needs to know which architecture it prices.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.specs import LayerUnit, ModelSpec
 
@@ -49,6 +49,14 @@ class UnitCost:
     tensors: int = 1
     """Parameter tensors (compiled SimpleFSDP gathers and reduces each one on its own unless bucketed)."""
     is_block: bool = True
+    replicated_params: int = 0
+    """Of `num_params`, those every tensor-parallel rank holds whole (norm weights)."""
+    tp_collectives: int = 0
+    """Collectives per forward under tensor parallelism with sequence parallelism (0: the unit
+    does not support tensor parallelism): a llama block all-gathers the sequence before attention
+    and the MLP and reduce-scatters after each; backward runs the mirror images."""
+    tp_collective_elems: float = 0.0
+    """Elements per token those collectives move in forward (whole-tensor size, as priced)."""
 
     @property
     def forward_flops(self) -> float:
@@ -68,6 +76,22 @@ class ModelCosts:
     seq_len: int
     flops_params: int
     """N of the 6N convention: every parameter except input embeddings (a tied head counts)."""
+    tensor_parallel: int = 1
+    """1: the whole model; else one rank's share of a tensor-parallel group
+    (`tensor_parallel_share`): units and vocabulary are per rank, `num_params` the whole model's."""
+    share_params: int = 0
+    """With tensor_parallel > 1: the parameters one rank holds (summed once, the search reads it
+    thousands of times)."""
+
+    @property
+    def supports_tensor_parallel(self) -> bool:
+        """Whether every unit has a tensor-parallel layout (the built-in llama family)."""
+        return all(u.tp_collectives > 0 for u in (self.embedding, *self.blocks, self.head))
+
+    @property
+    def rank_params(self) -> int:
+        """Parameters one rank of the tensor-parallel group holds (all of them when tp is 1)."""
+        return self.share_params if self.tensor_parallel > 1 else self.num_params
 
     @property
     def flops_per_token(self) -> float:
@@ -83,6 +107,49 @@ def model_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
     if spec.architecture == "gpt2":
         return _gpt2_costs(spec, seq_len)
     return _llama_costs(spec, seq_len)
+
+
+def tensor_parallel_share(model: ModelCosts, tp: int) -> ModelCosts:
+    """What one rank of a `tp`-wide tensor-parallel group holds and computes, per token of its
+    data-parallel micro-batch: matmul weights and FLOPs / tp (column/row parallel), attention / tp
+    (heads split), activations and elementwise work / tp (sequence parallel between the regions,
+    heads or FFN columns inside them), the vocabulary / tp (vocabulary-parallel embedding and loss).
+    Norm weights are replicated. The head keeps its whole input: the loss all-gathers the sequence.
+
+    Whole-model counts (`num_params` for display, `flops_params` and the attention convention for
+    MFU) stay those of the model. Repeated blocks stay one object, so they still price once.
+    """
+    if tp == 1:
+        return model
+    shares: dict[int, UnitCost] = {}
+
+    def share(u: UnitCost) -> UnitCost:
+        if id(u) not in shares:
+            shares[id(u)] = replace(
+                u,
+                num_params=(u.num_params - u.replicated_params) // tp + u.replicated_params,
+                matmul_params=u.matmul_params // tp,
+                attention_flops=u.attention_flops / tp,
+                elementwise_elems=u.elementwise_elems / tp,
+                saved_elems=u.saved_elems / tp,
+                saved_fp32_elems=u.saved_fp32_elems / tp,
+                op_saved_elems=u.op_saved_elems / tp,
+                op_recompute_matmul_params=u.op_recompute_matmul_params // tp,
+                input_elems=u.input_elems if u is model.head else u.input_elems / tp,
+                attention_output_elems=u.attention_output_elems / tp,
+            )
+        return shares[id(u)]
+
+    embedding, blocks, head = share(model.embedding), tuple(share(b) for b in model.blocks), share(model.head)
+    return replace(
+        model,
+        embedding=embedding,
+        blocks=blocks,
+        head=head,
+        vocab_size=model.vocab_size // tp,
+        tensor_parallel=tp,
+        share_params=sum(u.num_params for u in (embedding, *blocks, head)),
+    )
 
 
 def eager_saved_bytes(unit: UnitCost, act_bytes: int) -> float:
@@ -131,12 +198,19 @@ def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
         input_elems=h,
         attention_output_elems=h,
         tensors=9 + (3 if spec.qkv_bias else 0),  # 7 projections, 2 norms (+ q/k/v biases)
+        replicated_params=2 * h,
+        tp_collectives=4,
+        tp_collective_elems=4 * h,
     )
-    embedding = _embedding_unit(v * h, h, tensors=1)
+    # The vocabulary-parallel embedding reduce-scatters its output onto the sequence shards.
+    embedding = replace(_embedding_unit(v * h, h, tensors=1), tp_collectives=1, tp_collective_elems=h)
     head_params = h + (0 if spec.tie_word_embeddings else v * h)
     head = _head_unit(
         head_params, v * h, h, v, tensors=1 if spec.tie_word_embeddings else 2, fp32_norm_input=True
     )
+    # The final hidden states are all-gathered for the vocabulary-parallel loss, which all-reduces
+    # three per-token statistics (max, sum of exponentials, target logit) per slice.
+    head = replace(head, replicated_params=h, tp_collectives=4, tp_collective_elems=h + 3)
     blocks = (block,) * spec.num_layers
     total = embedding.num_params + block_params * spec.num_layers + head_params
     n = total - v * h + (v * h if spec.tie_word_embeddings else 0)

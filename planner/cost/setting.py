@@ -6,37 +6,83 @@ the plans that are reported); `Setting` is what stays fixed across a search.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import operator
+from dataclasses import dataclass, fields
 
 from planner.cost.model_costs import ModelCosts
 from planner.cost.parameters import CostParameters
+from planner.parallel_dims import ParallelDims
 from planner.specs import Optimizer, Precision
 
+SINGLE_RANK = ParallelDims()
+LAYOUT_FIELDS = ("blocks_per_unit", "all_gather_bucket_mb", "reduce_scatter_bucket_mb")
+"""Choice fields that act on cost only through the collective layout (planner/cost/layout.py)."""
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Choice:
-    """One point of the search space."""
+    """One point of the search space. Its fields are named as the Plan's `ParallelConfig` fields
+    (checkpointing there is `{mode, every_k}`), so that one converter maps between them
+    (planner/document.py)."""
 
     sharding: str
-    shard_group: int
-    replicate_group: int
-    blocks_per_unit: int
-    all_gather_bucket_mb: float
-    reduce_scatter_bucket_mb: float
-    checkpointing: str
-    every_k: int
-    micro_batch: int
-    grad_accum: int
-    compile: bool
+    mesh: ParallelDims = SINGLE_RANK
+    blocks_per_unit: int = 1
+    all_gather_bucket_mb: float = 0.0
+    reduce_scatter_bucket_mb: float = 0.0
+    checkpointing: str = "none"
+    every_k: int = 1
+    micro_batch_size: int = 1
+    grad_accum_steps: int = 1
+    compile: bool = False
     prefetch_depth: int = 1
     loss_chunks: int = 1
 
     @property
     def family(self) -> str:
+        """The sharding family (strategy, mesh shape, compile), e.g. `hybrid_shard/8x2 compiled`."""
         shard = self.sharding
         if self.sharding == "hybrid_shard":
-            shard += f"/{self.shard_group}x{self.replicate_group}"
+            shard += f"/{self.mesh.dp_shard}x{self.mesh.dp_replicate}"
         return f"{shard} {'compiled' if self.compile else 'eager'}"
+
+    @property
+    def tp_family(self) -> str:
+        """The tensor-parallel family, e.g. `tp=2`."""
+        return f"tp={self.mesh.tp}"
+
+    @property
+    def sequences_per_step(self) -> int:
+        """Sequences one data-parallel rank (one tensor-parallel group) processes per step."""
+        return self.micro_batch_size * self.grad_accum_steps
+
+    @property
+    def layout_key(self) -> tuple:
+        """What the collective layout (planner/cost/layout.py) depends on."""
+        compiled = self.compile
+        return (
+            self.mesh.tp,
+            compiled,
+            1 if compiled else self.blocks_per_unit,
+            self.all_gather_bucket_mb if compiled else 0.0,
+            self.reduce_scatter_bucket_mb if compiled else 0.0,
+        )
+
+    @property
+    def priced_key(self) -> tuple:
+        """The choice less what its collective layout's signature already stands for (the search
+        prices choices equal in this and in their layout's signature once)."""
+        return _PRICED_FIELDS(self)
+
+    @property
+    def compute_key(self) -> tuple:
+        """What one micro-batch's compute (forward, backward, recompute, tp collectives) depends on."""
+        return (self.mesh.tp, self.micro_batch_size, self.checkpointing, self.every_k, self.compile)
+
+    @property
+    def activations_key(self) -> tuple:
+        """What the saved activations per token depend on."""
+        return (self.mesh.tp, self.checkpointing, self.every_k, self.compile)
 
     @property
     def reshards_after_forward(self) -> bool:
@@ -49,6 +95,11 @@ class Choice:
         if self.checkpointing == "selective":
             return (block_index + 1) % self.every_k == 0
         return False
+
+
+_PRICED_FIELDS = operator.attrgetter(
+    *(f.name for f in fields(Choice) if f.name not in LAYOUT_FIELDS)
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,8 +40,8 @@ async def test_infeasible_405b_advice_is_accepted(client: httpx.AsyncClient, ses
     assert response.status_code == 201, response.text
     plan = response.json()["plan"]
     assert plan["cluster"]["num_nodes"] == nodes
-    # FSDP alone at this scale: most of the step waits for communication, and the plan says so.
-    assert "communication_bound" in [w["code"] for w in plan["warnings"]]
+    # There tensor parallelism divides the states and activations that sharding alone cannot.
+    assert plan["config"]["mesh"]["tp"] > 1
 
     same = problem["min_fitting_nodes_same_batch"]
     response = await client.post(PLANS, json=body("llama3.1-405b", f"{same}x8xH100", 4096, 4096 * 1024))
@@ -49,13 +49,11 @@ async def test_infeasible_405b_advice_is_accepted(client: httpx.AsyncClient, ses
 
 
 async def test_405b_at_seq_8192_problem_says_it_needs_model_parallelism(client: httpx.AsyncClient) -> None:
-    problem = assert_problem(
-        await client.post(PLANS, json=body("llama3.1-405b", "16x8xH100", 8192, 8192 * 1024)),
-        422,
-        "infeasible-plan",
-    )
+    data_parallel = {**body("llama3.1-405b", "16x8xH100", 8192, 8192 * 1024),
+                     "search": {"tensor_parallel_degrees": [1]}}
+    problem = assert_problem(await client.post(PLANS, json=data_parallel), 422, "infeasible-plan")
     assert problem["needs_model_parallelism"] is True and problem["min_fitting_nodes"] is None
-    assert "tensor or context parallelism" in problem["detail"]
+    assert "tensor parallelism beyond tp=1 (up to tp=8 splits this model" in problem["detail"]
 
 
 @pytest.mark.parametrize("tokens", [4096 * 100, 400_000], ids=["does-not-split", "partial-sequences"])

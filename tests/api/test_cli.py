@@ -91,7 +91,8 @@ def test_calibrate_shows_the_fit_of_a_profile_that_names_only_its_device() -> No
     # service stores it; an unknown device says what to set instead of failing.
     console = Console(record=True, width=200)
     show_fit(CalibrationProfile.model_validate(cpu_profile(gpu=None)), console)
-    assert "matmul efficiency" in console.export_text()
+    text = console.export_text()
+    assert "matmul efficiency" in text and "intra-node latency per doubling" in text
 
     unknown = cpu_profile(gpu=None)
     unknown["fingerprint"] = {**unknown["fingerprint"], "device_name": "Mystery Accelerator 9000"}

@@ -286,6 +286,7 @@ def test_calibration_pages_draw_the_measured_curves(client: TestClient, db: Data
     # Efficiency is achieved over the datasheet peak: the largest bf16 GEMM reaches about 72%.
     assert re.search(r"8192×8192 @ 8192×8192 bfloat16: [0-9.]+TFLOP/s = 7[01]\.\d% of peak", html)
     assert "GEMM efficiency" in html and "Intra-node bus bandwidth" in html and "NV18" in html
+    assert "Intra-node latency per group doubling" in html
     assert "79.1 GiB usable of 79.6 GiB" in html and "Compiled compute scale" in html
 
     form = client.get("/plans/new").text

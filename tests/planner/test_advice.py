@@ -21,8 +21,10 @@ from planner.advice import dominant_term
 from planner.calibration import CalibrationProfile
 from planner.catalog import resolve_model
 from planner.cost.estimate import Estimator
+from planner.enumeration import enumerate_choices
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
-from planner.search import build_setting, enumerate_choices, make_plan
+from planner.parallel_dims import ParallelDims
+from planner.search import build_setting, make_plan
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest
 from tests.planner.conftest import make_request
 from tests.planner.test_calibration import synthetic_profile
@@ -75,21 +77,28 @@ def test_405b_on_one_node_is_held_up_by_states_not_activations() -> None:
     assert "shorten seq_len" not in error.message
 
 
-def test_405b_at_seq_8192_needs_tensor_or_context_parallelism() -> None:
-    error = refused(make_request("llama3.1-405b", "16x8xH100", seq_len=8192, sequences=1024))
+def test_405b_at_seq_8192_without_tensor_parallelism_says_to_widen_it() -> None:
+    request = make_request(
+        "llama3.1-405b", "16x8xH100", seq_len=8192, sequences=1024, search={"tensor_parallel_degrees": [1]}
+    )
+    error = refused(request)
     assert error.min_fitting_nodes is None and error.needs_model_parallelism
     assert "Data parallelism alone cannot fit it" in error.message
-    assert "tensor or context parallelism" in error.message
+    assert "tensor parallelism beyond tp=1 (up to tp=8 splits this model" in error.message
     assert "more data-parallel GPUs shrink neither" in error.message
     assert "shorten seq_len" not in error.message
 
 
 def test_70b_at_32k_fits_only_where_activations_dominate_and_says_so() -> None:
-    request = make_request("llama3-70b", "4x8xH100", seq_len=32768, sequences=64)
+    # Data parallelism only: tensor parallelism fits it on these 32 GPUs (test_tensor_parallel.py).
+    request = make_request(
+        "llama3-70b", "4x8xH100", seq_len=32768, sequences=64, search={"tensor_parallel_degrees": [1]}
+    )
     error = refused(request)
     assert error.needs_model_parallelism
     assert error.dominant_memory_term == "activations and the loss"
-    assert "tensor or context parallelism would fit on fewer GPUs" in error.message
+    assert "tensor parallelism beyond tp=1 (up to tp=8 splits this model; widen " \
+        "search.tensor_parallel_degrees) or context parallelism would fit on fewer GPUs" in error.message
     assert error.min_fitting_nodes is not None and error.suggested_global_batch_tokens is not None
     plan = make_plan(
         variant(request, nodes=error.min_fitting_nodes, tokens=error.suggested_global_batch_tokens)
@@ -113,12 +122,22 @@ def test_advice_respects_the_replanning_ceiling() -> None:
 
 
 def test_405b_seq_2048_on_1024_gpus_warns_that_it_is_communication_bound() -> None:
-    plan = make_plan(make_request("llama3.1-405b", "128x8xH100", seq_len=2048, sequences=2048))
+    # Data parallelism only; with tensor parallelism in the search it is not communication-bound.
+    plan = make_plan(
+        make_request(
+            "llama3.1-405b", "128x8xH100", seq_len=2048, sequences=2048,
+            search={"tensor_parallel_degrees": [1]},
+        )
+    )
     warnings = {w.code: w.message for w in plan.warnings}
     assert "communication_bound" in warnings
     share = plan.prediction.exposed_comm_s / plan.prediction.step_time_s
     assert f"{share:.0%} of the step is exposed communication" in warnings["communication_bound"]
-    assert "Tensor parallelism inside nodes would cut it" in warnings["communication_bound"]
+    assert "Tensor parallelism inside nodes would cut it (widen search.tensor_parallel_degrees: up to " \
+        "tp=8 splits this model)" in warnings["communication_bound"]
+    with_tp = make_plan(make_request("llama3.1-405b", "128x8xH100", seq_len=2048, sequences=2048))
+    assert with_tp.config.mesh.tp > 1 and not with_tp.warnings
+    assert with_tp.prediction.tokens_per_s_per_gpu > 2 * plan.prediction.tokens_per_s_per_gpu
 
 
 def test_a_plan_that_overlaps_its_communication_carries_no_warning(llama8b_request: PlanRequest) -> None:
@@ -159,16 +178,22 @@ def test_suggested_batches_plan() -> None:
 
 
 def test_a_batch_suggestion_where_nothing_fits_names_the_cluster_that_does() -> None:
-    # The trap: 1024 sequences over 33x8, where no batch fits at all.
+    # The trap: 1024 sequences over 33x8, where no batch fits with data parallelism alone
+    # (with tensor parallelism 1056 sequences fit there).
+    data_parallel = {"tensor_parallel_degrees": [1]}
     with pytest.raises(ValidationError) as exc:
-        make_request("llama3.1-405b", "33x8xH100", seq_len=4096, sequences=1024)
+        make_request("llama3.1-405b", "33x8xH100", seq_len=4096, sequences=1024, search=data_parallel)
     text = "\n".join(describe_validation_error(exc.value))
     assert "does not fit on 33x8xH100-SXM-80GB at any such batch" in text
     assert suggested_batches(text) == []  # no batch is offered for a cluster that cannot take one
     found = re.search(r"Smallest cluster that fits: (\d+)x8xH100-SXM-80GB .*?global_batch_tokens (\d+)", text)
     assert found, text
     nodes, tokens = int(found[1]), int(found[2])
-    make_plan(make_request("llama3.1-405b", f"{nodes}x8xH100", seq_len=4096, sequences=tokens // 4096))
+    make_plan(
+        make_request(
+            "llama3.1-405b", f"{nodes}x8xH100", seq_len=4096, sequences=tokens // 4096, search=data_parallel
+        )
+    )
 
 
 @pytest.mark.parametrize(
@@ -189,7 +214,8 @@ def test_no_configuration_is_lighter_than_its_fully_sharded_twin(
     estimator = Estimator(setting)
     world = request.cluster.world_size
     for choice in enumerate_choices(request, setting):
-        twin = replace(choice, sharding="full_shard", shard_group=world, replicate_group=1)
+        tp = choice.mesh.tp
+        twin = replace(choice, sharding="full_shard", mesh=ParallelDims(dp_shard=world // tp, tp=tp))
         assert estimator.memory(choice).total >= estimator.memory(twin).total - 1e-6, choice
 
 
@@ -236,7 +262,8 @@ def test_the_readme_405b_example_advice_is_accepted_by_the_cli() -> None:
     assert found, text
     accepted = plan_cli("llama3.1-405b", f"{found[1]}xH100", 4096, int(found[2]))
     assert accepted.exit_code == 0, accepted.output
-    assert "warning: communication-bound" in " ".join(accepted.output.split())
+    # There it is tensor-parallel: tp shrinks the states as much as sharding and the activations too.
+    assert re.search(r"full_shard tp\d", " ".join(accepted.output.split())), accepted.output
 
 
 def test_calibrated_advice_plans_with_the_same_calibration() -> None:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.bounds import MAX_BYTES_PER_S, MAX_SECONDS, MIN_KERNEL_SECONDS
-from planner.calibration import CalibrationProfile, _fit_line, fit_parameters
+from planner.calibration import CalibrationProfile, _fit_latency_plane, _fit_line, fit_parameters
 from planner.catalog import resolve_gpu
 from planner.cost.parameters import default_parameters
 from planner.specs import ClusterSpec
@@ -55,6 +55,17 @@ def test_degenerate_points_give_no_line(points: list[tuple[float, float]]) -> No
     assert _fit_line(points) is None
 
 
+@settings(max_examples=300, derandomize=True, database=None)
+@given(st.lists(st.tuples(SIZES, SECONDS, st.sampled_from([2, 4, 8, 64])), max_size=12))
+def test_a_latency_plane_fit_is_finite_or_none(points: list[tuple[float, float, int]]) -> None:
+    fitted = _fit_latency_plane(points)
+    if fitted is not None:
+        latency, per_log2, slope = fitted
+        assert math.isfinite(latency) and latency >= 0
+        assert math.isfinite(per_log2) and per_log2 >= 0
+        assert math.isfinite(slope) and slope > 0
+
+
 def test_extremes_far_apart_still_fit() -> None:
     # y = 1e-7 + 1e-6 x, from 1.1 µs at one byte to 11.6 days at a terabyte.
     points = [(x, 1e-7 + 1e-6 * x) for x in (1.0, 1e12)]
@@ -72,10 +83,12 @@ def bounded_profiles(draw: st.DrawFn) -> CalibrationProfile:
                        "seconds": max(seconds, 2 * m * n * k / 1e17)})
     collectives = []
     sizes = st.integers(min_value=1, max_value=10**12)
-    for op, size, seconds in draw(st.lists(st.tuples(
-        st.sampled_from(["all_gather", "reduce_scatter", "all_reduce"]), sizes, SECONDS
-    ), max_size=6)):
-        collectives.append({"op": op, "group_size": 2, "link": "intra", "bytes": size,
+    # Several group sizes on one link take the fit that reads latency growth from them.
+    for op, group, size, seconds in draw(st.lists(st.tuples(
+        st.sampled_from(["all_gather", "reduce_scatter", "all_reduce"]), st.sampled_from([2, 4, 8]),
+        sizes, SECONDS
+    ), max_size=8)):
+        collectives.append({"op": op, "group_size": group, "link": "intra", "bytes": size,
                             "seconds": max(seconds, 2 * size / MAX_BYTES_PER_S)})
     copies = [{"bytes": b, "seconds": max(s, b / MAX_BYTES_PER_S)}
               for b, s in draw(st.lists(st.tuples(sizes, SECONDS), max_size=2))]
@@ -92,7 +105,9 @@ def test_any_bounded_profile_fits_finite_parameters(profile: CalibrationProfile)
     fitted = fit_parameters(profile, base=base, precision="fp32").as_document()
     assert finite(fitted)
     assert 0 < fitted["matmul_efficiency"] <= 1
-    assert 0 < fitted["links"]["intra"]["bandwidth"] <= MAX_BYTES_PER_S
+    intra = fitted["links"]["intra"]
+    assert 0 < intra["bandwidth"] <= MAX_BYTES_PER_S
+    assert intra["latency_s"] >= 0 and intra["latency_per_log2_s"] >= 0
 
 
 def test_the_extreme_profile_with_steps_fits_finite_parameters() -> None:

@@ -8,23 +8,29 @@ from planner.cost.estimate import Estimator
 from planner.cost.memory import MEMORY_TERMS, loss_chunks_for
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice
+from planner.enumeration import enumerate_choices
+from planner.parallel_dims import ParallelDims
 from planner.plan import MemoryBreakdown
-from planner.search import build_setting, enumerate_choices, make_plan
+from planner.search import build_setting, make_plan
 from tests.planner.conftest import make_request
 
+WHOLE_BATCH_OF_2 = {"micro_batch_size": 2, "grad_accum_steps": 1}
+"""Two sequences per rank in one micro-batch."""
 
-def choice(sharding: str, shard: int, **overrides) -> Choice:
+
+def choice(sharding: str, shard: int, replicas: int | None = None, **overrides) -> Choice:
+    """A choice on 8 GPUs sharded over `shard` (replicated over the rest unless `replicas`)."""
+    replicas = 8 // shard if replicas is None else replicas
     fields = dict(
         sharding=sharding,
-        shard_group=shard,
-        replicate_group=8 // shard,
+        mesh=ParallelDims(dp_replicate=replicas, dp_shard=shard),
         blocks_per_unit=1,
         all_gather_bucket_mb=0.0,
         reduce_scatter_bucket_mb=0.0,
         checkpointing="full",
         every_k=1,
-        micro_batch=1,
-        grad_accum=2,
+        micro_batch_size=1,
+        grad_accum_steps=2,
         compile=False,
     )
     return Choice(**{**fields, **overrides})
@@ -57,7 +63,7 @@ def test_shard_grad_op_keeps_sharded_states_but_holds_unsharded_params(estimator
 
 def test_no_shard_replicates_everything_like_ddp(estimator: Estimator) -> None:
     n_params = estimator.setting.model.num_params
-    ddp = estimator.memory(choice("no_shard", 1, replicate_group=8))
+    ddp = estimator.memory(choice("no_shard", 1, replicas=8))
     assert ddp.moment == "optimizer step"
     assert ddp.params == pytest.approx(4 * n_params)
     assert ddp.grads == pytest.approx(4 * n_params)
@@ -67,7 +73,7 @@ def test_no_shard_replicates_everything_like_ddp(estimator: Estimator) -> None:
 
 def test_hybrid_states_shrink_with_the_shard_group_not_the_world(estimator: Estimator) -> None:
     n_params = estimator.setting.model.num_params
-    hsdp = estimator.memory(choice("hybrid_shard", 4, replicate_group=2))
+    hsdp = estimator.memory(choice("hybrid_shard", 4, replicas=2))
     assert hsdp.sharded_states == pytest.approx(16 * n_params / 4)
 
 
@@ -84,7 +90,7 @@ def test_checkpointing_trades_activations_only(estimator: Estimator) -> None:
 
 def test_activations_and_logits_scale_with_micro_batch(estimator: Estimator) -> None:
     one = estimator.moments(choice("full_shard", 8, checkpointing="none"))[0]
-    two = estimator.moments(choice("full_shard", 8, checkpointing="none", micro_batch=2, grad_accum=1))[0]
+    two = estimator.moments(choice("full_shard", 8, checkpointing="none", **WHOLE_BATCH_OF_2))[0]
     assert one.moment == "loss"
     assert two.activations == pytest.approx(2 * one.activations)
     # The head's fp32 gradient accumulator (and one bf16 slice product) does not grow with tokens.
@@ -110,8 +116,8 @@ def test_total_is_the_sum_of_its_parts(estimator: Estimator) -> None:
 
 
 def test_with_one_micro_batch_the_backward_peak_holds_no_gradients_yet(estimator: Estimator) -> None:
-    accumulating = estimator.memory(choice("full_shard", 8, checkpointing="none", grad_accum=2))
-    single = estimator.memory(choice("full_shard", 8, checkpointing="none", micro_batch=2, grad_accum=1))
+    accumulating = estimator.memory(choice("full_shard", 8, checkpointing="none", grad_accum_steps=2))
+    single = estimator.memory(choice("full_shard", 8, checkpointing="none", **WHOLE_BATCH_OF_2))
     n_params = estimator.setting.model.num_params
     assert accumulating.grads == pytest.approx(4 * n_params / 8)
     assert single.grads == 0.0 and single.activations > 0
@@ -121,7 +127,7 @@ def test_the_optimizer_step_is_the_peak_when_backward_holds_little(estimator: Es
     # Replicated fp32 states dwarf one checkpointed sequence: the peak is in the update, with
     # every gradient and nothing transient.
     ddp = estimator.memory(
-        choice("no_shard", 1, replicate_group=8, grad_accum=1, micro_batch=2, compile=True)
+        choice("no_shard", 1, replicas=8, grad_accum_steps=1, micro_batch_size=2, compile=True)
     )
     n_params = estimator.setting.model.num_params
     assert ddp.grads == pytest.approx(4 * n_params)
@@ -129,8 +135,8 @@ def test_the_optimizer_step_is_the_peak_when_backward_holds_little(estimator: Es
 
 
 def test_eager_no_shard_keeps_unsharded_copies_compiled_does_not(estimator: Estimator) -> None:
-    eager = estimator.moments(choice("no_shard", 1, replicate_group=8, compile=False))[0]
-    compiled = estimator.moments(choice("no_shard", 1, replicate_group=8, compile=True))[0]
+    eager = estimator.moments(choice("no_shard", 1, replicas=8, compile=False))[0]
+    compiled = estimator.moments(choice("no_shard", 1, replicas=8, compile=True))[0]
     n_params = estimator.setting.model.num_params
     # bf16 compute copies of every parameter (FSDP2 gathers even over a group of one).
     # ... plus FSDP2's last all-gather output (one unit: here the 128k-vocabulary embedding).
@@ -162,9 +168,9 @@ def test_a_plan_keeps_its_margin_below_the_usable_memory() -> None:
 
 
 def test_slicing_the_loss_bounds_the_logits(estimator: Estimator) -> None:
-    whole = estimator.moments(choice("full_shard", 8, checkpointing="none", micro_batch=2, grad_accum=1))[0]
+    whole = estimator.moments(choice("full_shard", 8, checkpointing="none", **WHOLE_BATCH_OF_2))[0]
     sliced = estimator.moments(
-        choice("full_shard", 8, checkpointing="none", micro_batch=2, grad_accum=1, loss_chunks=8)
+        choice("full_shard", 8, checkpointing="none", **WHOLE_BATCH_OF_2, loss_chunks=8)
     )[0]
     vocab = estimator.setting.model.vocab_size
     # bf16: the compute-dtype logits and their fp32 copy (softmax and gradient in place), per slice.
@@ -186,7 +192,7 @@ def test_the_first_optimizer_step_creates_states_and_temporaries() -> None:
     request = make_request("llama3-8b", "1x1xH200", seq_len=1024, sequences=1)
     setting = build_setting(request, None, None)
     e = Estimator(setting)
-    one = choice("no_shard", 1, replicate_group=1, checkpointing="full", grad_accum=1)
+    one = choice("no_shard", 1, replicas=1, checkpointing="full", grad_accum_steps=1)
     backward, *_, update = e.moments(one)
     n_params = setting.model.num_params
     assert update.moment == "optimizer step" and update.total > backward.total
@@ -218,7 +224,8 @@ def test_plans_stored_before_schema_1_1_still_read() -> None:
 
 
 def test_recompute_happens_after_the_loss_is_gone(estimator: Estimator) -> None:
-    loss, start, recompute, _ = estimator.moments(choice("full_shard", 8, checkpointing="full", grad_accum=1))
+    full = choice("full_shard", 8, checkpointing="full", grad_accum_steps=1)
+    loss, start, recompute, _ = estimator.moments(full)
     assert (loss.moment, start.moment, recompute.moment) == ("loss", "backward start", "backward recompute")
     assert recompute.logits == 0.0 and loss.logits > start.logits > 0
     assert recompute.activations > start.activations  # one block re-run beside what was kept

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from planner.cost.estimate import Estimator
 from planner.cost.setting import Choice
 from planner.errors import InfeasiblePlanError
+from planner.parallel_dims import ParallelDims
 from planner.search import build_setting, make_plan
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 
@@ -61,7 +62,7 @@ def test_planning_never_crashes_and_respects_memory(request: PlanRequest) -> Non
     assert plan.prediction.peak_memory_gib <= usable
     assert plan.prediction.step_time_s > 0 and plan.prediction.tokens_per_s_per_gpu > 0
     config = plan.config
-    assert config.micro_batch_size * config.grad_accum_steps * plan.cluster.world_size == (
+    assert config.micro_batch_size * config.grad_accum_steps * config.mesh.dp == (
         request.training.global_batch_sequences
     )
 
@@ -72,7 +73,12 @@ def test_memory_is_monotone_in_micro_batch(request: PlanRequest, checkpointing: 
     estimator = Estimator(build_setting(request))
     world = request.cluster.world_size
     totals = [
-        estimator.memory(Choice("full_shard", world, 1, 1, 0.0, 0.0, checkpointing, 2, mb, 1, compiled)).total
+        estimator.memory(
+            Choice(
+                sharding="full_shard", mesh=ParallelDims(dp_shard=world), checkpointing=checkpointing,
+                every_k=2, micro_batch_size=mb, compile=compiled,
+            )
+        ).total
         for mb in (1, 2, 4, 8)
     ]
     assert totals == sorted(totals)
@@ -86,6 +92,7 @@ def test_more_sharding_never_increases_sharded_state(request: PlanRequest) -> No
     states = []
     for shard in sorted({1, *(s for s in (2, 4, 8, 16, 32) if world % s == 0 and s <= world), world}):
         sharding = "no_shard" if shard == 1 else ("full_shard" if shard == world else "hybrid_shard")
-        choice = Choice(sharding, shard, world // shard, 1, 0.0, 0.0, "full", 1, 1, 1, False)
+        mesh = ParallelDims(dp_replicate=world // shard, dp_shard=shard)
+        choice = Choice(sharding=sharding, mesh=mesh, checkpointing="full")
         states.append(estimator.memory(choice).sharded_states)
     assert states == sorted(states, reverse=True)

@@ -15,7 +15,8 @@ from planner.cost.estimate import Estimator
 from planner.cost.model_costs import ModelCosts, model_costs
 from planner.cost.repeats import Run, periodic_runs
 from planner.cost.setting import Setting
-from planner.search import build_setting, enumerate_choices, make_plan
+from planner.enumeration import enumerate_choices
+from planner.search import build_setting, make_plan
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 from tests.planner.conftest import make_request
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -11,6 +12,7 @@ from planner.cost.parameters import GIB
 from planner.cost.setting import Choice
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.hashing import plan_hash
+from planner.parallel_dims import ParallelDims
 from planner.plan import Plan
 from planner.search import build_setting, make_plan
 from planner.specs import PlanRequest
@@ -25,14 +27,17 @@ def test_torchtitan_anchor_lands_in_a_plausible_range(llama8b_request: PlanReque
     """
     setting = build_setting(llama8b_request, None, None)
     estimator = Estimator(setting)
-    anchor = Choice("full_shard", 8, 1, 1, 0.0, 0.0, "op_selective", 1, 2, 1, True)
+    anchor = Choice(
+        sharding="full_shard", mesh=ParallelDims(dp_shard=8), checkpointing="op_selective",
+        micro_batch_size=2, compile=True,
+    )
     mem = estimator.memory(anchor)
     time = estimator.timing(anchor)
     tps = 8192 * 2 / time.step_time_s
     mfu = tps * setting.model.flops_per_token / setting.params.mfu_peak_flops
     assert 0.25 <= mfu <= 0.55, mfu
     assert mem.total / GIB < 80
-    eager = Choice("full_shard", 8, 1, 1, 0.0, 0.0, "op_selective", 1, 2, 1, False)
+    eager = replace(anchor, compile=False)
     eager_tps = 8192 * 2 / estimator.timing(eager).step_time_s
     assert 0.25 <= eager_tps * setting.model.flops_per_token / setting.params.mfu_peak_flops <= 0.55
     assert eager_tps < tps  # compile fuses elementwise work, as measured
@@ -45,7 +50,10 @@ def test_search_never_picks_a_plan_predicted_to_oom(llama8b_request: PlanRequest
     assert all(a.peak_memory_gib <= usable for a in plan.alternatives)
     assert all(p.peak_memory_gib <= usable for p in plan.pareto_front)
     assert plan.prediction.mfu > 0.25
-    # no_shard replicates 16 bytes x 8B parameters: it cannot fit, and the plan says so.
+    # Without tensor parallelism no_shard replicates 16 bytes x 8B parameters: it cannot fit, and
+    # the plan says so (with it, tp=4 quarters them and no_shard fits, but slower).
+    data_parallel = llama8b_request.search.model_copy(update={"tensor_parallel_degrees": [1]})
+    plan = make_plan(llama8b_request.model_copy(update={"search": data_parallel}))
     no_shard = [r for r in plan.rejected if r.family.startswith("no_shard")]
     assert no_shard and all(r.kind == "oom" and r.reason.startswith("OOM by ") for r in no_shard)
 
@@ -165,5 +173,5 @@ def test_predict_prices_exactly_the_given_configuration(llama8b_request: PlanReq
         searched.alternatives[-1].tokens_per_s_per_gpu
     )
     broken = searched.config.model_copy(update={"grad_accum_steps": 7})
-    with pytest.raises(PlanningError, match="per-rank batch 2"):
+    with pytest.raises(PlanningError, match="per-data-parallel-rank batch 2"):
         predict(llama8b_request, broken)

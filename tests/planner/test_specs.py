@@ -38,11 +38,24 @@ def test_unreachable_global_batch_names_the_fix() -> None:
         PlanRequest(
             model=resolve_model("llama3-8b"),
             cluster=ClusterSpec.parse("2x8xH100"),
-            training=TrainingSpec(seq_len=4096, global_batch_tokens=4096 * 20),
+            training=TrainingSpec(seq_len=4096, global_batch_tokens=4096 * 21),
         )
     text = messages(exc)
     assert "cannot be split evenly over 16 GPUs" in text
-    assert "32 sequences" in text
+    assert "16 sequences" in text and "32 sequences" in text
+
+
+def test_a_batch_that_splits_over_data_parallel_ranks_only_plans_tensor_parallel() -> None:
+    # 20 sequences do not split over 16 GPUs, but over 4 data-parallel ranks of tp=4 they do.
+    from planner.search import make_plan
+
+    request = PlanRequest(
+        model=resolve_model("llama3-8b"),
+        cluster=ClusterSpec.parse("2x8xH100"),
+        training=TrainingSpec(seq_len=4096, global_batch_tokens=4096 * 20),
+    )
+    plan = make_plan(request)
+    assert plan.config.mesh.tp >= 4 and 20 % plan.config.mesh.dp == 0
 
 
 def test_heads_must_divide_hidden_size() -> None:

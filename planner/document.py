@@ -1,0 +1,168 @@
+"""Assemble the Plan document from the search's priced configurations.
+
+One converter each way between the search's light `Choice` and the Plan's `ParallelConfig`
+(their shared fields have the same names), and the prediction, candidates and the whole document.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from planner import PLANNER_VERSION
+from planner.catalog.gpus import resolve_gpu
+from planner.cost.parameters import GIB
+from planner.cost.setting import Choice, Setting
+from planner.hashing import plan_hash
+from planner.plan import (
+    Candidate,
+    CheckpointingConfig,
+    InductorConfig,
+    MemoryBreakdown,
+    ParallelConfig,
+    Plan,
+    PlannedCluster,
+    PlannedModel,
+    PlannedTraining,
+    PlanWarning,
+    Prediction,
+    RejectedFamily,
+    SearchStats,
+    TimelineSegment,
+)
+from planner.ranking import Evaluated, distinct, pareto
+from planner.specs import PlanRequest
+
+_SHARED_FIELDS = tuple(
+    f.name for f in fields(Choice) if f.name in ParallelConfig.model_fields and f.name != "checkpointing"
+)
+"""Fields that the Choice and the ParallelConfig both carry, under the same name."""
+
+
+def to_parallel_config(choice: Choice, request: PlanRequest) -> ParallelConfig:
+    """The Plan's configuration for a choice: its own fields, plus what they imply."""
+    bf16 = request.training.precision == "bf16"
+    return ParallelConfig(
+        **{name: getattr(choice, name) for name in _SHARED_FIELDS},
+        checkpointing=CheckpointingConfig(mode=choice.checkpointing, every_k=choice.every_k),  # type: ignore[arg-type]
+        reshard_after_forward=choice.reshards_after_forward,
+        param_dtype="bfloat16" if bf16 else "float32",
+        reduce_dtype="float32",
+        inductor=InductorConfig(
+            bucket_all_gathers=choice.compile and choice.all_gather_bucket_mb > 0,
+            bucket_reduce_scatters=choice.compile and choice.reduce_scatter_bucket_mb > 0,
+            reorder_for_compute_comm_overlap=choice.compile and choice.sharding != "no_shard",
+        ),
+    )
+
+
+def choice_from_config(config: ParallelConfig) -> Choice:
+    """The search's choice for a Plan's configuration (what `predict` prices)."""
+    return Choice(
+        **{name: getattr(config, name) for name in _SHARED_FIELDS},
+        checkpointing=config.checkpointing.mode,
+        every_k=config.checkpointing.every_k,
+    )
+
+
+def mfu(setting: Setting, tokens_per_s_per_gpu: float) -> float:
+    return tokens_per_s_per_gpu * setting.model.flops_per_token / setting.params.mfu_peak_flops
+
+
+def plan_document(
+    request: PlanRequest,
+    setting: Setting,
+    best: Evaluated,
+    *,
+    fitting: list[Evaluated],
+    rejected: list[RejectedFamily],
+    count: int,
+    fitting_count: int,
+    warnings: tuple[PlanWarning, ...],
+    digest: str | None = None,
+) -> Plan:
+    """The Plan for `best`, with the `fitting` alternatives (timed, ranked best first) beside it;
+    `count` configurations were enumerated, `fitting_count` of them fit."""
+    return Plan(
+        planner_version=PLANNER_VERSION,
+        plan_hash=digest or plan_hash(request, calibration_id=setting.params.calibration_id),
+        model=PlannedModel(
+            **request.model.model_dump(),
+            num_params=setting.model.num_params,
+            num_params_embedding=setting.model.num_params_embedding,
+            flops_per_token=setting.model.flops_per_token,
+        ),
+        cluster=PlannedCluster(
+            **request.cluster.model_dump(),
+            world_size=request.cluster.world_size,
+            gpu_spec=resolve_gpu(request.cluster.gpu),
+        ),
+        training=PlannedTraining(
+            **request.training.model_dump(),
+            global_batch_sequences=request.training.global_batch_sequences,
+        ),
+        config=to_parallel_config(best.choice, request),
+        prediction=_prediction(setting, best, headroom=request.search.memory_headroom),
+        alternatives=tuple(
+            _candidate(e, best, setting, request) for e in distinct(best, fitting[1:], request.top_k)
+        ),
+        pareto_front=tuple(_candidate(e, best, setting, request) for e in pareto(fitting)),
+        rejected=tuple(rejected),
+        calibration_id=setting.params.calibration_id,
+        search=SearchStats(candidates_evaluated=count, candidates_fitting=fitting_count),
+        warnings=warnings,
+    )
+
+
+def _prediction(setting: Setting, e: Evaluated, *, headroom: float) -> Prediction:
+    assert e.time is not None
+    t = e.time
+    m = e.memory
+    params = setting.params
+    segments = tuple(
+        TimelineSegment(
+            stream=stream,
+            phase=phase,
+            label=label,  # type: ignore[arg-type]
+            start_s=round(start, 9),
+            end_s=round(end, 9),
+            exposed_s=round(exposed, 9),
+        )
+        for stream, phase, label, start, end, exposed in t.micro_batch_timeline.segments
+    )
+    return Prediction(
+        step_time_s=t.step_time_s,
+        tokens_per_s_per_gpu=e.tokens_per_s_per_gpu,
+        tokens_per_s=e.tokens_per_s_per_gpu * setting.world_size,
+        mfu=mfu(setting, e.tokens_per_s_per_gpu),
+        peak_memory_gib=m.total / GIB,
+        memory_breakdown_gib=MemoryBreakdown(
+            **{name: value / GIB for name, value in m.terms().items()},
+            moment=m.moment,  # type: ignore[arg-type]
+        ),
+        usable_memory_gib=params.usable_memory_gib * (1.0 - headroom),
+        memory_margin=params.memory_margin,
+        memory_margin_reason=params.memory_margin_reason,
+        compute_s=t.compute_s,
+        comm_s=t.comm_s,
+        exposed_comm_s=t.exposed_comm_s,
+        exposed_all_gather_s=t.exposed_all_gather_s,
+        exposed_reduce_scatter_s=t.exposed_reduce_s,
+        exposed_tensor_parallel_s=t.tensor_parallel_s,
+        optimizer_s=t.optimizer_s,
+        overhead_s=t.overhead_s,
+        timeline=segments,
+    )
+
+
+def _candidate(e: Evaluated, best: Evaluated, setting: Setting, request: PlanRequest) -> Candidate:
+    assert e.time is not None
+    return Candidate(
+        label=(config := to_parallel_config(e.choice, request)).label(),
+        config=config,
+        step_time_s=e.time.step_time_s,
+        tokens_per_s_per_gpu=e.tokens_per_s_per_gpu,
+        mfu=mfu(setting, e.tokens_per_s_per_gpu),
+        peak_memory_gib=e.peak_gib,
+        exposed_comm_s=e.time.exposed_comm_s,
+        relative_throughput=e.tokens_per_s_per_gpu / best.tokens_per_s_per_gpu,
+    )

@@ -1,0 +1,202 @@
+"""The search space: every configuration a request allows, in a fixed order.
+
+Axes, outermost first: the device mesh (tensor-parallel degree, then the data-parallel sharding
+over what remains), compile, wrap unit, bucket caps, activation checkpointing, micro-batch. The
+loss is sliced by one rule (`loss_chunks_for`), not searched. The search (planner/search.py) and
+its advice (planner/advice.py) both walk this one enumeration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from planner.cost.memory import loss_chunks_for
+from planner.cost.setting import Choice, Setting
+from planner.errors import PlanningError
+from planner.parallel_dims import ParallelDims
+from planner.specs import PlanRequest
+
+BLOCKS_PER_UNIT = (1, 2, 4, 8)
+BUCKET_CAPS_MB = (0.0, 64.0, 512.0)
+SELECTIVE_EVERY_K = (2, 4)
+
+
+def hybrid_shard_sizes(dp: int, gpus_per_node: int, *, tp: int = 1) -> list[int]:
+    """Shard-group sizes for a 2-D data-parallel mesh of `dp` ranks (each a `tp`-wide group):
+    divisors of dp strictly between 1 and dp whose groups line up with nodes (dp_shard x tp ranks
+    divide the node, or are a whole number of nodes)."""
+    return [
+        s
+        for s in range(2, dp)
+        if dp % s == 0
+        and (gpus_per_node % (s * tp) == 0 or (s * tp) % gpus_per_node == 0)
+        and _is_pow2_multiple(s)
+    ]
+
+
+def _is_pow2_multiple(n: int) -> bool:
+    # Keeps the 2-D options to a handful at large scale (2, 4, 8, 16, ... or 3, 6, 12, ...).
+    odd = n
+    while odd % 2 == 0:
+        odd //= 2
+    return odd <= 3
+
+
+def micro_batch_sizes(local_batch: int, limit: int) -> list[int]:
+    """Divisors of the per-rank batch up to a limit: powers of two, plus the whole local batch."""
+    sizes = {d for d in (2**i for i in range(0, 16)) if d <= limit and local_batch % d == 0}
+    if local_batch <= limit:
+        sizes.add(local_batch)
+    return sorted(sizes)
+
+
+def tensor_parallel_limits(request: PlanRequest) -> list[str]:
+    """Why a degree cannot split this model: what every tensor-parallel degree must divide."""
+    model = request.model
+    return [
+        f"num_heads {model.num_heads}",
+        f"num_kv_heads {model.kv_heads}",
+        f"intermediate_size {model.ffn_size}",
+        f"vocab_size {model.vocab_size}",
+        f"gpus_per_node {request.cluster.gpus_per_node}",
+    ]
+
+
+def splits_model(request: PlanRequest, tp: int) -> bool:
+    """Whether `tp` ranks can split the model's heads, FFN and vocabulary inside one node."""
+    model = request.model
+    return all(
+        n % tp == 0
+        for n in (model.num_heads, model.kv_heads, model.ffn_size, model.vocab_size,
+                  request.cluster.gpus_per_node)
+    )
+
+
+def tensor_parallel_degrees(request: PlanRequest) -> list[int]:
+    """The tensor-parallel degrees to search: the request's pins, else every power of two that
+    splits the model inside a node (1 for architectures without a tensor-parallel runtime).
+
+    Raises PlanningError for a pinned degree the model or cluster cannot take, saying why.
+    """
+    pinned = request.search.tensor_parallel_degrees
+    llama = request.model.architecture == "llama"
+    if pinned is None:
+        if not llama:
+            return [1]
+        node = request.cluster.gpus_per_node
+        return [tp for tp in (2**i for i in range(0, 8)) if tp <= node and splits_model(request, tp)]
+    for tp in pinned:
+        if tp == 1:
+            continue
+        if not llama:
+            raise PlanningError(
+                f"search.tensor_parallel_degrees: tensor parallelism needs a llama-family model (the "
+                f"runtime splits its attention, MLP and vocabulary), not '{request.model.architecture}'; "
+                "pin [1] or leave it unset",
+                field="search.tensor_parallel_degrees",
+            )
+        if not splits_model(request, tp):
+            divides = ", ".join(tensor_parallel_limits(request))
+            raise PlanningError(
+                f"search.tensor_parallel_degrees: tp={tp} must divide each of {divides} (tensor "
+                "parallelism stays inside a node and splits heads, FFN and vocabulary evenly); "
+                "pick a common divisor",
+                field="search.tensor_parallel_degrees",
+            )
+    return sorted(set(pinned))
+
+
+def splitting_degrees(request: PlanRequest) -> list[int]:
+    """The searched tensor-parallel degrees whose data-parallel ranks (world / tp) split the global
+    batch evenly (a pin the model cannot take counts as tp=1 here: planning names that error)."""
+    try:
+        degrees = tensor_parallel_degrees(request)
+    except PlanningError:
+        degrees = [1]
+    world, sequences = request.cluster.world_size, request.training.global_batch_sequences
+    return [tp for tp in degrees if world % tp == 0 and sequences % (world // tp) == 0]
+
+
+def check_mesh(request: PlanRequest, sharding: str, mesh: ParallelDims) -> None:
+    """Refuse a mesh the cluster, the sharding or the model cannot take (a given configuration)."""
+    world = request.cluster.world_size
+    problem = None
+    if mesh.world_size != world:
+        problem = (
+            f"dp_replicate x dp_shard x tp = {mesh.world_size} must equal the cluster's {world} GPUs"
+        )
+    elif sharding in ("full_shard", "shard_grad_op") and mesh.dp_replicate != 1:
+        problem = f"{sharding} shards over every data-parallel rank: dp_replicate must be 1"
+    elif sharding == "no_shard" and mesh.dp_shard != 1:
+        problem = "no_shard replicates: dp_shard must be 1"
+    elif mesh.tp > 1 and (request.model.architecture != "llama" or not splits_model(request, mesh.tp)):
+        limits = ", ".join(tensor_parallel_limits(request))
+        problem = f"tp={mesh.tp} must divide each of {limits} (llama family only)"
+    if problem:
+        raise PlanningError(f"config.mesh: {problem}", field="config")
+
+
+def data_parallel_meshes(request: PlanRequest, tp: int) -> Iterator[tuple[str, ParallelDims]]:
+    """(sharding, mesh) for every allowed sharding of the dp = world / tp data-parallel ranks."""
+    dp = request.cluster.world_size // tp
+    for sharding in request.search.shardings:
+        if dp == 1 and sharding != "no_shard":
+            continue  # one data-parallel rank has nothing to shard over
+        if sharding == "hybrid_shard":
+            for s in hybrid_shard_sizes(dp, request.cluster.gpus_per_node, tp=tp):
+                yield sharding, ParallelDims(dp_replicate=dp // s, dp_shard=s, tp=tp)
+        elif sharding == "no_shard":
+            yield sharding, ParallelDims(dp_replicate=dp, tp=tp)
+        else:
+            yield sharding, ParallelDims(dp_shard=dp, tp=tp)
+
+
+def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice]:
+    """Every configuration the request allows that the runtime executes differently, in a fixed
+    order. Wrap units matter only to eager FSDP2 with something to gather: compiled SimpleFSDP
+    never groups parameters by unit (inductor buckets them by the caps)."""
+    search = request.search
+    layers = (
+        request.model.num_layers
+        if request.model.architecture != "layer_graph"
+        else max(1, sum(1 for u in request.model.layer_graph or [] if u.is_block))
+    )
+    units = [k for k in BLOCKS_PER_UNIT if k <= layers]
+    checkpointing: list[tuple[str, int]] = []
+    for mode in search.checkpointing:
+        if mode == "selective":
+            checkpointing += [(mode, k) for k in SELECTIVE_EVERY_K if k <= layers]
+        else:
+            checkpointing.append((mode, 1))
+    tensor_parallel_degrees(request)  # a pin the model cannot take is refused here, with why
+    for tp in splitting_degrees(request):
+        dp = request.cluster.world_size // tp
+        local_batch = request.training.global_batch_sequences // dp
+        micro_batches = micro_batch_sizes(local_batch, search.max_micro_batch_size)
+        vocab_share = setting.model.vocab_size // tp
+        chunks = {
+            mb: loss_chunks_for(mb * setting.seq_len, vocab_share, setting.act_bytes) for mb in micro_batches
+        }
+        for sharding, mesh in data_parallel_meshes(request, tp):
+            gathers = sharding != "no_shard" and mesh.dp > 1
+            for compile_ in search.compile:
+                caps = [(a, r) for a in BUCKET_CAPS_MB for r in BUCKET_CAPS_MB] if compile_ else [(0.0, 0.0)]
+                if not gathers:
+                    caps = [(0.0, 0.0)]  # nothing is all-gathered; DDP-style buckets are fixed
+                for unit in units if mesh.dp > 1 and not compile_ else [1]:
+                    for ag_cap, rs_cap in caps:
+                        for mode, every_k in checkpointing:
+                            for mb in micro_batches:
+                                yield Choice(
+                                    sharding=sharding,
+                                    mesh=mesh,
+                                    blocks_per_unit=unit,
+                                    all_gather_bucket_mb=ag_cap,
+                                    reduce_scatter_bucket_mb=rs_cap,
+                                    checkpointing=mode,
+                                    every_k=every_k,
+                                    micro_batch_size=mb,
+                                    grad_accum_steps=local_batch // mb,
+                                    compile=compile_,
+                                    loss_chunks=chunks[mb],
+                                )

@@ -1,0 +1,171 @@
+"""Tensor parallelism in the search: the axis, its pins, its cost and memory terms, and the
+search's floor test that leaves provably beaten configurations untimed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from planner.cost.estimate import Estimator
+from planner.cost.parameters import GIB
+from planner.cost.setting import Choice
+from planner.enumeration import enumerate_choices, tensor_parallel_degrees
+from planner.errors import InfeasiblePlanError, PlanningError
+from planner.parallel_dims import ParallelDims
+from planner.plan import ParallelConfig
+from planner.search import _Leaderboard, build_setting, make_plan, predict
+from tests.planner.conftest import make_request
+
+SIXTEEN_M_TOKENS = 16 * 1024 * 1024
+
+
+def test_405b_at_seq_8192_with_16m_tokens_fits_on_128x8_only_with_tensor_parallelism() -> None:
+    request = make_request("llama3.1-405b", "128x8xH100", seq_len=8192, sequences=SIXTEEN_M_TOKENS // 8192)
+    plan = make_plan(request)
+    assert plan.config.mesh.tp > 1
+    assert plan.config.mesh.world_size == 1024
+    assert plan.prediction.peak_memory_gib < 80
+    # The plan explains the axis: tp=1 does not fit, by how much.
+    tp1 = next(r for r in plan.rejected if r.family == "tp=1")
+    assert tp1.kind == "oom" and tp1.reason.startswith("OOM by ")
+    with pytest.raises(InfeasiblePlanError):
+        make_plan(request.model_copy(update={"search": request.search.model_copy(
+            update={"tensor_parallel_degrees": [1]})}))
+
+
+def test_70b_at_seq_8192_on_32x8_returns_a_plan() -> None:
+    plan = make_plan(make_request("llama3-70b", "32x8xH100", seq_len=8192, sequences=512))
+    assert plan.prediction.tokens_per_s_per_gpu > 0
+    others = {f"tp={t}" for t in (1, 2, 4, 8)} - {f"tp={plan.config.mesh.tp}"}
+    assert {r.family for r in plan.rejected} >= others
+
+
+def test_8b_on_one_node_keeps_tp_1_where_that_is_fastest() -> None:
+    plan = make_plan(make_request("llama3-8b", "1x8xH100", seq_len=8192, sequences=32))
+    assert plan.config.mesh.tp == 1
+    tp2 = next(r for r in plan.rejected if r.family == "tp=2")
+    assert tp2.kind == "slower" and "tp=2 per-layer collectives" in tp2.reason
+
+
+def test_a_pinned_degree_is_respected_and_explained() -> None:
+    plan = make_plan(
+        make_request(
+            "llama3-8b", "1x8xH100", seq_len=8192, sequences=32, search={"tensor_parallel_degrees": [4]}
+        )
+    )
+    assert plan.config.mesh.tp == 4
+    assert all(c.config.mesh.tp == 4 for c in (*plan.alternatives, *plan.pareto_front))
+    assert f"{plan.config.sharding} tp4 " in plan.config.label()
+    assert plan.prediction.exposed_tensor_parallel_s > 0
+
+
+def test_a_pin_that_cannot_split_the_model_is_refused_with_why() -> None:
+    request = make_request(
+        "llama3-8b", "1x8xH100", seq_len=4096, sequences=16, search={"tensor_parallel_degrees": [3]}
+    )
+    with pytest.raises(PlanningError, match=r"tp=3 must divide each of num_heads 32, num_kv_heads 8"):
+        make_plan(request)
+
+
+def test_a_pin_that_cannot_fit_is_refused_as_infeasible() -> None:
+    request = make_request(
+        "llama3.1-405b", "16x8xH100", seq_len=8192, sequences=128, search={"tensor_parallel_degrees": [2]}
+    )
+    with pytest.raises(InfeasiblePlanError) as exc:
+        make_plan(request)
+    # The advice searches the same pinned space: it names the cluster where tp=2 fits.
+    assert "(full_shard tp2 " in exc.value.message
+    assert exc.value.min_fitting_nodes is not None and exc.value.min_fitting_nodes > 16
+
+
+def test_tensor_parallelism_only_for_the_llama_family() -> None:
+    gpt2 = make_request("gpt2", "1x8xA100", seq_len=1024, sequences=64)
+    assert tensor_parallel_degrees(gpt2) == [1]
+    pinned = make_request(
+        "gpt2", "1x8xA100", seq_len=1024, sequences=64, search={"tensor_parallel_degrees": [2]}
+    )
+    with pytest.raises(PlanningError, match="needs a llama-family model"):
+        make_plan(pinned)
+
+
+def test_memory_terms_divide_by_tp_where_the_runtime_splits() -> None:
+    request = make_request("llama3-70b", "4x8xH100", seq_len=8192, sequences=32)
+    estimator = Estimator(build_setting(request))
+    base = Choice(sharding="full_shard", mesh=ParallelDims(dp_shard=32), checkpointing="none")
+    tp4 = replace(base, mesh=ParallelDims(dp_shard=8, tp=4))
+    one, four = estimator.moments(base)[0], estimator.moments(tp4)[0]
+    # States are divided over dp_shard x tp = 32 either way (norm weights are replicated: a hair more).
+    assert four.params == pytest.approx(one.params, rel=1e-3) and four.params >= one.params
+    # Sequence parallelism divides activations by tp; the vocabulary-parallel loss its slice.
+    assert four.activations == pytest.approx(one.activations / 4, rel=0.02)
+    assert four.logits < one.logits / 2
+
+
+def test_tensor_parallel_collectives_are_priced_and_exposed() -> None:
+    request = make_request("llama3-8b", "1x8xH100", seq_len=4096, sequences=16)
+    estimator = Estimator(build_setting(request))
+    tp2 = Choice(
+        sharding="full_shard", mesh=ParallelDims(dp_shard=4, tp=2), checkpointing="none", micro_batch_size=2
+    )
+    time = estimator.timing(tp2)
+    assert time.tensor_parallel_s > 0
+    assert time.exposed_comm_s >= time.tensor_parallel_s
+    # Whole-block recompute re-runs the forward collectives.
+    full = estimator.timing(replace(tp2, checkpointing="full"))
+    assert full.tensor_parallel_s == pytest.approx(1.5 * time.tensor_parallel_s, rel=0.05)
+
+
+def test_predict_prices_a_2d_configuration_and_checks_its_mesh() -> None:
+    request = make_request("llama3-70b", "4x8xH100", seq_len=8192, sequences=32)
+    plan = make_plan(request.model_copy(update={"search": request.search.model_copy(
+        update={"tensor_parallel_degrees": [8]})}))
+    again = predict(request, plan.config)
+    assert again.prediction.step_time_s == pytest.approx(plan.prediction.step_time_s)
+    broken = ParallelConfig.model_validate(
+        {**plan.config.model_dump(), "mesh": {"dp_replicate": 1, "dp_shard": 8, "tp": 8}}
+    )
+    with pytest.raises(PlanningError, match="must equal the cluster's 32 GPUs"):
+        predict(request, broken)
+
+
+def test_schema_1_configs_read_as_a_mesh() -> None:
+    plan = make_plan(make_request("llama3-8b", "1x8xH100", seq_len=4096, sequences=16))
+    old = plan.config.model_dump(mode="json")
+    mesh = old.pop("mesh")
+    old |= {"shard_group_size": mesh["dp_shard"], "replicate_group_size": mesh["dp_replicate"]}
+    assert ParallelConfig.model_validate(old) == plan.config
+
+
+@pytest.mark.parametrize(
+    ("model", "cluster", "seq_len", "sequences"),
+    [
+        ("llama3-8b", "1x8xH100", 8192, 16),
+        ("llama3-70b", "4x8xH100", 4096, 64),
+        ("llama-debug", "1x4xcpu", 256, 16),
+        ("gpt2", "2x8xA100", 1024, 64),
+    ],
+)
+def test_leaving_beaten_configurations_untimed_changes_no_answer(
+    model: str, cluster: str, seq_len: int, sequences: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request = make_request(model, cluster, seq_len=seq_len, sequences=sequences)
+    pruned = make_plan(request)
+    monkeypatch.setattr(_Leaderboard, "dominated", lambda *_: False)
+    full = make_plan(request)
+    assert pruned == full
+
+
+def test_the_step_floor_never_exceeds_the_step() -> None:
+    request = make_request("llama3-70b", "2x8xH100", seq_len=4096, sequences=64)
+    setting = build_setting(request)
+    estimator = Estimator(setting)
+    for i, choice in enumerate(enumerate_choices(request, setting)):
+        if i % 7:
+            continue  # a sample keeps it quick
+        assert estimator.floor_s(choice) <= estimator.timing(choice).step_time_s * (1 + 1e-12), choice
+
+
+def test_peaks_stay_under_the_gpu_with_tp_in_the_space() -> None:
+    plan = make_plan(make_request("llama3.1-405b", "64x8xH100", seq_len=8192, sequences=1024))
+    assert plan.prediction.peak_memory_gib * GIB <= plan.cluster.gpu_spec.memory_gib * GIB
