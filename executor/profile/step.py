@@ -37,6 +37,7 @@ from executor.runtime.parallelize import parallelize
 from executor.runtime.plan import (
     CheckpointingConfig,
     ClusterConfig,
+    MeshConfig,
     ParallelConfig,
     RuntimePlan,
     TrainingConfig,
@@ -101,7 +102,7 @@ def _plan(
     dtype = "bfloat16" if on_gpu else "float32"
     sharded = shape.sharding == "full_shard"
     return RuntimePlan(
-        schema_version="1.0",
+        schema_version="2.0",
         model=dataclasses.replace(model_config(spec), num_layers=shape.layers),
         cluster=ClusterConfig(
             gpu="profile",
@@ -116,8 +117,7 @@ def _plan(
         ),
         config=ParallelConfig(
             sharding=shape.sharding,  # type: ignore[arg-type]
-            shard_group_size=world if sharded else 1,
-            replicate_group_size=1 if sharded else world,
+            mesh=MeshConfig(dp_shard=world, dp_replicate=1) if sharded else MeshConfig(dp_replicate=world),
             reshard_after_forward=sharded,
             micro_batch_size=micro_batch,
             grad_accum_steps=shape.accum,

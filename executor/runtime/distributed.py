@@ -129,22 +129,58 @@ def init_distributed(plan: RuntimePlan, *, device: str = "auto", timeout_s: floa
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, backend=backend)
 
 
-def build_mesh(plan: RuntimePlan, env: DistEnv) -> DeviceMesh:
-    """The data-parallel mesh: 1-D `dp` for full_shard / shard_grad_op; 2-D (`replicate`, `shard`)
-    for hybrid_shard and no_shard (no_shard: shard dimension of size 1).
+MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
+"""Names of the device mesh's dimensions, outermost first (the plan's rank layout)."""
 
-    Shard groups are consecutive ranks (one node when shard_group_size == gpus_per_node), so
-    all-gathers and reduce-scatters stay on the fast intra-node links and only the replicas'
-    all-reduce crosses nodes.
+
+def build_mesh(plan: RuntimePlan, env: DistEnv) -> DeviceMesh:
+    """The job's one 3-D mesh, (dp_replicate, dp_shard, tp) from `plan.config.mesh` (size-1 dims kept).
+
+    Ranks are laid out row-major with tp innermost: a tensor-parallel group is tp consecutive ranks
+    (one node), whose per-layer collectives need the fastest links; then the shard groups, so
+    parameter all-gathers and reduce-scatters stay within nodes when they fit, and only the
+    replicas' all-reduce crosses nodes. Every engine takes its submeshes from this mesh (FSDP2 needs
+    its data-parallel mesh and the tensor-parallel mesh to share a root).
     """
-    cfg = plan.config
-    if cfg.sharding in ("full_shard", "shard_grad_op"):
-        return init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("dp",))
-    return init_device_mesh(
-        env.device.type,
-        (cfg.replicate_group_size, cfg.shard_group_size),
-        mesh_dim_names=("replicate", "shard"),
-    )
+    mesh = plan.config.mesh
+    shape = (mesh.dp_replicate, mesh.dp_shard, mesh.tp)
+    return init_device_mesh(env.device.type, shape, mesh_dim_names=MESH_DIMS)
+
+
+def data_parallel_dims(sharding: str) -> tuple[str, ...]:
+    """The mesh dims a sharding mode spreads data parallelism over: the shard group for full_shard
+    and shard_grad_op (dp_replicate is 1), (dp_replicate, dp_shard) for hybrid_shard, the replicas
+    for no_shard (dp_shard is 1)."""
+    if sharding in ("full_shard", "shard_grad_op"):
+        return ("dp_shard",)
+    if sharding == "hybrid_shard":
+        return ("dp_replicate", "dp_shard")
+    if sharding == "no_shard":
+        return ("dp_replicate",)
+    raise ValueError(f"unknown sharding {sharding!r}")
+
+
+def submesh(mesh: DeviceMesh, dims: tuple[str, ...]) -> DeviceMesh:
+    """The submesh of `mesh` over the named dims (one name: a 1-D mesh)."""
+    return mesh[dims[0]] if len(dims) == 1 else mesh[dims]
+
+
+def data_parallel_mesh(mesh: DeviceMesh, sharding: str) -> DeviceMesh:
+    """The data-parallel submesh the FSDP engines shard and reduce over (see data_parallel_dims)."""
+    return submesh(mesh, data_parallel_dims(sharding))
+
+
+def tensor_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The 1-D tensor-parallel submesh (this rank's tp group)."""
+    return mesh["tp"]
+
+
+def data_parallel_rank(mesh: DeviceMesh) -> tuple[int, int]:
+    """(rank, size) of this rank among the data-parallel ranks: the ranks of one tp group share a
+    data-parallel rank, so they read the same sequences."""
+    replicate, shard = mesh.get_local_rank("dp_replicate"), mesh.get_local_rank("dp_shard")
+    size = mesh.size(MESH_DIMS.index("dp_shard"))
+    return replicate * size + shard, mesh.size(0) * size
 
 
 def _free_port() -> int:

@@ -2,8 +2,9 @@
 
 Units in forward order: the input embeddings, groups of `blocks_per_unit` blocks, the final norm +
 head, and the root (whatever is left, e.g. a tied embedding/head weight, which must sit in a
-single unit). no_shard and hybrid_shard use FSDP2's HSDP on a 2-D (replicate, shard) mesh; for
-no_shard the shard dimension has size 1, which is DDP.
+single unit). no_shard and hybrid_shard use FSDP2's HSDP on the 2-D (dp_replicate, dp_shard) mesh;
+for no_shard the shard dimension has size 1, which is DDP. Tensor-parallel parameters (DTensors on
+the tp mesh of the same root mesh) are sharded further by FSDP2 itself, keeping their tp layout.
 """
 
 from __future__ import annotations
@@ -13,7 +14,16 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from executor.runtime.distributed import data_parallel_mesh
 from executor.runtime.models import ModelParts
+
+
+def fsdp2_mesh(mesh: DeviceMesh, sharding: str) -> DeviceMesh:
+    """FSDP2's data-parallel submesh of the job's mesh. `fully_shard` shards over any 1-D mesh, so
+    no_shard (replicas only) is spelled as HSDP with a shard dimension of size 1."""
+    if sharding == "no_shard":
+        return mesh["dp_replicate", "dp_shard"]
+    return data_parallel_mesh(mesh, sharding)
 
 
 def apply_fsdp2(
@@ -27,7 +37,7 @@ def apply_fsdp2(
     param_dtype: torch.dtype | None,
     reduce_dtype: torch.dtype | None,
 ) -> nn.Module:
-    """Wrap `model` in place and return it (the root is an FSDPModule)."""
+    """Wrap `model` in place and return it (the root is an FSDPModule); `mesh` is `fsdp2_mesh`'s."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     units: list[FSDPModule] = []
 

@@ -13,11 +13,33 @@ logits and their fp32 copy, then the fp32 probabilities and their compute-dtype 
 ~= slice_tokens x vocab x (itemsize(compute) + 4), i.e. 6 for bf16 and 4 for fp32 (fp32 needs no
 copies). The weight gradient is accumulated in fp32 over the slices and cast to the weight's dtype
 at the end.
+
+Loss parallelism (tensor parallelism, `vocab_parallel_linear_cross_entropy`): the head weight is
+split by vocabulary rows over the tp group and every rank holds all tokens' hidden states. Per
+slice each rank forms only its vocabulary shard's logits (so logits memory is / tp), and three
+per-token numbers are combined over the group: the row max (all-reduce MAX), then the sum of
+exp(logit - max) and the target's logit, which only the rank owning the target id contributes
+(one all-reduce SUM of both). The softmax gradient of a rank's shard then needs nothing more; its
+hidden-state gradient is this shard's part of the sum, reduced by the caller
+(`tensor_parallel.VocabParallelOutputHead`) together with the sequence scatter.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import torch.distributed._functional_collectives as funcol
+
+
+@dataclass(frozen=True, slots=True)
+class VocabShard:
+    """Which rows of the vocabulary this rank's head weight holds, and the group holding the rest."""
+
+    group: str
+    """Process-group name of the tensor-parallel group (functional collectives trace with names)."""
+    start: int
+    """First vocabulary id of this rank's rows."""
 
 
 def _slice_loss_and_grads(
@@ -28,9 +50,11 @@ def _slice_loss_and_grads(
     grad_weight: torch.Tensor,
     *,
     tokens: int,
+    vocab: VocabShard | None,
 ) -> torch.Tensor:
     """One slice: returns its cross-entropy sum, writes d(mean loss)/d h into `grad_h` and adds
-    its share of d(mean loss)/d weight to the fp32 `grad_weight`.
+    its share of d(mean loss)/d weight to the fp32 `grad_weight`. With `vocab`, `weight` is this
+    rank's vocabulary shard: the loss is the whole vocabulary's, `grad_h` this shard's part.
 
     A function of its own so that its vocabulary-sized locals are freed when it returns, before
     the next slice allocates its logits (a loop body would keep the last ones alive until rebound).
@@ -38,14 +62,30 @@ def _slice_loss_and_grads(
     # In-place from here on: one fp32 [slice, vocab] buffer becomes the softmax gradient.
     # (For fp32 inputs `.float()` returns the logits themselves: no copy at all.)
     z = (h @ weight.t()).float()
-    target_logit = z.gather(1, t.unsqueeze(1)).squeeze(1)
+    if vocab is None:
+        local_t, owned = t, None
+    else:
+        local_t = t - vocab.start
+        owned = (local_t >= 0) & (local_t < z.shape[1])
+        local_t = local_t.clamp(0, z.shape[1] - 1)  # any in-range index; `owned` masks it out
+    target_logit = z.gather(1, local_t.unsqueeze(1)).squeeze(1)
     row_max = z.amax(dim=1)
+    if vocab is not None:
+        # Any shift is exact for the softmax; the global max keeps exp() in range on every rank.
+        row_max = funcol.all_reduce(row_max, "max", vocab.group)
+        target_logit = torch.where(owned, target_logit, 0.0)
     z.sub_(row_max.unsqueeze(1)).exp_()
     row_sum = z.sum(dim=1)
+    if vocab is not None:
+        totals = funcol.all_reduce(torch.stack([row_sum, target_logit]), "sum", vocab.group)
+        row_sum, target_logit = totals.unbind(0)
     loss_sum = (row_max + row_sum.log() - target_logit).sum()
     # d(mean CE)/d logits = (softmax - one_hot) / tokens.
     z.mul_((row_sum * tokens).reciprocal().unsqueeze(1))
-    z.scatter_add_(1, t.unsqueeze(1), torch.full_like(z[:, :1], -1.0 / tokens))
+    one_hot = torch.full_like(z[:, :1], -1.0 / tokens)
+    if owned is not None:
+        one_hot = one_hot * owned.unsqueeze(1)  # only the owner of a target subtracts its one-hot
+    z.scatter_add_(1, local_t.unsqueeze(1), one_hot)
     d_logits = z.to(h.dtype)
     del z  # bf16: drop the fp32 buffer before the matmuls allocate
     grad_h.copy_(d_logits @ weight)
@@ -67,6 +107,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         weight: torch.Tensor,
         targets: torch.Tensor,
         chunks: int,
+        vocab: VocabShard | None,
     ) -> torch.Tensor:
         tokens = hidden.shape[0]
         grad_hidden = torch.empty_like(hidden)
@@ -79,19 +120,21 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             strict=True,
         )
         for h, t, g in slices:
-            loss_sum = loss_sum + _slice_loss_and_grads(h, weight, t, g, grad_weight, tokens=tokens)
+            loss_sum = loss_sum + _slice_loss_and_grads(
+                h, weight, t, g, grad_weight, tokens=tokens, vocab=vocab
+            )
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
         return loss_sum / tokens
 
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: torch.autograd.function.FunctionCtx, grad_loss: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+    ) -> tuple[torch.Tensor, torch.Tensor, None, None, None]:
         grad_hidden, grad_weight = ctx.saved_tensors  # type: ignore[attr-defined]
         # In place: a head-sized copy at the start of backward is what slicing saves elsewhere
         # (~1 GiB for a 128k x 4096 bf16 head). A second backward through the same graph
         # (retain_graph) is refused by autograd's version check instead of silently doubling.
-        return grad_hidden.mul_(grad_loss), grad_weight.mul_(grad_loss), None, None
+        return grad_hidden.mul_(grad_loss), grad_weight.mul_(grad_loss), None, None, None
 
 
 def chunked_linear_cross_entropy(
@@ -102,11 +145,34 @@ def chunked_linear_cross_entropy(
     output), `weight` [vocab, hidden] (a bias-free head), `targets` int64 of `hidden`'s leading shape.
     Returns an fp32 scalar, as `F.cross_entropy` on fp32 logits would; gradients come back in the
     dtypes of `hidden` and `weight`."""
+    return _apply(hidden, weight, targets, chunks=chunks, vocab=None)
+
+
+def vocab_parallel_linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, chunks: int, vocab: VocabShard
+) -> torch.Tensor:
+    """The same mean cross-entropy with `weight` holding only the vocabulary rows
+    [vocab.start, vocab.start + weight.shape[0]) of the head, the rest on the other ranks of
+    `vocab.group` (every rank passes the same `hidden` and `targets`, and gets the same loss).
+
+    The gradient w.r.t. `hidden` is this rank's shard's part only: the caller sums it over the
+    group (see the module docstring). The gradient w.r.t. `weight` is complete for its rows."""
+    return _apply(hidden, weight, targets, chunks=chunks, vocab=vocab)
+
+
+def _apply(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    chunks: int,
+    vocab: VocabShard | None,
+) -> torch.Tensor:
     if chunks < 1:
         raise ValueError(f"loss chunks must be >= 1, got {chunks}")
     if hidden.dtype != weight.dtype:
         # One compute dtype for the matmuls (mixed precision casts both to param_dtype).
         raise TypeError(f"hidden is {hidden.dtype} but the head weight is {weight.dtype}")
     return _ChunkedLinearCrossEntropy.apply(
-        hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), chunks
+        hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), chunks, vocab
     )

@@ -40,11 +40,27 @@ def _fill(tensor: torch.Tensor, rule: InitRule, generator: torch.Generator) -> N
         nn.init.trunc_normal_(tensor, std=rule.std, a=-3 * rule.std, b=3 * rule.std, generator=generator)
 
 
+def _tied_entries(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """Groups of (module, parameter name) that hold one parameter object (tied weights)."""
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                holders.setdefault(id(param), []).append((module, name))
+    return [group for group in holders.values() if len(group) > 1]
+
+
 @torch.no_grad()
 def materialize(model: nn.Module, *, device: torch.device, seed: int) -> None:
     """Allocate `model`'s meta parameters on `device` and initialise them by the model's init rules."""
     init_rule = model.init_rule  # built-in models only: user factories initialise themselves
+    tied = _tied_entries(model)
     model.to_empty(device=device)
+    # to_empty gives every module holding a plain meta parameter a new parameter of its own, which
+    # unties tied weights (the sharded engines keep theirs tied): tie them again.
+    for (owner, owner_name), *others in tied:
+        for module, name in others:
+            module._parameters[name] = owner._parameters[owner_name]
     for name, param in model.named_parameters():  # tied weights appear once
         rule = init_rule(clean_name(name))
         full = torch.empty(param.shape, dtype=param.dtype, device=device)

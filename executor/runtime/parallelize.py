@@ -1,8 +1,16 @@
-"""parallelize(): apply activation checkpointing, data parallelism and compilation, in that order.
+"""parallelize(): tensor parallelism, activation checkpointing, data parallelism and compilation,
+in that order.
 
 Two engines, as the plan chooses with `config.compile`:
-  simple_fsdp (compile=True)   AC -> SimpleFSDP parametrization -> torch.compile (whole model)
-  fsdp2       (compile=False)  AC -> FSDP2 fully_shard per wrap unit (eager)
+  simple_fsdp (compile=True)   TP -> AC -> SimpleFSDP parametrization -> torch.compile (whole model)
+  fsdp2       (compile=False)  TP -> AC -> FSDP2 fully_shard per wrap unit (eager)
+Why this order: tensor parallelism addresses submodules by name (`attention.wq`), which activation
+checkpointing's wrapper would rename, and it turns parameters into tp DTensors that data
+parallelism then shards further over its own mesh dims. Activation checkpointing wraps blocks
+before FSDP so FSDP's units and SimpleFSDP's reshard policy see the wrapped blocks. Compilation
+comes last, over the SimpleFSDP parametrization: the parameter all-gathers (and tensor
+parallelism's collectives) are then ordinary code inside the traced graph, which is what lets
+AOTAutograd derive their backward reduce-scatters and inductor bucket and reorder them.
 `Overrides` lets tests and debugging runs pick the other engine or switch compile off without
 editing the plan (e.g. eager SimpleFSDP to separate sharding bugs from compiler bugs).
 """
@@ -18,10 +26,12 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from executor.runtime.activation_checkpoint import apply_activation_checkpointing
 from executor.runtime.compile import CompileSettings, apply_compile, compile_settings
-from executor.runtime.fsdp2 import apply_fsdp2
+from executor.runtime.distributed import data_parallel_mesh, tensor_parallel_mesh
+from executor.runtime.fsdp2 import apply_fsdp2, fsdp2_mesh
 from executor.runtime.models import computes_own_loss, find_parts
 from executor.runtime.plan import RuntimePlan
 from executor.runtime.simple_fsdp import apply_simple_fsdp
+from executor.runtime.tensor_parallel import apply_tensor_parallel
 
 Engine = Literal["simple_fsdp", "fsdp2"]
 
@@ -68,16 +78,22 @@ class Parallelized:
 def parallelize(
     model: nn.Module, *, plan: RuntimePlan, mesh: DeviceMesh, overrides: Overrides = Overrides()
 ) -> Parallelized:
-    """Apply the plan's strategy to `model` (typically still on the meta device) in place."""
+    """Apply the plan's strategy to `model` (typically still on the meta device) in place; `mesh`
+    is the job's (dp_replicate, dp_shard, tp) mesh (`distributed.build_mesh`)."""
     cfg = plan.config
     engine: Engine = overrides.engine or ("simple_fsdp" if cfg.compile else "fsdp2")
     compiled = engine == "simple_fsdp" and (cfg.compile if overrides.compile is None else overrides.compile)
     param_dtype = overrides.param_dtype or _DTYPES[cfg.param_dtype]
     reduce_dtype = overrides.reduce_dtype or _DTYPES[cfg.reduce_dtype]
-    parts = find_parts(model)
     notes: list[str] = []
 
-    # 1. Activation checkpointing first: FSDP and compile must see the wrapped blocks.
+    # 1. Tensor parallelism first: it names submodules that the AC wrapper would rename.
+    if cfg.mesh.tp > 1:
+        apply_tensor_parallel(model, mesh=tensor_parallel_mesh(mesh))
+        notes.append(f"tensor parallel: tp={cfg.mesh.tp} (sequence parallel, loss parallel)")
+    parts = find_parts(model)
+
+    # 2. Activation checkpointing: FSDP and compile must see the wrapped blocks.
     keep_gathered = not cfg.reshard_after_forward
     checkpointed = apply_activation_checkpointing(
         model,
@@ -91,7 +107,7 @@ def parallelize(
         f"activation checkpointing: {cfg.checkpointing.mode} ({len(checkpointed)}/{len(parts.blocks)} blocks)"
     )
 
-    # 2. Data parallelism.
+    # 3. Data parallelism over the data-parallel dims of the mesh.
     if engine == "simple_fsdp":
         apply_simple_fsdp(
             model,
@@ -103,12 +119,13 @@ def parallelize(
             reshard_after_forward=cfg.reshard_after_forward and compiled,
             recomputed_blocks=checkpointed,
         )
-        notes.append(f"SimpleFSDP {cfg.sharding} on mesh {_mesh_str(mesh)}")
+        notes.append(f"SimpleFSDP {cfg.sharding} on mesh {_mesh_str(data_parallel_mesh(mesh, cfg.sharding))}")
     else:
+        dp_mesh = fsdp2_mesh(mesh, cfg.sharding)
         apply_fsdp2(
             model,
             parts=parts,
-            mesh=mesh,
+            mesh=dp_mesh,
             blocks_per_unit=cfg.blocks_per_unit,
             reshard_after_forward=cfg.reshard_after_forward,
             prefetch_depth=cfg.prefetch_depth,
@@ -116,7 +133,7 @@ def parallelize(
             reduce_dtype=reduce_dtype,
         )
         notes.append(
-            f"FSDP2 {cfg.sharding} on mesh {_mesh_str(mesh)}, {cfg.blocks_per_unit} block(s) per unit"
+            f"FSDP2 {cfg.sharding} on mesh {_mesh_str(dp_mesh)}, {cfg.blocks_per_unit} block(s) per unit"
         )
     notes.append(f"mixed precision: params {_dt(param_dtype)}, gradient reduction {_dt(reduce_dtype)}")
     if computes_own_loss(model):
@@ -124,7 +141,7 @@ def parallelize(
     else:
         notes.append("loss: unchunked cross-entropy on the model's logits (its forward takes no loss_chunks)")
 
-    # 3. Compilation last, over the sharded model, so the collectives are part of the graph.
+    # 4. Compilation last, over the sharded model, so the collectives are part of the graph.
     forward, settings = model, None
     if compiled:
         settings = compile_settings(cfg, backend=overrides.backend)

@@ -4,6 +4,10 @@ The planner's pydantic `planner.plan.Plan` writes the document; this module read
 trainer needs. Unknown keys are ignored so that plans from newer planners still load, but a plan of
 another *major* schema version is refused: its fields may mean something else.
 tests/executor/test_plan_contract.py keeps the two readings in step.
+
+Schema 2 describes the parallelism as a device mesh `config.mesh = {dp_replicate, dp_shard, tp}`;
+schema 1 plans (data parallelism only) named the two data-parallel degrees `shard_group_size` and
+`replicate_group_size` and are read as the mesh they are equivalent to (tp 1).
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-SUPPORTED_SCHEMA_MAJOR = 1
-"""Plans whose `schema_version` starts with this major number can be read."""
+SUPPORTED_SCHEMA_MAJORS = (1, 2)
+"""Plans whose `schema_version` starts with one of these major numbers can be read."""
 
 Sharding = Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
 CheckpointMode = Literal["none", "selective", "op_selective", "full"]
@@ -151,17 +155,39 @@ class InductorConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MeshConfig:
+    """The device mesh: dp_replicate x dp_shard x tp ranks, laid out row-major in that order (tp
+    innermost: a tensor-parallel group is `tp` consecutive ranks, inside one node)."""
+
+    dp_replicate: int = 1
+    """Data-parallel replicas: ranks holding the same parameter shard (hybrid_shard, no_shard)."""
+    dp_shard: int = 1
+    """Data-parallel ranks a parameter is sharded over (FSDP's shard group)."""
+    tp: int = 1
+    """Tensor-parallel degree: ranks splitting each block's matmuls; > 1 also means sequence
+    parallelism between the tensor-parallel regions and a vocabulary-parallel loss."""
+
+    @property
+    def world_size(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: ranks that see different sequences."""
+        return self.dp_replicate * self.dp_shard
+
+
+@dataclass(frozen=True, slots=True)
 class ParallelConfig:
     """The chosen sharding, wrapping, checkpointing, batching and compilation."""
 
     sharding: Sharding
-    """full_shard (ZeRO-3), shard_grad_op (ZeRO-2), hybrid_shard (2-D mesh), no_shard (DDP-like)."""
-    shard_group_size: int
-    """Ranks a parameter is sharded over."""
-    replicate_group_size: int
-    """Ranks holding the same shard."""
+    """How the data-parallel dims hold parameters: full_shard (ZeRO-3), shard_grad_op (ZeRO-2),
+    hybrid_shard (sharded in dp_shard, replicated across dp_replicate), no_shard (DDP-like)."""
+    mesh: MeshConfig
+    """The device mesh (dp_replicate x dp_shard x tp = world size)."""
     micro_batch_size: int
-    """Sequences per rank per forward."""
+    """Sequences per data-parallel rank per forward (the ranks of a tensor-parallel group share them)."""
     grad_accum_steps: int
     """Micro-batches per optimizer step."""
     checkpointing: CheckpointingConfig
@@ -203,7 +229,7 @@ class RuntimePlan:
     """The whole plan as the runtime needs it."""
 
     schema_version: str
-    """`MAJOR.MINOR`; only SUPPORTED_SCHEMA_MAJOR is readable."""
+    """`MAJOR.MINOR`; the majors in SUPPORTED_SCHEMA_MAJORS are readable."""
     model: ModelConfig
     cluster: ClusterConfig
     training: TrainingConfig
@@ -240,38 +266,65 @@ def parse_plan(document: Any) -> RuntimePlan:
     if not isinstance(version, str) or not version.split(".")[0].isdigit():
         raise PlanError(f"plan.schema_version: expected a version such as '1.0', got {version!r}")
     major = int(version.split(".")[0])
-    if major != SUPPORTED_SCHEMA_MAJOR:
+    if major not in SUPPORTED_SCHEMA_MAJORS:
+        readable = " and ".join(f"{m}.x" for m in SUPPORTED_SCHEMA_MAJORS)
         raise PlanError(
-            f"plan.schema_version: this runtime reads schema {SUPPORTED_SCHEMA_MAJOR}.x plans, the plan "
-            f"is {version}; download a launcher bundle made by the same service version as the plan"
+            f"plan.schema_version: this runtime reads schema {readable} plans, the plan is {version}; "
+            "download a launcher bundle made by the same service version as the plan"
         )
+    if major == 1:
+        document = _schema_1_as_2(document)
     plan = _build(RuntimePlan, document, "plan")
     check_plan(plan)
     return plan
 
 
+def _schema_1_as_2(document: dict[str, Any]) -> dict[str, Any]:
+    """A schema 1.x document with its two data-parallel group sizes read as the 2.0 mesh (tp 1)."""
+    config = document.get("config")
+    if not isinstance(config, dict) or "mesh" in config:
+        return document
+    mesh = {"tp": 1}
+    for old, new in (("shard_group_size", "dp_shard"), ("replicate_group_size", "dp_replicate")):
+        if old not in config:
+            raise PlanError(f"plan.config.{old}: missing (schema 1.x plans name both group sizes)")
+        mesh[new] = config[old]
+    return {**document, "config": {**config, "mesh": mesh}}
+
+
 def check_plan(plan: RuntimePlan) -> None:
     """Consistency checks that types alone do not catch."""
-    cfg, world = plan.config, plan.world_size
-    if cfg.shard_group_size * cfg.replicate_group_size != world:
+    cfg, world, mesh = plan.config, plan.world_size, plan.config.mesh
+    for name in ("dp_replicate", "dp_shard", "tp"):
+        if getattr(mesh, name) < 1:
+            raise PlanError(f"plan.config.mesh.{name}: must be at least 1")
+    if mesh.world_size != world:
         raise PlanError(
-            f"plan.config: shard_group_size {cfg.shard_group_size} x replicate_group_size "
-            f"{cfg.replicate_group_size} must equal the world size {world}"
+            f"plan.config.mesh: dp_replicate {mesh.dp_replicate} x dp_shard {mesh.dp_shard} x tp "
+            f"{mesh.tp} = {mesh.world_size} ranks, but the cluster has {world}"
         )
-    if cfg.sharding == "no_shard" and cfg.shard_group_size != 1:
-        raise PlanError("plan.config.shard_group_size: must be 1 for no_shard")
-    if cfg.sharding in ("full_shard", "shard_grad_op") and cfg.shard_group_size != world:
-        raise PlanError(f"plan.config.shard_group_size: must be the world size {world} for {cfg.sharding}")
-    expected = cfg.micro_batch_size * cfg.grad_accum_steps * world
-    if expected != plan.training.sequences:
+    if cfg.sharding in ("full_shard", "shard_grad_op") and mesh.dp_replicate != 1:
         raise PlanError(
-            f"plan.config: micro_batch_size {cfg.micro_batch_size} x grad_accum_steps "
-            f"{cfg.grad_accum_steps} x {world} ranks = {expected} sequences, but the global batch is "
-            f"{plan.training.sequences}"
+            f"plan.config.mesh.dp_replicate: must be 1 for {cfg.sharding} (it shards over every "
+            f"data-parallel rank: dp_shard {mesh.dp}); replicas across groups are hybrid_shard"
+        )
+    if cfg.sharding == "no_shard" and mesh.dp_shard != 1:
+        raise PlanError("plan.config.mesh.dp_shard: must be 1 for no_shard (every replica holds everything)")
+    if cfg.sharding == "hybrid_shard" and (mesh.dp_shard < 2 or mesh.dp_replicate < 2):
+        raise PlanError(
+            f"plan.config.mesh: hybrid_shard needs dp_shard and dp_replicate of at least 2, got "
+            f"{mesh.dp_shard} and {mesh.dp_replicate} (with one of them 1 it is full_shard or no_shard)"
         )
     for name in ("micro_batch_size", "grad_accum_steps", "blocks_per_unit", "loss_chunks"):
         if getattr(cfg, name) < 1:
             raise PlanError(f"plan.config.{name}: must be at least 1")
+    expected = cfg.micro_batch_size * cfg.grad_accum_steps * mesh.dp
+    if expected != plan.training.sequences:
+        raise PlanError(
+            f"plan.config: micro_batch_size {cfg.micro_batch_size} x grad_accum_steps "
+            f"{cfg.grad_accum_steps} x {mesh.dp} data-parallel ranks = {expected} sequences, but the "
+            f"global batch is {plan.training.sequences}"
+        )
     if cfg.checkpointing.every_k < 1:
         raise PlanError("plan.config.checkpointing.every_k: must be at least 1")
     model = plan.model
@@ -282,6 +335,34 @@ def check_plan(plan: RuntimePlan) -> None:
             raise PlanError(
                 f"plan.training.seq_len: {plan.training.seq_len} exceeds the GPT-2 position table "
                 f"(model.max_seq_len {model.max_seq_len})"
+            )
+    if mesh.tp > 1:
+        _check_tensor_parallel(plan)
+
+
+def _check_tensor_parallel(plan: RuntimePlan) -> None:
+    """Tensor parallelism splits heads, the feed-forward width and the vocabulary into tp equal
+    parts, and the sequence (sequence parallelism) too: each must divide evenly."""
+    tp, model = plan.config.mesh.tp, plan.model
+    if model.architecture != "llama":
+        raise PlanError(
+            f"plan.config.mesh.tp: tensor parallelism ({tp}) is implemented for the llama architecture "
+            f"only, the model is {model.architecture!r}; make a plan with tp 1"
+        )
+    sizes = {
+        "model.num_heads": model.num_heads,
+        "model.num_kv_heads": model.kv_heads,
+        "model.intermediate_size": model.ffn_size,
+        "model.vocab_size": model.vocab_size,
+        "training.seq_len": plan.training.seq_len,
+    }
+    for name, size in sizes.items():
+        if size % tp:
+            fits = [d for d in range(2, tp) if all(s % d == 0 for s in sizes.values())]
+            hint = f"a tp that divides all of them ({', '.join(map(str, fits))})" if fits else "tp 1"
+            raise PlanError(
+                f"plan.config.mesh.tp: {tp} does not divide plan.{name} {size}: tensor parallelism "
+                f"splits it into equal parts per rank; make a plan with {hint}"
             )
 
 

@@ -20,6 +20,14 @@ activation checkpointing whose policy forces the collective to be recomputed, so
 partitioner re-gathers in backward instead of keeping the unsharded weight alive. In eager mode
 autograd would keep the gathered weight anyway (the matmul saves it), so the policy is only
 applied when compiling; eager SimpleFSDP therefore behaves like shard_grad_op memory-wise.
+
+With tensor parallelism (applied first, `executor.runtime.tensor_parallel`) a parameter arrives as
+a DTensor on the tp mesh. It is stored as one DTensor on the combined (data-parallel dims..., tp)
+mesh: the data-parallel placements above, then its tp placement. When tp already shards dim 0
+(column-parallel weights, the vocabulary-sharded embedding and head), the data-parallel shard is a
+chunk *of the tp chunk*, which DTensor spells `_StridedShard(0, split_factor=tp)` (what FSDP2 does
+too). Its gather all-gathers over the data-parallel dims only and hands the module a DTensor on the
+tp mesh, still tp-sharded, so the tensor-parallel layers compute as they would without FSDP.
 """
 
 from __future__ import annotations
@@ -34,7 +42,10 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from executor.runtime.distributed import data_parallel_dims, submesh
 
 # DTensor.redistribute(forward_dtype=, backward_dtype=) is recent; without it, cast before gathering.
 _REDISTRIBUTE_CASTS = "forward_dtype" in inspect.signature(DTensor.redistribute).parameters
@@ -60,7 +71,8 @@ class Layout:
 
 
 def layout_for(sharding: str, mesh: DeviceMesh) -> Layout:
-    """Placements for `sharding` on `mesh` (1-D, or 2-D replicate x shard for hybrid_shard)."""
+    """Placements for `sharding` on its data-parallel `mesh` (`distributed.data_parallel_mesh`:
+    1-D, or 2-D (dp_replicate, dp_shard) for hybrid_shard)."""
     replicate = (Replicate(),) * mesh.ndim
     # Partial("avg"): backward averages gradients over data-parallel ranks, so each rank's loss is
     # the mean over its own micro-batch, as with DDP / FSDP.
@@ -71,11 +83,23 @@ def layout_for(sharding: str, mesh: DeviceMesh) -> Layout:
         return Layout((Shard(0),), replicate, partial)
     if sharding == "hybrid_shard":
         if mesh.ndim != 2:
-            raise ValueError("hybrid_shard needs a 2-D (replicate, shard) mesh")
+            raise ValueError("hybrid_shard needs a 2-D (dp_replicate, dp_shard) mesh")
         return Layout((Replicate(), Shard(0)), replicate, partial)
     if sharding == "no_shard":
         return Layout(replicate, replicate, partial)
     raise ValueError(f"unknown sharding {sharding!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorParallelSpec:
+    """How a tensor-parallel parameter is laid out on the tp mesh (what its gather hands back)."""
+
+    mesh: DeviceMesh
+    """The 1-D tp mesh."""
+    placements: tuple[Placement, ...]
+    """Its tp placement (Shard(0), Shard(1) or Replicate)."""
+    local_shape: tuple[int, ...]
+    """Shape of this rank's tp shard: what the data-parallel all-gather reassembles."""
 
 
 def _must_recompute_gathers(ctx, func, *args, **kwargs) -> CheckpointPolicy:
@@ -86,23 +110,25 @@ def _reshard_context() -> tuple:
     return create_selective_checkpoint_contexts(_must_recompute_gathers)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GatherParameter:
-    """Turns a stored DTensor parameter into the full local tensor a module computes with."""
+    """Turns a stored DTensor parameter into what a module computes with: the full local tensor,
+    or for a tensor-parallel parameter its tp shard as a DTensor on the tp mesh.
 
-    def __init__(
-        self,
-        layout: Layout,
-        *,
-        param_dtype: torch.dtype | None,
-        reduce_dtype: torch.dtype | None,
-        reshard_after_forward: bool,
-    ) -> None:
-        self.layout = layout
-        self.param_dtype = param_dtype
-        self.reduce_dtype = reduce_dtype
-        self.reshard_after_forward = reshard_after_forward
+    Frozen (hashable): equal gathers share one module subclass (`_gathering_class`), so the blocks
+    of a model keep one class per module type.
+    """
 
-    def gather(self, param: DTensor) -> torch.Tensor:
+    layout: Layout
+    dp_mesh: DeviceMesh
+    param_dtype: torch.dtype | None
+    reduce_dtype: torch.dtype | None
+    reshard_after_forward: bool
+    tp: TensorParallelSpec | None = None
+    """Set for parameters that tensor parallelism sharded first."""
+
+    def _all_gather(self, param: DTensor) -> torch.Tensor:
+        """Replicate `param` (a DTensor on the data-parallel mesh) and return its local tensor."""
         # forward_dtype casts the shard *before* the all-gather (half the bytes for bf16);
         # backward_dtype reduces gradients in reduce_dtype, then casts back to the master dtype.
         forward_dtype = self.param_dtype if self.param_dtype not in (None, param.dtype) else None
@@ -117,12 +143,33 @@ class GatherParameter:
             full = source.redistribute(placements=self.layout.compute)
         return full.to_local(grad_placements=self.layout.grad)
 
+    def gather(self, param: DTensor) -> torch.Tensor:
+        if self.tp is None:
+            return self._all_gather(param)
+        # View this rank's piece as a shard of the tp shard on the data-parallel mesh alone, gather
+        # that (the backward reduce-scatters over the data-parallel dims only), and hand the module
+        # the tp shard as the DTensor tensor parallelism made.
+        tp = self.tp
+        shape = torch.Size(tp.local_shape)
+        dp_shard = DTensor.from_local(
+            param.to_local(), self.dp_mesh, self.layout.param, shape=shape, stride=_contiguous_stride(shape)
+        )
+        return DTensor.from_local(self._all_gather(dp_shard), tp.mesh, tp.placements)
+
     def __call__(self, param: torch.Tensor) -> torch.Tensor:
         if not isinstance(param, DTensor) or not _gathering_enabled():
             return param
         if self.reshard_after_forward:
             return checkpoint(self.gather, param, use_reentrant=False, context_fn=_reshard_context)
         return self.gather(param)
+
+
+def _contiguous_stride(shape: torch.Size) -> tuple[int, ...]:
+    stride, step = [], 1
+    for size in reversed(shape):
+        stride.append(step)
+        step *= size
+    return tuple(reversed(stride))
 
 
 _GATHER_STATE = {"enabled": True}
@@ -152,10 +199,10 @@ def _gathered_property(name: str, gather: GatherParameter) -> property:
 
 
 @functools.cache
-def _gathering_class(base: type, names: tuple[str, ...], gather: GatherParameter) -> type:
-    # One subclass per (module class, parameter names, gather policy): a class-level property
+def _gathering_class(base: type, gathers: tuple[tuple[str, GatherParameter], ...]) -> type:
+    # One subclass per (module class, gather per parameter name): a class-level property
     # shadows nn.Module.__getattr__, so `self.weight` in the module's forward runs the gather.
-    props: dict[str, object] = {name: _gathered_property(name, gather) for name in names}
+    props: dict[str, object] = {name: _gathered_property(name, gather) for name, gather in gathers}
     props["__module__"] = base.__module__
     return type(f"SimpleFSDP{base.__name__}", (base,), props)
 
@@ -172,36 +219,72 @@ def apply_simple_fsdp(
 ) -> nn.Module:
     """Shard every parameter of `model` in place and route parameter reads through a gather.
 
-    `recomputed_blocks` are blocks under activation checkpointing: their whole forward already
-    reruns in backward (gathers included), so they skip the per-parameter reshard policy.
+    `mesh` is the job's (dp_replicate, dp_shard, tp) mesh (`distributed.build_mesh`): parameters
+    are sharded over the data-parallel dims of `sharding`, and tensor-parallel parameters (DTensors
+    on the tp mesh) keep their tp placement on the combined mesh. `recomputed_blocks` are blocks
+    under activation checkpointing: their whole forward already reruns in backward (gathers
+    included), so they skip the per-parameter reshard policy.
     """
-    if sharding == "no_shard" and mesh.ndim == 2:
-        # The shard dimension has size 1: keep to the replicas so gradients take one all-reduce.
-        mesh = mesh["replicate"]
-    layout = layout_for(sharding, mesh)
+    dp_dims = data_parallel_dims(sharding)
+    dp_mesh = submesh(mesh, dp_dims)
+    layout = layout_for(sharding, dp_mesh)
     reshard = reshard_after_forward and sharding in ("full_shard", "hybrid_shard")
-    gathers = {
-        flag: GatherParameter(
-            layout, param_dtype=param_dtype, reduce_dtype=reduce_dtype, reshard_after_forward=flag
-        )
-        for flag in (False, True)
-    }
     inside_checkpoint = {id(m) for block in recomputed_blocks for m in block.modules()}
-    sharded: dict[int, nn.Parameter] = {}  # tied weights: one DTensor parameter, shared
+    sharded: dict[int, tuple[nn.Parameter, TensorParallelSpec | None]] = {}  # tied weights: shared
     for module in list(model.modules()):
         names = tuple(n for n, p in module._parameters.items() if p is not None)
         if not names:
             continue
+        gathers = []
         for name in names:
             param = module._parameters[name]
             if id(param) not in sharded:
-                sharded[id(param)] = nn.Parameter(
-                    _distribute(param, mesh, layout.param), requires_grad=param.requires_grad
-                )
-            module._parameters[name] = sharded[id(param)]
-        gather = gathers[reshard and id(module) not in inside_checkpoint]
-        module.__class__ = _gathering_class(type(module), names, gather)
+                sharded[id(param)] = _shard_parameter(param, mesh=mesh, dp_dims=dp_dims, layout=layout)
+            module._parameters[name], tp = sharded[id(param)]
+            gather = GatherParameter(
+                layout=layout,
+                dp_mesh=dp_mesh,
+                param_dtype=param_dtype,
+                reduce_dtype=reduce_dtype,
+                reshard_after_forward=reshard and id(module) not in inside_checkpoint,
+                tp=tp,
+            )
+            gathers.append((name, gather))
+        module.__class__ = _gathering_class(type(module), tuple(gathers))
     return model
+
+
+def _shard_parameter(
+    param: torch.Tensor, *, mesh: DeviceMesh, dp_dims: tuple[str, ...], layout: Layout
+) -> tuple[nn.Parameter, TensorParallelSpec | None]:
+    """The stored parameter: sharded on the data-parallel mesh, or, for a tensor-parallel DTensor,
+    on the combined (dp..., tp) mesh; with the tp layout its gather must restore."""
+    if not isinstance(param, DTensor):
+        stored = _distribute(param, submesh(mesh, dp_dims), layout.param)
+        return nn.Parameter(stored, requires_grad=param.requires_grad), None
+    tp_mesh = param.device_mesh
+    if tp_mesh.ndim != 1 or tp_mesh.mesh_dim_names != ("tp",):
+        raise ValueError(f"SimpleFSDP composes with 1-D tensor parallelism on the `tp` dim, got {tp_mesh}")
+    tp_placement = param.placements[0]
+    tp_local = param.to_local().detach()
+    # Data-parallel placements as seen on the global tensor: a dp shard of dim d taken from a tp
+    # shard of the same dim is strided (every tp chunk is split again), see the module docstring.
+    dp_placements = tuple(
+        _StridedShard(p.dim, split_factor=tp_mesh.size())
+        if isinstance(p, Shard) and isinstance(tp_placement, Shard) and tp_placement.dim == p.dim
+        else p
+        for p in layout.param
+    )
+    local = _distribute(tp_local, submesh(mesh, dp_dims), layout.param).to_local()
+    stored = DTensor.from_local(
+        local,
+        mesh[(*dp_dims, "tp")],
+        (*dp_placements, tp_placement),
+        shape=param.shape,
+        stride=param.stride(),
+    )
+    spec = TensorParallelSpec(tp_mesh, tuple(param.placements), tuple(tp_local.shape))
+    return nn.Parameter(stored, requires_grad=param.requires_grad), spec
 
 
 def _distribute(param: torch.Tensor, mesh: DeviceMesh, placements: tuple[Placement, ...]) -> DTensor:

@@ -29,7 +29,14 @@ import torch.distributed as dist
 
 from executor.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from executor.runtime.data import BatchIndex, DataError, SyntheticTokens, TokenFile
-from executor.runtime.distributed import DistEnv, LaunchError, build_mesh, exit_process, init_distributed
+from executor.runtime.distributed import (
+    DistEnv,
+    LaunchError,
+    build_mesh,
+    data_parallel_rank,
+    exit_process,
+    init_distributed,
+)
 from executor.runtime.materialize import materialize
 from executor.runtime.metrics import MemoryMeter, MetricsWriter, StepMetrics, mfu
 from executor.runtime.models import ModelFactoryError, build_model, count_params
@@ -174,8 +181,8 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
             raise LaunchError(str(exc)) from None
     mesh = build_mesh(plan, env)
     cfg, training = plan.config, plan.training
-    # Data-parallel coordinates: every rank is a data-parallel rank (no TP/PP in these plans).
-    dp_rank, dp_size = env.rank, env.world_size
+    # Data-parallel coordinates: the ranks of a tensor-parallel group read the same sequences.
+    dp_rank, dp_size = data_parallel_rank(mesh)
     log0(
         env,
         f"plan {plan.model.name} {plan.plan_hash[:12]} | {env.world_size} rank(s) on {env.device.type} "
@@ -199,8 +206,8 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
     log0(
         env,
         f"  model: {n_params / 1e6:.1f}M parameters, {plan.model.num_layers} blocks; "
-        f"micro-batch {cfg.micro_batch_size} x {cfg.grad_accum_steps} accumulation x {dp_size} ranks "
-        f"= {training.sequences} sequences of {training.seq_len} tokens per step",
+        f"micro-batch {cfg.micro_batch_size} x {cfg.grad_accum_steps} accumulation x {dp_size} "
+        f"data-parallel ranks = {training.sequences} sequences of {training.seq_len} tokens per step",
     )
 
     settings = OptimizerSettings(
@@ -287,7 +294,9 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
                     phase=tracker,
                 )
             tracker.enter("sync")
-            # One small all-reduce: the global mean loss, and whether any rank was asked to stop.
+            # One small all-reduce: the global mean loss, and whether any rank was asked to stop. (The
+            # ranks of a tp group hold the same loss: the mean over all ranks is still the mean over
+            # the data-parallel ranks.)
             stats = torch.stack(
                 [
                     result.loss_sum / cfg.grad_accum_steps,
@@ -296,6 +305,8 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
             )
             dist.all_reduce(stats)
             elapsed = time.perf_counter() - t0
+            # Per GPU: the step's tokens over every rank, tp included (a tp group shares its tokens
+            # and splits their FLOPs), as the planner prices tokens/s/GPU and MFU.
             tps = tokens_per_step / env.world_size / elapsed
             record = StepMetrics(
                 step=step,

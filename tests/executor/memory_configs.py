@@ -82,8 +82,7 @@ def parallel_config(case: MemoryCase, world: int) -> ParallelConfig:
     shard = 1 if case.sharding == "no_shard" else world
     return ParallelConfig(
         sharding=case.sharding,  # type: ignore[arg-type]
-        shard_group_size=shard,
-        replicate_group_size=world // shard,
+        mesh={"dp_replicate": world // shard, "dp_shard": shard, "tp": 1},
         blocks_per_unit=1,
         all_gather_bucket_mb=0.0,
         reduce_scatter_bucket_mb=0.0,

@@ -1,6 +1,8 @@
 """Plan documents for executor tests, in the exact JSON shape `planner.plan.Plan` dumps.
 
-`debug_plan()` is a `llama-debug` plan on a 1x2 `cpu` cluster; keyword arguments override parts.
+`debug_plan()` is a `llama-debug` plan on a 1x2 `cpu` cluster; keyword arguments override parts
+(`tp` for tensor parallelism; `dp_shard` to choose the shard group, the rest of the data-parallel
+ranks being replicas).
 tests/executor/test_plan_contract.py checks this shape against the planner's pydantic model, so
 the hand-made plans here cannot drift from real ones.
 """
@@ -36,22 +38,26 @@ def debug_plan(
     bucket_mb: float = 0.0,
     name: str = "llama-debug",
     model: dict[str, Any] | None = None,
-    shard_group_size: int | None = None,
+    dp_shard: int | None = None,
+    tp: int = 1,
     loss_chunks: int = 1,
 ) -> dict[str, Any]:
-    """A complete plan document (as `Plan.model_dump(mode="json")` writes it)."""
+    """A complete plan document (as `Plan.model_dump(mode="json")` writes it). The ranks are
+    nodes x gpus_per_node = dp_replicate x dp_shard x tp; `dp_shard` defaults to what `sharding`
+    implies (hybrid_shard: the data-parallel ranks of one node)."""
     world = nodes * gpus_per_node
-    if shard_group_size is None:
-        shard_group_size = {"no_shard": 1, "hybrid_shard": gpus_per_node}.get(sharding, world)
+    dp = world // tp
+    if dp_shard is None:
+        dp_shard = {"no_shard": 1, "hybrid_shard": gpus_per_node // tp}.get(sharding, dp)
     model_doc = copy.deepcopy(model or LLAMA_DEBUG)
     model_doc["name"] = name
     # A `layer_graph` model here stands for a user model the planner never priced (no traced modules).
     priced = model_doc["architecture"] != "layer_graph"
     costs = model_costs(ModelSpec.model_validate(model_doc), seq_len) if priced else None
-    sequences = micro_batch_size * grad_accum_steps * world
+    sequences = micro_batch_size * grad_accum_steps * dp
     bf16 = precision == "bf16"
     return {
-        "schema_version": "1.0",
+        "schema_version": "2.0",
         "planner_version": "0.1.0",
         "plan_hash": "0" * 64,
         "model": {
@@ -78,8 +84,7 @@ def debug_plan(
         },
         "config": {
             "sharding": sharding,
-            "shard_group_size": shard_group_size,
-            "replicate_group_size": world // shard_group_size,
+            "mesh": {"dp_replicate": dp // dp_shard, "dp_shard": dp_shard, "tp": tp},
             "blocks_per_unit": blocks_per_unit,
             "all_gather_bucket_mb": bucket_mb,
             "reduce_scatter_bucket_mb": bucket_mb,

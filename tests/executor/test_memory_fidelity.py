@@ -103,7 +103,7 @@ def state_errors(run: dict[str, Any]) -> list[str]:
     """Where the measured sharded states differ from the plan's (beyond STATE_TOLERANCE)."""
     plan: Plan = run["plan"]
     n = plan.model.num_params
-    shard = plan.config.shard_group_size
+    shard = plan.config.mesh.dp_shard
     breakdown = plan.prediction.memory_breakdown_gib
     errors = []
     for rank in run["ranks"]:

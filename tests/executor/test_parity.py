@@ -120,7 +120,7 @@ def test_hybrid_shard_on_2x2_mesh_matches_reference(tmp_path: Path) -> None:
     records = run_cases(tmp_path, 4, cases)
     for case in cases:
         assert_matches_reference(records[case])
-        assert any("replicate=2 x shard=2" in n for n in records[case]["notes"]), records[case]["notes"]
+        assert any("dp_replicate=2 x dp_shard=2" in n for n in records[case]["notes"]), records[case]["notes"]
     # Gather within the shard group; gradients reduce-scattered there, then all-reduced over replicas.
     assert records["hybrid_shard:simple_fsdp:inductor"]["collectives"] == {
         "all_gather_into_tensor": 2,

@@ -103,7 +103,7 @@ def test_qwen2_style_qkv_bias_and_tied_llama_counts() -> None:
 
 def test_unknown_keys_are_ignored_and_minor_versions_accepted() -> None:
     document = debug_plan()
-    document["schema_version"] = "1.7"
+    document["schema_version"] = "2.7"
     document["brand_new_section"] = {"x": 1}
     document["config"]["future_knob"] = True
     document["model"]["rope_scaling"] = {"type": "yarn"}
@@ -119,7 +119,7 @@ def test_api_wrapper_is_unwrapped() -> None:
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d.update(schema_version="2.0"), "reads schema 1.x plans, the plan is 2.0"),
+        (lambda d: d.update(schema_version="3.0"), "reads schema 1.x and 2.x plans, the plan is 3.0"),
         (lambda d: d.pop("schema_version"), "plan.schema_version"),
         (lambda d: d["config"].update(sharding="zero4"), "plan.config.sharding: expected one of"),
         (
@@ -129,7 +129,7 @@ def test_api_wrapper_is_unwrapped() -> None:
         (lambda d: d["config"].update(compile=1), "plan.config.compile: expected true or false"),
         (lambda d: d["model"].pop("vocab_size") and d["model"].pop("name"), "plan.model.name: missing"),
         (lambda d: d["config"].update(grad_accum_steps=3), "global batch is 4"),
-        (lambda d: d["config"].update(shard_group_size=1), "must equal the world size 2"),
+        (lambda d: d["config"]["mesh"].update(dp_shard=1), "= 1 ranks, but the cluster has 2"),
         (lambda d: d["config"]["checkpointing"].update(mode="sometimes"), "plan.config.checkpointing.mode"),
     ],
 )

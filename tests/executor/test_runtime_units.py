@@ -1,7 +1,9 @@
-"""Single-process unit tests of the runtime's pieces: models, init, data sampling, schedule, AC."""
+"""Single-process unit tests of the runtime's pieces: plan reading (the mesh, schema 1.x plans,
+tensor-parallel rules), models, init, data sampling, schedule, AC."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from pathlib import Path
@@ -17,7 +19,7 @@ from executor.runtime.materialize import materialize
 from executor.runtime.models import ModelFactoryError, build_model, find_parts
 from executor.runtime.models.common import sdpa_causal
 from executor.runtime.optim import lr_factor
-from executor.runtime.plan import parse_plan
+from executor.runtime.plan import MeshConfig, PlanError, parse_plan
 from tests.executor.plan_factory import LLAMA_DEBUG, debug_plan
 
 SMALL = {
@@ -71,6 +73,19 @@ def test_gpt2_head_is_tied_and_parts_keep_tied_weights_together() -> None:
     assert model.lm_head.weight is model.wte.weight
     parts = find_parts(model)
     assert model.wte not in parts.inputs and parts.outputs == [] and len(parts.blocks) == 2
+
+
+@pytest.mark.parametrize("dims", [GPT2_SMALL, {**SMALL, "tie_word_embeddings": True}], ids=["gpt2", "llama"])
+def test_tied_weights_stay_tied_when_materialized_unsharded(dims: dict) -> None:
+    model = build_model(model_config(dims), seq_len=32)
+    materialize(model, device=torch.device("cpu"), seed=3)
+    embedding, head = (
+        (model.wte, model.lm_head) if dims is GPT2_SMALL else (model.tok_embeddings, model.output)
+    )
+    assert head.weight is embedding.weight and not head.weight.is_meta
+    # One parameter, initialised by the embedding's rule (the first name it is reached by).
+    assert len(list(model.parameters())) == len({id(p) for p in model.parameters()})
+    assert head.weight.std().item() == pytest.approx(0.02, rel=0.1)
 
 
 def test_grouped_query_attention_equals_repeated_heads() -> None:
@@ -186,3 +201,104 @@ def test_a_phase_that_overran_leaves_later_phases_a_floor() -> None:
     budgets.started -= 20.0  # collectives took 20 s of an 8 s budget
     budgets.take("collectives")
     assert budgets.take("steps").seconds == pytest.approx(MIN_PHASE_SHARE * 4.0)
+
+
+def _as_schema_1(document: dict) -> dict:
+    """A 2.0 test plan written the way schema 1.x planners wrote it (no mesh, two group sizes)."""
+    config = dict(document["config"])
+    mesh = config.pop("mesh")
+    assert mesh["tp"] == 1
+    config.update(shard_group_size=mesh["dp_shard"], replicate_group_size=mesh["dp_replicate"])
+    return {**document, "schema_version": "1.3", "config": config}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "mesh"),
+    [({}, MeshConfig(dp_shard=2)), ({"sharding": "hybrid_shard", "nodes": 2}, MeshConfig(2, 2, 1))],
+)
+def test_schema_1_plans_read_as_their_mesh(kwargs: dict, mesh: MeshConfig) -> None:
+    current = parse_plan(debug_plan(**kwargs))
+    old = parse_plan(_as_schema_1(debug_plan(**kwargs)))
+    assert old.config.mesh == mesh == current.config.mesh
+    assert dataclasses.replace(old, schema_version="2.0") == current
+    broken = _as_schema_1(debug_plan())
+    del broken["config"]["replicate_group_size"]
+    with pytest.raises(PlanError, match=r"plan\.config\.replicate_group_size: missing"):
+        parse_plan(broken)
+
+
+def test_tensor_parallel_plans_batch_per_data_parallel_rank() -> None:
+    plan = parse_plan(debug_plan(gpus_per_node=4, tp=2, micro_batch_size=3, grad_accum_steps=2))
+    mesh = plan.config.mesh
+    assert (mesh.dp_replicate, mesh.dp_shard, mesh.tp, mesh.dp, mesh.world_size) == (1, 2, 2, 2, 4)
+    # A tp group shares its sequences: 3 x 2 x 2 data-parallel ranks, not x 4 ranks.
+    assert plan.training.sequences == 12
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "mutate", "message"),
+    [
+        ({}, lambda c: c["mesh"].update(tp=2), "= 4 ranks, but the cluster has 2"),
+        (
+            {"gpus_per_node": 4},
+            lambda c: c["mesh"].update(dp_shard=2, dp_replicate=2),
+            "must be 1 for full_shard",
+        ),
+        (
+            {"sharding": "no_shard"},
+            lambda c: c["mesh"].update(dp_shard=2, dp_replicate=1),
+            "must be 1 for no_shard",
+        ),
+        (
+            {"sharding": "hybrid_shard", "nodes": 2},
+            lambda c: c["mesh"].update(dp_shard=4, dp_replicate=1),
+            "hybrid_shard needs dp_shard and dp_replicate of at least 2",
+        ),
+        (
+            {"gpus_per_node": 4, "tp": 2},
+            lambda c: c.update(micro_batch_size=4),
+            "x 2 data-parallel ranks = 8",
+        ),
+        ({}, lambda c: c["mesh"].update(tp=0, dp_shard=2), "plan.config.mesh.tp: must be at least 1"),
+    ],
+)
+def test_mesh_rules(kwargs: dict, mutate, message: str) -> None:
+    document = debug_plan(**kwargs)
+    mutate(document["config"])
+    with pytest.raises(PlanError) as err:
+        parse_plan(document)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "message"),
+    [
+        (
+            GPT2_SMALL,
+            2,
+            "implemented for the llama architecture only, the model is 'gpt2'; make a plan with tp 1",
+        ),
+        ({**SMALL, "architecture": "layer_graph"}, 2, "the model is 'layer_graph'"),
+        # SMALL: 4 heads, 2 kv heads, ffn 96, vocab 128.
+        (SMALL, 4, "4 does not divide plan.model.num_kv_heads 2"),
+        ({**SMALL, "intermediate_size": 99}, 2, "2 does not divide plan.model.intermediate_size 99"),
+        (
+            {**SMALL, "vocab_size": 129},
+            2,
+            "vocab_size 129: tensor parallelism splits it into equal parts per rank; make a plan with tp 1",
+        ),
+    ],
+)
+def test_tensor_parallel_needs_llama_and_even_splits(model: dict, tp: int, message: str) -> None:
+    with pytest.raises(PlanError) as err:
+        parse_plan(debug_plan(model=model, gpus_per_node=tp, tp=tp, seq_len=32))
+    assert message in str(err.value)
+    assert parse_plan(debug_plan(model=SMALL, gpus_per_node=2, tp=2, seq_len=32)).config.mesh.tp == 2
+
+
+def test_tensor_parallel_error_suggests_a_degree_that_fits() -> None:
+    # llama-debug: 8 heads, 4 kv heads, ffn 768, vocab 2048, seq 64: tp 8 splits all but the kv heads.
+    with pytest.raises(PlanError) as err:
+        parse_plan(debug_plan(gpus_per_node=8, tp=8))
+    assert "8 does not divide plan.model.num_kv_heads 4" in str(err.value)
+    assert "make a plan with a tp that divides all of them (2, 4)" in str(err.value)

@@ -61,10 +61,10 @@ def test_bundle_trains_through_its_own_launch_sh(tmp_path: Path) -> None:
     assert f"runtime {bundle / 'executor' / 'runtime'}" in result.stdout
 
 
-def _train(plan: Path, tmp: Path, name: str, *extra: str) -> list[dict]:
+def _train(plan: Path, tmp: Path, name: str, *extra: str, nproc: int = 2) -> list[dict]:
     metrics = tmp / f"{name}.jsonl"
     result = torchrun(
-        2,
+        nproc,
         [
             *TRAIN,
             "--plan",
@@ -127,6 +127,22 @@ def test_checkpoint_resume_reproduces_uninterrupted_run(tmp_path: Path, write_pl
     assert [r["loss"] for r in simple] == pytest.approx(expected[4:], rel=1e-4)
 
 
+@pytest.mark.distributed
+def test_tensor_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan) -> None:
+    # dp 2 x tp 2: the trainer hands each tp group one data-parallel share of the batch (2
+    # micro-batches of 1 sequence), so its losses are those of one rank taking all 4 sequences
+    # (fp32; tp only reorders sums, see test_tensor_parallel).
+    tp = write_plan(debug_plan(gpus_per_node=4, tp=2, micro_batch_size=1, grad_accum_steps=2), "tp.json")
+    one = write_plan(debug_plan(gpus_per_node=1, micro_batch_size=2, grad_accum_steps=2), "one.json")
+    sharded = _train(tp, tmp_path, "tp", "--steps", "4", nproc=4)
+    single = _train(one, tmp_path, "one", "--steps", "4", nproc=1)
+    assert [r["loss"] for r in sharded] == pytest.approx([r["loss"] for r in single], rel=2e-5)
+    assert [r["grad_norm"] for r in sharded] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
+    # Per GPU: a step's tokens over all 4 ranks (the tp pair shares its tokens and splits the FLOPs).
+    for r in sharded:
+        assert r["tokens_per_s_per_gpu"] == pytest.approx(4 * 64 / 4 / r["step_time_s"], rel=1e-6)
+
+
 def test_world_size_mismatch_is_a_clear_error(write_plan) -> None:
     plan = write_plan(debug_plan(nodes=1, gpus_per_node=2))
     env = job_env(WORLD_SIZE="3")
@@ -148,7 +164,7 @@ def test_world_size_mismatch_is_a_clear_error(write_plan) -> None:
 
 def test_bad_plan_is_a_clear_error(write_plan, tmp_path: Path) -> None:
     doc = debug_plan()
-    doc["schema_version"] = "2.0"
+    doc["schema_version"] = "3.0"
     result = subprocess.run(
         [sys.executable, *TRAIN, "--plan", str(write_plan(doc)), "--steps", "1"],
         cwd=REPO,
@@ -159,7 +175,7 @@ def test_bad_plan_is_a_clear_error(write_plan, tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "schema 1.x" in result.stderr and "2.0" in result.stderr
+    assert "schema 1.x and 2.x" in result.stderr and "3.0" in result.stderr
     missing = subprocess.run(
         [sys.executable, *TRAIN, "--plan", str(tmp_path / "nope.json")],
         cwd=REPO,

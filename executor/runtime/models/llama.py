@@ -64,11 +64,15 @@ class RotaryEmbedding(nn.Module):
 
 
 class Attention(nn.Module):
-    """Causal self-attention with grouped key/value heads."""
+    """Causal self-attention with grouped key/value heads.
+
+    Heads are counted from the projections' output width, not the config: under tensor parallelism
+    (column-parallel wq/wk/wv) a rank's projections hold num_heads / tp and num_kv_heads / tp heads.
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.kv_heads, cfg.head_dim
+        self.head_dim = cfg.head_dim
         h, kv = cfg.hidden_size, cfg.kv_heads * cfg.head_dim
         self.wq = nn.Linear(h, h, bias=cfg.qkv_bias)
         self.wk = nn.Linear(h, kv, bias=cfg.qkv_bias)
@@ -77,9 +81,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: RotaryEmbedding) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        q = self.wq(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         out = sdpa_causal(rope(q), rope(k), v)
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 

@@ -118,7 +118,7 @@ def mem_tracker_peak(
 def run_plan(label: str, plan: RuntimePlan, *, steps: int, meshes: dict[tuple, DeviceMesh]) -> dict[str, Any]:
     env = init_distributed(plan)
     cfg = plan.config
-    key = (cfg.sharding, cfg.replicate_group_size, cfg.shard_group_size)
+    key = (cfg.sharding, cfg.mesh.dp_replicate, cfg.mesh.dp_shard)
     if key not in meshes:  # one set of process groups per mesh shape, reused across plans
         meshes[key] = build_mesh(plan, env)
     mesh = meshes[key]

@@ -1,0 +1,144 @@
+"""Tensor parallelism for the built-in Llama: Megatron-style column/row-parallel matmuls, sequence
+parallelism between them, and a vocabulary-parallel (loss-parallel) output head.
+
+Layouts on the tp mesh (T ranks), per block:
+  attention_norm, ffn_norm    SequenceParallel: each rank normalises its 1/T of the sequence
+  attention / feed_forward    input all-gathered over the sequence (PrepareModuleInput)
+  wq, wk, wv, w1, w3          ColwiseParallel: output features (heads, ffn) split, no communication
+  wo, w2                      RowwiseParallel: partial sums reduce-scattered back onto the sequence
+and around the blocks:
+  tok_embeddings              vocabulary rows split; the partial embeddings are reduce-scattered
+                              onto the sequence (the residual stream is sequence-sharded throughout)
+  norm                        SequenceParallel
+  output                      vocabulary rows split; the loss is computed without ever gathering
+                              the logits (`VocabParallelOutputHead`, `loss.py`)
+
+The attention module reshapes by its local projection width, so each rank runs num_heads / T query
+heads and num_kv_heads / T key/value heads. This module only lays out parameters and activations;
+the data-parallel engines (`simple_fsdp`, `fsdp2`) shard the resulting tp DTensors further.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from executor.runtime.loss import VocabShard, vocab_parallel_linear_cross_entropy
+from executor.runtime.models.common import OutputHead
+from executor.runtime.models.llama import Llama
+from executor.runtime.plan import PlanError
+
+
+def apply_tensor_parallel(model: nn.Module, *, mesh: DeviceMesh) -> None:
+    """Shard `model` (the built-in Llama, typically on the meta device) over the 1-D tp `mesh` in place."""
+    if not isinstance(model, Llama):
+        raise PlanError(
+            f"plan.config.mesh.tp: tensor parallelism ({mesh.size()}) is implemented for the built-in "
+            f"llama model only, this model is a {type(model).__name__}; make a plan with tp 1"
+        )
+    for block in model.layers:
+        parallelize_module(block, mesh, _block_plan())
+    parallelize_module(
+        model,
+        mesh,
+        {
+            # Vocabulary-sharded lookup; Shard(1) output: the residual stream is sequence-parallel.
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "output": VocabParallelHead(),
+        },
+    )
+    if model.cfg.tie_word_embeddings:
+        # Both halves of a tied weight are split by vocabulary rows: one DTensor serves both.
+        model.output.weight = model.tok_embeddings.weight
+
+
+def _block_plan() -> dict[str, ParallelStyle]:
+    """One transformer block: sequence-parallel norms around column- then row-parallel matmuls."""
+    # Attention's forward is (x, rope): only x is a tensor to lay out.
+    gather_attention_input = PrepareModuleInput(
+        input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+    )
+    gather_ffn_input = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    return {
+        "attention_norm": SequenceParallel(),
+        "attention": gather_attention_input,
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": gather_ffn_input,
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w3": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
+class VocabParallelHead(ParallelStyle):
+    """Loss parallelism for an `OutputHead`: its weight split by vocabulary rows (Shard(0)), its
+    forward replaced by `VocabParallelOutputHead.forward`."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not isinstance(module, OutputHead) or device_mesh.ndim != 1:
+            raise ValueError(f"VocabParallelHead applies to an OutputHead on a 1-D mesh, got {module}")
+        vocab = module.weight.shape[0]
+        if vocab % device_mesh.size():
+            raise ValueError(f"vocabulary {vocab} does not split evenly over {device_mesh.size()} ranks")
+
+        def shard_rows(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
+            weight = distribute_tensor(mod.weight, mesh, [Shard(0)], src_data_rank=None)
+            mod.register_parameter("weight", nn.Parameter(weight, requires_grad=mod.weight.requires_grad))
+
+        distribute_module(module, device_mesh, shard_rows)
+        module.__class__ = VocabParallelOutputHead
+        module.vocab = VocabShard(  # type: ignore[attr-defined]
+            group=device_mesh.get_group().group_name,
+            start=device_mesh.get_local_rank() * (vocab // device_mesh.size()),
+        )
+        return module
+
+
+class VocabParallelOutputHead(OutputHead):
+    """The output head of a tensor-parallel model: the weight (a DTensor on the tp mesh, as FSDP2
+    or SimpleFSDP hand it to forward) holds this rank's vocabulary rows `vocab.start...`; the
+    input is the sequence-sharded final norm output.
+
+    Made from an `OutputHead` by `VocabParallelHead` (the same module, parameter name and tying).
+    """
+
+    vocab: VocabShard
+    """This rank's vocabulary rows and the tp group (plain attributes: constants to the compiler)."""
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, targets: torch.Tensor | None = None, *, chunks: int = 1
+    ) -> torch.Tensor:
+        weight = self.weight
+        if not isinstance(x, DTensor) or not isinstance(weight, DTensor):
+            raise TypeError("the vocabulary-parallel head expects DTensor inputs and weight on the tp mesh")
+        if targets is None:
+            # Logits for inspection and tests, not training: gathered whole (vocabulary-sized).
+            logits = F.linear(x.redistribute(placements=[Replicate()]), weight)
+            return logits.full_tensor()
+        return vocab_parallel_linear_cross_entropy(
+            gather_sequence(x), weight.to_local(), targets, chunks=chunks, vocab=self.vocab
+        )
+
+
+def gather_sequence(x: DTensor) -> torch.Tensor:
+    """The whole sequence's hidden states from sequence-parallel `x` (an all-gather), as a plain
+    tensor whose gradient is declared partial: backward then reduce-scatters it, which both sums
+    the tp ranks' shares of the hidden-state gradient (each rank's vocabulary shard contributes
+    one) and returns each rank its own sequence shard."""
+    return x.redistribute(placements=[Replicate()]).to_local(grad_placements=[Partial()])
