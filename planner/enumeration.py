@@ -58,17 +58,18 @@ def tensor_parallel_limits(request: PlanRequest) -> list[str]:
         f"num_kv_heads {model.kv_heads}",
         f"intermediate_size {model.ffn_size}",
         f"vocab_size {model.vocab_size}",
+        f"seq_len {request.training.seq_len} (sequence parallelism splits it)",
         f"gpus_per_node {request.cluster.gpus_per_node}",
     ]
 
 
 def splits_model(request: PlanRequest, tp: int) -> bool:
-    """Whether `tp` ranks can split the model's heads, FFN and vocabulary inside one node."""
+    """Whether `tp` ranks can split the model's heads, FFN, vocabulary and sequence inside one node."""
     model = request.model
     return all(
         n % tp == 0
         for n in (model.num_heads, model.kv_heads, model.ffn_size, model.vocab_size,
-                  request.cluster.gpus_per_node)
+                  request.training.seq_len, request.cluster.gpus_per_node)
     )
 
 
