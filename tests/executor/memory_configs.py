@@ -44,6 +44,8 @@ class MemoryCase:
     """Compiled cases use fewer blocks: inductor's compile time grows with the graph."""
     precision: str = "fp32"
     """bf16 parameters and activations (fp32 states and reductions), where RMSNorm keeps fp32 copies."""
+    tp: int = 1
+    """Tensor-parallel degree (the two ranks as one tp group: sequence and loss parallel)."""
 
     @property
     def label(self) -> str:
@@ -53,7 +55,8 @@ class MemoryCase:
         mode = "compiled" if self.compile else "eager"
         dtype = f" {self.precision}" if self.precision != "fp32" else ""
         batch = f"mb{self.micro_batch}x{self.grad_accum}"
-        return f"L{self.layers} {self.sharding} AC={ac} {batch}{chunks}{dtype} {mode}"
+        tp = f" tp{self.tp}" if self.tp > 1 else ""
+        return f"L{self.layers} {self.sharding}{tp} AC={ac} {batch}{chunks}{dtype} {mode}"
 
 
 CASES: tuple[MemoryCase, ...] = (
@@ -75,14 +78,19 @@ CASES: tuple[MemoryCase, ...] = (
     MemoryCase("shard_grad_op", "op_selective", compile=True, layers=2),
     MemoryCase("no_shard", micro_batch=1, grad_accum=2, compile=True, layers=2),
     MemoryCase("full_shard", "full", compile=True, loss_chunks=4, layers=2),
+    # Tensor parallelism: both ranks one tp group (issue 13's memory terms: states, activations
+    # and the vocabulary-parallel loss divided by tp).
+    MemoryCase("no_shard", tp=2),
+    MemoryCase("no_shard", "full", loss_chunks=4, tp=2),
 )
 
 
 def parallel_config(case: MemoryCase, world: int) -> ParallelConfig:
-    shard = 1 if case.sharding == "no_shard" else world
+    dp = world // case.tp
+    shard = 1 if case.sharding == "no_shard" else dp
     return ParallelConfig(
         sharding=case.sharding,  # type: ignore[arg-type]
-        mesh={"dp_replicate": world // shard, "dp_shard": shard, "tp": 1},
+        mesh={"dp_replicate": dp // shard, "dp_shard": shard, "tp": case.tp},
         blocks_per_unit=1,
         all_gather_bucket_mb=0.0,
         reduce_scatter_bucket_mb=0.0,
@@ -112,7 +120,7 @@ def plan_for(case: MemoryCase) -> Plan:
         cluster=cluster,
         training=TrainingSpec(
             seq_len=SEQ_LEN,
-            global_batch_tokens=SEQ_LEN * case.micro_batch * case.grad_accum * world,
+            global_batch_tokens=SEQ_LEN * case.micro_batch * case.grad_accum * world // case.tp,
             precision=case.precision,  # type: ignore[arg-type]
             optimizer="adamw",
         ),

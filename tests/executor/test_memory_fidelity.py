@@ -3,7 +3,8 @@
 One torchrun launch (2 CPU ranks, gloo) runs every configuration of tests/executor/memory_configs.py
 through the runtime's code path and measures (tests/executor/workers/memory_fidelity.py):
   - the sharded states, exactly: parameter, gradient and optimizer-state bytes per rank, which must
-    match 4 / 4 / 8 bytes x parameters / shard group (fp32 AdamW) and the plan's breakdown (2%);
+    match 4 / 4 / 8 bytes x parameters / shard group (fp32 AdamW; with tensor parallelism the rank's
+    tp share of the parameters) and the plan's breakdown (2%);
   - the whole-step peak per rank, by the runtime's CPU method (persistent bytes + the torch
     profiler's peak net allocation, counting the tensors the training thread allocates), which
     must match `prediction.peak_memory_gib` within PEAK_TOLERANCE (the issue's CPU target). A plan
@@ -28,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from planner.cost.model_costs import model_costs, tensor_parallel_share
 from planner.plan import Plan
 from tests.executor.conftest import REPO, explain, job_env, torchrun
 from tests.executor.memory_configs import CASES, MemoryCase, plan_documents
@@ -99,18 +101,27 @@ def table(runs: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _rank_params(plan: Plan) -> int:
+    """Parameters one rank of the plan's tensor-parallel group holds, as the planner prices them."""
+    costs = model_costs(plan.model, plan.training.seq_len)
+    return tensor_parallel_share(costs, plan.config.mesh.tp).rank_params
+
+
 def state_errors(run: dict[str, Any]) -> list[str]:
     """Where the measured sharded states differ from the plan's (beyond STATE_TOLERANCE)."""
     plan: Plan = run["plan"]
     n = plan.model.num_params
-    shard = plan.config.mesh.dp_shard
+    mesh = plan.config.mesh
+    # With tp, each rank holds its tensor-parallel share (norm weights whole): the plan's count.
+    share = _rank_params(plan)
+    shard = mesh.dp_shard
     breakdown = plan.prediction.memory_breakdown_gib
     errors = []
     for rank in run["ranks"]:
         if rank["num_params"] != n:
             errors.append(f"rank {rank['rank']}: model has {rank['num_params']} parameters, plan {n}")
         for term, per_param in ADAMW_STATE_BYTES.items():
-            expected = per_param * n / shard
+            expected = per_param * share / shard
             got = rank[f"{'param' if term == 'params' else term.rstrip('s')}_bytes"]
             if abs(_error(expected, got)) > STATE_TOLERANCE:
                 errors.append(f"rank {rank['rank']} {term}: measured {got} B, plan {expected:.0f} B")

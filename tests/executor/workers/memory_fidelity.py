@@ -42,7 +42,12 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from executor.runtime.data import BatchIndex, SyntheticTokens  # noqa: E402
-from executor.runtime.distributed import build_mesh, exit_process, init_distributed  # noqa: E402
+from executor.runtime.distributed import (  # noqa: E402
+    build_mesh,
+    data_parallel_rank,
+    exit_process,
+    init_distributed,
+)
 from executor.runtime.materialize import materialize  # noqa: E402
 from executor.runtime.metrics import (  # noqa: E402
     GIB,
@@ -118,10 +123,11 @@ def mem_tracker_peak(
 def run_plan(label: str, plan: RuntimePlan, *, steps: int, meshes: dict[tuple, DeviceMesh]) -> dict[str, Any]:
     env = init_distributed(plan)
     cfg = plan.config
-    key = (cfg.sharding, cfg.mesh.dp_replicate, cfg.mesh.dp_shard)
+    key = (cfg.sharding, cfg.mesh.dp_replicate, cfg.mesh.dp_shard, cfg.mesh.tp)
     if key not in meshes:  # one set of process groups per mesh shape, reused across plans
         meshes[key] = build_mesh(plan, env)
     mesh = meshes[key]
+    dp_rank, dp_size = data_parallel_rank(mesh)  # a tp group reads the same sequences
 
     model = build_model(plan.model, seq_len=plan.training.seq_len)
     n_params = count_params(model)
@@ -140,7 +146,7 @@ def run_plan(label: str, plan: RuntimePlan, *, steps: int, meshes: dict[tuple, D
 
     def one_step(step: int) -> None:
         batches = [
-            data.batch(BatchIndex(step, micro, env.rank, env.world_size, cfg.micro_batch_size))
+            data.batch(BatchIndex(step, micro, dp_rank, dp_size, cfg.micro_batch_size))
             for micro in range(cfg.grad_accum_steps)
         ]
         train_step(
