@@ -148,7 +148,8 @@ def test_hostile_name_bundle_executes_nothing(tmp_path: Path) -> None:
         f'printf "%s\\n" "$@" > {record}\n'
     )
     fake.chmod(0o755)
-    env = {"PATH": os.environ["PATH"], "HOME": str(home), "PYTHON": str(fake)}
+    hostile_data = '/d s/$(touch "$HOME/pwned"); rm -rf ~'
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "PYTHON": str(fake), "DATA": hostile_data}
     result = subprocess.run(
         [str(directory / "launch.sh"), "--steps", "3", "--metrics-file", "m; rm -rf ~"],
         env=env,
@@ -164,6 +165,7 @@ def test_hostile_name_bundle_executes_nothing(tmp_path: Path) -> None:
     assert "--standalone" in argv and argv[argv.index("--nproc-per-node") + 1] == "2"
     assert argv[-4:] == ["--steps", "3", "--metrics-file", "m; rm -rf ~"]  # passed through verbatim
     assert argv[argv.index("--plan") + 1] == str(directory / "plan.json")
+    assert argv[argv.index("--data") + 1] == hostile_data  # DATA, verbatim
 
 
 def test_launch_sh_multinode_env_and_validation(tmp_path: Path) -> None:
@@ -183,6 +185,7 @@ def test_launch_sh_multinode_env_and_validation(tmp_path: Path) -> None:
             "MASTER_PORT": "29400",
             "CHECKPOINT_DIR": "/ck pt",
             "MAX_RESTARTS": "3",
+            "SYNTHETIC_DATA": "1",
         },
         capture_output=True,
         text=True,
@@ -195,6 +198,7 @@ def test_launch_sh_multinode_env_and_validation(tmp_path: Path) -> None:
     assert argv[argv.index("--rdzv-backend") + 1] == "c10d" and argv[argv.index("--nnodes") + 1] == "2"
     assert argv[argv.index("--max-restarts") + 1] == "3"
     assert argv[argv.index("--checkpoint-dir") + 1] == "/ck pt" and "--resume" in argv
+    assert "--synthetic-data" in argv and "--data" not in argv
     bad = subprocess.run(
         [str(directory / "launch.sh")],
         env={**base, "NPROC_PER_NODE": "2; reboot"},
@@ -257,7 +261,7 @@ def test_launch_sh_runs_the_allocator_the_plan_was_priced_for(tmp_path: Path) ->
         f'#!/usr/bin/env bash\n[ "$1" = "-c" ] && exit 0\necho "$PYTORCH_CUDA_ALLOC_CONF" > {record}\n'
     )
     fake.chmod(0o755)
-    base = {"PATH": os.environ["PATH"], "PYTHON": str(fake)}
+    base = {"PATH": os.environ["PATH"], "PYTHON": str(fake), "SYNTHETIC_DATA": "1"}
     for env, expected in (
         ({}, "expandable_segments:True"),
         ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}, "max_split_size_mb:512"),
