@@ -276,3 +276,41 @@ def test_launch_sh_runs_the_allocator_the_plan_was_priced_for(tmp_path: Path) ->
         )
         assert run.returncode == 0, run.stderr
         assert record.read_text().strip() == expected
+
+
+def test_launch_sh_needs_data_or_an_explicit_rehearsal(tmp_path: Path) -> None:
+    plan = make_plan()
+    write_bundle(plan, tmp_path, target="torchrun")
+    launch = str(tmp_path / bundle_name(plan) / "launch.sh")
+    fake = tmp_path / "fake-python"
+    record = tmp_path / "argv.txt"
+    fake.write_text(f'#!/usr/bin/env bash\n[ "$1" = "-c" ] && exit 0\nprintf "%s\\n" "$@" > {record}\n')
+    fake.chmod(0o755)
+    base = {"PATH": os.environ["PATH"], "PYTHON": str(fake)}
+
+    def run(*args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+        record.unlink(missing_ok=True)
+        result = subprocess.run([launch, *args], env={**base, **env}, cwd=tmp_path, capture_output=True,
+                                text=True, timeout=60, check=False)
+        return result, record.read_text().splitlines() if record.exists() else []
+
+    refused, argv = run("--steps", "3")
+    assert refused.returncode == 2 and argv == []  # before torchrun starts
+    message = " ".join(refused.stderr.split())
+    assert "launch.sh: no training data: set DATA to a dataset directory made by `fsdp-planner " \
+        "prepare-data`" in message and "SYNTHETIC_DATA=1" in message
+    # DATA, relative to where launch.sh was started (torchrun runs in the bundle directory).
+    ok, argv = run("--steps", "3", DATA="datasets/web")
+    assert ok.returncode == 0, ok.stderr
+    assert argv[argv.index("--data") + 1] == str(tmp_path / "datasets" / "web")
+    assert "--synthetic-data" not in argv
+    ok, argv = run("--data", "/abs/ds")
+    assert ok.returncode == 0 and argv[-2:] == ["--data", "/abs/ds"] and "--synthetic-data" not in argv
+    ok, argv = run(SYNTHETIC_DATA="1")
+    assert ok.returncode == 0 and "--synthetic-data" in argv and "--data" not in argv
+    ok, argv = run("--synthetic-data")
+    assert ok.returncode == 0 and argv.count("--synthetic-data") == 1
+    ok, argv = run("--help")
+    assert ok.returncode == 0 and argv[-1] == "--help"
+    bad, argv = run(SYNTHETIC_DATA="yes")
+    assert bad.returncode == 2 and "SYNTHETIC_DATA must be 1 or 0" in bad.stderr and argv == []
