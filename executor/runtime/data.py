@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -394,7 +395,7 @@ def open_dataset(
 ) -> TokenDataset:
     """`--data PATH`: a prepared dataset directory (or its index.json), or a flat token file
     (`dtype` then defaults to uint16)."""
-    path = Path(path)
+    path = Path(os.path.normpath(os.path.abspath(path)))  # as shown in logs and checkpoints
     if path.name == INDEX and path.is_file():
         path = path.parent
     if path.is_dir():

@@ -411,6 +411,7 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
             )
             if args.eval_every and (step % args.eval_every == 0 or step == args.steps):
                 tracker.enter("eval", step)
+                started = time.perf_counter()
                 record.eval_loss = evaluate(
                     par,
                     data,
@@ -422,6 +423,7 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
                     loss_chunks=cfg.loss_chunks,
                     device=env.device,
                 )
+                record.eval_time_s = time.perf_counter() - started
             history.append(record)
             writer.log(record)
             for t in trackers:
