@@ -82,7 +82,9 @@ def resolve_checkpoint(path: Path) -> Path:
         return path
     found = latest_checkpoint(path)
     if found is None:
-        raise WeightsError(f"{path}: not a checkpoint (no .metadata) nor a directory holding step-N checkpoints")
+        raise WeightsError(
+            f"{path}: not a checkpoint (no .metadata) nor a directory holding step-N checkpoints"
+        )
     return found
 
 
@@ -100,7 +102,8 @@ def export(
     model_cfg = plan.model
     if model_cfg.architecture not in ("llama", "gpt2"):
         raise WeightsError(
-            f"export writes the built-in llama and gpt2 architectures; the plan's model is {model_cfg.architecture!r}"
+            "export writes the built-in llama and gpt2 architectures; the plan's model is "
+            f"{model_cfg.architecture!r}"
         )
     base = None
     if hf_config is not None:
@@ -124,9 +127,7 @@ def export(
                 f"{checkpoint}: {key} has shape {list(size)}, the plan's model has {list(shapes[name].shape)}"
             )
     out_dtypes = {n: stored[n][1] if dtype == "auto" else DTYPES[dtype] for n in wanted}
-    groups = plan_shards(
-        ((n, shapes[n].numel() * out_dtypes[n].itemsize) for n in wanted), max_shard_bytes
-    )
+    groups = plan_shards(((n, shapes[n].numel() * out_dtypes[n].itemsize) for n in wanted), max_shard_bytes)
     files = shard_file_names(len(groups))
     out.mkdir(parents=True, exist_ok=True)
     for stale in [*out.glob("model*.safetensors"), out / "model.safetensors.index.json"]:

@@ -31,7 +31,11 @@ from typing import Any
 from executor.runtime.plan import ModelConfig
 from executor.runtime.safetensors_io import WeightsError
 
-LLAMA_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+LLAMA_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+}
 GPT2_ARCHITECTURES = {"GPT2LMHeadModel": "gpt2"}
 ARCHITECTURES = {**LLAMA_ARCHITECTURES, **GPT2_ARCHITECTURES}
 
@@ -86,7 +90,9 @@ def hf_architecture(config: dict[str, Any]) -> str:
     return by_type.get(str(config.get("model_type")), f"<model_type {config.get('model_type')!r}>")
 
 
-def check_config(config: dict[str, Any], model: ModelConfig, *, seq_len: int, where: str = "config.json") -> None:
+def check_config(
+    config: dict[str, Any], model: ModelConfig, *, seq_len: int, where: str = "config.json"
+) -> None:
     """Refuse a checkpoint whose config.json describes another model than the plan's, or uses a
     feature the runtime does not implement. Every mismatch is named in one message."""
     arch = hf_architecture(config)
@@ -102,10 +108,7 @@ def check_config(config: dict[str, Any], model: ModelConfig, *, seq_len: int, wh
             "--hf-config config.json ...`)"
         )
     problems: list[str] = []
-    if family == "llama":
-        expected = _llama_fields(config, arch)
-    else:
-        expected = _gpt2_fields(config)
+    expected = _llama_fields(config, arch) if family == "llama" else _gpt2_fields(config)
     for field, (key, value) in expected.items():
         planned = getattr(model, field)
         same = (
@@ -173,7 +176,9 @@ def _unsupported(config: dict[str, Any], arch: str, model: ModelConfig, *, seq_l
     if act != "silu":
         problems.append(f"hidden_act {act!r} (the runtime's SwiGLU uses silu)")
     if arch == "LlamaForCausalLM" and config.get("attention_bias"):
-        problems.append("attention_bias true (the runtime's o_proj has no bias; only Qwen2-style q/k/v biases)")
+        problems.append(
+            "attention_bias true (the runtime's o_proj has no bias; only Qwen2-style q/k/v biases)"
+        )
     if config.get("mlp_bias"):
         problems.append("mlp_bias true (the runtime's feed-forward has no biases)")
     head_dim = config.get("head_dim")
@@ -186,7 +191,10 @@ def _unsupported(config: dict[str, Any], arch: str, model: ModelConfig, *, seq_l
     params = config.get("rope_parameters")
     if scaling is None and isinstance(params, dict):
         scaling = params if params.get("rope_type", "default") != "default" else None
-    if isinstance(scaling, dict) and (scaling.get("rope_type") or scaling.get("type")) not in (None, "default"):
+    if isinstance(scaling, dict) and (scaling.get("rope_type") or scaling.get("type")) not in (
+        None,
+        "default",
+    ):
         kind = scaling.get("rope_type") or scaling.get("type")
         problems.append(
             f"rope_scaling {kind!r} (the runtime computes unscaled RoPE: positions would be encoded "

@@ -49,8 +49,8 @@ class LoadReport:
     def describe(self) -> str:
         line = (
             f"weights: {self.architecture} checkpoint {self.directory}: {self.tensors} tensors from "
-            f"{self.files} file(s), {_mib(self.bytes_read)} read by this rank of {_mib(self.checkpoint_bytes)}, "
-            f"{self.seconds:.2f} s"
+            f"{self.files} file(s), {_mib(self.bytes_read)} read by this rank of "
+            f"{_mib(self.checkpoint_bytes)}, {self.seconds:.2f} s"
         )
         if self.cast:
             line += f" (cast {self.cast})"
@@ -58,6 +58,10 @@ class LoadReport:
             shown = ", ".join(self.unused[:4]) + (" ..." if len(self.unused) > 4 else "")
             line += f"; warning: {len(self.unused)} checkpoint tensor(s) not used: {shown}"
         return line
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _mib(n: int) -> str:
@@ -114,7 +118,7 @@ def load_pretrained(model: nn.Module, directory: str | Path, *, cfg: ModelConfig
             )
         report.checkpoint_bytes += info.nbytes
         if info.dtype != params[name].dtype:
-            casts.add(f"{str(info.dtype).removeprefix('torch.')} -> {str(params[name].dtype).removeprefix('torch.')}")
+            casts.add(f"{_dtype_name(info.dtype)} -> {_dtype_name(params[name].dtype)}")
     by_source = {src.name: name for name, src in sources.items()}
     used = set(by_source)
     report.unused = sorted(n for n in available - used if not n.endswith(hf.IGNORED_SUFFIXES))

@@ -18,6 +18,8 @@ tensor name -> file), as Hugging Face `save_pretrained` writes them.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import math
 import mmap
@@ -118,11 +120,9 @@ class SafetensorsFile:
 
     def close(self) -> None:
         if self._map is not None:
-            try:
+            # BufferError: a view is still alive somewhere; the mapping goes when the last view does.
+            with contextlib.suppress(BufferError):
                 self._map.close()
-            except BufferError:
-                # A view is still alive somewhere: the mapping goes when the last view does.
-                pass
             self._map = None
         if self._file is not None:
             self._file.close()
@@ -136,7 +136,9 @@ def read_header(path: Path) -> tuple[dict[str, str], dict[str, TensorInfo]]:
         with open(path, "rb") as f:
             prefix = f.read(8)
             if len(prefix) < 8:
-                raise SafetensorsError(f"{path}: not a safetensors file ({size} bytes, shorter than its header)")
+                raise SafetensorsError(
+                    f"{path}: not a safetensors file ({size} bytes, shorter than its header)"
+                )
             (n,) = struct.unpack("<Q", prefix)
             if n > MAX_HEADER_BYTES or 8 + n > size:
                 raise SafetensorsError(
@@ -190,7 +192,7 @@ def read_header(path: Path) -> tuple[dict[str, str], dict[str, TensorInfo]]:
         tensors[name] = TensorInfo(name, dtype, tuple(shape), data_start + begin, nbytes)
         spans.append((begin, end, name))
     spans.sort()
-    for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:], strict=False):
+    for (_, end_a, a), (begin_b, _, b) in itertools.pairwise(spans):
         if begin_b < end_a:
             raise SafetensorsError(f"{path}: tensors {a!r} and {b!r} overlap; the file is corrupt")
     return {str(k): str(v) for k, v in metadata.items()}, tensors
@@ -301,7 +303,11 @@ def write_safetensors(
         if t.dtype not in DTYPE_NAMES:
             raise SafetensorsError(f"{name}: dtype {t.dtype} has no safetensors name")
         nbytes = t.numel() * t.dtype.itemsize
-        header[name] = {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        header[name] = {
+            "dtype": DTYPE_NAMES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
         offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-(8 + len(raw)) % 8)  # pad: the data starts 8-byte aligned

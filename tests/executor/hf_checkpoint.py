@@ -88,7 +88,10 @@ _LLAMA_BLOCK = {
 def runtime_to_hf(config: dict[str, Any]) -> dict[str, tuple[str, bool]]:
     """Every runtime parameter (a tied weight once) -> (HF tensor name, stored transposed)."""
     if config["model_type"] == "gpt2":
-        names = {"wte.weight": ("transformer.wte.weight", False), "wpe.weight": ("transformer.wpe.weight", False)}
+        names = {
+            "wte.weight": ("transformer.wte.weight", False),
+            "wpe.weight": ("transformer.wpe.weight", False),
+        }
         for i in range(config["n_layer"]):
             for leaf in ("ln_1", "ln_2"):
                 for kind in ("weight", "bias"):
@@ -114,7 +117,9 @@ def runtime_to_hf(config: dict[str, Any]) -> dict[str, tuple[str, bool]]:
     return names
 
 
-def random_weights(config: dict[str, Any], *, seed: int = 0, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def random_weights(
+    config: dict[str, Any], *, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
     """HF-named random weights for `config`: large enough (std 0.2, norms around 1) that every
     tensor visibly moves the logits."""
     g = torch.Generator().manual_seed(seed)
@@ -170,7 +175,11 @@ def random_weights(config: dict[str, Any], *, seed: int = 0, dtype: torch.dtype 
 
 
 def write_checkpoint(
-    directory: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor], *, max_shard_bytes: int | None = None
+    directory: Path,
+    config: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    *,
+    max_shard_bytes: int | None = None,
 ) -> Path:
     """config.json + model.safetensors, or shards of at most `max_shard_bytes` + the index."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -212,7 +221,9 @@ def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
     return scores.softmax(-1) @ v
 
 
-def llama_logits(config: dict[str, Any], tensors: dict[str, torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
+def llama_logits(
+    config: dict[str, Any], tensors: dict[str, torch.Tensor], tokens: torch.Tensor
+) -> torch.Tensor:
     """Logits [b, t, vocab] (float64) of a Llama / Mistral / Qwen2 checkpoint."""
     w = {k: v.double() for k, v in tensors.items()}
     heads = config["num_attention_heads"]
@@ -252,7 +263,9 @@ def llama_logits(config: dict[str, Any], tensors: dict[str, torch.Tensor], token
     return x @ head.T
 
 
-def gpt2_logits(config: dict[str, Any], tensors: dict[str, torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
+def gpt2_logits(
+    config: dict[str, Any], tensors: dict[str, torch.Tensor], tokens: torch.Tensor
+) -> torch.Tensor:
     """Logits [b, t, vocab] (float64) of a GPT-2 checkpoint (Conv1D weights are [in, out])."""
     w = {k.removeprefix("transformer."): v.double() for k, v in tensors.items()}
     h, heads, eps = config["n_embd"], config["n_head"], config["layer_norm_epsilon"]
@@ -280,7 +293,9 @@ def gpt2_logits(config: dict[str, Any], tensors: dict[str, torch.Tensor], tokens
     return x @ head.T
 
 
-def reference_logits(config: dict[str, Any], tensors: dict[str, torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
+def reference_logits(
+    config: dict[str, Any], tensors: dict[str, torch.Tensor], tokens: torch.Tensor
+) -> torch.Tensor:
     fn = gpt2_logits if config["model_type"] == "gpt2" else llama_logits
     return fn(config, tensors, tokens)
 
