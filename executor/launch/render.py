@@ -23,10 +23,8 @@ class Mesh:
 
     def describe(self) -> str:
         """`dp_replicate 1 x dp_shard 32 x tp 8 = 256 ranks`."""
-        return (
-            f"dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} x tp {self.tp} "
-            f"= {self.world_size} ranks"
-        )
+        return (f"dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} x tp {self.tp} "
+                f"= {self.world_size} ranks")
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,7 +156,9 @@ def build_on_meta(factory: str, kwargs: Mapping[str, Any]) -> nn.Module:
     except ModelFactoryError as exc:
         raise TraceError(str(exc)) from None
     except Exception as exc:  # the user's module failed while importing
-        raise TraceError(f"{label} {factory!r}: importing it raised {type(exc).__name__}: {exc}") from None
+        raise TraceError(
+            f"{label} {factory!r}: importing it raised {type(exc).__name__}: {exc}"
+        ) from None
     try:
         inspect.signature(fn).bind(**kwargs)
     except TypeError as exc:
@@ -235,11 +237,8 @@ def trace_model(model: nn.Module, *, seq_len: int, batch: int = 1, name: str) ->
         if root_params:
             traced.append(
                 TracedUnit(
-                    name=_unit_name("", model),
-                    num_params=root_params,
-                    fwd_flops_per_token=0.0,
-                    activation_bytes_per_token=0.0,
-                    is_block=False,
+                    name=_unit_name("", model), num_params=root_params, fwd_flops_per_token=0.0,
+                    activation_bytes_per_token=0.0, is_block=False,
                 )
             )
     for path in order:
@@ -252,11 +251,8 @@ def trace_model(model: nn.Module, *, seq_len: int, batch: int = 1, name: str) ->
             continue  # a helper with no weights whose work ran inside a block (e.g. rotary tables)
         traced.append(
             TracedUnit(
-                name=_unit_name(path, model),
-                num_params=params,
-                fwd_flops_per_token=flops,
-                activation_bytes_per_token=saved,
-                is_block=is_block,
+                name=_unit_name(path, model), num_params=params, fwd_flops_per_token=flops,
+                activation_bytes_per_token=saved, is_block=is_block,
                 block_type=type_names.get(path),
             )
         )

@@ -87,7 +87,9 @@ def import_factory(
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ModelFactoryError(f"{label} {spec!r}: cannot import {module_name!r} ({exc}); {hint}") from None
+        raise ModelFactoryError(
+            f"{label} {spec!r}: cannot import {module_name!r} ({exc}); {hint}"
+        ) from None
     fn = module
     for part in attr.split("."):
         fn = getattr(fn, part, None)
