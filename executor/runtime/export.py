@@ -22,6 +22,7 @@ import json
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -137,7 +138,9 @@ def export(
     for names, file in zip(groups, files, strict=True):
         # One file's tensors at a time: DCP reads just these keys' chunks from every rank's shard.
         state = {stored[n][2]: torch.empty(tuple(stored[n][0]), dtype=stored[n][1]) for n in names}
-        dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
         tensors = {}
         for name in names:
             target = hf.export_name(model_cfg, name)
