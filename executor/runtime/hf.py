@@ -111,12 +111,7 @@ def check_config(
     expected = _llama_fields(config, arch) if family == "llama" else _gpt2_fields(config)
     for field, (key, value) in expected.items():
         planned = getattr(model, field)
-        same = (
-            math.isclose(float(value), float(planned), rel_tol=1e-6)
-            if isinstance(planned, float) and not isinstance(value, bool) and value is not None
-            else value == planned
-        )
-        if not same:
+        if not _same(value, planned):
             problems.append(f"{key} is {value!r}, the plan's model.{field} is {planned!r}")
     problems += _unsupported(config, arch, model, seq_len=seq_len)
     if problems:
@@ -125,6 +120,13 @@ def check_config(
             "the plan from this config.json (`fsdp-planner plan --hf-config config.json ...`) or pick "
             "the checkpoint the plan was made for"
         )
+
+
+def _same(value: Any, planned: Any) -> bool:
+    """config.json's value equals the plan's (floats to a relative 1e-6: JSON round trips)."""
+    if isinstance(planned, float) and isinstance(value, int | float) and not isinstance(value, bool):
+        return math.isclose(float(value), planned, rel_tol=1e-6)
+    return type(value) is type(planned) and value == planned
 
 
 def _llama_fields(config: dict[str, Any], arch: str) -> dict[str, tuple[str, Any]]:

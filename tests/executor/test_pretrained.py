@@ -37,6 +37,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from executor.runtime import export as export_cli
+from executor.runtime.hf import check_config
 from executor.runtime.materialize import clean_name, materialize
 from executor.runtime.models import build_model
 from executor.runtime.plan import RuntimePlan, parse_plan
@@ -188,6 +189,31 @@ def test_config_mismatch_is_refused(tmp_path: Path, changes: dict, message: str)
     with pytest.raises(WeightsError, match=message) as info:
         loaded_model(tmp_path, plan)
     assert "fsdp-planner plan --hf-config" in str(info.value) or "not supported" in str(info.value)
+
+
+def test_config_checks_read_transformers_5_rope_parameters() -> None:
+    """transformers 5 writes `rope_parameters` instead of rope_theta / rope_scaling."""
+    model = make_plan(LLAMA_CONFIG).model
+    config = {k: v for k, v in LLAMA_CONFIG.items() if k != "rope_theta"}
+    check_config(
+        {**config, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}, model, seq_len=SEQ
+    )
+    with pytest.raises(WeightsError, match=r"rope_theta is 500000\.0"):
+        check_config(
+            {**config, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}, model, seq_len=SEQ
+        )
+    scaled = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0}
+    with pytest.raises(WeightsError, match="rope_scaling 'llama3'"):
+        check_config({**config, "rope_parameters": scaled}, model, seq_len=SEQ)
+
+
+def test_gpt2_config_checks() -> None:
+    model = make_plan(GPT2_CONFIG).model
+    check_config(GPT2_CONFIG, model, seq_len=SEQ)
+    with pytest.raises(WeightsError, match=r"n_positions is 1024, the plan's model.max_seq_len is 64"):
+        check_config({**GPT2_CONFIG, "n_positions": 1024}, model, seq_len=SEQ)
+    with pytest.raises(WeightsError, match=r"activation_function 'relu'"):
+        check_config({**GPT2_CONFIG, "activation_function": "relu"}, model, seq_len=SEQ)
 
 
 def test_mistral_sliding_window_shorter_than_the_sequence(tmp_path: Path) -> None:
