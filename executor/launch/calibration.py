@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from executor.launch import render
-from executor.launch.bundle import DEFAULT_IMAGE, BundleFile, _tar_gz, runtime_files
+from executor.launch.bundle import DEFAULT_IMAGE, BundleFile, runtime_files
 from executor.launch.quoting import comment, dns_label, image_ref, positive_int, sh, slug
 from planner.specs import ClusterSpec, ModelSpec
 
@@ -97,11 +97,6 @@ def calibration_bundle_files(
 
 def calibration_bundle_name(cluster: ClusterSpec) -> str:
     return slug(f"fsdp-calibrate-{cluster.num_nodes}x{cluster.gpus_per_node}x{cluster.gpu}", limit=60)
-
-
-def build_calibration_bundle(cluster: ClusterSpec, **options: object) -> bytes:
-    """The calibration bundle as a .tar.gz."""
-    return _tar_gz(calibration_bundle_files(cluster, **options), root=calibration_bundle_name(cluster))  # type: ignore[arg-type]
 
 
 def write_calibration_bundle(cluster: ClusterSpec, out_dir: str | Path, **options: object) -> Path:

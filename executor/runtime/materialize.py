@@ -51,8 +51,9 @@ def _tied_entries(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
 
 
 @torch.no_grad()
-def materialize(model: nn.Module, *, device: torch.device, seed: int) -> None:
-    """Allocate `model`'s meta parameters on `device` and initialise them by the model's init rules."""
+def materialize(model: nn.Module, *, device: torch.device, seed: int, init: bool = True) -> None:
+    """Allocate `model`'s meta parameters on `device` and initialise them by the model's init rules
+    (`init=False`: allocate only, for weights that are loaded next, `executor.runtime.pretrained`)."""
     init_rule = model.init_rule  # built-in models only: user factories initialise themselves
     tied = _tied_entries(model)
     model.to_empty(device=device)
@@ -61,7 +62,7 @@ def materialize(model: nn.Module, *, device: torch.device, seed: int) -> None:
     for (owner, owner_name), *others in tied:
         for module, name in others:
             module._parameters[name] = owner._parameters[owner_name]
-    for name, param in model.named_parameters():  # tied weights appear once
+    for name, param in model.named_parameters() if init else ():  # tied weights appear once
         rule = init_rule(clean_name(name))
         full = torch.empty(param.shape, dtype=param.dtype, device=device)
         generator = torch.Generator(device=device)

@@ -295,7 +295,3 @@ def _distribute(param: torch.Tensor, mesh: DeviceMesh, placements: tuple[Placeme
     # its own chunk without any communication.
     return distribute_tensor(tensor, mesh, list(placements), src_data_rank=None)
 
-
-def is_simple_fsdp(model: nn.Module) -> bool:
-    """Whether apply_simple_fsdp was applied to some module of `model`."""
-    return any(type(m).__name__.startswith("SimpleFSDP") for m in model.modules())

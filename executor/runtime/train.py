@@ -48,9 +48,11 @@ from executor.runtime.oom import EXIT_OOM, PhaseTracker, find_oom, limit_cuda_me
 from executor.runtime.optim import OptimizerSettings, build_optimizer, lr_factor, set_lr
 from executor.runtime.parallelize import Overrides, Parallelized, parallelize
 from executor.runtime.plan import PlanError, RuntimePlan, load_plan
+from executor.runtime.pretrained import load_pretrained
+from executor.runtime.safetensors_io import WeightsError
 from executor.runtime.step import train_step
 
-USER_ERRORS = (PlanError, LaunchError, DataError, ModelFactoryError)
+USER_ERRORS = (PlanError, LaunchError, DataError, ModelFactoryError, WeightsError)
 """Errors caused by inputs a person can fix: reported as one line, without a traceback."""
 
 EPILOG = f"""exit status: 0 done; 1 unexpected failure (traceback above); 2 invalid input (plan, launch,
@@ -110,6 +112,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (0: off)")
     p.add_argument("--model-factory", help="package.module:function returning your nn.Module")
+    p.add_argument(
+        "--init-from",
+        type=Path,
+        metavar="DIR",
+        help="start from a Hugging Face checkpoint: config.json + model.safetensors (or shards with "
+        "model.safetensors.index.json) of the plan's model; a checkpoint found by --resume wins",
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument(
         "--precision",
@@ -263,8 +272,15 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
     if plan.model.num_params and not args.model_factory and n_params != plan.model.num_params:
         log0(env, f"warning: model has {n_params:,} parameters, the plan priced {plan.model.num_params:,}")
     par: Parallelized = parallelize(model, plan=plan, mesh=mesh, overrides=overrides)
+    init_from = args.init_from
+    if init_from and args.resume and latest_checkpoint(args.checkpoint_dir) is not None:
+        log0(env, f"  weights: --init-from {init_from} not loaded: resuming from {args.checkpoint_dir} wins")
+        init_from = None
     if on_meta:
-        materialize(par.module, device=env.device, seed=args.seed)
+        materialize(par.module, device=env.device, seed=args.seed, init=init_from is None)
+    if init_from:
+        loaded = load_pretrained(par.module, init_from, cfg=plan.model, seq_len=training.seq_len)
+        log0(env, "  " + loaded.describe())
     for line in ([precision_note] if precision_note else []) + par.notes:
         log0(env, "  " + line)
     log0(

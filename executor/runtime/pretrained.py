@@ -1,0 +1,143 @@
+"""Start from a Hugging Face checkpoint (`train.py --init-from DIR`), loaded straight into the
+sharded parameters.
+
+Runs after `parallelize` and `materialize(init=False)`: every parameter is then a DTensor (sharded
+by FSDP2 or SimpleFSDP over the data-parallel dims, possibly also split by tensor parallelism on
+the `tp` dim) whose local tensor is allocated but not yet filled. For each file of the checkpoint
+in turn, each rank maps the file, computes which box of every global tensor it owns from the
+DTensor's mesh and placements (the same computation distributed checkpointing uses), and copies
+exactly that box out of the mapping into its local tensor, casting to the parameter's dtype. No
+rank ever holds a full parameter, let alone the full model, and no collective runs; a rank reads
+only the bytes of its own shards (whole rows for row-sharded weights).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from executor.runtime import hf
+from executor.runtime.materialize import clean_name
+from executor.runtime.plan import ModelConfig
+from executor.runtime.safetensors_io import SafetensorsCheckpoint, WeightsError
+
+
+@dataclass(slots=True)
+class LoadReport:
+    """What `load_pretrained` did on this rank."""
+
+    directory: Path
+    architecture: str
+    files: int = 0
+    tensors: int = 0
+    bytes_read: int = 0
+    """Bytes this rank copied out of the checkpoint (its shards, in the source dtype)."""
+    checkpoint_bytes: int = 0
+    """Bytes of all the tensors the model uses, in the checkpoint."""
+    seconds: float = 0.0
+    unused: list[str] = field(default_factory=list)
+    """Checkpoint tensors no parameter was read from (besides known buffers)."""
+    cast: str = ""
+    """`bfloat16 -> float32` when the source dtype differs from the parameters'."""
+
+    def describe(self) -> str:
+        line = (
+            f"weights: {self.architecture} checkpoint {self.directory}: {self.tensors} tensors from "
+            f"{self.files} file(s), {_mib(self.bytes_read)} read by this rank of "
+            f"{_mib(self.checkpoint_bytes)}, {self.seconds:.2f} s"
+        )
+        if self.cast:
+            line += f" (cast {self.cast})"
+        if self.unused:
+            shown = ", ".join(self.unused[:4]) + (" ..." if len(self.unused) > 4 else "")
+            line += f"; warning: {len(self.unused)} checkpoint tensor(s) not used: {shown}"
+        return line
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def local_box(param: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], torch.Tensor]:
+    """(shape, global offset, local tensor) of this rank's piece of `param` (a DTensor or a plain
+    tensor, which is its own piece)."""
+    if not isinstance(param, DTensor):
+        return tuple(param.shape), (0,) * param.dim(), param.data
+    local = param.to_local()
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    if tuple(shape) != tuple(local.shape):
+        raise RuntimeError(  # a layout this loader does not understand: a bug, not a user error
+            f"local shard shape {tuple(local.shape)} differs from the computed {tuple(shape)} for "
+            f"placements {param.placements}"
+        )
+    return tuple(shape), tuple(offset), local
+
+
+@torch.no_grad()
+def load_pretrained(model: nn.Module, directory: str | Path, *, cfg: ModelConfig, seq_len: int) -> LoadReport:
+    """Fill `model`'s (sharded, materialised) parameters from the Hugging Face checkpoint in
+    `directory`, checking its config.json against `cfg` first. Every rank calls it; no collectives."""
+    from executor.runtime.models import GPT2, Llama  # the built-in models only
+
+    if not isinstance(model, (Llama, GPT2)):
+        raise WeightsError(
+            "--init-from loads Hugging Face checkpoints into the built-in llama and gpt2 models only; "
+            "a --model-factory model loads its own weights"
+        )
+    t0 = time.perf_counter()
+    directory = Path(directory)
+    config = hf.read_config(directory)
+    hf.check_config(config, cfg, seq_len=seq_len, where=str(directory / "config.json"))
+    checkpoint = SafetensorsCheckpoint(directory)
+    params = {clean_name(n): p for n, p in model.named_parameters()}  # a tied weight once
+    if any(p.is_meta for p in params.values()):
+        raise RuntimeError("load_pretrained: materialise the model first (materialize(init=False))")
+    available = set(checkpoint.keys())
+    sources = hf.sources(cfg, list(params), available)
+    report = LoadReport(directory=directory, architecture=hf.hf_architecture(config))
+    casts: set[str] = set()
+    for name, src in sources.items():
+        info = checkpoint.info(src.name)
+        shape = info.shape[::-1] if src.transpose else info.shape
+        if len(info.shape) not in (1, 2) and src.transpose:
+            raise WeightsError(f"{src.name}: expected a matrix, got shape {list(info.shape)}")
+        if tuple(shape) != tuple(params[name].shape):
+            raise WeightsError(
+                f"{src.name}: shape {list(info.shape)} in the checkpoint, the model's {name} is "
+                f"{list(params[name].shape)}" + (" (stored transposed)" if src.transpose else "")
+            )
+        report.checkpoint_bytes += info.nbytes
+        if info.dtype != params[name].dtype:
+            casts.add(f"{_dtype_name(info.dtype)} -> {_dtype_name(params[name].dtype)}")
+    by_source = {src.name: name for name, src in sources.items()}
+    used = set(by_source)
+    report.unused = sorted(n for n in available - used if not n.endswith(hf.IGNORED_SUFFIXES))
+    for file, names in checkpoint.files():
+        wanted = [n for n in names if n in by_source]
+        if wanted:
+            report.files += 1
+        for source_name in wanted:
+            name = by_source[source_name]
+            param, src = params[name], sources[name]
+            view = file.tensor(source_name)
+            if src.transpose:
+                view = view.t()
+            shape, offset, local = local_box(param)
+            box = view[tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))]
+            local.copy_(box)
+            report.tensors += 1
+            report.bytes_read += box.numel() * box.element_size()
+            del view, box
+    report.cast = ", ".join(sorted(casts))
+    report.seconds = time.perf_counter() - t0
+    return report
