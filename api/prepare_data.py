@@ -123,11 +123,13 @@ class _TokenizersTokenizer:
 
 
 def load_tokenizer(spec: str, *, eos_token: str | None = None) -> Tokenizer:
-    """`bytes`, or a Hugging Face tokenizer (name, directory or tokenizer.json)."""
+    """`bytes`, or a Hugging Face tokenizer (name, directory or tokenizer.json): through
+    `transformers` when installed, else (or when transformers cannot load it) `tokenizers`."""
     if spec == "bytes":
         if eos_token is not None:
             raise PrepareError("--eos-token does not apply to --tokenizer bytes (its end of document is 256)")
         return ByteTokenizer()
+    failures = []
     try:
         from transformers import AutoTokenizer  # type: ignore[import-not-found]
     except ImportError:
@@ -138,13 +140,14 @@ def load_tokenizer(spec: str, *, eos_token: str | None = None) -> Tokenizer:
         try:
             tok = AutoTokenizer.from_pretrained(source)
         except Exception as exc:
-            raise PrepareError(
-                f"--tokenizer {spec!r}: transformers cannot load it ({_first_line(exc)})"
-            ) from None
-        return _TransformersTokenizer(spec, tok, eos_token)
+            failures.append(f"transformers: {_first_line(exc)}")
+        else:
+            return _TransformersTokenizer(spec, tok, eos_token)
     try:
         from tokenizers import Tokenizer as HFTokenizer  # type: ignore[import-not-found]
     except ImportError:
+        if failures:
+            raise PrepareError(f"--tokenizer {spec!r}: cannot load it ({failures[0]})") from None
         raise PrepareError(
             f"--tokenizer {spec!r} needs the Hugging Face `tokenizers` (or `transformers`) package on this "
             "machine: `pip install tokenizers`; or use `--tokenizer bytes` (built in: UTF-8 bytes, "
@@ -157,16 +160,16 @@ def load_tokenizer(spec: str, *, eos_token: str | None = None) -> Tokenizer:
         elif path.is_file():
             tok = HFTokenizer.from_file(str(path))
         elif path.exists():
-            raise PrepareError(
-                f"--tokenizer {spec!r}: no tokenizer.json in that directory (the `tokenizers` package reads "
-                "only tokenizer.json; install `transformers` for other formats)"
-            )
+            failures.append("tokenizers: no tokenizer.json in that directory (install `transformers` for "
+                            "other formats)")
+            tok = None
         else:
             tok = HFTokenizer.from_pretrained(spec)
-    except PrepareError:
-        raise
     except Exception as exc:
-        raise PrepareError(f"--tokenizer {spec!r}: tokenizers cannot load it ({_first_line(exc)})") from None
+        failures.append(f"tokenizers: {_first_line(exc)}")
+        tok = None
+    if tok is None:
+        raise PrepareError(f"--tokenizer {spec!r}: cannot load it ({'; '.join(failures)})")
     return _TokenizersTokenizer(spec, tok, eos_token)
 
 
