@@ -53,21 +53,21 @@ CLUSTER_ENV: tuple[EnvVar, ...] = (
         "TORCH_NCCL_BLOCKING_WAIT",
         "",
         "1: wait() blocks until the collective ends (debugging)",
-        "Unset. 1 makes every `wait()` block the CPU until its collective completes or times out: "
+        "1 makes every `wait()` block the CPU until its collective completes or times out: "
         "exact error sites for debugging, slower steps.",
     ),
     EnvVar(
         "TORCH_NCCL_TRACE_BUFFER_SIZE",
         "",
         "flight recorder: events kept per rank (e.g. 2000)",
-        "Unset (off). A positive number turns on the NCCL flight recorder, the last N collectives of "
+        "A positive number turns on the NCCL flight recorder, the last N collectives of "
         "each rank; with TORCH_NCCL_DUMP_ON_TIMEOUT=1 they are written out when a collective times out.",
     ),
     EnvVar(
         "TORCH_NCCL_DUMP_ON_TIMEOUT",
         "",
         "1: dump the flight recorder on a timeout",
-        "Unset. 1 (with TORCH_NCCL_TRACE_BUFFER_SIZE > 0) dumps the flight recorder to "
+        "1 (with TORCH_NCCL_TRACE_BUFFER_SIZE > 0) dumps the flight recorder to "
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE (default /tmp/nccl_trace_rank_N) when a collective times out.",
     ),
     EnvVar(
