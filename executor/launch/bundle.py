@@ -21,7 +21,7 @@ from typing import Literal
 from executor.launch import render
 from executor.launch.quoting import (
     CUDA_VERSION_PATTERN,
-    TORCH_VERSION_PATTERN,
+    VERSION3,
     UnsafeValueError,
     comment,
     dns_label,
@@ -137,7 +137,7 @@ def torch_image(
     image: str | None = None,
 ) -> str:
     """The manifests' image: `image` when given, else PyTorch's official one for the versions."""
-    version(torch_version, TORCH_VERSION_PATTERN, field="torch_version", example=DEFAULT_TORCH_VERSION)
+    version(torch_version, VERSION3, field="torch_version", example=DEFAULT_TORCH_VERSION)
     major, minor = (int(part) for part in torch_version.split(".")[:2])
     if (major, minor) < MIN_TORCH:
         raise UnsafeValueError(
@@ -175,11 +175,7 @@ def kube_context(
             "ConfigMap from the manifests"
         )
     if rdma_resource is not None:
-        resource_name(rdma_resource, field="rdma_resource")
-        if rdma_resource == "nvidia.com/gpu":
-            raise UnsafeValueError(
-                "rdma_resource: nvidia.com/gpu is the GPUs themselves", field="rdma_resource"
-            )
+        resource_name(rdma_resource, field="rdma_resource")  # nvidia.com/gpu refused: the GPUs
     if isinstance(rdma_count, bool) or not isinstance(rdma_count, int) or not 1 <= rdma_count <= 64:
         raise UnsafeValueError(f"rdma_count {rdma_count!r}: give 1 to 64", field="rdma_count")
     return render.KubeContext(
