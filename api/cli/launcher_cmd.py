@@ -14,7 +14,15 @@ import typer
 from rich.console import Console
 
 from api.cli.common import DEFAULT_SERVER, fail, load_plan
-from executor.launch.bundle import DEFAULT_IMAGE, FORMATS, TARGETS, bundle_name, write_bundle
+from executor.launch.bundle import (
+    DEFAULT_CUDA_VERSION,
+    DEFAULT_TORCH_VERSION,
+    FORMATS,
+    TARGETS,
+    BundleTooLargeError,
+    bundle_name,
+    write_bundle,
+)
 from executor.launch.quoting import UnsafeValueError
 
 
@@ -33,7 +41,23 @@ def launcher(
     server: Annotated[str, typer.Option(help="fsdp-planner server for --plan-id.")] = DEFAULT_SERVER,
     target: Annotated[str, typer.Option(help="torchrun | slurm | k8s | all")] = "all",
     fmt: Annotated[str, typer.Option("--format", help="Archive format: tar.gz | zip")] = "tar.gz",
-    image: Annotated[str, typer.Option(help="Container image for the Kubernetes manifests.")] = DEFAULT_IMAGE,
+    image: Annotated[
+        str | None,
+        typer.Option(help="Container image for the Kubernetes manifests (default: PyTorch's official image "
+                     "for --torch-version and --cuda-version)."),
+    ] = None,
+    torch_version: Annotated[
+        str,
+        typer.Option(help="The torch the plan runs with: the manifests run "
+                     "pytorch/pytorch:<torch>-cuda<cuda>-cudnn9-runtime."),
+    ] = DEFAULT_TORCH_VERSION,
+    cuda_version: Annotated[str, typer.Option(help="The CUDA of that image.")] = DEFAULT_CUDA_VERSION,
+    rdma_resource: Annotated[
+        str | None,
+        typer.Option(help="Extended resource of your RDMA device plugin for every pod, e.g. "
+                     "rdma/rdma_shared_device_a (default: a commented-out block in the manifests)."),
+    ] = None,
+    rdma_count: Annotated[int, typer.Option(min=1, max=64, help="RDMA resources per pod.")] = 1,
     api_key: Annotated[
         str | None, typer.Option("--api-key", help="API key, if the server requires one for reads.")
     ] = None,
@@ -46,8 +70,19 @@ def launcher(
         raise fail(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     plan = load_plan(plan_file, plan_id, server, api_key)
     try:
-        archive = write_bundle(plan, out, target=target, fmt=fmt, image=image, extract=not no_extract)  # type: ignore[arg-type]
-    except UnsafeValueError as exc:
+        archive = write_bundle(
+            plan,
+            out,
+            target=target,  # type: ignore[arg-type]
+            fmt=fmt,  # type: ignore[arg-type]
+            extract=not no_extract,
+            image=image,
+            torch_version=torch_version,
+            cuda_version=cuda_version,
+            rdma_resource=rdma_resource,
+            rdma_count=rdma_count,
+        )
+    except (UnsafeValueError, BundleTooLargeError) as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"cannot write to {out}: {exc.strerror or exc}") from None

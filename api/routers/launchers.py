@@ -14,8 +14,21 @@ from api.problems import FieldError, ProblemError
 from api.routers.responses import problems
 from api.schemas.plans import PlanId
 from api.services import plans as plan_service
-from executor.launch.bundle import DEFAULT_IMAGE, MEDIA_TYPES, archive_filename, build_bundle
-from executor.launch.quoting import IMAGE_PATTERN, UnsafeValueError
+from executor.launch.bundle import (
+    DEFAULT_CUDA_VERSION,
+    DEFAULT_TORCH_VERSION,
+    MEDIA_TYPES,
+    BundleTooLargeError,
+    archive_filename,
+    build_bundle,
+)
+from executor.launch.quoting import (
+    CUDA_VERSION_PATTERN,
+    IMAGE_PATTERN,
+    RESOURCE_PATTERN,
+    TORCH_VERSION_PATTERN,
+    UnsafeValueError,
+)
 from planner.plan import Plan
 
 router = APIRouter(prefix="/plans/{plan_id}/launcher", tags=["launchers"])
@@ -56,26 +69,65 @@ def download_launcher(
         ArchiveFormat, Query(alias="format", description="Archive format")
     ] = ArchiveFormat.tar_gz,
     image: Annotated[
-        str,
+        str | None,
         Query(
             min_length=1, max_length=255, pattern=IMAGE_PATTERN,
-            description="Container image for the Kubernetes manifests (a plain image reference)",
+            description="Container image for the Kubernetes manifests (a plain image reference); "
+            "default: PyTorch's official image for torch_version and cuda_version",
         ),
-    ] = DEFAULT_IMAGE,
+    ] = None,
+    torch_version: Annotated[
+        str,
+        Query(
+            max_length=20, pattern=TORCH_VERSION_PATTERN,
+            description="The torch the Kubernetes image carries "
+            "(pytorch/pytorch:<torch>-cuda<cuda>-cudnn9-runtime)",
+        ),
+    ] = DEFAULT_TORCH_VERSION,
+    cuda_version: Annotated[
+        str, Query(max_length=10, pattern=CUDA_VERSION_PATTERN, description="The CUDA of that image")
+    ] = DEFAULT_CUDA_VERSION,
+    rdma_resource: Annotated[
+        str | None,
+        Query(
+            min_length=3, max_length=253, pattern=RESOURCE_PATTERN,
+            description="Extended resource of the cluster's RDMA device plugin, requested by every pod "
+            "(e.g. rdma/rdma_shared_device_a); default: a commented-out block",
+        ),
+    ] = None,
+    rdma_count: Annotated[int, Query(ge=1, le=64, description="RDMA resources per pod")] = 1,
 ) -> Response:
     row = session.scalar(select(PlanRow).where(PlanRow.id == plan_id).options(*plan_service.full_plan()))
     if row is None:
         raise plan_service.plan_not_found(plan_id)
     plan = Plan.model_validate(row.plan)
     try:
-        archive = build_bundle(plan, target=target.value, fmt=archive_format.value, image=image)
+        archive = build_bundle(
+            plan,
+            target=target.value,
+            fmt=archive_format.value,
+            image=image,
+            torch_version=torch_version,
+            cuda_version=cuda_version,
+            rdma_resource=rdma_resource,
+            rdma_count=rdma_count,
+        )
     except UnsafeValueError as exc:
+        field = exc.field or "image"
         raise ProblemError(
             422,
-            f"image: {exc}",
+            f"{field}: {exc}",
             slug="invalid-request",
             title="Invalid request",
-            errors=[FieldError(location="query", field="image", message=str(exc), type="value_error")],
+            errors=[FieldError(location="query", field=field, message=str(exc), type="value_error")],
+        ) from None
+    except BundleTooLargeError as exc:
+        raise ProblemError(
+            422,
+            f"target: {exc}",
+            slug="invalid-request",
+            title="Invalid request",
+            errors=[FieldError(location="query", field="target", message=str(exc), type="value_error")],
         ) from None
     filename = archive_filename(plan, fmt=archive_format.value)
     return Response(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import gzip
 import io
+import math
 import tarfile
 import zipfile
 from dataclasses import dataclass
@@ -18,7 +19,19 @@ from pathlib import Path
 from typing import Literal
 
 from executor.launch import render
-from executor.launch.quoting import comment, dns_label, hex_id, image_ref, positive_int, slug
+from executor.launch.quoting import (
+    CUDA_VERSION_PATTERN,
+    VERSION3,
+    UnsafeValueError,
+    comment,
+    dns_label,
+    hex_id,
+    image_ref,
+    positive_int,
+    resource_name,
+    slug,
+    version,
+)
 from planner.formatting import duration
 from planner.plan import Plan
 
@@ -26,8 +39,31 @@ Target = Literal["torchrun", "slurm", "k8s", "all"]
 Format = Literal["tar.gz", "zip"]
 TARGETS: tuple[str, ...] = ("torchrun", "slurm", "k8s", "all")
 FORMATS: tuple[str, ...] = ("tar.gz", "zip")
-DEFAULT_IMAGE = "pytorch/pytorch:latest"
-"""Container image in the Kubernetes manifests unless one is given (edit it: pin a torch version)."""
+DEFAULT_TORCH_VERSION = "2.13.0"
+"""The torch the runtime is built and tested with (the `executor` extra's pin), so the version a plan
+is made for unless the bundle is rendered for another."""
+DEFAULT_CUDA_VERSION = "13.0"
+"""The CUDA of PyTorch's official image for DEFAULT_TORCH_VERSION."""
+MIN_TORCH = (2, 6)
+"""The oldest torch the runtime supports (the bundle README says so too)."""
+CONFIGMAP_LIMIT_BYTES = 1024 * 1024
+"""Kubernetes refuses a ConfigMap whose data exceeds 1 MiB."""
+
+
+def official_image(
+    torch_version: str = DEFAULT_TORCH_VERSION, cuda_version: str = DEFAULT_CUDA_VERSION
+) -> str:
+    """PyTorch's official runtime image for a torch and CUDA version, e.g.
+    `pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime` (Docker Hub's tag scheme since torch 2.3)."""
+    return f"pytorch/pytorch:{torch_version}-cuda{cuda_version}-cudnn9-runtime"
+
+
+DEFAULT_IMAGE = official_image()
+"""Container image in the Kubernetes manifests unless another torch version or image is given."""
+
+
+class BundleTooLargeError(ValueError):
+    """The bundle archive does not fit in a Kubernetes ConfigMap (1 MiB)."""
 
 _RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
 _EXECUTOR_INIT = '"""fsdp-planner executor (bundle copy: the packages the bundle runs)."""\n'
@@ -95,11 +131,82 @@ def runtime_files(packages: tuple[str, ...] = ("runtime",)) -> list[BundleFile]:
     return files
 
 
-def bundle_files(plan: Plan, *, target: Target = "all", image: str = DEFAULT_IMAGE) -> list[BundleFile]:
-    """Every file of the bundle for `target`, in a stable order."""
+def torch_image(
+    torch_version: str = DEFAULT_TORCH_VERSION,
+    cuda_version: str = DEFAULT_CUDA_VERSION,
+    image: str | None = None,
+) -> str:
+    """The manifests' image: `image` when given, else PyTorch's official one for the versions."""
+    version(torch_version, VERSION3, field="torch_version", example=DEFAULT_TORCH_VERSION)
+    major, minor = (int(part) for part in torch_version.split(".")[:2])
+    if (major, minor) < MIN_TORCH:
+        raise UnsafeValueError(
+            f"torch_version {torch_version!r}: the runtime needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}",
+            field="torch_version",
+        )
+    version(cuda_version, CUDA_VERSION_PATTERN, field="cuda_version", example=DEFAULT_CUDA_VERSION)
+    return image_ref(image) if image is not None else official_image(torch_version, cuda_version)
+
+
+def checkpoint_gib(plan: Plan) -> int:
+    """Checkpoint volume size: fp32 parameters + optimizer states (AdamW 2, SGD 1 per parameter), for
+    the two checkpoints the trainer keeps plus the one it writes before deleting the oldest, with 25%
+    to spare; at least 10 GiB."""
+    states = 2 if plan.training.optimizer == "adamw" else 1
+    one = plan.model.num_params * 4 * (1 + states)
+    return max(10, math.ceil(one * 3 * 1.25 / 2**30))
+
+
+def kube_context(
+    plan: Plan,
+    core: list[BundleFile],
+    *,
+    torch_version: str = DEFAULT_TORCH_VERSION,
+    rdma_resource: str | None = None,
+    rdma_count: int = 1,
+) -> render.KubeContext:
+    """The manifests' inputs; refuses a bundle that a ConfigMap cannot carry."""
+    archive = _tar_gz(core, root=None)
+    if len(archive) > CONFIGMAP_LIMIT_BYTES:
+        raise BundleTooLargeError(
+            f"the bundle archive is {len(archive) / 2**20:.2f} MiB, more than a Kubernetes ConfigMap holds "
+            f"(1 MiB); plan.json is {len(next(f.data for f in core if f.path == 'plan.json')):,} bytes. "
+            "Use the torchrun or slurm target, or bake the bundle into your image (--image) and drop the "
+            "ConfigMap from the manifests"
+        )
+    if rdma_resource is not None:
+        resource_name(rdma_resource, field="rdma_resource")  # nvidia.com/gpu refused: the GPUs
+    if isinstance(rdma_count, bool) or not isinstance(rdma_count, int) or not 1 <= rdma_count <= 64:
+        raise UnsafeValueError(f"rdma_count {rdma_count!r}: give 1 to 64", field="rdma_count")
+    return render.KubeContext(
+        torch_version=torch_version,
+        bundle_b64=base64.b64encode(archive).decode("ascii"),
+        bundle_bytes=len(archive),
+        checkpoint_gib=checkpoint_gib(plan),
+        shm_gib=max(4, 2 * plan.cluster.gpus_per_node),
+        rdma_resource=rdma_resource,
+        rdma_count=rdma_count,
+    )
+
+
+def bundle_files(
+    plan: Plan,
+    *,
+    target: Target = "all",
+    image: str | None = None,
+    torch_version: str = DEFAULT_TORCH_VERSION,
+    cuda_version: str = DEFAULT_CUDA_VERSION,
+    rdma_resource: str | None = None,
+    rdma_count: int = 1,
+) -> list[BundleFile]:
+    """Every file of the bundle for `target`, in a stable order.
+
+    The Kubernetes manifests run `image` when given, else PyTorch's official image for
+    `torch_version` / `cuda_version`; `rdma_resource` (`domain/name`, `rdma_count` per pod) requests
+    RDMA adapters, which are otherwise a commented-out block."""
     _check_choice(target, TARGETS, "target")
     targets = ["torchrun", "slurm", "k8s"] if target == "all" else [target]
-    ctx = context(plan, image=image)
+    ctx = context(plan, image=torch_image(torch_version, cuda_version, image))
     core = [
         BundleFile("plan.json", (plan.model_dump_json(indent=1) + "\n").encode()),
         BundleFile("launch.sh", render.launch_sh(ctx).encode(), executable=True),
@@ -108,28 +215,31 @@ def bundle_files(plan: Plan, *, target: Target = "all", image: str = DEFAULT_IMA
     files = list(core)
     if "slurm" in targets:
         files.append(BundleFile("slurm.sbatch", render.slurm_sbatch(ctx).encode(), executable=True))
+    kube = None
     if "k8s" in targets:
-        # The manifests carry launch.sh + plan + runtime themselves (see render._UNPACK).
-        payload = base64.b64encode(_tar_gz(core, root=None)).decode("ascii")
-        files.append(BundleFile("k8s.yaml", render.k8s_trainjob(ctx, payload_b64=payload).encode()))
-        files.append(
-            BundleFile("k8s-pytorchjob.yaml", render.k8s_pytorchjob(ctx, payload_b64=payload).encode())
+        # The manifests carry launch.sh + plan + runtime in a ConfigMap (see render._UNPACK).
+        kube = kube_context(
+            plan, core, torch_version=torch_version, rdma_resource=rdma_resource, rdma_count=rdma_count
         )
+        files.append(BundleFile("k8s.yaml", render.k8s_trainjob(ctx, kube).encode()))
+        files.append(BundleFile("k8s-pytorchjob.yaml", render.k8s_pytorchjob(ctx, kube).encode()))
     pred = plan.prediction
     prediction = (
         f"Predicted: {duration(pred.step_time_s)}/step, {pred.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
         f"MFU {100 * pred.mfu:.1f}%, peak {pred.peak_memory_gib:.1f} GiB per GPU."
     )
-    files.append(BundleFile("README.md", render.readme(ctx, targets=targets, prediction=prediction).encode()))
+    text = render.readme(ctx, targets=targets, prediction=prediction, kube=kube)
+    files.append(BundleFile("README.md", text.encode()))
     return files
 
 
 def build_bundle(
-    plan: Plan, *, target: Target = "all", fmt: Format = "tar.gz", image: str = DEFAULT_IMAGE
+    plan: Plan, *, target: Target = "all", fmt: Format = "tar.gz", **options: object
 ) -> bytes:
-    """The bundle archive for `plan` (bytes of a .tar.gz or .zip)."""
+    """The bundle archive for `plan` (bytes of a .tar.gz or .zip); `options` as bundle_files takes them
+    (image, torch_version, cuda_version, rdma_resource, rdma_count)."""
     _check_choice(fmt, FORMATS, "format")
-    files = bundle_files(plan, target=target, image=image)
+    files = bundle_files(plan, target=target, **options)  # type: ignore[arg-type]
     root = bundle_name(plan)
     return _tar_gz(files, root=root) if fmt == "tar.gz" else _zip(files, root=root)
 
@@ -140,18 +250,20 @@ def write_bundle(
     *,
     target: Target = "all",
     fmt: Format = "tar.gz",
-    image: str = DEFAULT_IMAGE,
     extract: bool = True,
+    **options: object,
 ) -> Path:
     """Write the archive into `out_dir` (and, with `extract`, the unpacked bundle directory beside
-    it); returns the archive's path."""
+    it); returns the archive's path. `options` as bundle_files takes them."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     archive = out / archive_filename(plan, fmt=fmt)
-    archive.write_bytes(build_bundle(plan, target=target, fmt=fmt, image=image))
+    files = bundle_files(plan, target=target, **options)  # type: ignore[arg-type]
+    root_name = bundle_name(plan)
+    archive.write_bytes(_tar_gz(files, root=root_name) if fmt == "tar.gz" else _zip(files, root=root_name))
     if extract:
-        root = out / bundle_name(plan)
-        for f in bundle_files(plan, target=target, image=image):
+        root = out / root_name
+        for f in files:
             dest = root / f.path
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(f.data)

@@ -25,7 +25,7 @@ def _entry(
 ) -> render.Entry:
     args = (
         f'-o "$HERE/profile.json" --budget-s {budget_s:g} --seq-len {positive_int(seq_len, "seq_len")} '
-        f"--micro-batches {micro_batches}"
+        f'--micro-batches "{micro_batches}"'
     )
     if has_model:
         args += ' --model-json "$HERE/model.json"'

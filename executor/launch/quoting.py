@@ -21,7 +21,13 @@ _IMAGE = re.compile(IMAGE_PATTERN)
 
 
 class UnsafeValueError(ValueError):
-    """A value that cannot be rendered safely (e.g. a container image with shell characters)."""
+    """A value that cannot be rendered safely (e.g. a container image with shell characters).
+
+    `field` names the render input it came from (`image`, `torch_version`, ...) when one did."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def sh(value: str | int | float) -> str:
@@ -67,7 +73,40 @@ def image_ref(value: str) -> str:
     """A container image reference, refused when it holds anything but image-name characters."""
     if not _IMAGE.match(value):
         raise UnsafeValueError(
-            f"container image {value!r}: use a plain reference such as registry.example.com/team/train:1.0"
+            f"container image {value!r}: use a plain reference such as registry.example.com/team/train:1.0",
+            field="image",
+        )
+    return value
+
+
+VERSION3 = r"^[0-9]{1,2}\.[0-9]{1,3}\.[0-9]{1,3}$"
+"""X.Y.Z: the shape of a torch version (bundle.torch_image also refuses one older than the runtime)."""
+TORCH_VERSION_PATTERN = r"^(?:2\.(?:[6-9]|[1-9][0-9]{1,2})|(?:[3-9]|[1-9][0-9])\.[0-9]{1,3})\.[0-9]{1,3}$"
+"""The API's schema for a torch version: X.Y.Z and at least 2.6, the oldest the runtime supports."""
+CUDA_VERSION_PATTERN = r"^[0-9]{1,2}\.[0-9]{1,2}$"
+RESOURCE_PATTERN = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+"""A Kubernetes extended resource name, `domain/name` (e.g. `rdma/rdma_shared_device_a`). No
+look-ahead (the API's schema validators lack it): `resource_name` refuses nvidia.com/gpu itself."""
+
+
+def version(value: str, pattern: str, *, field: str, example: str) -> str:
+    """A dotted version number (`2.13.0`, `13.0`), refused otherwise."""
+    if not re.fullmatch(pattern, value):
+        raise UnsafeValueError(f"{field} {value!r}: give a version number such as {example}", field=field)
+    return value
+
+
+def resource_name(value: str, *, field: str) -> str:
+    """A Kubernetes extended resource name (`vendor.example/device`), refused otherwise."""
+    if value == "nvidia.com/gpu":
+        raise UnsafeValueError(f"{field}: nvidia.com/gpu is the GPUs, requested already", field=field)
+    if len(value) > 253 or not re.fullmatch(RESOURCE_PATTERN, value):
+        raise UnsafeValueError(
+            f"{field} {value!r}: give the extended resource your device plugin advertises, "
+            "e.g. rdma/rdma_shared_device_a",
+            field=field,
         )
     return value
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from executor.launch import environment
 from executor.launch.quoting import comment, sh, yaml_str
 
 
@@ -158,6 +159,21 @@ fi"""
         else ""
     )
     restart_doc = "; pair with CHECKPOINT_DIR" if entry.resumable else ""
+    signals_doc = (
+        "# Signals: SIGTERM (torchrun passes it on to the trainer processes) or SIGUSR1 (SLURM's --signal,\n"
+        "#   which reaches every process of the job step) make every rank stop after the current step,\n"
+        "#   save a checkpoint to CHECKPOINT_DIR and exit 0. torchrun itself ignores SIGUSR1.\n"
+        if entry.resumable
+        else ""
+    )
+    ignore_usr1 = (
+        """
+# SIGUSR1 is for the trainer processes (they checkpoint and stop); torchrun, which would die of it,
+# inherits it ignored. The trainer installs its own handler.
+trap '' USR1"""
+        if entry.resumable
+        else ""
+    )
     checkpoint_doc = (
         "\n#   CHECKPOINT_DIR  shared directory: checkpoints are saved there and runs resume from the newest"
         if entry.resumable
@@ -177,7 +193,7 @@ fi"""
 #   MAX_RESTARTS    torchrun restarts        (default 0{restart_doc}){checkpoint_doc}
 #   RDZV_ID         rendezvous id            (default: the plan hash)
 #   PYTHON          interpreter with torch   (default python3){data_doc}
-set -euo pipefail
+{environment.header()}{signals_doc}set -euo pipefail
 
 HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 NPROC_PER_NODE="${{NPROC_PER_NODE:-{ctx.gpus_per_node}}}"
@@ -203,6 +219,8 @@ if ! "$PYTHON" -c "import torch" 2>/dev/null; then
   exit 2
 fi
 
+{environment.bash_defaults(entry.script, cores="$(nproc 2>/dev/null || echo 1)")}
+
 ARGS=({entry.args}){resume}{data}
 
 if [ "$NNODES" -gt 1 ]; then
@@ -214,10 +232,7 @@ else
   RDZV=(--standalone --nnodes 1)
 fi
 
-export PYTHONPATH="$HERE${{PYTHONPATH:+:$PYTHONPATH}}"
-# The plan's memory was priced for the caching allocator with expandable segments (little
-# fragmentation); a setting exported by the caller wins.
-export PYTORCH_CUDA_ALLOC_CONF="${{PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}}"
+export PYTHONPATH="$HERE${{PYTHONPATH:+:$PYTHONPATH}}"{ignore_usr1}
 cd "$HERE"
 exec "$PYTHON" -m torch.distributed.run "${{RDZV[@]}}" \\
   --nproc-per-node "$NPROC_PER_NODE" --max-restarts "$MAX_RESTARTS" \\
@@ -225,9 +240,122 @@ exec "$PYTHON" -m torch.distributed.run "${{RDZV[@]}}" \\
 """
 
 
+SIGNAL_LEAD_S = environment.TERMINATION_GRACE_S
+"""SLURM sends SIGUSR1 this many seconds before the job's end (--signal=B:USR1@...)."""
+EXIT_NOT_REQUEUED = 75
+"""slurm.sbatch: stopped by SIGUSR1 with a checkpoint, but not requeued (EX_TEMPFAIL: submit again)."""
+
+
+def _sbatch_preemption_doc(entry: Entry) -> str:
+    if not entry.resumable:
+        return ""
+    return f"""#
+# Time limits and preemption: SLURM sends this script SIGUSR1 {SIGNAL_LEAD_S} s before the job ends
+# (--signal). It passes the signal to every process of the job step: each rank stops after its
+# current step, saves a checkpoint in CHECKPOINT_DIR and exits; then this script requeues the job
+# (scontrol requeue: same job id, SLURM_RESTART_COUNT + 1), which resumes from the newest checkpoint.
+# A job preempted with PreemptMode=REQUEUE comes back the same way (--requeue).
+#   CHECKPOINT_DIR  on a filesystem every node sees (default: $BUNDLE_DIR/checkpoints; set it
+#                   empty to run without checkpoints, and then without requeueing)
+#   REQUEUE         1 requeue after SIGUSR1 (default); 0 exit {EXIT_NOT_REQUEUED} instead
+#   MAX_REQUEUES    stop requeueing once SLURM_RESTART_COUNT reaches it (default: no limit)
+# Exit status: 0 trained to the end, or stopped and requeued; 2 invalid bundle or settings (nothing
+#   started); {EXIT_NOT_REQUEUED} stopped by SIGUSR1 with a checkpoint but not requeued (REQUEUE=0,
+#   MAX_REQUEUES reached, no CHECKPOINT_DIR, or scontrol requeue failed): submit again to resume;
+#   otherwise srun's status (1: a trainer process failed; the metrics file tells an out-of-memory).
+"""
+
+
+def _sbatch_run(entry: Entry) -> str:
+    """The srun line: in the foreground, or (resumable runs) in the background under signal traps."""
+    srun = f'srun --ntasks-per-node=1 --kill-on-bad-exit=1 "$BUNDLE_DIR/{entry.script}" "$@"'
+    if not entry.resumable:
+        return f"""
+# One torchrun per node; it starts NPROC_PER_NODE processes.
+{srun}
+"""
+    return f"""
+PREEMPTED=0
+SRUN_PID=""
+# shellcheck disable=SC2317  # run by trap
+on_usr1() {{
+  PREEMPTED=1
+  echo "sbatch: SIGUSR1 (the time limit or a preemption is near): every rank checkpoints and stops"
+  if [ -n "$SRUN_PID" ]; then
+    kill -USR1 "$SRUN_PID" 2>/dev/null || true  # srun passes it to every process of the step
+  fi
+}}
+# shellcheck disable=SC2317  # run by trap
+on_term() {{
+  echo "sbatch: SIGTERM (the job is ending): waiting for the ranks to save and exit"
+}}
+trap on_usr1 USR1
+trap on_term TERM
+
+# One torchrun per node; it starts NPROC_PER_NODE trainer processes. srun runs in the background so
+# that this script takes SLURM's signal while it waits: bash runs a trap only between commands.
+{srun} &
+SRUN_PID=$!
+while :; do
+  STATUS=0
+  wait "$SRUN_PID" || STATUS=$?
+  # A trap's signal ends `wait` early (status > 128) while srun still runs: wait again.
+  if [ "$STATUS" -gt 128 ] && kill -0 "$SRUN_PID" 2>/dev/null; then continue; fi
+  break
+done
+trap - USR1 TERM
+
+if [ "$PREEMPTED" -eq 0 ]; then
+  exit "$STATUS"
+fi
+RESTARTS="${{SLURM_RESTART_COUNT:-0}}"
+if [ -z "$CHECKPOINT_DIR" ]; then
+  echo "sbatch: stopped early (status $STATUS) with no CHECKPOINT_DIR: not requeued" >&2
+elif [ "$REQUEUE" != 1 ]; then
+  echo "sbatch: stopped early (status $STATUS), checkpoint in $CHECKPOINT_DIR; REQUEUE=0: submit" \\
+       "again to resume" >&2
+elif [ -n "$MAX_REQUEUES" ] && [ "$RESTARTS" -ge "$MAX_REQUEUES" ]; then
+  echo "sbatch: stopped early (status $STATUS) after $RESTARTS requeue(s), MAX_REQUEUES=$MAX_REQUEUES:" \\
+       "not requeued; submit again to resume from $CHECKPOINT_DIR" >&2
+else
+  echo "sbatch: stopped early (status $STATUS); requeueing job $SLURM_JOB_ID (restart $((RESTARTS + 1)))" \\
+       "to resume from $CHECKPOINT_DIR"
+  if scontrol requeue "$SLURM_JOB_ID"; then
+    exit 0
+  fi
+  echo "sbatch: scontrol requeue $SLURM_JOB_ID failed: submit again to resume from $CHECKPOINT_DIR" >&2
+fi
+exit {EXIT_NOT_REQUEUED}
+"""
+
+
+def _sbatch_checkpoint_settings(entry: Entry) -> str:
+    if not entry.resumable:
+        return ""
+    return """
+# Checkpoints (launch.sh passes --checkpoint-dir and --resume) and requeueing: see the header.
+export CHECKPOINT_DIR="${CHECKPOINT_DIR-$BUNDLE_DIR/checkpoints}"
+REQUEUE="${REQUEUE:-1}"
+MAX_REQUEUES="${MAX_REQUEUES:-}"
+if ! [[ "$REQUEUE" =~ ^[01]$ ]] || ! [[ "$MAX_REQUEUES" =~ ^[0-9]*$ ]]; then
+  echo "sbatch: REQUEUE must be 0 or 1 and MAX_REQUEUES a whole number," \\
+       "got REQUEUE='$REQUEUE' MAX_REQUEUES='$MAX_REQUEUES'" >&2
+  exit 2
+fi
+if [ -n "$CHECKPOINT_DIR" ]; then
+  mkdir -p "$CHECKPOINT_DIR"
+fi"""
+
+
 def slurm_sbatch(ctx: LaunchContext, entry: Entry = TRAIN) -> str:
     data_env = "DATA=/shared/dataset " if entry.reads_data else ""  # sbatch and srun pass it on
     gpu_line = f"#SBATCH --gpus-per-node={ctx.gpus_per_node}\n" if ctx.uses_gpus else ""
+    preemption_lines = (
+        f"#SBATCH --signal=B:USR1@{SIGNAL_LEAD_S}\n#SBATCH --requeue\n#SBATCH --open-mode=append\n"
+        if entry.resumable
+        else ""
+    )
+    checkpoints = " checkpoints ${CHECKPOINT_DIR:-(none)}," if entry.resumable else ""
     return f"""#!/usr/bin/env bash
 # SLURM batch script generated by fsdp-planner.
 # plan {ctx.short_hash}: {ctx.title}
@@ -237,12 +365,14 @@ def slurm_sbatch(ctx: LaunchContext, entry: Entry = TRAIN) -> str:
 #   e.g. {data_env}sbatch slurm.sbatch --steps 1000
 # Submit from the unpacked bundle directory on a filesystem every node sees. Add partition,
 # account and time limits on the command line (sbatch -p gpu -A myproj -t 4:00:00 slurm.sbatch).
+{_sbatch_preemption_doc(entry)}#
+{environment.header()}#   ({entry.script} on every node keeps what this script set.)
 #SBATCH --job-name={ctx.job_name}
 #SBATCH --nodes={ctx.num_nodes}
 #SBATCH --ntasks-per-node=1
 {gpu_line}#SBATCH --exclusive
 #SBATCH --output=%x-%j.out
-set -euo pipefail
+{preemption_lines}set -euo pipefail
 
 BUNDLE_DIR="${{BUNDLE_DIR:-${{SLURM_SUBMIT_DIR:-$PWD}}}}"
 if [ ! -x "$BUNDLE_DIR/{entry.script}" ]; then
@@ -257,60 +387,224 @@ export MASTER_PORT="${{MASTER_PORT:-29500}}"
 export NNODES="$SLURM_JOB_NUM_NODES"
 export NPROC_PER_NODE="${{NPROC_PER_NODE:-{ctx.gpus_per_node}}}"
 export RDZV_ID="${{RDZV_ID:-slurm-$SLURM_JOB_ID}}"
-if ! [[ "$NPROC_PER_NODE" =~ ^[0-9]+$ ]]; then
-  echo "sbatch: NPROC_PER_NODE must be a whole number, got '$NPROC_PER_NODE'" >&2
+if ! [[ "$NPROC_PER_NODE" =~ ^[1-9][0-9]*$ ]]; then
+  echo "sbatch: NPROC_PER_NODE must be a positive whole number, got '$NPROC_PER_NODE'" >&2
   exit 2
-fi{_tensor_parallel_check(ctx, "sbatch")}
-echo "job $SLURM_JOB_ID: $NNODES node(s) x $NPROC_PER_NODE, rendezvous $MASTER_ADDR:$MASTER_PORT"
-
-# One torchrun per node; it starts NPROC_PER_NODE trainer processes.
-srun --ntasks-per-node=1 --kill-on-bad-exit=1 "$BUNDLE_DIR/{entry.script}" "$@"
-"""
-
-
-def _env_yaml(entries: list[tuple[str, str]], indent: int) -> str:
-    pad = " " * indent
-    return "".join(f"{pad}- name: {name}\n{pad}  value: {yaml_str(value)}\n" for name, value in entries)
+fi{_tensor_parallel_check(ctx, "sbatch")}{_sbatch_checkpoint_settings(entry)}
+{environment.bash_defaults("sbatch", cores="${SLURM_CPUS_ON_NODE:-$(nproc 2>/dev/null || echo 1)}")}
+echo "job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}):" \\
+     "$NNODES node(s) x $NPROC_PER_NODE,{checkpoints} rendezvous $MASTER_ADDR:$MASTER_PORT"
+{_sbatch_run(entry)}"""
 
 
-def _payload_env(ctx: LaunchContext, payload_b64: str) -> list[tuple[str, str]]:
-    return [
-        ("NNODES", str(ctx.num_nodes)),
-        ("NPROC_PER_NODE", str(ctx.gpus_per_node)),
-        ("RDZV_ID", ctx.k8s_name),
-        ("FSDP_BUNDLE_B64", payload_b64),
-    ]
+@dataclass(frozen=True, slots=True)
+class KubeContext:
+    """What the Kubernetes manifests need beyond LaunchContext (validated by bundle.py)."""
+
+    torch_version: str
+    """The torch the image carries (e.g. `2.13.0`): stated in the header."""
+    bundle_b64: str
+    """base64 of the bundle archive (launch.sh, plan.json, runtime) the ConfigMap carries."""
+    bundle_bytes: int
+    """Its size before base64 (what counts against the ConfigMap limit)."""
+    checkpoint_gib: int
+    """Size requested by the checkpoint PersistentVolumeClaim."""
+    shm_gib: int
+    """sizeLimit of the memory-backed /dev/shm."""
+    rdma_resource: str | None = None
+    """Extended resource of the RDMA device plugin (None: the block is rendered commented out)."""
+    rdma_count: int = 1
 
 
-def _resources_yaml(ctx: LaunchContext, indent: int) -> str:
-    pad = " " * indent
-    if ctx.uses_gpus:
-        return f"{pad}limits:\n{pad}  nvidia.com/gpu: {ctx.gpus_per_node}\n"
-    return f"{pad}requests:\n{pad}  cpu: {ctx.gpus_per_node}\n"
+BUNDLE_MOUNT = "/etc/fsdp-bundle"
+"""Where the ConfigMap (one file, bundle.tar.gz) is mounted, read-only."""
+WORK_DIR = "/tmp/fsdp-bundle"
+"""Where each pod unpacks it (writable: metrics files and the like land beside launch.sh)."""
+CHECKPOINT_MOUNT = "/checkpoints"
+"""Where the checkpoint PersistentVolumeClaim is mounted: CHECKPOINT_DIR in the pods."""
+RDMA_EXAMPLE = "rdma/rdma_shared_device_a"
 
-
-# The payload (launch.sh, plan.json, runtime) travels inside the manifest as a base64 tar.gz in an
-# environment variable: no ConfigMap, volume or image build needed, and it works with every
-# TrainJob / PyTorchJob API version (their volume override fields changed between releases).
+# Every pod unpacks the ConfigMap's archive into a writable directory and runs launch.sh there.
 _UNPACK = (
-    "set -euo pipefail; mkdir -p /tmp/fsdp-bundle && cd /tmp/fsdp-bundle && "
-    'printf %s "$FSDP_BUNDLE_B64" | base64 -d | tar -xzf - && exec ./launch.sh "$@"'
+    f"set -euo pipefail; mkdir -p {WORK_DIR} && cd {WORK_DIR} && "
+    f'tar -xzf {BUNDLE_MOUNT}/bundle.tar.gz && exec ./launch.sh "$@"'
 )
 
 
-def k8s_trainjob(ctx: LaunchContext, *, payload_b64: str) -> str:
-    env = _env_yaml(
-        _payload_env(ctx, payload_b64),
-        indent=6,
+def _lines(text: str, indent: int) -> str:
+    """`text` (lines without indentation) indented by `indent` spaces."""
+    pad = " " * indent
+    return "".join(f"{pad}{line}\n" if line else "\n" for line in text.splitlines())
+
+
+def _env_yaml(entries: list[tuple[str, str]], indent: int, optional: tuple[str, ...] = ()) -> str:
+    pad = " " * indent
+    out = "".join(f"{pad}- name: {name}\n{pad}  value: {yaml_str(value)}\n" for name, value in entries)
+    if optional:
+        out += f"{pad}# Unset unless you set them (launch.sh's header says what each does):\n"
+        out += "".join(f'{pad}# - name: {name}\n{pad}#   value: ""\n' for name in optional)
+    return out
+
+
+def _pod_env(ctx: LaunchContext) -> tuple[list[tuple[str, str]], tuple[str, ...]]:
+    given, optional = environment.k8s_env()
+    entries = [
+        ("NNODES", str(ctx.num_nodes)),
+        ("NPROC_PER_NODE", str(ctx.gpus_per_node)),
+        ("RDZV_ID", ctx.k8s_name),
+        ("CHECKPOINT_DIR", CHECKPOINT_MOUNT),
+        *given,
+    ]
+    return entries, tuple(optional)
+
+
+def _resources_yaml(ctx: LaunchContext, kube: KubeContext, indent: int) -> str:
+    if ctx.uses_gpus:
+        text = f"limits:\n  nvidia.com/gpu: {ctx.gpus_per_node}\n"
+    else:
+        text = f"requests:\n  cpu: {ctx.gpus_per_node}\n"
+        if kube.rdma_resource:
+            text += "limits:\n"
+    if kube.rdma_resource:
+        text += "  # RDMA / InfiniBand adapters for NCCL (rendered with --rdma-resource)\n"
+        text += f"  {kube.rdma_resource}: {kube.rdma_count}\n"
+    elif ctx.uses_gpus:
+        text += (
+            "  # --- RDMA / InfiniBand (optional) ---------------------------------------------------\n"
+            "  # Uncomment with the resource your RDMA device plugin advertises (e.g.\n"
+            f"  # {RDMA_EXAMPLE} from the k8s-rdma-shared-dev-plugin, rdma/ib, or an SR-IOV\n"
+            "  # resource such as nvidia.com/hostdev), and the IPC_LOCK capability below; set\n"
+            "  # NCCL_IB_HCA in env to the adapters. Or render with --rdma-resource NAME.\n"
+            f"  # {RDMA_EXAMPLE}: 1\n"
+            "  # -------------------------------------------------------------------------------------\n"
+        )
+    return _lines(text, indent)
+
+
+def _security_yaml(ctx: LaunchContext, kube: KubeContext, indent: int) -> str:
+    """IPC_LOCK (RDMA memory registration): set with an RDMA resource, else a commented hint."""
+    if kube.rdma_resource:
+        return _lines(
+            'securityContext:\n  capabilities:\n    add: ["IPC_LOCK"]  # RDMA: pinned memory\n', indent
+        )
+    if ctx.uses_gpus:
+        return _lines(
+            "# securityContext:          # RDMA (see resources): lets NCCL pin memory for the adapters\n"
+            '#   capabilities:\n#     add: ["IPC_LOCK"]\n',
+            indent,
+        )
+    return ""
+
+
+def _volumes_yaml(ctx: LaunchContext, kube: KubeContext, indent: int) -> str:
+    return _lines(
+        f"""- name: bundle
+  configMap:
+    name: {ctx.k8s_name}-bundle
+- name: dshm  # NCCL and torch share memory between a node's processes through /dev/shm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {kube.shm_gib}Gi
+- name: checkpoints
+  persistentVolumeClaim:
+    claimName: {ctx.k8s_name}-checkpoints
+""",
+        indent,
     )
-    return f"""# Kubeflow Trainer (v2) TrainJob generated by fsdp-planner.
+
+
+def _mounts_yaml(indent: int) -> str:
+    return _lines(
+        f"""- name: bundle
+  mountPath: {BUNDLE_MOUNT}
+  readOnly: true
+- name: dshm
+  mountPath: /dev/shm
+- name: checkpoints
+  mountPath: {CHECKPOINT_MOUNT}
+""",
+        indent,
+    )
+
+
+def _k8s_header(ctx: LaunchContext, kube: KubeContext, *, what: str, apply: str, extra: str) -> str:
+    return f"""# {what} generated by fsdp-planner.
 # plan {ctx.short_hash}: {ctx.title}
 # strategy: {ctx.label}
 {_mesh_header(ctx)}#
-#   kubectl apply -f k8s.yaml            (needs the `torch-distributed` ClusterTrainingRuntime)
-# Trainer options go in `args` (after the "launch" placeholder), e.g. ["launch", "--data", "/data/ds"].
-# The runtime sets PET_NNODES / PET_MASTER_ADDR / PET_MASTER_PORT, which launch.sh reads.
-# Set `image` to one with torch (and your --model-factory code if you use one).
+#   {apply}
+# Three objects: the checkpoint PersistentVolumeClaim, the job, and the ConfigMap that carries the
+# bundle (launch.sh, plan.json, the runtime: {kube.bundle_bytes:,} bytes as bundle.tar.gz; a ConfigMap holds
+# at most 1 MiB). Every pod unpacks it into {WORK_DIR} and runs launch.sh, which sets the cluster
+# environment (listed in env below: edit a value there to override it).
+# --server-side: a client-side apply copies each object into an annotation limited to 256 KiB.
+# Trainer options go in `args` after the "launch" placeholder; name the training data there (a path the
+# pods mount), e.g. ["launch", "--data", "/data/ds", "--steps", "1000"], or "--synthetic-data".
+# image: the official PyTorch image for torch {kube.torch_version}, the version the plan was made for
+#   (`fsdp-planner launcher --torch-version X.Y.Z --cuda-version A.B`, or --image for your own image
+#   with torch and your --model-factory code).
+# Volumes: /dev/shm in memory ({kube.shm_gib} GiB at most), checkpoints on the claim at {CHECKPOINT_MOUNT}
+#   (CHECKPOINT_DIR: a restarted pod resumes from the newest). Pod deletion sends SIGTERM: every rank
+#   saves, with {environment.TERMINATION_GRACE_S} s of grace.
+{extra}"""
+
+
+def _pvc_yaml(ctx: LaunchContext, kube: KubeContext) -> str:
+    shared = ctx.num_nodes > 1
+    access = "ReadWriteMany" if shared else "ReadWriteOnce"
+    why = (
+        "every node's pod writes its shards into the same checkpoint: the claim needs ReadWriteMany\n"
+        "# storage (NFS, CephFS, a Lustre/GPFS CSI driver, a cloud filestore): set storageClassName to one"
+        if shared
+        else "one pod writes it (ReadWriteOnce); set storageClassName for a class other than the default"
+    )
+    return f"""---
+# Checkpoint storage: {why}.
+# {kube.checkpoint_gib} GiB: the trainer keeps two checkpoints and writes a third before deleting the oldest.
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: {ctx.k8s_name}-checkpoints
+  labels:
+    fsdp-planner/plan: {yaml_str(ctx.short_hash)}
+spec:
+  accessModes: ["{access}"]
+  # storageClassName: ""
+  resources:
+    requests:
+      storage: {kube.checkpoint_gib}Gi
+"""
+
+
+def _configmap_yaml(ctx: LaunchContext, kube: KubeContext) -> str:
+    return f"""---
+# The bundle: launch.sh, plan.json and executor/runtime as one tar.gz (mounted at {BUNDLE_MOUNT}).
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {ctx.k8s_name}-bundle
+  labels:
+    fsdp-planner/plan: {yaml_str(ctx.short_hash)}
+binaryData:
+  bundle.tar.gz: {kube.bundle_b64}
+"""
+
+
+def k8s_trainjob(ctx: LaunchContext, kube: KubeContext) -> str:
+    entries, optional = _pod_env(ctx)
+    header = _k8s_header(
+        ctx,
+        kube,
+        what="Kubeflow Trainer (v2) TrainJob",
+        apply="kubectl apply --server-side -f k8s.yaml   (Kubeflow Trainer v2.3+, torch-distributed runtime)",
+        extra=(
+            "# The runtime sets PET_NNODES / PET_MASTER_ADDR / PET_MASTER_PORT, which launch.sh reads.\n"
+            "# Volumes, the grace period and IPC_LOCK reach the pods through runtimePatches (Trainer v2.2+;\n"
+            "# terminationGracePeriodSeconds v2.3+). Trainer v2.1 called it podTemplateOverrides, v2.0\n"
+            "# podSpecOverrides: on those, use k8s-pytorchjob.yaml or move the volumes there.\n"
+        ),
+    )
+    return f"""{header}{_pvc_yaml(ctx, kube)}---
 apiVersion: trainer.kubeflow.org/v1alpha1
 kind: TrainJob
 metadata:
@@ -326,18 +620,37 @@ spec:
     command: ["bash", "-c", {yaml_str(_UNPACK)}]
     args: ["launch"]
     resourcesPerNode:
-{_resources_yaml(ctx, indent=6)}    env:
-{env}"""
+{_resources_yaml(ctx, kube, indent=6)}    env:
+{_env_yaml(entries, 6, optional)}  runtimePatches:
+    - manager: fsdp-planner
+      trainingRuntimeSpec:
+        template:
+          spec:
+            replicatedJobs:
+              - name: node
+                template:
+                  spec:
+                    template:
+                      spec:
+                        terminationGracePeriodSeconds: {environment.TERMINATION_GRACE_S}
+                        volumes:
+{_volumes_yaml(ctx, kube, 26)}                        containers:
+                          - name: node
+{_security_yaml(ctx, kube, 28)}                            volumeMounts:
+{_mounts_yaml(30)}{_configmap_yaml(ctx, kube)}"""
 
 
-def k8s_pytorchjob(ctx: LaunchContext, *, payload_b64: str) -> str:
-    env = _env_yaml(
-        _payload_env(ctx, payload_b64),
-        indent=16,
-    )
+def k8s_pytorchjob(ctx: LaunchContext, kube: KubeContext) -> str:
+    entries, optional = _pod_env(ctx)
     # The training operator sets MASTER_ADDR / MASTER_PORT; NNODES comes from the plan (its
     # WORLD_SIZE / RANK count pods or processes depending on the operator version: not used).
-    unpack = _UNPACK
+    header = _k8s_header(
+        ctx,
+        kube,
+        what="Kubeflow Training Operator (v1) PyTorchJob",
+        apply="kubectl apply --server-side -f k8s-pytorchjob.yaml   (clusters without Trainer v2)",
+        extra="",
+    )
 
     def replica(kind: str, count: int) -> str:
         return f"""    {kind}:
@@ -345,22 +658,20 @@ def k8s_pytorchjob(ctx: LaunchContext, *, payload_b64: str) -> str:
       restartPolicy: OnFailure
       template:
         spec:
-          containers:
+          terminationGracePeriodSeconds: {environment.TERMINATION_GRACE_S}
+          volumes:
+{_volumes_yaml(ctx, kube, 12)}          containers:
             - name: pytorch
               image: {yaml_str(ctx.image)}
-              command: ["bash", "-c", {yaml_str(unpack)}]
+              command: ["bash", "-c", {yaml_str(_UNPACK)}]
               args: ["launch"]
               resources:
-{_resources_yaml(ctx, indent=16)}              env:
-{env}"""
+{_resources_yaml(ctx, kube, indent=16)}{_security_yaml(ctx, kube, 14)}              env:
+{_env_yaml(entries, 16, optional)}              volumeMounts:
+{_mounts_yaml(16)}"""
 
     workers = replica("Worker", ctx.num_nodes - 1) if ctx.num_nodes > 1 else ""
-    return f"""# Kubeflow Training Operator (v1) PyTorchJob generated by fsdp-planner (no Trainer v2).
-# plan {ctx.short_hash}: {ctx.title}
-# strategy: {ctx.label}
-{_mesh_header(ctx)}#
-#   kubectl apply -f k8s-pytorchjob.yaml
-# Trainer options go in each replica's `args` after the "launch" placeholder.
+    return f"""{header}{_pvc_yaml(ctx, kube)}---
 apiVersion: kubeflow.org/v1
 kind: PyTorchJob
 metadata:
@@ -371,10 +682,12 @@ spec:
   runPolicy:
     cleanPodPolicy: None
   pytorchReplicaSpecs:
-{replica("Master", 1)}{workers}"""
+{replica("Master", 1)}{workers}{_configmap_yaml(ctx, kube)}"""
 
 
-def readme(ctx: LaunchContext, *, targets: list[str], prediction: str) -> str:
+def readme(
+    ctx: LaunchContext, *, targets: list[str], prediction: str, kube: KubeContext | None = None
+) -> str:
     sections = [
         f"""# Launch bundle: {ctx.title}
 
@@ -415,9 +728,20 @@ On every node, with the same `MASTER_ADDR` (node 0's address) and `MASTER_PORT`:
     ]
     if ctx.mesh is not None:
         sections.append(_readme_mesh(ctx, ctx.mesh))
+    sections.append(
+        f"""
+## Cluster environment
+
+`launch.sh` (and `slurm.sbatch`, once for the whole job) sets these unless the environment already
+has them, and prints what is set when it starts. Export a variable to override it
+(`NCCL_SOCKET_IFNAME=ib0 ./launch.sh`, `NCCL_DEBUG=INFO sbatch slurm.sbatch`); one shown unset stays
+unset unless you set it. Any other `NCCL_*` or `TORCH_*` variable you export reaches the trainer as is.
+
+{environment.readme_table()}"""
+    )
     if "slurm" in targets:
         sections.append(
-            """
+            f"""
 ## SLURM
 
 From the unpacked bundle on a shared filesystem:
@@ -425,20 +749,72 @@ From the unpacked bundle on a shared filesystem:
     DATA=/shared/dataset sbatch -p <partition> -t 04:00:00 slurm.sbatch --steps 1000
 
 Nodes come from the allocation; the first node hosts the rendezvous (`scontrol show hostnames`).
+Checkpoints go to `CHECKPOINT_DIR` (default `checkpoints/` in the bundle directory; on a filesystem
+every node sees), and every start resumes from the newest there. Add `--checkpoint-every N` so that
+a node failure loses at most N steps.
+
+**Time limits and preemption.** The job asks SLURM for `SIGUSR1` {SIGNAL_LEAD_S} s before its end
+(`#SBATCH --signal=B:USR1@{SIGNAL_LEAD_S}`). The batch script passes it to every process of the step;
+each rank finishes its step, saves a checkpoint and exits, `torchrun` (which ignores `SIGUSR1`) exits 0,
+and the script runs `scontrol requeue $SLURM_JOB_ID`: the same job id goes back to the queue (`--requeue`,
+output appended to the same `%x-%j.out`) and resumes from the checkpoint. `REQUEUE=0` stops after the
+checkpoint instead; `MAX_REQUEUES=N` stops requeueing after N restarts. A job preempted by
+`PreemptMode=REQUEUE` comes back the same way. The trainer must finish a step and save within
+{SIGNAL_LEAD_S} s; otherwise raise the lead (`sbatch --signal=B:USR1@600 ...`).
+
+Exit status: 0 trained to the end, or stopped and requeued; 2 invalid bundle or settings (nothing
+started); {EXIT_NOT_REQUEUED} stopped by `SIGUSR1` with a checkpoint but not requeued (`REQUEUE=0`,
+`MAX_REQUEUES` reached, no `CHECKPOINT_DIR`, or `scontrol requeue` failed): submit again to resume;
+anything else is srun's status (1: a trainer process failed; the metrics file's record tells an
+out-of-memory apart).
 """
         )
-    if "k8s" in targets:
-        sections.append(
-            """
+    if "k8s" in targets and kube is not None:
+        sections.append(_readme_k8s(ctx, kube))
+    return "".join(sections)
+
+
+def _readme_k8s(ctx: LaunchContext, kube: KubeContext) -> str:
+    access = "ReadWriteMany" if ctx.num_nodes > 1 else "ReadWriteOnce"
+    shared = (
+        "Every node writes its shards there: set a storageClassName that offers ReadWriteMany."
+        if ctx.num_nodes > 1
+        else "Set storageClassName for a class other than the default."
+    )
+    rdma = (
+        f"requested: `{kube.rdma_resource}: {kube.rdma_count}` per pod, with the `IPC_LOCK` capability"
+        if kube.rdma_resource
+        else "a commented-out block under `resources` (and `IPC_LOCK` beside it): uncomment it with the "
+        "resource your RDMA device plugin advertises, or render with "
+        "`fsdp-planner launcher --rdma-resource NAME [--rdma-count N]`"
+    )
+    return f"""
 ## Kubernetes
 
-Edit `image` (an image with torch), then `kubectl apply -f k8s.yaml` (Kubeflow Trainer v2,
-`torch-distributed` runtime) or `kubectl apply -f k8s-pytorchjob.yaml` (Training Operator v1).
-The bundle rides inside the manifest; trainer options go into `args` after `"launch"`
-(`["launch", "--data", "/data/ds"]`, a path the pods mount; or `"--synthetic-data"` for a rehearsal).
+    kubectl apply --server-side -f k8s.yaml              # Kubeflow Trainer v2.3+, torch-distributed runtime
+    kubectl apply --server-side -f k8s-pytorchjob.yaml   # or: Training Operator v1 PyTorchJob
+
+Each file holds three objects:
+
+- the job, running `{ctx.image}` (torch {kube.torch_version}, the version the plan was made for;
+  `fsdp-planner launcher --torch-version X.Y.Z --cuda-version A.B` picks another official image,
+  `--image` your own). Trainer options go into `args` after `"launch"`; name the training data there
+  (`["launch", "--data", "/data/ds"]`, a path the pods mount, or `"--synthetic-data"` for a rehearsal):
+  `launch.sh` refuses to start without one;
+- a ConfigMap `{ctx.k8s_name}-bundle` carrying the bundle (launch.sh, plan.json, the runtime) as one
+  `bundle.tar.gz` ({kube.bundle_bytes:,} bytes; a ConfigMap holds at most 1 MiB, and a larger bundle is
+  refused when it is rendered). Every pod unpacks it into `{WORK_DIR}` and runs `launch.sh`.
+  `--server-side`: a client-side apply copies the object into an annotation limited to 256 KiB;
+- a PersistentVolumeClaim `{ctx.k8s_name}-checkpoints` ({kube.checkpoint_gib} GiB, {access}) mounted at
+  `{CHECKPOINT_MOUNT}` = `CHECKPOINT_DIR`: a restarted pod resumes from the newest checkpoint.
+  {shared}
+
+The pods get `/dev/shm` as a memory-backed emptyDir ({kube.shm_gib} GiB at most: NCCL and torch share
+memory between a node's processes there) and {environment.TERMINATION_GRACE_S} s of termination grace:
+deleting a pod sends SIGTERM, which `torchrun` passes to the ranks; they save a checkpoint and exit.
+RDMA / InfiniBand: {rdma}. The cluster environment above is listed in each manifest's `env`: edit it
+there.
 """
-        )
-    return "".join(sections)
 
 
 def _readme_mesh(ctx: LaunchContext, mesh: Mesh) -> str:

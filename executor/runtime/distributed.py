@@ -98,8 +98,35 @@ def _object_collectives_without_numpy() -> None:
     c10d._fsdp_planner_numpy_free = True
 
 
-def init_distributed(plan: RuntimePlan, *, device: str = "auto", timeout_s: float = 1800.0) -> DistEnv:
-    """Check the world size, pick device and backend, and start the default process group."""
+PG_TIMEOUT_ENV = "FSDP_PG_TIMEOUT_S"
+"""Seconds a collective may wait before the process group fails it (the launch scripts set it)."""
+DEFAULT_PG_TIMEOUT_S = 1800.0
+"""torch's own default for NCCL and gloo process groups (30 minutes)."""
+
+
+def pg_timeout_s() -> float:
+    """The process-group timeout from FSDP_PG_TIMEOUT_S (default 1800 s): how long a collective may
+    wait for its peers before the watchdog fails it (and, with TORCH_NCCL_ASYNC_ERROR_HANDLING=1,
+    ends the process so that torchrun sees the failure instead of a hang)."""
+    raw = os.environ.get(PG_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_PG_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 7 * 24 * 3600:  # also refuses nan and inf
+        raise LaunchError(
+            f"{PG_TIMEOUT_ENV}={raw!r}: give the process-group timeout in seconds (a positive number, "
+            "at most a week), e.g. 1800"
+        )
+    return value
+
+
+def init_distributed(plan: RuntimePlan, *, device: str = "auto", timeout_s: float | None = None) -> DistEnv:
+    """Check the world size, pick device and backend, and start the default process group (its
+    timeout: `timeout_s`, else FSDP_PG_TIMEOUT_S, else 30 minutes)."""
+    timeout_s = pg_timeout_s() if timeout_s is None else timeout_s
     _object_collectives_without_numpy()
     standalone = "RANK" not in os.environ
     world_size = _env_int("WORLD_SIZE", 1)

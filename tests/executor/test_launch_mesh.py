@@ -5,19 +5,18 @@ that the tensor-parallel groups cannot tile. Plans come from the planner itself.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from executor.launch.bundle import bundle_files, bundle_name, write_bundle
 from planner.catalog import resolve_model
 from planner.plan import Plan
 from planner.search import make_plan
 from planner.specs import ClusterSpec, PlanRequest, SearchSpace, TrainingSpec
-from tests.executor.test_launch_bundle import bash_syntax_ok, check_manifests
+from tests.executor.launch_lint import documents, lint_script, validate_manifest
+from tests.executor.test_launch_bundle import check_manifests
 
 SCRIPTS = ("launch.sh", "slurm.sbatch")
 MANIFESTS = ("k8s.yaml", "k8s-pytorchjob.yaml")
@@ -62,11 +61,9 @@ def test_a_tp2_bundle_states_its_mesh_everywhere(tmp_path: Path) -> None:
         top = [line for line in text.splitlines()[1:] if line.startswith("#")][:6]
         assert header.strip() in top, name
     for script in SCRIPTS:
-        bash_syntax_ok(directory / script)
-        if shutil.which("shellcheck"):
-            lint = subprocess.run(["shellcheck", "-S", "warning", str(directory / script)],
-                                  capture_output=True, text=True, check=False)
-            assert lint.returncode == 0, lint.stdout
+        lint_script(directory / script)
+    for manifest in MANIFESTS:
+        validate_manifest(directory / manifest)
     check_manifests(directory, plan)
     readme = (directory / "README.md").read_text()
     assert "## Device mesh\n\n`dp_replicate 1 x dp_shard 4 x tp 2 = 8 ranks`" in readme
@@ -130,7 +127,8 @@ def test_other_meshes(tmp_path: Path, tp: int, shardings: tuple[str, ...], mesh:
     for name in (*SCRIPTS, *MANIFESTS):
         assert f"# mesh: {mesh}\n" in files[name], name
         if name in MANIFESTS:
-            assert yaml.safe_load(files[name])["metadata"]["name"]
+            docs = documents(files[name])
+            assert docs["TrainJob" if name == "k8s.yaml" else "PyTorchJob"]["metadata"]["name"]
     assert f"`{mesh.split(' (')[0]}`" in files["README.md"]
     if tp == 1:  # nothing to tile: no check, and the scripts are as before tensor parallelism
         assert "tensor-parallel degree" not in files["launch.sh"]

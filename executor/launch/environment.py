@@ -1,0 +1,200 @@
+"""The environment a GPU cluster expects around the trainer: allocator, NCCL error handling and
+network selection, the process-group timeout, torchrun's shutdown grace, OpenMP threads.
+
+One table (`CLUSTER_ENV`) renders everywhere it appears, so the scripts, the manifests and the READMEs
+never disagree: the header block of `launch.sh` / `slurm.sbatch`, the bash that applies the defaults,
+the Kubernetes `env` lists and the bundle README's table. Every variable is a *default*: a value
+already in the environment wins, and a variable whose default is empty stays unset (NCCL then picks
+by itself) unless the user sets it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from executor.launch.quoting import sh
+
+PG_TIMEOUT_ENV = "FSDP_PG_TIMEOUT_S"
+"""Read by executor/runtime/distributed.py (`pg_timeout_s`): the trainer's process-group timeout."""
+SHUTDOWN_GRACE_S = 240
+"""Seconds torchrun waits for trainer processes to save and exit after SIGTERM before SIGKILL."""
+TERMINATION_GRACE_S = 300
+"""Kubernetes terminationGracePeriodSeconds, and SLURM's --signal lead time: > SHUTDOWN_GRACE_S."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnvVar:
+    name: str
+    default: str
+    """'' : left unset unless the user sets it. OMP_NUM_THREADS is computed per script instead."""
+    doc: str
+    """One line for the script header (comment-safe ASCII, <= 62 characters)."""
+    readme: str
+    """What it does and why this default, for the bundle README."""
+
+
+CLUSTER_ENV: tuple[EnvVar, ...] = (
+    EnvVar(
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "expandable_segments:True",
+        "the allocator the plan's memory model assumes",
+        "The caching allocator with expandable segments (little fragmentation): the allocator the "
+        "planner's memory model prices (`planner/cost/memory.py`). Another value changes the peak.",
+    ),
+    EnvVar(
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        "1",
+        "a failed or timed-out collective aborts NCCL, ends the rank",
+        "1: when a collective fails or outlives the process-group timeout, the watchdog aborts the "
+        "communicator and ends the process, so torchrun and SLURM see a failure instead of a hang "
+        "(torch's own default, 3, ends it without the abort).",
+    ),
+    EnvVar(
+        "TORCH_NCCL_BLOCKING_WAIT",
+        "",
+        "1: wait() blocks until the collective ends (debugging)",
+        "1 makes every `wait()` block the CPU until its collective completes or times out: "
+        "exact error sites for debugging, slower steps.",
+    ),
+    EnvVar(
+        "TORCH_NCCL_TRACE_BUFFER_SIZE",
+        "",
+        "flight recorder: events kept per rank (e.g. 2000)",
+        "A positive number turns on the NCCL flight recorder, the last N collectives of "
+        "each rank; with TORCH_NCCL_DUMP_ON_TIMEOUT=1 they are written out when a collective times out.",
+    ),
+    EnvVar(
+        "TORCH_NCCL_DUMP_ON_TIMEOUT",
+        "",
+        "1: dump the flight recorder on a timeout",
+        "1 (with TORCH_NCCL_TRACE_BUFFER_SIZE > 0) dumps the flight recorder to "
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE (default /tmp/nccl_trace_rank_N) when a collective times out.",
+    ),
+    EnvVar(
+        "NCCL_DEBUG",
+        "WARN",
+        "WARN: NCCL explains its errors; INFO: also its set-up",
+        "WARN: NCCL prints why it failed. INFO also prints the transports and interfaces it chose at "
+        "start (the first thing to check on a new cluster); TRACE is very verbose.",
+    ),
+    EnvVar(
+        "NCCL_SOCKET_IFNAME",
+        "",
+        "network interface for NCCL's sockets, e.g. ib0 or ^lo,docker",
+        "Unset: NCCL picks an interface. Set it when it picks the wrong one (a docker bridge, a slow "
+        "management network): `ib0`, `eth0`, a prefix list `en,eth`, or `^lo,docker` to exclude.",
+    ),
+    EnvVar(
+        "NCCL_IB_HCA",
+        "",
+        "InfiniBand/RoCE adapters NCCL uses, e.g. mlx5_0,mlx5_1",
+        "Unset: NCCL uses every RDMA adapter it finds. Name the ones wired to the GPU fabric "
+        "(`mlx5_0,mlx5_1`, `=mlx5_0:1` for an exact port) or exclude some (`^mlx5_bond_0`).",
+    ),
+    EnvVar(
+        "GLOO_SOCKET_IFNAME",
+        "",
+        "network interface for gloo (CPU plans), e.g. eth0",
+        "Unset: gloo resolves the host name. CPU plans train over gloo; set the interface when the "
+        "host name resolves to an address the other nodes cannot reach.",
+    ),
+    EnvVar(
+        PG_TIMEOUT_ENV,
+        "1800",
+        "seconds a collective may wait for its peers (trainer)",
+        "The trainer's process-group timeout in seconds (torch's default, 30 minutes): a collective "
+        "that waits longer for its peers fails the job. Lower it to find hangs sooner; raise it when "
+        "a slow first step (compilation, checkpoint loading) trips it.",
+    ),
+    EnvVar(
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+        str(SHUTDOWN_GRACE_S),
+        "seconds torchrun lets ranks save and exit after SIGTERM",
+        f"When torchrun is told to stop (SIGTERM, e.g. a Kubernetes pod deletion) it passes the signal "
+        f"to the trainer processes, which stop after the current step and save a checkpoint; it waits "
+        f"this long ({SHUTDOWN_GRACE_S} s) before killing them (torch's default is 30 s).",
+    ),
+    EnvVar(
+        "OMP_NUM_THREADS",
+        "",
+        "CPU threads per rank (default: cores / processes)",
+        "Default: the node's cores divided by the processes per node (at least 1), instead of "
+        "torchrun's 1 with a warning. CPU plans compute with these threads.",
+    ),
+)
+
+
+def header(indent: str = "#   ") -> str:
+    """The script header's block: one line per variable, with its default."""
+    width = max(len(v.name) for v in CLUSTER_ENV)
+    lines = [
+        "# Cluster environment: each is a default. A value already in the environment wins (export it",
+        "# before running this script), and one shown (unset) stays unset unless you set it:",
+    ]
+    for v in CLUSTER_ENV:
+        default = "cores/procs" if v.name == "OMP_NUM_THREADS" else (v.default or "(unset)")
+        lines.append(f"{indent}{v.name:<{width}} {default:<24} {v.doc}")
+    return "\n".join(lines) + "\n"
+
+
+def bash_defaults(script: str, *, cores: str) -> str:
+    """Bash that applies the defaults and prints what is set, once.
+
+    `cores` is a bash expression for the CPUs this node gives the job (OMP_NUM_THREADS = cores /
+    NPROC_PER_NODE). The summary is skipped when FSDP_ENV_SHOWN is set (slurm.sbatch prints it once
+    for the job, then every node's launch.sh stays quiet).
+    """
+    per_rank = '"$PER_RANK"'
+    calls = [
+        f"env_default {v.name} {per_rank if v.name == 'OMP_NUM_THREADS' else sh(v.default)}"
+        for v in CLUSTER_ENV
+    ]
+    body = "\n".join(calls)
+    return f"""# Cluster environment (see the header): a value already in the environment wins.
+ENV_SET=()
+ENV_UNSET=()
+env_default() {{
+  if [ -n "${{!1+x}}" ]; then
+    ENV_SET+=("$1=${{!1}}  (given)")
+  elif [ -n "$2" ]; then
+    export "$1=$2"
+    ENV_SET+=("$1=$2")
+  else
+    ENV_UNSET+=("$1")
+  fi
+}}
+CORES="{cores}"
+if ! [[ "$CORES" =~ ^[0-9]+$ ]]; then CORES=1; fi
+PER_RANK=$(( CORES / (NPROC_PER_NODE > 0 ? NPROC_PER_NODE : 1) ))
+if [ "$PER_RANK" -lt 1 ]; then PER_RANK=1; fi
+{body}
+for var in {PG_TIMEOUT_ENV} TORCH_ELASTIC_SHUTDOWN_TIMEOUT OMP_NUM_THREADS; do
+  if ! [[ "${{!var}}" =~ ^[1-9][0-9]*$ ]]; then
+    echo "{script}: $var must be a positive whole number, got '${{!var}}'" >&2
+    exit 2
+  fi
+done
+if [ -z "${{FSDP_ENV_SHOWN:-}}" ]; then
+  echo "{script}: cluster environment (export a variable to override it):"
+  printf '  %s\\n' "${{ENV_SET[@]}}"
+  if [ "${{#ENV_UNSET[@]}}" -gt 0 ]; then echo "  unset: ${{ENV_UNSET[*]}}"; fi
+fi
+export FSDP_ENV_SHOWN=1"""
+
+
+def k8s_env() -> tuple[list[tuple[str, str]], list[str]]:
+    """(set, optional): the static defaults a manifest lists, and the names it shows commented out.
+    OMP_NUM_THREADS is left to launch.sh (it counts the pod's cores)."""
+    given = [(v.name, v.default) for v in CLUSTER_ENV if v.default and v.name != "OMP_NUM_THREADS"]
+    optional = [v.name for v in CLUSTER_ENV if not v.default and v.name != "OMP_NUM_THREADS"]
+    return given, optional
+
+
+def readme_table() -> str:
+    rows = ["| variable | default | what it does |", "| --- | --- | --- |"]
+    for v in CLUSTER_ENV:
+        default = f"`{v.default}`" if v.default else "unset"
+        if v.name == "OMP_NUM_THREADS":
+            default = "cores / processes"
+        rows.append(f"| `{v.name}` | {default} | {v.readme} |")
+    return "\n".join(rows) + "\n"
