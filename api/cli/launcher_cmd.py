@@ -91,7 +91,9 @@ def launcher(
     if not no_extract:
         directory = out / bundle_name(plan)
         console.print(
-            f"  unpacked in {directory}; run it with:  cd {directory} && ./launch.sh --steps 20",
+            f"  unpacked in {directory}; run it with:  cd {directory} && DATA=/path/to/dataset ./launch.sh "
+            "--steps 1000\n  (DATA: a dataset made by `fsdp-planner prepare-data`; a rehearsal on synthetic "
+            "tokens: SYNTHETIC_DATA=1 ./launch.sh --steps 20)",
             highlight=False,
             soft_wrap=True,
         )

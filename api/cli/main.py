@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import typer
 
-from api.cli import calibrate_cmd, launcher_cmd, plan_cmd, replan_cmd, service_cmd, trace_cmd, validate_cmd
+from api.cli import (
+    calibrate_cmd,
+    launcher_cmd,
+    plan_cmd,
+    prepare_data_cmd,
+    replan_cmd,
+    service_cmd,
+    trace_cmd,
+    validate_cmd,
+)
 
 app = typer.Typer(
     name="fsdp-planner",
@@ -27,6 +36,7 @@ calibrate_cmd.register(app)
 validate_cmd.register(app)
 launcher_cmd.register(app)
 trace_cmd.register(app)
+prepare_data_cmd.register(app)
 
 
 def main() -> None:

@@ -102,8 +102,11 @@ def run_validation(
     python: str = sys.executable,
     trainer_args: tuple[str, ...] = (),
     timeout_s: float | None = None,
+    data: Path | None = None,
 ) -> Measurement:
-    """Write the plan's torchrun bundle into `workdir`, run `launch.sh`, and measure it."""
+    """Write the plan's torchrun bundle into `workdir`, run `launch.sh`, and measure it: on synthetic
+    tokens (`--synthetic-data`, said explicitly: validation measures speed and memory, which do not
+    depend on the tokens), or on the dataset `data` when given."""
     if plan.cluster.num_nodes > 1:
         raise ValidationError(
             f"this plan spans {plan.cluster.num_nodes} nodes; validate runs one node. Run the bundle's "
@@ -127,6 +130,7 @@ def run_validation(
         # The trainer's closing line then reports the same median over the same steps as this command.
         "--timing-warmup",
         str(warmup),
+        *(("--data", str(data.resolve())) if data is not None else ("--synthetic-data",)),
         *trainer_args,
     ]
     env = {**os.environ, "NPROC_PER_NODE": str(plan.cluster.gpus_per_node), "PYTHON": python}
@@ -179,6 +183,14 @@ def validate(
         float | None,
         typer.Option("--max-memory-gib", help="CUDA: cap each GPU at this many GiB (rehearse a smaller GPU)"),
     ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            "--data",
+            help="Train on this dataset (`fsdp-planner prepare-data`) instead of synthetic tokens; speed "
+            "and memory are the same either way.",
+        ),
+    ] = None,
 ) -> None:
     """Run the plan's launcher for a few steps and report measured vs predicted.
 
@@ -202,12 +214,12 @@ def validate(
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
             measured = run_validation(
-                plan, steps=steps, warmup=warmup, workdir=keep, trainer_args=trainer_args
+                plan, steps=steps, warmup=warmup, workdir=keep, trainer_args=trainer_args, data=data
             )
         else:
             with tempfile.TemporaryDirectory() as tmp:
                 measured = run_validation(
-                    plan, steps=steps, warmup=warmup, workdir=Path(tmp), trainer_args=trainer_args
+                    plan, steps=steps, warmup=warmup, workdir=Path(tmp), trainer_args=trainer_args, data=data
                 )
     except ValidationError as exc:
         raise fail(str(exc), EXIT_FAILED) from None

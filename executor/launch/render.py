@@ -70,14 +70,17 @@ class Entry:
     """The usage line shown at the top of the scripts."""
     resumable: bool
     """Whether CHECKPOINT_DIR makes the run save and resume checkpoints."""
+    reads_data: bool = False
+    """Whether the run trains on data: DATA / SYNTHETIC_DATA choose it, and one of them is required."""
 
 
 TRAIN = Entry(
     script="launch.sh",
     module="executor.runtime.train",
     args='--plan "$HERE/plan.json"',
-    usage="./launch.sh [trainer options]            e.g. ./launch.sh --steps 20",
+    usage="DATA=/path/to/dataset ./launch.sh [trainer options]   e.g. DATA=/data/ds ./launch.sh --steps 1000",
     resumable=True,
+    reads_data=True,
 )
 
 
@@ -111,6 +114,34 @@ if [ "$((NPROC_PER_NODE % {tp}))" -ne 0 ]; then
 fi"""
 
 
+def _data_args(script: str) -> str:
+    """Bash that adds the training data to ARGS: DATA (or --data), or SYNTHETIC_DATA=1 (or
+    --synthetic-data) for a rehearsal, and refuses a run that names neither before torchrun starts."""
+    return f"""
+# Training data: DATA (or --data), or SYNTHETIC_DATA=1 (or --synthetic-data) for a rehearsal on
+# synthetic tokens, which are never a default.
+DATA_CHOSEN=""
+if [ -n "${{DATA:-}}" ]; then
+  case "$DATA" in /*) ;; *) DATA="$PWD/$DATA" ;; esac  # relative to where you are: torchrun runs in $HERE
+  ARGS+=(--data "$DATA")
+  DATA_CHOSEN=DATA
+fi
+case "${{SYNTHETIC_DATA:-0}}" in
+  0|"") ;;
+  1) ARGS+=(--synthetic-data); DATA_CHOSEN=SYNTHETIC_DATA ;;
+  *) echo "{script}: SYNTHETIC_DATA must be 1 or 0, got '$SYNTHETIC_DATA'" >&2; exit 2 ;;
+esac
+for arg in "$@"; do
+  case "$arg" in --data|--data=*|--synthetic-data|-h|--help) DATA_CHOSEN=arguments ;; esac
+done
+if [ -z "$DATA_CHOSEN" ]; then
+  echo "{script}: no training data: set DATA to a dataset directory made by" \\
+       "\\`fsdp-planner prepare-data\\` (DATA=/path/to/dataset ./{script} ...), or SYNTHETIC_DATA=1" \\
+       "for a rehearsal on synthetic tokens" >&2
+  exit 2
+fi"""
+
+
 def launch_sh(ctx: LaunchContext, entry: Entry = TRAIN) -> str:
     resume = (
         """
@@ -118,6 +149,13 @@ if [ -n "${CHECKPOINT_DIR:-}" ]; then
   ARGS+=(--checkpoint-dir "$CHECKPOINT_DIR" --resume)
 fi"""
         if entry.resumable
+        else ""
+    )
+    data = _data_args(entry.script) if entry.reads_data else ""
+    data_doc = (
+        "\n#   DATA            training data: a `fsdp-planner prepare-data` directory (or token file)"
+        "\n#   SYNTHETIC_DATA  1: synthetic tokens instead (a rehearsal); DATA or this is required"
+        if entry.reads_data
         else ""
     )
     restart_doc = "; pair with CHECKPOINT_DIR" if entry.resumable else ""
@@ -154,7 +192,7 @@ trap '' USR1"""
 #   MASTER_PORT     rendezvous port          (default 29500)
 #   MAX_RESTARTS    torchrun restarts        (default 0{restart_doc}){checkpoint_doc}
 #   RDZV_ID         rendezvous id            (default: the plan hash)
-#   PYTHON          interpreter with torch   (default python3)
+#   PYTHON          interpreter with torch   (default python3){data_doc}
 {environment.header()}{signals_doc}set -euo pipefail
 
 HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
@@ -183,7 +221,7 @@ fi
 
 {environment.bash_defaults(entry.script, cores="$(nproc 2>/dev/null || echo 1)")}
 
-ARGS=({entry.args}){resume}
+ARGS=({entry.args}){resume}{data}
 
 if [ "$NNODES" -gt 1 ]; then
   # Multi-node: elastic c10d rendezvous hosted by the trainer on MASTER_ADDR:MASTER_PORT.
@@ -310,6 +348,7 @@ fi"""
 
 
 def slurm_sbatch(ctx: LaunchContext, entry: Entry = TRAIN) -> str:
+    data_env = "DATA=/shared/dataset " if entry.reads_data else ""  # sbatch and srun pass it on
     gpu_line = f"#SBATCH --gpus-per-node={ctx.gpus_per_node}\n" if ctx.uses_gpus else ""
     preemption_lines = (
         f"#SBATCH --signal=B:USR1@{SIGNAL_LEAD_S}\n#SBATCH --requeue\n#SBATCH --open-mode=append\n"
@@ -322,7 +361,8 @@ def slurm_sbatch(ctx: LaunchContext, entry: Entry = TRAIN) -> str:
 # plan {ctx.short_hash}: {ctx.title}
 # strategy: {ctx.label}
 {_mesh_header(ctx)}#
-#   sbatch <this file> [options]   e.g. sbatch slurm.sbatch --steps 1000 (options go to {entry.script})
+#   {data_env}sbatch <this file> [options]   (options go to {entry.script})
+#   e.g. {data_env}sbatch slurm.sbatch --steps 1000
 # Submit from the unpacked bundle directory on a filesystem every node sees. Add partition,
 # account and time limits on the command line (sbatch -p gpu -A myproj -t 4:00:00 slurm.sbatch).
 {_sbatch_preemption_doc(entry)}#
@@ -498,7 +538,8 @@ def _k8s_header(ctx: LaunchContext, kube: KubeContext, *, what: str, apply: str,
 # at most 1 MiB). Every pod unpacks it into {WORK_DIR} and runs launch.sh, which sets the cluster
 # environment (listed in env below: edit a value there to override it).
 # --server-side: a client-side apply copies each object into an annotation limited to 256 KiB.
-# Trainer options go in `args` after the "launch" placeholder, e.g. ["launch", "--steps", "1000"].
+# Trainer options go in `args` after the "launch" placeholder; name the training data there (a path the
+# pods mount), e.g. ["launch", "--data", "/data/ds", "--steps", "1000"], or "--synthetic-data".
 # image: the official PyTorch image for torch {kube.torch_version}, the version the plan was made for
 #   (`fsdp-planner launcher --torch-version X.Y.Z --cuda-version A.B`, or --image for your own image
 #   with torch and your --model-factory code).
@@ -659,12 +700,20 @@ torch >= 2.6), `launch.sh` (torchrun){", `slurm.sbatch`" if "slurm" in targets e
 
 ## One node
 
-    ./launch.sh --steps 20                       # synthetic tokens
-    ./launch.sh --steps 1000 --data tokens.bin   # flat uint16 token ids (uint32: --data-dtype)
-    NPROC_PER_NODE=4 ./launch.sh                 # override the local process count
+    DATA=/data/my-dataset ./launch.sh --steps 1000 --eval-every 100   # `fsdp-planner prepare-data` output
+    SYNTHETIC_DATA=1 ./launch.sh --steps 20      # a rehearsal on synthetic tokens (speed, memory)
+    ./launch.sh --steps 1000 --data tokens.bin   # a flat uint16 token file (uint32: --data-dtype)
+    NPROC_PER_NODE=4 DATA=/data/my-dataset ./launch.sh   # override the local process count
 
-Metrics: `--metrics-file metrics.jsonl` (one JSON line per step: loss, step time, tokens/s/GPU, MFU,
-peak memory). Checkpoints: `CHECKPOINT_DIR=/shared/ckpt ./launch.sh --steps 1000 --checkpoint-every 100`
+Training data is required: `DATA` (or `--data`) names a dataset directory made by
+`fsdp-planner prepare-data` (index.json + token shards, on a filesystem every node sees); synthetic
+tokens run only when asked for (`SYNTHETIC_DATA=1` or `--synthetic-data`), and the run says so.
+`--eval-every N` logs the loss on the dataset's held-out split every N steps.
+
+Metrics: `--metrics-file metrics.jsonl` (one JSON line per step: loss, eval loss, step time,
+tokens/s/GPU, MFU, peak memory); `--tensorboard DIR` and `--wandb-project NAME` also log there when
+those packages are installed. Checkpoints:
+`CHECKPOINT_DIR=/shared/ckpt DATA=/data/my-dataset ./launch.sh --steps 1000 --checkpoint-every 100`
 saves there and resumes from the newest on the next start (also after a `MAX_RESTARTS` restart).
 `python -m executor.runtime.train --help` lists every option (learning rate, warmup, seed,
 `--model-factory package.module:function` for your own model, ...).
@@ -673,7 +722,8 @@ saves there and resumes from the newest on the next start (also after a `MAX_RES
 
 On every node, with the same `MASTER_ADDR` (node 0's address) and `MASTER_PORT`:
 
-    NNODES={ctx.num_nodes} MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 ./launch.sh --steps 1000
+    NNODES={ctx.num_nodes} MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 DATA=/shared/dataset ./launch.sh \\
+        --steps 1000
 """
     ]
     if ctx.mesh is not None:
@@ -696,7 +746,7 @@ unset unless you set it. Any other `NCCL_*` or `TORCH_*` variable you export rea
 
 From the unpacked bundle on a shared filesystem:
 
-    sbatch -p <partition> -t 04:00:00 slurm.sbatch --steps 1000
+    DATA=/shared/dataset sbatch -p <partition> -t 04:00:00 slurm.sbatch --steps 1000
 
 Nodes come from the allocation; the first node hosts the rendezvous (`scontrol show hostnames`).
 Checkpoints go to `CHECKPOINT_DIR` (default `checkpoints/` in the bundle directory; on a filesystem
@@ -748,7 +798,9 @@ Each file holds three objects:
 
 - the job, running `{ctx.image}` (torch {kube.torch_version}, the version the plan was made for;
   `fsdp-planner launcher --torch-version X.Y.Z --cuda-version A.B` picks another official image,
-  `--image` your own). Trainer options go into `args` after `"launch"`;
+  `--image` your own). Trainer options go into `args` after `"launch"`; name the training data there
+  (`["launch", "--data", "/data/ds"]`, a path the pods mount, or `"--synthetic-data"` for a rehearsal):
+  `launch.sh` refuses to start without one;
 - a ConfigMap `{ctx.k8s_name}-bundle` carrying the bundle (launch.sh, plan.json, the runtime) as one
   `bundle.tar.gz` ({kube.bundle_bytes:,} bytes; a ConfigMap holds at most 1 MiB, and a larger bundle is
   refused when it is rendered). Every pod unpacks it into `{WORK_DIR}` and runs `launch.sh`.

@@ -46,8 +46,8 @@ def _slice_loss_and_grads(
     h: torch.Tensor,
     weight: torch.Tensor,
     t: torch.Tensor,
-    grad_h: torch.Tensor,
-    grad_weight: torch.Tensor,
+    grad_h: torch.Tensor | None,
+    grad_weight: torch.Tensor | None,
     *,
     tokens: int,
     vocab: VocabShard | None,
@@ -55,6 +55,7 @@ def _slice_loss_and_grads(
     """One slice: returns its cross-entropy sum, writes d(mean loss)/d h into `grad_h` and adds
     its share of d(mean loss)/d weight to the fp32 `grad_weight`. With `vocab`, `weight` is this
     rank's vocabulary shard: the loss is the whole vocabulary's, `grad_h` this shard's part.
+    Without `grad_h` (evaluation, no autograd) only the loss is computed.
 
     A function of its own so that its vocabulary-sized locals are freed when it returns, before
     the next slice allocates its logits (a loop body would keep the last ones alive until rebound).
@@ -80,6 +81,8 @@ def _slice_loss_and_grads(
         totals = funcol.all_reduce(torch.stack([row_sum, target_logit]), "sum", vocab.group)
         row_sum, target_logit = totals.unbind(0)
     loss_sum = (row_max + row_sum.log() - target_logit).sum()
+    if grad_h is None or grad_weight is None:
+        return loss_sum
     # d(mean CE)/d logits = (softmax - one_hot) / tokens.
     z.mul_((row_sum * tokens).reciprocal().unsqueeze(1))
     one_hot = torch.full_like(z[:, :1], -1.0 / tokens)
@@ -173,6 +176,13 @@ def _apply(
     if hidden.dtype != weight.dtype:
         # One compute dtype for the matmuls (mixed precision casts both to param_dtype).
         raise TypeError(f"hidden is {hidden.dtype} but the head weight is {weight.dtype}")
-    return _ChunkedLinearCrossEntropy.apply(
-        hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), chunks, vocab
-    )
+    hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    if not torch.is_grad_enabled():
+        # Evaluation: the same loss without the gradients (two of the head's three matmuls).
+        loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for h, t in zip(torch.tensor_split(hidden, chunks), torch.tensor_split(targets, chunks), strict=True):
+            loss_sum = loss_sum + _slice_loss_and_grads(
+                h, weight, t, None, None, tokens=hidden.shape[0], vocab=vocab
+            )
+        return loss_sum / hidden.shape[0]
+    return _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, chunks, vocab)

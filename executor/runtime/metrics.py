@@ -46,6 +46,12 @@ class StepMetrics:
     tokens_seen: int
     peak_allocated_gib: float | None = None
     """GPU only: the allocated (not reserved) peak of the step."""
+    eval_loss: float | None = None
+    """Mean loss on the held-out split, on the steps that evaluated (`--eval-every`); else null."""
+    eval_time_s: float | None = None
+    """Seconds the evaluation took (not part of step_time_s)."""
+    synthetic_data: bool = False
+    """True when the run trains on synthetic tokens (`--synthetic-data`): a rehearsal, not training."""
 
 
 def mfu(tokens_per_s_per_gpu: float, *, flops_per_token: float | None, peak_tflops: float) -> float | None:
@@ -236,10 +242,15 @@ class MetricsWriter:
         util = f"{100 * m.mfu:.1f}%" if m.mfu is not None else "n/a"
         # Step time in seconds, like the closing summary: a large model's step lasts minutes, which in
         # milliseconds reads "486854 ms". (The runtime imports nothing of ours: no planner.formatting.)
+        evaluated = ""
+        if m.eval_loss is not None:
+            evaluated = f" | eval loss {m.eval_loss:.4f}" + (
+                f" ({m.eval_time_s:.3g} s)" if m.eval_time_s is not None else ""
+            )
         print(
             f"step {m.step}/{self.total_steps} | loss {m.loss:.4f} | grad norm {m.grad_norm:.3f} | "
             f"lr {m.lr:.2e} | {m.step_time_s:.4g} s | {m.tokens_per_s_per_gpu:,.0f} tok/s/gpu | "
-            f"mfu {util} | mem {mem}",
+            f"mfu {util} | mem {mem}{evaluated}",
             file=self.stream,
             flush=True,
         )

@@ -1,8 +1,10 @@
 """The trainer a launch bundle runs: `python -m executor.runtime.train --plan plan.json [options]`.
 
 Reads the plan, checks the job matches it, builds the model, applies the planned strategy
-(`parallelize`), then trains on synthetic tokens or a token file with AdamW/SGD, warmup + cosine,
-gradient clipping and accumulation, distributed checkpoints, and per-step metrics.
+(`parallelize`), then trains on a prepared dataset (`--data DIR`, see `executor.runtime.data`) or,
+for a rehearsal, synthetic tokens (`--synthetic-data`, never a default), with AdamW/SGD, warmup +
+cosine, gradient clipping and accumulation, held-out evaluation (`--eval-every`), distributed
+checkpoints, and per-step metrics (optionally TensorBoard / W&B too).
 
 Precision on CPU: a plan priced for bf16 computes in float32 on CPU by default (`--precision
 auto`): bf16 matmuls on CPUs without AMX are several times slower than fp32 and the CPU run is a
@@ -28,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from executor.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from executor.runtime.data import BatchIndex, DataError, SyntheticTokens, TokenFile
+from executor.runtime.data import BatchIndex, DataError, SyntheticTokens, TokenSource, open_dataset
 from executor.runtime.distributed import (
     DistEnv,
     LaunchError,
@@ -37,6 +39,8 @@ from executor.runtime.distributed import (
     exit_process,
     init_distributed,
 )
+from executor.runtime.evaluate import evaluate
+from executor.runtime.loggers import Tracker, open_trackers
 from executor.runtime.materialize import materialize
 from executor.runtime.metrics import MemoryMeter, MetricsWriter, StepMetrics, mfu
 from executor.runtime.models import ModelFactoryError, build_model, count_params
@@ -66,10 +70,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--plan", required=True, help="plan JSON (as downloaded with the launcher)")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps to run in total (default 20)")
-    p.add_argument("--data", help="flat binary token file (default: synthetic tokens)")
     p.add_argument(
-        "--data-dtype", default="uint16", choices=["uint16", "uint32"], help="token id type in --data"
+        "--data",
+        metavar="PATH",
+        help="training data: a dataset directory written by `fsdp-planner prepare-data` (index.json + "
+        "token shards), or a flat binary token file. Required unless --synthetic-data",
     )
+    p.add_argument(
+        "--data-dtype",
+        choices=["uint16", "uint32"],
+        help="token id type of a flat --data file (default uint16; a dataset directory states its own)",
+    )
+    p.add_argument(
+        "--synthetic-data",
+        action="store_true",
+        help="train on synthetic tokens instead of --data: a rehearsal of speed and memory, not training",
+    )
+    p.add_argument(
+        "--eval-every", type=int, default=0, metavar="N",
+        help="every N steps (and at the last) log the mean loss on the held-out eval split (0: never)",
+    )
+    p.add_argument(
+        "--eval-batches", type=int, default=10, metavar="K",
+        help="global batches of eval sequences per evaluation (default 10; the same sequences each time)",
+    )
+    p.add_argument("--tensorboard", type=Path, metavar="DIR", help="also log scalars to TensorBoard here")
+    p.add_argument("--wandb-project", metavar="NAME", help="also log to this Weights & Biases project")
     p.add_argument("--checkpoint-dir", type=Path, help="where distributed checkpoints go")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save every N steps (0: only at the end)")
     p.add_argument("--keep-checkpoints", type=int, default=2, help="complete checkpoints to keep (0: all)")
@@ -129,6 +155,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--steps must be at least 1")
     if args.resume and args.checkpoint_dir is None:
         p.error("--resume needs --checkpoint-dir")
+    if args.eval_every < 0 or args.eval_batches < 1:
+        p.error("--eval-every must be >= 0 and --eval-batches >= 1")
     if args.warmup is None:
         args.warmup = min(100, max(1, args.steps // 10))
     return args
@@ -175,8 +203,44 @@ def resolve_overrides(
     return overrides, note
 
 
+NO_DATA = (
+    "no training data: pass --data DIR, a dataset made by `fsdp-planner prepare-data` (with launch.sh: "
+    "DATA=DIR ./launch.sh), or --synthetic-data (launch.sh: SYNTHETIC_DATA=1) for a rehearsal on "
+    "synthetic tokens"
+)
+SYNTHETIC_WARNING = (
+    "WARNING: training on SYNTHETIC tokens (--synthetic-data). This rehearses the plan's speed and "
+    "memory; the model learns nothing useful. Pass --data DIR (fsdp-planner prepare-data) to train."
+)
+
+
+def check_data_args(args: argparse.Namespace) -> None:
+    """Synthetic tokens only when asked for by name: a real job must never train on them by accident."""
+    if args.data and args.synthetic_data:
+        raise DataError("--data and --synthetic-data exclude each other: pick one")
+    if not args.data and not args.synthetic_data:
+        raise DataError(NO_DATA)
+    if args.synthetic_data and args.data_dtype:
+        raise DataError("--data-dtype describes a --data file; --synthetic-data reads none")
+
+
+def build_data(args: argparse.Namespace, plan: RuntimePlan) -> TokenSource:
+    vocab, seq_len = plan.model.vocab_size, plan.training.seq_len
+    if args.synthetic_data:
+        return SyntheticTokens(vocab_size=vocab, seq_len=seq_len, seed=args.seed)
+    return open_dataset(
+        args.data,
+        dtype=args.data_dtype,
+        vocab_size=vocab,
+        seq_len=seq_len,
+        seed=args.seed,
+        sequences_per_step=plan.training.sequences,
+    )
+
+
 def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
     tracker = tracker or PhaseTracker()
+    check_data_args(args)
     plan = load_plan(args.plan)
     tracker.plan_hash = plan.plan_hash
     env = init_distributed(plan, device=args.device)
@@ -235,20 +299,24 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
         max_grad_norm=args.max_grad_norm,
     )
     optimizer = build_optimizer(par.module, settings, device=env.device)
-    if args.data:
-        data = TokenFile(
-            args.data,
-            dtype=args.data_dtype,
-            vocab_size=plan.model.vocab_size,
-            seq_len=training.seq_len,
-            seed=args.seed,
+    tracker.enter("data")
+    data = build_data(args, plan)
+    if args.eval_every and not data.has_eval:
+        raise DataError(
+            f"--eval-every: {data.description} has no eval split; prepare it with "
+            "`fsdp-planner prepare-data --eval-fraction 0.01` (or leave --eval-every out)"
         )
-    else:
-        data = SyntheticTokens(vocab_size=plan.model.vocab_size, seq_len=training.seq_len, seed=args.seed)
+    if data.synthetic:
+        log0(env, "!" * 100 + "\n" + SYNTHETIC_WARNING + "\n" + "!" * 100)
+    log0(env, f"  data: {data.description}")
+    epoch = getattr(data, "steps_per_epoch", None)
+    if epoch is not None:
+        log0(env, f"  data: one epoch is {epoch:,.1f} steps of {training.sequences} sequences")
     log0(
         env,
-        f"  data: {data.description}; optimizer {settings.name} lr {settings.lr:g} "
-        f"warmup {settings.warmup_steps} cosine to {settings.min_lr_ratio:g}x over {args.steps} steps",
+        f"  optimizer {settings.name} lr {settings.lr:g} warmup {settings.warmup_steps} cosine to "
+        f"{settings.min_lr_ratio:g}x over {args.steps} steps"
+        + (f"; eval every {args.eval_every} steps on {args.eval_batches} batches" if args.eval_every else ""),
     )
 
     start_step = 0
@@ -267,6 +335,13 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
                     env,
                     f"  warning: checkpoint data seed {state.get('seed')} differs from --seed {args.seed}",
                 )
+            if state.get("data", data.description) != data.description:
+                log0(env, f"  warning: the checkpoint trained on {state.get('data')}, this run reads "
+                     f"{data.description}")
+            if state.get("sequences_per_step", training.sequences) != training.sequences:
+                log0(env, f"  warning: the checkpoint took {state.get('sequences_per_step')} sequences per "
+                     f"step, this plan {training.sequences}: the data position is the step, so sequences "
+                     "are skipped or repeated")
             log0(env, f"  resumed from {found} (step {start_step})")
     if start_step >= args.steps:
         log0(env, f"nothing to do: already at step {start_step} of {args.steps}")
@@ -276,6 +351,16 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
     stop.install()
     meter = MemoryMeter(env.device, cpu_every=args.memory_every)
     writer = MetricsWriter(args.metrics_file, enabled=env.rank == 0, total_steps=args.steps)
+    trackers: list[Tracker] = []
+    if env.rank == 0:
+        trackers = open_trackers(
+            tensorboard=args.tensorboard,
+            wandb_project=args.wandb_project,
+            run_name=f"{plan.model.name}-{plan.plan_hash[:12]}",
+            config={"plan_hash": plan.plan_hash, "model": plan.model.name, "world_size": env.world_size,
+                    "seq_len": training.seq_len, "sequences_per_step": training.sequences,
+                    "lr": settings.lr, "steps": args.steps, "data": data.description},
+        )
     tokens_per_step = training.sequences * training.seq_len
     flops_per_token = plan.model.flops_per_token
     history: list[StepMetrics] = []
@@ -338,9 +423,27 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
                 memory_source=meter.source,
                 tokens_seen=step * tokens_per_step,
                 peak_allocated_gib=meter.last_allocated_gib,
+                synthetic_data=data.synthetic,
             )
+            if args.eval_every and (step % args.eval_every == 0 or step == args.steps):
+                tracker.enter("eval", step)
+                started = time.perf_counter()
+                record.eval_loss = evaluate(
+                    par,
+                    data,
+                    batches=args.eval_batches,
+                    dp_rank=dp_rank,
+                    dp_size=dp_size,
+                    micro_batch_size=cfg.micro_batch_size,
+                    grad_accum_steps=cfg.grad_accum_steps,
+                    loss_chunks=cfg.loss_chunks,
+                    device=env.device,
+                )
+                record.eval_time_s = time.perf_counter() - started
             history.append(record)
             writer.log(record)
+            for t in trackers:
+                t.log(_scalars(record), step)
             stopping = stats[1].item() > 0
             due = args.checkpoint_every > 0 and step % args.checkpoint_every == 0
             if args.checkpoint_dir and (due or step == args.steps or stopping):
@@ -355,6 +458,7 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
                         "plan_hash": plan.plan_hash,
                         "seed": args.seed,
                         "data": data.description,
+                        "sequences_per_step": training.sequences,
                         "world_size": env.world_size,
                         "tokens_seen": step * tokens_per_step,
                     },
@@ -365,8 +469,28 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
                 break
     finally:
         writer.close()
+        for t in trackers:
+            t.close()
     _summary(env, plan, history, timing_warmup=args.timing_warmup)
     return 0
+
+
+def _scalars(m: StepMetrics) -> dict[str, float]:
+    values = {
+        "train/loss": m.loss,
+        "train/grad_norm": m.grad_norm,
+        "train/lr": m.lr,
+        "perf/step_time_s": m.step_time_s,
+        "perf/tokens_per_s_per_gpu": m.tokens_per_s_per_gpu,
+        "train/tokens_seen": float(m.tokens_seen),
+    }
+    if m.mfu is not None:
+        values["perf/mfu"] = m.mfu
+    if m.peak_memory_gib is not None:
+        values["perf/peak_memory_gib"] = m.peak_memory_gib
+    if m.eval_loss is not None:
+        values["eval/loss"] = m.eval_loss
+    return values
 
 
 def _summary(env: DistEnv, plan: RuntimePlan, history: list[StepMetrics], *, timing_warmup: int) -> None:

@@ -69,7 +69,8 @@ def test_from_plan_file_writes_archive_and_directory(tmp_path: Path) -> None:
     directory = out / bundle_name(plan)
     assert (directory / "launch.sh").stat().st_mode & 0o111 and (directory / "slurm.sbatch").is_file()
     assert not (directory / "k8s.yaml").exists()
-    assert "./launch.sh --steps 20" in result.output
+    assert "DATA=/path/to/dataset ./launch.sh --steps 1000" in result.output
+    assert "SYNTHETIC_DATA=1 ./launch.sh --steps 20" in result.output
 
 
 def test_from_server_by_id_handles_wrapper_and_bare_plans(tmp_path: Path, plan_server) -> None:

@@ -174,7 +174,8 @@ def test_hostile_name_bundle_executes_nothing(tmp_path: Path) -> None:
         f'printf "%s\\n" "$@" > {record}\n'
     )
     fake.chmod(0o755)
-    env = {"PATH": os.environ["PATH"], "HOME": str(home), "PYTHON": str(fake)}
+    hostile_data = '/d s/$(touch "$HOME/pwned"); rm -rf ~'
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "PYTHON": str(fake), "DATA": hostile_data}
     result = subprocess.run(
         [str(directory / "launch.sh"), "--steps", "3", "--metrics-file", "m; rm -rf ~"],
         env=env,
@@ -190,6 +191,7 @@ def test_hostile_name_bundle_executes_nothing(tmp_path: Path) -> None:
     assert "--standalone" in argv and argv[argv.index("--nproc-per-node") + 1] == "2"
     assert argv[-4:] == ["--steps", "3", "--metrics-file", "m; rm -rf ~"]  # passed through verbatim
     assert argv[argv.index("--plan") + 1] == str(directory / "plan.json")
+    assert argv[argv.index("--data") + 1] == hostile_data  # DATA, verbatim
 
 
 def test_launch_sh_multinode_env_and_validation(tmp_path: Path) -> None:
@@ -209,6 +211,7 @@ def test_launch_sh_multinode_env_and_validation(tmp_path: Path) -> None:
             "MASTER_PORT": "29400",
             "CHECKPOINT_DIR": "/ck pt",
             "MAX_RESTARTS": "3",
+            "SYNTHETIC_DATA": "1",
         },
         capture_output=True,
         text=True,
@@ -221,6 +224,7 @@ def test_launch_sh_multinode_env_and_validation(tmp_path: Path) -> None:
     assert argv[argv.index("--rdzv-backend") + 1] == "c10d" and argv[argv.index("--nnodes") + 1] == "2"
     assert argv[argv.index("--max-restarts") + 1] == "3"
     assert argv[argv.index("--checkpoint-dir") + 1] == "/ck pt" and "--resume" in argv
+    assert "--synthetic-data" in argv and "--data" not in argv
     bad = subprocess.run(
         [str(directory / "launch.sh")],
         env={**base, "NPROC_PER_NODE": "2; reboot"},
@@ -283,7 +287,7 @@ def test_launch_sh_runs_the_allocator_the_plan_was_priced_for(tmp_path: Path) ->
         f'#!/usr/bin/env bash\n[ "$1" = "-c" ] && exit 0\necho "$PYTORCH_CUDA_ALLOC_CONF" > {record}\n'
     )
     fake.chmod(0o755)
-    base = {"PATH": os.environ["PATH"], "PYTHON": str(fake)}
+    base = {"PATH": os.environ["PATH"], "PYTHON": str(fake), "SYNTHETIC_DATA": "1"}
     for env, expected in (
         ({}, "expandable_segments:True"),
         ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}, "max_split_size_mb:512"),
@@ -298,3 +302,41 @@ def test_launch_sh_runs_the_allocator_the_plan_was_priced_for(tmp_path: Path) ->
         )
         assert run.returncode == 0, run.stderr
         assert record.read_text().strip() == expected
+
+
+def test_launch_sh_needs_data_or_an_explicit_rehearsal(tmp_path: Path) -> None:
+    plan = make_plan()
+    write_bundle(plan, tmp_path, target="torchrun")
+    launch = str(tmp_path / bundle_name(plan) / "launch.sh")
+    fake = tmp_path / "fake-python"
+    record = tmp_path / "argv.txt"
+    fake.write_text(f'#!/usr/bin/env bash\n[ "$1" = "-c" ] && exit 0\nprintf "%s\\n" "$@" > {record}\n')
+    fake.chmod(0o755)
+    base = {"PATH": os.environ["PATH"], "PYTHON": str(fake)}
+
+    def run(*args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+        record.unlink(missing_ok=True)
+        result = subprocess.run([launch, *args], env={**base, **env}, cwd=tmp_path, capture_output=True,
+                                text=True, timeout=60, check=False)
+        return result, record.read_text().splitlines() if record.exists() else []
+
+    refused, argv = run("--steps", "3")
+    assert refused.returncode == 2 and argv == []  # before torchrun starts
+    message = " ".join(refused.stderr.split())
+    assert "launch.sh: no training data: set DATA to a dataset directory made by `fsdp-planner " \
+        "prepare-data`" in message and "SYNTHETIC_DATA=1" in message
+    # DATA, relative to where launch.sh was started (torchrun runs in the bundle directory).
+    ok, argv = run("--steps", "3", DATA="datasets/web")
+    assert ok.returncode == 0, ok.stderr
+    assert argv[argv.index("--data") + 1] == str(tmp_path / "datasets" / "web")
+    assert "--synthetic-data" not in argv
+    ok, argv = run("--data", "/abs/ds")
+    assert ok.returncode == 0 and argv[-2:] == ["--data", "/abs/ds"] and "--synthetic-data" not in argv
+    ok, argv = run(SYNTHETIC_DATA="1")
+    assert ok.returncode == 0 and "--synthetic-data" in argv and "--data" not in argv
+    ok, argv = run("--synthetic-data")
+    assert ok.returncode == 0 and argv.count("--synthetic-data") == 1
+    ok, argv = run("--help")
+    assert ok.returncode == 0 and argv[-1] == "--help"
+    bad, argv = run(SYNTHETIC_DATA="yes")
+    assert bad.returncode == 2 and "SYNTHETIC_DATA must be 1 or 0" in bad.stderr and argv == []

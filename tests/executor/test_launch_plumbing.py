@@ -120,7 +120,7 @@ def test_launch_sh_sets_the_cluster_environment_and_yours_wins(tmp_path: Path) -
     plan = Plan.model_validate(debug_plan())
     write_bundle(plan, tmp_path, target="torchrun")
     launch = tmp_path / bundle_name(plan) / "launch.sh"
-    base = {"PATH": os.environ["PATH"], "PYTHON": str(record_env_python(tmp_path))}
+    base = {"PATH": os.environ["PATH"], "PYTHON": str(record_env_python(tmp_path)), "SYNTHETIC_DATA": "1"}
 
     run = subprocess.run([str(launch)], env=base, capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 0, run.stderr
@@ -440,6 +440,7 @@ def test_preemption_signals_checkpoint_and_the_next_start_resumes(tmp_path: Path
     checkpoints = tmp_path / "ckpt"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NPROC_PER_NODE", "NNODES")}
     env.update(PYTHON=sys.executable, CHECKPOINT_DIR=str(checkpoints), OMP_NUM_THREADS="1")
+    env.update(SYNTHETIC_DATA="1")  # a rehearsal: what is under test is the signal handling
 
     def start(name: str, steps: int) -> tuple[subprocess.Popen[str], Path]:
         metrics = tmp_path / f"{name}.jsonl"

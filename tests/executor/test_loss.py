@@ -174,3 +174,16 @@ def test_a_second_backward_through_the_same_loss_is_refused_not_wrong() -> None:
     (loss * 0.5).backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def test_without_autograd_the_loss_alone_is_computed_and_is_the_same() -> None:
+    # Evaluation runs under no_grad: the same loss, bit for bit, with no gradient buffers.
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 24, 16, generator=g, requires_grad=True)
+    weight = torch.randn(50, 16, generator=g, requires_grad=True)
+    targets = torch.randint(0, 50, (2, 24), generator=g)
+    for chunks in (1, 5):
+        trained = chunked_linear_cross_entropy(hidden, weight, targets, chunks=chunks)
+        with torch.no_grad():
+            evaluated = chunked_linear_cross_entropy(hidden, weight, targets, chunks=chunks)
+        assert torch.equal(trained.detach(), evaluated) and evaluated.grad_fn is None

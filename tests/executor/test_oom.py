@@ -58,7 +58,7 @@ def test_max_memory_gib_is_refused_on_cpu(write_plan) -> None:
     plan = write_plan(debug_plan(gpus_per_node=1))
     result = subprocess.run(
         [sys.executable, "-m", "executor.runtime.train", "--plan", str(plan), "--device", "cpu",
-         "--max-memory-gib", "1"],
+         "--max-memory-gib", "1", "--synthetic-data"],
         cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=120, check=False,
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
@@ -73,7 +73,7 @@ def test_oom_in_backward_is_recorded_and_exits_with_the_oom_status(write_plan, t
     result = torchrun(
         2,
         ["-m", "executor.runtime.train", "--plan", str(plan), "--steps", "4", "--metrics-file", str(metrics),
-         "--model-factory", FACTORY],
+         "--model-factory", FACTORY, "--synthetic-data"],
         env=job_env(OOM_RANK="1", OOM_STEP="2"),
         timeout=180,
     )
@@ -97,7 +97,7 @@ def test_single_process_oom_exits_with_the_oom_status(write_plan, tmp_path) -> N
     metrics = tmp_path / "metrics.jsonl"
     result = subprocess.run(
         [sys.executable, "-m", "executor.runtime.train", "--plan", str(plan), "--steps", "3",
-         "--metrics-file", str(metrics), "--model-factory", FACTORY],
+         "--metrics-file", str(metrics), "--model-factory", FACTORY, "--synthetic-data"],
         cwd=REPO, env=job_env(OOM_STEP="1"), capture_output=True, text=True, timeout=120, check=False,
     )
     assert result.returncode == EXIT_OOM, explain(result)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from executor.profile.run import MIN_PHASE_SHARE, PhaseBudgets
 from executor.runtime.activation_checkpoint import checkpointed_indices
-from executor.runtime.data import BatchIndex, DataError, SyntheticTokens, TokenFile
+from executor.runtime.data import BatchIndex, SyntheticTokens
 from executor.runtime.materialize import materialize
 from executor.runtime.models import ModelFactoryError, build_model, find_parts
 from executor.runtime.models.common import sdpa_causal
@@ -143,35 +143,6 @@ def test_sampling_is_stateless_and_independent_of_the_split() -> None:
     # Motifs repeat: the second half of each row is predictable from the first.
     for row in batch:
         assert any(torch.equal(row[p:], row[:-p]) for p in range(1, 17))
-
-
-def test_token_file(tmp_path: Path) -> None:
-    tokens = torch.arange(1000, dtype=torch.int32) % 300
-    path = tmp_path / "tokens.bin"
-    path.write_bytes(_u16(tokens))
-    data = TokenFile(path, dtype="uint16", vocab_size=300, seq_len=20, seed=1)
-    assert data.num_tokens == 1000
-    batch = data.batch(BatchIndex(1, 0, 0, 1, 4))
-    assert batch.shape == (4, 21)
-    for row in batch:  # every row is a contiguous window of the file (i mod 300)
-        assert torch.equal(row, (int(row[0]) + torch.arange(21)) % 300)
-    assert len({int(row[0]) for row in batch}) > 1  # different windows
-    torch.testing.assert_close(batch, data.batch(BatchIndex(1, 0, 0, 1, 4)))
-    with pytest.raises(DataError, match="outside the model's vocabulary"):
-        TokenFile(path, dtype="uint16", vocab_size=10, seq_len=20, seed=1).batch(BatchIndex(1, 0, 0, 1, 4))
-    odd = tmp_path / "odd.bin"
-    odd.write_bytes(b"\x01\x02\x03")
-    with pytest.raises(DataError, match="not a whole number"):
-        TokenFile(odd, dtype="uint16", vocab_size=10, seq_len=4, seed=1)
-    with pytest.raises(DataError, match="fewer than one sequence"):
-        TokenFile(path, dtype="uint16", vocab_size=300, seq_len=5000, seed=1)
-    with pytest.raises(DataError, match="no such file"):
-        TokenFile(tmp_path / "missing.bin", dtype="uint16", vocab_size=300, seq_len=5, seed=1)
-
-
-def _u16(values: torch.Tensor) -> bytes:
-    # Little-endian uint16 without NumPy (not installed here).
-    return b"".join(int(v).to_bytes(2, "little") for v in values.tolist())
 
 
 def test_lr_schedule_warmup_then_cosine() -> None:

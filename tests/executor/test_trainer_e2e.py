@@ -37,7 +37,8 @@ def test_bundle_trains_through_its_own_launch_sh(tmp_path: Path) -> None:
     bundle = tmp_path / "elsewhere" / "bundle"
     shutil.copytree(tmp_path / "out" / bundle_name(plan), bundle)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NPROC_PER_NODE", "NNODES")}
-    env.update(PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    # The rehearsal on synthetic tokens, asked for by name (the loss falls fast on them).
+    env.update(PYTHON=sys.executable, OMP_NUM_THREADS="1", SYNTHETIC_DATA="1")
     metrics = tmp_path / "metrics.jsonl"
     result = subprocess.run(
         ["./launch.sh", "--steps", "16", "--lr", "2e-3", "--metrics-file", str(metrics)],
@@ -50,11 +51,13 @@ def test_bundle_trains_through_its_own_launch_sh(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, explain(result)
     assert "done: 16 steps" in result.stdout
+    assert "WARNING: training on SYNTHETIC tokens" in result.stdout
     records = read_metrics(metrics)
     assert [r["step"] for r in records] == list(range(1, 17))
     for r in records:
         assert r["tokens_per_s_per_gpu"] > 0 and r["step_time_s"] > 0 and r["mfu"] > 0
     assert records[-1]["peak_memory_gib"] > 0 and records[-1]["memory_source"] == "cpu_tensor_profile"
+    assert all(r["synthetic_data"] is True and r["eval_loss"] is None for r in records)
     first, last = records[0]["loss"], sum(r["loss"] for r in records[-4:]) / 4
     assert first > 7.0 and last < first - 1.5, [r["loss"] for r in records]
     # The trainer ran from the bundle's copy of the runtime, not from this repository.
@@ -63,6 +66,8 @@ def test_bundle_trains_through_its_own_launch_sh(tmp_path: Path) -> None:
 
 def _train(plan: Path, tmp: Path, name: str, *extra: str, nproc: int = 2) -> list[dict]:
     metrics = tmp / f"{name}.jsonl"
+    if "--data" not in extra:
+        extra = ("--synthetic-data", *extra)
     result = torchrun(
         nproc,
         [
@@ -147,7 +152,7 @@ def test_world_size_mismatch_is_a_clear_error(write_plan) -> None:
     plan = write_plan(debug_plan(nodes=1, gpus_per_node=2))
     env = job_env(WORLD_SIZE="3")
     result = subprocess.run(
-        [sys.executable, *TRAIN, "--plan", str(plan), "--steps", "1"],
+        [sys.executable, *TRAIN, "--plan", str(plan), "--steps", "1", "--synthetic-data"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -166,7 +171,7 @@ def test_bad_plan_is_a_clear_error(write_plan, tmp_path: Path) -> None:
     doc = debug_plan()
     doc["schema_version"] = "3.0"
     result = subprocess.run(
-        [sys.executable, *TRAIN, "--plan", str(write_plan(doc)), "--steps", "1"],
+        [sys.executable, *TRAIN, "--plan", str(write_plan(doc)), "--steps", "1", "--synthetic-data"],
         cwd=REPO,
         env=job_env(),
         capture_output=True,
@@ -177,7 +182,7 @@ def test_bad_plan_is_a_clear_error(write_plan, tmp_path: Path) -> None:
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "schema 1.x and 2.x" in result.stderr and "3.0" in result.stderr
     missing = subprocess.run(
-        [sys.executable, *TRAIN, "--plan", str(tmp_path / "nope.json")],
+        [sys.executable, *TRAIN, "--plan", str(tmp_path / "nope.json"), "--synthetic-data"],
         cwd=REPO,
         env=job_env(),
         capture_output=True,

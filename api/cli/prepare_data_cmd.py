@@ -1,0 +1,139 @@
+"""`fsdp-planner prepare-data`: tokenise text or JSONL files into the trainer's dataset format.
+
+The work is in `api.prepare_data` (standard library only; a Hugging Face tokenizer is imported
+only when one is named): no torch here, on the client or the server.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from api.cli.common import fail
+from api.prepare_data import PrepareError, load_tokenizer, parse_count, prepare
+
+
+def _progress(documents: int, tokens: int) -> None:
+    typer.echo(f"  ... {documents:,} documents, {tokens:,} tokens", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("prepare-data")(prepare_data)
+
+
+def prepare_data(
+    inputs: Annotated[
+        list[Path],
+        typer.Argument(
+            metavar="INPUT...",
+            help="Text files (.txt, .md), JSONL files (.jsonl, .json), optionally .gz, or directories "
+            "of them.",
+        ),
+    ],
+    out: Annotated[Path, typer.Option("-o", "--out", help="Dataset directory to write.")],
+    tokenizer: Annotated[
+        str,
+        typer.Option(
+            help="A Hugging Face tokenizer name or local path (needs `transformers` or `tokenizers`), or "
+            "`bytes` (built in: UTF-8 bytes + end of document, vocabulary 257)."
+        ),
+    ],
+    text_field: Annotated[
+        str, typer.Option("--text-field", help="JSONL: the field holding the text.")
+    ] = "text",
+    fmt: Annotated[
+        str, typer.Option("--format", help="auto (by suffix: .jsonl/.json are JSONL) | text | jsonl")
+    ] = "auto",
+    sample_by: Annotated[
+        str,
+        typer.Option(
+            "--sample-by",
+            help="Text files: what one document is: document (the whole file) | paragraph (blank-line "
+            "separated) | line. JSONL: one record.",
+        ),
+    ] = "document",
+    eval_fraction: Annotated[
+        float,
+        typer.Option("--eval-fraction", help="Share of the documents held out as the eval split (0: none)."),
+    ] = 0.01,
+    seed: Annotated[int, typer.Option(help="Seed choosing which documents are held out.")] = 0,
+    shard_tokens: Annotated[
+        str, typer.Option("--shard-tokens", help="Tokens per shard file (e.g. 100M, 50000).")
+    ] = "100M",
+    dtype: Annotated[
+        str, typer.Option(help="auto (uint16 up to 65,536 tokens, else uint32) | uint16 | uint32")
+    ] = "auto",
+    eos_token: Annotated[
+        str | None,
+        typer.Option(
+            "--eos-token", help="The document separator token (default: the tokenizer's end of text)."
+        ),
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace a dataset already in --out.")
+    ] = False,
+) -> None:
+    """Tokenise text or JSONL into memory-mapped token shards + index.json for `launch.sh --data`."""
+    try:
+        tok = load_tokenizer(tokenizer, eos_token=eos_token)
+        summary = prepare(
+            inputs,
+            out,
+            tokenizer=tok,
+            fmt=fmt,
+            text_field=text_field,
+            sample_by=sample_by,
+            dtype=dtype,
+            shard_tokens=parse_count(shard_tokens),
+            eval_fraction=eval_fraction,
+            seed=seed,
+            overwrite=overwrite,
+            progress=_progress,
+        )
+    except PrepareError as exc:
+        raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"{exc.filename or out}: {exc.strerror or exc}") from None
+    index = summary.index
+    splits = index["splits"]
+    directory = summary.directory.resolve()
+    typer.echo(
+        f"wrote {directory}: tokenizer {index['tokenizer']} ({index['tokenizer_library']}), vocabulary "
+        f"{index['vocab_size']:,}, end of document {index['eos_token_id']}, {index['dtype']}"
+    )
+    for name in ("train", "eval"):
+        split = splits.get(name)
+        if split is None:
+            continue
+        typer.echo(
+            f"  {name:<5} {split['documents']:>12,} documents {split['tokens']:>15,} tokens "
+            f"{len(split['shards']):>5} shard(s)"
+        )
+    documents = sum(s["documents"] for s in splits.values())
+    tokens = sum(s["tokens"] for s in splits.values())
+    typer.echo(
+        f"  total {documents:>12,} documents {tokens:>15,} tokens   {summary.bytes_written / 1e6:,.1f} MB "
+        f"in {summary.elapsed_s:.1f} s"
+    )
+    if "eval" not in splits:
+        hint = ""
+        if sample_by == "document":
+            hint = "; --sample-by paragraph or line makes more, smaller documents"
+        reason = (
+            "--eval-fraction 0"
+            if eval_fraction == 0
+            else f"no document fell in it ({documents:,} documents x --eval-fraction {eval_fraction:g} "
+            f"< 1{hint})"
+        )
+        typer.echo(f"  no eval split: {reason}; --eval-every needs one")
+    data = shlex.quote(str(directory))
+    eval_flag = " --eval-every 100" if "eval" in splits else ""
+    typer.echo(
+        f"next (the plan's model needs vocab_size >= {index['vocab_size']:,}), from a launch bundle "
+        "(`fsdp-planner launcher`):"
+    )
+    typer.echo(f"  DATA={data} ./launch.sh --steps 1000{eval_flag}")
+    typer.echo(f"  or: python -m executor.runtime.train --plan plan.json --data {data}{eval_flag}")

@@ -1,0 +1,80 @@
+"""Held-out loss: the model's mean cross-entropy over fixed sequences of the eval split.
+
+Every evaluation reads the same sequences (`TokenSource.eval_batch`): `batches` eval batches of the
+plan's global batch each (micro-batches x accumulation x data-parallel ranks, so the set does not
+depend on how the ranks split it), through the same parallel forward as training, without
+gradients. One all-reduce gives every rank the same mean.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from executor.runtime.data import BatchIndex, TokenSource
+from executor.runtime.models import computes_own_loss
+from executor.runtime.parallelize import Parallelized
+
+
+def evaluate(
+    par: Parallelized,
+    data: TokenSource,
+    *,
+    batches: int,
+    dp_rank: int,
+    dp_size: int,
+    micro_batch_size: int,
+    grad_accum_steps: int,
+    loss_chunks: int,
+    device: torch.device,
+) -> float:
+    """Mean loss over `batches` eval batches (collective: every rank calls it)."""
+    module = par.module
+    own_loss = computes_own_loss(module)
+    was_training = module.training
+    module.eval()
+    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+    count = 0
+    try:
+        with torch.no_grad():
+            for b in range(1, batches + 1):
+                for micro in range(grad_accum_steps):
+                    index = BatchIndex(b, micro, dp_rank, dp_size, micro_batch_size)
+                    batch = data.eval_batch(index, batches=batches).to(device, non_blocking=True)
+                    inputs, targets = batch[:, :-1], batch[:, 1:]
+                    if own_loss:
+                        loss = par.forward(inputs, targets, loss_chunks=loss_chunks)
+                    else:
+                        logits = par.forward(inputs)
+                        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+                    loss_sum += loss.detach().float()
+                    count += 1
+    finally:
+        module.train(was_training)
+        _reshard(module)
+    # Every micro-batch holds as many tokens: the mean of their means is the mean. The ranks of a tp
+    # group hold the same losses, so the mean over all ranks is the mean over data-parallel ranks.
+    stats = torch.stack([loss_sum, torch.tensor(float(count), device=device)])
+    dist.all_reduce(stats)
+    return (stats[0] / stats[1]).item()
+
+
+def _reshard(module: nn.Module) -> None:
+    """FSDP2 keeps a unit's parameters gathered after a forward without backward when it does not
+    reshard after forward (shard_grad_op, no_shard): free them, and forget the forward order the
+    eval forwards recorded, so the next training step starts as it would have without evaluation."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - every supported torch has FSDP2
+        return
+    units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        return  # SimpleFSDP: the parametrization gathers per use, nothing stays behind
+    root = units[0]
+    if hasattr(root, "reset_iter_state"):  # torch >= 2.13: reshards every unit, clears the order
+        root.reset_iter_state()
+        return
+    for unit in units:
+        unit.reshard()
