@@ -143,7 +143,9 @@ def test_peak_memory_within_tolerance(runs: dict[str, dict[str, Any]], case: Mem
     run = runs[case.label]
     predicted = run["plan"].prediction.peak_memory_gib
     measured = measured_peak_gib(run)
-    assert abs(_error(predicted, measured)) <= PEAK_TOLERANCE, (
+    error = _error(predicted, measured)
+    allowed = case.over_prediction_allowed if error > 0 and case.over_prediction_allowed else PEAK_TOLERANCE
+    assert abs(error) <= allowed, (
         f"{case.label}: predicted {predicted:.4f} GiB, measured {measured:.4f} GiB "
         f"({_error(predicted, measured):+.1%}); breakdown {run['plan'].prediction.memory_breakdown_gib}; "
         f"FSDPMemTracker peak {run['ranks'][0]['mem_tracker']}\n{table(runs)}"
