@@ -24,7 +24,7 @@ import torch
 
 from api.cli.validate_cmd import Measurement, run_validation
 from api.prepare_data import ByteTokenizer, prepare
-from executor.runtime.safetensors_io import plan_shards, shard_file_names, write_index, write_safetensors
+from executor.runtime.safetensors_io import write_sharded
 from planner.search import make_plan
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, SearchSpace, TrainingSpec
 
@@ -95,15 +95,7 @@ def hf_checkpoint(directory: Path, spec: ModelSpec, *, seed: int = 0) -> Path:
         "hidden_act": "silu", "torch_dtype": "bfloat16",
     }
     (directory / "config.json").write_text(json.dumps(config, indent=1))
-    sizes = [(n, t.numel() * t.element_size()) for n, t in tensors.items()]
-    groups = plan_shards(sizes, 200 * 2**20)
-    files = shard_file_names(len(groups))
-    weight_map = {}
-    for names, file in zip(groups, files, strict=True):
-        write_safetensors(directory / file, {n: tensors[n] for n in names}, metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(names, file))
-    if len(files) > 1:
-        write_index(directory, weight_map, total_size=sum(s for _, s in sizes))
+    write_sharded(directory, tensors, max_shard_bytes=200 * 2**20)
     return directory
 
 

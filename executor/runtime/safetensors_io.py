@@ -359,3 +359,18 @@ def write_index(directory: Path, weight_map: Mapping[str, str], *, total_size: i
     document = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
     path.write_text(json.dumps(document, indent=2) + "\n")
     return path
+
+
+def write_sharded(directory: Path, tensors: Mapping[str, torch.Tensor], *, max_shard_bytes: int) -> list[str]:
+    """Write in-memory `tensors` as Hugging Face safetensors files of at most `max_shard_bytes`
+    (`model.safetensors`, or shards + `model.safetensors.index.json`); returns the file names."""
+    sizes = [(name, t.numel() * t.element_size()) for name, t in tensors.items()]
+    groups = plan_shards(sizes, max_shard_bytes)
+    files = shard_file_names(len(groups))
+    weight_map: dict[str, str] = {}
+    for names, file in zip(groups, files, strict=True):
+        write_safetensors(directory / file, {n: tensors[n] for n in names}, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(names, file))
+    if len(files) > 1:
+        write_index(directory, weight_map, total_size=sum(size for _, size in sizes))
+    return files

@@ -20,12 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from executor.runtime.safetensors_io import (
-    plan_shards,
-    shard_file_names,
-    write_index,
-    write_safetensors,
-)
+from executor.runtime.safetensors_io import write_sharded
 
 LLAMA_CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -187,15 +182,7 @@ def write_checkpoint(
     (directory / "config.json").write_text(
         json.dumps({**config, "torch_dtype": str(dtype).removeprefix("torch.")}, indent=1)
     )
-    sizes = [(n, t.numel() * t.element_size()) for n, t in tensors.items()]
-    groups = plan_shards(sizes, max_shard_bytes or 2**62)
-    files = shard_file_names(len(groups))
-    weight_map = {}
-    for names, file in zip(groups, files, strict=True):
-        write_safetensors(directory / file, {n: tensors[n] for n in names}, metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(names, file))
-    if len(files) > 1:
-        write_index(directory, weight_map, total_size=sum(s for _, s in sizes))
+    write_sharded(directory, tensors, max_shard_bytes=max_shard_bytes or 2**62)
     return directory
 
 
