@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from executor.runtime.data import BatchIndex, TokenSource
-from executor.runtime.models import computes_own_loss
 from executor.runtime.parallelize import Parallelized
+from executor.runtime.step import batch_loss
 
 
 def evaluate(
@@ -32,7 +31,6 @@ def evaluate(
 ) -> float:
     """Mean loss over `batches` eval batches (collective: every rank calls it)."""
     module = par.module
-    own_loss = computes_own_loss(module)
     was_training = module.training
     module.eval()
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
@@ -43,13 +41,7 @@ def evaluate(
                 for micro in range(grad_accum_steps):
                     index = BatchIndex(b, micro, dp_rank, dp_size, micro_batch_size)
                     batch = data.eval_batch(index, batches=batches).to(device, non_blocking=True)
-                    inputs, targets = batch[:, :-1], batch[:, 1:]
-                    if own_loss:
-                        loss = par.forward(inputs, targets, loss_chunks=loss_chunks)
-                    else:
-                        logits = par.forward(inputs)
-                        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-                    loss_sum += loss.detach().float()
+                    loss_sum += batch_loss(par, batch, loss_chunks=loss_chunks).detach().float()
                     count += 1
     finally:
         module.train(was_training)

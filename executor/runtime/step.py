@@ -29,6 +29,16 @@ class StepResult:
     """Global gradient norm before clipping."""
 
 
+def batch_loss(par: Parallelized, batch: torch.Tensor, *, loss_chunks: int) -> torch.Tensor:
+    """Mean next-token cross-entropy of a [b, t + 1] token batch: the model's own sliced loss, or
+    cross-entropy on the logits of a model that returns them (training and evaluation alike)."""
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    if computes_own_loss(par.module):
+        return par.forward(inputs, targets, loss_chunks=loss_chunks)
+    logits = par.forward(inputs)
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
 def train_step(
     par: Parallelized,
     optimizer: torch.optim.Optimizer,
@@ -46,18 +56,12 @@ def train_step(
     the last backward and the clipping (a timing hook); `phase`, when given, follows forward /
     backward / optimizer (an OOM report names the phase)."""
     track = phase.enter if phase is not None else lambda name: None
-    own_loss = computes_own_loss(par.module)
     loss_sum: torch.Tensor | None = None
     for index, batch in enumerate(batches):
         track("forward")
         if par.sync_last_micro_batch_only:
             par.module.set_requires_gradient_sync(index == grad_accum_steps - 1)  # type: ignore[operator]
-        inputs, targets = batch[:, :-1], batch[:, 1:]
-        if own_loss:
-            loss = par.forward(inputs, targets, loss_chunks=loss_chunks)
-        else:
-            logits = par.forward(inputs)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        loss = batch_loss(par, batch, loss_chunks=loss_chunks)
         # Mean over micro-batches here; the mean over ranks happens in the gradient reduction.
         track("backward")
         (loss / grad_accum_steps).backward()
