@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from executor.runtime.distributed import build_mesh, init_distributed  # noqa: E402
+from executor.runtime.distributed import build_mesh, exit_process, init_distributed  # noqa: E402
 from executor.runtime.materialize import clean_name, materialize  # noqa: E402
 from executor.runtime.models import build_model  # noqa: E402
 from executor.runtime.parallelize import Overrides, parallelize  # noqa: E402
@@ -188,3 +188,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)  # gloo's threads can abort interpreter teardown (see exit_process)

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from executor.runtime.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint  # noqa: E402
 from executor.runtime.data import BatchIndex, SyntheticTokens  # noqa: E402
-from executor.runtime.distributed import build_mesh, data_parallel_rank, init_distributed  # noqa: E402
+from executor.runtime.distributed import build_mesh, data_parallel_rank, exit_process, init_distributed  # noqa: E402
 from executor.runtime.materialize import clean_name, materialize  # noqa: E402
 from executor.runtime.models import build_model  # noqa: E402
 from executor.runtime.optim import OptimizerSettings, build_optimizer, set_lr  # noqa: E402
@@ -262,3 +262,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)  # gloo's threads can abort interpreter teardown (see exit_process)

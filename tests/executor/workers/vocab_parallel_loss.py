@@ -23,6 +23,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
+from executor.runtime.distributed import exit_process  # noqa: E402
 from executor.runtime.loss import VocabShard, vocab_parallel_linear_cross_entropy  # noqa: E402
 
 TOKENS = (2, 23)  # 46 tokens: no chunk count used divides it evenly
@@ -96,3 +97,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)  # gloo's threads can abort interpreter teardown (see exit_process)
