@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import fields
 
 from planner import PLANNER_VERSION
-from planner.catalog.gpus import resolve_gpu
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice, Setting
 from planner.hashing import plan_hash
@@ -94,7 +93,7 @@ def plan_document(
         cluster=PlannedCluster(
             **request.cluster.model_dump(),
             world_size=request.cluster.world_size,
-            gpu_spec=resolve_gpu(request.cluster.gpu),
+            gpu_spec=request.cluster.resolved_gpu(),
         ),
         training=PlannedTraining(
             **request.training.model_dump(),

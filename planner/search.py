@@ -16,7 +16,6 @@ from dataclasses import replace
 from time import process_time
 
 from planner.calibration import CalibrationProfile, fit_parameters
-from planner.catalog.gpus import resolve_gpu
 from planner.cost.estimate import Estimator
 from planner.cost.memory import MemoryEstimate, fits_in_memory, memory_limit_gib
 from planner.cost.model_costs import model_costs
@@ -245,7 +244,7 @@ def build_setting(
 ) -> Setting:
     """What the search holds fixed: the priced model and the (calibrated) cost parameters."""
     cluster = request.cluster
-    gpu = resolve_gpu(cluster.gpu)
+    gpu = cluster.resolved_gpu()
     params: CostParameters = default_parameters(gpu, cluster, request.training.precision)
     if calibration is not None:
         params = fit_parameters(

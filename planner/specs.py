@@ -16,10 +16,13 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
 )
+
+from planner.gpu_spec import GpuSpec
 
 Architecture = Literal["llama", "gpt2", "layer_graph"]
 Precision = Literal["bf16", "fp32"]
@@ -185,6 +188,10 @@ class ClusterSpec(StrictModel):
     """Number of machines."""
     gpus_per_node: PositiveInt = 8
     """GPUs (ranks) per machine."""
+    custom_gpu: GpuSpec | None = None
+    """A GPU type that is not in the catalog, given by its datasheet figures; `gpu` must then be its
+    name (a name of its own: catalog names and aliases are taken). None: `gpu` names a catalog entry."""
+    # Declared after custom_gpu: the `gpu` validator reads it.
     gpu: Annotated[str, Field(min_length=1, max_length=64)]
     """GPU type: a catalog name or alias (`H100`, `A100-80GB`, `cpu`, ...)."""
     intra_node_bandwidth_gbps: Annotated[float, Field(gt=0)] | None = None
@@ -194,10 +201,36 @@ class ClusterSpec(StrictModel):
 
     @field_validator("gpu")
     @classmethod
-    def _known_gpu(cls, value: str) -> str:
+    def _known_gpu(cls, value: str, info: ValidationInfo) -> str:
+        from planner.catalog.gpus import GPU_CATALOG, resolve_gpu
+
+        if "custom_gpu" not in info.data:
+            return value  # the custom spec was invalid: its own error says why
+        custom = info.data["custom_gpu"]
+        if custom is None:
+            return resolve_gpu(value).name
+        if custom.name.lower() in {key.lower() for g in GPU_CATALOG.values() for key in (g.name, *g.aliases)}:
+            raise ValueError(
+                f"custom_gpu.name {custom.name!r} is a catalog GPU: plan it by name without custom_gpu, "
+                f"or give your GPU type a name of its own (e.g. {custom.name + '-custom'!r})"
+            )
+        if value != custom.name:
+            raise ValueError(f"must be the custom GPU's name {custom.name!r} (it is {value!r})")
+        return value
+
+    @model_serializer(mode="wrap")
+    def _omit_catalog_gpu(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Clusters of catalog GPUs serialise (and so hash) as before custom GPUs existed.
+        data = handler(self)
+        if data.get("custom_gpu") is None:
+            data.pop("custom_gpu", None)
+        return data
+
+    def resolved_gpu(self) -> GpuSpec:
+        """The GPU's datasheet figures: the custom spec, or the catalog entry `gpu` names."""
         from planner.catalog.gpus import resolve_gpu
 
-        return resolve_gpu(value).name
+        return self.custom_gpu or resolve_gpu(self.gpu)
 
     @property
     def world_size(self) -> int:

@@ -7,37 +7,9 @@ Memory is what the runtime can allocate, in GiB.
 from __future__ import annotations
 
 import re
-from typing import Annotated
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import UnknownCatalogEntryError
-
-
-class GpuSpec(BaseModel):
-    """One accelerator type."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str
-    """Canonical catalog name."""
-    aliases: tuple[str, ...] = ()
-    """Other names accepted for it (case-insensitive)."""
-    memory_gib: Annotated[float, Field(gt=0)]
-    """Device memory usable by the framework, GiB."""
-    peak_bf16_tflops: Annotated[float, Field(gt=0)]
-    """Dense bf16 tensor throughput, TFLOP/s (the MFU denominator)."""
-    peak_fp32_tflops: Annotated[float, Field(gt=0)]
-    """Dense fp32 (non-tensor-core) throughput, TFLOP/s."""
-    memory_bandwidth_gbps: Annotated[float, Field(gt=0)]
-    """HBM (or DRAM) bandwidth, GB/s."""
-    intra_node_bandwidth_gbps: Annotated[float, Field(gt=0)]
-    """Per-GPU unidirectional link bandwidth inside a node (NVLink, PCIe, shared memory), GB/s."""
-    inter_node_bandwidth_gbps: Annotated[float, Field(gt=0)]
-    """Default per-GPU network bandwidth between nodes, GB/s."""
-    default_gpus_per_node: int = 8
-    """GPUs in a typical node of this type."""
-
+from planner.gpu_spec import GpuSpec
 
 GPU_CATALOG: dict[str, GpuSpec] = {
     gpu.name: gpu

@@ -1,0 +1,36 @@
+"""One accelerator type's datasheet figures: what the catalog lists and what a user may supply.
+
+Kept apart from the catalog package so that the input specs (planner/specs.py) can name it without
+importing the model catalog, which itself imports the specs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class GpuSpec(BaseModel):
+    """One accelerator type."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$")]
+    """Canonical name (catalog entries), or the name a user gives a GPU type of their own."""
+    aliases: tuple[str, ...] = ()
+    """Other names accepted for it (case-insensitive)."""
+    memory_gib: Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
+    """Device memory usable by the framework, GiB."""
+    peak_bf16_tflops: Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
+    """Dense bf16 tensor throughput, TFLOP/s (the MFU denominator)."""
+    peak_fp32_tflops: Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
+    """Dense fp32 (non-tensor-core) throughput, TFLOP/s."""
+    memory_bandwidth_gbps: Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
+    """HBM (or DRAM) bandwidth, GB/s."""
+    intra_node_bandwidth_gbps: Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
+    """Per-GPU unidirectional link bandwidth inside a node (NVLink, PCIe, shared memory), GB/s."""
+    inter_node_bandwidth_gbps: Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
+    """Default per-GPU network bandwidth between nodes, GB/s."""
+    default_gpus_per_node: Annotated[int, Field(ge=1, le=1024)] = 8
+    """GPUs in a typical node of this type."""

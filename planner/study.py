@@ -1,0 +1,382 @@
+"""What-if studies: the time and cost to train one model on a token budget, across GPU types and sizes.
+
+A study names a model, a token budget, candidate GPU types (catalog names or specs of the user's own)
+with a price per GPU-hour, and cluster sizes. Every (GPU type, size) pair is an ordinary plan request
+(`StudyRequest.candidates`), searched independently; the caller runs the searches (in parallel) and
+hands the plans back to `study_point` / `refused_point`, and `summarize` marks the time-cost Pareto
+front and the cheapest cluster that finishes within the deadline.
+
+The arithmetic is deliberately plain: training takes `token_budget / tokens_per_s` seconds at the
+predicted cluster throughput (no step rounding, no warm-up or checkpoint overhead), GPU-hours are
+GPUs x hours, and the cost is GPU-hours x the price.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner.errors import InfeasiblePlanError, PlanningError
+from planner.gpu_spec import GpuSpec
+from planner.plan import Plan
+from planner.specs import (
+    ClusterSpec,
+    ModelSpec,
+    Optimizer,
+    PlanRequest,
+    PositiveInt,
+    Precision,
+    SearchSpace,
+    StrictModel,
+)
+
+SECONDS_PER_DAY = 86_400.0
+SECONDS_PER_HOUR = 3_600.0
+
+MAX_TOKEN_BUDGET = 10**16
+"""Ten quadrillion tokens: ~600x Llama 3's 15.6T; larger budgets are typos (and overflow float days)."""
+MAX_PRICE_PER_GPU_HOUR = 10_000.0
+MAX_CANDIDATES = 256
+"""GPU types x cluster sizes one study may plan (each is a full search)."""
+MAX_CLUSTER_GPUS = 1 << 18
+
+DEFAULT_PRICES_PER_GPU_HOUR: dict[str, float] = {
+    "H100-SXM-80GB": 2.99,
+    "H200-141GB": 3.79,
+    "A100-80GB": 1.79,
+    "A100-40GB": 1.29,
+    "L4": 0.80,
+    "B200": 4.99,
+    "cpu": 0.05,
+}
+"""USD per GPU-hour when a study names no price: indicative on-demand list prices of GPU clouds in
+2026 (a CPU "GPU" is a share of a cloud VM). Contracts and spot prices differ: give your own."""
+
+BatchRule = Literal["fixed", "per_gpu"]
+Price = Annotated[float, Field(gt=0, le=MAX_PRICE_PER_GPU_HOUR, allow_inf_nan=False)]
+ClusterGpus = Annotated[int, Field(ge=1, le=MAX_CLUSTER_GPUS)]
+
+
+class StudyGpu(StrictModel):
+    """One candidate GPU type and what an hour of one costs."""
+
+    gpu: Annotated[str, Field(min_length=1, max_length=64)]
+    """A catalog name or alias (`H100`), or the name of `custom_gpu`."""
+    custom_gpu: GpuSpec | None = None
+    """The datasheet of a GPU type not in the catalog (its `name` is `gpu`)."""
+    price_per_gpu_hour: Price | None = None
+    """USD per GPU-hour. None: the catalog default (DEFAULT_PRICES_PER_GPU_HOUR); custom GPUs need one."""
+    gpus_per_node: Annotated[int, Field(ge=1, le=64)] | None = None
+    """GPUs per node. None: the GPU type's usual node (8 for datacenter GPUs)."""
+
+    @model_validator(mode="after")
+    def _resolvable(self) -> StudyGpu:
+        spec = self.cluster(num_nodes=1, gpus_per_node=1)  # raises for unknown names and bad customs
+        if self.price_per_gpu_hour is None and spec.gpu not in DEFAULT_PRICES_PER_GPU_HOUR:
+            raise ValueError(
+                f"price_per_gpu_hour: {spec.gpu!r} has no default price; give its price in USD per GPU-hour"
+            )
+        return self
+
+    def cluster(self, *, num_nodes: int, gpus_per_node: int) -> ClusterSpec:
+        return ClusterSpec(num_nodes=num_nodes, gpus_per_node=gpus_per_node, gpu=self.gpu,
+                           custom_gpu=self.custom_gpu)
+
+    @property
+    def name(self) -> str:
+        """The canonical name (catalog aliases resolved)."""
+        return self.cluster(num_nodes=1, gpus_per_node=1).gpu
+
+    @property
+    def price(self) -> float:
+        return self.price_per_gpu_hour or DEFAULT_PRICES_PER_GPU_HOUR[self.name]
+
+    @property
+    def node_size(self) -> int:
+        spec = self.cluster(num_nodes=1, gpus_per_node=1).resolved_gpu()
+        return self.gpus_per_node or spec.default_gpus_per_node
+
+
+class SizeRange(StrictModel):
+    """Cluster sizes from `min_gpus` to `max_gpus` (both included): doubling, or in equal steps."""
+
+    min_gpus: Annotated[int, Field(ge=1, le=MAX_CLUSTER_GPUS)]
+    max_gpus: Annotated[int, Field(ge=1, le=MAX_CLUSTER_GPUS)]
+    progression: Literal["double", "step"] = "double"
+    """`double`: min, 2 min, 4 min, ...; `step`: min, min + step, ..."""
+    step: Annotated[int, Field(ge=1, le=MAX_CLUSTER_GPUS)] | None = None
+    """The increment of a `step` progression (default: min_gpus)."""
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> SizeRange:
+        if self.min_gpus > self.max_gpus:
+            raise ValueError(
+                f"cluster_sizes: the range from {self.min_gpus} to {self.max_gpus} GPUs is empty; "
+                "min_gpus must be at most max_gpus"
+            )
+        if self.step is not None and self.progression != "step":
+            raise ValueError("cluster_sizes.step: only a `step` progression takes a step")
+        return self
+
+    def sizes(self) -> list[int]:
+        sizes, size = [], self.min_gpus
+        while size <= self.max_gpus and len(sizes) <= MAX_CANDIDATES:
+            sizes.append(size)
+            size = size * 2 if self.progression == "double" else size + (self.step or self.min_gpus)
+        return sizes
+
+
+class StudyRequest(StrictModel):
+    """Everything a what-if study plans: one model and token budget on many candidate clusters."""
+
+    model: ModelSpec
+    token_budget: Annotated[int, Field(ge=1, le=MAX_TOKEN_BUDGET)]
+    """Tokens to train on (e.g. 15_000_000_000_000 for 15T)."""
+    gpus: Annotated[list[StudyGpu], Field(min_length=1, max_length=16)]
+    """Candidate GPU types."""
+    cluster_sizes: Annotated[list[ClusterGpus], Field(min_length=1, max_length=MAX_CANDIDATES)] | SizeRange
+    """Total GPUs per candidate cluster: a list, or a range. A size above one node must be whole nodes."""
+    seq_len: PositiveInt
+    """Tokens per sequence."""
+    batch_rule: BatchRule = "fixed"
+    """`fixed`: every cluster trains with `global_batch_tokens`; `per_gpu`: the global batch grows
+    with the cluster, `batch_tokens_per_gpu` x GPUs (constant work per GPU: weak scaling)."""
+    global_batch_tokens: PositiveInt | None = None
+    """Tokens per optimizer step (the `fixed` rule); a multiple of seq_len."""
+    batch_tokens_per_gpu: PositiveInt | None = None
+    """Tokens per step per GPU (the `per_gpu` rule); a multiple of seq_len."""
+    precision: Precision = "bf16"
+    optimizer: Optimizer = "adamw"
+    search: SearchSpace = SearchSpace()
+    """Restrictions applied to every candidate's search."""
+    deadline_days: Annotated[float, Field(gt=0, le=1e5, allow_inf_nan=False)] | None = None
+    """Train within this many days: the study names the cheapest cluster that does."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StudyRequest:
+        per_step = self.global_batch_tokens if self.batch_rule == "fixed" else self.batch_tokens_per_gpu
+        needed = "global_batch_tokens" if self.batch_rule == "fixed" else "batch_tokens_per_gpu"
+        other = "batch_tokens_per_gpu" if self.batch_rule == "fixed" else "global_batch_tokens"
+        if per_step is None:
+            raise ValueError(f"{needed}: the {self.batch_rule!r} batch rule needs it")
+        if getattr(self, other) is not None:
+            raise ValueError(f"{other}: the {self.batch_rule!r} batch rule takes {needed} instead")
+        if per_step % self.seq_len:
+            lower = max(self.seq_len, per_step // self.seq_len * self.seq_len)
+            raise ValueError(f"{needed}: {per_step} is not a whole number of {self.seq_len}-token sequences; "
+                             f"use a multiple of seq_len such as {lower}")
+        names = [gpu.name for gpu in self.gpus]
+        if len(set(names)) != len(names):
+            raise ValueError(f"gpus: each GPU type once (got {', '.join(names)})")
+        sizes = self.sizes()
+        if len(sizes) * len(self.gpus) > MAX_CANDIDATES:
+            raise ValueError(
+                f"cluster_sizes: {len(self.gpus)} GPU types x {len(sizes)} sizes is more than the "
+                f"{MAX_CANDIDATES} candidates a study plans; use fewer sizes (a doubling range) or GPU types"
+            )
+        return self
+
+    def sizes(self) -> list[int]:
+        """The cluster sizes, ascending, each once."""
+        raw = self.cluster_sizes.sizes() if isinstance(self.cluster_sizes, SizeRange) else self.cluster_sizes
+        return sorted(set(raw))
+
+    def batch_tokens(self, num_gpus: int) -> int:
+        if self.batch_rule == "fixed":
+            assert self.global_batch_tokens is not None
+            return self.global_batch_tokens
+        assert self.batch_tokens_per_gpu is not None
+        return self.batch_tokens_per_gpu * num_gpus
+
+    def candidates(self) -> list[StudyCandidate]:
+        """Every GPU type x size, in that order."""
+        return [StudyCandidate.of(self, gpu, size) for gpu in self.gpus for size in self.sizes()]
+
+
+class StudyCandidate(BaseModel):
+    """One cluster a study considers, and the plan request for it (None when it cannot be formed)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu: str
+    num_gpus: int
+    num_nodes: int
+    gpus_per_node: int
+    global_batch_tokens: int
+    price_per_gpu_hour: float
+    request: PlanRequest | None
+    refusal: str | None = None
+    """Why no plan request exists for this cluster (e.g. not whole nodes)."""
+
+    @classmethod
+    def of(cls, study: StudyRequest, gpu: StudyGpu, num_gpus: int) -> StudyCandidate:
+        node = gpu.node_size
+        nodes, gpus_per_node = (1, num_gpus) if num_gpus <= node else (num_gpus // node, node)
+        fields = dict(gpu=gpu.name, num_gpus=num_gpus, num_nodes=nodes, gpus_per_node=gpus_per_node,
+                      global_batch_tokens=study.batch_tokens(num_gpus), price_per_gpu_hour=gpu.price)
+        if nodes * gpus_per_node != num_gpus:
+            return cls(**fields, request=None,
+                       refusal=f"{num_gpus} GPUs is not a whole number of {node}-GPU {gpu.name} nodes")
+        try:
+            request = PlanRequest(
+                model=study.model,
+                cluster=gpu.cluster(num_nodes=nodes, gpus_per_node=gpus_per_node),
+                training={"seq_len": study.seq_len, "global_batch_tokens": fields["global_batch_tokens"],
+                          "precision": study.precision, "optimizer": study.optimizer},
+                search=study.search,
+                top_k=1,
+            )
+        except ValueError as exc:
+            return cls(**fields, request=None, refusal=str(exc))
+        return cls(**fields, request=request)
+
+    @property
+    def label(self) -> str:
+        return f"{self.num_nodes}x{self.gpus_per_node}x{self.gpu}"
+
+
+class TrainingCost(BaseModel):
+    """How long a token budget takes at a throughput, and what it costs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    seconds: float
+    days: float
+    gpu_hours: float
+    cost: float
+
+
+def training_cost(
+    *, token_budget: int, tokens_per_s: float, num_gpus: int, price_per_gpu_hour: float
+) -> TrainingCost:
+    """Time and cost of `token_budget` tokens at `tokens_per_s` (whole cluster) on `num_gpus` GPUs."""
+    seconds = token_budget / tokens_per_s
+    gpu_hours = num_gpus * seconds / SECONDS_PER_HOUR
+    return TrainingCost(seconds=seconds, days=seconds / SECONDS_PER_DAY, gpu_hours=gpu_hours,
+                        cost=gpu_hours * price_per_gpu_hour)
+
+
+class StudyPoint(BaseModel):
+    """One candidate cluster's outcome: its plan's headline numbers and what training would take."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu: str
+    num_gpus: int
+    num_nodes: int
+    gpus_per_node: int
+    global_batch_tokens: int
+    price_per_gpu_hour: float
+    fits: bool
+    """A configuration fits in memory and the batch splits; False: `reason` says why not."""
+    reason: str | None = None
+    plan_hash: str | None = None
+    config_label: str | None = None
+    """The chosen configuration (sharding, mesh, AC, micro-batching, compile)."""
+    step_time_s: float | None = None
+    tokens_per_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    mfu: float | None = None
+    peak_memory_gib: float | None = None
+    usable_memory_gib: float | None = None
+    days: float | None = None
+    gpu_hours: float | None = None
+    cost: float | None = None
+    """USD."""
+    pareto: bool = False
+    """No other fitting cluster is both faster to train and cheaper."""
+    within_deadline: bool | None = None
+    """Trains within the study's deadline (None: no deadline, or does not fit)."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.num_nodes}x{self.gpus_per_node}x{self.gpu}"
+
+
+def study_point(study: StudyRequest, candidate: StudyCandidate, plan: Plan) -> StudyPoint:
+    """The outcome of a candidate whose search found a plan."""
+    prediction = plan.prediction
+    spent = training_cost(token_budget=study.token_budget, tokens_per_s=prediction.tokens_per_s,
+                          num_gpus=candidate.num_gpus, price_per_gpu_hour=candidate.price_per_gpu_hour)
+    return StudyPoint(
+        **_candidate_fields(candidate), fits=True, plan_hash=plan.plan_hash,
+        config_label=plan.config.label(),
+        step_time_s=prediction.step_time_s, tokens_per_s=prediction.tokens_per_s,
+        tokens_per_s_per_gpu=prediction.tokens_per_s_per_gpu, mfu=prediction.mfu,
+        peak_memory_gib=prediction.peak_memory_gib, usable_memory_gib=prediction.usable_memory_gib,
+        days=spent.days, gpu_hours=spent.gpu_hours, cost=spent.cost,
+    )
+
+
+def refused_point(candidate: StudyCandidate, error: PlanningError | None = None) -> StudyPoint:
+    """The outcome of a candidate that could not be planned: why, in one sentence or two."""
+    if error is None:
+        reason = candidate.refusal or "not planned"
+    elif isinstance(error, InfeasiblePlanError):
+        reason = (f"does not fit: the lightest configuration needs {error.min_peak_memory_gib:.1f} GiB "
+                  f"per GPU, {error.capacity_gib:.1f} GiB fit")
+    else:
+        reason = error.message
+    return StudyPoint(**_candidate_fields(candidate), fits=False, reason=reason)
+
+
+def _candidate_fields(candidate: StudyCandidate) -> dict[str, object]:
+    return candidate.model_dump(include={"gpu", "num_gpus", "num_nodes", "gpus_per_node",
+                                         "global_batch_tokens", "price_per_gpu_hour"})
+
+
+class StudySummary(BaseModel):
+    """The study's answer: every point (Pareto and deadline marks set) and the clusters to pick."""
+
+    model_config = ConfigDict(frozen=True)
+
+    points: tuple[StudyPoint, ...]
+    fastest: int | None
+    """Index of the fitting point that trains soonest."""
+    cheapest: int | None
+    """Index of the fitting point that costs least."""
+    cheapest_within_deadline: int | None
+    """Index of the cheapest point that trains within the deadline (None: no deadline, or none does)."""
+
+
+def summarize(points: list[StudyPoint], *, deadline_days: float | None) -> StudySummary:
+    """Mark the time-cost Pareto front and deadlines; name the fastest and cheapest clusters."""
+    fitting = [i for i, p in enumerate(points) if p.fits and _finite(p.days, p.cost)]
+    front = set(pareto_front([(points[i].days, points[i].cost) for i in fitting]))
+    marked = []
+    for index, point in enumerate(points):
+        on_front = index in fitting and fitting.index(index) in front
+        within = None if deadline_days is None or index not in fitting else point.days <= deadline_days
+        marked.append(point.model_copy(update={"pareto": on_front, "within_deadline": within}))
+
+    def best(indices: list[int], key: tuple[str, ...]) -> int | None:
+        return min(indices, key=lambda i: (*(getattr(points[i], k) for k in key), points[i].num_gpus, i),
+                   default=None)
+
+    in_time = [i for i in fitting if marked[i].within_deadline]
+    return StudySummary(
+        points=tuple(marked),
+        fastest=best(fitting, ("days", "cost")),
+        cheapest=best(fitting, ("cost", "days")),
+        cheapest_within_deadline=best(in_time, ("cost", "days")) if deadline_days is not None else None,
+    )
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both coordinates (lower is better on each);
+    equal points are all on the front."""
+    order = sorted(range(len(points)), key=lambda i: points[i])
+    front, best_second = [], math.inf
+    previous: tuple[float, float] | None = None
+    for i in order:
+        if points[i][1] < best_second or points[i] == previous:
+            front.append(i)
+            best_second = min(best_second, points[i][1])
+        previous = points[i] if i in front else previous
+    return sorted(front)
+
+
+def _finite(*values: float | None) -> bool:
+    return all(v is not None and math.isfinite(v) for v in values)
