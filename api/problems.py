@@ -14,9 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from planner.specs import UNION_TAG_PREFIX
+
 PROBLEM_MEDIA_TYPE = "application/problem+json"
-# Loc segments that name a branch of a tagged union (see api/schemas/plans.py), not a field a user wrote.
-UNION_TAG_PREFIX = "~"
 
 _FIELD_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
 

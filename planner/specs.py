@@ -28,6 +28,9 @@ Architecture = Literal["llama", "gpt2", "layer_graph"]
 Precision = Literal["bf16", "fp32"]
 Optimizer = Literal["adamw", "sgd"]
 PositiveInt = Annotated[int, Field(ge=1)]
+UNION_TAG_PREFIX = "~"
+"""Starts the tags of tagged unions: loc segments that name a union's branch, not a field a user
+wrote (error messages leave them out)."""
 
 
 class StrictModel(BaseModel):

@@ -16,12 +16,13 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.gpu_spec import GpuSpec
 from planner.plan import Plan
 from planner.specs import (
+    UNION_TAG_PREFIX,
     ClusterSpec,
     ModelSpec,
     Optimizer,
@@ -136,7 +137,12 @@ class StudyRequest(StrictModel):
     """Tokens to train on (e.g. 15_000_000_000_000 for 15T)."""
     gpus: Annotated[list[StudyGpu], Field(min_length=1, max_length=16)]
     """Candidate GPU types."""
-    cluster_sizes: Annotated[list[ClusterGpus], Field(min_length=1, max_length=MAX_CANDIDATES)] | SizeRange
+    cluster_sizes: Annotated[
+        Annotated[Annotated[list[ClusterGpus], Field(min_length=1, max_length=MAX_CANDIDATES)],
+                  Tag(f"{UNION_TAG_PREFIX}list")]
+        | Annotated[SizeRange, Tag(f"{UNION_TAG_PREFIX}range")],
+        Discriminator(lambda value: UNION_TAG_PREFIX + ("list" if isinstance(value, list) else "range")),
+    ]
     """Total GPUs per candidate cluster: a list, or a range. A size above one node must be whole nodes."""
     seq_len: PositiveInt
     """Tokens per sequence."""
@@ -226,7 +232,6 @@ class StudyCandidate(BaseModel):
                 training={"seq_len": study.seq_len, "global_batch_tokens": fields["global_batch_tokens"],
                           "precision": study.precision, "optimizer": study.optimizer},
                 search=study.search,
-                top_k=1,
             )
         except ValueError as exc:
             return cls(**fields, request=None, refusal=str(exc))

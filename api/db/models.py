@@ -160,3 +160,45 @@ class IdempotencyKeyRow(Base):
     plan_id: Mapped[int] = mapped_column(BigId, ForeignKey("plans.id", ondelete="CASCADE"), index=True)
     status_code: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+
+
+class StudyRow(Base):
+    """A what-if study: one model and token budget planned on many candidate clusters (planner/study.py)."""
+
+    __tablename__ = "studies"
+    __table_args__ = (NEVER_REUSE_IDS,)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    model_name: Mapped[str] = mapped_column(String(200))
+    token_budget: Mapped[int] = mapped_column(BigInteger)
+    deadline_days: Mapped[float | None] = mapped_column(Float)
+    gpus: Mapped[str] = mapped_column(String(1000))
+    """The candidate GPU types, comma-separated (lists show them without loading the request)."""
+    num_candidates: Mapped[int] = mapped_column(Integer)
+    num_fitting: Mapped[int] = mapped_column(Integer)
+    planner_version: Mapped[str] = mapped_column(String(32))
+    request: Mapped[dict[str, Any]] = mapped_column(JsonDocument, deferred=True)
+    """The normalized StudyRequest (model resolved to a full spec)."""
+    summary: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+    """StudySummary without its points (they are rows of study_points): fastest, cheapest, deadline pick."""
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+
+
+class StudyPointRow(Base):
+    """One candidate cluster of a study: its outcome and, when it fits, the ordinary plan stored for it."""
+
+    __tablename__ = "study_points"
+    __table_args__ = (NEVER_REUSE_IDS,)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    study_id: Mapped[int] = mapped_column(BigId, ForeignKey("studies.id", ondelete="CASCADE"), index=True)
+    position: Mapped[int] = mapped_column(Integer)
+    """Index in the study's candidate order (GPU type, then size); the summary's indices refer to it."""
+    plan_id: Mapped[int | None] = mapped_column(
+        BigId, ForeignKey("plans.id", ondelete="SET NULL"), index=True
+    )
+    """The plan (shared with any identical request); None when the cluster does not fit, or the plan was
+    deleted since (the point keeps its numbers)."""
+    point: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+    """The StudyPoint document."""

@@ -2,10 +2,11 @@
 
 from fastapi import APIRouter
 
-from api.routers import calibrations, catalog, health, launchers, plans, runs
+from api.routers import calibrations, catalog, health, launchers, plans, runs, studies
 
 api_router = APIRouter()
 api_router.include_router(plans.router)
+api_router.include_router(studies.router)
 api_router.include_router(runs.router)
 api_router.include_router(launchers.router)
 api_router.include_router(calibrations.router)

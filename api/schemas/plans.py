@@ -152,7 +152,7 @@ class PlanCreate(StrictBody):
     @model_validator(mode="before")
     @classmethod
     def _sane_json(cls, data: Any) -> Any:
-        _check_json(data)
+        check_json(data)
         return data
 
     model: ModelIn
@@ -273,7 +273,7 @@ def _hint_renamed(model: type[StrictBody], error: ErrorDetails) -> Any:
     )
 
 
-def _check_json(data: Any) -> None:
+def check_json(data: Any) -> None:
     """Refuse NUL characters and absurd nesting anywhere in a body, without recursion."""
     stack: list[tuple[Any, str, int]] = [(data, "", 0)]
     while stack:

@@ -137,7 +137,7 @@ def build_request(body: PlanCreate, *, max_model_layers: int) -> PlanRequest:
     """The planner's PlanRequest for an API body; invalid combinations become 422 problems."""
     try:
         model: ModelSpec = resolve_model(body.model)
-        _check_size(model, max_model_layers)
+        check_model_size(model, max_model_layers)
         cluster = (
             ClusterSpec.parse(body.cluster) if isinstance(body.cluster, str)
             else ClusterSpec(**body.cluster.model_dump(exclude_none=True))
@@ -153,7 +153,7 @@ def build_request(body: PlanCreate, *, max_model_layers: int) -> PlanRequest:
     except PlanningError as exc:
         raise unplannable(exc) from None
     except ValidationError as exc:
-        errors = _request_errors(exc)
+        errors = request_errors(exc)
         raise ProblemError(
             422, summarize(errors), slug="invalid-request", title="Invalid request", errors=errors
         ) from None
@@ -164,7 +164,7 @@ def build_request(body: PlanCreate, *, max_model_layers: int) -> PlanRequest:
         ) from None
 
 
-def _check_size(model: ModelSpec, max_layers: int) -> None:
+def check_model_size(model: ModelSpec, max_layers: int) -> None:
     # Search time grows with the number of units; one request must not hold a worker for minutes.
     units = len(model.layer_graph) if model.layer_graph else model.num_layers
     if units > max_layers:
@@ -178,7 +178,7 @@ def _check_size(model: ModelSpec, max_layers: int) -> None:
         )
 
 
-def _request_errors(exc: ValidationError) -> list[FieldError]:
+def request_errors(exc: ValidationError) -> list[FieldError]:
     """Field errors of a planner spec, with fields spelled as in the API body."""
     prefix = {"ClusterSpec": "cluster", "TrainingSpec": "training"}.get(exc.title, "")
     fixed = []
@@ -227,7 +227,7 @@ def row_for(
 ) -> PlanRow:
     """The row that stores `plan` (refused when the cost model produced non-finite numbers)."""
     document = plan.model_dump(mode="json")
-    if not _all_finite(document):
+    if not all_finite(document):
         raise ProblemError(
             422, "the cost model produced non-finite numbers for these inputs; check for extreme sizes "
             "(sequence length, batch, bandwidth overrides)", slug="unplannable-request",
@@ -369,13 +369,13 @@ def _replay(session: Session, claim: KeyClaim) -> PlanOutcome | None:
     return PlanOutcome(row=row, status_code=remembered.status_code, replayed=True)
 
 
-def _all_finite(value: Any) -> bool:
+def all_finite(value: Any) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
     if isinstance(value, dict):
-        return all(_all_finite(v) for v in value.values())
+        return all(all_finite(v) for v in value.values())
     if isinstance(value, list):
-        return all(_all_finite(v) for v in value)
+        return all(all_finite(v) for v in value)
     return True
 
 

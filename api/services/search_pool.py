@@ -16,10 +16,12 @@ import multiprocessing
 import os
 import signal
 import threading
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 
 from planner.calibration import CalibrationProfile
+from planner.errors import PlanningError
 from planner.plan import Plan
 from planner.search import make_plan
 from planner.specs import PlanRequest
@@ -73,11 +75,36 @@ class SearchPool:
         try:
             return executor.submit(_search, request, calibration, calibration_id, self.deadline_s).result()
         except BrokenProcessPool:
-            with self._lock:
-                if self._executor is executor:  # replace it once, whoever notices first
-                    self._executor = None
-            executor.shutdown(wait=False, cancel_futures=True)
+            self._discard(executor)
             raise SearchPoolBrokenError("the search process stopped before answering") from None
+
+    def search_many(
+        self, requests: Sequence[PlanRequest], *, on_done: Callable[[int], None] | None = None
+    ) -> list[Plan | PlanningError]:
+        """Uncalibrated plans for independent requests, searched in parallel on all workers: per
+        request (in order) its Plan, or the PlanningError that refused it. `on_done(count)` is called
+        as searches finish (progress). Raises SearchPoolBrokenError when a worker died."""
+        executor = self._running()
+        futures = {executor.submit(_search_or_refuse, r, self.deadline_s): i for i, r in enumerate(requests)}
+        results: list[Plan | PlanningError | None] = [None] * len(requests)
+        try:
+            for done, future in enumerate(as_completed(futures), start=1):
+                results[futures[future]] = future.result()
+                if on_done is not None:
+                    on_done(done)
+        except BrokenProcessPool:
+            self._discard(executor)
+            raise SearchPoolBrokenError("a search process stopped before answering") from None
+        finally:
+            for future in futures:
+                future.cancel()  # when the caller gave up (an exception): searches not started never run
+        return [result for result in results if result is not None]  # every one is set by now
+
+    def _discard(self, executor: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._executor is executor:  # replace it once, whoever notices first
+                self._executor = None
+        executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _new_executor(workers: int) -> ProcessPoolExecutor:
@@ -100,3 +127,11 @@ def _search(
 ) -> Plan:
     """What a worker runs (pickled by name: workers import this module)."""
     return make_plan(request, calibration=calibration, calibration_id=calibration_id, time_limit_s=deadline_s)
+
+
+def _search_or_refuse(request: PlanRequest, deadline_s: float) -> Plan | PlanningError:
+    """What a worker runs for one request of `search_many`: a refusal is an answer, not a failure."""
+    try:
+        return make_plan(request, time_limit_s=deadline_s)
+    except PlanningError as error:
+        return error

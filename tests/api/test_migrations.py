@@ -37,7 +37,7 @@ def test_upgrade_downgrade_upgrade(fresh_url: str) -> None:
     try:
         assert migrate.current_revision(engine) is None
         migrate.upgrade(engine)
-        assert migrate.current_revision(engine) == migrate.head_revision() == "0003"
+        assert migrate.current_revision(engine) == migrate.head_revision() == "0004"
         assert set(inspect(engine).get_table_names()) >= TABLES
 
         migrate.downgrade(engine, "base")
@@ -46,7 +46,7 @@ def test_upgrade_downgrade_upgrade(fresh_url: str) -> None:
 
         migrate.upgrade(engine)
         migrate.upgrade(engine)  # a no-op at head
-        assert migrate.current_revision(engine) == "0003"
+        assert migrate.current_revision(engine) == "0004"
         assert set(inspect(engine).get_table_names()) >= TABLES
     finally:
         engine.dispose()
@@ -140,7 +140,7 @@ def test_0003_backfills_the_mesh_from_2_0_and_1_x_plans_and_reverts(fresh_url: s
             assert not set(MESH_COLUMNS) & {c["name"] for c in inspect(connection).get_columns("plans")}
             assert connection.execute(sa.text("SELECT count(*) FROM plans")).scalar_one() == len(documents)
         migrate.upgrade(engine)
-        assert migrate.current_revision(engine) == "0003"
+        assert migrate.current_revision(engine) == "0004"
     finally:
         engine.dispose()
 
@@ -175,7 +175,7 @@ async def test_the_app_migrates_a_fresh_database_at_startup(fresh_url: str, anyi
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            assert (await client.get("/readyz")).json()["schema_revision"] == "0003"
+            assert (await client.get("/readyz")).json()["schema_revision"] == "0004"
             body = {
                 "model": "llama-debug",
                 "cluster": "1x2xcpu",
