@@ -320,7 +320,7 @@ def refused_point(candidate: StudyCandidate, error: PlanningError | None = None)
     if error is None:
         reason = candidate.refusal or "not planned"
     elif isinstance(error, InfeasiblePlanError):
-        reason = (f"does not fit: the lightest configuration needs {error.min_peak_memory_gib:.1f} GiB "
+        reason = (f"out of memory: the lightest configuration needs {error.min_peak_memory_gib:.1f} GiB "
                   f"per GPU, {error.capacity_gib:.1f} GiB fit")
     else:
         reason = error.message

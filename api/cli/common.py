@@ -12,8 +12,10 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from planner.catalog import resolve_model
 from planner.errors import describe_validation_error
 from planner.plan import READABLE_SCHEMA_MAJORS, Plan
+from planner.specs import ModelSpec
 
 EXIT_FAILED = 1
 EXIT_INVALID_INPUT = 2
@@ -39,6 +41,22 @@ def read_json_file(path: Path, what: str) -> Any:
         raise fail(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise fail(f"{what}: {path} is not valid JSON ({exc})") from None
+
+
+def check_one_model(model: str | None, hf_config: Path | None, layer_graph: Path | None) -> None:
+    if sum(x is not None for x in (model, hf_config, layer_graph)) != 1:
+        raise fail("give exactly one of --model NAME, --hf-config PATH or --layer-graph PATH")
+
+
+def model_from_options(*, model: str | None, hf_config: Path | None, layer_graph: Path | None) -> ModelSpec:
+    """The model of `--model`, `--hf-config` or `--layer-graph` (raises PlanningError / ValidationError)."""
+    check_one_model(model, hf_config, layer_graph)
+    if model is not None:
+        return resolve_model(model)
+    if hf_config is not None:
+        return resolve_model(read_json_file(hf_config, "--hf-config"))
+    assert layer_graph is not None
+    return resolve_model(read_json_file(layer_graph, "--layer-graph"))
 
 
 class ServerClient:

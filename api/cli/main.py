@@ -13,6 +13,7 @@ from api.cli import (
     service_cmd,
     trace_cmd,
     validate_cmd,
+    whatif_cmd,
 )
 
 app = typer.Typer(
@@ -37,6 +38,7 @@ validate_cmd.register(app)
 launcher_cmd.register(app)
 trace_cmd.register(app)
 prepare_data_cmd.register(app)
+whatif_cmd.register(app)
 
 
 def main() -> None:

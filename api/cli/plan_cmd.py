@@ -11,9 +11,15 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.common import EXIT_INFEASIBLE, cpu_precision_note, fail, read_json_file
+from api.cli.common import (
+    EXIT_INFEASIBLE,
+    check_one_model,
+    cpu_precision_note,
+    fail,
+    model_from_options,
+    read_json_file,
+)
 from planner.calibration import CalibrationProfile
-from planner.catalog import resolve_model
 from planner.cost.memory import MEMORY_TERMS
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
 from planner.formatting import duration
@@ -79,20 +85,14 @@ def plan(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the Plan JSON here.")] = None,
 ) -> None:
     """Find the fastest FSDP configuration that fits, and say why."""
-    if sum(x is not None for x in (model, hf_config, layer_graph)) != 1:
-        raise fail("give exactly one of --model NAME, --hf-config PATH or --layer-graph PATH")
+    check_one_model(model, hf_config, layer_graph)
     if (cluster is None) == (cluster_file is None):
         raise fail("give exactly one of --cluster NODESxGPUSxGPU or --cluster-file FILE")
     if global_batch_tokens is None:
         raise fail("--global-batch-tokens is required (tokens per optimizer step over all GPUs)")
     search = search_pins(tp=tp, sharding=sharding, compile_=compile_, checkpointing=checkpointing)
     try:
-        if model is not None:
-            model_spec = resolve_model(model)
-        elif hf_config is not None:
-            model_spec = resolve_model(read_json_file(hf_config, "--hf-config"))
-        else:
-            model_spec = resolve_model(read_json_file(layer_graph, "--layer-graph"))
+        model_spec = model_from_options(model=model, hf_config=hf_config, layer_graph=layer_graph)
         cluster_spec = (
             ClusterSpec.parse(cluster)
             if cluster is not None

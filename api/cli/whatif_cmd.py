@@ -1,0 +1,268 @@
+"""`fsdp-planner whatif`: time and cost to train a model on a token budget across GPU types and sizes.
+
+Plans every candidate cluster in parallel on this machine's cores (the service's search pool) and prints
+one row per cluster: the chosen configuration, throughput, days to train, GPU-hours and cost, with the
+time-cost Pareto front and the cheapest cluster within the deadline marked. `--server` stores the study
+on a running service instead (its plans then have launchers to download).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from api.cli.common import ServerClient, fail, model_from_options, read_json_file
+from api.cli.plan_cmd import CHECKPOINT_MODES, SHARDINGS, search_pins
+from api.services.search_pool import SearchPool, available_cores
+from api.services.studies import run_study
+from planner.errors import PlanningError, describe_validation_error
+from planner.formatting import duration
+from planner.study import DEFAULT_PRICES_PER_GPU_HOUR, StudyPoint, StudyRequest, StudySummary
+
+CLI_SEARCH_LIMIT_S = 600.0
+"""CPU seconds one candidate's search may take here (the service's limit is its own setting)."""
+_SIZES = re.compile(r"^(\d+)-(\d+)(?::\+(\d+))?$")
+_COUNT = re.compile(r"^(\d+(?:\.\d+)?)([KMBT]?)$", re.IGNORECASE)
+_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("whatif")(whatif)
+
+
+def whatif(
+    tokens: Annotated[str, typer.Option(help="Token budget to train on: 15T, 300B, or a plain number.")],
+    model: Annotated[str | None, typer.Option(help="Catalog model name, e.g. llama3.1-405b.")] = None,
+    hf_config: Annotated[
+        Path | None, typer.Option("--hf-config", help="A Hugging Face config.json to study instead.")
+    ] = None,
+    layer_graph: Annotated[
+        Path | None, typer.Option("--layer-graph", help="A layer graph JSON from `fsdp-planner trace`.")
+    ] = None,
+    gpu: Annotated[list[str] | None, typer.Option(
+        "--gpu", metavar="NAME[=USD_PER_HOUR]",
+        help="A candidate GPU type from the catalog, with its price per GPU-hour (repeatable); "
+        "default prices: " + ", ".join(f"{k} ${v:g}" for k, v in DEFAULT_PRICES_PER_GPU_HOUR.items()) + ".",
+    )] = None,
+    gpu_file: Annotated[list[Path] | None, typer.Option(
+        "--gpu-file", help="A JSON candidate of your own (repeatable): {\"gpu\": NAME, \"custom_gpu\": "
+        "{datasheet, see GET /api/v1/gpus}, \"price_per_gpu_hour\": USD}, or a list of them.",
+    )] = None,
+    sizes: Annotated[str, typer.Option(
+        help="Cluster sizes in GPUs: a list (64,128,512), a doubling range (8-4096) or a stepped one "
+        "(64-512:+64).",
+    )] = "8-1024",
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 4096,
+    global_batch_tokens: Annotated[int | None, typer.Option(
+        "--global-batch-tokens", help="Tokens per optimizer step, the same on every cluster.",
+    )] = None,
+    batch_tokens_per_gpu: Annotated[int | None, typer.Option(
+        "--batch-tokens-per-gpu", help="Tokens per step per GPU instead: the batch grows with the cluster.",
+    )] = None,
+    deadline_days: Annotated[float | None, typer.Option(
+        "--deadline-days", help="Name the cheapest cluster that trains within this many days.",
+    )] = None,
+    precision: Annotated[str, typer.Option(help="bf16 (mixed, fp32 master) or fp32.")] = "bf16",
+    tp: Annotated[list[str] | None, typer.Option(
+        "--tp", metavar="N[,N...]", help="Pin the tensor-parallel degrees searched on every cluster.",
+    )] = None,
+    sharding: Annotated[list[str] | None, typer.Option(
+        "--sharding", metavar="STRATEGY[,...]", help=f"Pin the sharding strategies: {', '.join(SHARDINGS)}.",
+    )] = None,
+    checkpointing: Annotated[list[str] | None, typer.Option(
+        "--checkpointing", metavar="MODE[,...]", help=f"Pin the AC modes: {', '.join(CHECKPOINT_MODES)}.",
+    )] = None,
+    name: Annotated[str | None, typer.Option(help="A name for the study (with --server).")] = None,
+    server: Annotated[str | None, typer.Option(
+        help="Store the study on this fsdp-planner service (e.g. http://127.0.0.1:8000) instead of "
+        "planning here; its plans get launchers there.",
+    )] = None,
+    api_key: Annotated[
+        str | None, typer.Option(help="API key for --server (or FSDP_PLANNER_API_KEY).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the study as JSON.")] = False,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the study JSON here.")] = None,
+) -> None:
+    """How long and how much to train a model on N tokens, on each GPU type and cluster size."""
+    candidates = [_catalog_gpu(text) for text in gpu or []]
+    for path in gpu_file or []:
+        document = read_json_file(path, "--gpu-file")
+        candidates.extend(document if isinstance(document, list) else [document])
+    if not candidates:
+        raise fail("give at least one candidate GPU type: --gpu H100 (repeatable) or --gpu-file FILE")
+    search = search_pins(tp=tp, sharding=sharding, compile_=None, checkpointing=checkpointing)
+    body: dict[str, Any] = {
+        "token_budget": parse_count(tokens, "--tokens"), "gpus": candidates,
+        "cluster_sizes": parse_sizes(sizes),
+        "seq_len": seq_len, "precision": precision, "search": search.model_dump(mode="json"),
+        **({"batch_rule": "per_gpu", "batch_tokens_per_gpu": batch_tokens_per_gpu}
+           if batch_tokens_per_gpu is not None else {"global_batch_tokens": global_batch_tokens}),
+        **({"deadline_days": deadline_days} if deadline_days is not None else {}),
+    }
+    if global_batch_tokens is None and batch_tokens_per_gpu is None:
+        raise fail("give --global-batch-tokens (fixed batch) or --batch-tokens-per-gpu (batch grows with the "
+                   "cluster)")
+    if server is not None:
+        _on_server(server, api_key, body, model=model, hf_config=hf_config, layer_graph=layer_graph,
+                   name=name, as_json=as_json, output=output)
+        return
+    try:
+        study = StudyRequest.model_validate(
+            {**body, "model": model_from_options(model=model, hf_config=hf_config, layer_graph=layer_graph)}
+        )
+    except ValidationError as exc:
+        raise fail(describe_validation_error(exc)) from None
+    except PlanningError as exc:
+        raise fail(exc.message) from None
+    summary = _plan_here(study)
+    document = json.dumps({"request": study.model_dump(mode="json"), **summary.model_dump(mode="json")},
+                          indent=2)
+    if output is not None:
+        output.write_text(document + "\n")
+    if as_json:
+        typer.echo(document)
+        return
+    print_study(study, summary, Console())
+    if output is not None:
+        Console().print(f"\nStudy written to {output}")
+
+
+def _plan_here(study: StudyRequest) -> StudySummary:
+    count = len([c for c in study.candidates() if c.request is not None])
+    pool = SearchPool(workers=available_cores(), deadline_s=CLI_SEARCH_LIMIT_S)
+    progress = Progress(TextColumn("planning {task.total} clusters"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+    try:
+        with progress:
+            task = progress.add_task("plan", total=count)
+            summary, _ = run_study(study, pool, on_done=lambda done: progress.update(task, completed=done))
+    finally:
+        pool.shutdown()
+    return summary
+
+
+def _on_server(server: str, api_key: str | None, body: dict[str, Any], *, model: str | None,
+               hf_config: Path | None, layer_graph: Path | None, name: str | None, as_json: bool,
+               output: Path | None) -> None:
+    if model is not None:
+        body["model"] = model
+    else:
+        source = hf_config or layer_graph
+        if source is None:
+            raise fail("give exactly one of --model NAME, --hf-config PATH or --layer-graph PATH")
+        body["model"] = read_json_file(source, "--hf-config" if hf_config else "--layer-graph")
+    if name is not None:
+        body["name"] = name
+    with Console(stderr=True).status("planning on the server..."):
+        stored = ServerClient(server, api_key, timeout_s=CLI_SEARCH_LIMIT_S).post("/studies", body)
+    document = json.dumps(stored, indent=2)
+    if output is not None:
+        output.write_text(document + "\n")
+    if as_json:
+        typer.echo(document)
+        return
+    study = StudyRequest.model_validate(stored["request"])
+    points = tuple(StudyPoint.model_validate(p) for p in stored["points"])
+    summary = StudySummary(points=points, fastest=stored["fastest"], cheapest=stored["cheapest"],
+                           cheapest_within_deadline=stored["cheapest_within_deadline"])
+    print_study(study, summary, Console())
+    Console().print(f"\nStored as study {stored['id']}: {server.rstrip('/')}/studies/{stored['id']}")
+
+
+def _catalog_gpu(text: str) -> dict[str, Any]:
+    """`H100` or `H100=2.49` -> a StudyGpu body."""
+    gpu_name, sep, price = text.partition("=")
+    if not sep:
+        return {"gpu": gpu_name.strip()}
+    try:
+        return {"gpu": gpu_name.strip(), "price_per_gpu_hour": float(price)}
+    except ValueError:
+        raise fail(f"--gpu {text!r}: the price after '=' must be USD per GPU-hour, e.g. --gpu H100=2.49"
+                   ) from None
+
+
+def parse_count(text: str, option: str) -> int:
+    """`15T` -> 15_000_000_000_000; `1.5e12` and plain integers too."""
+    cleaned = text.strip().replace("_", "").replace(",", "")
+    match = _COUNT.match(cleaned)
+    try:
+        value = float(match.group(1)) * _SUFFIXES[match.group(2).upper()] if match else float(cleaned)
+    except ValueError:
+        raise fail(f"{option}: cannot read {text!r}; write e.g. 15T, 300B, 2.5e12 or 1000000") from None
+    if not value >= 1 or value == float("inf"):
+        raise fail(f"{option}: {text!r} is not a positive token count")
+    return round(value)
+
+
+def parse_sizes(text: str) -> list[int] | dict[str, Any]:
+    """`64,128` -> [64, 128]; `8-4096` -> a doubling range; `64-512:+64` -> a stepped range."""
+    cleaned = text.replace(" ", "")
+    if match := _SIZES.match(cleaned):
+        low, high, step = match.groups()
+        if step is None:
+            return {"min_gpus": int(low), "max_gpus": int(high)}
+        return {"min_gpus": int(low), "max_gpus": int(high), "progression": "step", "step": int(step)}
+    parts = [p for p in cleaned.split(",") if p]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise fail(f"--sizes: cannot read {text!r}; write a list (64,128,512), a doubling range (8-4096) "
+                   "or a stepped range (64-512:+64)")
+    return [int(p) for p in parts]
+
+
+def compact(value: float, unit: str = "") -> str:
+    """`1.23M`, `45.6K`, `789` (with a leading unit such as `$`)."""
+    for size, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(value) >= size:
+            return f"{unit}{value / size:.3g}{suffix}"
+    return f"{unit}{value:.3g}" if abs(value) < 100 else f"{unit}{value:.0f}"
+
+
+def print_study(study: StudyRequest, summary: StudySummary, console: Console) -> None:
+    """One row per fitting cluster, cheapest first, the picks marked; then the clusters that do not fit."""
+    console.print(
+        f"[bold]{study.model.name}[/] on {compact(study.token_budget)} tokens, seq {study.seq_len}, "
+        + (f"{study.global_batch_tokens:,} tokens/step" if study.batch_rule == "fixed"
+           else f"{study.batch_tokens_per_gpu:,} tokens/step per GPU")
+        + (f", deadline {study.deadline_days:g} days" if study.deadline_days else "")
+    )
+    table = Table(title_justify="left")
+    table.add_column("GPU", no_wrap=True)
+    table.add_column("GPUs", justify="right", no_wrap=True)
+    table.add_column("config", overflow="fold")
+    for column in ("step", "tok/s/GPU", "MFU", "peak GiB", "days", "GPU-hours", "cost"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("", overflow="fold")
+    picks = {summary.fastest: "fastest", summary.cheapest: "cheapest",
+             summary.cheapest_within_deadline: "cheapest in deadline"}
+    fitting = sorted((i for i, p in enumerate(summary.points) if p.fits),
+                     key=lambda i: (summary.points[i].cost, i))
+    for index in fitting:
+        p = summary.points[index]
+        marks = [m for i, m in picks.items() if i == index] + (["pareto"] if p.pareto else [])
+        table.add_row(
+            p.gpu, f"{p.num_gpus} ({p.num_nodes}x{p.gpus_per_node})", p.config_label,
+            duration(p.step_time_s or 0.0), f"{p.tokens_per_s_per_gpu:,.0f}", f"{p.mfu:.0%}",
+            f"{p.peak_memory_gib:.1f}", f"{p.days:,.1f}", compact(p.gpu_hours or 0.0),
+            compact(p.cost or 0.0, "$"), ", ".join(marks),
+            style="bold green" if index == summary.cheapest_within_deadline else None,
+        )
+    if fitting:
+        console.print(table)
+    else:
+        console.print("[red]No candidate cluster fits this model.[/]")
+    refused = [p for p in summary.points if not p.fits]
+    if refused:
+        console.print("Clusters that cannot train it:")
+        for p in refused:
+            console.print(f"  {p.label} ({p.num_gpus} GPUs): {p.reason}", highlight=False, soft_wrap=True)
+    if study.deadline_days is not None and summary.cheapest_within_deadline is None and fitting:
+        console.print(f"[yellow]No cluster trains within {study.deadline_days:g} days[/]: add larger sizes "
+                      "or faster GPU types, or allow more time.")
