@@ -239,7 +239,14 @@ class StudyCandidate(BaseModel):
 
     @property
     def label(self) -> str:
-        return f"{self.num_nodes}x{self.gpus_per_node}x{self.gpu}"
+        return cluster_label(self)
+
+
+def cluster_label(cluster: StudyCandidate | StudyPoint) -> str:
+    """`NODESxGPUSxGPU`, or `GPUSxGPU` for a size that is not whole nodes."""
+    if cluster.num_nodes * cluster.gpus_per_node != cluster.num_gpus:
+        return f"{cluster.num_gpus}x{cluster.gpu}"
+    return f"{cluster.num_nodes}x{cluster.gpus_per_node}x{cluster.gpu}"
 
 
 class TrainingCost(BaseModel):
@@ -297,7 +304,7 @@ class StudyPoint(BaseModel):
 
     @property
     def label(self) -> str:
-        return f"{self.num_nodes}x{self.gpus_per_node}x{self.gpu}"
+        return cluster_label(self)
 
 
 def study_point(study: StudyRequest, candidate: StudyCandidate, plan: Plan) -> StudyPoint:

@@ -1,0 +1,163 @@
+"""/studies through the real API and database (SQLite and PostgreSQL): create, list, read, download the
+plans' bundles, delete; and the clear 422s of bad inputs."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.api.conftest import assert_problem
+
+pytestmark = pytest.mark.anyio
+
+STUDIES = "/api/v1/studies"
+PLANS = "/api/v1/plans"
+
+# Cheap: gpt2 on H100s and A100s, four sizes each (one not whole nodes), a few hundred ms in all.
+STUDY: dict[str, Any] = {
+    "model": "gpt2",
+    "token_budget": 10_000_000_000,
+    "gpus": [{"gpu": "H100", "price_per_gpu_hour": 2.5}, {"gpu": "A100"}],
+    "cluster_sizes": [1, 8, 12, 16],
+    "seq_len": 1024,
+    "global_batch_tokens": 262_144,
+    "deadline_days": 2.0,
+}
+
+
+def study(**overrides: Any) -> dict[str, Any]:
+    return {**STUDY, **overrides}
+
+
+async def test_a_study_is_planned_stored_listed_and_its_plans_downloadable(client: httpx.AsyncClient) -> None:
+    response = await client.post(STUDIES, json=study(name="gpt2 what-if"))
+    assert response.status_code == 201, response.text
+    created = response.json()
+    assert response.headers["location"].endswith(f"{STUDIES}/{created['id']}")
+    assert created["name"] == "gpt2 what-if" and created["model_name"] == "gpt2"
+    assert created["gpus"] == ["H100-SXM-80GB", "A100-80GB"]
+    points = created["points"]
+    assert [(p["cluster"], p["fits"]) for p in points] == [
+        ("1x1xH100-SXM-80GB", True), ("1x8xH100-SXM-80GB", True), ("12xH100-SXM-80GB", False),
+        ("2x8xH100-SXM-80GB", True),
+        ("1x1xA100-80GB", True), ("1x8xA100-80GB", True), ("12xA100-80GB", False), ("2x8xA100-80GB", True),
+    ]
+    assert created["num_candidates"] == 8 and created["num_fitting"] == 6
+    assert "not a whole number of 8-GPU" in points[2]["reason"] and points[2]["plan_id"] is None
+    assert [p["position"] for p in points] == list(range(8))
+    fitting = [p for p in points if p["fits"]]
+    assert all(p["plan_id"] for p in fitting) and any(p["pareto"] for p in fitting)
+
+    # The picks name positions of fitting points; the deadline is judged point by point.
+    assert points[created["fastest"]]["days"] == min(p["days"] for p in fitting)
+    assert points[created["cheapest"]]["cost"] == min(p["cost"] for p in fitting)
+    in_time = [p for p in fitting if p["days"] <= 2.0]
+    assert [p["within_deadline"] for p in fitting] == [p["days"] <= 2.0 for p in fitting]
+    if in_time:
+        assert points[created["cheapest_within_deadline"]]["cost"] == min(p["cost"] for p in in_time)
+
+    # Stored: the detail reads back the same; the list shows it.
+    detail = (await client.get(f"{STUDIES}/{created['id']}")).json()
+    assert detail == created
+    listed = (await client.get(STUDIES)).json()
+    assert [item["id"] for item in listed["items"]] == [created["id"]] and listed["next_cursor"] is None
+    assert listed["items"][0]["num_fitting"] == 6
+
+    # Each fitting cluster's plan is an ordinary stored plan with its launchers.
+    plans = (await client.get(PLANS, params={"limit": 50})).json()["items"]
+    assert {p["id"] for p in plans} == {p["plan_id"] for p in fitting}
+    chosen = fitting[1]
+    plan = (await client.get(f"{PLANS}/{chosen['plan_id']}")).json()
+    assert plan["name"] == f"gpt2 what-if: {chosen['cluster']}"
+    assert plan["plan"]["plan_hash"] == chosen["plan_hash"]
+    assert plan["plan"]["config"] and plan["world_size"] == chosen["num_gpus"]
+    bundle = await client.get(f"{PLANS}/{chosen['plan_id']}/launcher")
+    assert bundle.status_code == 200
+    with tarfile.open(fileobj=io.BytesIO(bundle.content), mode="r:gz") as archive:
+        root = archive.getnames()[0].split("/")[0]
+        stored = json.loads(archive.extractfile(f"{root}/plan.json").read())  # type: ignore[union-attr]
+    assert stored == plan["plan"]
+
+
+async def test_days_and_cost_follow_from_the_throughput_and_the_price(client: httpx.AsyncClient) -> None:
+    created = (await client.post(STUDIES, json=study())).json()
+    for point in (p for p in created["points"] if p["fits"]):
+        plan = (await client.get(f"{PLANS}/{point['plan_id']}")).json()["plan"]
+        tokens_per_s = plan["prediction"]["tokens_per_s"]
+        price = 2.5 if point["gpu"] == "H100-SXM-80GB" else 1.79  # A100: the documented default
+        assert point["price_per_gpu_hour"] == price
+        assert point["tokens_per_s"] == tokens_per_s
+        seconds = 10_000_000_000 / tokens_per_s
+        assert point["days"] == pytest.approx(seconds / 86_400, rel=1e-12)
+        assert point["gpu_hours"] == pytest.approx(point["num_gpus"] * seconds / 3_600, rel=1e-12)
+        assert point["cost"] == pytest.approx(point["gpu_hours"] * price, rel=1e-12)
+
+
+async def test_studies_share_plans_and_deleting_keeps_what_others_use(client: httpx.AsyncClient) -> None:
+    first = (await client.post(STUDIES, json=study())).json()
+    second = (await client.post(STUDIES, json=study(deadline_days=30.0, name="again"))).json()
+    assert second["id"] != first["id"]
+    assert [p["plan_id"] for p in second["points"]] == [p["plan_id"] for p in first["points"]]  # deduplicated
+
+    # A plan deleted: the points keep their numbers and lose the link.
+    plan_id = first["points"][0]["plan_id"]
+    assert (await client.delete(f"{PLANS}/{plan_id}")).status_code == 204
+    point = (await client.get(f"{STUDIES}/{first['id']}")).json()["points"][0]
+    assert point["plan_id"] is None and point["fits"] and point["cost"] == first["points"][0]["cost"]
+
+    # A study deleted: its plans stay, the other study too.
+    assert (await client.delete(f"{STUDIES}/{first['id']}")).status_code == 204
+    assert_problem(await client.get(f"{STUDIES}/{first['id']}"), 404, "study-not-found")
+    assert_problem(await client.delete(f"{STUDIES}/{first['id']}"), 404, "study-not-found")
+    kept = first["points"][1]["plan_id"]
+    assert (await client.get(f"{PLANS}/{kept}")).status_code == 200
+    assert (await client.get(f"{STUDIES}/{second['id']}")).status_code == 200
+
+    page = (await client.get(STUDIES, params={"limit": 1})).json()
+    assert [item["id"] for item in page["items"]] == [second["id"]] and page["next_cursor"] is None
+
+
+async def test_list_pages_newest_first(client: httpx.AsyncClient) -> None:
+    ids = [(await client.post(STUDIES, json=study(cluster_sizes=[8], name=f"s{i}"))).json()["id"]
+           for i in range(3)]
+    first = (await client.get(STUDIES, params={"limit": 2})).json()
+    assert [item["id"] for item in first["items"]] == ids[:0:-1]
+    rest = (await client.get(STUDIES, params={"limit": 2, "cursor": first["next_cursor"]})).json()
+    assert [item["id"] for item in rest["items"]] == [ids[0]] and rest["next_cursor"] is None
+
+
+@pytest.mark.parametrize(("overrides", "field", "words"), [
+    ({"gpus": []}, "gpus", "at least 1"),
+    ({"gpus": [{"gpu": "H100", "price_per_gpu_hour": 0}]}, "gpus.0.price_per_gpu_hour", "greater than 0"),
+    ({"gpus": [{"gpu": "H100", "price_per_gpu_hour": -2.5}]}, "gpus.0.price_per_gpu_hour", "greater than 0"),
+    ({"gpus": [{"gpu": "Z9"}]}, "gpus.0.gpu", "unknown GPU 'Z9'"),
+    ({"token_budget": 10**30}, "token_budget", "less than or equal to 10000000000000000"),
+    ({"token_budget": 2**64 + 1}, "token_budget", "less than or equal"),
+    ({"token_budget": 1.5e300}, "token_budget", ""),
+    ({"cluster_sizes": {"min_gpus": 64, "max_gpus": 8}}, "cluster_sizes", "is empty"),
+    ({"cluster_sizes": []}, "cluster_sizes", "at least 1"),
+    ({"global_batch_tokens": 1000}, "global_batch_tokens", "not a whole number of 1024-token sequences"),
+    ({"model": "gpt-17"}, "model", "unknown model"),
+])
+async def test_invalid_inputs_get_clear_422s_and_store_nothing(
+    client: httpx.AsyncClient, overrides: dict[str, Any], field: str, words: str
+) -> None:
+    body = assert_problem(await client.post(STUDIES, json=study(**overrides)), 422)
+    assert words in body["detail"], body
+    assert field in [error["field"] for error in body["errors"]], body
+    assert (await client.get(STUDIES)).json()["items"] == []
+    assert (await client.get(PLANS)).json()["items"] == []
+
+
+async def test_a_study_where_nothing_fits_is_stored_with_the_reasons(client: httpx.AsyncClient) -> None:
+    created = (await client.post(STUDIES, json=study(
+        model="llama3-70b", gpus=[{"gpu": "L4"}], cluster_sizes=[1, 2], seq_len=4096,
+        global_batch_tokens=8192,
+    ))).json()
+    assert created["num_fitting"] == 0 and created["fastest"] is None and created["cheapest"] is None
+    assert all(p["reason"].startswith("out of memory") for p in created["points"])
