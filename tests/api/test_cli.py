@@ -28,9 +28,9 @@ def fresh_url(backend: str, database_factory: Callable[[str], str]) -> str:
 def test_db_upgrade_and_current(fresh_url: str) -> None:
     result = runner.invoke(app, ["db", "upgrade", "--database-url", fresh_url])
     assert result.exit_code == 0, result.output
-    assert "at revision 0003" in result.output
+    assert "at revision 0004" in result.output
     result = runner.invoke(app, ["db", "current", "--database-url", fresh_url])
-    assert "current: 0003" in result.output and "head: 0003" in result.output
+    assert "current: 0004" in result.output and "head: 0004" in result.output
     assert runner.invoke(app, ["db", "downgrade", "base", "--database-url", fresh_url]).exit_code == 0
     assert "current: None" in runner.invoke(app, ["db", "current", "--database-url", fresh_url]).output
 
@@ -99,3 +99,15 @@ def test_calibrate_shows_the_fit_of_a_profile_that_names_only_its_device() -> No
     console = Console(record=True, width=200)
     show_fit(CalibrationProfile.model_validate(unknown), console)
     assert "set the profile's `gpu`" in console.export_text()
+
+
+def test_whatif_stores_the_study_on_a_server(server: str) -> None:
+    result = runner.invoke(app, [
+        "whatif", "--model", "gpt2", "--tokens", "10B", "--gpu", "H100=2.5", "--sizes", "8,16", "--seq-len",
+        "1024", "--global-batch-tokens", "262144", "--name", "from the CLI", "--server", server,
+    ])
+    assert result.exit_code == 0, result.output
+    listed = httpx.get(f"{server}/api/v1/studies").json()["items"]
+    assert [s["name"] for s in listed] == ["from the CLI"]
+    assert f"Stored as study {listed[0]['id']}: {server}/studies/{listed[0]['id']}" in result.output
+    assert "H100-SXM-80GB" in result.output and "cost" in result.output  # the stored study as a table
