@@ -21,6 +21,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from api.problems import UNION_TAG_PREFIX
+from planner.gpu_spec import GpuSpec
 from planner.parallel_dims import ParallelDims
 from planner.specs import Optimizer, Precision, SearchSpace, whole_numbers
 
@@ -90,6 +91,9 @@ class ClusterIn(StrictBody):
     """Override of the per-GPU intra-node link bandwidth, GB/s."""
     inter_node_bandwidth_gbps: Annotated[float, Field(gt=0, le=100_000)] | None = None
     """Override of the per-GPU network bandwidth, GB/s."""
+    custom_gpu: GpuSpec | None = None
+    """A GPU type not in the catalog, by its datasheet (the fields of GET /api/v1/gpus); `gpu` is then its
+    name, which must not be a catalog name or alias."""
 
 
 class TrainingIn(StrictBody):

@@ -161,3 +161,33 @@ async def test_a_study_where_nothing_fits_is_stored_with_the_reasons(client: htt
     ))).json()
     assert created["num_fitting"] == 0 and created["fastest"] is None and created["cheapest"] is None
     assert all(p["reason"].startswith("out of memory") for p in created["points"])
+
+
+CUSTOM_GPU = {"name": "MI300X-like", "memory_gib": 190.0, "peak_bf16_tflops": 1300.0,
+              "peak_fp32_tflops": 160.0, "memory_bandwidth_gbps": 5300.0, "intra_node_bandwidth_gbps": 448.0,
+              "inter_node_bandwidth_gbps": 50.0}
+
+
+async def test_a_gpu_type_of_ones_own_is_studied_and_planned(client: httpx.AsyncClient) -> None:
+    created = (await client.post(STUDIES, json=study(
+        gpus=[{"gpu": "MI300X-like", "custom_gpu": CUSTOM_GPU, "price_per_gpu_hour": 2.2}], cluster_sizes=[8],
+    ))).json()
+    (point,) = created["points"]
+    assert point["fits"] and point["gpu"] == "MI300X-like" and point["price_per_gpu_hour"] == 2.2
+    plan = (await client.get(f"{PLANS}/{point['plan_id']}")).json()
+    assert plan["gpu"] == "MI300X-like" and plan["plan"]["cluster"]["gpu_spec"]["memory_gib"] == 190.0
+
+    # The plan API takes the same datasheet, and gives the study's plan back (same inputs).
+    direct = await client.post(PLANS, json={
+        "model": "gpt2", "training": {"seq_len": 1024, "global_batch_tokens": 262_144},
+        "cluster": {"num_nodes": 1, "gpus_per_node": 8, "gpu": "MI300X-like", "custom_gpu": CUSTOM_GPU},
+    })
+    assert direct.status_code == 200, direct.text
+    assert direct.json()["id"] == point["plan_id"]
+
+    # A catalog name for a datasheet of one's own is refused, with the way out.
+    clash = await client.post(STUDIES, json=study(
+        gpus=[{"gpu": "H100", "custom_gpu": {**CUSTOM_GPU, "name": "H100"}, "price_per_gpu_hour": 2.0}],
+    ))
+    body = assert_problem(clash, 422, "invalid-request")
+    assert "is a catalog GPU" in body["detail"] and "H100-custom" in body["detail"]
