@@ -45,3 +45,16 @@ def duration(seconds: float) -> str:
         if abs(float(text.replace(",", ""))) < limit:
             return f"{text} {unit}"
     raise AssertionError("unreachable: the last unit has no limit")
+
+
+def quantity(value: float) -> str:
+    """Counts at a glance: 789, 45.6K, 29.4M, 1.5B, 15T (tokens, GPU-hours)."""
+    for size, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(value) >= size:
+            return f"{_three_digits(value / size)}{suffix}"
+    return _three_digits(value) if abs(value) < 100 else f"{value:.0f}"
+
+
+def money(usd: float) -> str:
+    """US dollars at a glance: $0.42, $789, $45.6K, $87.8M."""
+    return f"${usd:.2f}" if abs(usd) < 100 else f"${quantity(usd)}"

@@ -24,7 +24,7 @@ from api.cli.plan_cmd import CHECKPOINT_MODES, SHARDINGS, search_pins
 from api.services.search_pool import SearchPool, available_cores
 from api.services.studies import run_study
 from planner.errors import PlanningError, describe_validation_error
-from planner.formatting import duration
+from planner.formatting import duration, money, quantity
 from planner.study import DEFAULT_PRICES_PER_GPU_HOUR, StudyPoint, StudyRequest, StudySummary
 
 CLI_SEARCH_LIMIT_S = 600.0
@@ -217,18 +217,10 @@ def parse_sizes(text: str) -> list[int] | dict[str, Any]:
     return [int(p) for p in parts]
 
 
-def compact(value: float, unit: str = "") -> str:
-    """`1.23M`, `45.6K`, `789` (with a leading unit such as `$`)."""
-    for size, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if abs(value) >= size:
-            return f"{unit}{value / size:.3g}{suffix}"
-    return f"{unit}{value:.3g}" if abs(value) < 100 else f"{unit}{value:.0f}"
-
-
 def print_study(study: StudyRequest, summary: StudySummary, console: Console) -> None:
     """One row per fitting cluster, cheapest first, the picks marked; then the clusters that do not fit."""
     console.print(
-        f"[bold]{study.model.name}[/] on {compact(study.token_budget)} tokens, seq {study.seq_len}, "
+        f"[bold]{study.model.name}[/] on {quantity(study.token_budget)} tokens, seq {study.seq_len}, "
         + (f"{study.global_batch_tokens:,} tokens/step" if study.batch_rule == "fixed"
            else f"{study.batch_tokens_per_gpu:,} tokens/step per GPU")
         + (f", deadline {study.deadline_days:g} days" if study.deadline_days else "")
@@ -250,8 +242,8 @@ def print_study(study: StudyRequest, summary: StudySummary, console: Console) ->
         table.add_row(
             p.gpu, f"{p.num_gpus} ({p.num_nodes}x{p.gpus_per_node})", p.config_label,
             duration(p.step_time_s or 0.0), f"{p.tokens_per_s_per_gpu:,.0f}", f"{p.mfu:.0%}",
-            f"{p.peak_memory_gib:.1f}", f"{p.days:,.1f}", compact(p.gpu_hours or 0.0),
-            compact(p.cost or 0.0, "$"), ", ".join(marks),
+            f"{p.peak_memory_gib:.1f}", f"{p.days:,.1f}", quantity(p.gpu_hours or 0.0),
+            money(p.cost or 0.0), ", ".join(marks),
             style="bold green" if index == summary.cheapest_within_deadline else None,
         )
     if fitting:

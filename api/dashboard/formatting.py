@@ -6,7 +6,7 @@ import math
 from datetime import datetime
 
 # Durations read the same everywhere (CLI, reasons, pages): one formatter, the planner's.
-from planner.formatting import duration
+from planner.formatting import duration, money
 
 
 def compact_number(value: float) -> str:
@@ -59,6 +59,10 @@ def signed_percent(value: float | None) -> str:
     return "–" if value is None else f"{value:+.1f}%"
 
 
+def dollars(value: float | None) -> str:
+    return "–" if value is None else money(value)
+
+
 def timestamp(value: datetime) -> str:
     return f"{value:%Y-%m-%d %H:%M} UTC"
 
@@ -77,4 +81,5 @@ FILTERS = {
     "bytes": binary_bytes,
     "timestamp": timestamp,
     "compact": compact_number,
+    "dollars": dollars,
 }

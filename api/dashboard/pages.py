@@ -1,4 +1,4 @@
-"""The dashboard's pages: plans (list, new, detail, compare), calibrations, accuracy.
+"""The dashboard's pages: plans (list, new, detail, compare), what-if studies, calibrations, accuracy.
 
 Handlers stay thin: they read through `queries` / `api.services`, shape data with the `*_views`
 modules, and render a template. Sync handlers run in FastAPI's thread pool (database calls and the
@@ -15,7 +15,15 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.dashboard import access, accuracy_views, calibration_views, plan_form, plan_views, queries
+from api.dashboard import (
+    access,
+    accuracy_views,
+    calibration_views,
+    plan_form,
+    plan_views,
+    queries,
+    study_views,
+)
 from api.dashboard.plan_list import COLUMNS, SHARDINGS, ListingState
 from api.dashboard.rendering import error_page, mark_dashboard_request, render
 from api.deps import SessionDep, SettingsDep, run_planning
@@ -24,6 +32,7 @@ from api.schemas.plans import MAX_ID, ReplanCreate, stored_mesh
 from api.services import plan_compare, plan_listing
 from api.services import plans as plan_service
 from api.services import replan as replan_service
+from api.services import studies as study_service
 from api.services.plan_documents import UnreadablePlanError, read_plan
 from planner.catalog import MODEL_CATALOG
 from planner.specs import Optimizer, Precision
@@ -33,6 +42,7 @@ router = APIRouter(
     dependencies=[Depends(mark_dashboard_request), Depends(access.require_read_access)],
 )
 
+STUDIES_PER_PAGE = 25
 LAUNCHER_TARGETS = (
     ("torchrun", "torchrun"), ("slurm", "SLURM"), ("k8s", "Kubernetes"), ("all", "all targets"),
 )
@@ -259,4 +269,31 @@ def accuracy_page(request: Request, session: SessionDep) -> HTMLResponse:
         "step_time_chart": accuracy_views.step_time_chart(runs),
         "memory_chart": accuracy_views.memory_chart(runs),
         "error_histogram": accuracy_views.error_histogram(runs),
+    })
+
+
+@router.get("/studies", response_class=HTMLResponse)
+def studies_page(request: Request, session: SessionDep) -> HTMLResponse:
+    raw = request.query_params.get("cursor", "")
+    rows, next_cursor = study_service.list_studies(
+        session, limit=STUDIES_PER_PAGE, cursor=int(raw) if raw.isdigit() and len(raw) < 19 else None
+    )
+    return render(request, "studies.html", {
+        "active": "studies", "rows": rows,
+        "next_href": f"/studies?cursor={next_cursor}" if next_cursor else None,
+    })
+
+
+@router.get("/studies/{study_id}", response_class=HTMLResponse)
+def study_page(study_id: str, request: Request, session: SessionDep) -> HTMLResponse:
+    try:
+        study = study_service.get_study(session, _parse_id(study_id, "study"))
+    except ProblemError:
+        message = f"Study {study_id} does not exist (it may have been deleted)."
+        raise StarletteHTTPException(404, message) from None
+    return render(request, "study_detail.html", {
+        "active": "studies", "study": study, "picks": study_views.picks(study),
+        "fitting": study_views.fitting_by_cost(study), "refused": [p for p in study.points if not p.fits],
+        "marks": study_views.marks, "inputs": study_views.input_rows(study),
+        "chart": study_views.chart(study),
     })

@@ -1,0 +1,82 @@
+"""Shapes a stored what-if study for its dashboard pages: the picks, the rows, the inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from api.dashboard.formatting import count, thousands
+from api.dashboard.plan_views import Row
+from api.schemas.studies import StudyDetail, StudyPointOut
+from planner.study import StudyRequest
+
+
+@dataclass(frozen=True)
+class Pick:
+    """A headline card: which cluster the study recommends for what."""
+
+    key: str
+    title: str
+    point: StudyPointOut
+
+
+def picks(study: StudyDetail) -> list[Pick]:
+    """Cheapest within the deadline (when one was given), cheapest, fastest: each once per cluster."""
+    chosen: list[Pick] = []
+    for key, title, position in (
+        ("deadline", f"Cheapest within {study.deadline_days:g} days" if study.deadline_days else "",
+         study.cheapest_within_deadline),
+        ("cheapest", "Cheapest", study.cheapest),
+        ("fastest", "Fastest", study.fastest),
+    ):
+        if position is not None and title:
+            chosen.append(Pick(key=key, title=title, point=study.points[position]))
+    return chosen
+
+
+def fitting_by_cost(study: StudyDetail) -> list[StudyPointOut]:
+    """The clusters that can train the model, cheapest first (ties: sooner, then fewer GPUs)."""
+    return sorted((p for p in study.points if p.fits),
+                  key=lambda p: (p.cost or 0.0, p.days or 0.0, p.num_gpus, p.position))
+
+
+def marks(study: StudyDetail, point: StudyPointOut) -> list[str]:
+    """What the study says of a cluster, in words (the table's last column)."""
+    words = []
+    if point.position == study.cheapest_within_deadline:
+        words.append("cheapest within the deadline")
+    if point.position == study.cheapest:
+        words.append("cheapest")
+    if point.position == study.fastest:
+        words.append("fastest")
+    if point.pareto:
+        words.append("Pareto front")
+    if point.within_deadline is False:
+        words.append("misses the deadline")
+    return words
+
+
+def input_rows(study: StudyDetail) -> list[Row]:
+    """The study's inputs as labelled rows (the definitions macro)."""
+    request = StudyRequest.model_validate(study.request)
+    batch = (f"{thousands(request.global_batch_tokens)} tokens per step on every cluster"
+             if request.batch_rule == "fixed"
+             else f"{thousands(request.batch_tokens_per_gpu)} tokens per step per GPU (grows with the "
+                  "cluster)")
+    search = request.search.model_dump(exclude_defaults=True)
+    return [
+        Row("Model", request.model.name),
+        Row("Token budget", f"{thousands(request.token_budget)} ({count(request.token_budget)})"),
+        Row("Sequence length", thousands(request.seq_len)),
+        Row("Batch", batch),
+        Row("Precision / optimizer", f"{request.precision} / {request.optimizer}"),
+        Row("GPU types and prices", ", ".join(f"{gpu.name} ${gpu.price:g}/GPU-hour" for gpu in request.gpus)),
+        Row("Cluster sizes", ", ".join(str(size) for size in request.sizes()) + " GPUs"),
+        Row("Deadline", f"{request.deadline_days:g} days" if request.deadline_days else "none"),
+        Row("Search restrictions",
+            "; ".join(f"{k}: {v}" for k, v in search.items()) if search else "none (everything searched)"),
+    ]
+
+
+def chart(study: StudyDetail) -> None:
+    """Time to train against cost, one point per fitting cluster (drawn once the chart library lands)."""
+    return None
