@@ -14,6 +14,7 @@ GPUs x hours, and the cost is GPU-hours x the price.
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
@@ -54,6 +55,10 @@ DEFAULT_PRICES_PER_GPU_HOUR: dict[str, float] = {
 }
 """USD per GPU-hour when a study names no price: indicative on-demand list prices of GPU clouds in
 2026 (a CPU "GPU" is a share of a cloud VM). Contracts and spot prices differ: give your own."""
+
+_SIZE_RANGE = re.compile(r"^(\d+)-(\d+)(?::\+(\d+))?$")
+_COUNT = re.compile(r"^(\d+(?:\.\d+)?)([KMBT]?)$", re.IGNORECASE)
+_COUNT_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 
 BatchRule = Literal["fixed", "per_gpu"]
 Price = Annotated[float, Field(gt=0, le=MAX_PRICE_PER_GPU_HOUR, allow_inf_nan=False)]
@@ -392,3 +397,34 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
 
 def _finite(*values: float | None) -> bool:
     return all(v is not None and math.isfinite(v) for v in values)
+
+
+def parse_token_count(text: str) -> int:
+    """`15T` -> 15_000_000_000_000; `300B`, `2.5e12`, `1_000_000` too. ValueError says what to write."""
+    cleaned = text.strip().replace("_", "").replace(",", "")
+    match = _COUNT.match(cleaned)
+    try:
+        value = float(match.group(1)) * _COUNT_SUFFIXES[match.group(2).upper()] if match else float(cleaned)
+    except ValueError:
+        raise ValueError(
+            f"cannot read {text!r} as a token count; write e.g. 15T, 300B, 2.5e12 or 1000000"
+        ) from None
+    if not 1 <= value < math.inf:
+        raise ValueError(f"{text!r} is not a positive token count")
+    return round(value)
+
+
+def parse_cluster_sizes(text: str) -> list[int] | dict[str, int | str]:
+    """`64,128` -> [64, 128]; `8-4096` -> a doubling range; `64-512:+64` -> a stepped range (the
+    `cluster_sizes` of a StudyRequest). ValueError says what to write."""
+    cleaned = text.replace(" ", "")
+    if match := _SIZE_RANGE.match(cleaned):
+        low, high, step = match.groups()
+        if step is None:
+            return {"min_gpus": int(low), "max_gpus": int(high)}
+        return {"min_gpus": int(low), "max_gpus": int(high), "progression": "step", "step": int(step)}
+    parts = [part for part in cleaned.split(",") if part]
+    if not parts or not all(part.isdigit() for part in parts):
+        raise ValueError(f"cannot read {text!r}; write a list (64,128,512), a doubling range (8-4096) or a "
+                         "stepped range (64-512:+64)")
+    return [int(part) for part in parts]

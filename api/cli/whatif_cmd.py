@@ -9,7 +9,7 @@ on a running service instead (its plans then have launchers to download).
 from __future__ import annotations
 
 import json
-import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,13 +25,17 @@ from api.services.search_pool import SearchPool, available_cores
 from api.services.studies import run_study
 from planner.errors import PlanningError, describe_validation_error
 from planner.formatting import duration, money, quantity
-from planner.study import DEFAULT_PRICES_PER_GPU_HOUR, StudyPoint, StudyRequest, StudySummary
+from planner.study import (
+    DEFAULT_PRICES_PER_GPU_HOUR,
+    StudyPoint,
+    StudyRequest,
+    StudySummary,
+    parse_cluster_sizes,
+    parse_token_count,
+)
 
 CLI_SEARCH_LIMIT_S = 600.0
 """CPU seconds one candidate's search may take here (the service's limit is its own setting)."""
-_SIZES = re.compile(r"^(\d+)-(\d+)(?::\+(\d+))?$")
-_COUNT = re.compile(r"^(\d+(?:\.\d+)?)([KMBT]?)$", re.IGNORECASE)
-_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 
 
 def register(app: typer.Typer) -> None:
@@ -100,8 +104,8 @@ def whatif(
         raise fail("give at least one candidate GPU type: --gpu H100 (repeatable) or --gpu-file FILE")
     search = search_pins(tp=tp, sharding=sharding, compile_=None, checkpointing=checkpointing)
     body: dict[str, Any] = {
-        "token_budget": parse_count(tokens, "--tokens"), "gpus": candidates,
-        "cluster_sizes": parse_sizes(sizes),
+        "token_budget": _parsed(parse_token_count, tokens, "--tokens"), "gpus": candidates,
+        "cluster_sizes": _parsed(parse_cluster_sizes, sizes, "--sizes"),
         "seq_len": seq_len, "precision": precision, "search": search.model_dump(mode="json"),
         **({"batch_rule": "per_gpu", "batch_tokens_per_gpu": batch_tokens_per_gpu}
            if batch_tokens_per_gpu is not None else {"global_batch_tokens": global_batch_tokens}),
@@ -177,6 +181,13 @@ def _on_server(server: str, api_key: str | None, body: dict[str, Any], *, model:
     Console().print(f"\nStored as study {stored['id']}: {server.rstrip('/')}/studies/{stored['id']}")
 
 
+def _parsed(parse: Callable[[str], Any], text: str, option: str) -> Any:
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise fail(f"{option}: {exc}") from None
+
+
 def _catalog_gpu(text: str) -> dict[str, Any]:
     """`H100` or `H100=2.49` -> a StudyGpu body."""
     gpu_name, sep, price = text.partition("=")
@@ -187,34 +198,6 @@ def _catalog_gpu(text: str) -> dict[str, Any]:
     except ValueError:
         raise fail(f"--gpu {text!r}: the price after '=' must be USD per GPU-hour, e.g. --gpu H100=2.49"
                    ) from None
-
-
-def parse_count(text: str, option: str) -> int:
-    """`15T` -> 15_000_000_000_000; `1.5e12` and plain integers too."""
-    cleaned = text.strip().replace("_", "").replace(",", "")
-    match = _COUNT.match(cleaned)
-    try:
-        value = float(match.group(1)) * _SUFFIXES[match.group(2).upper()] if match else float(cleaned)
-    except ValueError:
-        raise fail(f"{option}: cannot read {text!r}; write e.g. 15T, 300B, 2.5e12 or 1000000") from None
-    if not value >= 1 or value == float("inf"):
-        raise fail(f"{option}: {text!r} is not a positive token count")
-    return round(value)
-
-
-def parse_sizes(text: str) -> list[int] | dict[str, Any]:
-    """`64,128` -> [64, 128]; `8-4096` -> a doubling range; `64-512:+64` -> a stepped range."""
-    cleaned = text.replace(" ", "")
-    if match := _SIZES.match(cleaned):
-        low, high, step = match.groups()
-        if step is None:
-            return {"min_gpus": int(low), "max_gpus": int(high)}
-        return {"min_gpus": int(low), "max_gpus": int(high), "progression": "step", "step": int(step)}
-    parts = [p for p in cleaned.split(",") if p]
-    if not parts or not all(p.isdigit() for p in parts):
-        raise fail(f"--sizes: cannot read {text!r}; write a list (64,128,512), a doubling range (8-4096) "
-                   "or a stepped range (64-512:+64)")
-    return [int(p) for p in parts]
 
 
 def print_study(study: StudyRequest, summary: StudySummary, console: Console) -> None:

@@ -18,6 +18,8 @@ from planner.study import (
     StudyPoint,
     StudyRequest,
     pareto_front,
+    parse_cluster_sizes,
+    parse_token_count,
     refused_point,
     study_point,
     summarize,
@@ -163,3 +165,20 @@ def test_bad_inputs_are_refused_with_the_field_and_the_fix(overrides: dict[str, 
     text = str(error.value)
     assert words in text, text
     assert field in text
+
+
+def test_token_counts_and_size_texts() -> None:
+    assert parse_token_count("15T") == 15 * 10**12
+    assert parse_token_count("2.5b") == 2_500_000_000
+    assert parse_token_count("1e9") == 10**9
+    assert parse_token_count("1_000") == 1000
+    for bad in ("lots", "0", "-5", "inf", "1e400"):
+        with pytest.raises(ValueError, match="token count"):
+            parse_token_count(bad)
+    assert parse_cluster_sizes("8-4096") == {"min_gpus": 8, "max_gpus": 4096}
+    assert parse_cluster_sizes("64-512:+64") == {"min_gpus": 64, "max_gpus": 512, "progression": "step",
+                                                 "step": 64}
+    assert parse_cluster_sizes("64, 128") == [64, 128]
+    for bad in ("", "8-", "a,b", "8..16"):
+        with pytest.raises(ValueError, match="cannot read"):
+            parse_cluster_sizes(bad)
