@@ -22,6 +22,7 @@ from api.dashboard import (
     plan_form,
     plan_views,
     queries,
+    study_form,
     study_views,
 )
 from api.dashboard.plan_list import COLUMNS, SHARDINGS, ListingState
@@ -282,6 +283,53 @@ def studies_page(request: Request, session: SessionDep) -> HTMLResponse:
         "active": "studies", "rows": rows,
         "next_href": f"/studies?cursor={next_cursor}" if next_cursor else None,
     })
+
+
+def _study_form_context(
+    request: Request, session: SessionDep, form: study_form.StudyForm
+) -> dict[str, object]:
+    return {
+        "active": "studies", "form": form, "models": plan_form.model_choices(),
+        "gpus": plan_form.gpu_choices(), "precisions": typing.get_args(Precision),
+        "key_required": access.write_key_required(session, request),
+    }
+
+
+@router.get("/studies/new", response_class=HTMLResponse)
+def new_study_page(request: Request, session: SessionDep) -> HTMLResponse:
+    return render(request, "study_new.html", _study_form_context(request, session, study_form.StudyForm()))
+
+
+@router.post("/studies/new", response_class=HTMLResponse)
+async def create_study_from_form(request: Request, session: SessionDep, settings: SettingsDep) -> Response:
+    submitted = await request.form()
+    form = study_form.StudyForm.from_submission(submitted)
+    api_key = submitted.get("api_key")
+    return await run_planning(
+        request, _create_study, request, session, settings.max_model_layers, form,
+        api_key if isinstance(api_key, str) else "",
+    )
+
+
+def _create_study(
+    request: Request, session: SessionDep, max_model_layers: int, form: study_form.StudyForm, api_key: str
+) -> Response:
+    key_error = access.write_key_error(session, request, api_key)
+    if key_error:
+        form.add_error("api_key", key_error)
+    body = study_form.to_study_create(form)
+    if body is not None and not form.errors:
+        try:
+            study_id = study_service.create_study(
+                session, body, search_pool=request.app.state.search_pool, max_model_layers=max_model_layers,
+            )
+        except ProblemError as problem:
+            study_form.add_problem(form, problem)
+        else:
+            return RedirectResponse(f"/studies/{study_id}", status_code=303)
+    session.commit()
+    status = 401 if set(form.errors) == {"api_key"} else 422
+    return render(request, "study_new.html", _study_form_context(request, session, form), status_code=status)
 
 
 @router.get("/studies/{study_id}", response_class=HTMLResponse)
