@@ -1,0 +1,111 @@
+"""The what-if study pages, server-side: the list, the form (and its refusals beside their fields), the
+study page's picks, tables and links."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi.testclient import TestClient
+
+STUDY_FORM = {
+    "model": "gpt2", "token_budget": "10B", "gpu": ["H100-SXM-80GB", "A100-80GB"],
+    "price_H100-SXM-80GB": "2.5", "price_A100-80GB": "1.5", "sizes": "1,8,12,16", "seq_len": "1024",
+    "batch_rule": "fixed", "batch_tokens": "262144", "precision": "bf16", "deadline_days": "1",
+}
+
+
+def create_study(client: TestClient, **overrides: object) -> int:
+    response = client.post("/studies/new", data={**STUDY_FORM, **overrides}, follow_redirects=False)
+    assert response.status_code == 303, response.text
+    match = re.fullmatch(r"/studies/(\d+)", response.headers["location"])
+    assert match, response.headers["location"]
+    return int(match.group(1))
+
+
+def field_errors(html: str) -> dict[str, str]:
+    return {name: re.sub(r"\s+", " ", text).strip() for name, text in re.findall(
+        r'<p class="field-error" id="error-([^"]+)" role="alert">(.*?)</p>', html, re.S)}
+
+
+def test_empty_list_explains_studies_and_links_the_form(client: TestClient) -> None:
+    html = client.get("/studies").text
+    assert 'id="empty-studies"' in html and 'href="/studies/new"' in html
+    assert "fsdp-planner whatif" in html
+    assert '<a href="/studies" aria-current="page">Studies</a>' in html
+
+
+def test_form_creates_a_study_and_its_page_shows_picks_rows_and_reasons(client: TestClient) -> None:
+    study_id = create_study(client, name="<b>gpt2</b> what-if")
+    html = client.get(f"/studies/{study_id}").text
+    assert "&lt;b&gt;gpt2&lt;/b&gt; what-if" in html and "<b>gpt2</b>" not in html
+    api = client.get(f"/api/v1/studies/{study_id}").json()
+    fitting = [p for p in api["points"] if p["fits"]]
+
+    # Picks: cards for the cheapest (and the deadline's pick when one trains in time) and the fastest.
+    assert 'id="pick-cheapest"' in html and 'id="pick-fastest"' in html
+    cheapest = api["points"][api["cheapest"]]
+    card = re.search(r'id="pick-cheapest">(.*?)</div>', html, re.S)
+    assert card and cheapest["cluster"] in card.group(1)
+    assert f'href="/plans/{cheapest["plan_id"]}"' in card.group(1)
+
+    # Every fitting cluster is a row, cheapest first, with its plan and launcher links.
+    table = re.search(r'<table class="data" id="study-points">(.*?)</table>', html, re.S)
+    assert table
+    rows = re.findall(r'<tr id="point-(\d+)"', table.group(1))
+    by_cost = sorted(fitting, key=lambda p: (p["cost"], p["days"], p["num_gpus"], p["position"]))
+    assert [int(r) for r in rows] == [p["position"] for p in by_cost]
+    for point in fitting:
+        assert f'href="/plans/{point["plan_id"]}"' in table.group(1)
+        assert f'href="/api/v1/plans/{point["plan_id"]}/launcher"' in table.group(1)
+
+    # The clusters that cannot train it, with why.
+    refused = re.search(r'<table class="data" id="study-refused">(.*?)</table>', html, re.S)
+    assert refused and "12xH100-SXM-80GB" in refused.group(1)
+    assert "not a whole number of 8-GPU H100-SXM-80GB nodes" in refused.group(1)
+
+    # The inputs, prices as entered.
+    assert "H100-SXM-80GB $2.5/GPU-hour, A100-80GB $1.5/GPU-hour" in html
+    assert "1, 8, 12, 16 GPUs" in html
+
+    listed = client.get("/studies").text
+    assert f'href="/studies/{study_id}"' in listed and "6 of 8" in listed
+
+
+def test_refusals_are_shown_beside_their_fields_and_store_nothing(client: TestClient) -> None:
+    cases = [
+        ({"token_budget": "lots"}, "token_budget", "cannot read 'lots' as a token count"),
+        ({"token_budget": "1e30"}, "token_budget", "less than or equal to 10000000000000000"),
+        ({"price_H100-SXM-80GB": "0"}, "price_H100-SXM-80GB", "greater than 0"),
+        ({"price_A100-80GB": "-1"}, "price_A100-80GB", "greater than 0"),
+        ({"gpu": []}, "gpus", "tick at least one GPU type"),
+        ({"sizes": "64-8"}, "sizes", "the range from 64 to 8 GPUs is empty"),
+        ({"sizes": "many"}, "sizes", "cannot read 'many'"),
+        ({"batch_tokens": "1000"}, "batch_tokens", "not a whole number of 1024-token sequences"),
+        ({"deadline_days": "soon"}, "deadline_days", "as a number"),
+    ]
+    for overrides, field, words in cases:
+        response = client.post("/studies/new", data={**STUDY_FORM, **overrides}, follow_redirects=False)
+        assert response.status_code == 422, (overrides, response.status_code)
+        errors = field_errors(response.text)
+        assert field in errors and words in errors[field].replace("&#39;", "'"), (overrides, errors)
+        assert 'id="form-problem"' in response.text
+        # The form comes back as it was sent.
+        for name, value in overrides.items():
+            if isinstance(value, str) and name != "gpu":
+                assert f'value="{value}"' in response.text
+    assert client.get("/api/v1/studies").json()["items"] == []
+
+
+def test_missing_studies_are_404_pages(client: TestClient) -> None:
+    for path in ("/studies/999", "/studies/abc", "/studies/0"):
+        response = client.get(path)
+        assert response.status_code == 404 and "<html" in response.text
+
+
+def test_a_deleted_plan_leaves_its_row_without_links(client: TestClient) -> None:
+    study_id = create_study(client)
+    point = next(p for p in client.get(f"/api/v1/studies/{study_id}").json()["points"] if p["fits"])
+    assert client.delete(f"/api/v1/plans/{point['plan_id']}").status_code == 204
+    page = client.get(f"/studies/{study_id}").text
+    row = re.search(rf'<tr id="point-{point["position"]}"[^>]*>(.*?)</tr>', page, re.S)
+    assert row and "deleted" in row.group(1) and "/plans/" not in row.group(1)
