@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from api.dashboard.formatting import count, thousands
+from markupsafe import Markup
+
+from api.dashboard import svg
+from api.dashboard.formatting import count, percent, thousands
 from api.dashboard.plan_views import Row
 from api.schemas.studies import StudyDetail, StudyPointOut
+from planner.formatting import money
 from planner.study import StudyRequest
 
 
@@ -77,6 +81,37 @@ def input_rows(study: StudyDetail) -> list[Row]:
     ]
 
 
-def chart(study: StudyDetail) -> None:
-    """Time to train against cost, one point per fitting cluster (drawn once the chart library lands)."""
-    return None
+def point_tooltip(point: StudyPointOut) -> str:
+    """What hovering a cluster's point says: the cluster, the configuration, the numbers."""
+    return (f"{point.cluster} ({point.num_gpus} GPUs): {point.config_label}; {point.days:,.1f} days, "
+            f"{money(point.cost or 0.0)}, {thousands(point.tokens_per_s)} tokens/s, "
+            f"MFU {percent(point.mfu or 0.0)}")
+
+
+def chart(study: StudyDetail) -> Markup | None:
+    """Days to train against cost: one series per GPU type, the Pareto front as a line, the deadline."""
+    fitting = [p for p in study.points if p.fits and p.days is not None and p.cost is not None]
+    if not fitting:
+        return None
+    gpus = list(dict.fromkeys(p.gpu for p in fitting))
+    series = [
+        svg.Series(gpu, [svg.Point(p.days, p.cost, point_tooltip(p)) for p in fitting if p.gpu == gpu],
+                   svg.PALETTE[index % len(svg.PALETTE)], css_class="cluster")
+        for index, gpu in enumerate(gpus)
+    ]
+    front = [svg.Point(p.days, p.cost, f"Pareto front: {point_tooltip(p)}") for p in fitting if p.pareto]
+    series.append(svg.Series("Pareto front", front, "#333333", markers=False, line=True, css_class="pareto"))
+    if study.cheapest_within_deadline is not None:
+        pick = study.points[study.cheapest_within_deadline]
+        series.append(svg.Series("cheapest within the deadline",
+                                 [svg.Point(pick.days, pick.cost, f"recommended: {point_tooltip(pick)}")],
+                                 svg.HIGHLIGHT_COLOR, radius=7, css_class="chosen"))
+    days = [p.days for p in fitting]
+    costs = [p.cost for p in fitting]
+    guides = [svg.GuideLine(label=f"deadline {study.deadline_days:g} days", x=study.deadline_days)] \
+        if study.deadline_days else []
+    return svg.xy_chart(
+        chart_id="study-chart", title="Days to train vs cost", series=series,
+        x_label="days to train", y_label="cost (USD)", x_format=lambda v: f"{v:,.3g}", y_format=money,
+        x_log=svg.should_use_log(days), y_log=svg.should_use_log(costs), guides=guides,
+    )

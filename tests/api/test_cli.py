@@ -105,7 +105,7 @@ def test_whatif_stores_the_study_on_a_server(server: str) -> None:
     result = runner.invoke(app, [
         "whatif", "--model", "gpt2", "--tokens", "10B", "--gpu", "H100=2.5", "--sizes", "8,16", "--seq-len",
         "1024", "--global-batch-tokens", "262144", "--name", "from the CLI", "--server", server,
-    ])
+    ], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     listed = httpx.get(f"{server}/api/v1/studies").json()["items"]
     assert [s["name"] for s in listed] == ["from the CLI"]
