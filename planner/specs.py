@@ -78,11 +78,17 @@ def _integer_fields(model: type[BaseModel]) -> tuple[frozenset[str], frozenset[s
         union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
         return union and len(arguments) == 1 and is_integer(arguments[0])
 
+    def unwrapped(annotation: Any) -> Any:
+        while typing.get_origin(annotation) is Annotated:  # tagged union branches, constrained lists
+            annotation = typing.get_args(annotation)[0]
+        return annotation
+
     def is_integer_list(annotation: Any) -> bool:
         options = typing.get_args(annotation) if typing.get_origin(annotation) in (
             typing.Union, types.UnionType) else (annotation,)
         return any(
-            typing.get_origin(o) is list and is_integer(typing.get_args(o)[0]) for o in options
+            typing.get_origin(unwrapped(o)) is list and is_integer(typing.get_args(unwrapped(o))[0])
+            for o in options
         )
 
     fields = model.model_fields.items()

@@ -56,11 +56,12 @@ ALL_CHECKS = [
 # uploads, list cursors and comparisons may answer schema-valid input with 422, for rules no JSON schema
 # can state: which model fits on which cluster, which names the catalogs know, that a timing and a size
 # together imply a physical rate, that heads divide the hidden size, which opaque cursors this server
-# issued, that 2 to 8 distinct ids are named across repeated `ids=` values.
+# issued, that 2 to 8 distinct ids are named across repeated `ids=` values, that a study's batch is whole
+# sequences and its GPU types distinct.
 # `refused_only_for_unstatable_rules` below holds them to it.
 MAY_REFUSE_VALID_DATA = (
     "POST /api/v1/plans", "POST /api/v1/plans/{plan_id}/replan", "POST /api/v1/calibrations",
-    "GET /api/v1/plans", "GET /api/v1/plans/compare",
+    "GET /api/v1/plans", "GET /api/v1/plans/compare", "POST /api/v1/studies",
 )
 CONDITIONALLY_REQUIRED = {"/api/v1/calibrations": {"gpu"}}
 """Fields the schema marks optional that a rule across fields requires: a profile may leave out `gpu`
@@ -89,6 +90,7 @@ STATABLE = frozenset({
 PAGES_AFTER_WRITE = {
     "/api/v1/plans/{plan_id}/runs": lambda case, body: ["/accuracy", f"/plans/{body['plan_id']}"],
     "/api/v1/calibrations": lambda case, body: ["/calibrations", f"/calibrations/{body['id']}"],
+    "/api/v1/studies": lambda case, body: ["/studies", f"/studies/{body['id']}"],
 }
 
 
