@@ -172,6 +172,7 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
         "timeline_per_phase": plan_views.timeline_per_phase(plan),
         "tradeoff_chart": plan_views.tradeoff_chart(plan),
         "candidates": plan_views.candidate_rows(plan), "runs": runs,
+        "studies": queries.studies_of_plan(session, row.id),
         "launcher_targets": LAUNCHER_TARGETS,
         "replan_query": replan,
         "key_required": access.write_key_required(session, request),

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, undefer
 
-from api.db.models import CalibrationProfileRow, PlanRow, ValidationRunRow
+from api.db.models import CalibrationProfileRow, PlanRow, StudyPointRow, StudyRow, ValidationRunRow
 from api.services.plan_listing import PlanFilters
 from api.services.plans import full_plan
 
@@ -20,6 +20,13 @@ CALIBRATIONS_PER_PAGE = 50
 
 def plan_with_documents(session: Session, plan_id: int) -> PlanRow | None:
     return session.scalar(select(PlanRow).where(PlanRow.id == plan_id).options(*full_plan()))
+
+
+def studies_of_plan(session: Session, plan_id: int) -> list[tuple[int, str]]:
+    """(id, name) of the studies a plan is a point of, newest first."""
+    query = (select(StudyRow.id, StudyRow.name).join(StudyPointRow, StudyPointRow.study_id == StudyRow.id)
+             .where(StudyPointRow.plan_id == plan_id).distinct().order_by(StudyRow.id.desc()))
+    return [(row.id, row.name) for row in session.execute(query)]
 
 
 def count_plans(session: Session, filters: PlanFilters) -> int:

@@ -67,6 +67,9 @@ def test_form_creates_a_study_and_its_page_shows_picks_rows_and_reasons(client: 
     assert "H100-SXM-80GB $2.5/GPU-hour, A100-80GB $1.5/GPU-hour" in html
     assert "1, 8, 12, 16 GPUs" in html
 
+    plan_page = client.get(f"/plans/{cheapest['plan_id']}").text
+    assert f'<a href="/studies/{study_id}">study #{study_id} &lt;b&gt;gpt2&lt;/b&gt; what-if</a>' in plan_page
+
     listed = client.get("/studies").text
     assert f'href="/studies/{study_id}"' in listed and "6 of 8" in listed
 
