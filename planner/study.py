@@ -206,17 +206,34 @@ class StudyRequest(StrictModel):
         return [StudyCandidate.of(self, gpu, size) for gpu in self.gpus for size in self.sizes()]
 
 
-class StudyCandidate(BaseModel):
-    """One cluster a study considers, and the plan request for it (None when it cannot be formed)."""
+class StudyCluster(BaseModel):
+    """One cluster a study considers: what it is, what a step holds on it, what an hour of it costs."""
 
     model_config = ConfigDict(frozen=True)
 
     gpu: str
+    """Canonical GPU type name."""
     num_gpus: int
     num_nodes: int
     gpus_per_node: int
     global_batch_tokens: int
     price_per_gpu_hour: float
+    """USD."""
+
+    @property
+    def label(self) -> str:
+        """`NODESxGPUSxGPU`, or `GPUSxGPU` for a size that is not whole nodes."""
+        if self.num_nodes * self.gpus_per_node != self.num_gpus:
+            return f"{self.num_gpus}x{self.gpu}"
+        return f"{self.num_nodes}x{self.gpus_per_node}x{self.gpu}"
+
+    def cluster_fields(self) -> dict[str, object]:
+        return self.model_dump(include=set(StudyCluster.model_fields))
+
+
+class StudyCandidate(StudyCluster):
+    """A cluster to search, and the plan request for it (None when it cannot be formed)."""
+
     request: PlanRequest | None
     refusal: str | None = None
     """Why no plan request exists for this cluster (e.g. not whole nodes)."""
@@ -242,16 +259,6 @@ class StudyCandidate(BaseModel):
             return cls(**fields, request=None, refusal=str(exc))
         return cls(**fields, request=request)
 
-    @property
-    def label(self) -> str:
-        return cluster_label(self)
-
-
-def cluster_label(cluster: StudyCandidate | StudyPoint) -> str:
-    """`NODESxGPUSxGPU`, or `GPUSxGPU` for a size that is not whole nodes."""
-    if cluster.num_nodes * cluster.gpus_per_node != cluster.num_gpus:
-        return f"{cluster.num_gpus}x{cluster.gpu}"
-    return f"{cluster.num_nodes}x{cluster.gpus_per_node}x{cluster.gpu}"
 
 
 class TrainingCost(BaseModel):
@@ -275,17 +282,9 @@ def training_cost(
                         cost=gpu_hours * price_per_gpu_hour)
 
 
-class StudyPoint(BaseModel):
+class StudyPoint(StudyCluster):
     """One candidate cluster's outcome: its plan's headline numbers and what training would take."""
 
-    model_config = ConfigDict(frozen=True)
-
-    gpu: str
-    num_gpus: int
-    num_nodes: int
-    gpus_per_node: int
-    global_batch_tokens: int
-    price_per_gpu_hour: float
     fits: bool
     """A configuration fits in memory and the batch splits; False: `reason` says why not."""
     reason: str | None = None
@@ -307,10 +306,6 @@ class StudyPoint(BaseModel):
     within_deadline: bool | None = None
     """Trains within the study's deadline (None: no deadline, or does not fit)."""
 
-    @property
-    def label(self) -> str:
-        return cluster_label(self)
-
 
 def study_point(study: StudyRequest, candidate: StudyCandidate, plan: Plan) -> StudyPoint:
     """The outcome of a candidate whose search found a plan."""
@@ -318,7 +313,7 @@ def study_point(study: StudyRequest, candidate: StudyCandidate, plan: Plan) -> S
     spent = training_cost(token_budget=study.token_budget, tokens_per_s=prediction.tokens_per_s,
                           num_gpus=candidate.num_gpus, price_per_gpu_hour=candidate.price_per_gpu_hour)
     return StudyPoint(
-        **_candidate_fields(candidate), fits=True, plan_hash=plan.plan_hash,
+        **candidate.cluster_fields(), fits=True, plan_hash=plan.plan_hash,
         config_label=plan.config.label(),
         step_time_s=prediction.step_time_s, tokens_per_s=prediction.tokens_per_s,
         tokens_per_s_per_gpu=prediction.tokens_per_s_per_gpu, mfu=prediction.mfu,
@@ -336,12 +331,7 @@ def refused_point(candidate: StudyCandidate, error: PlanningError | None = None)
                   f"per GPU, {error.capacity_gib:.1f} GiB fit")
     else:
         reason = error.message
-    return StudyPoint(**_candidate_fields(candidate), fits=False, reason=reason)
-
-
-def _candidate_fields(candidate: StudyCandidate) -> dict[str, object]:
-    return candidate.model_dump(include={"gpu", "num_gpus", "num_nodes", "gpus_per_node",
-                                         "global_batch_tokens", "price_per_gpu_hour"})
+    return StudyPoint(**candidate.cluster_fields(), fits=False, reason=reason)
 
 
 class StudySummary(BaseModel):

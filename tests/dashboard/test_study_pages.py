@@ -7,6 +7,9 @@ import re
 
 from fastapi.testclient import TestClient
 
+from api import keys
+from tests.dashboard.conftest import Database
+
 STUDY_FORM = {
     "model": "gpt2", "token_budget": "10B", "gpu": ["H100-SXM-80GB", "A100-80GB"],
     "price_H100-SXM-80GB": "2.5", "price_A100-80GB": "1.5", "sizes": "1,8,12,16", "seq_len": "1024",
@@ -112,3 +115,13 @@ def test_a_deleted_plan_leaves_its_row_without_links(client: TestClient) -> None
     page = client.get(f"/studies/{study_id}").text
     row = re.search(rf'<tr id="point-{point["position"]}"[^>]*>(.*?)</tr>', page, re.S)
     assert row and "deleted" in row.group(1) and "/plans/" not in row.group(1)
+
+
+def test_with_a_key_stored_the_form_asks_for_it(client: TestClient, db: Database) -> None:
+    with db.session() as session:
+        issued = keys.create_key(session, "ci")
+    assert 'id="api_key"' in client.get("/studies/new").text
+    missing = client.post("/studies/new", data=STUDY_FORM, follow_redirects=False)
+    assert missing.status_code == 401 and "requires an API key" in field_errors(missing.text)["api_key"]
+    assert client.get("/api/v1/studies").json()["items"] == []
+    assert create_study(client, api_key=issued.key) >= 1
