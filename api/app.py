@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from api.dashboard import install as install_dashboard
+from api.dashboard.vendor import install as install_plotly
 from api.db import migrate
 from api.db.session import create_db_engine, create_session_factory
 from api.docs import install as install_docs
@@ -84,6 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Probes conventionally hit the root paths; same handlers, documented once under /api/v1.
     app.include_router(health.router, include_in_schema=False)
     install_docs(app)  # /docs with Swagger UI from /static/swagger-ui: before the dashboard's /static
+    install_plotly(app)  # plotly.js from the plotly package: before the dashboard's /static
     install_dashboard(app)  # server-rendered pages at /, static files at /static
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

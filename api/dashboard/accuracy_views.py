@@ -11,10 +11,8 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from markupsafe import Markup
-
+from api.dashboard import charts
 from api.dashboard import formatting as fmt
-from api.dashboard import svg
 from api.dashboard.queries import RunWithPlan
 
 
@@ -56,7 +54,7 @@ def _scatter(
     runs: Sequence[RunWithPlan], *, chart_id: str, title: str, unit: str,
     predicted: Callable[[RunWithPlan], float | None], measured: Callable[[RunWithPlan], float | None],
     show: Callable[[float], str],
-) -> Markup | None:
+) -> charts.Chart | None:
     series = []
     for index, (gpu, items) in enumerate(_by_gpu(runs).items()):
         points = []
@@ -64,41 +62,42 @@ def _scatter(
             p, m = predicted(item), measured(item)
             if p is None or m is None or not (math.isfinite(p) and math.isfinite(m)):
                 continue
-            points.append(svg.Point(p, m, f"{item.plan_name} (plan {item.run.plan_id}, run {item.run.id}): "
-                                          f"predicted {show(p)}, measured {show(m)}"))
+            tooltip = (f"{item.plan_name} (plan {item.run.plan_id}, run {item.run.id}): "
+                       f"predicted {show(p)}, measured {show(m)}")
+            points.append(charts.Point(p, m, tooltip, href=f"/plans/{item.run.plan_id}"))
         if points:
-            series.append(svg.Series(gpu, points, svg.PALETTE[index % len(svg.PALETTE)]))
+            series.append(charts.Series(gpu, points, charts.PALETTE[index % len(charts.PALETTE)]))
     if not series:
         return None
     values = [v for s in series for p in s.points for v in (p.x, p.y)]
-    log = svg.should_use_log(values, ratio=20)
-    return svg.xy_chart(
+    log = charts.should_use_log(values, ratio=20)
+    return charts.xy_chart(
         chart_id=chart_id, title=title, series=series, x_label=f"predicted {unit}",
         y_label=f"measured {unit}", x_format=show, y_format=show, x_log=log, y_log=log,
-        guides=[svg.GuideLine(label="y = x (perfect prediction)", diagonal=True)],
+        guides=[charts.GuideLine(label="y = x (perfect prediction)", diagonal=True)],
     )
 
 
-def step_time_chart(runs: Sequence[RunWithPlan]) -> Markup | None:
+def step_time_chart(runs: Sequence[RunWithPlan]) -> charts.Chart | None:
     return _scatter(runs, chart_id="step-time-chart", title="Predicted vs measured step time",
                     unit="step time", predicted=lambda r: r.run.predicted_step_time_s,
                     measured=lambda r: r.run.measured_step_time_s, show=fmt.duration)
 
 
-def memory_chart(runs: Sequence[RunWithPlan]) -> Markup | None:
+def memory_chart(runs: Sequence[RunWithPlan]) -> charts.Chart | None:
     return _scatter(runs, chart_id="memory-accuracy-chart", title="Predicted vs measured peak memory",
                     unit="peak memory", predicted=lambda r: r.run.predicted_peak_memory_gib,
                     measured=lambda r: r.run.measured_peak_memory_gib, show=fmt.gib)
 
 
-def error_histogram(runs: Sequence[RunWithPlan]) -> Markup | None:
+def error_histogram(runs: Sequence[RunWithPlan]) -> charts.Chart | None:
     step = _finite([r.run.step_time_error_pct for r in runs])
     memory = _finite([r.run.peak_memory_error_pct for r in runs])
     if not step:
         return None
-    return svg.histogram(
+    return charts.histogram(
         chart_id="error-histogram", title="Distribution of prediction errors",
-        series=[("step time", step, svg.PALETTE[0]), ("peak memory", memory, svg.PALETTE[1])],
+        series=[("step time", step, charts.PALETTE[0]), ("peak memory", memory, charts.PALETTE[1])],
         x_label="prediction error, (predicted − measured) / measured", x_format=lambda v: f"{v:+.0f}%",
     )
 

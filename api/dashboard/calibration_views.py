@@ -13,17 +13,16 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from markupsafe import Markup
 from pydantic import ValidationError
 
+from api.dashboard import charts
 from api.dashboard import formatting as fmt
-from api.dashboard import svg
 from api.dashboard.plan_views import Row
 from api.db.models import CalibrationProfileRow
 from planner.calibration import CalibrationProfile, CollectiveSample, MatmulSample
 from planner.catalog.gpus import GpuSpec
 
-DTYPE_COLORS = {"bfloat16": svg.PALETTE[0], "float16": svg.PALETTE[2], "float32": svg.PALETTE[1]}
+DTYPE_COLORS = {"bfloat16": charts.PALETTE[0], "float16": charts.PALETTE[2], "float32": charts.PALETTE[1]}
 FIT_COLORS = {"bfloat16": "#003f6b", "float16": "#00593f", "float32": "#8a5f00"}
 # Fitted parameters are stored per planner precision; the profile names torch dtypes.
 PRECISION_OF_DTYPE = {"bfloat16": "bf16", "float32": "fp32"}
@@ -92,20 +91,20 @@ def peak_flops(gpu: GpuSpec, dtype: str) -> float:
     return (gpu.peak_fp32_tflops if dtype == "float32" else gpu.peak_bf16_tflops) * 1e12
 
 
-def _matmul_point(sample: MatmulSample, gpu: GpuSpec | None) -> svg.Point:
+def _matmul_point(sample: MatmulSample, gpu: GpuSpec | None) -> charts.Point:
     achieved = sample.flops / sample.seconds
     shape = f"{sample.m}×{sample.k} @ {sample.k}×{sample.n} {sample.dtype}"
     if gpu is None:
-        return svg.Point(sample.flops, achieved, f"{shape}: {fmt.compact_number(achieved)}FLOP/s")
+        return charts.Point(sample.flops, achieved, f"{shape}: {fmt.compact_number(achieved)}FLOP/s")
     efficiency = achieved / peak_flops(gpu, sample.dtype)
-    return svg.Point(sample.flops, efficiency,
+    return charts.Point(sample.flops, efficiency,
                      f"{shape}: {fmt.compact_number(achieved)}FLOP/s = {efficiency:.1%} of peak, "
                      f"{fmt.duration(sample.seconds)}")
 
 
 def _fitted_matmul_curve(
     fitted: dict[str, Any] | None, dtype: str, flops: list[float], gpu: GpuSpec
-) -> list[svg.Point]:
+) -> list[charts.Point]:
     """Efficiency the fitted model predicts (time = overhead + flops / (peak · efficiency)), if stored."""
     params = (fitted or {}).get(PRECISION_OF_DTYPE.get(dtype, ""))
     try:
@@ -123,11 +122,11 @@ def _fitted_matmul_curve(
     for i in range(steps + 1):
         f = lo * (hi / lo) ** (i / steps) if hi > lo else lo
         predicted = f / (peak * (overhead + f / (peak * efficiency)))
-        points.append(svg.Point(f, predicted, f"fit: {predicted:.1%} at {fmt.compact_number(f)}FLOP"))
+        points.append(charts.Point(f, predicted, f"fit: {predicted:.1%} at {fmt.compact_number(f)}FLOP"))
     return points
 
 
-def matmul_chart(profile: CalibrationProfile, fitted: dict[str, Any] | None) -> Markup | None:
+def matmul_chart(profile: CalibrationProfile, fitted: dict[str, Any] | None) -> charts.Chart | None:
     if not profile.matmul:
         return None
     gpu = profile.catalog_gpu()
@@ -136,24 +135,24 @@ def matmul_chart(profile: CalibrationProfile, fitted: dict[str, Any] | None) -> 
         by_dtype[sample.dtype].append(sample)
     series = []
     for dtype, samples in sorted(by_dtype.items()):
-        series.append(svg.Series(f"measured {dtype}", [_matmul_point(s, gpu) for s in samples],
+        series.append(charts.Series(f"measured {dtype}", [_matmul_point(s, gpu) for s in samples],
                                  DTYPE_COLORS[dtype]))
         if gpu is not None:
             curve = _fitted_matmul_curve(fitted, dtype, [s.flops for s in samples], gpu)
             if curve:
-                series.append(svg.Series(f"fitted {dtype}", curve, FIT_COLORS[dtype], markers=False,
+                series.append(charts.Series(f"fitted {dtype}", curve, FIT_COLORS[dtype], markers=False,
                                          line=True, css_class="fit"))
     measured = [p.y for s in series for p in s.points]
-    return svg.xy_chart(
+    return charts.xy_chart(
         chart_id="matmul-chart", title="GEMM efficiency vs size",
         series=series, x_label="FLOPs per GEMM (2·m·n·k)", x_log=True,
         y_label="achieved / datasheet peak" if gpu else "achieved FLOP/s",
-        y_format=svg_percent if gpu else fmt.compact_number,
-        y_log=gpu is None and svg.should_use_log(measured), y_from_zero=gpu is not None,
+        y_format=axis_percent if gpu else fmt.compact_number,
+        y_log=gpu is None and charts.should_use_log(measured), y_from_zero=gpu is not None,
     )
 
 
-def svg_percent(value: float) -> str:
+def axis_percent(value: float) -> str:
     return f"{value:.0%}"
 
 
@@ -162,7 +161,7 @@ def bus_bandwidth(sample: CollectiveSample) -> float:
     return sample.bus_bytes / sample.seconds
 
 
-def collective_chart(profile: CalibrationProfile) -> Markup | None:
+def collective_chart(profile: CalibrationProfile) -> charts.Chart | None:
     if not profile.collectives:
         return None
     groups: dict[tuple[str, str, int], list[CollectiveSample]] = defaultdict(list)
@@ -171,20 +170,20 @@ def collective_chart(profile: CalibrationProfile) -> Markup | None:
     series = []
     for index, ((op, link, size), samples) in enumerate(sorted(groups.items())):
         points = [
-            svg.Point(s.bytes, bus_bandwidth(s) / 1e9,
+            charts.Point(s.bytes, bus_bandwidth(s) / 1e9,
                       f"{op} over {size} ranks ({link}): {fmt.binary_bytes(s.bytes)} in "
                       f"{fmt.duration(s.seconds)} = {bus_bandwidth(s) / 1e9:.3g} GB/s bus bandwidth")
             for s in samples
         ]
-        series.append(svg.Series(f"{op.replace('_', '-')} ×{size} {link}", points,
-                                 svg.PALETTE[index % len(svg.PALETTE)], line=True))
+        series.append(charts.Series(f"{op.replace('_', '-')} ×{size} {link}", points,
+                                 charts.PALETTE[index % len(charts.PALETTE)], line=True))
     bandwidths = [p.y for s in series for p in s.points]
-    return svg.xy_chart(
+    return charts.xy_chart(
         chart_id="collective-chart", title="Collective bus bandwidth vs message size",
         series=series, x_label="message size", x_format=fmt.binary_bytes, x_log=True,
         x_binary=True,
-        y_label="bus bandwidth (GB/s)", y_log=svg.should_use_log(bandwidths, ratio=100),
-        y_from_zero=not svg.should_use_log(bandwidths, ratio=100),
+        y_label="bus bandwidth (GB/s)", y_log=charts.should_use_log(bandwidths, ratio=100),
+        y_from_zero=not charts.should_use_log(bandwidths, ratio=100),
     )
 
 

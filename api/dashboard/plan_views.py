@@ -12,10 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from markupsafe import Markup
-
+from api.dashboard import charts
 from api.dashboard import formatting as fmt
-from api.dashboard import svg
 from api.db.models import PlanRow
 from api.services import plan_compare
 from api.services.plan_compare import Scalar
@@ -24,17 +22,17 @@ from planner.plan import Candidate, ParallelConfig, Plan, Prediction, TimelineSe
 
 # Memory parts in the order they are stacked, with the words a person reads: the planner's own terms.
 MEMORY_PARTS = {name: term.label for name, term in MEMORY_TERMS.items()}
-MEMORY_COLORS = dict(zip(MEMORY_PARTS.values(), (*svg.PALETTE[:8], "#bbbbbb"), strict=True))
+MEMORY_COLORS = dict(zip(MEMORY_PARTS.values(), (*charts.PALETTE[:8], "#bbbbbb"), strict=True))
 
-COMPUTE_FORWARD, COMPUTE_BACKWARD, OPTIMIZER = svg.PALETTE[0], svg.PALETTE[2], svg.PALETTE[3]
-ALL_GATHER, REDUCE = svg.PALETTE[1], svg.PALETTE[4]
+COMPUTE_FORWARD, COMPUTE_BACKWARD, OPTIMIZER = charts.PALETTE[0], charts.PALETTE[2], charts.PALETTE[3]
+ALL_GATHER, REDUCE = charts.PALETTE[1], charts.PALETTE[4]
 TIMELINE_LEGEND = (
     ("forward compute", COMPUTE_FORWARD),
     ("backward compute", COMPUTE_BACKWARD),
     ("optimizer", OPTIMIZER),
     ("all-gather", ALL_GATHER),
     ("reduce-scatter / all-reduce", REDUCE),
-    ("exposed communication (compute waits)", svg.EXPOSED_COLOR),
+    ("exposed communication (compute waits)", charts.EXPOSED_COLOR),
 )
 LANE_COMPUTE, LANE_COMM = "compute", "communication"
 
@@ -184,16 +182,16 @@ def memory_segments(plan: Plan) -> list[tuple[str, float]]:
     return [(label, getattr(breakdown, key)) for key, label in MEMORY_PARTS.items()]
 
 
-def memory_chart(plans: Sequence[tuple[str, Plan]], chart_id: str = "memory-chart") -> Markup:
+def memory_chart(plans: Sequence[tuple[str, Plan]], chart_id: str = "memory-chart") -> charts.Chart:
     """Stacked memory breakdown per plan, against the GPU capacity when the plans share one GPU."""
     capacities = {plan.cluster.gpu_spec.memory_gib for _, plan in plans}
     limit = None
     if len(capacities) == 1:
         capacity = capacities.pop()
-        limit = svg.GuideLine(label=f"GPU capacity {capacity:g} GiB", x=capacity)
-    return svg.stacked_bars(
+        limit = charts.GuideLine(label=f"GPU capacity {capacity:g} GiB", x=capacity)
+    return charts.stacked_bars(
         chart_id=chart_id, title="Peak memory per GPU by purpose",
-        bars=[svg.Bar(label=label, segments=memory_segments(plan)) for label, plan in plans],
+        bars=[charts.Bar(label=label, segments=memory_segments(plan)) for label, plan in plans],
         x_label="GiB per GPU", colors=MEMORY_COLORS, limit=limit, value_format=fmt.gib,
     )
 
@@ -219,7 +217,7 @@ def timeline_per_phase(plan: Plan) -> bool:
     return len(plan.prediction.timeline) > TIMELINE_DETAIL_LIMIT
 
 
-def timeline_chart(plan: Plan) -> Markup:
+def timeline_chart(plan: Plan) -> charts.Chart:
     """One micro-batch on the compute and communication streams: every span for small plans, per
     phase when there are too many to see (`timeline_per_phase`)."""
     if timeline_per_phase(plan):
@@ -227,7 +225,7 @@ def timeline_chart(plan: Plan) -> Markup:
     return _detailed_timeline(plan)
 
 
-def _phase_timeline(plan: Plan) -> Markup:
+def _phase_timeline(plan: Plan) -> charts.Chart:
     """Per phase, where it starts: on the compute lane its compute then the time compute waited for
     communication (red); on the communication lane its all-gathers then its reductions. Widths are
     the summed durations, so the picture keeps how long each part takes, not where each unit ran."""
@@ -242,7 +240,7 @@ def _phase_timeline(plan: Plan) -> Markup:
         busy = sum(seg.end_s - seg.start_s for seg in compute)
         cursor = start
         if compute:
-            spans.append(svg.Span(
+            spans.append(charts.Span(
                 lane=LANE_COMPUTE, start=cursor, end=cursor + busy, label=f"{phase} {fmt.duration(busy)}",
                 short_label=fmt.duration(busy),
                 color=_segment_color("compute", phase, ""), css_class="phase",
@@ -250,8 +248,8 @@ def _phase_timeline(plan: Plan) -> Markup:
             ))
             cursor += busy
         if waits > 0:
-            spans.append(svg.Span(
-                lane=LANE_COMPUTE, start=cursor, end=cursor + waits, color=svg.EXPOSED_COLOR,
+            spans.append(charts.Span(
+                lane=LANE_COMPUTE, start=cursor, end=cursor + waits, color=charts.EXPOSED_COLOR,
                 label=f"waits {fmt.duration(waits)}", short_label=fmt.duration(waits),
                 css_class="exposed phase",
                 tooltip=f"{phase}: compute waits {fmt.duration(waits)} for communication (exposed)",
@@ -266,7 +264,7 @@ def _phase_timeline(plan: Plan) -> Markup:
                 continue
             busy = sum(seg.end_s - seg.start_s for seg in group)
             exposed = sum(seg.exposed_s for seg in group)
-            spans.append(svg.Span(
+            spans.append(charts.Span(
                 lane=LANE_COMM, start=cursor, end=cursor + busy, label=f"{short} {fmt.duration(busy)}",
                 short_label=fmt.duration(busy),
                 color=_segment_color("comm", phase, word), css_class="phase",
@@ -274,19 +272,19 @@ def _phase_timeline(plan: Plan) -> Markup:
                         + (f", {fmt.duration(exposed)} of it exposed" if exposed else ""),
             ))
             cursor += busy
-    # svg.timeline draws a phase block at least 4 units wide (a tensor-parallel plan's waits of a few
+    # charts.timeline draws a phase block at least 4 units wide (a tensor-parallel plan's waits of a few
     # ms in a step of tens of seconds would be a one-pixel stripe); narrower blocks go last, so that
     # the neighbour drawn after them never covers the width they were given.
     spans.sort(key=lambda s: s.start - s.end)
     present = {s.color for s in spans}
-    return svg.timeline(
+    return charts.timeline(
         chart_id="timeline-chart", title="Step timeline of one micro-batch, per phase",
         lanes=(LANE_COMPUTE, LANE_COMM), spans=spans,
         legend=[(name, color) for name, color in TIMELINE_LEGEND if color in present],
     )
 
 
-def _detailed_timeline(plan: Plan) -> Markup:
+def _detailed_timeline(plan: Plan) -> charts.Chart:
     """Every span. The planner records a wait as a comm segment whose `exposed_s` is the time compute
     stood still, so it is drawn where that idle time is: on the compute lane, in red. A transfer that
     is partly exposed is drawn on the communication lane too.
@@ -297,35 +295,35 @@ def _detailed_timeline(plan: Plan) -> Markup:
         tooltip = f"{seg.label} ({seg.phase}): {fmt.duration(seg.start_s)} → {fmt.duration(seg.end_s)}, " \
                   f"{fmt.duration(duration)}"
         if seg.exposed_s > 0:
-            spans.append(svg.Span(
-                lane=LANE_COMPUTE, start=seg.end_s - seg.exposed_s, end=seg.end_s, color=svg.EXPOSED_COLOR,
+            spans.append(charts.Span(
+                lane=LANE_COMPUTE, start=seg.end_s - seg.exposed_s, end=seg.end_s, color=charts.EXPOSED_COLOR,
                 tooltip=f"{tooltip}; compute waits {fmt.duration(seg.exposed_s)}", css_class="exposed",
             ))
             if _is_wait(seg):
                 continue
         lane = LANE_COMPUTE if seg.stream == "compute" else LANE_COMM
-        spans.append(svg.Span(lane=lane, start=seg.start_s, end=seg.end_s, tooltip=tooltip,
+        spans.append(charts.Span(lane=lane, start=seg.start_s, end=seg.end_s, tooltip=tooltip,
                               color=_segment_color(seg.stream, seg.phase, seg.label)))
     present = {s.color for s in spans}
-    return svg.timeline(
+    return charts.timeline(
         chart_id="timeline-chart", title="Step timeline of one micro-batch",
         lanes=(LANE_COMPUTE, LANE_COMM), spans=spans,
         legend=[(name, color) for name, color in TIMELINE_LEGEND if color in present],
     )
 
 
-def _candidate_point(candidate: Candidate) -> svg.Point:
-    return svg.Point(
+def _candidate_point(candidate: Candidate) -> charts.Point:
+    return charts.Point(
         x=candidate.peak_memory_gib, y=candidate.tokens_per_s_per_gpu,
         tooltip=f"{candidate.label}: {fmt.thousands(candidate.tokens_per_s_per_gpu)} tokens/s/GPU, "
                 f"{fmt.gib(candidate.peak_memory_gib)}, MFU {fmt.percent(candidate.mfu)}",
     )
 
 
-def tradeoff_chart(plan: Plan) -> Markup:
+def tradeoff_chart(plan: Plan) -> charts.Chart:
     """Throughput against peak memory: alternatives, the Pareto front, and the chosen plan."""
     p = plan.prediction
-    chosen = svg.Point(
+    chosen = charts.Point(
         x=p.peak_memory_gib, y=p.tokens_per_s_per_gpu,
         tooltip=f"chosen: {plan.config.label()}: {fmt.thousands(p.tokens_per_s_per_gpu)} tokens/s/GPU, "
                 f"{fmt.gib(p.peak_memory_gib)}",
@@ -333,16 +331,16 @@ def tradeoff_chart(plan: Plan) -> Markup:
     capacity = plan.cluster.gpu_spec.memory_gib
     peaks = [c.peak_memory_gib for c in (*plan.alternatives, *plan.pareto_front)] + [p.peak_memory_gib]
     # The capacity line only helps when the plans come near it; otherwise it squeezes them into a corner.
-    guides = [svg.GuideLine(label=f"capacity {capacity:g} GiB", x=capacity)] if capacity <= max(peaks) * 1.5 \
-        else []
-    return svg.xy_chart(
+    near = capacity <= max(peaks) * 1.5
+    guides = [charts.GuideLine(label=f"capacity {capacity:g} GiB", x=capacity)] if near else []
+    return charts.xy_chart(
         chart_id="tradeoff-chart", title="Throughput vs peak memory",
         series=[
-            svg.Series("alternatives", [_candidate_point(c) for c in plan.alternatives], svg.PALETTE[0],
+            charts.Series("alternatives", [_candidate_point(c) for c in plan.alternatives], charts.PALETTE[0],
                        css_class="alternative"),
-            svg.Series("Pareto front", [_candidate_point(c) for c in plan.pareto_front], svg.PALETTE[1],
+            charts.Series("Pareto front", [_candidate_point(c) for c in plan.pareto_front], charts.PALETTE[1],
                        line=True, css_class="pareto"),
-            svg.Series("chosen plan", [chosen], svg.HIGHLIGHT_COLOR, radius=7, css_class="chosen"),
+            charts.Series("chosen plan", [chosen], charts.HIGHLIGHT_COLOR, radius=7, css_class="chosen"),
         ],
         x_label="peak memory per GPU (GiB)", y_label="tokens/s per GPU", guides=guides,
     )

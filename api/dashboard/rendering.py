@@ -18,6 +18,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.dashboard.formatting import FILTERS
+from api.dashboard.vendor import PLOTLY_CSS_URL, PLOTLY_JS_URL, plotly_style_guard_ids
 from planner import __version__
 
 PACKAGE_DIR = Path(__file__).parent
@@ -25,7 +26,8 @@ TEMPLATES_DIR = PACKAGE_DIR / "templates"
 STATIC_DIR = PACKAGE_DIR / "static"
 STATIC_PREFIX = "/static"
 
-# SVG charts are inline markup drawn with presentation attributes, so no inline style is needed either.
+# Charts are drawn by plotly.js from this origin; it styles through the CSSOM (element.style and a
+# stylesheet it fills with insertRule), which a strict style-src does not govern.
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
@@ -46,7 +48,10 @@ _environment = jinja2.Environment(
     lstrip_blocks=True,
 )
 _environment.filters.update(FILTERS)
-_environment.globals.update(version=__version__, static=STATIC_PREFIX)
+_environment.globals.update(
+    version=__version__, static=STATIC_PREFIX, plotly_js=PLOTLY_JS_URL, plotly_css=PLOTLY_CSS_URL,
+    plotly_style_guard_ids=plotly_style_guard_ids,
+)
 templates = Jinja2Templates(env=_environment)
 
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from markupsafe import Markup
-
-from api.dashboard import svg
+from api.dashboard import charts
 from api.dashboard.formatting import count, percent, thousands
 from api.dashboard.plan_views import Row
 from api.schemas.studies import StudyDetail, StudyPointOut
@@ -88,30 +86,41 @@ def point_tooltip(point: StudyPointOut) -> str:
             f"MFU {percent(point.mfu or 0.0)}")
 
 
-def chart(study: StudyDetail) -> Markup | None:
+def _point(point: StudyPointOut, prefix: str = "") -> charts.Point:
+    """A cluster on the chart: hover says what it is, a click opens its plan (when it is still stored)."""
+    assert point.days is not None and point.cost is not None
+    href = f"/plans/{point.plan_id}" if point.plan_id is not None else None
+    return charts.Point(point.days, point.cost, prefix + point_tooltip(point), href=href)
+
+
+def chart(study: StudyDetail) -> charts.Chart | None:
     """Days to train against cost: one series per GPU type, the Pareto front as a line, the deadline."""
     fitting = [p for p in study.points if p.fits and p.days is not None and p.cost is not None]
     if not fitting:
         return None
     gpus = list(dict.fromkeys(p.gpu for p in fitting))
     series = [
-        svg.Series(gpu, [svg.Point(p.days, p.cost, point_tooltip(p)) for p in fitting if p.gpu == gpu],
-                   svg.PALETTE[index % len(svg.PALETTE)], css_class="cluster")
-        for index, gpu in enumerate(gpus)
+        charts.Series(gpu, [_point(p) for p in fitting if p.gpu == gpu],
+                      charts.PALETTE[i % len(charts.PALETTE)], css_class="cluster")
+        for i, gpu in enumerate(gpus)
     ]
-    front = [svg.Point(p.days, p.cost, f"Pareto front: {point_tooltip(p)}") for p in fitting if p.pareto]
-    series.append(svg.Series("Pareto front", front, "#333333", markers=False, line=True, css_class="pareto"))
+    front = [_point(p, "Pareto front: ") for p in fitting if p.pareto]
+    series.append(charts.Series("Pareto front", front, "#333333", markers=False, line=True,
+                                css_class="pareto"))
     if study.cheapest_within_deadline is not None:
-        pick = study.points[study.cheapest_within_deadline]
-        series.append(svg.Series("cheapest within the deadline",
-                                 [svg.Point(pick.days, pick.cost, f"recommended: {point_tooltip(pick)}")],
-                                 svg.HIGHLIGHT_COLOR, radius=7, css_class="chosen"))
+        pick = _point(study.points[study.cheapest_within_deadline], "recommended: ")
+        series.append(charts.Series("cheapest within the deadline", [pick], charts.HIGHLIGHT_COLOR, radius=7,
+                                    css_class="chosen"))
     days = [p.days for p in fitting]
     costs = [p.cost for p in fitting]
-    guides = [svg.GuideLine(label=f"deadline {study.deadline_days:g} days", x=study.deadline_days)] \
+    guides = [charts.GuideLine(label=f"deadline {study.deadline_days:g} days", x=study.deadline_days)] \
         if study.deadline_days else []
-    return svg.xy_chart(
+    return charts.xy_chart(
         chart_id="study-chart", title="Days to train vs cost", series=series,
-        x_label="days to train", y_label="cost (USD)", x_format=lambda v: f"{v:,.3g}", y_format=money,
-        x_log=svg.should_use_log(days), y_log=svg.should_use_log(costs), guides=guides,
+        x_label="days to train", y_label="cost (USD)", x_format=_days, y_format=money,
+        x_log=charts.should_use_log(days), y_log=charts.should_use_log(costs), guides=guides,
     )
+
+
+def _days(value: float) -> str:
+    return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
