@@ -3,25 +3,30 @@ before it bounded them (issue 12: one run of 5e-324 s made /accuracy a 500 for e
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
+import pytest
 from fastapi.testclient import TestClient
 
 from api.db.models import PlanRow, ValidationRunRow
 from tests.dashboard.conftest import DEBUG_CPU_FORM, Database, create_plan
+from tests.dashboard.figures import marks
 from tests.extreme_values import EXTREME_RUNS, extreme_profile
 
 
-def marks(html: str, chart_id: str, tag: str) -> int:
-    chart = re.search(rf'<svg[^>]*aria-labelledby="{chart_id}-chart-title".*?</svg>', html, re.S)
-    assert chart, f"no {chart_id} chart"
-    return len(re.findall(rf'<{tag} [^>]*class="mark', chart.group(0)))
-
-
 def finite_coordinates(html: str) -> bool:
-    values = re.findall(r'(?<![\w-])(?:x|y|x1|x2|y1|y2|cx|cy|width|height)="([^"]*)"', html)
-    return bool(values) and all(math.isfinite(float(v)) for v in values)
+    """Every chart's figure is strict JSON (no NaN / Infinity) whose axes span a finite, non-empty range."""
+    islands = re.findall(r'<script type="application/json" class="plot-figure"[^>]*>(.*?)</script>', html,
+                         re.S)
+    for island in islands:
+        figure = json.loads(island, parse_constant=lambda name: pytest.fail(f"{name} in a chart"))
+        for axis in ("xaxis", "yaxis"):
+            extent = figure["layout"][axis].get("range")
+            if extent is not None and not (math.isfinite(extent[0]) and extent[0] < extent[1] < math.inf):
+                return False
+    return bool(islands)
 
 
 def test_accuracy_and_calibration_pages_draw_values_at_the_bounds(client: TestClient) -> None:
@@ -40,7 +45,7 @@ def test_accuracy_and_calibration_pages_draw_values_at_the_bounds(client: TestCl
     for page in ("/calibrations", f"/calibrations/{calibration_id}", f"/plans/{plan_id}"):
         response = client.get(page)
         assert response.status_code == 200, page
-        assert finite_coordinates(response.text) or "<svg" not in response.text
+        assert finite_coordinates(response.text) or "plot-figure" not in response.text
     detail = client.get(f"/calibrations/{calibration_id}").text
     assert marks(detail, "matmul", "circle") == 6 and marks(detail, "collective", "circle") == 7
 

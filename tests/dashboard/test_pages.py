@@ -16,20 +16,11 @@ from api.db.models import PlanRow
 from api.db.session import create_db_engine, create_session_factory
 from api.settings import Settings
 from tests.dashboard.conftest import DEBUG_CPU_FORM, GPT2_FORM, Database, create_plan
+from tests.dashboard.figures import figure_html as figure
+from tests.dashboard.figures import marks, plot, traces
 from tests.dashboard.sample_data import h100_profile, insert_calibration, insert_runs
 
 HTML = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
-
-
-def figure(html: str, chart: str) -> str:
-    match = re.search(rf'<figure class="chart" data-chart="{chart}">(.*?)</figure>', html, re.S)
-    assert match, f"no {chart} chart on the page"
-    return match.group(1)
-
-
-def marks(html: str, chart: str, kind: str = "") -> int:
-    """Data marks (class `mark`) of one chart, optionally of one SVG element kind."""
-    return len(re.findall(rf'<{kind or "[a-z]+"} [^>]*class="mark[ "]', figure(html, chart)))
 
 
 def row_ids(html: str) -> list[int]:
@@ -101,15 +92,17 @@ def test_plan_created_through_the_form_opens_with_all_charts(client: TestClient)
     )
     assert "GPU capacity 79.6 GiB" in figure(html, "memory")
     assert marks(html, "timeline", "rect") >= len(plan["prediction"]["timeline"]) // 2
-    assert len(re.findall(r'class="mark exposed"', figure(html, "timeline"))) == sum(
+    assert marks(html, "timeline", "rect", "exposed") == sum(
         1 for seg in plan["prediction"]["timeline"] if seg["exposed_s"] > 0
     )
-    tradeoff = figure(html, "tradeoff")
-    assert tradeoff.count('class="mark chosen"') == 1
-    assert tradeoff.count('class="mark alternative"') == len(plan["alternatives"])
+    assert marks(html, "tradeoff", "circle", "chosen") == 1
+    assert marks(html, "tradeoff", "circle", "alternative") == len(plan["alternatives"])
     # A point per configuration on the Pareto front, and the line through them.
-    assert tradeoff.count('class="mark pareto"') == len(plan["pareto_front"]) + 1
+    assert marks(html, "tradeoff", "circle", "pareto") == len(plan["pareto_front"])
     assert marks(html, "tradeoff", "path") == 1
+    # Without JavaScript, the chart's numbers are a table under it.
+    assert '<details class="chart-data" id="data-memory">' in figure(html, "memory")
+    assert len(traces(plot(html, "tradeoff"), "chosen")[0]["hovertext"]) == 1
     # Alternatives, why other families lost, downloads, validation runs' empty state.
     for alternative in plan["alternatives"]:
         assert alternative["label"] in html
@@ -305,7 +298,7 @@ def test_accuracy_page_plots_every_run(client: TestClient, db: Database) -> None
     html = client.get("/accuracy").text
     assert marks(html, "step-time", "circle") == 5
     assert marks(html, "memory-accuracy", "circle") == 5
-    assert 'class="guide"' in figure(html, "step-time")  # the y = x line
+    assert [t["name"] for t in traces(plot(html, "step-time"), "guide")] == ["y = x (perfect prediction)"]
     assert marks(html, "errors", "rect") >= 2
     assert re.search(r'<th scope="row">step time</th><td class="num">5</td>', html)
     detail = client.get(f"/plans/{first}").text

@@ -4,20 +4,16 @@
 from __future__ import annotations
 
 import html
-import re
 
 from fastapi.testclient import TestClient
 
 from planner.formatting import duration
 from tests.dashboard.conftest import create_plan
-from tests.dashboard.test_pages import figure, marks
+from tests.dashboard.figures import figure_html as figure
+from tests.dashboard.figures import marks, plot, traces
 
 LLAMA_405B = {"model": "llama3.1-405b", "cluster": "128x8xH100",
               "training": {"seq_len": 2048, "global_batch_tokens": 2048 * 2048}}
-
-
-def _rect_widths(chart: str) -> list[float]:
-    return [float(w) for w in re.findall(r'<rect [^>]*width="([\d.]+)"[^>]*class="mark', chart)]
 
 
 def test_a_405b_timeline_is_drawn_per_phase(client: TestClient) -> None:
@@ -33,13 +29,16 @@ def test_a_405b_timeline_is_drawn_per_phase(client: TestClient) -> None:
     assert "per phase" in chart and "too many to draw one by one" in chart
     # A handful of readable blocks instead of hundreds of slivers, each named inside.
     assert 4 <= marks(page.text, "timeline", "rect") <= 12
-    assert min(_rect_widths(chart)) >= 2
-    label_texts = re.findall(r'<text [^>]*class="span-label"[^>]*>([^<]+)</text>', chart)
-    labels = [html.unescape(text) for text in label_texts]
+    figure_ = plot(page.text, "timeline")
+    step = figure_["layout"]["xaxis"]["range"][1]
+    widths = [w for trace in traces(figure_) for w in trace["x"]]
+    assert min(widths) >= step * 0.005  # every block wide enough to point at
+    labels = [html.unescape(text) for trace in traces(figure_) for text in trace["text"] if text]
     # Blocks wide enough name themselves (a narrow one keeps its name in the tooltip and the legend).
     assert any(label.startswith("backward ") for label in labels), labels
     assert any(label.startswith("reduce ") for label in labels), labels
-    assert 'class="mark exposed phase"' in chart
+    exposed = traces(figure_, "exposed")
+    assert exposed and all("phase" in t["meta"]["class"] for t in exposed)
 
     # The blocks keep the totals: each phase's compute and waits are the plan's own sums.
     for phase in ("forward", "backward"):
@@ -57,6 +56,7 @@ def test_a_small_plan_keeps_every_span(client: TestClient) -> None:
     timeline = client.get(f"/api/v1/plans/{plan_id}").json()["plan"]["prediction"]["timeline"]
     page = client.get(f"/plans/{plan_id}").text
     chart = figure(page, "timeline")
-    assert "per phase" not in chart and 'class="span-label"' not in chart
+    assert "per phase" not in chart
+    assert not any(text for trace in traces(plot(page, "timeline")) for text in trace["text"])
     # One mark per span (pure waits move to the compute lane; partly exposed transfers add one).
     assert marks(page, "timeline", "rect") >= len(timeline)
