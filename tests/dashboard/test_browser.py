@@ -27,12 +27,64 @@ pytestmark = pytest.mark.browser
 
 
 
-def chart_marks(page: Any, chart: str, selector: str = ".mark") -> int:
-    """Data marks drawn in one chart; also checks the chart is laid out (not a zero-size SVG)."""
-    svg = page.locator(f'figure[data-chart="{chart}"] svg')
-    box = svg.bounding_box()
+def chart_marks(page: Any, chart: str, kind: str, css_class: str | None = None) -> int:
+    """What plotly.js drew in one chart, read from the page: `circle` markers, `path` lines or `rect`
+    bars, optionally of the traces whose `meta.class` has `css_class` (guides left out). Also checks
+    that the chart is plotted and laid out (a real size, not a collapsed box)."""
+    return int(page.evaluate(DRAWN_MARKS, drawn_figure(page, chart) | {"kind": kind, "css": css_class}))
+
+
+def drawn_figure(page: Any, chart: str) -> dict[str, str]:
+    figure = page.locator(f'figure[data-chart="{chart}"]')
+    page.wait_for_selector(f'figure[data-chart="{chart}"].plotted', state="attached")
+    box = figure.locator(".main-svg").first.bounding_box()
     assert box and box["width"] > 200 and box["height"] > 80, f"{chart} chart is not laid out: {box}"
-    return int(svg.locator(selector).count())
+    return {"id": f"plot-{chart}"}
+
+
+DRAWN_MARKS = """({id, kind, css}) => {
+  const plot = document.getElementById(id);
+  const layer = kind === "rect" ? ".barlayer" : ".scatterlayer";
+  const marks = {circle: "path.point", path: "path.js-line", rect: "g.point path"}[kind];
+  let count = 0;
+  plot.querySelectorAll(layer + " g.trace").forEach((group) => {
+    const trace = group.__data__ && group.__data__[0] && group.__data__[0].trace;
+    const classes = ((trace && trace.meta && trace.meta.class) || "").split(" ");
+    if (classes.includes("guide") || (css && !classes.includes(css))) return;
+    group.querySelectorAll(marks).forEach((mark) => {
+      const box = mark.getBBox();
+      if (box.width > 0 || box.height > 0) count += 1;
+    });
+  });
+  return count;
+}"""
+
+
+def hover_text(page: Any, chart: str, css_class: str, index: int = 0) -> str:
+    """Move the mouse onto a marker of the traces with `css_class` (plotly.js listens on its drag layer,
+    above the marks) and return the hover label it shows."""
+    page.locator(f'figure[data-chart="{chart}"]').scroll_into_view_if_needed()
+    centre = page.evaluate(MARKER_CENTRE, {"id": f"plot-{chart}", "css": css_class, "index": index})
+    assert centre, f"no {css_class} marker in the {chart} chart"
+    page.mouse.move(centre["x"], centre["y"])
+    label = page.locator(f'figure[data-chart="{chart}"] .hoverlayer .hovertext')
+    label.first.wait_for(state="visible")
+    return label.first.text_content() or ""
+
+
+MARKER_CENTRE = """({id, css, index}) => {
+  const plot = document.getElementById(id);
+  const markers = [];
+  plot.querySelectorAll(".scatterlayer g.trace").forEach((group) => {
+    const trace = group.__data__ && group.__data__[0] && group.__data__[0].trace;
+    const classes = ((trace && trace.meta && trace.meta.class) || "").split(" ");
+    if (classes.includes(css)) group.querySelectorAll("path.point").forEach((m) => markers.push(m));
+  });
+  const marker = markers[index];
+  if (!marker) return null;
+  const box = marker.getBoundingClientRect();
+  return {x: box.left + box.width / 2, y: box.top + box.height / 2};
+}"""
 
 
 def fill_plan_form(page: Any, *, model: str, nodes: str, gpus: str, gpu: str, seq_len: str, batch: str,
@@ -121,14 +173,16 @@ def test_create_find_sort_filter_open_and_compare(live_server: LiveServer, page:
     p.click("text=GPT-2 baseline")
     p.wait_for_url(f"**/plans/{gpt2_id}")
     assert p.title() == f"GPT-2 baseline · plan {gpt2_id} · fsdp-planner"
-    assert chart_marks(p, "memory", "rect.mark") >= 6
+    assert chart_marks(p, "memory", "rect") >= 6
     # One mark per timeline segment at least (a partly exposed transfer draws two).
     stored = p.request.get(f"{live_server.url}/api/v1/plans/{gpt2_id}").json()
-    assert chart_marks(p, "timeline", "rect.mark") >= len(stored["plan"]["prediction"]["timeline"]) > 10
-    assert chart_marks(p, "timeline", "rect.mark.exposed") >= 1  # exposed communication is marked
-    assert chart_marks(p, "tradeoff", "circle.mark") > 3
-    assert chart_marks(p, "tradeoff", "circle.mark.chosen") == 1
-    assert chart_marks(p, "tradeoff", "path.mark.pareto") == 1
+    assert chart_marks(p, "timeline", "rect") >= len(stored["plan"]["prediction"]["timeline"]) > 10
+    assert chart_marks(p, "timeline", "rect", "exposed") >= 1  # exposed communication is marked
+    assert chart_marks(p, "tradeoff", "circle") > 3
+    assert chart_marks(p, "tradeoff", "circle", "chosen") == 1
+    assert chart_marks(p, "tradeoff", "path", "pareto") == 1
+    # Hovering the chosen plan's point names its configuration.
+    assert stored["plan"]["config"]["sharding"] in hover_text(p, "tradeoff", "chosen")
     assert p.locator("#alternatives-table tbody tr").count() >= 2
     assert p.locator("#rejected-table tbody tr").count() >= 1
     assert p.locator("#no-runs").is_visible()
@@ -154,7 +208,7 @@ def test_create_find_sort_filter_open_and_compare(live_server: LiveServer, page:
     assert p.locator("#compare-table thead th").count() == 3
     assert p.locator("#compare-table tr.differs").count() > 5
     assert p.locator("#compare-table td.best").count() > 3
-    assert chart_marks(p, "compare-memory", "rect.mark") >= 10
+    assert chart_marks(p, "compare-memory", "rect") >= 10
     page.screenshot("compare")
     p.check("#only-differences")
     assert p.locator("#compare-table tr.same").first.is_hidden()
@@ -241,17 +295,17 @@ def test_calibrations_and_accuracy_pages(live_server: LiveServer, page: BrowserP
     p.goto(live_server.url + "/calibrations")
     p.click("text=8x H100 node a17")
     p.wait_for_url(f"**/calibrations/{calibration.id}")
-    assert chart_marks(p, "matmul", "circle.mark") == 12
-    assert chart_marks(p, "matmul", "path.mark") == 2
-    assert chart_marks(p, "collective", "circle.mark") == 33
+    assert chart_marks(p, "matmul", "circle") == 12
+    assert chart_marks(p, "matmul", "path") == 2
+    assert chart_marks(p, "collective", "circle") == 33
     assert "NVIDIA H100 80GB HBM3" in p.locator("#hardware-title + dl").inner_text()
     page.screenshot("calibration-detail")
 
     p.click("nav >> text=Accuracy")
     assert p.title() == "Accuracy · fsdp-planner"
-    assert chart_marks(p, "step-time", "circle.mark") == runs
-    assert chart_marks(p, "memory-accuracy", "circle.mark") == runs
-    assert chart_marks(p, "errors", "rect.mark") >= 2
+    assert chart_marks(p, "step-time", "circle") == runs
+    assert chart_marks(p, "memory-accuracy", "circle") == runs
+    assert chart_marks(p, "errors", "rect") >= 2
     assert p.locator("#accuracy-summary tbody tr").count() == 3
     page.screenshot("accuracy")
 
@@ -315,10 +369,10 @@ def test_a_405b_timeline_is_readable(live_server: LiveServer, page: BrowserPage)
     assert created.status_code == 201, created.text
     p = page.page
     p.goto(f"{live_server.url}/plans/{created.json()['id']}")
-    blocks = p.locator('figure[data-chart="timeline"] svg rect.mark')
-    assert 4 <= blocks.count() <= 12
+    assert 4 <= chart_marks(p, "timeline", "rect") <= 12
+    blocks = p.locator("#plot-timeline .barlayer g.point path")
     widths = [box["width"] for box in (blocks.nth(i).bounding_box() for i in range(blocks.count())) if box]
     assert min(widths) >= 4, widths  # on screen: no one-pixel stripes
-    assert p.locator('figure[data-chart="timeline"] text.span-label', has_text="backward").count() == 1
+    assert p.locator("#plot-timeline .barlayer text.bartext", has_text="backward").count() >= 1
     p.locator('figure[data-chart="timeline"]').scroll_into_view_if_needed()
     page.screenshot("plan-405b-timeline")

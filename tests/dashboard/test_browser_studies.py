@@ -1,0 +1,68 @@
+"""A what-if study in a real browser: created through the form, its chart drawn by plotly.js with one
+point per cluster that fits, hover naming the cluster and its configuration, a click opening its plan."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from tests.dashboard.conftest import BrowserPage, LiveServer
+from tests.dashboard.test_browser import MARKER_CENTRE, chart_marks, hover_text
+
+pytestmark = pytest.mark.browser
+
+
+def test_study_from_the_form_to_a_plan_through_the_chart(live_server: LiveServer, page: BrowserPage) -> None:
+    p = page.page
+    p.goto(live_server.url + "/studies")
+    assert p.locator("#empty-studies").is_visible()
+    p.click("text=New study")
+    p.wait_for_url("**/studies/new")
+    p.select_option("#model", "gpt2")
+    p.fill("#token_budget", "10B")
+    p.fill("#name", "gpt2 on H100 or A100")
+    assert p.locator("#gpu-H100-SXM-80GB").is_checked() and p.locator("#gpu-A100-80GB").is_checked()
+    p.fill("#price_H100-SXM-80GB", "2.5")
+    p.fill("#sizes", "1,8,12,16")
+    p.fill("#seq_len", "1024")
+    p.fill("#batch_tokens", "262144")
+    p.fill("#deadline_days", "1")
+    page.screenshot("study-form")
+    p.click("#create-study")
+    p.wait_for_url(re.compile(r".*/studies/\d+$"))
+    study_id = int(p.url.rsplit("/", 1)[1])
+    study = httpx.get(f"{live_server.url}/api/v1/studies/{study_id}").json()
+    fitting = [point for point in study["points"] if point["fits"]]
+    assert study["name"] == "gpt2 on H100 or A100" and len(fitting) == 6
+
+    # One point per cluster that fits, coloured per GPU type; the front drawn as a line.
+    assert chart_marks(p, "study", "circle", "cluster") == len(fitting)
+    assert chart_marks(p, "study", "path", "pareto") == (1 if sum(pt["pareto"] for pt in fitting) > 1 else 0)
+    page.screenshot("study")
+
+    # Hover names the cluster and its configuration, as the table does.
+    label = hover_text(p, "study", "cluster", index=0)
+    first = next(pt for pt in fitting if pt["gpu"] == "H100-SXM-80GB")
+    assert first["cluster"] in label and first["config_label"] in label, label
+
+    # A click on the point opens that cluster's plan.
+    centre = p.evaluate(MARKER_CENTRE, {"id": "plot-study", "css": "cluster", "index": 0})
+    p.mouse.click(centre["x"], centre["y"])
+    p.wait_for_url(f"**/plans/{first['plan_id']}")
+    cluster = f"on {first['num_nodes']} × {first['gpus_per_node']} × H100-SXM-80GB"
+    assert cluster in p.locator(".subtitle").inner_text()
+    assert p.locator("#plan-studies").inner_text().startswith("A cluster of study")
+
+    # Without JavaScript the study page is whole: the tables carry every number.
+    context = p.context.browser.new_context(java_script_enabled=False)
+    try:
+        plain = context.new_page()
+        plain.goto(f"{live_server.url}/studies/{study_id}")
+        assert plain.locator("#study-points tbody tr").count() == len(fitting)
+        assert plain.locator("#study-refused tbody tr").count() == len(study["points"]) - len(fitting)
+        assert plain.locator("figure[data-chart=study] noscript").count() == 1
+        assert plain.locator("#data-study tbody tr").count() >= len(fitting)
+    finally:
+        context.close()
