@@ -266,12 +266,18 @@ def _axis(title: str, lo: float, hi: float, fmt: Formatter, *, log: bool = False
     }
 
 
-def _layout(title: str, *, height: int, legend: bool = True, **extra: Any) -> dict[str, Any]:
+def _layout(title: str, *, plot_height: int, legend_rows: int, left: int = 70, top: int = 16,
+            **extra: Any) -> dict[str, Any]:
+    """The layout around a plot area `plot_height` pixels tall: the x axis title under it, then the
+    legend in rows at the bottom of the figure (so the two never overlap)."""
+    bottom = 56 + 24 * legend_rows
     return {
-        "title": {"text": ""}, "meta": {"title": _text(title)}, "height": height, "autosize": True,
-        "font": FONT, "paper_bgcolor": "#ffffff", "plot_bgcolor": "#ffffff", "hovermode": "closest",
-        "margin": {"l": 70, "r": 20, "t": 16, "b": 50}, "showlegend": legend,
-        "legend": {"orientation": "h", "yanchor": "top", "y": -0.22, "x": 0},
+        "title": {"text": ""}, "meta": {"title": _text(title)}, "height": top + plot_height + bottom,
+        "autosize": True, "font": FONT, "paper_bgcolor": "#ffffff", "plot_bgcolor": "#ffffff",
+        "hovermode": "closest", "margin": {"l": left, "r": 20, "t": top, "b": bottom},
+        "showlegend": legend_rows > 0,
+        "legend": {"orientation": "h", "x": 0, "xanchor": "left", "yref": "container", "y": 0,
+                   "yanchor": "bottom"},
         **extra,
     }
 
@@ -332,7 +338,7 @@ def xy_chart(
             data.append(_guide_trace(guide.label, [guide.x, guide.x], [y_lo, y_hi], HIGHLIGHT_COLOR))
     legend = sum(1 for s in series if s.points) + len(guides)
     layout = _layout(
-        title, height=plot_height + 70 + 22 * _legend_rows(legend),
+        title, plot_height=plot_height, legend_rows=_legend_rows(legend),
         xaxis=_axis(x_label, x_lo, x_hi, x_format, log=x_log, binary=x_binary),
         yaxis=_axis(y_label, y_lo, y_hi, y_format, log=y_log),
     )
@@ -348,7 +354,7 @@ def _guide_trace(label: str, xs: list[float], ys: list[float], color: str) -> di
 
 
 def _legend_rows(entries: int, per_row: int = 4) -> int:
-    return max(1, -(-entries // per_row))
+    return -(-entries // per_row)
 
 
 def stacked_bars(
@@ -395,11 +401,10 @@ def stacked_bars(
                             "xanchor": "right", "text": _text(limit.label), "showarrow": False,
                             "font": {"color": HIGHLIGHT_COLOR}})
     layout = _layout(
-        title, height=90 + 36 * len(bars) + 22 * _legend_rows(len(data) - 1) + (16 if limit else 0),
-        barmode="stack", shapes=shapes, annotations=annotations,
+        title, plot_height=20 + 36 * len(bars), legend_rows=_legend_rows(len(data) - 1), left=10,
+        top=26 if limit else 12, barmode="stack", shapes=shapes, annotations=annotations,
         xaxis=_axis(x_label, 0.0, hi, x_format),
         yaxis={"type": "category", "autorange": "reversed", "automargin": True, "fixedrange": True},
-        margin={"l": 10, "r": 20, "t": 24 if limit else 12, "b": 50},
     )
     rows = tuple((b.label, name, value_format(v)) for b in bars for name, v in b.segments if v > 0)
     return Chart(chart_id, title, {"data": data, "layout": layout}, ("bar", "part", "value"), rows)
@@ -440,12 +445,12 @@ def timeline(
         })
         shown.add(name)
     layout = _layout(
-        title, height=70 + 46 * len(lanes) + 22 * _legend_rows(len(shown)), barmode="overlay",
+        title, plot_height=20 + 46 * len(lanes), legend_rows=_legend_rows(len(shown)), left=10, top=12,
+        barmode="overlay",
         uniformtext={"mode": "hide", "minsize": 10},
         xaxis=_axis(x_label, 0.0, end, duration),
         yaxis={"type": "category", "categoryorder": "array", "categoryarray": [_text(lane) for lane in lanes],
                "autorange": "reversed", "automargin": True, "fixedrange": True},
-        margin={"l": 10, "r": 20, "t": 12, "b": 50},
     )
     rows = tuple((s.lane, s.tooltip) for s in spans)
     return Chart(chart_id, title, {"data": data, "layout": layout}, ("lane", "span"), rows)
@@ -519,7 +524,7 @@ def histogram(
     if lo < 0 < hi:
         data.append(_guide_trace("zero error", [0.0, 0.0], [0.0, highest * 1.1], GUIDE_COLOR))
     layout = _layout(
-        title, height=300 + 22 * _legend_rows(len(visible)), barmode="overlay",
+        title, plot_height=220, legend_rows=_legend_rows(len(visible)), barmode="overlay",
         xaxis=_axis(x_label, lo, hi, x_format),
         yaxis=_axis("runs", 0.0, highest * 1.1, lambda v: f"{v:g}" if v == int(v) else "",
                     ticks=[t for t in nice_ticks(0.0, highest * 1.1) if t == int(t)]),

@@ -63,6 +63,15 @@ def dollars(value: float | None) -> str:
     return "–" if value is None else money(value)
 
 
+def days(value: float | None) -> str:
+    """Days to train: 597, 12.5, 0.31 (three significant digits below ten)."""
+    if value is None or not math.isfinite(value):
+        return "–"
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
 def timestamp(value: datetime) -> str:
     return f"{value:%Y-%m-%d %H:%M} UTC"
 
@@ -82,4 +91,5 @@ FILTERS = {
     "timestamp": timestamp,
     "compact": compact_number,
     "dollars": dollars,
+    "days": days,
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from api.dashboard import charts
-from api.dashboard.formatting import count, percent, thousands
+from api.dashboard.formatting import count, days, percent, thousands
 from api.dashboard.plan_views import Row
 from api.schemas.studies import StudyDetail, StudyPointOut
 from planner.formatting import money
@@ -22,16 +22,22 @@ class Pick:
 
 
 def picks(study: StudyDetail) -> list[Pick]:
-    """Cheapest within the deadline (when one was given), cheapest, fastest: each once per cluster."""
+    """Cheapest within the deadline (when one was given), cheapest, fastest: one card per cluster."""
     chosen: list[Pick] = []
+    days_ = study.deadline_days
+    deadline = f"{days_:g} day{'' if days_ == 1 else 's'}" if days_ else ""
     for key, title, position in (
-        ("deadline", f"Cheapest within {study.deadline_days:g} days" if study.deadline_days else "",
-         study.cheapest_within_deadline),
+        ("deadline", f"Cheapest within {deadline}", study.cheapest_within_deadline if deadline else None),
         ("cheapest", "Cheapest", study.cheapest),
         ("fastest", "Fastest", study.fastest),
     ):
-        if position is not None and title:
-            chosen.append(Pick(key=key, title=title, point=study.points[position]))
+        if position is None:
+            continue
+        same = next((pick for pick in chosen if pick.point.position == position), None)
+        if same is not None:  # one card says both
+            chosen[chosen.index(same)] = Pick(same.key, f"{same.title}; {title.lower()} overall", same.point)
+            continue
+        chosen.append(Pick(key=key, title=title, point=study.points[position]))
     return chosen
 
 
@@ -111,16 +117,14 @@ def chart(study: StudyDetail) -> charts.Chart | None:
         pick = _point(study.points[study.cheapest_within_deadline], "recommended: ")
         series.append(charts.Series("cheapest within the deadline", [pick], charts.HIGHLIGHT_COLOR, radius=7,
                                     css_class="chosen"))
-    days = [p.days for p in fitting]
+    durations = [p.days for p in fitting]
     costs = [p.cost for p in fitting]
     guides = [charts.GuideLine(label=f"deadline {study.deadline_days:g} days", x=study.deadline_days)] \
         if study.deadline_days else []
     return charts.xy_chart(
         chart_id="study-chart", title="Days to train vs cost", series=series,
-        x_label="days to train", y_label="cost (USD)", x_format=_days, y_format=money,
-        x_log=charts.should_use_log(days), y_log=charts.should_use_log(costs), guides=guides,
+        x_label="days to train", y_label="cost (USD)", x_format=days, y_format=money,
+        x_log=charts.should_use_log(durations), y_log=charts.should_use_log(costs), guides=guides,
     )
 
 
-def _days(value: float) -> str:
-    return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"

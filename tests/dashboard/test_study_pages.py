@@ -44,12 +44,19 @@ def test_form_creates_a_study_and_its_page_shows_picks_rows_and_reasons(client: 
     api = client.get(f"/api/v1/studies/{study_id}").json()
     fitting = [p for p in api["points"] if p["fits"]]
 
-    # Picks: cards for the cheapest (and the deadline's pick when one trains in time) and the fastest.
-    assert 'id="pick-cheapest"' in html and 'id="pick-fastest"' in html
+    # Picks: a card per recommended cluster (cheapest within the deadline, cheapest, fastest), each once.
+    picks = re.search(r'<section class="headline picks"[^>]*>(.*?)</section>', html, re.S)
+    assert picks
+    cards = re.findall(r'<div class="metric pick" id="pick-(\w+)">(.*?)</div>', picks.group(1), re.S)
+    positions = {api["cheapest"], api["fastest"], api["cheapest_within_deadline"]} - {None}
+    assert len(cards) == len(positions)
+    for position in positions:
+        point = api["points"][position]
+        link = f'href="/plans/{point["plan_id"]}"'
+        assert any(point["cluster"] in body and link in body for _, body in cards)
     cheapest = api["points"][api["cheapest"]]
-    card = re.search(r'id="pick-cheapest">(.*?)</div>', html, re.S)
-    assert card and cheapest["cluster"] in card.group(1)
-    assert f'href="/plans/{cheapest["plan_id"]}"' in card.group(1)
+    if api["cheapest_within_deadline"] == api["cheapest"]:
+        assert "Cheapest within 1 day; cheapest overall" in picks.group(1)
 
     # Every fitting cluster is a row, cheapest first, with its plan and launcher links.
     table = re.search(r'<table class="data" id="study-points">(.*?)</table>', html, re.S)
