@@ -51,22 +51,34 @@ function setUpPlanForm() {
   [seqLen, batch].forEach((input) => input && input.addEventListener("input", describeBatch));
   describeBatch();
 
-  // Planning a large model takes a moment: say so, and keep a double click from sending twice.
+  sayWhileSubmitting(form, "create-plan", "Searching configurations…");
+}
+
+// Planning takes a moment (a study plans every cluster): say so, and keep a double click from sending twice.
+function sayWhileSubmitting(form, buttonId, message) {
   form.addEventListener("submit", () => {
-    const button = document.getElementById("create-plan");
+    const button = document.getElementById(buttonId);
     const status = document.getElementById("planning-status");
     if (button) button.disabled = true;
-    if (status) status.textContent = "Searching configurations…";
+    if (status) status.textContent = message;
   });
+}
+
+function setUpStudyForm() {
+  const form = document.getElementById("study-form");
+  if (form) sayWhileSubmitting(form, "create-study", "Planning every cluster…");
 }
 
 document.addEventListener("DOMContentLoaded", () => {
   setUpCompare();
   setUpPlanForm();
+  setUpStudyForm();
 });
 
 // Coming back to the form with the back button restores the page as it was left: re-enable its button.
 window.addEventListener("pageshow", () => {
-  const button = document.getElementById("create-plan");
-  if (button) button.disabled = false;
+  ["create-plan", "create-study"].forEach((id) => {
+    const button = document.getElementById(id);
+    if (button) button.disabled = false;
+  });
 });
