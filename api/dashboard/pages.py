@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -122,24 +124,36 @@ async def create_plan_from_form(request: Request, session: SessionDep, settings:
 def _create_plan(
     request: Request, session: SessionDep, max_model_layers: int, form: plan_form.PlanForm, api_key: str
 ) -> Response:
+    def create(body: Any) -> str:
+        outcome = plan_service.create_plan(
+            session, body, locks=request.app.state.plan_locks, search_pool=request.app.state.search_pool,
+            max_model_layers=max_model_layers,
+        )
+        return f"/plans/{outcome.row.id}" + ("?existing=1" if outcome.status_code == 200 else "")
+
+    return _answer_form(request, session, form, api_key, build=plan_form.to_plan_create, create=create,
+                        add_problem=plan_form.add_problem, page="plan_new.html", context=_form_context)
+
+
+def _answer_form(
+    request: Request, session: SessionDep, form: Any, api_key: str, *, build: Callable[[Any], Any],
+    create: Callable[[Any], str], add_problem: Callable[[Any, ProblemError], None], page: str,
+    context: Callable[[Request, SessionDep, Any], dict[str, object]],
+) -> Response:
+    """A submitted form: created (303 to `create`'s page), or shown again with every error beside its
+    field (401 when only the API key is missing or wrong, 422 otherwise)."""
     key_error = access.write_key_error(session, request, api_key)
     if key_error:
         form.add_error("api_key", key_error)
-    body = plan_form.to_plan_create(form)
+    body = build(form)
     if body is not None and not form.errors:
         try:
-            outcome = plan_service.create_plan(
-                session, body, locks=request.app.state.plan_locks, search_pool=request.app.state.search_pool,
-                max_model_layers=max_model_layers,
-            )
+            return RedirectResponse(create(body), status_code=303)
         except ProblemError as problem:
-            plan_form.add_problem(form, problem)
-        else:
-            suffix = "?existing=1" if outcome.status_code == 200 else ""
-            return RedirectResponse(f"/plans/{outcome.row.id}{suffix}", status_code=303)
+            add_problem(form, problem)
     session.commit()
     status = 401 if set(form.errors) == {"api_key"} else 422
-    return render(request, "plan_new.html", _form_context(request, session, form), status_code=status)
+    return render(request, page, context(request, session, form), status_code=status)
 
 
 @router.get("/plans/{plan_id}", response_class=HTMLResponse)
@@ -315,22 +329,15 @@ async def create_study_from_form(request: Request, session: SessionDep, settings
 def _create_study(
     request: Request, session: SessionDep, max_model_layers: int, form: study_form.StudyForm, api_key: str
 ) -> Response:
-    key_error = access.write_key_error(session, request, api_key)
-    if key_error:
-        form.add_error("api_key", key_error)
-    body = study_form.to_study_create(form)
-    if body is not None and not form.errors:
-        try:
-            study_id = study_service.create_study(
-                session, body, search_pool=request.app.state.search_pool, max_model_layers=max_model_layers,
-            )
-        except ProblemError as problem:
-            study_form.add_problem(form, problem)
-        else:
-            return RedirectResponse(f"/studies/{study_id}", status_code=303)
-    session.commit()
-    status = 401 if set(form.errors) == {"api_key"} else 422
-    return render(request, "study_new.html", _study_form_context(request, session, form), status_code=status)
+    def create(body: Any) -> str:
+        study_id = study_service.create_study(
+            session, body, search_pool=request.app.state.search_pool, max_model_layers=max_model_layers,
+        )
+        return f"/studies/{study_id}"
+
+    return _answer_form(request, session, form, api_key, build=study_form.to_study_create, create=create,
+                        add_problem=study_form.add_problem, page="study_new.html",
+                        context=_study_form_context)
 
 
 @router.get("/studies/{study_id}", response_class=HTMLResponse)
