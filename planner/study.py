@@ -76,6 +76,9 @@ class StudyGpu(StrictModel):
     """USD per GPU-hour. None: the catalog default (DEFAULT_PRICES_PER_GPU_HOUR); custom GPUs need one."""
     gpus_per_node: Annotated[int, Field(ge=1, le=64)] | None = None
     """GPUs per node. None: the GPU type's usual node (8 for datacenter GPUs)."""
+    calibration_id: Annotated[int, Field(ge=1, le=(1 << 53) - 1)] | None = None
+    """A calibration profile stored on the service, measured on this GPU type: its clusters are planned
+    with it, as `POST /plans` with `calibration_id` does. None: catalog peaks (uncalibrated)."""
 
     @model_validator(mode="after")
     def _resolvable(self) -> StudyGpu:
@@ -234,6 +237,8 @@ class StudyCluster(BaseModel):
 class StudyCandidate(StudyCluster):
     """A cluster to search, and the plan request for it (None when it cannot be formed)."""
 
+    calibration_id: int | None = None
+    """The stored calibration profile its GPU type is planned with."""
     request: PlanRequest | None
     refusal: str | None = None
     """Why no plan request exists for this cluster (e.g. not whole nodes)."""
@@ -243,7 +248,8 @@ class StudyCandidate(StudyCluster):
         node = gpu.node_size
         nodes, gpus_per_node = (1, num_gpus) if num_gpus <= node else (num_gpus // node, node)
         fields = dict(gpu=gpu.name, num_gpus=num_gpus, num_nodes=nodes, gpus_per_node=gpus_per_node,
-                      global_batch_tokens=study.batch_tokens(num_gpus), price_per_gpu_hour=gpu.price)
+                      global_batch_tokens=study.batch_tokens(num_gpus), price_per_gpu_hour=gpu.price,
+                      calibration_id=gpu.calibration_id)
         if nodes * gpus_per_node != num_gpus:
             return cls(**fields, request=None,
                        refusal=f"{num_gpus} GPUs is not a whole number of {node}-GPU {gpu.name} nodes")
@@ -287,6 +293,8 @@ class StudyPoint(StudyCluster):
 
     fits: bool
     """A configuration fits in memory and the batch splits; False: `reason` says why not."""
+    calibration_id: int | None = None
+    """The calibration profile its GPU type was planned with (None: catalog peaks)."""
     reason: str | None = None
     plan_hash: str | None = None
     config_label: str | None = None
@@ -313,7 +321,8 @@ def study_point(study: StudyRequest, candidate: StudyCandidate, plan: Plan) -> S
     spent = training_cost(token_budget=study.token_budget, tokens_per_s=prediction.tokens_per_s,
                           num_gpus=candidate.num_gpus, price_per_gpu_hour=candidate.price_per_gpu_hour)
     return StudyPoint(
-        **candidate.cluster_fields(), fits=True, plan_hash=plan.plan_hash,
+        **candidate.cluster_fields(), fits=True, calibration_id=candidate.calibration_id,
+        plan_hash=plan.plan_hash,
         config_label=plan.config.label(),
         step_time_s=prediction.step_time_s, tokens_per_s=prediction.tokens_per_s,
         tokens_per_s_per_gpu=prediction.tokens_per_s_per_gpu, mfu=prediction.mfu,
@@ -331,7 +340,8 @@ def refused_point(candidate: StudyCandidate, error: PlanningError | None = None)
                   f"per GPU, {error.capacity_gib:.1f} GiB fit")
     else:
         reason = error.message
-    return StudyPoint(**candidate.cluster_fields(), fits=False, reason=reason)
+    return StudyPoint(**candidate.cluster_fields(), fits=False, reason=reason,
+                      calibration_id=candidate.calibration_id)
 
 
 class StudySummary(BaseModel):

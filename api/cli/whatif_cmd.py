@@ -126,6 +126,9 @@ def whatif(
         raise fail(describe_validation_error(exc)) from None
     except PlanningError as exc:
         raise fail(exc.message) from None
+    if any(gpu.calibration_id is not None for gpu in study.gpus):
+        raise fail("calibration_id names a profile stored on a service: add --server URL to plan there "
+                   "(here, studies plan with catalog peaks)")
     summary = _plan_here(study)
     document = json.dumps({"request": study.model_dump(mode="json"), **summary.model_dump(mode="json")},
                           indent=2)

@@ -19,12 +19,22 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 
 from planner.calibration import CalibrationProfile
 from planner.errors import PlanningError
 from planner.plan import Plan
 from planner.search import make_plan
 from planner.specs import PlanRequest
+
+
+@dataclass(frozen=True)
+class SearchJob:
+    """One search of `SearchPool.search_many`: a request and the calibration to plan it with."""
+
+    request: PlanRequest
+    calibration: CalibrationProfile | None = None
+    calibration_id: str | None = None
 
 
 class SearchPoolBrokenError(RuntimeError):
@@ -79,14 +89,14 @@ class SearchPool:
             raise SearchPoolBrokenError("the search process stopped before answering") from None
 
     def search_many(
-        self, requests: Sequence[PlanRequest], *, on_done: Callable[[int], None] | None = None
+        self, jobs: Sequence[SearchJob], *, on_done: Callable[[int], None] | None = None
     ) -> list[Plan | PlanningError]:
-        """Uncalibrated plans for independent requests, searched in parallel on all workers: per
-        request (in order) its Plan, or the PlanningError that refused it. `on_done(count)` is called
-        as searches finish (progress). Raises SearchPoolBrokenError when a worker died."""
+        """Plans for independent requests (each with its calibration, or none), searched in parallel on all
+        workers: per job (in order) its Plan, or the PlanningError that refused it. `on_done(count)` is
+        called as searches finish (progress). Raises SearchPoolBrokenError when a worker died."""
         executor = self._running()
-        futures = {executor.submit(_search_or_refuse, r, self.deadline_s): i for i, r in enumerate(requests)}
-        results: list[Plan | PlanningError | None] = [None] * len(requests)
+        futures = {executor.submit(_search_or_refuse, job, self.deadline_s): i for i, job in enumerate(jobs)}
+        results: list[Plan | PlanningError | None] = [None] * len(jobs)
         try:
             for done, future in enumerate(as_completed(futures), start=1):
                 results[futures[future]] = future.result()
@@ -129,9 +139,10 @@ def _search(
     return make_plan(request, calibration=calibration, calibration_id=calibration_id, time_limit_s=deadline_s)
 
 
-def _search_or_refuse(request: PlanRequest, deadline_s: float) -> Plan | PlanningError:
-    """What a worker runs for one request of `search_many`: a refusal is an answer, not a failure."""
+def _search_or_refuse(job: SearchJob, deadline_s: float) -> Plan | PlanningError:
+    """What a worker runs for one job of `search_many`: a refusal is an answer, not a failure."""
     try:
-        return make_plan(request, time_limit_s=deadline_s)
+        return make_plan(job.request, calibration=job.calibration, calibration_id=job.calibration_id,
+                         time_limit_s=deadline_s)
     except PlanningError as error:
         return error

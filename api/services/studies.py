@@ -20,9 +20,11 @@ from api.db.models import PlanRow, StudyPointRow, StudyRow
 from api.problems import FieldError, ProblemError
 from api.problems import summarize as summarize_errors
 from api.schemas.studies import StudyCreate, StudyDetail, StudyPointOut, StudySummaryOut
+from api.services import calibrations as calibration_service
 from api.services import plans as plan_service
-from api.services.search_pool import SearchPool, SearchPoolBrokenError
+from api.services.search_pool import SearchJob, SearchPool, SearchPoolBrokenError
 from planner import __version__ as planner_version
+from planner.calibration import CalibrationProfile
 from planner.catalog import resolve_model
 from planner.errors import PlanningError
 from planner.plan import Plan
@@ -48,16 +50,49 @@ def build_study(body: StudyCreate, *, max_model_layers: int) -> StudyRequest:
                            errors=errors) from None
 
 
+def calibrations(session: Session, study: StudyRequest) -> dict[int, CalibrationProfile]:
+    """The stored profiles the study's GPU types name, each checked against its GPU type."""
+    profiles: dict[int, CalibrationProfile] = {}
+    for index, gpu in enumerate(study.gpus):
+        if gpu.calibration_id is None:
+            continue
+        field = f"gpus.{index}.calibration_id"
+        row = calibration_service.find_calibration(session, gpu.calibration_id)
+        if row is None:
+            raise ProblemError(
+                422, f"{field}: calibration profile {gpu.calibration_id} does not exist; upload one measured "
+                f"on {gpu.name} (POST /api/v1/calibrations) or leave calibration_id out to plan with catalog "
+                "peaks",
+                slug="unknown-calibration", title="Unknown calibration profile",
+                errors=[FieldError(location="body", field=field, message="no such calibration profile",
+                                   type="not_found")],
+            )
+        profile = calibration_service.load_profile(row)
+        try:
+            calibration_service.check_matches_cluster(row, profile, gpu.name)
+        except ProblemError as problem:
+            problem.errors = [e.model_copy(update={"field": field}) for e in problem.errors or []]
+            raise
+        profiles[gpu.calibration_id] = profile
+    return profiles
+
+
 def run_study(
-    study: StudyRequest, pool: SearchPool, *, on_done: Callable[[int], None] | None = None
+    study: StudyRequest, pool: SearchPool, *, profiles: dict[int, CalibrationProfile] | None = None,
+    on_done: Callable[[int], None] | None = None,
 ) -> tuple[StudySummary, dict[int, Plan]]:
     """Search every candidate in parallel: the summary, and the plan of each fitting point by position."""
     candidates = study.candidates()
-    searched = [(i, c.request) for i, c in enumerate(candidates) if c.request is not None]
-    results = pool.search_many([request for _, request in searched], on_done=on_done)
-    outcomes: dict[int, Plan | PlanningError] = {
-        position: result for (position, _), result in zip(searched, results, strict=True)
+    jobs = {
+        position: SearchJob(
+            candidate.request,
+            None if candidate.calibration_id is None else (profiles or {})[candidate.calibration_id],
+            None if candidate.calibration_id is None else str(candidate.calibration_id),
+        )
+        for position, candidate in enumerate(candidates) if candidate.request is not None
     }
+    results = pool.search_many(list(jobs.values()), on_done=on_done)
+    outcomes: dict[int, Plan | PlanningError] = dict(zip(jobs, results, strict=True))
     points: list[StudyPoint] = []
     plans: dict[int, Plan] = {}
     for position, candidate in enumerate(candidates):
@@ -77,9 +112,10 @@ def create_study(
 ) -> int:
     """Plan and store a study; its id."""
     study = build_study(body, max_model_layers=max_model_layers)
+    profiles = calibrations(session, study)
     session.commit()  # hold no connection while searching
     try:
-        summary, plans = run_study(study, search_pool)
+        summary, plans = run_study(study, search_pool, profiles=profiles)
     except SearchPoolBrokenError:
         raise ProblemError(
             503, "a process searching this study stopped before answering (it may have run out of memory); "
@@ -122,7 +158,8 @@ def save_study(
         request = candidates[position].request
         assert request is not None  # only searched candidates have plans
         label = f"{name}: {candidates[position].label}"
-        row = plan_service.row_for(request, plan, plan.plan_hash, name=label, calibration_id=None)
+        row = plan_service.row_for(request, plan, plan.plan_hash, name=label,
+                                   calibration_id=candidates[position].calibration_id)
         values = {c.key: getattr(row, c.key) for c in PlanRow.__table__.columns
                   if c.key not in ("id", "created_at")}
         plan_id = insert_unless_taken(session, PlanRow, values, unique="plan_hash")

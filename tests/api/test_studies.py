@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.conftest import assert_problem
+from tests.api.conftest import assert_problem, cpu_profile
 
 pytestmark = pytest.mark.anyio
 
@@ -191,3 +191,32 @@ async def test_a_gpu_type_of_ones_own_is_studied_and_planned(client: httpx.Async
     ))
     body = assert_problem(clash, 422, "invalid-request")
     assert "is a catalog GPU" in body["detail"] and "H100-custom" in body["detail"]
+
+
+async def test_a_gpu_type_is_planned_with_its_stored_calibration(client: httpx.AsyncClient) -> None:
+    profile = (await client.post("/api/v1/calibrations", json=cpu_profile())).json()
+    body = study(model="llama-debug", cluster_sizes=[2], seq_len=256, global_batch_tokens=2048,
+                 gpus=[{"gpu": "cpu", "calibration_id": profile["id"]}])
+    calibrated = (await client.post(STUDIES, json=body)).json()
+    (point,) = calibrated["points"]
+    assert point["fits"] and point["calibration_id"] == profile["id"]
+    plan = (await client.get(f"{PLANS}/{point['plan_id']}")).json()
+    assert plan["calibration_id"] == profile["id"] and plan["plan"]["calibration_id"] == str(profile["id"])
+
+    # The same cluster through POST /plans with the profile is that very plan; without it, another one.
+    same = await client.post(PLANS, json={"model": "llama-debug", "cluster": "1x2xcpu",
+                                          "training": {"seq_len": 256, "global_batch_tokens": 2048},
+                                          "calibration_id": profile["id"]})
+    assert same.status_code == 200 and same.json()["id"] == point["plan_id"]
+    plain = (await client.post(STUDIES, json={**body, "gpus": [{"gpu": "cpu"}]})).json()["points"][0]
+    assert plain["plan_id"] != point["plan_id"] and plain["tokens_per_s"] != point["tokens_per_s"]
+
+    # A profile that does not exist, or measured on another GPU type, is refused naming the GPU entry.
+    missing = assert_problem(await client.post(STUDIES, json={**body, "gpus": [
+        {"gpu": "cpu"}, {"gpu": "cpu-custom", "custom_gpu": {**CUSTOM_GPU, "name": "cpu-custom"},
+                         "price_per_gpu_hour": 0.1}, {"gpu": "H100", "calibration_id": 999_999}]}), 422,
+        "unknown-calibration")
+    assert missing["errors"][0]["field"] == "gpus.2.calibration_id"
+    other = assert_problem(await client.post(STUDIES, json={**body, "gpus": [
+        {"gpu": "H100", "calibration_id": profile["id"]}]}), 422, "calibration-mismatch")
+    assert other["errors"][0]["field"] == "gpus.0.calibration_id" and "measured on cpu" in other["detail"]

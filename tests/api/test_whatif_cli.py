@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -57,3 +58,10 @@ def test_bad_options_are_explained(args: list[str], message: str) -> None:
     result = runner.invoke(app, [*GPT2, *args], env={"COLUMNS": "200"})
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_a_stored_calibration_needs_the_server(tmp_path: Path) -> None:
+    gpu_file = tmp_path / "gpu.json"
+    gpu_file.write_text(json.dumps({"gpu": "H100", "calibration_id": 3}))
+    result = runner.invoke(app, [*GPT2, "--gpu-file", str(gpu_file)], env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and "add --server URL to plan there" in result.output
