@@ -77,7 +77,11 @@ def input_rows(study: StudyDetail) -> list[Row]:
         Row("Sequence length", thousands(request.seq_len)),
         Row("Batch", batch),
         Row("Precision / optimizer", f"{request.precision} / {request.optimizer}"),
-        Row("GPU types and prices", ", ".join(f"{gpu.name} ${gpu.price:g}/GPU-hour" for gpu in request.gpus)),
+        Row("GPU types and prices", ", ".join(
+            f"{gpu.name} ${gpu.price:g}/GPU-hour"
+            + (f" (calibration profile #{gpu.calibration_id})" if gpu.calibration_id else "")
+            for gpu in request.gpus
+        ), "calibrated where a profile is named; catalog peaks otherwise"),
         Row("Cluster sizes", ", ".join(str(size) for size in request.sizes()) + " GPUs"),
         Row("Deadline", f"{request.deadline_days:g} days" if request.deadline_days else "none"),
         Row("Search restrictions",
