@@ -37,6 +37,7 @@ from api.services import plans as plan_service
 from api.services import replan as replan_service
 from api.services import studies as study_service
 from api.services.plan_documents import UnreadablePlanError, read_plan
+from api.typed_numbers import parse_id, parse_whole
 from planner.catalog import MODEL_CATALOG
 from planner.specs import Optimizer, Precision
 
@@ -52,9 +53,13 @@ LAUNCHER_TARGETS = (
 
 
 def _parse_id(raw: str, what: str) -> int:
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_ID:
-        raise StarletteHTTPException(404, f"There is no {what} {raw[:40]!r}: ids are positive whole numbers.")
-    return int(raw)
+    """A path's id, or a 404 page that says what ids look like."""
+    parsed = parse_id(raw)
+    if parsed is None:
+        raise StarletteHTTPException(
+            404, f"There is no {what} {raw[:40]!r}: ids are whole numbers from 1 to {MAX_ID}."
+        )
+    return parsed
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -208,8 +213,12 @@ def _replan(request: Request, session: SessionDep, plan_id: int, run_id: str, ap
     key_error = access.write_key_error(session, request, api_key)
     if key_error:
         return error_page(request, 401, key_error)
+    parsed_run_id = parse_id(run_id) if run_id else None
+    if run_id and parsed_run_id is None:
+        return error_page(request, 422, f"run_id {run_id[:40]!r} is not a run id: ids are whole numbers "
+                          f"from 1 to {MAX_ID}.")
     try:
-        body = ReplanCreate(run_id=_parse_id(run_id, "run") if run_id else None)
+        body = ReplanCreate(run_id=parsed_run_id)
         outcome = replan_service.replan(session, plan_id, body, locks=request.app.state.plan_locks)
     except ProblemError as problem:
         session.commit()
@@ -246,8 +255,9 @@ def compare_page(request: Request, session: SessionDep) -> HTMLResponse:
 
 @router.get("/calibrations", response_class=HTMLResponse)
 def calibrations_page(request: Request, session: SessionDep) -> HTMLResponse:
-    raw_page = request.query_params.get("page", "1")
-    page = int(raw_page) if raw_page.isdigit() and int(raw_page) >= 1 else 1
+    # Bounded so that the page's row offset stays an id-sized number (SQL offsets are 64-bit).
+    page = parse_whole(request.query_params.get("page", "1"), low=1,
+                       high=MAX_ID // queries.CALIBRATIONS_PER_PAGE) or 1
     rows, total = queries.calibration_page(session, page)
     pages = max(1, -(-total // queries.CALIBRATIONS_PER_PAGE))
     return render(request, "calibrations.html", {
@@ -290,9 +300,9 @@ def accuracy_page(request: Request, session: SessionDep) -> HTMLResponse:
 
 @router.get("/studies", response_class=HTMLResponse)
 def studies_page(request: Request, session: SessionDep) -> HTMLResponse:
-    raw = request.query_params.get("cursor", "")
+    # The cursor is the last id shown; a malformed one (an edited link) starts from the newest.
     rows, next_cursor = study_service.list_studies(
-        session, limit=STUDIES_PER_PAGE, cursor=int(raw) if raw.isdigit() and len(raw) < 19 else None
+        session, limit=STUDIES_PER_PAGE, cursor=parse_id(request.query_params.get("cursor", ""))
     )
     return render(request, "studies.html", {
         "active": "studies", "rows": rows,

@@ -15,7 +15,8 @@ from pydantic import ValidationError
 
 from api.dashboard import formatting as fmt
 from api.problems import FieldError, ProblemError, field_errors
-from api.schemas.plans import PlanCreate
+from api.schemas.plans import MAX_GPUS_PER_NODE, MAX_ID, PlanCreate
+from api.typed_numbers import parse_id, parse_whole
 from planner.catalog import GPU_CATALOG, MODEL_CATALOG
 from planner.cost.model_costs import count_parameters
 
@@ -79,13 +80,13 @@ class PlanForm:
 
 
 def _integer(form: PlanForm, name: str) -> int | None:
+    # Digit-group separators are allowed ("131,072"); the API's schema then bounds the value per field.
     raw = getattr(form, name).strip().replace(",", "").replace("_", "")
-    try:
-        return int(raw)
-    except ValueError:
+    value = parse_whole(raw, low=0, high=MAX_ID)
+    if value is None:
         form.add_error(name, f"enter the {INTEGER_FIELDS[name]} as a whole number" +
                        (f" (got {raw[:40]!r})" if raw else ""))
-        return None
+    return value
 
 
 def _model(form: PlanForm) -> str | dict[str, Any] | None:
@@ -112,19 +113,16 @@ def to_plan_create(form: PlanForm) -> PlanCreate | None:
     """The API body for this form, or None with `form.errors` filled in."""
     model = _model(form)
     numbers = {name: _integer(form, name) for name in INTEGER_FIELDS}
-    calibration_id = None
-    if form.calibration_id.strip():
-        try:
-            calibration_id = int(form.calibration_id)
-        except ValueError:
-            form.add_error("calibration_id", "choose a stored calibration profile, or none")
-    tensor_parallel = None
-    if raw := form.tensor_parallel_degree.strip():
-        if not raw.isdigit() or int(raw) < 1:
-            form.add_error("tensor_parallel_degree", "enter a whole number from 1 (1: data parallelism "
-                           "only), or leave it empty to search every degree")
-        else:
-            tensor_parallel = int(raw)
+    calibration_id = parse_id(form.calibration_id) if form.calibration_id.strip() else None
+    if form.calibration_id.strip() and calibration_id is None:
+        form.add_error("calibration_id", "choose a stored calibration profile, or none")
+    raw_tensor_parallel = form.tensor_parallel_degree.strip()
+    tensor_parallel = (
+        parse_whole(raw_tensor_parallel, low=1, high=MAX_GPUS_PER_NODE) if raw_tensor_parallel else None
+    )
+    if raw_tensor_parallel and tensor_parallel is None:
+        form.add_error("tensor_parallel_degree", f"enter a whole number from 1 to {MAX_GPUS_PER_NODE} "
+                       "(1: data parallelism only), or leave it empty to search every degree")
     if form.errors:
         return None
     body: dict[str, Any] = {

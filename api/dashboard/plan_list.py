@@ -13,8 +13,9 @@ from urllib.parse import urlencode
 
 from starlette.datastructures import QueryParams
 
-from api.schemas.plans import MAX_GPUS_PER_NODE, MAX_NODES, PlanSort, SortOrder
+from api.schemas.plans import MAX_GPUS_PER_NODE, MAX_ID, MAX_NODES, PlanSort, SortOrder
 from api.services.plan_listing import PlanFilters
+from api.typed_numbers import parse_whole
 from planner.specs import ShardingStrategy
 
 DEFAULT_PAGE_SIZE = 25
@@ -64,9 +65,9 @@ class ListingState:
     model: str = ""
     gpu: str = ""
     q: str = ""
-    nodes: str = ""
+    nodes: int | None = None
     sharding: str = ""
-    tp: str = ""
+    tp: int | None = None
     limit: int = DEFAULT_PAGE_SIZE
     cursor: str | None = None
     notices: tuple[str, ...] = field(default=(), compare=False)
@@ -94,39 +95,44 @@ class ListingState:
                 order = SortOrder(params["order"])
             except ValueError:
                 notices.append(f"Unknown order {params['order'][:10]!r}; use asc or desc.")
-        nodes = text("nodes")
-        if nodes and not (nodes.isdigit() and 1 <= int(nodes) <= MAX_NODES):
+        raw_nodes = text("nodes")
+        nodes = parse_whole(raw_nodes, low=1, high=MAX_NODES) if raw_nodes else None
+        if raw_nodes and nodes is None:
             notices.append(f"Nodes must be a whole number from 1 to {MAX_NODES}; that filter was ignored.")
-            nodes = ""
         sharding = text("sharding")
         if sharding and sharding not in SHARDINGS:
             notices.append(f"Unknown sharding {sharding[:40]!r} (use one of {', '.join(SHARDINGS)}); "
                            "that filter was ignored.")
             sharding = ""
-        tp = text("tp")
-        if tp and not (tp.isdigit() and 1 <= int(tp) <= MAX_GPUS_PER_NODE):
+        raw_tp = text("tp")
+        tp = parse_whole(raw_tp, low=1, high=MAX_GPUS_PER_NODE) if raw_tp else None
+        if raw_tp and tp is None:
             notices.append(f"Tensor parallel must be a whole number from 1 to {MAX_GPUS_PER_NODE}; "
                            "that filter was ignored.")
-            tp = ""
         limit = DEFAULT_PAGE_SIZE
-        if params.get("limit", "").isdigit():
-            limit = min(max(int(params["limit"]), 1), MAX_PAGE_SIZE)
+        if "limit" in params:
+            asked = parse_whole(params["limit"], low=0, high=MAX_ID)
+            if asked is None:
+                notices.append(f"The page size must be a whole number from 1 to {MAX_PAGE_SIZE}; "
+                               f"showing {DEFAULT_PAGE_SIZE} plans a page.")
+            else:
+                limit = min(max(asked, 1), MAX_PAGE_SIZE)
         cursor = params.get("cursor") or None
         return cls(sort=sort, order=order, model=text("model"), gpu=text("gpu"), q=text("q"), nodes=nodes,
                    sharding=sharding, tp=tp, limit=limit, cursor=cursor, notices=tuple(notices))
 
     def filters(self) -> PlanFilters:
-        return PlanFilters(model=self.model or None, gpu=self.gpu or None,
-                           nodes=int(self.nodes) if self.nodes else None, q=self.q or None,
-                           sharding=self.sharding or None, tp=int(self.tp) if self.tp else None)
+        return PlanFilters(model=self.model or None, gpu=self.gpu or None, nodes=self.nodes, q=self.q or None,
+                           sharding=self.sharding or None, tp=self.tp)
 
     @property
     def filtered(self) -> bool:
-        return bool(self.model or self.gpu or self.q or self.nodes or self.sharding or self.tp)
+        return bool(self.model or self.gpu or self.q or self.nodes is not None or self.sharding
+                    or self.tp is not None)
 
     def cleared(self) -> str:
         """The link that drops every filter (keeps the sort)."""
-        return self.href(model="", gpu="", q="", nodes="", sharding="", tp="", cursor=None)
+        return self.href(model="", gpu="", q="", nodes=None, sharding="", tp=None, cursor=None)
 
     def href(self, **changes: object) -> str:
         """`/?...` for this state with `changes` applied; defaults are left out to keep links short."""

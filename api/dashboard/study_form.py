@@ -12,7 +12,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from api.problems import FieldError, ProblemError, field_errors
+from api.schemas.plans import MAX_ID
 from api.schemas.studies import StudyCreate
+from api.typed_numbers import parse_whole
 from planner.catalog import GPU_CATALOG
 from planner.study import DEFAULT_PRICES_PER_GPU_HOUR, parse_cluster_sizes, parse_token_count
 
@@ -81,12 +83,18 @@ class StudyForm:
 
 def _number(form: StudyForm, name: str, raw: str, what: str, *, integer: bool) -> float | int | None:
     cleaned = raw.strip().replace(",", "").replace("_", "")
-    try:
-        return int(cleaned) if integer else float(cleaned)
-    except ValueError:
+    value: float | int | None
+    if integer:
+        value = parse_whole(cleaned, low=0, high=MAX_ID)  # the API's schema then bounds it per field
+    else:
+        try:
+            value = float(cleaned)
+        except ValueError:
+            value = None
+    if value is None:
         form.add_error(name, f"enter the {what} as a {'whole ' if integer else ''}number"
                        + (f" (got {cleaned[:40]!r})" if cleaned else ""))
-        return None
+    return value
 
 
 def to_study_create(form: StudyForm) -> StudyCreate | None:
@@ -126,8 +134,9 @@ def to_study_create(form: StudyForm) -> StudyCreate | None:
 
 def _form_field(form: StudyForm, path: str) -> str:
     parts = path.split(".")
-    if parts[0] == "gpus" and len(parts) >= 3 and parts[1].isdigit() and int(parts[1]) < len(form.gpus):
-        gpu = form.gpus[int(parts[1])]
+    index = parse_whole(parts[1], low=0, high=len(form.gpus) - 1) if len(parts) >= 3 else None
+    if parts[0] == "gpus" and index is not None:
+        gpu = form.gpus[index]
         return f"price_{gpu}" if parts[2] == "price_per_gpu_hour" else "gpus"
     for prefix, form_field in _FIELD_FOR_PATH:
         if path == prefix or path.startswith(prefix + "."):

@@ -19,6 +19,7 @@ from api.db.models import PlanRow
 from api.schemas.plans import MAX_ID
 from api.services.plan_documents import read_plan
 from api.services.plans import full_plan
+from api.typed_numbers import parse_id
 from planner.cost.memory import MEMORY_TERMS
 from planner.plan import Plan
 
@@ -44,12 +45,13 @@ def parse_ids(values: Iterable[str]) -> list[int]:
             part = part.strip()
             if not part:
                 continue
-            if not part.isdigit() or not 1 <= int(part) <= MAX_ID:
+            plan_id = parse_id(part)
+            if plan_id is None:
                 raise CompareIdsError(
-                    f"{part[:40]!r} is not a plan id: ids are positive whole numbers, e.g. ids=3,7"
+                    f"{part[:40]!r} is not a plan id: ids are whole numbers from 1 to {MAX_ID}, e.g. ids=3,7"
                 )
-            if int(part) not in ids:
-                ids.append(int(part))
+            if plan_id not in ids:
+                ids.append(plan_id)
     return ids
 
 
