@@ -7,15 +7,23 @@ it (the first search starts it where an embedding runs no lifespan). Workers for
 forkserver that has imported the planner already, so a new worker is ready in milliseconds, and no
 worker inherits the web process's threads or database connections.
 
+Workers die with their web process, however it ends (kill -9 included): a worker is the forkserver's
+child, and the forkserver exits when the web process is gone. On Linux the kernel then kills the worker
+(a parent-death signal); everywhere, a watchdog thread in the worker notices it was orphaned.
+
 This module is what the workers import: it stays free of the database and the web framework.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -121,12 +129,67 @@ def _new_executor(workers: int) -> ProcessPoolExecutor:
     context = multiprocessing.get_context("forkserver")
     # Read by the forkserver when it starts (once per web process): workers fork with the planner imported.
     context.set_forkserver_preload([__name__])
-    return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker)
+    return ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=_init_worker, initargs=(os.getpid(),)
+    )
 
 
-def _init_worker() -> None:
+# How often a worker's watchdog looks for its parent (a worker outliving its server by this much is fine).
+WATCHDOG_INTERVAL_S = 0.5
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _init_worker(server_pid: int) -> None:
+    """Runs first in every worker: `server_pid` is the web process that created the pool."""
     # Ctrl-C reaches the whole process group: the web process shuts the pool down in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_server(server_pid)
+
+
+def _die_with_server(server_pid: int) -> None:
+    """End this worker when its server is gone, however the server ended.
+
+    A worker waits on a queue whose write end it holds itself, so it never sees the server go; its
+    parent is the forkserver, which exits when the last holder of the server's "alive" pipe closes it.
+    Every forkserver child inherits that pipe (to fork children of its own, which no search does), so
+    without closing it here the forkserver and the workers would wait on each other for good.
+    """
+    parent = os.getppid()  # the forkserver: it cannot exit yet, this worker still holds the alive pipe
+    if sys.platform == "linux":
+        # The kernel kills this worker the moment its parent exits, even in the middle of a search.
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    # Armed while the forkserver is surely alive; only now may the server's death reach it.
+    forkserver = multiprocessing.forkserver._forkserver  # private: the pipe has no public handle
+    if getattr(forkserver, "_forkserver_alive_fd", None) is not None:
+        os.close(forkserver._forkserver_alive_fd)
+        forkserver._forkserver_alive_fd = None
+    if _orphaned(parent, server_pid):  # the forkserver was killed before the signal was armed
+        os._exit(1)
+    # Portable, and the fallback where the signal is missing: notice being orphaned within moments.
+    threading.Thread(
+        target=_watch_parent, args=(parent, server_pid), name="parent-watchdog", daemon=True
+    ).start()
+
+
+def _watch_parent(parent: int, server_pid: int) -> None:
+    while not _orphaned(parent, server_pid):
+        time.sleep(WATCHDOG_INTERVAL_S)
+    os._exit(1)  # nobody will ever read this worker's answer
+
+
+def _orphaned(parent: int, server_pid: int) -> bool:
+    """Whether this worker's parent (pid `parent`) or its server is gone."""
+    if os.getppid() != parent:  # reparented: the parent exited
+        return True
+    try:
+        os.kill(server_pid, 0)  # signal 0: only checks that the process exists
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # it exists, under another user
+    return False
 
 
 def _search(

@@ -4,6 +4,7 @@ problem that stores nothing, and never hold up reads or small plans."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
@@ -169,9 +170,7 @@ def test_serve_with_several_workers_searches_in_pools_and_stops_them(
         assert small.status_code in (200, 201), small.text  # the session's database may hold it already
         assert_problem(httpx.post(f"{url}{PLANS}", json=LARGE, timeout=120), 422, "search-deadline-exceeded")
         assert httpx.get(small.headers["location"]).status_code == 200
-        server = next(pid for pid in children(os.getpid()) if str(url.rsplit(":", 1)[1]) in
-                      Path(f"/proc/{pid}/cmdline").read_text())
-        processes = descendants(server)
+        processes = descendants(served_by(url))
         # Two web processes, each with its forkserver and at least one search process.
         assert sum("forkserver" in Path(f"/proc/{p}/cmdline").read_text() for p in processes) >= 4
     # Stopped with the server (forkservers notice their web process is gone within moments).
@@ -179,6 +178,41 @@ def test_serve_with_several_workers_searches_in_pools_and_stops_them(
     while (left := [pid for pid in processes if running(pid)]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, [Path(f"/proc/{pid}/cmdline").read_text() for pid in left]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_search_processes_die_with_a_server_killed_outright(database_url: str, tmp_path: Path) -> None:
+    """kill -9 of the server (no shutdown runs) ends its search processes too, mid-search or idle."""
+    env = {**os.environ, "DATABASE_URL": database_url, "FSDP_PLANNER_SEARCH_DEADLINE_S": "60",
+           "FSDP_PLANNER_SEARCH_WORKERS": "2"}
+    with running_server(env=env, log=tmp_path / "serve.log", cwd=tmp_path) as url:
+        small = httpx.post(f"{url}{PLANS}", json=cheap_plan(), timeout=60)
+        assert small.status_code in (200, 201), small.text
+        large = threading.Thread(target=post_ignoring_the_answer, args=(f"{url}{PLANS}", LARGE), daemon=True)
+        large.start()
+        server = served_by(url)
+        deadline = time.monotonic() + 10
+        while len(processes := descendants(server)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)  # the forkserver and both search processes, one of them searching
+        assert len(processes) >= 3, processes
+        os.kill(server, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while (left := [pid for pid in processes if running(pid)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, [Path(f"/proc/{pid}/cmdline").read_text() for pid in left]
+        large.join(timeout=10)
+
+
+def post_ignoring_the_answer(url: str, body: dict[str, Any]) -> None:
+    """A request whose server is killed while it waits: only the search it starts matters."""
+    with contextlib.suppress(httpx.TransportError):
+        httpx.post(url, json=body, timeout=30)
+
+
+def served_by(url: str) -> int:
+    """The pid of the `fsdp-planner serve` child of this process listening at `url`."""
+    port = url.rsplit(":", 1)[1]
+    return next(pid for pid in children(os.getpid()) if port in Path(f"/proc/{pid}/cmdline").read_text())
 
 
 def running(pid: int) -> bool:
