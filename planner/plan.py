@@ -14,7 +14,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from planner.catalog.gpus import GpuSpec
 from planner.cost.memory import MEMORY_TERMS
 from planner.parallel_dims import ParallelDims
-from planner.specs import CheckpointMode, ClusterSpec, ModelSpec, ShardingStrategy, TrainingSpec
+from planner.specs import (
+    CheckpointMode,
+    ClusterSpec,
+    Engine,
+    LossImplementation,
+    ModelSpec,
+    ShardingStrategy,
+    TrainingSpec,
+)
 
 SCHEMA_VERSION = "2.0"
 READABLE_SCHEMA_MAJORS = ("1", "2")
@@ -88,6 +96,14 @@ class ParallelConfig(Document):
     """The output projection and cross-entropy run over this many slices of the micro-batch's tokens,
     each computing its gradients at once, so at most one slice's logits is alive at a time (1: the
     whole micro-batch's logits at once)."""
+    loss: LossImplementation = "sliced"
+    """How the output projection and cross-entropy run (`sliced`: this project's loss, the only one
+    its runtime runs; `autograd_fp32`: the plain cross-entropy on fp32 logits, to price runs of
+    other trainers)."""
+    engine: Engine = "fsdp-planner"
+    """The runtime this configuration is priced for: `fsdp-planner` (this project's trainer: the
+    launchers run it) or `torchtitan` (torchtitan's FSDP2 trainer, with `compile` meaning
+    torch.compile per block), to compare predictions with runs measured there."""
 
     @model_validator(mode="before")
     @classmethod
@@ -116,6 +132,10 @@ class ParallelConfig(Document):
         if self.compile and (self.all_gather_bucket_mb or self.reduce_scatter_bucket_mb):
             buckets = f" ag{self.all_gather_bucket_mb:g}/rs{self.reduce_scatter_bucket_mb:g}MB"
         mode = "compiled" if self.compile else "eager"
+        if self.engine != "fsdp-planner":
+            mode += f" [{self.engine}{', whole fp32 loss' if self.loss == 'autograd_fp32' else ''}]"
+        elif self.loss != "sliced":
+            mode += " [whole fp32 loss]"
         return (
             f"{shard} u{self.blocks_per_unit} AC={ac} mb{self.micro_batch_size}x{self.grad_accum_steps}"
             f"{buckets} {mode}"

@@ -7,6 +7,7 @@ strings) whose validation errors name the field and say how to fix it.
 from __future__ import annotations
 
 import functools
+import re
 import types
 import typing
 from typing import Annotated, Any, Literal
@@ -16,18 +17,40 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from planner.bounds import (
+    MAX_ACTIVATION_BYTES_PER_TOKEN,
+    MAX_DIMENSION,
+    MAX_FLOPS_PER_TOKEN,
+    MAX_GLOBAL_BATCH_TOKENS,
+    MAX_GPUS_PER_NODE,
+    MAX_LAYERS,
+    MAX_LINK_OVERRIDE_GBPS,
+    MAX_MICRO_BATCH,
+    MAX_NODES,
+    MAX_SEQ_LEN,
+    MAX_UNIT_PARAMS,
+    MIN_LINK_GBPS,
+)
 from planner.gpu_spec import GpuSpec
 
 Architecture = Literal["llama", "gpt2", "layer_graph"]
 Precision = Literal["bf16", "fp32"]
 Optimizer = Literal["adamw", "sgd"]
 PositiveInt = Annotated[int, Field(ge=1)]
+Dimension = Annotated[int, Field(ge=1, le=MAX_DIMENSION)]
+NodeCount = Annotated[int, Field(ge=1, le=MAX_NODES)]
+GpusPerNode = Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)]
+LinkOverrideGbps = Annotated[float, Field(ge=MIN_LINK_GBPS, le=MAX_LINK_OVERRIDE_GBPS, allow_inf_nan=False)]
+SeqLen = Annotated[int, Field(ge=1, le=MAX_SEQ_LEN)]
+GlobalBatchTokens = Annotated[int, Field(ge=1, le=MAX_GLOBAL_BATCH_TOKENS)]
 UNION_TAG_PREFIX = "~"
 """Starts the tags of tagged unions: loc segments that name a union's branch, not a field a user
 wrote (error messages leave them out)."""
@@ -103,11 +126,13 @@ class LayerUnit(StrictModel):
 
     name: Annotated[str, Field(min_length=1, max_length=200)]
     """Module path in the user's model, e.g. `layers.3`."""
-    num_params: Annotated[int, Field(ge=0)]
+    num_params: Annotated[int, Field(ge=0, le=MAX_UNIT_PARAMS)]
     """Parameters owned by this module (not counting children listed separately)."""
-    fwd_flops_per_token: Annotated[float, Field(ge=0)]
+    fwd_flops_per_token: Annotated[float, Field(ge=0, le=MAX_FLOPS_PER_TOKEN, allow_inf_nan=False)]
     """Forward FLOPs per token; backward is taken as twice this."""
-    activation_bytes_per_token: Annotated[float, Field(ge=0)]
+    activation_bytes_per_token: Annotated[
+        float, Field(ge=0, le=MAX_ACTIVATION_BYTES_PER_TOKEN, allow_inf_nan=False)
+    ]
     """Bytes saved for backward per token when the module is not checkpointed."""
     is_block: bool = True
     """Whether the module is a repeated block (a candidate FSDP wrap unit and checkpoint unit)."""
@@ -120,29 +145,29 @@ class ModelSpec(StrictModel):
     """Display name, e.g. `llama3-8b`."""
     architecture: Architecture
     """`llama` (covers Llama 2/3, Mistral, Qwen2 dims), `gpt2`, or `layer_graph` (traced module)."""
-    vocab_size: PositiveInt = 1
+    vocab_size: Dimension = 1
     """Token vocabulary size."""
-    hidden_size: PositiveInt = 1
+    hidden_size: Dimension = 1
     """Model width (embedding dimension)."""
-    num_layers: PositiveInt = 1
+    num_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = 1
     """Number of transformer blocks."""
-    num_heads: PositiveInt = 1
+    num_heads: Dimension = 1
     """Attention query heads."""
-    num_kv_heads: PositiveInt | None = None
+    num_kv_heads: Dimension | None = None
     """Key/value heads for grouped-query attention; None means equal to `num_heads`."""
-    intermediate_size: PositiveInt | None = None
+    intermediate_size: Dimension | None = None
     """Feed-forward hidden size; None means 4 x hidden (GPT-2)."""
-    max_seq_len: PositiveInt = 2048
+    max_seq_len: SeqLen = 2048
     """Longest context the model was built for."""
     tie_word_embeddings: bool = False
     """Whether the output head shares the token embedding weight."""
     qkv_bias: bool = False
     """Bias on the q/k/v projections (Qwen2 style)."""
-    rope_theta: Annotated[float, Field(gt=0)] = 10000.0
+    rope_theta: Annotated[float, Field(gt=0, le=1e12, allow_inf_nan=False)] = 10000.0
     """RoPE base frequency (Llama family)."""
-    norm_eps: Annotated[float, Field(gt=0)] = 1e-5
+    norm_eps: Annotated[float, Field(gt=0, le=1.0, allow_inf_nan=False)] = 1e-5
     """Epsilon of RMSNorm / LayerNorm."""
-    layer_graph: list[LayerUnit] | None = None
+    layer_graph: Annotated[list[LayerUnit], Field(max_length=MAX_LAYERS)] | None = None
     """Modules of a traced model, in forward order (only for `architecture == "layer_graph"`)."""
 
     @model_validator(mode="after")
@@ -193,9 +218,9 @@ class ModelSpec(StrictModel):
 class ClusterSpec(StrictModel):
     """The GPUs to train on: nodes x GPUs per node of one GPU type."""
 
-    num_nodes: PositiveInt = 1
+    num_nodes: NodeCount = 1
     """Number of machines."""
-    gpus_per_node: PositiveInt = 8
+    gpus_per_node: GpusPerNode = 8
     """GPUs (ranks) per machine."""
     custom_gpu: GpuSpec | None = None
     """A GPU type that is not in the catalog, given by its datasheet figures; `gpu` must then be its
@@ -203,9 +228,9 @@ class ClusterSpec(StrictModel):
     # Declared after custom_gpu: the `gpu` validator reads it.
     gpu: Annotated[str, Field(min_length=1, max_length=64)]
     """GPU type: a catalog name or alias (`H100`, `A100-80GB`, `cpu`, ...)."""
-    intra_node_bandwidth_gbps: Annotated[float, Field(gt=0)] | None = None
+    intra_node_bandwidth_gbps: LinkOverrideGbps | None = None
     """Override of the per-GPU intra-node link bandwidth in GB/s (default: the GPU catalog's)."""
-    inter_node_bandwidth_gbps: Annotated[float, Field(gt=0)] | None = None
+    inter_node_bandwidth_gbps: LinkOverrideGbps | None = None
     """Override of the per-GPU network bandwidth in GB/s (default: the GPU catalog's NIC)."""
 
     @field_validator("gpu")
@@ -247,27 +272,50 @@ class ClusterSpec(StrictModel):
 
     @classmethod
     def parse(cls, text: str) -> ClusterSpec:
-        """Read `NODESxGPUSxGPU` (e.g. `2x8xH100`) or `GPUSxGPU` (one node)."""
-        parts = text.strip().split("x", 2)
-        try:
-            if len(parts) == 3:
-                return cls(num_nodes=int(parts[0]), gpus_per_node=int(parts[1]), gpu=parts[2])
-            if len(parts) == 2:
-                return cls(num_nodes=1, gpus_per_node=int(parts[0]), gpu=parts[1])
-        except ValueError as exc:
-            if "invalid literal" not in str(exc):
-                raise
-        raise ValueError(
-            f"cluster: cannot read {text!r}; write NODESxGPUSxGPU, e.g. 1x8xH100 or 4x8xA100-80GB"
-        )
+        """Read `NODESxGPUSxGPU` (e.g. `2x8xH100`) or `GPUSxGPU` (one node), with the bounds and the
+        catalog check of the object form: the text only spells its fields (`cluster_fields`).
+
+        Raises ValidationError, whatever is wrong: the format, a count out of bounds, an unknown GPU.
+        """
+        return cls.model_validate(cluster_fields(text))
+
+
+CLUSTER_FORMAT = "NODESxGPUSxGPU, e.g. 1x8xH100 or 4x8xA100-80GB (GPUSxGPU, e.g. 8xH100, for one node)"
+CLUSTER_PATTERN = r"^\s*(?:([0-9]+)[xX])?([0-9]+)[xX]([A-Za-z][A-Za-z0-9._-]*)\s*$"
+"""The cluster text, as a regular expression both Python and JSON Schema (ECMA-262) read alike (ASCII
+digits only: `int` would read other scripts' digits too)."""
+_CLUSTER_TEXT = re.compile(CLUSTER_PATTERN)
+MAX_CLUSTER_TEXT = 80
+"""Longer than any cluster written as text (and than the API's cluster strings)."""
+
+
+def cluster_fields(text: str) -> dict[str, Any]:
+    """The object form of a cluster written as text: `{num_nodes, gpus_per_node, gpu}`, for ClusterSpec
+    (or the API's cluster object) to validate, so that both spellings meet one set of bounds.
+
+    The GPU must start with a letter: `2x8H100` and `1x8` are a mistyped format, not a GPU named `8H100`
+    or `8`. Raises ValidationError (naming `CLUSTER_FORMAT`) for text that spells no cluster.
+    """
+    match = _CLUSTER_TEXT.match(text) if len(text) <= MAX_CLUSTER_TEXT else None
+    if match is None:
+        raise ValidationError.from_exception_data(ClusterSpec.__name__, [InitErrorDetails(
+            type=PydanticCustomError(
+                "cluster_format", "cannot read {text} as a cluster; write {format}",
+                {"text": repr(text if len(text) <= MAX_CLUSTER_TEXT else text[:MAX_CLUSTER_TEXT] + "..."),
+                 "format": CLUSTER_FORMAT},
+            ),
+            loc=(), input=text,
+        )])
+    nodes, gpus, gpu = match.groups()
+    return {"num_nodes": int(nodes or 1), "gpus_per_node": int(gpus), "gpu": gpu}
 
 
 class TrainingSpec(StrictModel):
     """What one optimizer step processes and how numbers are represented."""
 
-    seq_len: PositiveInt
+    seq_len: SeqLen
     """Tokens per sequence."""
-    global_batch_tokens: PositiveInt
+    global_batch_tokens: GlobalBatchTokens
     """Tokens per optimizer step over the whole cluster (a multiple of `seq_len`)."""
     precision: Precision = "bf16"
     """`bf16`: bf16 compute with fp32 master weights and fp32 gradient reduction; `fp32`: all fp32."""
@@ -292,6 +340,19 @@ class TrainingSpec(StrictModel):
 
 ShardingStrategy = Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
 CheckpointMode = Literal["none", "selective", "op_selective", "full"]
+LossImplementation = Literal["sliced", "autograd_fp32"]
+"""How the output projection and cross-entropy run: `sliced` is this project's loss (token slices,
+each computing its gradients at once, executor/runtime/loss.py); `autograd_fp32` is the plain
+`cross_entropy(logits.float(), targets)` over the whole micro-batch (torchtitan's loss, and this
+project's before the sliced loss), which keeps vocabulary-sized tensors alive for all tokens."""
+Engine = Literal["fsdp-planner", "torchtitan"]
+"""The training runtime a configuration runs on, because runtimes differ in what they keep in memory
+and how they overlap: `fsdp-planner` is this project's trainer (compiled: SimpleFSDP over
+torch.compile of the whole model; eager: FSDP2 `fully_shard`; the loss sliced so one slice's logits
+are alive at a time); `torchtitan` is torchtitan's FSDP2 trainer (FSDP2 units per block whether or
+not blocks are compiled, torch.compile per block, the loss over the whole micro-batch's fp32 logits).
+Plans the service emits launchers for use `fsdp-planner`; the other engines are priced to compare
+with runs measured on them (`fsdp-planner fidelity`)."""
 
 
 class SearchSpace(StrictModel):
@@ -307,7 +368,7 @@ class SearchSpace(StrictModel):
     """Tensor-parallel degrees to consider (`[8]` pins tp=8; `[1]` keeps data parallelism only).
     None: every power of two up to the GPUs per node that divides the model's heads, key/value
     heads, FFN and vocabulary (llama family; other architectures plan tp=1)."""
-    max_micro_batch_size: PositiveInt = 64
+    max_micro_batch_size: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCH)] = 64
     """Largest micro-batch (sequences per data-parallel rank per forward) to consider."""
     memory_headroom: Annotated[float, Field(ge=0.0, le=0.5)] = 0.0
     """Extra fraction of usable GPU memory kept free, on top of the margin the memory model's

@@ -212,6 +212,10 @@ class ParallelConfig:
     """Compiler knobs."""
     loss_chunks: int = 1
     """Token slices the output projection and cross-entropy run over (1: all logits at once)."""
+    loss: str = "sliced"
+    """How the loss runs; this runtime runs only `sliced` (other values price other trainers)."""
+    engine: str = "fsdp-planner"
+    """The runtime the plan was priced for; this runtime runs only `fsdp-planner` plans."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +318,12 @@ def check_plan(plan: RuntimePlan) -> None:
         raise PlanError(
             f"plan.config.mesh: hybrid_shard needs dp_shard and dp_replicate of at least 2, got "
             f"{mesh.dp_shard} and {mesh.dp_replicate} (with one of them 1 it is full_shard or no_shard)"
+        )
+    if cfg.engine != "fsdp-planner" or cfg.loss != "sliced":
+        raise PlanError(
+            f"plan.config.engine: this plan prices another trainer ({cfg.engine}, loss {cfg.loss}) to "
+            "compare with runs measured there; this runtime trains only engine fsdp-planner with the "
+            "sliced loss: plan the model again without pinning the engine"
         )
     for name in ("micro_batch_size", "grad_accum_steps", "blocks_per_unit", "loss_chunks"):
         if getattr(cfg, name) < 1:

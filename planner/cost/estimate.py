@@ -250,7 +250,7 @@ def _price(setting: Setting, choice: Choice, layout: CommLayout, repeats: Repeat
                 )
             # Eager (FSDP2) replicas accumulate locally and all-reduce once per step; compiled
             # SimpleFSDP's all-reduce is part of every backward graph.
-            sync_every_micro_batch = reduce if choice.compile else 0.0
+            sync_every_micro_batch = reduce if choice.simple_fsdp else 0.0
         ag_bwd = ag if choice.reshards_after_forward else 0.0
         last = GroupTimes(fwd, bwd, ag, ag_bwd, reduce)
         return last, GroupTimes(fwd, bwd, ag, ag_bwd, sync_every_micro_batch), tp_s
@@ -321,7 +321,7 @@ def _outside_the_timeline(setting: Setting, choice: Choice) -> tuple[float, floa
     optimizer_s = p.optimizer_overhead_s + local_params * p.optimizer_bytes_per_param / p.memory_bandwidth
     optimizer_s += _collective(p, world_link, 4.0, setting.world_size, all_reduce=True)  # grad-norm
     sharded = choice.sharding != "no_shard"
-    if choice.compile:
+    if choice.simple_fsdp:
         per_micro_batch = p.compiled_overhead_s
     else:
         per_micro_batch = p.micro_batch_overhead_s + (p.sharding_overhead_s if sharded else 0.0)
@@ -331,7 +331,7 @@ def _outside_the_timeline(setting: Setting, choice: Choice) -> tuple[float, floa
 def _timing(priced: PricedStep, choice: Choice, contention: float, *, record: bool) -> TimeEstimate:
     """Step time from the two-stream timeline of one micro-batch, times accumulation."""
     final = simulate(priced.last, prefetch_depth=choice.prefetch_depth, contention=contention, record=record)
-    if choice.grad_accum_steps > 1 and choice.sharding == "no_shard" and not choice.compile:
+    if choice.grad_accum_steps > 1 and choice.sharding == "no_shard" and not choice.simple_fsdp:
         inner = simulate(priced.middle, prefetch_depth=choice.prefetch_depth, contention=contention)
     else:
         inner = final
@@ -384,7 +384,7 @@ class Estimator:
         key = choice.activations_key
         if key not in self._saved:
             self._saved[key] = saved_activations(
-                setting, choice.checkpointing, choice.every_k, choice.compile
+                setting, choice.checkpointing, choice.every_k, choice.compile, choice.engine
             )
         return memory_moments(setting, choice, self.layout(choice), self._saved[key])
 

@@ -56,7 +56,7 @@ class CommLayout:
 def _wrap_units(setting: Setting, choice: Choice) -> list[list[IndexedUnit]]:
     m = setting.model
     blocks = list(enumerate(m.blocks))
-    k = 1 if choice.compile else choice.blocks_per_unit
+    k = 1 if choice.simple_fsdp else choice.blocks_per_unit
     units: list[list[IndexedUnit]] = [[(-1, m.embedding)]]
     units += [blocks[i : i + k] for i in range(0, len(blocks), k)]
     units.append([(-1, m.head)])
@@ -102,8 +102,8 @@ def comm_layout(setting: Setting, choice: Choice) -> CommLayout:
     """Eager FSDP2 issues one all-gather and one reduce-scatter per wrap unit; compiled
     SimpleFSDP one per parameter tensor, merged by inductor into buckets up to the caps."""
     units = _wrap_units(setting, choice)
-    ag_cap = choice.all_gather_bucket_mb * MB if choice.compile else 0.0
-    rs_cap = choice.reduce_scatter_bucket_mb * MB if choice.compile else 0.0
+    ag_cap = choice.all_gather_bucket_mb * MB if choice.simple_fsdp else 0.0
+    rs_cap = choice.reduce_scatter_bucket_mb * MB if choice.simple_fsdp else 0.0
     ag_buckets = _bucket(units, ag_cap, setting.param_bytes)
     group_of_unit = {u: g for g, bucket in enumerate(ag_buckets) for u in bucket}
     reversed_units = units[::-1]
@@ -114,12 +114,12 @@ def comm_layout(setting: Setting, choice: Choice) -> CommLayout:
         params = sum(u.num_params for i in bucket for _, u in reversed_units[i])
         reduce[group_of_unit[last_unit]].append(params)
         reduce_launches[group_of_unit[last_unit]].append(
-            _launches(reversed_units, bucket, compile_=choice.compile, cap_bytes=rs_cap, bytes_per_param=4)
+            _launches(reversed_units, bucket, compile_=choice.simple_fsdp, cap_bytes=rs_cap, bytes_per_param=4)
         )
     groups = tuple(tuple(x for i in bucket for x in units[i]) for bucket in ag_buckets)
     pb = setting.param_bytes
     group_launches = tuple(
-        _launches(units, bucket, compile_=choice.compile, cap_bytes=ag_cap, bytes_per_param=pb)
+        _launches(units, bucket, compile_=choice.simple_fsdp, cap_bytes=ag_cap, bytes_per_param=pb)
         for bucket in ag_buckets
     )
     reduce_buckets = tuple(tuple(r) for r in reduce)

@@ -146,17 +146,40 @@ def loss_chunks_for(tokens: int, vocab_size: int, compute_bytes: int) -> int:
     return max(1, min(tokens, math.ceil(whole / LOSS_SLICE_TARGET_BYTES)))
 
 
+AUTOGRAD_LOSS_BYTES_PER_ELEMENT = 4.0 + 4.0
+"""`cross_entropy(logits.float(), targets)` over the whole micro-batch, per (token x vocabulary
+entry), besides the compute-dtype logits themselves (kept by the trainer until backward): the fp32
+copy and log-softmax's fp32 output, which it saves for backward."""
+AUTOGRAD_LOSS_BACKWARD_BYTES_PER_ELEMENT = 12.0
+"""The same loss's backward: the saved fp32 log-softmax output, the dense fp32 gradient that
+nll_loss's backward hands it, and the fp32 gradient it computes from both (the trainer has freed the
+logits before backward, as torchtitan does)."""
+
+
 def loss_bytes(setting: Setting, choice: Choice) -> float:
     """What the loss holds while it runs, at the end of forward: one slice of vocabulary-sized
     tensors, the fp32 accumulator of the head's weight gradient (with, in bf16, one slice's
-    contribution before it is added), and the hidden-state gradient, already whole."""
+    contribution before it is added), and the hidden-state gradient, already whole. An autograd loss
+    holds the whole micro-batch's logits, their fp32 copy and the log-softmax instead."""
     m = setting.model
     tokens = choice.micro_batch_size * setting.seq_len
+    if choice.loss == "autograd_fp32":
+        copy = AUTOGRAD_LOSS_BYTES_PER_ELEMENT - (4.0 if setting.act_bytes == 4 else 0.0)  # fp32: no copy
+        return tokens * m.vocab_size * (setting.act_bytes + copy)
     slice_tokens = math.ceil(tokens / choice.loss_chunks)
     per_element = LOSS_SLICE_BYTES_PER_ELEMENT[setting.act_bytes]
     head_weight = m.head.matmul_params if m.vocab_size else 0
     weight_grad = (4 + (setting.act_bytes if setting.act_bytes < 4 else 0)) * head_weight
     return slice_tokens * m.vocab_size * per_element + weight_grad + _hidden_grad_bytes(setting, choice)
+
+
+def _backward_start_loss_bytes(setting: Setting, choice: Choice) -> float:
+    """What the loss holds as backward starts: the sliced loss's hidden-state gradient, or the
+    autograd loss's backward through log-softmax."""
+    if choice.loss == "autograd_fp32":
+        tokens = choice.micro_batch_size * setting.seq_len
+        return tokens * setting.model.vocab_size * AUTOGRAD_LOSS_BACKWARD_BYTES_PER_ELEMENT
+    return _hidden_grad_bytes(setting, choice)
 
 
 def _hidden_grad_bytes(setting: Setting, choice: Choice) -> float:
@@ -175,10 +198,12 @@ class SavedActivations:
     """Added while the largest checkpointed block is recomputed (0 without checkpointing)."""
 
 
-def saved_activations(setting: Setting, checkpointing: str, every_k: int, compile_: bool) -> SavedActivations:
+def saved_activations(
+    setting: Setting, checkpointing: str, every_k: int, compile_: bool, engine: str = "fsdp-planner"
+) -> SavedActivations:
     """What a checkpointing policy keeps per token, and what its recompute adds."""
     m = setting.model
-    probe = Choice(sharding="", checkpointing=checkpointing, every_k=every_k, compile=compile_)
+    probe = Choice(sharding="", checkpointing=checkpointing, every_k=every_k, compile=compile_, engine=engine)
 
     def whole(unit: UnitCost) -> float:
         # Everything the unit's forward keeps, in compute-dtype elements (eager keeps some in fp32).
@@ -204,11 +229,12 @@ def saved_activations(setting: Setting, checkpointing: str, every_k: int, compil
 def compiled_keeps(choice: Choice, unit: UnitCost) -> float:
     """Elements per token a compiled whole-block checkpoint keeps besides the block input.
 
-    The runtime's compiled whole-block checkpointing keeps attention outputs (torch 2.13 cannot
+    This project's compiled whole-block checkpointing keeps attention outputs (torch 2.13 cannot
     recompute attention over DTensor parameters under torch.compile; see
     executor/runtime/activation_checkpoint.py), so it saves more and recomputes less than eager.
+    Blocks compiled one by one over plain parameters (torchtitan) recompute attention too.
     """
-    return unit.attention_output_elems if choice.compile else 0.0
+    return unit.attention_output_elems if choice.simple_fsdp else 0.0
 
 
 @functools.lru_cache(maxsize=256)
@@ -224,7 +250,7 @@ def _unsharded_params(setting: Setting, choice: Choice, groups: tuple[int, ...])
     if choice.sharding in ("full_shard", "hybrid_shard"):
         # The group computing and the ones prefetched ahead of it.
         gathered = pb * _largest_window(groups, depth + 1)
-    elif choice.sharding == "shard_grad_op" or not choice.compile:
+    elif choice.sharding == "shard_grad_op" or not choice.simple_fsdp:
         # ZeRO-2 keeps every gathered parameter until backward. So does eager no_shard: FSDP2 on a
         # shard group of one still copies each parameter into an unsharded buffer, kept through
         # backward as no_shard does not reshard.
@@ -232,7 +258,7 @@ def _unsharded_params(setting: Setting, choice: Choice, groups: tuple[int, ...])
     else:
         # Compiled no_shard uses fp32 weights in place; compute-dtype copies are transient.
         return pb * (depth + 2) * max(groups) if pb == 2 else 0.0
-    if not choice.compile:
+    if not choice.simple_fsdp:
         # FSDP2 keeps the last all-gather's output buffer until the next all-gather is issued (so
         # that the allocator cannot hand it to another stream early): one unit's worth, besides
         # the parameters copied out of it (measured with FSDPMemTracker, tests/executor).
@@ -303,7 +329,7 @@ def memory_moments(
             activations_alive=saved,
             gathered=unsharded,
             grad_buffers=grad_buffer_bytes * layout.largest_reduce,
-            logits=_hidden_grad_bytes(setting, choice),
+            logits=_backward_start_loss_bytes(setting, choice),
         ),
     ]
     if activations.recompute > 0:

@@ -37,6 +37,10 @@ class Choice:
     compile: bool = False
     prefetch_depth: int = 1
     loss_chunks: int = 1
+    engine: str = "fsdp-planner"
+    """The runtime priced (planner/specs.py `Engine`)."""
+    loss: str = "sliced"
+    """How the loss runs (planner/specs.py `LossImplementation`)."""
 
     @property
     def family(self) -> str:
@@ -45,6 +49,13 @@ class Choice:
         if self.sharding == "hybrid_shard":
             shard += f"/{self.mesh.dp_shard}x{self.mesh.dp_replicate}"
         return f"{shard} {'compiled' if self.compile else 'eager'}"
+
+    @property
+    def simple_fsdp(self) -> bool:
+        """Whether parameters are sharded SimpleFSDP-style inside the compiled graph (per-tensor
+        collectives that inductor buckets and reorders, no FSDP2 hooks or buffers), rather than by
+        eager FSDP2 units around the (possibly compiled) blocks."""
+        return self.compile and self.engine == "fsdp-planner"
 
     @property
     def tp_family(self) -> str:
@@ -59,7 +70,7 @@ class Choice:
     @property
     def layout_key(self) -> tuple:
         """What the collective layout (planner/cost/layout.py) depends on."""
-        compiled = self.compile
+        compiled = self.simple_fsdp
         return (
             self.mesh.tp,
             compiled,
@@ -77,12 +88,12 @@ class Choice:
     @property
     def compute_key(self) -> tuple:
         """What one micro-batch's compute (forward, backward, recompute, tp collectives) depends on."""
-        return (self.mesh.tp, self.micro_batch_size, self.checkpointing, self.every_k, self.compile)
+        return (self.mesh.tp, self.micro_batch_size, self.checkpointing, self.every_k, self.compile, self.engine)
 
     @property
     def activations_key(self) -> tuple:
         """What the saved activations per token depend on."""
-        return (self.mesh.tp, self.checkpointing, self.every_k, self.compile)
+        return (self.mesh.tp, self.checkpointing, self.every_k, self.compile, self.engine)
 
     @property
     def reshards_after_forward(self) -> bool:
