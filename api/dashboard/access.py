@@ -1,17 +1,20 @@
 """The API's key rules in a browser's terms, without cookies or sessions to steal.
 
 - Writes (the new-plan form) need a key once any key exists, exactly like `POST /api/v1/plans`: the form
-  then shows an "API key" field, checked on every submission and never stored. A cross-site form post
-  cannot forge it, so the form needs no CSRF token.
+  then shows an "API key" field, checked on every submission and never stored.
 - Reads are open, unless `FSDP_PLANNER_REQUIRE_KEY_FOR_READS` is set (and a key exists): then pages ask
   through the browser's own login prompt (HTTP Basic: any user name, the API key as password), and the
   key given there also authorises the form.
+- Every form post must come from the dashboard's own pages (`refuse_cross_site_posts`), in every mode:
+  a browser re-sends Basic credentials on a post that another site makes it send, and a server with no
+  key at all may sit on a network that only the victim's browser can reach.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+from urllib.parse import urlsplit
 
 from fastapi import Request
 from sqlalchemy.orm import Session
@@ -21,6 +24,10 @@ from api import keys
 from api.deps import SessionDep
 
 BASIC_CHALLENGE = {"WWW-Authenticate": 'Basic realm="fsdp-planner", charset="UTF-8"'}
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# Sec-Fetch-Site values of a request the user made on this origin (`none`: typed, bookmarked, reloaded).
+# `same-site` is refused too: a sibling subdomain may be someone else's.
+OWN_FETCH_SITES = frozenset({"same-origin", "none"})
 
 
 def basic_auth_key(request: Request) -> str | None:
@@ -70,3 +77,38 @@ def write_key_error(session: Session, request: Request, form_key: str) -> str | 
     if keys.verify_key(session, form_key.strip()) is None:
         return "This API key is unknown or revoked; ask for a new one (`fsdp-planner keys create NAME`)."
     return None
+
+
+def refuse_cross_site_posts(request: Request) -> None:
+    """Router dependency: a 403 page for a form post (any unsafe method) that another site's page sent.
+
+    Browsers say where a request comes from: `Sec-Fetch-Site` (every current browser), else `Origin`,
+    compared with the Host this request was sent to. A request with neither is not a browser's
+    cross-site post (curl, scripts, very old browsers) and is let through; so is one from the page itself.
+    """
+    if request.method in SAFE_METHODS:
+        return
+    site = request.headers.get("sec-fetch-site")
+    origin = request.headers.get("origin")
+    if site is not None:
+        allowed = site.strip().lower() in OWN_FETCH_SITES
+        sender = f"Sec-Fetch-Site: {site[:40]}"
+    elif origin is not None:
+        allowed = _origin_host(origin) == request.headers.get("host", "").strip().lower()
+        sender = f"Origin: {origin[:100]}"
+    else:
+        return
+    if not allowed:
+        raise StarletteHTTPException(
+            403, f"This form was sent from another site ({sender}), so nothing was saved. The planner only "
+            "accepts forms sent from its own pages: open the form on this server and submit it there.",
+        )
+
+
+def _origin_host(origin: str) -> str:
+    """`host[:port]` of an Origin header as a Host header spells it (browsers leave default ports out)."""
+    try:
+        parts = urlsplit(origin.strip().lower())
+        return parts.netloc if parts.scheme in ("http", "https") and parts.hostname else ""
+    except ValueError:  # a malformed origin (e.g. a bad IPv6 literal) is nobody's own
+        return ""

@@ -43,7 +43,11 @@ from planner.specs import Optimizer, Precision
 
 router = APIRouter(
     include_in_schema=False,
-    dependencies=[Depends(mark_dashboard_request), Depends(access.require_read_access)],
+    # Cross-site posts are refused before anything else: even a 401 is more than another site should learn.
+    dependencies=[
+        Depends(mark_dashboard_request), Depends(access.refuse_cross_site_posts),
+        Depends(access.require_read_access),
+    ],
 )
 
 STUDIES_PER_PAGE = 25
