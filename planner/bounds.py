@@ -90,3 +90,45 @@ def rate_problem(*, amount: float, unit: str, seconds: float, limit: float, what
         f"that any {what} reaches; check the units: `seconds` in seconds (not milliseconds), sizes in "
         f"{unit}"
     )
+
+
+# ---------------------------------------------------------------- the inputs of a plan
+# Every number of a plan request (planner/specs.py, planner/gpu_spec.py) is bounded by these, however it
+# is spelled (a cluster string or object, a CLI option or file, a form, a study): far beyond any real
+# model or cluster, yet small enough that the cost model's arithmetic stays finite at every bound and
+# no step of validation or search loops over an input-sized range.
+
+MAX_NODES = 4096
+"""Nodes in one cluster: twice the largest published training jobs (Llama 3 405B: 2,048 nodes)."""
+MAX_GPUS_PER_NODE = 64
+"""GPUs (ranks) per node: 8x the usual 8-GPU server, beyond any NVLink domain sold as one node."""
+MAX_SEQ_LEN = 1 << 20
+"""Tokens per sequence: 1M, the longest contexts trained today."""
+MAX_GLOBAL_BATCH_TOKENS = 1 << 36
+"""Tokens per optimizer step: ~69G, four orders of magnitude beyond the largest published batches."""
+MAX_MICRO_BATCH = 1 << 20
+"""Sequences per micro-batch: a micro-batch never exceeds the global batch."""
+MAX_DIMENSION = 1 << 24
+"""A model's width, vocabulary, head count or FFN size: 16M, ~100x the widest models (vocabularies ~256K)."""
+MAX_LAYERS = 1 << 16
+"""Blocks or layer-graph units of one model (servers plan at most FSDP_PLANNER_MAX_MODEL_LAYERS of them)."""
+MAX_UNIT_PARAMS = 10**13
+"""Parameters of one layer-graph module: 10T, more than any whole model."""
+MAX_FLOPS_PER_TOKEN = 1e15
+"""Forward FLOPs per token of one module: 2 x MAX_UNIT_PARAMS x 50 (attention over long contexts)."""
+MAX_ACTIVATION_BYTES_PER_TOKEN = 1e12
+"""Bytes one module saves for backward per token: 1 TB, beyond a whole GPU's memory."""
+MIN_DEVICE_MEMORY_GIB = 0.25
+"""256 MiB: less than any device that trains a model (the CPU entry plans with 8 GiB)."""
+MAX_DEVICE_MEMORY_GIB = 1e7
+MIN_DEVICE_TFLOPS = 1e-3
+"""1 GFLOP/s: a single CPU core of 2000 did more."""
+MAX_DEVICE_TFLOPS = 1e7
+MIN_MEMORY_BANDWIDTH_GBPS = 0.1
+"""100 MB/s: slower than the DRAM of the 1990s."""
+MIN_LINK_GBPS = 0.01
+"""10 MB/s per GPU: slower than 100 Mb/s Ethernet."""
+MAX_DEVICE_GBPS = 1e7
+"""Upper bound of a device's memory or link bandwidth (GB/s) in a GPU datasheet."""
+MAX_LINK_OVERRIDE_GBPS = MAX_BYTES_PER_S / 1e9
+"""A cluster's bandwidth override: 100 TB/s per GPU, as a measured link is bounded."""

@@ -24,22 +24,18 @@ SELECTIVE_EVERY_K = (2, 4)
 def hybrid_shard_sizes(dp: int, gpus_per_node: int, *, tp: int = 1) -> list[int]:
     """Shard-group sizes for a 2-D data-parallel mesh of `dp` ranks (each a `tp`-wide group):
     divisors of dp strictly between 1 and dp whose groups line up with nodes (dp_shard x tp ranks
-    divide the node, or are a whole number of nodes)."""
-    return [
+    divide the node, or are a whole number of nodes), of the form 2^k or 3 x 2^k.
+
+    Only those forms are tried (about 2 log2(dp) candidates), never every number below dp: dp is
+    the cluster's size, and this runs while a request is validated (planner/advice.py)."""
+    candidates = {
+        base << k for base in (1, 3) for k in range(dp.bit_length()) if 1 < base << k < dp
+    }
+    return sorted(
         s
-        for s in range(2, dp)
-        if dp % s == 0
-        and (gpus_per_node % (s * tp) == 0 or (s * tp) % gpus_per_node == 0)
-        and _is_pow2_multiple(s)
-    ]
-
-
-def _is_pow2_multiple(n: int) -> bool:
-    # Keeps the 2-D options to a handful at large scale (2, 4, 8, 16, ... or 3, 6, 12, ...).
-    odd = n
-    while odd % 2 == 0:
-        odd //= 2
-    return odd <= 3
+        for s in candidates
+        if dp % s == 0 and (gpus_per_node % (s * tp) == 0 or (s * tp) % gpus_per_node == 0)
+    )
 
 
 def micro_batch_sizes(local_batch: int, limit: int) -> list[int]:

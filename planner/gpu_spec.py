@@ -10,6 +10,21 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner.bounds import (
+    MAX_DEVICE_GBPS,
+    MAX_DEVICE_MEMORY_GIB,
+    MAX_DEVICE_TFLOPS,
+    MAX_GPUS_PER_NODE,
+    MIN_DEVICE_MEMORY_GIB,
+    MIN_DEVICE_TFLOPS,
+    MIN_LINK_GBPS,
+    MIN_MEMORY_BANDWIDTH_GBPS,
+)
+
+# Bounded away from zero as well as above: the cost model divides by every one of these.
+Tflops = Annotated[float, Field(ge=MIN_DEVICE_TFLOPS, le=MAX_DEVICE_TFLOPS, allow_inf_nan=False)]
+LinkGbps = Annotated[float, Field(ge=MIN_LINK_GBPS, le=MAX_DEVICE_GBPS, allow_inf_nan=False)]
+
 
 class GpuSpec(BaseModel):
     """One accelerator type."""
@@ -20,17 +35,21 @@ class GpuSpec(BaseModel):
     """Canonical name (catalog entries), or the name a user gives a GPU type of their own."""
     aliases: tuple[str, ...] = ()
     """Other names accepted for it (case-insensitive)."""
-    memory_gib: Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
+    memory_gib: Annotated[
+        float, Field(ge=MIN_DEVICE_MEMORY_GIB, le=MAX_DEVICE_MEMORY_GIB, allow_inf_nan=False)
+    ]
     """Device memory usable by the framework, GiB."""
-    peak_bf16_tflops: Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
+    peak_bf16_tflops: Tflops
     """Dense bf16 tensor throughput, TFLOP/s (the MFU denominator)."""
-    peak_fp32_tflops: Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
+    peak_fp32_tflops: Tflops
     """Dense fp32 (non-tensor-core) throughput, TFLOP/s."""
-    memory_bandwidth_gbps: Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
+    memory_bandwidth_gbps: Annotated[
+        float, Field(ge=MIN_MEMORY_BANDWIDTH_GBPS, le=MAX_DEVICE_GBPS, allow_inf_nan=False)
+    ]
     """HBM (or DRAM) bandwidth, GB/s."""
-    intra_node_bandwidth_gbps: Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
+    intra_node_bandwidth_gbps: LinkGbps
     """Per-GPU unidirectional link bandwidth inside a node (NVLink, PCIe, shared memory), GB/s."""
-    inter_node_bandwidth_gbps: Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
+    inter_node_bandwidth_gbps: LinkGbps
     """Default per-GPU network bandwidth between nodes, GB/s."""
-    default_gpus_per_node: Annotated[int, Field(ge=1, le=1024)] = 8
+    default_gpus_per_node: Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)] = 8
     """GPUs in a typical node of this type."""

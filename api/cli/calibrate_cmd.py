@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.common import EXIT_FAILED, ServerClient, fail, read_json_file
+from api.cli.common import EXIT_FAILED, ServerClient, cluster_from_options, fail, read_json_file
 from executor.launch.calibration import write_calibration_bundle
 from executor.launch.quoting import UnsafeValueError
 from planner.calibration import CalibrationProfile, fit_parameters
@@ -143,7 +143,7 @@ def write_bundle(
     if cluster is None:
         raise fail("--bundle needs --cluster NODESxGPUSxGPU (the cluster the bundle will run on)")
     try:
-        spec = ClusterSpec.parse(cluster)
+        spec = cluster_from_options(cluster=cluster)
         model_spec = resolve_model(model) if model is not None else None
         directory = write_calibration_bundle(
             spec,

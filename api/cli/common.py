@@ -15,7 +15,7 @@ from rich.console import Console
 from planner.catalog import resolve_model
 from planner.errors import describe_validation_error
 from planner.plan import READABLE_SCHEMA_MAJORS, Plan
-from planner.specs import ModelSpec
+from planner.specs import ClusterSpec, ModelSpec
 
 EXIT_FAILED = 1
 EXIT_INVALID_INPUT = 2
@@ -57,6 +57,21 @@ def model_from_options(*, model: str | None, hf_config: Path | None, layer_graph
         return resolve_model(read_json_file(hf_config, "--hf-config"))
     assert layer_graph is not None
     return resolve_model(read_json_file(layer_graph, "--layer-graph"))
+
+
+def cluster_from_options(*, cluster: str | None, cluster_file: Path | None = None) -> ClusterSpec:
+    """The cluster of `--cluster NODESxGPUSxGPU` or `--cluster-file FILE` (exactly one), read by the
+    planner's one parser with the bounds of every other spelling; a bad one fails with one line per
+    problem (exit 2), naming the format or the bound."""
+    if (cluster is None) == (cluster_file is None):
+        raise fail("give exactly one of --cluster NODESxGPUSxGPU or --cluster-file FILE")
+    try:
+        if cluster is not None:
+            return ClusterSpec.parse(cluster)
+        assert cluster_file is not None
+        return ClusterSpec.model_validate(read_json_file(cluster_file, "--cluster-file"))
+    except ValidationError as exc:
+        raise fail(describe_validation_error(exc, prefix="cluster")) from None
 
 
 class ServerClient:

@@ -14,6 +14,7 @@ from rich.table import Table
 from api.cli.common import (
     EXIT_INFEASIBLE,
     check_one_model,
+    cluster_from_options,
     cpu_precision_note,
     fail,
     model_from_options,
@@ -25,7 +26,7 @@ from planner.errors import InfeasiblePlanError, PlanningError, describe_validati
 from planner.formatting import duration
 from planner.plan import ParallelConfig, Plan
 from planner.search import make_plan
-from planner.specs import CheckpointMode, ClusterSpec, PlanRequest, SearchSpace, ShardingStrategy
+from planner.specs import CheckpointMode, PlanRequest, SearchSpace, ShardingStrategy
 
 SHARDINGS: tuple[str, ...] = typing.get_args(ShardingStrategy)
 CHECKPOINT_MODES: tuple[str, ...] = typing.get_args(CheckpointMode)
@@ -86,18 +87,12 @@ def plan(
 ) -> None:
     """Find the fastest FSDP configuration that fits, and say why."""
     check_one_model(model, hf_config, layer_graph)
-    if (cluster is None) == (cluster_file is None):
-        raise fail("give exactly one of --cluster NODESxGPUSxGPU or --cluster-file FILE")
+    cluster_spec = cluster_from_options(cluster=cluster, cluster_file=cluster_file)
     if global_batch_tokens is None:
         raise fail("--global-batch-tokens is required (tokens per optimizer step over all GPUs)")
     search = search_pins(tp=tp, sharding=sharding, compile_=compile_, checkpointing=checkpointing)
     try:
         model_spec = model_from_options(model=model, hf_config=hf_config, layer_graph=layer_graph)
-        cluster_spec = (
-            ClusterSpec.parse(cluster)
-            if cluster is not None
-            else ClusterSpec.model_validate(read_json_file(cluster_file, "--cluster-file"))
-        )
         request = PlanRequest(
             model=model_spec,
             cluster=cluster_spec,

@@ -21,15 +21,27 @@ from pydantic import (
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from api.problems import UNION_TAG_PREFIX
+
+# Re-exported (for the routes and the dashboard) from the planner, whose types the schemas below spell, so
+# that the OpenAPI shows the very limits the planner enforces.
+from planner.bounds import MAX_GPUS_PER_NODE as MAX_GPUS_PER_NODE
+from planner.bounds import MAX_NODES as MAX_NODES
 from planner.gpu_spec import GpuSpec
 from planner.parallel_dims import ParallelDims
-from planner.specs import Optimizer, Precision, SearchSpace, whole_numbers
+from planner.specs import (
+    CLUSTER_FORMAT,
+    CLUSTER_PATTERN,
+    GlobalBatchTokens,
+    GpusPerNode,
+    LinkOverrideGbps,
+    NodeCount,
+    Optimizer,
+    Precision,
+    SearchSpace,
+    SeqLen,
+    whole_numbers,
+)
 
-# Bounds that keep one request's planning cost sane; the planner's own validators decide the rest.
-MAX_NODES = 4096
-MAX_GPUS_PER_NODE = 64
-MAX_SEQ_LEN = 1 << 20
-MAX_GLOBAL_BATCH_TOKENS = 1 << 36
 MAX_ID = (1 << 53) - 1
 """The largest id every JSON client reads exactly (JavaScript numbers, and JSON Schema validators that
 compare in floats: against 2^63 - 1 as a float, 2^63 + 191 passes); far beyond any table's ids."""
@@ -83,13 +95,13 @@ class ClusterIn(StrictBody):
     }
     example: ClassVar[str] = '{"num_nodes": 1, "gpus_per_node": 8, "gpu": "H100"}, or the string "1x8xH100"'
 
-    num_nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] = 1
-    gpus_per_node: Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)] = 8
+    num_nodes: NodeCount = 1
+    gpus_per_node: GpusPerNode = 8
     gpu: Annotated[str, Field(min_length=1, max_length=64, examples=["H100"])]
     """A GPU catalog name or alias (see GET /api/v1/gpus)."""
-    intra_node_bandwidth_gbps: Annotated[float, Field(gt=0, le=100_000)] | None = None
+    intra_node_bandwidth_gbps: LinkOverrideGbps | None = None
     """Override of the per-GPU intra-node link bandwidth, GB/s."""
-    inter_node_bandwidth_gbps: Annotated[float, Field(gt=0, le=100_000)] | None = None
+    inter_node_bandwidth_gbps: LinkOverrideGbps | None = None
     """Override of the per-GPU network bandwidth, GB/s."""
     custom_gpu: GpuSpec | None = None
     """A GPU type not in the catalog, by its datasheet (the fields of GET /api/v1/gpus); `gpu` is then its
@@ -109,8 +121,8 @@ class TrainingIn(StrictBody):
         "multiple of seq_len)"
     )
 
-    seq_len: Annotated[int, Field(ge=1, le=MAX_SEQ_LEN, examples=[4096])]
-    global_batch_tokens: Annotated[int, Field(ge=1, le=MAX_GLOBAL_BATCH_TOKENS, examples=[1048576])]
+    seq_len: Annotated[SeqLen, Field(examples=[4096])]
+    global_batch_tokens: Annotated[GlobalBatchTokens, Field(examples=[1048576])]
     """Tokens per optimizer step over the whole cluster; a multiple of seq_len."""
     precision: Precision = "bf16"
     optimizer: Optimizer = "adamw"
@@ -138,7 +150,14 @@ ModelIn = Annotated[
 ]
 
 ClusterInput = Annotated[
-    Annotated[Annotated[str, Field(min_length=3, max_length=80)], Tag(f"{UNION_TAG_PREFIX}string")]
+    # The string's pattern is documented, not checked here: the planner's parser (ClusterSpec.parse, in
+    # api/services/plans.py) refuses a misspelt cluster with the format to use, and its bounds with
+    # the object's.
+    Annotated[
+        Annotated[str, Field(min_length=3, max_length=80, json_schema_extra={"pattern": CLUSTER_PATTERN},
+                             description=f"A cluster as {CLUSTER_FORMAT}.")],
+        Tag(f"{UNION_TAG_PREFIX}string"),
+    ]
     | Annotated[ClusterIn, Tag(f"{UNION_TAG_PREFIX}object")],
     Discriminator(
         _json_kind,

@@ -157,11 +157,6 @@ def build_request(body: PlanCreate, *, max_model_layers: int) -> PlanRequest:
         raise ProblemError(
             422, summarize(errors), slug="invalid-request", title="Invalid request", errors=errors
         ) from None
-    except ValueError as exc:  # ClusterSpec.parse's "cannot read '...'" message
-        raise ProblemError(
-            422, str(exc), slug="invalid-request", title="Invalid request",
-            errors=[FieldError(location="body", field="cluster", message=str(exc), type="value_error")],
-        ) from None
 
 
 def check_model_size(model: ModelSpec, max_layers: int) -> None:

@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from api.cli.main import app
@@ -258,3 +259,26 @@ def test_bad_or_unfittable_pins_are_clear_errors() -> None:
     assert infeasible.exit_code == 3
     assert "does not fit" in infeasible.stderr and "tensor parallelism beyond tp=1" in infeasible.stderr
     assert plan_json(*LONG_CONTEXT)["config"]["mesh"]["tp"] > 1  # unpinned, it plans
+
+
+@pytest.mark.parametrize("cluster", ["H100", "axbxH100", "1x8", "2x8H100", "1x99999999999999xcpu"])
+def test_a_malformed_cluster_is_one_line_and_exit_2(cluster: str) -> None:
+    # issue 22 item 11: `H100`, `axbxH100` were a traceback (exit 1); `1x8` and `2x8H100` said
+    # "unknown GPU '8'" instead of showing the format. (`1X8XH100` now reads as 1x8xH100.)
+    result = runner.invoke(app, ["plan", "--model", "llama-debug", "--cluster", cluster, "--seq-len", "256",
+                                 "--global-batch-tokens", "2048"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    [line] = result.stderr.strip().splitlines()
+    if cluster.startswith("1x9999"):
+        assert line.startswith("error: cluster.gpus_per_node:") and "less than or equal to 64" in line
+    else:
+        assert line.startswith(f"error: cluster: cannot read {cluster!r} as a cluster; write NODESxGPUSxGPU")
+
+
+def test_a_cluster_file_meets_the_same_bounds(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"num_nodes": 5000, "gpus_per_node": 8, "gpu": "H100"}))
+    result = runner.invoke(app, ["plan", "--model", "llama-debug", "--cluster-file", str(path), "--seq-len",
+                                 "256", "--global-batch-tokens", "2048"])
+    assert result.exit_code == 2 and "cluster.num_nodes" in result.stderr and "4096" in result.stderr

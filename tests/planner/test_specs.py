@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from planner.bounds import MAX_GPUS_PER_NODE, MAX_NODES
 from planner.catalog import resolve_model
 from planner.errors import PlanningError, UnsupportedArchitectureError, describe_validation_error
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
@@ -86,8 +92,64 @@ def test_strict_types_refuse_strings_for_numbers_and_unknown_keys() -> None:
 def test_cluster_text_forms() -> None:
     assert ClusterSpec.parse("4x8xA100").world_size == 32
     assert ClusterSpec.parse("2xcpu").world_size == 2
+    assert ClusterSpec.parse("1X8XH100").world_size == 8  # the separator in either case
     with pytest.raises(ValueError, match="NODESxGPUSxGPU"):
         ClusterSpec.parse("lots of gpus")
+
+
+@pytest.mark.parametrize(
+    "text", ["H100", "axbxH100", "1x8", "2x8H100", "1x8x", "x8xH100", "1x²xH100", "1" * 100]
+)
+def test_misspelt_cluster_text_names_the_format(text: str) -> None:
+    # issue 22 item 11: `1x8` and `2x8H100` read as GPUs named '8' and '8H100'; `H100` was a bare ValueError.
+    with pytest.raises(ValidationError) as caught:
+        ClusterSpec.parse(text)
+    [error] = caught.value.errors()
+    assert error["type"] == "cluster_format" and "NODESxGPUSxGPU, e.g. 1x8xH100" in error["msg"]
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [("1x99999999999999xcpu", "gpus_per_node"), ("5000x8xH100", "num_nodes"), ("1x65xH100", "gpus_per_node"),
+     ("0x8xH100", "num_nodes")],
+)
+def test_cluster_text_meets_the_object_forms_bounds(text: str, field: str) -> None:
+    # issue 22 item 1: the text skipped the object form's 4,096 nodes and 64 GPUs per node, and the
+    # first case then hung validation in a loop over range(2, world size).
+    started = time.perf_counter()
+    with pytest.raises(ValidationError) as caught:
+        ClusterSpec.parse(text)
+    assert time.perf_counter() - started < 0.1
+    assert [e["loc"] for e in caught.value.errors()] == [(field,)]
+
+
+def _spelling_outcome(build: Callable[[], ClusterSpec]) -> tuple[str, ...] | ClusterSpec:
+    try:
+        return build()
+    except ValidationError as exc:
+        return tuple(sorted(".".join(map(str, e["loc"])) for e in exc.errors()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    nodes=st.integers(min_value=-2, max_value=10**15) | st.sampled_from([MAX_NODES, MAX_NODES + 1]),
+    gpus=st.integers(min_value=-2, max_value=10**15)
+    | st.sampled_from([MAX_GPUS_PER_NODE, MAX_GPUS_PER_NODE + 1]),
+    gpu=st.sampled_from(["H100", "cpu", "A100-80GB", "h200", "V100", "TPU"]),
+    one_node=st.booleans(),
+)
+def test_both_cluster_spellings_are_accepted_or_refused_alike(
+    nodes: int, gpus: int, gpu: str, one_node: bool
+) -> None:
+    """issue 22: one parser, one set of bounds, however the cluster is spelt."""
+    text = f"{gpus}x{gpu}" if one_node else f"{nodes}x{gpus}x{gpu}"
+    fields = {"gpus_per_node": gpus, "gpu": gpu} | ({} if one_node else {"num_nodes": nodes})
+    from_text = _spelling_outcome(lambda: ClusterSpec.parse(text))
+    from_object = _spelling_outcome(lambda: ClusterSpec.model_validate(fields))
+    if gpus < 0 or (nodes < 0 and not one_node):  # refused by both, the text for its '-'
+        assert isinstance(from_text, tuple) and isinstance(from_object, tuple)
+    else:
+        assert from_text == from_object
 
 
 HF_LLAMA3 = {
