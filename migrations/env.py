@@ -1,4 +1,8 @@
-"""Alembic environment: migrates the connection the service hands over, or DATABASE_URL from the CLI."""
+"""Alembic environment: migrates the connection the service hands over, or DATABASE_URL from the CLI.
+
+Every run is one transaction (on SQLite too), and a downgrade that would delete rows is refused unless
+forced (migrations/data_loss.py).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from sqlalchemy import Connection
 
 from api.db import models  # noqa: F401  (registers the tables on Base.metadata)
 from api.db.base import Base
+from migrations import data_loss
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("connection") is None:
@@ -24,7 +29,13 @@ def run_migrations(connection: Connection) -> None:
         compare_type=True,
     )
     with context.begin_transaction():
+        if connection.dialect.name == "sqlite" and not connection.connection.driver_connection.in_transaction:
+            # Python's sqlite3 opens a transaction only before INSERT/UPDATE/DELETE, so a DROP or ALTER
+            # before the first one would commit by itself: open it now, and a failed run changes nothing.
+            connection.exec_driver_sql("BEGIN")
+        data_loss.begin()
         context.run_migrations()
+        data_loss.refuse_unless_forced()  # raising rolls every step back
 
 
 def run_online() -> None:

@@ -102,13 +102,18 @@ def db_downgrade(
     revision: Annotated[str, typer.Argument(help="Target revision; `base` drops every table.")],
     database_url: DatabaseUrlOption = None,
 ) -> None:
-    """Migrate the database down to REVISION."""
+    """Migrate the database down to REVISION. Refused, changing nothing, where it would delete rows,
+    unless FSDP_PLANNER_FORCE_DATA_LOSS=1 is set."""
     from api.db import migrate
+    from migrations.data_loss import DataLossRefusedError
 
     engine = _engine(database_url)
     try:
         migrate.downgrade(engine, revision)
         console.print(f"database at revision {migrate.current_revision(engine)}")
+    except DataLossRefusedError as exc:
+        err_console.print(f"error: {exc}", highlight=False)
+        raise typer.Exit(1) from None
     finally:
         engine.dispose()
 

@@ -1,5 +1,8 @@
 """Initial schema: plans, calibration profiles, validation runs, API keys, idempotency keys.
 
+Downgrading (to base) drops every table: refused while they hold rows, unless forced
+(migrations/data_loss.py).
+
 Revision ID: 0001
 Revises:
 Create Date: 2026-11-21
@@ -10,6 +13,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
+
+from migrations import data_loss
 
 revision: str = "0001"
 down_revision: str | None = None
@@ -132,6 +137,13 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    data_loss.count_before_delete("0001", [
+        (what, f"SELECT count(*) FROM {table}") for table, what in (
+            ("plans", "plans"), ("calibration_profiles", "calibration profiles"),
+            ("validation_runs", "validation runs"), ("api_keys", "API keys"),
+            ("idempotency_keys", "idempotency keys"),
+        )
+    ])
     # Dependents first: their foreign keys point at plans and calibration_profiles.
     op.drop_table("validation_runs")
     op.drop_table("idempotency_keys")

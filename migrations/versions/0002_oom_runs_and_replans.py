@@ -4,7 +4,8 @@ validation_runs: an `outcome` (`completed`, the default for every existing row, 
 details, and measurements / prediction errors made nullable (an OOM run has none).
 plans: `replanned_from_plan_id` / `replanned_from_run_id`, the provenance of a re-plan.
 
-Downgrading deletes OOM runs (the old schema cannot hold a run without measurements).
+Downgrading deletes OOM runs (the old schema cannot hold a run without measurements) and re-plan links:
+refused while there are any, unless forced (migrations/data_loss.py).
 
 Revision ID: 0002
 Revises: 0001
@@ -15,6 +16,8 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+
+from migrations import data_loss
 
 revision: str = "0002"
 down_revision: str | None = "0001"
@@ -55,6 +58,13 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    data_loss.count_before_delete("0002", [
+        ("OOM validation runs (with their OOM details)",
+         "SELECT count(*) FROM validation_runs WHERE outcome <> 'completed'"),
+        ("re-plan links (plans.replanned_from_plan_id / replanned_from_run_id)",
+         "SELECT count(*) FROM plans "
+         "WHERE replanned_from_plan_id IS NOT NULL OR replanned_from_run_id IS NOT NULL"),
+    ])
     op.drop_index(op.f("ix_plans_replanned_from_plan_id"), table_name="plans")
     op.drop_column("plans", "replanned_from_run_id")
     op.drop_column("plans", "replanned_from_plan_id")

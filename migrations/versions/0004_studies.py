@@ -2,7 +2,8 @@
 
 A point refers to the ordinary plan stored for its cluster; deleting that plan keeps the point (and its
 numbers) with `plan_id` set to NULL, and deleting a study deletes its points but never its plans.
-Downgrading drops both tables (the studies are lost; their plans stay).
+Downgrading drops both tables (the studies are lost; their plans stay): refused while they hold rows,
+unless forced (migrations/data_loss.py).
 
 Revision ID: 0004
 Revises: 0003
@@ -14,6 +15,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
+
+from migrations import data_loss
 
 revision: str = "0004"
 down_revision: str | None = "0003"
@@ -67,5 +70,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    data_loss.count_before_delete("0004", [
+        ("studies", "SELECT count(*) FROM studies"),
+        ("study points", "SELECT count(*) FROM study_points"),
+    ])
     op.drop_table("study_points")  # first: it refers to studies
     op.drop_table("studies")

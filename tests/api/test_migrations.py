@@ -1,8 +1,13 @@
-"""Alembic: upgrade, downgrade and upgrade again on a fresh database; the models match the migrations."""
+"""Alembic: upgrade, downgrade and upgrade again on a fresh database; the models match the migrations;
+downgrades that would delete rows refuse unless forced."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,10 +23,12 @@ from api.db import migrate
 from api.db.base import Base, JsonDocument, UTCDateTime
 from api.db.session import create_db_engine
 from api.settings import Settings
+from migrations import data_loss
 from planner.catalog import resolve_model
 from planner.plan import Plan
 from planner.search import make_plan
 from planner.specs import ClusterSpec, PlanRequest, SearchSpace, TrainingSpec
+from tests.live_server import REPO_ROOT
 
 TABLES = {"plans", "calibration_profiles", "validation_runs", "api_keys", "idempotency_keys"}
 MESH_COLUMNS = ("sharding", "tensor_parallel_degree", "data_parallel_shard_degree")
@@ -210,3 +217,162 @@ def test_database_url_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
     assert Settings().resolved_database_url == "sqlite:////srv/plans.sqlite3"
     monkeypatch.setenv("FSDP_PLANNER_MAX_BODY_BYTES", "2048")
     assert Settings().max_body_bytes == 2048
+
+
+# Downgrades that would delete rows: refused (nothing changes) unless forced, with the count of each loss.
+
+_RUNS_0002 = sa.table(
+    "validation_runs", *(sa.column(name) for name in (
+        "plan_id", "outcome", "predicted_step_time_s", "predicted_tokens_per_s_per_gpu",
+        "predicted_peak_memory_gib", "oom_step", "oom_message",
+    )),
+    sa.column("created_at", UTCDateTime), sa.column("raw", JsonDocument),
+)
+_STUDIES = sa.table(
+    "studies", *(sa.column(name) for name in (
+        "name", "model_name", "token_budget", "gpus", "num_candidates", "num_fitting", "planner_version",
+    )),
+    sa.column("created_at", UTCDateTime), sa.column("request", JsonDocument),
+    sa.column("summary", JsonDocument),
+)
+
+
+STUDY_LOSS = r"1 row of studies \(downgrade of 0004\); {points} rows of study points"
+
+
+def _store_plan(connection: sa.Connection, name: str) -> int:
+    """A plan row at revision 0002 (its document is never read here)."""
+    connection.execute(_PLANS_0002.insert().values(
+        name=name, model_name="llama-debug", gpu="cpu", num_nodes=1, gpus_per_node=4, world_size=4,
+        tokens_per_s_per_gpu=1.0, mfu=0.1, peak_memory_gib=1.0, step_time_s=1.0,
+        plan_hash=name.encode().hex().ljust(64, "0"), planner_version="test", created_at=datetime.now(UTC),
+        request={}, plan={"schema_version": "1.0"},
+    ))
+    return int(connection.execute(sa.text("SELECT id FROM plans WHERE name = :n"), {"n": name}).scalar_one())
+
+
+def _store_oom_run_and_replan(engine: sa.Engine) -> None:
+    """At revision 0002: a plan, one OOM run of it and one completed run, and a re-plan from the OOM run."""
+    with engine.begin() as connection:
+        plan_id = _store_plan(connection, "ran out of memory")
+        for outcome in ("oom", "completed"):
+            connection.execute(_RUNS_0002.insert().values(
+                plan_id=plan_id, outcome=outcome, predicted_step_time_s=1.0,
+                predicted_tokens_per_s_per_gpu=1.0, predicted_peak_memory_gib=1.0,
+                oom_step=3 if outcome == "oom" else None,
+                oom_message="CUDA out of memory" if outcome == "oom" else None,
+                created_at=datetime.now(UTC), raw={},
+            ))
+        connection.execute(sa.text("UPDATE validation_runs SET measured_step_time_s = 1.0, "
+                                   "measured_tokens_per_s_per_gpu = 1.0, step_time_error_pct = 0.0, "
+                                   "tokens_per_s_error_pct = 0.0 WHERE outcome = 'completed'"))
+        run_id = connection.execute(
+            sa.text("SELECT id FROM validation_runs WHERE outcome = 'oom'")).scalar_one()
+        replan_id = _store_plan(connection, "re-planned")
+        connection.execute(sa.text(
+            "UPDATE plans SET replanned_from_plan_id = :plan, replanned_from_run_id = :run WHERE id = :id"
+        ), {"plan": plan_id, "run": run_id, "id": replan_id})
+
+
+def _store_study(engine: sa.Engine, points: int) -> None:
+    with engine.begin() as connection:
+        connection.execute(_STUDIES.insert().values(
+            name="what if", model_name="llama-debug", token_budget=10**9, gpus="cpu", num_candidates=points,
+            num_fitting=points, planner_version="test", created_at=datetime.now(UTC), request={}, summary={},
+        ))
+        study_id = connection.execute(sa.text("SELECT id FROM studies")).scalar_one()
+        for position in range(points):
+            connection.execute(sa.text(
+                "INSERT INTO study_points (study_id, position, point) VALUES (:s, :p, '{}')"
+            ), {"s": study_id, "p": position})
+
+
+def _count(engine: sa.Engine, sql: str) -> int:
+    with engine.connect() as connection:
+        return int(connection.execute(sa.text(sql)).scalar_one())
+
+
+@pytest.fixture
+def engine(fresh_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[sa.Engine]:
+    monkeypatch.delenv(data_loss.FORCE_ENV, raising=False)
+    engine = create_db_engine(fresh_url)
+    yield engine
+    engine.dispose()
+
+
+def test_a_downgrade_that_would_delete_oom_runs_is_refused_and_changes_nothing(engine: sa.Engine) -> None:
+    migrate.upgrade(engine, "0002")
+    _store_oom_run_and_replan(engine)
+    migrate.upgrade(engine)
+    tables = set(inspect(engine).get_table_names())
+
+    # Two steps down: 0004 (empty studies, no loss) and 0003 would run before 0002 refuses.
+    with pytest.raises(data_loss.DataLossRefusedError) as refused:
+        migrate.downgrade(engine, "0001")
+    message = str(refused.value)
+    assert "refusing to downgrade to 0001" in message
+    assert "1 row of OOM validation runs (with their OOM details) (downgrade of 0002)" in message
+    assert "1 row of re-plan links" in message
+    assert "Nothing was changed" in message
+    assert f"{data_loss.FORCE_ENV}=1" in message and "-x force_data_loss=true" in message
+    # Every step rolled back, SQLite's dropped tables and columns included.
+    assert migrate.current_revision(engine) == "0004"
+    assert set(inspect(engine).get_table_names()) == tables
+    assert set(MESH_COLUMNS) <= {c["name"] for c in inspect(engine).get_columns("plans")}
+    assert _count(engine, "SELECT count(*) FROM validation_runs") == 2
+    assert _count(engine, "SELECT count(*) FROM plans WHERE replanned_from_run_id IS NOT NULL") == 1
+
+
+def test_a_forced_downgrade_deletes_what_it_said(engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    migrate.upgrade(engine, "0002")
+    _store_oom_run_and_replan(engine)
+    migrate.upgrade(engine)
+    monkeypatch.setenv(data_loss.FORCE_ENV, "1")
+    migrate.downgrade(engine, "0001")
+    assert migrate.current_revision(engine) == "0001"
+    assert _count(engine, "SELECT count(*) FROM validation_runs") == 1  # the completed run stays
+    assert _count(engine, "SELECT count(*) FROM plans") == 2  # the re-plan stays, without its link
+
+
+def test_dropping_studies_is_refused_with_their_count(engine: sa.Engine) -> None:
+    migrate.upgrade(engine)
+    _store_study(engine, points=3)
+    with pytest.raises(data_loss.DataLossRefusedError, match=STUDY_LOSS.format(points=3)):
+        migrate.downgrade(engine, "0003")
+    assert migrate.current_revision(engine) == "0004"
+    assert _count(engine, "SELECT count(*) FROM study_points") == 3
+
+
+def test_empty_tables_downgrade_without_force(engine: sa.Engine) -> None:
+    migrate.upgrade(engine, "0002")
+    _store_oom_run_and_replan(engine)
+    migrate.upgrade(engine)
+    with engine.begin() as connection:  # no OOM run, no re-plan link, no study: nothing to lose
+        connection.execute(sa.text("DELETE FROM plans WHERE replanned_from_run_id IS NOT NULL"))
+        connection.execute(sa.text("DELETE FROM validation_runs WHERE outcome = 'oom'"))
+    migrate.downgrade(engine, "0001")
+    assert migrate.current_revision(engine) == "0001"
+    everything = r"1 row of plans \(downgrade of 0001\); 1 row of validation runs"
+    with pytest.raises(data_loss.DataLossRefusedError, match=everything):
+        migrate.downgrade(engine, "base")
+
+
+def test_the_alembic_command_refuses_and_is_forced_with_x(engine: sa.Engine, fresh_url: str) -> None:
+    migrate.upgrade(engine)
+    _store_study(engine, points=2)
+    env = {**os.environ, "DATABASE_URL": fresh_url}
+    env.pop(data_loss.FORCE_ENV, None)
+    alembic = [sys.executable, "-m", "alembic", "-c", str(REPO_ROOT / "alembic.ini")]
+
+    refused = subprocess.run([*alembic, "downgrade", "0003"], env=env, capture_output=True, text=True,
+                             check=False)
+    assert refused.returncode != 0
+    assert re.search(STUDY_LOSS.format(points=2), refused.stderr), refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert migrate.current_revision(engine) == "0004"
+
+    forced = subprocess.run([*alembic, "-x", "force_data_loss=true", "downgrade", "0003"], env=env,
+                            capture_output=True, text=True, check=False)
+    assert forced.returncode == 0, forced.stderr
+    assert migrate.current_revision(engine) == "0003"
+    assert "studies" not in inspect(engine).get_table_names()
