@@ -13,6 +13,7 @@ exit status, says what happened.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -239,7 +240,7 @@ def validate(
             "steps": measured.steps,
             "raw": {
                 "step_times_s": measured.step_times_s,
-                "losses": measured.losses,
+                "losses": finite_or_null(measured.losses),
                 "memory_source": measured.memory_source,
                 "warmup_steps": warmup,
             },
@@ -264,8 +265,13 @@ def oom_body(oom: RanOutOfMemory) -> dict[str, Any]:
             "reserved_bytes": record.get("reserved_bytes"),
             "message": str(record.get("message", ""))[:2000],
         },
-        "raw": {"oom_record": record, "losses": [s.get("loss") for s in oom.steps]},
+        "raw": {"oom_record": record, "losses": finite_or_null([s.get("loss") for s in oom.steps])},
     }
+
+
+def finite_or_null(losses: list[Any]) -> list[Any]:
+    """`losses` with NaN and infinities (a diverged run) as None: the runs API refuses numbers JSON lacks."""
+    return [None if isinstance(loss, float) and not math.isfinite(loss) else loss for loss in losses]
 
 
 def _gib(n: int | None) -> str:

@@ -223,7 +223,8 @@ def _replan(request: Request, session: SessionDep, plan_id: int, run_id: str, ap
                           f"from 1 to {MAX_ID}.")
     try:
         body = ReplanCreate(run_id=parsed_run_id)
-        outcome = replan_service.replan(session, plan_id, body, locks=request.app.state.plan_locks)
+        outcome = replan_service.replan(session, plan_id, body, locks=request.app.state.plan_locks,
+                                        search_pool=request.app.state.search_pool)
     except ProblemError as problem:
         session.commit()
         return error_page(request, problem.status_code, problem.detail)

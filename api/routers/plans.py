@@ -234,7 +234,7 @@ def delete_plan(plan_id: PlanId, session: SessionDep) -> Response:
     summary="Re-plan a plan's request without every configuration as memory-hungry as one that ran out of "
     "memory",
 )
-def replan(
+async def replan(
     plan_id: PlanId,
     request: Request,
     response: Response,
@@ -244,9 +244,11 @@ def replan(
     """The failed configuration is the plan's own (its newest OOM run's, or `run_id`'s); it is re-priced
     with the current planner, and the new plan only considers configurations predicted below that peak
     (`request.search.max_peak_memory_gib`, exclusive). 422 when nothing lighter fits."""
-    outcome = replan_service.replan(
-        session, plan_id, body or ReplanCreate(), locks=request.app.state.plan_locks
-    )
+    # Like plan creation: a thread of the planning limiter waits while the search pool searches.
+    outcome = await run_planning(request, partial(
+        replan_service.replan, session, plan_id, body or ReplanCreate(), locks=request.app.state.plan_locks,
+        search_pool=request.app.state.search_pool,
+    ))
     response.status_code = outcome.status_code
     response.headers["Location"] = str(request.url_for("get_plan", plan_id=outcome.row.id))
     return PlanDetail.model_validate(outcome.row)

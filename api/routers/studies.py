@@ -8,9 +8,12 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 
 from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess, run_planning
+from api.problems import FieldError, ProblemError
 from api.routers.responses import problems
+from api.schemas.plans import MAX_ID
 from api.schemas.studies import StudyCreate, StudyDetail, StudyId, StudyPage
 from api.services import studies as study_service
+from api.typed_numbers import parse_id
 
 router = APIRouter(prefix="/studies", tags=["studies"])
 
@@ -43,10 +46,20 @@ def list_studies(
     session: SessionDep,
     limit: Annotated[int, Query(ge=1, le=200, description="Studies per page")] = 50,
     cursor: Annotated[str | None, Query(
-        max_length=20, pattern=r"^[0-9]*$", description="`next_cursor` of the previous page"
+        max_length=len(str(MAX_ID)), pattern=r"^[0-9]*$", description="`next_cursor` of the previous page"
     )] = None,
 ) -> StudyPage:
-    after = int(cursor) if cursor else None
+    after = None
+    if cursor:
+        # A cursor is a study id: bounded like every id, before it reaches the database (2^63 overflowed
+        # SQLite's integers and PostgreSQL's bigint).
+        after = parse_id(cursor)
+        if after is None:
+            message = (f"{cursor!r} is not a cursor of this list: pass the previous page's next_cursor (a "
+                       f"study id from 1 to {MAX_ID}), or leave cursor out for the first page")
+            raise ProblemError(422, f"cursor: {message}", slug="invalid-request", title="Invalid request",
+                               errors=[FieldError(location="query", field="cursor", message=message,
+                                                  type="value_error")])
     items, next_cursor = study_service.list_studies(session, limit=limit, cursor=after)
     return StudyPage(items=items, next_cursor=next_cursor)
 

@@ -10,6 +10,7 @@ from typing import Annotated, Any, ClassVar
 from fastapi import Path
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -39,6 +40,7 @@ from planner.specs import (
     Precision,
     SearchSpace,
     SeqLen,
+    cluster_fields,
     whole_numbers,
 )
 
@@ -149,10 +151,19 @@ ModelIn = Annotated[
     Field(examples=["llama3-8b"]),
 ]
 
+def _cluster_text_spelt_out(value: Any) -> Any:
+    """A cluster string read into the object's fields (planner.specs.cluster_fields), so that both
+    spellings meet one validation, error for error: ClusterIn's bounds, then the planner's. Text that
+    spells no cluster stays text, refused with the format to use by the planner's parser (build_request)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return cluster_fields(value)
+    except ValidationError:
+        return value
+
+
 ClusterInput = Annotated[
-    # The string's pattern is documented, not checked here: the planner's parser (ClusterSpec.parse, in
-    # api/services/plans.py) refuses a misspelt cluster with the format to use, and its bounds with
-    # the object's.
     Annotated[
         Annotated[str, Field(min_length=3, max_length=80, json_schema_extra={"pattern": CLUSTER_PATTERN},
                              description=f"A cluster as {CLUSTER_FORMAT}.")],
@@ -165,6 +176,7 @@ ClusterInput = Annotated[
         custom_error_message="give a cluster as NODESxGPUSxGPU (e.g. 1x8xH100) or an object "
         "{num_nodes, gpus_per_node, gpu}",
     ),
+    BeforeValidator(_cluster_text_spelt_out),
     Field(examples=["1x8xH100"]),
 ]
 

@@ -3,6 +3,7 @@ out of memory."""
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -111,17 +112,27 @@ class RunCreate(BaseModel):
         return self
 
 
-def _without_nul(value: Any, *, depth: int) -> Any:
+def _without_nul(value: Any, *, depth: int, path: str = "raw") -> Any:
     """`value` with NUL characters replaced by U+FFFD: PostgreSQL's jsonb cannot store them, and the raw
-    report is kept for people to read, not interpreted. Nesting is refused beyond MAX_JSON_DEPTH."""
+    report is kept for people to read, not interpreted. Nesting is refused beyond MAX_JSON_DEPTH, and so
+    are NaN and infinities (1e400 reads as one): JSON has no such numbers, so PostgreSQL refuses them and
+    SQLite would store text no JSON reader takes back."""
     if depth > MAX_JSON_DEPTH:
         raise ValueError(f"raw: nested deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(
+            f"{path}: {value} is not a JSON number (NaN, or too large for a double); send a finite number, "
+            "or null for a value that was not measured"
+        )
     if isinstance(value, str):
         return value.replace("\x00", "\ufffd")
     if isinstance(value, dict):
-        return {_without_nul(k, depth=depth): _without_nul(v, depth=depth + 1) for k, v in value.items()}
+        return {
+            _without_nul(k, depth=depth): _without_nul(v, depth=depth + 1, path=f"{path}.{k}")
+            for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [_without_nul(item, depth=depth + 1) for item in value]
+        return [_without_nul(item, depth=depth + 1, path=f"{path}.{i}") for i, item in enumerate(value)]
     return value
 
 

@@ -25,9 +25,25 @@ from planner.plan import Plan
 
 MIN_COMPARED = 2
 MAX_COMPARED = 8
-# What a comparison accepts in one query value: ids separated by commas (the dashboard also takes
-# repeated `ids=` values and spaces, which a link or a form can produce).
-IDS_PATTERN = r"^[0-9]+(,[0-9]+)*$"
+
+
+def whole_numbers_up_to(limit: int) -> str:
+    """A regular expression (Python and JSON Schema alike) for the decimals 1 to `limit`, without
+    leading zeros: shorter numbers, then at each digit of `limit` a smaller digit and any rest."""
+    digits = str(limit)
+    options = [f"[1-9][0-9]{{0,{len(digits) - 2}}}"] if len(digits) > 1 else []
+    for i, digit in enumerate(digits):
+        lowest = 1 if i == 0 else 0
+        if int(digit) > lowest:
+            options.append(f"{digits[:i]}[{lowest}-{int(digit) - 1}][0-9]{{{len(digits) - i - 1}}}")
+    options.append(digits)
+    return "(?:" + "|".join(options) + ")"
+
+
+_ID = whole_numbers_up_to(MAX_ID)
+# What a comparison accepts in one query value: ids (1 to MAX_ID, as everywhere) separated by commas
+# (the dashboard also takes repeated `ids=` values and spaces, which a link or a form can produce).
+IDS_PATTERN = f"^{_ID}(,{_ID})*$"
 
 Scalar = str | int | float | bool | None
 Better = Literal["higher", "lower"] | None
@@ -60,11 +76,18 @@ def parse_query_ids(values: Iterable[str]) -> list[int]:
     ids are parsed and counted as on the dashboard."""
     values = list(values)
     for value in values:
-        if not re.fullmatch(IDS_PATTERN, value):
+        if re.fullmatch(IDS_PATTERN, value):
+            continue
+        if re.fullmatch(r"[0-9]+(,[0-9]+)*", value):  # a list, with an id out of range: name it
+            bad = next(part for part in value.split(",") if not re.fullmatch(_ID, part))
             raise CompareIdsError(
-                f"{value[:40]!r} is not a list of plan ids: send comma-separated positive whole numbers, "
-                "e.g. ids=3,7"
+                f"{bad[:40]!r} is not a plan id: ids are whole numbers from 1 to {MAX_ID} without leading "
+                "zeros, e.g. ids=3,7"
             )
+        raise CompareIdsError(
+            f"{value[:40]!r} is not a list of plan ids: send comma-separated positive whole numbers, "
+            "e.g. ids=3,7"
+        )
     ids = parse_ids(values)
     check_count(ids)
     return ids

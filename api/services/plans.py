@@ -210,11 +210,16 @@ def search(
     except PlanningError as exc:
         raise unplannable(exc) from None
     except SearchPoolBrokenError:
-        raise ProblemError(
-            503, "the process searching this plan stopped before answering (it may have run out of "
-            "memory); nothing was stored: send the request again", slug="search-failed",
-            title="Search failed", headers={"Retry-After": "1"},
-        ) from None
+        raise search_failed() from None
+
+
+def search_failed() -> ProblemError:
+    """The 503 for a search whose worker process died (SearchPoolBrokenError)."""
+    return ProblemError(
+        503, "the process searching this plan stopped before answering (it may have run out of "
+        "memory); nothing was stored: send the request again", slug="search-failed",
+        title="Search failed", headers={"Retry-After": "1"},
+    )
 
 
 def row_for(

@@ -6,6 +6,9 @@ stored plan's calibration), so the ceiling and the new search come from the same
 the stored plan was made by an older planner. The ceiling goes into the request
 (`search.max_peak_memory_gib`, exclusive), so it is part of the new plan's hash: re-planning the same
 failure twice returns the same stored plan.
+
+The new search runs in the app's search pool under its deadline, as POST /plans does: the web process
+only re-prices the one failed configuration.
 """
 
 from __future__ import annotations
@@ -19,17 +22,18 @@ from api.schemas.plans import ReplanCreate
 from api.services import calibrations as calibration_service
 from api.services import plans as plan_service
 from api.services.keyed_locks import KeyedLocks
+from api.services.search_pool import SearchPool, SearchPoolBrokenError
 from planner.calibration import CalibrationProfile
 from planner.cost.memory import memory_limit_gib
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.hashing import plan_hash
 from planner.plan import ParallelConfig, Plan, RejectedFamily
-from planner.search import build_setting, make_plan, predict
+from planner.search import build_setting, predict
 from planner.specs import PlanRequest
 
 
 def replan(
-    session: Session, plan_id: int, body: ReplanCreate, *, locks: KeyedLocks
+    session: Session, plan_id: int, body: ReplanCreate, *, locks: KeyedLocks, search_pool: SearchPool
 ) -> plan_service.PlanOutcome:
     """Store (or find) the plan for `plan_id`'s request below its failed configuration's peak."""
     source = session.scalar(
@@ -64,7 +68,8 @@ def replan(
             return plan_service.PlanOutcome(row=row, status_code=200)
         session.commit()
         plan = _search(
-            request, profile, calibration_id, source=source, failed=failed, run=run, ceiling=ceiling
+            search_pool, request, profile, calibration_id, source=source, failed=failed, run=run,
+            ceiling=ceiling,
         )
         row = plan_service.row_for(
             request, plan, digest, name=body.name or _name(source.name), calibration_id=source.calibration_id
@@ -110,6 +115,7 @@ def _failed_run(session: Session, source: PlanRow, run_id: int | None) -> Valida
 
 
 def _search(
+    pool: SearchPool,
     request: PlanRequest,
     profile: CalibrationProfile | None,
     calibration_id: str | None,
@@ -123,12 +129,14 @@ def _search(
     if run is not None:
         what += f", which ran out of memory in run {run.id}"
     try:
-        plan = make_plan(request, calibration=profile, calibration_id=calibration_id)
+        plan = pool.search(request, profile, calibration_id)
     except InfeasiblePlanError as exc:
         # The planner's advice already honours the ceiling: a cluster it names plans under it.
         raise _nothing_lighter(request, what, ceiling, exc) from None
-    except PlanningError as exc:
+    except PlanningError as exc:  # the search deadline among them
         raise plan_service.unplannable(exc) from None
+    except SearchPoolBrokenError:
+        raise plan_service.search_failed() from None
     # What the planner allows without the ceiling: the families above it OOM for real.
     params = build_setting(request, profile, calibration_id).params
     usable = memory_limit_gib(params, request.search.memory_headroom)
