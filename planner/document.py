@@ -45,7 +45,6 @@ def to_parallel_config(choice: Choice, request: PlanRequest) -> ParallelConfig:
         checkpointing=CheckpointingConfig(mode=choice.checkpointing, every_k=choice.every_k),  # type: ignore[arg-type]
         reshard_after_forward=choice.reshards_after_forward,
         param_dtype="bfloat16" if bf16 else "float32",
-        reduce_dtype="float32",
         inductor=InductorConfig(
             bucket_all_gathers=choice.compile and choice.all_gather_bucket_mb > 0,
             bucket_reduce_scatters=choice.compile and choice.reduce_scatter_bucket_mb > 0,

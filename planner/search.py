@@ -199,8 +199,12 @@ def predict(
     *,
     calibration: CalibrationProfile | None = None,
     calibration_id: str | None = None,
+    parameters: CostParameters | None = None,
 ) -> Plan:
     """A Plan for exactly `config` (no search): what-if questions and measuring the cost model.
+
+    `parameters` replaces the cost parameters the request (and calibration) imply: what a correction
+    fitted to measured runs would change (planner/fidelity).
 
     Raises PlanningError when the configuration cannot run this request (its mesh does not match
     the cluster or the sharding, its tensor-parallel degree cannot split the model, or its batch
@@ -217,6 +221,8 @@ def predict(
     choice = choice_from_config(config)
     _check_request(request)
     setting = build_setting(request, calibration, calibration_id)
+    if parameters is not None:
+        setting = replace(setting, params=parameters)
     estimator = Estimator(setting)
     time = estimator.timing(choice, record=True)
     evaluated = Evaluated.priced(setting, choice, estimator.memory(choice), time)

@@ -27,6 +27,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from planner.bounds import (
     MAX_ACTIVATION_BYTES_PER_TOKEN,
+    MAX_DEVICE_MEMORY_GIB,
     MAX_DIMENSION,
     MAX_FLOPS_PER_TOKEN,
     MAX_GLOBAL_BATCH_TOKENS,
@@ -37,6 +38,7 @@ from planner.bounds import (
     MAX_NODES,
     MAX_SEQ_LEN,
     MAX_UNIT_PARAMS,
+    MIN_DEVICE_MEMORY_GIB,
     MIN_LINK_GBPS,
 )
 from planner.gpu_spec import GpuSpec
@@ -233,6 +235,16 @@ class ClusterSpec(StrictModel):
     inter_node_bandwidth_gbps: LinkOverrideGbps | None = None
     """Override of the per-GPU network bandwidth in GB/s (default: the GPU catalog's NIC)."""
 
+    gpu_memory_gib: Annotated[
+        float, Field(ge=MIN_DEVICE_MEMORY_GIB, le=MAX_DEVICE_MEMORY_GIB, allow_inf_nan=False)
+    ] | None = None
+    """Memory per GPU usable by the framework, GiB, where the cards are another size than the GPU
+    type's (torchtitan's H100s are 96 GB cards: about 95.5); default: the GPU type's."""
+    gpu_power_limit_w: Annotated[float, Field(ge=10, le=1e5, allow_inf_nan=False)] | None = None
+    """Board power limit in watts where the GPUs are capped below their rating (torchtitan's H100s
+    run at 500 W of 700): compute-bound kernels slow down with the clock the cap allows
+    (planner/cost/parameters.py `power_limited_clock`); default: no cap."""
+
     @field_validator("gpu")
     @classmethod
     def _known_gpu(cls, value: str, info: ValidationInfo) -> str:
@@ -264,7 +276,10 @@ class ClusterSpec(StrictModel):
         """The GPU's datasheet figures: the custom spec, or the catalog entry `gpu` names."""
         from planner.catalog.gpus import resolve_gpu
 
-        return self.custom_gpu or resolve_gpu(self.gpu)
+        gpu = self.custom_gpu or resolve_gpu(self.gpu)
+        if self.gpu_memory_gib is not None:
+            gpu = gpu.model_copy(update={"memory_gib": self.gpu_memory_gib})
+        return gpu
 
     @property
     def world_size(self) -> int:
@@ -340,11 +355,13 @@ class TrainingSpec(StrictModel):
 
 ShardingStrategy = Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
 CheckpointMode = Literal["none", "selective", "op_selective", "full"]
-LossImplementation = Literal["sliced", "autograd_fp32"]
+LossImplementation = Literal["sliced", "autograd_fp32", "chunked_fp32"]
 """How the output projection and cross-entropy run: `sliced` is this project's loss (token slices,
 each computing its gradients at once, executor/runtime/loss.py); `autograd_fp32` is the plain
 `cross_entropy(logits.float(), targets)` over the whole micro-batch (torchtitan's loss, and this
-project's before the sliced loss), which keeps vocabulary-sized tensors alive for all tokens."""
+project's before the sliced loss), which keeps vocabulary-sized tensors alive for all tokens;
+`chunked_fp32` runs that cross-entropy over `loss_chunks` slices of the whole micro-batch's
+compute-dtype logits (torchtitan's chunked cross-entropy: the output projection is not sliced)."""
 Engine = Literal["fsdp-planner", "torchtitan"]
 """The training runtime a configuration runs on, because runtimes differ in what they keep in memory
 and how they overlap: `fsdp-planner` is this project's trainer (compiled: SimpleFSDP over

@@ -23,6 +23,10 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             memory_bandwidth_gbps=3350,
             intra_node_bandwidth_gbps=450,
             inter_node_bandwidth_gbps=50,
+            nominal_memory_gb=80,
+            board_power_w=700,
+            matmul_efficiency=0.801,
+            attention_efficiency=0.35,
         ),
         GpuSpec(
             name="H200-141GB",
@@ -33,6 +37,10 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             memory_bandwidth_gbps=4800,
             intra_node_bandwidth_gbps=450,
             inter_node_bandwidth_gbps=50,
+            nominal_memory_gb=141,
+            board_power_w=700,
+            matmul_efficiency=0.803,
+            attention_efficiency=0.35,
         ),
         GpuSpec(
             name="A100-80GB",
@@ -43,6 +51,10 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             memory_bandwidth_gbps=2039,
             intra_node_bandwidth_gbps=300,
             inter_node_bandwidth_gbps=25,
+            nominal_memory_gb=80,
+            board_power_w=400,
+            matmul_efficiency=0.859,
+            attention_efficiency=0.6,
         ),
         GpuSpec(
             name="A100-40GB",
@@ -53,6 +65,10 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             memory_bandwidth_gbps=1555,
             intra_node_bandwidth_gbps=300,
             inter_node_bandwidth_gbps=25,
+            nominal_memory_gb=40,
+            board_power_w=400,
+            matmul_efficiency=0.859,
+            attention_efficiency=0.6,
         ),
         GpuSpec(
             name="L4",
@@ -63,6 +79,8 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             memory_bandwidth_gbps=300,
             intra_node_bandwidth_gbps=25,
             inter_node_bandwidth_gbps=12.5,
+            nominal_memory_gb=24,
+            board_power_w=72,
         ),
         GpuSpec(
             name="B200",
@@ -73,6 +91,10 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             memory_bandwidth_gbps=8000,
             intra_node_bandwidth_gbps=900,
             inter_node_bandwidth_gbps=50,
+            nominal_memory_gb=180,
+            board_power_w=1000,
+            matmul_efficiency=0.776,
+            attention_efficiency=0.35,
         ),
         # A CPU "device" (one rank per core group, gloo over shared memory): lets plans and
         # launchers be exercised on machines without GPUs. Calibration replaces these guesses.
@@ -86,6 +108,7 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             intra_node_bandwidth_gbps=2,
             inter_node_bandwidth_gbps=1.25,
             default_gpus_per_node=2,
+            matmul_efficiency=0.8,
         ),
     )
 }

@@ -95,6 +95,12 @@ class TimeEstimate:
 
 # ---------------------------------------------------------------- time
 
+BACKWARD_FLOPS_RATIO = 2.0
+"""Backward does twice the forward's work: each matmul's gradient w.r.t. its input and its weight."""
+ATTENTION_BACKWARD_EXTRA = 0.5
+"""Flash attention's backward recomputes the attention scores from q and k (it never stored them):
+five matmuls to the forward's two, 2.5x the forward's FLOPs where other matmuls take 2x."""
+
 
 def block_step_time(
     params: CostParameters,
@@ -108,7 +114,8 @@ def block_step_time(
     """Forward + backward (+ recompute) seconds of one block alone: what the profiler times."""
     fwd = _forward_time(params, act_bytes, block, tokens, compile_)
     probe = Choice(sharding="", checkpointing=checkpointing, compile=compile_)
-    return 3.0 * fwd.total + _recompute_time(probe, block, 0, fwd)
+    backward = BACKWARD_FLOPS_RATIO * fwd.total + ATTENTION_BACKWARD_EXTRA * fwd.attention
+    return fwd.total + backward + _recompute_time(probe, block, 0, fwd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,14 +166,23 @@ def _collective(
     *,
     all_reduce: bool = False,
     launches: int = 1,
+    rails: int = 1,
 ) -> float:
-    """Seconds of `launches` collectives moving `nbytes` in all over a group of `group` ranks."""
+    """Seconds of `launches` collectives moving `nbytes` in all over a group of `group` ranks.
+
+    Across nodes, `rails` is how many of the group's ranks share a node: NCCL runs one ring per
+    rank's network card, each carrying a share of the data and each node's NVLink carrying every
+    ring, so the bandwidth is the cards' together, up to the NVLink's.
+    """
     if group <= 1 or nbytes <= 0:
         return 0.0
     lp = p.links[link]
     passes = 2.0 if all_reduce else 1.0
     volume = nbytes * (group - 1) / group * passes
-    return lp.latency(group) * passes * launches + volume / lp.bandwidth
+    bandwidth = lp.bandwidth
+    if link == "inter" and rails > 1:
+        bandwidth = min(p.links["intra"].bandwidth, lp.bandwidth * rails)
+    return lp.latency(group) * passes * launches + volume / bandwidth
 
 
 def tensor_parallel_seconds(
@@ -212,10 +228,17 @@ def _price(setting: Setting, choice: Choice, layout: CommLayout, repeats: Repeat
     p = setting.params
     mesh = choice.mesh
     pb = setting.param_bytes
+    rb = choice.reduce_bytes
     shard, replicas = mesh.dp_shard, mesh.dp_replicate
     shard_link: LinkClass = mesh.shard_link(setting.gpus_per_node)
     replica_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"
     world_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"
+
+    # Ranks of each group on one node (the mesh is replicas x shards x tp, tp innermost).
+    per_node = setting.gpus_per_node
+    shard_rails = max(1, min(shard, per_node // mesh.tp))
+    replica_rails = max(1, per_node // (shard * mesh.tp))
+    world_rails = max(1, per_node // mesh.tp)
 
     unit_times = _UnitTimes(setting, choice)
 
@@ -235,18 +258,23 @@ def _price(setting: Setting, choice: Choice, layout: CommLayout, repeats: Repeat
         if choice.sharding != "no_shard":
             g = shape.group
             gathered = pb * layout.group_params[g]
-            ag = _collective(p, shard_link, gathered, shard, launches=layout.group_launches[g])
+            ag = _collective(
+                p, shard_link, gathered, shard, launches=layout.group_launches[g], rails=shard_rails
+            )
             for params, launches, count in shape.reduces:
-                reduce += count * _collective(p, shard_link, 4.0 * params, shard, launches=launches)
+                reduce += count * _collective(
+                    p, shard_link, rb * params, shard, launches=launches, rails=shard_rails
+                )
                 if choice.sharding == "hybrid_shard":
                     reduce += count * _collective(
-                        p, replica_link, 4.0 * params / shard, replicas, all_reduce=True, launches=launches
+                        p, replica_link, rb * params / shard, replicas, all_reduce=True, launches=launches,
+                        rails=replica_rails,
                     )
             sync_every_micro_batch = reduce
         else:
             for params, launches, count in shape.reduces:
                 reduce += count * _collective(
-                    p, world_link, 4.0 * params, mesh.dp, all_reduce=True, launches=launches
+                    p, world_link, rb * params, mesh.dp, all_reduce=True, launches=launches, rails=world_rails
                 )
             # Eager (FSDP2) replicas accumulate locally and all-reduce once per step; compiled
             # SimpleFSDP's all-reduce is part of every backward graph.
@@ -301,7 +329,8 @@ class _UnitTimes:
         f, tp_fwd = self._forward[id(u)]
         # Recomputing a whole block re-runs its forward collectives.
         tp_unit = tp_fwd * (3.0 if index >= 0 and choice.is_checkpointed(index) else 2.0)
-        backward = 2.0 * f.total + _recompute_time(choice, u, index, f) + tp_unit - tp_fwd
+        backward = BACKWARD_FLOPS_RATIO * f.total + ATTENTION_BACKWARD_EXTRA * f.attention
+        backward += _recompute_time(choice, u, index, f) + tp_unit - tp_fwd
         return f.total + tp_fwd, backward, tp_unit
 
 

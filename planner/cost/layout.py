@@ -114,7 +114,10 @@ def comm_layout(setting: Setting, choice: Choice) -> CommLayout:
         params = sum(u.num_params for i in bucket for _, u in reversed_units[i])
         reduce[group_of_unit[last_unit]].append(params)
         reduce_launches[group_of_unit[last_unit]].append(
-            _launches(reversed_units, bucket, compile_=choice.simple_fsdp, cap_bytes=rs_cap, bytes_per_param=4)
+            _launches(
+                reversed_units, bucket, compile_=choice.simple_fsdp, cap_bytes=rs_cap,
+                bytes_per_param=choice.reduce_bytes,
+            )
         )
     groups = tuple(tuple(x for i in bucket for x in units[i]) for bucket in ag_buckets)
     pb = setting.param_bytes

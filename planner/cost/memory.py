@@ -163,9 +163,10 @@ def loss_bytes(setting: Setting, choice: Choice) -> float:
     holds the whole micro-batch's logits, their fp32 copy and the log-softmax instead."""
     m = setting.model
     tokens = choice.micro_batch_size * setting.seq_len
-    if choice.loss == "autograd_fp32":
+    if choice.loss in ("autograd_fp32", "chunked_fp32"):
         copy = AUTOGRAD_LOSS_BYTES_PER_ELEMENT - (4.0 if setting.act_bytes == 4 else 0.0)  # fp32: no copy
-        return tokens * m.vocab_size * (setting.act_bytes + copy)
+        chunks = choice.loss_chunks if choice.loss == "chunked_fp32" else 1
+        return tokens * m.vocab_size * (setting.act_bytes + copy / chunks)
     slice_tokens = math.ceil(tokens / choice.loss_chunks)
     per_element = LOSS_SLICE_BYTES_PER_ELEMENT[setting.act_bytes]
     head_weight = m.head.matmul_params if m.vocab_size else 0
@@ -176,9 +177,13 @@ def loss_bytes(setting: Setting, choice: Choice) -> float:
 def _backward_start_loss_bytes(setting: Setting, choice: Choice) -> float:
     """What the loss holds as backward starts: the sliced loss's hidden-state gradient, or the
     autograd loss's backward through log-softmax."""
+    tokens = choice.micro_batch_size * setting.seq_len
     if choice.loss == "autograd_fp32":
-        tokens = choice.micro_batch_size * setting.seq_len
         return tokens * setting.model.vocab_size * AUTOGRAD_LOSS_BACKWARD_BYTES_PER_ELEMENT
+    if choice.loss == "chunked_fp32":
+        # One chunk's backward, beside the compute-dtype gradient of the logits it is filling in.
+        per_element = setting.act_bytes + AUTOGRAD_LOSS_BACKWARD_BYTES_PER_ELEMENT / choice.loss_chunks
+        return tokens * setting.model.vocab_size * per_element
     return _hidden_grad_bytes(setting, choice)
 
 
@@ -282,7 +287,7 @@ def memory_moments(
 
     pb = setting.param_bytes
     # Gradients come out of backward in the compute dtype and are cast to fp32 for reduction.
-    grad_buffer_bytes = (pb + 4) if pb == 2 else 4
+    grad_buffer_bytes = (pb + choice.reduce_bytes) if pb < choice.reduce_bytes else pb
     activation_bytes = choice.micro_batch_size * setting.seq_len * setting.act_bytes
     activation_bytes *= p.compiled_activation_memory_scale if choice.compile else p.activation_memory_scale
     saved = activations.saved * activation_bytes

@@ -82,10 +82,7 @@ class CostParameters:
     memory_margin: float = 0.12
     """Headroom a plan keeps on top of its predicted peak, as a fraction of it: the memory model's
     largest measured under-prediction (wider uncalibrated; from the fit's residuals when calibrated)."""
-    memory_margin_reason: str = (
-        "uncalibrated: on H100 runs the memory model has under-predicted peaks by up to 10.8% "
-        "(issue 11); 12% covers that"
-    )
+    memory_margin_reason: str = "uncalibrated: the memory model's largest measured under-prediction"
     """Why `memory_margin` is what it is (shown with every plan)."""
     compute_scale: float = 1.0
     """Correction factor on predicted compute time (fitted from whole-block measurements)."""
@@ -119,19 +116,78 @@ class CostParameters:
         return asdict(self)
 
 
-def default_parameters(gpu: GpuSpec, cluster: ClusterSpec, precision: Precision) -> CostParameters:
-    """Uncalibrated parameters from the GPU catalog (and the cluster's bandwidth overrides)."""
+@dataclass(frozen=True, slots=True)
+class CorpusFit:
+    """The few shares of the GPU datasheets that no datasheet states, fitted to the corpus of
+    measured training runs (planner/fidelity: `fsdp-planner fidelity` refits them, with each source
+    left out in turn). Everything else the uncalibrated model uses is a datasheet figure or a
+    published measurement of the GPU type (planner/catalog/gpus.py)."""
+
+    matmul_share: float
+    """Of the GPU type's maximum achievable matmul throughput (a lone large GEMM), the share a
+    training step's GEMMs reach: smaller and oddly shaped GEMMs, and clocks that drop as the whole
+    step draws power."""
+    elementwise_bandwidth_share: float
+    """Of HBM bandwidth, the share eager elementwise kernels (norms, RoPE, activations, the loss,
+    the optimizer) reach, counting their fp32 intermediates as the bf16 bytes priced."""
+    overlap_contention: float
+    """How much slower compute runs while a collective runs beside it (NCCL's kernels take SMs
+    and memory bandwidth from the compute stream)."""
+    memory_margin: float
+    """The margin an uncalibrated plan keeps on its predicted peak: the corpus' largest memory
+    under-prediction, plus a step."""
+    memory_margin_reason: str
+    """Why, in words a plan shows."""
+
+
+CORPUS_FIT = CorpusFit(
+    matmul_share=0.85,
+    elementwise_bandwidth_share=0.35,
+    overlap_contention=0.3,
+    memory_margin=0.15,
+    memory_margin_reason="uncalibrated: against 19 published and measured GPU runs with memory figures",
+)
+"""The committed fit (`fsdp-planner fidelity --write` refits it; tests/planner/test_fidelity.py checks
+that it is what the fit gives)."""
+
+STATIC_POWER_FRACTION = 0.2
+"""Share of a GPU's board power drawn whatever the clock (leakage, HBM, fans and board), so not
+freed by clocking down: a power cap takes its watts from the rest."""
+
+
+def power_limited_clock(board_power_w: float | None, power_limit_w: float | None) -> float:
+    """The compute clock a power cap leaves, as a fraction of the rated one (1 without a cap).
+
+    Dynamic power grows as frequency x voltage squared, and voltage scales with frequency over the
+    range a GPU's clock manager uses, so it grows as the cube of the clock: the clock a cap allows is
+    the cube root of the dynamic power it leaves (500 W of 700 on an H100: 0.87). Memory bandwidth
+    and links keep their own clocks.
+    """
+    if board_power_w is None or power_limit_w is None or power_limit_w >= board_power_w:
+        return 1.0
+    dynamic = (power_limit_w / board_power_w - STATIC_POWER_FRACTION) / (1.0 - STATIC_POWER_FRACTION)
+    return max(dynamic, 0.05) ** (1.0 / 3.0)
+
+
+def default_parameters(
+    gpu: GpuSpec, cluster: ClusterSpec, precision: Precision, fit: CorpusFit = CORPUS_FIT
+) -> CostParameters:
+    """Uncalibrated parameters from the GPU catalog (and the cluster's bandwidth overrides, memory
+    size and power limit), with the shares `fit` to the corpus of measured runs (the CPU entry keeps
+    its own: nothing in the corpus ran on a CPU)."""
     is_cpu = gpu.name == "cpu"
     intra_bw = (cluster.intra_node_bandwidth_gbps or gpu.intra_node_bandwidth_gbps) * 1e9
     inter_bw = (cluster.inter_node_bandwidth_gbps or gpu.inter_node_bandwidth_gbps) * 1e9
-    peak = (gpu.peak_bf16_tflops if precision == "bf16" else gpu.peak_fp32_tflops) * 1e12
+    clock = power_limited_clock(gpu.board_power_w, cluster.gpu_power_limit_w)
+    peak = (gpu.peak_bf16_tflops if precision == "bf16" else gpu.peak_fp32_tflops) * 1e12 * clock
     return CostParameters(
         peak_flops=peak,
         mfu_peak_flops=gpu.peak_bf16_tflops * 1e12,
-        matmul_efficiency=0.8 if is_cpu else 0.5,
+        matmul_efficiency=gpu.matmul_efficiency * (1.0 if is_cpu else fit.matmul_share),
         matmul_overhead_s=20e-6 if is_cpu else 8e-6,
-        attention_efficiency=0.35,
-        memory_bandwidth=gpu.memory_bandwidth_gbps * 1e9 * 0.6,
+        attention_efficiency=gpu.attention_efficiency,
+        memory_bandwidth=gpu.memory_bandwidth_gbps * 1e9
+        * (0.6 if is_cpu else fit.elementwise_bandwidth_share),
         kernel_overhead_s=15e-6 if is_cpu else 5e-6,
         compile_traffic_fraction=0.45,
         compile_kernel_fraction=0.35,
@@ -149,7 +205,7 @@ def default_parameters(gpu: GpuSpec, cluster: ClusterSpec, precision: Precision)
                 bandwidth=min(inter_bw, intra_bw) * 0.85,
             ),
         },
-        overlap_contention=0.3 if is_cpu else 0.08,
+        overlap_contention=0.3 if is_cpu else fit.overlap_contention,
         # CPU tensors live in the process heap: no CUDA context or workspace, no caching allocator;
         # on CPU the runtime's optimizer loops over parameters, without foreach temporaries.
         workspace_gib=0.0 if is_cpu else 0.25,
@@ -157,4 +213,6 @@ def default_parameters(gpu: GpuSpec, cluster: ClusterSpec, precision: Precision)
         memory_capacity_gib=gpu.memory_gib,
         context_gib=0.0 if is_cpu else 1.0,
         optimizer_temp_bytes_per_param=0.0 if is_cpu else 4.0,
+        memory_margin=fit.memory_margin,
+        memory_margin_reason=fit.memory_margin_reason,
     )

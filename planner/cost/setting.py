@@ -41,6 +41,8 @@ class Choice:
     """The runtime priced (planner/specs.py `Engine`)."""
     loss: str = "sliced"
     """How the loss runs (planner/specs.py `LossImplementation`)."""
+    reduce_dtype: str = "float32"
+    """The dtype gradients are reduced in (the Plan's `reduce_dtype`)."""
 
     @property
     def family(self) -> str:
@@ -56,6 +58,11 @@ class Choice:
         collectives that inductor buckets and reorders, no FSDP2 hooks or buffers), rather than by
         eager FSDP2 units around the (possibly compiled) blocks."""
         return self.compile and self.engine == "fsdp-planner"
+
+    @property
+    def reduce_bytes(self) -> int:
+        """Bytes per gradient element in reductions."""
+        return 2 if self.reduce_dtype == "bfloat16" else 4
 
     @property
     def tp_family(self) -> str:
@@ -77,6 +84,7 @@ class Choice:
             1 if compiled else self.blocks_per_unit,
             self.all_gather_bucket_mb if compiled else 0.0,
             self.reduce_scatter_bucket_mb if compiled else 0.0,
+            self.reduce_bytes,
         )
 
     @property
@@ -88,7 +96,9 @@ class Choice:
     @property
     def compute_key(self) -> tuple:
         """What one micro-batch's compute (forward, backward, recompute, tp collectives) depends on."""
-        return (self.mesh.tp, self.micro_batch_size, self.checkpointing, self.every_k, self.compile, self.engine)
+        return (
+            self.mesh.tp, self.micro_batch_size, self.checkpointing, self.every_k, self.compile, self.engine
+        )
 
     @property
     def activations_key(self) -> tuple:

@@ -1,0 +1,217 @@
+"""Price a corpus run as it was run: its model, cluster (GPUs as deployed), exact configuration and engine.
+
+A run becomes a `PlanRequest` and a `ParallelConfig` that `planner.search.predict` prices without
+searching. What the source's trainer did decides the engine priced (`fsdp-planner` for this project's
+own runs, `torchtitan` for FSDP trainers that wrap and optionally compile per block: torchtitan,
+and FSDP1 trainers such as fms-fsdp and llm-foundry, which wrap and all-gather per block the same
+way), the loss (`autograd_fp32` unless the run sliced it) and the checkpointing policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.calibration import CalibrationProfile
+from planner.catalog import resolve_model
+from planner.catalog.gpus import resolve_gpu
+from planner.cost.parameters import CostParameters
+from planner.errors import PlanningError
+from planner.fidelity.schema import Run
+from planner.parallel_dims import ParallelDims
+from planner.plan import CheckpointingConfig, InductorConfig, ParallelConfig, Plan
+from planner.search import predict
+from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
+
+PROJECT_ENGINES = {"project-simplefsdp", "project-fsdp2"}
+"""The corpus names of this project's own trainer (compiled SimpleFSDP, eager FSDP2)."""
+_CHECKPOINTING = {
+    "none": "none", "full": "full", "selective_layer": "selective", "selective_op": "op_selective"
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PricedRun:
+    """A run's prediction next to what was measured."""
+
+    run: Run
+    plan: Plan
+    margin: float
+    """The memory margin the planner states for this plan (a fraction of the predicted peak)."""
+
+    @property
+    def predicted_tokens_per_s_per_gpu(self) -> float:
+        return self.plan.prediction.tokens_per_s_per_gpu
+
+    @property
+    def predicted_memory_gib(self) -> float | None:
+        """The prediction in the run's own memory counter (None when it cannot be compared)."""
+        measured = self.run.measured
+        prediction = self.plan.prediction
+        if measured.memory_counter == "allocated":
+            # What the allocator handed out: the peak less what it keeps reserved but unused.
+            return prediction.peak_memory_gib - prediction.memory_breakdown_gib.allocator_reserve
+        if measured.memory_counter == "nvidia-smi":
+            usable = prediction.usable_memory_gib or 0.0
+            return prediction.peak_memory_gib + (self.plan.cluster.gpu_spec.memory_gib - usable)
+        return prediction.peak_memory_gib
+
+    @property
+    def measured_memory_gib(self) -> float | None:
+        measured = self.run.measured
+        if measured.peak_memory_gib is not None:
+            return measured.peak_memory_gib
+        if measured.memory_percent_of_device is not None:
+            return measured.memory_percent_of_device / 100.0 * self.plan.cluster.gpu_spec.memory_gib
+        return None
+
+    @property
+    def throughput_error(self) -> float | None:
+        """(predicted - measured) / measured tokens/s per GPU; from MFU when only that is published."""
+        measured = self.run.measured
+        if measured.tokens_per_s_per_gpu is not None:
+            return self.predicted_tokens_per_s_per_gpu / measured.tokens_per_s_per_gpu - 1.0
+        if measured.mfu_percent is not None:
+            return self.plan.prediction.mfu * 100.0 / measured.mfu_percent - 1.0
+        return None
+
+    @property
+    def memory_error(self) -> float | None:
+        predicted, measured = self.predicted_memory_gib, self.measured_memory_gib
+        if predicted is None or measured is None or self.run.measured.memory_counter == "unknown":
+            return None
+        return predicted / measured - 1.0
+
+    @property
+    def exceeds_margin(self) -> bool:
+        """Whether the measured peak is above the predicted one plus the margin the plan states."""
+        error = self.memory_error
+        return error is not None and (1.0 + error) * (1.0 + self.margin) < 1.0
+
+
+def run_model(run: Run) -> ModelSpec:
+    model = run.config.model
+    if isinstance(model, str):
+        spec = resolve_model(model)
+    else:
+        spec = ModelSpec(**model.model_dump(exclude_none=True))
+    if spec.max_seq_len < run.config.seq_len:
+        spec = spec.model_copy(update={"max_seq_len": run.config.seq_len})
+    return spec
+
+
+def run_cluster(run: Run) -> ClusterSpec:
+    """The cluster as deployed: the catalog GPU with the run's memory size and power limit."""
+    hardware = run.hardware
+    gpu = resolve_gpu(hardware.gpu)
+    memory_gib = None
+    if hardware.memory_gb is not None and abs(hardware.memory_gb - gpu.nominal_memory) > 0.5:
+        memory_gib = hardware.memory_gb * gpu.memory_gib / gpu.nominal_memory
+    world = run.config.mesh.world_size
+    per_node = hardware.gpus_per_node or min(world, gpu.default_gpus_per_node)
+    network = hardware.network_gbps_per_node
+    return ClusterSpec(
+        num_nodes=hardware.nodes or max(1, world // per_node),
+        gpus_per_node=per_node,
+        gpu=gpu.name,
+        gpu_memory_gib=memory_gib,
+        gpu_power_limit_w=hardware.power_limit_w,
+        inter_node_bandwidth_gbps=network / 8 / per_node if network else None,
+    )
+
+
+def run_request(run: Run) -> PlanRequest:
+    config = run.config
+    dp = config.mesh.dp_replicate * config.mesh.dp_shard
+    sequences = config.local_batch_size * config.grad_accum_steps * dp
+    return PlanRequest(
+        model=run_model(run),
+        cluster=run_cluster(run),
+        training=TrainingSpec(
+            seq_len=config.seq_len,
+            global_batch_tokens=sequences * config.seq_len,
+            precision="fp32" if config.precision == "fp32" else "bf16",
+        ),
+    )
+
+
+def run_engine(run: Run) -> str:
+    return "fsdp-planner" if run.config.engine in PROJECT_ENGINES else "torchtitan"
+
+
+def run_config(run: Run) -> ParallelConfig:
+    config = run.config
+    mesh = config.mesh
+    policy = _CHECKPOINTING[config.checkpointing.policy]
+    compiled = config.compile != "none"
+    engine = run_engine(run)
+    reshard = config.reshard_after_forward
+    if reshard is None:
+        reshard = config.sharding in ("full_shard", "hybrid_shard")
+    return ParallelConfig(
+        sharding=config.sharding,
+        mesh=ParallelDims(dp_replicate=mesh.dp_replicate, dp_shard=mesh.dp_shard, tp=mesh.tp),
+        blocks_per_unit=_blocks_per_unit(run),
+        all_gather_bucket_mb=0.0,
+        reduce_scatter_bucket_mb=0.0,
+        reshard_after_forward=reshard,
+        prefetch_depth=1,
+        checkpointing=CheckpointingConfig(mode=policy, every_k=_every_k(run)),  # type: ignore[arg-type]
+        micro_batch_size=config.local_batch_size,
+        grad_accum_steps=config.grad_accum_steps,
+        param_dtype="float32" if config.precision == "fp32" else "bfloat16",
+        reduce_dtype="bfloat16" if config.reduce_dtype == "bf16" else "float32",
+        compile=compiled,
+        inductor=InductorConfig(
+            bucket_all_gathers=False,
+            bucket_reduce_scatters=False,
+            reorder_for_compute_comm_overlap=compiled and engine == "fsdp-planner",
+        ),
+        loss_chunks=config.loss_chunks or 1,
+        loss=_loss(run),  # type: ignore[arg-type]
+        engine=engine,  # type: ignore[arg-type]
+    )
+
+
+def _loss(run: Run) -> str:
+    if run.config.loss != "chunked":
+        return "autograd_fp32"
+    return "sliced" if run_engine(run) == "fsdp-planner" else "chunked_fp32"
+
+
+def _every_k(run: Run) -> int:
+    # torchtitan's "selective layer" checkpoints every second block unless its config says otherwise.
+    checkpointing = run.config.checkpointing
+    return checkpointing.every_k or (2 if checkpointing.policy == "selective_layer" else 1)
+
+
+def _blocks_per_unit(run: Run) -> int:
+    # This project's labels name the wrap unit (`u2`); other trainers wrap every block.
+    notes = run.notes or ""
+    for k in (4, 3, 2):
+        if f"u{k}" in notes.split() or f"'u{k}'" in notes:
+            return k
+    return 1
+
+
+class NotPriceable(PlanningError):
+    """A run the planner cannot price as it was run (float8, pipeline or context parallelism)."""
+
+
+def price_run(
+    run: Run,
+    *,
+    calibration: CalibrationProfile | None = None,
+    parameters: CostParameters | None = None,
+) -> PricedRun:
+    """The planner's prediction of `run` at its exact configuration.
+
+    `parameters` replaces the cost parameters the request implies (to test a correction); raises
+    NotPriceable for runs marked so, PlanningError when the configuration does not fit the planner's
+    space (the message says which field).
+    """
+    if not run.priceable:
+        raise NotPriceable(f"{run.id}: {run.not_priceable_reason}")
+    request = run_request(run)
+    plan = predict(request, run_config(run), calibration=calibration, parameters=parameters)
+    margin = plan.prediction.memory_margin or 0.0
+    return PricedRun(run=run, plan=plan, margin=margin)

@@ -1,0 +1,207 @@
+"""The corpus of measured training runs: what others (and this project) measured, with exact configurations.
+
+One JSON file per source under `planner/fidelity/corpus/` (a repository document at a commit, a paper,
+a vendor report, an issue thread, this project's own GPU measurements), each holding the source and its
+runs. This module is the schema (strict pydantic models: a file that does not match is refused with
+the field that is wrong) and the loader. Pricing the runs is planner/fidelity/pricing.py.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+CORPUS_PACKAGE = "planner.fidelity.corpus"
+
+SourceKind = Literal["repository", "paper", "vendor-report", "blog", "issue", "own-measurement"]
+CheckpointPolicy = Literal["none", "full", "selective_layer", "selective_op"]
+CompileScope = Literal["none", "per_block", "whole_model"]
+RunPrecision = Literal["bf16", "float8_tensorwise", "float8_rowwise", "mxfp8", "fp16", "fp32"]
+MemoryCounter = Literal["reserved", "allocated", "nvidia-smi", "unknown"]
+Fraction = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class CorpusModel(BaseModel):
+    """Strict and immutable: a corpus file means exactly what it says."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Source(CorpusModel):
+    """Where the runs of one file were published."""
+
+    id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9.-]*$")]
+    """Kebab-case id; the file is `<id>.json`."""
+    kind: SourceKind
+    title: str
+    publisher: str
+    """Who published it: independence of sources is judged by publisher and document."""
+    url: str
+    repository: str | None = None
+    path: str | None = None
+    commit: Annotated[str, Field(pattern=r"^[0-9a-f]{7,40}$")] | None = None
+    section: str | None = None
+    date: Annotated[str, Field(pattern=r"^\d{4}-\d{2}(-\d{2})?$")]
+
+
+class Hardware(CorpusModel):
+    gpu: str
+    """The planner's catalog name of the GPU type (the closest one)."""
+    gpu_as_published: str
+    memory_gb: Fraction | None = None
+    """Card memory as deployed, GB as the vendor states it (e.g. 96 for torchtitan's H100s)."""
+    power_limit_w: Fraction | None = None
+    """Board power limit, where the source states one."""
+    gpus_per_node: Annotated[int, Field(ge=1)] | None = None
+    """None when the source does not say: priced on the GPU type's standard node (8 GPUs)."""
+    nodes: Annotated[int, Field(ge=1)] | None = None
+    interconnect: str | None = None
+    network_gbps_per_node: Fraction | None = None
+    """Network bandwidth between nodes, Gb/s per node in each direction, where the source states it
+    (per GPU x GPUs per node where it is given per GPU); None: the GPU type's usual network."""
+
+
+class Software(CorpusModel):
+    framework: str
+    framework_version: str | None = None
+    torch: str | None = None
+
+
+class ModelDims(CorpusModel):
+    """A model given by its dimensions (when it is not a catalog model)."""
+
+    name: str
+    architecture: Literal["llama", "gpt2"]
+    vocab_size: Annotated[int, Field(ge=1)]
+    hidden_size: Annotated[int, Field(ge=1)]
+    num_layers: Annotated[int, Field(ge=1)]
+    num_heads: Annotated[int, Field(ge=1)]
+    num_kv_heads: Annotated[int, Field(ge=1)] | None = None
+    intermediate_size: Annotated[int, Field(ge=1)] | None = None
+    tie_word_embeddings: bool = False
+    max_seq_len: Annotated[int, Field(ge=1)] | None = None
+
+
+class Mesh(CorpusModel):
+    dp_replicate: Annotated[int, Field(ge=1)] = 1
+    dp_shard: Annotated[int, Field(ge=1)] = 1
+    tp: Annotated[int, Field(ge=1)] = 1
+    pp: Annotated[int, Field(ge=1)] = 1
+    cp: Annotated[int, Field(ge=1)] = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp * self.pp * self.cp
+
+
+class Checkpointing(CorpusModel):
+    as_published: str
+    """The framework's own words for its policy."""
+    policy: CheckpointPolicy
+    every_k: Annotated[int, Field(ge=1)] | None = None
+    """For `selective_layer`: every k-th block is checkpointed."""
+
+
+class RunConfig(CorpusModel):
+    model: str | ModelDims
+    seq_len: Annotated[int, Field(ge=1)]
+    local_batch_size: Annotated[int, Field(ge=1)]
+    """Sequences per GPU (per data-parallel rank) per micro-step, as published."""
+    grad_accum_steps: Annotated[int, Field(ge=1)] = 1
+    global_batch_size: Annotated[int, Field(ge=1)] | None = None
+    mesh: Mesh
+    sharding: Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
+    reshard_after_forward: bool | None = None
+    checkpointing: Checkpointing
+    compile: CompileScope
+    loss: Literal["unchunked", "chunked"] | None = None
+    """None: not stated (priced as the trainer's plain cross-entropy on fp32 logits)."""
+    loss_chunks: Annotated[int, Field(ge=1)] | None = None
+    """For a chunked loss: the number of chunks."""
+    precision: RunPrecision
+    reduce_dtype: Literal["fp32", "bf16"] | None = None
+    """The dtype gradients are reduced in (None: not stated; priced as fp32, FSDP2's default)."""
+    async_tp: bool = False
+    engine: str
+    """The trainer as the source names it (`torchtitan-fsdp2`, `fsdp1`, `project-simplefsdp`, ...)."""
+
+
+class Measured(CorpusModel):
+    tokens_per_s_per_gpu: Fraction | None = None
+    mfu_percent: Annotated[float, Field(gt=0, le=100)] | None = None
+    peak_memory_gib: Fraction | None = None
+    memory_counter: MemoryCounter = "unknown"
+    memory_percent_of_device: Annotated[float, Field(gt=0, le=100)] | None = None
+
+
+class Run(CorpusModel):
+    id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    quote: str
+    """The source's own words the numbers come from."""
+    hardware: Hardware
+    software: Software
+    config: RunConfig
+    measured: Measured
+    priceable: bool
+    not_priceable_reason: str | None = None
+    notes: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Run:
+        hardware = self.hardware
+        world = (hardware.gpus_per_node or 0) * (hardware.nodes or 0) or self.config.mesh.world_size
+        if self.config.mesh.world_size != world:
+            raise ValueError(
+                f"config.mesh: {self.config.mesh.world_size} ranks, but the hardware has {world} GPUs"
+            )
+        if not self.priceable and not self.not_priceable_reason:
+            raise ValueError("not_priceable_reason: say why a run cannot be priced")
+        return self
+
+
+class SourceFile(CorpusModel):
+    source: Source
+    runs: tuple[Run, ...]
+
+    @model_validator(mode="after")
+    def _unique_runs(self) -> SourceFile:
+        ids = [run.id for run in self.runs]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise ValueError(f"runs: ids must be unique within a source; repeated: {', '.join(duplicates)}")
+        return self
+
+
+class CorpusError(ValueError):
+    """A corpus file that does not match the schema (names the file and the field)."""
+
+
+def parse_source_file(name: str, text: str) -> SourceFile:
+    """One corpus file, validated; its source id must be its file name."""
+    try:
+        data: Any = json.loads(text)
+        parsed = SourceFile.model_validate(data)
+    except (json.JSONDecodeError, ValidationError) as error:
+        raise CorpusError(f"{name}: {error}") from error
+    if f"{parsed.source.id}.json" != name:
+        raise CorpusError(f"{name}: source.id {parsed.source.id!r} must be the file's name without .json")
+    return parsed
+
+
+@cache
+def load_corpus() -> tuple[SourceFile, ...]:
+    """Every corpus file shipped with the planner, sorted by source id."""
+    files = sorted(
+        (entry for entry in resources.files(CORPUS_PACKAGE).iterdir() if entry.name.endswith(".json")),
+        key=lambda entry: entry.name,
+    )
+    return tuple(parse_source_file(entry.name, entry.read_text(encoding="utf-8")) for entry in files)
+
+
+def corpus_json_schema() -> dict[str, Any]:
+    """The corpus file format as JSON Schema (documentation; the models above validate)."""
+    return SourceFile.model_json_schema()
