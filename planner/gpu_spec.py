@@ -54,19 +54,22 @@ class GpuSpec(BaseModel):
     default_gpus_per_node: Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)] = 8
     """GPUs in a typical node of this type."""
     nominal_memory_gb: (
-        Annotated[float, Field(gt=0, le=MAX_DEVICE_MEMORY_GIB, allow_inf_nan=False)] | None
+        Annotated[float, Field(ge=MIN_DEVICE_MEMORY_GIB, le=MAX_DEVICE_MEMORY_GIB, allow_inf_nan=False)]
+        | None
     ) = None
     """The memory size the type is sold as (80 for an H100 80GB), so that a card of another size
     (torchtitan's 96 GB H100s) scales `memory_gib` by the same usable share. None: `memory_gib`."""
-    board_power_w: Annotated[float, Field(gt=0, le=1e5, allow_inf_nan=False)] | None = None
+    board_power_w: Annotated[float, Field(ge=10, le=1e5, allow_inf_nan=False)] | None = None
     """The board power the peaks are rated at (700 W for an H100 SXM); a cluster's lower power limit
     slows compute-bound kernels (planner/cost/parameters.py `power_limited_clock`). None: unknown,
     no power limit applies."""
-    matmul_efficiency: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.8
+    chip: Annotated[str, Field(max_length=32)] | None = None
+    """The GPU die (`GH100` for H100 and H200): what the corpus fits a training matmul share for."""
+    matmul_efficiency: Annotated[float, Field(ge=0.01, le=1, allow_inf_nan=False)] = 0.8
     """The type's maximum achievable matmul throughput (the best large bf16 GEMM a benchmark finds,
     as in the published MAMF tables) as a fraction of the dense peak; 0.8 is typical of NVIDIA
     datacenter GPUs. Training GEMMs reach a share of it (planner/cost/parameters.py `CorpusFit`)."""
-    attention_efficiency: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.35
+    attention_efficiency: Annotated[float, Field(ge=0.01, le=1, allow_inf_nan=False)] = 0.35
     """Fraction of the dense peak that fused (flash) attention forward and backward achieve on this
     type (published kernel benchmarks: FlashAttention-2 reaches ~35% on an H100, 50-73% on an A100)."""
 

@@ -27,6 +27,7 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             board_power_w=700,
             matmul_efficiency=0.801,
             attention_efficiency=0.35,
+            chip="GH100",
         ),
         GpuSpec(
             name="H200-141GB",
@@ -41,6 +42,7 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             board_power_w=700,
             matmul_efficiency=0.803,
             attention_efficiency=0.35,
+            chip="GH100",
         ),
         GpuSpec(
             name="A100-80GB",
@@ -55,6 +57,7 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             board_power_w=400,
             matmul_efficiency=0.859,
             attention_efficiency=0.6,
+            chip="GA100",
         ),
         GpuSpec(
             name="A100-40GB",
@@ -69,6 +72,7 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             board_power_w=400,
             matmul_efficiency=0.859,
             attention_efficiency=0.6,
+            chip="GA100",
         ),
         GpuSpec(
             name="L4",
@@ -81,6 +85,7 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             inter_node_bandwidth_gbps=12.5,
             nominal_memory_gb=24,
             board_power_w=72,
+            chip="AD104",
         ),
         GpuSpec(
             name="B200",
@@ -95,6 +100,7 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             board_power_w=1000,
             matmul_efficiency=0.776,
             attention_efficiency=0.35,
+            chip="GB100",
         ),
         # A CPU "device" (one rank per core group, gloo over shared memory): lets plans and
         # launchers be exercised on machines without GPUs. Calibration replaces these guesses.

@@ -116,7 +116,7 @@ class CostParameters:
         return asdict(self)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CorpusFit:
     """The few shares of the GPU datasheets that no datasheet states, fitted to the corpus of
     measured training runs (planner/fidelity: `fsdp-planner fidelity` refits them, with each source
@@ -126,7 +126,11 @@ class CorpusFit:
     matmul_share: float
     """Of the GPU type's maximum achievable matmul throughput (a lone large GEMM), the share a
     training step's GEMMs reach: smaller and oddly shaped GEMMs, and clocks that drop as the whole
-    step draws power."""
+    step draws power. For chips the corpus has too few runs of, the mean of the fitted chips'."""
+    matmul_share_by_chip: dict[str, float]
+    """The same, fitted per chip where the corpus has enough runs of it (`GpuSpec.chip`): how far a
+    chip's GEMMs fall below its best one depends on its tile sizes, SM count and power headroom
+    (an H100 draws its whole 700 W in a training step, an A100 rarely its 400 W)."""
     elementwise_bandwidth_share: float
     """Of HBM bandwidth, the share eager elementwise kernels (norms, RoPE, activations, the loss,
     the optimizer) reach, counting their fp32 intermediates as the bf16 bytes priced."""
@@ -139,11 +143,15 @@ class CorpusFit:
     memory_margin_reason: str
     """Why, in words a plan shows."""
 
+    def matmul_share_for(self, chip: str | None) -> float:
+        return self.matmul_share_by_chip.get(chip or "", self.matmul_share)
+
 
 CORPUS_FIT = CorpusFit(
-    matmul_share=0.85,
+    matmul_share=0.825,
+    matmul_share_by_chip={"GA100": 0.925, "GH100": 0.725},
     elementwise_bandwidth_share=0.35,
-    overlap_contention=0.3,
+    overlap_contention=0.25,
     memory_margin=0.15,
     memory_margin_reason="uncalibrated: against 19 published and measured GPU runs with memory figures",
 )
@@ -183,7 +191,7 @@ def default_parameters(
     return CostParameters(
         peak_flops=peak,
         mfu_peak_flops=gpu.peak_bf16_tflops * 1e12,
-        matmul_efficiency=gpu.matmul_efficiency * (1.0 if is_cpu else fit.matmul_share),
+        matmul_efficiency=gpu.matmul_efficiency * (1.0 if is_cpu else fit.matmul_share_for(gpu.chip)),
         matmul_overhead_s=20e-6 if is_cpu else 8e-6,
         attention_efficiency=gpu.attention_efficiency,
         memory_bandwidth=gpu.memory_bandwidth_gbps * 1e9

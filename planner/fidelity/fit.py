@@ -1,9 +1,9 @@
 """Fit the cost model's corpus shares (planner/cost/parameters.py `CorpusFit`) to the measured runs.
 
-Three shares of what the datasheets give (matmul throughput, elementwise bandwidth, compute left
-beside a collective) are searched on a grid, one at a time in turn from the committed values, to
-minimise the mean |log(predicted / measured)| throughput, each source weighing as much as any other
-(so that a source with many rows cannot outvote the rest). The memory margin is the largest memory
+Shares of what the datasheets give (the matmul throughput training reaches, per chip with enough
+runs; elementwise bandwidth; compute left beside a collective) are searched on a grid, one at a time
+in turn from the committed values, to minimise the mean |log(predicted / measured)| throughput, each
+source weighing as much as any other (so that a source with many rows cannot outvote the rest). The memory margin is the largest memory
 under-prediction plus a step. Leave-one-source-out refits without a source, then predicts it.
 """
 
@@ -25,6 +25,8 @@ CONTENTIONS = tuple(round(0.05 * i, 2) for i in range(11))  # 0.00 .. 0.50
 MARGIN_STEP = 0.02
 """Added to the largest under-prediction: the next run will not be the corpus' worst by exactly 0."""
 ROUNDS = 3
+MIN_CHIP_RUNS = 5
+"""A chip gets a matmul share of its own with at least this many priced throughput runs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,29 +85,56 @@ def memory_margin(priced: Sequence[tuple[SourceRun, PricedRun]]) -> tuple[float,
     return margin, reason
 
 
+def fitted_chips(runs: Sequence[SourceRun]) -> list[str]:
+    """Chips with enough priced throughput runs for a matmul share of their own."""
+    counts: dict[str, int] = {}
+    for item in runs:
+        measured = item.run.measured
+        if item.run.priceable and (measured.tokens_per_s_per_gpu or measured.mfu_percent):
+            chip = resolve_gpu(item.run.hardware.gpu).chip or ""
+            counts[chip] = counts.get(chip, 0) + 1
+    return sorted(chip for chip, n in counts.items() if chip and n >= MIN_CHIP_RUNS)
+
+
+def _with(fit: CorpusFit, axis: str, value: float) -> CorpusFit:
+    if axis.startswith("chip:"):
+        return replace(fit, matmul_share_by_chip={**fit.matmul_share_by_chip, axis[5:]: value})
+    return replace(fit, **{axis: value})
+
+
+def _value(fit: CorpusFit, axis: str) -> float:
+    return fit.matmul_share_for(axis[5:]) if axis.startswith("chip:") else getattr(fit, axis)
+
+
 def fit_corpus(
     runs: Sequence[SourceRun], *, start: CorpusFit = CORPUS_FIT, rounds: int = ROUNDS
 ) -> CorpusFit:
     """The shares that price `runs` best (coordinate search over the grids from `start`)."""
-    current = start
+    chips = fitted_chips(runs)
+    current = replace(
+        start, matmul_share_by_chip={chip: start.matmul_share_for(chip) for chip in chips}
+    )
     best = _objective(price(runs, current))
     axes = (
-        ("matmul_share", MATMUL_SHARES),
+        *((f"chip:{chip}", MATMUL_SHARES) for chip in chips),
         ("elementwise_bandwidth_share", BANDWIDTH_SHARES),
         ("overlap_contention", CONTENTIONS),
     )
     for _ in range(rounds):
         moved = False
-        for name, grid in axes:
+        for axis, grid in axes:
             for value in grid:
-                if value == getattr(current, name):
+                if value == _value(current, axis):
                     continue
-                candidate = replace(current, **{name: value})
+                candidate = _with(current, axis, value)
                 score = _objective(price(runs, candidate))
                 if score < best - 1e-9:
                     best, current, moved = score, candidate, True
         if not moved:
             break
+    if chips:  # chips the corpus cannot fit take the fitted chips' mean
+        shares = current.matmul_share_by_chip.values()
+        current = replace(current, matmul_share=round(statistics.fmean(shares), 3))
     margin, reason = memory_margin(price(runs, current))
     return replace(current, memory_margin=margin, memory_margin_reason=reason)
 
