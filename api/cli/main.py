@@ -6,6 +6,7 @@ import typer
 
 from api.cli import (
     calibrate_cmd,
+    fidelity_cmd,
     launcher_cmd,
     plan_cmd,
     prepare_data_cmd,
@@ -39,6 +40,7 @@ launcher_cmd.register(app)
 trace_cmd.register(app)
 prepare_data_cmd.register(app)
 whatif_cmd.register(app)
+fidelity_cmd.register(app)
 
 
 def main() -> None:

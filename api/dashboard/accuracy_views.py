@@ -1,7 +1,9 @@
-"""The accuracy page: predicted vs measured over every validation run, and how the errors are spread.
+"""The accuracy page: predicted vs measured over every validation run, and how the errors are spread;
+then the published and measured runs of the corpus (planner/fidelity), each priced at its configuration.
 
 Errors are the ones stored with each run by the runs API: (predicted − measured) / measured × 100, so a
-positive step-time error means the plan promised a slower step than was measured.
+positive step-time error means the plan promised a slower step than was measured. The corpus section
+reads the stored fidelity report (api/services/fidelity.py), whose errors are fractions.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from api.dashboard import charts
 from api.dashboard import formatting as fmt
 from api.dashboard.queries import RunWithPlan
+from planner.fidelity.report import FidelityReport, RunResult
 
 
 @dataclass(frozen=True)
@@ -55,9 +58,9 @@ def _scatter(
     predicted: Callable[[RunWithPlan], float | None], measured: Callable[[RunWithPlan], float | None],
     show: Callable[[float], str],
 ) -> charts.Chart | None:
-    series = []
-    for index, (gpu, items) in enumerate(_by_gpu(runs).items()):
-        points = []
+    groups: dict[str, list[charts.Point]] = {}
+    for gpu, items in _by_gpu(runs).items():
+        points = groups.setdefault(gpu, [])
         for item in items:
             p, m = predicted(item), measured(item)
             if p is None or m is None or not (math.isfinite(p) and math.isfinite(m)):
@@ -65,12 +68,22 @@ def _scatter(
             tooltip = (f"{item.plan_name} (plan {item.run.plan_id}, run {item.run.id}): "
                        f"predicted {show(p)}, measured {show(m)}")
             points.append(charts.Point(p, m, tooltip, href=f"/plans/{item.run.plan_id}"))
-        if points:
-            series.append(charts.Series(gpu, points, charts.PALETTE[index % len(charts.PALETTE)]))
+    values = [v for points in groups.values() for p in points for v in (p.x, p.y)]
+    return _predicted_vs_measured(groups, chart_id=chart_id, title=title, unit=unit, show=show,
+                                  log=charts.should_use_log(values, ratio=20))
+
+
+def _predicted_vs_measured(
+    groups: dict[str, list[charts.Point]], *, chart_id: str, title: str, unit: str,
+    show: Callable[[float], str], log: bool,
+) -> charts.Chart | None:
+    """One series per GPU type (colours in the order of `groups`), against the y = x line."""
+    series = [
+        charts.Series(gpu, points, charts.PALETTE[index % len(charts.PALETTE)])
+        for index, (gpu, points) in enumerate(groups.items()) if points
+    ]
     if not series:
         return None
-    values = [v for s in series for p in s.points for v in (p.x, p.y)]
-    log = charts.should_use_log(values, ratio=20)
     return charts.xy_chart(
         chart_id=chart_id, title=title, series=series, x_label=f"predicted {unit}",
         y_label=f"measured {unit}", x_format=show, y_format=show, x_log=log, y_log=log,
@@ -109,3 +122,29 @@ def summaries(runs: Sequence[RunWithPlan]) -> list[ErrorSummary]:
         summarize("peak memory", [r.run.peak_memory_error_pct for r in runs]),
     ]
     return [s for s in found if s is not None]
+
+
+def _throughput(value: float) -> str:
+    return f"{fmt.thousands(value)} tok/s"
+
+
+def corpus_throughput_chart(report: FidelityReport) -> charts.Chart | None:
+    """Predicted against measured tokens/s per GPU of every priced corpus run that publishes them, by GPU
+    type, on log axes (the corpus spans small models on many GPUs and large ones on few: decades apart)."""
+    groups: dict[str, list[charts.Point]] = {}
+    for r in sorted(report.runs, key=lambda r: r.gpu):
+        p, m = r.predicted_tokens_per_s_per_gpu, r.measured_tokens_per_s_per_gpu
+        if not r.priced or p is None or m is None or not (math.isfinite(p) and math.isfinite(m)):
+            continue
+        tooltip = (f"{r.source} / {r.run_id} ({r.config}): predicted {_throughput(p)}, measured "
+                   f"{_throughput(m)}, error {fmt.signed_fraction(r.throughput_error)}")
+        groups.setdefault(r.gpu, []).append(charts.Point(p, m, tooltip))
+    return _predicted_vs_measured(
+        groups, chart_id="corpus-throughput-chart", title="Published and measured runs: tokens/s per GPU",
+        unit="tokens/s per GPU", show=fmt.compact_number, log=True,
+    )
+
+
+def corpus_runs(report: FidelityReport) -> list[RunResult]:
+    """Every run, priced ones first, each group by source then run (the order of the corpus files)."""
+    return sorted(report.runs, key=lambda r: (not r.priced, r.source, r.run_id))

@@ -59,6 +59,11 @@ def signed_percent(value: float | None) -> str:
     return "–" if value is None else f"{value:+.1f}%"
 
 
+def signed_fraction(value: float | None) -> str:
+    """An error as a fraction (the fidelity report's): 0.123 -> +12.3%."""
+    return signed_percent(None if value is None else value * 100)
+
+
 def dollars(value: float | None) -> str:
     return "–" if value is None else money(value)
 
@@ -84,6 +89,7 @@ FILTERS = {
     "seconds": optional_seconds,
     "percent": percent,
     "signed_percent": signed_percent,
+    "signed_fraction": signed_fraction,
     "gib": gib,
     "thousands": thousands,
     "count": count,

@@ -36,6 +36,7 @@ from api.services import plan_compare, plan_listing
 from api.services import plans as plan_service
 from api.services import replan as replan_service
 from api.services import studies as study_service
+from api.services.fidelity import served_report
 from api.services.plan_documents import UnreadablePlanError, read_plan
 from api.typed_numbers import parse_id, parse_whole
 from planner.catalog import MODEL_CATALOG
@@ -294,12 +295,16 @@ def calibration_page(calibration_id: str, request: Request, session: SessionDep)
 @router.get("/accuracy", response_class=HTMLResponse)
 def accuracy_page(request: Request, session: SessionDep) -> HTMLResponse:
     runs, total = queries.all_validation_runs(session)
+    fidelity = served_report()
     return render(request, "accuracy.html", {
         "active": "accuracy", "runs": runs, "total": total, "shown": len(runs),
         "summaries": accuracy_views.summaries(runs),
         "step_time_chart": accuracy_views.step_time_chart(runs),
         "memory_chart": accuracy_views.memory_chart(runs),
         "error_histogram": accuracy_views.error_histogram(runs),
+        "fidelity": fidelity,
+        "corpus_chart": accuracy_views.corpus_throughput_chart(fidelity),
+        "corpus_runs": accuracy_views.corpus_runs(fidelity),
     })
 
 

@@ -2,7 +2,7 @@
 
 from fastapi import APIRouter
 
-from api.routers import calibrations, catalog, health, launchers, plans, runs, studies
+from api.routers import calibrations, catalog, fidelity, health, launchers, plans, runs, studies
 
 api_router = APIRouter()
 api_router.include_router(plans.router)
@@ -11,4 +11,5 @@ api_router.include_router(runs.router)
 api_router.include_router(launchers.router)
 api_router.include_router(calibrations.router)
 api_router.include_router(catalog.router)
+api_router.include_router(fidelity.router)
 api_router.include_router(health.router)
