@@ -422,8 +422,18 @@ def _beyond_the_search(request: PlanRequest) -> str:
 
 
 def _what_cuts_communication(request: PlanRequest) -> str:
-    """What would shrink exposed FSDP communication that this request's search did not try."""
+    """What would shrink exposed FSDP communication that this request's search did not try.
+
+    Across nodes every all-gather brings the whole model's parameters into each node whatever the
+    tensor-parallel degree (a node's ranks hold one copy between them either way), so there only more
+    tokens per step, a faster network or pipeline stages help.
+    """
     searched, possible = _tensor_parallel_reach(request)
+    if request.cluster.num_nodes > 1:
+        return (
+            "A larger global batch (more tokens per GPU per step), a faster network between nodes "
+            "or pipeline parallelism would cut it"
+        )
     if possible > searched:
         return (
             f"Tensor parallelism inside nodes would cut it (widen search.tensor_parallel_degrees: "

@@ -79,7 +79,7 @@ def memory_margin(priced: Sequence[tuple[SourceRun, PricedRun]]) -> tuple[float,
     sources = len({item.source for _, item in errors})
     reason = (
         f"uncalibrated: against {len(errors)} measured peaks of published and own GPU runs "
-        f"({sources} sources; `fsdp-planner fidelity`), the memory model under-predicts by at most "
+        f"({sources} sources; `fsdp-planner fidelity`), the memory model has under-predicted by at most "
         f"{worst:.1%}; {margin:.0%} covers that with {MARGIN_STEP:.0%} to spare"
     )
     return margin, reason

@@ -108,7 +108,7 @@ def test_plan_document_round_trips_and_has_the_contract_fields(llama8b_request: 
     } <= set(document["prediction"])
     assert Plan.model_validate_json(plan.model_dump_json()) == plan
     config = plan.config
-    assert config.micro_batch_size * config.grad_accum_steps * plan.cluster.world_size == 16
+    assert config.micro_batch_size * config.grad_accum_steps * config.mesh.dp == 16
     assert plan.prediction.timeline, "the chosen plan carries its step timeline"
 
 
@@ -173,5 +173,6 @@ def test_predict_prices_exactly_the_given_configuration(llama8b_request: PlanReq
         searched.alternatives[-1].tokens_per_s_per_gpu
     )
     broken = searched.config.model_copy(update={"grad_accum_steps": 7})
-    with pytest.raises(PlanningError, match="per-data-parallel-rank batch 2"):
+    local = 16 // searched.config.mesh.dp
+    with pytest.raises(PlanningError, match=f"per-data-parallel-rank batch {local}"):
         predict(llama8b_request, broken)

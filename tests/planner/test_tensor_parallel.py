@@ -41,11 +41,16 @@ def test_70b_at_seq_8192_on_32x8_returns_a_plan() -> None:
     assert {r.family for r in plan.rejected} >= others
 
 
-def test_8b_on_one_node_keeps_tp_1_where_that_is_fastest() -> None:
+def test_8b_on_one_node_prices_tp_1_and_tp_2_within_a_few_percent() -> None:
+    # Published runs of 8B on one H100 node use FSDP alone; tensor parallelism may only tie it there
+    # (it halves activations, so it trades checkpointing for per-layer collectives).
     plan = make_plan(make_request("llama3-8b", "1x8xH100", seq_len=8192, sequences=32))
-    assert plan.config.mesh.tp == 1
-    tp2 = next(r for r in plan.rejected if r.family == "tp=2")
-    assert tp2.kind == "slower" and "tp=2 per-layer collectives" in tp2.reason
+    assert plan.config.mesh.tp in (1, 2)
+    other = next(r for r in plan.rejected if r.family == f"tp={3 - plan.config.mesh.tp}")
+    assert other.kind == "slower" and other.best_tokens_per_s_per_gpu is not None
+    assert other.best_tokens_per_s_per_gpu > 0.95 * plan.prediction.tokens_per_s_per_gpu
+    tp8 = next(r for r in plan.rejected if r.family == "tp=8")
+    assert "tp=8 per-layer collectives" in tp8.reason
 
 
 def test_a_pinned_degree_is_respected_and_explained() -> None:
