@@ -217,9 +217,9 @@ def build_report(
         result = _result(item, in_sample[key], None)
         if key in held_out:
             other = held_out[key]
-            result = result.model_copy(
-                update={"loso_throughput_error": other.throughput_error, "loso_memory_error": other.memory_error}
-            )
+            result = result.model_copy(update={
+                "loso_throughput_error": other.throughput_error, "loso_memory_error": other.memory_error,
+            })
         results.append(result)
     priced = [r for r in results if r.priced]
     by_gpu = _summaries(priced, lambda r: r.gpu)
