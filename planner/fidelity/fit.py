@@ -4,7 +4,8 @@ Shares of what the datasheets give (the matmul throughput training reaches, per 
 runs; elementwise bandwidth; compute left beside a collective) are searched on a grid, one at a time
 in turn from the committed values, to minimise the mean |log(predicted / measured)| throughput, each
 source weighing as much as any other (so that a source with many rows cannot outvote the rest).
-The memory margin is the largest memory under-prediction plus a step. Leave-one-source-out refits without a source, then predicts it.
+The memory margin is the largest memory under-prediction plus a step. Leave-one-source-out refits
+without a source, then predicts it.
 """
 
 from __future__ import annotations
