@@ -217,6 +217,14 @@ class ModelSpec(StrictModel):
         return self.intermediate_size or 4 * self.hidden_size
 
 
+DeviceMemoryGib = Annotated[
+    float, Field(ge=MIN_DEVICE_MEMORY_GIB, le=MAX_DEVICE_MEMORY_GIB, allow_inf_nan=False)
+]
+"""Memory per GPU usable by the framework, GiB."""
+PowerLimitW = Annotated[float, Field(ge=10, le=1e5, allow_inf_nan=False)]
+"""A board power limit, watts."""
+
+
 class ClusterSpec(StrictModel):
     """The GPUs to train on: nodes x GPUs per node of one GPU type."""
 
@@ -235,12 +243,10 @@ class ClusterSpec(StrictModel):
     inter_node_bandwidth_gbps: LinkOverrideGbps | None = None
     """Override of the per-GPU network bandwidth in GB/s (default: the GPU catalog's NIC)."""
 
-    gpu_memory_gib: Annotated[
-        float, Field(ge=MIN_DEVICE_MEMORY_GIB, le=MAX_DEVICE_MEMORY_GIB, allow_inf_nan=False)
-    ] | None = None
+    gpu_memory_gib: DeviceMemoryGib | None = None
     """Memory per GPU usable by the framework, GiB, where the cards are another size than the GPU
     type's (torchtitan's H100s are 96 GB cards: about 95.5); default: the GPU type's."""
-    gpu_power_limit_w: Annotated[float, Field(ge=10, le=1e5, allow_inf_nan=False)] | None = None
+    gpu_power_limit_w: PowerLimitW | None = None
     """Board power limit in watts where the GPUs are capped below their rating (torchtitan's H100s
     run at 500 W of 700): compute-bound kernels slow down with the clock the cap allows
     (planner/cost/parameters.py `power_limited_clock`); default: no cap."""

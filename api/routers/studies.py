@@ -8,12 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 
 from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess, run_planning
-from api.problems import FieldError, ProblemError
 from api.routers.responses import problems
 from api.schemas.plans import MAX_ID
 from api.schemas.studies import StudyCreate, StudyDetail, StudyId, StudyPage
 from api.services import studies as study_service
-from api.typed_numbers import parse_id
 
 router = APIRouter(prefix="/studies", tags=["studies"])
 
@@ -49,17 +47,10 @@ def list_studies(
         max_length=len(str(MAX_ID)), pattern=r"^[0-9]*$", description="`next_cursor` of the previous page"
     )] = None,
 ) -> StudyPage:
-    after = None
-    if cursor:
-        # A cursor is a study id: bounded like every id, before it reaches the database (2^63 overflowed
-        # SQLite's integers and PostgreSQL's bigint).
-        after = parse_id(cursor)
-        if after is None:
-            message = (f"{cursor!r} is not a cursor of this list: pass the previous page's next_cursor (a "
-                       f"study id from 1 to {MAX_ID}), or leave cursor out for the first page")
-            raise ProblemError(422, f"cursor: {message}", slug="invalid-request", title="Invalid request",
-                               errors=[FieldError(location="query", field="cursor", message=message,
-                                                  type="value_error")])
+    # A cursor is a study id (the list continues below it). The pattern and length admit only ASCII
+    # digits below 10^16, so every schema-valid cursor is read, clamped to the ids that exist (2^63
+    # overflowed SQLite's integers and PostgreSQL's bigint): `00` is an empty page, not an error.
+    after = min(int(cursor), MAX_ID) if cursor else None
     items, next_cursor = study_service.list_studies(session, limit=limit, cursor=after)
     return StudyPage(items=items, next_cursor=next_cursor)
 

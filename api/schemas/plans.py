@@ -32,11 +32,13 @@ from planner.parallel_dims import ParallelDims
 from planner.specs import (
     CLUSTER_FORMAT,
     CLUSTER_PATTERN,
+    DeviceMemoryGib,
     GlobalBatchTokens,
     GpusPerNode,
     LinkOverrideGbps,
     NodeCount,
     Optimizer,
+    PowerLimitW,
     Precision,
     SearchSpace,
     SeqLen,
@@ -105,6 +107,12 @@ class ClusterIn(StrictBody):
     """Override of the per-GPU intra-node link bandwidth, GB/s."""
     inter_node_bandwidth_gbps: LinkOverrideGbps | None = None
     """Override of the per-GPU network bandwidth, GB/s."""
+    gpu_memory_gib: DeviceMemoryGib | None = None
+    """Memory per GPU usable by the framework, GiB, for cards of another size than the GPU type's
+    (a 96 GB H100: about 95.5); default: the GPU type's."""
+    gpu_power_limit_w: PowerLimitW | None = None
+    """Board power limit, W, for GPUs capped below their rating (an H100 SXM at 500 W of 700):
+    compute-bound kernels slow with the clock the cap leaves; default: no cap."""
     custom_gpu: GpuSpec | None = None
     """A GPU type not in the catalog, by its datasheet (the fields of GET /api/v1/gpus); `gpu` is then its
     name, which must not be a catalog name or alias."""

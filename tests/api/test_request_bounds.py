@@ -166,19 +166,19 @@ def test_the_openapi_shows_the_planners_bounds(app: FastAPI) -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("cursor", ["9223372036854775808", "9999999999999999", "9007199254740992", "0"])
-async def test_a_study_cursor_beyond_any_id_is_refused(client: httpx.AsyncClient, cursor: str) -> None:
+async def test_a_study_cursor_longer_than_any_id_is_refused(client: httpx.AsyncClient) -> None:
     # issue 22 item 3: 2^63 was an OverflowError on SQLite, "bigint out of range" on PostgreSQL; the
-    # schema now allows the 16 digits of the largest id, and the server reads ids up to it only.
-    problem = assert_problem(await client.get(STUDIES, params={"cursor": cursor}), 422)
+    # schema allows the 16 digits of the largest id.
+    problem = assert_problem(await client.get(STUDIES, params={"cursor": "9223372036854775808"}), 422)
     assert error_fields(problem) == ["cursor"]
-    expected = "at most 16 characters" if len(cursor) > 16 else "next_cursor"
-    assert expected in problem["detail"]
+    assert "at most 16 characters" in problem["detail"]
 
 
 @pytest.mark.anyio
-async def test_a_study_cursor_that_is_an_id_pages(client: httpx.AsyncClient) -> None:
-    for cursor in ("", "9007199254740991", "1"):
+async def test_every_schema_valid_study_cursor_pages(client: httpx.AsyncClient) -> None:
+    # Beyond the largest id, zero, leading zeros: read and clamped, an empty page, never an error
+    # (schemathesis: a schema-valid request must not be refused).
+    for cursor in ("", "9007199254740991", "9999999999999999", "9007199254740992", "1", "0", "00"):
         response = await client.get(STUDIES, params={"cursor": cursor})
         assert response.status_code == 200, response.text
         assert response.json()["items"] == []
