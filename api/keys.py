@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from api.db.base import utcnow
 from api.db.models import ApiKeyRow
+from api.typed_numbers import parse_id
 
 KEY_SCHEME = "fsdpk"
 MAX_NAME_LENGTH = 100
@@ -71,8 +72,9 @@ def list_keys(session: Session) -> list[ApiKeyRow]:
 def revoke_key(session: Session, id_or_name: str) -> ApiKeyRow:
     """Revoke the key with this id, or the active key with this name."""
     row = None
-    if id_or_name.isdigit():
-        row = session.get(ApiKeyRow, int(id_or_name))
+    key_id = parse_id(id_or_name)  # ASCII digits only: '²' is a name, not an id
+    if key_id is not None:
+        row = session.get(ApiKeyRow, key_id)
     if row is None:
         row = session.scalar(
             select(ApiKeyRow).where(ApiKeyRow.name == id_or_name, ApiKeyRow.revoked_at.is_(None))

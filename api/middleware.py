@@ -9,6 +9,7 @@ from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.problems import ProblemError, problem_response
+from api.typed_numbers import parse_whole
 
 
 class BodySizeLimitMiddleware:
@@ -29,10 +30,11 @@ class BodySizeLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = Headers(scope=scope).get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+        size = None if declared is None else parse_whole(declared, low=0, high=10**18)
+        if declared is not None and (size is None or size > self.max_bytes):
             status, detail = (
                 (413, f"request body of {declared} bytes is larger than the {self.max_bytes}-byte limit")
-                if declared.isdigit()
+                if size is not None
                 else (400, f"Content-Length {declared!r} is not a byte count")
             )
             await problem_response(status, detail, slug="body-too-large" if status == 413 else None,

@@ -55,6 +55,9 @@ def test_keys_create_list_revoke(fresh_url: str) -> None:
     again = runner.invoke(app, ["keys", "revoke", "1", "--database-url", fresh_url])
     assert again.exit_code == 1 and "already revoked" in again.stderr
     assert "revoked" in runner.invoke(app, ["keys", "list", "--database-url", fresh_url]).output
+    # A superscript digit is a name, not an id (int('²') raised before).
+    unicode_digit = runner.invoke(app, ["keys", "revoke", "²", "--database-url", fresh_url])
+    assert unicode_digit.exit_code == 1 and "no key with id or active name '²'" in unicode_digit.stderr
 
 
 @pytest.fixture
