@@ -20,7 +20,7 @@ from api.middleware import AllowedMethodsMiddleware, BodySizeLimitMiddleware
 from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
 from api.routers import api_router, health
 from api.services.keyed_locks import KeyedLocks
-from api.services.search_pool import SearchPool, available_cores
+from api.services.search_pool import SearchPool, available_cores, stop_with_supervisor
 from api.settings import Settings
 from planner import __version__
 
@@ -54,6 +54,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.migrate_on_startup:
             await anyio.to_thread.run_sync(migrate.upgrade, engine)
             log.info("database %s at schema revision %s", engine.url, migrate.head_revision())
+        if settings.supervisor_pid is not None:
+            stop_with_supervisor(settings.supervisor_pid)
         await anyio.to_thread.run_sync(search_pool.start)
         try:
             yield

@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     search_workers: Annotated[int | None, Field(ge=1)] = None
     """Processes that run plan searches, per web process; None: one per available core (`serve
     --workers N` shares the cores among its N web processes)."""
+    supervisor_pid: Annotated[int | None, Field(ge=1)] = None
+    """Set by `serve --workers N` for its web processes: the supervisor they stop with, however it ends
+    (a supervisor killed outright would otherwise leave them serving)."""
     require_key_for_reads: bool = False
     """Once API keys exist, also require one for GET requests (writes always need one then)."""
     migrate_on_startup: bool = True

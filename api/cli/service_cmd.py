@@ -66,6 +66,7 @@ def serve(
     if settings.migrate_on_startup:
         db_upgrade(revision="head", database_url=settings.resolved_database_url)
         os.environ["FSDP_PLANNER_MIGRATE_ON_STARTUP"] = "false"
+    os.environ["FSDP_PLANNER_SUPERVISOR_PID"] = str(os.getpid())
     if settings.search_workers is None:
         from api.services.search_pool import available_cores
 

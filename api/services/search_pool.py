@@ -155,11 +155,8 @@ def _die_with_server(server_pid: int) -> None:
     without closing it here the forkserver and the workers would wait on each other for good.
     """
     parent = os.getppid()  # the forkserver: it cannot exit yet, this worker still holds the alive pipe
-    if sys.platform == "linux":
-        # The kernel kills this worker the moment its parent exits, even in the middle of a search.
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    # The kernel kills this worker the moment its parent exits, even in the middle of a search.
+    signal_on_parent_death(signal.SIGKILL)
     # Armed while the forkserver is surely alive; only now may the server's death reach it.
     forkserver = multiprocessing.forkserver._forkserver  # private: the pipe has no public handle
     if getattr(forkserver, "_forkserver_alive_fd", None) is not None:
@@ -171,6 +168,32 @@ def _die_with_server(server_pid: int) -> None:
     threading.Thread(
         target=_watch_parent, args=(parent, server_pid), name="parent-watchdog", daemon=True
     ).start()
+
+
+def signal_on_parent_death(signal_number: int) -> None:
+    """Ask the kernel to send this process `signal_number` when its parent exits (Linux; elsewhere a
+    no-op: the watchdogs below notice instead)."""
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal_number, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+def stop_with_supervisor(supervisor_pid: int) -> None:
+    """In a web process that uvicorn's supervisor started (`serve --workers N`): shut down in order
+    (SIGTERM: uvicorn's graceful stop, which stops the search pool) when the supervisor is gone,
+    however it ended; a supervisor killed outright would otherwise leave its web processes serving."""
+    if os.getppid() != supervisor_pid:
+        return  # not that supervisor's child (a test client, or the supervisor is gone already)
+    signal_on_parent_death(signal.SIGTERM)
+
+    def watch() -> None:
+        while os.getppid() == supervisor_pid:
+            time.sleep(WATCHDOG_INTERVAL_S)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="supervisor-watchdog", daemon=True).start()
 
 
 def _watch_parent(parent: int, server_pid: int) -> None:

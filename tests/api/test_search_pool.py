@@ -203,6 +203,25 @@ def test_search_processes_die_with_a_server_killed_outright(database_url: str, t
         large.join(timeout=10)
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_web_processes_stop_with_a_supervisor_killed_outright(database_url: str, tmp_path: Path) -> None:
+    """kill -9 of `serve --workers 2`'s supervisor stops its web processes and their search pools."""
+    env = {**os.environ, "DATABASE_URL": database_url, "FSDP_PLANNER_SEARCH_WORKERS": "1"}
+    with running_server(env=env, log=tmp_path / "serve.log", cwd=tmp_path, args=("--workers", "2")) as url:
+        assert httpx.post(f"{url}{PLANS}", json=cheap_plan(), timeout=60).status_code in (200, 201)
+        supervisor = served_by(url)
+        processes = descendants(supervisor)
+        web = [p for p in children(supervisor) if "forkserver" not in Path(f"/proc/{p}/cmdline").read_text()]
+        assert len(web) >= 2, [Path(f"/proc/{pid}/cmdline").read_text() for pid in processes]
+        os.kill(supervisor, signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while (left := [pid for pid in processes if running(pid)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, [Path(f"/proc/{pid}/cmdline").read_text() for pid in left]
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{url}/readyz", timeout=2)
+
+
 def post_ignoring_the_answer(url: str, body: dict[str, Any]) -> None:
     """A request whose server is killed while it waits: only the search it starts matters."""
     with contextlib.suppress(httpx.TransportError):
