@@ -306,6 +306,29 @@ CLUSTER_PATTERN = r"^\s*(?:([0-9]+)[xX])?([0-9]+)[xX]([A-Za-z][A-Za-z0-9._-]*)\s
 """The cluster text, as a regular expression both Python and JSON Schema (ECMA-262) read alike (ASCII
 digits only: `int` would read other scripts' digits too)."""
 _CLUSTER_TEXT = re.compile(CLUSTER_PATTERN)
+
+
+def whole_number_pattern(high: int) -> str:
+    """A regular expression (Python and ECMA-262 alike) for the ASCII numbers 1 to `high`, no leading 0."""
+    digits = str(high)
+    options = [f"[1-9][0-9]{{{length - 1}}}" if length > 1 else "[1-9]" for length in range(1, len(digits))]
+    for i, digit in enumerate(digits):
+        low = 1 if i == 0 else 0
+        if int(digit) > low:
+            rest = "[0-9]" * (len(digits) - i - 1)
+            options.append(f"{digits[:i]}[{low}-{int(digit) - 1}]{rest}")
+    options.append(digits)
+    return "(?:" + "|".join(options) + ")"
+
+
+CLUSTER_SCHEMA_PATTERN = (
+    rf"^\s*(?:{whole_number_pattern(MAX_NODES)}[xX])?{whole_number_pattern(MAX_GPUS_PER_NODE)}[xX]"
+    r"([A-Za-z][A-Za-z0-9._-]*)\s*$"
+)
+"""The cluster text as the API's JSON schema states it: CLUSTER_PATTERN with the counts' bounds written
+out (1 to MAX_NODES nodes, 1 to MAX_GPUS_PER_NODE GPUs per node), so that a schema-valid string is
+refused only for what no schema can state (which GPU names the catalog knows). The text itself is read
+with CLUSTER_PATTERN, so that a count out of bounds is refused naming the bound."""
 MAX_CLUSTER_TEXT = 80
 """Longer than any cluster written as text (and than the API's cluster strings)."""
 

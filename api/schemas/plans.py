@@ -31,7 +31,7 @@ from planner.gpu_spec import GpuSpec
 from planner.parallel_dims import ParallelDims
 from planner.specs import (
     CLUSTER_FORMAT,
-    CLUSTER_PATTERN,
+    CLUSTER_SCHEMA_PATTERN,
     DeviceMemoryGib,
     GlobalBatchTokens,
     GpusPerNode,
@@ -173,8 +173,10 @@ def _cluster_text_spelt_out(value: Any) -> Any:
 
 ClusterInput = Annotated[
     Annotated[
-        Annotated[str, Field(min_length=3, max_length=80, json_schema_extra={"pattern": CLUSTER_PATTERN},
-                             description=f"A cluster as {CLUSTER_FORMAT}.")],
+        Annotated[str, Field(
+            min_length=3, max_length=80, json_schema_extra={"pattern": CLUSTER_SCHEMA_PATTERN},
+            description=f"A cluster as {CLUSTER_FORMAT}.",
+        )],
         Tag(f"{UNION_TAG_PREFIX}string"),
     ]
     | Annotated[ClusterIn, Tag(f"{UNION_TAG_PREFIX}object")],
