@@ -9,6 +9,7 @@ keeps every ratio, logarithm and line fit computed from stored values finite.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
@@ -132,3 +133,14 @@ MAX_DEVICE_GBPS = 1e7
 """Upper bound of a device's memory or link bandwidth (GB/s) in a GPU datasheet."""
 MAX_LINK_OVERRIDE_GBPS = MAX_BYTES_PER_S / 1e9
 """A cluster's bandwidth override: 100 TB/s per GPU, as a measured link is bounded."""
+
+
+def all_finite(value: Any) -> bool:
+    """Whether every number in a JSON-like value (dicts, lists, floats) is finite."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(all_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(all_finite(v) for v in value)
+    return True

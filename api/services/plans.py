@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -31,6 +30,7 @@ from api.schemas.plans import PlanCreate
 from api.services import calibrations as calibration_service
 from api.services.keyed_locks import KeyedLocks
 from api.services.search_pool import SearchPool, SearchPoolBrokenError
+from planner.bounds import all_finite
 from planner.calibration import CalibrationProfile
 from planner.catalog import resolve_model
 from planner.errors import InfeasiblePlanError, PlanningError, SearchDeadlineError
@@ -367,16 +367,6 @@ def _replay(session: Session, claim: KeyClaim) -> PlanOutcome | None:
     if row is None:  # the plan was deleted in between; the cascade removes the key with it
         return None
     return PlanOutcome(row=row, status_code=remembered.status_code, replayed=True)
-
-
-def all_finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(all_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return all(all_finite(v) for v in value)
-    return True
 
 
 def plan_not_found(plan_id: int) -> ProblemError:

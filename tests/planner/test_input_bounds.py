@@ -109,16 +109,6 @@ def requests(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
-def all_finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(all_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return all(all_finite(v) for v in value)
-    return True
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=requests())
 def test_a_request_at_the_bounds_plans_or_is_refused_with_a_typed_error(body: dict[str, Any]) -> None:
@@ -132,7 +122,7 @@ def test_a_request_at_the_bounds_plans_or_is_refused_with_a_typed_error(body: di
     except PlanningError:
         return
     assert isinstance(plan, Plan)
-    assert all_finite(plan.model_dump(mode="json"))
+    assert bounds.all_finite(plan.model_dump(mode="json"))
 
 
 @pytest.mark.parametrize(
