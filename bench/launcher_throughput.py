@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def _presets() -> dict[str, dict]:
-    from planner.catalog import resolve_model
+    from planner.catalog.models import resolve_model
 
     debug = resolve_model("llama-debug")  # 4.2M parameters, runs anywhere
     # Llama-3-8B-shaped blocks (4 of them) with its vocabulary: ~1.3B parameters (GPU only).
@@ -46,24 +46,44 @@ SECTION = "## Launcher throughput"
 def plan_document(
     preset: str, *, world: int, seq_len: int, micro_batch: int, bf16: bool, compile_: bool
 ) -> dict:
-    from tests.executor.plan_factory import debug_plan
+    """The plan both engines run: the planner's own document for exactly this configuration."""
+    from planner.parallel_dims import ParallelDims
+    from planner.plan import CheckpointingConfig, InductorConfig, ParallelConfig
+    from planner.search import predict
+    from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 
-    doc = debug_plan(
-        sharding="full_shard",
-        gpus_per_node=world,
-        compile=compile_,
-        seq_len=seq_len,
-        micro_batch_size=micro_batch,
-        precision="bf16" if bf16 else "fp32",
-        bucket_mb=512.0 if compile_ else 0.0,
-        model={
-            **PRESETS[preset],
-            "tie_word_embeddings": False,
-            "qkv_bias": False,
-            "layer_graph": None,
-        },
+    model = ModelSpec.model_validate(
+        {**PRESETS[preset], "tie_word_embeddings": False, "qkv_bias": False, "layer_graph": None}
     )
-    return doc
+    request = PlanRequest(
+        model=model,
+        cluster=ClusterSpec(num_nodes=1, gpus_per_node=world, gpu="cpu"),
+        training=TrainingSpec(
+            seq_len=seq_len, global_batch_tokens=micro_batch * world * seq_len,
+            precision="bf16" if bf16 else "fp32",
+        ),
+    )
+    bucket_mb = 512.0 if compile_ else 0.0
+    config = ParallelConfig(
+        sharding="full_shard",
+        mesh=ParallelDims(dp_shard=world),
+        blocks_per_unit=1,
+        all_gather_bucket_mb=bucket_mb,
+        reduce_scatter_bucket_mb=bucket_mb,
+        reshard_after_forward=True,
+        prefetch_depth=1,
+        checkpointing=CheckpointingConfig(mode="none"),
+        micro_batch_size=micro_batch,
+        grad_accum_steps=1,
+        param_dtype="bfloat16" if bf16 else "float32",
+        reduce_dtype="float32",
+        compile=compile_,
+        inductor=InductorConfig(
+            bucket_all_gathers=compile_, bucket_reduce_scatters=compile_,
+            reorder_for_compute_comm_overlap=compile_,
+        ),
+    )
+    return predict(request, config).model_dump(mode="json")
 
 
 class Engine:

@@ -6,7 +6,7 @@ a cost term (planner/cost/estimate.py), a memory term (planner/cost/memory.py), 
 step (executor/runtime/parallelize.py) and a launcher flag (executor/launch). Adding a dimension
 (context or pipeline parallelism) adds a field here and one entry in each of those places.
 
-The mesh is laid out row-major over `MESH_DIM_NAMES`, the last dimension innermost: a tensor-
+The mesh is laid out row-major over (dp_replicate, dp_shard, tp), the last innermost: a tensor-
 parallel group is `tp` consecutive ranks, so it stays inside one node, and a data-parallel shard
 group strides over them.
 """
@@ -16,9 +16,6 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "tp")
-"""The mesh's dimensions, outermost first (the runtime's DeviceMesh uses the same names)."""
 
 LinkClass = Literal["intra", "inter"]
 
@@ -45,25 +42,6 @@ class ParallelDims(BaseModel):
     def dp(self) -> int:
         """Data-parallel degree: ranks that see different sequences."""
         return self.dp_replicate * self.dp_shard
-
-    @property
-    def state_shards(self) -> int:
-        """Ways the parameters, gradients and optimizer states are divided per GPU."""
-        return self.dp_shard * self.tp
-
-    @property
-    def sequence_parallel(self) -> bool:
-        """Norms and residuals hold 1/tp of the sequence between the tensor-parallel regions."""
-        return self.tp > 1
-
-    @property
-    def loss_parallel(self) -> bool:
-        """The output projection and cross-entropy run on a vocabulary shard per rank."""
-        return self.tp > 1
-
-    def shape(self) -> tuple[int, ...]:
-        """The mesh shape in MESH_DIM_NAMES order."""
-        return (self.dp_replicate, self.dp_shard, self.tp)
 
     def shard_link(self, gpus_per_node: int) -> LinkClass:
         """The link FSDP's all-gathers and reduce-scatters cross: a shard group strides over the tp

@@ -32,10 +32,9 @@ tp mesh, still tp-sharded, so the tensor-parallel layers compute as they would w
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -157,7 +156,7 @@ class GatherParameter:
         return DTensor.from_local(self._all_gather(dp_shard), tp.mesh, tp.placements)
 
     def __call__(self, param: torch.Tensor) -> torch.Tensor:
-        if not isinstance(param, DTensor) or not _gathering_enabled():
+        if not isinstance(param, DTensor):
             return param
         if self.reshard_after_forward:
             return checkpoint(self.gather, param, use_reentrant=False, context_fn=_reshard_context)
@@ -170,24 +169,6 @@ def _contiguous_stride(shape: torch.Size) -> tuple[int, ...]:
         stride.append(step)
         step *= size
     return tuple(reversed(stride))
-
-
-_GATHER_STATE = {"enabled": True}
-
-
-def _gathering_enabled() -> bool:
-    return _GATHER_STATE["enabled"]
-
-
-@contextlib.contextmanager
-def gathering_disabled() -> Iterator[None]:
-    """Within this block, module parameter attributes return the stored DTensors themselves."""
-    previous = _GATHER_STATE["enabled"]
-    _GATHER_STATE["enabled"] = False
-    try:
-        yield
-    finally:
-        _GATHER_STATE["enabled"] = previous
 
 
 def _gathered_property(name: str, gather: GatherParameter) -> property:

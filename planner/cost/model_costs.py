@@ -58,10 +58,6 @@ class UnitCost:
     tp_collective_elems: float = 0.0
     """Elements per token those collectives move in forward (whole-tensor size, as priced)."""
 
-    @property
-    def forward_flops(self) -> float:
-        return 2.0 * self.matmul_params + self.attention_flops
-
 
 @dataclass(frozen=True, slots=True)
 class ModelCosts:
@@ -82,11 +78,6 @@ class ModelCosts:
     share_params: int = 0
     """With tensor_parallel > 1: the parameters one rank holds (summed once, the search reads it
     thousands of times)."""
-
-    @property
-    def supports_tensor_parallel(self) -> bool:
-        """Whether every unit has a tensor-parallel layout (the built-in llama family)."""
-        return all(u.tp_collectives > 0 for u in (self.embedding, *self.blocks, self.head))
 
     @property
     def rank_params(self) -> int:
