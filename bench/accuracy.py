@@ -25,7 +25,7 @@ from pathlib import Path
 
 from api.cli.validate_cmd import Measurement, ValidationError, run_validation
 from planner.calibration import CalibrationProfile
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 from planner.parallel_dims import ParallelDims
 from planner.plan import CheckpointingConfig, InductorConfig, ParallelConfig, Plan
 from planner.search import predict

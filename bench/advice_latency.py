@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 from planner.errors import InfeasiblePlanError
 from planner.search import make_plan
 from planner.specs import ClusterSpec, PlanRequest, TrainingSpec

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from api.cli.validate_cmd import Measurement, RanOutOfMemory, run_validation
 from planner.calibration import CalibrationProfile
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 from planner.plan import InductorConfig, ParallelConfig, Plan
 from planner.search import make_plan, predict
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec

@@ -15,7 +15,7 @@ import platform
 import statistics
 import time
 
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 from planner.search import make_plan
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 

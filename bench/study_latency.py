@@ -19,7 +19,7 @@ import time
 
 from api.services.search_pool import SearchPool, available_cores
 from api.services.studies import run_study
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 from planner.errors import PlanningError
 from planner.search import make_plan
 from planner.study import StudyRequest

@@ -17,7 +17,7 @@ import platform
 import time
 from dataclasses import dataclass
 
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 from planner.errors import InfeasiblePlanError
 from planner.search import make_plan
 from planner.specs import ClusterSpec, PlanRequest, SearchSpace, TrainingSpec

@@ -22,7 +22,7 @@ from planner.bounds import (
     StepSeconds,
     rate_problem,
 )
-from planner.catalog import GpuSpec, gpu_for_device, resolve_gpu
+from planner.catalog.gpus import GpuSpec, gpu_for_device, resolve_gpu
 from planner.cost.estimate import Estimator, block_step_time
 from planner.cost.model_costs import ModelCosts, model_costs
 from planner.cost.parameters import CostParameters, LinkClass, LinkParameters

@@ -41,6 +41,7 @@ from planner.bounds import (
     MIN_DEVICE_MEMORY_GIB,
     MIN_LINK_GBPS,
 )
+from planner.catalog.gpus import GPU_CATALOG, resolve_gpu
 from planner.gpu_spec import GpuSpec
 
 Architecture = Literal["llama", "gpt2", "layer_graph"]
@@ -254,8 +255,6 @@ class ClusterSpec(StrictModel):
     @field_validator("gpu")
     @classmethod
     def _known_gpu(cls, value: str, info: ValidationInfo) -> str:
-        from planner.catalog.gpus import GPU_CATALOG, resolve_gpu
-
         if "custom_gpu" not in info.data:
             return value  # the custom spec was invalid: its own error says why
         custom = info.data["custom_gpu"]
@@ -280,8 +279,6 @@ class ClusterSpec(StrictModel):
 
     def resolved_gpu(self) -> GpuSpec:
         """The GPU's datasheet figures: the custom spec, or the catalog entry `gpu` names."""
-        from planner.catalog.gpus import resolve_gpu
-
         gpu = self.custom_gpu or resolve_gpu(self.gpu)
         if self.gpu_memory_gib is not None:
             gpu = gpu.model_copy(update={"memory_gib": self.gpu_memory_gib})

@@ -17,7 +17,7 @@ from planner.bounds import (
     MIN_TOKENS_PER_S,
 )
 from planner.calibration import MAX_DEVICE_BYTES
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 
 EXTREME_RUNS: list[dict[str, Any]] = [
     {"measured_step_time_s": MIN_STEP_SECONDS, "measured_tokens_per_s_per_gpu": MAX_TOKENS_PER_S,

@@ -24,7 +24,7 @@ from api.cli.common import EXIT_FAILED, ServerClient, cluster_from_options, fail
 from executor.launch.calibration import write_calibration_bundle
 from executor.launch.quoting import UnsafeValueError
 from planner.calibration import CalibrationProfile, fit_parameters
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 from planner.cost.parameters import default_parameters
 from planner.errors import PlanningError, describe_validation_error
 from planner.formatting import duration

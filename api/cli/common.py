@@ -12,7 +12,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 from planner.errors import describe_validation_error
 from planner.plan import READABLE_SCHEMA_MAJORS, Plan
 from planner.specs import ClusterSpec, ModelSpec

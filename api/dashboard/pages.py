@@ -39,7 +39,7 @@ from api.services import studies as study_service
 from api.services.fidelity import served_report
 from api.services.plan_documents import UnreadablePlanError, read_plan
 from api.typed_numbers import parse_id, parse_whole
-from planner.catalog import MODEL_CATALOG
+from planner.catalog.models import MODEL_CATALOG
 from planner.specs import Optimizer, Precision
 
 router = APIRouter(

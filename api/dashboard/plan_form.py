@@ -17,7 +17,8 @@ from api.dashboard import formatting as fmt
 from api.problems import FieldError, ProblemError, field_errors
 from api.schemas.plans import MAX_GPUS_PER_NODE, MAX_ID, PlanCreate
 from api.typed_numbers import parse_id, parse_whole
-from planner.catalog import GPU_CATALOG, MODEL_CATALOG
+from planner.catalog.gpus import GPU_CATALOG
+from planner.catalog.models import MODEL_CATALOG
 from planner.cost.model_costs import count_parameters
 
 # Where errors go that concern no single field (e.g. "no configuration fits on this cluster").

@@ -15,7 +15,7 @@ from api.problems import FieldError, ProblemError, field_errors
 from api.schemas.plans import MAX_ID
 from api.schemas.studies import StudyCreate
 from api.typed_numbers import parse_whole
-from planner.catalog import GPU_CATALOG
+from planner.catalog.gpus import GPU_CATALOG
 from planner.study import DEFAULT_PRICES_PER_GPU_HOUR, parse_cluster_sizes, parse_token_count
 
 FORM_LEVEL = "form"

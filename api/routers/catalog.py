@@ -7,7 +7,8 @@ from fastapi import APIRouter
 from api.deps import ReadAccess
 from api.routers.responses import problems
 from api.schemas.catalog import GpuInfo, ModelInfo
-from planner.catalog import GPU_CATALOG, MODEL_CATALOG
+from planner.catalog.gpus import GPU_CATALOG
+from planner.catalog.models import MODEL_CATALOG
 from planner.cost.model_costs import count_parameters
 
 router = APIRouter(tags=["catalog"], dependencies=[ReadAccess], responses=problems(401))

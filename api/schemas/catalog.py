@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from planner.catalog import GpuSpec
+from planner.catalog.gpus import GpuSpec
 
 
 class ModelInfo(BaseModel):

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session, undefer
 from api.db.models import CalibrationProfileRow, PlanRow
 from api.problems import FieldError, ProblemError
 from planner.calibration import CalibrationProfile, fit_parameters
-from planner.catalog import resolve_gpu
+from planner.catalog.gpus import resolve_gpu
 from planner.cost.parameters import default_parameters
 from planner.errors import PlanningError
 from planner.specs import ClusterSpec

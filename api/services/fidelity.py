@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from planner.catalog import GPU_CATALOG
+from planner.catalog.gpus import GPU_CATALOG
 from planner.fidelity.report import FidelityReport, stored_report
 from planner.fidelity.schema import load_corpus
 

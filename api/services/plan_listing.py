@@ -22,7 +22,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 from api.db.models import PlanRow
 from api.problems import FieldError, ProblemError
 from api.schemas.plans import MAX_ID, PlanSort, SortOrder
-from planner.catalog import resolve_gpu
+from planner.catalog.gpus import resolve_gpu
 from planner.errors import UnknownCatalogEntryError
 
 SORT_COLUMNS: dict[PlanSort, InstrumentedAttribute[Any]] = {

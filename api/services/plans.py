@@ -32,7 +32,7 @@ from api.services.keyed_locks import KeyedLocks
 from api.services.search_pool import SearchPool, SearchPoolBrokenError
 from planner.bounds import all_finite
 from planner.calibration import CalibrationProfile
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 from planner.errors import InfeasiblePlanError, PlanningError, SearchDeadlineError
 from planner.hashing import plan_hash
 from planner.plan import Plan

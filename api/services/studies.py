@@ -25,7 +25,7 @@ from api.services import plans as plan_service
 from api.services.search_pool import SearchJob, SearchPool, SearchPoolBrokenError
 from planner import __version__ as planner_version
 from planner.calibration import CalibrationProfile
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 from planner.errors import PlanningError
 from planner.plan import Plan
 from planner.study import StudyPoint, StudyRequest, StudySummary, refused_point, study_point, summarize

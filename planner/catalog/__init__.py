@@ -1,6 +1,7 @@
-"""Catalogs of known models and GPUs, and the one entry point that turns any model input into a ModelSpec."""
+"""Catalogs of known models and GPUs: `planner.catalog.gpus` (GPU datasheets, which `planner.specs`
+reads to check a cluster's GPU name) and `planner.catalog.models` (models by name, and the one entry
+point that turns any model input into a ModelSpec).
 
-from planner.catalog.gpus import GPU_CATALOG, GpuSpec, gpu_for_device, resolve_gpu
-from planner.catalog.models import MODEL_CATALOG, resolve_model
-
-__all__ = ["GPU_CATALOG", "MODEL_CATALOG", "GpuSpec", "gpu_for_device", "resolve_gpu", "resolve_model"]
+Nothing is re-exported here: importing the GPU catalog must not import the model catalog, which
+imports the specs (the specs import the GPU catalog).
+"""

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.calibration import CalibrationProfile
-from planner.catalog import resolve_model
 from planner.catalog.gpus import resolve_gpu
+from planner.catalog.models import resolve_model
 from planner.cost.parameters import CostParameters
 from planner.errors import PlanningError
 from planner.fidelity.schema import Run

@@ -24,7 +24,7 @@ from api.db.base import Base, JsonDocument, UTCDateTime
 from api.db.session import create_db_engine
 from api.settings import Settings
 from migrations import data_loss
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 from planner.plan import Plan
 from planner.search import make_plan
 from planner.specs import ClusterSpec, PlanRequest, SearchSpace, TrainingSpec

@@ -10,7 +10,8 @@ from sqlalchemy.orm import Session
 
 from api.db.models import CalibrationProfileRow, PlanRow, ValidationRunRow
 from planner.calibration import CalibrationProfile, fit_parameters
-from planner.catalog import resolve_gpu, resolve_model
+from planner.catalog.gpus import resolve_gpu
+from planner.catalog.models import resolve_model
 from planner.cost.parameters import default_parameters
 from planner.specs import ClusterSpec
 

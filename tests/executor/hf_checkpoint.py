@@ -295,7 +295,7 @@ def reference_loss(config: dict[str, Any], tensors: dict[str, torch.Tensor], bat
 
 def plan_model(config: dict[str, Any], name: str = "tiny") -> dict[str, Any]:
     """The plan's model section for `config`, as the planner reads a config.json."""
-    from planner.catalog import resolve_model
+    from planner.catalog.models import resolve_model
 
     spec = resolve_model(config).model_dump(mode="json")
     spec["name"] = name

@@ -12,7 +12,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from planner.catalog import resolve_gpu, resolve_model
+from planner.catalog.gpus import resolve_gpu
+from planner.catalog.models import resolve_model
 from planner.cost.model_costs import model_costs
 from planner.specs import ModelSpec
 

@@ -10,7 +10,7 @@ import pytest
 
 from executor.launch.calibration import calibration_bundle_files, write_calibration_bundle
 from planner.calibration import CalibrationProfile
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 from planner.specs import ClusterSpec
 
 HOSTILE = 'x"; touch "$HOME/pwned"; "'

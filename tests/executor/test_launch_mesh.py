@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from executor.launch.bundle import bundle_files, bundle_name, write_bundle
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 from planner.plan import Plan
 from planner.search import make_plan
 from planner.specs import ClusterSpec, PlanRequest, SearchSpace, TrainingSpec

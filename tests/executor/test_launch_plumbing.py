@@ -26,8 +26,7 @@ from executor.launch.bundle import (
 from executor.launch.calibration import write_calibration_bundle
 from executor.launch.quoting import UnsafeValueError
 from executor.runtime.distributed import LaunchError, pg_timeout_s
-from planner.catalog import resolve_model
-from planner.catalog.models import catalog_model
+from planner.catalog.models import catalog_model, resolve_model
 from planner.plan import Plan
 from planner.search import make_plan
 from planner.specs import ClusterSpec, PlanRequest, SearchSpace, TrainingSpec

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 from planner.specs import ClusterSpec, PlanRequest, TrainingSpec
 
 

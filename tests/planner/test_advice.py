@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from api.cli.main import app
 from planner.advice import dominant_term
 from planner.calibration import CalibrationProfile
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 from planner.cost.estimate import Estimator
 from planner.enumeration import enumerate_choices
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error

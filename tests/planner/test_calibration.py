@@ -14,7 +14,8 @@ from planner.calibration import (
     predicted_step_time,
     sample_setting,
 )
-from planner.catalog import resolve_gpu, resolve_model
+from planner.catalog.gpus import resolve_gpu
+from planner.catalog.models import resolve_model
 from planner.cost.estimate import Estimator
 from planner.cost.model_costs import model_costs
 from planner.cost.parameters import default_parameters

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.catalog import GPU_CATALOG, MODEL_CATALOG, gpu_for_device, resolve_gpu, resolve_model
+from planner.catalog.gpus import GPU_CATALOG, gpu_for_device, resolve_gpu
+from planner.catalog.models import MODEL_CATALOG, resolve_model
 from planner.cost.model_costs import count_parameters, model_costs
 from planner.errors import UnknownCatalogEntryError
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from planner.bounds import MAX_BYTES_PER_S, MAX_SECONDS, MIN_KERNEL_SECONDS
 from planner.calibration import CalibrationProfile, _fit_latency_plane, _fit_line, fit_parameters
-from planner.catalog import resolve_gpu
+from planner.catalog.gpus import resolve_gpu
 from planner.cost.parameters import default_parameters
 from planner.specs import ClusterSpec
 from tests.extreme_values import extreme_profile

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from planner.calibration import CalibrationProfile, _fit_link, fit_parameters
-from planner.catalog import resolve_gpu
+from planner.catalog.gpus import resolve_gpu
 from planner.cost.parameters import CostParameters, LinkParameters, default_parameters
 from planner.specs import ClusterSpec
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from planner.bounds import MAX_GPUS_PER_NODE, MAX_NODES
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 from planner.errors import PlanningError, UnsupportedArchitectureError, describe_validation_error
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 from planner.errors import InfeasiblePlanError
 from planner.gpu_spec import GpuSpec
 from planner.search import make_plan

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from api.cli.main import app
 from planner.calibration import CalibrationProfile, fit_parameters
-from planner.catalog import resolve_gpu
+from planner.catalog.gpus import resolve_gpu
 from planner.cost.parameters import default_parameters
 from planner.specs import ClusterSpec
 

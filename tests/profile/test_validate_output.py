@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.catalog import resolve_model
+from planner.catalog.models import resolve_model
 from planner.search import make_plan
 from planner.specs import ClusterSpec, PlanRequest, SearchSpace, TrainingSpec
 
