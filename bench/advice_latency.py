@@ -2,7 +2,7 @@
 
     python bench/advice_latency.py [--repeats 5]
 
-Times `make_plan` on requests that fit nowhere (its search, then planner/advice.py bisecting node
+Times `make_plan` on requests that fit nowhere (its search, then planner/infeasibility.py bisecting node
 counts for a cluster and batch the planner accepts) and the validation of a batch that does not
 split (whose suggestions are checked against memory). Goal on a 2-core machine: < 1 s median, the
 same as a 405B search on 1024 GPUs (bench/search_latency.py).

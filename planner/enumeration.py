@@ -3,7 +3,7 @@
 Axes, outermost first: the device mesh (tensor-parallel degree, then the data-parallel sharding
 over what remains), compile, wrap unit, bucket caps, activation checkpointing, micro-batch. The
 loss is sliced by one rule (`loss_chunks_for`), not searched. The search (planner/search.py) and
-its advice (planner/advice.py) both walk this one enumeration.
+its advice (planner/infeasibility.py) both walk this one enumeration.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def hybrid_shard_sizes(dp: int, gpus_per_node: int, *, tp: int = 1) -> list[int]
     divide the node, or are a whole number of nodes), of the form 2^k or 3 x 2^k.
 
     Only those forms are tried (about 2 log2(dp) candidates), never every number below dp: dp is
-    the cluster's size, and this runs while a request is validated (planner/advice.py)."""
+    the cluster's size, and this runs while a request is validated (planner/precheck.py)."""
     candidates = {
         base << k for base in (1, 3) for k in range(dp.bit_length()) if 1 < base << k < dp
     }

@@ -37,7 +37,7 @@ class UnsupportedArchitectureError(PlanningError):
 class InfeasiblePlanError(PlanningError):
     """No configuration fits in memory on the requested cluster.
 
-    The advice is what the planner accepts (planner/advice.py): `min_fitting_nodes` is the smallest
+    The advice is what the planner accepts (planner/infeasibility.py): `min_fitting_nodes` is the smallest
     node count (same GPU and GPUs per node) on which the request plans, with the global batch
     `suggested_global_batch_tokens` (the requested one when it splits there), or None when even the
     largest cluster tried does not; `min_fitting_nodes_same_batch` the smallest that plans the

@@ -256,7 +256,7 @@ class RejectedFamily(Document):
 
 
 class PlanWarning(Document):
-    """Something a person should know about a plan that fits (planner/advice.py)."""
+    """Something a person should know about a plan that fits (planner/plan_warnings.py)."""
 
     code: Literal["communication_bound", "seq_len_beyond_max_position"]
     """`communication_bound`: much of the step is exposed communication, which data parallelism

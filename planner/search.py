@@ -15,18 +15,21 @@ from collections.abc import Iterator
 from dataclasses import replace
 from time import process_time
 
-from planner.calibration import CalibrationProfile, fit_parameters
+from planner.calibration import CalibrationProfile
 from planner.cost.estimate import Estimator
 from planner.cost.memory import MemoryEstimate, fits_in_memory, memory_limit_gib
-from planner.cost.model_costs import model_costs
-from planner.cost.parameters import CostParameters, default_parameters
+from planner.cost.parameters import CostParameters
 from planner.cost.setting import Choice, Setting
 from planner.document import choice_from_config, mfu, plan_document
 from planner.enumeration import BUCKET_CAPS_MB, check_mesh, enumerate_choices
 from planner.errors import InfeasiblePlanError, PlanningError, SearchDeadlineError
 from planner.hashing import plan_hash
+from planner.infeasibility import infeasible_error
 from planner.plan import ParallelConfig, Plan, PlanWarning
+from planner.plan_warnings import plan_warnings
+from planner.precheck import check_request
 from planner.ranking import Evaluated, ranked, rejected_families
+from planner.search_setting import build_setting
 from planner.specs import PlanRequest
 
 
@@ -43,7 +46,7 @@ def make_plan(
     SearchDeadlineError when pricing the candidates takes more than `time_limit_s` seconds of CPU
     time (CPU, not wall-clock, so that whether a request fits the limit does not depend on the load).
     """
-    _check_request(request)
+    check_request(request)
     deadline = None if time_limit_s is None else process_time() + time_limit_s
     setting = build_setting(request, calibration, calibration_id)
     estimator = Estimator(setting)
@@ -173,17 +176,8 @@ def _over_deadline(request: PlanRequest, time_limit_s: float, priced: int) -> Se
     )
 
 
-def _check_request(request: PlanRequest) -> None:
-    """Refuse what the runtime would refuse: planner/advice.py (imported here, as in `_infeasible`)."""
-    from planner.advice import check_sequence_length
-
-    check_sequence_length(request)
-
-
 def _warnings(request: PlanRequest, setting: Setting, best: Evaluated) -> tuple[PlanWarning, ...]:
-    """What to know about the chosen plan: planner/advice.py (imported here, as in `_infeasible`)."""
-    from planner.advice import plan_warnings
-
+    """What to know about the chosen plan (planner/plan_warnings.py)."""
     assert best.time is not None
     return plan_warnings(
         request,
@@ -219,7 +213,7 @@ def predict(
             field="config",
         )
     choice = choice_from_config(config)
-    _check_request(request)
+    check_request(request)
     setting = build_setting(request, calibration, calibration_id)
     if parameters is not None:
         setting = replace(setting, params=parameters)
@@ -242,48 +236,10 @@ def predict(
     )
 
 
-# ---------------------------------------------------------------- set-up
-
-
-def build_setting(
-    request: PlanRequest, calibration: CalibrationProfile | None = None, calibration_id: str | None = None
-) -> Setting:
-    """What the search holds fixed: the priced model and the (calibrated) cost parameters."""
-    cluster = request.cluster
-    gpu = cluster.resolved_gpu()
-    params: CostParameters = default_parameters(gpu, cluster, request.training.precision)
-    if calibration is not None:
-        params = fit_parameters(
-            calibration,
-            base=params,
-            precision=request.training.precision,
-            optimizer=request.training.optimizer,
-        )
-        # A calibrated plan must never share its hash with an uncalibrated one: name the profile by
-        # its content when the caller gives no id.
-        calibration_id = calibration_id or calibration.content_id()
-    if calibration_id is not None:
-        params = params.with_changes(calibration_id=calibration_id)
-    return Setting(
-        model=model_costs(request.model, request.training.seq_len),
-        params=params,
-        precision=request.training.precision,
-        optimizer=request.training.optimizer,
-        world_size=cluster.world_size,
-        gpus_per_node=cluster.gpus_per_node,
-        num_nodes=cluster.num_nodes,
-        seq_len=request.training.seq_len,
-        global_batch_sequences=request.training.global_batch_sequences,
-    )
-
-
-
 def _infeasible(
     request: PlanRequest, setting: Setting, limit: float, min_peak: Evaluated | None
 ) -> InfeasiblePlanError:
-    """Explain that nothing fits and what would: planner/advice.py (imported here: it searches
-    other clusters through the same enumeration and memory test)."""
-    from planner.advice import infeasible_error
-
+    """Explain that nothing fits and what would (planner/infeasibility.py: it searches other clusters
+    through the same enumeration and memory test)."""
     assert min_peak is not None
     return infeasible_error(request, setting, limit_gib=limit, peak_gib=min_peak.peak_gib)

@@ -454,7 +454,7 @@ class PlanRequest(StrictModel):
     def _whole_sequences_on_this_cluster(cls, data: Any) -> Any:
         # TrainingSpec alone refuses partial sequences without knowing the cluster, so its example
         # batches may not split over it; given the training as a dict beside a built model and
-        # cluster, the refusal names batches that split here and fit (planner/advice.py).
+        # cluster, the refusal names batches that split here and fit (planner/precheck.py).
         if not isinstance(data, dict) or not isinstance(data.get("training"), dict):
             return data
         training, model, cluster = data["training"], data.get("model"), data.get("cluster")
@@ -470,7 +470,7 @@ class PlanRequest(StrictModel):
             search = SearchSpace.model_validate(data.get("search", {}))
         except ValueError:
             return data  # the fields' own errors say what is wrong
-        from planner.advice import batch_suggestion  # late: the advice plans
+        from planner.precheck import batch_suggestion  # late: the advice plans
 
         nearby = cls.model_construct(model=model, cluster=cluster, training=whole, search=search)
         raise ValueError(
@@ -486,7 +486,7 @@ class PlanRequest(StrictModel):
         from planner.enumeration import splitting_degrees
 
         if not splitting_degrees(self):
-            from planner.advice import batch_suggestion
+            from planner.precheck import batch_suggestion
 
             raise ValueError(
                 f"training.global_batch_tokens: {seqs} sequences of {self.training.seq_len} tokens "

@@ -28,7 +28,8 @@ from planner.cost.memory import memory_limit_gib
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.hashing import plan_hash
 from planner.plan import ParallelConfig, Plan, RejectedFamily
-from planner.search import build_setting, predict
+from planner.search import predict
+from planner.search_setting import build_setting
 from planner.specs import PlanRequest
 
 

@@ -1,4 +1,4 @@
-"""The planner's advice is accepted by the planner itself (planner/advice.py).
+"""The planner's advice is accepted by the planner itself (planner/infeasibility.py, planner/precheck.py, planner/plan_warnings.py).
 
 Every cluster and batch the advice names is planned here with `make_plan`; every claim about what
 dominates memory is checked against the plan's own breakdown.
@@ -17,14 +17,15 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from api.cli.main import app
-from planner.advice import dominant_term
 from planner.calibration import CalibrationProfile
 from planner.catalog.models import resolve_model
 from planner.cost.estimate import Estimator
 from planner.enumeration import enumerate_choices
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
+from planner.infeasibility import dominant_term
 from planner.parallel_dims import ParallelDims
-from planner.search import build_setting, make_plan
+from planner.search import make_plan
+from planner.search_setting import build_setting
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 from tests.planner.conftest import make_request
 from tests.planner.test_calibration import synthetic_profile
@@ -210,7 +211,7 @@ def test_a_batch_suggestion_where_nothing_fits_names_the_cluster_that_does() -> 
 def test_no_configuration_is_lighter_than_its_fully_sharded_twin(
     model: str, cluster: str, seq_len: int, sequences: int
 ) -> None:
-    # The advice skips configurations whose fully sharded twin was priced (planner/advice.py):
+    # The advice skips configurations whose fully sharded twin was priced (planner/infeasibility.py):
     # this holds the memory model to that.
     request = make_request(model, cluster, seq_len=seq_len, sequences=sequences)
     setting = build_setting(request)

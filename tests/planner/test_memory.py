@@ -11,7 +11,8 @@ from planner.cost.setting import Choice
 from planner.enumeration import enumerate_choices
 from planner.parallel_dims import ParallelDims
 from planner.plan import MemoryBreakdown
-from planner.search import build_setting, make_plan
+from planner.search import make_plan
+from planner.search_setting import build_setting
 from tests.planner.conftest import make_request
 
 WHOLE_BATCH_OF_2 = {"micro_batch_size": 2, "grad_accum_steps": 1}

@@ -9,7 +9,8 @@ from planner.cost.estimate import Estimator
 from planner.cost.setting import Choice
 from planner.errors import InfeasiblePlanError
 from planner.parallel_dims import ParallelDims
-from planner.search import build_setting, make_plan
+from planner.search import make_plan
+from planner.search_setting import build_setting
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 
 

@@ -16,7 +16,8 @@ from planner.cost.model_costs import ModelCosts, model_costs
 from planner.cost.repeats import Run, periodic_runs
 from planner.cost.setting import Setting
 from planner.enumeration import enumerate_choices
-from planner.search import build_setting, make_plan
+from planner.search import make_plan
+from planner.search_setting import build_setting
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 from tests.planner.conftest import make_request
 

@@ -14,7 +14,8 @@ from planner.errors import InfeasiblePlanError, PlanningError
 from planner.hashing import plan_hash
 from planner.parallel_dims import ParallelDims
 from planner.plan import Plan
-from planner.search import build_setting, make_plan
+from planner.search import make_plan
+from planner.search_setting import build_setting
 from planner.specs import PlanRequest
 from tests.planner.conftest import make_request
 

@@ -14,7 +14,8 @@ from planner.enumeration import enumerate_choices, tensor_parallel_degrees
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.parallel_dims import ParallelDims
 from planner.plan import ParallelConfig
-from planner.search import _Leaderboard, build_setting, make_plan, predict
+from planner.search import _Leaderboard, make_plan, predict
+from planner.search_setting import build_setting
 from tests.planner.conftest import make_request
 
 SIXTEEN_M_TOKENS = 16 * 1024 * 1024

@@ -1,38 +1,28 @@
-"""Advice the planner itself accepts: what would fit when nothing does, and what a fitting plan
-should know.
+"""Why nothing fits on the requested cluster, and what would.
 
-When no configuration fits, the advice names a cluster (and, when the requested batch cannot be
+When no configuration fits, the diagnosis names a cluster (and, when the requested batch cannot be
 split over it, a batch) on which `make_plan` succeeds. Each candidate is checked by the same test
 the search applies, over the same configurations it enumerates (`Prober`), so the advice
 and the search cannot disagree. It also names the memory term that really dominates, because that
 decides what helps: sharded states shrink with more GPUs, activations of one sequence do not.
-
-A plan that fits carries warnings (`plan_warnings`) where data parallelism alone serves it badly
-(most of the step is exposed communication) or where the request goes past what the model was
-built for (a sequence beyond its positions).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from planner.cost.estimate import Estimator, TimeEstimate
-from planner.cost.memory import MemoryEstimate, fits_in_memory, memory_limit_gib
+from planner.cost.estimate import Estimator
+from planner.cost.memory import MemoryEstimate, fits_in_memory
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice, Setting
 from planner.document import to_parallel_config
 from planner.enumeration import enumerate_choices, splitting_degrees, tensor_parallel_degrees
-from planner.errors import InfeasiblePlanError, PlanningError
-from planner.formatting import duration
+from planner.errors import InfeasiblePlanError
 from planner.parallel_dims import ParallelDims
-from planner.plan import PlanWarning
 from planner.specs import PlanRequest
 
 MAX_NODES_TRIED = 4096
 """The advice looks for a fitting cluster up to this many nodes."""
-
-COMM_BOUND_FRACTION = 0.25
-"""A plan whose exposed communication is at least this share of its step is flagged."""
 
 DOMINANT_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "states": ("parameters, gradients and optimizer state", ("params", "grads", "optimizer")),
@@ -210,9 +200,6 @@ def batches_near(sequences: int, world: int) -> list[int]:
     return sorted(options, key=lambda b: (abs(b - sequences), b))
 
 
-# ---------------------------------------------------------------- nothing fits
-
-
 @dataclass(frozen=True, slots=True)
 class ClusterAdvice:
     """The smallest cluster found to fit, with the batch to use there."""
@@ -275,7 +262,7 @@ def _smallest_keeping_batch(prober: Prober, *, at_least: int) -> Probe | None:
     return None
 
 
-def _cluster_name(request: PlanRequest, nodes: int) -> str:
+def cluster_name(request: PlanRequest, nodes: int) -> str:
     c = request.cluster
     return f"{nodes}x{c.gpus_per_node}x{c.gpu}"
 
@@ -308,7 +295,7 @@ def infeasible_error(
     needs_model_parallelism = (
         advice.smallest is None or dominant_term(limiting.memory).group == "activations"
     )
-    remedy = [_what_fits(request, advice) if advice.smallest else _data_parallel_cannot(request, limiting)]
+    remedy = [what_fits(request, advice) if advice.smallest else data_parallel_cannot(request, limiting)]
     if advice.smallest and needs_model_parallelism:
         remedy.append(_model_parallelism_would_help(request, advice.smallest))
     parts = [_why_not_here(request, here, peak_gib=peak_gib, limit_gib=limit_gib), *remedy]
@@ -337,7 +324,7 @@ def infeasible_error(
 def _why_not_here(request: PlanRequest, here: Probe, *, peak_gib: float, limit_gib: float) -> str:
     dominant = dominant_term(here.memory)
     text = (
-        f"{request.model.name} does not fit on {_cluster_name(request, here.num_nodes)}: the least "
+        f"{request.model.name} does not fit on {cluster_name(request, here.num_nodes)}: the least "
         f"memory-hungry configuration ({to_parallel_config(here.choice, request).label()}) needs "
         f"{peak_gib:.1f} GiB per GPU, {_allowed(request, limit_gib)}; "
         f"{dominant.gib:.1f} GiB of it ({dominant.share:.0%}) is {dominant.label}"
@@ -359,11 +346,11 @@ def _allowed(request: PlanRequest, limit_gib: float) -> str:
     return f"at most {limit_gib:.1f} GiB fits with the memory margin"
 
 
-def _what_fits(request: PlanRequest, advice: ClusterAdvice) -> str:
+def what_fits(request: PlanRequest, advice: ClusterAdvice) -> str:
     smallest = advice.smallest
     assert smallest is not None
     requested = request.training.global_batch_sequences
-    text = f"Smallest cluster that fits: {_cluster_name(request, smallest.num_nodes)} "
+    text = f"Smallest cluster that fits: {cluster_name(request, smallest.num_nodes)} "
     text += f"({_gpus(request, smallest.num_nodes)})"
     if smallest.global_batch_sequences == requested:
         return text + "."
@@ -376,7 +363,7 @@ def _what_fits(request: PlanRequest, advice: ClusterAdvice) -> str:
         same = advice.same_batch
         return text + (
             f"; keeping global_batch_tokens {request.training.global_batch_tokens}: "
-            f"{_cluster_name(request, same.num_nodes)} ({_gpus(request, same.num_nodes)})."
+            f"{cluster_name(request, same.num_nodes)} ({_gpus(request, same.num_nodes)})."
         )
     return text + f"; {_sequences(requested)} split over no larger cluster that fits."
 
@@ -398,7 +385,7 @@ def _unshrinkable(request: PlanRequest, probe: Probe) -> str:
     )
 
 
-def _tensor_parallel_reach(request: PlanRequest) -> tuple[int, int]:
+def tensor_parallel_reach(request: PlanRequest) -> tuple[int, int]:
     """The largest tensor-parallel degree the request searched, and the largest the model takes."""
     unpinned = request.search.model_copy(update={"tensor_parallel_degrees": None})
     possible = max(tensor_parallel_degrees(request.model_copy(update={"search": unpinned})))
@@ -407,7 +394,7 @@ def _tensor_parallel_reach(request: PlanRequest) -> tuple[int, int]:
 
 def _beyond_the_search(request: PlanRequest) -> str:
     """The parallelism this request's search left out that would divide activations further."""
-    searched, possible = _tensor_parallel_reach(request)
+    searched, possible = tensor_parallel_reach(request)
     if possible > searched:
         return (
             f"tensor parallelism beyond tp={searched} (up to tp={possible} splits this model; widen "
@@ -419,27 +406,6 @@ def _beyond_the_search(request: PlanRequest) -> str:
             f"parallelism up to tp={searched}, inside a node)"
         )
     return "tensor or context parallelism (this model's runtime has data parallelism only)"
-
-
-def _what_cuts_communication(request: PlanRequest) -> str:
-    """What would shrink exposed FSDP communication that this request's search did not try.
-
-    Across nodes every all-gather brings the whole model's parameters into each node whatever the
-    tensor-parallel degree (a node's ranks hold one copy between them either way), so there only more
-    tokens per step, a faster network or pipeline stages help.
-    """
-    searched, possible = _tensor_parallel_reach(request)
-    if request.cluster.num_nodes > 1:
-        return (
-            "A larger global batch (more tokens per GPU per step), a faster network between nodes "
-            "or pipeline parallelism would cut it"
-        )
-    if possible > searched:
-        return (
-            f"Tensor parallelism inside nodes would cut it (widen search.tensor_parallel_degrees: "
-            f"up to tp={possible} splits this model)"
-        )
-    return "A larger global batch (more tokens per GPU per step) or pipeline parallelism would cut it"
 
 
 def _searched_parallelism(request: PlanRequest) -> str:
@@ -454,117 +420,11 @@ def _model_parallelism_would_help(request: PlanRequest, there: Probe) -> str:
     )
 
 
-def _data_parallel_cannot(request: PlanRequest, largest: Probe) -> str:
+def data_parallel_cannot(request: PlanRequest, largest: Probe) -> str:
     return (
         f"{_searched_parallelism(request)} cannot fit it: even on "
-        f"{_cluster_name(request, largest.num_nodes)} ({_gpus(request, largest.num_nodes)}) the lightest "
+        f"{cluster_name(request, largest.num_nodes)} ({_gpus(request, largest.num_nodes)}) the lightest "
         f"configuration ({to_parallel_config(largest.choice, request).label()}) needs "
         f"{largest.memory.total / GIB:.1f} GiB per GPU; {_unshrinkable(request, largest)}. "
         f"It needs {_beyond_the_search(request)}."
     )
-
-
-# ---------------------------------------------------------------- a batch that does not split
-
-
-def batch_suggestion(request: PlanRequest) -> str:
-    """What to say when the requested batch does not split over the cluster: batches that split
-    and that the planner accepts there, nearest first, or, when none fits, the cluster and batch
-    that would. `request` is the refused request (its batch is only read).
-
-    Checked with the uncalibrated cost model: the request's calibration is not known where the
-    batch is validated (planner/specs.py).
-    """
-    world = request.cluster.world_size
-    requested = request.training.global_batch_sequences
-    seq_len = request.training.seq_len
-    options = batches_near(requested, world)
-    plain = f"use a multiple of {world} sequences, e.g. " + " or ".join(
-        f"{b} sequences = {b * seq_len} tokens" for b in options
-    )
-    from planner.search import build_setting  # late: planner.specs is imported by the search
-
-    try:
-        check_sequence_length(request)
-    except PlanningError as exc:
-        return f"{plain}; and {exc.message}"  # no batch plans until seq_len does
-    try:
-        setting = build_setting(request)
-        limit = memory_limit_gib(setting.params, request.search.memory_headroom)
-        prober = Prober(request, setting, limit_gib=limit)
-        nodes = request.cluster.num_nodes
-        candidates = options if world in options else [*options, world]  # one sequence per GPU: least
-        fitting = [b for b in candidates if prober.at(nodes, b).fits]
-        if fitting:
-            return f"use a multiple of {world} sequences that fits, e.g. " + " or ".join(
-                f"{b} sequences = {b * seq_len} tokens" for b in fitting[:2]
-            )
-        advice = smallest_cluster(prober)
-    except Exception:  # advice must never turn a refused input into a server error
-        return plain
-    where = _cluster_name(request, request.cluster.num_nodes)
-    text = (
-        f"but {request.model.name} does not fit on {where} at any such batch "
-        f"({', '.join(str(b) for b in candidates)} sequences). "
-    )
-    if advice.smallest is not None:
-        return text + _what_fits(request, advice)
-    assert advice.largest_tried is not None
-    return text + _data_parallel_cannot(request, advice.largest_tried)
-
-
-# ---------------------------------------------------------------- a plan that fits
-
-
-def check_sequence_length(request: PlanRequest) -> None:
-    """Refuse what the runtime cannot run: GPT-2 learns one embedding per position."""
-    model = request.model
-    seq_len = request.training.seq_len
-    if model.architecture == "gpt2" and seq_len > model.max_seq_len:
-        raise PlanningError(
-            f"training.seq_len: {seq_len} is longer than {model.name}'s {model.max_seq_len} learned "
-            f"positions (GPT-2 has one position embedding per token); use seq_len <= {model.max_seq_len}",
-            field="training.seq_len",
-        )
-
-
-def plan_warnings(
-    request: PlanRequest, time: TimeEstimate, *, micro_batch: int, mfu: float
-) -> tuple[PlanWarning, ...]:
-    """What a person should know about a plan that fits, in the order they matter."""
-    out: list[PlanWarning] = []
-    model = request.model
-    seq_len = request.training.seq_len
-    # A layer graph's default max_seq_len is nobody's statement about the model: only warn when
-    # the model (catalog, HF config, or the caller) named its positions.
-    if seq_len > model.max_seq_len and (
-        model.architecture != "layer_graph" or "max_seq_len" in model.model_fields_set
-    ):
-        out.append(
-            PlanWarning(
-                code="seq_len_beyond_max_position",
-                message=(
-                    f"seq_len {seq_len} is beyond {model.name}'s {model.max_seq_len} positions "
-                    f"(model.max_seq_len; a config's max_position_embeddings): the model was not "
-                    f"trained on positions past "
-                    f"{model.max_seq_len}; extend its context (e.g. RoPE scaling) or expect worse quality"
-                ),
-            )
-        )
-    step = time.step_time_s
-    exposed = time.exposed_comm_s
-    if step > 0 and exposed / step >= COMM_BOUND_FRACTION:
-        out.append(
-            PlanWarning(
-                code="communication_bound",
-                message=(
-                    f"communication-bound: {exposed / step:.0%} of the step is exposed communication "
-                    f"({duration(exposed)} of {duration(step)}; MFU {mfu:.1%}): every micro-batch "
-                    f"moves the whole model's parameters and gradients while each GPU computes only "
-                    f"{micro_batch} x {seq_len} tokens, and more data-parallel GPUs do not change that. "
-                    f"{_what_cuts_communication(request)}"
-                ),
-            )
-        )
-    return tuple(out)
-

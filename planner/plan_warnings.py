@@ -1,0 +1,77 @@
+"""What a plan that fits should carry: warnings where data parallelism alone serves it badly (most
+of the step is exposed communication) or where the request goes past what the model was built for
+(a sequence beyond its positions).
+"""
+
+from __future__ import annotations
+
+from planner.cost.estimate import TimeEstimate
+from planner.formatting import duration
+from planner.infeasibility import tensor_parallel_reach
+from planner.plan import PlanWarning
+from planner.specs import PlanRequest
+
+COMM_BOUND_FRACTION = 0.25
+"""A plan whose exposed communication is at least this share of its step is flagged."""
+
+
+def plan_warnings(
+    request: PlanRequest, time: TimeEstimate, *, micro_batch: int, mfu: float
+) -> tuple[PlanWarning, ...]:
+    """What a person should know about a plan that fits, in the order they matter."""
+    out: list[PlanWarning] = []
+    model = request.model
+    seq_len = request.training.seq_len
+    # A layer graph's default max_seq_len is nobody's statement about the model: only warn when
+    # the model (catalog, HF config, or the caller) named its positions.
+    if seq_len > model.max_seq_len and (
+        model.architecture != "layer_graph" or "max_seq_len" in model.model_fields_set
+    ):
+        out.append(
+            PlanWarning(
+                code="seq_len_beyond_max_position",
+                message=(
+                    f"seq_len {seq_len} is beyond {model.name}'s {model.max_seq_len} positions "
+                    f"(model.max_seq_len; a config's max_position_embeddings): the model was not "
+                    f"trained on positions past "
+                    f"{model.max_seq_len}; extend its context (e.g. RoPE scaling) or expect worse quality"
+                ),
+            )
+        )
+    step = time.step_time_s
+    exposed = time.exposed_comm_s
+    if step > 0 and exposed / step >= COMM_BOUND_FRACTION:
+        out.append(
+            PlanWarning(
+                code="communication_bound",
+                message=(
+                    f"communication-bound: {exposed / step:.0%} of the step is exposed communication "
+                    f"({duration(exposed)} of {duration(step)}; MFU {mfu:.1%}): every micro-batch "
+                    f"moves the whole model's parameters and gradients while each GPU computes only "
+                    f"{micro_batch} x {seq_len} tokens, and more data-parallel GPUs do not change that. "
+                    f"{_what_cuts_communication(request)}"
+                ),
+            )
+        )
+    return tuple(out)
+
+
+def _what_cuts_communication(request: PlanRequest) -> str:
+    """What would shrink exposed FSDP communication that this request's search did not try.
+
+    Across nodes every all-gather brings the whole model's parameters into each node whatever the
+    tensor-parallel degree (a node's ranks hold one copy between them either way), so there only more
+    tokens per step, a faster network or pipeline stages help.
+    """
+    searched, possible = tensor_parallel_reach(request)
+    if request.cluster.num_nodes > 1:
+        return (
+            "A larger global batch (more tokens per GPU per step), a faster network between nodes "
+            "or pipeline parallelism would cut it"
+        )
+    if possible > searched:
+        return (
+            f"Tensor parallelism inside nodes would cut it (widen search.tensor_parallel_degrees: "
+            f"up to tp={possible} splits this model)"
+        )
+    return "A larger global batch (more tokens per GPU per step) or pipeline parallelism would cut it"
