@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from api.cli.validate_cmd import Measurement, run_validation
-from api.prepare_data import ByteTokenizer, prepare
+from executor.runtime.prepare_data import ByteTokenizer, prepare
 from executor.runtime.safetensors_io import write_sharded
 from planner.search import make_plan
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, SearchSpace, TrainingSpec

@@ -1,6 +1,6 @@
 """`fsdp-planner prepare-data`: tokenise text or JSONL files into the trainer's dataset format.
 
-The work is in `api.prepare_data` (standard library only; a Hugging Face tokenizer is imported
+The work is in `executor.runtime.prepare_data` (standard library only; a Hugging Face tokenizer is imported
 only when one is named): no torch here, on the client or the server.
 """
 
@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from api.cli.common import fail
-from api.prepare_data import PrepareError, load_tokenizer, parse_count, prepare
+from executor.runtime.prepare_data import PrepareError, load_tokenizer, parse_count, prepare
 
 
 def _progress(documents: int, tokens: int) -> None:

@@ -57,11 +57,8 @@ from typing import Any, Protocol
 
 import torch
 
-FORMAT = "fsdp-planner-tokens"
-"""The `format` of index.json."""
-FORMAT_VERSION = 1
-"""The newest index.json version this reader understands."""
-INDEX = "index.json"
+from executor.runtime.token_format import FORMAT, FORMAT_VERSION, INDEX
+
 DTYPES = {"uint16": torch.uint16, "uint32": torch.uint32}
 ITEMSIZE = {"uint16": 2, "uint32": 4}
 _MIN_PERIOD, _MAX_PERIOD = 8, 64

@@ -1,9 +1,10 @@
 """Tokenise text or JSONL into the trainer's dataset format (`fsdp-planner prepare-data`).
 
-The format (`fsdp-planner-tokens` version 1) is documented in `executor/runtime/data.py`, which
-reads it, and in the README's *Data* section: a directory of raw little-endian uint16/uint32 token
-shards (`train-00000.bin`, ..., `eval-00000.bin`) and an `index.json` written last. Every
-document's tokens are followed by the tokenizer's end-of-text id (the document separator).
+The format (`fsdp-planner-tokens` version 1) is declared in `executor/runtime/token_format.py`, read
+by `executor/runtime/data.py` and documented in the README's *Data* section: a directory of raw
+little-endian uint16/uint32 token shards (`train-00000.bin`, ..., `eval-00000.bin`) and an
+`index.json` written last. Every document's tokens are followed by the tokenizer's end-of-text id
+(the document separator).
 
 This module needs only the standard library: the shards are written with `array` while the input
 is read, a batch of documents at a time, so the corpus is never in memory. Tokenizers:
@@ -33,12 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-FORMAT = "fsdp-planner-tokens"
-"""index.json `format` (the runtime's `executor.runtime.data.FORMAT`; a test keeps them equal)."""
-FORMAT_VERSION = 1
-INDEX = "index.json"
-DTYPE_LIMITS = {"uint16": 2**16, "uint32": 2**32}
-SHARD_NAME = re.compile(r"^(train|eval)-\d{5,}\.bin$")
+from executor.runtime.token_format import DTYPE_LIMITS, FORMAT, FORMAT_VERSION, INDEX, SHARD_NAME
+
 TEXT_SUFFIXES = {".txt", ".text", ".md"}
 JSONL_SUFFIXES = {".jsonl", ".json", ".ndjson"}
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|end|>")

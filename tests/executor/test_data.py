@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from api.prepare_data import ByteTokenizer, prepare
 from executor.runtime.data import (
     BatchIndex,
     DataError,
@@ -25,6 +24,7 @@ from executor.runtime.data import (
     open_dataset,
     permute,
 )
+from executor.runtime.prepare_data import ByteTokenizer, prepare
 from tests.executor.conftest import REPO, explain, job_env, read_metrics, torchrun
 from tests.executor.plan_factory import debug_plan
 

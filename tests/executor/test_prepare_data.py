@@ -12,9 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from api.cli.main import app
-from api.prepare_data import (
-    FORMAT,
-    FORMAT_VERSION,
+from executor.runtime.prepare_data import (
     ByteTokenizer,
     PrepareError,
     is_eval_document,
@@ -22,6 +20,7 @@ from api.prepare_data import (
     parse_count,
     prepare,
 )
+from executor.runtime.token_format import FORMAT, FORMAT_VERSION
 
 runner = CliRunner()
 EOS = 256
@@ -100,7 +99,7 @@ def test_jsonl_with_a_held_out_split(tmp_path: Path) -> None:
 def test_long_documents_are_read_in_slices_and_gzip_and_directories(tmp_path: Path, monkeypatch) -> None:
     import gzip
 
-    import api.prepare_data as prep
+    import executor.runtime.prepare_data as prep
 
     monkeypatch.setattr(prep, "TEXT_PER_BATCH", 64)  # slice a document every ~64 characters
     lines = [f"line {i} of a long document\n" for i in range(40)]
