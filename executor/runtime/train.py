@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
 from executor.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from executor.runtime.data import BatchIndex, DataError, SyntheticTokens, TokenSource, open_dataset
@@ -46,6 +47,7 @@ from executor.runtime.metrics import MemoryMeter, MetricsWriter, StepMetrics, mf
 from executor.runtime.models import ModelFactoryError, build_model, count_params
 from executor.runtime.oom import EXIT_OOM, PhaseTracker, find_oom, limit_cuda_memory, oom_record, report_oom
 from executor.runtime.optim import OptimizerSettings, build_optimizer, lr_factor, set_lr
+from executor.runtime.options import RunOptions, add_options, parse_options
 from executor.runtime.parallelize import Overrides, Parallelized, parallelize
 from executor.runtime.plan import PlanError, RuntimePlan, load_plan
 from executor.runtime.pretrained import load_pretrained
@@ -61,105 +63,15 @@ data, model factory: one line says what to fix); {EXIT_OOM} out of memory: the f
 --metrics-file and prints one line to stderr."""
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+def parse_args(argv: list[str] | None = None) -> RunOptions:
+    """The command line: one flag per `RunOptions` field (`executor.runtime.options`)."""
+    parser = argparse.ArgumentParser(
         prog="python -m executor.runtime.train",
         description="Train with a fsdp-planner plan (compiled SimpleFSDP or eager FSDP2).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--plan", required=True, help="plan JSON (as downloaded with the launcher)")
-    p.add_argument("--steps", type=int, default=20, help="optimizer steps to run in total (default 20)")
-    p.add_argument(
-        "--data",
-        metavar="PATH",
-        help="training data: a dataset directory written by `fsdp-planner prepare-data` (index.json + "
-        "token shards), or a flat binary token file. Required unless --synthetic-data",
-    )
-    p.add_argument(
-        "--data-dtype",
-        choices=["uint16", "uint32"],
-        help="token id type of a flat --data file (default uint16; a dataset directory states its own)",
-    )
-    p.add_argument(
-        "--synthetic-data",
-        action="store_true",
-        help="train on synthetic tokens instead of --data: a rehearsal of speed and memory, not training",
-    )
-    p.add_argument(
-        "--eval-every", type=int, default=0, metavar="N",
-        help="every N steps (and at the last) log the mean loss on the held-out eval split (0: never)",
-    )
-    p.add_argument(
-        "--eval-batches", type=int, default=10, metavar="K",
-        help="global batches of eval sequences per evaluation (default 10; the same sequences each time)",
-    )
-    p.add_argument("--tensorboard", type=Path, metavar="DIR", help="also log scalars to TensorBoard here")
-    p.add_argument("--wandb-project", metavar="NAME", help="also log to this Weights & Biases project")
-    p.add_argument("--checkpoint-dir", type=Path, help="where distributed checkpoints go")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="save every N steps (0: only at the end)")
-    p.add_argument("--keep-checkpoints", type=int, default=2, help="complete checkpoints to keep (0: all)")
-    p.add_argument(
-        "--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir"
-    )
-    p.add_argument(
-        "--metrics-file", type=Path, help="append per-step JSON lines here (rank 0; OOM records: every rank)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="initial weights and data sampling")
-    p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
-    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a fraction of --lr")
-    p.add_argument("--warmup", type=int, help="linear warmup steps (default: 10%% of --steps, at most 100)")
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (0: off)")
-    p.add_argument("--model-factory", help="package.module:function returning your nn.Module")
-    p.add_argument(
-        "--init-from",
-        type=Path,
-        metavar="DIR",
-        help="start from a Hugging Face checkpoint: config.json + model.safetensors (or shards with "
-        "model.safetensors.index.json) of the plan's model; a checkpoint found by --resume wins",
-    )
-    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
-    p.add_argument(
-        "--precision",
-        default="auto",
-        choices=["auto", "plan", "fp32"],
-        help="auto: the plan's dtypes on GPU, float32 on CPU; plan: always the plan's; fp32: always float32",
-    )
-    p.add_argument(
-        "--engine",
-        default="auto",
-        choices=["auto", "simple_fsdp", "fsdp2"],
-        help="auto: SimpleFSDP+compile when the plan compiles, else FSDP2",
-    )
-    p.add_argument("--no-compile", action="store_true", help="run SimpleFSDP eagerly (debugging)")
-    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
-    p.add_argument("--memory-every", type=int, default=25, help="CPU only: profile memory every N steps")
-    p.add_argument(
-        "--timing-warmup",
-        type=int,
-        default=1,
-        help="leading steps left out of the closing summary's median step time (compilation, allocator "
-        "growth; default 1); `fsdp-planner validate` passes its --warmup so both report one number",
-    )
-    p.add_argument(
-        "--max-memory-gib",
-        type=float,
-        help="CUDA only: cap each process's GPU memory at this many GiB (rehearse the plan for a smaller "
-        "GPU; going over it is an out-of-memory exit)",
-    )
-    args = p.parse_args(argv)
-    if args.max_memory_gib is not None and args.max_memory_gib <= 0:
-        p.error("--max-memory-gib must be positive")
-    if args.steps < 1:
-        p.error("--steps must be at least 1")
-    if args.resume and args.checkpoint_dir is None:
-        p.error("--resume needs --checkpoint-dir")
-    if args.eval_every < 0 or args.eval_batches < 1:
-        p.error("--eval-every must be >= 0 and --eval-batches >= 1")
-    if args.warmup is None:
-        args.warmup = min(100, max(1, args.steps // 10))
-    return args
+    return parse_options(add_options(parser), argv)
 
 
 @dataclass(slots=True)
@@ -181,9 +93,7 @@ def log0(env: DistEnv, message: str) -> None:
         print(message, flush=True)
 
 
-def resolve_overrides(
-    plan: RuntimePlan, args: argparse.Namespace, env: DistEnv
-) -> tuple[Overrides, str | None]:
+def resolve_overrides(plan: RuntimePlan, args: RunOptions, env: DistEnv) -> tuple[Overrides, str | None]:
     note = None
     dtype = None
     wants_bf16 = "bfloat16" in (plan.config.param_dtype, plan.config.reduce_dtype)
@@ -214,7 +124,7 @@ SYNTHETIC_WARNING = (
 )
 
 
-def check_data_args(args: argparse.Namespace) -> None:
+def check_data_args(args: RunOptions) -> None:
     """Synthetic tokens only when asked for by name: a real job must never train on them by accident."""
     if args.data and args.synthetic_data:
         raise DataError("--data and --synthetic-data exclude each other: pick one")
@@ -224,10 +134,11 @@ def check_data_args(args: argparse.Namespace) -> None:
         raise DataError("--data-dtype describes a --data file; --synthetic-data reads none")
 
 
-def build_data(args: argparse.Namespace, plan: RuntimePlan) -> TokenSource:
+def build_data(args: RunOptions, plan: RuntimePlan) -> TokenSource:
     vocab, seq_len = plan.model.vocab_size, plan.training.seq_len
     if args.synthetic_data:
         return SyntheticTokens(vocab_size=vocab, seq_len=seq_len, seed=args.seed)
+    assert args.data is not None  # check_data_args: --data or --synthetic-data
     return open_dataset(
         args.data,
         dtype=args.data_dtype,
@@ -238,9 +149,77 @@ def build_data(args: argparse.Namespace, plan: RuntimePlan) -> TokenSource:
     )
 
 
-def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
-    tracker = tracker or PhaseTracker()
+@dataclass(slots=True)
+class Run:
+    """What the phases share: the options and plan, this rank's place, and what set-up built."""
+
+    opts: RunOptions
+    tracker: PhaseTracker
+    plan: RuntimePlan
+    env: DistEnv
+    dp_rank: int
+    """Data-parallel coordinates: the ranks of a tensor-parallel group read the same sequences."""
+    dp_size: int
+    par: Parallelized
+    settings: OptimizerSettings
+    optimizer: torch.optim.Optimizer
+    data: TokenSource
+    start_step: int = 0
+    """The step already done when the loop starts (0, or the resumed checkpoint's)."""
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.plan.training.sequences * self.plan.training.seq_len
+
+
+def train(args: RunOptions, tracker: PhaseTracker | None = None) -> int:
+    """Set up, restore, loop, stop. (Process-group teardown: `main`, which knows whether a rank ran
+    out of memory.)"""
+    run = set_up(args, tracker or PhaseTracker())
+    run.start_step = restore(run)
+    if run.start_step >= args.steps:
+        log0(run.env, f"nothing to do: already at step {run.start_step} of {args.steps}")
+        return 0
+    history = loop(run)
+    finish(run, history)
+    return 0
+
+
+# ---- set up: process group and mesh, model (AC, compile, FSDP: `parallelize`), optimizer, data ----
+
+
+def set_up(args: RunOptions, tracker: PhaseTracker) -> Run:
     check_data_args(args)
+    plan, env, mesh = _start(args, tracker)
+    dp_rank, dp_size = data_parallel_rank(mesh)
+    log0(
+        env,
+        f"plan {plan.model.name} {plan.plan_hash[:12]} | {env.world_size} rank(s) on {env.device.type} "
+        f"({env.backend}) | torch {torch.__version__} | runtime {Path(__file__).parent}",
+    )
+    par = _build_model(args, plan, env, mesh, dp_size)
+    settings = OptimizerSettings(
+        name=plan.training.optimizer,
+        lr=args.lr,
+        min_lr_ratio=args.min_lr_ratio,
+        warmup_steps=args.warmup or 0,  # parse_args fills it in
+        weight_decay=args.weight_decay,
+        max_grad_norm=args.max_grad_norm,
+    )
+    optimizer = build_optimizer(par.module, settings, device=env.device)
+    tracker.enter("data")
+    data = _open_data(args, plan, env)
+    log0(
+        env,
+        f"  optimizer {settings.name} lr {settings.lr:g} warmup {settings.warmup_steps} cosine to "
+        f"{settings.min_lr_ratio:g}x over {args.steps} steps"
+        + (f"; eval every {args.eval_every} steps on {args.eval_batches} batches" if args.eval_every else ""),
+    )
+    return Run(args, tracker, plan, env, dp_rank, dp_size, par, settings, optimizer, data)
+
+
+def _start(args: RunOptions, tracker: PhaseTracker) -> tuple[RuntimePlan, DistEnv, DeviceMesh]:
+    """The plan, the process group (and the CUDA memory cap, if asked for) and the device mesh."""
     plan = load_plan(args.plan)
     tracker.plan_hash = plan.plan_hash
     env = init_distributed(plan, device=args.device)
@@ -252,16 +231,14 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
             tracker.memory_limit_bytes = limit_cuda_memory(env.device, args.max_memory_gib)
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
-    mesh = build_mesh(plan, env)
-    cfg, training = plan.config, plan.training
-    # Data-parallel coordinates: the ranks of a tensor-parallel group read the same sequences.
-    dp_rank, dp_size = data_parallel_rank(mesh)
-    log0(
-        env,
-        f"plan {plan.model.name} {plan.plan_hash[:12]} | {env.world_size} rank(s) on {env.device.type} "
-        f"({env.backend}) | torch {torch.__version__} | runtime {Path(__file__).parent}",
-    )
+    return plan, env, build_mesh(plan, env)
 
+
+def _build_model(
+    args: RunOptions, plan: RuntimePlan, env: DistEnv, mesh: DeviceMesh, dp_size: int
+) -> Parallelized:
+    """The model, parallelized as planned, with its first weights (initialized, or --init-from)."""
+    cfg, training = plan.config, plan.training
     torch.manual_seed(args.seed)
     overrides, precision_note = resolve_overrides(plan, args, env)
     model = build_model(plan.model, seq_len=training.seq_len, factory=args.model_factory)
@@ -271,7 +248,7 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
     n_params = count_params(model)
     if plan.model.num_params and not args.model_factory and n_params != plan.model.num_params:
         log0(env, f"warning: model has {n_params:,} parameters, the plan priced {plan.model.num_params:,}")
-    par: Parallelized = parallelize(model, plan=plan, mesh=mesh, overrides=overrides)
+    par = parallelize(model, plan=plan, mesh=mesh, overrides=overrides)
     init_from = args.init_from
     if init_from and args.resume and latest_checkpoint(args.checkpoint_dir) is not None:
         log0(env, f"  weights: --init-from {init_from} not loaded: resuming from {args.checkpoint_dir} wins")
@@ -289,17 +266,10 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
         f"micro-batch {cfg.micro_batch_size} x {cfg.grad_accum_steps} accumulation x {dp_size} "
         f"data-parallel ranks = {training.sequences} sequences of {training.seq_len} tokens per step",
     )
+    return par
 
-    settings = OptimizerSettings(
-        name=training.optimizer,
-        lr=args.lr,
-        min_lr_ratio=args.min_lr_ratio,
-        warmup_steps=args.warmup,
-        weight_decay=args.weight_decay,
-        max_grad_norm=args.max_grad_norm,
-    )
-    optimizer = build_optimizer(par.module, settings, device=env.device)
-    tracker.enter("data")
+
+def _open_data(args: RunOptions, plan: RuntimePlan, env: DistEnv) -> TokenSource:
     data = build_data(args, plan)
     if args.eval_every and not data.has_eval:
         raise DataError(
@@ -311,159 +281,69 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
     log0(env, f"  data: {data.description}")
     epoch = getattr(data, "steps_per_epoch", None)
     if epoch is not None:
-        log0(env, f"  data: one epoch is {epoch:,.1f} steps of {training.sequences} sequences")
-    log0(
-        env,
-        f"  optimizer {settings.name} lr {settings.lr:g} warmup {settings.warmup_steps} cosine to "
-        f"{settings.min_lr_ratio:g}x over {args.steps} steps"
-        + (f"; eval every {args.eval_every} steps on {args.eval_batches} batches" if args.eval_every else ""),
-    )
+        log0(env, f"  data: one epoch is {epoch:,.1f} steps of {plan.training.sequences} sequences")
+    return data
 
-    start_step = 0
-    if args.resume:
-        tracker.enter("resume")
-        found = latest_checkpoint(args.checkpoint_dir)
-        if found is None:
-            log0(env, f"  resume: no checkpoint in {args.checkpoint_dir}, starting from step 0")
-        else:
-            state = load_checkpoint(found, model=par.module, optimizer=optimizer)
-            start_step = int(state["step"])
-            if state.get("plan_hash") != plan.plan_hash:
-                log0(env, "  warning: the checkpoint was written under another plan")
-            if state.get("seed") != args.seed:
-                log0(
-                    env,
-                    f"  warning: checkpoint data seed {state.get('seed')} differs from --seed {args.seed}",
-                )
-            if state.get("data", data.description) != data.description:
-                log0(env, f"  warning: the checkpoint trained on {state.get('data')}, this run reads "
-                     f"{data.description}")
-            if state.get("sequences_per_step", training.sequences) != training.sequences:
-                log0(env, f"  warning: the checkpoint took {state.get('sequences_per_step')} sequences per "
-                     f"step, this plan {training.sequences}: the data position is the step, so sequences "
-                     "are skipped or repeated")
-            log0(env, f"  resumed from {found} (step {start_step})")
-    if start_step >= args.steps:
-        log0(env, f"nothing to do: already at step {start_step} of {args.steps}")
+
+# ---- restore: the newest checkpoint, when --resume ----
+
+
+def restore(run: Run) -> int:
+    """The step to continue after: the resumed checkpoint's, or 0."""
+    args, env = run.opts, run.env
+    if not args.resume:
         return 0
+    run.tracker.enter("resume")
+    found = latest_checkpoint(args.checkpoint_dir)
+    if found is None:
+        log0(env, f"  resume: no checkpoint in {args.checkpoint_dir}, starting from step 0")
+        return 0
+    state = load_checkpoint(found, model=run.par.module, optimizer=run.optimizer)
+    start_step = int(state["step"])
+    _warn_on_mismatch(run, state)
+    log0(env, f"  resumed from {found} (step {start_step})")
+    return start_step
 
+
+def _warn_on_mismatch(run: Run, state: dict) -> None:
+    """One warning for each way the checkpoint's run differs from this one."""
+    env, seed, sequences, data = run.env, run.opts.seed, run.plan.training.sequences, run.data.description
+    if state.get("plan_hash") != run.plan.plan_hash:
+        log0(env, "  warning: the checkpoint was written under another plan")
+    if state.get("seed") != seed:
+        log0(env, f"  warning: checkpoint data seed {state.get('seed')} differs from --seed {seed}")
+    if state.get("data", data) != data:
+        log0(env, f"  warning: the checkpoint trained on {state.get('data')}, this run reads {data}")
+    if state.get("sequences_per_step", sequences) != sequences:
+        log0(env, f"  warning: the checkpoint took {state.get('sequences_per_step')} sequences per "
+             f"step, this plan {sequences}: the data position is the step, so sequences "
+             "are skipped or repeated")
+
+
+# ---- loop: steps (accumulation inside `train_step`), metrics, eval, checkpoints, stop requests ----
+
+
+def loop(run: Run) -> list[StepMetrics]:
+    """Steps start_step+1 .. --steps (or until a stop request); each step's metrics, in order."""
+    args, env = run.opts, run.env
     stop = StopFlag()
     stop.install()
     meter = MemoryMeter(env.device, cpu_every=args.memory_every)
     writer = MetricsWriter(args.metrics_file, enabled=env.rank == 0, total_steps=args.steps)
-    trackers: list[Tracker] = []
-    if env.rank == 0:
-        trackers = open_trackers(
-            tensorboard=args.tensorboard,
-            wandb_project=args.wandb_project,
-            run_name=f"{plan.model.name}-{plan.plan_hash[:12]}",
-            config={"plan_hash": plan.plan_hash, "model": plan.model.name, "world_size": env.world_size,
-                    "seq_len": training.seq_len, "sequences_per_step": training.sequences,
-                    "lr": settings.lr, "steps": args.steps, "data": data.description},
-        )
-    tokens_per_step = training.sequences * training.seq_len
-    flops_per_token = plan.model.flops_per_token
+    trackers = _open_trackers(run)
     history: list[StepMetrics] = []
-    step = start_step
     try:
-        for step in range(start_step + 1, args.steps + 1):
-            lr = settings.lr * lr_factor(
-                step,
-                total_steps=args.steps,
-                warmup_steps=settings.warmup_steps,
-                min_ratio=settings.min_lr_ratio,
-            )
-            set_lr(optimizer, lr)
-            tracker.enter("data", step)
-            if env.device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            with meter.measure(step, first_step=start_step + 1, model=par.module, optimizer=optimizer):
-                batches = (
-                    data.batch(BatchIndex(step, micro, dp_rank, dp_size, cfg.micro_batch_size)).to(
-                        env.device, non_blocking=True
-                    )
-                    for micro in range(cfg.grad_accum_steps)
-                )
-                result = train_step(
-                    par,
-                    optimizer,
-                    batches,
-                    grad_accum_steps=cfg.grad_accum_steps,
-                    max_grad_norm=settings.max_grad_norm,
-                    loss_chunks=cfg.loss_chunks,
-                    phase=tracker,
-                )
-            tracker.enter("sync")
-            # One small all-reduce: the global mean loss, and whether any rank was asked to stop. (The
-            # ranks of a tp group hold the same loss: the mean over all ranks is still the mean over
-            # the data-parallel ranks.)
-            stats = torch.stack(
-                [
-                    result.loss_sum / cfg.grad_accum_steps,
-                    torch.tensor(float(stop.requested), device=env.device),
-                ]
-            )
-            dist.all_reduce(stats)
-            elapsed = time.perf_counter() - t0
-            # Per GPU: the step's tokens over every rank, tp included (a tp group shares its tokens
-            # and splits their FLOPs), as the planner prices tokens/s/GPU and MFU.
-            tps = tokens_per_step / env.world_size / elapsed
-            record = StepMetrics(
-                step=step,
-                loss=stats[0].item() / env.world_size,
-                grad_norm=result.grad_norm,
-                lr=lr,
-                step_time_s=elapsed,
-                tokens_per_s_per_gpu=tps,
-                mfu=mfu(
-                    tps, flops_per_token=flops_per_token, peak_tflops=plan.cluster.gpu_spec.peak_bf16_tflops
-                ),
-                peak_memory_gib=meter.last_gib,
-                memory_source=meter.source,
-                tokens_seen=step * tokens_per_step,
-                peak_allocated_gib=meter.last_allocated_gib,
-                synthetic_data=data.synthetic,
-            )
+        for step in range(run.start_step + 1, args.steps + 1):
+            record, stopping = _step(run, step, meter, stop)
             if args.eval_every and (step % args.eval_every == 0 or step == args.steps):
-                tracker.enter("eval", step)
-                started = time.perf_counter()
-                record.eval_loss = evaluate(
-                    par,
-                    data,
-                    batches=args.eval_batches,
-                    dp_rank=dp_rank,
-                    dp_size=dp_size,
-                    micro_batch_size=cfg.micro_batch_size,
-                    grad_accum_steps=cfg.grad_accum_steps,
-                    loss_chunks=cfg.loss_chunks,
-                    device=env.device,
-                )
-                record.eval_time_s = time.perf_counter() - started
+                _evaluate(run, record)
             history.append(record)
             writer.log(record)
             for t in trackers:
                 t.log(_scalars(record), step)
-            stopping = stats[1].item() > 0
             due = args.checkpoint_every > 0 and step % args.checkpoint_every == 0
             if args.checkpoint_dir and (due or step == args.steps or stopping):
-                tracker.enter("checkpoint")
-                path = save_checkpoint(
-                    args.checkpoint_dir,
-                    step=step,
-                    model=par.module,
-                    optimizer=optimizer,
-                    keep=args.keep_checkpoints,
-                    train_state={
-                        "plan_hash": plan.plan_hash,
-                        "seed": args.seed,
-                        "data": data.description,
-                        "sequences_per_step": training.sequences,
-                        "world_size": env.world_size,
-                        "tokens_seen": step * tokens_per_step,
-                    },
-                )
-                log0(env, f"  checkpoint saved: {path}")
+                _save(run, step)
             if stopping:
                 log0(env, f"stop requested (SIGTERM/SIGUSR1): stopped after step {step}")
                 break
@@ -471,8 +351,128 @@ def train(args: argparse.Namespace, tracker: PhaseTracker | None = None) -> int:
         writer.close()
         for t in trackers:
             t.close()
-    _summary(env, plan, history, timing_warmup=args.timing_warmup)
-    return 0
+    return history
+
+
+def _open_trackers(run: Run) -> list[Tracker]:
+    """TensorBoard / W&B, when asked for: rank 0 only."""
+    if run.env.rank != 0:
+        return []
+    plan, training, args = run.plan, run.plan.training, run.opts
+    return open_trackers(
+        tensorboard=args.tensorboard,
+        wandb_project=args.wandb_project,
+        run_name=f"{plan.model.name}-{plan.plan_hash[:12]}",
+        config={"plan_hash": plan.plan_hash, "model": plan.model.name, "world_size": run.env.world_size,
+                "seq_len": training.seq_len, "sequences_per_step": training.sequences,
+                "lr": run.settings.lr, "steps": args.steps, "data": run.data.description},
+    )
+
+
+def _step(run: Run, step: int, meter: MemoryMeter, stop: StopFlag) -> tuple[StepMetrics, bool]:
+    """One optimizer step over every micro-batch; its metrics, and whether any rank was asked to stop."""
+    env, cfg, settings, tracker = run.env, run.plan.config, run.settings, run.tracker
+    lr = settings.lr * lr_factor(
+        step, total_steps=run.opts.steps, warmup_steps=settings.warmup_steps, min_ratio=settings.min_lr_ratio
+    )
+    set_lr(run.optimizer, lr)
+    tracker.enter("data", step)
+    if env.device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with meter.measure(step, first_step=run.start_step + 1, model=run.par.module, optimizer=run.optimizer):
+        batches = (
+            run.data.batch(BatchIndex(step, micro, run.dp_rank, run.dp_size, cfg.micro_batch_size)).to(
+                env.device, non_blocking=True
+            )
+            for micro in range(cfg.grad_accum_steps)
+        )
+        result = train_step(
+            run.par,
+            run.optimizer,
+            batches,
+            grad_accum_steps=cfg.grad_accum_steps,
+            max_grad_norm=settings.max_grad_norm,
+            loss_chunks=cfg.loss_chunks,
+            phase=tracker,
+        )
+    tracker.enter("sync")
+    # One small all-reduce: the global mean loss, and whether any rank was asked to stop. (The
+    # ranks of a tp group hold the same loss: the mean over all ranks is still the mean over
+    # the data-parallel ranks.)
+    stats = torch.stack(
+        [result.loss_sum / cfg.grad_accum_steps, torch.tensor(float(stop.requested), device=env.device)]
+    )
+    dist.all_reduce(stats)
+    elapsed = time.perf_counter() - t0
+    # Per GPU: the step's tokens over every rank, tp included (a tp group shares its tokens
+    # and splits their FLOPs), as the planner prices tokens/s/GPU and MFU.
+    tps = run.tokens_per_step / env.world_size / elapsed
+    peak_tflops = run.plan.cluster.gpu_spec.peak_bf16_tflops
+    record = StepMetrics(
+        step=step,
+        loss=stats[0].item() / env.world_size,
+        grad_norm=result.grad_norm,
+        lr=lr,
+        step_time_s=elapsed,
+        tokens_per_s_per_gpu=tps,
+        mfu=mfu(tps, flops_per_token=run.plan.model.flops_per_token, peak_tflops=peak_tflops),
+        peak_memory_gib=meter.last_gib,
+        memory_source=meter.source,
+        tokens_seen=step * run.tokens_per_step,
+        peak_allocated_gib=meter.last_allocated_gib,
+        synthetic_data=run.data.synthetic,
+    )
+    return record, stats[1].item() > 0
+
+
+def _evaluate(run: Run, record: StepMetrics) -> None:
+    """The held-out loss (and the time it took) into `record`."""
+    cfg = run.plan.config
+    run.tracker.enter("eval", record.step)
+    started = time.perf_counter()
+    record.eval_loss = evaluate(
+        run.par,
+        run.data,
+        batches=run.opts.eval_batches,
+        dp_rank=run.dp_rank,
+        dp_size=run.dp_size,
+        micro_batch_size=cfg.micro_batch_size,
+        grad_accum_steps=cfg.grad_accum_steps,
+        loss_chunks=cfg.loss_chunks,
+        device=run.env.device,
+    )
+    record.eval_time_s = time.perf_counter() - started
+
+
+def _save(run: Run, step: int) -> None:
+    """A distributed checkpoint of step `step` (the last one, a --checkpoint-every one, or at a stop)."""
+    args = run.opts
+    assert args.checkpoint_dir is not None
+    run.tracker.enter("checkpoint")
+    path = save_checkpoint(
+        args.checkpoint_dir,
+        step=step,
+        model=run.par.module,
+        optimizer=run.optimizer,
+        keep=args.keep_checkpoints,
+        train_state={
+            "plan_hash": run.plan.plan_hash,
+            "seed": args.seed,
+            "data": run.data.description,
+            "sequences_per_step": run.plan.training.sequences,
+            "world_size": run.env.world_size,
+            "tokens_seen": step * run.tokens_per_step,
+        },
+    )
+    log0(run.env, f"  checkpoint saved: {path}")
+
+
+# ---- stop: the closing summary (the last checkpoint is the loop's; teardown: `main`) ----
+
+
+def finish(run: Run, history: list[StepMetrics]) -> None:
+    _summary(run.env, run.plan, history, timing_warmup=run.opts.timing_warmup)
 
 
 def _scalars(m: StepMetrics) -> dict[str, float]:
@@ -539,10 +539,15 @@ def main(argv: list[str] | None = None) -> int:
         report_oom(oom_record(failure, tracker), args.metrics_file)
         return EXIT_OOM
     finally:
-        # After an OOM the other ranks may be inside a collective this rank will never join: tearing
-        # the process group down could wait on them. The caller exits without teardown anyway.
-        if dist.is_initialized() and not oom:
-            dist.destroy_process_group()
+        teardown(oom=oom)
+
+
+def teardown(*, oom: bool) -> None:
+    """The process group's end, unless this rank ran out of memory: the other ranks may be inside a
+    collective it will never join, so tearing the group down could wait on them. The caller exits
+    without teardown anyway."""
+    if dist.is_initialized() and not oom:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
