@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from planner import search
+from planner import search_setting
 from planner.cost.estimate import Estimator
 from planner.cost.model_costs import ModelCosts, model_costs
 from planner.cost.repeats import Run, periodic_runs
@@ -114,7 +114,7 @@ def test_the_plan_is_the_one_found_by_pricing_every_group(name: str, monkeypatch
     request = REQUESTS[name]
     fast = make_plan(request).model_dump(mode="json")
     monkeypatch.setattr(
-        search, "model_costs", lambda spec, seq_len: every_block_its_own(model_costs(spec, seq_len))
+        search_setting, "model_costs", lambda spec, seq_len: every_block_its_own(model_costs(spec, seq_len))
     )
     reference = make_plan(request).model_dump(mode="json")
     assert fast["config"] == reference["config"]
