@@ -1,4 +1,5 @@
-"""The planner's advice is accepted by the planner itself (planner/infeasibility.py, planner/precheck.py, planner/plan_warnings.py).
+"""The planner's advice is accepted by the planner itself (planner/infeasibility.py,
+planner/precheck.py, planner/plan_warnings.py).
 
 Every cluster and batch the advice names is planned here with `make_plan`; every claim about what
 dominates memory is checked against the plan's own breakdown.
