@@ -150,7 +150,7 @@ def run_config(run: Run) -> ParallelConfig:
     return ParallelConfig(
         sharding=config.sharding,
         mesh=ParallelDims(dp_replicate=mesh.dp_replicate, dp_shard=mesh.dp_shard, tp=mesh.tp),
-        blocks_per_unit=_blocks_per_unit(run),
+        blocks_per_unit=config.blocks_per_unit,
         all_gather_bucket_mb=0.0,
         reduce_scatter_bucket_mb=0.0,
         reshard_after_forward=reshard,
@@ -182,15 +182,6 @@ def _every_k(run: Run) -> int:
     # torchtitan's "selective layer" checkpoints every second block unless its config says otherwise.
     checkpointing = run.config.checkpointing
     return checkpointing.every_k or (2 if checkpointing.policy == "selective_layer" else 1)
-
-
-def _blocks_per_unit(run: Run) -> int:
-    # This project's labels name the wrap unit (`u2`); other trainers wrap every block.
-    notes = run.notes or ""
-    for k in (4, 3, 2):
-        if f"u{k}" in notes.split() or f"'u{k}'" in notes:
-            return k
-    return 1
 
 
 class NotPriceable(PlanningError):

@@ -117,6 +117,8 @@ class RunConfig(CorpusModel):
     sharding: Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
     reshard_after_forward: bool | None = None
     checkpointing: Checkpointing
+    blocks_per_unit: Annotated[int, Field(ge=1)] = 1
+    """Transformer blocks per FSDP wrap unit (trainers that wrap every block: 1)."""
     compile: CompileScope
     loss: Literal["unchunked", "chunked"] | None = None
     """None: not stated (priced as the trainer's plain cross-entropy on fp32 logits)."""
