@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.cost.estimate import TimeEstimate
+from planner.cost.estimate import Estimator, TimeEstimate
 from planner.cost.memory import MemoryEstimate
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice, Setting
@@ -104,22 +104,25 @@ def pareto(ranked: list[Evaluated]) -> list[Evaluated]:
     return front
 
 
-def rejected_families(evaluated: list[Evaluated], best: Evaluated, limit: float) -> list[RejectedFamily]:
+def rejected_families(
+    evaluated: list[Evaluated], best: Evaluated, limit: float, estimator: Estimator
+) -> list[RejectedFamily]:
     """For each family other than the winner's, why it lost: each sharding x compile family, and
-    (when the search tried more than one) each tensor-parallel degree."""
+    (when the search tried more than one) each tensor-parallel degree. A sharding family spans
+    every tp degree: it is shown with the tp degree of the member that stands for it."""
     by_sharding: dict[str, list[Evaluated]] = {}
     by_tp: dict[str, list[Evaluated]] = {}
     for e in evaluated:
         by_sharding.setdefault(e.choice.family, []).append(e)
         by_tp.setdefault(e.choice.tp_family, []).append(e)
     out = [
-        _why_lost(family, members, best, limit)
+        _why_lost(family, members, best, limit, estimator, by_mesh=True)
         for family, members in by_sharding.items()
         if family != best.choice.family
     ]
     if len(by_tp) > 1:
         out += [
-            _why_lost(family, members, best, limit)
+            _why_lost(family, members, best, limit, estimator)
             for family, members in by_tp.items()
             if family != best.choice.tp_family
         ]
@@ -127,7 +130,15 @@ def rejected_families(evaluated: list[Evaluated], best: Evaluated, limit: float)
     return out
 
 
-def _why_lost(family: str, members: list[Evaluated], best: Evaluated, limit: float) -> RejectedFamily:
+def _why_lost(
+    family: str,
+    members: list[Evaluated],
+    best: Evaluated,
+    limit: float,
+    estimator: Estimator,
+    *,
+    by_mesh: bool = False,
+) -> RejectedFamily:
     # A family with a fitting member has a timed one: the search times each family's fastest.
     fitting = [e for e in members if e.time is not None]
     smallest = min(e.peak_gib for e in members)
@@ -141,54 +152,69 @@ def _why_lost(family: str, members: list[Evaluated], best: Evaluated, limit: flo
         )
     top = max(fitting, key=lambda e: (e.tokens_per_s_per_gpu, -e.peak_gib))
     return RejectedFamily(
-        family=family,
+        family=top.choice.mesh_family if by_mesh else family,
         kind="slower",
-        reason=slower_reason(top, best),
+        reason=slower_reason(top, best, estimator),
         best_tokens_per_s_per_gpu=top.tokens_per_s_per_gpu,
         min_peak_memory_gib=smallest,
     )
 
 
-def slower_reason(loser: Evaluated, best: Evaluated) -> str:
-    """`17% slower: exposed all-gather 41 ms/step`: the cost that grew most, per token."""
+TIE_FRACTION = 0.001
+"""A loser this close to the winner's throughput ties it: its reason names no cause."""
+MATERIAL_SHARE = 0.25
+"""A cost is named beside the largest only when its excess is at least this share of the largest's."""
+
+
+def cost_components(e: Evaluated, estimator: Estimator) -> dict[str, float]:
+    """The priced costs a reason may name, in seconds per token one data-parallel rank handles
+    (so that micro-batching and tp stay comparable): they add up to the step's time."""
+    t = e.time
+    assert t is not None
+    recompute_s, eager_s = estimator.compute_parts(e.choice)
+    reduce_name = "all-reduce" if e.choice.sharding == "no_shard" else "reduce-scatter"
+    seconds = {
+        "recomputation": recompute_s,
+        "unfused eager kernels": eager_s,
+        "compute": t.compute_s - recompute_s - eager_s - t.optimizer_s - t.overhead_s,
+        "optimizer step": t.optimizer_s,
+        "framework overhead": t.overhead_s,
+        "exposed all-gather": t.exposed_all_gather_s,
+        f"exposed {reduce_name}": t.exposed_reduce_s,
+        f"tp={e.choice.mesh.tp} per-layer collectives": t.tensor_parallel_s,
+    }
+    return {name: s * e.choice.mesh.tp / e.choice.sequences_per_step for name, s in seconds.items()}
+
+
+def excess_costs(loser: Evaluated, best: Evaluated, estimator: Estimator) -> dict[str, float]:
+    """Each of the loser's costs less the winner's same kind of cost, in seconds per loser's step
+    (the winner's all-reduce stands against a reduce-scatter, its tp collectives against any)."""
+
+    def kind(name: str) -> str:
+        return name.replace("all-reduce", "reduce").replace("reduce-scatter", "reduce").split("=")[0]
+
+    winner = {kind(n): s for n, s in cost_components(best, estimator).items()}
+    per_step = loser.choice.sequences_per_step / loser.choice.mesh.tp
+    return {
+        name: (s - winner[kind(name)]) * per_step
+        for name, s in cost_components(loser, estimator).items()
+    }
+
+
+def slower_reason(loser: Evaluated, best: Evaluated, estimator: Estimator) -> str:
+    """`17% slower: exposed all-gather +41 ms/step`: the costs the loser pays materially more of
+    than the winner, with the excess; `ties the chosen plan within 0.1%` when there is none to name."""
     assert loser.time is not None and best.time is not None
     slower_fraction = 1.0 - loser.tokens_per_s_per_gpu / best.tokens_per_s_per_gpu
-    slower = f"{slower_fraction:.0%}" if slower_fraction >= 0.01 else f"{slower_fraction:.1%}"
-
-    # Compare per token each GPU handles, so that micro-batching and tp stay comparable.
-    def per_token(e: Evaluated, seconds: float) -> float:
-        return seconds * e.choice.mesh.tp / e.choice.sequences_per_step
-
-    lt, bt = loser.time, best.time
-    reduce_name = "all-reduce" if loser.choice.sharding == "no_shard" else "reduce-scatter"
-    deltas = {
-        "exposed all-gather": (
-            per_token(loser, lt.exposed_all_gather_s) - per_token(best, bt.exposed_all_gather_s)
-        ),
-        f"exposed {reduce_name}": (
-            per_token(loser, lt.exposed_reduce_s) - per_token(best, bt.exposed_reduce_s)
-        ),
-        "tensor-parallel collectives": (
-            per_token(loser, lt.tensor_parallel_s) - per_token(best, bt.tensor_parallel_s)
-        ),
-        "compute": per_token(loser, lt.compute_s) - per_token(best, bt.compute_s),
-    }
-    cause, _ = max(deltas.items(), key=lambda kv: kv[1])
-    if cause == "compute":
-        c = loser.choice
-        why = []
-        if c.checkpointing != "none":
-            why.append(f"recomputation ({c.checkpointing.replace('_', ' ')} checkpointing)")
-        if not c.compile and best.choice.compile:
-            why.append("unfused eager kernels")
-        if c.mesh.tp > best.choice.mesh.tp:
-            why.append(f"narrower tp={c.mesh.tp} matmuls")
-        detail = " and ".join(why) or "smaller, less efficient kernels"
-        return f"{slower} slower: {detail}, compute {duration(lt.compute_s)}/step"
-    if cause == "tensor-parallel collectives":
-        return (
-            f"{slower} slower: tp={loser.choice.mesh.tp} per-layer collectives "
-            f"{duration(lt.tensor_parallel_s)}/step"
+    if slower_fraction < TIE_FRACTION:
+        more = loser.peak_gib - best.peak_gib
+        return f"ties the chosen plan within {TIE_FRACTION:.1%}" + (
+            f": needs {more:.1f} GiB more per GPU" if more >= 0.05 else ""
         )
-    exposed = lt.exposed_all_gather_s if cause == "exposed all-gather" else lt.exposed_reduce_s
-    return f"{slower} slower: {cause} {duration(exposed)}/step"
+    slower = f"{slower_fraction:.0%}" if slower_fraction >= 0.01 else f"{slower_fraction:.1%}"
+    excess = sorted(excess_costs(loser, best, estimator).items(), key=lambda kv: -kv[1])
+    largest = excess[0][1]
+    named = [(n, s) for n, s in excess[:2] if s > 0 and s >= MATERIAL_SHARE * largest]
+    if not named:
+        return f"{slower} slower: many small costs"
+    return f"{slower} slower: " + " and ".join(f"{n} +{duration(s)}/step" for n, s in named)

@@ -109,7 +109,7 @@ def make_plan(
         setting,
         best,
         fitting=fitting,
-        rejected=rejected_families(evaluated, best, limit),
+        rejected=rejected_families(evaluated, best, limit, estimator),
         count=count,
         fitting_count=sum(e.fits for e in evaluated),
         warnings=_warnings(request, setting, best),

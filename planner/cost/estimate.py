@@ -441,6 +441,27 @@ class Estimator:
         optimizer_s, overhead_s = _outside_the_timeline(self.setting_for(choice), choice)
         return choice.grad_accum_steps * self._compute[key] + optimizer_s + overhead_s
 
+    def compute_parts(self, choice: Choice) -> tuple[float, float]:
+        """(recomputation, unfused eager kernels) seconds per step inside `TimeEstimate.compute_s`:
+        the forward work re-run in backward, and what forward and backward take eager beyond the
+        same kernels compiled (0 when compiled). What a loser's reason compares (planner/ranking.py)."""
+        setting = self.setting_for(choice)
+        p, m = setting.params, setting.model
+        tokens = choice.micro_batch_size * setting.seq_len
+
+        def forward_backward(f: ForwardTime) -> float:
+            return f.total * (1.0 + BACKWARD_FLOPS_RATIO) + ATTENTION_BACKWARD_EXTRA * f.attention
+
+        recompute = eager = 0.0
+        for index, u in [(-1, m.embedding), *enumerate(m.blocks), (-1, m.head)]:
+            f = _forward_time(p, setting.act_bytes, u, tokens, choice.compile)
+            recompute += _recompute_time(choice, u, index, f)
+            if not choice.compile:
+                eager += forward_backward(f) - forward_backward(
+                    _forward_time(p, setting.act_bytes, u, tokens, True)
+                )
+        return recompute * choice.grad_accum_steps, eager * choice.grad_accum_steps
+
     def price(self, choice: Choice) -> PricedStep:
         """The choice's groups priced, ready for the timeline (and a floor on its step time)."""
         return _price(self.setting_for(choice), choice, self.layout(choice), self.repeats(choice))

@@ -53,6 +53,15 @@ class Choice:
         return f"{shard} {'compiled' if self.compile else 'eager'}"
 
     @property
+    def mesh_family(self) -> str:
+        """The family as shown by the member that stands for it: its tensor-parallel degree added
+        when above 1, e.g. `hybrid_shard/2x2 tp2 compiled` (a family spans every tp degree)."""
+        if self.mesh.tp == 1:
+            return self.family
+        shard, compiled = self.family.rsplit(" ", 1)
+        return f"{shard} tp{self.mesh.tp} {compiled}"
+
+    @property
     def simple_fsdp(self) -> bool:
         """Whether parameters are sharded SimpleFSDP-style inside the compiled graph (per-tensor
         collectives that inductor buckets and reorders, no FSDP2 hooks or buffers), rather than by
