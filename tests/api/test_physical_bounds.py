@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from planner.bounds import all_finite
 from tests.api.conftest import CHEAP_PLAN, assert_problem, cheap_plan, cpu_profile
 from tests.extreme_values import EXTREME_RUNS, extreme_profile
 
@@ -24,16 +25,6 @@ async def plan_id(client: httpx.AsyncClient) -> int:
     response = await client.post(PLANS, json=CHEAP_PLAN)
     assert response.status_code == 201, response.text
     return response.json()["id"]
-
-
-def all_finite(document: Any) -> bool:
-    if isinstance(document, float):
-        return math.isfinite(document)
-    if isinstance(document, dict):
-        return all(all_finite(v) for v in document.values())
-    if isinstance(document, list):
-        return all(all_finite(v) for v in document)
-    return True
 
 
 @pytest.mark.parametrize(
