@@ -18,6 +18,7 @@ one extra step, untimed because the profiler slows it, with reserved equal to al
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import statistics
 import time
@@ -155,6 +156,11 @@ def _time_steps(plan: RuntimePlan, device: torch.device, optimizer_name: str) ->
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        # The caching allocator keeps the blocks of the shape measured before this one: without
+        # handing them back, this shape's reserved peak would be the largest earlier shape's.
+        gc.collect()
+        torch.cuda.empty_cache()
     env = DistEnv(rank=rank, local_rank=local_rank, world_size=world, device=device, backend="")
     model = build_model(plan.model, seq_len=plan.training.seq_len)
     par = parallelize(model, plan=plan, mesh=build_mesh(plan, env))
