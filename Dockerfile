@@ -8,6 +8,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY contract ./contract
 COPY planner ./planner
 COPY executor ./executor
 COPY api ./api

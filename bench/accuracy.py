@@ -24,9 +24,9 @@ from datetime import date
 from pathlib import Path
 
 from api.cli.validate_cmd import Measurement, ValidationError, run_validation
+from contract.mesh import Mesh
 from planner.calibration import CalibrationProfile
 from planner.catalog.models import resolve_model
-from planner.parallel_dims import ParallelDims
 from planner.plan import CheckpointingConfig, InductorConfig, ParallelConfig, Plan
 from planner.search import predict
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
@@ -75,7 +75,7 @@ def config(
     shard = 1 if sharding == "no_shard" else world
     return ParallelConfig(
         sharding=sharding,
-        mesh=ParallelDims(dp_replicate=world // shard, dp_shard=shard),
+        mesh=Mesh(dp_replicate=world // shard, dp_shard=shard),
         blocks_per_unit=unit,
         all_gather_bucket_mb=0.0,
         reduce_scatter_bucket_mb=0.0,

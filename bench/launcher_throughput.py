@@ -47,7 +47,7 @@ def plan_document(
     preset: str, *, world: int, seq_len: int, micro_batch: int, bf16: bool, compile_: bool
 ) -> dict:
     """The plan both engines run: the planner's own document for exactly this configuration."""
-    from planner.parallel_dims import ParallelDims
+    from contract.mesh import Mesh
     from planner.plan import CheckpointingConfig, InductorConfig, ParallelConfig
     from planner.search import predict
     from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
@@ -66,7 +66,7 @@ def plan_document(
     bucket_mb = 512.0 if compile_ else 0.0
     config = ParallelConfig(
         sharding="full_shard",
-        mesh=ParallelDims(dp_shard=world),
+        mesh=Mesh(dp_shard=world),
         blocks_per_unit=1,
         all_gather_bucket_mb=bucket_mb,
         reduce_scatter_bucket_mb=bucket_mb,
@@ -92,6 +92,7 @@ class Engine:
     def __init__(self, args: argparse.Namespace, *, engine: str, compiled: bool, world: int) -> None:
         import torch
 
+        from contract.plan_document import parse_plan
         from executor.runtime.data import SyntheticTokens
         from executor.runtime.distributed import build_mesh, init_distributed
         from executor.runtime.materialize import materialize
@@ -99,7 +100,6 @@ class Engine:
         from executor.runtime.models import build_model
         from executor.runtime.optim import OptimizerSettings, build_optimizer
         from executor.runtime.parallelize import Overrides, parallelize
-        from executor.runtime.plan import parse_plan
 
         bf16 = torch.cuda.is_available() and not args.fp32
         document = plan_document(

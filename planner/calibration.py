@@ -15,6 +15,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from contract.calibration_profile import PROFILE_SCHEMA_VERSION, ProfileSchemaVersion
+from contract.mesh import LinkClass, Mesh
 from planner.bounds import (
     MAX_BYTES_PER_S,
     MAX_FLOPS_PER_S,
@@ -25,14 +27,12 @@ from planner.bounds import (
 from planner.catalog.gpus import GpuSpec, gpu_for_device, resolve_gpu
 from planner.cost.estimate import Estimator, block_step_time
 from planner.cost.model_costs import ModelCosts, model_costs
-from planner.cost.parameters import CostParameters, LinkClass, LinkParameters
+from planner.cost.parameters import CostParameters, LinkParameters
 from planner.cost.setting import Choice, Setting
 from planner.errors import PlanningError
 from planner.memory_calibration import fit_memory
-from planner.parallel_dims import ParallelDims
 from planner.specs import ModelSpec, Optimizer, Precision
 
-PROFILE_SCHEMA_VERSION = "1.0"
 MAX_SAMPLES = 10_000
 
 Count = Annotated[int, Field(ge=1, le=1_000_000_000_000)]
@@ -205,7 +205,7 @@ class StepSample(ProfileModel):
 class CalibrationProfile(ProfileModel):
     """Measurements of one hardware + software stack."""
 
-    schema_version: Literal["1.0"] = PROFILE_SCHEMA_VERSION
+    schema_version: ProfileSchemaVersion = PROFILE_SCHEMA_VERSION
     name: Annotated[str, Field(max_length=200)] | None = None
     gpu: Annotated[str, Field(max_length=64)] | None = Field(
         None,
@@ -555,7 +555,7 @@ def sample_setting(
     )
     choice = Choice(
         sharding=sample.sharding,
-        mesh=ParallelDims(dp_replicate=sample.ranks // _shard(sample), dp_shard=_shard(sample)),
+        mesh=Mesh(dp_replicate=sample.ranks // _shard(sample), dp_shard=_shard(sample)),
         blocks_per_unit=1,
         all_gather_bucket_mb=0.0,
         reduce_scatter_bucket_mb=0.0,

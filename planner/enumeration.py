@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from contract.mesh import Mesh
 from planner.cost.memory import loss_chunks_for
 from planner.cost.setting import Choice, Setting
 from planner.errors import PlanningError
-from planner.parallel_dims import ParallelDims
 from planner.specs import PlanRequest
 
 BLOCKS_PER_UNIT = (1, 2, 4, 8)
@@ -114,7 +114,7 @@ def splitting_degrees(request: PlanRequest) -> list[int]:
     return [tp for tp in degrees if world % tp == 0 and sequences % (world // tp) == 0]
 
 
-def check_mesh(request: PlanRequest, sharding: str, mesh: ParallelDims) -> None:
+def check_mesh(request: PlanRequest, sharding: str, mesh: Mesh) -> None:
     """Refuse a mesh the cluster, the sharding or the model cannot take (a given configuration)."""
     world = request.cluster.world_size
     problem = None
@@ -133,7 +133,7 @@ def check_mesh(request: PlanRequest, sharding: str, mesh: ParallelDims) -> None:
         raise PlanningError(f"config.mesh: {problem}", field="config")
 
 
-def data_parallel_meshes(request: PlanRequest, tp: int) -> Iterator[tuple[str, ParallelDims]]:
+def data_parallel_meshes(request: PlanRequest, tp: int) -> Iterator[tuple[str, Mesh]]:
     """(sharding, mesh) for every allowed sharding of the dp = world / tp data-parallel ranks."""
     dp = request.cluster.world_size // tp
     for sharding in request.search.shardings:
@@ -141,11 +141,11 @@ def data_parallel_meshes(request: PlanRequest, tp: int) -> Iterator[tuple[str, P
             continue  # one data-parallel rank has nothing to shard over
         if sharding == "hybrid_shard":
             for s in hybrid_shard_sizes(dp, request.cluster.gpus_per_node, tp=tp):
-                yield sharding, ParallelDims(dp_replicate=dp // s, dp_shard=s, tp=tp)
+                yield sharding, Mesh(dp_replicate=dp // s, dp_shard=s, tp=tp)
         elif sharding == "no_shard":
-            yield sharding, ParallelDims(dp_replicate=dp, tp=tp)
+            yield sharding, Mesh(dp_replicate=dp, tp=tp)
         else:
-            yield sharding, ParallelDims(dp_shard=dp, tp=tp)
+            yield sharding, Mesh(dp_shard=dp, tp=tp)
 
 
 def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice]:

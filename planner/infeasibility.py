@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from contract.mesh import Mesh
 from planner.cost.estimate import Estimator
 from planner.cost.memory import MemoryEstimate, fits_in_memory
 from planner.cost.parameters import GIB
@@ -18,7 +19,6 @@ from planner.cost.setting import Choice, Setting
 from planner.document import to_parallel_config
 from planner.enumeration import enumerate_choices, splitting_degrees, tensor_parallel_degrees
 from planner.errors import InfeasiblePlanError
-from planner.parallel_dims import ParallelDims
 from planner.specs import PlanRequest
 
 MAX_NODES_TRIED = 4096
@@ -145,7 +145,7 @@ class Prober:
         """A lower bound that skips hopeless probes: every configuration's peak is at least its
         optimizer step (parameters, gradients, optimizer states and the update's temporaries),
         which no configuration holds in less than fully sharded over the whole world."""
-        sharded = replace(choice, sharding="full_shard", mesh=ParallelDims(dp_shard=world))
+        sharded = replace(choice, sharding="full_shard", mesh=Mesh(dp_shard=world))
         step = next(m for m in self._estimator.moments(sharded) if m.moment == "optimizer step")
         return self._fits(step)
 

@@ -1,7 +1,9 @@
-"""The Plan document: the versioned JSON contract between planner, service and runtime.
+"""The Plan document as the planner writes it (pydantic): the versioned JSON the service stores and
+the runtime reads.
 
-`planner` produces it, `api` stores it, `executor.runtime` reads it with its own dataclasses
-(tests/contract keeps the two readings in step). Bump SCHEMA_VERSION when a field changes meaning.
+Its schema version, its mesh and the upgrader that reads every older schema are the contract's
+(contract.plan_document, contract.mesh): the runtime reads the same document with the contract's
+dataclasses, and tests/executor/test_plan_contract.py keeps the two readings in step.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from contract.mesh import Mesh
+from contract.plan_document import SCHEMA_VERSION, upgrade_document
 from planner.catalog.gpus import GpuSpec
 from planner.cost.memory import MEMORY_TERMS
-from planner.parallel_dims import ParallelDims
 from planner.specs import (
     CheckpointMode,
     ClusterSpec,
@@ -23,10 +26,6 @@ from planner.specs import (
     ShardingStrategy,
     TrainingSpec,
 )
-
-SCHEMA_VERSION = "2.0"
-READABLE_SCHEMA_MAJORS = ("1", "2")
-"""Schema 1.x plans (no tensor parallelism) are read as the 2.0 documents they are equivalent to."""
 
 DType = Literal["bfloat16", "float32"]
 
@@ -66,7 +65,7 @@ class ParallelConfig(Document):
     """How the data-parallel dimensions hold parameters: full_shard (ZeRO-3), shard_grad_op
     (ZeRO-2), hybrid_shard (sharded within dp_shard, replicated across dp_replicate), no_shard
     (DDP-like)."""
-    mesh: ParallelDims
+    mesh: Mesh
     """The device mesh (dp_replicate x dp_shard x tp = world size): full_shard / shard_grad_op
     shard over every data-parallel rank (dp_replicate 1), no_shard over none (dp_shard 1)."""
     blocks_per_unit: Annotated[int, Field(ge=1)]
@@ -104,19 +103,6 @@ class ParallelConfig(Document):
     """The runtime this configuration is priced for: `fsdp-planner` (this project's trainer: the
     launchers run it) or `torchtitan` (torchtitan's FSDP2 trainer, with `compile` meaning
     torch.compile per block), to compare predictions with runs measured there."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _read_schema_1(cls, data: Any) -> Any:
-        # Schema 1.x plans had no tensor parallelism and named the two data-parallel degrees apart.
-        if isinstance(data, dict) and "shard_group_size" in data and "mesh" not in data:
-            data = dict(data)
-            data["mesh"] = {
-                "dp_shard": data.pop("shard_group_size"),
-                "dp_replicate": data.pop("replicate_group_size", 1),
-                "tp": 1,
-            }
-        return data
 
     def label(self) -> str:
         """A short human-readable summary, e.g. `full_shard/8 tp2 u2 AC=sel2 mb2x4 compiled`."""
@@ -163,17 +149,6 @@ class MemoryBreakdown(Document):
     allocator_reserve: Annotated[float, _term("allocator_reserve")]
     moment: Literal["loss", "backward start", "backward recompute", "optimizer step"] = "backward start"
     """When in the step the peak happens."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _read_schema_1_0(cls, data: Any) -> Any:
-        # Plans stored before schema 1.1 named two terms differently and had no gradient-buffer term.
-        if isinstance(data, dict) and "unsharded_buffers" in data:
-            data = dict(data)
-            data["unsharded_params"] = data.pop("unsharded_buffers")
-            data["allocator_reserve"] = data.pop("fragmentation", 0.0)
-            data.setdefault("grad_buffers", 0.0)
-        return data
 
     @property
     def total(self) -> float:
@@ -319,8 +294,7 @@ class Plan(Document):
 
     @model_validator(mode="before")
     @classmethod
-    def _upgrade_schema_1(cls, data: Any) -> Any:
-        # A 1.x document's configs are read into the mesh (ParallelConfig): the result is a 2.0 one.
-        if isinstance(data, dict) and str(data.get("schema_version", "")).startswith("1."):
-            data = {**data, "schema_version": SCHEMA_VERSION}
-        return data
+    def _upgrade(cls, data: Any) -> Any:
+        # Older schemas are read through the contract's one upgrader (a PlanError is a ValueError:
+        # pydantic reports it as this document's validation error).
+        return upgrade_document(data) if isinstance(data, dict) and "schema_version" in data else data

@@ -12,9 +12,10 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from contract.plan_document import PlanError, schema_major, unwrap
 from planner.catalog.models import resolve_model
 from planner.errors import describe_validation_error
-from planner.plan import READABLE_SCHEMA_MAJORS, Plan
+from planner.plan import Plan
 from planner.specs import ClusterSpec, ModelSpec
 
 EXIT_FAILED = 1
@@ -159,20 +160,11 @@ def cpu_precision_note(plan: Plan) -> str | None:
 
 def plan_from_document(document: Any, source: str) -> Plan:
     """A Plan from a plan file or an API response (`{"id": ..., "plan": {...}}`); anything else refused."""
-    if (
-        isinstance(document, dict)
-        and "schema_version" not in document
-        and isinstance(document.get("plan"), dict)
-    ):
-        document = document["plan"]
-    if not isinstance(document, dict):
-        raise fail(f"{source}: expected a plan JSON object")
-    version = str(document.get("schema_version", ""))
-    if version.split(".")[0] not in READABLE_SCHEMA_MAJORS:
-        raise fail(
-            f"{source}: plan schema_version {version or '(missing)'!r} is not supported "
-            f"({' or '.join(f'{major}.x' for major in READABLE_SCHEMA_MAJORS)})"
-        )
+    document = unwrap(document)
+    try:
+        schema_major(document)
+    except PlanError as exc:
+        raise fail(f"{source}: {exc}") from None
     try:
         return Plan.model_validate(document)
     except ValidationError as exc:

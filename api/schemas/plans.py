@@ -22,13 +22,13 @@ from pydantic import (
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from api.problems import UNION_TAG_PREFIX
+from contract.mesh import Mesh
 
 # Re-exported (for the routes and the dashboard) from the planner, whose types the schemas below spell, so
 # that the OpenAPI shows the very limits the planner enforces.
 from planner.bounds import MAX_GPUS_PER_NODE as MAX_GPUS_PER_NODE
 from planner.bounds import MAX_NODES as MAX_NODES
 from planner.gpu_spec import GpuSpec
-from planner.parallel_dims import ParallelDims
 from planner.specs import (
     CLUSTER_FORMAT,
     CLUSTER_SCHEMA_PATTERN,
@@ -230,7 +230,7 @@ class PlanSummary(BaseModel):
     """The chosen sharding: full_shard, shard_grad_op, hybrid_shard or no_shard."""
     tensor_parallel_degree: int = Field(ge=1, examples=[8])
     """The mesh's tp: GPUs (inside one node) that split every block's matmuls; 1: data parallelism only."""
-    mesh: ParallelDims
+    mesh: Mesh
     """The device mesh: dp_replicate x dp_shard x tp = world_size."""
     tokens_per_s_per_gpu: float
     mfu: float
@@ -250,11 +250,11 @@ class PlanSummary(BaseModel):
         return data
 
 
-def stored_mesh(row: Any) -> ParallelDims:
+def stored_mesh(row: Any) -> Mesh:
     """The mesh of a stored plan row (api.db.models.PlanRow), from its columns alone: tp and dp_shard
     are stored, dp_replicate is what the world size leaves."""
     tp, dp_shard = row.tensor_parallel_degree, row.data_parallel_shard_degree
-    return ParallelDims(dp_replicate=max(1, row.world_size // (tp * dp_shard)), dp_shard=dp_shard, tp=tp)
+    return Mesh(dp_replicate=max(1, row.world_size // (tp * dp_shard)), dp_shard=dp_shard, tp=tp)
 
 
 class PlanDetail(PlanSummary):

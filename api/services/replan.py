@@ -27,7 +27,7 @@ from planner.calibration import CalibrationProfile
 from planner.cost.memory import memory_limit_gib
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.hashing import plan_hash
-from planner.plan import ParallelConfig, Plan, RejectedFamily
+from planner.plan import Plan, RejectedFamily
 from planner.search import predict
 from planner.search_setting import build_setting
 from planner.specs import PlanRequest
@@ -44,7 +44,7 @@ def replan(
         raise plan_service.plan_not_found(plan_id)
     run = _failed_run(session, source, body.run_id)
     request = PlanRequest.model_validate(source.request)
-    config = ParallelConfig.model_validate(source.plan["config"])
+    config = Plan.model_validate(source.plan).config  # through the upgrader: rows of every schema
     profile: CalibrationProfile | None = None
     calibration_id = None if source.calibration_id is None else str(source.calibration_id)
     if source.calibration_id is not None:

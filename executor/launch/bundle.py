@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import contract
 from executor.launch import render
 from executor.launch.quoting import (
     CUDA_VERSION_PATTERN,
@@ -66,6 +67,7 @@ class BundleTooLargeError(ValueError):
     """The bundle archive does not fit in a Kubernetes ConfigMap (1 MiB)."""
 
 _RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
+_CONTRACT_DIR = Path(contract.__file__).resolve().parent
 _EXECUTOR_INIT = '"""fsdp-planner executor (bundle copy: the packages the bundle runs)."""\n'
 _MTIME = 315532800  # 1980-01-01: zip's earliest date; fixed so archives are reproducible
 MEDIA_TYPES = {"tar.gz": "application/gzip", "zip": "application/zip"}
@@ -98,7 +100,6 @@ def context(plan: Plan, *, image: str = DEFAULT_IMAGE) -> render.LaunchContext:
     nodes = positive_int(cluster.num_nodes, "cluster.num_nodes")
     gpus = positive_int(cluster.gpus_per_node, "cluster.gpus_per_node")
     title = comment(f"{plan.model.name} on {nodes}x{gpus}x{cluster.gpu}", limit=100)
-    mesh = plan.config.mesh
     return render.LaunchContext(
         title=title,
         plan_hash=full_hash,
@@ -111,23 +112,20 @@ def context(plan: Plan, *, image: str = DEFAULT_IMAGE) -> render.LaunchContext:
         uses_gpus=cluster.gpu.lower() != "cpu",
         image=image_ref(image),
         label=comment(plan.config.label(), limit=100),
-        mesh=render.Mesh(
-            dp_replicate=positive_int(mesh.dp_replicate, "config.mesh.dp_replicate"),
-            dp_shard=positive_int(mesh.dp_shard, "config.mesh.dp_shard"),
-            tp=positive_int(mesh.tp, "config.mesh.tp"),
-        ),
+        mesh=plan.config.mesh,  # a contract.mesh.Mesh: its degrees are checked whole numbers >= 1
     )
 
 
 def runtime_files(packages: tuple[str, ...] = ("runtime",)) -> list[BundleFile]:
-    """The source of executor packages (stdlib + torch only), as a bundle carries them."""
+    """The source of executor packages (stdlib + torch only) and of the contract they read (stdlib
+    only), as a bundle carries them: each at its import path."""
     files = [BundleFile("executor/__init__.py", _EXECUTOR_INIT.encode())]
-    root = _RUNTIME_DIR.parent
-    for package in packages:
-        for source in sorted((root / package).rglob("*.py")):
-            if "__pycache__" in source.parts:
-                continue
-            files.append(BundleFile(source.relative_to(root.parent).as_posix(), source.read_bytes()))
+    executor = _RUNTIME_DIR.parent
+    sources = [(executor / package, executor.parent) for package in packages]
+    for directory, import_root in (*sources, (_CONTRACT_DIR, _CONTRACT_DIR.parent)):
+        for source in sorted(directory.rglob("*.py")):
+            if "__pycache__" not in source.parts:
+                files.append(BundleFile(source.relative_to(import_root).as_posix(), source.read_bytes()))
     return files
 
 

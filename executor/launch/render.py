@@ -5,27 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from contract.mesh import Mesh
 from executor.launch import environment
 from executor.launch.quoting import comment, sh, yaml_str
-
-
-@dataclass(frozen=True, slots=True)
-class Mesh:
-    """The plan's device mesh (validated positive degrees), laid out row-major over
-    dp_replicate x dp_shard x tp: a tensor-parallel group is `tp` consecutive ranks."""
-
-    dp_replicate: int
-    dp_shard: int
-    tp: int
-
-    @property
-    def world_size(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp
-
-    def describe(self) -> str:
-        """`dp_replicate 1 x dp_shard 32 x tp 8 = 256 ranks`."""
-        return (f"dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} x tp {self.tp} "
-                f"= {self.world_size} ranks")
 
 
 @dataclass(frozen=True, slots=True)
@@ -845,7 +827,6 @@ degree is a different plan: re-plan with `fsdp-planner plan ... --tp N`."""
 
 __all__ = [
     "LaunchContext",
-    "Mesh",
     "comment",
     "k8s_pytorchjob",
     "k8s_trainjob",

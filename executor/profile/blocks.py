@@ -15,11 +15,11 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from contract.plan_document import ModelConfig
 from executor.profile.measure import Budget, synchronize, time_call
 from executor.runtime.activation_checkpoint import apply_activation_checkpointing
 from executor.runtime.materialize import materialize
 from executor.runtime.models import build_model, find_parts
-from executor.runtime.plan import ModelConfig
 
 CHECKPOINTING = ("none", "op_selective", "full")
 PROFILE_VOCAB = 512

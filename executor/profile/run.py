@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from contract.calibration_profile import PROFILE_SCHEMA_VERSION
 from executor.profile.measure import (
     Budget,
     bandwidth_samples,
@@ -299,7 +300,7 @@ def run(args: argparse.Namespace) -> dict:
     progress("done")
     progress.done()
     return {
-        "schema_version": "1.0",
+        "schema_version": PROFILE_SCHEMA_VERSION,
         "name": args.name,
         "gpu": catalog_gpu(device),
         "fingerprint": fingerprint(device, backend, local_world),

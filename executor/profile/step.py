@@ -27,6 +27,14 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from contract.mesh import Mesh
+from contract.plan_document import (
+    CheckpointingConfig,
+    ClusterConfig,
+    ParallelConfig,
+    RuntimePlan,
+    TrainingConfig,
+)
 from executor.profile.blocks import model_config
 from executor.profile.measure import Budget, agreed_exhausted, agreed_seconds, synchronize
 from executor.runtime.distributed import DistEnv, build_mesh
@@ -35,14 +43,6 @@ from executor.runtime.metrics import GIB, MemoryMeter, persistent_bytes
 from executor.runtime.models import build_model
 from executor.runtime.optim import OptimizerSettings, build_optimizer
 from executor.runtime.parallelize import parallelize
-from executor.runtime.plan import (
-    CheckpointingConfig,
-    ClusterConfig,
-    MeshConfig,
-    ParallelConfig,
-    RuntimePlan,
-    TrainingConfig,
-)
 from executor.runtime.step import train_step
 
 
@@ -118,7 +118,7 @@ def _plan(
         ),
         config=ParallelConfig(
             sharding=shape.sharding,  # type: ignore[arg-type]
-            mesh=MeshConfig(dp_shard=world, dp_replicate=1) if sharded else MeshConfig(dp_replicate=world),
+            mesh=Mesh(dp_shard=world) if sharded else Mesh(dp_replicate=world),
             reshard_after_forward=sharded,
             micro_batch_size=micro_batch,
             grad_accum_steps=shape.accum,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from executor.runtime.plan import ParallelConfig
+from contract.plan_document import ParallelConfig
 
 PLANNER_MB = 1e6
 """The planner's bucket caps are in MB (1e6 bytes); inductor's in MiB."""

@@ -57,7 +57,7 @@ from typing import Any, Protocol
 
 import torch
 
-from executor.runtime.token_format import FORMAT, FORMAT_VERSION, INDEX
+from contract.token_format import FORMAT, FORMAT_VERSION, INDEX
 
 DTYPES = {"uint16": torch.uint16, "uint32": torch.uint32}
 ITEMSIZE = {"uint16": 2, "uint32": 4}

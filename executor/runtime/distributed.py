@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from executor.runtime.plan import RuntimePlan
+from contract.mesh import MESH_AXES, data_parallel_axes
+from contract.plan_document import RuntimePlan
 
 
 def exit_process(code: int) -> NoReturn:
@@ -156,10 +157,6 @@ def init_distributed(plan: RuntimePlan, *, device: str = "auto", timeout_s: floa
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, backend=backend)
 
 
-MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
-"""Names of the device mesh's dimensions, outermost first (the plan's rank layout)."""
-
-
 def build_mesh(plan: RuntimePlan, env: DistEnv) -> DeviceMesh:
     """The job's one 3-D mesh, (dp_replicate, dp_shard, tp) from `plan.config.mesh` (size-1 dims kept).
 
@@ -169,22 +166,7 @@ def build_mesh(plan: RuntimePlan, env: DistEnv) -> DeviceMesh:
     replicas' all-reduce crosses nodes. Every engine takes its submeshes from this mesh (FSDP2 needs
     its data-parallel mesh and the tensor-parallel mesh to share a root).
     """
-    mesh = plan.config.mesh
-    shape = (mesh.dp_replicate, mesh.dp_shard, mesh.tp)
-    return init_device_mesh(env.device.type, shape, mesh_dim_names=MESH_DIMS)
-
-
-def data_parallel_dims(sharding: str) -> tuple[str, ...]:
-    """The mesh dims a sharding mode spreads data parallelism over: the shard group for full_shard
-    and shard_grad_op (dp_replicate is 1), (dp_replicate, dp_shard) for hybrid_shard, the replicas
-    for no_shard (dp_shard is 1)."""
-    if sharding in ("full_shard", "shard_grad_op"):
-        return ("dp_shard",)
-    if sharding == "hybrid_shard":
-        return ("dp_replicate", "dp_shard")
-    if sharding == "no_shard":
-        return ("dp_replicate",)
-    raise ValueError(f"unknown sharding {sharding!r}")
+    return init_device_mesh(env.device.type, plan.config.mesh.shape, mesh_dim_names=MESH_AXES)
 
 
 def submesh(mesh: DeviceMesh, dims: tuple[str, ...]) -> DeviceMesh:
@@ -193,8 +175,8 @@ def submesh(mesh: DeviceMesh, dims: tuple[str, ...]) -> DeviceMesh:
 
 
 def data_parallel_mesh(mesh: DeviceMesh, sharding: str) -> DeviceMesh:
-    """The data-parallel submesh the FSDP engines shard and reduce over (see data_parallel_dims)."""
-    return submesh(mesh, data_parallel_dims(sharding))
+    """The data-parallel submesh the FSDP engines shard and reduce over (contract.mesh.data_parallel_axes)."""
+    return submesh(mesh, data_parallel_axes(sharding))
 
 
 def tensor_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
@@ -206,7 +188,7 @@ def data_parallel_rank(mesh: DeviceMesh) -> tuple[int, int]:
     """(rank, size) of this rank among the data-parallel ranks: the ranks of one tp group share a
     data-parallel rank, so they read the same sequences."""
     replicate, shard = mesh.get_local_rank("dp_replicate"), mesh.get_local_rank("dp_shard")
-    size = mesh.size(MESH_DIMS.index("dp_shard"))
+    size = mesh.size(MESH_AXES.index("dp_shard"))
     return replicate * size + shard, mesh.size(0) * size
 
 

@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
+from contract.plan_document import PlanError, RuntimePlan, load_plan
 from executor.runtime import hf
 from executor.runtime.checkpoint import latest_checkpoint
 from executor.runtime.materialize import clean_name
 from executor.runtime.models import build_model
-from executor.runtime.plan import PlanError, RuntimePlan, load_plan
 from executor.runtime.safetensors_io import (
     WeightsError,
     plan_shards,

@@ -24,12 +24,12 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from contract.plan_document import RuntimePlan
 from executor.runtime.activation_checkpoint import apply_activation_checkpointing
 from executor.runtime.compile import CompileSettings, apply_compile, compile_settings
 from executor.runtime.distributed import data_parallel_mesh, tensor_parallel_mesh
 from executor.runtime.fsdp2 import apply_fsdp2, fsdp2_mesh
 from executor.runtime.models import computes_own_loss, find_parts
-from executor.runtime.plan import RuntimePlan
 from executor.runtime.simple_fsdp import apply_simple_fsdp
 from executor.runtime.tensor_parallel import apply_tensor_parallel
 

@@ -1,6 +1,6 @@
 """Tokenise text or JSONL into the trainer's dataset format (`fsdp-planner prepare-data`).
 
-The format (`fsdp-planner-tokens` version 1) is declared in `executor/runtime/token_format.py`, read
+The format (`fsdp-planner-tokens` version 1) is declared in `contract/token_format.py`, read
 by `executor/runtime/data.py` and documented in the README's *Data* section: a directory of raw
 little-endian uint16/uint32 token shards (`train-00000.bin`, ..., `eval-00000.bin`) and an
 `index.json` written last. Every document's tokens are followed by the tokenizer's end-of-text id
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from executor.runtime.token_format import DTYPE_LIMITS, FORMAT, FORMAT_VERSION, INDEX, SHARD_NAME
+from contract.token_format import DTYPE_LIMITS, FORMAT, FORMAT_VERSION, INDEX, SHARD_NAME
 
 TEXT_SUFFIXES = {".txt", ".text", ".md"}
 JSONL_SUFFIXES = {".jsonl", ".json", ".ndjson"}

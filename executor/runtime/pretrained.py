@@ -22,9 +22,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from contract.plan_document import ModelConfig
 from executor.runtime import hf
 from executor.runtime.materialize import clean_name
-from executor.runtime.plan import ModelConfig
 from executor.runtime.safetensors_io import SafetensorsCheckpoint, WeightsError
 
 

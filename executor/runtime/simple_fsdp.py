@@ -44,7 +44,8 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from executor.runtime.distributed import data_parallel_dims, submesh
+from contract.mesh import data_parallel_axes
+from executor.runtime.distributed import submesh
 
 # DTensor.redistribute(forward_dtype=, backward_dtype=) is recent; without it, cast before gathering.
 _REDISTRIBUTE_CASTS = "forward_dtype" in inspect.signature(DTensor.redistribute).parameters
@@ -206,7 +207,7 @@ def apply_simple_fsdp(
     under activation checkpointing: their whole forward already reruns in backward (gathers
     included), so they skip the per-parameter reshard policy.
     """
-    dp_dims = data_parallel_dims(sharding)
+    dp_dims = data_parallel_axes(sharding)
     dp_mesh = submesh(mesh, dp_dims)
     layout = layout_for(sharding, dp_mesh)
     reshard = reshard_after_forward and sharding in ("full_shard", "hybrid_shard")

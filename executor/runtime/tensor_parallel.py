@@ -34,10 +34,10 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from contract.plan_document import PlanError
 from executor.runtime.loss import VocabShard, vocab_parallel_linear_cross_entropy
 from executor.runtime.models.common import OutputHead
 from executor.runtime.models.llama import Llama
-from executor.runtime.plan import PlanError
 
 
 def apply_tensor_parallel(model: nn.Module, *, mesh: DeviceMesh) -> None:

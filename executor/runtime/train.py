@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from contract.plan_document import PlanError, RuntimePlan, load_plan
 from executor.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from executor.runtime.data import BatchIndex, DataError, SyntheticTokens, TokenSource, open_dataset
 from executor.runtime.distributed import (
@@ -49,7 +50,6 @@ from executor.runtime.oom import EXIT_OOM, PhaseTracker, find_oom, limit_cuda_me
 from executor.runtime.optim import OptimizerSettings, build_optimizer, lr_factor, set_lr
 from executor.runtime.options import RunOptions, add_options, parse_options
 from executor.runtime.parallelize import Overrides, Parallelized, parallelize
-from executor.runtime.plan import PlanError, RuntimePlan, load_plan
 from executor.runtime.pretrained import load_pretrained
 from executor.runtime.safetensors_io import WeightsError
 from executor.runtime.step import train_step

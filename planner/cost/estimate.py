@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from contract.mesh import LinkClass
 from planner.cost.layout import CommLayout, comm_layout
 from planner.cost.memory import (
     MemoryEstimate,
@@ -18,7 +19,7 @@ from planner.cost.memory import (
     saved_activations,
 )
 from planner.cost.model_costs import UnitCost, tensor_parallel_share
-from planner.cost.parameters import CostParameters, LinkClass
+from planner.cost.parameters import CostParameters
 from planner.cost.repeats import Run, periodic_runs
 from planner.cost.setting import Choice, Setting
 from planner.cost.timeline import GroupTimes, RepeatedGroups, TimelineResult, simulate

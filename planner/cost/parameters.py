@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Literal
 
+from contract.mesh import LinkClass
 from planner.catalog.gpus import GpuSpec
 from planner.specs import ClusterSpec, Precision
 
-LinkClass = Literal["intra", "inter"]
 GIB = 1024.0**3
 
 

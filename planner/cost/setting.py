@@ -9,12 +9,12 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, fields
 
+from contract.mesh import Mesh
 from planner.cost.model_costs import ModelCosts
 from planner.cost.parameters import CostParameters
-from planner.parallel_dims import ParallelDims
 from planner.specs import Optimizer, Precision
 
-SINGLE_RANK = ParallelDims()
+SINGLE_RANK = Mesh()
 LAYOUT_FIELDS = ("blocks_per_unit", "all_gather_bucket_mb", "reduce_scatter_bucket_mb")
 """Choice fields that act on cost only through the collective layout (planner/cost/layout.py)."""
 
@@ -26,7 +26,7 @@ class Choice:
     (planner/document.py)."""
 
     sharding: str
-    mesh: ParallelDims = SINGLE_RANK
+    mesh: Mesh = SINGLE_RANK
     blocks_per_unit: int = 1
     all_gather_bucket_mb: float = 0.0
     reduce_scatter_bucket_mb: float = 0.0

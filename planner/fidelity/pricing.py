@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from contract.mesh import Mesh
 from planner.calibration import CalibrationProfile
 from planner.catalog.gpus import resolve_gpu
 from planner.catalog.models import resolve_model
 from planner.cost.parameters import CostParameters
 from planner.errors import PlanningError
 from planner.fidelity.schema import Run
-from planner.parallel_dims import ParallelDims
 from planner.plan import CheckpointingConfig, InductorConfig, ParallelConfig, Plan
 from planner.search import predict
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
@@ -149,7 +149,7 @@ def run_config(run: Run) -> ParallelConfig:
         reshard = config.sharding in ("full_shard", "hybrid_shard")
     return ParallelConfig(
         sharding=config.sharding,
-        mesh=ParallelDims(dp_replicate=mesh.dp_replicate, dp_shard=mesh.dp_shard, tp=mesh.tp),
+        mesh=Mesh(dp_replicate=mesh.dp_replicate, dp_shard=mesh.dp_shard, tp=mesh.tp),
         blocks_per_unit=config.blocks_per_unit,
         all_gather_bucket_mb=0.0,
         reduce_scatter_bucket_mb=0.0,

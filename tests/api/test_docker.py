@@ -52,7 +52,7 @@ def test_dockerfile_serves_without_torch() -> None:
     assert "pip install ." in dockerfile and "[executor" not in dockerfile  # no torch in the web image
     assert 'CMD ["fsdp-planner", "serve", "--host", "0.0.0.0"' in dockerfile
     assert "HEALTHCHECK" in dockerfile and "USER planner" in dockerfile
-    for package in ("planner", "api", "migrations"):
+    for package in ("contract", "planner", "executor", "api", "migrations"):
         assert f"COPY {package} ./{package}" in dockerfile
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", ".git", "data"} <= set(ignored)

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 import tarfile
 import zipfile
+from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy.orm import Session
 
+from api.db.models import PlanRow
 from tests.api.conftest import assert_problem, cheap_plan
+from tests.older_schemas import as_schema_1
 
 pytestmark = pytest.mark.anyio
 
@@ -80,3 +87,55 @@ async def test_kubernetes_render_options(client: httpx.AsyncClient) -> None:
     assert "torch_version" in too_old["detail"]
     assert_problem(await client.get(url, params={"torch_version": "latest"}), 422)
     assert_problem(await client.get(url, params={"rdma_resource": "rdma/ib; rm -rf /"}), 422)
+
+
+@pytest.mark.distributed
+async def test_stored_plans_of_every_schema_launch_from_their_bundle(
+    client: httpx.AsyncClient, session: Session, backend: str, tmp_path: Path
+) -> None:
+    # A row stored by a schema 1.x planner (no mesh) and a 2.0 row: each bundle's own runtime and
+    # contract (no PYTHONPATH to this repository) read its plan.json, and the 1.x one trains.
+    body = cheap_plan(
+        training={"seq_len": 64, "global_batch_tokens": 64 * 8, "precision": "fp32"},
+        search={"compile": [False], "tensor_parallel_degrees": [1]},
+    )
+    current = (await client.post(PLANS, json=body)).json()
+    old = (await client.post(PLANS, json={**body, "name": "stored by 1.x"})).json()
+    row = session.get(PlanRow, old["id"])
+    assert row is not None
+    row.plan = as_schema_1(row.plan)
+    session.commit()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NPROC_PER_NODE", "NNODES")}
+    env.update(PYTHON=sys.executable, OMP_NUM_THREADS="1", SYNTHETIC_DATA="1")
+    for plan in (current, old):
+        response = await client.get(f"{PLANS}/{plan['id']}/launcher")
+        assert response.status_code == 200, response.text
+        with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+            archive.extractall(tmp_path / str(plan["id"]), filter="data")
+        (bundle,) = (tmp_path / str(plan["id"])).iterdir()
+        read = subprocess.run(
+            [sys.executable, "-c", READ_WITH_THE_BUNDLE], cwd=bundle, env=env, capture_output=True, text=True,
+            check=False,
+        )
+        assert read.returncode == 0, read.stderr
+        assert json.loads(read.stdout) == {"schema_version": "2.0", "contract": str(bundle / "contract"),
+                                           "mesh": current["plan"]["config"]["mesh"]}
+    if backend != "sqlite":
+        return  # the database is not what the launch tests: once is enough
+    launch = subprocess.run(
+        ["./launch.sh", "--steps", "2"], cwd=bundle, env=env, capture_output=True, text=True, timeout=300,
+        check=False,
+    )
+    assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
+    assert "done: 2 steps" in launch.stdout
+
+
+READ_WITH_THE_BUNDLE = """
+import json, pathlib, contract
+from contract.plan_document import load_plan
+plan = load_plan("plan.json")
+where = str(pathlib.Path(contract.__file__).parent)
+mesh = plan.config.mesh.as_document()
+print(json.dumps({"schema_version": plan.schema_version, "contract": where, "mesh": mesh}))
+"""
+"""Run inside an unpacked bundle: its own contract reads its plan.json."""

@@ -29,6 +29,7 @@ from planner.plan import Plan
 from planner.search import make_plan
 from planner.specs import ClusterSpec, PlanRequest, SearchSpace, TrainingSpec
 from tests.live_server import REPO_ROOT
+from tests.older_schemas import as_schema_1
 
 TABLES = {"plans", "calibration_profiles", "validation_runs", "api_keys", "idempotency_keys"}
 MESH_COLUMNS = ("sharding", "tensor_parallel_degree", "data_parallel_shard_degree")
@@ -68,21 +69,6 @@ def _plan_document(**search: object) -> dict[str, Any]:
     return make_plan(request).model_dump(mode="json")
 
 
-def _as_schema_1(document: dict[str, Any]) -> dict[str, Any]:
-    """A 2.0 data-parallel plan written as schema 1.2 did: no mesh, the two group sizes apart."""
-    def config_1(config: dict[str, Any]) -> dict[str, Any]:
-        config = dict(config)
-        mesh = config.pop("mesh")
-        assert mesh["tp"] == 1
-        return {**config, "shard_group_size": mesh["dp_shard"], "replicate_group_size": mesh["dp_replicate"]}
-
-    return {
-        **document, "schema_version": "1.2", "config": config_1(document["config"]),
-        "alternatives": [{**c, "config": config_1(c["config"])} for c in document["alternatives"]],
-        "pareto_front": [{**c, "config": config_1(c["config"])} for c in document["pareto_front"]],
-    }
-
-
 # The plans table as revision 0002 left it (the model has moved on).
 _PLANS_0002 = sa.table(
     "plans", *(sa.column(name) for name in (
@@ -95,8 +81,8 @@ _PLANS_0002 = sa.table(
 
 def test_0003_backfills_the_mesh_from_2_0_and_1_x_plans_and_reverts(fresh_url: str) -> None:
     tensor_parallel = _plan_document(tensor_parallel_degrees=[2], shardings=["shard_grad_op"])
-    hybrid_1x = _as_schema_1(_plan_document(tensor_parallel_degrees=[1], shardings=["hybrid_shard"]))
-    no_shard_1x = _as_schema_1(_plan_document(tensor_parallel_degrees=[1], shardings=["no_shard"]))
+    hybrid_1x = as_schema_1(_plan_document(tensor_parallel_degrees=[1], shardings=["hybrid_shard"]))
+    no_shard_1x = as_schema_1(_plan_document(tensor_parallel_degrees=[1], shardings=["no_shard"]))
     documents = {"tp2": tensor_parallel, "hybrid-1.x": hybrid_1x, "no_shard-1.x": no_shard_1x,
                  "unreadable": {"schema_version": "1.0"}}
     # What the planner reads back from each (the backfill must agree with it).

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from api.db.models import PlanRow
-from planner.plan import SCHEMA_VERSION
+from contract.plan_document import SCHEMA_VERSION
 from tests.dashboard.conftest import BrowserPage, LiveServer
 from tests.dashboard.sample_data import h100_profile, insert_calibration, insert_runs
 

@@ -10,7 +10,7 @@ import re
 from fastapi.testclient import TestClient
 
 from api.dashboard import formatting as fmt
-from planner.parallel_dims import ParallelDims
+from contract.mesh import Mesh
 from tests.dashboard.conftest import DEBUG_CPU_FORM, create_plan
 from tests.dashboard.test_pages import error_beside, row_ids
 
@@ -81,7 +81,7 @@ def test_the_list_shows_the_mesh_and_filters_by_sharding_and_tp(client: TestClie
     assert '<th scope="col">Mesh</th>' in html
     cells = mesh_cells(html)
     for plan_id, summary in summaries.items():
-        expected = f"{summary['sharding']} · {ParallelDims(**summary['mesh']).label()}"
+        expected = f"{summary['sharding']} · {Mesh(**summary['mesh']).label()}"
         assert cells[plan_id] == expected, (cells, summary)
     assert cells[pinned] == f"{summaries[pinned]['sharding']} · dp 2 tp 2"
     assert cells[free] == f"{summaries[free]['sharding']} · dp 4"

@@ -1,7 +1,8 @@
 """Static checks of the package borders (no import is executed: the source is parsed).
 
 executor.runtime / executor.profile ship inside launch bundles that run where only torch is
-installed, so they may import the standard library, torch and each other, nothing else.
+installed, so they may import the standard library, torch, each other and the contract (which the
+bundles carry too, and which imports the standard library alone), nothing else.
 executor.launch runs inside the web service, so it must never import torch.
 """
 
@@ -35,8 +36,8 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def files_of(package: str) -> list[Path]:
-    root = EXECUTOR / package
+def files_of(package: str, root: Path = EXECUTOR) -> list[Path]:
+    root = root / package
     return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
 
 
@@ -54,7 +55,7 @@ def test_runtime_imports_only_stdlib_and_torch(package: str) -> None:
     files = files_of(package)
     if package == "runtime":
         assert len(files) >= 10, "the runtime package was not found"
-    allowed_own = ("executor.runtime", "executor.profile")
+    allowed_own = ("executor.runtime", "executor.profile", "contract")
     offenders = []
     for path in files:
         for line, module in imported_modules(path):
@@ -64,6 +65,18 @@ def test_runtime_imports_only_stdlib_and_torch(package: str) -> None:
             if module in OPTIONAL.get(path.relative_to(REPO).as_posix(), ()):
                 continue
             offenders.append(f"{path.relative_to(REPO)}:{line} imports {module}")
+    assert offenders == []
+
+
+def test_the_contract_imports_only_the_standard_library() -> None:
+    files = files_of("contract", REPO)
+    assert len(files) >= 4, "the contract package was not found"
+    offenders = [
+        f"{path.relative_to(REPO)}:{line} imports {module}"
+        for path in files
+        for line, module in imported_modules(path)
+        if module.split(".")[0] not in STDLIB and not module.startswith("contract")
+    ]
     assert offenders == []
 
 
@@ -110,6 +123,6 @@ def test_bundle_runtime_is_the_whole_runtime_package() -> None:
     from executor.launch.bundle import runtime_files
 
     shipped = {f.path for f in runtime_files()}
-    on_disk = {p.relative_to(REPO).as_posix() for p in files_of("runtime")}
+    on_disk = {p.relative_to(REPO).as_posix() for p in (*files_of("runtime"), *files_of("contract", REPO))}
     assert on_disk <= shipped and "executor/__init__.py" in shipped
     assert not any(p.startswith(("executor/launch", "executor/profile")) for p in shipped)

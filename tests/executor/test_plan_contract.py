@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from contract.plan_document import PlanError, RuntimePlan, parse_plan
 from executor.runtime.models import build_model, count_params
-from executor.runtime.plan import PlanError, RuntimePlan, parse_plan
 from planner.catalog.models import catalog_model
 from planner.cost.model_costs import count_parameters
 from planner.plan import Plan

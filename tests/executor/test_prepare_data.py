@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from api.cli.main import app
+from contract.token_format import FORMAT, FORMAT_VERSION
 from executor.runtime.prepare_data import (
     ByteTokenizer,
     PrepareError,
@@ -20,7 +21,6 @@ from executor.runtime.prepare_data import (
     parse_count,
     prepare,
 )
-from executor.runtime.token_format import FORMAT, FORMAT_VERSION
 
 runner = CliRunner()
 EOS = 256

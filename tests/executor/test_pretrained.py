@@ -36,11 +36,11 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from contract.plan_document import RuntimePlan, parse_plan
 from executor.runtime import export as export_cli
 from executor.runtime.hf import check_config
 from executor.runtime.materialize import clean_name, materialize
 from executor.runtime.models import build_model
-from executor.runtime.plan import RuntimePlan, parse_plan
 from executor.runtime.pretrained import load_pretrained
 from executor.runtime.safetensors_io import SafetensorsCheckpoint, WeightsError
 from tests.executor.conftest import REPO, explain, job_env, read_metrics, torchrun

@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from contract.mesh import Mesh
+from contract.plan_document import PlanError, parse_plan
 from executor.profile.run import MIN_PHASE_SHARE, PhaseBudgets
 from executor.runtime.activation_checkpoint import checkpointed_indices
 from executor.runtime.data import BatchIndex, SyntheticTokens
@@ -19,8 +21,8 @@ from executor.runtime.materialize import materialize
 from executor.runtime.models import ModelFactoryError, build_model, find_parts
 from executor.runtime.models.common import sdpa_causal
 from executor.runtime.optim import lr_factor
-from executor.runtime.plan import MeshConfig, PlanError, parse_plan
 from tests.executor.plan_factory import LLAMA_DEBUG, debug_plan
+from tests.older_schemas import as_schema_1
 
 SMALL = {
     **LLAMA_DEBUG,
@@ -174,28 +176,23 @@ def test_a_phase_that_overran_leaves_later_phases_a_floor() -> None:
     assert budgets.take("steps").seconds == pytest.approx(MIN_PHASE_SHARE * 4.0)
 
 
-def _as_schema_1(document: dict) -> dict:
-    """A 2.0 test plan written the way schema 1.x planners wrote it (no mesh, two group sizes)."""
-    config = dict(document["config"])
-    mesh = config.pop("mesh")
-    assert mesh["tp"] == 1
-    config.update(shard_group_size=mesh["dp_shard"], replicate_group_size=mesh["dp_replicate"])
-    return {**document, "schema_version": "1.3", "config": config}
-
-
 @pytest.mark.parametrize(
     ("kwargs", "mesh"),
-    [({}, MeshConfig(dp_shard=2)), ({"sharding": "hybrid_shard", "nodes": 2}, MeshConfig(2, 2, 1))],
+    [({}, Mesh(dp_shard=2)), ({"sharding": "hybrid_shard", "nodes": 2}, Mesh(2, 2, 1))],
 )
-def test_schema_1_plans_read_as_their_mesh(kwargs: dict, mesh: MeshConfig) -> None:
+def test_schema_1_plans_read_as_their_mesh(kwargs: dict, mesh: Mesh) -> None:
     current = parse_plan(debug_plan(**kwargs))
-    old = parse_plan(_as_schema_1(debug_plan(**kwargs)))
+    old = parse_plan(as_schema_1(debug_plan(**kwargs)))
     assert old.config.mesh == mesh == current.config.mesh
     assert dataclasses.replace(old, schema_version="2.0") == current
-    broken = _as_schema_1(debug_plan())
-    del broken["config"]["replicate_group_size"]
+    # A 1.x plan without a replica count: the one upgrader reads what the world size leaves (the
+    # planner once read 1 here while the runtime refused the plan).
+    hybrid = as_schema_1(debug_plan(sharding="hybrid_shard", nodes=2))
+    del hybrid["config"]["replicate_group_size"]
+    assert parse_plan(hybrid).config.mesh == Mesh(2, 2, 1)
+    unsized = {**hybrid, "cluster": {"gpu": "cpu"}}
     with pytest.raises(PlanError, match=r"plan\.config\.replicate_group_size: missing"):
-        parse_plan(broken)
+        parse_plan(unsized)
 
 
 def test_tensor_parallel_plans_batch_per_data_parallel_rank() -> None:
@@ -230,7 +227,7 @@ def test_tensor_parallel_plans_batch_per_data_parallel_rank() -> None:
             lambda c: c.update(micro_batch_size=4),
             "x 2 data-parallel ranks = 8",
         ),
-        ({}, lambda c: c["mesh"].update(tp=0, dp_shard=2), "plan.config.mesh.tp: must be at least 1"),
+        ({}, lambda c: c["mesh"].update(tp=0, dp_shard=2), "plan.config.mesh.tp must be a whole number >= 1"),
     ],
 )
 def test_mesh_rules(kwargs: dict, mutate, message: str) -> None:

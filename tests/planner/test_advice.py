@@ -18,13 +18,13 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from api.cli.main import app
+from contract.mesh import Mesh
 from planner.calibration import CalibrationProfile
 from planner.catalog.models import resolve_model
 from planner.cost.estimate import Estimator
 from planner.enumeration import enumerate_choices
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
 from planner.infeasibility import dominant_term
-from planner.parallel_dims import ParallelDims
 from planner.search import make_plan
 from planner.search_setting import build_setting
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
@@ -220,7 +220,7 @@ def test_no_configuration_is_lighter_than_its_fully_sharded_twin(
     world = request.cluster.world_size
     for choice in enumerate_choices(request, setting):
         tp = choice.mesh.tp
-        twin = replace(choice, sharding="full_shard", mesh=ParallelDims(dp_shard=world // tp, tp=tp))
+        twin = replace(choice, sharding="full_shard", mesh=Mesh(dp_shard=world // tp, tp=tp))
         assert estimator.memory(choice).total >= estimator.memory(twin).total - 1e-6, choice
 
 

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from api.cli.main import app
+from contract.plan_document import SCHEMA_VERSION
 from planner.formatting import duration
-from planner.plan import SCHEMA_VERSION
 from tests.planner.test_specs import HF_LLAMA3
 
 runner = CliRunner()

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from contract.mesh import Mesh
+from contract.plan_document import upgrade_document
 from planner.cost.estimate import Estimator
 from planner.cost.memory import MEMORY_TERMS, loss_chunks_for
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice
 from planner.enumeration import enumerate_choices
-from planner.parallel_dims import ParallelDims
 from planner.plan import MemoryBreakdown
 from planner.search import make_plan
 from planner.search_setting import build_setting
@@ -24,7 +25,7 @@ def choice(sharding: str, shard: int, replicas: int | None = None, **overrides) 
     replicas = 8 // shard if replicas is None else replicas
     fields = dict(
         sharding=sharding,
-        mesh=ParallelDims(dp_replicate=replicas, dp_shard=shard),
+        mesh=Mesh(dp_replicate=replicas, dp_shard=shard),
         blocks_per_unit=1,
         all_gather_bucket_mb=0.0,
         reduce_scatter_bucket_mb=0.0,
@@ -220,7 +221,8 @@ def test_plans_stored_before_schema_1_1_still_read() -> None:
         "params": 1.0, "grads": 1.0, "optimizer": 2.0, "activations": 3.0, "unsharded_buffers": 0.5,
         "logits": 0.25, "workspace": 1.0, "fragmentation": 0.1,
     }
-    breakdown = MemoryBreakdown.model_validate(old)
+    document = upgrade_document({"schema_version": "1.0", "prediction": {"memory_breakdown_gib": old}})
+    breakdown = MemoryBreakdown.model_validate(document["prediction"]["memory_breakdown_gib"])
     assert breakdown.unsharded_params == 0.5 and breakdown.allocator_reserve == 0.1
     assert breakdown.total == pytest.approx(8.85)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contract.mesh import Mesh
 from planner.cost.estimate import Estimator
 from planner.cost.setting import Choice
 from planner.errors import InfeasiblePlanError
-from planner.parallel_dims import ParallelDims
 from planner.search import make_plan
 from planner.search_setting import build_setting
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
@@ -76,7 +76,7 @@ def test_memory_is_monotone_in_micro_batch(request: PlanRequest, checkpointing: 
     totals = [
         estimator.memory(
             Choice(
-                sharding="full_shard", mesh=ParallelDims(dp_shard=world), checkpointing=checkpointing,
+                sharding="full_shard", mesh=Mesh(dp_shard=world), checkpointing=checkpointing,
                 every_k=2, micro_batch_size=mb, compile=compiled,
             )
         ).total
@@ -93,7 +93,7 @@ def test_more_sharding_never_increases_sharded_state(request: PlanRequest) -> No
     states = []
     for shard in sorted({1, *(s for s in (2, 4, 8, 16, 32) if world % s == 0 and s <= world), world}):
         sharding = "no_shard" if shard == 1 else ("full_shard" if shard == world else "hybrid_shard")
-        mesh = ParallelDims(dp_replicate=world // shard, dp_shard=shard)
+        mesh = Mesh(dp_replicate=world // shard, dp_shard=shard)
         choice = Choice(sharding=sharding, mesh=mesh, checkpointing="full")
         states.append(estimator.memory(choice).sharded_states)
     assert states == sorted(states, reverse=True)

@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import pytest
 
+from contract.mesh import Mesh
 from planner.cost.estimate import Estimator
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.hashing import plan_hash
-from planner.parallel_dims import ParallelDims
 from planner.plan import Plan
 from planner.search import make_plan
 from planner.search_setting import build_setting
@@ -29,7 +29,7 @@ def test_torchtitan_anchor_lands_in_a_plausible_range(llama8b_request: PlanReque
     setting = build_setting(llama8b_request, None, None)
     estimator = Estimator(setting)
     anchor = Choice(
-        sharding="full_shard", mesh=ParallelDims(dp_shard=8), checkpointing="op_selective",
+        sharding="full_shard", mesh=Mesh(dp_shard=8), checkpointing="op_selective",
         micro_batch_size=2, compile=True,
     )
     mem = estimator.memory(anchor)

@@ -7,15 +7,17 @@ from dataclasses import replace
 
 import pytest
 
+from contract.mesh import Mesh
 from planner.cost.estimate import Estimator
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice
 from planner.enumeration import enumerate_choices, tensor_parallel_degrees
 from planner.errors import InfeasiblePlanError, PlanningError
-from planner.parallel_dims import ParallelDims
-from planner.plan import ParallelConfig
+from planner.plan import ParallelConfig, Plan
 from planner.search import _Leaderboard, make_plan, predict
 from planner.search_setting import build_setting
+from planner.specs import SearchSpace
+from tests.older_schemas import as_schema_1
 from tests.planner.conftest import make_request
 
 SIXTEEN_M_TOKENS = 16 * 1024 * 1024
@@ -31,8 +33,11 @@ def test_405b_at_seq_8192_with_16m_tokens_fits_on_128x8_only_with_tensor_paralle
     tp1 = next(r for r in plan.rejected if r.family == "tp=1")
     assert tp1.kind == "oom" and tp1.reason.startswith("OOM by ")
     with pytest.raises(InfeasiblePlanError):
-        make_plan(request.model_copy(update={"search": request.search.model_copy(
-            update={"tensor_parallel_degrees": [1]})}))
+        make_plan(
+            request.model_copy(
+                update={"search": request.search.model_copy(update={"tensor_parallel_degrees": [1]})}
+            )
+        )
 
 
 def test_70b_at_seq_8192_on_32x8_returns_a_plan() -> None:
@@ -98,8 +103,8 @@ def test_tensor_parallelism_only_for_the_llama_family() -> None:
 def test_memory_terms_divide_by_tp_where_the_runtime_splits() -> None:
     request = make_request("llama3-70b", "4x8xH100", seq_len=8192, sequences=32)
     estimator = Estimator(build_setting(request))
-    base = Choice(sharding="full_shard", mesh=ParallelDims(dp_shard=32), checkpointing="none")
-    tp4 = replace(base, mesh=ParallelDims(dp_shard=8, tp=4))
+    base = Choice(sharding="full_shard", mesh=Mesh(dp_shard=32), checkpointing="none")
+    tp4 = replace(base, mesh=Mesh(dp_shard=8, tp=4))
     one, four = estimator.moments(base)[0], estimator.moments(tp4)[0]
     # States are divided over dp_shard x tp = 32 either way (norm weights are replicated: a hair more).
     assert four.params == pytest.approx(one.params, rel=1e-3) and four.params >= one.params
@@ -111,9 +116,7 @@ def test_memory_terms_divide_by_tp_where_the_runtime_splits() -> None:
 def test_tensor_parallel_collectives_are_priced_and_exposed() -> None:
     request = make_request("llama3-8b", "1x8xH100", seq_len=4096, sequences=16)
     estimator = Estimator(build_setting(request))
-    tp2 = Choice(
-        sharding="full_shard", mesh=ParallelDims(dp_shard=4, tp=2), checkpointing="none", micro_batch_size=2
-    )
+    tp2 = Choice(sharding="full_shard", mesh=Mesh(dp_shard=4, tp=2), checkpointing="none", micro_batch_size=2)
     time = estimator.timing(tp2)
     assert time.tensor_parallel_s > 0
     assert time.exposed_comm_s >= time.tensor_parallel_s
@@ -124,8 +127,11 @@ def test_tensor_parallel_collectives_are_priced_and_exposed() -> None:
 
 def test_predict_prices_a_2d_configuration_and_checks_its_mesh() -> None:
     request = make_request("llama3-70b", "4x8xH100", seq_len=8192, sequences=32)
-    plan = make_plan(request.model_copy(update={"search": request.search.model_copy(
-        update={"tensor_parallel_degrees": [8]})}))
+    plan = make_plan(
+        request.model_copy(
+            update={"search": request.search.model_copy(update={"tensor_parallel_degrees": [8]})}
+        )
+    )
     again = predict(request, plan.config)
     assert again.prediction.step_time_s == pytest.approx(plan.prediction.step_time_s)
     broken = ParallelConfig.model_validate(
@@ -135,12 +141,12 @@ def test_predict_prices_a_2d_configuration_and_checks_its_mesh() -> None:
         predict(request, broken)
 
 
-def test_schema_1_configs_read_as_a_mesh() -> None:
-    plan = make_plan(make_request("llama3-8b", "1x8xH100", seq_len=4096, sequences=16))
-    old = plan.config.model_dump(mode="json")
-    mesh = old.pop("mesh")
-    old |= {"shard_group_size": mesh["dp_shard"], "replicate_group_size": mesh["dp_replicate"]}
-    assert ParallelConfig.model_validate(old) == plan.config
+def test_schema_1_plans_read_as_their_mesh() -> None:
+    search = SearchSpace(tensor_parallel_degrees=[1])
+    plan = make_plan(make_request("llama3-8b", "1x8xH100", seq_len=4096, sequences=16, search=search))
+    old = as_schema_1(plan.model_dump(mode="json"))
+    assert "shard_group_size" in old["config"] and "shard_group_size" in old["alternatives"][0]["config"]
+    assert Plan.model_validate(old) == plan
 
 
 @pytest.mark.parametrize(

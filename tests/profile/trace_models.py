@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from contract.plan_document import ModelConfig
 from executor.runtime.models import Llama
-from executor.runtime.plan import ModelConfig
 
 DEBUG_DIMS: dict[str, Any] = {
     # llama-debug of the model catalog (planner/catalog/models.py).

@@ -13,10 +13,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from contract.plan_document import ModelConfig
 from executor.runtime.models.common import InitRule, ModelParts, computes_own_loss, find_parts
 from executor.runtime.models.gpt2 import GPT2
 from executor.runtime.models.llama import Llama
-from executor.runtime.plan import ModelConfig
 
 __all__ = [
     "GPT2",

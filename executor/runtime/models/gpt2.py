@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from contract.plan_document import ModelConfig
 from executor.runtime.models.common import InitRule, ModelParts, OutputHead, sdpa_causal
-from executor.runtime.plan import ModelConfig
 
 
 class CausalSelfAttention(nn.Module):

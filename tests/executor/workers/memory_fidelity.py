@@ -41,6 +41,7 @@ from torch.profiler import ProfilerActivity, profile
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
+from contract.plan_document import RuntimePlan, parse_plan  # noqa: E402
 from executor.runtime.data import BatchIndex, SyntheticTokens  # noqa: E402
 from executor.runtime.distributed import (  # noqa: E402
     build_mesh,
@@ -59,7 +60,6 @@ from executor.runtime.metrics import (  # noqa: E402
 from executor.runtime.models import build_model, count_params  # noqa: E402
 from executor.runtime.optim import OptimizerSettings, build_optimizer  # noqa: E402
 from executor.runtime.parallelize import Overrides, parallelize  # noqa: E402
-from executor.runtime.plan import RuntimePlan, parse_plan  # noqa: E402
 from executor.runtime.step import train_step  # noqa: E402
 
 SEED = 0

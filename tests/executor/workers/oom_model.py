@@ -11,8 +11,8 @@ import os
 
 import torch
 
+from contract.plan_document import ModelConfig
 from executor.runtime.models import Llama
-from executor.runtime.plan import ModelConfig
 
 HUGE_ELEMENTS = 2**48  # 1 PiB of bytes: no machine has it, so the allocation fails at once
 

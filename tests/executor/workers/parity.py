@@ -36,11 +36,11 @@ from torch.distributed.tensor import DTensor
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
+from contract.plan_document import parse_plan  # noqa: E402
 from executor.runtime.distributed import build_mesh, exit_process, init_distributed  # noqa: E402
 from executor.runtime.materialize import clean_name, materialize  # noqa: E402
 from executor.runtime.models import build_model  # noqa: E402
 from executor.runtime.parallelize import Overrides, parallelize  # noqa: E402
-from executor.runtime.plan import parse_plan  # noqa: E402
 from executor.runtime.step import train_step  # noqa: E402
 from tests.executor.plan_factory import LLAMA_DEBUG, debug_plan  # noqa: E402
 

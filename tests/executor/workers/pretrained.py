@@ -27,12 +27,12 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
+from contract.plan_document import parse_plan  # noqa: E402
 from executor.runtime.distributed import build_mesh, data_parallel_rank, exit_process, init_distributed  # noqa: E402
 from executor.runtime.materialize import clean_name, materialize  # noqa: E402
 from executor.runtime.models import build_model  # noqa: E402
 from executor.runtime.optim import OptimizerSettings, build_optimizer  # noqa: E402
 from executor.runtime.parallelize import Overrides, parallelize  # noqa: E402
-from executor.runtime.plan import parse_plan  # noqa: E402
 from executor.runtime.pretrained import load_pretrained, local_box  # noqa: E402
 from executor.runtime.step import train_step  # noqa: E402
 from tests.executor.plan_factory import debug_plan  # noqa: E402

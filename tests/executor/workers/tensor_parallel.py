@@ -39,6 +39,7 @@ from torch.distributed.tensor import DTensor
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
+from contract.plan_document import RuntimePlan, parse_plan  # noqa: E402
 from executor.runtime.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint  # noqa: E402
 from executor.runtime.data import BatchIndex, SyntheticTokens  # noqa: E402
 from executor.runtime.distributed import build_mesh, data_parallel_rank, exit_process, init_distributed  # noqa: E402
@@ -46,7 +47,6 @@ from executor.runtime.materialize import clean_name, materialize  # noqa: E402
 from executor.runtime.models import build_model  # noqa: E402
 from executor.runtime.optim import OptimizerSettings, build_optimizer, set_lr  # noqa: E402
 from executor.runtime.parallelize import Overrides, Parallelized, parallelize  # noqa: E402
-from executor.runtime.plan import RuntimePlan, parse_plan  # noqa: E402
 from executor.runtime.step import train_step  # noqa: E402
 from tests.executor.plan_factory import LLAMA_DEBUG, debug_plan  # noqa: E402
 from tests.executor.workers.parity import count_collectives  # noqa: E402

@@ -1,13 +1,17 @@
-"""The runtime's own reading of the Plan JSON (stdlib dataclasses, no pydantic).
+"""The Plan document as the runtime reads it (stdlib dataclasses), its schema version and its one
+upgrader.
 
-The planner's pydantic `planner.plan.Plan` writes the document; this module reads the subset the
-trainer needs. Unknown keys are ignored so that plans from newer planners still load, but a plan of
-another *major* schema version is refused: its fields may mean something else.
-tests/executor/test_plan_contract.py keeps the two readings in step.
+The planner's pydantic `planner.plan.Plan` writes the document (its `schema_version` is
+`SCHEMA_VERSION`); the runtime reads the subset the trainer needs with `parse_plan`. Unknown keys are
+ignored so that plans from newer planners still load, but a plan of another *major* schema version
+is refused: its fields may mean something else. tests/executor/test_plan_contract.py keeps the two
+readings in step.
 
-Schema 2 describes the parallelism as a device mesh `config.mesh = {dp_replicate, dp_shard, tp}`;
-schema 1 plans (data parallelism only) named the two data-parallel degrees `shard_group_size` and
-`replicate_group_size` and are read as the mesh they are equivalent to (tp 1).
+Every older schema is read through `upgrade_document` alone (the planner, the CLI and the runtime
+all call it): schema 2 describes the parallelism as a device mesh `config.mesh = {dp_replicate,
+dp_shard, tp}` (contract.mesh); schema 1 plans (data parallelism only) named the two data-parallel
+degrees `shard_group_size` and `replicate_group_size`, and schema 1.0 named two memory terms
+differently.
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from contract.mesh import Mesh, MeshError
+
+SCHEMA_VERSION = "2.0"
+"""The version the planner writes. Bump the minor for a new field, the major when a field changes
+meaning (and teach `upgrade_document` the old one)."""
 SUPPORTED_SCHEMA_MAJORS = (1, 2)
 """Plans whose `schema_version` starts with one of these major numbers can be read."""
 
@@ -155,36 +164,13 @@ class InductorConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class MeshConfig:
-    """The device mesh: dp_replicate x dp_shard x tp ranks, laid out row-major in that order (tp
-    innermost: a tensor-parallel group is `tp` consecutive ranks, inside one node)."""
-
-    dp_replicate: int = 1
-    """Data-parallel replicas: ranks holding the same parameter shard (hybrid_shard, no_shard)."""
-    dp_shard: int = 1
-    """Data-parallel ranks a parameter is sharded over (FSDP's shard group)."""
-    tp: int = 1
-    """Tensor-parallel degree: ranks splitting each block's matmuls; > 1 also means sequence
-    parallelism between the tensor-parallel regions and a vocabulary-parallel loss."""
-
-    @property
-    def world_size(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp
-
-    @property
-    def dp(self) -> int:
-        """Data-parallel degree: ranks that see different sequences."""
-        return self.dp_replicate * self.dp_shard
-
-
-@dataclass(frozen=True, slots=True)
 class ParallelConfig:
     """The chosen sharding, wrapping, checkpointing, batching and compilation."""
 
     sharding: Sharding
     """How the data-parallel dims hold parameters: full_shard (ZeRO-3), shard_grad_op (ZeRO-2),
     hybrid_shard (sharded in dp_shard, replicated across dp_replicate), no_shard (DDP-like)."""
-    mesh: MeshConfig
+    mesh: Mesh
     """The device mesh (dp_replicate x dp_shard x tp = world size)."""
     micro_batch_size: int
     """Sequences per data-parallel rank per forward (the ranks of a tensor-parallel group share them)."""
@@ -262,46 +248,89 @@ def load_plan(path: str | Path) -> RuntimePlan:
 
 def parse_plan(document: Any) -> RuntimePlan:
     """Build a RuntimePlan from a decoded JSON document (accepts an API wrapper `{"plan": {...}}`)."""
-    if isinstance(document, dict) and "plan" in document and "schema_version" not in document:
-        document = document["plan"]
-    if not isinstance(document, dict):
-        raise PlanError("plan: expected a JSON object")
-    version = document.get("schema_version")
-    if not isinstance(version, str) or not version.split(".")[0].isdigit():
-        raise PlanError(f"plan.schema_version: expected a version such as '1.0', got {version!r}")
-    major = int(version.split(".")[0])
-    if major not in SUPPORTED_SCHEMA_MAJORS:
-        readable = " and ".join(f"{m}.x" for m in SUPPORTED_SCHEMA_MAJORS)
-        raise PlanError(
-            f"plan.schema_version: this runtime reads schema {readable} plans, the plan is {version}; "
-            "download a launcher bundle made by the same service version as the plan"
-        )
-    if major == 1:
-        document = _schema_1_as_2(document)
-    plan = _build(RuntimePlan, document, "plan")
+    plan = _build(RuntimePlan, upgrade_document(unwrap(document)), "plan")
     check_plan(plan)
     return plan
 
 
-def _schema_1_as_2(document: dict[str, Any]) -> dict[str, Any]:
-    """A schema 1.x document with its two data-parallel group sizes read as the 2.0 mesh (tp 1)."""
-    config = document.get("config")
-    if not isinstance(config, dict) or "mesh" in config:
-        return document
-    mesh = {"tp": 1}
-    for old, new in (("shard_group_size", "dp_shard"), ("replicate_group_size", "dp_replicate")):
-        if old not in config:
-            raise PlanError(f"plan.config.{old}: missing (schema 1.x plans name both group sizes)")
-        mesh[new] = config[old]
-    return {**document, "config": {**config, "mesh": mesh}}
+def unwrap(document: Any) -> Any:
+    """The plan inside an API response `{"id": ..., "plan": {...}}`; anything else as it is."""
+    wrapped = isinstance(document, dict) and "schema_version" not in document
+    if wrapped and isinstance(document.get("plan"), dict):
+        return document["plan"]
+    return document
+
+
+def schema_major(document: Any) -> int:
+    """The major schema version of a plan document, refused (PlanError) unless this version reads it."""
+    if not isinstance(document, dict):
+        raise PlanError("plan: expected a JSON object")
+    version = document.get("schema_version")
+    if not isinstance(version, str) or not version.split(".")[0].isdigit():
+        raise PlanError(
+            f"plan.schema_version: expected a version such as '{SCHEMA_VERSION}', got {version!r}"
+        )
+    major = int(version.split(".")[0])
+    if major not in SUPPORTED_SCHEMA_MAJORS:
+        readable = " and ".join(f"{m}.x" for m in SUPPORTED_SCHEMA_MAJORS)
+        raise PlanError(
+            f"plan.schema_version: this version reads schema {readable} plans, the plan is {version}; "
+            "use a launcher bundle or client made by the same service version as the plan"
+        )
+    return major
+
+
+def upgrade_document(document: Any) -> dict[str, Any]:
+    """A plan document of any readable schema as the current one (a new dict; the input is untouched).
+
+    Schema 1.x had no tensor parallelism: each configuration (the chosen one, the alternatives,
+    the Pareto front) named its data-parallel degrees `shard_group_size` and `replicate_group_size`,
+    read here as the mesh they are (tp 1; a missing replica count is what the world size leaves).
+    Schema 1.0 named two memory terms `unsharded_buffers` and `fragmentation` and had no
+    gradient-buffer term."""
+    major = schema_major(document)
+    if major == 2:
+        return dict(document)
+    cluster = document.get("cluster")
+    world = _world_size(cluster) if isinstance(cluster, dict) else None
+    upgraded = _upgrade_schema_1(document, world)
+    return {**upgraded, "schema_version": SCHEMA_VERSION}
+
+
+def _world_size(cluster: dict[str, Any]) -> int | None:
+    world = cluster.get("world_size")
+    if isinstance(world, int) and world > 0:
+        return world
+    nodes, per_node = cluster.get("num_nodes"), cluster.get("gpus_per_node")
+    return nodes * per_node if isinstance(nodes, int) and isinstance(per_node, int) else None
+
+
+def _upgrade_schema_1(value: Any, world: int | None) -> Any:
+    if isinstance(value, list):
+        return [_upgrade_schema_1(item, world) for item in value]
+    if not isinstance(value, dict):
+        return value
+    upgraded = {key: _upgrade_schema_1(item, world) for key, item in value.items()}
+    if "shard_group_size" in upgraded and "mesh" not in upgraded:
+        shard = upgraded.pop("shard_group_size")
+        replicas = upgraded.pop("replicate_group_size", None)
+        if replicas is None:
+            if not isinstance(shard, int) or shard < 1 or world is None:
+                raise PlanError(
+                    "plan.config.replicate_group_size: missing, and the cluster does not say the world size"
+                )
+            replicas = max(1, world // shard)
+        upgraded["mesh"] = {"dp_replicate": replicas, "dp_shard": shard, "tp": 1}
+    if "unsharded_buffers" in upgraded:
+        upgraded["unsharded_params"] = upgraded.pop("unsharded_buffers")
+        upgraded["allocator_reserve"] = upgraded.pop("fragmentation", 0.0)
+        upgraded.setdefault("grad_buffers", 0.0)
+    return upgraded
 
 
 def check_plan(plan: RuntimePlan) -> None:
     """Consistency checks that types alone do not catch."""
     cfg, world, mesh = plan.config, plan.world_size, plan.config.mesh
-    for name in ("dp_replicate", "dp_shard", "tp"):
-        if getattr(mesh, name) < 1:
-            raise PlanError(f"plan.config.mesh.{name}: must be at least 1")
     if mesh.world_size != world:
         raise PlanError(
             f"plan.config.mesh: dp_replicate {mesh.dp_replicate} x dp_shard {mesh.dp_shard} x tp "
@@ -410,6 +439,11 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if value not in choices:
             raise PlanError(f"{path}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
         return value
+    if tp is Mesh:
+        try:
+            return Mesh.from_document(value, where=path)
+        except MeshError as exc:
+            raise PlanError(str(exc)) from None
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, path)
     if tp is bool:
