@@ -25,11 +25,15 @@ from planner.cost.memory import MEMORY_TERMS
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
 from planner.formatting import duration
 from planner.plan import ParallelConfig, Plan
+from planner.rejected_summary import summarize_rejected
 from planner.search import make_plan
 from planner.specs import CheckpointMode, PlanRequest, SearchSpace, ShardingStrategy
 
 SHARDINGS: tuple[str, ...] = typing.get_args(ShardingStrategy)
 CHECKPOINT_MODES: tuple[str, ...] = typing.get_args(CheckpointMode)
+VerboseOption = Annotated[bool, typer.Option(
+    "--verbose", "-v", help="List every family that lost; without it the out-of-memory ones share one row."
+)]
 
 
 def register(app: typer.Typer) -> None:
@@ -82,6 +86,7 @@ def plan(
         f"{', '.join(CHECKPOINT_MODES)}. Default: all.",
     )] = None,
     top: Annotated[int, typer.Option("--top", help="Ranked alternatives to show.")] = 5,
+    verbose: VerboseOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the Plan document as JSON.")] = False,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the Plan JSON here.")] = None,
 ) -> None:
@@ -124,7 +129,7 @@ def plan(
     if as_json:
         typer.echo(document)
     else:
-        print_plan(result, Console())
+        print_plan(result, Console(), verbose=verbose)
         if output is not None:
             Console().print(f"\nPlan written to {output}")
     if note := cpu_precision_note(result):
@@ -176,8 +181,9 @@ def mesh_line(config: ParallelConfig) -> str:
     return degrees + (" (sequence + loss parallel)" if mesh.tp > 1 else " (data parallelism only)")
 
 
-def print_plan(p: Plan, console: Console) -> None:
-    """The plan as a person reads it: what was planned, the choice, why, and what else was close."""
+def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
+    """The plan as a person reads it: what was planned, the choice, why, and what else was close
+    (the out-of-memory families folded into one row unless `verbose`)."""
     pred = p.prediction
     gpu = p.cluster.gpu_spec
     console.print(
@@ -229,8 +235,11 @@ def print_plan(p: Plan, console: Console) -> None:
     rejected = Table(title="Why the other families lost", title_justify="left")
     rejected.add_column("family")
     rejected.add_column("reason")
-    for r in p.rejected:
+    lost = summarize_rejected(p)
+    for r in lost.every_family if verbose else lost.shown:
         rejected.add_row(r.family, r.reason)
+    if lost.line and not verbose:
+        rejected.add_row("out of memory", f"{lost.line} (--verbose lists each)")
     console.print(rejected)
     console.print(
         f"[dim]{p.search.candidates_evaluated} configurations evaluated, {p.search.candidates_fitting} fit; "

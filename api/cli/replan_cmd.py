@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from api.cli.common import DEFAULT_SERVER, ServerClient, plan_from_document
-from api.cli.plan_cmd import print_plan
+from api.cli.plan_cmd import VerboseOption, print_plan
 
 
 def register(app: typer.Typer) -> None:
@@ -27,6 +27,7 @@ def replan(
     api_key: Annotated[str | None, typer.Option("--api-key", help="API key, when writes need one.")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Also write the Plan JSON.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the Plan JSON, not the summary.")] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Re-plan a stored plan's request below the peak memory of its configuration that ran out of memory.
 
@@ -52,6 +53,6 @@ def replan(
         f"({source}): stored as plan {stored['id']} ({client.server}/plans/{stored['id']})\n",
         highlight=False,
     )
-    print_plan(plan, console)
+    print_plan(plan, console, verbose=verbose)
     if output is not None:
         console.print(f"\nPlan written to {output}")

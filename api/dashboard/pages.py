@@ -40,6 +40,7 @@ from api.services.fidelity import served_report
 from api.services.plan_documents import UnreadablePlanError, read_plan
 from api.typed_numbers import parse_id, parse_whole
 from planner.catalog.models import MODEL_CATALOG
+from planner.rejected_summary import summarize_rejected
 from planner.specs import Optimizer, Precision
 
 router = APIRouter(
@@ -195,7 +196,7 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
         "timeline_chart": plan_views.timeline_chart(plan) if plan.prediction.timeline else None,
         "timeline_per_phase": plan_views.timeline_per_phase(plan),
         "tradeoff_chart": plan_views.tradeoff_chart(plan),
-        "candidates": plan_views.candidate_rows(plan), "runs": runs,
+        "candidates": plan_views.candidate_rows(plan), "rejected": summarize_rejected(plan), "runs": runs,
         "studies": queries.studies_of_plan(session, row.id),
         "launcher_targets": LAUNCHER_TARGETS,
         "replan_query": replan,

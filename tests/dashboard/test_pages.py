@@ -112,6 +112,31 @@ def test_plan_created_through_the_form_opens_with_all_charts(client: TestClient)
     assert 'id="no-runs"' in html and f"fsdp-planner validate --plan-id {plan_id}" in html
 
 
+def test_out_of_memory_families_fold_into_one_line_that_opens(client: TestClient) -> None:
+    """Llama 3 70B on 4 nodes loses two dozen families for memory: the page lists the families that
+    fit and lost, then one closed <details> line for the rest; the API still returns every one."""
+    created = client.post("/api/v1/plans", json={
+        "model": "llama3-70b", "cluster": "4x8xH100",
+        "training": {"seq_len": 8192, "global_batch_tokens": 8192 * 128},
+    })
+    assert created.status_code == 201, created.text
+    rejected = created.json()["plan"]["rejected"]
+    oom = [r for r in rejected if r["kind"] == "oom"]
+    html = client.get(f"/plans/{created.json()['id']}").text
+    listed = re.search(r'<table class="data cards" id="rejected-table">(.*?)</table>', html, re.S)
+    assert listed and listed[1].count("<tr>") == len(rejected) - len(oom) + 1  # + the header row
+    assert "badge-oom" not in listed[1]
+    folded = re.search(
+        r'<details class="folded" id="rejected-oom">\s*<summary>(.*?)</summary>(.*?)</details>', html, re.S
+    )
+    assert folded, "no folded out-of-memory line"
+    closest = min(oom, key=lambda r: (r["min_peak_memory_gib"], r["family"]))
+    assert f"{len(oom)} more families do not fit: the closest, {closest['family']}, needs" in folded[1]
+    assert folded[2].count("<tr>") == len(oom) + 1
+    for r in rejected:  # nothing lost: every family's reason is on the page
+        assert html_module.escape(r["reason"], quote=False) in html
+
+
 def test_identical_form_inputs_open_the_stored_plan(client: TestClient) -> None:
     first = create_plan(client)
     again = client.post("/plans/new", data=GPT2_FORM, follow_redirects=False)

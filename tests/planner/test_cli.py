@@ -228,6 +228,33 @@ def test_tp_pins_repeat_or_list_and_tp_1_is_data_parallel_only() -> None:
     assert "tensor parallel " not in result.output and " tp2 " not in result.output
 
 
+LLAMA70B_FOUR_NODES = ["plan", "--model", "llama3-70b", "--cluster", "4x8xH100", "--seq-len", "8192",
+                      "--global-batch-tokens", str(8192 * 128)]
+
+
+def test_out_of_memory_families_share_one_row_unless_verbose() -> None:
+    """A 70B plan loses two dozen families for memory: one row by default, each with --verbose."""
+    document = plan_json(*LLAMA70B_FOUR_NODES)
+    oom = [r for r in document["rejected"] if r["kind"] == "oom"]
+    assert len(oom) > 3  # the JSON keeps every family
+    closest = min(oom, key=lambda r: (r["min_peak_memory_gib"], r["family"]))
+    wider = {"COLUMNS": "300"}  # the folded row on one line
+    short = runner.invoke(app, LLAMA70B_FOUR_NODES, env=wider)
+    assert short.exit_code == 0, short.output
+    assert short.output.count("OOM by") == 0
+    line = re.search(r"│ out of memory +│ (\d+) more families do not fit: the closest, (\S+ \S+), needs "
+                     r"([\d.]+) GiB per GPU, [\d.]+ GiB more than the [\d.]+ GiB that fits with the memory "
+                     r"margin \(--verbose lists each\)", short.output)
+    assert line, short.output
+    least = f"{closest['min_peak_memory_gib']:.1f}"
+    assert (int(line[1]), line[2], line[3]) == (len(oom), closest["family"], least)
+    verbose = runner.invoke(app, [*LLAMA70B_FOUR_NODES, "--verbose"], env=wider)
+    assert verbose.exit_code == 0, verbose.output
+    assert verbose.output.count("OOM by") == len(oom) and "--verbose lists each" not in verbose.output
+    for r in document["rejected"]:
+        assert re.search(rf"│ {re.escape(r['family'])} +│ {re.escape(r['reason'])}", verbose.output), r
+
+
 def test_pins_of_the_other_axes() -> None:
     document = plan_json(*LLAMA8B_ONE_NODE, "--sharding", "hybrid_shard", "--eager", "--checkpointing",
                          "full", "--tp", "1")

@@ -1,0 +1,53 @@
+"""The out-of-memory families of a large model fold into one line; nothing is lost (issue 24, item 6)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from planner.plan import Plan
+from planner.rejected_summary import OOM_ROWS_SHOWN, memory_limit_gib, summarize_rejected
+from planner.search import make_plan
+from tests.planner.conftest import make_request
+
+
+@pytest.fixture(scope="module")
+def plan_70b() -> Plan:
+    """Llama 3 70B on 4 x 8 H100: every hybrid shard group and no_shard runs out of memory."""
+    return make_plan(make_request("llama3-70b", "4x8xH100", seq_len=8192, sequences=128))
+
+
+def test_the_oom_families_of_a_70b_plan_are_one_line_with_the_closest(plan_70b: Plan) -> None:
+    oom = [r for r in plan_70b.rejected if r.kind == "oom"]
+    assert len(oom) > OOM_ROWS_SHOWN
+    summary = summarize_rejected(plan_70b)
+    assert all(r.kind != "oom" for r in summary.shown) and summary.shown
+    # Nothing is lost: the listed and the folded families are the plan's, each once.
+    assert sorted(summary.every_family, key=repr) == sorted(plan_70b.rejected, key=repr)
+    peaks = [r.min_peak_memory_gib for r in summary.folded]
+    assert peaks == sorted(peaks)  # closest to fitting first
+    closest = summary.folded[0]
+    assert summary.line is not None
+    assert summary.line.startswith(f"{len(oom)} more families do not fit: the closest, {closest.family}, ")
+    # The overshoot read back from the stored prediction is the planner's own ("OOM by 15.7 GiB").
+    over = re.match(r"OOM by ([\d.]+) GiB", closest.reason)
+    need = f"needs {closest.min_peak_memory_gib:.1f} GiB per GPU"
+    assert over and f"{need}, {over[1]} GiB more than" in summary.line
+    limit = memory_limit_gib(plan_70b)
+    assert limit is not None and f"at most {limit:.1f} GiB fits" in closest.reason
+    assert f"the {limit:.1f} GiB that fits with the memory margin" in summary.line
+
+
+def test_a_few_oom_families_stay_listed(plan_70b: Plan) -> None:
+    slower = [r for r in plan_70b.rejected if r.kind != "oom"]
+    oom = [r for r in plan_70b.rejected if r.kind == "oom"][:OOM_ROWS_SHOWN]
+    few = plan_70b.model_copy(update={"rejected": (*slower, *oom)})
+    summary = summarize_rejected(few)
+    assert summary.shown == few.rejected and summary.folded == () and summary.line is None
+
+
+def test_only_oom_families_say_no_more(plan_70b: Plan) -> None:
+    oom = tuple(r for r in plan_70b.rejected if r.kind == "oom")
+    summary = summarize_rejected(plan_70b.model_copy(update={"rejected": oom}))
+    assert summary.shown == () and summary.line and summary.line.startswith(f"{len(oom)} families do not fit")
