@@ -25,7 +25,7 @@ from executor.launch.calibration import write_calibration_bundle
 from executor.launch.quoting import UnsafeValueError
 from planner.calibration import CalibrationProfile, fit_parameters
 from planner.catalog.models import resolve_model
-from planner.cost.parameters import default_parameters
+from planner.cost.parameters import QUOTED_GROUP_SIZE, default_parameters
 from planner.errors import PlanningError, describe_validation_error
 from planner.formatting import duration
 from planner.specs import ClusterSpec
@@ -242,7 +242,11 @@ def show_fit(profile: CalibrationProfile, console: Console) -> None:
             (f"{link}-node bandwidth", f"{b.bandwidth / 1e9:.1f} GB/s", f"{f.bandwidth / 1e9:.1f} GB/s")
         )
         rows.append(
-            (f"{link}-node latency (n=8)", duration(b.latency(8)), duration(f.latency(8)))
+            (
+                f"{link}-node latency at {QUOTED_GROUP_SIZE} ranks",
+                duration(b.latency(QUOTED_GROUP_SIZE)),
+                duration(f.latency(QUOTED_GROUP_SIZE)),
+            )
         )
         rows.append(
             (

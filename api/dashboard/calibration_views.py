@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from api.dashboard.plan_views import Row
 from api.db.models import CalibrationProfileRow
 from planner.calibration import CalibrationProfile, CollectiveSample, MatmulSample
 from planner.catalog.gpus import GpuSpec
+from planner.cost.parameters import QUOTED_GROUP_SIZE, LinkParameters
 
 DTYPE_COLORS = {"bfloat16": charts.PALETTE[0], "float16": charts.PALETTE[2], "float32": charts.PALETTE[1]}
 FIT_COLORS = {"bfloat16": "#003f6b", "float16": "#00593f", "float32": "#8a5f00"}
@@ -188,10 +190,34 @@ def collective_chart(profile: CalibrationProfile) -> charts.Chart | None:
 
 
 @dataclass(frozen=True)
+class FittedCell:
+    """One precision's value of a parameter: the fitted one, or the catalog's that nothing replaced."""
+
+    value: str
+    measured: bool
+    """False when the profile held nothing that fits it (e.g. no bfloat16 GEMM): plans use the catalog
+    value, shown in the catalog column; the fitted column says so instead of repeating it."""
+
+
+@dataclass(frozen=True)
 class FittedRow:
     label: str
-    fitted: str
-    catalog: str
+    cells: tuple[tuple[FittedCell, str], ...]
+    """Per precision of `FittedTable.precisions`: (fitted, catalog)."""
+
+
+@dataclass(frozen=True)
+class FittedTable:
+    """The fitted cost parameters beside the catalog defaults they replace, one column pair per precision."""
+
+    precisions: tuple[str, ...]
+    rows: tuple[FittedRow, ...]
+    notes: tuple[str, ...]
+    """Per precision whose dtype the profile never ran: that nothing dtype-dependent was measured."""
+
+
+Reader = Callable[[dict[str, Any] | None], float | None]
+"""Reads one parameter from a stored fit (None when the document lacks it)."""
 
 
 def _get(document: dict[str, Any] | None, *path: str) -> float | None:
@@ -203,47 +229,69 @@ def _get(document: dict[str, Any] | None, *path: str) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
-_FITTED_FIELDS: tuple[tuple[str, tuple[str, ...], Any], ...] = (
-    ("GEMM efficiency", ("matmul_efficiency",), lambda v: f"{v:.1%}"),
-    ("GEMM overhead", ("matmul_overhead_s",), fmt.duration),
-    ("Memory bandwidth", ("memory_bandwidth",), lambda v: f"{v / 1e9:,.0f} GB/s"),
-    ("Intra-node bus bandwidth", ("links", "intra", "bandwidth"), lambda v: f"{v / 1e9:,.1f} GB/s"),
-    ("Intra-node latency", ("links", "intra", "latency_s"), fmt.duration),
+def _quoted_latency(link: str) -> Reader:
+    """A link's latency at `QUOTED_GROUP_SIZE` ranks, as `fsdp-planner calibrate` prints it."""
+
+    def read(document: dict[str, Any] | None) -> float | None:
+        base = _get(document, "links", link, "latency_s")
+        per_doubling = _get(document, "links", link, "latency_per_log2_s")
+        if base is None or per_doubling is None:
+            return None
+        return LinkParameters(base, per_doubling, bandwidth=0.0).latency(QUOTED_GROUP_SIZE)
+
+    return read
+
+
+def _at(*path: str) -> Reader:
+    return lambda document: _get(document, *path)
+
+
+_FITTED_FIELDS: tuple[tuple[str, Reader, Callable[[float], str]], ...] = (
+    ("GEMM efficiency", _at("matmul_efficiency"), lambda v: f"{v:.1%}"),
+    ("GEMM overhead", _at("matmul_overhead_s"), fmt.duration),
+    ("Memory bandwidth", _at("memory_bandwidth"), lambda v: f"{v / 1e9:,.0f} GB/s"),
+    ("Intra-node bus bandwidth", _at("links", "intra", "bandwidth"), lambda v: f"{v / 1e9:,.1f} GB/s"),
+    (f"Intra-node latency at {QUOTED_GROUP_SIZE} ranks", _quoted_latency("intra"), fmt.duration),
     # Read from collectives at several group sizes (the TP sizes): part of the latency may be here.
-    ("Intra-node latency per group doubling", ("links", "intra", "latency_per_log2_s"), fmt.duration),
-    ("Inter-node bus bandwidth", ("links", "inter", "bandwidth"), lambda v: f"{v / 1e9:,.1f} GB/s"),
-    ("Inter-node latency", ("links", "inter", "latency_s"), fmt.duration),
-    ("Inter-node latency per group doubling", ("links", "inter", "latency_per_log2_s"), fmt.duration),
-    ("Overlap contention", ("overlap_contention",), lambda v: f"{v:.1%}"),
-    ("Compute scale", ("compute_scale",), lambda v: f"{v:.3g}×"),
-    ("Compiled compute scale", ("compiled_compute_scale",), lambda v: f"{v:.3g}×"),
-    ("Optimizer traffic", ("optimizer_bytes_per_param",), lambda v: f"{v:,.0f} B/parameter"),
-    ("Optimizer overhead", ("optimizer_overhead_s",), fmt.duration),
-    ("Overhead per micro-batch", ("micro_batch_overhead_s",), fmt.duration),
-    ("Sharding overhead per micro-batch", ("sharding_overhead_s",), fmt.duration),
-    ("Compiled overhead per micro-batch", ("compiled_overhead_s",), fmt.duration),
-    ("Activation memory, eager", ("activation_memory_scale",), lambda v: f"{v:.3g}×"),
-    ("Activation memory, compiled", ("compiled_activation_memory_scale",), lambda v: f"{v:.3g}×"),
-    ("Allocator reserve", ("allocator_reserve",), lambda v: f"{v:.1%}"),
-    ("Memory margin", ("memory_margin",), lambda v: f"{v:.1%}"),
+    ("Intra-node latency per group doubling", _at("links", "intra", "latency_per_log2_s"), fmt.duration),
+    ("Inter-node bus bandwidth", _at("links", "inter", "bandwidth"), lambda v: f"{v / 1e9:,.1f} GB/s"),
+    (f"Inter-node latency at {QUOTED_GROUP_SIZE} ranks", _quoted_latency("inter"), fmt.duration),
+    ("Inter-node latency per group doubling", _at("links", "inter", "latency_per_log2_s"), fmt.duration),
+    ("Overlap contention", _at("overlap_contention"), lambda v: f"{v:.1%}"),
+    ("Compute scale", _at("compute_scale"), lambda v: f"{v:.3g}×"),
+    ("Compiled compute scale", _at("compiled_compute_scale"), lambda v: f"{v:.3g}×"),
+    ("Optimizer traffic", _at("optimizer_bytes_per_param"), lambda v: f"{v:,.0f} B/parameter"),
+    ("Optimizer overhead", _at("optimizer_overhead_s"), fmt.duration),
+    ("Overhead per micro-batch", _at("micro_batch_overhead_s"), fmt.duration),
+    ("Sharding overhead per micro-batch", _at("sharding_overhead_s"), fmt.duration),
+    ("Compiled overhead per micro-batch", _at("compiled_overhead_s"), fmt.duration),
+    ("Activation memory, eager", _at("activation_memory_scale"), lambda v: f"{v:.3g}×"),
+    ("Activation memory, compiled", _at("compiled_activation_memory_scale"), lambda v: f"{v:.3g}×"),
+    ("Allocator reserve", _at("allocator_reserve"), lambda v: f"{v:.1%}"),
+    ("Memory margin", _at("memory_margin"), lambda v: f"{v:.1%}"),
 )
 
 
-def fitted_rows(fitted: dict[str, Any] | None) -> dict[str, list[FittedRow]]:
-    """Per precision, the fitted cost parameters beside the catalog defaults they replace (when stored)."""
-    tables: dict[str, list[FittedRow]] = {}
-    for precision in ("bf16", "fp32"):
-        params = (fitted or {}).get(precision)
-        if not isinstance(params, dict):
-            continue
-        catalog = (fitted or {}).get(f"{precision}_catalog")
-        rows = []
-        for label, path, show in _FITTED_FIELDS:
-            value = _get(params, *path)
-            if value is None:
-                continue
-            default = _get(catalog, *path)
-            rows.append(FittedRow(label, show(value), show(default) if default is not None else "–"))
-        if rows:
-            tables[precision] = rows
-    return tables
+def fitted_table(profile: CalibrationProfile, fitted: dict[str, Any] | None) -> FittedTable | None:
+    """The stored fit per precision beside the catalog defaults it started from; None when none is stored."""
+    precisions = tuple(p for p in ("bf16", "fp32") if isinstance((fitted or {}).get(p), dict))
+    if not precisions:
+        return None
+    rows = []
+    for label, read, show in _FITTED_FIELDS:
+        cells = []
+        for precision in precisions:
+            value, default = read(fitted[precision]), read((fitted or {}).get(f"{precision}_catalog"))
+            shown = show(value) if value is not None else "–"
+            cells.append((FittedCell(shown, measured=value is not None and value != default),
+                          show(default) if default is not None else "–"))
+        if any(cell.value != "–" for cell, _ in cells):
+            rows.append(FittedRow(label, tuple(cells)))
+    ran = {s.dtype for s in (*profile.matmul, *profile.blocks, *profile.steps)}
+    notes = tuple(
+        f"Nothing in this profile ran in {dtype} (GEMMs, model blocks, training steps): its {precision} "
+        "values are the catalog's, except those that do not depend on the dtype (collectives, memory "
+        "bandwidth, overlap contention)."
+        for dtype, precision in PRECISION_OF_DTYPE.items() if precision in precisions and dtype not in ran
+    )
+    return FittedTable(precisions, tuple(rows), notes)

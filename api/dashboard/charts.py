@@ -219,6 +219,65 @@ def binary_ticks(lo: float, hi: float, most: int = 7) -> list[float]:
     return [_power(2.0, e) for e in range(start, last + 1, step)] or [_power(2.0, first)]
 
 
+# The 1-2-5 sequence of log ticks: the round value before and after a tick of each mantissa.
+_BEFORE_125 = {1: 0.5, 2: 0.5, 5: 0.4}
+_AFTER_125 = {1: 2.0, 2: 2.5, 5: 2.0}
+
+
+def _neighbour(ticks: Sequence[float], *, after: bool, log: bool, binary: bool) -> float | None:
+    """The round value one step beyond the first (or the last) tick: the next multiple of the step
+    (linear), power of two of the stride (binary), or 1-2-5 value (log: the next decade would leave up
+    to a decade of empty chart)."""
+    edge = ticks[-1] if after else ticks[0]
+    if not log:
+        if len(ticks) < 2:
+            return None
+        step = ticks[1] - ticks[0]
+        return round(edge + step if after else edge - step, 12)
+    ratio = ticks[1] / ticks[0] if len(ticks) >= 2 else (4.0 if binary else 10.0)
+    mantissa = round(edge / _power(10.0, math.floor(_log10(edge))), 6)
+    # Ticks a decade or less apart go on in 1-2-5 steps; ticks several decades apart keep their stride.
+    if not binary and mantissa in _BEFORE_125 and ratio <= 10.0 * (1 + 1e-9):
+        return edge * (_AFTER_125 if after else _BEFORE_125)[int(mantissa)]
+    return edge * ratio if after else edge / ratio
+
+
+MAX_ADDED_TICKS = 4
+"""Steps `covering_ticks` may add on a side (1-2-5 steps: a decade is three)."""
+
+
+def covering_ticks(
+    lo: float, hi: float, data: Sequence[float], *, log: bool = False, binary: bool = False,
+    ticks: Sequence[float] | None = None,
+) -> tuple[float, float, list[float]]:
+    """Ticks for [lo, hi], and the domain widened by round values on a side where the data reach past
+    the outermost tick: a reader never has to guess a value beyond the labelled range (a Pareto front
+    at $15.8M under ticks that start at $20M). Returns (lo, hi, ticks)."""
+    if ticks is None:
+        ticks = (binary_ticks(lo, hi) if binary else log_ticks(lo, hi)) if log else nice_ticks(lo, hi)
+    ticks = list(ticks)
+    finite = [v for v in data if math.isfinite(v) and (v > 0 or not log)]
+    if not ticks or not finite:
+        return lo, hi, ticks
+    for _ in range(MAX_ADDED_TICKS):
+        if ticks[0] <= min(finite):
+            break
+        below = _neighbour(ticks, after=False, log=log, binary=binary)
+        if below is None or not math.isfinite(below) or not below < ticks[0] or (log and below <= 0):
+            break
+        ticks.insert(0, below)
+        lo = min(lo, below)
+    for _ in range(MAX_ADDED_TICKS):
+        if ticks[-1] >= max(finite):
+            break
+        above = _neighbour(ticks, after=True, log=log, binary=binary)
+        if above is None or not math.isfinite(above) or not above > ticks[-1]:
+            break
+        ticks.append(above)
+        hi = max(hi, above)
+    return lo, hi, ticks
+
+
 def padded_domain(values: Sequence[float], *, log: bool, include_zero: bool = False) -> tuple[float, float]:
     """The interval to plot `values` in, with a margin so that marks do not sit on the frame.
 
@@ -250,16 +309,19 @@ def should_use_log(values: Sequence[float], ratio: float = 30.0) -> bool:
     return len(positive) >= 2 and max(positive) / min(positive) > ratio
 
 
-def _axis(title: str, lo: float, hi: float, fmt: Formatter, *, log: bool = False, binary: bool = False,
-          ticks: Sequence[float] | None = None) -> dict[str, Any]:
-    """A Plotly axis over [lo, hi] with our ticks and labels (log axes take their range in log10)."""
-    if ticks is None:
-        ticks = (binary_ticks(lo, hi) if binary else log_ticks(lo, hi)) if log else nice_ticks(lo, hi)
+def _axis(title: str, domain: tuple[float, float, Sequence[float]], fmt: Formatter, *,
+          log: bool = False) -> dict[str, Any]:
+    """A Plotly axis over a `covering_ticks` domain with its ticks and our labels (log axes take their
+    range in log10)."""
+    lo, hi, ticks = domain
     extent = [_log10(lo), _log10(hi)] if log else [lo, hi]
     if log and not extent[0] < extent[1]:  # denormals all clamp to the smallest normal decade
         extent[1] = extent[0] + 1.0
     return {
-        "title": {"text": _text(title)}, "type": "log" if log else "linear", "range": extent,
+        # automargin: plotly.js widens the margin to fit the tick labels and sets the title off them
+        # (a fixed margin let "measured peak memory" overlap labels such as "62.5 GiB").
+        "title": {"text": _text(title), "standoff": 10}, "automargin": True,
+        "type": "log" if log else "linear", "range": extent,
         "tickmode": "array", "tickvals": list(ticks), "ticktext": [_text(fmt(t)) for t in ticks],
         "showgrid": True, "gridcolor": "#e6e8eb", "zeroline": False, "linecolor": "#888888",
         "fixedrange": True,
@@ -312,8 +374,9 @@ def xy_chart(
     if diagonal:  # one domain for both axes, so that y = x is the true diagonal
         xs = ys = xs + ys
     xs = xs + [g.x for g in guides if g.x is not None]
-    x_lo, x_hi = padded_domain(xs, log=x_log)
-    y_lo, y_hi = padded_domain(ys, log=y_log, include_zero=y_from_zero)
+    x_domain = covering_ticks(*padded_domain(xs, log=x_log), xs, log=x_log, binary=x_binary)
+    y_domain = covering_ticks(*padded_domain(ys, log=y_log, include_zero=y_from_zero), ys, log=y_log)
+    (x_lo, x_hi, _), (y_lo, y_hi, _) = x_domain, y_domain
     data: list[dict[str, Any]] = []
     for s in series:
         if not s.points:
@@ -339,8 +402,8 @@ def xy_chart(
     legend = sum(1 for s in series if s.points) + len(guides)
     layout = _layout(
         title, plot_height=plot_height, legend_rows=_legend_rows(legend),
-        xaxis=_axis(x_label, x_lo, x_hi, x_format, log=x_log, binary=x_binary),
-        yaxis=_axis(y_label, y_lo, y_hi, y_format, log=y_log),
+        xaxis=_axis(x_label, x_domain, x_format, log=x_log),
+        yaxis=_axis(y_label, y_domain, y_format, log=y_log),
     )
     rows = tuple((_short(s.name), p.tooltip) for s in series for p in s.points)
     return Chart(chart_id, title, {"data": data, "layout": layout}, ("series", "value"), rows)
@@ -373,7 +436,8 @@ def stacked_bars(
     # Distinct category names even when two labels shorten alike (Plotly would merge the bars).
     labels = [label if labels.count(label) == 1 else f"{label} ({i + 1})" for i, label in enumerate(labels)]
     totals = [sum(v for _, v in b.segments if math.isfinite(v) and v > 0) for b in bars]
-    hi = max([*totals, limit.x if limit and limit.x is not None else 0.0, 1e-12]) * 1.08
+    marked = [*totals, *([limit.x] if limit and limit.x is not None else [])]
+    hi = max([*marked, 1e-12]) * 1.08
     data: list[dict[str, Any]] = []
     for name, color in colors.items():
         values = [next((v for n, v in b.segments if n == name), 0.0) for b in bars]
@@ -403,7 +467,7 @@ def stacked_bars(
     layout = _layout(
         title, plot_height=20 + 36 * len(bars), legend_rows=_legend_rows(len(data) - 1), left=10,
         top=26 if limit else 12, barmode="stack", shapes=shapes, annotations=annotations,
-        xaxis=_axis(x_label, 0.0, hi, x_format),
+        xaxis=_axis(x_label, covering_ticks(0.0, hi, marked), x_format),
         yaxis={"type": "category", "autorange": "reversed", "automargin": True, "fixedrange": True},
     )
     rows = tuple((b.label, name, value_format(v)) for b in bars for name, v in b.segments if v > 0)
@@ -448,7 +512,8 @@ def timeline(
         title, plot_height=20 + 46 * len(lanes), legend_rows=_legend_rows(len(shown)), left=10, top=12,
         barmode="overlay",
         uniformtext={"mode": "hide", "minsize": 10},
-        xaxis=_axis(x_label, 0.0, end, duration),
+        # The axis is the step: it ends where the step does, with no tick beyond it.
+        xaxis=_axis(x_label, covering_ticks(0.0, end, ()), duration),
         yaxis={"type": "category", "categoryorder": "array", "categoryarray": [_text(lane) for lane in lanes],
                "autorange": "reversed", "automargin": True, "fixedrange": True},
     )
@@ -525,8 +590,9 @@ def histogram(
         data.append(_guide_trace("zero error", [0.0, 0.0], [0.0, highest * 1.1], GUIDE_COLOR))
     layout = _layout(
         title, plot_height=220, legend_rows=_legend_rows(len(visible)), barmode="overlay",
-        xaxis=_axis(x_label, lo, hi, x_format),
-        yaxis=_axis("runs", 0.0, highest * 1.1, lambda v: f"{v:g}" if v == int(v) else "",
-                    ticks=[t for t in nice_ticks(0.0, highest * 1.1) if t == int(t)]),
+        xaxis=_axis(x_label, covering_ticks(lo, hi, values), x_format),
+        yaxis=_axis("runs", covering_ticks(0.0, highest * 1.1, [highest],
+                                           ticks=[t for t in nice_ticks(0.0, highest * 1.1) if t == int(t)]),
+                    lambda v: f"{v:g}" if v == int(v) else ""),
     )
     return Chart(chart_id, title, {"data": data, "layout": layout}, ("series", "bin", "runs"), tuple(rows))

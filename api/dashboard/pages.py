@@ -287,7 +287,7 @@ def calibration_page(calibration_id: str, request: Request, session: SessionDep)
         "fingerprint": calibration_views.fingerprint_rows(profile),
         "matmul_chart": calibration_views.matmul_chart(profile, row.fitted_parameters),
         "collective_chart": calibration_views.collective_chart(profile),
-        "fitted": calibration_views.fitted_rows(row.fitted_parameters),
+        "fitted": calibration_views.fitted_table(profile, row.fitted_parameters),
         "plans": queries.plans_using_calibration(session, row.id),
         "best_memory_bandwidth": max((s.bytes / s.seconds for s in profile.memory_bandwidth), default=None),
     })

@@ -18,6 +18,11 @@ from planner.specs import ClusterSpec, Precision
 GIB = 1024.0**3
 
 
+QUOTED_GROUP_SIZE = 8
+"""The group size at which the CLI and the dashboard quote a link's collective latency: a node's 8
+GPUs. The fit's intercept (`latency_s`) is the latency of a group of one, which no collective runs."""
+
+
 @dataclass(frozen=True, slots=True)
 class LinkParameters:
     """Collective cost on one link class: time = latency + bytes x (n-1)/n / bandwidth."""

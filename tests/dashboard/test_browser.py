@@ -21,6 +21,7 @@ import pytest
 from api.db.models import PlanRow
 from contract.plan_document import SCHEMA_VERSION
 from tests.dashboard.conftest import BrowserPage, LiveServer
+from tests.dashboard.layout import axis_title_overlaps, width_share, wrapped_lines
 from tests.dashboard.sample_data import h100_profile, insert_calibration, insert_runs
 
 pytestmark = pytest.mark.browser
@@ -310,6 +311,32 @@ def test_calibrations_and_accuracy_pages(live_server: LiveServer, page: BrowserP
     page.screenshot("accuracy")
 
 
+def test_charts_and_tables_are_readable_at_1280_px(live_server: LiveServer, page_factory: Any) -> None:
+    """On a 1280 px laptop screen: charts as wide as their cards, axis titles clear of the tick labels,
+    the calibration's parameter labels on one or two lines (issue 24, item 7)."""
+    laptop = page_factory(viewport={"width": 1280, "height": 900})
+    p = laptop.page
+    calibration_id = httpx.get(live_server.url + "/api/v1/calibrations").json()["items"][0]["id"]
+    plan_id = httpx.get(live_server.url + "/api/v1/plans").json()["items"][0]["id"]
+    pages = {
+        f"/calibrations/{calibration_id}": ("matmul", "collective"),
+        "/accuracy": ("step-time", "memory-accuracy", "errors", "corpus-throughput"),
+        f"/plans/{plan_id}": ("memory", "timeline", "tradeoff"),
+    }
+    for path, charts in pages.items():
+        p.goto(live_server.url + path)
+        for chart in charts:
+            p.locator(f'figure[data-chart="{chart}"]').scroll_into_view_if_needed()
+            assert axis_title_overlaps(p, chart) == [], (path, chart)
+            assert width_share(p, chart) >= 0.97, (path, chart, width_share(p, chart))
+        if path.startswith("/calibrations/"):
+            labels = wrapped_lines(p, "#fitted-table tbody th, #hardware-title + dl dt")
+            assert len(labels) > 20 and max(lines for _, lines in labels) <= 2, labels
+            laptop.screenshot("calibration-detail-1280")
+        elif path == "/accuracy":
+            laptop.screenshot("accuracy-1280")
+
+
 def test_pages_are_readable_on_a_phone(live_server: LiveServer, page_factory: Any) -> None:
     phone = page_factory(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
                          device_scale_factor=2)
@@ -376,3 +403,13 @@ def test_a_405b_timeline_is_readable(live_server: LiveServer, page: BrowserPage)
     assert p.locator("#plot-timeline .barlayer text.bartext", has_text="backward").count() >= 1
     p.locator('figure[data-chart="timeline"]').scroll_into_view_if_needed()
     page.screenshot("plan-405b-timeline")
+
+    # 46 families lose for memory alone: one closed line that a click opens, no script needed.
+    folded = p.locator("#rejected-oom")
+    assert folded.get_attribute("open") is None and p.locator("#rejected-oom-table").is_hidden()
+    line = folded.locator("summary").inner_text()
+    assert re.match(r"out of memory \d+ more families do not fit: the closest, ", line), line
+    folded.locator("summary").click()
+    assert p.locator("#rejected-oom-table").is_visible()
+    assert p.locator("#rejected-oom-table tbody tr").count() > 40
+    page.screenshot("plan-405b-rejected")

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tests.dashboard.conftest import BrowserPage, LiveServer
+from tests.dashboard.layout import axis_title_overlaps, marks_inside_ticks, width_share
 from tests.dashboard.test_browser import MARKER_CENTRE, chart_marks, hover_text
 
 pytestmark = pytest.mark.browser
@@ -41,6 +42,11 @@ def test_study_from_the_form_to_a_plan_through_the_chart(live_server: LiveServer
     assert chart_marks(p, "study", "circle", "cluster") == len(fitting)
     assert chart_marks(p, "study", "path", "pareto") == (1 if sum(pt["pareto"] for pt in fitting) > 1 else 0)
     page.screenshot("study")
+    # Readable: the front lies between the outermost labelled ticks (its costs, $20.7M-$22.5M here, were
+    # once under a first tick of $25M), the axis titles clear their labels, the chart fills its card.
+    inside, where = marks_inside_ticks(p, "study", "pareto")
+    assert inside, where
+    assert axis_title_overlaps(p, "study") == [] and width_share(p, "study") >= 0.97
 
     # Hover names the cluster and its configuration, as the table does.
     label = hover_text(p, "study", "cluster", index=0)

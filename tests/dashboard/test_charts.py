@@ -71,6 +71,42 @@ def test_ticks_are_round_numbers_inside_the_domain() -> None:
     ]
 
 
+def tick_range(figure: dict[str, Any], axis: str) -> tuple[float, float]:
+    ticks = figure["layout"][axis]["tickvals"]
+    return min(ticks), max(ticks)
+
+
+def test_the_ticks_reach_past_the_data() -> None:
+    """A study's costs of $20.7M-$30.4M were ticked $25M, $30M, its Pareto front under the first tick;
+    its days, 46-3157 on a log axis, from 50 (issue 24, item 7)."""
+    figure = parsed(xy([(46.2, 20.75e6), (3157.0, 30.44e6), (120.0, 22.5e6)], log=False))
+    assert tick_range(figure, "yaxis")[0] <= 20.75e6 and tick_range(figure, "yaxis")[1] >= 30.44e6
+    assert figure["layout"]["yaxis"]["tickvals"] == [20e6, 25e6, 30e6, 35e6]
+    assert figure["layout"]["yaxis"]["range"][0] <= 20e6  # the added tick is inside the plotted range
+    logged = parsed(xy([(46.2, 20.75e6), (3157.0, 30.44e6)], log=True))
+    assert tick_range(logged, "xaxis") == (20.0, 5000.0)
+    assert logged["layout"]["xaxis"]["range"][0] <= math.log10(20.0)
+
+
+def covered(values: list[float], figure: dict[str, Any], axis: str) -> bool:
+    low, high = tick_range(figure, axis)
+    return low <= min(values) and high >= max(values)
+
+
+@settings(max_examples=150, deadline=2000, derandomize=True, database=None)
+@given(st.lists(st.floats(min_value=-1e15, max_value=1e15), min_size=2, max_size=6),
+       st.lists(st.floats(min_value=1e-12, max_value=1e15), min_size=2, max_size=6))
+def test_ticks_cover_every_value_on_linear_and_log_axes(linear: list[float], positive: list[float]) -> None:
+    for values, log in ((linear, False), (positive, True)):
+        figure = parsed(xy([(v, v) for v in values], log=log))
+        assert covered(values, figure, "xaxis") and covered(values, figure, "yaxis"), values
+        extent = figure["layout"]["yaxis"]["range"]
+        low, high = tick_range(figure, "yaxis")
+        low, high = (math.log10(low), math.log10(high)) if log else (low, high)
+        slack = 1e-9 * (abs(low) + abs(high) + 1)
+        assert extent[0] <= low + slack and extent[1] >= high - slack  # every tick is drawn
+
+
 def test_axes_carry_our_ticks_and_labels() -> None:
     chart = charts.xy_chart(
         chart_id="c", title="t", x_label="bytes", y_label="time", x_log=True, x_binary=True,

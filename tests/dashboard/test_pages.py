@@ -9,12 +9,16 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from rich.console import Console
 
 from api import keys
 from api.app import create_app
+from api.cli.calibrate_cmd import show_fit
 from api.db.models import PlanRow
 from api.db.session import create_db_engine, create_session_factory
 from api.settings import Settings
+from planner.calibration import CalibrationProfile
+from tests.api.conftest import cpu_profile
 from tests.dashboard.conftest import DEBUG_CPU_FORM, GPT2_FORM, Database, create_plan
 from tests.dashboard.figures import figure_html as figure
 from tests.dashboard.figures import marks, plot, traces
@@ -304,7 +308,7 @@ def test_calibration_pages_draw_the_measured_curves(client: TestClient, db: Data
     # Efficiency is achieved over the datasheet peak: the largest bf16 GEMM reaches about 72%.
     assert re.search(r"8192×8192 @ 8192×8192 bfloat16: [0-9.]+TFLOP/s = 7[01]\.\d% of peak", html)
     assert "GEMM efficiency" in html and "Intra-node bus bandwidth" in html and "NV18" in html
-    assert "Intra-node latency per group doubling" in html
+    assert "Intra-node latency per group doubling" in html and "Intra-node latency at 8 ranks" in html
     assert "79.1 GiB usable of 79.6 GiB" in html and "Compiled compute scale" in html
 
     form = client.get("/plans/new").text
@@ -312,6 +316,35 @@ def test_calibration_pages_draw_the_measured_curves(client: TestClient, db: Data
     plan_id = create_plan(client, calibration_id=str(row.id))
     assert f"profile {row.id}" in client.get(f"/plans/{plan_id}").text
     assert f'href="/plans/{plan_id}"' in client.get(f"/calibrations/{row.id}").text
+
+
+def fitted_cells(html: str, label: str) -> list[str]:
+    """The cells of one row of the fitted-parameters table, as text: per precision fitted, catalog."""
+    row = re.search(rf'<th scope="row">{re.escape(label)}</th>(.*?)</tr>', html, re.S)
+    assert row, f"no row {label!r}"
+    return [re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", row[1], re.S)]
+
+
+def test_the_fit_says_what_was_not_measured_and_quotes_the_cli_latency(client: TestClient) -> None:
+    """A CPU profile ran nothing in bfloat16: its bf16 column does not pass catalog values off as
+    fitted; the latency shown is the one `fsdp-planner calibrate` prints, at 8 ranks (issue 24, item 7)."""
+    profile = cpu_profile()
+    created = client.post("/api/v1/calibrations", json=profile)
+    assert created.status_code == 201, created.text
+    html = client.get(f"/calibrations/{created.json()['id']}").text
+    assert '<th scope="colgroup" colspan="2" class="num">bf16</th>' in html
+    bf16_fitted, bf16_catalog, fp32_fitted, fp32_catalog = fitted_cells(html, "GEMM efficiency")
+    assert bf16_fitted == "not measured" and bf16_catalog.endswith("%")
+    assert fp32_fitted.endswith("%") and fp32_fitted != fp32_catalog  # fp32 GEMMs were timed
+    assert "Nothing in this profile ran in bfloat16" in html and "ran in float32" not in html
+    # Collectives do not depend on the dtype: measured in both columns, and quoted as the CLI does.
+    console = Console(record=True, width=200)
+    show_fit(CalibrationProfile.model_validate(profile), console)
+    cli = re.search(r"intra-node latency at 8 ranks\s*│\s*(\S+ \S+)\s*│\s*(\S+ \S+)", console.export_text())
+    assert cli, console.export_text()
+    page = fitted_cells(html, "Intra-node latency at 8 ranks")
+    assert page[2:] == [cli[2], cli[1]]  # fp32 (the CLI fits a CPU profile in fp32): fitted, catalog
+    assert page[0] == page[2]
 
 
 def test_accuracy_page_plots_every_run(client: TestClient, db: Database) -> None:
