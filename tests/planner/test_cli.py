@@ -248,6 +248,8 @@ def test_out_of_memory_families_share_one_row_unless_verbose() -> None:
     assert line, short.output
     least = f"{closest['min_peak_memory_gib']:.1f}"
     assert (int(line[1]), line[2], line[3]) == (len(oom), closest["family"], least)
+    # The README shows this request's folded row as printed.
+    assert line[0] in (Path(__file__).parents[2] / "README.md").read_text()
     verbose = runner.invoke(app, [*LLAMA70B_FOUR_NODES, "--verbose"], env=wider)
     assert verbose.exit_code == 0, verbose.output
     assert verbose.output.count("OOM by") == len(oom) and "--verbose lists each" not in verbose.output
