@@ -74,6 +74,11 @@ class GpuSpec(BaseModel):
     type (published kernel benchmarks: FlashAttention-2 reaches ~35% on an H100, 50-73% on an A100)."""
 
     @property
+    def is_cpu(self) -> bool:
+        """The catalog's `cpu` device: its ranks are processes on CPU cores (gloo), not GPUs."""
+        return self.name == "cpu"
+
+    @property
     def nominal_memory(self) -> float:
         """The size the type is sold as, GB (`nominal_memory_gb`, else `memory_gib`)."""
         return self.nominal_memory_gb or self.memory_gib

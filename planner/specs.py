@@ -288,6 +288,11 @@ class ClusterSpec(StrictModel):
     def world_size(self) -> int:
         return self.num_nodes * self.gpus_per_node
 
+    def ranks(self) -> str:
+        """`16 GPUs`, or `2 CPU processes` on the `cpu` device, whose ranks are no GPUs."""
+        what = ("CPU process", "CPU processes") if self.resolved_gpu().is_cpu else ("GPU", "GPUs")
+        return f"{self.world_size:,} {what[self.world_size != 1]}"
+
     @classmethod
     def parse(cls, text: str) -> ClusterSpec:
         """Read `NODESxGPUSxGPU` (e.g. `2x8xH100`) or `GPUSxGPU` (one node), with the bounds and the

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from api.cli.common import EXIT_FAILED, ServerClient, cluster_from_options, fail, read_json_file
+from api.hints import EXECUTOR_EXTRA_INSTALL
 from executor.launch.calibration import write_calibration_bundle
 from executor.launch.quoting import UnsafeValueError
 from planner.calibration import CalibrationProfile, fit_parameters
@@ -77,7 +78,7 @@ def calibrate(
         return
     if importlib.util.find_spec("torch") is None:
         raise fail(
-            "calibration runs torch: install the executor extra (pip install 'fsdp-planner[executor]')"
+            f"calibration runs torch: install the executor extra (in the checkout: {EXECUTOR_EXTRA_INSTALL})"
         )
     if nproc < 1 or budget_s <= 0:
         raise fail("--nproc must be at least 1 and --budget-s positive")
@@ -176,7 +177,7 @@ def show_fit(profile: CalibrationProfile, console: Console) -> None:
             "GPU catalog: set the profile's `gpu` to compare with catalog defaults[/]"
         )
         return
-    precision = "fp32" if gpu.name == "cpu" else "bf16"
+    precision = "fp32" if gpu.is_cpu else "bf16"
     cluster = ClusterSpec(
         num_nodes=profile.fingerprint.num_nodes, gpus_per_node=profile.fingerprint.gpus_per_node, gpu=gpu.name
     )

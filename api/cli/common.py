@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,48 @@ EXIT_OOM = 5
 API_KEY_ENV = "FSDP_PLANNER_API_KEY"
 
 
+CLI_OPTIONS: dict[str, str] = {
+    "search.tensor_parallel_degrees": "--tp",
+    "tensor_parallel_degrees": "--tp",
+    "search.shardings": "--sharding",
+    "search.checkpointing": "--checkpointing",
+    "search.compile": "--compile/--eager",
+    "training.seq_len": "--seq-len",
+    "seq_len": "--seq-len",
+    "training.global_batch_tokens": "--global-batch-tokens",
+    "global_batch_tokens": "--global-batch-tokens",
+    "training.precision": "--precision",
+    "top_k": "--top",
+    "token_budget": "--tokens",
+    "cluster_sizes": "--sizes",
+    "batch_tokens_per_gpu": "--batch-tokens-per-gpu",
+    "deadline_days": "--deadline-days",
+}
+"""The option that sets each input the planner's messages name. The planner words its messages once,
+naming an input by its API field (`search.tensor_parallel_degrees`, `global_batch_tokens`), which is
+what the API shows; the command line shows the option instead (`in_cli_terms`). Leaf names that are
+also plain words (`compile`, `precision`) are mapped only in their dotted form."""
+
+_FIELD_NAME = re.compile(
+    # Longest first, so that `training.seq_len` is one name; not inside a longer name (`max_seq_len`,
+    # `model.seq_len`) or an option (`--seq-len`).
+    r"(?<![\w.-])("
+    + "|".join(re.escape(name) for name in sorted(CLI_OPTIONS, key=len, reverse=True))
+    + r")(?!\w)"
+)
+
+
+def in_cli_terms(message: str) -> str:
+    """`message` with every input field it names replaced by the option that sets it:
+    `search.tensor_parallel_degrees: tp=3 must divide ...` -> `--tp: tp=3 must divide ...`."""
+    return _FIELD_NAME.sub(lambda match: CLI_OPTIONS[match.group(1)], message)
+
+
 def fail(message: str | list[str], code: int = EXIT_INVALID_INPUT) -> typer.Exit:
-    """Print `error: ...` lines to stderr and return the Exit to raise."""
+    """Print `error: ...` lines to stderr, in the command line's terms, and return the Exit to raise."""
     err = Console(stderr=True)
     for line in [message] if isinstance(message, str) else message:
-        err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {in_cli_terms(line)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -145,6 +183,14 @@ def problem_detail(response: httpx.Response) -> str:
 
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
+"""Where `fsdp-planner serve` listens by default."""
+SERVER_ENV = "FSDP_PLANNER_SERVER"
+"""The server URL commands use when not given --server (validate, replan, launcher; trace's hint)."""
+
+
+def configured_server() -> str:
+    """The server a command talks to without --server: FSDP_PLANNER_SERVER, else serve's default."""
+    return (os.environ.get(SERVER_ENV) or DEFAULT_SERVER).rstrip("/")
 
 
 def cpu_precision_note(plan: Plan) -> str | None:
@@ -152,7 +198,7 @@ def cpu_precision_note(plan: Plan) -> str | None:
 
     The trainer runs CPU jobs in float32 (`--precision auto`): bf16 matmuls are slow on most CPUs.
     """
-    if plan.cluster.gpu != "cpu" or plan.training.precision != "bf16":
+    if not plan.cluster.gpu_spec.is_cpu or plan.training.precision != "bf16":
         return None
     return ("this plan assumes bf16 but CPU runs train in float32, so their time and memory differ from "
             "the prediction; plan CPU runs with --precision fp32")

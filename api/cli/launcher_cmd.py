@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from api.cli.common import DEFAULT_SERVER, fail, load_plan
+from api.cli.common import DEFAULT_SERVER, SERVER_ENV, fail, load_plan
 from executor.launch.bundle import (
     DEFAULT_CUDA_VERSION,
     DEFAULT_TORCH_VERSION,
@@ -38,7 +38,9 @@ def launcher(
     plan_id: Annotated[
         int | None, typer.Option("--plan-id", min=1, help="A stored plan's id on the server.")
     ] = None,
-    server: Annotated[str, typer.Option(help="fsdp-planner server for --plan-id.")] = DEFAULT_SERVER,
+    server: Annotated[
+        str, typer.Option(help="fsdp-planner server for --plan-id.", envvar=SERVER_ENV)
+    ] = DEFAULT_SERVER,
     target: Annotated[str, typer.Option(help="torchrun | slurm | k8s | all")] = "all",
     fmt: Annotated[str, typer.Option("--format", help="Archive format: tar.gz | zip")] = "tar.gz",
     image: Annotated[

@@ -17,13 +17,14 @@ from api.cli.common import (
     cluster_from_options,
     cpu_precision_note,
     fail,
+    in_cli_terms,
     model_from_options,
     read_json_file,
 )
 from planner.calibration import CalibrationProfile
 from planner.cost.memory import MEMORY_TERMS
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
-from planner.formatting import duration
+from planner.formatting import duration, quantity
 from planner.plan import ParallelConfig, Plan
 from planner.rejected_summary import summarize_rejected
 from planner.search import make_plan
@@ -187,8 +188,8 @@ def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
     pred = p.prediction
     gpu = p.cluster.gpu_spec
     console.print(
-        f"[bold]{p.model.name}[/] ({p.model.num_params / 1e9:.2f}B params) on "
-        f"{p.cluster.num_nodes}x{p.cluster.gpus_per_node} {gpu.name} ({p.cluster.world_size} GPUs), "
+        f"[bold]{p.model.name}[/] ({quantity(p.model.num_params)} params) on "
+        f"{p.cluster.num_nodes}x{p.cluster.gpus_per_node} {gpu.name} ({p.cluster.ranks()}), "
         f"seq {p.training.seq_len}, {p.training.global_batch_tokens:,} tokens/step"
         + (f", calibration {p.calibration_id}" if p.calibration_id else ", uncalibrated")
     )
@@ -208,7 +209,7 @@ def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
     console.print(summary)
     for warning in p.warnings:
         # Markup off: the message is the planner's text, with brackets of its own.
-        console.print(f"warning: {warning.message}", style="bold yellow", markup=False)
+        console.print(f"warning: {in_cli_terms(warning.message)}", style="bold yellow", markup=False)
 
     breakdown = pred.memory_breakdown_gib
     memory = Table(title=f"Peak memory per GPU (at {breakdown.moment})", title_justify="left")

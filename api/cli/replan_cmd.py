@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from api.cli.common import DEFAULT_SERVER, ServerClient, plan_from_document
+from api.cli.common import DEFAULT_SERVER, SERVER_ENV, ServerClient, plan_from_document
 from api.cli.plan_cmd import VerboseOption, print_plan
 
 
@@ -23,7 +23,7 @@ def replan(
         int | None,
         typer.Option("--run", help="Its OOM run (default: the newest, else the plan's own configuration)."),
     ] = None,
-    server: Annotated[str, typer.Option(help="fsdp-planner server URL.")] = DEFAULT_SERVER,
+    server: Annotated[str, typer.Option(help="fsdp-planner server URL.", envvar=SERVER_ENV)] = DEFAULT_SERVER,
     api_key: Annotated[str | None, typer.Option("--api-key", help="API key, when writes need one.")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Also write the Plan JSON.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the Plan JSON, not the summary.")] = False,

@@ -12,7 +12,6 @@ import json
 import os
 import shlex
 import sys
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -21,7 +20,8 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.common import API_KEY_ENV, ServerClient, fail
+from api.cli.common import API_KEY_ENV, ServerClient, configured_server, fail
+from api.hints import EXECUTOR_EXTRA_INSTALL
 from api.settings import Settings
 from planner.errors import describe_validation_error
 from planner.specs import ModelSpec
@@ -93,13 +93,11 @@ def trace(
     if importlib.util.find_spec("torch") is None:
         raise fail(
             "trace builds your model with torch: install the executor extra "
-            "(pip install 'fsdp-planner[executor]')"
+            f"(in the checkout: {EXECUTOR_EXTRA_INSTALL})"
         )
     # Like `python -m`: a factory in the current directory imports without setting PYTHONPATH.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    # torch's CPU wheel warns at import when numpy is absent; tracing never needs numpy.
-    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     from executor.profile.trace import TraceError, parse_factory_args, trace_factory
 
     try:
@@ -207,7 +205,8 @@ def _si(value: float, unit: str, *, base: int = 1000) -> str:
 
 
 def print_next_steps(result: Trace, output: Path, console: Console) -> None:
-    """Commands that plan the written graph, locally and on a server."""
+    """Commands that plan the written graph, locally and on a server (FSDP_PLANNER_SERVER, else
+    `fsdp-planner serve`'s default address)."""
     tokens = result.seq_len * NEXT_STEP_SEQUENCES
     path = shlex.quote(str(output))
     console.print(f"\nLayer graph written to {output}. Plan it (FLOPs were counted at seq {result.seq_len}):")
@@ -217,8 +216,9 @@ def print_next_steps(result: Trace, output: Path, console: Console) -> None:
         highlight=False, soft_wrap=True,
     )
     console.print("or on a server (the file is the plan's `model`):", highlight=False)
+    plans_url = shlex.quote(f"{configured_server()}/api/v1/plans")
     console.print(
-        "  curl -s http://127.0.0.1:8000/api/v1/plans -H 'Content-Type: application/json' -d "
+        f"  curl -s {plans_url} -H 'Content-Type: application/json' -d "
         f'"{{\\"model\\": $(cat {path}), \\"cluster\\": \\"{NEXT_STEP_CLUSTER}\\", '
         f'\\"training\\": {{\\"seq_len\\": {result.seq_len}, \\"global_batch_tokens\\": {tokens}}}}}"',
         highlight=False, soft_wrap=True, markup=False,

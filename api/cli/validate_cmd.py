@@ -31,6 +31,7 @@ from api.cli.common import (
     DEFAULT_SERVER,
     EXIT_FAILED,
     EXIT_OOM,
+    SERVER_ENV,
     ServerClient,
     cpu_precision_note,
     fail,
@@ -170,7 +171,7 @@ def validate(
     plan_id: Annotated[
         int | None, typer.Option("--plan-id", help="A stored plan's id (with --server).")
     ] = None,
-    server: Annotated[str, typer.Option(help="fsdp-planner server URL.")] = DEFAULT_SERVER,
+    server: Annotated[str, typer.Option(help="fsdp-planner server URL.", envvar=SERVER_ENV)] = DEFAULT_SERVER,
     steps: Annotated[int, typer.Option(help="Optimizer steps to run.")] = DEFAULT_STEPS,
     warmup: Annotated[int, typer.Option(help="Leading steps left out of the timing.")] = DEFAULT_WARMUP,
     upload: Annotated[bool, typer.Option(help="Store the run on the server (needs --plan-id).")] = False,

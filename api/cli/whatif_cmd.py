@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from api.cli.common import ServerClient, fail, model_from_options, read_json_file
+from api.cli.common import ServerClient, fail, in_cli_terms, model_from_options, read_json_file
 from api.cli.plan_cmd import CHECKPOINT_MODES, SHARDINGS, search_pins
 from api.services.search_pool import SearchPool, available_cores
 from api.services.studies import run_study
@@ -240,7 +240,8 @@ def print_study(study: StudyRequest, summary: StudySummary, console: Console) ->
     if refused:
         console.print("Clusters that cannot train it:")
         for p in refused:
-            console.print(f"  {p.label} ({p.num_gpus} GPUs): {p.reason}", highlight=False, soft_wrap=True)
+            console.print(f"  {p.label} ({p.num_gpus} GPUs): {in_cli_terms(p.reason or '')}", highlight=False,
+                          soft_wrap=True)
     if study.deadline_days is not None and summary.cheapest_within_deadline is None and fitting:
         console.print(f"[yellow]No cluster trains within {study.deadline_days:g} days[/]: add larger sizes "
                       "or faster GPU types, or allow more time.")

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.dashboard.formatting import FILTERS
 from api.dashboard.vendor import PLOTLY_CSS_URL, PLOTLY_JS_URL, plotly_style_guard_ids
+from api.hints import CLI_ACTIVATE, EXECUTOR_EXTRA_INSTALL
 from planner import __version__
 
 PACKAGE_DIR = Path(__file__).parent
@@ -50,7 +51,8 @@ _environment = jinja2.Environment(
 _environment.filters.update(FILTERS)
 _environment.globals.update(
     version=__version__, static=STATIC_PREFIX, plotly_js=PLOTLY_JS_URL, plotly_css=PLOTLY_CSS_URL,
-    plotly_style_guard_ids=plotly_style_guard_ids,
+    plotly_style_guard_ids=plotly_style_guard_ids, cli_activate=CLI_ACTIVATE,
+    executor_extra_install=EXECUTOR_EXTRA_INSTALL,
 )
 templates = Jinja2Templates(env=_environment)
 

@@ -109,7 +109,7 @@ def context(plan: Plan, *, image: str = DEFAULT_IMAGE) -> render.LaunchContext:
         num_nodes=nodes,
         gpus_per_node=gpus,
         gpu=comment(cluster.gpu, limit=40),
-        uses_gpus=cluster.gpu.lower() != "cpu",
+        uses_gpus=not cluster.resolved_gpu().is_cpu,
         image=image_ref(image),
         label=comment(plan.config.label(), limit=100),
         mesh=plan.config.mesh,  # a contract.mesh.Mesh: its degrees are checked whole numbers >= 1

@@ -73,7 +73,7 @@ def calibration_bundle_files(
         num_nodes=positive_int(cluster.num_nodes, "cluster.num_nodes"),
         gpus_per_node=positive_int(cluster.gpus_per_node, "cluster.gpus_per_node"),
         gpu=comment(cluster.gpu, limit=40),
-        uses_gpus=cluster.gpu.lower() != "cpu",
+        uses_gpus=not cluster.resolved_gpu().is_cpu,
         image=image_ref(DEFAULT_IMAGE),
         label="calibration",
     )

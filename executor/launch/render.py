@@ -170,7 +170,8 @@ trap '' USR1"""
 # Environment (all optional):
 #   NPROC_PER_NODE  processes on this node   (default {ctx.gpus_per_node}, the plan's GPUs per node)
 #   NNODES          nodes in the job         (default {ctx.num_nodes}; else PET_NNODES or SLURM_NNODES)
-#   MASTER_ADDR     rendezvous host (node 0) (default 127.0.0.1)
+#   MASTER_ADDR     rendezvous host: node 0's address, the same on every node (required with
+#                   NNODES > 1, else PET_MASTER_ADDR; one node needs none)
 #   MASTER_PORT     rendezvous port          (default 29500)
 #   MAX_RESTARTS    torchrun restarts        (default 0{restart_doc}){checkpoint_doc}
 #   RDZV_ID         rendezvous id            (default: the plan hash)
@@ -180,7 +181,7 @@ trap '' USR1"""
 HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 NPROC_PER_NODE="${{NPROC_PER_NODE:-{ctx.gpus_per_node}}}"
 NNODES="${{NNODES:-${{PET_NNODES:-${{SLURM_NNODES:-{ctx.num_nodes}}}}}}}"
-MASTER_ADDR="${{MASTER_ADDR:-${{PET_MASTER_ADDR:-127.0.0.1}}}}"
+MASTER_ADDR="${{MASTER_ADDR:-${{PET_MASTER_ADDR:-}}}}"
 MASTER_PORT="${{MASTER_PORT:-${{PET_MASTER_PORT:-29500}}}}"
 MAX_RESTARTS="${{MAX_RESTARTS:-0}}"
 RDZV_ID="${{RDZV_ID:-{sh(ctx.short_hash)}}}"
@@ -191,7 +192,15 @@ for var in NPROC_PER_NODE NNODES MAX_RESTARTS MASTER_PORT; do
     echo "{entry.script}: $var must be a whole number, got '${{!var}}'" >&2
     exit 2
   fi
-done{_tensor_parallel_check(ctx, entry.script)}
+done
+# Every node must reach node 0's rendezvous: a default address would be each node's own loopback, where
+# every node would wait for the others forever (or train alone).
+if [ "$NNODES" -gt 1 ] && [ -z "$MASTER_ADDR" ]; then
+  echo "{entry.script}: NNODES=$NNODES needs MASTER_ADDR, the address of node 0 (which hosts the" \\
+       "rendezvous), the same on every node: e.g. NNODES=$NNODES MASTER_ADDR=10.0.0.1 ./{entry.script}" \\
+       "on each node (NNODES=1 runs on this node alone)" >&2
+  exit 2
+fi{_tensor_parallel_check(ctx, entry.script)}
 if [ "$((NPROC_PER_NODE * NNODES))" -ne {ctx.num_nodes * ctx.gpus_per_node} ]; then
   echo "{entry.script}: warning: $NNODES node(s) x $NPROC_PER_NODE process(es) is not the plan's" \\
        "{ctx.num_nodes} x {ctx.gpus_per_node}; the trainer will refuse a different world size" >&2

@@ -16,6 +16,10 @@ import torch
 import torch.distributed as dist
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}
+# torch 2.13 renamed the tensor collectives and warns (FutureWarning) on every call of the old names;
+# older torch (bundles run on >= 2.6) has only the old ones.
+all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 @dataclass
@@ -117,7 +121,7 @@ def collective_samples(
     budget: Budget,
     on_sample: Callable[[str], None] = lambda _: None,
 ) -> list[dict]:
-    """all_gather_into_tensor, reduce_scatter_tensor and all_reduce over growing messages.
+    """An all-gather, a reduce-scatter (one flat tensor each) and an all-reduce over growing messages.
 
     `bytes` is the whole (unsharded) tensor, as the planner prices collectives. `group` None is the
     whole world. Every rank of the world calls this (`member` False for ranks outside `group`, which
@@ -134,10 +138,10 @@ def collective_samples(
         full = torch.empty(numel, dtype=torch.float32, device=device).uniform_()
         shard = torch.empty(numel // group_size, dtype=torch.float32, device=device)
         ops = {
-            "all_gather": lambda full=full, shard=shard: dist.all_gather_into_tensor(
+            "all_gather": lambda full=full, shard=shard: all_gather_tensor(
                 full, shard, group=group
             ),
-            "reduce_scatter": lambda full=full, shard=shard: dist.reduce_scatter_tensor(
+            "reduce_scatter": lambda full=full, shard=shard: reduce_scatter_tensor(
                 shard, full, group=group
             ),
             "all_reduce": lambda full=full: dist.all_reduce(full, group=group),
@@ -172,18 +176,18 @@ def overlap_contention(device: torch.device, *, matmul_size: int, message_bytes:
         if device.type == "cuda":
             stream = torch.cuda.Stream(device)
             with torch.cuda.stream(stream):
-                work = dist.all_gather_into_tensor(full, shard, async_op=True)
+                work = all_gather_tensor(full, shard, async_op=True)
             compute()
             work.wait()
         else:
-            work = dist.all_gather_into_tensor(full, shard, async_op=True)
+            work = all_gather_tensor(full, shard, async_op=True)
             compute()
             work.wait()
 
     alone = time_call(compute, device)
     dist.barrier()
     together = time_call(with_comm, device)
-    comm = time_call(lambda: dist.all_gather_into_tensor(full, shard), device)
+    comm = time_call(lambda: all_gather_tensor(full, shard), device)
     # The overlapped run takes at least as long as the longer of the two; what exceeds that is the
     # compute slowdown, expressed relative to the overlapped span.
     overlapped = min(alone, comm)

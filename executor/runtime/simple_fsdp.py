@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -108,6 +109,19 @@ def _must_recompute_gathers(ctx, func, *args, **kwargs) -> CheckpointPolicy:
 
 def _reshard_context() -> tuple:
     return create_selective_checkpoint_contexts(_must_recompute_gathers)
+
+
+def _not_the_in_place_notice(record: logging.LogRecord) -> bool:
+    return "context_fn is passed to torch.utils.checkpoint" not in record.getMessage()
+
+
+# torch logs once per process, when it compiles a checkpoint given a `context_fn`, that the region must
+# hold no in-place ops. Every compiled full_shard plan compiles one: the reshard region above, a cast
+# and an all-gather, which holds none; so every rank printed the notice on every clean run. The one
+# notice also stands for the compiled checkpointing policies of activation_checkpoint.py, whose
+# regions are the model's blocks: the built-in models have no in-place op there (a --model-factory
+# model's blocks are the user's to keep so).
+logging.getLogger("torch._higher_order_ops.wrap").addFilter(_not_the_in_place_notice)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -190,7 +190,7 @@ def default_parameters(
     """Uncalibrated parameters from the GPU catalog (and the cluster's bandwidth overrides, memory
     size and power limit), with the shares `fit` to the corpus of measured runs (the CPU entry keeps
     its own: nothing in the corpus ran on a CPU)."""
-    is_cpu = gpu.name == "cpu"
+    is_cpu = gpu.is_cpu
     intra_bw = (cluster.intra_node_bandwidth_gbps or gpu.intra_node_bandwidth_gbps) * 1e9
     inter_bw = (cluster.inter_node_bandwidth_gbps or gpu.inter_node_bandwidth_gbps) * 1e9
     clock = power_limited_clock(gpu.board_power_w, cluster.gpu_power_limit_w)

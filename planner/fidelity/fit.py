@@ -67,7 +67,7 @@ def _objective(priced: Sequence[tuple[SourceRun, PricedRun]]) -> float:
 
 
 def _gpu_in_catalog(run: Run) -> bool:
-    return resolve_gpu(run.hardware.gpu).name != "cpu"
+    return not resolve_gpu(run.hardware.gpu).is_cpu
 
 
 def memory_margin(priced: Sequence[tuple[SourceRun, PricedRun]]) -> tuple[float, str]:

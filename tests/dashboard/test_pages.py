@@ -5,21 +5,26 @@ from __future__ import annotations
 import base64
 import html as html_module
 import re
+import shlex
+import tomllib
 from pathlib import Path
 
 import pytest
+import typer
 from fastapi.testclient import TestClient
 from rich.console import Console
 
 from api import keys
 from api.app import create_app
 from api.cli.calibrate_cmd import show_fit
+from api.cli.main import app as cli_app
 from api.db.models import PlanRow
 from api.db.session import create_db_engine, create_session_factory
+from api.hints import CLI_ACTIVATE, EXECUTOR_EXTRA_INSTALL
 from api.settings import Settings
 from planner.calibration import CalibrationProfile
 from tests.api.conftest import cpu_profile
-from tests.dashboard.conftest import DEBUG_CPU_FORM, GPT2_FORM, Database, create_plan
+from tests.dashboard.conftest import DEBUG_CPU_FORM, GPT2_FORM, REPO_ROOT, Database, create_plan
 from tests.dashboard.figures import figure_html as figure
 from tests.dashboard.figures import marks, plot, traces
 from tests.dashboard.sample_data import h100_profile, insert_calibration, insert_runs
@@ -51,7 +56,8 @@ def test_empty_states_say_what_to_do(client: TestClient) -> None:
 
     calibrations = client.get("/calibrations")
     assert calibrations.status_code == 200 and 'id="empty-calibrations"' in calibrations.text
-    assert "fsdp-planner calibrate" in calibrations.text and "/api/v1/calibrations" in calibrations.text
+    assert "fsdp-planner calibrate" in calibrations.text
+    assert "--upload http://testserver/" in calibrations.text
 
     accuracy = client.get("/accuracy")
     assert accuracy.status_code == 200 and 'id="empty-accuracy"' in accuracy.text
@@ -59,6 +65,27 @@ def test_empty_states_say_what_to_do(client: TestClient) -> None:
 
     compare = client.get("/compare")
     assert compare.status_code == 200 and 'id="compare-empty"' in compare.text
+
+
+def test_empty_states_give_commands_that_work_in_a_checkout(client: TestClient) -> None:
+    # No package index has fsdp-planner: `pip install 'fsdp-planner[executor]'` failed for everyone.
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "executor" in extras and EXECUTOR_EXTRA_INSTALL == ".venv/bin/pip install '.[executor]'"
+    cli = typer.main.get_command(cli_app)
+    for path in ("/", "/calibrations", "/accuracy", "/studies"):
+        page = client.get(path, headers=HTML).text
+        (empty,) = re.findall(r'<section class="empty-state".*?</section>', page, re.S)
+        assert "fsdp-planner[" not in page, path
+        codes = [html_module.unescape(c) for c in re.findall(r"<code>(.*?)</code>", empty, re.S)]
+        commands = [c for c in codes if c.startswith("fsdp-planner ")]
+        assert commands and CLI_ACTIVATE in codes, (path, codes)  # where the command comes from
+        for command in commands:
+            argv = shlex.split(command.replace("\\\n", " "))
+            # Parsed as the CLI parses it (unknown options and bad values fail), without running it.
+            parent = cli.make_context("fsdp-planner", argv[1:])
+            cli.get_command(parent, argv[1]).make_context(argv[1], argv[2:], parent=parent)
+        if path in ("/calibrations", "/accuracy"):  # commands that run torch name the extra
+            assert EXECUTOR_EXTRA_INSTALL in codes, path
 
 
 def test_every_page_is_a_responsive_html_page_with_nav(client: TestClient) -> None:

@@ -202,12 +202,12 @@ def test_launch_sh_multinode_env_and_validation(tmp_path: Path) -> None:
     record = tmp_path / "argv.txt"
     fake.write_text(f'#!/usr/bin/env bash\n[ "$1" = "-c" ] && exit 0\nprintf "%s\\n" "$@" > {record}\n')
     fake.chmod(0o755)
-    base = {"PATH": os.environ["PATH"], "PYTHON": str(fake)}
+    # A multi-node start needs MASTER_ADDR (test_launch_plumbing: refused without it).
+    base = {"PATH": os.environ["PATH"], "PYTHON": str(fake), "MASTER_ADDR": "10.1.2.3"}
     run = subprocess.run(
         [str(directory / "launch.sh")],
         env={
             **base,
-            "MASTER_ADDR": "10.1.2.3",
             "MASTER_PORT": "29400",
             "CHECKPOINT_DIR": "/ck pt",
             "MAX_RESTARTS": "3",

@@ -165,6 +165,30 @@ def test_launch_sh_sets_the_cluster_environment_and_yours_wins(tmp_path: Path) -
         assert f"#   {name} " in header, name
 
 
+@pytest.mark.parametrize("script", ["launch.sh", "calibrate.sh"])
+def test_a_multi_node_start_without_master_addr_is_refused(tmp_path: Path, script: str) -> None:
+    # Defaulting to 127.0.0.1 made every node host its own rendezvous and wait for the others forever.
+    plan = gpu_plan(2)
+    if script == "launch.sh":
+        write_bundle(plan, tmp_path, target="torchrun")
+        directory = tmp_path / bundle_name(plan)
+    else:
+        directory = write_calibration_bundle(plan.cluster, tmp_path / "calibration")
+    lint_script(directory / script)
+    base = {"PATH": os.environ["PATH"], "PYTHON": str(record_env_python(tmp_path)), "SYNTHETIC_DATA": "1"}
+
+    for env in ({}, {"NNODES": "2"}):  # the plan's 2 nodes, or NNODES given
+        refused = subprocess.run([str(directory / script)], env={**base, **env}, capture_output=True,
+                                 text=True, timeout=60, check=False)
+        assert refused.returncode == 2, refused.stderr
+        assert f"{script}: NNODES=2 needs MASTER_ADDR, the address of node 0" in refused.stderr
+        assert not (tmp_path / "env").exists(), "torchrun must not start"
+    for given in ({"MASTER_ADDR": "10.0.0.1"}, {"PET_MASTER_ADDR": "10.0.0.1"}, {"NNODES": "1"}):
+        started = subprocess.run([str(directory / script)], env={**base, **given}, capture_output=True,
+                                 text=True, timeout=60, check=False)
+        assert started.returncode == 0, (given, started.stderr)
+
+
 def test_the_trainer_takes_its_process_group_timeout_from_the_environment(monkeypatch) -> None:
     monkeypatch.delenv("FSDP_PG_TIMEOUT_S", raising=False)
     assert pg_timeout_s() == 1800.0
