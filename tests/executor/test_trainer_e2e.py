@@ -17,6 +17,7 @@ from planner.search import make_plan
 from planner.specs import ClusterSpec, PlanRequest, SearchSpace, TrainingSpec
 from tests.executor.conftest import REPO, explain, job_env, read_metrics, torchrun
 from tests.executor.plan_factory import debug_plan
+from tests.output_checks import python_warnings
 
 TRAIN = ["-m", "executor.runtime.train"]
 
@@ -51,6 +52,7 @@ def test_bundle_trains_through_its_own_launch_sh(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, explain(result)
     assert "done: 16 steps" in result.stdout
+    assert not python_warnings(result.stdout + result.stderr), explain(result)  # a clean run
     assert "WARNING: training on SYNTHETIC tokens" in result.stdout
     records = read_metrics(metrics)
     assert [r["step"] for r in records] == list(range(1, 17))

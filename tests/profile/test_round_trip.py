@@ -13,6 +13,7 @@ from planner.calibration import CalibrationProfile, fit_parameters
 from planner.catalog.gpus import resolve_gpu
 from planner.cost.parameters import default_parameters
 from planner.specs import ClusterSpec
+from tests.output_checks import python_warnings
 
 pytestmark = pytest.mark.distributed
 
@@ -46,7 +47,9 @@ def check_profile(profile: CalibrationProfile) -> None:
     assert fitted.compiled_compute_scale != base.compiled_compute_scale  # from the compiled steps
 
 
-def test_calibrate_plan_validate_round_trip(server: str, tmp_path: Path) -> None:
+def test_calibrate_plan_validate_round_trip(
+    server: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     runner = CliRunner()
     calibrated = runner.invoke(
         app,
@@ -71,6 +74,9 @@ def test_calibrate_plan_validate_round_trip(server: str, tmp_path: Path) -> None
         ],
     )
     assert calibrated.exit_code == 0, calibrated.output
+    # The profiler's processes write to this process's descriptors (the runner sees only its own).
+    printed = capfd.readouterr()
+    assert not python_warnings(calibrated.output + printed.out + printed.err), printed.err  # a clean run
     check_profile(CalibrationProfile.model_validate_json((tmp_path / "cpu.json").read_text()))
     profiles = httpx.get(f"{server}/api/v1/calibrations").json()["items"]
     assert [p["name"] for p in profiles] == ["ci-loop"]
@@ -104,6 +110,8 @@ def test_calibrate_plan_validate_round_trip(server: str, tmp_path: Path) -> None
         ],
     )
     assert validated.exit_code == 0, validated.output
+    printed = capfd.readouterr()
+    assert not python_warnings(validated.output + printed.out + printed.err), printed.err
     assert "predicted" in validated.output and "measured" in validated.output
 
     runs = httpx.get(f"{server}/api/v1/plans/{plan_id}/runs").json()["items"]

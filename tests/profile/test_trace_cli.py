@@ -13,6 +13,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from api.cli.common import SERVER_ENV
 from api.cli.main import app
 from planner.specs import ModelSpec
 
@@ -57,9 +58,11 @@ def test_the_printed_curl_plans_on_a_real_server(server: str, tmp_path: Path) ->
     if shutil.which("curl") is None:
         pytest.skip("curl is not installed")
     graph = tmp_path / "graph.json"
-    result = runner.invoke(app, ["trace", *DEBUG, "-o", str(graph)])
+    # The hint names the server the CLI is configured for, not a fixed 127.0.0.1:8000.
+    result = runner.invoke(app, ["trace", *DEBUG, "-o", str(graph)], env={SERVER_ENV: server + "/"})
     assert result.exit_code == 0, result.output
-    curl = printed_command(result.output, "curl").replace("http://127.0.0.1:8000", server)
+    curl = printed_command(result.output, "curl")
+    assert curl.startswith(f"curl -s {server}/api/v1/plans "), curl
 
     answer = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=120, cwd=tmp_path)
 

@@ -16,6 +16,7 @@ import pytest
 from planner.catalog.models import resolve_model
 from planner.search import make_plan
 from planner.specs import ClusterSpec, PlanRequest, SearchSpace, TrainingSpec
+from tests.output_checks import python_warnings
 
 pytestmark = pytest.mark.distributed
 
@@ -36,6 +37,7 @@ def test_validate_prints_one_step_time_consistent_with_the_metrics(tmp_path: Pat
         capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    assert not python_warnings(result.stdout + result.stderr), result.stderr  # a clean run
     out = result.stdout
 
     steps = [json.loads(line) for line in (keep / "metrics.jsonl").read_text().splitlines()]
