@@ -206,3 +206,28 @@ def test_a_tokenizers_tokenizer_built_here(tmp_path: Path) -> None:
     summary = prepare([source], out, tokenizer=loaded, eval_fraction=0)
     assert (summary.index["vocab_size"], summary.index["eos_token_id"]) == (5, 1)
     assert (out / "train-00000.bin").read_bytes() == u16([2, 3, 1, 3, 4, 2, 1])
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_readme_prepare_data_example_runs_on_the_shipped_sample(tmp_path: Path, monkeypatch) -> None:
+    # The README's example names a corpus the repository ships, and prints what running it prints.
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    command = next(line.strip()[2:] for line in readme.splitlines()
+                   if line.strip().startswith("$ fsdp-planner prepare-data "))
+    argv = command.split()[2:]
+    assert argv[0] == "examples/docs.jsonl" and (REPO / argv[0]).is_file()
+    assert (REPO / argv[0]).stat().st_size < 200_000  # a sample, not a dataset
+    monkeypatch.chdir(REPO)  # relative to the checkout, as a person runs it
+    out = tmp_path / "pydocs"
+    argv[argv.index("-o") + 1] = str(out)
+    result = invoke(*argv)
+    assert result.exit_code == 0, result.output
+    for split in ("train", "eval", "total"):  # documents and tokens, as the README shows them
+        printed = next(" ".join(line.split()[:5]) for line in result.output.splitlines()
+                       if line.split()[:1] == [split])
+        assert any(" ".join(line.split()[:5]) == printed for line in readme.splitlines()), printed
+    index = json.loads((out / "index.json").read_text())
+    assert index["sources"] == ["examples/docs.jsonl"]
+    assert '"sources": ["examples/docs.jsonl"]' in readme

@@ -262,7 +262,7 @@ def test_the_readme_405b_example_advice_is_accepted_by_the_cli() -> None:
     refusal = plan_cli("llama3.1-405b", "1x8xH100", 4096, 4194304)
     assert refusal.exit_code == 3, refusal.output
     text = " ".join(refusal.output.split())  # rich wraps long lines
-    advice = r"Smallest cluster that fits: (\d+x8)xH100-SXM-80GB .*? global_batch_tokens (\d+)"
+    advice = r"Smallest cluster that fits: (\d+x8)xH100-SXM-80GB .*? --global-batch-tokens (\d+)"
     found = re.search(advice, text)
     assert found, text
     accepted = plan_cli("llama3.1-405b", f"{found[1]}xH100", 4096, int(found[2]))

@@ -133,7 +133,7 @@ def test_errors_are_one_clear_line_not_a_traceback(tmp_path: Path) -> None:
         ],
     )
     assert bad.exit_code == 2
-    assert "global_batch_tokens" in bad.output and "Traceback" not in bad.output
+    assert "--global-batch-tokens" in bad.output and "Traceback" not in bad.output  # the option, by name
     unknown = runner.invoke(
         app,
         [
