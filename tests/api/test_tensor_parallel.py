@@ -48,7 +48,7 @@ async def test_a_pinned_degree_is_planned_stored_and_listed(
     assert plan.config.mesh.tp == 2 and plan.config.mesh.dp == 2
     assert body["request"]["search"]["tensor_parallel_degrees"] == [2]
     assert body["tensor_parallel_degree"] == 2 and body["sharding"] == plan.config.sharding
-    assert body["mesh"] == plan.config.mesh.model_dump()
+    assert body["mesh"] == plan.config.mesh.as_document()
     assert plan.prediction.exposed_tensor_parallel_s > 0
     # Pinned: the alternatives and the rejected families are tp=2 ones only.
     assert all(c.config.mesh.tp == 2 for c in plan.alternatives)
