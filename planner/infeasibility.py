@@ -1,10 +1,15 @@
-"""Why nothing fits on the requested cluster, and what would.
+"""What fits where: the one source of advice on what to change so that a request plans.
 
-When no configuration fits, the diagnosis names a cluster (and, when the requested batch cannot be
-split over it, a batch) on which `make_plan` succeeds. Each candidate is checked by the same test
-the search applies, over the same configurations it enumerates (`Prober`), so the advice
-and the search cannot disagree. It also names the memory term that really dominates, because that
-decides what helps: sharded states shrink with more GPUs, activations of one sequence do not.
+`advise` answers for every caller (the search's pre-check for a batch that does not split, the
+infeasibility diagnosis when nothing fits, the dashboard form's hint): batches that round the
+requested one on its cluster, nearest first, or, when none plans there, the smallest cluster of the
+same nodes on which one does (and the one that keeps the batch unchanged). A batch rounds the
+request when it is the nearest multiple, below or above, of the data-parallel ranks (world / tp) of
+a searched tensor-parallel degree: a batch need split over data-parallel ranks only. Every
+suggestion is checked by the same test the search applies, over the same configurations it
+enumerates (`Prober`), so the advice and the search cannot disagree, and no nearer rounding, nor
+smaller cluster, plans. The diagnosis also names the memory term that really dominates, because
+that decides what helps: sharded states shrink with more GPUs, activations of one sequence do not.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from contract.mesh import Mesh
+from planner.bounds import MAX_GLOBAL_BATCH_TOKENS
 from planner.cost.estimate import Estimator
 from planner.cost.memory import MemoryEstimate, fits_in_memory
 from planner.cost.parameters import GIB
@@ -162,16 +168,6 @@ class Prober:
             }
         )
 
-    def nearest_batch(self, num_nodes: int) -> int:
-        """The global batch (sequences) to advise on `num_nodes` nodes: the requested one when it
-        splits over them, else the nearest that does."""
-        world = num_nodes * self.request.cluster.gpus_per_node
-        return batches_near(self.request.training.global_batch_sequences, world)[0]
-
-    def fits_at(self, num_nodes: int) -> bool:
-        """Whether the request, with the nearest batch that splits, plans on `num_nodes` nodes."""
-        return self.at(num_nodes, self.nearest_batch(num_nodes)).fits
-
 
 def _all_but_sharding(c: Choice) -> tuple:
     # A tuple rather than dataclasses.replace: a probe compares thousands of configurations.
@@ -190,72 +186,123 @@ def _all_but_sharding(c: Choice) -> tuple:
     )
 
 
-def batches_near(sequences: int, world: int) -> list[int]:
-    """Global batches (sequences) that split evenly over `world` ranks, nearest to `sequences`
-    first (the request's own when it splits; a tie goes to the smaller)."""
-    if sequences % world == 0:
-        return [sequences]
-    below = sequences // world * world
-    options = [b for b in (below, below + world) if b >= world]
-    return sorted(options, key=lambda b: (abs(b - sequences), b))
+def roundings(request: PlanRequest, num_nodes: int, tokens: int) -> list[int]:
+    """The global batches (sequences) that round `tokens` to a whole split on `num_nodes` nodes of the
+    request's kind, nearest first (a tie goes to the smaller): for each searched tensor-parallel
+    degree, the multiples of its data-parallel ranks (world / tp) just below and just above, or
+    `tokens` itself where it splits. Batches beyond the request's bound are left out."""
+    seq_len = request.training.seq_len
+    world = num_nodes * request.cluster.gpus_per_node
+    batches: set[int] = set()
+    for tp in tensor_parallel_degrees(request):
+        unit = world // tp * seq_len  # tokens per batch that gives each data-parallel rank a sequence
+        below = tokens // unit * unit
+        batches |= {b // seq_len for b in ((below,) if below == tokens else (below, below + unit)) if b > 0}
+    fitting = (b for b in batches if b * seq_len <= MAX_GLOBAL_BATCH_TOKENS)
+    return sorted(fitting, key=lambda b: (abs(b * seq_len - tokens), b))
+
+
+def planning_batches(
+    prober: Prober, num_nodes: int, tokens: int, *, first: bool = False
+) -> tuple[Probe, ...]:
+    """The roundings of `tokens` on `num_nodes` nodes that plan: the nearest, then the nearest on
+    the other side of `tokens` (none when `tokens` itself plans, or with `first`). Every rounding
+    nearer on the same side was probed and does not plan."""
+    seq_len = prober.request.training.seq_len
+
+    def side(batch: int) -> int:
+        return (batch * seq_len > tokens) - (batch * seq_len < tokens)
+
+    found: list[Probe] = []
+    for batch in roundings(prober.request, num_nodes, tokens):
+        if found and side(batch) == side(found[0].global_batch_sequences):
+            continue  # farther than the one found on that side
+        probe = prober.at(num_nodes, batch)
+        if probe.fits:
+            found.append(probe)
+            if first or side(batch) == 0 or len(found) == 2:
+                break
+    return tuple(found)
 
 
 @dataclass(frozen=True, slots=True)
-class ClusterAdvice:
-    """The smallest cluster found to fit, with the batch to use there."""
+class Advice:
+    """What to change so that a request plans, every suggestion planned with the search's own test."""
 
-    smallest: Probe | None
-    """Smallest node count that fits (its batch the requested one, or the nearest that splits)."""
-    same_batch: Probe | None
-    """When `smallest` changes the batch: the smallest node count that fits the requested batch."""
-    largest_tried: Probe | None
-    """When nothing fits: the lightest configuration on the largest cluster tried."""
+    tokens: int
+    """The global batch asked for, in tokens (not necessarily whole sequences)."""
+    batches: tuple[Probe, ...]
+    """Roundings of `tokens` that plan, nearest first, all on one node count: the requested one when
+    any plans there, else the smallest that plans one (`planning_batches`); empty when no cluster up
+    to MAX_NODES_TRIED nodes does."""
+    same_batch: Probe | None = None
+    """When the batches change the batch asked for: the smallest cluster that plans it unchanged."""
+    largest_tried: Probe | None = None
+    """When nothing plans: the lightest configuration on the largest cluster tried."""
 
 
-def smallest_cluster(prober: Prober) -> ClusterAdvice:
-    """Bisect node counts for the smallest cluster whose own search finds a fitting configuration.
+def advise(prober: Prober, tokens: int) -> Advice:
+    """The one source of advice: the roundings of `tokens` nearest it that plan on the request's
+    cluster, or, when none does, on the smallest cluster (same GPU and GPUs per node) where one
+    does, with the smallest cluster that plans `tokens` unchanged. Each suggestion is a request that
+    `make_plan` accepts (with the prober's setting); no nearer rounding, nor smaller cluster, plans."""
+    request = prober.request
+    nodes = request.cluster.num_nodes
+    batches = planning_batches(prober, nodes, tokens)
+    if not batches:
+        found = _smallest_nodes(prober, tokens)
+        if isinstance(found, Probe):
+            return Advice(tokens=tokens, batches=(), largest_tried=found)
+        nodes, batches = found, planning_batches(prober, found, tokens, first=True)
+    same_batch = None
+    if batches[0].global_batch_sequences * request.training.seq_len != tokens:
+        same_batch = _smallest_keeping_batch(prober, tokens, at_least=nodes)
+    return Advice(tokens=tokens, batches=batches, same_batch=same_batch)
+
+
+def _smallest_nodes(prober: Prober, tokens: int) -> int | Probe:
+    """Bisect node counts above the request's for the smallest on which a rounding of `tokens`
+    plans; when none up to MAX_NODES_TRIED does, the lightest configuration on the largest tried.
 
     Fitting is monotone in the node count in all but rounding of the batch (sharded states shrink,
     one micro-batch's activations stay), so doubling then bisecting finds the boundary in a few
     dozen probes; every probe is the exact test the search would apply there.
     """
     request = prober.request
-    low = request.cluster.num_nodes  # does not fit: that is why we are here
-    if low >= MAX_NODES_TRIED:
-        largest = prober.at(low, prober.nearest_batch(low), lightest=True)
-        return ClusterAdvice(smallest=None, same_batch=None, largest_tried=largest)
-    high = min(low * 2, MAX_NODES_TRIED)
-    while not prober.fits_at(high):
-        if high >= MAX_NODES_TRIED:
-            largest = prober.at(high, prober.nearest_batch(high), lightest=True)
-            return ClusterAdvice(smallest=None, same_batch=None, largest_tried=largest)
-        low, high = high, min(high * 2, MAX_NODES_TRIED)
+
+    def fits_at(nodes: int) -> bool:
+        return bool(planning_batches(prober, nodes, tokens, first=True))
+
+    low = request.cluster.num_nodes  # no rounding plans here: that is why we are here
+    while True:
+        high = min(low * 2, MAX_NODES_TRIED)
+        # More nodes leave fewer roundings within the batch bound: past the last, none plans.
+        if low >= MAX_NODES_TRIED or not roundings(request, high, tokens):
+            return prober.at(low, roundings(request, low, tokens)[0], lightest=True)
+        if fits_at(high):
+            break
+        low = high
     while high - low > 1:
         mid = (low + high) // 2
-        if prober.fits_at(mid):
+        if fits_at(mid):
             high = mid
         else:
             low = mid
-    smallest = prober.at(high, prober.nearest_batch(high), lightest=True)
-    same_batch = None
-    if smallest.global_batch_sequences != request.training.global_batch_sequences:
-        same_batch = _smallest_keeping_batch(prober, at_least=high)
-    return ClusterAdvice(smallest=smallest, same_batch=same_batch, largest_tried=None)
+    return high
 
 
-def _gpn(request: PlanRequest) -> int:
-    return request.cluster.gpus_per_node
-
-
-def _smallest_keeping_batch(prober: Prober, *, at_least: int) -> Probe | None:
-    """The smallest node count from `at_least` on over which the requested batch splits and fits."""
-    sequences = prober.request.training.global_batch_sequences
-    gpn = _gpn(prober.request)
-    if sequences % gpn:
+def _smallest_keeping_batch(prober: Prober, tokens: int, *, at_least: int) -> Probe | None:
+    """The smallest node count from `at_least` on over whose data-parallel ranks (for a searched
+    tensor-parallel degree) the requested batch splits, and where it fits."""
+    request = prober.request
+    seq_len, gpn = request.training.seq_len, request.cluster.gpus_per_node
+    if tokens % seq_len:
         return None
-    per_node = sequences // gpn
-    for nodes in range(at_least, min(per_node, MAX_NODES_TRIED) + 1):
-        if per_node % nodes == 0:
+    sequences = tokens // seq_len
+    degrees = tensor_parallel_degrees(request)
+    most = min(MAX_NODES_TRIED, sequences * max(degrees) // gpn)  # at least one sequence per rank
+    for nodes in range(at_least, most + 1):
+        if any(sequences % (nodes * gpn // tp) == 0 for tp in degrees):
             probe = prober.at(nodes, sequences)
             if probe.fits:
                 return probe
@@ -275,6 +322,19 @@ def _sequences(n: int) -> str:
     return f"{n} sequence" if n == 1 else f"{n} sequences"
 
 
+def suggested_batch(request: PlanRequest, probe: Probe) -> str:
+    """`12 sequences = 98304 tokens (over 4 data-parallel ranks of tp=2)`: a batch that plans, and
+    the mesh of the first configuration found to fit it."""
+    sequences = probe.global_batch_sequences
+    return f"{_sequences(sequences)} = {sequences * request.training.seq_len} tokens ({_over_ranks(probe)})"
+
+
+def _over_ranks(probe: Probe) -> str:
+    mesh = probe.choice.mesh
+    ranks = "1 data-parallel rank" if mesh.dp == 1 else f"{mesh.dp} data-parallel ranks"
+    return f"over {ranks}" + (f" of tp={mesh.tp}" if mesh.tp > 1 else "")
+
+
 def infeasible_error(
     request: PlanRequest,
     setting: Setting,
@@ -282,37 +342,34 @@ def infeasible_error(
     limit_gib: float,
     peak_gib: float,
 ) -> InfeasiblePlanError:
-    """Why nothing fits on the requested cluster, and what would: a cluster and batch that the
-    planner accepts, or, when data parallelism cannot fit the model at all, what would."""
+    """Why nothing fits on the requested cluster, and what would (`advise`): a cluster and batch
+    that the planner accepts, or, when data parallelism cannot fit the model at all, what would."""
     prober = Prober(request, setting, limit_gib=limit_gib)
     here = prober.at(request.cluster.num_nodes, request.training.global_batch_sequences, lightest=True)
     dominant = dominant_term(here.memory)
-    advice = smallest_cluster(prober)
+    advice = advise(prober, request.training.global_batch_tokens)
+    first = advice.batches[0] if advice.batches else None
+    fitting = prober.at(first.num_nodes, first.global_batch_sequences, lightest=True) if first else None
     # Where data parallelism runs out: the fitting cluster (or the largest tried) is held up by
     # what more data-parallel GPUs do not shrink.
-    limiting = advice.smallest or advice.largest_tried
+    limiting = fitting or advice.largest_tried
     assert limiting is not None
-    needs_model_parallelism = (
-        advice.smallest is None or dominant_term(limiting.memory).group == "activations"
-    )
-    remedy = [what_fits(request, advice) if advice.smallest else data_parallel_cannot(request, limiting)]
-    if advice.smallest and needs_model_parallelism:
-        remedy.append(_model_parallelism_would_help(request, advice.smallest))
+    needs_model_parallelism = fitting is None or dominant_term(limiting.memory).group == "activations"
+    remedy = [what_fits(request, advice) if fitting else data_parallel_cannot(request, limiting)]
+    if fitting and needs_model_parallelism:
+        remedy.append(_model_parallelism_would_help(request, fitting))
     parts = [_why_not_here(request, here, peak_gib=peak_gib, limit_gib=limit_gib), *remedy]
-    smallest, same = advice.smallest, advice.same_batch
-    keeps_batch = smallest is not None and (
-        smallest.global_batch_sequences == request.training.global_batch_sequences
-    )
+    suggested = first.global_batch_sequences * request.training.seq_len if first else None
+    keeps_batch = suggested == request.training.global_batch_tokens
+    same = advice.same_batch
     return InfeasiblePlanError(
         " ".join(parts),
-        min_fitting_nodes=smallest.num_nodes if smallest else None,
+        min_fitting_nodes=first.num_nodes if first else None,
         min_peak_memory_gib=peak_gib,
         capacity_gib=limit_gib,
-        suggested_global_batch_tokens=(
-            smallest.global_batch_sequences * request.training.seq_len if smallest else None
-        ),
+        suggested_global_batch_tokens=suggested,
         min_fitting_nodes_same_batch=(
-            smallest.num_nodes if smallest and keeps_batch else (same.num_nodes if same else None)
+            first.num_nodes if first and keeps_batch else (same.num_nodes if same else None)
         ),
         dominant_memory_term=dominant.label,
         dominant_memory_gib=dominant.gib,
@@ -346,26 +403,40 @@ def _allowed(request: PlanRequest, limit_gib: float) -> str:
     return f"at most {limit_gib:.1f} GiB fits with the memory margin"
 
 
-def what_fits(request: PlanRequest, advice: ClusterAdvice) -> str:
-    smallest = advice.smallest
-    assert smallest is not None
-    requested = request.training.global_batch_sequences
-    text = f"Smallest cluster that fits: {cluster_name(request, smallest.num_nodes)} "
-    text += f"({_gpus(request, smallest.num_nodes)})"
-    if smallest.global_batch_sequences == requested:
+def what_fits(request: PlanRequest, advice: Advice) -> str:
+    """The advice's cluster and batch in a sentence or two (its batches must not be empty)."""
+    first = advice.batches[0]
+    nodes, seq_len = first.num_nodes, request.training.seq_len
+    where = f"{cluster_name(request, nodes)} ({_gpus(request, nodes)})"
+    here = nodes == request.cluster.num_nodes
+    text = f"It fits on {where}" if here else f"Smallest cluster that fits: {where}"
+    if first.global_batch_sequences * seq_len == advice.tokens:
         return text + "."
     text += (
-        f" with global_batch_tokens {smallest.global_batch_sequences * request.training.seq_len} "
-        f"({_sequences(smallest.global_batch_sequences)}: {requested} do not split evenly over "
-        f"{_gpus(request, smallest.num_nodes)})"
+        f" with global_batch_tokens {first.global_batch_sequences * seq_len} "
+        f"({_sequences(first.global_batch_sequences)} {_over_ranks(first)}: "
+        f"{_not_there(request, advice, nodes)})"
     )
+    if advice.tokens % seq_len:
+        return text + "."
     if advice.same_batch is not None:
         same = advice.same_batch
         return text + (
-            f"; keeping global_batch_tokens {request.training.global_batch_tokens}: "
+            f"; keeping global_batch_tokens {advice.tokens}: "
             f"{cluster_name(request, same.num_nodes)} ({_gpus(request, same.num_nodes)})."
         )
-    return text + f"; {_sequences(requested)} split over no larger cluster that fits."
+    return text + f"; {_sequences(advice.tokens // seq_len)} split over no larger cluster that fits."
+
+
+def _not_there(request: PlanRequest, advice: Advice, nodes: int) -> str:
+    """Why the batch asked for is not the one suggested on `nodes` nodes."""
+    seq_len = request.training.seq_len
+    if advice.tokens % seq_len:
+        return f"{advice.tokens} tokens are not a whole number of {seq_len}-token sequences"
+    sequences = advice.tokens // seq_len
+    if advice.tokens in (b * seq_len for b in roundings(request, nodes, advice.tokens)):
+        return f"{sequences} do not fit there"
+    return f"{sequences} split evenly over the data-parallel ranks of no tensor-parallel degree there"
 
 
 def _unshrinkable(request: PlanRequest, probe: Probe) -> str:

@@ -1,31 +1,51 @@
 """The search's pre-check: what the runtime would refuse, refused before any pricing, with advice.
 
-A request that validates (planner/specs.py checks structure: types, bounds, whole sequences, catalog
-names) may still not be plannable: GPT-2 cannot run past its learned positions, and the batch may
-not split over the cluster. Those refusals name what to do instead; a batch refusal names batches
-that split on this cluster and fit there (checked with the search's own memory test), or the
-cluster and batch that would.
+A request that validates (planner/specs.py checks structure only: types, bounds, whole sequences,
+catalog names) may still not be plannable: GPT-2 cannot run past its learned positions, a pinned
+tensor-parallel degree may not split the model, and the batch may not split over the data-parallel
+ranks of any searched tensor-parallel degree. Those refusals name what to do instead; a batch
+refusal names the batches nearest it that split on this cluster and plan there, or the cluster and
+batch that would (planner/infeasibility.py `advise`, the one source of advice).
+
+`read_request` is the structural validation for callers that take the batch as typed (the API, the
+CLI, the dashboard form): a batch of partial sequences is refused there with the same advice.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import ValidationError
+
+from planner.bounds import MAX_GLOBAL_BATCH_TOKENS
 from planner.cost.memory import memory_limit_gib
+from planner.cost.setting import Setting
+from planner.enumeration import splitting_degrees, tensor_parallel_degrees
 from planner.errors import PlanningError
 from planner.infeasibility import (
     Prober,
-    batches_near,
+    advise,
     cluster_name,
     data_parallel_cannot,
-    smallest_cluster,
+    roundings,
+    suggested_batch,
     what_fits,
 )
 from planner.search_setting import build_setting
 from planner.specs import PlanRequest
 
+BATCH_FIELD = "training.global_batch_tokens"
 
-def check_request(request: PlanRequest) -> None:
-    """Refuse, before pricing anything, what the runtime would refuse (raises PlanningError)."""
+
+def check_request(request: PlanRequest, setting: Setting) -> None:
+    """Refuse, before pricing anything, what the runtime would refuse (raises PlanningError).
+
+    `setting` is the search's own (calibrated when the search is): the batch advice prices with it.
+    """
     check_sequence_length(request)
+    tensor_parallel_degrees(request)  # a pin the model cannot take is refused here, with why
+    if not splitting_degrees(request):
+        raise batch_refusal(request, request.training.global_batch_tokens, setting)
 
 
 def check_sequence_length(request: PlanRequest) -> None:
@@ -40,45 +60,97 @@ def check_sequence_length(request: PlanRequest) -> None:
         )
 
 
-def batch_suggestion(request: PlanRequest) -> str:
-    """What to say when the requested batch does not split over the cluster: batches that split
-    and that the planner accepts there, nearest first, or, when none fits, the cluster and batch
-    that would. `request` is the refused request (its batch is only read).
+def read_request(data: dict[str, Any]) -> PlanRequest:
+    """A PlanRequest from its fields (the training as a dict of what was typed), validated.
 
-    Checked with the uncalibrated cost model: the request's calibration is not known where the
-    batch is validated (planner/specs.py).
+    Raises ValidationError for what is wrong in structure, and PlanningError (naming batches that
+    split on this cluster and plan, priced uncalibrated: no profile is read yet) when the only
+    problem is a batch of partial sequences, which the training alone cannot advise on.
     """
-    world = request.cluster.world_size
-    requested = request.training.global_batch_sequences
-    seq_len = request.training.seq_len
-    options = batches_near(requested, world)
-    plain = f"use a multiple of {world} sequences, e.g. " + " or ".join(
-        f"{b} sequences = {b * seq_len} tokens" for b in options
-    )
+    try:
+        return PlanRequest.model_validate(data)
+    except ValidationError:
+        nearby = _whole_sequences(data)
+        if nearby is None:
+            raise
+        raise batch_refusal(nearby, data["training"]["global_batch_tokens"]) from None
+
+
+def _whole_sequences(data: dict[str, Any]) -> PlanRequest | None:
+    """The request with its batch rounded down to whole sequences, when that is all that was wrong."""
+    training = data.get("training")
+    if not isinstance(training, dict):
+        return None
+    seq_len, tokens = training.get("seq_len"), training.get("global_batch_tokens")
+    if not (type(seq_len) is int and type(tokens) is int and seq_len > 0 and tokens % seq_len > 0):
+        return None
+    whole = {**training, "global_batch_tokens": max(seq_len, tokens // seq_len * seq_len)}
+    try:
+        return PlanRequest.model_validate({**data, "training": whole})
+    except ValidationError:
+        return None  # the fields' own errors say what is wrong
+
+
+def batch_hint(request: PlanRequest) -> str:
+    """What the dashboard form says under the batch: how many sequences a step holds, or why the
+    batch does not split here and what does (the pre-check's refusal, priced uncalibrated)."""
+    try:
+        tensor_parallel_degrees(request)
+    except PlanningError:
+        return ""  # the pin's own error is shown beside its field on submit
+    if splitting_degrees(request):
+        return f"= {request.training.global_batch_sequences:,} sequences per step."
+    return batch_refusal(request, request.training.global_batch_tokens).message
+
+
+def batch_refusal(request: PlanRequest, tokens: int, setting: Setting | None = None) -> PlanningError:
+    """The refusal of a batch of `tokens` that does not split over the cluster's data-parallel ranks
+    (or is not whole sequences), with the advice. `request` carries the batch rounded down to whole
+    sequences when `tokens` is not; `setting` defaults to the request's uncalibrated one."""
+    seq_len, world = request.training.seq_len, request.cluster.world_size
+    degrees = tensor_parallel_degrees(request)
+    if tokens % seq_len:
+        problem = (
+            f"{tokens} is not a whole number of {seq_len}-token sequences (the batch must be a "
+            "multiple of seq_len)"
+        )
+    else:
+        ranks = ", ".join(f"{world // tp} at tp={tp}" for tp in degrees)
+        problem = (
+            f"{tokens // seq_len} sequences of {seq_len} tokens cannot be split evenly over {world} GPUs "
+            f"(every data-parallel rank takes the same whole number of sequences, and the "
+            f"data-parallel ranks are the GPUs over the tensor-parallel degree: {ranks})"
+        )
+    advice = _what_plans(request, tokens, setting)
+    return PlanningError(f"{BATCH_FIELD}: {problem}; {advice}", field=BATCH_FIELD)
+
+
+def _what_plans(request: PlanRequest, tokens: int, setting: Setting | None) -> str:
+    """The advice for a batch refusal: batches that plan here, or the cluster that plans one."""
     try:
         check_sequence_length(request)
     except PlanningError as exc:
-        return f"{plain}; and {exc.message}"  # no batch plans until seq_len does
-    try:
-        setting = build_setting(request)
-        limit = memory_limit_gib(setting.params, request.search.memory_headroom)
-        prober = Prober(request, setting, limit_gib=limit)
-        nodes = request.cluster.num_nodes
-        candidates = options if world in options else [*options, world]  # one sequence per GPU: least
-        fitting = [b for b in candidates if prober.at(nodes, b).fits]
-        if fitting:
-            return f"use a multiple of {world} sequences that fits, e.g. " + " or ".join(
-                f"{b} sequences = {b * seq_len} tokens" for b in fitting[:2]
-            )
-        advice = smallest_cluster(prober)
-    except Exception:  # advice must never turn a refused input into a server error
-        return plain
-    where = cluster_name(request, request.cluster.num_nodes)
+        return f"no batch plans until seq_len does: {exc.message}"
+    nodes = request.cluster.num_nodes
+    where = cluster_name(request, nodes)
+    near = roundings(request, nodes, tokens)
+    if not near:
+        return (
+            f"no batch of at most {MAX_GLOBAL_BATCH_TOKENS} tokens splits over {where} at this seq_len; "
+            "use fewer GPUs or a shorter seq_len"
+        )
+    setting = setting or build_setting(request)
+    limit = memory_limit_gib(setting.params, request.search.memory_headroom)
+    advice = advise(Prober(request, setting, limit_gib=limit), tokens)
+    if advice.batches and advice.batches[0].num_nodes == nodes:
+        return f"use a batch that splits and fits on {where}, e.g. " + " or ".join(
+            suggested_batch(request, probe) for probe in advice.batches
+        )
     text = (
         f"but {request.model.name} does not fit on {where} at any such batch "
-        f"({', '.join(str(b) for b in candidates)} sequences). "
+        f"({', '.join(str(b) for b in near)} sequences). "
     )
-    if advice.smallest is not None:
+    if advice.batches:
         return text + what_fits(request, advice)
     assert advice.largest_tried is not None
     return text + data_parallel_cannot(request, advice.largest_tried)

@@ -27,7 +27,7 @@ from planner.hashing import plan_hash
 from planner.infeasibility import infeasible_error
 from planner.plan import ParallelConfig, Plan, PlanWarning
 from planner.plan_warnings import plan_warnings
-from planner.precheck import check_request
+from planner.precheck import check_request, check_sequence_length
 from planner.ranking import Evaluated, ranked, rejected_families
 from planner.search_setting import build_setting
 from planner.specs import PlanRequest
@@ -46,9 +46,9 @@ def make_plan(
     SearchDeadlineError when pricing the candidates takes more than `time_limit_s` seconds of CPU
     time (CPU, not wall-clock, so that whether a request fits the limit does not depend on the load).
     """
-    check_request(request)
     deadline = None if time_limit_s is None else process_time() + time_limit_s
     setting = build_setting(request, calibration, calibration_id)
+    check_request(request, setting)
     estimator = Estimator(setting)
     limit = memory_limit_gib(setting.params, request.search.memory_headroom)
     ceiling = request.search.max_peak_memory_gib  # exclusive; set when re-planning after an OOM
@@ -205,7 +205,15 @@ def predict(
     split does not reach the global batch).
     """
     check_mesh(request, config.sharding, config.mesh)
-    local_batch = request.training.global_batch_sequences // config.mesh.dp
+    sequences, dp = request.training.global_batch_sequences, config.mesh.dp
+    if sequences % dp:
+        raise PlanningError(
+            f"config.mesh: the global batch of {sequences} sequences does not split over its {dp} "
+            "data-parallel ranks (dp_replicate x dp_shard); pick a mesh whose data-parallel degree "
+            "divides it",
+            field="config",
+        )
+    local_batch = sequences // dp
     if config.micro_batch_size * config.grad_accum_steps != local_batch:
         raise PlanningError(
             f"config: micro_batch_size {config.micro_batch_size} x grad_accum_steps "
@@ -213,7 +221,7 @@ def predict(
             field="config",
         )
     choice = choice_from_config(config)
-    check_request(request)
+    check_sequence_length(request)  # the configuration's own batch split is checked above
     setting = build_setting(request, calibration, calibration_id)
     if parameters is not None:
         setting = replace(setting, params=parameters)

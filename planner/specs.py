@@ -444,7 +444,11 @@ class SearchSpace(StrictModel):
 
 
 class PlanRequest(StrictModel):
-    """Everything the planner needs: what to train, where, how much, and optional calibration."""
+    """Everything the planner needs: what to train, where, how much, and optional calibration.
+
+    Validation is structural (each part's own checks). Whether the batch splits over the cluster,
+    and what would, is the search's pre-check (planner/precheck.py), which prices its advice.
+    """
 
     model: ModelSpec
     cluster: ClusterSpec
@@ -453,53 +457,6 @@ class PlanRequest(StrictModel):
     """Restrictions on the search space."""
     top_k: Annotated[int, Field(ge=1, le=50)] = 5
     """How many ranked alternatives to return beside the best plan."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _whole_sequences_on_this_cluster(cls, data: Any) -> Any:
-        # TrainingSpec alone refuses partial sequences without knowing the cluster, so its example
-        # batches may not split over it; given the training as a dict beside a built model and
-        # cluster, the refusal names batches that split here and fit (planner/precheck.py).
-        if not isinstance(data, dict) or not isinstance(data.get("training"), dict):
-            return data
-        training, model, cluster = data["training"], data.get("model"), data.get("cluster")
-        seq_len, tokens = training.get("seq_len"), training.get("global_batch_tokens")
-        if not (type(seq_len) is int and type(tokens) is int and seq_len > 0 and tokens % seq_len > 0):
-            return data
-        if not (isinstance(model, ModelSpec) and isinstance(cluster, ClusterSpec)):
-            return data
-        try:
-            whole = TrainingSpec.model_validate(
-                {**training, "global_batch_tokens": max(seq_len, tokens // seq_len * seq_len)}
-            )
-            search = SearchSpace.model_validate(data.get("search", {}))
-        except ValueError:
-            return data  # the fields' own errors say what is wrong
-        from planner.precheck import batch_suggestion  # late: the advice plans
-
-        nearby = cls.model_construct(model=model, cluster=cluster, training=whole, search=search)
-        raise ValueError(
-            f"training.global_batch_tokens: {tokens} is not a whole number of {seq_len}-token "
-            f"sequences (the batch must be a multiple of seq_len); {batch_suggestion(nearby)}"
-        )
-
-    @model_validator(mode="after")
-    def _batch_reachable(self) -> PlanRequest:
-        world = self.cluster.world_size
-        seqs = self.training.global_batch_sequences
-        # Late imports: the enumeration and the advice plan (they import this module).
-        from planner.enumeration import splitting_degrees
-
-        if not splitting_degrees(self):
-            from planner.precheck import batch_suggestion
-
-            raise ValueError(
-                f"training.global_batch_tokens: {seqs} sequences of {self.training.seq_len} tokens "
-                f"cannot be split evenly over {world} GPUs (micro-batch x accumulation x "
-                f"data-parallel degree must equal the global batch, and the data-parallel degree is "
-                f"the GPUs over the tensor-parallel degree); {batch_suggestion(self)}"
-            )
-        return self
 
 
 _DIVISOR_SEARCH = 100_000

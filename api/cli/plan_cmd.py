@@ -26,9 +26,10 @@ from planner.cost.memory import MEMORY_TERMS
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
 from planner.formatting import duration, quantity
 from planner.plan import ParallelConfig, Plan
+from planner.precheck import read_request
 from planner.rejected_summary import summarize_rejected
 from planner.search import make_plan
-from planner.specs import CheckpointMode, PlanRequest, SearchSpace, ShardingStrategy
+from planner.specs import CheckpointMode, SearchSpace, ShardingStrategy
 
 SHARDINGS: tuple[str, ...] = typing.get_args(ShardingStrategy)
 CHECKPOINT_MODES: tuple[str, ...] = typing.get_args(CheckpointMode)
@@ -99,14 +100,16 @@ def plan(
     search = search_pins(tp=tp, sharding=sharding, compile_=compile_, checkpointing=checkpointing)
     try:
         model_spec = model_from_options(model=model, hf_config=hf_config, layer_graph=layer_graph)
-        request = PlanRequest(
-            model=model_spec,
-            cluster=cluster_spec,
-            # A dict, so that a batch of partial sequences is refused with batches for this cluster.
-            training={"seq_len": seq_len, "global_batch_tokens": global_batch_tokens, "precision": precision},
-            search=search,
-            top_k=top,
-        )
+        request = read_request({
+            "model": model_spec,
+            "cluster": cluster_spec,
+            # As typed: a batch of partial sequences is refused with batches that plan on this cluster.
+            "training": {
+                "seq_len": seq_len, "global_batch_tokens": global_batch_tokens, "precision": precision,
+            },
+            "search": search,
+            "top_k": top,
+        })
         profile = (
             CalibrationProfile.model_validate(read_json_file(calibration, "--calibration"))
             if calibration is not None

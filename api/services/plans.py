@@ -36,6 +36,7 @@ from planner.catalog.models import resolve_model
 from planner.errors import InfeasiblePlanError, PlanningError, SearchDeadlineError
 from planner.hashing import plan_hash
 from planner.plan import Plan
+from planner.precheck import read_request
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest
 
 # `save` retries only when a plan is deleted in the instant between two of its statements.
@@ -142,14 +143,14 @@ def build_request(body: PlanCreate, *, max_model_layers: int) -> PlanRequest:
             ClusterSpec.parse(body.cluster) if isinstance(body.cluster, str)
             else ClusterSpec(**body.cluster.model_dump(exclude_none=True))
         )
-        return PlanRequest(
-            model=model,
-            cluster=cluster,
-            # A dict, so that a batch of partial sequences is refused with batches for this cluster.
-            training=body.training.model_dump(),
-            search=body.search if body.search is not None else PlanRequest.model_fields["search"].default,
-            top_k=body.top_k,
-        )
+        return read_request({
+            "model": model,
+            "cluster": cluster,
+            # As sent: a batch of partial sequences is refused with batches that plan on this cluster.
+            "training": body.training.model_dump(),
+            "search": body.search if body.search is not None else PlanRequest.model_fields["search"].default,
+            "top_k": body.top_k,
+        })
     except PlanningError as exc:
         raise unplannable(exc) from None
     except ValidationError as exc:

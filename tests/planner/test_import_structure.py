@@ -15,14 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PLANNER = ROOT / "planner"
 
-ALLOWED_IN_FUNCTION: dict[tuple[str, str], str] = {
-    # Left of issue 23's item 3: PlanRequest's validators still refuse a batch that does not split
-    # over the cluster, naming batches that split and fit, which prices them (the pre-check's
-    # advice imports the specs). Moving that refusal into planner/precheck.py `check_request`
-    # removes both entries.
-    ("planner/specs.py", "planner.precheck"): "PlanRequest's batch refusal runs the batch advice",
-    ("planner/specs.py", "planner.enumeration"): "PlanRequest's batch refusal asks which degrees split",
-}
+ALLOWED_IN_FUNCTION: dict[tuple[str, str], str] = {}
 """(file, imported module) -> why the import still stays inside a function. Only shrink it."""
 
 
