@@ -14,7 +14,6 @@ import pytest
 from click.testing import Result
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from api.cli.main import app
@@ -23,8 +22,9 @@ from planner.calibration import CalibrationProfile
 from planner.catalog.models import resolve_model
 from planner.cost.estimate import Estimator
 from planner.enumeration import enumerate_choices
-from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
+from planner.errors import InfeasiblePlanError, PlanningError
 from planner.infeasibility import dominant_term
+from planner.precheck import read_request
 from planner.search import make_plan
 from planner.search_setting import build_setting
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
@@ -168,13 +168,20 @@ def test_gpt2_past_its_position_table_is_refused() -> None:
 
 
 def suggested_batches(message: str) -> list[int]:
-    return [int(tokens) for tokens in re.findall(r"\d+ sequences = (\d+) tokens", message)]
+    return [int(tokens) for tokens in re.findall(r"\d+ sequences? = (\d+) tokens", message)]
+
+
+def batch_refusal(request: PlanRequest) -> str:
+    """The search's refusal of a batch that does not split (planner/precheck.py), naming the field."""
+    with pytest.raises(PlanningError) as exc:
+        make_plan(request)
+    assert not isinstance(exc.value, InfeasiblePlanError)
+    assert exc.value.field == "training.global_batch_tokens", exc.value.message
+    return exc.value.message
 
 
 def test_suggested_batches_plan() -> None:
-    with pytest.raises(ValidationError) as exc:
-        make_request("llama3-8b", "3x8xH100", seq_len=4096, sequences=100)
-    text = "\n".join(describe_validation_error(exc.value))
+    text = batch_refusal(make_request("llama3-8b", "3x8xH100", seq_len=4096, sequences=100))
     assert "cannot be split evenly over 24 GPUs" in text
     batches = suggested_batches(text)
     assert batches, text
@@ -186,9 +193,9 @@ def test_a_batch_suggestion_where_nothing_fits_names_the_cluster_that_does() -> 
     # The issue's trap: 1024 sequences over 33x8, where no batch fits with data parallelism alone
     # (with tensor parallelism 1056 sequences fit there).
     data_parallel = {"tensor_parallel_degrees": [1]}
-    with pytest.raises(ValidationError) as exc:
+    text = batch_refusal(
         make_request("llama3.1-405b", "33x8xH100", seq_len=4096, sequences=1024, search=data_parallel)
-    text = "\n".join(describe_validation_error(exc.value))
+    )
     assert "does not fit on 33x8xH100-SXM-80GB at any such batch" in text
     assert suggested_batches(text) == []  # no batch is offered for a cluster that cannot take one
     found = re.search(r"Smallest cluster that fits: (\d+)x8xH100-SXM-80GB .*?global_batch_tokens (\d+)", text)
@@ -234,15 +241,16 @@ def test_dominant_term_of_a_fitting_plan_is_what_its_breakdown_says(llama8b_requ
 
 
 def test_partial_sequences_are_refused_with_batches_that_plan_on_this_cluster() -> None:
-    # TrainingSpec alone cannot know the cluster; with the training given beside it, the refusal
+    # TrainingSpec alone cannot know the cluster; given the training as typed beside it, the refusal
     # names whole-sequence batches that split over 24 GPUs and fit.
-    with pytest.raises(ValidationError) as exc:
-        PlanRequest(
-            model=resolve_model("llama3-8b"),
-            cluster=ClusterSpec.parse("3x8xH100"),
-            training={"seq_len": 4096, "global_batch_tokens": 400_000},
-        )
-    text = "\n".join(describe_validation_error(exc.value))
+    with pytest.raises(PlanningError) as exc:
+        read_request({
+            "model": resolve_model("llama3-8b"),
+            "cluster": ClusterSpec.parse("3x8xH100"),
+            "training": {"seq_len": 4096, "global_batch_tokens": 400_000},
+        })
+    assert exc.value.field == "training.global_batch_tokens"
+    text = exc.value.message
     assert "training.global_batch_tokens: 400000 is not a whole number of 4096-token sequences" in text
     batches = suggested_batches(text)
     assert batches, text
@@ -289,11 +297,18 @@ def test_calibrated_advice_plans_with_the_same_calibration() -> None:
 
 
 def test_a_batch_suggestion_says_when_seq_len_must_change_first() -> None:
-    with pytest.raises(ValidationError) as exc:
-        make_request("gpt2", "1x8xH100", seq_len=4096, sequences=3)
-    text = "\n".join(describe_validation_error(exc.value))
-    assert "that fits" not in text  # nothing plans at this seq_len, whatever the batch
+    with pytest.raises(PlanningError) as exc:
+        read_request({
+            "model": resolve_model("gpt2"),
+            "cluster": ClusterSpec.parse("1x8xH100"),
+            "training": {"seq_len": 4096, "global_batch_tokens": 3 * 4096 + 1},
+        })
+    text = exc.value.message
+    assert "that fits" not in text and not suggested_batches(text)  # nothing plans at this seq_len
     assert "use seq_len <= 1024" in text
+    with pytest.raises(PlanningError) as exc:  # a whole batch that does not split: seq_len first
+        make_plan(make_request("gpt2", "1x8xH100", seq_len=4096, sequences=3))
+    assert exc.value.field == "training.seq_len" and "use seq_len <= 1024" in exc.value.message
 
 
 CLUSTER_ADVICE = re.compile(
@@ -302,10 +317,9 @@ CLUSTER_ADVICE = re.compile(
 
 
 @st.composite
-def heavy_requests(draw: st.DrawFn) -> tuple[PlanRequest, bool]:
+def heavy_requests(draw: st.DrawFn) -> PlanRequest:
     """Random Llama-shaped requests, mostly too big for their cluster (so the advice is exercised),
-    and whether the request is itself a suggestion that must plan: a drawn batch that does not
-    split is replaced by what its refusal suggests."""
+    some with a batch that splits over no searched tensor-parallel degree's data-parallel ranks."""
     heads = draw(st.sampled_from([32, 64, 128]))
     model = ModelSpec(
         name="random",
@@ -322,32 +336,20 @@ def heavy_requests(draw: st.DrawFn) -> tuple[PlanRequest, bool]:
     gpu = draw(st.sampled_from(["L4", "A100-40GB", "H100"]))
     seq_len = draw(st.sampled_from([2048, 4096, 8192, 32768]))
     sequences = nodes * gpus * draw(st.integers(1, 4)) + draw(st.sampled_from([0, 0, 1]))
-    training = {"seq_len": seq_len, "global_batch_tokens": seq_len * sequences}
-    cluster = ClusterSpec(num_nodes=nodes, gpus_per_node=gpus, gpu=gpu)
-    try:
-        return PlanRequest(model=model, cluster=cluster, training=training), False
-    except ValidationError as exc:
-        text = str(exc)
-    batches = suggested_batches(text)
-    if batches:
-        training["global_batch_tokens"] = batches[0]
-    else:
-        found = CLUSTER_ADVICE.search(text)
-        assume(found is not None)  # data parallelism alone cannot fit it: nothing to plan
-        assert found is not None
-        cluster = cluster.model_copy(update={"num_nodes": int(found[1])})
-        training["global_batch_tokens"] = int(found[3]) if found[3] else seq_len * sequences
-    return PlanRequest(model=model, cluster=cluster, training=training), True
+    return PlanRequest(
+        model=model,
+        cluster=ClusterSpec(num_nodes=nodes, gpus_per_node=gpus, gpu=gpu),
+        training=TrainingSpec(seq_len=seq_len, global_batch_tokens=seq_len * sequences),
+    )
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(heavy_requests())
-def test_any_advised_cluster_and_batch_plans(drawn: tuple[PlanRequest, bool]) -> None:
-    request, suggested = drawn
+def test_any_advised_cluster_and_batch_plans(request: PlanRequest) -> None:
+    # End to end through the messages: what a refusal names, planned as a user would retype it.
     try:
         make_plan(request)
     except InfeasiblePlanError as error:
-        assert not suggested, f"a suggested request was refused: {error.message}"
         if error.min_fitting_nodes is None:
             assert error.needs_model_parallelism
             return
@@ -361,3 +363,13 @@ def test_any_advised_cluster_and_batch_plans(drawn: tuple[PlanRequest, bool]) ->
                     tokens=request.training.global_batch_tokens,
                 )
             )
+    except PlanningError as error:
+        assert error.field == "training.global_batch_tokens", error.message
+        batches = suggested_batches(error.message)
+        found = CLUSTER_ADVICE.search(error.message)
+        assume(batches or found is not None)  # data parallelism alone cannot fit it: nothing to plan
+        for tokens in batches:
+            make_plan(variant(request, nodes=request.cluster.num_nodes, tokens=tokens))
+        if found is not None:
+            tokens = int(found[3] or request.training.global_batch_tokens)
+            make_plan(variant(request, nodes=int(found[1]), tokens=tokens))

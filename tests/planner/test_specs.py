@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from planner.bounds import MAX_GPUS_PER_NODE, MAX_NODES
 from planner.catalog.models import resolve_model
 from planner.errors import PlanningError, UnsupportedArchitectureError, describe_validation_error
+from planner.search import make_plan
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 
 
@@ -39,22 +40,23 @@ def test_global_batch_not_whole_sequences_suggests_multiples() -> None:
     assert "98304" in messages(exc)
 
 
-def test_unreachable_global_batch_names_the_fix() -> None:
-    with pytest.raises(ValidationError) as exc:
-        PlanRequest(
-            model=resolve_model("llama3-8b"),
-            cluster=ClusterSpec.parse("2x8xH100"),
-            training=TrainingSpec(seq_len=4096, global_batch_tokens=4096 * 21),
-        )
-    text = messages(exc)
-    assert "cannot be split evenly over 16 GPUs" in text
-    assert "16 sequences" in text and "32 sequences" in text
+def test_unreachable_global_batch_is_structurally_valid_and_refused_by_the_search_with_the_fix() -> None:
+    # Validation is structural (planner/precheck.py refuses what does not split, with advice).
+    request = PlanRequest(
+        model=resolve_model("llama3-8b"),
+        cluster=ClusterSpec.parse("2x8xH100"),
+        training=TrainingSpec(seq_len=4096, global_batch_tokens=4096 * 21),
+    )
+    with pytest.raises(PlanningError) as exc:
+        make_plan(request)
+    assert exc.value.field == "training.global_batch_tokens"
+    assert "cannot be split evenly over 16 GPUs" in exc.value.message
+    # The nearest batches that split over the data-parallel ranks of some tp degree (2 at tp=8).
+    assert "20 sequences" in exc.value.message and "22 sequences" in exc.value.message
 
 
 def test_a_batch_that_splits_over_data_parallel_ranks_only_plans_tensor_parallel() -> None:
     # 20 sequences do not split over 16 GPUs, but over 4 data-parallel ranks of tp=4 they do.
-    from planner.search import make_plan
-
     request = PlanRequest(
         model=resolve_model("llama3-8b"),
         cluster=ClusterSpec.parse("2x8xH100"),
