@@ -8,12 +8,13 @@ planner's search block); the form handler is async only to read the form, then h
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -130,6 +131,19 @@ async def create_plan_from_form(request: Request, session: SessionDep, settings:
         request, _create_plan, request, session, settings.max_model_layers, form,
         api_key if isinstance(api_key, str) else "",
     )
+
+
+@router.post("/plans/new/batch-hint", response_class=PlainTextResponse)
+async def batch_hint(request: Request, settings: SettingsDep) -> PlainTextResponse:
+    """The form's line under the batch, for the page's script: the planner's own batch advice, priced
+    in the planning threads (it probes configurations), so that the hint and the refusal agree."""
+    submitted = await request.form()
+    known = plan_form.PlanForm().values()
+    form = plan_form.PlanForm(**{k: v for k, v in submitted.items() if k in known and isinstance(v, str)})
+    text = await run_planning(
+        request, functools.partial(plan_form.batch_hint_for, max_model_layers=settings.max_model_layers), form
+    )
+    return PlainTextResponse(text)
 
 
 def _create_plan(

@@ -1,8 +1,9 @@
-"""The new-plan form: its fields, turning a submission into the API's `PlanCreate`, and putting every
-error the API would report beside the form field it concerns.
+"""The new-plan form: its fields, turning a submission into the API's `PlanCreate`, putting every
+error the API would report beside the form field it concerns, and the hint under the batch.
 
 Submissions go through `api.services.plans.create_plan`, the code behind `POST /api/v1/plans`, so the
-form and the API validate, deduplicate and store plans identically.
+form and the API validate, deduplicate and store plans identically; the batch hint is the planner's
+pre-check on the same request (planner/precheck.py), so it names the batches the refusal would.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from pydantic import ValidationError
 from api.dashboard import formatting as fmt
 from api.problems import FieldError, ProblemError, field_errors
 from api.schemas.plans import MAX_GPUS_PER_NODE, MAX_ID, PlanCreate
+from api.services.plans import build_request
 from api.typed_numbers import parse_id, parse_whole
 from planner.catalog.gpus import GPU_CATALOG
 from planner.catalog.models import MODEL_CATALOG
 from planner.cost.model_costs import count_parameters
+from planner.precheck import BATCH_FIELD, batch_hint
 
 # Where errors go that concern no single field (e.g. "no configuration fits on this cluster").
 FORM_LEVEL = "form"
@@ -172,6 +175,21 @@ def add_problem(form: PlanForm, problem: ProblemError) -> None:
         add_api_errors(form, problem.errors)
     else:
         form.add_error(FORM_LEVEL, str(problem.detail))
+
+
+def batch_hint_for(form: PlanForm, *, max_model_layers: int) -> str:
+    """The line under the batch field: the sequences a step holds, or why the batch does not split over
+    this cluster and which batches near it plan there (empty while other fields are wrong: their own
+    errors show on submit)."""
+    body = to_plan_create(form)
+    if body is None:
+        return ""
+    try:
+        request = build_request(body, max_model_layers=max_model_layers)
+    except ProblemError as problem:
+        batch = [e.message for e in problem.errors or [] if e.field == BATCH_FIELD]
+        return _strip_path(batch[0], BATCH_FIELD) if batch else ""
+    return _strip_path(batch_hint(request), BATCH_FIELD)
 
 
 @dataclass(frozen=True)

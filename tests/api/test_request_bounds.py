@@ -96,7 +96,7 @@ def _outcome(cluster: Any) -> str | tuple[str, ...]:
     gpu=st.sampled_from(["cpu", "H100", "h200", "V100"]),
 )
 def test_both_spellings_of_a_cluster_are_accepted_or_refused_alike(nodes: int, gpus: int, gpu: str) -> None:
-    # A batch of one sequence: a cluster of more GPUs is refused for the batch, in both spellings alike.
+    # Whatever the counts, both spellings meet one set of bounds (whether the batch splits is the search's).
     text = _outcome(f"{nodes}x{gpus}x{gpu}")
     spelt_out = _outcome({"num_nodes": nodes, "gpus_per_node": gpus, "gpu": gpu})
     assert text == spelt_out

@@ -222,11 +222,18 @@ def test_form_validation_errors_appear_beside_the_field(live_server: LiveServer,
     p.goto(live_server.url + "/plans/new")
     fill_plan_form(p, model="gpt2", nodes="1", gpus="8", gpu="H100-SXM-80GB", seq_len="512", batch="4000",
                    name="typo in the batch")
-    assert "Not a multiple of 512" in p.locator("#batch-sequences").inner_text()
+    # At once the arithmetic ("Not a multiple of 512."), then the planner's own advice (POST
+    # /plans/new/batch-hint): the batches a submission would name.
+    at_once = p.locator("#batch-sequences").inner_text()
+    assert re.search(r"Not a multiple of 512|not a whole number of 512", at_once)
+    p.wait_for_function("document.getElementById('batch-sequences').textContent.includes('e.g. 8 sequences')")
+    hint = p.locator("#batch-sequences").inner_text()
+    assert "8 sequences = 4096 tokens" in hint
     p.click("#create-plan")
     error = p.locator("#error-global_batch_tokens")
     error.wait_for()
     assert "whole number of 512-token sequences" in error.inner_text()
+    assert hint in error.inner_text()  # the hint and the refusal name the same batches
     field = p.locator(".field", has=p.locator("#global_batch_tokens"))
     assert field.locator("#error-global_batch_tokens").is_visible()  # beside its own input
     assert p.locator("#global_batch_tokens").get_attribute("aria-invalid") == "true"

@@ -212,6 +212,36 @@ def test_form_errors_are_shown_beside_their_field(
     assert client.get("/api/v1/plans").json()["items"] == []
 
 
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({}, "= 8 sequences per step."),
+        ({"global_batch_tokens": "4000"}, "4000 is not a whole number of 512-token sequences (the batch must "
+         "be a multiple of seq_len); use a batch that splits and fits on 1x8xH100-SXM-80GB, e.g. 8 sequences "
+         "= 4096 tokens (over 8 data-parallel ranks)"),
+        ({"gpus_per_node": "3"}, "8 sequences of 512 tokens cannot be split evenly over 3 GPUs"),
+        ({"gpu": "H999"}, ""),  # the GPU's own error shows on submit
+    ],
+)
+def test_the_batch_hint_is_the_planners_advice(
+    client: TestClient, overrides: dict[str, str], expected: str
+) -> None:
+    hint = client.post("/plans/new/batch-hint", data={**GPT2_FORM, **overrides})
+    assert hint.status_code == 200 and hint.headers["content-type"].startswith("text/plain")
+    assert expected in hint.text and (expected or hint.text == "")
+
+
+def test_the_batch_hint_and_a_refused_submission_name_the_same_batches(client: TestClient) -> None:
+    # Issue 24, item 4: 100,000 tokens at seq 8192 on 8 GPUs; 12 sequences split over 4 ranks of tp=2.
+    form = {"model": "llama3-8b", "num_nodes": "1", "gpus_per_node": "8", "gpu": "H100-SXM-80GB",
+            "seq_len": "8192", "global_batch_tokens": "100,000"}
+    hint = client.post("/plans/new/batch-hint", data=form).text
+    assert "e.g. 12 sequences = 98304 tokens (over 4 data-parallel ranks of tp=2)" in hint
+    refused = client.post("/plans/new", data=form)
+    assert refused.status_code == 422
+    assert error_beside(refused.text, "global_batch_tokens", "global_batch_tokens") == hint
+
+
 def test_pasted_hugging_face_config_is_planned(client: TestClient) -> None:
     config = """{"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 688,
       "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 4, "vocab_size": 32000,

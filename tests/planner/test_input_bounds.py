@@ -115,7 +115,7 @@ def test_a_request_at_the_bounds_plans_or_is_refused_with_a_typed_error(body: di
     try:
         request = PlanRequest.model_validate(body)
     except ValidationError:
-        return  # e.g. a batch that no tensor-parallel degree splits: refused with the fix, as any input
+        return  # a combination the specs refuse: named field by field, as any input
     plan_hash(request)  # every accepted input hashes (inf was a 500 there)
     try:
         plan = make_plan(request, time_limit_s=TIME_LIMIT_S)

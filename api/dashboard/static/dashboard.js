@@ -33,22 +33,46 @@ function setUpPlanForm() {
   radios.forEach((radio) => radio.addEventListener("change", showSource));
   showSource();
 
+  // The line under the batch: at once, how many sequences it holds; then the planner's own word on it
+  // (POST /plans/new/batch-hint: whether it splits over this cluster's data-parallel ranks, and the
+  // batches near it that plan there), so that the hint and a refused submission name the same batches.
   const seqLen = document.getElementById("seq_len");
   const batch = document.getElementById("global_batch_tokens");
   const output = document.getElementById("batch-sequences");
+  if (!seqLen || !batch || !output) return;
+  let timer = null;
+  let asked = 0;
+  const askPlanner = async (arithmetic) => {
+    const question = ++asked;
+    let text = "";
+    try {
+      const response = await fetch("/plans/new/batch-hint", {
+        method: "POST", body: new FormData(form), headers: { Accept: "text/plain" },
+      });
+      text = response.ok ? await response.text() : "";
+    } catch (error) {
+      // Offline or refused: the arithmetic stays, and a submission says the rest.
+    }
+    if (question === asked) output.textContent = text || arithmetic;
+  };
   const describeBatch = () => {
     const seq = Number(seqLen.value);
     const tokens = Number(batch.value);
-    if (!output) return;
+    clearTimeout(timer);
+    asked++;  // an answer to an earlier question is stale now
     if (!(seq > 0 && tokens > 0)) {
       output.textContent = "";
-    } else if (tokens % seq === 0) {
-      output.textContent = `= ${(tokens / seq).toLocaleString()} sequences per step.`;
-    } else {
-      output.textContent = `Not a multiple of ${seq.toLocaleString()}: try ${(Math.max(1, Math.round(tokens / seq)) * seq).toLocaleString()}.`;
+      return;
     }
+    const whole = tokens % seq === 0;
+    const arithmetic = whole
+      ? `= ${(tokens / seq).toLocaleString()} sequences per step.`
+      : `Not a multiple of ${seq.toLocaleString()}.`;
+    output.textContent = whole ? arithmetic : `${arithmetic} Asking the planner which batches plan on this cluster…`;
+    timer = setTimeout(() => askPlanner(arithmetic), 300);
   };
-  [seqLen, batch].forEach((input) => input && input.addEventListener("input", describeBatch));
+  form.addEventListener("input", describeBatch);
+  form.addEventListener("change", describeBatch);
   describeBatch();
 
   sayWhileSubmitting(form, "create-plan", "Searching configurations…");
