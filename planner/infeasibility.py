@@ -323,8 +323,8 @@ def _sequences(n: int) -> str:
 
 
 def suggested_batch(request: PlanRequest, probe: Probe) -> str:
-    """`12 sequences = 98304 tokens (over 4 data-parallel ranks of tp=2)`: a batch that plans, and
-    the mesh of the first configuration found to fit it."""
+    """`12 sequences = 98304 tokens (split over 4 data-parallel ranks at tp=2)`: a batch that plans,
+    and the mesh of the first configuration found to fit it (the search may choose another)."""
     sequences = probe.global_batch_sequences
     return f"{_sequences(sequences)} = {sequences * request.training.seq_len} tokens ({_over_ranks(probe)})"
 
@@ -332,7 +332,7 @@ def suggested_batch(request: PlanRequest, probe: Probe) -> str:
 def _over_ranks(probe: Probe) -> str:
     mesh = probe.choice.mesh
     ranks = "1 data-parallel rank" if mesh.dp == 1 else f"{mesh.dp} data-parallel ranks"
-    return f"over {ranks}" + (f" of tp={mesh.tp}" if mesh.tp > 1 else "")
+    return f"split over {ranks}" + (f" at tp={mesh.tp}" if mesh.tp > 1 else "")
 
 
 def infeasible_error(
@@ -414,7 +414,7 @@ def what_fits(request: PlanRequest, advice: Advice) -> str:
         return text + "."
     text += (
         f" with global_batch_tokens {first.global_batch_sequences * seq_len} "
-        f"({_sequences(first.global_batch_sequences)} {_over_ranks(first)}: "
+        f"({_sequences(first.global_batch_sequences)}, {_over_ranks(first)}: "
         f"{_not_there(request, advice, nodes)})"
     )
     if advice.tokens % seq_len:
@@ -436,7 +436,7 @@ def _not_there(request: PlanRequest, advice: Advice, nodes: int) -> str:
     sequences = advice.tokens // seq_len
     if advice.tokens in (b * seq_len for b in roundings(request, nodes, advice.tokens)):
         return f"{sequences} do not fit there"
-    return f"{sequences} split evenly over the data-parallel ranks of no tensor-parallel degree there"
+    return f"{sequences} do not split evenly over its data-parallel ranks at any tp degree searched"
 
 
 def _unshrinkable(request: PlanRequest, probe: Probe) -> str:

@@ -218,7 +218,7 @@ def test_form_errors_are_shown_beside_their_field(
         ({}, "= 8 sequences per step."),
         ({"global_batch_tokens": "4000"}, "4000 is not a whole number of 512-token sequences (the batch must "
          "be a multiple of seq_len); use a batch that splits and fits on 1x8xH100-SXM-80GB, e.g. 8 sequences "
-         "= 4096 tokens (over 8 data-parallel ranks)"),
+         "= 4096 tokens (split over 8 data-parallel ranks)"),
         ({"gpus_per_node": "3"}, "8 sequences of 512 tokens cannot be split evenly over 3 GPUs"),
         ({"gpu": "H999"}, ""),  # the GPU's own error shows on submit
     ],
@@ -236,7 +236,7 @@ def test_the_batch_hint_and_a_refused_submission_name_the_same_batches(client: T
     form = {"model": "llama3-8b", "num_nodes": "1", "gpus_per_node": "8", "gpu": "H100-SXM-80GB",
             "seq_len": "8192", "global_batch_tokens": "100,000"}
     hint = client.post("/plans/new/batch-hint", data=form).text
-    assert "e.g. 12 sequences = 98304 tokens (over 4 data-parallel ranks of tp=2)" in hint
+    assert "e.g. 12 sequences = 98304 tokens (split over 4 data-parallel ranks at tp=2)" in hint
     refused = client.post("/plans/new", data=form)
     assert refused.status_code == 422
     assert error_beside(refused.text, "global_batch_tokens", "global_batch_tokens") == hint

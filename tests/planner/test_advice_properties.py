@@ -141,7 +141,7 @@ def test_partial_sequences_are_rounded_to_the_nearest_batch_that_splits_over_dat
     with pytest.raises(PlanningError) as exc:
         request_for("llama3-8b", "1x8xH100", 8192, 100_000)
     assert exc.value.field == "training.global_batch_tokens"
-    assert "e.g. 12 sequences = 98304 tokens (over 4 data-parallel ranks of tp=2) or 13 sequences" in (
+    assert "e.g. 12 sequences = 98304 tokens (split over 4 data-parallel ranks at tp=2) or 13 sequences" in (
         exc.value.message
     )
     assert "65536" not in exc.value.message

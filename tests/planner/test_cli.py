@@ -133,7 +133,9 @@ def test_errors_are_one_clear_line_not_a_traceback(tmp_path: Path) -> None:
         ],
     )
     assert bad.exit_code == 2
-    assert "--global-batch-tokens" in bad.output and "Traceback" not in bad.output  # the option, by name
+    # The message names the option to change (not the API's field) and the batches that plan.
+    assert "--global-batch-tokens: 1000 is not a whole number" in " ".join(bad.output.split())
+    assert "Traceback" not in bad.output
     unknown = runner.invoke(
         app,
         [
