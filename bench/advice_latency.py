@@ -19,19 +19,25 @@ from collections.abc import Callable
 from planner.catalog.models import resolve_model
 from planner.errors import PlanningError
 from planner.search import make_plan
-from planner.specs import ClusterSpec, PlanRequest, TrainingSpec
+from planner.specs import ClusterSpec, PlanRequest, SearchSpace, TrainingSpec
 
 GOAL_S = 1.0
 
+DATA_PARALLEL = SearchSpace(tensor_parallel_degrees=[1])
+"""Cases that tensor parallelism plans on the cluster asked for are refused with data parallelism alone."""
 CASES = {
-    "405B on 1x8 H100, seq 4096: smallest cluster + batch": ("llama3.1-405b", "1x8xH100", 4096, 1024),
-    "405B on 16x8 H100, seq 8192: nothing fits up to 4096 nodes": ("llama3.1-405b", "16x8xH100", 8192, 1024),
-    "70B on 4x8 H100, seq 32768: fits where activations dominate": ("llama3-70b", "4x8xH100", 32768, 64),
-    "405B on 33x8 H100, 1024 seqs: batch that does not split": ("llama3.1-405b", "33x8xH100", 4096, 1024),
+    "405B on 1x8 H100, seq 4096: smallest cluster + batch":
+        ("llama3.1-405b", "1x8xH100", 4096, 1024, SearchSpace()),
+    "405B on 16x8 H100, seq 8192, tp 1: nothing fits up to 4096 nodes":
+        ("llama3.1-405b", "16x8xH100", 8192, 1024, DATA_PARALLEL),
+    "70B on 4x8 H100, seq 32768, tp 1: fits where activations dominate":
+        ("llama3-70b", "4x8xH100", 32768, 64, DATA_PARALLEL),
+    "405B on 33x8 H100, 1024 seqs: batch that does not split":
+        ("llama3.1-405b", "33x8xH100", 4096, 1024, SearchSpace()),
 }
 
 
-def refusal(model: str, cluster: str, seq_len: int, sequences: int) -> Callable[[], str]:
+def refusal(model: str, cluster: str, seq_len: int, sequences: int, search: SearchSpace) -> Callable[[], str]:
     """A call that builds and plans the request and returns the refusal's message."""
 
     def run() -> str:
@@ -40,6 +46,7 @@ def refusal(model: str, cluster: str, seq_len: int, sequences: int) -> Callable[
                 model=resolve_model(model),
                 cluster=ClusterSpec.parse(cluster),
                 training=TrainingSpec(seq_len=seq_len, global_batch_tokens=seq_len * sequences),
+                search=search,
             )
             make_plan(request)
         except PlanningError as exc:  # nothing fits, or the batch does not split
