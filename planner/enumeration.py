@@ -27,7 +27,7 @@ def hybrid_shard_sizes(dp: int, gpus_per_node: int, *, tp: int = 1) -> list[int]
     divide the node, or are a whole number of nodes), of the form 2^k or 3 x 2^k.
 
     Only those forms are tried (about 2 log2(dp) candidates), never every number below dp: dp is
-    the cluster's size, and this runs while a request is validated (planner/precheck.py)."""
+    the cluster's size, and the pre-check's advice runs it for many clusters (planner/precheck.py)."""
     candidates = {
         base << k for base in (1, 3) for k in range(dp.bit_length()) if 1 < base << k < dp
     }

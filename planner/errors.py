@@ -37,12 +37,14 @@ class UnsupportedArchitectureError(PlanningError):
 class InfeasiblePlanError(PlanningError):
     """No configuration fits in memory on the requested cluster.
 
-    The advice is what the planner accepts (planner/infeasibility.py): `min_fitting_nodes` is the smallest
-    node count (same GPU and GPUs per node) on which the request plans, with the global batch
-    `suggested_global_batch_tokens` (the requested one when it splits there), or None when even the
-    largest cluster tried does not; `min_fitting_nodes_same_batch` the smallest that plans the
-    requested batch unchanged. `dominant_memory_term` names what holds most of the lightest
-    configuration's peak on the requested cluster; `needs_model_parallelism` says that data
+    The advice is what the planner accepts (planner/infeasibility.py `advise`): `min_fitting_nodes` is
+    the smallest node count (same GPU and GPUs per node) on which the request plans, with the global
+    batch `suggested_global_batch_tokens` (the requested one when it plans there, else the nearest that
+    splits over the data-parallel ranks of a searched tensor-parallel degree and plans; the node count
+    may be the requested one, with another batch), or None when even the largest cluster tried does
+    not; `min_fitting_nodes_same_batch` the smallest that plans the requested batch unchanged.
+    `dominant_memory_term` names what holds most of the lightest configuration's peak on the
+    requested cluster; `needs_model_parallelism` says that data
     parallelism alone cannot fit it, or fits it only where activations dominate.
     """
 
