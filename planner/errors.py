@@ -44,8 +44,8 @@ class InfeasiblePlanError(PlanningError):
     may be the requested one, with another batch), or None when even the largest cluster tried does
     not; `min_fitting_nodes_same_batch` the smallest that plans the requested batch unchanged.
     `dominant_memory_term` names what holds most of the lightest configuration's peak on the
-    requested cluster; `needs_model_parallelism` says that data
-    parallelism alone cannot fit it, or fits it only where activations dominate.
+    requested cluster; `needs_model_parallelism` says that data parallelism alone cannot fit it, or
+    fits it only where activations dominate.
     """
 
     def __init__(
