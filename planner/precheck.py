@@ -91,16 +91,17 @@ def _whole_sequences(data: dict[str, Any]) -> PlanRequest | None:
         return None  # the fields' own errors say what is wrong
 
 
-def batch_hint(request: PlanRequest) -> str:
+def batch_hint(request: PlanRequest, setting: Setting) -> str:
     """What the dashboard form says under the batch: how many sequences a step holds, or why the
-    batch does not split here and what does (the pre-check's refusal, priced uncalibrated)."""
+    batch does not split here and what does (the pre-check's refusal, priced with `setting`, the
+    search's: so the hint names the batches a submission's refusal names)."""
     try:
         tensor_parallel_degrees(request)
     except PlanningError:
         return ""  # the pin's own error is shown beside its field on submit
     if splitting_degrees(request):
         return f"= {request.training.global_batch_sequences:,} sequences per step."
-    return batch_refusal(request, request.training.global_batch_tokens).message
+    return batch_refusal(request, request.training.global_batch_tokens, setting).message
 
 
 def batch_refusal(request: PlanRequest, tokens: int, setting: Setting | None = None) -> PlanningError:

@@ -134,15 +134,14 @@ async def create_plan_from_form(request: Request, session: SessionDep, settings:
 
 
 @router.post("/plans/new/batch-hint", response_class=PlainTextResponse)
-async def batch_hint(request: Request, settings: SettingsDep) -> PlainTextResponse:
+async def batch_hint(request: Request, session: SessionDep, settings: SettingsDep) -> PlainTextResponse:
     """The form's line under the batch, for the page's script: the planner's own batch advice, priced
     in the planning threads (it probes configurations), so that the hint and the refusal agree."""
     submitted = await request.form()
     known = plan_form.PlanForm().values()
     form = plan_form.PlanForm(**{k: v for k, v in submitted.items() if k in known and isinstance(v, str)})
-    text = await run_planning(
-        request, functools.partial(plan_form.batch_hint_for, max_model_layers=settings.max_model_layers), form
-    )
+    hint = functools.partial(plan_form.batch_hint_for, max_model_layers=settings.max_model_layers)
+    text = await run_planning(request, hint, form, session)
     return PlainTextResponse(text)
 
 

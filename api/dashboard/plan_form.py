@@ -13,16 +13,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
+from sqlalchemy.orm import Session
 
 from api.dashboard import formatting as fmt
 from api.problems import FieldError, ProblemError, field_errors
 from api.schemas.plans import MAX_GPUS_PER_NODE, MAX_ID, PlanCreate
-from api.services.plans import build_request
+from api.services.plans import build_request, calibration_profile
 from api.typed_numbers import parse_id, parse_whole
 from planner.catalog.gpus import GPU_CATALOG
 from planner.catalog.models import MODEL_CATALOG
 from planner.cost.model_costs import count_parameters
 from planner.precheck import BATCH_FIELD, batch_hint
+from planner.search_setting import build_setting
 
 # Where errors go that concern no single field (e.g. "no configuration fits on this cluster").
 FORM_LEVEL = "form"
@@ -177,19 +179,21 @@ def add_problem(form: PlanForm, problem: ProblemError) -> None:
         form.add_error(FORM_LEVEL, str(problem.detail))
 
 
-def batch_hint_for(form: PlanForm, *, max_model_layers: int) -> str:
+def batch_hint_for(form: PlanForm, session: Session, *, max_model_layers: int) -> str:
     """The line under the batch field: the sequences a step holds, or why the batch does not split over
-    this cluster and which batches near it plan there (empty while other fields are wrong: their own
-    errors show on submit)."""
+    this cluster and which batches near it plan there, priced as the submission's search would be
+    (with its calibration). Empty while other fields are wrong: their own errors show on submit."""
     body = to_plan_create(form)
     if body is None:
         return ""
     try:
         request = build_request(body, max_model_layers=max_model_layers)
+        profile = calibration_profile(session, body.calibration_id, request)
     except ProblemError as problem:
         batch = [e.message for e in problem.errors or [] if e.field == BATCH_FIELD]
         return _strip_path(batch[0], BATCH_FIELD) if batch else ""
-    return _strip_path(batch_hint(request), BATCH_FIELD)
+    calibration_id = None if body.calibration_id is None else str(body.calibration_id)
+    return _strip_path(batch_hint(request, build_setting(request, profile, calibration_id)), BATCH_FIELD)
 
 
 @dataclass(frozen=True)

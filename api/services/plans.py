@@ -93,7 +93,7 @@ def create_plan(
             if replay is not None:
                 return replay
         request = build_request(body, max_model_layers=max_model_layers)
-        profile = _calibration_profile(session, body.calibration_id, request)
+        profile = calibration_profile(session, body.calibration_id, request)
         calibration_id = None if body.calibration_id is None else str(body.calibration_id)
         digest = plan_hash(request, calibration_id=calibration_id)
         # Identical requests in this process wait for one search instead of running one each.
@@ -109,7 +109,7 @@ def create_plan(
             return save(session, stored, claim=claim)
 
 
-def _calibration_profile(
+def calibration_profile(
     session: Session, calibration_id: int | None, request: PlanRequest
 ) -> CalibrationProfile | None:
     """The stored profile a request names (None for none), checked against the cluster's GPU."""

@@ -221,6 +221,7 @@ def test_form_errors_are_shown_beside_their_field(
          "= 4096 tokens (split over 8 data-parallel ranks)"),
         ({"gpus_per_node": "3"}, "8 sequences of 512 tokens cannot be split evenly over 3 GPUs"),
         ({"gpu": "H999"}, ""),  # the GPU's own error shows on submit
+        ({"calibration_id": "999", "gpus_per_node": "3"}, ""),  # and so does an unknown profile's
     ],
 )
 def test_the_batch_hint_is_the_planners_advice(
