@@ -6,7 +6,7 @@ import math
 from datetime import datetime
 
 # Durations read the same everywhere (CLI, reasons, pages): one formatter, the planner's.
-from planner.formatting import duration, money
+from planner.formatting import duration, money, quantity
 
 
 def compact_number(value: float) -> str:
@@ -44,14 +44,6 @@ def gib(value: float | None) -> str:
 def thousands(value: float | None) -> str:
     """1234567.8 -> 1,234,568 (rates and counts are read, not compared to the last digit)."""
     return "–" if value is None else f"{value:,.0f}"
-
-
-def count(value: float) -> str:
-    """Parameter counts: 124M, 8.03B."""
-    for threshold, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= threshold:
-            return f"{value / threshold:.3g}{suffix}"
-    return f"{value:g}"
 
 
 def signed_percent(value: float | None) -> str:
@@ -92,7 +84,7 @@ FILTERS = {
     "signed_fraction": signed_fraction,
     "gib": gib,
     "thousands": thousands,
-    "count": count,
+    "quantity": quantity,
     "bytes": binary_bytes,
     "timestamp": timestamp,
     "compact": compact_number,

@@ -15,7 +15,6 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from api.dashboard import formatting as fmt
 from api.problems import FieldError, ProblemError, field_errors
 from api.schemas.plans import MAX_GPUS_PER_NODE, MAX_ID, PlanCreate
 from api.services.plans import build_request, calibration_profile
@@ -23,6 +22,7 @@ from api.typed_numbers import parse_id, parse_whole
 from planner.catalog.gpus import GPU_CATALOG
 from planner.catalog.models import MODEL_CATALOG
 from planner.cost.model_costs import count_parameters
+from planner.formatting import quantity
 from planner.precheck import BATCH_FIELD, batch_hint
 from planner.search_setting import build_setting
 
@@ -203,7 +203,7 @@ class Choice:
 
 
 def model_choices() -> list[Choice]:
-    return [Choice(name, f"{name} ({fmt.count(count_parameters(spec))} parameters)")
+    return [Choice(name, f"{name} ({quantity(count_parameters(spec))} parameters)")
             for name, spec in MODEL_CATALOG.items()]
 
 

@@ -18,6 +18,7 @@ from api.db.models import PlanRow
 from api.services import plan_compare
 from api.services.plan_compare import Scalar
 from planner.cost.memory import MEMORY_TERMS
+from planner.formatting import quantity
 from planner.plan import Candidate, ParallelConfig, Plan, Prediction, TimelineSegment
 
 # Memory parts in the order they are stacked, with the words a person reads: the planner's own terms.
@@ -88,7 +89,7 @@ def input_rows(row: PlanRow, plan: Plan) -> list[Row]:
     dims = (f"{model.num_layers} layers, hidden {model.hidden_size}, {model.num_heads} heads"
             if model.architecture != "layer_graph" else f"{len(model.layer_graph or [])} traced units")
     return [
-        Row("Model", model.name, f"{model.architecture}, {fmt.count(model.num_params)} parameters, {dims}"),
+        Row("Model", model.name, f"{model.architecture}, {quantity(model.num_params)} parameters, {dims}"),
         Row("Cluster", cluster_label(plan), f"{cluster.world_size} GPUs"),
         Row("GPU", cluster.gpu_spec.name, f"{cluster.gpu_spec.memory_gib:g} GiB, "
             f"{cluster.gpu_spec.peak_bf16_tflops:g} TFLOP/s bf16 peak"),
@@ -397,7 +398,7 @@ def _number(value: Scalar) -> str:
 
 # How the page writes each compared field's raw value (plan_compare.FIELDS decides what is compared).
 _COMPARE_DISPLAY: dict[str, Callable[[Any], str]] = {
-    "model.num_params": fmt.count,
+    "model.num_params": quantity,
     "training.seq_len": _number,
     "training.global_batch_tokens": _number,
     "calibration_id": lambda v: f"profile {v}" if v else "none",

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from api.dashboard import charts
-from api.dashboard.formatting import count, days, percent, thousands
+from api.dashboard.formatting import days, percent, thousands
 from api.dashboard.plan_views import Row
 from api.schemas.studies import StudyDetail, StudyPointOut
-from planner.formatting import money
+from planner.formatting import money, quantity
 from planner.study import StudyRequest
 
 
@@ -73,7 +73,7 @@ def input_rows(study: StudyDetail) -> list[Row]:
     search = request.search.model_dump(exclude_defaults=True)
     return [
         Row("Model", request.model.name),
-        Row("Token budget", f"{thousands(request.token_budget)} ({count(request.token_budget)})"),
+        Row("Token budget", f"{thousands(request.token_budget)} ({quantity(request.token_budget)})"),
         Row("Sequence length", thousands(request.seq_len)),
         Row("Batch", batch),
         Row("Precision / optimizer", f"{request.precision} / {request.optimizer}"),
