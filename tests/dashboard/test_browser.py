@@ -226,7 +226,8 @@ def test_form_validation_errors_appear_beside_the_field(live_server: LiveServer,
     # /plans/new/batch-hint): the batches a submission would name.
     at_once = p.locator("#batch-sequences").inner_text()
     assert re.search(r"Not a multiple of 512|not a whole number of 512", at_once)
-    p.wait_for_function("document.getElementById('batch-sequences').textContent.includes('e.g. 8 sequences')")
+    # A locator wait, not wait_for_function: the page's CSP refuses the eval that one needs.
+    p.locator("#batch-sequences", has_text="e.g. 8 sequences").wait_for()
     hint = p.locator("#batch-sequences").inner_text()
     assert "8 sequences = 4096 tokens" in hint
     p.click("#create-plan")
