@@ -158,7 +158,7 @@ CORPUS_FIT = CorpusFit(
     overlap_contention=0.25,
     memory_margin=0.15,
     memory_margin_reason=(
-        "uncalibrated: against 19 measured peaks of published and own GPU runs (6 sources; `fsdp-planner "
+        "uncalibrated: against 24 measured peaks of published and own GPU runs (7 sources; `fsdp-planner "
         "fidelity`), the memory model has under-predicted by at most 12.2%; 15% covers that with 2% to spare"
     ),
 )
