@@ -76,7 +76,8 @@ def test_launch_sh_refuses_a_process_count_the_tp_groups_cannot_tile(tmp_path: P
     plan = debug_plan(tp=2)
     write_bundle(plan, tmp_path, target="torchrun")
     launch = tmp_path / bundle_name(plan) / "launch.sh"
-    env = {"PYTHON": str(fake_python(tmp_path)), "SYNTHETIC_DATA": "1"}
+    # The plan spans 2 nodes: launch.sh needs node 0's address (it refuses to guess 127.0.0.1).
+    env = {"PYTHON": str(fake_python(tmp_path)), "SYNTHETIC_DATA": "1", "MASTER_ADDR": "10.0.0.1"}
 
     odd = run(launch, {**env, "NPROC_PER_NODE": "3"})
     assert odd.returncode == 2
@@ -134,7 +135,8 @@ def test_other_meshes(tmp_path: Path, tp: int, shardings: tuple[str, ...], mesh:
         assert "tensor-parallel degree" not in files["launch.sh"]
         write_bundle(plan, tmp_path, target="torchrun")
         odd = run(tmp_path / bundle_name(plan) / "launch.sh",
-                  {"PYTHON": str(fake_python(tmp_path)), "NPROC_PER_NODE": "3", "SYNTHETIC_DATA": "1"})
+                  {"PYTHON": str(fake_python(tmp_path)), "NPROC_PER_NODE": "3", "SYNTHETIC_DATA": "1",
+                   "MASTER_ADDR": "10.0.0.1"})
         assert odd.returncode == 0 and "not a multiple" not in odd.stderr
     else:
         assert "multiple of 2 processes per node" in " ".join(files["launch.sh"].split())
