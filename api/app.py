@@ -19,6 +19,7 @@ from api.docs import install as install_docs
 from api.middleware import AllowedMethodsMiddleware, BodySizeLimitMiddleware
 from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
 from api.routers import api_router, health
+from api.services.jobs import InProcessJobs
 from api.services.keyed_locks import KeyedLocks
 from api.services.search_pool import SearchPool, available_cores, stop_with_supervisor
 from api.settings import Settings
@@ -48,6 +49,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     search_pool = SearchPool(workers=settings.search_workers or available_cores(),
                              deadline_s=settings.search_deadline_s)
+    # Studies search in a pool of their own: a plan request never queues behind a study's candidates.
+    jobs = InProcessJobs(
+        create_session_factory(engine), threads=settings.study_jobs,
+        search_pool=SearchPool(workers=settings.study_search_workers or available_cores(),
+                               deadline_s=settings.search_deadline_s),
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -57,9 +64,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.supervisor_pid is not None:
             stop_with_supervisor(settings.supervisor_pid)
         await anyio.to_thread.run_sync(search_pool.start)
+        await anyio.to_thread.run_sync(jobs.start)
         try:
             yield
         finally:
+            await anyio.to_thread.run_sync(jobs.shutdown)
             await anyio.to_thread.run_sync(search_pool.shutdown)
             engine.dispose()
 
@@ -76,6 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.session_factory = create_session_factory(engine)
     app.state.plan_locks = KeyedLocks()
     app.state.search_pool = search_pool
+    app.state.jobs = jobs
     # Threads that wait on the search pool, apart from the default pool's (api/deps.py run_planning).
     app.state.planning_threads = anyio.CapacityLimiter(PLANNING_THREADS)
 

@@ -40,6 +40,11 @@ class Settings(BaseSettings):
     search_workers: Annotated[int | None, Field(ge=1)] = None
     """Processes that run plan searches, per web process; None: one per available core (`serve
     --workers N` shares the cores among its N web processes)."""
+    study_jobs: Annotated[int, Field(ge=1, le=64)] = 1
+    """Studies run at once per web process (more wait in state `queued`)."""
+    study_search_workers: Annotated[int | None, Field(ge=1)] = None
+    """Processes that run the studies' searches, per web process, apart from the plan requests' pool (so
+    a small plan never waits behind a study); None: one per available core."""
     supervisor_pid: Annotated[int | None, Field(ge=1)] = None
     """Set by `serve --workers N` for its web processes: the supervisor they stop with, however it ends
     (a supervisor killed outright would otherwise leave them serving)."""

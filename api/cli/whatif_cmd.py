@@ -2,13 +2,15 @@
 
 Plans every candidate cluster in parallel on this machine's cores (the service's search pool) and prints
 one row per cluster: the chosen configuration, throughput, days to train, GPU-hours and cost, with the
-time-cost Pareto front and the cheapest cluster within the deadline marked. `--server` stores the study
-on a running service instead (its plans then have launchers to download).
+time-cost Pareto front and the cheapest cluster within the deadline marked. `--server` runs the study
+on a running service instead, as a job followed here with a progress bar (its plans then have launchers
+to download).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from api.cli.common import ServerClient, fail, in_cli_terms, model_from_options, read_json_file
+from api.cli.common import EXIT_FAILED, ServerClient, fail, in_cli_terms, model_from_options, read_json_file
 from api.cli.plan_cmd import CHECKPOINT_MODES, SHARDINGS, search_pins
 from api.services.search_pool import SearchPool, available_cores
 from api.services.studies import run_study
@@ -34,6 +36,9 @@ from planner.study import (
     parse_token_count,
 )
 
+POLL_INTERVAL_S = 0.5
+"""How often `--server` asks the server how far its study has got."""
+UNFINISHED_STATES = ("queued", "running")
 CLI_SEARCH_LIMIT_S = 600.0
 """CPU seconds one candidate's search may take here (the service's limit is its own setting)."""
 
@@ -168,8 +173,8 @@ def _on_server(server: str, api_key: str | None, body: dict[str, Any], *, model:
         body["model"] = read_json_file(source, "--hf-config" if hf_config else "--layer-graph")
     if name is not None:
         body["name"] = name
-    with Console(stderr=True).status("planning on the server..."):
-        stored = ServerClient(server, api_key, timeout_s=CLI_SEARCH_LIMIT_S).post("/studies", body)
+    client = ServerClient(server, api_key)
+    stored = follow_study(client, client.post("/studies", body))
     document = json.dumps(stored, indent=2)
     if output is not None:
         output.write_text(document + "\n")
@@ -182,6 +187,34 @@ def _on_server(server: str, api_key: str | None, body: dict[str, Any], *, model:
                            cheapest_within_deadline=stored["cheapest_within_deadline"])
     print_study(study, summary, Console())
     Console().print(f"\nStored as study {stored['id']}: {server.rstrip('/')}/studies/{stored['id']}")
+
+
+def follow_study(client: ServerClient, study: dict[str, Any]) -> dict[str, Any]:
+    """Follow a study's job on the server with a progress bar until it has finished; the succeeded study.
+
+    A failed or cancelled study exits with its reason; Ctrl-C stops following, not the study.
+    """
+    study_id = study["id"]
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+    try:
+        with progress:
+            task = progress.add_task(f"study {study_id} {study['state']}", total=study["num_candidates"])
+            while study["state"] in UNFINISHED_STATES:
+                time.sleep(POLL_INTERVAL_S)
+                study = client.get(f"/studies/{study_id}",
+                                   not_found=f"study {study_id} was deleted on the server while it ran")
+                progress.update(task, completed=study["candidates_done"], description=(
+                    f"study {study_id} {study['state']}, {study['num_fitting']} fit so far"))
+    except KeyboardInterrupt:
+        raise fail(f"stopped following study {study_id}; it goes on on the server: "
+                   f"{client.server}/studies/{study_id} (cancel: POST /api/v1/studies/{study_id}/cancel)",
+                   EXIT_FAILED) from None
+    if study["state"] == "failed":
+        raise fail(f"study {study_id} failed on the server: {study['error']}", EXIT_FAILED)
+    if study["state"] == "cancelled":
+        raise fail(f"study {study_id} was cancelled on the server before it finished", EXIT_FAILED)
+    return study
 
 
 def _parsed(parse: Callable[[str], Any], text: str, option: str) -> Any:

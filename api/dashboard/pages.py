@@ -364,10 +364,12 @@ def _create_study(
     request: Request, session: SessionDep, max_model_layers: int, form: study_form.StudyForm, api_key: str
 ) -> Response:
     def create(body: Any) -> str:
-        study_id = study_service.create_study(
-            session, body, search_pool=request.app.state.search_pool, max_model_layers=max_model_layers,
+        # Queued, not planned: the study page follows its job (a progress bar) from the first moment.
+        submission = study_service.submit_study(
+            session, body, locks=request.app.state.plan_locks, max_model_layers=max_model_layers,
         )
-        return f"/studies/{study_id}"
+        request.app.state.jobs.submit(submission.study_id)
+        return f"/studies/{submission.study_id}"
 
     return _answer_form(request, session, form, api_key, build=study_form.to_study_create, create=create,
                         add_problem=study_form.add_problem, page="study_new.html",
@@ -383,7 +385,31 @@ def study_page(study_id: str, request: Request, session: SessionDep) -> HTMLResp
         raise StarletteHTTPException(404, message) from None
     return render(request, "study_detail.html", {
         "active": "studies", "study": study, "picks": study_views.picks(study),
+        "key_required": access.write_key_required(session, request),
         "fitting": study_views.fitting_by_cost(study), "refused": [p for p in study.points if not p.fits],
         "marks": study_views.marks, "inputs": study_views.input_rows(study),
         "chart": study_views.chart(study),
     })
+
+
+@router.post("/studies/{study_id}/cancel", response_class=HTMLResponse)
+async def cancel_study_from_form(study_id: str, request: Request, session: SessionDep) -> Response:
+    submitted = await request.form()
+    api_key = submitted.get("api_key")
+    return await run_in_threadpool(_cancel_study, request, session, _parse_id(study_id, "study"),
+                                   api_key if isinstance(api_key, str) else "")
+
+
+def _cancel_study(request: Request, session: SessionDep, study_id: int, api_key: str) -> Response:
+    key_error = access.write_key_error(session, request, api_key)
+    if key_error:
+        session.commit()
+        return error_page(request, 401, key_error)
+    try:
+        study_service.cancel_study(session, study_id)
+    except ProblemError as problem:
+        if problem.status == 404:
+            message = f"Study {study_id} does not exist (it may have been deleted)."
+            raise StarletteHTTPException(404, message) from None
+        # Finished meanwhile: its page shows the outcome.
+    return RedirectResponse(f"/studies/{study_id}", status_code=303)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, text
+from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from api.db.base import Base, BigId, JsonDocument, UTCDateTime, utcnow
@@ -166,7 +166,11 @@ class StudyRow(Base):
     """A what-if study: one model and token budget planned on many candidate clusters (planner/study.py)."""
 
     __tablename__ = "studies"
-    __table_args__ = (NEVER_REUSE_IDS,)
+    # A unique index, not a constraint: SQLite adds one without rebuilding the table (migration 0005).
+    __table_args__ = (
+        Index("ix_studies_idempotency_key", "idempotency_key", unique=True),
+        NEVER_REUSE_IDS,
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
@@ -181,8 +185,25 @@ class StudyRow(Base):
     request: Mapped[dict[str, Any]] = mapped_column(JsonDocument, deferred=True)
     """The normalized StudyRequest (model resolved to a full spec)."""
     summary: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
-    """StudySummary without its points (they are rows of study_points): fastest, cheapest, deadline pick."""
+    """StudySummary without its points (they are rows of study_points): fastest, cheapest, deadline pick;
+    empty until the study's job has succeeded."""
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    # The study is a job (api/services/study_jobs.py): its state and progress live on its row, so that
+    # any web process answers GET with them and a restarted one finds the queued jobs again.
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    """queued, running, succeeded, failed or cancelled (api.schemas.studies.StudyState)."""
+    candidates_done: Mapped[int] = mapped_column(Integer)
+    """Candidates searched so far (num_candidates when the job has succeeded)."""
+    best_so_far: Mapped[dict[str, Any] | None] = mapped_column(JsonDocument)
+    """The StudyPoint of the cheapest fitting cluster searched so far (None while none fits)."""
+    error: Mapped[str | None] = mapped_column(Text)
+    """Why the job failed (a person can act on it), or None."""
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    """The `Idempotency-Key` the study was created with (unique while set; cleared when it expires)."""
+    request_fingerprint: Mapped[str | None] = mapped_column(String(64))
+    """sha256 of the canonical POST body, beside its key: the same key with another body is refused."""
 
 
 class StudyPointRow(Base):

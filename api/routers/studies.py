@@ -1,13 +1,13 @@
-"""/studies: what-if studies (create: plan every candidate cluster in parallel; list; get; delete)."""
+"""/studies: what-if studies as jobs (create: queue; follow with get; cancel; list; delete)."""
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess, run_planning
+from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess
+from api.routers.plans import IdempotencyKey
 from api.routers.responses import problems
 from api.schemas.plans import MAX_ID
 from api.schemas.studies import StudyCreate, StudyDetail, StudyId, StudyPage
@@ -18,23 +18,40 @@ router = APIRouter(prefix="/studies", tags=["studies"])
 
 @router.post(
     "",
-    status_code=201,
+    status_code=202,
     response_model=StudyDetail,
     dependencies=[WriteAccess],
-    responses=problems(401, 409, 415, 422, 503),
-    summary="Plan a model on every candidate cluster (GPU types x sizes) and store the study",
+    responses=problems(401, 409, 415, 422),
+    summary="Queue a study: plan a model on every candidate cluster (GPU types x sizes) as a job",
 )
-async def create_study(
-    body: StudyCreate, request: Request, response: Response, session: SessionDep, settings: SettingsDep
+def create_study(
+    body: StudyCreate, request: Request, response: Response, session: SessionDep, settings: SettingsDep,
+    idempotency_key: IdempotencyKey = None,
 ) -> StudyDetail:
-    """Each candidate is searched like `POST /plans` (in parallel on the server's cores); a fitting
+    """Answers at once with the study `queued` (202, `Location`: the study); its job searches each
+    candidate like `POST /plans`, in parallel, apart from plan requests. Follow it with `GET` (state,
+    `candidates_done` of `num_candidates`, fitting so far, `best_so_far`); once `succeeded` each fitting
     cluster's plan is stored as an ordinary plan, with its launchers. A cluster that does not fit is a
-    point with `fits: false` and the reason, not an error; 422 is for invalid inputs only."""
-    study_id = await run_planning(request, partial(
-        study_service.create_study, session, body, search_pool=request.app.state.search_pool,
-        max_model_layers=settings.max_model_layers,
-    ))
-    response.headers["Location"] = str(request.url_for("get_study", study_id=study_id))
+    point with `fits: false` and the reason, not an error; 422 is for invalid inputs only (checked
+    before anything is queued). With an `Idempotency-Key`, a retry gets the same study."""
+    submission = study_service.submit_study(
+        session, body, locks=request.app.state.plan_locks, max_model_layers=settings.max_model_layers,
+        idempotency_key=idempotency_key, idempotency_ttl_s=settings.idempotency_ttl_s,
+    )
+    if submission.replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    else:
+        request.app.state.jobs.submit(submission.study_id)
+    response.headers["Location"] = str(request.url_for("get_study", study_id=submission.study_id))
+    return study_service.get_study(session, submission.study_id)
+
+
+@router.post("/{study_id}/cancel", response_model=StudyDetail, dependencies=[WriteAccess],
+             responses=problems(401, 404, 409, 422), summary="Stop a queued or running study")
+def cancel_study(study_id: StudyId, session: SessionDep) -> StudyDetail:
+    """The study becomes `cancelled` at once; its job stops searching and stores nothing. 409 when the
+    study has finished already (cancelling a cancelled study is fine)."""
+    study_service.cancel_study(session, study_id)
     return study_service.get_study(session, study_id)
 
 
@@ -62,7 +79,7 @@ def get_study(study_id: StudyId, session: SessionDep) -> StudyDetail:
 
 
 @router.delete("/{study_id}", status_code=204, dependencies=[WriteAccess], responses=problems(401, 404, 422),
-               summary="Delete a study (its plans stay: they are ordinary plans)")
+               summary="Delete a study, stopping it if it runs (its plans stay: they are ordinary plans)")
 def delete_study(study_id: StudyId, session: SessionDep) -> Response:
     study_service.delete_study(session, study_id)
     return Response(status_code=204)

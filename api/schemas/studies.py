@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Annotated, Any
 
 from fastapi import Path
@@ -45,8 +46,21 @@ class StudyPointOut(StudyPoint):
     null when the cluster does not fit, or the plan was deleted since."""
 
 
+class StudyState(StrEnum):
+    """Where a study's job is: `queued` and `running` go on; the other three are final."""
+
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+UNFINISHED = (StudyState.queued, StudyState.running)
+
+
 class StudySummaryOut(BaseModel):
-    """A stored study's headline (lists)."""
+    """A stored study's headline (lists), with its job's state and progress."""
 
     id: int
     name: str
@@ -54,17 +68,31 @@ class StudySummaryOut(BaseModel):
     token_budget: int
     deadline_days: float | None
     gpus: list[str]
+    state: StudyState
+    """queued, running (see `candidates_done`), succeeded (the points are there), failed (see `error`),
+    cancelled."""
     num_candidates: int
+    candidates_done: int
+    """Candidates searched so far, out of `num_candidates`."""
     num_fitting: int
+    """Fitting clusters (so far, while the study runs)."""
+    error: str | None
+    """Why the job failed; null otherwise."""
     planner_version: str
     created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
 
 
 class StudyDetail(StudySummaryOut):
-    """A stored study: its normalized request, every candidate's outcome, and the clusters to pick."""
+    """A stored study: its normalized request, every candidate's outcome (once it has succeeded), and the
+    clusters to pick."""
 
     request: dict[str, Any]
+    best_so_far: StudyPoint | None
+    """While the study runs: the cheapest fitting cluster searched so far (null while none fits)."""
     points: list[StudyPointOut]
+    """Every candidate's outcome, in `position` order; empty until the study has succeeded."""
     fastest: int | None
     """`position` of the fitting cluster that trains soonest."""
     cheapest: int | None

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, undefer
@@ -83,7 +83,7 @@ def create_plan(
     transaction that stores the plan and the key or nothing at all. A refused request never gets there.
     """
     claim = None if idempotency_key is None else KeyClaim(
-        key=idempotency_key, fingerprint=_fingerprint(body), ttl_s=idempotency_ttl_s
+        key=idempotency_key, fingerprint=fingerprint(body), ttl_s=idempotency_ttl_s
     )
     # In this process, requests with one key take turns, so that a retry finds the first answer instead
     # of searching again for nothing. Between processes the key's unique constraint decides (`save`).
@@ -341,7 +341,8 @@ def full_plan() -> tuple[Any, ...]:
     return undefer(PlanRow.request), undefer(PlanRow.plan)
 
 
-def _fingerprint(body: PlanCreate) -> str:
+def fingerprint(body: BaseModel) -> str:
+    """sha256 of a request body's canonical JSON (what an Idempotency-Key is remembered with)."""
     canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -357,17 +358,22 @@ def _replay(session: Session, claim: KeyClaim) -> PlanOutcome | None:
     if remembered is None:
         return None
     if remembered.request_fingerprint != claim.fingerprint:
-        raise ProblemError(
-            422, "this Idempotency-Key was already used with a different request body; use a new key "
-            "for a new request, or resend the original body to get the original response",
-            slug="idempotency-key-reused", title="Idempotency-Key reused",
-            errors=[FieldError(location="header", field="Idempotency-Key", message="used with another body",
-                               type="idempotency_key_reused")],
-        )
+        raise key_reused()
     row = session.scalar(select(PlanRow).where(PlanRow.id == remembered.plan_id).options(*full_plan()))
     if row is None:  # the plan was deleted in between; the cascade removes the key with it
         return None
     return PlanOutcome(row=row, status_code=remembered.status_code, replayed=True)
+
+
+def key_reused() -> ProblemError:
+    """The 422 for an Idempotency-Key sent again with another body (plans and studies alike)."""
+    return ProblemError(
+        422, "this Idempotency-Key was already used with a different request body; use a new key "
+        "for a new request, or resend the original body to get the original response",
+        slug="idempotency-key-reused", title="Idempotency-Key reused",
+        errors=[FieldError(location="header", field="Idempotency-Key", message="used with another body",
+                           type="idempotency_key_reused")],
+    )
 
 
 def plan_not_found(plan_id: int) -> ProblemError:

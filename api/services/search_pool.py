@@ -97,17 +97,22 @@ class SearchPool:
             raise SearchPoolBrokenError("the search process stopped before answering") from None
 
     def search_many(
-        self, jobs: Sequence[SearchJob], *, on_done: Callable[[int], None] | None = None
+        self, jobs: Sequence[SearchJob], *, on_done: Callable[[int], None] | None = None,
+        on_result: Callable[[int, Plan | PlanningError], None] | None = None,
     ) -> list[Plan | PlanningError]:
         """Plans for independent requests (each with its calibration, or none), searched in parallel on all
-        workers: per job (in order) its Plan, or the PlanningError that refused it. `on_done(count)` is
-        called as searches finish (progress). Raises SearchPoolBrokenError when a worker died."""
+        workers: per job (in order) its Plan, or the PlanningError that refused it. As searches finish,
+        `on_result(index, outcome)` then `on_done(count)` are called (progress); an exception they raise
+        stops the searches not started yet and propagates. Raises SearchPoolBrokenError when a worker
+        died."""
         executor = self._running()
         futures = {executor.submit(_search_or_refuse, job, self.deadline_s): i for i, job in enumerate(jobs)}
         results: list[Plan | PlanningError | None] = [None] * len(jobs)
         try:
             for done, future in enumerate(as_completed(futures), start=1):
-                results[futures[future]] = future.result()
+                results[futures[future]] = outcome = future.result()
+                if on_result is not None:
+                    on_result(futures[future], outcome)
                 if on_done is not None:
                     on_done(done)
         except BrokenProcessPool:

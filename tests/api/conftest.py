@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from fastapi import FastAPI
@@ -130,6 +132,7 @@ def app(settings: Settings) -> Iterator[FastAPI]:
         for table in reversed(Base.metadata.sorted_tables):
             connection.execute(table.delete())
     yield app
+    app.state.jobs.shutdown()  # started by a study when a test ran no lifespan
     app.state.search_pool.shutdown()  # started by a search when a test ran no lifespan
     app.state.engine.dispose()
 
@@ -155,6 +158,25 @@ async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
         transport=transport, base_url="http://testserver"
     ) as client:
         yield client
+
+
+FINAL_STUDY_STATES = ("succeeded", "failed", "cancelled")
+
+
+async def wait_for_study(
+    client: httpx.AsyncClient, study_id: int, *, states: tuple[str, ...] = FINAL_STUDY_STATES,
+    timeout_s: float = 120.0,
+) -> dict[str, Any]:
+    """Poll GET /studies/{id} until its job is in one of `states`; the study then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = await client.get(f"/api/v1/studies/{study_id}")
+        assert response.status_code == 200, response.text
+        study = response.json()
+        if study["state"] in states:
+            return study
+        assert time.monotonic() < deadline, f"study {study_id} still {study['state']} after {timeout_s} s"
+        await anyio.sleep(0.05)
 
 
 def assert_problem(response: httpx.Response, status: int, slug: str | None = None) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from tests.live_server import REPO_ROOT
 from tests.older_schemas import as_schema_1
 
 TABLES = {"plans", "calibration_profiles", "validation_runs", "api_keys", "idempotency_keys"}
+HEAD = "0005"
 MESH_COLUMNS = ("sharding", "tensor_parallel_degree", "data_parallel_shard_degree")
 
 
@@ -45,7 +46,7 @@ def test_upgrade_downgrade_upgrade(fresh_url: str) -> None:
     try:
         assert migrate.current_revision(engine) is None
         migrate.upgrade(engine)
-        assert migrate.current_revision(engine) == migrate.head_revision() == "0004"
+        assert migrate.current_revision(engine) == migrate.head_revision() == HEAD
         assert set(inspect(engine).get_table_names()) >= TABLES
 
         migrate.downgrade(engine, "base")
@@ -54,7 +55,7 @@ def test_upgrade_downgrade_upgrade(fresh_url: str) -> None:
 
         migrate.upgrade(engine)
         migrate.upgrade(engine)  # a no-op at head
-        assert migrate.current_revision(engine) == "0004"
+        assert migrate.current_revision(engine) == HEAD
         assert set(inspect(engine).get_table_names()) >= TABLES
     finally:
         engine.dispose()
@@ -133,7 +134,7 @@ def test_0003_backfills_the_mesh_from_2_0_and_1_x_plans_and_reverts(fresh_url: s
             assert not set(MESH_COLUMNS) & {c["name"] for c in inspect(connection).get_columns("plans")}
             assert connection.execute(sa.text("SELECT count(*) FROM plans")).scalar_one() == len(documents)
         migrate.upgrade(engine)
-        assert migrate.current_revision(engine) == "0004"
+        assert migrate.current_revision(engine) == HEAD
     finally:
         engine.dispose()
 
@@ -168,7 +169,7 @@ async def test_the_app_migrates_a_fresh_database_at_startup(fresh_url: str, anyi
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            assert (await client.get("/readyz")).json()["schema_revision"] == "0004"
+            assert (await client.get("/readyz")).json()["schema_revision"] == HEAD
             body = {
                 "model": "llama-debug",
                 "cluster": "1x2xcpu",
@@ -221,6 +222,10 @@ _STUDIES = sa.table(
     sa.column("created_at", UTCDateTime), sa.column("request", JsonDocument),
     sa.column("summary", JsonDocument),
 )
+_STUDIES_0005 = sa.table(
+    "studies", *(sa.column(c.name, c.type) for c in _STUDIES.columns), sa.column("state"),
+    sa.column("candidates_done"),
+)
 
 
 STUDY_LOSS = r"1 row of studies \(downgrade of 0004\); {points} rows of study points"
@@ -260,13 +265,20 @@ def _store_oom_run_and_replan(engine: sa.Engine) -> None:
         ), {"plan": plan_id, "run": run_id, "id": replan_id})
 
 
-def _store_study(engine: sa.Engine, points: int) -> None:
+def _store_study(engine: sa.Engine, points: int, *, state: str | None = "succeeded") -> None:
+    """A study with `points` points; `state` None: at revision 0004 (before studies were jobs)."""
     with engine.begin() as connection:
-        connection.execute(_STUDIES.insert().values(
-            name="what if", model_name="llama-debug", token_budget=10**9, gpus="cpu", num_candidates=points,
-            num_fitting=points, planner_version="test", created_at=datetime.now(UTC), request={}, summary={},
-        ))
-        study_id = connection.execute(sa.text("SELECT id FROM studies")).scalar_one()
+        values: dict[str, Any] = {
+            "name": "what if", "model_name": "llama-debug", "token_budget": 10**9, "gpus": "cpu",
+            "num_candidates": points, "num_fitting": points, "planner_version": "test",
+            "created_at": datetime.now(UTC), "request": {}, "summary": {},
+        }
+        if state is None:
+            connection.execute(_STUDIES.insert().values(**values))
+        else:
+            connection.execute(_STUDIES_0005.insert().values(
+                **values, state=state, candidates_done=points if state == "succeeded" else 0))
+        study_id = connection.execute(sa.text("SELECT max(id) FROM studies")).scalar_one()
         for position in range(points):
             connection.execute(sa.text(
                 "INSERT INTO study_points (study_id, position, point) VALUES (:s, :p, '{}')"
@@ -302,7 +314,7 @@ def test_a_downgrade_that_would_delete_oom_runs_is_refused_and_changes_nothing(e
     assert "Nothing was changed" in message
     assert f"{data_loss.FORCE_ENV}=1" in message and "-x force_data_loss=true" in message
     # Every step rolled back, SQLite's dropped tables and columns included.
-    assert migrate.current_revision(engine) == "0004"
+    assert migrate.current_revision(engine) == HEAD
     assert set(inspect(engine).get_table_names()) == tables
     assert set(MESH_COLUMNS) <= {c["name"] for c in inspect(engine).get_columns("plans")}
     assert _count(engine, "SELECT count(*) FROM validation_runs") == 2
@@ -325,7 +337,7 @@ def test_dropping_studies_is_refused_with_their_count(engine: sa.Engine) -> None
     _store_study(engine, points=3)
     with pytest.raises(data_loss.DataLossRefusedError, match=STUDY_LOSS.format(points=3)):
         migrate.downgrade(engine, "0003")
-    assert migrate.current_revision(engine) == "0004"
+    assert migrate.current_revision(engine) == HEAD
     assert _count(engine, "SELECT count(*) FROM study_points") == 3
 
 
@@ -355,10 +367,37 @@ def test_the_alembic_command_refuses_and_is_forced_with_x(engine: sa.Engine, fre
     assert refused.returncode != 0
     assert re.search(STUDY_LOSS.format(points=2), refused.stderr), refused.stderr
     assert "Traceback" not in refused.stderr
-    assert migrate.current_revision(engine) == "0004"
+    assert migrate.current_revision(engine) == HEAD
 
     forced = subprocess.run([*alembic, "-x", "force_data_loss=true", "downgrade", "0003"], env=env,
                             capture_output=True, text=True, check=False)
     assert forced.returncode == 0, forced.stderr
     assert migrate.current_revision(engine) == "0003"
     assert "studies" not in inspect(engine).get_table_names()
+
+
+def test_0005_makes_stored_studies_succeeded_jobs_and_reverts(engine: sa.Engine,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    migrate.upgrade(engine, "0004")
+    _store_study(engine, points=3, state=None)
+    migrate.upgrade(engine)
+    with engine.connect() as connection:
+        row = connection.execute(sa.text(
+            "SELECT state, candidates_done, num_candidates, error, idempotency_key FROM studies")).one()
+        columns = {c["name"]: c for c in inspect(connection).get_columns("studies")}
+    assert tuple(row) == ("succeeded", 3, 3, None, None)
+    assert not columns["state"]["nullable"] and not columns["candidates_done"]["nullable"]
+
+    # An unfinished study cannot be kept by the old schema: refused, then deleted when forced.
+    _store_study(engine, points=2, state="queued")
+    with pytest.raises(data_loss.DataLossRefusedError,
+                       match=r"1 row of unfinished or failed studies \(downgrade of 0005\)"):
+        migrate.downgrade(engine, "0004")
+    assert migrate.current_revision(engine) == HEAD
+    monkeypatch.setenv(data_loss.FORCE_ENV, "1")
+    migrate.downgrade(engine, "0004")
+    assert _count(engine, "SELECT count(*) FROM studies") == 1
+    assert _count(engine, "SELECT count(*) FROM study_points") == 3
+    assert "state" not in {c["name"] for c in inspect(engine).get_columns("studies")}
+    migrate.upgrade(engine)
+    assert migrate.current_revision(engine) == HEAD

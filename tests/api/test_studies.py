@@ -1,5 +1,6 @@
-"""/studies through the real API and database (SQLite and PostgreSQL): create, list, read, download the
-plans' bundles, delete; and the clear 422s of bad inputs."""
+"""/studies through the real API and database (SQLite and PostgreSQL): create (a job, followed to its end),
+list, read, download the plans' bundles, delete; and the clear 422s of bad inputs (before anything is
+queued). The jobs themselves (progress, cancel, idempotency, fairness): test_study_jobs.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.conftest import assert_problem, cpu_profile
+from tests.api.conftest import assert_problem, cpu_profile, wait_for_study
 
 pytestmark = pytest.mark.anyio
 
@@ -34,11 +35,23 @@ def study(**overrides: Any) -> dict[str, Any]:
     return {**STUDY, **overrides}
 
 
+async def planned(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    """Submit a study (202) and wait for its job: the succeeded study."""
+    response = await client.post(STUDIES, json=body)
+    assert response.status_code == 202, response.text
+    finished = await wait_for_study(client, response.json()["id"])
+    assert finished["state"] == "succeeded", finished
+    return finished
+
+
 async def test_a_study_is_planned_stored_listed_and_its_plans_downloadable(client: httpx.AsyncClient) -> None:
     response = await client.post(STUDIES, json=study(name="gpt2 what-if"))
-    assert response.status_code == 201, response.text
-    created = response.json()
-    assert response.headers["location"].endswith(f"{STUDIES}/{created['id']}")
+    assert response.status_code == 202, response.text
+    queued = response.json()
+    assert response.headers["location"].endswith(f"{STUDIES}/{queued['id']}")
+    assert queued["state"] in ("queued", "running") and queued["points"] == []
+    created = await wait_for_study(client, queued["id"])
+    assert created["state"] == "succeeded" and created["candidates_done"] == 8 and created["error"] is None
     assert created["name"] == "gpt2 what-if" and created["model_name"] == "gpt2"
     assert created["gpus"] == ["H100-SXM-80GB", "A100-80GB"]
     points = created["points"]
@@ -85,7 +98,7 @@ async def test_a_study_is_planned_stored_listed_and_its_plans_downloadable(clien
 
 
 async def test_days_and_cost_follow_from_the_throughput_and_the_price(client: httpx.AsyncClient) -> None:
-    created = (await client.post(STUDIES, json=study())).json()
+    created = (await planned(client, study()))
     for point in (p for p in created["points"] if p["fits"]):
         plan = (await client.get(f"{PLANS}/{point['plan_id']}")).json()["plan"]
         tokens_per_s = plan["prediction"]["tokens_per_s"]
@@ -99,8 +112,8 @@ async def test_days_and_cost_follow_from_the_throughput_and_the_price(client: ht
 
 
 async def test_studies_share_plans_and_deleting_keeps_what_others_use(client: httpx.AsyncClient) -> None:
-    first = (await client.post(STUDIES, json=study())).json()
-    second = (await client.post(STUDIES, json=study(deadline_days=30.0, name="again"))).json()
+    first = (await planned(client, study()))
+    second = (await planned(client, study(deadline_days=30.0, name="again")))
     assert second["id"] != first["id"]
     assert [p["plan_id"] for p in second["points"]] == [p["plan_id"] for p in first["points"]]  # deduplicated
 
@@ -123,7 +136,7 @@ async def test_studies_share_plans_and_deleting_keeps_what_others_use(client: ht
 
 
 async def test_list_pages_newest_first(client: httpx.AsyncClient) -> None:
-    ids = [(await client.post(STUDIES, json=study(cluster_sizes=[8], name=f"s{i}"))).json()["id"]
+    ids = [(await planned(client, study(cluster_sizes=[8], name=f"s{i}")))["id"]
            for i in range(3)]
     first = (await client.get(STUDIES, params={"limit": 2})).json()
     assert [item["id"] for item in first["items"]] == ids[:0:-1]
@@ -155,10 +168,10 @@ async def test_invalid_inputs_get_clear_422s_and_store_nothing(
 
 
 async def test_a_study_where_nothing_fits_is_stored_with_the_reasons(client: httpx.AsyncClient) -> None:
-    created = (await client.post(STUDIES, json=study(
+    created = (await planned(client, study(
         model="llama3-70b", gpus=[{"gpu": "L4"}], cluster_sizes=[1, 2], seq_len=4096,
         global_batch_tokens=8192,
-    ))).json()
+    )))
     assert created["num_fitting"] == 0 and created["fastest"] is None and created["cheapest"] is None
     assert all(p["reason"].startswith("out of memory") for p in created["points"])
 
@@ -169,9 +182,9 @@ CUSTOM_GPU = {"name": "MI300X-like", "memory_gib": 190.0, "peak_bf16_tflops": 13
 
 
 async def test_a_gpu_type_of_ones_own_is_studied_and_planned(client: httpx.AsyncClient) -> None:
-    created = (await client.post(STUDIES, json=study(
+    created = (await planned(client, study(
         gpus=[{"gpu": "MI300X-like", "custom_gpu": CUSTOM_GPU, "price_per_gpu_hour": 2.2}], cluster_sizes=[8],
-    ))).json()
+    )))
     (point,) = created["points"]
     assert point["fits"] and point["gpu"] == "MI300X-like" and point["price_per_gpu_hour"] == 2.2
     plan = (await client.get(f"{PLANS}/{point['plan_id']}")).json()
@@ -197,7 +210,7 @@ async def test_a_gpu_type_is_planned_with_its_stored_calibration(client: httpx.A
     profile = (await client.post("/api/v1/calibrations", json=cpu_profile())).json()
     body = study(model="llama-debug", cluster_sizes=[2], seq_len=256, global_batch_tokens=2048,
                  gpus=[{"gpu": "cpu", "calibration_id": profile["id"]}])
-    calibrated = (await client.post(STUDIES, json=body)).json()
+    calibrated = (await planned(client, body))
     (point,) = calibrated["points"]
     assert point["fits"] and point["calibration_id"] == profile["id"]
     plan = (await client.get(f"{PLANS}/{point['plan_id']}")).json()
@@ -208,7 +221,7 @@ async def test_a_gpu_type_is_planned_with_its_stored_calibration(client: httpx.A
                                           "training": {"seq_len": 256, "global_batch_tokens": 2048},
                                           "calibration_id": profile["id"]})
     assert same.status_code == 200 and same.json()["id"] == point["plan_id"]
-    plain = (await client.post(STUDIES, json={**body, "gpus": [{"gpu": "cpu"}]})).json()["points"][0]
+    plain = (await planned(client, {**body, "gpus": [{"gpu": "cpu"}]}))["points"][0]
     assert plain["plan_id"] != point["plan_id"] and plain["tokens_per_s"] != point["tokens_per_s"]
 
     # A profile that does not exist, or measured on another GPU type, is refused naming the GPU entry.

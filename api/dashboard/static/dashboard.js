@@ -90,13 +90,52 @@ function sayWhileSubmitting(form, buttonId, message) {
 
 function setUpStudyForm() {
   const form = document.getElementById("study-form");
-  if (form) sayWhileSubmitting(form, "create-study", "Planning every cluster…");
+  if (form) sayWhileSubmitting(form, "create-study", "Queueing the study…");
+}
+
+// A queued or running study: follow its job through the API, then show the result (a reload).
+const STUDY_POLL_MS = 1000;
+
+function setUpStudyJob() {
+  const job = document.getElementById("study-job");
+  if (!job || !["queued", "running"].includes(job.dataset.state)) return;
+  const bar = document.getElementById("study-progress");
+  const done = document.getElementById("study-done");
+  const fitting = document.getElementById("study-fitting");
+  const best = document.getElementById("study-best");
+  const title = document.getElementById("job-title");
+  const poll = async () => {
+    let study;
+    try {
+      const response = await fetch(`/api/v1/studies/${job.dataset.studyId}`, { headers: { Accept: "application/json" } });
+      if (response.status === 404) { window.location.reload(); return; }
+      if (!response.ok) throw new Error(String(response.status));
+      study = await response.json();
+    } catch (error) {
+      window.setTimeout(poll, STUDY_POLL_MS * 3); // the server restarts, or the network blinks: try again
+      return;
+    }
+    if (!["queued", "running"].includes(study.state)) { window.location.reload(); return; }
+    if (study.state === "running" && title) title.textContent = "Planning every cluster";
+    bar.max = study.num_candidates;
+    bar.value = study.candidates_done;
+    bar.textContent = `${study.candidates_done} of ${study.num_candidates}`;
+    done.textContent = study.candidates_done.toLocaleString();
+    fitting.textContent = study.num_fitting.toLocaleString();
+    const cheapest = study.best_so_far;
+    best.textContent = cheapest && cheapest.cost != null
+      ? ` · cheapest so far: ${cheapest.num_nodes}x${cheapest.gpus_per_node}x${cheapest.gpu}, $${Math.round(cheapest.cost).toLocaleString()}`
+      : "";
+    window.setTimeout(poll, STUDY_POLL_MS);
+  };
+  window.setTimeout(poll, STUDY_POLL_MS);
 }
 
 document.addEventListener("DOMContentLoaded", () => {
   setUpCompare();
   setUpPlanForm();
   setUpStudyForm();
+  setUpStudyJob();
 });
 
 // Coming back to the form with the back button restores the page as it was left: re-enable its button.
