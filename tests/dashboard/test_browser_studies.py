@@ -1,5 +1,6 @@
-"""A what-if study in a real browser: created through the form, its chart drawn by plotly.js with one
-point per cluster that fits, hover naming the cluster and its configuration, a click opening its plan."""
+"""A what-if study in a real browser: created through the form (the page follows its job to the end), its
+chart drawn by plotly.js with one point per cluster that fits, hover naming the cluster and its
+configuration, a click opening its plan."""
 
 from __future__ import annotations
 
@@ -32,8 +33,10 @@ def test_study_from_the_form_to_a_plan_through_the_chart(live_server: LiveServer
     p.fill("#deadline_days", "1")
     page.screenshot("study-form")
     p.click("#create-study")
+    # The form lands on the study's page at once; the page follows the job and shows the result.
     p.wait_for_url(re.compile(r".*/studies/\d+$"))
     study_id = int(p.url.rsplit("/", 1)[1])
+    p.wait_for_selector("#study-picks", timeout=60_000)
     study = httpx.get(f"{live_server.url}/api/v1/studies/{study_id}").json()
     fitting = [point for point in study["points"] if point["fits"]]
     assert study["name"] == "gpt2 on H100 or A100" and len(fitting) == 6

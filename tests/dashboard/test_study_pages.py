@@ -1,13 +1,18 @@
 """The what-if study pages, server-side: the list, the form (and its refusals beside their fields), the
-study page's picks, tables and links."""
+study page's picks, tables and links; while the study's job runs, its progress bar and cancel button,
+and a failed job's reason."""
 
 from __future__ import annotations
 
 import re
+import time
+from typing import Any
 
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
 from api import keys
+from api.db.models import StudyRow
 from tests.dashboard.conftest import Database
 
 STUDY_FORM = {
@@ -17,12 +22,28 @@ STUDY_FORM = {
 }
 
 
-def create_study(client: TestClient, **overrides: object) -> int:
+def submit_study(client: TestClient, **overrides: object) -> int:
+    """The form sent: 303 to the study's page at once (its job queued); the study's id."""
     response = client.post("/studies/new", data={**STUDY_FORM, **overrides}, follow_redirects=False)
     assert response.status_code == 303, response.text
     match = re.fullmatch(r"/studies/(\d+)", response.headers["location"])
     assert match, response.headers["location"]
     return int(match.group(1))
+
+
+def wait_for_study(client: TestClient, study_id: int, timeout_s: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while (study := client.get(f"/api/v1/studies/{study_id}").json())["state"] in ("queued", "running"):
+        assert time.monotonic() < deadline, study
+        time.sleep(0.05)
+    return study
+
+
+def create_study(client: TestClient, **overrides: object) -> int:
+    """A study sent through the form and planned (its job succeeded)."""
+    study_id = submit_study(client, **overrides)
+    assert wait_for_study(client, study_id)["state"] == "succeeded"
+    return study_id
 
 
 def field_errors(html: str) -> dict[str, str]:
@@ -132,3 +153,39 @@ def test_with_a_key_stored_the_form_asks_for_it(client: TestClient, db: Database
     assert missing.status_code == 401 and "requires an API key" in field_errors(missing.text)["api_key"]
     assert client.get("/api/v1/studies").json()["items"] == []
     assert create_study(client, api_key=issued.key) >= 1
+
+
+def test_a_study_in_progress_shows_its_progress_and_can_be_cancelled(
+    client: TestClient, db: Database
+) -> None:
+    study_id = create_study(client)
+    # As a page shows a queued or running study (set here: a real one finishes in a blink).
+    with db.session() as session:
+        session.execute(update(StudyRow).where(StudyRow.id == study_id).values(
+            state="running", candidates_done=3, num_fitting=2,
+            best_so_far={**client.get(f"/api/v1/studies/{study_id}").json()["points"][0], "cost": 1234.0}))
+        session.commit()
+    html = client.get(f"/studies/{study_id}").text
+    job = re.search(r'<section class="job" id="study-job"[^>]*>(.*?)</section>', html, re.S)
+    assert job and 'data-state="running"' in html, html
+    assert '<progress id="study-progress" max="8" value="3"' in job.group(1)
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", job.group(1)))
+    assert "3 of 8 clusters searched · 2 fit so far · cheapest so far: 1x1xH100-SXM-80GB, $1.23K" in text
+    assert 'id="study-picks"' not in html  # the results come once it has succeeded
+
+    cancelled = client.post(f"/studies/{study_id}/cancel", follow_redirects=False)
+    assert cancelled.status_code == 303 and cancelled.headers["location"] == f"/studies/{study_id}"
+    assert client.get(f"/api/v1/studies/{study_id}").json()["state"] == "cancelled"
+    assert 'id="study-cancelled"' in client.get(f"/studies/{study_id}").text
+    assert client.post("/studies/999/cancel", follow_redirects=False).status_code == 404
+
+
+def test_a_failed_study_shows_its_reason(client: TestClient, db: Database) -> None:
+    study_id = create_study(client)
+    with db.session() as session:
+        session.execute(update(StudyRow).where(StudyRow.id == study_id).values(
+            state="failed", error="calibration profile 7 does not exist; upload one <again>"))
+        session.commit()
+    html = client.get(f"/studies/{study_id}").text
+    assert '<p class="notice error" id="study-error" role="alert">calibration profile 7 does not exist; ' \
+        "upload one &lt;again&gt;</p>" in html

@@ -95,6 +95,10 @@ function setUpStudyForm() {
 
 // A queued or running study: follow its job through the API, then show the result (a reload).
 const STUDY_POLL_MS = 1000;
+// As the server's `dollars` filter writes costs: $1.23K, $87.4M.
+const DOLLARS = new Intl.NumberFormat("en-US", {
+  style: "currency", currency: "USD", notation: "compact", maximumSignificantDigits: 3,
+});
 
 function setUpStudyJob() {
   const job = document.getElementById("study-job");
@@ -124,7 +128,7 @@ function setUpStudyJob() {
     fitting.textContent = study.num_fitting.toLocaleString();
     const cheapest = study.best_so_far;
     best.textContent = cheapest && cheapest.cost != null
-      ? ` · cheapest so far: ${cheapest.num_nodes}x${cheapest.gpus_per_node}x${cheapest.gpu}, $${Math.round(cheapest.cost).toLocaleString()}`
+      ? ` · cheapest so far: ${cheapest.num_nodes}x${cheapest.gpus_per_node}x${cheapest.gpu}, ${DOLLARS.format(cheapest.cost)}`
       : "";
     window.setTimeout(poll, STUDY_POLL_MS);
   };
