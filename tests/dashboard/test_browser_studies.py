@@ -5,6 +5,7 @@ configuration, a click opening its plan."""
 from __future__ import annotations
 
 import re
+import time
 
 import httpx
 import pytest
@@ -75,3 +76,32 @@ def test_study_from_the_form_to_a_plan_through_the_chart(live_server: LiveServer
         assert plain.locator("#data-study tbody tr").count() >= len(fitting)
     finally:
         context.close()
+
+
+LARGE_STUDY = {
+    "model": "llama3-8b", "token_budget": 10**12, "gpus": [{"gpu": "H100"}],
+    "cluster_sizes": {"min_gpus": 16, "max_gpus": 2048, "progression": "step", "step": 16},
+    "seq_len": 8192, "global_batch_tokens": 4 * 1024 * 1024,
+}
+
+
+def test_a_running_study_shows_a_live_progress_bar_and_cancels(
+    live_server: LiveServer, page: BrowserPage
+) -> None:
+    p = page.page
+    created = httpx.post(f"{live_server.url}/api/v1/studies", json=LARGE_STUDY, timeout=30)
+    assert created.status_code == 202, created.text
+    study_id = created.json()["id"]
+    p.goto(f"{live_server.url}/studies/{study_id}")
+    bar = p.locator("#study-progress")
+    assert bar.is_visible() and bar.get_attribute("max") == "128"
+    # The page polls the API: the bar moves without a reload (the page's CSP rules out wait_for_function).
+    deadline = time.monotonic() + 60
+    while int(bar.get_attribute("value") or 0) < 2:
+        assert time.monotonic() < deadline, bar.get_attribute("value")
+        p.wait_for_timeout(200)
+    assert "clusters searched" in p.locator("#study-progress-text").inner_text()
+    page.screenshot("study-running")
+    p.click("#cancel-study button")
+    p.wait_for_selector("#study-cancelled")
+    assert httpx.get(f"{live_server.url}/api/v1/studies/{study_id}").json()["state"] == "cancelled"
