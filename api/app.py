@@ -52,6 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Studies search in a pool of their own: a plan request never queues behind a study's candidates.
     jobs = InProcessJobs(
         create_session_factory(engine), threads=settings.study_jobs,
+        stale_after_s=settings.study_stale_after_s,
         search_pool=SearchPool(workers=settings.study_search_workers or available_cores(),
                                deadline_s=settings.search_deadline_s),
     )

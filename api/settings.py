@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     study_search_workers: Annotated[int | None, Field(ge=1)] = None
     """Processes that run the studies' searches, per web process, apart from the plan requests' pool (so
     a small plan never waits behind a study); None: one per available core."""
+    study_stale_after_s: Annotated[float, Field(ge=1, le=3600)] = 60.0
+    """A running study whose process has not said it is alive for this long (killed, or its machine
+    gone) is queued again and run from its first candidate by a web process that is alive."""
     supervisor_pid: Annotated[int | None, Field(ge=1)] = None
     """Set by `serve --workers N` for its web processes: the supervisor they stop with, however it ends
     (a supervisor killed outright would otherwise leave them serving)."""

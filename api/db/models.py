@@ -200,6 +200,12 @@ class StudyRow(Base):
     """Why the job failed (a person can act on it), or None."""
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    attempts: Mapped[int] = mapped_column(Integer)
+    """Times a job has claimed the study; each write of a job names its attempt, so a job whose study
+    was queued again (its process presumed dead) can no longer write."""
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    """When the process running the study last said it is alive (a running study whose heartbeat is
+    older than `Settings.study_stale_after_s` is queued again)."""
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     """The `Idempotency-Key` the study was created with (unique while set; cleared when it expires)."""
     request_fingerprint: Mapped[str | None] = mapped_column(String(64))

@@ -82,6 +82,9 @@ class StudySummaryOut(BaseModel):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    attempts: int
+    """Times a job started the study: more than 1 when its process stopped (or went silent) and another
+    run started it again from its first candidate."""
 
 
 class StudyDetail(StudySummaryOut):

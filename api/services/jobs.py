@@ -5,7 +5,10 @@ threads (`Settings.study_jobs`) each run one study at a time, and the studies' s
 pool of their own, so a small `POST /plans` (the request pool) never queues behind a study's candidates.
 The queue itself is the `studies` table: a job is a row in state `queued`, claimed by an atomic
 `queued -> running` update, so a web process that starts (or restarts) picks up the queued studies,
-and with several web processes on one database each study still runs once.
+and with several web processes on one database each study still runs once. While a process runs studies
+it says so (a heartbeat on their rows); every process queues again the running studies whose process has
+been silent too long (killed outright, its machine gone), and the claim's attempt number keeps the
+silent job, should it wake, from writing anything.
 """
 
 from __future__ import annotations
@@ -25,22 +28,39 @@ log = logging.getLogger(__name__)
 class InProcessJobs:
     """Runs study jobs on threads of this process; `shutdown` puts a running study back in the queue."""
 
-    def __init__(self, session_factory: sessionmaker[Session], *, search_pool: SearchPool, threads: int):
+    def __init__(
+        self, session_factory: sessionmaker[Session], *, search_pool: SearchPool, threads: int,
+        stale_after_s: float,
+    ):
         self.session_factory = session_factory
         self.search_pool = search_pool
         self.threads = threads
+        self.stale_after_s = stale_after_s
         self._executor: ThreadPoolExecutor | None = None
+        self._watchdog: threading.Thread | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
+        self._mine: set[int] = set()
+        """Studies submitted here and not finished (waiting for a job thread, or running)."""
 
     def start(self) -> None:
-        """Run the studies left queued (by a restart, or by a process that stopped before them)."""
+        """Run the studies left queued (by a restart, or by a process that stopped before them), and watch
+        for running studies whose process went silent."""
+        with self._lock:
+            self._start_watchdog()
+        self._resume()
+
+    def _resume(self) -> None:
         with self.session_factory() as session:
+            stale = study_service.requeue_stale(session, stale_after_s=self.stale_after_s)
             queued = study_service.queued_studies(session)
+        if stale:
+            log.warning("queued again %d studies whose process went silent: %s", len(stale), stale)
         for study_id in queued:
+            with self._lock:
+                if study_id in self._mine:
+                    continue  # waiting for a job thread here already
             self.submit(study_id)
-        if queued:
-            log.info("resumed %d queued studies", len(queued))
 
     def submit(self, study_id: int) -> None:
         """Run the study's job when a job thread is free (the row says whether it still should)."""
@@ -48,17 +68,46 @@ class InProcessJobs:
             if self._executor is None:
                 self._stopping.clear()
                 self._executor = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="study-job")
+            self._start_watchdog()
+            self._mine.add(study_id)
             self._executor.submit(self._run, study_id)
 
+    def _start_watchdog(self) -> None:
+        if self._watchdog is None or not self._watchdog.is_alive():
+            self._stopping.clear()
+            self._watchdog = threading.Thread(target=self._watch, name="study-heartbeat", daemon=True)
+            self._watchdog.start()
+
     def _run(self, study_id: int) -> None:
-        study_service.run_study_job(self.session_factory, study_id, search_pool=self.search_pool,
-                                    stopping=self._stopping)
+        try:
+            study_service.run_study_job(self.session_factory, study_id, search_pool=self.search_pool,
+                                        stopping=self._stopping)
+        finally:
+            with self._lock:
+                self._mine.discard(study_id)
+
+    def _watch(self) -> None:
+        """Beat for the studies this process runs; queue again (and run) those of silent processes."""
+        # Four beats per timeout: a study is presumed dead only after several missed ones.
+        while not self._stopping.wait(self.stale_after_s / 4):
+            try:
+                with self._lock:
+                    mine = set(self._mine)
+                with self.session_factory() as session:
+                    study_service.beat(session, mine)
+                self._resume()
+            except Exception:  # the database blinked: beat again next time
+                log.exception("study heartbeat failed")
 
     def shutdown(self) -> None:
         """Stop: running studies go back to `queued` at their next candidate, queued ones stay queued."""
         with self._lock:
             executor, self._executor = self._executor, None
+            watchdog, self._watchdog = self._watchdog, None
             self._stopping.set()
+            self._mine.clear()
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
+        if watchdog is not None:
+            watchdog.join()
         self.search_pool.shutdown()

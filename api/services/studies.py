@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -191,6 +192,7 @@ def submit_study(
             "gpus": ",".join(gpu.name for gpu in study.gpus), "num_candidates": len(study.candidates()),
             "num_fitting": 0, "planner_version": planner_version, "request": study.model_dump(mode="json"),
             "summary": {}, "created_at": utcnow(), "state": StudyState.queued, "candidates_done": 0,
+            "attempts": 0,
             "idempotency_key": None if claim is None else claim.key,
             "request_fingerprint": None if claim is None else claim.fingerprint,
         }
@@ -232,9 +234,12 @@ class _Progress:
     """A running study's progress, written to its row at most every PROGRESS_INTERVAL_S; each write also
     learns whether the study was cancelled or deleted meanwhile (then StudyStoppedError)."""
 
-    def __init__(self, session_factory: sessionmaker[Session], study_id: int, stopping: threading.Event):
+    def __init__(
+        self, session_factory: sessionmaker[Session], study_id: int, attempt: int, stopping: threading.Event
+    ):
         self.session_factory = session_factory
         self.study_id = study_id
+        self.attempt = attempt
         self.stopping = stopping
         self.done = 0
         self.fitting = 0
@@ -255,11 +260,10 @@ class _Progress:
 
     def write(self) -> None:
         with self.session_factory() as session:
-            written = session.execute(update(StudyRow).where(
-                StudyRow.id == self.study_id, StudyRow.state == StudyState.running
-            ).values(candidates_done=self.done, num_fitting=self.fitting,
-                     best_so_far=None if self.best is None else self.best.model_dump(mode="json"))
-            .returning(StudyRow.id)).first()
+            written = session.execute(update(StudyRow).where(*_ours(self.study_id, self.attempt)).values(
+                candidates_done=self.done, num_fitting=self.fitting, heartbeat_at=utcnow(),
+                best_so_far=None if self.best is None else self.best.model_dump(mode="json"),
+            ).returning(StudyRow.id)).first()
             session.commit()
         self.written_at = time.monotonic()
         if written is None:
@@ -274,13 +278,15 @@ def run_study_job(
     points (running -> succeeded), or record why it failed. A study cancelled or deleted meanwhile stops
     at its next progress write and stores nothing; `stopping` (shutdown) puts it back in the queue."""
     with session_factory() as session:
+        now = utcnow()
         claimed = session.execute(update(StudyRow).where(
             StudyRow.id == study_id, StudyRow.state == StudyState.queued
-        ).values(state=StudyState.running, started_at=utcnow(), candidates_done=0, num_fitting=0,
-                 best_so_far=None).returning(StudyRow.id)).first()
+        ).values(state=StudyState.running, started_at=now, heartbeat_at=now, attempts=StudyRow.attempts + 1,
+                 candidates_done=0, num_fitting=0, best_so_far=None).returning(StudyRow.attempts)).first()
         session.commit()
         if claimed is None:  # cancelled, deleted, or taken by another process
             return
+        attempt = claimed.attempts
         try:
             row = session.scalar(select(StudyRow).where(StudyRow.id == study_id)
                                  .options(undefer(StudyRow.request)))
@@ -290,47 +296,51 @@ def run_study_job(
             name = row.name
             profiles = calibrations(session, study)
             session.commit()  # hold no connection while searching
-            progress = _Progress(session_factory, study_id, stopping)
+            progress = _Progress(session_factory, study_id, attempt, stopping)
             summary, plans = run_study(study, search_pool, profiles=profiles, on_point=progress.point)
-            _finish(session, study_id, study, summary, plans, name=name)
+            _finish(session, study_id, attempt, study, summary, plans, name=name)
         except StudyStoppedError:
             session.rollback()
         except JobInterruptedError:
             session.rollback()
-            _set_state(session, study_id, StudyState.queued, started_at=None)
+            _set_state(session, study_id, attempt, StudyState.queued, started_at=None)
         except ProblemError as problem:  # a calibration deleted or changed since the submission
             session.rollback()
-            _fail(session, study_id, problem.detail)
+            _fail(session, study_id, attempt, problem.detail)
         except SearchPoolBrokenError:
             session.rollback()
-            _fail(session, study_id, "a process searching this study stopped before answering (it may have "
-                  "run out of memory); submit the study again, with fewer or smaller candidates if it recurs")
+            _fail(session, study_id, attempt, "a process searching this study stopped before answering "
+                  "(it may have run out of memory); submit the study again, with fewer or smaller "
+                  "candidates if it recurs")
         except Exception as error:  # a bug: the study says it failed instead of staying 'running'
             log.exception("study %s failed", study_id)
             session.rollback()
-            _fail(session, study_id,
+            _fail(session, study_id, attempt,
                   f"internal error ({type(error).__name__}); the server log has the details")
 
 
-def _fail(session: Session, study_id: int, reason: str) -> None:
-    _set_state(session, study_id, StudyState.failed, error=reason, finished_at=utcnow())
+def _ours(study_id: int, attempt: int) -> tuple[Any, ...]:
+    """The study is still running this job's attempt: not cancelled, deleted, or queued again since."""
+    return StudyRow.id == study_id, StudyRow.state == StudyState.running, StudyRow.attempts == attempt
 
 
-def _set_state(session: Session, study_id: int, state: StudyState, **values: Any) -> None:
-    """Move a running study to `state` (one cancelled or deleted meanwhile stays as it is)."""
-    session.execute(update(StudyRow).where(
-        StudyRow.id == study_id, StudyRow.state == StudyState.running
-    ).values(state=state, **values))
+def _fail(session: Session, study_id: int, attempt: int, reason: str) -> None:
+    _set_state(session, study_id, attempt, StudyState.failed, error=reason, finished_at=utcnow())
+
+
+def _set_state(session: Session, study_id: int, attempt: int, state: StudyState, **values: Any) -> None:
+    """Move the study this job runs to `state` (one cancelled, deleted or queued again meanwhile stays)."""
+    session.execute(update(StudyRow).where(*_ours(study_id, attempt)).values(state=state, **values))
     session.commit()
 
 
 def _finish(
-    session: Session, study_id: int, study: StudyRequest, summary: StudySummary, plans: dict[int, Plan], *,
-    name: str,
+    session: Session, study_id: int, attempt: int, study: StudyRequest, summary: StudySummary,
+    plans: dict[int, Plan], *, name: str,
 ) -> None:
     for _ in range(SAVE_ATTEMPTS):
         try:
-            save_study(session, study_id, study, summary, plans, name=name)
+            save_study(session, study_id, attempt, study, summary, plans, name=name)
             return
         except IntegrityError as error:
             session.rollback()
@@ -365,6 +375,27 @@ def cancel_study(session: Session, study_id: int) -> None:
                            title="Study already finished")
 
 
+def beat(session: Session, study_ids: Collection[int]) -> None:
+    """Say that this process still runs these studies."""
+    if study_ids:
+        session.execute(update(StudyRow).where(
+            StudyRow.id.in_(study_ids), StudyRow.state == StudyState.running
+        ).values(heartbeat_at=utcnow()))
+    session.commit()
+
+
+def requeue_stale(session: Session, *, stale_after_s: float) -> list[int]:
+    """Queue again the running studies whose process has been silent for `stale_after_s` (killed, or its
+    machine gone): their ids. One UPDATE: of several processes doing this at once, one gets each study;
+    the silent job, should it wake, can no longer write (its attempt is over)."""
+    cutoff = utcnow() - timedelta(seconds=stale_after_s)
+    ids = session.scalars(update(StudyRow).where(
+        StudyRow.state == StudyState.running, StudyRow.heartbeat_at < cutoff
+    ).values(state=StudyState.queued, started_at=None).returning(StudyRow.id)).all()
+    session.commit()
+    return sorted(ids)
+
+
 def queued_studies(session: Session) -> list[int]:
     """Ids of the studies waiting for a job, oldest first (resubmitted when a web process starts)."""
     ids = session.scalars(select(StudyRow.id).where(StudyRow.state == StudyState.queued)
@@ -385,11 +416,11 @@ def _tokens(count: int) -> str:
 
 
 def save_study(
-    session: Session, study_id: int, study: StudyRequest, summary: StudySummary, plans: dict[int, Plan], *,
-    name: str,
+    session: Session, study_id: int, attempt: int, study: StudyRequest, summary: StudySummary,
+    plans: dict[int, Plan], *, name: str,
 ) -> None:
     """One transaction: the fitting clusters' plans (found or inserted), the study's outcome, its points;
-    nothing when the study was cancelled or deleted meanwhile."""
+    nothing when the study was cancelled, deleted or queued again meanwhile (so never twice)."""
     plan_ids: dict[int, int] = {}
     candidates = study.candidates()
     for position, plan in plans.items():
@@ -405,9 +436,7 @@ def save_study(
             plan_id = session.scalar(select(PlanRow.id).where(PlanRow.plan_hash == plan.plan_hash))
         assert plan_id is not None  # stored, or stored before (a delete since fails the commit)
         plan_ids[position] = plan_id
-    finished = session.execute(update(StudyRow).where(
-        StudyRow.id == study_id, StudyRow.state == StudyState.running
-    ).values(
+    finished = session.execute(update(StudyRow).where(*_ours(study_id, attempt)).values(
         state=StudyState.succeeded, finished_at=utcnow(), candidates_done=len(summary.points),
         num_fitting=sum(p.fits for p in summary.points), best_so_far=None,
         summary=summary.model_dump(mode="json", exclude={"points"}),
@@ -429,7 +458,7 @@ def summary_of(row: StudyRow) -> StudySummaryOut:
         deadline_days=row.deadline_days, gpus=row.gpus.split(","), state=StudyState(row.state),
         num_candidates=row.num_candidates, candidates_done=row.candidates_done, num_fitting=row.num_fitting,
         error=row.error, planner_version=row.planner_version, created_at=row.created_at,
-        started_at=row.started_at, finished_at=row.finished_at,
+        started_at=row.started_at, finished_at=row.finished_at, attempts=row.attempts,
     )
 
 

@@ -1,7 +1,8 @@
 """Studies are jobs: their state, progress, failure reason and Idempotency-Key on the `studies` row.
 
 studies: `state` (queued, running, succeeded, failed, cancelled), `candidates_done`, `best_so_far` (the
-cheapest fitting point searched so far), `error`, `started_at`, `finished_at`, and `idempotency_key`
+cheapest fitting point searched so far), `error`, `started_at`, `finished_at`, `attempts` and
+`heartbeat_at` (a running study whose process went silent is queued again), and `idempotency_key`
 (unique while set) with its body's `request_fingerprint`. Every study stored before was planned inside
 its request, so existing rows are backfilled as succeeded with all their candidates done.
 
@@ -44,6 +45,8 @@ def upgrade() -> None:
     op.add_column("studies", sa.Column("error", sa.Text(), nullable=True))
     op.add_column("studies", sa.Column("started_at", TIMESTAMP, nullable=True))
     op.add_column("studies", sa.Column("finished_at", TIMESTAMP, nullable=True))
+    op.add_column("studies", sa.Column("attempts", sa.Integer(), nullable=False, server_default="0"))
+    op.add_column("studies", sa.Column("heartbeat_at", TIMESTAMP, nullable=True))
     op.add_column("studies", sa.Column("idempotency_key", sa.String(255), nullable=True))
     op.add_column("studies", sa.Column("request_fingerprint", sa.String(64), nullable=True))
     op.execute(_studies.update().values(candidates_done=_studies.c.num_candidates))
@@ -52,6 +55,7 @@ def upgrade() -> None:
     if op.get_context().dialect.name == "postgresql":
         op.alter_column("studies", "state", server_default=None)
         op.alter_column("studies", "candidates_done", server_default=None)
+        op.alter_column("studies", "attempts", server_default=None)
 
 
 def downgrade() -> None:
@@ -61,6 +65,6 @@ def downgrade() -> None:
     op.execute("DELETE FROM studies WHERE state <> 'succeeded'")
     op.drop_index(op.f("ix_studies_idempotency_key"), table_name="studies")
     op.drop_index(op.f("ix_studies_state"), table_name="studies")
-    for name in ("request_fingerprint", "idempotency_key", "finished_at", "started_at", "error", "best_so_far",
-                 "candidates_done", "state"):
+    for name in ("request_fingerprint", "idempotency_key", "heartbeat_at", "attempts", "finished_at",
+                 "started_at", "error", "best_so_far", "candidates_done", "state"):
         op.drop_column("studies", name)

@@ -224,7 +224,7 @@ _STUDIES = sa.table(
 )
 _STUDIES_0005 = sa.table(
     "studies", *(sa.column(c.name, c.type) for c in _STUDIES.columns), sa.column("state"),
-    sa.column("candidates_done"),
+    sa.column("candidates_done"), sa.column("attempts"),
 )
 
 
@@ -277,7 +277,7 @@ def _store_study(engine: sa.Engine, points: int, *, state: str | None = "succeed
             connection.execute(_STUDIES.insert().values(**values))
         else:
             connection.execute(_STUDIES_0005.insert().values(
-                **values, state=state, candidates_done=points if state == "succeeded" else 0))
+                **values, state=state, candidates_done=points if state == "succeeded" else 0, attempts=1))
         study_id = connection.execute(sa.text("SELECT max(id) FROM studies")).scalar_one()
         for position in range(points):
             connection.execute(sa.text(
@@ -383,9 +383,10 @@ def test_0005_makes_stored_studies_succeeded_jobs_and_reverts(engine: sa.Engine,
     migrate.upgrade(engine)
     with engine.connect() as connection:
         row = connection.execute(sa.text(
-            "SELECT state, candidates_done, num_candidates, error, idempotency_key FROM studies")).one()
+            "SELECT state, candidates_done, num_candidates, error, idempotency_key, attempts, heartbeat_at "
+            "FROM studies")).one()
         columns = {c["name"]: c for c in inspect(connection).get_columns("studies")}
-    assert tuple(row) == ("succeeded", 3, 3, None, None)
+    assert tuple(row) == ("succeeded", 3, 3, None, None, 0, None)
     assert not columns["state"]["nullable"] and not columns["candidates_done"]["nullable"]
 
     # An unfinished study cannot be kept by the old schema: refused, then deleted when forced.

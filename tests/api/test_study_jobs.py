@@ -1,19 +1,26 @@
 """Studies as jobs, in process (the embedded default) on SQLite and PostgreSQL: the lifecycle with its
 progress, Idempotency-Key, cancel and delete while running, a failed job's reason, a restart that loses
-no queued study, and fairness (a small POST /plans answered promptly while a large study runs)."""
+no queued study, a study whose process was killed run again once (and one whose process lives left to
+it), and fairness (a small POST /plans answered promptly while a large study runs)."""
 
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any
 
 import anyio
 import httpx
 import pytest
 from fastapi import FastAPI
-from sqlalchemy import text
+from sqlalchemy import text, update
 
 from api.app import create_app
+from api.db.base import utcnow
+from api.db.models import StudyRow
+from api.schemas.studies import StudyCreate
+from api.services import studies as study_service
+from api.services.keyed_locks import KeyedLocks
 from api.settings import Settings
 from tests.api.conftest import CHEAP_PLAN, assert_problem, cpu_profile, wait_for_study
 
@@ -22,6 +29,7 @@ pytestmark = pytest.mark.anyio
 STUDIES = "/api/v1/studies"
 PLANS = "/api/v1/plans"
 
+STALE_AFTER_S = 4.0
 SMALL: dict[str, Any] = {
     "model": "gpt2", "token_budget": 10_000_000_000, "gpus": [{"gpu": "H100"}], "cluster_sizes": [1, 8, 12],
     "seq_len": 1024, "global_batch_tokens": 262_144,
@@ -38,7 +46,8 @@ LARGE: dict[str, Any] = {
 @pytest.fixture
 def settings(database_url: str) -> Settings:
     # One study at a time, searched by one process: a second study waits queued behind the first.
-    return Settings(database_url=database_url, migrate_on_startup=False, study_jobs=1, study_search_workers=1)
+    return Settings(database_url=database_url, migrate_on_startup=False, study_jobs=1, study_search_workers=1,
+                    study_stale_after_s=STALE_AFTER_S)
 
 
 async def submit(client: httpx.AsyncClient, body: dict[str, Any], **headers: str) -> httpx.Response:
@@ -192,3 +201,36 @@ async def test_a_small_plan_is_answered_promptly_while_a_large_study_runs(client
     assert latency < 5.0, f"a small plan took {latency:.2f} s while a study ran"
     print(f"small POST /plans during a 128-candidate study: {latency * 1000:.0f} ms")
     assert (await client.post(f"{STUDIES}/{large}/cancel")).status_code == 200
+
+
+def _stored_as_running(app: FastAPI, body: dict[str, Any], *, silent_for_s: float) -> int:
+    """A study that a process (not this one) claimed and runs, last heard of `silent_for_s` ago."""
+    with app.state.session_factory() as session:
+        study_id = study_service.submit_study(session, StudyCreate.model_validate(body), locks=KeyedLocks(),
+                                              max_model_layers=1024).study_id
+        heard = utcnow() - timedelta(seconds=silent_for_s)
+        session.execute(update(StudyRow).where(StudyRow.id == study_id).values(
+            state="running", attempts=1, started_at=heard, heartbeat_at=heard, candidates_done=1))
+        session.commit()
+    return study_id
+
+
+async def test_a_study_whose_process_was_killed_runs_again_once(app: FastAPI) -> None:
+    orphan = _stored_as_running(app, SMALL, silent_for_s=3600)  # its process was killed an hour ago
+    alive = _stored_as_running(app, LARGE, silent_for_s=0)  # another process runs it and beats
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://testserver"
+    ) as client:
+        done = await wait_for_study(client, orphan)
+        assert done["state"] == "succeeded" and done["attempts"] == 2
+        assert len(done["points"]) == done["num_candidates"] == 3  # stored once
+        stored = {p["id"] for p in (await client.get(PLANS)).json()["items"]}
+        assert stored == {p["plan_id"] for p in done["points"] if p["fits"]}
+        # The study of a live process is left to it...
+        other = (await client.get(f"{STUDIES}/{alive}")).json()
+        assert other["state"] == "running" and other["attempts"] == 1
+        # ... until it falls silent for longer than the timeout: then it is run here.
+        await anyio.sleep(STALE_AFTER_S + 1)
+        taken = await running(client, alive)
+        assert taken["attempts"] == 2
+        assert (await client.post(f"{STUDIES}/{alive}/cancel")).status_code == 200
