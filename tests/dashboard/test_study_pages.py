@@ -172,11 +172,13 @@ def test_a_study_in_progress_shows_its_progress_and_can_be_cancelled(
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", job.group(1)))
     assert "3 of 8 clusters searched · 2 fit so far · cheapest so far: 1x1xH100-SXM-80GB, $1.23K" in text
     assert 'id="study-picks"' not in html  # the results come once it has succeeded
+    assert "running: 3 of 8 searched" in client.get("/studies").text
 
     cancelled = client.post(f"/studies/{study_id}/cancel", follow_redirects=False)
     assert cancelled.status_code == 303 and cancelled.headers["location"] == f"/studies/{study_id}"
     assert client.get(f"/api/v1/studies/{study_id}").json()["state"] == "cancelled"
     assert 'id="study-cancelled"' in client.get(f"/studies/{study_id}").text
+    assert ">cancelled</td>" in client.get("/studies").text  # the list says so instead of "0 of 8"
     assert client.post("/studies/999/cancel", follow_redirects=False).status_code == 404
 
 
