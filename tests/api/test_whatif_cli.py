@@ -1,13 +1,17 @@
-"""`fsdp-planner whatif`: planned here in parallel, printed as a table or JSON; bad options explained."""
+"""`fsdp-planner whatif`: planned here in parallel, printed as a table or JSON; bad options explained; a
+study on a server followed to its end, a failed one with its reason."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
+from api.cli import whatif_cmd
 from api.cli.main import app
 
 runner = CliRunner()
@@ -65,3 +69,39 @@ def test_a_stored_calibration_needs_the_server(tmp_path: Path) -> None:
     gpu_file.write_text(json.dumps({"gpu": "H100", "calibration_id": 3}))
     result = runner.invoke(app, [*GPT2, "--gpu-file", str(gpu_file)], env={"COLUMNS": "200"})
     assert result.exit_code == 2 and "add --server URL to plan there" in result.output
+
+
+class _Server:
+    """Answers GET /studies/{id} with the next of `states` (what `whatif --server` follows)."""
+
+    server = "http://planner.test"
+
+    def __init__(self, *studies: dict[str, Any]) -> None:
+        self.studies = list(studies)
+
+    def get(self, path: str, *, not_found: str | None = None) -> dict[str, Any]:
+        assert path == "/studies/7" and not_found
+        return self.studies.pop(0)
+
+
+def _study(state: str, done: int, error: str | None = None) -> dict[str, Any]:
+    return {"id": 7, "state": state, "num_candidates": 4, "candidates_done": done, "num_fitting": done // 2,
+            "error": error}
+
+
+def test_server_studies_are_followed_to_the_end_and_a_failure_says_why(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(whatif_cmd, "POLL_INTERVAL_S", 0.0)
+    server = _Server(_study("running", 2), _study("succeeded", 4))
+    finished = whatif_cmd.follow_study(server, _study("queued", 0))  # type: ignore[arg-type]
+    assert finished["state"] == "succeeded" and server.studies == []
+
+    failing = _Server(_study("running", 1), _study("failed", 1, "calibration profile 3 does not exist"))
+    with pytest.raises(typer.Exit) as exited:
+        whatif_cmd.follow_study(failing, _study("queued", 0))  # type: ignore[arg-type]
+    assert exited.value.exit_code == 1
+    assert "study 7 failed on the server: calibration profile 3 does not exist" in capsys.readouterr().err
+    with pytest.raises(typer.Exit):
+        whatif_cmd.follow_study(_Server(_study("cancelled", 1)), _study("running", 0))  # type: ignore[arg-type]
+    assert "was cancelled on the server" in capsys.readouterr().err
