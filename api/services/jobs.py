@@ -39,6 +39,7 @@ class InProcessJobs:
         self._executor: ThreadPoolExecutor | None = None
         self._watchdog: threading.Thread | None = None
         self._stopping = threading.Event()
+        """Set by `shutdown` (until `start`): running jobs stop, nothing new is taken on."""
         self._lock = threading.Lock()
         self._mine: set[int] = set()
         """Studies submitted here and not finished (waiting for a job thread, or running)."""
@@ -47,6 +48,7 @@ class InProcessJobs:
         """Run the studies left queued (by a restart, or by a process that stopped before them), and watch
         for running studies whose process went silent."""
         with self._lock:
+            self._stopping.clear()
             self._start_watchdog()
         self._resume()
 
@@ -63,10 +65,12 @@ class InProcessJobs:
             self.submit(study_id)
 
     def submit(self, study_id: int) -> None:
-        """Run the study's job when a job thread is free (the row says whether it still should)."""
+        """Run the study's job when a job thread is free (the row says whether it still should). After
+        `shutdown` the study stays queued for the next `start` (of this process or another)."""
         with self._lock:
+            if self._stopping.is_set():
+                return
             if self._executor is None:
-                self._stopping.clear()
                 self._executor = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="study-job")
             self._start_watchdog()
             self._mine.add(study_id)
@@ -74,7 +78,6 @@ class InProcessJobs:
 
     def _start_watchdog(self) -> None:
         if self._watchdog is None or not self._watchdog.is_alive():
-            self._stopping.clear()
             self._watchdog = threading.Thread(target=self._watch, name="study-heartbeat", daemon=True)
             self._watchdog.start()
 
