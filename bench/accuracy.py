@@ -25,9 +25,10 @@ from pathlib import Path
 
 from api.cli.validate_cmd import Measurement, ValidationError, run_validation
 from contract.mesh import Mesh
+from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig
 from planner.calibration import CalibrationProfile
 from planner.catalog.models import resolve_model
-from planner.plan import CheckpointingConfig, InductorConfig, ParallelConfig, Plan
+from planner.plan import Plan
 from planner.search import predict
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 

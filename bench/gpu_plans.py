@@ -23,13 +23,14 @@ import argparse
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from api.cli.validate_cmd import Measurement, RanOutOfMemory, run_validation
+from contract.parallel_config import InductorConfig, ParallelConfig
 from planner.calibration import CalibrationProfile
 from planner.catalog.models import resolve_model
-from planner.plan import InductorConfig, ParallelConfig, Plan
+from planner.plan import Plan
 from planner.search import make_plan, predict
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 
@@ -157,18 +158,17 @@ def row(request: Request, plan: Plan, *, picked: bool, calibrated: bool, measure
 def non_picked(pick: Plan) -> list[ParallelConfig]:
     """The pick's configuration in the other engine, then the fastest alternatives, NON_PICKED in all."""
     other = pick.config.compile is False
-    swapped = pick.config.model_copy(
-        update={
-            "compile": other,
-            "blocks_per_unit": 1,
-            "all_gather_bucket_mb": 0.0,
-            "reduce_scatter_bucket_mb": 0.0,
-            "inductor": InductorConfig(
-                bucket_all_gathers=False,
-                bucket_reduce_scatters=False,
-                reorder_for_compute_comm_overlap=other and pick.config.sharding != "no_shard",
-            ),
-        }
+    swapped = replace(
+        pick.config,
+        compile=other,
+        blocks_per_unit=1,
+        all_gather_bucket_mb=0.0,
+        reduce_scatter_bucket_mb=0.0,
+        inductor=InductorConfig(
+            bucket_all_gathers=False,
+            bucket_reduce_scatters=False,
+            reorder_for_compute_comm_overlap=other and pick.config.sharding != "no_shard",
+        ),
     )
     configs = [swapped]
     for alternative in pick.alternatives:

@@ -48,7 +48,7 @@ def plan_document(
 ) -> dict:
     """The plan both engines run: the planner's own document for exactly this configuration."""
     from contract.mesh import Mesh
-    from planner.plan import CheckpointingConfig, InductorConfig, ParallelConfig
+    from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig
     from planner.search import predict
     from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 

@@ -2,7 +2,8 @@
 upgrader.
 
 The planner's pydantic `planner.plan.Plan` writes the document (its `schema_version` is
-`SCHEMA_VERSION`); the runtime reads the subset the trainer needs with `parse_plan`. Unknown keys are
+`SCHEMA_VERSION`) holding the contract's own `ParallelConfig` and (as the fields of its model spec)
+`ModelConfig`; the runtime reads the subset the trainer needs with `parse_plan`. Unknown keys are
 ignored so that plans from newer planners still load, but a plan of another *major* schema version
 is refused: its fields may mean something else. tests/executor/test_plan_contract.py keeps the two
 readings in step.
@@ -24,7 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from contract.fields import FieldError
 from contract.mesh import Mesh, MeshError
+from contract.model_config import ModelConfig
+from contract.parallel_config import ParallelConfig
 
 SCHEMA_VERSION = "2.0"
 """The version the planner writes. Bump the minor for a new field, the major when a field changes
@@ -32,61 +36,8 @@ meaning (and teach `upgrade_document` the old one)."""
 SUPPORTED_SCHEMA_MAJORS = (1, 2)
 """Plans whose `schema_version` starts with one of these major numbers can be read."""
 
-Sharding = Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
-CheckpointMode = Literal["none", "selective", "op_selective", "full"]
-DType = Literal["bfloat16", "float32"]
-
-
 class PlanError(ValueError):
     """A plan document the runtime cannot use; the message names the field and what to do."""
-
-
-@dataclass(frozen=True, slots=True)
-class ModelConfig:
-    """The model's architecture and dimensions."""
-
-    name: str
-    """Display name, e.g. `llama3-8b`."""
-    architecture: Literal["llama", "gpt2", "layer_graph"]
-    """Built-in family, or `layer_graph` for a traced user model (needs `--model-factory`)."""
-    vocab_size: int = 1
-    """Token vocabulary size."""
-    hidden_size: int = 1
-    """Model width."""
-    num_layers: int = 1
-    """Transformer blocks."""
-    num_heads: int = 1
-    """Attention query heads."""
-    num_kv_heads: int | None = None
-    """Key/value heads (grouped-query attention); None means `num_heads`."""
-    intermediate_size: int | None = None
-    """Feed-forward width; None means 4 x hidden."""
-    max_seq_len: int = 2048
-    """Longest context (GPT-2: size of the learned position table)."""
-    tie_word_embeddings: bool = False
-    """Output head shares the token embedding weight."""
-    qkv_bias: bool = False
-    """Bias on q/k/v projections (Qwen2 style)."""
-    rope_theta: float = 10000.0
-    """RoPE base frequency."""
-    norm_eps: float = 1e-5
-    """Epsilon of RMSNorm / LayerNorm."""
-    num_params: int | None = None
-    """Parameter count the planner priced (tied weights once)."""
-    flops_per_token: float | None = None
-    """Training FLOPs per token (6N + 12LHQT) at the plan's sequence length: the MFU numerator."""
-
-    @property
-    def kv_heads(self) -> int:
-        return self.num_kv_heads or self.num_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def ffn_size(self) -> int:
-        return self.intermediate_size or 4 * self.hidden_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,69 +90,6 @@ class TrainingConfig:
     @property
     def sequences(self) -> int:
         return self.global_batch_sequences or self.global_batch_tokens // self.seq_len
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointingConfig:
-    """Activation checkpointing."""
-
-    mode: CheckpointMode
-    """none / selective (every k-th block) / op_selective (op-level SAC in every block) / full."""
-    every_k: int = 1
-    """For `selective`: blocks whose index is a multiple of k are recomputed."""
-
-
-@dataclass(frozen=True, slots=True)
-class InductorConfig:
-    """Compiler knobs implied by the plan (used only when `compile` is on)."""
-
-    bucket_all_gathers: bool = False
-    """Merge parameter all-gathers into buckets."""
-    bucket_reduce_scatters: bool = False
-    """Merge gradient reduce-scatters (and all-reduces) into buckets."""
-    reorder_for_compute_comm_overlap: bool = False
-    """Let inductor move collectives so they overlap compute."""
-
-
-@dataclass(frozen=True, slots=True)
-class ParallelConfig:
-    """The chosen sharding, wrapping, checkpointing, batching and compilation."""
-
-    sharding: Sharding
-    """How the data-parallel dims hold parameters: full_shard (ZeRO-3), shard_grad_op (ZeRO-2),
-    hybrid_shard (sharded in dp_shard, replicated across dp_replicate), no_shard (DDP-like)."""
-    mesh: Mesh
-    """The device mesh (dp_replicate x dp_shard x tp = world size)."""
-    micro_batch_size: int
-    """Sequences per data-parallel rank per forward (the ranks of a tensor-parallel group share them)."""
-    grad_accum_steps: int
-    """Micro-batches per optimizer step."""
-    checkpointing: CheckpointingConfig
-    """Activation checkpointing policy."""
-    blocks_per_unit: int = 1
-    """Transformer blocks per FSDP wrap unit."""
-    all_gather_bucket_mb: float = 0.0
-    """All-gather bucket cap in MB (0: one collective per wrap unit)."""
-    reduce_scatter_bucket_mb: float = 0.0
-    """Reduce-scatter bucket cap in MB (0: one collective per wrap unit)."""
-    reshard_after_forward: bool = True
-    """Free gathered parameters after forward (re-gather in backward)."""
-    prefetch_depth: int = 1
-    """Units whose all-gather is issued ahead of use."""
-    param_dtype: DType = "float32"
-    """Dtype of the all-gathered compute copy of parameters."""
-    reduce_dtype: DType = "float32"
-    """Dtype of gradient reduction."""
-    compile: bool = False
-    """torch.compile over SimpleFSDP (True) or eager FSDP2 fully_shard (False)."""
-    inductor: InductorConfig = field(default_factory=InductorConfig)
-    """Compiler knobs."""
-    loss_chunks: int = 1
-    """Token slices the output projection and cross-entropy run over (1: all logits at once)."""
-    loss: str = "sliced"
-    """How the loss runs; this runtime runs only `sliced` (other values price other trainers)."""
-    engine: str = "fsdp-planner"
-    """The runtime the plan was priced for; this runtime runs only `fsdp-planner` plans."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,9 +242,6 @@ def check_plan(plan: RuntimePlan) -> None:
             "compare with runs measured there; this runtime trains only engine fsdp-planner with the "
             "sliced loss: plan the model again without pinning the engine"
         )
-    for name in ("micro_batch_size", "grad_accum_steps", "blocks_per_unit", "loss_chunks"):
-        if getattr(cfg, name) < 1:
-            raise PlanError(f"plan.config.{name}: must be at least 1")
     expected = cfg.micro_batch_size * cfg.grad_accum_steps * mesh.dp
     if expected != plan.training.sequences:
         raise PlanError(
@@ -364,8 +249,6 @@ def check_plan(plan: RuntimePlan) -> None:
             f"{cfg.grad_accum_steps} x {mesh.dp} data-parallel ranks = {expected} sequences, but the "
             f"global batch is {plan.training.sequences}"
         )
-    if cfg.checkpointing.every_k < 1:
-        raise PlanError("plan.config.checkpointing.every_k: must be at least 1")
     model = plan.model
     if model.architecture != "layer_graph":
         if model.hidden_size % model.num_heads or model.num_heads % model.kv_heads:
@@ -409,7 +292,7 @@ def _build(cls: type, data: Any, path: str) -> Any:
     """Instantiate dataclass `cls` from a dict, checking each field's type; unknown keys ignored."""
     if not isinstance(data, dict):
         raise PlanError(f"{path}: expected an object, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         where = f"{path}.{f.name}"
@@ -418,11 +301,16 @@ def _build(cls: type, data: Any, path: str) -> Any:
                 raise PlanError(f"{where}: missing")
             continue
         values[f.name] = _coerce(hints[f.name], data[f.name], where)
-    return cls(**values)
+    try:
+        return cls(**values)
+    except FieldError as exc:
+        raise PlanError(f"{path}.{exc}") from None
 
 
 def _coerce(tp: Any, value: Any, path: str) -> Any:
     origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _coerce(typing.get_args(tp)[0], value, path)  # the bounds: the dataclass's own check
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(tp)
         if value is None and type(None) in options:

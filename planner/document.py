@@ -8,16 +8,14 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig
 from planner import PLANNER_VERSION
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice, Setting
 from planner.hashing import plan_hash
 from planner.plan import (
     Candidate,
-    CheckpointingConfig,
-    InductorConfig,
     MemoryBreakdown,
-    ParallelConfig,
     Plan,
     PlannedCluster,
     PlannedModel,
@@ -32,7 +30,9 @@ from planner.ranking import Evaluated, distinct, pareto
 from planner.specs import PlanRequest
 
 _SHARED_FIELDS = tuple(
-    f.name for f in fields(Choice) if f.name in ParallelConfig.model_fields and f.name != "checkpointing"
+    f.name
+    for f in fields(Choice)
+    if f.name in {c.name for c in fields(ParallelConfig)} and f.name != "checkpointing"
 )
 """Fields that the Choice and the ParallelConfig both carry, under the same name."""
 

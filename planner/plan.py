@@ -1,9 +1,10 @@
 """The Plan document as the planner writes it (pydantic): the versioned JSON the service stores and
 the runtime reads.
 
-Its schema version, its mesh and the upgrader that reads every older schema are the contract's
-(contract.plan_document, contract.mesh): the runtime reads the same document with the contract's
-dataclasses, and tests/executor/test_plan_contract.py keeps the two readings in step.
+Its schema version, its configuration (`ParallelConfig` and the mesh in it), its model's fields and
+the upgrader that reads every older schema are the contract's (contract/): pydantic validates those
+dataclasses here, the runtime reads the same document with the contract's own reader, and
+tests/executor/test_plan_contract.py keeps the two readings in step.
 """
 
 from __future__ import annotations
@@ -13,119 +14,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from contract.mesh import Mesh
+from contract.parallel_config import ParallelConfig
 from contract.plan_document import SCHEMA_VERSION, upgrade_document
 from planner.catalog.gpus import GpuSpec
 from planner.cost.memory import MEMORY_TERMS
-from planner.specs import (
-    CheckpointMode,
-    ClusterSpec,
-    Engine,
-    LossImplementation,
-    ModelSpec,
-    ShardingStrategy,
-    TrainingSpec,
-)
-
-DType = Literal["bfloat16", "float32"]
+from planner.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 
 class Document(BaseModel):
     """Base of the plan's parts: unknown keys refused, so a stored plan always means one thing."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class CheckpointingConfig(Document):
-    """Activation checkpointing policy."""
-
-    mode: CheckpointMode
-    """`none`; `selective`: every `every_k`-th block recomputed; `op_selective`: in every block the
-    outputs of every other matmul (and attention) are saved and the rest recomputed (torchtitan's
-    op-level SAC); `full`: every block recomputed from its input."""
-    every_k: Annotated[int, Field(ge=1)] = 1
-    """For `selective`: checkpoint blocks whose index is a multiple of k (k=2: half the blocks)."""
-
-
-class InductorConfig(Document):
-    """torch.compile / inductor knobs implied by the plan (applied only when `compile` is on)."""
-
-    bucket_all_gathers: bool
-    """Merge consecutive all-gathers into buckets up to `all_gather_bucket_mb`."""
-    bucket_reduce_scatters: bool
-    """Merge consecutive reduce-scatters into buckets up to `reduce_scatter_bucket_mb`."""
-    reorder_for_compute_comm_overlap: bool
-    """Let inductor move collectives earlier so they overlap compute (prefetch)."""
-
-
-class ParallelConfig(Document):
-    """The chosen way to shard, wrap, checkpoint, batch and compile."""
-
-    sharding: ShardingStrategy
-    """How the data-parallel dimensions hold parameters: full_shard (ZeRO-3), shard_grad_op
-    (ZeRO-2), hybrid_shard (sharded within dp_shard, replicated across dp_replicate), no_shard
-    (DDP-like)."""
-    mesh: Mesh
-    """The device mesh (dp_replicate x dp_shard x tp = world size): full_shard / shard_grad_op
-    shard over every data-parallel rank (dp_replicate 1), no_shard over none (dp_shard 1)."""
-    blocks_per_unit: Annotated[int, Field(ge=1)]
-    """Transformer blocks per FSDP wrap unit; embeddings and the output head are units of their own."""
-    all_gather_bucket_mb: Annotated[float, Field(ge=0)]
-    """Cap for merged all-gathers in MB; 0 means one collective per wrap unit."""
-    reduce_scatter_bucket_mb: Annotated[float, Field(ge=0)]
-    """Cap for merged reduce-scatters in MB; 0 means one collective per wrap unit."""
-    reshard_after_forward: bool
-    """Free unsharded parameters after a unit's forward (re-gathered in backward)."""
-    prefetch_depth: Annotated[int, Field(ge=0)]
-    """How many units ahead all-gathers are issued."""
-    checkpointing: CheckpointingConfig
-    micro_batch_size: Annotated[int, Field(ge=1)]
-    """Sequences per data-parallel rank per forward pass (the ranks of a tensor-parallel group
-    share them)."""
-    grad_accum_steps: Annotated[int, Field(ge=1)]
-    """Micro-batches per optimizer step."""
-    param_dtype: DType
-    """Dtype of parameters in compute (all-gathered copies)."""
-    reduce_dtype: DType
-    """Dtype of gradient reduction."""
-    compile: bool
-    """torch.compile over SimpleFSDP-style DTensor sharding (True) or eager FSDP2 fully_shard (False)."""
-    inductor: InductorConfig
-    loss_chunks: Annotated[int, Field(ge=1)] = 1
-    """The output projection and cross-entropy run over this many slices of the micro-batch's tokens,
-    each computing its gradients at once, so at most one slice's logits is alive at a time (1: the
-    whole micro-batch's logits at once)."""
-    loss: LossImplementation = "sliced"
-    """How the output projection and cross-entropy run (`sliced`: this project's loss, the only one
-    its runtime runs; `autograd_fp32`: the plain cross-entropy on fp32 logits, to price runs of
-    other trainers)."""
-    engine: Engine = "fsdp-planner"
-    """The runtime this configuration is priced for: `fsdp-planner` (this project's trainer: the
-    launchers run it) or `torchtitan` (torchtitan's FSDP2 trainer, with `compile` meaning
-    torch.compile per block), to compare predictions with runs measured there."""
-
-    def label(self) -> str:
-        """A short human-readable summary, e.g. `full_shard/8 tp2 u2 AC=sel2 mb2x4 compiled`."""
-        shard = self.sharding
-        if self.sharding == "hybrid_shard":
-            shard += f"/{self.mesh.dp_shard}x{self.mesh.dp_replicate}"
-        if self.mesh.tp > 1:
-            shard += f" tp{self.mesh.tp}"
-        ac = {"none": "none", "full": "full", "op_selective": "op"}.get(
-            self.checkpointing.mode, f"sel{self.checkpointing.every_k}"
-        )
-        buckets = ""
-        if self.compile and (self.all_gather_bucket_mb or self.reduce_scatter_bucket_mb):
-            buckets = f" ag{self.all_gather_bucket_mb:g}/rs{self.reduce_scatter_bucket_mb:g}MB"
-        mode = "compiled" if self.compile else "eager"
-        if self.engine != "fsdp-planner":
-            mode += f" [{self.engine}{', whole fp32 loss' if self.loss == 'autograd_fp32' else ''}]"
-        elif self.loss != "sliced":
-            mode += " [whole fp32 loss]"
-        return (
-            f"{shard} u{self.blocks_per_unit} AC={ac} mb{self.micro_batch_size}x{self.grad_accum_steps}"
-            f"{buckets} {mode}"
-        )
 
 
 def _term(name: str) -> Any:

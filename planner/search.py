@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from time import process_time
 
+from contract.parallel_config import ParallelConfig
 from planner.calibration import CalibrationProfile
 from planner.cost.estimate import Estimator
 from planner.cost.memory import MemoryEstimate, fits_in_memory, memory_limit_gib
@@ -25,7 +26,7 @@ from planner.enumeration import BUCKET_CAPS_MB, check_mesh, enumerate_choices
 from planner.errors import InfeasiblePlanError, PlanningError, SearchDeadlineError
 from planner.hashing import plan_hash
 from planner.infeasibility import infeasible_error
-from planner.plan import ParallelConfig, Plan, PlanWarning
+from planner.plan import Plan, PlanWarning
 from planner.plan_warnings import plan_warnings
 from planner.precheck import check_request, check_sequence_length
 from planner.ranking import Evaluated, ranked, rejected_families
@@ -229,7 +230,7 @@ def predict(
     time = estimator.timing(choice, record=True)
     evaluated = Evaluated.priced(setting, choice, estimator.memory(choice), time)
     digest = plan_hash(
-        request, calibration_id=setting.params.calibration_id, config=config.model_dump(mode="json")
+        request, calibration_id=setting.params.calibration_id, config=config.as_document()
     )
     return plan_document(
         request,

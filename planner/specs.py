@@ -6,6 +6,7 @@ strings) whose validation errors name the field and say how to fix it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import types
@@ -17,14 +18,18 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
     model_serializer,
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from contract.model_config import DERIVED_COUNTS, ModelConfig, ModelShape
+from contract.parallel_config import CheckpointMode, ShardingStrategy
 from planner.bounds import (
     MAX_ACTIVATION_BYTES_PER_TOKEN,
     MAX_DEVICE_MEMORY_GIB,
@@ -44,7 +49,6 @@ from planner.bounds import (
 from planner.catalog.gpus import GPU_CATALOG, resolve_gpu
 from planner.gpu_spec import GpuSpec
 
-Architecture = Literal["llama", "gpt2", "layer_graph"]
 Precision = Literal["bf16", "fp32"]
 Optimizer = Literal["adamw", "sgd"]
 PositiveInt = Annotated[int, Field(ge=1)]
@@ -141,35 +145,55 @@ class LayerUnit(StrictModel):
     """Whether the module is a repeated block (a candidate FSDP wrap unit and checkpoint unit)."""
 
 
-class ModelSpec(StrictModel):
-    """A model's architecture and dimensions: enough to count parameters, FLOPs and activations."""
+def contract_fields(cls: type, *, bounds: dict[str, Any], exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """pydantic field definitions of the contract dataclass `cls` (its types, defaults and docstrings),
+    with the `bounds` a request must keep added to the named fields (inside an optional field's
+    `| None`)."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    described = TypeAdapter(cls).json_schema()["properties"]
+    definitions: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name in exclude:
+            continue
+        hint = hints[f.name]
+        if f.name in bounds:
+            union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+            options = typing.get_args(hint) if union else ()
+            if type(None) in options:
+                (inner,) = (o for o in options if o is not type(None))
+                hint = Annotated[inner, bounds[f.name]] | None
+            else:
+                hint = Annotated[hint, bounds[f.name]]
+        default = ... if f.default is dataclasses.MISSING else f.default
+        definitions[f.name] = (hint, Field(default, description=described[f.name].get("description")))
+    return definitions
 
-    name: Annotated[str, Field(min_length=1, max_length=200)]
-    """Display name, e.g. `llama3-8b`."""
-    architecture: Architecture
-    """`llama` (covers Llama 2/3, Mistral, Qwen2 dims), `gpt2`, or `layer_graph` (traced module)."""
-    vocab_size: Dimension = 1
-    """Token vocabulary size."""
-    hidden_size: Dimension = 1
-    """Model width (embedding dimension)."""
-    num_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = 1
-    """Number of transformer blocks."""
-    num_heads: Dimension = 1
-    """Attention query heads."""
-    num_kv_heads: Dimension | None = None
-    """Key/value heads for grouped-query attention; None means equal to `num_heads`."""
-    intermediate_size: Dimension | None = None
-    """Feed-forward hidden size; None means 4 x hidden (GPT-2)."""
-    max_seq_len: SeqLen = 2048
-    """Longest context the model was built for."""
-    tie_word_embeddings: bool = False
-    """Whether the output head shares the token embedding weight."""
-    qkv_bias: bool = False
-    """Bias on the q/k/v projections (Qwen2 style)."""
-    rope_theta: Annotated[float, Field(gt=0, le=1e12, allow_inf_nan=False)] = 10000.0
-    """RoPE base frequency (Llama family)."""
-    norm_eps: Annotated[float, Field(gt=0, le=1.0, allow_inf_nan=False)] = 1e-5
-    """Epsilon of RMSNorm / LayerNorm."""
+
+_MODEL_BOUNDS: dict[str, Any] = {
+    "name": Field(min_length=1, max_length=200),
+    **{name: Field(le=MAX_DIMENSION) for name in (
+        "vocab_size", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size")},
+    "num_layers": Field(le=MAX_LAYERS),
+    "max_seq_len": Field(le=MAX_SEQ_LEN),
+    "rope_theta": Field(gt=0, le=1e12, allow_inf_nan=False),
+    "norm_eps": Field(gt=0, le=1.0, allow_inf_nan=False),
+}
+"""What a request's model may ask for beyond the contract's own bounds (planner/bounds.py)."""
+
+_ModelFields = create_model(
+    "_ModelFields",
+    __base__=StrictModel,
+    __module__=__name__,
+    **contract_fields(ModelConfig, bounds=_MODEL_BOUNDS, exclude=DERIVED_COUNTS),
+)
+
+
+class ModelSpec(_ModelFields, ModelShape):  # type: ignore[misc, valid-type]
+    """A model's architecture and dimensions: enough to count parameters, FLOPs and activations.
+
+    Its fields are the contract's `ModelConfig` (contract/model_config.py), bounded for a request;
+    a traced model adds its layer graph."""
+
     layer_graph: Annotated[list[LayerUnit], Field(max_length=MAX_LAYERS)] | None = None
     """Modules of a traced model, in forward order (only for `architecture == "layer_graph"`)."""
 
@@ -204,19 +228,6 @@ class ModelSpec(StrictModel):
                 f"num_heads: head dimension {self.head_dim} (hidden_size / num_heads) must be even for RoPE"
             )
         return self
-
-    @property
-    def kv_heads(self) -> int:
-        return self.num_kv_heads or self.num_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def ffn_size(self) -> int:
-        return self.intermediate_size or 4 * self.hidden_size
-
 
 DeviceMemoryGib = Annotated[
     float, Field(ge=MIN_DEVICE_MEMORY_GIB, le=MAX_DEVICE_MEMORY_GIB, allow_inf_nan=False)
@@ -382,25 +393,6 @@ class TrainingSpec(StrictModel):
     @property
     def global_batch_sequences(self) -> int:
         return self.global_batch_tokens // self.seq_len
-
-
-ShardingStrategy = Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
-CheckpointMode = Literal["none", "selective", "op_selective", "full"]
-LossImplementation = Literal["sliced", "autograd_fp32", "chunked_fp32"]
-"""How the output projection and cross-entropy run: `sliced` is this project's loss (token slices,
-each computing its gradients at once, executor/runtime/loss.py); `autograd_fp32` is the plain
-`cross_entropy(logits.float(), targets)` over the whole micro-batch (torchtitan's loss, and this
-project's before the sliced loss), which keeps vocabulary-sized tensors alive for all tokens;
-`chunked_fp32` runs that cross-entropy over `loss_chunks` slices of the whole micro-batch's
-compute-dtype logits (torchtitan's chunked cross-entropy: the output projection is not sliced)."""
-Engine = Literal["fsdp-planner", "torchtitan"]
-"""The training runtime a configuration runs on, because runtimes differ in what they keep in memory
-and how they overlap: `fsdp-planner` is this project's trainer (compiled: SimpleFSDP over
-torch.compile of the whole model; eager: FSDP2 `fully_shard`; the loss sliced so one slice's logits
-are alive at a time); `torchtitan` is torchtitan's FSDP2 trainer (FSDP2 units per block whether or
-not blocks are compiled, torch.compile per block, the loss over the whole micro-batch's fp32 logits).
-Plans the service emits launchers for use `fsdp-planner`; the other engines are priced to compare
-with runs measured on them (`fsdp-planner fidelity`)."""
 
 
 class SearchSpace(StrictModel):

@@ -21,15 +21,16 @@ from api.cli.common import (
     model_from_options,
     read_json_file,
 )
+from contract.parallel_config import CheckpointMode, ParallelConfig, ShardingStrategy
 from planner.calibration import CalibrationProfile
 from planner.cost.memory import MEMORY_TERMS
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
 from planner.formatting import duration, quantity
-from planner.plan import ParallelConfig, Plan
+from planner.plan import Plan
 from planner.precheck import read_request
 from planner.rejected_summary import summarize_rejected
 from planner.search import make_plan
-from planner.specs import CheckpointMode, SearchSpace, ShardingStrategy
+from planner.specs import SearchSpace
 
 SHARDINGS: tuple[str, ...] = typing.get_args(ShardingStrategy)
 CHECKPOINT_MODES: tuple[str, ...] = typing.get_args(CheckpointMode)

@@ -16,7 +16,7 @@ from starlette.datastructures import QueryParams
 from api.schemas.plans import MAX_GPUS_PER_NODE, MAX_ID, MAX_NODES, PlanSort, SortOrder
 from api.services.plan_listing import PlanFilters
 from api.typed_numbers import parse_whole
-from planner.specs import ShardingStrategy
+from contract.parallel_config import ShardingStrategy
 
 DEFAULT_PAGE_SIZE = 25
 MAX_PAGE_SIZE = 200

@@ -17,9 +17,10 @@ from api.dashboard import formatting as fmt
 from api.db.models import PlanRow
 from api.services import plan_compare
 from api.services.plan_compare import Scalar
+from contract.parallel_config import ParallelConfig
 from planner.cost.memory import MEMORY_TERMS
 from planner.formatting import quantity
-from planner.plan import Candidate, ParallelConfig, Plan, Prediction, TimelineSegment
+from planner.plan import Candidate, Plan, Prediction, TimelineSegment
 
 # Memory parts in the order they are stacked, with the words a person reads: the planner's own terms.
 MEMORY_PARTS = {name: term.label for name, term in MEMORY_TERMS.items()}

@@ -33,7 +33,7 @@ from api.services import plan_compare, plan_listing
 from api.services import plans as plan_service
 from api.services import replan as replan_service
 from api.services.plan_documents import UnreadablePlanError
-from planner.specs import ShardingStrategy
+from contract.parallel_config import ShardingStrategy
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 
@@ -180,7 +180,7 @@ def compare_plans(
         plans=[
             ComparedPlan(id=row.id, name=row.name, created_at=row.created_at,
                          training=plan.training.model_dump(mode="json"),
-                         config=plan.config.model_dump(mode="json"),
+                         config=plan.config.as_document(),
                          prediction=plan.prediction.model_dump(mode="json"))
             for row, plan in plans
         ],

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from contract.plan_document import ModelConfig
+from contract.model_config import ModelConfig
 from executor.profile.measure import Budget, synchronize, time_call
 from executor.runtime.activation_checkpoint import apply_activation_checkpointing
 from executor.runtime.materialize import materialize

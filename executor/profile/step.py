@@ -28,13 +28,8 @@ import torch
 import torch.distributed as dist
 
 from contract.mesh import Mesh
-from contract.plan_document import (
-    CheckpointingConfig,
-    ClusterConfig,
-    ParallelConfig,
-    RuntimePlan,
-    TrainingConfig,
-)
+from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig
+from contract.plan_document import ClusterConfig, RuntimePlan, TrainingConfig
 from executor.profile.blocks import model_config
 from executor.profile.measure import Budget, agreed_exhausted, agreed_seconds, synchronize
 from executor.runtime.distributed import DistEnv, build_mesh
@@ -126,6 +121,16 @@ def _plan(
             param_dtype=dtype,
             reduce_dtype="float32",
             compile=shape.compile,
+            # One collective per block, no inductor bucketing or reordering: the profile times the
+            # kernels and collectives one by one, as the cost model prices them.
+            blocks_per_unit=1,
+            all_gather_bucket_mb=0.0,
+            reduce_scatter_bucket_mb=0.0,
+            prefetch_depth=1,
+            inductor=InductorConfig(
+                bucket_all_gathers=False, bucket_reduce_scatters=False,
+                reorder_for_compute_comm_overlap=False,
+            ),
         ),
     )
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from contract.plan_document import ParallelConfig
+from contract.parallel_config import ParallelConfig
 
 PLANNER_MB = 1e6
 """The planner's bucket caps are in MB (1e6 bytes); inductor's in MiB."""

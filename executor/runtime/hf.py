@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contract.plan_document import ModelConfig
+from contract.model_config import ModelConfig
 from executor.runtime.safetensors_io import WeightsError
 
 LLAMA_ARCHITECTURES = {

@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from contract.plan_document import ModelConfig
+from contract.model_config import ModelConfig
 from executor.runtime import hf
 from executor.runtime.materialize import clean_name
 from executor.runtime.safetensors_io import SafetensorsCheckpoint, WeightsError

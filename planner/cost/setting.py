@@ -38,9 +38,9 @@ class Choice:
     prefetch_depth: int = 1
     loss_chunks: int = 1
     engine: str = "fsdp-planner"
-    """The runtime priced (planner/specs.py `Engine`)."""
+    """The runtime priced (contract/parallel_config.py `Engine`)."""
     loss: str = "sliced"
-    """How the loss runs (planner/specs.py `LossImplementation`)."""
+    """How the loss runs (contract/parallel_config.py `LossImplementation`)."""
     reduce_dtype: str = "float32"
     """The dtype gradients are reduced in (the Plan's `reduce_dtype`)."""
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contract.mesh import Mesh
+from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig
 from planner.calibration import CalibrationProfile
 from planner.catalog.gpus import resolve_gpu
 from planner.catalog.models import resolve_model
 from planner.cost.parameters import CostParameters
 from planner.errors import PlanningError
 from planner.fidelity.schema import Run
-from planner.plan import CheckpointingConfig, InductorConfig, ParallelConfig, Plan
+from planner.plan import Plan
 from planner.search import predict
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from planner.plan import CheckpointingConfig, InductorConfig, ParallelConfig, Plan
+from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig
+from planner.plan import Plan
 from planner.search import predict
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 

@@ -7,12 +7,16 @@ import dataclasses
 import json
 
 import pytest
+from pydantic import ValidationError
 
+from contract.fields import FieldError
+from contract.model_config import DERIVED_COUNTS, ModelConfig
+from contract.parallel_config import ParallelConfig
 from contract.plan_document import PlanError, RuntimePlan, parse_plan
 from executor.runtime.models import build_model, count_params
 from planner.catalog.models import catalog_model
 from planner.cost.model_costs import count_parameters
-from planner.plan import Plan
+from planner.plan import Plan, PlannedModel
 from planner.search import make_plan
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, SearchSpace, TrainingSpec
 from tests.executor.plan_factory import debug_plan
@@ -139,3 +143,41 @@ def test_bad_plans_fail_with_the_field_named(mutate, message: str) -> None:
     with pytest.raises(PlanError) as err:
         parse_plan(document)
     assert message in str(err.value)
+
+
+def test_the_configuration_and_the_model_fields_are_declared_once() -> None:
+    # The planner's Plan holds the contract's dataclass itself; its model spec takes the contract's
+    # fields (a request adds only its layer graph; a plan adds the counts it derives).
+    assert Plan.model_fields["config"].annotation is ParallelConfig
+    contract_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    assert set(ModelSpec.model_fields) == contract_fields - set(DERIVED_COUNTS) | {"layer_graph"}
+    assert set(DERIVED_COUNTS) <= set(PlannedModel.model_fields)
+
+
+@pytest.mark.parametrize(
+    ("section", "field", "value", "bound"),
+    [
+        ("config", "blocks_per_unit", 0, "at least 1"),
+        ("config", "all_gather_bucket_mb", -1.0, "at least 0"),
+        ("config", "loss_chunks", 0, "at least 1"),
+        ("model", "num_layers", 0, "at least 1"),
+    ],
+)
+def test_a_contract_bound_holds_in_both_readers(section: str, field: str, value: float, bound: str) -> None:
+    document = copy.deepcopy(debug_plan())
+    document[section][field] = value
+    with pytest.raises(PlanError, match=f"plan.{section}.{field}: must be {bound}"):
+        parse_plan(document)
+    with pytest.raises(ValidationError, match=f"{section}.{field}\n.*greater than or equal"):
+        Plan.model_validate(document)
+
+
+def test_a_contract_dataclass_checks_itself_however_it_is_made() -> None:
+    plan = parse_plan(debug_plan())
+    with pytest.raises(FieldError, match="micro_batch_size: must be at least 1, got 0"):
+        dataclasses.replace(plan.config, micro_batch_size=0)
+    # A whole number given for a float field is stored as a float: the document (and the hash of a
+    # fixed configuration) reads the same however the dataclass was built.
+    widened = dataclasses.replace(plan.config, all_gather_bucket_mb=64)
+    assert widened.as_document()["all_gather_bucket_mb"] == 64.0
+    assert isinstance(widened.all_gather_bucket_mb, float)

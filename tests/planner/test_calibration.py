@@ -422,7 +422,7 @@ def test_a_calibrated_plan_takes_its_memory_and_margin_from_the_fit() -> None:
     gib = 1024**3
     profile = gpu_profile_with_memory(truth, MEMORY_SHAPES, usable=int(78 * gib), device=int(79.2 * gib))
     request = make_request("llama-debug", "1x1xH100", seq_len=512, sequences=4)
-    config = make_plan(request).config.model_copy(update={"compile": True})
+    config = replace(make_plan(request).config, compile=True)
     uncalibrated = predict(request, config).prediction
     calibrated = predict(request, config, calibration=profile).prediction
     assert calibrated.peak_memory_gib > uncalibrated.peak_memory_gib  # compiled keeps more than priced

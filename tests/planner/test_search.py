@@ -173,7 +173,7 @@ def test_predict_prices_exactly_the_given_configuration(llama8b_request: PlanReq
     assert predict(llama8b_request, slower).prediction.tokens_per_s_per_gpu == pytest.approx(
         searched.alternatives[-1].tokens_per_s_per_gpu
     )
-    broken = searched.config.model_copy(update={"grad_accum_steps": 7})
+    broken = replace(searched.config, grad_accum_steps=7)
     local = 16 // searched.config.mesh.dp
     with pytest.raises(PlanningError, match=f"per-data-parallel-rank batch {local}"):
         predict(llama8b_request, broken)

@@ -13,7 +13,7 @@ from planner.cost.parameters import GIB
 from planner.cost.setting import Choice
 from planner.enumeration import enumerate_choices, tensor_parallel_degrees
 from planner.errors import InfeasiblePlanError, PlanningError
-from planner.plan import ParallelConfig, Plan
+from planner.plan import Plan
 from planner.search import _Leaderboard, make_plan, predict
 from planner.search_setting import build_setting
 from planner.specs import SearchSpace
@@ -134,9 +134,7 @@ def test_predict_prices_a_2d_configuration_and_checks_its_mesh() -> None:
     )
     again = predict(request, plan.config)
     assert again.prediction.step_time_s == pytest.approx(plan.prediction.step_time_s)
-    broken = ParallelConfig.model_validate(
-        {**plan.config.model_dump(), "mesh": {"dp_replicate": 1, "dp_shard": 8, "tp": 8}}
-    )
+    broken = replace(plan.config, mesh=Mesh(dp_replicate=1, dp_shard=8, tp=8))
     with pytest.raises(PlanningError, match="must equal the cluster's 32 GPUs"):
         predict(request, broken)
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from contract.plan_document import ModelConfig
+from contract.model_config import ModelConfig
 from executor.runtime.models import Llama
 
 DEBUG_DIMS: dict[str, Any] = {

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from contract.plan_document import ModelConfig
+from contract.model_config import ModelConfig
 from executor.runtime.models.common import InitRule, ModelParts, computes_own_loss, find_parts
 from executor.runtime.models.gpt2 import GPT2
 from executor.runtime.models.llama import Llama

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from contract.plan_document import ModelConfig
+from contract.model_config import ModelConfig
 from executor.runtime.models.common import InitRule, ModelParts, OutputHead, sdpa_causal
 
 

@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from contract.plan_document import ModelConfig
+from contract.model_config import ModelConfig
 from executor.runtime.models import Llama
 
 HUGE_ELEMENTS = 2**48  # 1 PiB of bytes: no machine has it, so the allocation fails at once
