@@ -18,6 +18,11 @@ from contract.mesh import Mesh
 ShardingStrategy = Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
 CheckpointMode = Literal["none", "selective", "op_selective", "full"]
 DType = Literal["bfloat16", "float32"]
+Float8Recipe = Literal["none", "tensorwise", "rowwise", "mxfp8"]
+"""Float8 training of the blocks' linear layers (torchao): `none` (they compute in the plan's
+precision); `tensorwise` (one scale per tensor: the fastest, and FSDP all-gathers the converted
+weights in float8); `rowwise` (one scale per row: closer to bf16, slower GEMMs); `mxfp8` (blocks of
+32 values sharing an exponent, on GPUs with MX tensor cores: B200)."""
 LossImplementation = Literal["sliced", "autograd_fp32", "chunked_fp32"]
 """How the output projection and cross-entropy run: `sliced` is this project's loss (token slices,
 each computing its gradients at once, executor/runtime/loss.py); `autograd_fp32` is the plain
@@ -111,6 +116,9 @@ class ParallelConfig:
     """How the output projection and cross-entropy run (`sliced`: this project's loss, the only one
     its runtime runs; `autograd_fp32`: the plain cross-entropy on fp32 logits, to price runs of
     other trainers)."""
+    float8: Float8Recipe = "none"
+    """Float8 training recipe of the blocks' linear layers (`none`: the plan's compute precision);
+    the output head and layers too small to gain stay in the compute precision."""
     engine: Engine = "fsdp-planner"
     """The runtime this configuration is priced for: `fsdp-planner` (this project's trainer: the
     launchers run it) or `torchtitan` (torchtitan's FSDP2 trainer, with `compile` meaning
@@ -120,8 +128,18 @@ class ParallelConfig:
         check_fields(self)
 
     def as_document(self) -> dict[str, Any]:
-        """The JSON object the Plan document stores (what its hash covers for a fixed configuration)."""
+        """The JSON object the Plan document stores."""
         return dataclasses.asdict(self)
+
+    def hashed_document(self) -> dict[str, Any]:
+        """What a plan's hash covers for this fixed configuration: the document less the fields added
+        since schema 2.0 where they hold the value a document without them meant (`ADDED_FIELDS`), so
+        a configuration hashed before they existed hashes the same."""
+        document = self.as_document()
+        for name, neutral in ADDED_FIELDS.items():
+            if document.get(name) == neutral:
+                del document[name]
+        return document
 
     def label(self) -> str:
         """A short human-readable summary, e.g. `full_shard/8 tp2 u2 AC=sel2 mb2x4 compiled`."""
@@ -137,6 +155,8 @@ class ParallelConfig:
         if self.compile and (self.all_gather_bucket_mb or self.reduce_scatter_bucket_mb):
             buckets = f" ag{self.all_gather_bucket_mb:g}/rs{self.reduce_scatter_bucket_mb:g}MB"
         mode = "compiled" if self.compile else "eager"
+        if self.float8 != "none":
+            mode = f"fp8-{self.float8} {mode}"
         if self.engine != "fsdp-planner":
             mode += f" [{self.engine}{', whole fp32 loss' if self.loss == 'autograd_fp32' else ''}]"
         elif self.loss != "sliced":
@@ -145,3 +165,7 @@ class ParallelConfig:
             f"{shard} u{self.blocks_per_unit} AC={ac} mb{self.micro_batch_size}x{self.grad_accum_steps}"
             f"{buckets} {mode}"
         )
+
+
+ADDED_FIELDS: dict[str, Any] = {"float8": "none"}
+"""`ParallelConfig` fields added after schema 2.0, with the value that means what their absence meant."""

@@ -30,7 +30,7 @@ from contract.mesh import Mesh, MeshError
 from contract.model_config import ModelConfig
 from contract.parallel_config import ParallelConfig
 
-SCHEMA_VERSION = "2.0"
+SCHEMA_VERSION = "2.1"
 """The version the planner writes. Bump the minor for a new field, the major when a field changes
 meaning (and teach `upgrade_document` the old one)."""
 SUPPORTED_SCHEMA_MAJORS = (1, 2)

@@ -230,7 +230,7 @@ def predict(
     time = estimator.timing(choice, record=True)
     evaluated = Evaluated.priced(setting, choice, estimator.memory(choice), time)
     digest = plan_hash(
-        request, calibration_id=setting.params.calibration_id, config=config.as_document()
+        request, calibration_id=setting.params.calibration_id, config=config.hashed_document()
     )
     return plan_document(
         request,

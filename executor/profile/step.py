@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from contract.mesh import Mesh
 from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig
-from contract.plan_document import ClusterConfig, RuntimePlan, TrainingConfig
+from contract.plan_document import SCHEMA_VERSION, ClusterConfig, RuntimePlan, TrainingConfig
 from executor.profile.blocks import model_config
 from executor.profile.measure import Budget, agreed_exhausted, agreed_seconds, synchronize
 from executor.runtime.distributed import DistEnv, build_mesh
@@ -98,7 +98,7 @@ def _plan(
     dtype = "bfloat16" if on_gpu else "float32"
     sharded = shape.sharding == "full_shard"
     return RuntimePlan(
-        schema_version="2.0",
+        schema_version=SCHEMA_VERSION,
         model=dataclasses.replace(model_config(spec), num_layers=shape.layers),
         cluster=ClusterConfig(
             gpu="profile",

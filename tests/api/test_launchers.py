@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy.orm import Session
 
 from api.db.models import PlanRow
+from contract.plan_document import SCHEMA_VERSION
 from tests.api.conftest import assert_problem, cheap_plan
 from tests.older_schemas import as_schema_1
 
@@ -118,8 +119,10 @@ async def test_stored_plans_of_every_schema_launch_from_their_bundle(
             check=False,
         )
         assert read.returncode == 0, read.stderr
-        assert json.loads(read.stdout) == {"schema_version": "2.0", "contract": str(bundle / "contract"),
-                                           "mesh": current["plan"]["config"]["mesh"]}
+        assert json.loads(read.stdout) == {
+            "schema_version": SCHEMA_VERSION, "contract": str(bundle / "contract"),
+            "mesh": current["plan"]["config"]["mesh"],
+        }
     if backend != "sqlite":
         return  # the database is not what the launch tests: once is enough
     launch = subprocess.run(
