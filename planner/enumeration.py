@@ -8,6 +8,7 @@ its advice (planner/infeasibility.py) both walk this one enumeration.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 from contract.mesh import Mesh
@@ -148,6 +149,35 @@ def data_parallel_meshes(request: PlanRequest, tp: int) -> Iterator[tuple[str, M
             yield sharding, Mesh(dp_shard=dp, tp=tp)
 
 
+def float8_recipes(request: PlanRequest) -> list[str]:
+    """The Float8 recipes the search tries (`search.float8`, `none` alone by default); refused, with
+    why, where the GPU, the precision or the model cannot take one."""
+    recipes = list(dict.fromkeys(request.search.float8 or ["none"]))
+    for recipe in recipes:
+        check_float8(request, recipe, field="search.float8")
+    return recipes
+
+
+def check_float8(request: PlanRequest, recipe: str, *, field: str) -> None:
+    """Refuse a Float8 recipe this request cannot train with (PlanningError naming `field`)."""
+    if recipe == "none":
+        return
+    gpu = request.cluster.resolved_gpu()
+    problem = None
+    if gpu.peak_fp8_tflops is None:
+        problem = (f"the {gpu.name} has no float8 tensor cores (H100, H200 and B200 have); "
+                   "plan it without Float8")
+    elif recipe == "mxfp8" and not gpu.mx_formats:
+        problem = f"mxfp8 needs MX tensor cores (B200), the {gpu.name} has none; use tensorwise or rowwise"
+    elif request.training.precision != "bf16":
+        problem = "Float8 training needs bf16 as the compute precision; set training.precision to bf16"
+    elif request.model.architecture == "layer_graph":
+        problem = ("a traced layer graph does not say which modules are linear layers; Float8 is "
+                   "priced for the llama and gpt2 architectures")
+    if problem:
+        raise PlanningError(f"{field}: {recipe}: {problem}", field=field)
+
+
 def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice]:
     """Every configuration the request allows that the runtime executes differently, in a fixed
     order. Wrap units matter only to eager FSDP2 with something to gather: compiled SimpleFSDP
@@ -166,6 +196,7 @@ def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice
         else:
             checkpointing.append((mode, 1))
     tensor_parallel_degrees(request)  # a pin the model cannot take is refused here, with why
+    recipes = float8_recipes(request)
     for tp in splitting_degrees(request):
         dp = request.cluster.world_size // tp
         local_batch = request.training.global_batch_sequences // dp
@@ -183,7 +214,7 @@ def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice
                 for unit in units if mesh.dp > 1 and not compile_ else [1]:
                     for ag_cap, rs_cap in caps:
                         for mode, every_k in checkpointing:
-                            for mb in micro_batches:
+                            for mb, recipe in itertools.product(micro_batches, recipes):
                                 yield Choice(
                                     sharding=sharding,
                                     mesh=mesh,
@@ -196,4 +227,5 @@ def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice
                                     grad_accum_steps=local_batch // mb,
                                     compile=compile_,
                                     loss_chunks=chunks[mb],
+                                    float8=recipe,
                                 )

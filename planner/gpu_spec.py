@@ -43,6 +43,11 @@ class GpuSpec(BaseModel):
     """Dense bf16 tensor throughput, TFLOP/s (the MFU denominator)."""
     peak_fp32_tflops: Tflops
     """Dense fp32 (non-tensor-core) throughput, TFLOP/s."""
+    peak_fp8_tflops: Tflops | None = None
+    """Dense float8 tensor-core throughput, TFLOP/s; None: the type has no float8 tensor cores (or
+    they are not offered: Float8 plans are refused on it)."""
+    mx_formats: bool = False
+    """Whether the tensor cores run MX block-scaled formats (MXFP8: Blackwell)."""
     memory_bandwidth_gbps: Annotated[
         float, Field(ge=MIN_MEMORY_BANDWIDTH_GBPS, le=MAX_DEVICE_GBPS, allow_inf_nan=False)
     ]

@@ -22,7 +22,7 @@ from planner.cost.memory import MemoryEstimate, fits_in_memory, memory_limit_gib
 from planner.cost.parameters import CostParameters
 from planner.cost.setting import Choice, Setting
 from planner.document import choice_from_config, mfu, plan_document
-from planner.enumeration import BUCKET_CAPS_MB, check_mesh, enumerate_choices
+from planner.enumeration import BUCKET_CAPS_MB, check_float8, check_mesh, enumerate_choices
 from planner.errors import InfeasiblePlanError, PlanningError, SearchDeadlineError
 from planner.hashing import plan_hash
 from planner.infeasibility import infeasible_error
@@ -206,6 +206,7 @@ def predict(
     split does not reach the global batch).
     """
     check_mesh(request, config.sharding, config.mesh)
+    check_float8(request, config.float8, field="config.float8")
     sequences, dp = request.training.global_batch_sequences, config.mesh.dp
     if sequences % dp:
         raise PlanningError(

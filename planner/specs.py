@@ -29,7 +29,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from contract.model_config import DERIVED_COUNTS, ModelConfig, ModelShape
-from contract.parallel_config import CheckpointMode, ShardingStrategy
+from contract.parallel_config import CheckpointMode, Float8Recipe, ShardingStrategy
 from planner.bounds import (
     MAX_ACTIVATION_BYTES_PER_TOKEN,
     MAX_DEVICE_MEMORY_GIB,
@@ -408,6 +408,11 @@ class SearchSpace(StrictModel):
     """Tensor-parallel degrees to consider (`[8]` pins tp=8; `[1]` keeps data parallelism only).
     None: every power of two up to the GPUs per node that divides the model's heads, key/value
     heads, FFN and vocabulary (llama family; other architectures plan tp=1)."""
+    float8: list[Float8Recipe] | None = None
+    """Float8 training recipes to consider beside the compute precision (`["none", "tensorwise"]`),
+    on GPUs with float8 tensor cores (`mxfp8`: MX tensor cores) and bf16 training. None: `none` only,
+    the compute precision (Float8 pricing is not yet checked against measured runs, so it is asked
+    for, not chosen by default)."""
     max_micro_batch_size: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCH)] = 64
     """Largest micro-batch (sequences per data-parallel rank per forward) to consider."""
     memory_headroom: Annotated[float, Field(ge=0.0, le=0.5)] = 0.0
@@ -422,12 +427,12 @@ class SearchSpace(StrictModel):
     def _omit_unset_options(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # Requests without a ceiling or tp pins serialise (and so hash) as before the fields existed.
         data = handler(self)
-        for name in ("max_peak_memory_gib", "tensor_parallel_degrees"):
+        for name in ("max_peak_memory_gib", "tensor_parallel_degrees", "float8"):
             if data.get(name) is None:
                 data.pop(name, None)
         return data
 
-    @field_validator("shardings", "compile", "checkpointing", "tensor_parallel_degrees")
+    @field_validator("shardings", "compile", "checkpointing", "tensor_parallel_degrees", "float8")
     @classmethod
     def _not_empty(cls, value: list | None) -> list | None:
         if value is not None and not value:

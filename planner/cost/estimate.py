@@ -18,8 +18,8 @@ from planner.cost.memory import (
     memory_moments,
     saved_activations,
 )
-from planner.cost.model_costs import UnitCost, tensor_parallel_share
-from planner.cost.parameters import CostParameters
+from planner.cost.model_costs import UnitCost, float8_share, tensor_parallel_share
+from planner.cost.parameters import FLOAT8_CAST_BYTES_PER_ELEMENT, FLOAT8_GEMM_EFFICIENCY, CostParameters
 from planner.cost.repeats import Run, periodic_runs
 from planner.cost.setting import Choice, Setting
 from planner.cost.timeline import GroupTimes, RepeatedGroups, TimelineResult, simulate
@@ -131,9 +131,22 @@ class ForwardTime:
 
 
 def _forward_time(
-    p: CostParameters, act_bytes: int, unit: UnitCost, tokens: int, compile_: bool
+    p: CostParameters, act_bytes: int, unit: UnitCost, tokens: int, compile_: bool, float8: str = "none"
 ) -> ForwardTime:
-    matmul = 2.0 * unit.matmul_params * tokens / (p.peak_flops * p.matmul_efficiency)
+    flops = 2.0 * unit.matmul_params * tokens
+    fp8 = float8_share(unit, float8) if float8 != "none" else None
+    casts = 0.0
+    if fp8 is not None and fp8.matmul_fraction:
+        fp8_rate = p.fp8_peak_flops * p.matmul_efficiency * FLOAT8_GEMM_EFFICIENCY[float8]
+        matmul = flops * (1.0 - fp8.matmul_fraction) / (p.peak_flops * p.matmul_efficiency)
+        matmul += flops * fp8.matmul_fraction / fp8_rate
+        # A third of the casts happen in forward (the input and the weight), two thirds in backward
+        # (the output gradient and the transposed copies): forward carries a third, and backward's
+        # 2x of forward the rest.
+        cast_bytes = FLOAT8_CAST_BYTES_PER_ELEMENT[(float8, compile_)]
+        casts = (fp8.cast_elems * tokens + fp8.weight_elems) * cast_bytes / 3.0 / p.memory_bandwidth
+    else:
+        matmul = flops / (p.peak_flops * p.matmul_efficiency)
     matmul += unit.gemms * p.matmul_overhead_s
     attention = unit.attention_flops * tokens / (p.peak_flops * p.attention_efficiency)
     traffic = unit.elementwise_elems * tokens * act_bytes
@@ -141,7 +154,7 @@ def _forward_time(
     if compile_:
         traffic *= p.compile_traffic_fraction
         kernels *= p.compile_kernel_fraction
-    elementwise = traffic / p.memory_bandwidth + kernels * p.kernel_overhead_s
+    elementwise = traffic / p.memory_bandwidth + kernels * p.kernel_overhead_s + casts
     scale = p.compute_scale * (p.compiled_compute_scale if compile_ else 1.0)
     return ForwardTime(matmul * scale, attention * scale, elementwise * scale)
 
@@ -325,7 +338,9 @@ class _UnitTimes:
                 tp_s = tensor_parallel_seconds(
                     setting.params, u, tokens=self.tokens, act_bytes=setting.act_bytes, tp=tp
                 )
-            forward = _forward_time(setting.params, setting.act_bytes, u, self.tokens, choice.compile)
+            forward = _forward_time(
+                setting.params, setting.act_bytes, u, self.tokens, choice.compile, choice.float8
+            )
             self._forward[id(u)] = (forward, tp_s)
         f, tp_fwd = self._forward[id(u)]
         # Recomputing a whole block re-runs its forward collectives.
@@ -455,11 +470,11 @@ class Estimator:
 
         recompute = eager = 0.0
         for index, u in [(-1, m.embedding), *enumerate(m.blocks), (-1, m.head)]:
-            f = _forward_time(p, setting.act_bytes, u, tokens, choice.compile)
+            f = _forward_time(p, setting.act_bytes, u, tokens, choice.compile, choice.float8)
             recompute += _recompute_time(choice, u, index, f)
             if not choice.compile:
                 eager += forward_backward(f) - forward_backward(
-                    _forward_time(p, setting.act_bytes, u, tokens, True)
+                    _forward_time(p, setting.act_bytes, u, tokens, True, choice.float8)
                 )
         return recompute * choice.grad_accum_steps, eager * choice.grad_accum_steps
 

@@ -7,8 +7,10 @@ of the cost model never needs to know which architecture it prices.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
+from contract.float8 import float8_converts
 from planner.specs import LayerUnit, ModelSpec
 
 
@@ -57,6 +59,40 @@ class UnitCost:
     and the MLP and reduce-scatters after each; backward runs the mirror images."""
     tp_collective_elems: float = 0.0
     """Elements per token those collectives move in forward (whole-tensor size, as priced)."""
+    linear_shapes: tuple[tuple[int, int], ...] = ()
+    """(in_features, out_features) of each of the unit's linear layers, whole (not per tensor-parallel
+    rank): what a Float8 recipe's filter decides on (contract/float8.py). Empty: none that Float8
+    training converts (embeddings, the head, traced units)."""
+    linear_share: int = 1
+    """The tensor-parallel degree the unit's matmuls are split over (its share of `linear_shapes`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Float8Share:
+    """What a Float8 recipe converts of one unit, per rank."""
+
+    matmul_fraction: float
+    """Of the unit's matmul FLOPs, the share that runs as float8 GEMMs."""
+    cast_elems: float
+    """Elements cast to float8 per token (forward input, backward output gradient, and their
+    transposed copies for the weight gradient), per rank."""
+    weight_elems: float
+    """Weight elements cast to float8 per micro-batch (forward, and transposed for backward), per rank."""
+
+
+@functools.lru_cache(maxsize=1024)
+def float8_share(unit: UnitCost, recipe: str) -> Float8Share:
+    """The part of `unit` that `recipe` trains in float8 (nothing for `none`)."""
+    converted = [(i, o) for i, o in unit.linear_shapes if float8_converts(recipe, i, o)]
+    total = sum(i * o for i, o in unit.linear_shapes)
+    if not converted or not total:
+        return Float8Share(0.0, 0.0, 0.0)
+    params = sum(i * o for i, o in converted)
+    return Float8Share(
+        matmul_fraction=params / total,
+        cast_elems=2.0 * sum(i + o for i, o in converted) / unit.linear_share,
+        weight_elems=2.0 * params / unit.linear_share,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +164,7 @@ def tensor_parallel_share(model: ModelCosts, tp: int) -> ModelCosts:
                 op_recompute_matmul_params=u.op_recompute_matmul_params // tp,
                 input_elems=u.input_elems if u is model.head else u.input_elems / tp,
                 attention_output_elems=u.attention_output_elems / tp,
+                linear_share=tp,
             )
         return shares[id(u)]
 
@@ -192,6 +229,7 @@ def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
         replicated_params=2 * h,
         tp_collectives=4,
         tp_collective_elems=4 * h,
+        linear_shapes=((h, h), (h, kv), (h, kv), (h, h), (h, f), (h, f), (f, h)),  # q k v o w1 w3 w2
     )
     # The vocabulary-parallel embedding reduce-scatters its output onto the sequence shards.
     embedding = replace(_embedding_unit(v * h, h, tensors=1), tp_collectives=1, tp_collective_elems=h)
@@ -229,6 +267,7 @@ def _gpt2_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
         input_elems=h,
         attention_output_elems=h,
         tensors=12,  # 4 projections and 2 LayerNorms, each a weight and a bias
+        linear_shapes=((h, 3 * h), (h, h), (h, f), (f, h)),  # fused qkv, out, fc, proj
     )
     embed_params = v * h + spec.max_seq_len * h
     embedding = _embedding_unit(embed_params, h, tensors=2)

@@ -38,6 +38,25 @@ class LinkParameters:
         return self.latency_s + self.latency_per_log2_s * math.log2(max(group_size, 1))
 
 
+FLOAT8_GEMM_EFFICIENCY: dict[str, float] = {"tensorwise": 0.85, "rowwise": 0.70, "mxfp8": 0.85}
+"""A float8 GEMM's achievable fraction of the float8 peak, relative to a bf16 GEMM's of the bf16 peak.
+torchao's H100 GEMM benchmarks at training shapes: tensorwise scaling 1.6-1.8x the bf16 GEMM (of
+the 2x the peaks allow), rowwise 1.3-1.5x (its scaled GEMM kernels are slower); MXFP8 on B200 is
+block-scaled in the tensor core itself, like tensorwise in speed."""
+FLOAT8_CAST_BYTES_PER_ELEMENT: dict[tuple[str, bool], float] = {
+    ("tensorwise", False): 5.0,
+    ("tensorwise", True): 3.0,
+    ("rowwise", False): 3.0,
+    ("rowwise", True): 3.0,
+    ("mxfp8", False): 3.0,
+    ("mxfp8", True): 3.0,
+}
+"""Memory traffic of casting one element to float8, by (recipe, compiled): read bf16 and write
+float8 (3 bytes), plus, for tensorwise scaling in eager mode, a separate pass that reads the tensor
+for its absolute maximum (inductor fuses it into the cast; rowwise and MX scales come from the row
+or block the cast kernel holds anyway)."""
+
+
 @dataclass(frozen=True, slots=True)
 class CostParameters:
     """Everything the cost model needs to know about the hardware and software stack."""
@@ -74,6 +93,8 @@ class CostParameters:
     keeps it small."""
     memory_capacity_gib: float
     """Memory per GPU."""
+    fp8_peak_flops: float = 0.0
+    """Dense float8 FLOP/s (at the power limit's clock); 0: no float8 tensor cores."""
     context_gib: float = 0.0
     """Taken outside the allocator before training allocates anything: the CUDA context, NCCL's
     communicators and buffers. Calibration measures it (`torch.cuda.mem_get_info`)."""
@@ -199,6 +220,7 @@ def default_parameters(
         peak_flops=peak,
         mfu_peak_flops=gpu.peak_bf16_tflops * 1e12,
         matmul_efficiency=gpu.matmul_efficiency * (1.0 if is_cpu else fit.matmul_share_for(gpu.chip)),
+        fp8_peak_flops=(gpu.peak_fp8_tflops or 0.0) * 1e12 * clock,
         matmul_overhead_s=20e-6 if is_cpu else 8e-6,
         attention_efficiency=gpu.attention_efficiency,
         memory_bandwidth=gpu.memory_bandwidth_gbps * 1e9

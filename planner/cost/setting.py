@@ -43,6 +43,8 @@ class Choice:
     """How the loss runs (contract/parallel_config.py `LossImplementation`)."""
     reduce_dtype: str = "float32"
     """The dtype gradients are reduced in (the Plan's `reduce_dtype`)."""
+    float8: str = "none"
+    """The Float8 training recipe of the blocks' linears (contract/parallel_config.py `Float8Recipe`)."""
 
     @property
     def family(self) -> str:
@@ -106,7 +108,8 @@ class Choice:
     def compute_key(self) -> tuple:
         """What one micro-batch's compute (forward, backward, recompute, tp collectives) depends on."""
         return (
-            self.mesh.tp, self.micro_batch_size, self.checkpointing, self.every_k, self.compile, self.engine
+            self.mesh.tp, self.micro_batch_size, self.checkpointing, self.every_k, self.compile, self.engine,
+            self.float8,
         )
 
     @property

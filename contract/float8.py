@@ -1,0 +1,30 @@
+"""Which linear layers a Float8 recipe converts: one rule for the planner (what it prices in float8)
+and the runtime (what it hands torchao).
+
+torchao's own filter for each recipe, stated here as numbers: a layer's in- and out-features must be
+multiples of 16 (float8 tensor-core GEMMs need them), and layers below a size gain nothing from
+float8 because the casts cost more than the faster GEMM saves (torchao's H100 GEMM benchmarks). The
+output head is never converted (its logits feed the loss in the compute precision).
+"""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from contract.parallel_config import Float8Recipe
+
+FLOAT8_RECIPES: tuple[str, ...] = tuple(r for r in get_args(Float8Recipe) if r != "none")
+"""The recipes that convert layers (all but `none`)."""
+
+
+def float8_converts(recipe: str, in_features: int, out_features: int) -> bool:
+    """Whether `recipe` trains a block linear of this shape in float8."""
+    if recipe == "none" or in_features % 16 or out_features % 16:
+        return False
+    if recipe == "rowwise":
+        # Rowwise scaling's GEMM gains less, so it needs the larger shapes.
+        if in_features <= 2048 or out_features <= 1024:
+            return False
+        return not (in_features <= 4096 and out_features <= 2048)
+    # tensorwise and mxfp8
+    return not (out_features <= 4096 and in_features <= 1024)
