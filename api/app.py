@@ -22,6 +22,7 @@ from api.routers import api_router, health
 from api.services.jobs import InProcessJobs
 from api.services.keyed_locks import KeyedLocks
 from api.services.search_pool import SearchPool, available_cores, stop_with_supervisor
+from api.services.task_engine import ProcrastinateJobs
 from api.settings import Settings
 from planner import __version__
 
@@ -50,12 +51,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     search_pool = SearchPool(workers=settings.search_workers or available_cores(),
                              deadline_s=settings.search_deadline_s)
     # Studies search in a pool of their own: a plan request never queues behind a study's candidates.
-    jobs = InProcessJobs(
-        create_session_factory(engine), threads=settings.study_jobs,
-        stale_after_s=settings.study_stale_after_s,
-        search_pool=SearchPool(workers=settings.study_search_workers or available_cores(),
-                               deadline_s=settings.search_deadline_s),
-    )
+    # With the procrastinate engine they run in `fsdp-planner worker` processes, not here at all.
+    jobs: InProcessJobs | ProcrastinateJobs
+    if settings.job_engine == "procrastinate":
+        jobs = ProcrastinateJobs()
+    else:
+        jobs = InProcessJobs(
+            create_session_factory(engine), threads=settings.study_jobs,
+            stale_after_s=settings.study_stale_after_s,
+            search_pool=SearchPool(workers=settings.study_search_workers or available_cores(),
+                                   deadline_s=settings.search_deadline_s),
+        )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

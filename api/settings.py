@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path("data")
@@ -40,8 +40,14 @@ class Settings(BaseSettings):
     search_workers: Annotated[int | None, Field(ge=1)] = None
     """Processes that run plan searches, per web process; None: one per available core (`serve
     --workers N` shares the cores among its N web processes)."""
+    job_engine: Literal["in-process", "procrastinate"] = "in-process"
+    """Where studies run. `in-process`: on threads of the web process that accepted them (the embedded
+    default, any database). `procrastinate` (PostgreSQL only): each study is a job of the procrastinate
+    task engine, deferred in the transaction that stores it and run by `fsdp-planner worker` processes
+    (any number, on any machine, same `DATABASE_URL`); the web process runs none."""
     study_jobs: Annotated[int, Field(ge=1, le=64)] = 1
-    """Studies run at once per web process (more wait in state `queued`)."""
+    """Studies run at once per web process (in-process engine) or per `fsdp-planner worker` process
+    (procrastinate); more wait in state `queued`."""
     study_search_workers: Annotated[int | None, Field(ge=1)] = None
     """Processes that run the studies' searches, per web process, apart from the plan requests' pool (so
     a small plan never waits behind a study); None: one per available core."""
@@ -74,6 +80,15 @@ class Settings(BaseSettings):
             if url.startswith(scheme):
                 return "postgresql+psycopg://" + url[len(scheme):]
         return url
+
+    @model_validator(mode="after")
+    def _engine_needs_postgresql(self) -> Settings:
+        if self.job_engine == "procrastinate" and not (self.database_url or "").startswith("postgresql"):
+            raise ValueError(
+                "FSDP_PLANNER_JOB_ENGINE=procrastinate needs a PostgreSQL DATABASE_URL (its jobs live in "
+                "PostgreSQL); with SQLite leave the engine at in-process"
+            )
+        return self
 
     @property
     def resolved_database_url(self) -> str:

@@ -1,4 +1,4 @@
-"""Service commands: `serve`, `db upgrade|downgrade|current`, `keys create|list|revoke`."""
+"""Service commands: `serve`, `worker`, `db upgrade|downgrade|current`, `keys create|list|revoke`."""
 
 from __future__ import annotations
 
@@ -76,6 +76,65 @@ def serve(
         "api.app:create_app", factory=True, host=host, port=port, workers=workers, log_level=log_level,
         proxy_headers=True,
     )
+
+
+def worker(
+    database_url: DatabaseUrlOption = None,
+    concurrency: Annotated[int | None, typer.Option(
+        min=1, max=64, help="Studies this worker runs at once (default: FSDP_PLANNER_STUDY_JOBS, 1); their "
+        "searches share FSDP_PLANNER_STUDY_SEARCH_WORKERS processes (default: one per core).",
+    )] = None,
+    name: Annotated[str | None, typer.Option(
+        help="The worker's name in the logs (default: host:pid).")] = None,
+    log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
+) -> None:
+    """Run study jobs (procrastinate on PostgreSQL) for API servers started with
+    FSDP_PLANNER_JOB_ENGINE=procrastinate: start any number, on any machine, with the same DATABASE_URL.
+    SIGTERM/SIGINT put the running studies back in the queue for another worker; the jobs of a worker
+    killed outright are retried by another one once it has been silent FSDP_PLANNER_STUDY_STALE_AFTER_S."""
+    import asyncio
+    import logging
+    import os
+    import socket
+
+    from api.db import migrate
+    from api.db.session import create_db_engine, create_session_factory
+    from api.services.search_pool import SearchPool, available_cores
+    from api.services.task_engine import StudyWorker
+
+    settings = _settings(database_url)
+    url = settings.resolved_database_url
+    if not url.startswith("postgresql"):
+        err_console.print("error: `fsdp-planner worker` needs a PostgreSQL DATABASE_URL (the jobs live "
+                          "there); with SQLite the API runs studies itself (`fsdp-planner serve`)",
+                          highlight=False)
+        raise typer.Exit(2)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    jobs = concurrency or settings.study_jobs
+    engine = create_db_engine(url, pool_size=jobs + 2, max_overflow=4)
+    search_pool = SearchPool(workers=settings.study_search_workers or available_cores(),
+                             deadline_s=settings.search_deadline_s)
+    try:
+        if settings.migrate_on_startup:
+            migrate.upgrade(engine)
+        current, head = migrate.current_revision(engine), migrate.head_revision()
+        if current != head:
+            err_console.print(f"error: the database is at schema revision {current}, this worker needs "
+                              f"{head}; run `fsdp-planner db upgrade` (or start the API) first",
+                              highlight=False)
+            raise typer.Exit(1)
+        name = name or f"{socket.gethostname()}:{os.getpid()}"
+        console.print(f"fsdp-planner worker {name}: {jobs} studies at once, {search_pool.workers} search "
+                      f"processes, database {_display_url(url)}", highlight=False)
+        search_pool.start()
+        study_worker = StudyWorker(
+            url, create_session_factory(engine), search_pool=search_pool, concurrency=jobs,
+            stale_after_s=settings.study_stale_after_s, name=name,
+        )
+        asyncio.run(study_worker.run())
+    finally:
+        search_pool.shutdown()
+        engine.dispose()
 
 
 db_app = typer.Typer(help="Database schema migrations (Alembic).", no_args_is_help=True)
@@ -218,5 +277,6 @@ def _display_url(url: str) -> str:
 
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
+    app.command("worker")(worker)
     app.add_typer(db_app, name="db")
     app.add_typer(keys_app, name="keys")

@@ -37,6 +37,7 @@ def create_study(
     submission = study_service.submit_study(
         session, body, locks=request.app.state.plan_locks, max_model_layers=settings.max_model_layers,
         idempotency_key=idempotency_key, idempotency_ttl_s=settings.idempotency_ttl_s,
+        enqueue=request.app.state.jobs.enqueue,
     )
     if submission.replayed:
         response.headers["Idempotent-Replayed"] = "true"

@@ -64,6 +64,9 @@ class InProcessJobs:
                     continue  # waiting for a job thread here already
             self.submit(study_id)
 
+    def enqueue(self, session: Session, study_id: int) -> None:
+        """Nothing to store with the study: its queued row is the job (`submit` runs it once committed)."""
+
     def submit(self, study_id: int) -> None:
         """Run the study's job when a job thread is free (the row says whether it still should). After
         `shutdown` the study stays queued for the next `start` (of this process or another)."""

@@ -10,6 +10,7 @@ deduplicated by their input hash) and the study's points. State and progress liv
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -167,9 +168,13 @@ class Submission:
 def submit_study(
     session: Session, body: StudyCreate, *, locks: KeyedLocks, max_model_layers: int,
     idempotency_key: str | None = None, idempotency_ttl_s: int = 24 * 3600,
+    enqueue: Callable[[Session, int], None] | None = None,
 ) -> Submission:
     """Check a study's inputs (422s now, not in the job) and store it as a queued job; nothing is searched
-    here. With a key, the study submitted before with it is the answer (another body: 422)."""
+    here. With a key, the study submitted before with it is the answer (another body: 422).
+
+    `enqueue(session, study_id)` runs in the transaction that stores the study, before its commit (a task
+    engine's job for it is stored with it, or neither is); a replayed study enqueues nothing."""
     claim = None if idempotency_key is None else plan_service.KeyClaim(
         key=idempotency_key, fingerprint=plan_service.fingerprint(body), ttl_s=idempotency_ttl_s
     )
@@ -206,6 +211,8 @@ def submit_study(
             if replay is None:
                 raise _concurrent_change()
             return replay
+        if enqueue is not None:
+            enqueue(session, study_id)
         session.commit()
         return Submission(study_id)
 
@@ -228,6 +235,17 @@ class StudyStoppedError(Exception):
 
 class JobInterruptedError(Exception):
     """The process running the job is shutting down: the study goes back to the queue."""
+
+
+class JobEnd(enum.Enum):
+    """How `run_study_job` ended."""
+
+    not_claimed = "not_claimed"
+    """The study was not there to run: cancelled, deleted, finished, or run by another job."""
+    finished = "finished"
+    """The study succeeded or failed (its row says which), or was cancelled or deleted while it ran."""
+    requeued = "requeued"
+    """Stopped by `stopping`: the study is queued again, for the next job."""
 
 
 class _Progress:
@@ -272,26 +290,31 @@ class _Progress:
 
 def run_study_job(
     session_factory: sessionmaker[Session], study_id: int, *, search_pool: SearchPool,
-    stopping: threading.Event,
-) -> None:
+    stopping: threading.Event, take_over: bool = False,
+) -> JobEnd:
     """The job of one study: claim it (queued -> running), search every candidate, store the plans and
     points (running -> succeeded), or record why it failed. A study cancelled or deleted meanwhile stops
-    at its next progress write and stores nothing; `stopping` (shutdown) puts it back in the queue."""
+    at its next progress write and stores nothing; `stopping` (shutdown) puts it back in the queue.
+
+    `take_over`: also claim a study left `running` by an earlier attempt whose process died (the task
+    engine, which knows that no other job of this study runs, says so); the new attempt number keeps the
+    old attempt, should it wake, from storing anything."""
+    claimable = (StudyState.queued, StudyState.running) if take_over else (StudyState.queued,)
     with session_factory() as session:
         now = utcnow()
         claimed = session.execute(update(StudyRow).where(
-            StudyRow.id == study_id, StudyRow.state == StudyState.queued
+            StudyRow.id == study_id, StudyRow.state.in_(claimable)
         ).values(state=StudyState.running, started_at=now, heartbeat_at=now, attempts=StudyRow.attempts + 1,
                  candidates_done=0, num_fitting=0, best_so_far=None).returning(StudyRow.attempts)).first()
         session.commit()
         if claimed is None:  # cancelled, deleted, or taken by another process
-            return
+            return JobEnd.not_claimed
         attempt = claimed.attempts
         try:
             row = session.scalar(select(StudyRow).where(StudyRow.id == study_id)
                                  .options(undefer(StudyRow.request)))
             if row is None:
-                return  # deleted in between
+                return JobEnd.finished  # deleted in between
             study = StudyRequest.model_validate(row.request)
             name = row.name
             profiles = calibrations(session, study)
@@ -304,6 +327,7 @@ def run_study_job(
         except JobInterruptedError:
             session.rollback()
             _set_state(session, study_id, attempt, StudyState.queued, started_at=None)
+            return JobEnd.requeued
         except ProblemError as problem:  # a calibration deleted or changed since the submission
             session.rollback()
             _fail(session, study_id, attempt, problem.detail)
@@ -317,6 +341,7 @@ def run_study_job(
             session.rollback()
             _fail(session, study_id, attempt,
                   f"internal error ({type(error).__name__}); the server log has the details")
+        return JobEnd.finished
 
 
 def _ours(study_id: int, attempt: int) -> tuple[Any, ...]:
@@ -394,6 +419,16 @@ def requeue_stale(session: Session, *, stale_after_s: float) -> list[int]:
     ).values(state=StudyState.queued, started_at=None).returning(StudyRow.id)).all()
     session.commit()
     return sorted(ids)
+
+
+def give_up(session: Session, study_id: int, reason: str) -> bool:
+    """Fail a queued or running study whose job will not run again (its processes kept dying); whether
+    it was unfinished. The attempt that may still be running can store nothing after this."""
+    failed = session.execute(update(StudyRow).where(
+        StudyRow.id == study_id, StudyRow.state.in_((StudyState.queued, StudyState.running))
+    ).values(state=StudyState.failed, error=reason, finished_at=utcnow()).returning(StudyRow.id)).first()
+    session.commit()
+    return failed is not None
 
 
 def queued_studies(session: Session) -> list[int]:

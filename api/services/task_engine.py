@@ -1,0 +1,248 @@
+"""Studies as jobs of procrastinate, the PostgreSQL task engine (`FSDP_PLANNER_JOB_ENGINE=procrastinate`).
+
+The web process (`ProcrastinateJobs`) runs no study: `POST /studies` stores the study and defers its job
+in one transaction (on the same connection), so a study is never stored without its job nor a job
+without its study, and a job is in the database from the commit on (a restart of the API loses none).
+`fsdp-planner worker` processes (`run_worker`; any number, on any machine, same `DATABASE_URL`) take the
+jobs of the `studies` queue, each running up to `Settings.study_jobs` studies at once, their searches in
+a search pool of their own (`Settings.study_search_workers` processes): a small `POST /plans` is answered
+by the web process's own search pool and never waits behind a study.
+
+Each study has one job at a time: the job's `queueing_lock` allows one waiting job per study and its
+`lock` one running job per study. A job runs `studies.run_study_job`, whose claim numbers the attempt.
+
+A worker killed mid-job (SIGKILL, its machine gone) stops sending procrastinate's worker heartbeat.
+Every worker looks for the jobs of workers silent for `Settings.study_stale_after_s` (procrastinate's
+stalled jobs) and retries them: another worker takes the job again and runs the study from its first
+candidate (`take_over`: the study still says `running`); the dead attempt's writes are fenced by its
+attempt number, and a study's plans and points are stored by the one transaction that ends it, so they
+are stored once, whatever died when. A worker stopped by SIGTERM/SIGINT stops its studies at their next
+candidate, queues them again and retries their jobs at once, for the next worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.services import studies as study_service
+from api.services.search_pool import SearchPool
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "procrastinate"
+"""The PostgreSQL schema of procrastinate's tables and functions (migration 0006)."""
+STUDY_QUEUE = "studies"
+STUDY_TASK = "fsdp_planner.run_study"
+MAX_JOB_ATTEMPTS = 5
+"""A study whose worker died (or stopped) this many times fails, saying so, instead of killing more."""
+
+
+def study_lock(study_id: int) -> str:
+    return f"study:{study_id}"
+
+
+def conninfo(database_url: str) -> str:
+    """The libpq connection string of a SQLAlchemy PostgreSQL URL."""
+    url = make_url(database_url)
+    if url.get_backend_name() != "postgresql":
+        raise ValueError(f"the procrastinate job engine needs PostgreSQL, not {url.get_backend_name()}")
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@contextmanager
+def _procrastinate_path(session: Session) -> Iterator[None]:
+    """Within the session's transaction, procrastinate's schema first on the search path."""
+    previous = session.execute(text("SELECT current_setting('search_path')")).scalar_one()
+    session.execute(text("SELECT set_config('search_path', :path, true)"),
+                    {"path": f"{SCHEMA}, {previous}"})
+    try:
+        yield
+    finally:
+        session.execute(text("SELECT set_config('search_path', :path, true)"), {"path": previous})
+
+
+def defer_study(session: Session, study_ids: list[int]) -> None:
+    """Store a job for each study in the session's transaction (committed with it)."""
+    import procrastinate
+
+    if not study_ids:
+        return
+    app = procrastinate.App(connector=procrastinate.SyncPsycopgConnector())  # never opened: no pool
+    connection = session.connection().connection.driver_connection
+    with _procrastinate_path(session):
+        for study_id in study_ids:
+            app.configure_task(
+                STUDY_TASK, queue=STUDY_QUEUE, lock=study_lock(study_id), queueing_lock=study_lock(study_id),
+                connection=connection,
+            ).defer(study_id=study_id)
+
+
+def studies_without_job(session: Session) -> list[int]:
+    """Queued or running studies that have no waiting or running job (queued while the deployment ran
+    the in-process engine, or whose job ended without ending the study): they get a job again."""
+    ids = session.scalars(text(f"""
+        SELECT s.id FROM studies s
+         WHERE s.state IN ('queued', 'running')
+           AND NOT EXISTS (SELECT 1 FROM {SCHEMA}.procrastinate_jobs j
+                            WHERE j.lock = 'study:' || s.id AND j.status IN ('todo', 'doing'))
+         ORDER BY s.id""")).all()
+    session.commit()
+    return list(ids)
+
+
+class ProcrastinateJobs:
+    """The web process's side: studies are deferred as jobs with the transaction that stores them."""
+
+    def start(self) -> None:
+        """Nothing runs here: workers run the jobs."""
+
+    def enqueue(self, session: Session, study_id: int) -> None:
+        defer_study(session, [study_id])
+
+    def submit(self, study_id: int) -> None:
+        """Deferred already, with the study (`enqueue`)."""
+
+    def shutdown(self) -> None:
+        """Queued jobs stay in the database; nothing to stop."""
+
+
+class StudyRequeuedError(Exception):
+    """The worker is stopping: the study went back to the queue, the job is retried for another worker."""
+
+
+class StudyWorker:
+    """One `fsdp-planner worker` process: procrastinate's worker on the studies queue, plus a maintenance
+    loop (heartbeats on the studies it runs, retries of stalled jobs, jobs for studies without one)."""
+
+    def __init__(
+        self, database_url: str, session_factory: sessionmaker[Session], *, search_pool: SearchPool,
+        concurrency: int, stale_after_s: float, name: str | None = None,
+    ):
+        import procrastinate
+
+        self.session_factory = session_factory
+        self.search_pool = search_pool
+        self.concurrency = concurrency
+        self.stale_after_s = stale_after_s
+        self.name = name
+        self.stopping = threading.Event()
+        self._running: set[int] = set()
+        self._lock = threading.Lock()
+        self.app = procrastinate.App(connector=procrastinate.PsycopgConnector(
+            conninfo=conninfo(database_url), kwargs={"options": f"-c search_path={SCHEMA}"},
+            min_size=1, max_size=max(4, concurrency + 3),
+        ))
+        retry = procrastinate.RetryStrategy(
+            max_attempts=MAX_JOB_ATTEMPTS, wait=1,
+            retry_exceptions={StudyRequeuedError, DBAPIError},  # stopping; the database blinked
+        )
+        self.app.task(name=STUDY_TASK, queue=STUDY_QUEUE, pass_context=True, retry=retry)(self._run_study)
+
+    def _run_study(self, context: Any, study_id: int) -> None:
+        with self._lock:
+            self._running.add(study_id)
+        try:
+            # The job's lock lets no other job of this study run: a `running` study is a dead attempt's.
+            end = study_service.run_study_job(self.session_factory, study_id, search_pool=self.search_pool,
+                                              stopping=self.stopping, take_over=True)
+        finally:
+            with self._lock:
+                self._running.discard(study_id)
+        if end is study_service.JobEnd.requeued:
+            raise StudyRequeuedError(f"study {study_id} queued again: its worker is stopping")
+
+    async def run(self) -> None:
+        """Run until SIGTERM or SIGINT (then: running studies back to the queue, their jobs retried)."""
+        from procrastinate.worker import Worker
+
+        async with self.app.open_async():
+            worker = Worker(
+                self.app, queues=[STUDY_QUEUE], name=self.name, concurrency=self.concurrency,
+                install_signal_handlers=False, fetch_job_polling_interval=min(5.0, self.stale_after_s / 2),
+                update_heartbeat_interval=self.stale_after_s / 4, stalled_worker_timeout=self.stale_after_s,
+            )
+
+            def stop() -> None:
+                log.info("stopping: running studies go back to the queue")
+                self.stopping.set()
+                worker.stop()
+
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, stop)
+            maintenance = asyncio.create_task(self._maintain(), name="study-maintenance")
+            try:
+                await worker.run()
+            finally:
+                maintenance.cancel()
+                for signum in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(signum)
+
+    async def _maintain(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(self._beat)
+                await self.retry_stalled_jobs()
+                await asyncio.to_thread(self._defer_orphans)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the database blinked: again next time
+                log.exception("study worker maintenance failed")
+            await asyncio.sleep(self.stale_after_s / 4)
+
+    def _beat(self) -> None:
+        with self._lock:
+            running = set(self._running)
+        with self.session_factory() as session:
+            study_service.beat(session, running)
+
+    def _defer_orphans(self) -> None:
+        with self.session_factory() as session:
+            orphans = studies_without_job(session)
+            if orphans:
+                defer_study(session, orphans)
+                session.commit()
+                log.warning("deferred jobs for %d studies that had none: %s", len(orphans), orphans)
+
+    async def retry_stalled_jobs(self) -> list[int]:
+        """Retry the study jobs of workers silent for `stale_after_s` (killed, their machine gone), or
+        fail their studies after MAX_JOB_ATTEMPTS; the jobs' ids."""
+        from procrastinate import exceptions, jobs
+
+        manager = self.app.job_manager
+        stalled = await manager.get_stalled_jobs(queue=STUDY_QUEUE,
+                                                 seconds_since_heartbeat=self.stale_after_s)
+        retried = []
+        for job in stalled:
+            assert job.id is not None
+            study_id = int(job.task_kwargs["study_id"])
+            try:
+                if job.attempts + 1 >= MAX_JOB_ATTEMPTS:
+                    await manager.finish_job(job, status=jobs.Status.FAILED, delete_job=False)
+                    reason = (f"the workers running this study stopped {job.attempts + 1} times (killed, "
+                              "out of memory, machine lost); submit it again with fewer or smaller "
+                              "candidates")
+                    await asyncio.to_thread(self._give_up, study_id, reason)
+                    log.error("study %s failed: %s", study_id, reason)
+                else:
+                    await manager.retry_job(job)
+                    log.warning("retrying job %s of study %s: its worker went silent", job.id, study_id)
+                retried.append(job.id)
+            except exceptions.ConnectorException:  # another worker retried it first
+                log.info("job %s of study %s was retried by another worker", job.id, study_id)
+        return retried
+
+    def _give_up(self, study_id: int, reason: str) -> None:
+        with self.session_factory() as session:
+            study_service.give_up(session, study_id, reason)

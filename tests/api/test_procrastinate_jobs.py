@@ -1,0 +1,276 @@
+"""Studies as procrastinate jobs (`FSDP_PLANNER_JOB_ENGINE=procrastinate`) on the real PostgreSQL, run by
+real `fsdp-planner worker` processes: a study is queued by the API and run by a worker with the same
+result as the in-process engine; a worker killed outright mid-study has its job retried by another worker
+and the study's plans and points are stored once; an API restart loses no queued job.
+
+Each test has databases of its own (created and dropped by the session's `database_factory`), so the
+workers it starts see only its jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from pydantic import ValidationError
+from sqlalchemy import text
+
+from api.app import create_app
+from api.db import migrate
+from api.db.session import create_db_engine
+from api.settings import Settings
+from tests.api.conftest import wait_for_study
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+STUDIES = "/api/v1/studies"
+STALE_AFTER_S = 2.0
+SMALL: dict[str, Any] = {
+    "model": "gpt2", "token_budget": 10_000_000_000, "gpus": [{"gpu": "H100"}], "cluster_sizes": [1, 8, 12],
+    "seq_len": 1024, "global_batch_tokens": 262_144,
+}
+# A few seconds for one search process: a worker is still in it when the test kills the worker.
+MEDIUM: dict[str, Any] = {
+    "model": "llama3-8b", "token_budget": 10**12, "gpus": [{"gpu": "H100"}],
+    "cluster_sizes": {"min_gpus": 16, "max_gpus": 256, "progression": "step", "step": 16},
+    "seq_len": 8192, "global_batch_tokens": 4 * 1024 * 1024,
+}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def new_database(database_factory: Callable[[str], str]) -> Callable[[], str]:
+    """Makes a fresh PostgreSQL database at head (skips the test where PostgreSQL is unreachable)."""
+
+    def make() -> str:
+        url = database_factory("postgresql")
+        engine = create_db_engine(url)
+        try:
+            migrate.upgrade(engine)
+        finally:
+            engine.dispose()
+        return url
+
+    return make
+
+
+def settings_for(url: str, engine: str = "procrastinate") -> Settings:
+    return Settings(database_url=url, migrate_on_startup=False, job_engine=engine, study_jobs=1,
+                    study_search_workers=1, study_stale_after_s=STALE_AFTER_S)
+
+
+@asynccontextmanager
+async def api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """A running API (inside its lifespan) and a client of it; stopped at the end."""
+    app = create_app(settings)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://testserver"
+    ) as client:
+        yield client
+
+
+def query(url: str, sql: str, **params: Any) -> list[Any]:
+    engine = create_db_engine(url, pool_size=1, max_overflow=0)
+    try:
+        with engine.connect() as connection:
+            return list(connection.execute(text(sql), params).all())
+    finally:
+        engine.dispose()
+
+
+class Worker:
+    """A `fsdp-planner worker` process, in a process group of its own (with its search processes)."""
+
+    def __init__(self, url: str, log_dir: Path, name: str):
+        executable = Path(sys.executable).with_name("fsdp-planner")
+        command = [str(executable)] if executable.exists() else [sys.executable, "-m", "api.cli.main"]
+        env = {key: value for key, value in os.environ.items()
+               if not key.startswith("FSDP_PLANNER_") and key != "DATABASE_URL"}
+        env.update(FSDP_PLANNER_STUDY_STALE_AFTER_S=str(STALE_AFTER_S), FSDP_PLANNER_STUDY_SEARCH_WORKERS="1",
+                   FSDP_PLANNER_STUDY_JOBS="1", FSDP_PLANNER_MIGRATE_ON_STARTUP="false")
+        self.log_path = log_dir / f"{name}.log"
+        self._log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            [*command, "worker", "--database-url", url, "--name", name], env=env, stdout=self._log,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def kill(self) -> None:
+        """SIGKILL, to the worker and its search processes at once: its machine was lost."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> int:
+        """SIGTERM, as `docker compose stop` does; its exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(f"the worker did not stop on SIGTERM:\n{self.output()}") from None
+        return self.process.returncode
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def close(self) -> None:
+        try:
+            self.stop()
+        finally:
+            if self.process.poll() is None:
+                self.kill()
+            self._log.close()
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Callable[[str, str], Worker]]:
+    started: list[Worker] = []
+
+    def start(url: str, name: str) -> Worker:
+        worker = Worker(url, tmp_path, name)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.close()
+
+
+@contextmanager
+def explained(*running: Worker) -> Iterator[None]:
+    """On a failure, the workers' logs."""
+    try:
+        yield
+    except BaseException as error:
+        logs = "\n".join(f"--- {w.log_path.name}:\n{w.output()}" for w in running)
+        raise AssertionError(f"{error}\n{logs}") from error
+
+
+def jobs_of(url: str) -> list[Any]:
+    return query(url, "SELECT id, status, attempts, args->>'study_id' AS study_id, queue_name, lock "
+                      "FROM procrastinate.procrastinate_jobs ORDER BY id")
+
+
+def stored(study: dict[str, Any]) -> dict[str, Any]:
+    """What a study's job stored, without the ids of its database."""
+    picks = {key: study[key] for key in ("fastest", "cheapest", "cheapest_within_deadline")}
+    points = [{k: v for k, v in point.items() if k != "plan_id"} for point in study["points"]]
+    return {"points": points, "picks": picks, "num_fitting": study["num_fitting"]}
+
+
+def plan_hashes(url: str) -> list[str]:
+    return [row.plan_hash for row in query(url, "SELECT plan_hash FROM plans ORDER BY plan_hash")]
+
+
+def test_the_procrastinate_engine_needs_postgresql() -> None:
+    with pytest.raises(ValidationError, match="needs a PostgreSQL DATABASE_URL"):
+        Settings(database_url="sqlite:///x.sqlite3", job_engine="procrastinate")
+
+
+async def test_a_queued_study_is_run_by_a_worker_process_as_the_in_process_engine_runs_it(
+    new_database: Callable[[], str], workers: Callable[[str, str], Worker],
+) -> None:
+    url = new_database()
+    async with api(settings_for(url)) as client:
+        response = await client.post(STUDIES, json=SMALL)
+        assert response.status_code == 202, response.text
+        study_id = response.json()["id"]
+        assert response.json()["state"] == "queued"
+        # The job was stored with the study; the web process runs none.
+        jobs = [(j.status, j.study_id, j.queue_name) for j in jobs_of(url)]
+        assert jobs == [("todo", str(study_id), "studies")]
+        await anyio.sleep(1.0)
+        assert (await client.get(f"{STUDIES}/{study_id}")).json()["state"] == "queued"
+
+        worker = workers(url, "w1")
+        with explained(worker):
+            done = await wait_for_study(client, study_id, timeout_s=60)
+            assert done["state"] == "succeeded" and done["attempts"] == 1, done
+            assert [(j.status, j.attempts) for j in jobs_of(url)] == [("succeeded", 1)]  # ran once
+            assert worker.stop() == 0  # SIGTERM with nothing running: a clean stop
+
+    # The same study run by the in-process engine, on a database of its own, stores the same.
+    other = new_database()
+    async with api(settings_for(other, "in-process")) as client:
+        expected = await wait_for_study(client, (await client.post(STUDIES, json=SMALL)).json()["id"])
+    assert expected["state"] == "succeeded"
+    assert stored(done) == stored(expected) and len(done["points"]) == 3 and done["num_fitting"] == 2
+    assert plan_hashes(url) == plan_hashes(other) and len(plan_hashes(url)) == 2
+
+
+async def test_a_worker_killed_mid_study_has_its_job_retried_by_another_and_nothing_stored_twice(
+    new_database: Callable[[], str], workers: Callable[[str, str], Worker],
+) -> None:
+    url = new_database()
+    async with api(settings_for(url)) as client:
+        study_id = (await client.post(STUDIES, json=MEDIUM)).json()["id"]
+        first = workers(url, "w1")
+        with explained(first):
+            deadline = time.monotonic() + 60
+            while True:  # until the first worker is in the middle of the study
+                study = (await client.get(f"{STUDIES}/{study_id}")).json()
+                if study["state"] == "running" and study["candidates_done"] >= 2:
+                    break
+                assert study["state"] in ("queued", "running") and time.monotonic() < deadline, study
+                await anyio.sleep(0.05)
+        assert study["candidates_done"] < study["num_candidates"] == 16
+        first.kill()
+        assert (await client.get(f"{STUDIES}/{study_id}")).json()["state"] == "running"  # nobody knows yet
+
+        second = workers(url, "w2")
+        with explained(first, second):
+            done = await wait_for_study(client, study_id, timeout_s=90)
+            assert done["state"] == "succeeded" and done["attempts"] == 2, done
+            # One job, retried once after its worker went silent, then succeeded (two runs).
+            assert [(j.status, j.attempts) for j in jobs_of(url)] == [("succeeded", 2)]
+            events = query(url, "SELECT type::text FROM procrastinate.procrastinate_events "
+                                "WHERE type <> 'scheduled' ORDER BY id")
+            assert [e.type for e in events] == ["deferred", "started", "deferred_for_retry", "started",
+                                                "succeeded"]
+
+    # Stored once: every candidate's point, each fitting cluster's plan, nothing twice, nothing lost.
+    points = query(url, "SELECT position, plan_id FROM study_points WHERE study_id = :id", id=study_id)
+    assert sorted(p.position for p in points) == list(range(16))
+    fitting = {p["plan_id"] for p in done["points"] if p["fits"]}
+    assert len(fitting) == done["num_fitting"] >= 1
+    assert {p.plan_id for p in points if p.plan_id is not None} == fitting
+    assert len(plan_hashes(url)) == len(set(plan_hashes(url))) == len(fitting)
+
+
+async def test_an_api_restart_loses_no_queued_job(
+    new_database: Callable[[], str], workers: Callable[[str, str], Worker],
+) -> None:
+    url = new_database()
+    async with api(settings_for(url)) as client:
+        first = (await client.post(STUDIES, json=SMALL, headers={"Idempotency-Key": "k1"})).json()["id"]
+        again = await client.post(STUDIES, json=SMALL, headers={"Idempotency-Key": "k1"})
+        assert again.json()["id"] == first  # a replay defers no second job
+        second = (await client.post(STUDIES, json={**SMALL, "cluster_sizes": [8]})).json()["id"]
+        refused = await client.post(STUDIES, json={**SMALL, "gpus": []})
+        assert refused.status_code == 422  # stores neither a study nor a job
+    # The API stopped; its jobs are in the database.
+    assert [(j.status, j.study_id) for j in jobs_of(url)] == [("todo", str(first)), ("todo", str(second))]
+
+    async with api(settings_for(url)) as client:
+        worker = workers(url, "w1")
+        with explained(worker):
+            for study_id in (first, second):
+                assert (await wait_for_study(client, study_id, timeout_s=60))["state"] == "succeeded"
+        assert [j.status for j in jobs_of(url)] == ["succeeded", "succeeded"]
