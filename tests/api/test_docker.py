@@ -16,11 +16,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _check_wiring(config: dict[str, Any]) -> None:
     services = config["services"]
-    assert set(services) == {"api", "postgres"}
-    api, postgres = services["api"], services["postgres"]
+    assert set(services) == {"api", "postgres", "worker"}
+    api, postgres, worker = services["api"], services["postgres"], services["worker"]
     assert api["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert api["environment"]["DATABASE_URL"].startswith("postgresql+psycopg://fsdp:")
     assert "@postgres:5432/fsdp_planner" in api["environment"]["DATABASE_URL"]
+    # Studies are jobs for the worker service (`--scale worker=N`): same image, same database.
+    assert api["environment"]["FSDP_PLANNER_JOB_ENGINE"] == "procrastinate"
+    assert worker["image"] == api["image"] and "ports" not in worker
+    command = worker["command"] if isinstance(worker["command"], list) else worker["command"].split()
+    assert command == ["fsdp-planner", "worker"]
+    assert worker["environment"]["DATABASE_URL"] == api["environment"]["DATABASE_URL"]
+    assert worker["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert worker["healthcheck"]["disable"] is True  # the image's check asks /readyz, which it lacks
     assert "/readyz" in " ".join(api["healthcheck"]["test"])
     assert "pg_isready" in " ".join(postgres["healthcheck"]["test"])
     assert "pgdata" in config["volumes"]
