@@ -29,6 +29,7 @@ from api.app import create_app
 from api.db import migrate
 from api.db.session import create_db_engine
 from api.settings import Settings
+from migrations.data_loss import DataLossRefusedError
 from tests.api.conftest import wait_for_study
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -265,8 +266,15 @@ async def test_an_api_restart_loses_no_queued_job(
         second = (await client.post(STUDIES, json={**SMALL, "cluster_sizes": [8]})).json()["id"]
         refused = await client.post(STUDIES, json={**SMALL, "gpus": []})
         assert refused.status_code == 422  # stores neither a study nor a job
-    # The API stopped; its jobs are in the database.
+    # The API stopped; its jobs are in the database. Dropping the task engine's schema would lose them.
     assert [(j.status, j.study_id) for j in jobs_of(url)] == [("todo", str(first)), ("todo", str(second))]
+    engine = create_db_engine(url)
+    try:
+        with pytest.raises(DataLossRefusedError, match="2 rows of queued or running task-engine jobs"):
+            migrate.downgrade(engine, "0005")
+        assert migrate.current_revision(engine) == "0006"
+    finally:
+        engine.dispose()
 
     async with api(settings_for(url)) as client:
         worker = workers(url, "w1")
@@ -274,3 +282,26 @@ async def test_an_api_restart_loses_no_queued_job(
             for study_id in (first, second):
                 assert (await wait_for_study(client, study_id, timeout_s=60))["state"] == "succeeded"
         assert [j.status for j in jobs_of(url)] == ["succeeded", "succeeded"]
+
+
+async def test_a_stopped_worker_puts_its_study_back_for_another(
+    new_database: Callable[[], str], workers: Callable[[str, str], Worker],
+) -> None:
+    url = new_database()
+    async with api(settings_for(url)) as client:
+        study_id = (await client.post(STUDIES, json=MEDIUM)).json()["id"]
+        first = workers(url, "w1")
+        with explained(first):
+            deadline = time.monotonic() + 60
+            while (await client.get(f"{STUDIES}/{study_id}")).json()["candidates_done"] < 1:
+                assert time.monotonic() < deadline
+                await anyio.sleep(0.05)
+            assert first.stop() == 0  # SIGTERM: it stops at the study's next candidate
+            study = (await client.get(f"{STUDIES}/{study_id}")).json()
+            assert study["state"] == "queued" and study["points"] == [], study
+            assert [(j.status, j.attempts) for j in jobs_of(url)] == [("todo", 1)]  # retried at once
+
+        second = workers(url, "w2")
+        with explained(first, second):
+            done = await wait_for_study(client, study_id, timeout_s=90)
+            assert done["state"] == "succeeded" and done["attempts"] == 2 and len(done["points"]) == 16
