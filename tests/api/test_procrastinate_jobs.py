@@ -24,15 +24,17 @@ import httpx
 import pytest
 from pydantic import ValidationError
 from sqlalchemy import text
+from typer.testing import CliRunner
 
 from api.app import create_app
+from api.cli.main import app as cli
 from api.db import migrate
 from api.db.session import create_db_engine
 from api.settings import Settings
 from migrations.data_loss import DataLossRefusedError
 from tests.api.conftest import wait_for_study
 
-pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+pytestmark = pytest.mark.anyio
 
 STUDIES = "/api/v1/studies"
 STALE_AFTER_S = 2.0
@@ -180,11 +182,14 @@ def plan_hashes(url: str) -> list[str]:
     return [row.plan_hash for row in query(url, "SELECT plan_hash FROM plans ORDER BY plan_hash")]
 
 
-def test_the_procrastinate_engine_needs_postgresql() -> None:
+def test_the_procrastinate_engine_and_its_worker_need_postgresql(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="needs a PostgreSQL DATABASE_URL"):
         Settings(database_url="sqlite:///x.sqlite3", job_engine="procrastinate")
+    result = CliRunner().invoke(cli, ["worker", "--database-url", f"sqlite:///{tmp_path / 'db.sqlite3'}"])
+    assert result.exit_code == 2 and "needs a PostgreSQL DATABASE_URL" in result.output, result.output
 
 
+@pytest.mark.postgres
 async def test_a_queued_study_is_run_by_a_worker_process_as_the_in_process_engine_runs_it(
     new_database: Callable[[], str], workers: Callable[[str, str], Worker],
 ) -> None:
@@ -216,6 +221,7 @@ async def test_a_queued_study_is_run_by_a_worker_process_as_the_in_process_engin
     assert plan_hashes(url) == plan_hashes(other) and len(plan_hashes(url)) == 2
 
 
+@pytest.mark.postgres
 async def test_a_worker_killed_mid_study_has_its_job_retried_by_another_and_nothing_stored_twice(
     new_database: Callable[[], str], workers: Callable[[str, str], Worker],
 ) -> None:
@@ -255,6 +261,7 @@ async def test_a_worker_killed_mid_study_has_its_job_retried_by_another_and_noth
     assert len(plan_hashes(url)) == len(set(plan_hashes(url))) == len(fitting)
 
 
+@pytest.mark.postgres
 async def test_an_api_restart_loses_no_queued_job(
     new_database: Callable[[], str], workers: Callable[[str, str], Worker],
 ) -> None:
@@ -284,6 +291,7 @@ async def test_an_api_restart_loses_no_queued_job(
         assert [j.status for j in jobs_of(url)] == ["succeeded", "succeeded"]
 
 
+@pytest.mark.postgres
 async def test_a_stopped_worker_puts_its_study_back_for_another(
     new_database: Callable[[], str], workers: Callable[[str, str], Worker],
 ) -> None:
