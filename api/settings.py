@@ -49,11 +49,13 @@ class Settings(BaseSettings):
     """Studies run at once per web process (in-process engine) or per `fsdp-planner worker` process
     (procrastinate); more wait in state `queued`."""
     study_search_workers: Annotated[int | None, Field(ge=1)] = None
-    """Processes that run the studies' searches, per web process, apart from the plan requests' pool (so
-    a small plan never waits behind a study); None: one per available core."""
+    """Processes that run the studies' searches, per web process (in-process engine) or per worker
+    (procrastinate), apart from the plan requests' pool (so a small plan never waits behind a study);
+    None: one per available core."""
     study_stale_after_s: Annotated[float, Field(ge=1, le=3600)] = 60.0
     """A running study whose process has not said it is alive for this long (killed, or its machine
-    gone) is queued again and run from its first candidate by a web process that is alive."""
+    gone) is queued again and run from its first candidate by a web process that is alive (in-process
+    engine); with procrastinate, the job of a worker silent this long is retried by another worker."""
     supervisor_pid: Annotated[int | None, Field(ge=1)] = None
     """Set by `serve --workers N` for its web processes: the supervisor they stop with, however it ends
     (a supervisor killed outright would otherwise leave them serving)."""

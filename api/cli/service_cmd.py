@@ -50,7 +50,9 @@ def serve(
     settings = _settings(database_url)
     console.print(
         f"fsdp-planner on http://{host}:{port} (docs: /docs), database: "
-        f"{_display_url(settings.resolved_database_url)}"
+        f"{_display_url(settings.resolved_database_url)}, studies: "
+        + ("procrastinate jobs for `fsdp-planner worker` processes" if settings.job_engine == "procrastinate"
+           else "run in this server")
     )
     if workers == 1:
         from api.app import create_app
