@@ -195,10 +195,20 @@ def excess_costs(loser: Evaluated, best: Evaluated, estimator: Estimator) -> dic
 
     winner = {kind(n): s for n, s in cost_components(best, estimator).items()}
     per_step = loser.choice.sequences_per_step / loser.choice.mesh.tp
-    return {
+    excess = {
         name: (s - winner[kind(name)]) * per_step
         for name, s in cost_components(loser, estimator).items()
     }
+    if loser.choice.float8 != best.choice.float8:
+        # The precision is what makes the compute differ: say so.
+        compute = excess.pop("compute")
+        excess[f"compute with {_matmul_precision(loser.choice)} matmuls (chosen: "
+               f"{_matmul_precision(best.choice)})"] = compute
+    return excess
+
+
+def _matmul_precision(choice: Choice) -> str:
+    return "bf16" if choice.float8 == "none" else f"float8 {choice.float8}"
 
 
 def slower_reason(loser: Evaluated, best: Evaluated, estimator: Estimator) -> str:

@@ -34,6 +34,7 @@ CLI_OPTIONS: dict[str, str] = {
     "search.shardings": "--sharding",
     "search.checkpointing": "--checkpointing",
     "search.compile": "--compile/--eager",
+    "search.float8": "--float8",
     "training.seq_len": "--seq-len",
     "seq_len": "--seq-len",
     "training.global_batch_tokens": "--global-batch-tokens",

@@ -21,7 +21,7 @@ from api.cli.common import (
     model_from_options,
     read_json_file,
 )
-from contract.parallel_config import CheckpointMode, ParallelConfig, ShardingStrategy
+from contract.parallel_config import CheckpointMode, Float8Recipe, ParallelConfig, ShardingStrategy
 from planner.calibration import CalibrationProfile
 from planner.cost.memory import MEMORY_TERMS
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
@@ -34,6 +34,7 @@ from planner.specs import SearchSpace
 
 SHARDINGS: tuple[str, ...] = typing.get_args(ShardingStrategy)
 CHECKPOINT_MODES: tuple[str, ...] = typing.get_args(CheckpointMode)
+FLOAT8_CHOICES: tuple[str, ...] = typing.get_args(Float8Recipe)
 VerboseOption = Annotated[bool, typer.Option(
     "--verbose", "-v", help="List every family that lost; without it the out-of-memory ones share one row."
 )]
@@ -88,6 +89,12 @@ def plan(
         help=f"Pin the activation checkpointing modes to search (repeatable or comma-separated): "
         f"{', '.join(CHECKPOINT_MODES)}. Default: all.",
     )] = None,
+    float8: Annotated[list[str] | None, typer.Option(
+        "--float8", metavar="RECIPE[,...]",
+        help=f"Float8 training recipes to search beside the compute precision (repeatable or "
+        f"comma-separated): {', '.join(FLOAT8_CHOICES)}; H100, H200 and B200 only (mxfp8: B200). "
+        "Default: none (bf16).",
+    )] = None,
     top: Annotated[int, typer.Option("--top", help="Ranked alternatives to show.")] = 5,
     verbose: VerboseOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the Plan document as JSON.")] = False,
@@ -98,7 +105,9 @@ def plan(
     cluster_spec = cluster_from_options(cluster=cluster, cluster_file=cluster_file)
     if global_batch_tokens is None:
         raise fail("--global-batch-tokens is required (tokens per optimizer step over all GPUs)")
-    search = search_pins(tp=tp, sharding=sharding, compile_=compile_, checkpointing=checkpointing)
+    search = search_pins(
+        tp=tp, sharding=sharding, compile_=compile_, checkpointing=checkpointing, float8=float8
+    )
     try:
         model_spec = model_from_options(model=model, hf_config=hf_config, layer_graph=layer_graph)
         request = read_request({
@@ -152,6 +161,7 @@ def search_pins(
     sharding: list[str] | None,
     compile_: bool | None,
     checkpointing: list[str] | None,
+    float8: list[str] | None = None,
 ) -> SearchSpace:
     """The search space the pins leave (an unpinned axis searches all its values)."""
     pins: dict[str, object] = {}
@@ -165,6 +175,7 @@ def search_pins(
     for option, values, known, field in (
         ("--sharding", sharding, SHARDINGS, "shardings"),
         ("--checkpointing", checkpointing, CHECKPOINT_MODES, "checkpointing"),
+        ("--float8", float8, FLOAT8_CHOICES, "float8"),
     ):
         if not values:
             continue

@@ -126,6 +126,9 @@ def config_rows(config: ParallelConfig) -> list[Row]:
         Row("Micro-batching", f"{config.micro_batch_size} sequence(s) per micro-batch × "
             f"{config.grad_accum_steps} accumulation step(s)"),
         Row("Mixed precision", f"params {config.param_dtype}, reductions {config.reduce_dtype}"),
+        Row("Float8 training", "off" if config.float8 == "none" else f"{config.float8} (torchao)",
+            "the blocks' linear layers that pass the recipe's size filter; the output head stays "
+            "in the compute precision" if config.float8 != "none" else ""),
         Row("torch.compile", ("on: " + (", ".join(knobs) or "default inductor")) if config.compile
             else "off (eager FSDP2)"),
     ]

@@ -241,7 +241,6 @@ def _price(setting: Setting, choice: Choice, layout: CommLayout, repeats: Repeat
     """
     p = setting.params
     mesh = choice.mesh
-    pb = setting.param_bytes
     rb = choice.reduce_bytes
     shard, replicas = mesh.dp_shard, mesh.dp_replicate
     shard_link: LinkClass = mesh.shard_link(setting.gpus_per_node)
@@ -271,7 +270,7 @@ def _price(setting: Setting, choice: Choice, layout: CommLayout, repeats: Repeat
         reduce = 0.0
         if choice.sharding != "no_shard":
             g = shape.group
-            gathered = pb * layout.group_params[g]
+            gathered = layout.group_gather_bytes[g]
             ag = _collective(
                 p, shard_link, gathered, shard, launches=layout.group_launches[g], rails=shard_rails
             )

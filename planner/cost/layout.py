@@ -11,9 +11,10 @@ at 1.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from planner.cost.model_costs import UnitCost
+from planner.cost.model_costs import UnitCost, float8_share
 from planner.cost.setting import Choice, Setting
 
 MB = 1e6
@@ -34,16 +35,19 @@ class CommLayout:
 
     groups: tuple[tuple[IndexedUnit, ...], ...]
     reduce_buckets: tuple[tuple[int, ...], ...]
-    group_params: tuple[int, ...]
-    """Parameters per all-gather group."""
+    group_gather_bytes: tuple[float, ...]
+    """Bytes each all-gather group gathers per rank's shard group (compute-dtype parameters; the
+    float8-converted weights at one byte when they are gathered in float8)."""
+    model_gather_bytes: float
+    """The same for the whole model (every group)."""
     group_launches: tuple[int, ...]
     """All-gather kernels per group (each pays the collective's latency)."""
     reduce_launches: tuple[tuple[int, ...], ...]
     """Reduction kernels per entry of `reduce_buckets`."""
     largest_reduce: int
     """Parameters of the largest gradient-reduction bucket."""
-    block_group_params: tuple[int, ...]
-    """Parameters of the groups that hold transformer blocks only (what backward recomputes)."""
+    block_group_gather_bytes: tuple[float, ...]
+    """Gathered bytes of the groups that hold transformer blocks only (what backward recomputes)."""
     largest_block_reduce: int
     """Parameters of the largest gradient-reduction bucket completing in such a group."""
     signature: tuple
@@ -98,6 +102,15 @@ def _launches(
     return max(1, min(tensors, math.ceil(params * bytes_per_param / cap_bytes)))
 
 
+def _gathered_bytes(setting: Setting, choice: Choice) -> Callable[[UnitCost], float]:
+    """Bytes a unit's parameters take gathered: the compute dtype, less a byte for each weight
+    all-gathered in float8."""
+    pb = setting.param_bytes
+    if not choice.float8_all_gather:
+        return lambda u: float(pb * u.num_params)
+    return lambda u: pb * u.num_params - (pb - 1) * float8_share(u, choice.float8).params
+
+
 def comm_layout(setting: Setting, choice: Choice) -> CommLayout:
     """Eager FSDP2 issues one all-gather and one reduce-scatter per wrap unit; compiled
     SimpleFSDP one per parameter tensor, merged by inductor into buckets up to the caps."""
@@ -127,18 +140,20 @@ def comm_layout(setting: Setting, choice: Choice) -> CommLayout:
     )
     reduce_buckets = tuple(tuple(r) for r in reduce)
     launches = tuple(tuple(r) for r in reduce_launches)
-    group_params = tuple(sum(u.num_params for _, u in g) for g in groups)
+    unit_bytes = _gathered_bytes(setting, choice)
+    group_bytes = tuple(sum(unit_bytes(u) for _, u in g) for g in groups)
     largest_reduce = max(p for bucket in reduce_buckets for p in bucket)
     block_groups = [j for j, g in enumerate(groups) if all(index >= 0 for index, _ in g)]
     block_reduces = [p for j in block_groups for p in reduce_buckets[j]]
     return CommLayout(
         groups=groups,
         reduce_buckets=reduce_buckets,
-        group_params=group_params,
+        group_gather_bytes=group_bytes,
+        model_gather_bytes=sum(group_bytes),
         group_launches=group_launches,
         reduce_launches=launches,
         largest_reduce=largest_reduce,
-        block_group_params=tuple(group_params[j] for j in block_groups) or group_params,
+        block_group_gather_bytes=tuple(group_bytes[j] for j in block_groups) or group_bytes,
         largest_block_reduce=max(block_reduces, default=largest_reduce),
         signature=(tuple(len(g) for g in groups), reduce_buckets, group_launches, launches),
         group_keys=_group_keys(groups, reduce_buckets, group_launches, launches),

@@ -243,31 +243,33 @@ def compiled_keeps(choice: Choice, unit: UnitCost) -> float:
 
 
 @functools.lru_cache(maxsize=256)
-def _largest_window(groups: tuple[int, ...], width: int) -> int:
+def _largest_window(groups: tuple[float, ...], width: int) -> float:
     """The largest sum of `width` consecutive groups (fewer at the start)."""
     return max(sum(groups[max(0, j - width + 1) : j + 1]) for j in range(len(groups)))
 
 
-def _unsharded_params(setting: Setting, choice: Choice, groups: tuple[int, ...]) -> float:
-    """Gathered compute-dtype parameters alive while `groups` (in order) compute."""
+def _unsharded_params(
+    setting: Setting, choice: Choice, layout: CommLayout, groups: tuple[float, ...]
+) -> float:
+    """Bytes of gathered parameters alive while `groups` (their gathered bytes, in order) compute."""
     pb = setting.param_bytes
     depth = choice.prefetch_depth
     if choice.sharding in ("full_shard", "hybrid_shard"):
         # The group computing and the ones prefetched ahead of it.
-        gathered = pb * _largest_window(groups, depth + 1)
+        gathered = _largest_window(groups, depth + 1)
     elif choice.sharding == "shard_grad_op" or not choice.simple_fsdp:
         # ZeRO-2 keeps every gathered parameter until backward. So does eager no_shard: FSDP2 on a
         # shard group of one still copies each parameter into an unsharded buffer, kept through
         # backward as no_shard does not reshard.
-        gathered = pb * setting.model.rank_params
+        gathered = layout.model_gather_bytes
     else:
         # Compiled no_shard uses fp32 weights in place; compute-dtype copies are transient.
-        return pb * (depth + 2) * max(groups) if pb == 2 else 0.0
+        return (depth + 2) * max(groups) if pb == 2 else 0.0
     if not choice.simple_fsdp:
         # FSDP2 keeps the last all-gather's output buffer until the next all-gather is issued (so
         # that the allocator cannot hand it to another stream early): one unit's worth, besides
         # the parameters copied out of it (measured with FSDPMemTracker, tests/executor).
-        gathered += pb * max(groups)
+        gathered += max(groups)
     return gathered
 
 
@@ -291,7 +293,7 @@ def memory_moments(
     activation_bytes = choice.micro_batch_size * setting.seq_len * setting.act_bytes
     activation_bytes *= p.compiled_activation_memory_scale if choice.compile else p.activation_memory_scale
     saved = activations.saved * activation_bytes
-    unsharded = _unsharded_params(setting, choice, layout.group_params)
+    unsharded = _unsharded_params(setting, choice, layout, layout.group_gather_bytes)
     earlier_grads = grads if choice.grad_accum_steps > 1 else 0.0
 
     def in_step(
@@ -344,7 +346,7 @@ def memory_moments(
                 "backward recompute",
                 grads_alive=grads,
                 activations_alive=saved + activations.recompute * activation_bytes,
-                gathered=_unsharded_params(setting, choice, layout.block_group_params),
+                gathered=_unsharded_params(setting, choice, layout, layout.block_group_gather_bytes),
                 grad_buffers=grad_buffer_bytes * layout.largest_block_reduce,
                 logits=0.0,
             )

@@ -78,6 +78,8 @@ class Float8Share:
     transposed copies for the weight gradient), per rank."""
     weight_elems: float
     """Weight elements cast to float8 per micro-batch (forward, and transposed for backward), per rank."""
+    params: float
+    """Parameters of the converted layers, per rank (what a float8 all-gather moves at one byte)."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -86,12 +88,13 @@ def float8_share(unit: UnitCost, recipe: str) -> Float8Share:
     converted = [(i, o) for i, o in unit.linear_shapes if float8_converts(recipe, i, o)]
     total = sum(i * o for i, o in unit.linear_shapes)
     if not converted or not total:
-        return Float8Share(0.0, 0.0, 0.0)
+        return Float8Share(0.0, 0.0, 0.0, 0.0)
     params = sum(i * o for i, o in converted)
     return Float8Share(
         matmul_fraction=params / total,
         cast_elems=2.0 * sum(i + o for i, o in converted) / unit.linear_share,
         weight_elems=2.0 * params / unit.linear_share,
+        params=params / unit.linear_share,
     )
 
 

@@ -71,6 +71,13 @@ class Choice:
         return self.compile and self.engine == "fsdp-planner"
 
     @property
+    def float8_all_gather(self) -> bool:
+        """Whether FSDP all-gathers the float8-converted weights in float8 (one byte each): with
+        tensorwise scaling, whose one scale per tensor survives sharding, whenever parameters are
+        gathered."""
+        return self.float8 == "tensorwise" and self.sharding != "no_shard"
+
+    @property
     def reduce_bytes(self) -> int:
         """Bytes per gradient element in reductions."""
         return 2 if self.reduce_dtype == "bfloat16" else 4
@@ -96,6 +103,7 @@ class Choice:
             self.all_gather_bucket_mb if compiled else 0.0,
             self.reduce_scatter_bucket_mb if compiled else 0.0,
             self.reduce_bytes,
+            self.float8 if self.float8_all_gather else "none",
         )
 
     @property
