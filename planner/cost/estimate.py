@@ -134,7 +134,7 @@ def _forward_time(
     p: CostParameters, act_bytes: int, unit: UnitCost, tokens: int, compile_: bool, float8: str = "none"
 ) -> ForwardTime:
     flops = 2.0 * unit.matmul_params * tokens
-    fp8 = float8_share(unit, float8) if float8 != "none" else None
+    fp8 = float8_share(unit, float8, compiled=compile_) if float8 != "none" else None
     casts = 0.0
     if fp8 is not None and fp8.matmul_fraction:
         fp8_rate = p.fp8_peak_flops * p.matmul_efficiency * FLOAT8_GEMM_EFFICIENCY[float8]

@@ -59,10 +59,11 @@ class UnitCost:
     and the MLP and reduce-scatters after each; backward runs the mirror images."""
     tp_collective_elems: float = 0.0
     """Elements per token those collectives move in forward (whole-tensor size, as priced)."""
-    linear_shapes: tuple[tuple[int, int], ...] = ()
-    """(in_features, out_features) of each of the unit's linear layers, whole (not per tensor-parallel
-    rank): what a Float8 recipe's filter decides on (contract/float8.py). Empty: none that Float8
-    training converts (embeddings, the head, traced units)."""
+    linear_shapes: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    """The unit's linear layers as (in_features, (out_features, ...)): the layers that read the same
+    input together (llama's q, k, v), whole (not per tensor-parallel rank): what a Float8 recipe's
+    filter decides on (contract/float8.py). Empty: none that Float8 training converts (embeddings,
+    the head, traced units)."""
     linear_share: int = 1
     """The tensor-parallel degree the unit's matmuls are split over (its share of `linear_shapes`)."""
 
@@ -83,16 +84,24 @@ class Float8Share:
 
 
 @functools.lru_cache(maxsize=1024)
-def float8_share(unit: UnitCost, recipe: str) -> Float8Share:
-    """The part of `unit` that `recipe` trains in float8 (nothing for `none`)."""
-    converted = [(i, o) for i, o in unit.linear_shapes if float8_converts(recipe, i, o)]
-    total = sum(i * o for i, o in unit.linear_shapes)
-    if not converted or not total:
+def float8_share(unit: UnitCost, recipe: str, *, compiled: bool = False) -> Float8Share:
+    """The part of `unit` that `recipe` trains in float8 (nothing for `none`). Each converted layer
+    casts its input (forward, and again transposed for the weight gradient) and its output gradient
+    (and that transposed); compiled, layers reading the same input share its casts (inductor
+    computes the same cast once), eager each layer casts it anew."""
+    total = sum(i * o for i, outs in unit.linear_shapes for o in outs)
+    params = 0
+    cast = 0.0
+    for i, outs in unit.linear_shapes:
+        converted = [o for o in outs if float8_converts(recipe, i, o)]
+        params += i * sum(converted)
+        cast += (i if compiled else i * len(converted)) if converted else 0
+        cast += sum(converted)
+    if not params or not total:
         return Float8Share(0.0, 0.0, 0.0, 0.0)
-    params = sum(i * o for i, o in converted)
     return Float8Share(
         matmul_fraction=params / total,
-        cast_elems=2.0 * sum(i + o for i, o in converted) / unit.linear_share,
+        cast_elems=2.0 * cast / unit.linear_share,
         weight_elems=2.0 * params / unit.linear_share,
         params=params / unit.linear_share,
     )
@@ -232,7 +241,7 @@ def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
         replicated_params=2 * h,
         tp_collectives=4,
         tp_collective_elems=4 * h,
-        linear_shapes=((h, h), (h, kv), (h, kv), (h, h), (h, f), (h, f), (f, h)),  # q k v o w1 w3 w2
+        linear_shapes=((h, (h, kv, kv)), (h, (h,)), (h, (f, f)), (f, (h,))),  # qkv, o, w1 w3, w2
     )
     # The vocabulary-parallel embedding reduce-scatters its output onto the sequence shards.
     embedding = replace(_embedding_unit(v * h, h, tensors=1), tp_collectives=1, tp_collective_elems=h)
@@ -270,7 +279,7 @@ def _gpt2_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
         input_elems=h,
         attention_output_elems=h,
         tensors=12,  # 4 projections and 2 LayerNorms, each a weight and a bias
-        linear_shapes=((h, 3 * h), (h, h), (h, f), (f, h)),  # fused qkv, out, fc, proj
+        linear_shapes=((h, (3 * h,)), (h, (h,)), (h, (f,)), (f, (h,))),  # fused qkv, out, fc, proj
     )
     embed_params = v * h + spec.max_seq_len * h
     embedding = _embedding_unit(embed_params, h, tensors=2)

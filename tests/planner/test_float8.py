@@ -49,12 +49,14 @@ def _estimate(request: PlanRequest, **choice) -> tuple[float, float]:
     return estimator.timing(picked).step_time_s, estimator.memory(picked).total
 
 
-def test_tensorwise_is_faster_than_rowwise_than_bf16_on_an_h100() -> None:
+def test_float8_speed_ups_on_an_h100_are_those_torchao_measured() -> None:
     request = make_request("llama3-8b", "1x8xH100", seq_len=8192, sequences=8)
     times = {recipe: _estimate(request, float8=recipe)[0] for recipe in RECIPES}
-    assert times["tensorwise"] < times["rowwise"] < times["none"]
-    # torchao's 8B runs on 8 H100 gain 1.2-1.3x end to end; the GEMMs alone would allow at most 2x.
-    assert 1.05 < times["none"] / times["tensorwise"] < 1.5
+    # torchao's 8B runs on 8 H100 (planner/fidelity/corpus): tensorwise 1.25x bf16's throughput,
+    # rowwise 1.1x; its slower scaled GEMMs barely pay for their casts at 8B's shapes.
+    assert 1.1 < times["none"] / times["tensorwise"] < 1.4
+    assert 0.85 < times["none"] / times["rowwise"] < 1.15
+    assert times["tensorwise"] < times["rowwise"]
 
 
 def test_a_model_too_small_to_convert_prices_as_bf16() -> None:

@@ -1,0 +1,165 @@
+"""Benchmark: the Float8 pricing against the published Float8 runs of the corpus (not a test).
+
+    python bench/float8_fidelity.py            # print the table
+    python bench/float8_fidelity.py --markdown  # the same as a Markdown table (for bench/RESULTS.md)
+
+The corpus (planner/fidelity/corpus) holds published Float8 training runs, marked not priceable
+while the planner had no Float8. This prices each at its exact configuration with its recipe (and
+every bf16 run of the same source beside it, so that a Float8 error can be told from the bf16
+error of the same setting), and reports predicted vs measured tokens/s per GPU, the measured and
+predicted Float8 speed-up over the source's bf16 run of the same configuration, and the summary by
+recipe. Runs that also need pipeline or context parallelism are left out (not priced yet), and
+runs on other engines (Transformer Engine) are listed apart: the planner prices torchao's recipes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import statistics
+from dataclasses import dataclass
+
+from planner.cost.parameters import FLOAT8_GEMM_EFFICIENCY
+from planner.errors import PlanningError
+from planner.fidelity.pricing import PricedRun, run_config, run_request
+from planner.fidelity.schema import Run, load_corpus
+from planner.search import predict
+
+RECIPES = {"float8_tensorwise": "tensorwise", "float8_rowwise": "rowwise", "mxfp8": "mxfp8"}
+NOT_YET = ("pipeline", "context parallelism")
+TORCHAO_ENGINE = "torchtitan-fsdp2"
+"""The corpus's engine of the runs that trained with torchao's recipes (the ones the planner prices)."""
+RATIOS = tuple(round(0.5 + 0.025 * i, 3) for i in range(21))  # 0.50 .. 1.00: at most the 2x the peaks allow
+
+
+@dataclass(frozen=True)
+class Row:
+    source: str
+    run: Run
+    recipe: str
+    predicted: float
+    error: float | None
+    partner: Run | None
+    """The source's bf16 run of the same configuration, if it has one."""
+    predicted_partner: float | None
+
+    @property
+    def other_engine(self) -> bool:
+        """Float8 by another library (Transformer Engine in llm-foundry and Megatron), not torchao."""
+        return self.run.config.engine != TORCHAO_ENGINE
+
+    def speedups(self) -> tuple[float, float] | None:
+        """(measured, predicted) Float8 over bf16 throughput."""
+        if self.partner is None or self.predicted_partner is None:
+            return None
+        measured, partner = self.run.measured.tokens_per_s_per_gpu, self.partner.measured.tokens_per_s_per_gpu
+        if not measured or not partner:
+            return None
+        return measured / partner, self.predicted / self.predicted_partner
+
+
+def _price(run: Run, recipe: str) -> PricedRun:
+    config = dataclasses.replace(run_config(run), float8=recipe)
+    return PricedRun(run=run, plan=predict(run_request(run), config), margin=0.0)
+
+
+def _partner(run: Run, runs: list[Run]) -> Run | None:
+    """The bf16 run of the same source with the same configuration but the precision."""
+    same = [r for r in runs if r.config.precision == "bf16"
+            and r.config.model_copy(update={"precision": run.config.precision}) == run.config]
+    return same[0] if same else None
+
+
+def rows() -> list[Row]:
+    found = []
+    for source in load_corpus():
+        runs = list(source.runs)
+        for run in runs:
+            recipe = RECIPES.get(run.config.precision)
+            reason = run.not_priceable_reason or ""
+            if recipe is None or any(word in reason for word in NOT_YET):
+                continue
+            try:
+                priced = _price(run, recipe)
+            except PlanningError as exc:
+                print(f"skipped {run.id}: {exc.message}")
+                continue
+            partner = _partner(run, runs)
+            predicted_partner = _price(partner, "none").predicted_tokens_per_s_per_gpu if partner else None
+            found.append(Row(source.source.id, run, recipe, priced.predicted_tokens_per_s_per_gpu,
+                             priced.throughput_error, partner, predicted_partner))
+    return found
+
+
+def _speedup_error(table: list[Row]) -> float:
+    pairs = [s for s in (r.speedups() for r in table if not r.other_engine) if s]
+    return statistics.mean(abs(math.log(predicted / measured)) for measured, predicted in pairs)
+
+
+def fit() -> None:
+    """Print, per recipe, the GEMM efficiency ratio (planner/cost/parameters.py
+    FLOAT8_GEMM_EFFICIENCY) whose predicted Float8 speed-ups over the same setting in bf16 best match
+    the measured ones (mean |log ratio|): the bf16 model's own error cancels in a speed-up."""
+    committed = dict(FLOAT8_GEMM_EFFICIENCY)
+    try:
+        for recipe in committed:
+            scores = {}
+            for ratio in RATIOS:
+                FLOAT8_GEMM_EFFICIENCY[recipe] = ratio
+                table = [r for r in rows() if r.recipe == recipe]
+                if any(r.speedups() for r in table if not r.other_engine):
+                    scores[ratio] = _speedup_error(table)
+            FLOAT8_GEMM_EFFICIENCY[recipe] = committed[recipe]
+            if scores:
+                best = min(scores, key=scores.__getitem__)
+                print(f"{recipe}: best ratio {best} (mean |log speed-up error| {scores[best]:.3f}); "
+                      f"committed {committed[recipe]} ({scores.get(committed[recipe], float('nan')):.3f})")
+    finally:
+        FLOAT8_GEMM_EFFICIENCY.update(committed)
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:+.1f}%"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument("--fit", action="store_true",
+                        help="also fit each recipe's GEMM efficiency ratio to the measured speed-ups")
+    args = parser.parse_args()
+    if args.fit:
+        fit()
+    table = rows()
+    header = ("run", "recipe", "measured tok/s/GPU", "predicted", "error", "speed-up measured / predicted")
+    lines = []
+    for row in table:
+        speedups = row.speedups()
+        lines.append((
+            row.run.id + (" (Transformer Engine)" if row.other_engine else ""),
+            row.recipe,
+            f"{row.run.measured.tokens_per_s_per_gpu or 0:,.0f}",
+            f"{row.predicted:,.0f}",
+            _percent(row.error),
+            f"{speedups[0]:.2f}x / {speedups[1]:.2f}x" if speedups else "-",
+        ))
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + " --- |" * len(header))
+        for line in lines:
+            print("| " + " | ".join(line) + " |")
+    else:
+        for line in (header, *lines):
+            print(f"{line[0][:72]:72s} {line[1]:10s} {line[2]:>18s} {line[3]:>9s} {line[4]:>7s}  {line[5]}")
+    print()
+    for recipe in sorted({r.recipe for r in table}):
+        errors = [r.error for r in table if r.recipe == recipe and r.error is not None and not r.other_engine]
+        if errors:
+            mean_abs, mean = statistics.mean(abs(e) for e in errors), statistics.mean(errors)
+            print(f"{recipe}: {len(errors)} torchao runs, mean |error| {mean_abs:.1%}, mean error "
+                  f"{mean:+.1%}, within 15%: {sum(abs(e) <= 0.15 for e in errors)} of {len(errors)}")
+
+
+if __name__ == "__main__":
+    main()
