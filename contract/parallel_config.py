@@ -119,6 +119,10 @@ class ParallelConfig:
     float8: Float8Recipe = "none"
     """Float8 training recipe of the blocks' linear layers (`none`: the plan's compute precision);
     the output head and layers too small to gain stay in the compute precision."""
+    async_tp: bool = False
+    """Asynchronous tensor parallelism (compiled plans with tp > 1 on CUDA): inductor splits each
+    sequence all-gather and reduce-scatter around a block's matmuls into per-rank pieces over
+    symmetric memory, so they overlap the matmuls they feed instead of waiting in front of them."""
     engine: Engine = "fsdp-planner"
     """The runtime this configuration is priced for: `fsdp-planner` (this project's trainer: the
     launchers run it) or `torchtitan` (torchtitan's FSDP2 trainer, with `compile` meaning
@@ -157,6 +161,8 @@ class ParallelConfig:
         mode = "compiled" if self.compile else "eager"
         if self.float8 != "none":
             mode = f"fp8-{self.float8} {mode}"
+        if self.async_tp:
+            mode = f"async-tp {mode}"
         if self.engine != "fsdp-planner":
             mode += f" [{self.engine}{', whole fp32 loss' if self.loss == 'autograd_fp32' else ''}]"
         elif self.loss != "sliced":
@@ -167,5 +173,5 @@ class ParallelConfig:
         )
 
 
-ADDED_FIELDS: dict[str, Any] = {"float8": "none"}
+ADDED_FIELDS: dict[str, Any] = {"float8": "none", "async_tp": False}
 """`ParallelConfig` fields added after schema 2.0, with the value that means what their absence meant."""

@@ -178,6 +178,16 @@ def check_float8(request: PlanRequest, recipe: str, *, field: str) -> None:
         raise PlanningError(f"{field}: {recipe}: {problem}", field=field)
 
 
+def check_async_tp(request: PlanRequest, *, field: str) -> None:
+    """Refuse asynchronous tensor parallelism where it cannot run (PlanningError naming `field`)."""
+    gpu = request.cluster.resolved_gpu()
+    if gpu.is_cpu:
+        raise PlanningError(
+            f"{field}: async TP needs CUDA symmetric memory between the GPUs of a node; the cpu "
+            "device has none: plan without it", field=field,
+        )
+
+
 def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice]:
     """Every configuration the request allows that the runtime executes differently, in a fixed
     order. Wrap units matter only to eager FSDP2 with something to gather: compiled SimpleFSDP
@@ -197,6 +207,8 @@ def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice
             checkpointing.append((mode, 1))
     tensor_parallel_degrees(request)  # a pin the model cannot take is refused here, with why
     recipes = float8_recipes(request)
+    if search.async_tp:
+        check_async_tp(request, field="search.async_tp")
     for tp in splitting_degrees(request):
         dp = request.cluster.world_size // tp
         local_batch = request.training.global_batch_sequences // dp
@@ -228,4 +240,5 @@ def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice
                                     compile=compile_,
                                     loss_chunks=chunks[mb],
                                     float8=recipe,
+                                    async_tp=search.async_tp and compile_ and tp > 1,
                                 )

@@ -20,7 +20,12 @@ from pydantic import ValidationError
 from planner.bounds import MAX_GLOBAL_BATCH_TOKENS
 from planner.cost.memory import memory_limit_gib
 from planner.cost.setting import Setting
-from planner.enumeration import float8_recipes, splitting_degrees, tensor_parallel_degrees
+from planner.enumeration import (
+    check_async_tp,
+    float8_recipes,
+    splitting_degrees,
+    tensor_parallel_degrees,
+)
 from planner.errors import PlanningError
 from planner.infeasibility import (
     Prober,
@@ -45,6 +50,8 @@ def check_request(request: PlanRequest, setting: Setting) -> None:
     check_sequence_length(request)
     tensor_parallel_degrees(request)  # a pin the model cannot take is refused here, with why
     float8_recipes(request)
+    if request.search.async_tp:
+        check_async_tp(request, field="search.async_tp")
     if not splitting_degrees(request):
         raise batch_refusal(request, request.training.global_batch_tokens, setting)
 

@@ -22,7 +22,13 @@ from planner.cost.memory import MemoryEstimate, fits_in_memory, memory_limit_gib
 from planner.cost.parameters import CostParameters
 from planner.cost.setting import Choice, Setting
 from planner.document import choice_from_config, mfu, plan_document
-from planner.enumeration import BUCKET_CAPS_MB, check_float8, check_mesh, enumerate_choices
+from planner.enumeration import (
+    BUCKET_CAPS_MB,
+    check_async_tp,
+    check_float8,
+    check_mesh,
+    enumerate_choices,
+)
 from planner.errors import InfeasiblePlanError, PlanningError, SearchDeadlineError
 from planner.hashing import plan_hash
 from planner.infeasibility import infeasible_error
@@ -207,6 +213,13 @@ def predict(
     """
     check_mesh(request, config.sharding, config.mesh)
     check_float8(request, config.float8, field="config.float8")
+    if config.async_tp:
+        check_async_tp(request, field="config.async_tp")
+        if not (config.compile and config.mesh.tp > 1):
+            raise PlanningError(
+                "config.async_tp: async TP overlaps the collectives of tensor parallelism inside a "
+                "compiled graph: it needs compile and mesh.tp > 1", field="config.async_tp",
+            )
     sequences, dp = request.training.global_batch_sequences, config.mesh.dp
     if sequences % dp:
         raise PlanningError(

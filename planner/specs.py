@@ -413,6 +413,10 @@ class SearchSpace(StrictModel):
     on GPUs with float8 tensor cores (`mxfp8`: MX tensor cores) and bf16 training. None: `none` only,
     the compute precision (Float8 pricing is not yet checked against measured runs, so it is asked
     for, not chosen by default)."""
+    async_tp: bool = False
+    """Run the tensor-parallel collectives of compiled plans with tp > 1 asynchronously (inductor's
+    micro-pipelined TP over CUDA symmetric memory), priced as overlapping the matmuls they feed.
+    Off by default: asked for, not chosen, until a GPU has measured it here."""
     max_micro_batch_size: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCH)] = 64
     """Largest micro-batch (sequences per data-parallel rank per forward) to consider."""
     memory_headroom: Annotated[float, Field(ge=0.0, le=0.5)] = 0.0
@@ -430,6 +434,8 @@ class SearchSpace(StrictModel):
         for name in ("max_peak_memory_gib", "tensor_parallel_degrees", "float8"):
             if data.get(name) is None:
                 data.pop(name, None)
+        if data.get("async_tp") is False:
+            data.pop("async_tp", None)
         return data
 
     @field_validator("shardings", "compile", "checkpointing", "tensor_parallel_degrees", "float8")

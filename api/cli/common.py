@@ -35,6 +35,7 @@ CLI_OPTIONS: dict[str, str] = {
     "search.checkpointing": "--checkpointing",
     "search.compile": "--compile/--eager",
     "search.float8": "--float8",
+    "search.async_tp": "--async-tp",
     "training.seq_len": "--seq-len",
     "seq_len": "--seq-len",
     "training.global_batch_tokens": "--global-batch-tokens",

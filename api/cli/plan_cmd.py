@@ -95,6 +95,11 @@ def plan(
         f"comma-separated): {', '.join(FLOAT8_CHOICES)}; H100, H200 and B200 only (mxfp8: B200). "
         "Default: none (bf16).",
     )] = None,
+    async_tp: Annotated[bool, typer.Option(
+        "--async-tp",
+        help="Run compiled tensor-parallel plans' collectives asynchronously (inductor's "
+        "micro-pipelined TP over CUDA symmetric memory), priced as overlapping their matmuls.",
+    )] = False,
     top: Annotated[int, typer.Option("--top", help="Ranked alternatives to show.")] = 5,
     verbose: VerboseOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the Plan document as JSON.")] = False,
@@ -106,7 +111,8 @@ def plan(
     if global_batch_tokens is None:
         raise fail("--global-batch-tokens is required (tokens per optimizer step over all GPUs)")
     search = search_pins(
-        tp=tp, sharding=sharding, compile_=compile_, checkpointing=checkpointing, float8=float8
+        tp=tp, sharding=sharding, compile_=compile_, checkpointing=checkpointing, float8=float8,
+        async_tp=async_tp,
     )
     try:
         model_spec = model_from_options(model=model, hf_config=hf_config, layer_graph=layer_graph)
@@ -162,6 +168,7 @@ def search_pins(
     compile_: bool | None,
     checkpointing: list[str] | None,
     float8: list[str] | None = None,
+    async_tp: bool = False,
 ) -> SearchSpace:
     """The search space the pins leave (an unpinned axis searches all its values)."""
     pins: dict[str, object] = {}
@@ -186,6 +193,8 @@ def search_pins(
         pins[field] = list(dict.fromkeys(chosen))
     if compile_ is not None:
         pins["compile"] = [compile_]
+    if async_tp:
+        pins["async_tp"] = True
     return SearchSpace(**pins)
 
 

@@ -129,6 +129,8 @@ def config_rows(config: ParallelConfig) -> list[Row]:
         Row("Float8 training", "off" if config.float8 == "none" else f"{config.float8} (torchao)",
             "the blocks' linear layers that pass the recipe's size filter; the output head stays "
             "in the compute precision" if config.float8 != "none" else ""),
+        Row("Async tensor parallel", "on (inductor micro-pipelined TP, CUDA symmetric memory)"
+            if config.async_tp else "off"),
         Row("torch.compile", ("on: " + (", ".join(knobs) or "default inductor")) if config.compile
             else "off (eager FSDP2)"),
     ]

@@ -190,6 +190,7 @@ FIELDS: tuple[ComparedField, ...] = (
     ComparedField("config.reduce_dtype", "Configuration", "Reduce dtype",
                   lambda _r, p: p.config.reduce_dtype),
     ComparedField("config.float8", "Configuration", "Float8 training", lambda _r, p: p.config.float8),
+    ComparedField("config.async_tp", "Configuration", "Async TP", lambda _r, p: p.config.async_tp),
     ComparedField("config.compile", "Configuration", "torch.compile", lambda _r, p: p.config.compile),
     ComparedField("prediction.step_time_s", "Prediction", "Step time",
                   lambda _r, p: p.prediction.step_time_s, "lower"),

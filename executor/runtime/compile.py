@@ -40,8 +40,11 @@ class CompileSettings:
     """Plan knobs this torch has no config entry for."""
 
 
-def inductor_options(cfg: ParallelConfig) -> tuple[dict[str, Any], list[str]]:
-    """Inductor config entries implied by the plan's bucket caps and reordering choice."""
+def inductor_options(
+    cfg: ParallelConfig, *, micro_pipeline_tp: bool = False
+) -> tuple[dict[str, Any], list[str]]:
+    """Inductor config entries implied by the plan's bucket caps and reordering choice, and
+    `micro_pipeline_tp` (the plan's async TP, where the tp group has symmetric memory)."""
     import torch._inductor.config as inductor_config
 
     known = inductor_config.get_config_copy()
@@ -72,6 +75,10 @@ def inductor_options(cfg: ParallelConfig) -> tuple[dict[str, Any], list[str]]:
             # Replicas reduce gradients with all-reduce: the same cap buckets those.
             want("bucket_all_reduces_fx", "all", "all-reduce bucketing")
             want("bucket_all_reduces_fx_bucket_size_determinator", cap, "all-reduce bucket cap")
+    if micro_pipeline_tp:
+        # Inductor's micro-pipelined TP: all-gather -> matmul and matmul -> reduce-scatter pairs
+        # become fused, chunked ops over symmetric memory (enabled on the tp group by parallelize).
+        want("_micro_pipeline_tp", True, "async tensor parallelism")
     if knobs.reorder_for_compute_comm_overlap:
         want("reorder_for_compute_comm_overlap", True, "compute/communication reordering")
         # Move collectives early (prefetch) and their waits late, without raising peak memory.
@@ -83,9 +90,13 @@ def inductor_options(cfg: ParallelConfig) -> tuple[dict[str, Any], list[str]]:
     return options, skipped
 
 
-def compile_settings(cfg: ParallelConfig, *, backend: str = "inductor") -> CompileSettings:
+def compile_settings(
+    cfg: ParallelConfig, *, backend: str = "inductor", micro_pipeline_tp: bool = False
+) -> CompileSettings:
     """Settings for compiling a model planned with `cfg`."""
-    options, skipped = inductor_options(cfg) if backend == "inductor" else ({}, [])
+    options, skipped = (
+        inductor_options(cfg, micro_pipeline_tp=micro_pipeline_tp) if backend == "inductor" else ({}, [])
+    )
     return CompileSettings(backend=backend, options=options, skipped=skipped)
 
 

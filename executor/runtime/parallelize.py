@@ -22,6 +22,7 @@ from typing import Literal
 
 import torch
 from torch import nn
+from torch.distributed._symmetric_memory import enable_symm_mem_for_group
 from torch.distributed.device_mesh import DeviceMesh
 
 from contract.plan_document import RuntimePlan
@@ -86,11 +87,15 @@ def parallelize(
     param_dtype = overrides.param_dtype or _DTYPES[cfg.param_dtype]
     reduce_dtype = overrides.reduce_dtype or _DTYPES[cfg.reduce_dtype]
     notes: list[str] = []
+    micro_pipeline_tp = False
 
     # 1. Tensor parallelism first: it names submodules that the AC wrapper would rename.
     if cfg.mesh.tp > 1:
         apply_tensor_parallel(model, mesh=tensor_parallel_mesh(mesh))
         notes.append(f"tensor parallel: tp={cfg.mesh.tp} (sequence parallel, loss parallel)")
+        if cfg.async_tp and compiled:
+            micro_pipeline_tp, note = enable_async_tensor_parallel(tensor_parallel_mesh(mesh))
+            notes.append(note)
     parts = find_parts(model)
 
     # 2. Activation checkpointing: FSDP and compile must see the wrapped blocks.
@@ -144,7 +149,7 @@ def parallelize(
     # 4. Compilation last, over the sharded model, so the collectives are part of the graph.
     forward, settings = model, None
     if compiled:
-        settings = compile_settings(cfg, backend=overrides.backend)
+        settings = compile_settings(cfg, backend=overrides.backend, micro_pipeline_tp=micro_pipeline_tp)
         forward = apply_compile(model, settings)
         applied = ", ".join(f"{k}={_short(v)}" for k, v in settings.options.items()) or "defaults"
         notes.append(f"torch.compile backend={settings.backend}: {applied}")
@@ -162,6 +167,18 @@ def parallelize(
         sync_last_micro_batch_only=engine == "fsdp2" and cfg.sharding == "no_shard",
         notes=notes,
     )
+
+
+def enable_async_tensor_parallel(tp_mesh: DeviceMesh) -> tuple[bool, str]:
+    """Give the tp group symmetric memory, which inductor's micro-pipelined TP (`_micro_pipeline_tp`)
+    needs: (whether to ask inductor for it, the note to log). Symmetric memory is CUDA's (NVLink
+    peers): elsewhere (a CPU dry run of a GPU plan) the collectives run unpipelined, as the note says."""
+    if tp_mesh.device_type != "cuda":
+        return False, (f"async tensor parallel: not on {tp_mesh.device_type} (it needs CUDA symmetric "
+                       "memory); the tp collectives run unpipelined")
+    enable_symm_mem_for_group(tp_mesh.get_group().group_name)
+    return True, ("async tensor parallel: symmetric memory on the tp group; inductor micro-pipelines "
+                  "its collectives")
 
 
 def _mesh_str(mesh: DeviceMesh) -> str:

@@ -211,6 +211,18 @@ def tensor_parallel_seconds(
     return _collective(p, "intra", nbytes, tp, launches=unit.tp_collectives)
 
 
+def async_tensor_parallel_seconds(comm_s: float, matmul_s: float, *, tp: int, contention: float) -> float:
+    """What a block's tensor-parallel collectives still cost under async TP (inductor's
+    micro-pipelining): each collective is cut into `tp` per-rank pieces, and while one piece moves
+    the matmul runs on the piece before it. The first piece waits in front (1/tp of the transfer);
+    the rest overlaps the block's matmuls (which the all-gathers feed and the reduce-scatters
+    drain), exposed only where it outlasts them, and slows them by the contention of running beside
+    them (shared SMs and memory, as for FSDP's overlap)."""
+    rest = comm_s * (tp - 1) / tp
+    hidden = min(rest, matmul_s * (tp - 1) / tp)
+    return comm_s / tp + (rest - hidden) + contention * hidden
+
+
 @dataclass(frozen=True, slots=True)
 class PricedStep:
     """One configuration's groups priced, before the timeline places them (Estimator.price)."""
@@ -340,6 +352,10 @@ class _UnitTimes:
             forward = _forward_time(
                 setting.params, setting.act_bytes, u, self.tokens, choice.compile, choice.float8
             )
+            if choice.async_tp and u.is_block:
+                tp_s = async_tensor_parallel_seconds(
+                    tp_s, forward.matmul, tp=tp, contention=setting.params.overlap_contention
+                )
             self._forward[id(u)] = (forward, tp_s)
         f, tp_fwd = self._forward[id(u)]
         # Recomputing a whole block re-runs its forward collectives.

@@ -45,6 +45,8 @@ class Choice:
     """The dtype gradients are reduced in (the Plan's `reduce_dtype`)."""
     float8: str = "none"
     """The Float8 training recipe of the blocks' linears (contract/parallel_config.py `Float8Recipe`)."""
+    async_tp: bool = False
+    """Tensor-parallel collectives overlapped with the matmuls they feed (compiled, tp > 1)."""
 
     @property
     def family(self) -> str:
@@ -117,7 +119,7 @@ class Choice:
         """What one micro-batch's compute (forward, backward, recompute, tp collectives) depends on."""
         return (
             self.mesh.tp, self.micro_batch_size, self.checkpointing, self.every_k, self.compile, self.engine,
-            self.float8,
+            self.float8, self.async_tp,
         )
 
     @property

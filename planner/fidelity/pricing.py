@@ -170,6 +170,7 @@ def run_config(run: Run) -> ParallelConfig:
         loss_chunks=config.loss_chunks or 1,
         loss=_loss(run),  # type: ignore[arg-type]
         engine=engine,  # type: ignore[arg-type]
+        async_tp=config.async_tp and compiled and mesh.tp > 1,
     )
 
 

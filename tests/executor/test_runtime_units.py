@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import types
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,9 @@ import torch.nn.functional as F
 from contract.mesh import Mesh
 from contract.plan_document import PlanError, parse_plan
 from executor.profile.run import MIN_PHASE_SHARE, PhaseBudgets
+from executor.runtime import parallelize as parallelize_module
 from executor.runtime.activation_checkpoint import checkpointed_indices
+from executor.runtime.compile import inductor_options
 from executor.runtime.data import BatchIndex, SyntheticTokens
 from executor.runtime.materialize import materialize
 from executor.runtime.models import ModelFactoryError, build_model, find_parts
@@ -270,3 +273,18 @@ def test_tensor_parallel_error_suggests_a_degree_that_fits() -> None:
         parse_plan(debug_plan(gpus_per_node=8, tp=8))
     assert "8 does not divide plan.model.num_kv_heads 4" in str(err.value)
     assert "make a plan with a tp that divides all of them (2, 4)" in str(err.value)
+
+
+def test_async_tp_asks_inductor_to_micro_pipeline_only_where_symmetric_memory_is(monkeypatch) -> None:
+    config = dataclasses.replace(parse_plan(debug_plan(compile=True, tp=2)).config, async_tp=True)
+    asked, _ = inductor_options(config, micro_pipeline_tp=True)
+    assert asked["_micro_pipeline_tp"] is True
+    assert "_micro_pipeline_tp" not in inductor_options(config)[0]
+    enabled: list[str] = []
+    monkeypatch.setattr(parallelize_module, "enable_symm_mem_for_group", enabled.append)
+    group = types.SimpleNamespace(group_name="tp-group-7")
+    cuda = types.SimpleNamespace(device_type="cuda", get_group=lambda: group)
+    on, note = parallelize_module.enable_async_tensor_parallel(cuda)
+    assert on and enabled == ["tp-group-7"] and "micro-pipelines" in note
+    off, note = parallelize_module.enable_async_tensor_parallel(types.SimpleNamespace(device_type="cpu"))
+    assert not off and "not on cpu" in note and enabled == ["tp-group-7"]

@@ -63,20 +63,22 @@ def make_plan(
     *, sharding: str, world: int, tp: int, backend: str, loss_chunks: int, ac: str, tied: bool
 ) -> RuntimePlan:
     compiled = backend != "eager"
-    return parse_plan(
-        debug_plan(
-            sharding=sharding,
-            nodes=1,
-            gpus_per_node=world,
-            tp=tp,
-            micro_batch_size=2,
-            compile=compiled,
-            checkpointing=ac,
-            bucket_mb=64.0 if compiled else 0.0,
-            loss_chunks=loss_chunks,
-            model={**MODEL, "tie_word_embeddings": tied},
-        )
+    document = debug_plan(
+        sharding=sharding,
+        nodes=1,
+        gpus_per_node=world,
+        tp=tp,
+        micro_batch_size=2,
+        compile=compiled,
+        checkpointing=ac,
+        bucket_mb=64.0 if compiled else 0.0,
+        loss_chunks=loss_chunks,
+        model={**MODEL, "tie_word_embeddings": tied},
     )
+    # Compiled cases ask for async TP, as a GPU plan may: on CPU it must fall back to the plain
+    # collectives (symmetric memory is CUDA's) and train the same.
+    document["config"]["async_tp"] = compiled
+    return parse_plan(document)
 
 
 def train(
