@@ -37,7 +37,17 @@ _SAVE_OPS = {
     if op is not None
 }
 MUST_SAVE, PREFER_RECOMPUTE = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
-_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+# FP8 GEMMs (Float8 plans on FP8 GPUs; torchao's CPU emulation runs mm) count as matmuls too.
+_MATMULS = {
+    op
+    for op in (
+        torch.ops.aten.mm.default,
+        torch.ops.aten.addmm.default,
+        _op("aten", "_scaled_mm"),
+        _op("aten", "_scaled_mm_v2"),
+    )
+    if op is not None
+}
 _GATHERS = {
     torch.ops._c10d_functional.all_gather_into_tensor.default,
     torch.ops._c10d_functional.wait_tensor.default,

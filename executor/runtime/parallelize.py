@@ -1,9 +1,13 @@
-"""parallelize(): tensor parallelism, activation checkpointing, data parallelism and compilation,
-in that order.
+"""parallelize(): Float8 conversion, tensor parallelism, activation checkpointing, data parallelism
+and compilation, in that order.
 
 Two engines, as the plan chooses with `config.compile`:
-  simple_fsdp (compile=True)   TP -> AC -> SimpleFSDP parametrization -> torch.compile (whole model)
-  fsdp2       (compile=False)  TP -> AC -> FSDP2 fully_shard per wrap unit (eager)
+  simple_fsdp (compile=True)   [Float8] -> TP -> AC -> SimpleFSDP parametrization -> torch.compile
+  fsdp2       (compile=False)  [Float8] -> TP -> AC -> FSDP2 fully_shard per wrap unit (eager)
+Float8 (`config.float8`, executor.runtime.float8) swaps the blocks' eligible linears for torchao's
+float8 ones first, as torchtitan's model converters do: on the unsharded model, under the names
+tensor parallelism addresses, and before FSDP2 wraps the weights (its float8 all-gather needs the
+float8 weight subclass in place when fully_shard runs).
 Why this order: tensor parallelism addresses submodules by name (`attention.wq`), which activation
 checkpointing's wrapper would rename, and it turns parameters into tp DTensors that data
 parallelism then shards further over its own mesh dims. Activation checkpointing wraps blocks
@@ -17,6 +21,7 @@ editing the plan (e.g. eager SimpleFSDP to separate sharding bugs from compiler 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -29,6 +34,7 @@ from contract.plan_document import RuntimePlan
 from executor.runtime.activation_checkpoint import apply_activation_checkpointing
 from executor.runtime.compile import CompileSettings, apply_compile, compile_settings
 from executor.runtime.distributed import data_parallel_mesh, tensor_parallel_mesh
+from executor.runtime.float8 import Float8Conversion, after_optimizer_step, convert_to_float8
 from executor.runtime.fsdp2 import apply_fsdp2, fsdp2_mesh
 from executor.runtime.models import computes_own_loss, find_parts
 from executor.runtime.simple_fsdp import apply_simple_fsdp
@@ -74,6 +80,10 @@ class Parallelized:
     (eager no_shard, as the planner prices it); sharded gradients are reduced every micro-batch."""
     notes: list[str] = field(default_factory=list)
     """Human-readable lines describing what was applied (logged by the trainer on rank 0)."""
+    float8: Float8Conversion | None = None
+    """The Float8 conversion (None: the plan's `config.float8` is `none`)."""
+    after_optimizer_step: Callable[[nn.Module], None] | None = None
+    """Run on `module` after each optimizer step (Float8 all-gather: precompute the weights' scales)."""
 
 
 def parallelize(
@@ -89,7 +99,19 @@ def parallelize(
     notes: list[str] = []
     micro_pipeline_tp = False
 
-    # 1. Tensor parallelism first: it names submodules that the AC wrapper would rename.
+    # 0. Float8 before everything: it swaps modules, which TP names, AC wraps and FSDP shards.
+    float8 = None
+    if cfg.float8 != "none":
+        float8 = convert_to_float8(
+            model,
+            find_parts(model).blocks,
+            recipe=cfg.float8,
+            device=_device(mesh),
+            fsdp2=engine == "fsdp2" and cfg.sharding != "no_shard",
+        )
+        notes.extend(float8.notes())
+
+    # 1. Tensor parallelism: it names submodules that the AC wrapper would rename.
     if cfg.mesh.tp > 1:
         apply_tensor_parallel(model, mesh=tensor_parallel_mesh(mesh))
         notes.append(f"tensor parallel: tp={cfg.mesh.tp} (sequence parallel, loss parallel)")
@@ -166,6 +188,8 @@ def parallelize(
         reduce_dtype=reduce_dtype,
         sync_last_micro_batch_only=engine == "fsdp2" and cfg.sharding == "no_shard",
         notes=notes,
+        float8=float8,
+        after_optimizer_step=after_optimizer_step(float8),
     )
 
 
@@ -179,6 +203,12 @@ def enable_async_tensor_parallel(tp_mesh: DeviceMesh) -> tuple[bool, str]:
     enable_symm_mem_for_group(tp_mesh.get_group().group_name)
     return True, ("async tensor parallel: symmetric memory on the tp group; inductor micro-pipelines "
                   "its collectives")
+
+
+def _device(mesh: DeviceMesh) -> torch.device:
+    if mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(mesh.device_type)
 
 
 def _mesh_str(mesh: DeviceMesh) -> str:

@@ -72,4 +72,6 @@ def train_step(
     grad_norm = clip_grad_norm(par.module, max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    if par.after_optimizer_step is not None:
+        par.after_optimizer_step(par.module)
     return StepResult(loss_sum=loss_sum, grad_norm=grad_norm)

@@ -42,6 +42,7 @@ from executor.runtime.distributed import (
     init_distributed,
 )
 from executor.runtime.evaluate import evaluate
+from executor.runtime.float8 import Float8Error
 from executor.runtime.loggers import Tracker, open_trackers
 from executor.runtime.materialize import materialize
 from executor.runtime.metrics import MemoryMeter, MetricsWriter, StepMetrics, mfu
@@ -54,7 +55,7 @@ from executor.runtime.pretrained import load_pretrained
 from executor.runtime.safetensors_io import WeightsError
 from executor.runtime.step import train_step
 
-USER_ERRORS = (PlanError, LaunchError, DataError, ModelFactoryError, WeightsError)
+USER_ERRORS = (PlanError, LaunchError, DataError, ModelFactoryError, WeightsError, Float8Error)
 """Errors caused by inputs a person can fix: reported as one line, without a traceback."""
 
 EPILOG = f"""exit status: 0 done; 1 unexpected failure (traceback above); 2 invalid input (plan, launch,

@@ -2,7 +2,8 @@
 
 `debug_plan()` is a `llama-debug` plan on a 1x2 `cpu` cluster; keyword arguments override parts
 (`tp` for tensor parallelism; `dp_shard` to choose the shard group, the rest of the data-parallel
-ranks being replicas).
+ranks being replicas; `float8` for a Float8 recipe, with `FLOAT8_LLAMA` as the model whose block
+linears torchao's filter converts).
 tests/executor/test_plan_contract.py checks this shape against the planner's pydantic model, so
 the hand-made plans here cannot drift from real ones.
 """
@@ -20,6 +21,19 @@ from planner.specs import ModelSpec
 # The catalog's own entries, as a plan document carries them.
 LLAMA_DEBUG: dict[str, Any] = resolve_model("llama-debug").model_dump(mode="json")
 CPU_GPU_SPEC: dict[str, Any] = resolve_gpu("cpu").model_dump(mode="json")
+# A tiny llama whose every block linear passes torchao's tensorwise filter (executor/runtime/float8.py:
+# out_features > 1024 or in_features > 4096, multiples of 16; of 32 for mxfp8): hidden 1056 with as many
+# kv heads as heads (head_dim 132), ffn 1056; 2 blocks, a small vocabulary: 17.8M parameters.
+FLOAT8_LLAMA: dict[str, Any] = {
+    **LLAMA_DEBUG,
+    "name": "llama-fp8-debug",
+    "vocab_size": 1024,
+    "hidden_size": 1056,
+    "num_layers": 2,
+    "num_heads": 8,
+    "num_kv_heads": 8,
+    "intermediate_size": 1056,
+}
 
 
 def debug_plan(
@@ -42,6 +56,7 @@ def debug_plan(
     dp_shard: int | None = None,
     tp: int = 1,
     loss_chunks: int = 1,
+    float8: str = "none",
 ) -> dict[str, Any]:
     """A complete plan document (as `Plan.model_dump(mode="json")` writes it). The ranks are
     nodes x gpus_per_node = dp_replicate x dp_shard x tp; `dp_shard` defaults to what `sharding`
@@ -57,7 +72,7 @@ def debug_plan(
     costs = model_costs(ModelSpec.model_validate(model_doc), seq_len) if priced else None
     sequences = micro_batch_size * grad_accum_steps * dp
     bf16 = precision == "bf16"
-    return {
+    document = {
         "schema_version": "2.0",
         "planner_version": "0.1.0",
         "plan_hash": "0" * 64,
@@ -135,3 +150,7 @@ def debug_plan(
         "calibration_id": None,
         "search": {"candidates_evaluated": 1, "candidates_fitting": 1},
     }
+    if float8 != "none":  # schema 2.1's field, written only where it says something
+        document["schema_version"] = "2.1"
+        document["config"]["float8"] = float8
+    return document

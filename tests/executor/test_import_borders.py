@@ -45,9 +45,17 @@ OPTIONAL = {
     "executor/runtime/loggers.py": {"wandb"},
     # The dataset writer (beside its reader, which needs neither): Hugging Face tokenizers if installed.
     "executor/runtime/prepare_data.py": {"transformers", "tokenizers"},
+    # Float8 plans only (torchao, the executor extra); a plan needing it without it is refused by name.
+    "executor/runtime/float8.py": {
+        "torchao",
+        "torchao.float8",
+        "torchao.prototype.moe_training.config",
+        "torchao.quantization",
+        "torchao.quantization.quantize_.common.kernel_preference",
+    },
 }
 """Optional imports, each in one place, inside a function, guarded by `except ImportError`: the run goes
-on without them (a one-line warning)."""
+on without them (a one-line warning), or, for torchao, a plan that needs it is refused in one line."""
 
 
 @pytest.mark.parametrize("package", ["runtime", "profile"])
