@@ -16,9 +16,10 @@ import tarfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import contract
+from contract.parallel_config import Float8Recipe
 from executor.launch import render
 from executor.launch.quoting import (
     CUDA_VERSION_PATTERN,
@@ -113,7 +114,14 @@ def context(plan: Plan, *, image: str = DEFAULT_IMAGE) -> render.LaunchContext:
         image=image_ref(image),
         label=comment(plan.config.label(), limit=100),
         mesh=plan.config.mesh,  # a contract.mesh.Mesh: its degrees are checked whole numbers >= 1
+        float8=_float8(plan.config.float8),
     )
+
+
+def _float8(recipe: str) -> str:
+    """The plan's Float8 recipe, one of the contract's (it lands in shell text)."""
+    _check_choice(recipe, get_args(Float8Recipe), "config.float8")
+    return recipe
 
 
 def runtime_files(packages: tuple[str, ...] = ("runtime",)) -> list[BundleFile]:

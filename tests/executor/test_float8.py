@@ -5,6 +5,7 @@ trainer on 1 and 2 gloo ranks (torchao's emulation on CPU) like the same plan wi
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import sys
 import types
@@ -309,3 +310,67 @@ def test_float8_plan_trains_like_the_plan_without_it(
     assert sum(fp8[-5:]) / 5 == pytest.approx(sum(base[-5:]) / 5, rel=TAIL_RTOL)
     assert fp8 != base  # the float8 casts did change the numbers
     assert sum(fp8[-5:]) / 5 < fp8[0] - 1.0  # and it learned
+
+
+# ---- the bundle states Float8 and checks for torchao ----
+
+
+def test_bundle_states_float8_and_refuses_to_start_without_torchao(tmp_path: Path) -> None:
+    from executor.launch.bundle import bundle_files, bundle_name, write_bundle
+    from executor.launch.render import TORCHAO_REQUIREMENT
+    from planner.plan import Plan
+    from tests.executor.launch_lint import lint_script, validate_manifest
+
+    doc = debug_plan(
+        model=FLOAT8_LLAMA, name="llama-fp8-debug", float8="tensorwise", nodes=2, gpus_per_node=8
+    )
+    doc["cluster"]["gpu"] = "h100-sxm"
+    plan = Plan.model_validate(doc)
+    files = {f.path: f.data.decode() for f in bundle_files(plan)}
+    for name in ("launch.sh", "slurm.sbatch", "k8s.yaml"):
+        assert "# precision: Float8 tensorwise (torchao)" in files[name], name
+        assert "torchao==0.18.0" in files[name] and "8.9+" in files[name]
+    assert "the official image has no torchao" in files["k8s.yaml"]
+    # A plan without Float8 says nothing of it (and checks nothing).
+    plain = {f.path: f.data.decode() for f in bundle_files(Plan.model_validate(debug_plan()))}
+    assert "Float8" not in plain["launch.sh"] and "torchao" not in plain["launch.sh"]
+
+    write_bundle(plan, tmp_path, target="all")
+    launch = tmp_path / bundle_name(plan) / "launch.sh"
+    lint_script(launch)  # (slurm.sbatch and the manifests: the bundle tests lint them; Float8 adds comments)
+    assert validate_manifest(launch.with_name("k8s.yaml"))  # returns what it validated
+    fake = tmp_path / "fake-python"
+    record = tmp_path / "argv.txt"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$1" = "-c" ]; then\n'
+        '  case "$2" in *torchao*) [ -n "${HAS_TORCHAO:-}" ]; exit ;; esac; exit 0\n'
+        "fi\n"
+        f'printf "%s\\n" "$@" > {record}\n'
+    )
+    fake.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "PYTHON": str(fake), "SYNTHETIC_DATA": "1", "NNODES": "1"}
+    refused = subprocess.run([str(launch)], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 2 and not record.exists()  # before torchrun starts
+    message = " ".join(refused.stderr.split())
+    assert "launch.sh: the plan trains with Float8 (tensorwise), which needs torchao" in message
+    assert f"pip install '{TORCHAO_REQUIREMENT}'" in message and "fsdp-planner[executor]" in message
+    ok = subprocess.run(
+        [str(launch)],
+        env={**env, "HAS_TORCHAO": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "executor.runtime.train" in record.read_text()
+
+
+def test_bundle_torchao_pin_is_the_executor_extras() -> None:
+    import tomllib
+
+    from executor.launch.render import TORCHAO_REQUIREMENT
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert TORCHAO_REQUIREMENT in extras["executor"]
