@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -301,8 +302,10 @@ def test_float8_plan_trains_like_the_plan_without_it(
         return write_plan(doc, f"{float8}.json")
 
     extra = ("--engine", engine, "--no-compile")
+    ckpt = tmp_path / "ckpt"
+    saves = ("--checkpoint-dir", str(ckpt), "--checkpoint-every", "10", "--keep-checkpoints", "0")
     base, _ = _losses(plan("none"), tmp_path, "none", nproc, *extra)
-    fp8, out = _losses(plan("tensorwise"), tmp_path, "fp8", nproc, *extra)
+    fp8, out = _losses(plan("tensorwise"), tmp_path, "fp8", nproc, *extra, *(saves if nproc == 2 else ()))
     assert "float8: tensorwise on 14 linear(s), emulated" in out and gather_note in out
     assert "float8 kept in compute precision: output" in out
     assert len(fp8) == len(base) == STEPS
@@ -310,6 +313,14 @@ def test_float8_plan_trains_like_the_plan_without_it(
     assert sum(fp8[-5:]) / 5 == pytest.approx(sum(base[-5:]) / 5, rel=TAIL_RTOL)
     assert fp8 != base  # the float8 casts did change the numbers
     assert sum(fp8[-5:]) / 5 < fp8[0] - 1.0  # and it learned
+    if nproc == 2:
+        # The float8 weights (torchao's FSDP2 weight subclass) checkpoint and resume exactly.
+        shutil.rmtree(ckpt / "step-00000020")
+        resumed, out = _losses(
+            plan("tensorwise"), tmp_path, "resumed", nproc, *extra, "--checkpoint-dir", str(ckpt), "--resume"
+        )
+        assert "resumed from" in out and "(step 10)" in out
+        assert resumed == pytest.approx(fp8[10:], rel=1e-6)
 
 
 # ---- the bundle states Float8 and checks for torchao ----
