@@ -2,7 +2,7 @@
 and the runtime (what it hands torchao).
 
 torchao's own filter for each recipe, stated here as numbers: a layer's in- and out-features must be
-multiples of 16 (float8 tensor-core GEMMs need them), and layers below a size gain nothing from
+multiples of 16 (float8 tensor-core GEMMs need them; 32 for MX), and layers below a size gain nothing from
 float8 because the casts cost more than the faster GEMM saves (torchao's H100 GEMM benchmarks). The
 output head is never converted (its logits feed the loss in the compute precision).
 """
@@ -18,13 +18,16 @@ FLOAT8_RECIPES: tuple[str, ...] = tuple(r for r in get_args(Float8Recipe) if r !
 
 
 def float8_converts(recipe: str, in_features: int, out_features: int) -> bool:
-    """Whether `recipe` trains a block linear of this shape in float8."""
-    if recipe == "none" or in_features % 16 or out_features % 16:
+    """Whether `recipe` trains a block linear of this shape in float8 (torchao 0.18's
+    `_auto_filter_for_recipe`, with N = out_features and K = in_features as its weight's shape)."""
+    if recipe == "none":
+        return False
+    multiple = 32 if recipe == "mxfp8" else 16  # MX scales blocks of 32 values
+    if in_features % multiple or out_features % multiple:
         return False
     if recipe == "rowwise":
         # Rowwise scaling's GEMM gains less, so it needs the larger shapes.
-        if in_features <= 2048 or out_features <= 1024:
-            return False
-        return not (in_features <= 4096 and out_features <= 2048)
-    # tensorwise and mxfp8
-    return not (out_features <= 4096 and in_features <= 1024)
+        return not (out_features <= 2048 or in_features <= 1024
+                    or (out_features <= 4096 and in_features <= 2048))
+    # tensorwise, and mxfp8 (torchao states no rule of its own for MX)
+    return not (in_features <= 4096 and out_features <= 1024)

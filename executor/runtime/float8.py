@@ -13,7 +13,8 @@ Recipes (`contract.parallel_config.Float8Recipe`):
               torchao's prototype `MXFP8TrainingOpConfig` (`quantize_`), all-gathered in the param
               dtype; refused by name when this torchao lacks that API.
 
-Which linears convert (`float8_eligible`, torchao's own auto filter `_auto_filter_for_recipe`, whose
+Which linears convert (`contract.float8.float8_converts`, shared with the planner's pricing;
+torchao's own auto filter `_auto_filter_for_recipe`, whose
 thresholds come from its H100 benchmarks: smaller GEMMs lose to the cast overhead). Only `nn.Linear`
 layers inside the model's blocks (`find_parts(model).blocks`) are candidates: the output head, the
 embedding and anything outside the blocks stay in the compute precision. A candidate with weight
@@ -55,7 +56,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-RECIPES = ("tensorwise", "rowwise", "mxfp8")
+from contract.float8 import FLOAT8_RECIPES, float8_converts
+
+RECIPES = FLOAT8_RECIPES
 INSTALL_HINT = "install the executor extra (pip install 'fsdp-planner[executor]', which pins torchao)"
 FP8_CAPABILITY = (8, 9)
 """Smallest CUDA compute capability with FP8 tensor cores (Ada / Hopper)."""
@@ -65,20 +68,6 @@ MX_CAPABILITY = (10, 0)
 
 class Float8Error(RuntimeError):
     """The plan asks for Float8 training that this machine cannot run (reported without traceback)."""
-
-
-def float8_eligible(recipe: str, in_features: int, out_features: int) -> bool:
-    """Whether a linear layer of this shape converts under `recipe` (the rule in the module docstring,
-    torchao's auto filter)."""
-    n, k = out_features, in_features
-    multiple = 32 if recipe == "mxfp8" else 16
-    if n % multiple or k % multiple:
-        return False
-    if recipe == "rowwise":
-        return not (n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048))
-    if recipe in ("tensorwise", "mxfp8"):
-        return not (k <= 4096 and n <= 1024)
-    raise ValueError(f"unknown Float8 recipe {recipe!r} (expected one of {', '.join(RECIPES)})")
 
 
 @dataclass(slots=True)
@@ -230,7 +219,7 @@ def convert_to_float8(
     conversion = Float8Conversion(recipe=recipe, emulate=emulate, fsdp_float8_all_gather=False)
     for block in blocks:
         for name, linear in _linears(block, block_prefix[id(block)]):
-            if float8_eligible(recipe, linear.in_features, linear.out_features):
+            if float8_converts(recipe, linear.in_features, linear.out_features):
                 chosen.add(id(linear))
                 conversion.converted.append(name)
     conversion.kept = [name for name, m in _linears(model, "") if id(m) not in chosen]

@@ -75,9 +75,10 @@ class Choice:
     @property
     def float8_all_gather(self) -> bool:
         """Whether FSDP all-gathers the float8-converted weights in float8 (one byte each): with
-        tensorwise scaling, whose one scale per tensor survives sharding, whenever parameters are
-        gathered."""
-        return self.float8 == "tensorwise" and self.sharding != "no_shard"
+        tensorwise scaling, whose one scale per tensor survives sharding, through FSDP2's all-gather
+        hooks (torchao's extension point; SimpleFSDP's gathers are DTensor redistributes that never
+        call them, so compiled SimpleFSDP gathers the weights in the compute dtype and casts after)."""
+        return self.float8 == "tensorwise" and self.sharding != "no_shard" and not self.simple_fsdp
 
     @property
     def reduce_bytes(self) -> int:

@@ -16,10 +16,11 @@ import pytest
 import torch
 from torch import nn
 
+from contract.float8 import float8_converts as float8_eligible
 from contract.plan_document import parse_plan
 from executor.runtime import float8 as f8
 from executor.runtime import parallelize as par_module
-from executor.runtime.float8 import Float8Error, convert_to_float8, float8_eligible
+from executor.runtime.float8 import Float8Error, convert_to_float8
 from executor.runtime.models import build_model, find_parts
 from tests.executor.conftest import REPO, explain, job_env, read_metrics, torchrun
 from tests.executor.plan_factory import FLOAT8_LLAMA, LLAMA_DEBUG, debug_plan

@@ -27,13 +27,14 @@ RECIPES = ["none", "tensorwise", "rowwise"]
     [
         # torchao's auto filters, stated in contract/float8.py (shapes as nn.Linear(in, out)).
         ("tensorwise", 4096, 14336, True),
-        ("tensorwise", 1024, 4096, False),  # both small: the casts cost more than the GEMM gains
-        ("tensorwise", 1024, 8192, True),
+        ("tensorwise", 4096, 1024, False),  # llama3-8b's k/v: too small, the casts cost more than gained
+        ("tensorwise", 8192, 1024, True),  # llama3-70b's k/v
         ("tensorwise", 4104, 4096, False),  # not a multiple of 16
-        ("rowwise", 4096, 1024, False),  # rowwise needs out > 1024
-        ("rowwise", 2048, 8192, False),  # and in > 2048
-        ("rowwise", 4096, 2048, False),
+        ("rowwise", 4096, 2048, False),  # rowwise needs out > 2048
+        ("rowwise", 1024, 8192, False),  # and in > 1024
+        ("rowwise", 2048, 4096, False),  # and not both out <= 4096 and in <= 2048
         ("rowwise", 4096, 4096, True),
+        ("mxfp8", 4112, 4112, False),  # MX needs multiples of 32
         ("none", 8192, 8192, False),
     ],
 )
@@ -67,18 +68,23 @@ def test_a_model_too_small_to_convert_prices_as_bf16() -> None:
     assert _estimate(request, float8="tensorwise") == _estimate(request, float8="none")
 
 
-def test_tensorwise_gathers_its_converted_weights_in_one_byte() -> None:
+def test_fsdp2_gathers_tensorwise_weights_in_one_byte() -> None:
     request = make_request("llama3-8b", "1x8xH100", seq_len=8192, sequences=8)
     setting = build_setting(request, None, None)
-    bf16 = comm_layout(setting, Choice(sharding="full_shard", compile=True))
-    fp8 = comm_layout(setting, Choice(sharding="full_shard", compile=True, float8="tensorwise"))
-    rowwise = comm_layout(setting, Choice(sharding="full_shard", compile=True, float8="rowwise"))
+    bf16 = comm_layout(setting, Choice(sharding="full_shard"))
+    fp8 = comm_layout(setting, Choice(sharding="full_shard", float8="tensorwise"))
+    rowwise = comm_layout(setting, Choice(sharding="full_shard", float8="rowwise"))
     block = setting.model.blocks[0]
     saved = float8_share(block, "tensorwise").params  # 2 bytes -> 1 byte per converted weight
-    assert saved == block.matmul_params  # every llama3-8b block linear passes the filter
+    kv = 4096 * 1024  # k and v stay in bf16: torchao's filter finds them too small
+    assert saved == block.matmul_params - 2 * kv
     saved_in_all = saved * len(setting.model.blocks)
     assert bf16.model_gather_bytes - fp8.model_gather_bytes == pytest.approx(saved_in_all)
     assert rowwise.model_gather_bytes == bf16.model_gather_bytes  # only tensorwise scales survive sharding
+    # Compiled SimpleFSDP gathers DTensors without FSDP2's hooks: in bf16, cast after the gather.
+    compiled = comm_layout(setting, Choice(sharding="full_shard", compile=True, float8="tensorwise"))
+    compiled_bf16 = comm_layout(setting, Choice(sharding="full_shard", compile=True))
+    assert compiled.model_gather_bytes == compiled_bf16.model_gather_bytes
 
 
 def test_the_search_tries_float8_only_when_asked_and_says_why_bf16_lost() -> None:
