@@ -115,6 +115,7 @@ def context(plan: Plan, *, image: str = DEFAULT_IMAGE) -> render.LaunchContext:
         label=comment(plan.config.label(), limit=100),
         mesh=plan.config.mesh,  # a contract.mesh.Mesh: its degrees are checked whole numbers >= 1
         float8=_float8(plan.config.float8),
+        async_tp=plan.config.async_tp is True,
     )
 
 

@@ -38,6 +38,8 @@ class LaunchContext:
     """The training plan's mesh (None: a calibration run, which has none)."""
     float8: str = "none"
     """The plan's Float8 recipe (`config.float8`: none, tensorwise, rowwise, mxfp8; a checked choice)."""
+    async_tp: bool = False
+    """The plan's async tensor parallelism (`config.async_tp`)."""
 
 
 TORCHAO_REQUIREMENT = "torchao==0.18.0"
@@ -81,10 +83,16 @@ def _mesh_header(ctx: LaunchContext) -> str:
         return ""
     if mesh.tp == 1:
         return f"# mesh: {mesh.describe()} (data parallelism only)\n"
+    pipelined = (
+        "#   async TP: the tp collectives are micro-pipelined with their matmuls (inductor, CUDA symmetric\n"
+        "#   memory between the node's GPUs; a CPU run falls back to plain collectives).\n"
+        if ctx.async_tp else ""
+    )
     return (
         f"# mesh: {mesh.describe()}\n"
         f"#   tp groups are {mesh.tp} consecutive ranks inside a node (tensor parallel with sequence + loss\n"
         f"#   parallel); FSDP shards over the data-parallel dims. Every node runs a multiple of {mesh.tp}.\n"
+        f"{pipelined}"
     )
 
 

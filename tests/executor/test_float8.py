@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import types
 from pathlib import Path
 
@@ -18,11 +19,15 @@ from torch import nn
 
 from contract.float8 import float8_converts as float8_eligible
 from contract.plan_document import parse_plan
+from executor.launch.bundle import bundle_files, bundle_name, write_bundle
+from executor.launch.render import TORCHAO_REQUIREMENT
 from executor.runtime import float8 as f8
 from executor.runtime import parallelize as par_module
 from executor.runtime.float8 import Float8Error, convert_to_float8
 from executor.runtime.models import build_model, find_parts
+from planner.plan import Plan
 from tests.executor.conftest import REPO, explain, job_env, read_metrics, torchrun
+from tests.executor.launch_lint import lint_script, validate_manifest
 from tests.executor.plan_factory import FLOAT8_LLAMA, LLAMA_DEBUG, debug_plan
 from tests.output_checks import python_warnings
 
@@ -328,10 +333,6 @@ def test_float8_plan_trains_like_the_plan_without_it(
 
 
 def test_bundle_states_float8_and_refuses_to_start_without_torchao(tmp_path: Path) -> None:
-    from executor.launch.bundle import bundle_files, bundle_name, write_bundle
-    from executor.launch.render import TORCHAO_REQUIREMENT
-    from planner.plan import Plan
-    from tests.executor.launch_lint import lint_script, validate_manifest
 
     doc = debug_plan(
         model=FLOAT8_LLAMA, name="llama-fp8-debug", float8="tensorwise", nodes=2, gpus_per_node=8
@@ -380,9 +381,18 @@ def test_bundle_states_float8_and_refuses_to_start_without_torchao(tmp_path: Pat
 
 
 def test_bundle_torchao_pin_is_the_executor_extras() -> None:
-    import tomllib
-
-    from executor.launch.render import TORCHAO_REQUIREMENT
 
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert TORCHAO_REQUIREMENT in extras["executor"]
+
+
+def test_bundle_states_async_tp_in_the_mesh_header() -> None:
+    doc = debug_plan(compile=True, tp=2, nodes=1, gpus_per_node=8)
+    doc["cluster"]["gpu"] = "h100-sxm"
+    doc["config"]["async_tp"] = True
+    files = {f.path: f.data.decode() for f in bundle_files(Plan.model_validate(doc))}
+    for name in ("launch.sh", "slurm.sbatch", "k8s.yaml"):
+        assert "#   async TP: the tp collectives are micro-pipelined" in files[name], name
+    doc["config"]["async_tp"] = False
+    plain = {f.path: f.data.decode() for f in bundle_files(Plan.model_validate(doc))}
+    assert "async TP" not in plain["launch.sh"]
