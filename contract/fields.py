@@ -65,6 +65,9 @@ def check_fields(instance: Any) -> None:
         value = getattr(instance, name)
         if value is None:
             continue
+        if dataclasses.is_dataclass(hint) and not isinstance(value, hint):
+            # A document's part given as a plain dict (or anything else) would pass unchecked.
+            raise FieldError(f"{name}: expected a {hint.__name__}, got {type(value).__name__}")
         if hint is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
             object.__setattr__(instance, name, value)  # frozen: the one write, at construction

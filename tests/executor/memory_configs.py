@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from contract.mesh import Mesh
 from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig
 from planner.plan import Plan
 from planner.search import predict
@@ -96,7 +97,7 @@ def parallel_config(case: MemoryCase, world: int) -> ParallelConfig:
     shard = 1 if case.sharding == "no_shard" else dp
     return ParallelConfig(
         sharding=case.sharding,  # type: ignore[arg-type]
-        mesh={"dp_replicate": dp // shard, "dp_shard": shard, "tp": case.tp},
+        mesh=Mesh(dp_replicate=dp // shard, dp_shard=shard, tp=case.tp),
         blocks_per_unit=1,
         all_gather_bucket_mb=0.0,
         reduce_scatter_bucket_mb=0.0,
