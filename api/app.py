@@ -19,6 +19,7 @@ from api.docs import install as install_docs
 from api.middleware import AllowedMethodsMiddleware, BodySizeLimitMiddleware
 from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
 from api.routers import api_router, health
+from api.services.job_kinds import PLAN_JOBS, STUDIES
 from api.services.jobs import InProcessJobs
 from api.services.keyed_locks import KeyedLocks
 from api.services.search_pool import SearchPool, available_cores, stop_with_supervisor
@@ -52,15 +53,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                              deadline_s=settings.search_deadline_s)
     # Studies search in a pool of their own: a plan request never queues behind a study's candidates.
     # With the procrastinate engine they run in `fsdp-planner worker` processes, not here at all.
+    # Large plan searches and re-plans are jobs too, run the same way, with job threads and a search
+    # pool (`plan_jobs` processes) of their own: they never wait behind a study, nor a small plan behind them.
     jobs: InProcessJobs | ProcrastinateJobs
+    plan_jobs: InProcessJobs | ProcrastinateJobs
     if settings.job_engine == "procrastinate":
-        jobs = ProcrastinateJobs()
+        jobs = ProcrastinateJobs(STUDIES)
+        plan_jobs = ProcrastinateJobs(PLAN_JOBS)
     else:
         jobs = InProcessJobs(
             create_session_factory(engine), threads=settings.study_jobs,
             stale_after_s=settings.study_stale_after_s,
             search_pool=SearchPool(workers=settings.study_search_workers or available_cores(),
                                    deadline_s=settings.search_deadline_s),
+        )
+        plan_jobs = InProcessJobs(
+            create_session_factory(engine), threads=settings.plan_jobs, kind=PLAN_JOBS,
+            stale_after_s=settings.study_stale_after_s,
+            search_pool=SearchPool(workers=settings.plan_jobs, deadline_s=settings.search_deadline_s),
         )
 
     @asynccontextmanager
@@ -72,9 +82,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             stop_with_supervisor(settings.supervisor_pid)
         await anyio.to_thread.run_sync(search_pool.start)
         await anyio.to_thread.run_sync(jobs.start)
+        await anyio.to_thread.run_sync(plan_jobs.start)
         try:
             yield
         finally:
+            await anyio.to_thread.run_sync(plan_jobs.shutdown)
             await anyio.to_thread.run_sync(jobs.shutdown)
             await anyio.to_thread.run_sync(search_pool.shutdown)
             engine.dispose()
@@ -93,6 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.plan_locks = KeyedLocks()
     app.state.search_pool = search_pool
     app.state.jobs = jobs
+    app.state.plan_jobs = plan_jobs
     # Threads that wait on the search pool, apart from the default pool's (api/deps.py run_planning).
     app.state.planning_threads = anyio.CapacityLimiter(PLANNING_THREADS)
 

@@ -52,6 +52,15 @@ class Settings(BaseSettings):
     """Processes that run the studies' searches, per web process (in-process engine) or per worker
     (procrastinate), apart from the plan requests' pool (so a small plan never waits behind a study);
     None: one per available core."""
+    job_threshold_units: Annotated[int, Field(ge=1)] = 256
+    """A `POST /plans` whose model has more layer-graph units (or layers) than this is a job (202 and a
+    plan job to poll) instead of a synchronous request (201); re-plans are always jobs. 256: a worst-case
+    graph (no two units alike) searches in about 0.7 s on one core, 512 in 1.5-1.8 s, 1,024 in 3.1-3.3 s
+    (bench: README, "Jobs")."""
+    plan_jobs: Annotated[int, Field(ge=1, le=64)] = 1
+    """Plan jobs (large plan searches, re-plans) run at once per web process (in-process engine) or per
+    `fsdp-planner worker` (procrastinate), each in a search process of their own, apart from the studies'
+    and from the plan requests' pools."""
     study_stale_after_s: Annotated[float, Field(ge=1, le=3600)] = 60.0
     """A running study whose process has not said it is alive for this long (killed, or its machine
     gone) is queued again and run from its first candidate by a web process that is alive (in-process

@@ -127,11 +127,14 @@ def worker(
             raise typer.Exit(1)
         name = name or f"{socket.gethostname()}:{os.getpid()}"
         console.print(f"fsdp-planner worker {name}: {jobs} studies at once, {search_pool.workers} search "
-                      f"processes, database {_display_url(url)}", highlight=False)
+                      f"processes; {settings.plan_jobs} plan jobs (large plans, re-plans) at once; "
+                      f"database {_display_url(url)}", highlight=False)
         search_pool.start()
         study_worker = StudyWorker(
             url, create_session_factory(engine), search_pool=search_pool, concurrency=jobs,
             stale_after_s=settings.study_stale_after_s, name=name,
+            plan_search_pool=SearchPool(workers=settings.plan_jobs, deadline_s=settings.search_deadline_s),
+            plan_concurrency=settings.plan_jobs,
         )
         asyncio.run(study_worker.run())
     finally:

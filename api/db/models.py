@@ -229,3 +229,51 @@ class StudyPointRow(Base):
     deleted since (the point keeps its numbers)."""
     point: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
     """The StudyPoint document."""
+
+
+class PlanJobRow(Base):
+    """A plan search run as a job (api/services/plan_jobs.py): a re-plan, or a `POST /plans` whose layer
+    graph is beyond `Settings.job_threshold_units`. The same job columns as a study (state, attempts,
+    heartbeat), so the same engines run both; on success `plan_id` names the ordinary plan it stored (or
+    found stored)."""
+
+    __tablename__ = "plan_jobs"
+    __table_args__ = (
+        Index("ix_plan_jobs_idempotency_key", "idempotency_key", unique=True),
+        NEVER_REUSE_IDS,
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    """`plan` (a large POST /plans) or `replan` (POST /plans/{id}/replan)."""
+    name: Mapped[str] = mapped_column(String(200))
+    """What the job plans, for people (the plan's name, or the re-planned plan's)."""
+    units: Mapped[int] = mapped_column(Integer)
+    """The model's layer-graph units (or layers): what made a plan request a job."""
+    body: Mapped[dict[str, Any]] = mapped_column(JsonDocument, deferred=True)
+    """The request body as received (PlanCreate, or ReplanCreate), checked before it was queued."""
+    source_plan_id: Mapped[int | None] = mapped_column(BigId, index=True)
+    """The plan a re-plan starts from (a plain id: the job's record outlives that plan)."""
+    plan_id: Mapped[int | None] = mapped_column(
+        BigId, ForeignKey("plans.id", ondelete="SET NULL"), index=True
+    )
+    """The plan the job stored or found stored (None until it succeeds, or once that plan is deleted)."""
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    """What the request would have answered synchronously: 201 (stored now) or 200 (stored before)."""
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    """queued, running, succeeded or failed (api.schemas.plan_jobs.PlanJobState)."""
+    error: Mapped[str | None] = mapped_column(Text)
+    """Why the job failed (a person can act on it), or None."""
+    problem: Mapped[dict[str, Any] | None] = mapped_column(JsonDocument)
+    """The RFC 9457 problem the synchronous request would have answered with, when the job failed."""
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    attempts: Mapped[int] = mapped_column(Integer)
+    """Times a job has claimed it; each write names its attempt (as for studies)."""
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    """When the process running it last said it is alive."""
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    """The `Idempotency-Key` the job was created with (unique while set; cleared when it expires)."""
+    request_fingerprint: Mapped[str | None] = mapped_column(String(64))
+    """sha256 of the canonical request (body, and the re-planned plan's id), beside its key."""

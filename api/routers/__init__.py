@@ -2,11 +2,12 @@
 
 from fastapi import APIRouter
 
-from api.routers import calibrations, catalog, fidelity, health, launchers, plans, runs, studies
+from api.routers import calibrations, catalog, fidelity, health, launchers, plan_jobs, plans, runs, studies
 
 api_router = APIRouter()
 api_router.include_router(plans.router)
 api_router.include_router(studies.router)
+api_router.include_router(plan_jobs.router)
 api_router.include_router(runs.router)
 api_router.include_router(launchers.router)
 api_router.include_router(calibrations.router)

@@ -6,6 +6,7 @@ from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import JSONResponse
 from sqlalchemy import delete, select
 from starlette.convertors import Convertor, register_url_convertor
 
@@ -13,6 +14,7 @@ from api.db.models import PlanRow
 from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess, run_planning
 from api.problems import FieldError, ProblemError
 from api.routers.responses import problems
+from api.schemas.plan_jobs import PlanJobOut
 from api.schemas.plans import (
     MAX_GPUS_PER_NODE,
     MAX_NODES,
@@ -29,9 +31,8 @@ from api.schemas.plans import (
     ReplanCreate,
     SortOrder,
 )
-from api.services import plan_compare, plan_listing
+from api.services import plan_compare, plan_jobs, plan_listing
 from api.services import plans as plan_service
-from api.services import replan as replan_service
 from api.services.plan_documents import UnreadablePlanError
 from contract.parallel_config import ShardingStrategy
 
@@ -85,6 +86,9 @@ def _text_query(max_length: int, description: str) -> Query:
     dependencies=[WriteAccess],
     responses={
         200: {"model": PlanDetail, "description": "Identical inputs were planned before: the stored plan"},
+        202: {"model": PlanJobOut, "description": "A model beyond the server's job threshold "
+              "(FSDP_PLANNER_JOB_THRESHOLD_UNITS layer-graph units): its search is queued as a plan job; "
+              "poll `Location` until it names the plan"},
         **problems(401, 409, 415, 422, 503),
     },
     summary="Plan a model on a cluster and store the plan",
@@ -96,7 +100,23 @@ async def create_plan(
     session: SessionDep,
     settings: SettingsDep,
     idempotency_key: IdempotencyKey = None,
-) -> PlanDetail:
+) -> PlanDetail | JSONResponse:
+    """Searches and stores the plan (201; 200 when identical inputs were planned before). A model with
+    more layer-graph units than the server's job threshold is searched as a job instead: 202 with the
+    plan job (`Location`: /api/v1/plan-jobs/{id}), whose `plan_id` names the plan once it has succeeded."""
+    units = plan_jobs.units_of(body)
+    keyed_job = idempotency_key is not None and await run_planning(request, partial(
+        plan_jobs.replay, session, idempotency_key, plan_service.fingerprint(body),
+        settings.idempotency_ttl_s,
+    )) is not None
+    if keyed_job or (units is not None and units > settings.job_threshold_units):
+        submission = await run_planning(request, partial(
+            plan_jobs.submit_plan, session, body, locks=request.app.state.plan_locks,
+            max_model_layers=settings.max_model_layers, idempotency_key=idempotency_key,
+            idempotency_ttl_s=settings.idempotency_ttl_s, enqueue=request.app.state.plan_jobs.enqueue,
+        ))
+        if submission is not None:
+            return job_accepted(request, session, submission)
     # In a thread of its own limiter: requests waiting for a search never take the threads reads need.
     outcome = await run_planning(request, partial(
         plan_service.create_plan, session, body, locks=request.app.state.plan_locks,
@@ -224,31 +244,41 @@ def delete_plan(plan_id: PlanId, session: SessionDep) -> Response:
 
 @router.post(
     "/{plan_id}/replan",
-    status_code=201,
-    response_model=PlanDetail,
+    status_code=202,
+    response_model=PlanJobOut,
     dependencies=[WriteAccess],
-    responses={
-        200: {"model": PlanDetail, "description": "This failure was re-planned before: the stored plan"},
-        **problems(401, 404, 409, 415, 422),
-    },
+    responses=problems(401, 404, 409, 415, 422),
     summary="Re-plan a plan's request without every configuration as memory-hungry as one that ran out of "
-    "memory",
+    "memory (a plan job)",
 )
-async def replan(
+def replan(
     plan_id: PlanId,
     request: Request,
-    response: Response,
     session: SessionDep,
+    settings: SettingsDep,
     body: ReplanCreate | None = None,
-) -> PlanDetail:
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
     """The failed configuration is the plan's own (its newest OOM run's, or `run_id`'s); it is re-priced
     with the current planner, and the new plan only considers configurations predicted below that peak
-    (`request.search.max_peak_memory_gib`, exclusive). 422 when nothing lighter fits."""
-    # Like plan creation: a thread of the planning limiter waits while the search pool searches.
-    outcome = await run_planning(request, partial(
-        replan_service.replan, session, plan_id, body or ReplanCreate(), locks=request.app.state.plan_locks,
-        search_pool=request.app.state.search_pool,
-    ))
-    response.status_code = outcome.status_code
-    response.headers["Location"] = str(request.url_for("get_plan", plan_id=outcome.row.id))
-    return PlanDetail.model_validate(outcome.row)
+    (`request.search.max_peak_memory_gib`, exclusive). A re-plan is a job: 202 with the plan job
+    (`Location`: /api/v1/plan-jobs/{id}); once `succeeded` its `plan_id` names the new plan (or the one
+    stored by an earlier re-plan of the same failure), once `failed` its `error` says why (nothing lighter
+    fits: `problem` is the infeasible-plan problem). 404/422 at once for an unknown plan or run."""
+    submission = plan_jobs.submit_replan(
+        session, plan_id, body or ReplanCreate(), locks=request.app.state.plan_locks,
+        idempotency_key=idempotency_key, idempotency_ttl_s=settings.idempotency_ttl_s,
+        enqueue=request.app.state.plan_jobs.enqueue,
+    )
+    return job_accepted(request, session, submission)
+
+
+def job_accepted(request: Request, session: SessionDep, submission: plan_jobs.Submission) -> JSONResponse:
+    """202 with the plan job, `Location` to poll; a new job is handed to the engine now."""
+    headers = {"Location": str(request.url_for("get_plan_job", job_id=submission.job_id)), "Retry-After": "1"}
+    if submission.replayed:
+        headers["Idempotent-Replayed"] = "true"
+    else:
+        request.app.state.plan_jobs.submit(submission.job_id)
+    job = plan_jobs.get_job(session, submission.job_id)
+    return JSONResponse(job.model_dump(mode="json"), status_code=202, headers=headers)

@@ -1,4 +1,5 @@
-"""Where long work runs: the study jobs of one web process, on threads apart from the requests.
+"""Where long work runs: the jobs of one web process (studies, large plan searches and re-plans), on
+threads apart from the requests; one `InProcessJobs` per kind of job (api/services/job_kinds.py).
 
 The embedded default (SQLite, no broker) runs every job in the web process that accepted it: a few job
 threads (`Settings.study_jobs`) each run one study at a time, and the studies' searches go to a search
@@ -19,19 +20,22 @@ from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.services import studies as study_service
+from api.services import job_rows
+from api.services.job_kinds import STUDIES, JobKind
 from api.services.search_pool import SearchPool
 
 log = logging.getLogger(__name__)
 
 
 class InProcessJobs:
-    """Runs study jobs on threads of this process; `shutdown` puts a running study back in the queue."""
+    """Runs the jobs of one kind (studies by default; plan jobs) on threads of this process, their
+    searches in a pool of their own; `shutdown` puts a running study back in the queue."""
 
     def __init__(
         self, session_factory: sessionmaker[Session], *, search_pool: SearchPool, threads: int,
-        stale_after_s: float,
+        stale_after_s: float, kind: JobKind = STUDIES,
     ):
+        self.kind = kind
         self.session_factory = session_factory
         self.search_pool = search_pool
         self.threads = threads
@@ -54,10 +58,11 @@ class InProcessJobs:
 
     def _resume(self) -> None:
         with self.session_factory() as session:
-            stale = study_service.requeue_stale(session, stale_after_s=self.stale_after_s)
-            queued = study_service.queued_studies(session)
+            stale = job_rows.requeue_stale(session, self.kind.table, stale_after_s=self.stale_after_s)
+            queued = job_rows.queued(session, self.kind.table)
         if stale:
-            log.warning("queued again %d studies whose process went silent: %s", len(stale), stale)
+            log.warning("queued again %d %ss whose process went silent: %s", len(stale), self.kind.name,
+                        stale)
         for study_id in queued:
             with self._lock:
                 if study_id in self._mine:
@@ -74,20 +79,22 @@ class InProcessJobs:
             if self._stopping.is_set():
                 return
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="study-job")
+                self._executor = ThreadPoolExecutor(max_workers=self.threads,
+                                                    thread_name_prefix=f"{self.kind.lock_prefix}-job")
             self._start_watchdog()
             self._mine.add(study_id)
             self._executor.submit(self._run, study_id)
 
     def _start_watchdog(self) -> None:
         if self._watchdog is None or not self._watchdog.is_alive():
-            self._watchdog = threading.Thread(target=self._watch, name="study-heartbeat", daemon=True)
+            self._watchdog = threading.Thread(target=self._watch, name=f"{self.kind.lock_prefix}-heartbeat",
+                                              daemon=True)
             self._watchdog.start()
 
     def _run(self, study_id: int) -> None:
         try:
-            study_service.run_study_job(self.session_factory, study_id, search_pool=self.search_pool,
-                                        stopping=self._stopping)
+            self.kind.run_job(self.session_factory, study_id, search_pool=self.search_pool,
+                              stopping=self._stopping)
         finally:
             with self._lock:
                 self._mine.discard(study_id)
@@ -100,10 +107,10 @@ class InProcessJobs:
                 with self._lock:
                     mine = set(self._mine)
                 with self.session_factory() as session:
-                    study_service.beat(session, mine)
+                    job_rows.beat(session, self.kind.table, mine)
                 self._resume()
             except Exception:  # the database blinked: beat again next time
-                log.exception("study heartbeat failed")
+                log.exception("%s heartbeat failed", self.kind.name)
 
     def shutdown(self) -> None:
         """Stop: running studies go back to `queued` at their next candidate, queued ones stay queued."""

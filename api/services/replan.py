@@ -42,7 +42,7 @@ def replan(
     )
     if source is None:
         raise plan_service.plan_not_found(plan_id)
-    run = _failed_run(session, source, body.run_id)
+    run = failed_run(session, source, body.run_id)
     request = PlanRequest.model_validate(source.request)
     config = Plan.model_validate(source.plan).config  # through the upgrader: rows of every schema
     profile: CalibrationProfile | None = None
@@ -73,19 +73,20 @@ def replan(
             ceiling=ceiling,
         )
         row = plan_service.row_for(
-            request, plan, digest, name=body.name or _name(source.name), calibration_id=source.calibration_id
+            request, plan, digest, name=body.name or replanned_name(source.name),
+            calibration_id=source.calibration_id,
         )
         row.replanned_from_plan_id = source.id
         row.replanned_from_run_id = run.id if run is not None else None
         return plan_service.save(session, row)
 
 
-def _name(name: str) -> str:
+def replanned_name(name: str) -> str:
     suffix = " (re-planned)"
     return name[: 200 - len(suffix)] + suffix
 
 
-def _failed_run(session: Session, source: PlanRow, run_id: int | None) -> ValidationRunRow | None:
+def failed_run(session: Session, source: PlanRow, run_id: int | None) -> ValidationRunRow | None:
     """The OOM run named by `run_id`, else the plan's newest OOM run, else None (the plan's own config)."""
     if run_id is None:
         return session.scalar(

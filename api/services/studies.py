@@ -10,14 +10,12 @@ deduplicated by their input hash) and the study's points. State and progress liv
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
 from collections.abc import Callable, Collection
 from contextlib import nullcontext
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -39,7 +37,9 @@ from api.schemas.studies import (
     StudySummaryOut,
 )
 from api.services import calibrations as calibration_service
+from api.services import job_rows
 from api.services import plans as plan_service
+from api.services.job_rows import JobEnd
 from api.services.keyed_locks import KeyedLocks
 from api.services.search_pool import SearchJob, SearchPool, SearchPoolBrokenError
 from planner import __version__ as planner_version
@@ -237,17 +237,6 @@ class JobInterruptedError(Exception):
     """The process running the job is shutting down: the study goes back to the queue."""
 
 
-class JobEnd(enum.Enum):
-    """How `run_study_job` ended."""
-
-    not_claimed = "not_claimed"
-    """The study was not there to run: cancelled, deleted, finished, or run by another job."""
-    finished = "finished"
-    """The study succeeded or failed (its row says which), or was cancelled or deleted while it ran."""
-    requeued = "requeued"
-    """Stopped by `stopping`: the study is queued again, for the next job."""
-
-
 class _Progress:
     """A running study's progress, written to its row at most every PROGRESS_INTERVAL_S; each write also
     learns whether the study was cancelled or deleted meanwhile (then StudyStoppedError)."""
@@ -402,41 +391,22 @@ def cancel_study(session: Session, study_id: int) -> None:
 
 def beat(session: Session, study_ids: Collection[int]) -> None:
     """Say that this process still runs these studies."""
-    if study_ids:
-        session.execute(update(StudyRow).where(
-            StudyRow.id.in_(study_ids), StudyRow.state == StudyState.running
-        ).values(heartbeat_at=utcnow()))
-    session.commit()
+    job_rows.beat(session, StudyRow, study_ids)
 
 
 def requeue_stale(session: Session, *, stale_after_s: float) -> list[int]:
-    """Queue again the running studies whose process has been silent for `stale_after_s` (killed, or its
-    machine gone): their ids. One UPDATE: of several processes doing this at once, one gets each study;
-    the silent job, should it wake, can no longer write (its attempt is over)."""
-    cutoff = utcnow() - timedelta(seconds=stale_after_s)
-    ids = session.scalars(update(StudyRow).where(
-        StudyRow.state == StudyState.running, StudyRow.heartbeat_at < cutoff
-    ).values(state=StudyState.queued, started_at=None).returning(StudyRow.id)).all()
-    session.commit()
-    return sorted(ids)
+    """Queue again the running studies whose process has been silent for `stale_after_s`: their ids."""
+    return job_rows.requeue_stale(session, StudyRow, stale_after_s=stale_after_s)
 
 
 def give_up(session: Session, study_id: int, reason: str) -> bool:
-    """Fail a queued or running study whose job will not run again (its processes kept dying); whether
-    it was unfinished. The attempt that may still be running can store nothing after this."""
-    failed = session.execute(update(StudyRow).where(
-        StudyRow.id == study_id, StudyRow.state.in_((StudyState.queued, StudyState.running))
-    ).values(state=StudyState.failed, error=reason, finished_at=utcnow()).returning(StudyRow.id)).first()
-    session.commit()
-    return failed is not None
+    """Fail a queued or running study whose job will not run again; whether it was unfinished."""
+    return job_rows.give_up(session, StudyRow, study_id, reason)
 
 
 def queued_studies(session: Session) -> list[int]:
     """Ids of the studies waiting for a job, oldest first (resubmitted when a web process starts)."""
-    ids = session.scalars(select(StudyRow.id).where(StudyRow.state == StudyState.queued)
-                          .order_by(StudyRow.id)).all()
-    session.commit()
-    return list(ids)
+    return job_rows.queued(session, StudyRow)
 
 
 def default_name(study: StudyRequest) -> str:

@@ -35,21 +35,23 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.services import job_rows
 from api.services import studies as study_service
+from api.services.job_kinds import KINDS, PLAN_JOBS, STUDIES, JobKind
 from api.services.search_pool import SearchPool
 
 log = logging.getLogger(__name__)
 
 SCHEMA = "procrastinate"
 """The PostgreSQL schema of procrastinate's tables and functions (migration 0006)."""
-STUDY_QUEUE = "studies"
-STUDY_TASK = "fsdp_planner.run_study"
+STUDY_QUEUE = STUDIES.queue
+STUDY_TASK = STUDIES.task
 MAX_JOB_ATTEMPTS = 5
-"""A study whose worker died (or stopped) this many times fails, saying so, instead of killing more."""
+"""A job whose worker died (or stopped) this many times fails, saying so, instead of killing more."""
 
 
 def study_lock(study_id: int) -> str:
-    return f"study:{study_id}"
+    return STUDIES.lock(study_id)
 
 
 def conninfo(database_url: str) -> str:
@@ -74,41 +76,55 @@ def _procrastinate_path(session: Session) -> Iterator[None]:
 
 def defer_study(session: Session, study_ids: list[int]) -> None:
     """Store a job for each study in the session's transaction (committed with it)."""
+    defer_jobs(session, STUDIES, study_ids)
+
+
+def defer_jobs(session: Session, kind: JobKind, job_ids: list[int]) -> None:
+    """Store a task-engine job for each row of `kind` in the session's transaction (committed with it)."""
     import procrastinate
 
-    if not study_ids:
+    if not job_ids:
         return
     app = procrastinate.App(connector=procrastinate.SyncPsycopgConnector())  # never opened: no pool
     connection = session.connection().connection.driver_connection
     with _procrastinate_path(session):
-        for study_id in study_ids:
+        for job_id in job_ids:
             app.configure_task(
-                STUDY_TASK, queue=STUDY_QUEUE, lock=study_lock(study_id), queueing_lock=study_lock(study_id),
+                kind.task, queue=kind.queue, lock=kind.lock(job_id), queueing_lock=kind.lock(job_id),
                 connection=connection,
-            ).defer(study_id=study_id)
+            ).defer(**{kind.kwarg: job_id})
 
 
 def studies_without_job(session: Session) -> list[int]:
-    """Queued or running studies that have no waiting or running job (queued while the deployment ran
-    the in-process engine, or whose job ended without ending the study): they get a job again."""
+    """Queued or running studies that have no waiting or running job."""
+    return rows_without_job(session, STUDIES)
+
+
+def rows_without_job(session: Session, kind: JobKind) -> list[int]:
+    """Queued or running rows of `kind` that have no waiting or running job (queued while the deployment
+    ran the in-process engine, or whose job ended without ending the row): they get a job again."""
     ids = session.scalars(text(f"""
-        SELECT s.id FROM studies s
+        SELECT s.id FROM {kind.table.__tablename__} s
          WHERE s.state IN ('queued', 'running')
            AND NOT EXISTS (SELECT 1 FROM {SCHEMA}.procrastinate_jobs j
-                            WHERE j.lock = 'study:' || s.id AND j.status IN ('todo', 'doing'))
+                            WHERE j.lock = '{kind.lock_prefix}:' || s.id AND j.status IN ('todo', 'doing'))
          ORDER BY s.id""")).all()
     session.commit()
     return list(ids)
 
 
 class ProcrastinateJobs:
-    """The web process's side: studies are deferred as jobs with the transaction that stores them."""
+    """The web process's side: studies (or plan jobs) are deferred as jobs with the transaction that
+    stores them."""
+
+    def __init__(self, kind: JobKind = STUDIES):
+        self.kind = kind
 
     def start(self) -> None:
         """Nothing runs here: workers run the jobs."""
 
     def enqueue(self, session: Session, study_id: int) -> None:
-        defer_study(session, [study_id])
+        defer_jobs(session, self.kind, [study_id])
 
     def submit(self, study_id: int) -> None:
         """Deferred already, with the study (`enqueue`)."""
@@ -122,72 +138,95 @@ class StudyRequeuedError(Exception):
 
 
 class StudyWorker:
-    """One `fsdp-planner worker` process: procrastinate's worker on the studies queue, plus a maintenance
-    loop (heartbeats on the studies it runs, retries of stalled jobs, jobs for studies without one)."""
+    """One `fsdp-planner worker` process: procrastinate workers on the studies queue and on the plans
+    queue (large plan searches and re-plans), each kind with its own job slots and search pool, plus a
+    maintenance loop (heartbeats on the jobs it runs, retries of stalled jobs, jobs for rows without one).
+    """
 
     def __init__(
         self, database_url: str, session_factory: sessionmaker[Session], *, search_pool: SearchPool,
         concurrency: int, stale_after_s: float, name: str | None = None,
+        plan_search_pool: SearchPool | None = None, plan_concurrency: int = 1,
     ):
         import procrastinate
 
         self.session_factory = session_factory
         self.search_pool = search_pool
+        self.plan_search_pool = plan_search_pool or SearchPool(workers=plan_concurrency,
+                                                               deadline_s=search_pool.deadline_s)
         self.concurrency = concurrency
+        self.plan_concurrency = plan_concurrency
         self.stale_after_s = stale_after_s
         self.name = name
         self.stopping = threading.Event()
-        self._running: set[int] = set()
+        self._running: dict[JobKind, set[int]] = {kind: set() for kind in KINDS}
         self._lock = threading.Lock()
         self.app = procrastinate.App(connector=procrastinate.PsycopgConnector(
             conninfo=conninfo(database_url), kwargs={"options": f"-c search_path={SCHEMA}"},
-            min_size=1, max_size=max(4, concurrency + 3),
+            min_size=1, max_size=max(4, concurrency + plan_concurrency + 3),
         ))
         retry = procrastinate.RetryStrategy(
             max_attempts=MAX_JOB_ATTEMPTS, wait=1,
             retry_exceptions={StudyRequeuedError, DBAPIError},  # stopping; the database blinked
         )
         self.app.task(name=STUDY_TASK, queue=STUDY_QUEUE, pass_context=True, retry=retry)(self._run_study)
+        self.app.task(name=PLAN_JOBS.task, queue=PLAN_JOBS.queue, pass_context=True, retry=retry)(
+            self._run_plan_job)
 
     def _run_study(self, context: Any, study_id: int) -> None:
-        with self._lock:
-            self._running.add(study_id)
-        try:
-            # The job's lock lets no other job of this study run: a `running` study is a dead attempt's.
-            end = study_service.run_study_job(self.session_factory, study_id, search_pool=self.search_pool,
-                                              stopping=self.stopping, take_over=True)
-        finally:
-            with self._lock:
-                self._running.discard(study_id)
+        end = self._run(STUDIES, study_id, self.search_pool)
         if end is study_service.JobEnd.requeued:
             raise StudyRequeuedError(f"study {study_id} queued again: its worker is stopping")
+
+    def _run_plan_job(self, context: Any, plan_job_id: int) -> None:
+        self._run(PLAN_JOBS, plan_job_id, self.plan_search_pool)
+
+    def _run(self, kind: JobKind, job_id: int, pool: SearchPool) -> job_rows.JobEnd:
+        with self._lock:
+            self._running[kind].add(job_id)
+        try:
+            # The job's lock lets no other job of this row run: a `running` row is a dead attempt's.
+            return kind.run_job(self.session_factory, job_id, search_pool=pool, stopping=self.stopping,
+                                take_over=True)
+        finally:
+            with self._lock:
+                self._running[kind].discard(job_id)
 
     async def run(self) -> None:
         """Run until SIGTERM or SIGINT (then: running studies back to the queue, their jobs retried)."""
         from procrastinate.worker import Worker
 
         async with self.app.open_async():
-            worker = Worker(
-                self.app, queues=[STUDY_QUEUE], name=self.name, concurrency=self.concurrency,
-                install_signal_handlers=False, fetch_job_polling_interval=min(5.0, self.stale_after_s / 2),
-                update_heartbeat_interval=self.stale_after_s / 4, stalled_worker_timeout=self.stale_after_s,
-            )
+            def worker(kind: JobKind, concurrency: int) -> Worker:
+                suffix = "" if kind is STUDIES else f"/{kind.queue}"
+                return Worker(
+                    self.app, queues=[kind.queue], name=None if self.name is None else self.name + suffix,
+                    concurrency=concurrency, install_signal_handlers=False,
+                    fetch_job_polling_interval=min(5.0, self.stale_after_s / 2),
+                    update_heartbeat_interval=self.stale_after_s / 4,
+                    stalled_worker_timeout=self.stale_after_s,
+                )
+
+            # One procrastinate worker per queue: a re-plan never waits for a study's job slot.
+            workers = [worker(STUDIES, self.concurrency), worker(PLAN_JOBS, self.plan_concurrency)]
 
             def stop() -> None:
                 log.info("stopping: running studies go back to the queue")
                 self.stopping.set()
-                worker.stop()
+                for each in workers:
+                    each.stop()
 
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, stop)
-            maintenance = asyncio.create_task(self._maintain(), name="study-maintenance")
+            maintenance = asyncio.create_task(self._maintain(), name="job-maintenance")
             try:
-                await worker.run()
+                await asyncio.gather(*(each.run() for each in workers))
             finally:
                 maintenance.cancel()
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(signum)
+                await asyncio.to_thread(self.plan_search_pool.shutdown)
 
     async def _maintain(self) -> None:
         while True:
@@ -198,51 +237,56 @@ class StudyWorker:
             except asyncio.CancelledError:
                 raise
             except Exception:  # the database blinked: again next time
-                log.exception("study worker maintenance failed")
+                log.exception("job worker maintenance failed")
             await asyncio.sleep(self.stale_after_s / 4)
 
     def _beat(self) -> None:
         with self._lock:
-            running = set(self._running)
+            running = {kind: set(ids) for kind, ids in self._running.items()}
         with self.session_factory() as session:
-            study_service.beat(session, running)
+            for kind, ids in running.items():
+                job_rows.beat(session, kind.table, ids)
 
     def _defer_orphans(self) -> None:
         with self.session_factory() as session:
-            orphans = studies_without_job(session)
-            if orphans:
-                defer_study(session, orphans)
-                session.commit()
-                log.warning("deferred jobs for %d studies that had none: %s", len(orphans), orphans)
+            for kind in KINDS:
+                orphans = rows_without_job(session, kind)
+                if orphans:
+                    defer_jobs(session, kind, orphans)
+                    session.commit()
+                    log.warning("deferred jobs for %d %ss that had none: %s", len(orphans), kind.name,
+                                orphans)
 
     async def retry_stalled_jobs(self) -> list[int]:
-        """Retry the study jobs of workers silent for `stale_after_s` (killed, their machine gone), or
-        fail their studies after MAX_JOB_ATTEMPTS; the jobs' ids."""
+        """Retry the jobs of workers silent for `stale_after_s` (killed, their machine gone), or fail their
+        rows after MAX_JOB_ATTEMPTS; the jobs' ids."""
         from procrastinate import exceptions, jobs
 
         manager = self.app.job_manager
-        stalled = await manager.get_stalled_jobs(queue=STUDY_QUEUE,
-                                                 seconds_since_heartbeat=self.stale_after_s)
         retried = []
-        for job in stalled:
-            assert job.id is not None
-            study_id = int(job.task_kwargs["study_id"])
-            try:
-                if job.attempts + 1 >= MAX_JOB_ATTEMPTS:
-                    await manager.finish_job(job, status=jobs.Status.FAILED, delete_job=False)
-                    reason = (f"the workers running this study stopped {job.attempts + 1} times (killed, "
-                              "out of memory, machine lost); submit it again with fewer or smaller "
-                              "candidates")
-                    await asyncio.to_thread(self._give_up, study_id, reason)
-                    log.error("study %s failed: %s", study_id, reason)
-                else:
-                    await manager.retry_job(job)
-                    log.warning("retrying job %s of study %s: its worker went silent", job.id, study_id)
-                retried.append(job.id)
-            except exceptions.ConnectorException:  # another worker retried it first
-                log.info("job %s of study %s was retried by another worker", job.id, study_id)
+        for kind in KINDS:
+            stalled = await manager.get_stalled_jobs(queue=kind.queue,
+                                                     seconds_since_heartbeat=self.stale_after_s)
+            for job in stalled:
+                assert job.id is not None
+                row_id = int(job.task_kwargs[kind.kwarg])
+                try:
+                    if job.attempts + 1 >= MAX_JOB_ATTEMPTS:
+                        await manager.finish_job(job, status=jobs.Status.FAILED, delete_job=False)
+                        reason = (f"the workers running this {kind.name} stopped {job.attempts + 1} times "
+                                  "(killed, out of memory, machine lost); submit it again"
+                                  + (" with fewer or smaller candidates" if kind is STUDIES else ""))
+                        await asyncio.to_thread(self._give_up, kind, row_id, reason)
+                        log.error("%s %s failed: %s", kind.name, row_id, reason)
+                    else:
+                        await manager.retry_job(job)
+                        log.warning("retrying job %s of %s %s: its worker went silent", job.id, kind.name,
+                                    row_id)
+                    retried.append(job.id)
+                except exceptions.ConnectorException:  # another worker retried it first
+                    log.info("job %s of %s %s was retried by another worker", job.id, kind.name, row_id)
         return retried
 
-    def _give_up(self, study_id: int, reason: str) -> None:
+    def _give_up(self, kind: JobKind, row_id: int, reason: str) -> None:
         with self.session_factory() as session:
-            study_service.give_up(session, study_id, reason)
+            job_rows.give_up(session, kind.table, row_id, reason)

@@ -179,6 +179,40 @@ async def wait_for_study(
         await anyio.sleep(0.05)
 
 
+async def wait_for_plan_job(
+    client: httpx.AsyncClient, job_id: int, *, timeout_s: float = 120.0
+) -> dict[str, Any]:
+    """Poll GET /plan-jobs/{id} until the job has succeeded or failed; the job then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = await client.get(f"/api/v1/plan-jobs/{job_id}")
+        assert response.status_code == 200, response.text
+        job = response.json()
+        if job["state"] in ("succeeded", "failed"):
+            return job
+        assert time.monotonic() < deadline, f"plan job {job_id} still {job['state']} after {timeout_s} s"
+        await anyio.sleep(0.05)
+
+
+async def replanned(
+    client: httpx.AsyncClient, plan_id: int, body: dict[str, Any] | None = None
+) -> tuple[int, dict[str, Any]]:
+    """POST /plans/{id}/replan (202, a plan job), followed to its end: what the re-plan answered
+    synchronously before, (201 or 200, the plan) or (the problem's status, the problem)."""
+    response = await client.post(f"/api/v1/plans/{plan_id}/replan", json=body)
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert response.headers["location"].endswith(f"/api/v1/plan-jobs/{job['id']}")
+    assert job["kind"] == "replan" and job["source_plan_id"] == plan_id
+    job = await wait_for_plan_job(client, job["id"])
+    if job["state"] == "failed":
+        assert job["problem"] is not None, job
+        return job["problem"]["status"], job["problem"]
+    plan = await client.get(job["plan_url"])
+    assert plan.status_code == 200, plan.text
+    return job["status_code"], plan.json()
+
+
 def assert_problem(response: httpx.Response, status: int, slug: str | None = None) -> dict[str, Any]:
     """The response is an RFC 9457 problem with this status (and type); returns its body."""
     assert response.status_code == status, response.text

@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.conftest import assert_problem, cheap_plan
+from tests.api.conftest import assert_problem, cheap_plan, replanned
 
 pytestmark = pytest.mark.anyio
 PLANS = "/api/v1/plans"
@@ -72,10 +72,8 @@ async def test_inconsistent_runs_are_refused_with_a_clear_message(
 async def test_replan_after_an_oom_run_avoids_configurations_as_hungry(client: httpx.AsyncClient) -> None:
     plan = await _plan(client)
     run = (await client.post(f"{PLANS}/{plan['id']}/runs", json=oom_run())).json()
-    response = await client.post(f"{PLANS}/{plan['id']}/replan")
-    assert response.status_code == 201, response.text
-    new = response.json()
-    assert response.headers["location"].endswith(f"{PLANS}/{new['id']}")
+    status, new = await replanned(client, plan["id"])  # a plan job (202), followed to its plan
+    assert status == 201, new
     assert new["id"] != plan["id"] and new["replanned_from_plan_id"] == plan["id"]
     assert new["replanned_from_run_id"] == run["id"]
     assert new["peak_memory_gib"] < plan["peak_memory_gib"]
@@ -85,8 +83,8 @@ async def test_replan_after_an_oom_run_avoids_configurations_as_hungry(client: h
         assert alternative["peak_memory_gib"] < plan["peak_memory_gib"]
     assert new["name"].endswith("(re-planned)")
     # The same failure re-planned again: the stored plan, not a new search.
-    again = await client.post(f"{PLANS}/{plan['id']}/replan", json={"run_id": run["id"]})
-    assert again.status_code == 200 and again.json()["id"] == new["id"]
+    status, again = await replanned(client, plan["id"], {"run_id": run["id"]})
+    assert status == 200 and again["id"] == new["id"]
     # The source plan is unchanged and plain plans carry no provenance.
     source = (await client.get(f"{PLANS}/{plan['id']}")).json()
     assert source["replanned_from_plan_id"] is None
@@ -101,11 +99,11 @@ async def test_replan_without_a_run_uses_the_plans_own_configuration_until_nothi
     current = plan
     excluded: set[str] = set()
     for _ in range(100):
-        response = await client.post(f"{PLANS}/{current['id']}/replan", json={})
-        if response.status_code == 422:
+        status, answer = await replanned(client, current["id"], {})
+        if status == 422:
             break
-        assert response.status_code == 201, response.text
-        current = response.json()
+        assert status == 201, answer
+        current = answer
         assert current["replanned_from_run_id"] is None
         excluded.update(r["family"] for r in current["plan"]["rejected"] if r["kind"] == "excluded")
         peaks.append(current["peak_memory_gib"])
@@ -114,7 +112,8 @@ async def test_replan_without_a_run_uses_the_plans_own_configuration_until_nothi
     assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == len(peaks) > 2
     # Families that would fit the GPU but not under the ceiling say so ("excluded", not "OOM").
     assert "no_shard eager" in excluded
-    problem = assert_problem(response, 422, "infeasible-plan")
+    problem = answer
+    assert problem["type"] == "urn:fsdp-planner:problem:infeasible-plan", problem
     assert "nothing lighter is left" in problem["detail"] and problem["max_peak_memory_gib"] == pytest.approx(
         peaks[-1]
     )
