@@ -233,3 +233,51 @@ def load_plan(plan_file: Path | None, plan_id: int | None, server: str, api_key:
         f"(list plans at {client.server}/api/v1/plans)",
     )
     return plan_from_document(document, f"{client.server}/api/v1/plans/{plan_id}")
+
+
+PLAN_JOB_POLL_S = 0.5
+
+
+def is_plan_job(answer: Any) -> bool:
+    """Whether a POST answered with a plan job (202: a re-plan, or a plan beyond the job threshold)."""
+    return isinstance(answer, dict) and "kind" in answer and "state" in answer and "plan" not in answer
+
+
+def follow_plan_job(client: ServerClient, job: dict[str, Any]) -> dict[str, Any]:
+    """Follow a plan job on the server (a spinner on stderr) until it has finished; then the stored plan
+    (GET /plans/{plan_id}). A failed job exits with its reason, as the synchronous request would have
+    (3 when nothing fits); Ctrl-C stops following, not the job."""
+    import time
+
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    job_id = job["id"]
+    what = "re-plan" if job.get("kind") == "replan" else "plan search"
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                        console=Console(stderr=True), transient=True)
+    try:
+        with progress:
+            task = progress.add_task(f"{what} job {job_id} {job['state']}", total=None)
+            while job["state"] in ("queued", "running"):
+                time.sleep(PLAN_JOB_POLL_S)
+                job = client.get(f"/plan-jobs/{job_id}",
+                                 not_found=f"plan job {job_id} is gone from the server")
+                progress.update(task, description=f"{what} job {job_id} {job['state']}")
+    except KeyboardInterrupt:
+        raise fail(f"stopped following plan job {job_id}; it goes on on the server: "
+                   f"{client.server}/plan-jobs/{job_id}", EXIT_FAILED) from None
+    if job["state"] != "succeeded":
+        problem = job.get("problem") or {}
+        code = EXIT_FAILED
+        if str(problem.get("type", "")).endswith(":infeasible-plan"):
+            code = EXIT_INFEASIBLE
+        elif 400 <= int(problem.get("status") or 500) < 500:
+            code = EXIT_INVALID_INPUT
+        raise fail(f"{what} job {job_id} failed on the server: {job.get('error')}", code)
+    return client.get(f"/plans/{job['plan_id']}",
+                      not_found=f"plan {job['plan_id']} was deleted on the server")
+
+
+def plan_answer(client: ServerClient, answer: Any) -> Any:
+    """A POST /plans (or re-plan) answer as a stored plan: a plan job is followed to its plan."""
+    return follow_plan_job(client, answer) if is_plan_job(answer) else answer

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from api.cli.common import DEFAULT_SERVER, SERVER_ENV, ServerClient, plan_from_document
+from api.cli.common import DEFAULT_SERVER, SERVER_ENV, ServerClient, plan_answer, plan_from_document
 from api.cli.plan_cmd import VerboseOption, print_plan
 
 
@@ -31,12 +31,14 @@ def replan(
 ) -> None:
     """Re-plan a stored plan's request below the peak memory of its configuration that ran out of memory.
 
-    Exit status: 0 with the new (or already stored) plan; 3 when no lighter configuration fits; 2 for
-    an unknown plan or run; 4 when the server cannot be reached.
+    The server runs the re-plan as a job: this follows it (a spinner) until it names the plan. Exit status:
+    0 with the new (or already stored) plan; 3 when no lighter configuration fits; 2 for an unknown plan
+    or run; 1 when the job failed otherwise (its reason is printed); 4 when the server cannot be reached.
     """
     client = ServerClient(server, api_key)
     body = {} if run is None else {"run_id": run}
-    stored = client.post(f"/plans/{plan_id}/replan", body)
+    # A re-plan is a job on the server (202): followed until it names the plan, or says why there is none.
+    stored = plan_answer(client, client.post(f"/plans/{plan_id}/replan", body))
     plan = plan_from_document(stored, f"{client.server}/api/v1/plans/{stored.get('id')}")
     document = plan.model_dump_json(indent=2)
     if output is not None:

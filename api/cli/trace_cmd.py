@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.common import API_KEY_ENV, ServerClient, configured_server, fail
+from api.cli.common import API_KEY_ENV, ServerClient, configured_server, fail, plan_answer
 from api.hints import EXECUTOR_EXTRA_INSTALL
 from api.settings import Settings
 from planner.errors import describe_validation_error
@@ -127,7 +127,7 @@ def trace(
         "training": {"seq_len": seq_len, "global_batch_tokens": global_batch_tokens},
     }
     client = ServerClient(server, api_key)
-    stored = client.post("/plans", body)
+    stored = plan_answer(client, client.post("/plans", body))  # a large graph: a plan job, followed
     console.print(
         f"\nLayer graph written to {output} and planned on {client.server}: plan {stored['id']}, "
         f"{stored['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, MFU {stored['mfu']:.1%}, "

@@ -34,8 +34,8 @@ from api.deps import SessionDep, SettingsDep, run_planning
 from api.problems import ProblemError
 from api.schemas.plans import MAX_ID, ReplanCreate, stored_mesh
 from api.services import plan_compare, plan_listing
+from api.services import plan_jobs as plan_job_service
 from api.services import plans as plan_service
-from api.services import replan as replan_service
 from api.services import studies as study_service
 from api.services.fidelity import served_report
 from api.services.plan_documents import UnreadablePlanError, read_plan
@@ -149,6 +149,15 @@ def _create_plan(
     request: Request, session: SessionDep, max_model_layers: int, form: plan_form.PlanForm, api_key: str
 ) -> Response:
     def create(body: Any) -> str:
+        units = plan_job_service.units_of(body)
+        if units is not None and units > request.app.state.settings.job_threshold_units:
+            submission = plan_job_service.submit_plan(
+                session, body, locks=request.app.state.plan_locks, max_model_layers=max_model_layers,
+                enqueue=request.app.state.plan_jobs.enqueue,
+            )
+            if submission is not None:  # a search as a job: its page follows it to the plan
+                request.app.state.plan_jobs.submit(submission.job_id)
+                return f"/plan-jobs/{submission.job_id}"
         outcome = plan_service.create_plan(
             session, body, locks=request.app.state.plan_locks, search_pool=request.app.state.search_pool,
             max_model_layers=max_model_layers,
@@ -238,13 +247,30 @@ def _replan(request: Request, session: SessionDep, plan_id: int, run_id: str, ap
                           f"from 1 to {MAX_ID}.")
     try:
         body = ReplanCreate(run_id=parsed_run_id)
-        outcome = replan_service.replan(session, plan_id, body, locks=request.app.state.plan_locks,
-                                        search_pool=request.app.state.search_pool)
+        submission = plan_job_service.submit_replan(
+            session, plan_id, body, locks=request.app.state.plan_locks,
+            enqueue=request.app.state.plan_jobs.enqueue,
+        )
     except ProblemError as problem:
         session.commit()
         return error_page(request, problem.status_code, problem.detail)
-    suffix = "?existing=1" if outcome.status_code == 200 else ""
-    return RedirectResponse(f"/plans/{outcome.row.id}{suffix}", status_code=303)
+    # A re-plan is a job: its page follows it, then leads to the plan.
+    request.app.state.plan_jobs.submit(submission.job_id)
+    return RedirectResponse(f"/plan-jobs/{submission.job_id}", status_code=303)
+
+
+@router.get("/plan-jobs/{job_id}", response_class=HTMLResponse)
+def plan_job_page(job_id: str, request: Request, session: SessionDep) -> Response:
+    """A re-plan (or a large plan search) while it runs: its state, polled by dashboard.js; once it has
+    succeeded, the plan's page (a redirect); once it has failed, why."""
+    try:
+        job = plan_job_service.get_job(session, _parse_id(job_id, "plan job"))
+    except ProblemError:
+        raise StarletteHTTPException(404, f"Plan job {job_id} does not exist.") from None
+    if job.state == "succeeded" and job.plan_id is not None:
+        suffix = "?existing=1" if job.status_code == 200 else ""
+        return RedirectResponse(f"/plans/{job.plan_id}{suffix}", status_code=303)
+    return render(request, "plan_job.html", {"active": "plans", "job": job})
 
 
 @router.get("/compare", response_class=HTMLResponse)

@@ -133,6 +133,7 @@ def app(settings: Settings) -> Iterator[FastAPI]:
             connection.execute(table.delete())
     yield app
     app.state.jobs.shutdown()  # started by a study when a test ran no lifespan
+    app.state.plan_jobs.shutdown()  # started by a plan job when a test ran no lifespan
     app.state.search_pool.shutdown()  # started by a search when a test ran no lifespan
     app.state.engine.dispose()
 

@@ -6,6 +6,7 @@ import base64
 import html as html_module
 import re
 import shlex
+import time
 import tomllib
 from pathlib import Path
 
@@ -486,7 +487,17 @@ def test_an_oom_run_is_shown_with_a_replan_button_and_left_out_of_accuracy(
     form = {"run_id": str(run["id"])}
     replanned = client.post(f"/plans/{plan_id}/replan", data=form, follow_redirects=False)
     assert replanned.status_code == 303, replanned.text
-    new_page = client.get(replanned.headers["location"]).text
+    # A re-plan is a job: its page shows it while it runs, then leads to the new plan.
+    job_page = replanned.headers["location"]
+    assert job_page.startswith("/plan-jobs/")
+    for _ in range(600):
+        followed = client.get(job_page, follow_redirects=False)
+        if followed.status_code == 303:
+            break
+        assert followed.status_code == 200 and 'id="plan-job"' in followed.text, followed.text
+        time.sleep(0.05)
+    assert followed.status_code == 303 and followed.headers["location"].startswith("/plans/")
+    new_page = client.get(followed.headers["location"]).text
     assert 'id="replanned-notice"' in new_page and f'href="/plans/{plan_id}"' in new_page
     assert f"after its run #{run['id']} ran out of memory" in new_page
     missing = client.post(f"/plans/{plan_id}/replan", data={"run_id": "999999"})

@@ -135,7 +135,33 @@ function setUpStudyJob() {
   window.setTimeout(poll, STUDY_POLL_MS);
 }
 
+// A queued or running plan job (a re-plan, a large plan search): poll the API; once it has finished, a
+// reload lets the server lead to the plan (or show why there is none).
+function setUpPlanJob() {
+  const job = document.getElementById("plan-job");
+  if (!job || !["queued", "running"].includes(job.dataset.state)) return;
+  const state = document.getElementById("plan-job-state");
+  const title = document.getElementById("job-title");
+  const poll = async () => {
+    let answer;
+    try {
+      const response = await fetch(`/api/v1/plan-jobs/${job.dataset.planJobId}`, { headers: { Accept: "application/json" } });
+      if (!response.ok) throw new Error(String(response.status));
+      answer = await response.json();
+    } catch (error) {
+      window.setTimeout(poll, STUDY_POLL_MS * 3);
+      return;
+    }
+    if (!["queued", "running"].includes(answer.state)) { window.location.reload(); return; }
+    if (state) state.textContent = answer.state;
+    if (answer.state === "running" && title) title.textContent = "Searching";
+    window.setTimeout(poll, STUDY_POLL_MS / 2);
+  };
+  window.setTimeout(poll, STUDY_POLL_MS / 2);
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  setUpPlanJob();
   setUpCompare();
   setUpPlanForm();
   setUpStudyForm();
