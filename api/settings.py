@@ -62,8 +62,8 @@ class Settings(BaseSettings):
     `fsdp-planner worker` (procrastinate), each in a search process of their own, apart from the studies'
     and from the plan requests' pools."""
     study_stale_after_s: Annotated[float, Field(ge=1, le=3600)] = 60.0
-    """A running study whose process has not said it is alive for this long (killed, or its machine
-    gone) is queued again and run from its first candidate by a web process that is alive (in-process
+    """A running study (or plan job) whose process has not said it is alive for this long (killed, or its
+    machine gone) is queued again and run from its first candidate by a web process that is alive (in-process
     engine); with procrastinate, the job of a worker silent this long is retried by another worker."""
     supervisor_pid: Annotated[int | None, Field(ge=1)] = None
     """Set by `serve --workers N` for its web processes: the supervisor they stop with, however it ends

@@ -50,7 +50,7 @@ def serve(
     settings = _settings(database_url)
     console.print(
         f"fsdp-planner on http://{host}:{port} (docs: /docs), database: "
-        f"{_display_url(settings.resolved_database_url)}, studies: "
+        f"{_display_url(settings.resolved_database_url)}, studies and plan jobs: "
         + ("procrastinate jobs for `fsdp-planner worker` processes" if settings.job_engine == "procrastinate"
            else "run in this server")
     )
@@ -90,8 +90,9 @@ def worker(
         help="The worker's name in the logs (default: host:pid).")] = None,
     log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
 ) -> None:
-    """Run study jobs (procrastinate on PostgreSQL) for API servers started with
-    FSDP_PLANNER_JOB_ENGINE=procrastinate: start any number, on any machine, with the same DATABASE_URL.
+    """Run study jobs and plan jobs (large plan searches, re-plans; procrastinate on PostgreSQL) for API
+    servers started with FSDP_PLANNER_JOB_ENGINE=procrastinate: start any number, on any machine, with
+    the same DATABASE_URL. Each kind has its own queue, slots and search processes.
     SIGTERM/SIGINT put the running studies back in the queue for another worker; the jobs of a worker
     killed outright are retried by another one once it has been silent FSDP_PLANNER_STUDY_STALE_AFTER_S."""
     import asyncio

@@ -4,12 +4,13 @@ threads apart from the requests; one `InProcessJobs` per kind of job (api/servic
 The embedded default (SQLite, no broker) runs every job in the web process that accepted it: a few job
 threads (`Settings.study_jobs`) each run one study at a time, and the studies' searches go to a search
 pool of their own, so a small `POST /plans` (the request pool) never queues behind a study's candidates.
-The queue itself is the `studies` table: a job is a row in state `queued`, claimed by an atomic
-`queued -> running` update, so a web process that starts (or restarts) picks up the queued studies,
-and with several web processes on one database each study still runs once. While a process runs studies
-it says so (a heartbeat on their rows); every process queues again the running studies whose process has
-been silent too long (killed outright, its machine gone), and the claim's attempt number keeps the
-silent job, should it wake, from writing anything.
+The queue itself is the kind's table (`studies`, `plan_jobs`): a job is a row in state `queued`,
+claimed by an atomic `queued -> running` update, so a web process that starts (or restarts) picks up
+the queued jobs, and with several web processes on one database each job still runs once. While a
+process runs jobs it says so (a heartbeat on their rows); every process queues again the running jobs
+whose process has been silent too long (killed outright, its machine gone), and the claim's attempt
+number keeps the silent job, should it wake, from writing anything. Plan jobs (large plan searches,
+re-plans) get threads (`Settings.plan_jobs`) and a search pool of their own as well.
 """
 
 from __future__ import annotations
