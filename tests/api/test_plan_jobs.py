@@ -5,10 +5,13 @@ the in-process engine, and on PostgreSQL with procrastinate and a real `fsdp-pla
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 import typer
@@ -17,9 +20,9 @@ from sqlalchemy import func, select
 
 from api.app import create_app
 from api.cli import common as cli_common
-from api.db.base import Base
+from api.db.base import Base, utcnow
 from api.db.models import PlanJobRow
-from api.schemas.plans import ReplanCreate
+from api.schemas.plans import PlanCreate, ReplanCreate
 from api.services import replan as replan_service
 from api.services.keyed_locks import KeyedLocks
 from api.settings import Settings
@@ -165,6 +168,22 @@ async def test_a_failed_job_says_why_in_the_api_and_on_the_dashboard(database_ur
         assert_problem(await client.get("/api/v1/plan-jobs/999999"), 404, "plan-job-not-found")
 
 
+async def test_a_plan_job_left_running_by_a_dead_process_runs_again(database_url: str) -> None:
+    async with running(database_url, study_stale_after_s=1.0) as (app, client):
+        # As a web process killed mid-search leaves it: running, its heartbeat old, attempt 1.
+        body = PlanCreate.model_validate(cheap_plan(model=graph(THRESHOLD * 2)))
+        with app.state.session_factory() as session:
+            row = PlanJobRow(kind="plan", name="orphan", units=THRESHOLD * 2,
+                             body=body.model_dump(mode="json"), state="running", attempts=1,
+                             created_at=utcnow(), heartbeat_at=utcnow() - timedelta(hours=1),
+                             started_at=utcnow())
+            session.add(row)
+            session.commit()
+            job_id = row.id
+        job = await wait_for_plan_job(client, job_id, timeout_s=30)  # the watchdog queues it again
+        assert job["state"] == "succeeded" and job["attempts"] == 2, job
+
+
 class _Server:
     """Answers GET /plan-jobs/5 with the next of `jobs`, then GET /plans/{id} (what `replan` follows)."""
 
@@ -239,3 +258,29 @@ async def test_procrastinate_workers_run_replans_and_large_plans(
     finally:
         app.state.search_pool.shutdown()
         app.state.engine.dispose()
+
+
+@pytest.mark.postgres
+async def test_a_worker_killed_mid_plan_job_has_it_retried_and_the_plan_stored_once(
+    new_database: Callable[[], str], workers: Callable[[str, str], Worker]  # noqa: F811
+) -> None:
+    url = new_database()
+    settings = settings_for(url).model_copy(update={"job_threshold_units": THRESHOLD})
+    maximal = {"model": graph(1024, params=1_000_000, name="maximal"), "cluster": "1x8xH100",
+               "training": {"seq_len": 2048, "global_batch_tokens": 2048 * 32}}  # a few seconds' search
+    async with api(settings) as client:
+        job_id = (await client.post(PLANS, json=maximal)).json()["id"]
+        first = workers(url, "w1")
+        with explained(first):
+            deadline = time.monotonic() + 60
+            while (job := (await client.get(f"/api/v1/plan-jobs/{job_id}")).json())["state"] != "running":
+                assert job["state"] == "queued" and time.monotonic() < deadline, job
+                await anyio.sleep(0.05)
+        first.kill()  # mid-search
+        second = workers(url, "w2")
+        with explained(first, second):
+            job = await wait_for_plan_job(client, job_id, timeout_s=90)
+            assert job["state"] == "succeeded" and job["attempts"] == 2, job
+            jobs = query(url, "SELECT status, attempts FROM procrastinate.procrastinate_jobs")
+            assert [tuple(row) for row in jobs] == [("succeeded", 2)]
+    assert [tuple(row) for row in query(url, "SELECT id FROM plans")] == [(job["plan_id"],)]
