@@ -276,9 +276,9 @@ def replan(
 def job_accepted(request: Request, session: SessionDep, submission: plan_jobs.Submission) -> JSONResponse:
     """202 with the plan job, `Location` to poll; a new job is handed to the engine now."""
     headers = {"Location": str(request.url_for("get_plan_job", job_id=submission.job_id)), "Retry-After": "1"}
+    job = plan_jobs.get_job(session, submission.job_id)  # as accepted: the job may end any moment
     if submission.replayed:
         headers["Idempotent-Replayed"] = "true"
     else:
         request.app.state.plan_jobs.submit(submission.job_id)
-    job = plan_jobs.get_job(session, submission.job_id)
     return JSONResponse(job.model_dump(mode="json"), status_code=202, headers=headers)
