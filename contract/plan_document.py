@@ -29,6 +29,7 @@ from contract.fields import FieldError
 from contract.mesh import Mesh, MeshError
 from contract.model_config import ModelConfig
 from contract.parallel_config import ParallelConfig
+from contract.training_config import TrainingConfig
 
 SCHEMA_VERSION = "2.1"
 """The version the planner writes. Bump the minor for a new field, the major when a field changes
@@ -70,26 +71,6 @@ class ClusterConfig:
     @property
     def ranks(self) -> int:
         return self.world_size or self.num_nodes * self.gpus_per_node
-
-
-@dataclass(frozen=True, slots=True)
-class TrainingConfig:
-    """What one optimizer step processes."""
-
-    seq_len: int
-    """Tokens per sequence."""
-    global_batch_tokens: int
-    """Tokens per optimizer step over all ranks."""
-    global_batch_sequences: int = 0
-    """Sequences per optimizer step (global_batch_tokens / seq_len when 0)."""
-    precision: Literal["bf16", "fp32"] = "bf16"
-    """Compute precision the plan was priced for."""
-    optimizer: Literal["adamw", "sgd"] = "adamw"
-    """AdamW, or SGD with momentum."""
-
-    @property
-    def sequences(self) -> int:
-        return self.global_batch_sequences or self.global_batch_tokens // self.seq_len
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contract.calibration_profile import PROFILE_SCHEMA_VERSION, ProfileSchemaVersion
 from contract.mesh import LinkClass, Mesh
+from contract.training_config import Optimizer, Precision
 from planner.bounds import (
     MAX_BYTES_PER_S,
     MAX_FLOPS_PER_S,
@@ -31,7 +32,7 @@ from planner.cost.parameters import CostParameters, LinkParameters
 from planner.cost.setting import Choice, Setting
 from planner.errors import PlanningError
 from planner.memory_calibration import fit_memory
-from planner.specs import ModelSpec, Optimizer, Precision
+from planner.specs import ModelSpec
 
 MAX_SAMPLES = 10_000
 

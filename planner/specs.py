@@ -11,7 +11,7 @@ import functools
 import re
 import types
 import typing
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -30,6 +30,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from contract.model_config import DERIVED_COUNTS, ModelConfig, ModelShape
 from contract.parallel_config import CheckpointMode, Float8Recipe, ShardingStrategy
+from contract.training_config import DERIVED_TRAINING, TrainingConfig
 from planner.bounds import (
     MAX_ACTIVATION_BYTES_PER_TOKEN,
     MAX_DEVICE_MEMORY_GIB,
@@ -49,8 +50,6 @@ from planner.bounds import (
 from planner.catalog.gpus import GPU_CATALOG, resolve_gpu
 from planner.gpu_spec import GpuSpec
 
-Precision = Literal["bf16", "fp32"]
-Optimizer = Literal["adamw", "sgd"]
 PositiveInt = Annotated[int, Field(ge=1)]
 Dimension = Annotated[int, Field(ge=1, le=MAX_DIMENSION)]
 NodeCount = Annotated[int, Field(ge=1, le=MAX_NODES)]
@@ -367,17 +366,23 @@ def cluster_fields(text: str) -> dict[str, Any]:
     return {"num_nodes": int(nodes or 1), "gpus_per_node": int(gpus), "gpu": gpu}
 
 
-class TrainingSpec(StrictModel):
-    """What one optimizer step processes and how numbers are represented."""
+_TRAINING_BOUNDS: dict[str, Any] = {
+    "seq_len": Field(le=MAX_SEQ_LEN),
+    "global_batch_tokens": Field(le=MAX_GLOBAL_BATCH_TOKENS),
+}
+"""What a request's training may ask for beyond the contract's own bounds (planner/bounds.py)."""
 
-    seq_len: SeqLen
-    """Tokens per sequence."""
-    global_batch_tokens: GlobalBatchTokens
-    """Tokens per optimizer step over the whole cluster (a multiple of `seq_len`)."""
-    precision: Precision = "bf16"
-    """`bf16`: bf16 compute with fp32 master weights and fp32 gradient reduction; `fp32`: all fp32."""
-    optimizer: Optimizer = "adamw"
-    """`adamw` (two fp32 states per parameter) or `sgd` (momentum: one state)."""
+_TrainingFields = create_model(
+    "_TrainingFields",
+    __base__=StrictModel,
+    __module__=__name__,
+    **contract_fields(TrainingConfig, bounds=_TRAINING_BOUNDS, exclude=DERIVED_TRAINING),
+)
+
+
+class TrainingSpec(_TrainingFields):  # type: ignore[misc, valid-type]
+    """What one optimizer step processes and how numbers are represented (the contract's
+    `TrainingConfig`, contract/training_config.py, bounded for a request)."""
 
     @model_validator(mode="after")
     def _whole_sequences(self) -> TrainingSpec:

@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from contract.training_config import Optimizer, Precision
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.gpu_spec import GpuSpec
 from planner.plan import Plan
@@ -26,10 +27,8 @@ from planner.specs import (
     UNION_TAG_PREFIX,
     ClusterSpec,
     ModelSpec,
-    Optimizer,
     PlanRequest,
     PositiveInt,
-    Precision,
     SearchSpace,
     StrictModel,
 )

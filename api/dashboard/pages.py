@@ -40,9 +40,9 @@ from api.services import studies as study_service
 from api.services.fidelity import served_report
 from api.services.plan_documents import UnreadablePlanError, read_plan
 from api.typed_numbers import parse_id, parse_whole
+from contract.training_config import Optimizer, Precision
 from planner.catalog.models import MODEL_CATALOG
 from planner.rejected_summary import summarize_rejected
-from planner.specs import Optimizer, Precision
 
 router = APIRouter(
     include_in_schema=False,

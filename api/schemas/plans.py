@@ -23,6 +23,7 @@ from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from api.problems import UNION_TAG_PREFIX
 from contract.mesh import Mesh
+from contract.training_config import Optimizer, Precision
 
 # Re-exported (for the routes and the dashboard) from the planner, whose types the schemas below spell, so
 # that the OpenAPI shows the very limits the planner enforces.
@@ -37,9 +38,7 @@ from planner.specs import (
     GpusPerNode,
     LinkOverrideGbps,
     NodeCount,
-    Optimizer,
     PowerLimitW,
-    Precision,
     SearchSpace,
     SeqLen,
     cluster_fields,

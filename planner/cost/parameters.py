@@ -12,8 +12,9 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from contract.mesh import LinkClass
+from contract.training_config import Precision
 from planner.catalog.gpus import GpuSpec
-from planner.specs import ClusterSpec, Precision
+from planner.specs import ClusterSpec
 
 GIB = 1024.0**3
 

@@ -10,9 +10,9 @@ import operator
 from dataclasses import dataclass, fields
 
 from contract.mesh import Mesh
+from contract.training_config import Optimizer, Precision
 from planner.cost.model_costs import ModelCosts
 from planner.cost.parameters import CostParameters
-from planner.specs import Optimizer, Precision
 
 SINGLE_RANK = Mesh()
 LAYOUT_FIELDS = ("blocks_per_unit", "all_gather_bucket_mb", "reduce_scatter_bucket_mb")

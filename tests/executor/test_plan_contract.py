@@ -13,6 +13,7 @@ from contract.fields import FieldError
 from contract.model_config import DERIVED_COUNTS, ModelConfig
 from contract.parallel_config import ParallelConfig
 from contract.plan_document import PlanError, RuntimePlan, parse_plan
+from contract.training_config import DERIVED_TRAINING, TrainingConfig
 from executor.runtime.models import build_model, count_params
 from planner.catalog.models import catalog_model
 from planner.cost.model_costs import count_parameters
@@ -145,13 +146,15 @@ def test_bad_plans_fail_with_the_field_named(mutate, message: str) -> None:
     assert message in str(err.value)
 
 
-def test_the_configuration_and_the_model_fields_are_declared_once() -> None:
+def test_the_configuration_model_and_training_fields_are_declared_once() -> None:
     # The planner's Plan holds the contract's dataclass itself; its model spec takes the contract's
     # fields (a request adds only its layer graph; a plan adds the counts it derives).
     assert Plan.model_fields["config"].annotation is ParallelConfig
     contract_fields = {f.name for f in dataclasses.fields(ModelConfig)}
     assert set(ModelSpec.model_fields) == contract_fields - set(DERIVED_COUNTS) | {"layer_graph"}
     assert set(DERIVED_COUNTS) <= set(PlannedModel.model_fields)
+    training_fields = {f.name for f in dataclasses.fields(TrainingConfig)}
+    assert set(TrainingSpec.model_fields) == training_fields - set(DERIVED_TRAINING)
 
 
 @pytest.mark.parametrize(
