@@ -8,7 +8,8 @@ column. tests/test_mesh_layers.py fails when a layer ignores an axis; the README
 section has the checklist for adding one.
 
 The mesh is laid out row-major over `MESH_AXES`, the last innermost: a tensor-parallel group is `tp`
-consecutive ranks, so it stays inside one node, and a data-parallel shard group strides over them.
+consecutive ranks, so it stays inside one node, a context-parallel group the next `cp x tp`, and a
+data-parallel shard group strides over them.
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from typing import Any, ClassVar, Literal
 
 LinkClass = Literal["intra", "inter"]
 
-MESH_AXES = ("dp_replicate", "dp_shard", "tp")
+MESH_AXES = ("dp_replicate", "dp_shard", "cp", "tp")
 """The mesh's axes, outermost first: the rank layout, and the runtime's DeviceMesh dimension names."""
+SHARD_AXES = ("dp_shard", "cp")
+"""The axes FSDP shards parameters over (torchtitan's `dp_shard_cp`): a context-parallel group holds
+the same parameters, so its ranks share the shards too."""
 
 
 class MeshError(ValueError):
@@ -37,7 +41,11 @@ class Mesh:
     """Data-parallel replicas: ranks holding the same parameter shard (hybrid_shard across nodes,
     no_shard across everything)."""
     dp_shard: int = 1
-    """Data-parallel ranks a parameter is sharded over (FSDP's shard group)."""
+    """Data-parallel ranks a parameter is sharded over (FSDP's shard group, with the cp ranks)."""
+    cp: int = 1
+    """Context-parallel degree: ranks splitting every sequence (load-balanced chunks for the causal
+    mask), each attending its queries to the keys and values all-gathered from the others; they hold
+    the same parameters, which FSDP shards over dp_shard x cp."""
     tp: int = 1
     """Tensor-parallel degree: ranks splitting every block's matmuls (Megatron column/row
     parallel), with sequence parallelism between them and a vocabulary-parallel loss when > 1."""
@@ -84,39 +92,53 @@ class Mesh:
 
     @property
     def world_size(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp
+        return self.dp_replicate * self.dp_shard * self.cp * self.tp
 
     @property
     def dp(self) -> int:
         """Data-parallel degree: ranks that see different sequences."""
         return self.dp_replicate * self.dp_shard
 
+    @property
+    def fsdp_shards(self) -> int:
+        """Ranks a parameter is sharded over: dp_shard x cp (`SHARD_AXES`)."""
+        return self.dp_shard * self.cp
+
     def shard_link(self, gpus_per_node: int) -> LinkClass:
         """The link FSDP's all-gathers and reduce-scatters cross: a shard group strides over the tp
-        ranks, so it stays in a node while dp_shard x tp GPUs fit in one."""
-        return "intra" if self.dp_shard * self.tp <= gpus_per_node else "inter"
+        ranks, so it stays in a node while dp_shard x cp x tp GPUs fit in one."""
+        return "intra" if self.fsdp_shards * self.tp <= gpus_per_node else "inter"
+
+    def context_link(self, gpus_per_node: int) -> LinkClass:
+        """The link the context-parallel all-gathers cross: a cp group is cp x tp consecutive ranks
+        (tp innermost), inside a node while they fit in one."""
+        return "intra" if self.cp * self.tp <= gpus_per_node else "inter"
 
     def label(self) -> str:
-        """E.g. `dp 2x4 tp 2` (replicas x shards; tp omitted when 1)."""
+        """E.g. `dp 2x4 cp 2 tp 2` (replicas x shards; cp and tp omitted when 1)."""
         dp = f"{self.dp_replicate}x{self.dp_shard}" if self.dp_replicate > 1 else f"{self.dp_shard}"
-        return f"dp {dp}" + (f" tp {self.tp}" if self.tp > 1 else "")
+        context = f" cp {self.cp}" if self.cp > 1 else ""
+        return f"dp {dp}{context}" + (f" tp {self.tp}" if self.tp > 1 else "")
 
     def describe(self) -> str:
-        """`dp_replicate 1 x dp_shard 32 x tp 8 = 256 ranks`."""
-        degrees = " x ".join(f"{axis} {getattr(self, axis)}" for axis in MESH_AXES)
+        """`dp_replicate 1 x dp_shard 32 x tp 8 = 256 ranks` (cp named when above 1)."""
+        axes = [axis for axis in MESH_AXES if axis != "cp" or self.cp > 1]
+        degrees = " x ".join(f"{axis} {getattr(self, axis)}" for axis in axes)
         return f"{degrees} = {self.world_size} ranks"
 
 
 def data_parallel_axes(sharding: str) -> tuple[str, ...]:
-    """The mesh axes a sharding mode spreads data parallelism over: the shard group for full_shard
-    and shard_grad_op (dp_replicate is 1), (dp_replicate, dp_shard) for hybrid_shard, the replicas
-    for no_shard (dp_shard is 1)."""
+    """The mesh axes a sharding mode spreads parameters and gradient reduction over: the shard
+    group (dp_shard x cp) for full_shard and shard_grad_op (dp_replicate is 1), (dp_replicate,
+    dp_shard, cp) for hybrid_shard, the replicas and the cp group for no_shard (dp_shard is 1).
+    The cp ranks hold the same parameters as data-parallel ranks do (their gradients are reduced
+    over them too); only the sequences they read are split differently."""
     if sharding in ("full_shard", "shard_grad_op"):
-        return ("dp_shard",)
+        return SHARD_AXES
     if sharding == "hybrid_shard":
-        return ("dp_replicate", "dp_shard")
+        return ("dp_replicate", *SHARD_AXES)
     if sharding == "no_shard":
-        return ("dp_replicate",)
+        return ("dp_replicate", "cp")
     raise MeshError(
         f"unknown sharding {sharding!r}: one of full_shard, shard_grad_op, hybrid_shard, no_shard"
     )

@@ -143,6 +143,9 @@ class ParallelConfig:
         for name, neutral in ADDED_FIELDS.items():
             if document.get(name) == neutral:
                 del document[name]
+        for axis in ADDED_MESH_AXES:
+            if document["mesh"].get(axis) == 1:
+                del document["mesh"][axis]
         return document
 
     def label(self) -> str:
@@ -174,4 +177,6 @@ class ParallelConfig:
 
 
 ADDED_FIELDS: dict[str, Any] = {"float8": "none", "async_tp": False}
+ADDED_MESH_AXES = ("cp",)
+"""Mesh axes added after schema 2.0 (degree 1 means what their absence meant)."""
 """`ParallelConfig` fields added after schema 2.0, with the value that means what their absence meant."""

@@ -241,6 +241,25 @@ def check_plan(plan: RuntimePlan) -> None:
             )
     if mesh.tp > 1:
         _check_tensor_parallel(plan)
+    if mesh.cp > 1:
+        _check_context_parallel(plan)
+
+
+def _check_context_parallel(plan: RuntimePlan) -> None:
+    """Context parallelism cuts every sequence into 2 x cp chunks (rank i holds chunks i and
+    2cp - 1 - i, balancing the causal mask's work), each split again over the tp ranks."""
+    cp, tp, model = plan.config.mesh.cp, plan.config.mesh.tp, plan.model
+    if model.architecture != "llama":
+        raise PlanError(
+            f"plan.config.mesh.cp: context parallelism ({cp}) is implemented for the llama architecture "
+            f"only, the model is {model.architecture!r}; make a plan with cp 1"
+        )
+    pieces = 2 * cp * tp
+    if plan.training.seq_len % pieces:
+        raise PlanError(
+            f"plan.config.mesh.cp: seq_len {plan.training.seq_len} does not split into 2 x cp {cp} x tp {tp} "
+            f"= {pieces} equal pieces; make a plan whose sequence length is a multiple of {pieces}"
+        )
 
 
 def _check_tensor_parallel(plan: RuntimePlan) -> None:
