@@ -100,6 +100,11 @@ class Mesh:
         return self.dp_replicate * self.dp_shard
 
     @property
+    def model_parallel(self) -> int:
+        """Ranks that share one data-parallel rank's sequences (cp x tp)."""
+        return self.cp * self.tp
+
+    @property
     def fsdp_shards(self) -> int:
         """Ranks a parameter is sharded over: dp_shard x cp (`SHARD_AXES`)."""
         return self.dp_shard * self.cp

@@ -153,6 +153,8 @@ class ParallelConfig:
         shard = self.sharding
         if self.sharding == "hybrid_shard":
             shard += f"/{self.mesh.dp_shard}x{self.mesh.dp_replicate}"
+        if self.mesh.cp > 1:
+            shard += f" cp{self.mesh.cp}"
         if self.mesh.tp > 1:
             shard += f" tp{self.mesh.tp}"
         ac = {"none": "none", "full": "full", "op_selective": "op"}.get(

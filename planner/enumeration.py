@@ -104,15 +104,71 @@ def tensor_parallel_degrees(request: PlanRequest) -> list[int]:
     return sorted(set(pinned))
 
 
-def splitting_degrees(request: PlanRequest) -> list[int]:
-    """The searched tensor-parallel degrees whose data-parallel ranks (world / tp) split the global
-    batch evenly (a pin the model cannot take counts as tp=1 here: planning names that error)."""
+CONTEXT_PARALLEL_FROM_SEQ_LEN = 32768
+"""Sequences this long or longer search context parallelism by default: below, each rank's share of
+the all-gathered keys and values costs more than the activation memory it saves."""
+MAX_CONTEXT_PARALLEL = 64
+"""The largest context-parallel degree searched unpinned."""
+
+
+def context_parallel_degrees(request: PlanRequest) -> list[int]:
+    """The context-parallel degrees to search: the request's pins, else (long sequences of a llama
+    model) every power of two whose 2 x cp load-balanced chunks split the sequence.
+
+    Raises PlanningError for a pinned degree the model or sequence cannot take, saying why.
+    """
+    pinned = request.search.context_parallel_degrees
+    llama = request.model.architecture == "llama"
+    seq_len = request.training.seq_len
+    if pinned is None:
+        if not llama or seq_len < CONTEXT_PARALLEL_FROM_SEQ_LEN:
+            return [1]
+        limit = min(MAX_CONTEXT_PARALLEL, request.cluster.world_size)
+        return [cp for cp in (2**i for i in range(0, 7)) if cp <= limit and seq_len % (2 * cp) == 0]
+    field = "search.context_parallel_degrees"
+    for cp in pinned:
+        if cp == 1:
+            continue
+        if not llama:
+            raise PlanningError(
+                f"{field}: context parallelism needs a llama-family model (the runtime splits its "
+                f"attention over the sequence), not '{request.model.architecture}'; pin [1] or leave "
+                "it unset",
+                field=field,
+            )
+        if seq_len % (2 * cp):
+            raise PlanningError(
+                f"{field}: cp={cp} cuts every sequence into 2 x {cp} load-balanced chunks, which seq_len "
+                f"{seq_len} does not split into; pick a degree whose 2 x cp divides it",
+                field=field,
+            )
+    return sorted(set(pinned))
+
+
+def splitting_meshes(request: PlanRequest) -> list[tuple[int, int]]:
+    """(tp, cp) of the searched degrees whose data-parallel ranks (world / (tp x cp)) split the global
+    batch evenly and whose sequence splits into 2 x cp x tp pieces (a pin the model cannot take counts
+    as 1 here: planning names that error)."""
     try:
-        degrees = tensor_parallel_degrees(request)
+        tensor = tensor_parallel_degrees(request)
     except PlanningError:
-        degrees = [1]
+        tensor = [1]
+    try:
+        context = context_parallel_degrees(request)
+    except PlanningError:
+        context = [1]
     world, sequences = request.cluster.world_size, request.training.global_batch_sequences
-    return [tp for tp in degrees if world % tp == 0 and sequences % (world // tp) == 0]
+    seq_len = request.training.seq_len
+    return [
+        (tp, cp) for tp in tensor for cp in context
+        if world % (tp * cp) == 0 and sequences % (world // (tp * cp)) == 0
+        and (cp == 1 or seq_len % (2 * cp * tp) == 0)
+    ]
+
+
+def splitting_degrees(request: PlanRequest) -> list[int]:
+    """The searched tensor-parallel degrees that split the batch with some context-parallel degree."""
+    return sorted({tp for tp, _ in splitting_meshes(request)})
 
 
 def check_mesh(request: PlanRequest, sharding: str, mesh: Mesh) -> None:
@@ -121,7 +177,7 @@ def check_mesh(request: PlanRequest, sharding: str, mesh: Mesh) -> None:
     problem = None
     if mesh.world_size != world:
         problem = (
-            f"dp_replicate x dp_shard x tp = {mesh.world_size} must equal the cluster's {world} GPUs"
+            f"dp_replicate x dp_shard x cp x tp = {mesh.world_size} must equal the cluster's {world} GPUs"
         )
     elif sharding in ("full_shard", "shard_grad_op") and mesh.dp_replicate != 1:
         problem = f"{sharding} shards over every data-parallel rank: dp_replicate must be 1"
@@ -130,23 +186,29 @@ def check_mesh(request: PlanRequest, sharding: str, mesh: Mesh) -> None:
     elif mesh.tp > 1 and (request.model.architecture != "llama" or not splits_model(request, mesh.tp)):
         limits = ", ".join(tensor_parallel_limits(request))
         problem = f"tp={mesh.tp} must divide each of {limits} (llama family only)"
+    elif mesh.cp > 1 and (
+        request.model.architecture != "llama" or request.training.seq_len % (2 * mesh.cp * mesh.tp)
+    ):
+        problem = (f"cp={mesh.cp} needs a llama-family model whose sequence splits into 2 x cp x tp = "
+                   f"{2 * mesh.cp * mesh.tp} pieces (seq_len is {request.training.seq_len})")
     if problem:
         raise PlanningError(f"config.mesh: {problem}", field="config")
 
 
-def data_parallel_meshes(request: PlanRequest, tp: int) -> Iterator[tuple[str, Mesh]]:
-    """(sharding, mesh) for every allowed sharding of the dp = world / tp data-parallel ranks."""
-    dp = request.cluster.world_size // tp
+def data_parallel_meshes(request: PlanRequest, tp: int, cp: int = 1) -> Iterator[tuple[str, Mesh]]:
+    """(sharding, mesh) for every allowed sharding of the dp = world / (tp x cp) data-parallel ranks
+    (FSDP shards over dp_shard x cp: the cp ranks hold the same parameters)."""
+    dp = request.cluster.world_size // (tp * cp)
     for sharding in request.search.shardings:
-        if dp == 1 and sharding != "no_shard":
-            continue  # one data-parallel rank has nothing to shard over
+        if dp * cp == 1 and sharding != "no_shard":
+            continue  # one rank per model replica has nothing to shard over
         if sharding == "hybrid_shard":
-            for s in hybrid_shard_sizes(dp, request.cluster.gpus_per_node, tp=tp):
-                yield sharding, Mesh(dp_replicate=dp // s, dp_shard=s, tp=tp)
+            for s in hybrid_shard_sizes(dp, request.cluster.gpus_per_node, tp=tp * cp):
+                yield sharding, Mesh(dp_replicate=dp // s, dp_shard=s, cp=cp, tp=tp)
         elif sharding == "no_shard":
-            yield sharding, Mesh(dp_replicate=dp, tp=tp)
+            yield sharding, Mesh(dp_replicate=dp, cp=cp, tp=tp)
         else:
-            yield sharding, Mesh(dp_shard=dp, tp=tp)
+            yield sharding, Mesh(dp_shard=dp, cp=cp, tp=tp)
 
 
 def float8_recipes(request: PlanRequest) -> list[str]:
@@ -209,15 +271,17 @@ def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice
     recipes = float8_recipes(request)
     if search.async_tp:
         check_async_tp(request, field="search.async_tp")
-    for tp in splitting_degrees(request):
-        dp = request.cluster.world_size // tp
+    context_parallel_degrees(request)  # a cp pin the model cannot take is refused here, with why
+    for tp, cp in splitting_meshes(request):
+        dp = request.cluster.world_size // (tp * cp)
         local_batch = request.training.global_batch_sequences // dp
         micro_batches = micro_batch_sizes(local_batch, search.max_micro_batch_size)
         vocab_share = setting.model.vocab_size // tp
         chunks = {
-            mb: loss_chunks_for(mb * setting.seq_len, vocab_share, setting.act_bytes) for mb in micro_batches
+            mb: loss_chunks_for(mb * setting.seq_len // cp, vocab_share, setting.act_bytes)
+            for mb in micro_batches
         }
-        for sharding, mesh in data_parallel_meshes(request, tp):
+        for sharding, mesh in data_parallel_meshes(request, tp, cp):
             gathers = sharding != "no_shard" and mesh.dp > 1
             for compile_ in search.compile:
                 caps = [(a, r) for a in BUCKET_CAPS_MB for r in BUCKET_CAPS_MB] if compile_ else [(0.0, 0.0)]

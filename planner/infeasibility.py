@@ -23,7 +23,13 @@ from planner.cost.memory import MemoryEstimate, fits_in_memory
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice, Setting
 from planner.document import to_parallel_config
-from planner.enumeration import enumerate_choices, splitting_degrees, tensor_parallel_degrees
+from planner.enumeration import (
+    CONTEXT_PARALLEL_FROM_SEQ_LEN,
+    context_parallel_degrees,
+    enumerate_choices,
+    splitting_degrees,
+    tensor_parallel_degrees,
+)
 from planner.errors import InfeasiblePlanError
 from planner.specs import PlanRequest
 
@@ -173,6 +179,9 @@ def _all_but_sharding(c: Choice) -> tuple:
     # A tuple rather than dataclasses.replace: a probe compares thousands of configurations.
     return (
         c.mesh.tp,
+        c.mesh.cp,
+        c.float8,
+        c.async_tp,
         c.blocks_per_unit,
         c.all_gather_bucket_mb,
         c.reduce_scatter_bucket_mb,
@@ -189,15 +198,20 @@ def _all_but_sharding(c: Choice) -> tuple:
 def roundings(request: PlanRequest, num_nodes: int, tokens: int) -> list[int]:
     """The global batches (sequences) that round `tokens` to a whole split on `num_nodes` nodes of the
     request's kind, nearest first (a tie goes to the smaller): for each searched tensor-parallel
-    degree, the multiples of its data-parallel ranks (world / tp) just below and just above, or
+    degree (and context-parallel one), the multiples of its data-parallel ranks (world / (tp x cp)) just
+    below and just above, or
     `tokens` itself where it splits. Batches beyond the request's bound are left out."""
     seq_len = request.training.seq_len
     world = num_nodes * request.cluster.gpus_per_node
     batches: set[int] = set()
     for tp in tensor_parallel_degrees(request):
-        unit = world // tp * seq_len  # tokens per batch that gives each data-parallel rank a sequence
-        below = tokens // unit * unit
-        batches |= {b // seq_len for b in ((below,) if below == tokens else (below, below + unit)) if b > 0}
+        for cp in context_parallel_degrees(request):
+            if world % (tp * cp):
+                continue
+            unit = world // (tp * cp) * seq_len  # a batch giving each data-parallel rank a sequence
+            below = tokens // unit * unit
+            nearest = (below,) if below == tokens else (below, below + unit)
+            batches |= {b // seq_len for b in nearest if b > 0}
     fitting = (b for b in batches if b * seq_len <= MAX_GLOBAL_BATCH_TOKENS)
     return sorted(fitting, key=lambda b: (abs(b * seq_len - tokens), b))
 
@@ -466,21 +480,33 @@ def tensor_parallel_reach(request: PlanRequest) -> tuple[int, int]:
 def _beyond_the_search(request: PlanRequest) -> str:
     """The parallelism this request's search left out that would divide activations further."""
     searched, possible = tensor_parallel_reach(request)
+    context = max(context_parallel_degrees(request))
     if possible > searched:
         return (
             f"tensor parallelism beyond tp={searched} (up to tp={possible} splits this model; widen "
-            "search.tensor_parallel_degrees) or context parallelism"
+            "search.tensor_parallel_degrees) or context parallelism (search.context_parallel_degrees)"
         )
-    if searched > 1:
+    if context == 1 and request.model.architecture == "llama":
         return (
-            f"context or pipeline parallelism (this planner plans FSDP data parallelism with tensor "
-            f"parallelism up to tp={searched}, inside a node)"
+            "context parallelism (search.context_parallel_degrees: it splits every sequence, and is "
+            f"searched unpinned only from {CONTEXT_PARALLEL_FROM_SEQ_LEN:,}-token sequences) or "
+            "pipeline parallelism"
+        )
+    if searched > 1 or context > 1:
+        return (
+            f"pipeline parallelism (this planner plans FSDP data parallelism with tensor parallelism "
+            f"up to tp={searched} inside a node and context parallelism up to cp={context})"
         )
     return "tensor or context parallelism (this model's runtime has data parallelism only)"
 
 
 def _searched_parallelism(request: PlanRequest) -> str:
     tensor = max(tensor_parallel_degrees(request)) > 1
+    context = max(context_parallel_degrees(request)) > 1
+    if tensor and context:
+        return "Data, tensor and context parallelism"
+    if context:
+        return "Data and context parallelism"
     return "Data and tensor parallelism" if tensor else "Data parallelism alone"
 
 

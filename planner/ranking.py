@@ -47,7 +47,7 @@ class Evaluated:
     @staticmethod
     def throughput(setting: Setting, choice: Choice, step_time_s: float) -> float:
         """Tokens/s per GPU: each data-parallel rank's tokens, shared by its tensor-parallel GPUs."""
-        return setting.seq_len * choice.sequences_per_step / step_time_s / choice.mesh.tp
+        return setting.seq_len * choice.sequences_per_step / step_time_s / choice.mesh.model_parallel
 
     @property
     def peak_gib(self) -> float:
@@ -181,9 +181,16 @@ def cost_components(e: Evaluated, estimator: Estimator) -> dict[str, float]:
         "framework overhead": t.overhead_s,
         "exposed all-gather": t.exposed_all_gather_s,
         f"exposed {reduce_name}": t.exposed_reduce_s,
-        f"tp={e.choice.mesh.tp} per-layer collectives": t.tensor_parallel_s,
+        f"{_model_parallel_label(e.choice)} per-layer collectives": t.tensor_parallel_s,
     }
-    return {name: s * e.choice.mesh.tp / e.choice.sequences_per_step for name, s in seconds.items()}
+    share = e.choice.mesh.model_parallel / e.choice.sequences_per_step
+    return {name: s * share for name, s in seconds.items()}
+
+
+def _model_parallel_label(choice: Choice) -> str:
+    """`tp=2`, or `cp=2 tp=2` where the sequence is split too."""
+    mesh = choice.mesh
+    return (f"cp={mesh.cp} " if mesh.cp > 1 else "") + f"tp={mesh.tp}"
 
 
 def excess_costs(loser: Evaluated, best: Evaluated, estimator: Estimator) -> dict[str, float]:
@@ -191,10 +198,12 @@ def excess_costs(loser: Evaluated, best: Evaluated, estimator: Estimator) -> dic
     (the winner's all-reduce stands against a reduce-scatter, its tp collectives against any)."""
 
     def kind(name: str) -> str:
+        if name.endswith("per-layer collectives"):
+            return "per-layer collectives"
         return name.replace("all-reduce", "reduce").replace("reduce-scatter", "reduce").split("=")[0]
 
     winner = {kind(n): s for n, s in cost_components(best, estimator).items()}
-    per_step = loser.choice.sequences_per_step / loser.choice.mesh.tp
+    per_step = loser.choice.sequences_per_step / loser.choice.mesh.model_parallel
     excess = {
         name: (s - winner[kind(name)]) * per_step
         for name, s in cost_components(loser, estimator).items()

@@ -413,6 +413,11 @@ class SearchSpace(StrictModel):
     """Tensor-parallel degrees to consider (`[8]` pins tp=8; `[1]` keeps data parallelism only).
     None: every power of two up to the GPUs per node that divides the model's heads, key/value
     heads, FFN and vocabulary (llama family; other architectures plan tp=1)."""
+    context_parallel_degrees: list[Annotated[int, Field(ge=1, le=1024)]] | None = None
+    """Context-parallel degrees to consider (`[4]` pins cp=4: every sequence split over 4 ranks).
+    None: for sequences of CONTEXT_PARALLEL_FROM_SEQ_LEN tokens or more (llama family), every power
+    of two whose 2 x cp chunks split the sequence; shorter sequences plan cp=1 (the all-gathered
+    keys and values then cost more than the memory they save)."""
     float8: list[Float8Recipe] | None = None
     """Float8 training recipes to consider beside the compute precision (`["none", "tensorwise"]`),
     on GPUs with float8 tensor cores (`mxfp8`: MX tensor cores) and bf16 training. None: `none` only,
@@ -436,14 +441,17 @@ class SearchSpace(StrictModel):
     def _omit_unset_options(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # Requests without a ceiling or tp pins serialise (and so hash) as before the fields existed.
         data = handler(self)
-        for name in ("max_peak_memory_gib", "tensor_parallel_degrees", "float8"):
+        for name in ("max_peak_memory_gib", "tensor_parallel_degrees", "context_parallel_degrees", "float8"):
             if data.get(name) is None:
                 data.pop(name, None)
         if data.get("async_tp") is False:
             data.pop("async_tp", None)
         return data
 
-    @field_validator("shardings", "compile", "checkpointing", "tensor_parallel_degrees", "float8")
+    @field_validator(
+        "shardings", "compile", "checkpointing", "tensor_parallel_degrees", "context_parallel_degrees",
+        "float8",
+    )
     @classmethod
     def _not_empty(cls, value: list | None) -> list | None:
         if value is not None and not value:

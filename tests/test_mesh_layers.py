@@ -26,16 +26,19 @@ LAYERS: dict[str, dict[str, Handler | str]] = {
     "search axis": {
         "dp_replicate": ("planner/enumeration.py", "data_parallel_meshes"),
         "dp_shard": ("planner/enumeration.py", "data_parallel_meshes"),
+        "cp": ("planner/enumeration.py", "context_parallel_degrees"),
         "tp": ("planner/enumeration.py", "tensor_parallel_degrees"),
     },
     "cost term": {
         "dp_replicate": ("planner/cost/estimate.py", "_price"),
         "dp_shard": ("planner/cost/estimate.py", "_price"),
+        "cp": ("planner/cost/estimate.py", "context_parallel_seconds"),
         "tp": ("planner/cost/estimate.py", "_UnitTimes.__call__"),
     },
     "memory term": {
         "dp_replicate": "replicas hold exactly what their shard group holds: no memory term depends on it",
         "dp_shard": ("planner/cost/memory.py", "memory_moments"),
+        "cp": ("planner/cost/estimate.py", "Estimator.setting_for"),  # the rank's share of each sequence
         "tp": ("planner/cost/estimate.py", "Estimator.setting_for"),  # the rank's share of the model
     },
     "runtime apply step": {
@@ -46,11 +49,13 @@ LAYERS: dict[str, dict[str, Handler | str]] = {
     "launcher": {
         "dp_replicate": ("contract/mesh.py", "Mesh.describe"),
         "dp_shard": ("contract/mesh.py", "Mesh.describe"),
+        "cp": ("contract/mesh.py", "Mesh.describe"),
         "tp": ("executor/launch/render.py", "_tensor_parallel_check"),
     },
     "dashboard": {
         "dp_replicate": ("api/dashboard/plan_views.py", "mesh_row"),
         "dp_shard": ("api/dashboard/plan_views.py", "mesh_row"),
+        "cp": ("api/dashboard/plan_views.py", "mesh_row"),
         "tp": ("api/dashboard/plan_views.py", "mesh_row"),
     },
 }

@@ -35,6 +35,8 @@ CLI_OPTIONS: dict[str, str] = {
     "search.checkpointing": "--checkpointing",
     "search.compile": "--compile/--eager",
     "search.float8": "--float8",
+    "search.context_parallel_degrees": "--cp",
+    "context_parallel_degrees": "--cp",
     "search.async_tp": "--async-tp",
     "training.seq_len": "--seq-len",
     "seq_len": "--seq-len",

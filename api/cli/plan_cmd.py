@@ -95,6 +95,12 @@ def plan(
         f"comma-separated): {', '.join(FLOAT8_CHOICES)}; H100, H200 and B200 only (mxfp8: B200). "
         "Default: none (bf16).",
     )] = None,
+    cp: Annotated[list[str] | None, typer.Option(
+        "--cp", metavar="N[,N...]",
+        help="Pin the context-parallel degrees to search (repeatable or comma-separated): --cp 4 splits "
+        "every sequence over 4 ranks. Default: every degree that splits the sequence, for sequences "
+        "of 32,768 tokens or more (llama family); shorter ones plan cp 1.",
+    )] = None,
     async_tp: Annotated[bool, typer.Option(
         "--async-tp",
         help="Run compiled tensor-parallel plans' collectives asynchronously (inductor's "
@@ -112,7 +118,7 @@ def plan(
         raise fail("--global-batch-tokens is required (tokens per optimizer step over all GPUs)")
     search = search_pins(
         tp=tp, sharding=sharding, compile_=compile_, checkpointing=checkpointing, float8=float8,
-        async_tp=async_tp,
+        async_tp=async_tp, cp=cp,
     )
     try:
         model_spec = model_from_options(model=model, hf_config=hf_config, layer_graph=layer_graph)
@@ -169,16 +175,23 @@ def search_pins(
     checkpointing: list[str] | None,
     float8: list[str] | None = None,
     async_tp: bool = False,
+    cp: list[str] | None = None,
 ) -> SearchSpace:
     """The search space the pins leave (an unpinned axis searches all its values)."""
     pins: dict[str, object] = {}
-    if tp:
-        degrees = _choices(tp)
+    for option, values, what, field in (
+        ("--tp", tp, "tensor-parallel", "tensor_parallel_degrees"),
+        ("--cp", cp, "context-parallel", "context_parallel_degrees"),
+    ):
+        if not values:
+            continue
+        degrees = _choices(values)
         bad = [d for d in degrees if not d.isdigit() or int(d) < 1]
         if bad or not degrees:
-            raise fail(f"--tp: {bad[0] if bad else '(empty)'!r} is not a tensor-parallel degree; give whole "
-                       "numbers from 1, e.g. --tp 8 or --tp 2,4 (leave --tp out to search every degree)")
-        pins["tensor_parallel_degrees"] = sorted({int(d) for d in degrees})
+            raise fail(f"{option}: {bad[0] if bad else '(empty)'!r} is not a {what} degree; give whole "
+                       f"numbers from 1, e.g. {option} 8 or {option} 2,4 (leave {option} out to search "
+                       "every degree)")
+        pins[field] = sorted({int(d) for d in degrees})
     for option, values, known, field in (
         ("--sharding", sharding, SHARDINGS, "shardings"),
         ("--checkpointing", checkpointing, CHECKPOINT_MODES, "checkpointing"),
@@ -202,8 +215,12 @@ def mesh_line(config: ParallelConfig) -> str:
     """`dp_replicate 1 x dp_shard 64 x tp 8 (sequence + loss parallel)`: every degree named, since
     `hybrid_shard/16x2` style labels and `dp 2x16` ones order the two data-parallel degrees apart."""
     mesh = config.mesh
-    degrees = f"dp_replicate {mesh.dp_replicate} x dp_shard {mesh.dp_shard} x tp {mesh.tp}"
-    return degrees + (" (sequence + loss parallel)" if mesh.tp > 1 else " (data parallelism only)")
+    context = f" x cp {mesh.cp}" if mesh.cp > 1 else ""
+    degrees = f"dp_replicate {mesh.dp_replicate} x dp_shard {mesh.dp_shard}{context} x tp {mesh.tp}"
+    split = [what for what, on in (
+        (f"sequences split over {mesh.cp} ranks", mesh.cp > 1), ("sequence + loss parallel", mesh.tp > 1)
+    ) if on]
+    return degrees + (f" ({'; '.join(split)})" if split else " (data parallelism only)")
 
 
 def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:

@@ -75,14 +75,18 @@ def sharding_label(config: ParallelConfig) -> str:
 def mesh_row(config: ParallelConfig) -> Row:
     """The device mesh, every degree named, with what tensor parallelism brings when it is on."""
     mesh = config.mesh
-    value = f"dp_replicate {mesh.dp_replicate} × dp_shard {mesh.dp_shard} × tp {mesh.tp}"
-    if mesh.tp == 1:
+    context = f" × cp {mesh.cp}" if mesh.cp > 1 else ""
+    value = f"dp_replicate {mesh.dp_replicate} × dp_shard {mesh.dp_shard}{context} × tp {mesh.tp}"
+    notes = []
+    if mesh.cp > 1:
+        notes.append(f"each sequence is split over a cp group of {mesh.cp} ranks (load-balanced chunks; "
+                     "keys and values all-gathered for attention), and FSDP shards over dp_shard × cp")
+    if mesh.tp > 1:
+        notes.append(f"each tp group is {mesh.tp} consecutive ranks inside a node, with sequence "
+                     "parallel and loss parallel (vocabulary-sharded cross-entropy)")
+    if not notes:
         return Row("Device mesh", value, f"{mesh.world_size} GPUs, data parallelism only")
-    return Row(
-        "Device mesh", value,
-        f"{mesh.world_size} GPUs; each tp group is {mesh.tp} consecutive ranks inside a node, with "
-        "sequence parallel and loss parallel (vocabulary-sharded cross-entropy)",
-    )
+    return Row("Device mesh", value, f"{mesh.world_size} GPUs; " + "; ".join(notes))
 
 
 def input_rows(row: PlanRow, plan: Plan) -> list[Row]:

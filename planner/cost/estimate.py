@@ -18,7 +18,7 @@ from planner.cost.memory import (
     memory_moments,
     saved_activations,
 )
-from planner.cost.model_costs import UnitCost, float8_share, tensor_parallel_share
+from planner.cost.model_costs import UnitCost, context_parallel_share, float8_share, tensor_parallel_share
 from planner.cost.parameters import FLOAT8_CAST_BYTES_PER_ELEMENT, FLOAT8_GEMM_EFFICIENCY, CostParameters
 from planner.cost.repeats import Run, periodic_runs
 from planner.cost.setting import Choice, Setting
@@ -211,6 +211,20 @@ def tensor_parallel_seconds(
     return _collective(p, "intra", nbytes, tp, launches=unit.tp_collectives)
 
 
+def context_parallel_seconds(setting: Setting, choice: Choice, unit: UnitCost, *, tokens: int) -> float:
+    """One forward's context-parallel all-gather of a block's keys and values over the cp group
+    (backward reduce-scatters their gradients, its mirror image): the rank's `tokens` of them from
+    each of the cp ranks. Priced as exposed, like the tensor-parallel collectives: attention waits
+    for the whole sequence's keys (Llama 3's all-gather context parallelism; a ring would overlap)."""
+    cp = choice.mesh.cp
+    if cp == 1 or not unit.kv_elems:
+        return 0.0
+    nbytes = unit.kv_elems * tokens * cp * setting.act_bytes
+    link = choice.mesh.context_link(setting.gpus_per_node)
+    rails = max(1, min(cp, setting.gpus_per_node // choice.mesh.tp))
+    return _collective(setting.params, link, nbytes, cp, rails=rails)
+
+
 def async_tensor_parallel_seconds(comm_s: float, matmul_s: float, *, tp: int, contention: float) -> float:
     """What a block's tensor-parallel collectives still cost under async TP (inductor's
     micro-pipelining): each collective is cut into `tp` per-rank pieces, and while one piece moves
@@ -254,16 +268,18 @@ def _price(setting: Setting, choice: Choice, layout: CommLayout, repeats: Repeat
     p = setting.params
     mesh = choice.mesh
     rb = choice.reduce_bytes
-    shard, replicas = mesh.dp_shard, mesh.dp_replicate
+    shard, replicas = mesh.fsdp_shards, mesh.dp_replicate
     shard_link: LinkClass = mesh.shard_link(setting.gpus_per_node)
     replica_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"
     world_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"
 
-    # Ranks of each group on one node (the mesh is replicas x shards x tp, tp innermost).
+    # Ranks of each group on one node (the mesh is replicas x shards x cp x tp, tp innermost; FSDP's
+    # shard group is dp_shard x cp).
     per_node = setting.gpus_per_node
     shard_rails = max(1, min(shard, per_node // mesh.tp))
     replica_rails = max(1, per_node // (shard * mesh.tp))
     world_rails = max(1, per_node // mesh.tp)
+    replicated = mesh.dp * mesh.cp  # no_shard's all-reduce group: every rank of one tp position
 
     unit_times = _UnitTimes(setting, choice)
 
@@ -299,7 +315,8 @@ def _price(setting: Setting, choice: Choice, layout: CommLayout, repeats: Repeat
         else:
             for params, launches, count in shape.reduces:
                 reduce += count * _collective(
-                    p, world_link, rb * params, mesh.dp, all_reduce=True, launches=launches, rails=world_rails
+                    p, world_link, rb * params, replicated, all_reduce=True, launches=launches,
+                    rails=world_rails,
                 )
             # Eager (FSDP2) replicas accumulate locally and all-reduce once per step; compiled
             # SimpleFSDP's all-reduce is part of every backward graph.
@@ -356,6 +373,7 @@ class _UnitTimes:
                 tp_s = async_tensor_parallel_seconds(
                     tp_s, forward.matmul, tp=tp, contention=setting.params.overlap_contention
                 )
+            tp_s += context_parallel_seconds(setting, choice, u, tokens=self.tokens)
             self._forward[id(u)] = (forward, tp_s)
         f, tp_fwd = self._forward[id(u)]
         # Recomputing a whole block re-runs its forward collectives.
@@ -377,7 +395,7 @@ def _outside_the_timeline(setting: Setting, choice: Choice) -> tuple[float, floa
     """(optimizer step, framework overhead) seconds per step: around the micro-batches' timeline."""
     p = setting.params
     world_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"
-    local_params = setting.model.rank_params / choice.mesh.dp_shard
+    local_params = setting.model.rank_params / choice.mesh.fsdp_shards
     optimizer_s = p.optimizer_overhead_s + local_params * p.optimizer_bytes_per_param / p.memory_bandwidth
     optimizer_s += _collective(p, world_link, 4.0, setting.world_size, all_reduce=True)  # grad-norm
     sharded = choice.sharding != "no_shard"
@@ -419,18 +437,21 @@ class Estimator:
 
     def __init__(self, setting: Setting) -> None:
         self.setting = setting
-        self._shares: dict[int, Setting] = {1: setting}
+        self._shares: dict[tuple[int, int], Setting] = {(1, 1): setting}
         self._layouts: dict[tuple, CommLayout] = {}
         self._saved: dict[tuple, SavedActivations] = {}
         self._repeats: dict[tuple, RepeatedLayout] = {}
         self._compute: dict[tuple, float] = {}
 
     def setting_for(self, choice: Choice) -> Setting:
-        """The setting as one rank of the choice's tensor-parallel group sees it."""
-        tp = choice.mesh.tp
-        if tp not in self._shares:
-            self._shares[tp] = replace(self.setting, model=tensor_parallel_share(self.setting.model, tp))
-        return self._shares[tp]
+        """The setting as one rank of the choice's tensor- and context-parallel groups sees it: its
+        share of the model, and its share of every sequence (`seq_len` is the rank's own tokens)."""
+        key = (choice.mesh.tp, choice.mesh.cp)
+        if key not in self._shares:
+            tp, cp = key
+            model = context_parallel_share(tensor_parallel_share(self.setting.model, tp), cp)
+            self._shares[key] = replace(self.setting, model=model, seq_len=self.setting.seq_len // cp)
+        return self._shares[key]
 
     def layout(self, choice: Choice) -> CommLayout:
         key = choice.layout_key

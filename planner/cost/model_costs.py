@@ -66,6 +66,9 @@ class UnitCost:
     the head, traced units)."""
     linear_share: int = 1
     """The tensor-parallel degree the unit's matmuls are split over (its share of `linear_shapes`)."""
+    kv_elems: float = 0.0
+    """Key and value elements per token (attention blocks): what context parallelism all-gathers
+    over its group in forward (and reduce-scatters as gradients in backward)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,10 @@ class ModelCosts:
     share_params: int = 0
     """With tensor_parallel > 1: the parameters one rank holds (summed once, the search reads it
     thousands of times)."""
+    context_parallel: int = 1
+    """1: every rank sees whole sequences; else the rank's share of a context-parallel group
+    (`context_parallel_share`): per-token costs are those of the rank's own tokens, and each block
+    keeps the keys and values gathered from the other cp ranks for its backward."""
 
     @property
     def rank_params(self) -> int:
@@ -177,6 +184,7 @@ def tensor_parallel_share(model: ModelCosts, tp: int) -> ModelCosts:
                 input_elems=u.input_elems if u is model.head else u.input_elems / tp,
                 attention_output_elems=u.attention_output_elems / tp,
                 linear_share=tp,
+                kv_elems=u.kv_elems / tp,
             )
         return shares[id(u)]
 
@@ -190,6 +198,27 @@ def tensor_parallel_share(model: ModelCosts, tp: int) -> ModelCosts:
         tensor_parallel=tp,
         share_params=sum(u.num_params for u in (embedding, *blocks, head)),
     )
+
+
+def context_parallel_share(model: ModelCosts, cp: int) -> ModelCosts:
+    """What one rank of a `cp`-wide context-parallel group holds and computes, per token of its own
+    (1/cp of each sequence, in load-balanced chunks, so the causal attention work per token is the
+    whole sequence's average): the same per-token costs, plus, saved for backward in every attention
+    block, the keys and values all-gathered from the other cp - 1 ranks (attention's backward needs
+    them whole). Repeated blocks stay one object."""
+    if cp == 1:
+        return model
+    shares: dict[int, UnitCost] = {}
+
+    def share(u: UnitCost) -> UnitCost:
+        if id(u) not in shares:
+            gathered = u.kv_elems * (cp - 1)
+            shares[id(u)] = replace(
+                u, saved_elems=u.saved_elems + gathered, op_saved_elems=u.op_saved_elems + gathered
+            ) if gathered else u
+        return shares[id(u)]
+
+    return replace(model, blocks=tuple(share(b) for b in model.blocks), context_parallel=cp)
 
 
 def eager_saved_bytes(unit: UnitCost, act_bytes: int) -> float:
@@ -242,6 +271,7 @@ def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
         tp_collectives=4,
         tp_collective_elems=4 * h,
         linear_shapes=((h, (h, kv, kv)), (h, (h,)), (h, (f, f)), (f, (h,))),  # qkv, o, w1 w3, w2
+        kv_elems=2 * kv,
     )
     # The vocabulary-parallel embedding reduce-scatters its output onto the sequence shards.
     embedding = replace(_embedding_unit(v * h, h, tensors=1), tp_collectives=1, tp_collective_elems=h)

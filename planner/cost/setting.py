@@ -58,12 +58,15 @@ class Choice:
 
     @property
     def mesh_family(self) -> str:
-        """The family as shown by the member that stands for it: its tensor-parallel degree added
-        when above 1, e.g. `hybrid_shard/2x2 tp2 compiled` (a family spans every tp degree)."""
-        if self.mesh.tp == 1:
+        """The family as shown by the member that stands for it: its context- and tensor-parallel
+        degrees added when above 1, e.g. `hybrid_shard/2x2 cp2 tp2 compiled` (a family spans every
+        degree)."""
+        parallel = (f" cp{self.mesh.cp}" if self.mesh.cp > 1 else "") + (
+            f" tp{self.mesh.tp}" if self.mesh.tp > 1 else "")
+        if not parallel:
             return self.family
         shard, compiled = self.family.rsplit(" ", 1)
-        return f"{shard} tp{self.mesh.tp} {compiled}"
+        return f"{shard}{parallel} {compiled}"
 
     @property
     def simple_fsdp(self) -> bool:
@@ -87,8 +90,8 @@ class Choice:
 
     @property
     def tp_family(self) -> str:
-        """The tensor-parallel family, e.g. `tp=2`."""
-        return f"tp={self.mesh.tp}"
+        """The model-parallel family, e.g. `tp=2`, or `cp=2 tp=2` when sequences are split too."""
+        return (f"cp={self.mesh.cp} " if self.mesh.cp > 1 else "") + f"tp={self.mesh.tp}"
 
     @property
     def sequences_per_step(self) -> int:
@@ -101,6 +104,7 @@ class Choice:
         compiled = self.simple_fsdp
         return (
             self.mesh.tp,
+            self.mesh.cp,
             compiled,
             1 if compiled else self.blocks_per_unit,
             self.all_gather_bucket_mb if compiled else 0.0,
@@ -120,13 +124,13 @@ class Choice:
         """What one micro-batch's compute (forward, backward, recompute, tp collectives) depends on."""
         return (
             self.mesh.tp, self.micro_batch_size, self.checkpointing, self.every_k, self.compile, self.engine,
-            self.float8, self.async_tp,
+            self.float8, self.async_tp, self.mesh.cp,
         )
 
     @property
     def activations_key(self) -> tuple:
         """What the saved activations per token depend on."""
-        return (self.mesh.tp, self.checkpointing, self.every_k, self.compile, self.engine)
+        return (self.mesh.tp, self.mesh.cp, self.checkpointing, self.every_k, self.compile, self.engine)
 
     @property
     def reshards_after_forward(self) -> bool:

@@ -150,7 +150,7 @@ def run_config(run: Run) -> ParallelConfig:
         reshard = config.sharding in ("full_shard", "hybrid_shard")
     return ParallelConfig(
         sharding=config.sharding,
-        mesh=Mesh(dp_replicate=mesh.dp_replicate, dp_shard=mesh.dp_shard, tp=mesh.tp),
+        mesh=Mesh(dp_replicate=mesh.dp_replicate, dp_shard=mesh.dp_shard, cp=mesh.cp, tp=mesh.tp),
         blocks_per_unit=config.blocks_per_unit,
         all_gather_bucket_mb=0.0,
         reduce_scatter_bucket_mb=0.0,
