@@ -54,13 +54,16 @@ class PlanRow(Base):
     replanned_from_run_id: Mapped[int | None] = mapped_column(BigId)
     """The OOM validation run whose configuration set the memory ceiling (None: the plan's own)."""
     # The chosen device mesh, copied out of `plan` so that lists filter on it and show it without
-    # loading the documents (backfilled by migration 0003). dp_replicate is world_size / (dp_shard x tp).
+    # loading the documents (backfilled by migrations 0003 and 0008). dp_replicate is world_size /
+    # (dp_shard x cp x tp).
     sharding: Mapped[str] = mapped_column(String(32))
     """config.sharding: full_shard, shard_grad_op, hybrid_shard or no_shard."""
     tensor_parallel_degree: Mapped[int] = mapped_column(Integer)
     """config.mesh.tp: GPUs splitting every block's matmuls (1: data parallelism only)."""
     data_parallel_shard_degree: Mapped[int] = mapped_column(Integer)
     """config.mesh.dp_shard: data-parallel ranks a parameter is sharded over."""
+    context_parallel_degree: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    """config.mesh.cp: ranks splitting every sequence (1: whole sequences; backfilled by migration 0008)."""
 
     __table_args__ = (
         # One index per sortable column, with the id tie-breaker that keyset pagination walks.

@@ -250,10 +250,10 @@ class PlanSummary(BaseModel):
 
 
 def stored_mesh(row: Any) -> Mesh:
-    """The mesh of a stored plan row (api.db.models.PlanRow), from its columns alone: tp and dp_shard
-    are stored, dp_replicate is what the world size leaves."""
-    tp, dp_shard = row.tensor_parallel_degree, row.data_parallel_shard_degree
-    return Mesh(dp_replicate=max(1, row.world_size // (tp * dp_shard)), dp_shard=dp_shard, tp=tp)
+    """The mesh of a stored plan row (api.db.models.PlanRow), from its columns alone: tp, cp and
+    dp_shard are stored, dp_replicate is what the world size leaves."""
+    tp, cp, dp_shard = row.tensor_parallel_degree, row.context_parallel_degree, row.data_parallel_shard_degree
+    return Mesh(dp_replicate=max(1, row.world_size // (tp * cp * dp_shard)), dp_shard=dp_shard, cp=cp, tp=tp)
 
 
 class PlanDetail(PlanSummary):

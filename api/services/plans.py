@@ -250,6 +250,7 @@ def row_for(
         sharding=plan.config.sharding,
         tensor_parallel_degree=plan.config.mesh.tp,
         data_parallel_shard_degree=plan.config.mesh.dp_shard,
+        context_parallel_degree=plan.config.mesh.cp,
         plan_hash=digest,
         planner_version=plan.planner_version,
         calibration_id=calibration_id,

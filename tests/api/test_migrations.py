@@ -32,7 +32,7 @@ from tests.live_server import REPO_ROOT
 from tests.older_schemas import as_schema_1
 
 TABLES = {"plans", "calibration_profiles", "validation_runs", "api_keys", "idempotency_keys"}
-HEAD = "0007"
+HEAD = "0008"
 MESH_COLUMNS = ("sharding", "tensor_parallel_degree", "data_parallel_shard_degree")
 
 
@@ -73,6 +73,7 @@ def _plan_document(**search: object) -> dict[str, Any]:
 # The plans table as revision 0002 left it (the model has moved on).
 _PLANS_0002 = sa.table(
     "plans", *(sa.column(name) for name in (
+        "sharding", "tensor_parallel_degree", "data_parallel_shard_degree",  # from 0003 on (optional here)
         "name", "model_name", "gpu", "num_nodes", "gpus_per_node", "world_size", "tokens_per_s_per_gpu",
         "mfu", "peak_memory_gib", "step_time_s", "plan_hash", "planner_version",
     )),
@@ -135,6 +136,38 @@ def test_0003_backfills_the_mesh_from_2_0_and_1_x_plans_and_reverts(fresh_url: s
             assert connection.execute(sa.text("SELECT count(*) FROM plans")).scalar_one() == len(documents)
         migrate.upgrade(engine)
         assert migrate.current_revision(engine) == HEAD
+    finally:
+        engine.dispose()
+
+
+def test_0008_backfills_the_context_parallel_degree_and_reverts(fresh_url: str) -> None:
+    plain = _plan_document(tensor_parallel_degrees=[1], shardings=["full_shard"])
+    mesh = plain["config"]["mesh"]
+    split = {**plain, "config": {**plain["config"], "mesh": {**mesh, "cp": 2, "dp_shard": 2}}}
+    engine = create_db_engine(fresh_url)
+    try:
+        migrate.upgrade(engine, "0007")
+        with engine.begin() as connection:
+            for i, (key, document) in enumerate({"cp1": plain, "cp2": split, "before-cp": {
+                **plain, "config": {**plain["config"], "mesh": {"dp_replicate": 1, "dp_shard": 4, "tp": 1}}
+            }}.items()):
+                connection.execute(_PLANS_0002.insert().values(
+                    name=key, model_name="llama-debug", gpu="cpu", num_nodes=1, gpus_per_node=4, world_size=4,
+                    tokens_per_s_per_gpu=1.0, mfu=0.1, peak_memory_gib=1.0, step_time_s=1.0,
+                    plan_hash=f"{i:064x}", planner_version="test", created_at=datetime.now(UTC),
+                    request={}, plan=document, sharding="full_shard", tensor_parallel_degree=1,
+                    data_parallel_shard_degree=document["config"]["mesh"]["dp_shard"],
+                ))
+        migrate.upgrade(engine)
+        with engine.connect() as connection:
+            rows = connection.execute(sa.text("SELECT name, context_parallel_degree FROM plans"))
+            stored = dict(rows.all())
+        assert stored == {"cp1": 1, "cp2": 2, "before-cp": 1}
+        migrate.downgrade(engine, "0007")
+        with engine.connect() as connection:
+            columns = {c["name"] for c in inspect(connection).get_columns("plans")}
+            assert "context_parallel_degree" not in columns
+            assert connection.execute(sa.text("SELECT count(*) FROM plans")).scalar_one() == 3
     finally:
         engine.dispose()
 
