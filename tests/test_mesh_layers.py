@@ -38,7 +38,7 @@ LAYERS: dict[str, dict[str, Handler | str]] = {
     "memory term": {
         "dp_replicate": "replicas hold exactly what their shard group holds: no memory term depends on it",
         "dp_shard": ("planner/cost/memory.py", "memory_moments"),
-        "cp": ("planner/cost/estimate.py", "Estimator.setting_for"),  # the rank's share of each sequence
+        "cp": ("planner/cost/memory.py", "memory_moments"),  # shards over dp_shard x cp; its share of tokens
         "tp": ("planner/cost/estimate.py", "Estimator.setting_for"),  # the rank's share of the model
     },
     "runtime apply step": {

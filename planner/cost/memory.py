@@ -280,7 +280,7 @@ def memory_moments(
     optimizer step."""
     p = setting.params
     n_params = setting.model.rank_params  # this rank's tensor-parallel share
-    shard = choice.mesh.fsdp_shards
+    shard = choice.mesh.dp_shard * choice.mesh.cp  # FSDP shards over dp_shard x cp
     state_bytes = 8 if setting.optimizer == "adamw" else 4
     params = 4.0 * n_params / shard
     grads = 4.0 * n_params / shard

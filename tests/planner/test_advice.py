@@ -92,15 +92,18 @@ def test_405b_at_seq_8192_without_tensor_parallelism_says_to_widen_it() -> None:
 
 
 def test_70b_at_32k_fits_only_where_activations_dominate_and_says_so() -> None:
-    # Data parallelism only: tensor parallelism fits it on these 32 GPUs (test_tensor_parallel.py).
+    # Data parallelism only: tensor (test_tensor_parallel.py) or context parallelism fits it on these
+    # 32 GPUs.
     request = make_request(
-        "llama3-70b", "4x8xH100", seq_len=32768, sequences=64, search={"tensor_parallel_degrees": [1]}
+        "llama3-70b", "4x8xH100", seq_len=32768, sequences=64,
+        search={"tensor_parallel_degrees": [1], "context_parallel_degrees": [1]},
     )
     error = refused(request)
     assert error.needs_model_parallelism
     assert error.dominant_memory_term == "activations and the loss"
     assert "tensor parallelism beyond tp=1 (up to tp=8 splits this model; widen " \
-        "search.tensor_parallel_degrees) or context parallelism would fit on fewer GPUs" in error.message
+        "search.tensor_parallel_degrees) or context parallelism (search.context_parallel_degrees) " \
+        "would fit on fewer GPUs" in error.message
     assert error.min_fitting_nodes is not None and error.suggested_global_batch_tokens is not None
     plan = make_plan(
         variant(request, nodes=error.min_fitting_nodes, tokens=error.suggested_global_batch_tokens)

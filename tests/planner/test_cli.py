@@ -286,10 +286,11 @@ def test_bad_or_unfittable_pins_are_clear_errors() -> None:
                                "--global-batch-tokens", "2048", "--tp", "2"])
     assert gpt2.exit_code == 2 and "needs a llama-family model" in gpt2.stderr
     # Data parallelism alone cannot hold 128k-token activations: infeasible (exit 3), with the way out.
-    infeasible = runner.invoke(app, [*LONG_CONTEXT, "--tp", "1"], env=WIDE)
+    infeasible = runner.invoke(app, [*LONG_CONTEXT, "--tp", "1", "--cp", "1"], env=WIDE)
     assert infeasible.exit_code == 3
     assert "does not fit" in infeasible.stderr and "tensor parallelism beyond tp=1" in infeasible.stderr
-    assert plan_json(*LONG_CONTEXT)["config"]["mesh"]["tp"] > 1  # unpinned, it plans
+    split = plan_json(*LONG_CONTEXT)["config"]["mesh"]
+    assert split["tp"] * split["cp"] > 1  # unpinned, it plans
 
 
 @pytest.mark.parametrize("cluster", ["H100", "axbxH100", "1x8", "2x8H100", "1x99999999999999xcpu"])
