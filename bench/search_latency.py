@@ -46,7 +46,9 @@ CASES = {
         MAXIMAL_GRAPH, "4x8xH100", 4096, 128, 1.0,
     ),
     # Context parallelism in the space (sequences of 32k tokens or more): cp x tp x sharding.
-    "llama3-8b on 1x8xH100 (seq 131072, 1 seq/step; cp searched)": ("llama3-8b", "1x8xH100", 131072, 1, 0.100),
+    "llama3-8b on 1x8xH100 (seq 131072, 1 seq/step; cp searched)": (
+        "llama3-8b", "1x8xH100", 131072, 1, 0.100,
+    ),
     "llama3.1-405b on 128x8xH100 (seq 131072, 64 seqs/step; cp searched)": (
         "llama3.1-405b", "128x8xH100", 131072, 64, 1.0,
     ),
