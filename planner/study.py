@@ -19,7 +19,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from contract.parallel_config import Float8Recipe
 from contract.training_config import Optimizer, Precision
+from planner.enumeration import check_float8
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.gpu_spec import GpuSpec
 from planner.plan import Plan
@@ -64,6 +66,11 @@ Price = Annotated[float, Field(gt=0, le=MAX_PRICE_PER_GPU_HOUR, allow_inf_nan=Fa
 ClusterGpus = Annotated[int, Field(ge=1, le=MAX_CLUSTER_GPUS)]
 
 
+def series_name(gpu: str, float8: str) -> str:
+    """A study's name for a candidate GPU type trained with a Float8 recipe (or not)."""
+    return gpu if float8 == "none" else f"{gpu} fp8-{float8}"
+
+
 class StudyGpu(StrictModel):
     """One candidate GPU type and what an hour of one costs."""
 
@@ -78,6 +85,9 @@ class StudyGpu(StrictModel):
     calibration_id: Annotated[int, Field(ge=1, le=(1 << 53) - 1)] | None = None
     """A calibration profile stored on the service, measured on this GPU type: its clusters are planned
     with it, as `POST /plans` with `calibration_id` does. None: catalog peaks (uncalibrated)."""
+    float8: Float8Recipe = "none"
+    """Train this candidate's linears with a Float8 recipe (`none`: the study's precision). The same GPU
+    type may be listed once per recipe, so a study compares bf16 and Float8 side by side."""
 
     @model_validator(mode="after")
     def _resolvable(self) -> StudyGpu:
@@ -96,6 +106,11 @@ class StudyGpu(StrictModel):
     def name(self) -> str:
         """The canonical name (catalog aliases resolved)."""
         return self.cluster(num_nodes=1, gpus_per_node=1).gpu
+
+    @property
+    def series(self) -> str:
+        """The candidate as the study names it: the GPU type, and its Float8 recipe if any."""
+        return series_name(self.name, self.float8)
 
     @property
     def price(self) -> float:
@@ -180,9 +195,9 @@ class StudyRequest(StrictModel):
             lower = max(self.seq_len, per_step // self.seq_len * self.seq_len)
             raise ValueError(f"{needed}: {per_step} is not a whole number of {self.seq_len}-token sequences; "
                              f"use a multiple of seq_len such as {lower}")
-        names = [gpu.name for gpu in self.gpus]
+        names = [gpu.series for gpu in self.gpus]
         if len(set(names)) != len(names):
-            raise ValueError(f"gpus: each GPU type once (got {', '.join(names)})")
+            raise ValueError(f"gpus: each GPU type once per Float8 recipe (got {', '.join(names)})")
         sizes = self.sizes()
         if len(sizes) * len(self.gpus) > MAX_CANDIDATES:
             raise ValueError(
@@ -215,12 +230,19 @@ class StudyCluster(BaseModel):
 
     gpu: str
     """Canonical GPU type name."""
+    float8: str = "none"
+    """The candidate's Float8 recipe (`none`: the study's precision)."""
     num_gpus: int
     num_nodes: int
     gpus_per_node: int
     global_batch_tokens: int
     price_per_gpu_hour: float
     """USD."""
+
+    @property
+    def series(self) -> str:
+        """`H100-SXM-80GB`, or `H100-SXM-80GB fp8-tensorwise` for a Float8 candidate."""
+        return series_name(self.gpu, self.float8)
 
     @property
     def label(self) -> str:
@@ -246,7 +268,8 @@ class StudyCandidate(StudyCluster):
     def of(cls, study: StudyRequest, gpu: StudyGpu, num_gpus: int) -> StudyCandidate:
         node = gpu.node_size
         nodes, gpus_per_node = (1, num_gpus) if num_gpus <= node else (num_gpus // node, node)
-        fields = dict(gpu=gpu.name, num_gpus=num_gpus, num_nodes=nodes, gpus_per_node=gpus_per_node,
+        fields = dict(gpu=gpu.name, float8=gpu.float8, num_gpus=num_gpus, num_nodes=nodes,
+                      gpus_per_node=gpus_per_node,
                       global_batch_tokens=study.batch_tokens(num_gpus), price_per_gpu_hour=gpu.price,
                       calibration_id=gpu.calibration_id)
         if nodes * gpus_per_node != num_gpus:
@@ -258,8 +281,13 @@ class StudyCandidate(StudyCluster):
                 cluster=gpu.cluster(num_nodes=nodes, gpus_per_node=gpus_per_node),
                 training={"seq_len": study.seq_len, "global_batch_tokens": fields["global_batch_tokens"],
                           "precision": study.precision, "optimizer": study.optimizer},
-                search=study.search,
+                search=study.search if gpu.float8 == "none" else study.search.model_copy(
+                    update={"float8": [gpu.float8]}
+                ),
             )
+            check_float8(request, gpu.float8, field="gpus.float8")
+        except PlanningError as exc:
+            return cls(**fields, request=None, refusal=exc.message)
         except ValueError as exc:
             return cls(**fields, request=None, refusal=str(exc))
         return cls(**fields, request=request)

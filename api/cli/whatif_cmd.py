@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from api.cli.common import EXIT_FAILED, ServerClient, fail, in_cli_terms, model_from_options, read_json_file
-from api.cli.plan_cmd import CHECKPOINT_MODES, SHARDINGS, search_pins
+from api.cli.plan_cmd import CHECKPOINT_MODES, FLOAT8_CHOICES, SHARDINGS, search_pins
 from api.services.search_pool import SearchPool, available_cores
 from api.services.studies import run_study
 from planner.errors import PlanningError, describe_validation_error
@@ -57,8 +57,10 @@ def whatif(
         Path | None, typer.Option("--layer-graph", help="A layer graph JSON from `fsdp-planner trace`.")
     ] = None,
     gpu: Annotated[list[str] | None, typer.Option(
-        "--gpu", metavar="NAME[=USD_PER_HOUR]",
+        "--gpu", metavar="NAME[+FLOAT8][=USD_PER_HOUR]",
         help="A candidate GPU type from the catalog, with its price per GPU-hour (repeatable); "
+        "NAME+tensorwise trains it with a Float8 recipe, so --gpu H100 --gpu H100+tensorwise compares "
+        "bf16 and Float8 side by side; "
         "default prices: " + ", ".join(f"{k} ${v:g}" for k, v in DEFAULT_PRICES_PER_GPU_HOUR.items()) + ".",
     )] = None,
     gpu_file: Annotated[list[Path] | None, typer.Option(
@@ -225,12 +227,19 @@ def _parsed(parse: Callable[[str], Any], text: str, option: str) -> Any:
 
 
 def _catalog_gpu(text: str) -> dict[str, Any]:
-    """`H100` or `H100=2.49` -> a StudyGpu body."""
-    gpu_name, sep, price = text.partition("=")
+    """`H100`, `H100=2.49` or `H100+tensorwise=2.49` (Float8) -> a StudyGpu body."""
+    name, sep, price = text.partition("=")
+    gpu_name, plus, recipe = name.partition("+")
+    body: dict[str, Any] = {"gpu": gpu_name.strip()}
+    if plus:
+        if recipe.strip() not in FLOAT8_CHOICES or recipe.strip() == "none":
+            raise fail(f"--gpu {text!r}: after '+' comes a Float8 recipe ({', '.join(FLOAT8_CHOICES[1:])}), "
+                       "e.g. --gpu H100+tensorwise")
+        body["float8"] = recipe.strip()
     if not sep:
-        return {"gpu": gpu_name.strip()}
+        return body
     try:
-        return {"gpu": gpu_name.strip(), "price_per_gpu_hour": float(price)}
+        return {**body, "price_per_gpu_hour": float(price)}
     except ValueError:
         raise fail(f"--gpu {text!r}: the price after '=' must be USD per GPU-hour, e.g. --gpu H100=2.49"
                    ) from None
@@ -259,7 +268,7 @@ def print_study(study: StudyRequest, summary: StudySummary, console: Console) ->
         p = summary.points[index]
         marks = [m for i, m in picks.items() if i == index] + (["pareto"] if p.pareto else [])
         table.add_row(
-            p.gpu, f"{p.num_gpus} ({p.num_nodes}x{p.gpus_per_node})", p.config_label,
+            p.series, f"{p.num_gpus} ({p.num_nodes}x{p.gpus_per_node})", p.config_label,
             duration(p.step_time_s or 0.0), f"{p.tokens_per_s_per_gpu:,.0f}", f"{p.mfu:.0%}",
             f"{p.peak_memory_gib:.1f}", f"{p.days:,.1f}", quantity(p.gpu_hours or 0.0),
             money(p.cost or 0.0), ", ".join(marks),

@@ -108,9 +108,9 @@ def chart(study: StudyDetail) -> charts.Chart | None:
     fitting = [p for p in study.points if p.fits and p.days is not None and p.cost is not None]
     if not fitting:
         return None
-    gpus = list(dict.fromkeys(p.gpu for p in fitting))
+    gpus = list(dict.fromkeys(p.series for p in fitting))
     series = [
-        charts.Series(gpu, [_point(p) for p in fitting if p.gpu == gpu],
+        charts.Series(gpu, [_point(p) for p in fitting if p.series == gpu],
                       charts.PALETTE[i % len(charts.PALETTE)], css_class="cluster")
         for i, gpu in enumerate(gpus)
     ]

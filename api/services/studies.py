@@ -194,7 +194,7 @@ def submit_study(
         values = {
             "name": body.name or default_name(study), "model_name": study.model.name,
             "token_budget": study.token_budget, "deadline_days": study.deadline_days,
-            "gpus": ",".join(gpu.name for gpu in study.gpus), "num_candidates": len(study.candidates()),
+            "gpus": ",".join(gpu.series for gpu in study.gpus), "num_candidates": len(study.candidates()),
             "num_fitting": 0, "planner_version": planner_version, "request": study.model_dump(mode="json"),
             "summary": {}, "created_at": utcnow(), "state": StudyState.queued, "candidates_done": 0,
             "attempts": 0,

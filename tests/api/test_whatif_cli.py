@@ -37,6 +37,26 @@ def test_json_study_with_the_arithmetic_and_the_picks() -> None:
     assert points[study["cheapest"]]["cost"] == min(p["cost"] for p in points if p["fits"])
 
 
+def test_bf16_and_float8_side_by_side() -> None:
+    llama = ["whatif", "--model", "llama3-8b", "--tokens", "1T", "--seq-len", "8192",
+             "--global-batch-tokens", str(8192 * 64), "--sizes", "8,16"]
+    result = runner.invoke(app, [*llama, "--gpu", "H100", "--gpu", "H100+tensorwise", "--gpu", "A100+rowwise",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    points = json.loads(result.stdout)["points"]
+    by = {(p["gpu"], p["float8"], p["num_gpus"]): p for p in points}
+    for size in (8, 16):
+        bf16, fp8 = by[("H100-SXM-80GB", "none", size)], by[("H100-SXM-80GB", "tensorwise", size)]
+        assert "fp8-tensorwise" in fp8["config_label"] and "fp8" not in bf16["config_label"]
+        assert fp8["tokens_per_s"] > bf16["tokens_per_s"] and fp8["cost"] < bf16["cost"]
+        refused = by[("A100-80GB", "rowwise", size)]
+        assert not refused["fits"] and "the A100-80GB has no float8 tensor cores" in refused["reason"]
+    table = runner.invoke(app, [*llama, "--gpu", "H100", "--gpu", "H100+tensorwise"], env={"COLUMNS": "240"})
+    assert "H100-SXM-80GB fp8-tensorwise" in table.stdout
+    bad = runner.invoke(app, [*llama, "--gpu", "H100+fp4"])
+    assert bad.exit_code == 2 and "after '+' comes a Float8 recipe" in bad.stderr
+
+
 def test_table_marks_the_picks_and_says_why_clusters_do_not_fit() -> None:
     result = runner.invoke(app, [*GPT2, "--gpu", "H100", "--sizes", "8-32", "--deadline-days", "0.001"],
                            env={"COLUMNS": "200"})
