@@ -42,8 +42,10 @@ LAYERS: dict[str, dict[str, Handler | str]] = {
         "tp": ("planner/cost/estimate.py", "Estimator.setting_for"),  # the rank's share of the model
     },
     "runtime apply step": {
-        "dp_replicate": ("contract/mesh.py", "data_parallel_axes"),
-        "dp_shard": ("contract/mesh.py", "data_parallel_axes"),
+        # The engines' data-parallel dims: contract.mesh.data_parallel_axes, cp folded in.
+        "dp_replicate": ("executor/runtime/distributed.py", "data_parallel_dims"),
+        "dp_shard": ("executor/runtime/distributed.py", "data_parallel_dims"),
+        "cp": ("executor/runtime/context_parallel.py", "apply_context_parallel"),
         "tp": ("executor/runtime/parallelize.py", "parallelize"),
     },
     "launcher": {

@@ -158,15 +158,20 @@ def init_distributed(plan: RuntimePlan, *, device: str = "auto", timeout_s: floa
 
 
 def build_mesh(plan: RuntimePlan, env: DistEnv) -> DeviceMesh:
-    """The job's one 3-D mesh, (dp_replicate, dp_shard, tp) from `plan.config.mesh` (size-1 dims kept).
+    """The job's one 4-D mesh, (dp_replicate, dp_shard, cp, tp) from `plan.config.mesh` (size-1
+    dims kept), with the flattened data-parallel dim the plan's sharding needs when cp > 1
+    (`data_parallel_dims`).
 
     Ranks are laid out row-major with tp innermost: a tensor-parallel group is tp consecutive ranks
-    (one node), whose per-layer collectives need the fastest links; then the shard groups, so
-    parameter all-gathers and reduce-scatters stay within nodes when they fit, and only the
-    replicas' all-reduce crosses nodes. Every engine takes its submeshes from this mesh (FSDP2 needs
-    its data-parallel mesh and the tensor-parallel mesh to share a root).
+    (one node), whose per-layer collectives need the fastest links; then the context-parallel
+    groups (cp x tp consecutive ranks: its key/value all-gathers run once per block); then the shard
+    groups, so parameter all-gathers and reduce-scatters stay within nodes when they fit, and only
+    the replicas' all-reduce crosses nodes. Every engine takes its submeshes from this mesh (FSDP2
+    needs its data-parallel mesh and the tensor-parallel mesh to share a root).
     """
-    return init_device_mesh(env.device.type, plan.config.mesh.shape, mesh_dim_names=MESH_AXES)
+    mesh = init_device_mesh(env.device.type, plan.config.mesh.shape, mesh_dim_names=MESH_AXES)
+    data_parallel_dims(mesh, plan.config.sharding)  # every rank creates the flattened groups now
+    return mesh
 
 
 def submesh(mesh: DeviceMesh, dims: tuple[str, ...]) -> DeviceMesh:
@@ -174,9 +179,31 @@ def submesh(mesh: DeviceMesh, dims: tuple[str, ...]) -> DeviceMesh:
     return mesh[dims[0]] if len(dims) == 1 else mesh[dims]
 
 
+def data_parallel_dims(mesh: DeviceMesh, sharding: str) -> tuple[str, ...]:
+    """The names of the dims of `mesh` that `sharding` spreads parameters and gradient reduction
+    over: `contract.mesh.data_parallel_axes`, with cp folded into the axis before it.
+
+    The cp ranks of a data-parallel rank hold the same parameters, so FSDP shards over dp_shard x cp
+    (torchtitan's `dp_shard_cp`) and no_shard replicates over dp_replicate x cp. The engines take a
+    1-D dim per role (shard, replicate), so the pair is flattened into one dim of the root mesh,
+    `dp_shard_cp` or `dp_replicate_cp` (created once: flattening is collective and idempotent). With
+    cp 1 the dim is the axis itself (`dp_shard`, `dp_replicate`), as before context parallelism.
+    """
+    axes = data_parallel_axes(sharding)
+    if "cp" not in axes:
+        return axes
+    at = axes.index("cp")
+    if mesh.size(MESH_AXES.index("cp")) == 1:
+        return axes[:at] + axes[at + 1 :]
+    outer = axes[at - 1]
+    flat = {"dp_shard": "dp_shard_cp", "dp_replicate": "dp_replicate_cp"}[outer]
+    mesh[outer, "cp"]._flatten(flat)
+    return (*axes[: at - 1], flat, *axes[at + 1 :])
+
+
 def data_parallel_mesh(mesh: DeviceMesh, sharding: str) -> DeviceMesh:
-    """The data-parallel submesh the FSDP engines shard and reduce over (contract.mesh.data_parallel_axes)."""
-    return submesh(mesh, data_parallel_axes(sharding))
+    """The data-parallel submesh the FSDP engines shard and reduce over (`data_parallel_dims`)."""
+    return submesh(mesh, data_parallel_dims(mesh, sharding))
 
 
 def tensor_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
@@ -184,9 +211,15 @@ def tensor_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
     return mesh["tp"]
 
 
+def context_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The 1-D context-parallel submesh (this rank's cp group: the ranks splitting its sequences)."""
+    return mesh["cp"]
+
+
 def data_parallel_rank(mesh: DeviceMesh) -> tuple[int, int]:
-    """(rank, size) of this rank among the data-parallel ranks: the ranks of one tp group share a
-    data-parallel rank, so they read the same sequences."""
+    """(rank, size) of this rank among the data-parallel ranks: the ranks of one cp x tp group
+    share a data-parallel rank, so they read the same sequences (the cp ranks then each keep their
+    own chunks of them, `context_parallel`)."""
     replicate, shard = mesh.get_local_rank("dp_replicate"), mesh.get_local_rank("dp_shard")
     size = mesh.size(MESH_AXES.index("dp_shard"))
     return replicate * size + shard, mesh.size(0) * size

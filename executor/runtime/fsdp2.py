@@ -3,8 +3,10 @@
 Units in forward order: the input embeddings, groups of `blocks_per_unit` blocks, the final norm +
 head, and the root (whatever is left, e.g. a tied embedding/head weight, which must sit in a
 single unit). no_shard and hybrid_shard use FSDP2's HSDP on the 2-D (dp_replicate, dp_shard) mesh;
-for no_shard the shard dimension has size 1, which is DDP. Tensor-parallel parameters (DTensors on
-the tp mesh of the same root mesh) are sharded further by FSDP2 itself, keeping their tp layout.
+for no_shard the shard dimension has size 1, which is DDP. Context-parallel ranks hold the same
+parameters: their dim is folded into the shard dim (`dp_shard_cp`) or, for no_shard, the
+replicas. Tensor-parallel parameters (DTensors on the tp mesh of the same root mesh) are sharded
+further by FSDP2 itself, keeping their tp layout.
 """
 
 from __future__ import annotations
@@ -14,15 +16,22 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from executor.runtime.distributed import data_parallel_mesh
+from executor.runtime.distributed import data_parallel_dims, data_parallel_mesh
 from executor.runtime.models import ModelParts
 
 
 def fsdp2_mesh(mesh: DeviceMesh, sharding: str) -> DeviceMesh:
     """FSDP2's data-parallel submesh of the job's mesh. `fully_shard` shards over any 1-D mesh, so
-    no_shard (replicas only) is spelled as HSDP with a shard dimension of size 1."""
+    no_shard (replicas only) is spelled as HSDP with a shard dimension of size 1. With context
+    parallelism the shard dim is `dp_shard_cp` (`data_parallel_dims`); no_shard's replicas are
+    `dp_replicate_cp`, given its size-1 shard dim by unflattening (a flattened dim cannot be sliced
+    together with `dp_shard`, which lies between its axes)."""
     if sharding == "no_shard":
-        return mesh["dp_replicate", "dp_shard"]
+        (replicas,) = data_parallel_dims(mesh, sharding)
+        if replicas == "dp_replicate":
+            return mesh["dp_replicate", "dp_shard"]
+        flat = mesh[replicas]
+        return flat._unflatten(0, (flat.size(), 1), (replicas, "no_shard"))
     return data_parallel_mesh(mesh, sharding)
 
 

@@ -1,16 +1,19 @@
-"""parallelize(): Float8 conversion, tensor parallelism, activation checkpointing, data parallelism
-and compilation, in that order.
+"""parallelize(): Float8 conversion, tensor parallelism, context parallelism, activation
+checkpointing, data parallelism and compilation, in that order.
 
 Two engines, as the plan chooses with `config.compile`:
-  simple_fsdp (compile=True)   [Float8] -> TP -> AC -> SimpleFSDP parametrization -> torch.compile
-  fsdp2       (compile=False)  [Float8] -> TP -> AC -> FSDP2 fully_shard per wrap unit (eager)
+  simple_fsdp (compile=True)   [Float8] -> TP -> CP -> AC -> SimpleFSDP parametrization -> torch.compile
+  fsdp2       (compile=False)  [Float8] -> TP -> CP -> AC -> FSDP2 fully_shard per wrap unit (eager)
 Float8 (`config.float8`, executor.runtime.float8) swaps the blocks' eligible linears for torchao's
 float8 ones first, as torchtitan's model converters do: on the unsharded model, under the names
 tensor parallelism addresses, and before FSDP2 wraps the weights (its float8 all-gather needs the
 float8 weight subclass in place when fully_shard runs).
 Why this order: tensor parallelism addresses submodules by name (`attention.wq`), which activation
 checkpointing's wrapper would rename, and it turns parameters into tp DTensors that data
-parallelism then shards further over its own mesh dims. Activation checkpointing wraps blocks
+parallelism then shards further over its own mesh dims. Context parallelism
+(`context_parallel`) changes no parameter: it swaps the forward of the root and of every attention
+module (they keep their names), so the data-parallel engines shard the same parameters, over the
+cp ranks too (dp_shard x cp). Activation checkpointing wraps blocks
 before FSDP so FSDP's units and SimpleFSDP's reshard policy see the wrapped blocks. Compilation
 comes last, over the SimpleFSDP parametrization: the parameter all-gathers (and tensor
 parallelism's collectives) are then ordinary code inside the traced graph, which is what lets
@@ -33,6 +36,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from contract.plan_document import RuntimePlan
 from executor.runtime.activation_checkpoint import apply_activation_checkpointing
 from executor.runtime.compile import CompileSettings, apply_compile, compile_settings
+from executor.runtime.context_parallel import apply_context_parallel
 from executor.runtime.distributed import data_parallel_mesh, tensor_parallel_mesh
 from executor.runtime.float8 import Float8Conversion, after_optimizer_step, convert_to_float8
 from executor.runtime.fsdp2 import apply_fsdp2, fsdp2_mesh
@@ -90,7 +94,7 @@ def parallelize(
     model: nn.Module, *, plan: RuntimePlan, mesh: DeviceMesh, overrides: Overrides = Overrides()
 ) -> Parallelized:
     """Apply the plan's strategy to `model` (typically still on the meta device) in place; `mesh`
-    is the job's (dp_replicate, dp_shard, tp) mesh (`distributed.build_mesh`)."""
+    is the job's (dp_replicate, dp_shard, cp, tp) mesh (`distributed.build_mesh`)."""
     cfg = plan.config
     engine: Engine = overrides.engine or ("simple_fsdp" if cfg.compile else "fsdp2")
     compiled = engine == "simple_fsdp" and (cfg.compile if overrides.compile is None else overrides.compile)
@@ -118,9 +122,15 @@ def parallelize(
         if cfg.async_tp and compiled:
             micro_pipeline_tp, note = enable_async_tensor_parallel(tensor_parallel_mesh(mesh))
             notes.append(note)
+
+    # 2. Context parallelism: it swaps the root's and the attention modules' forward (not their
+    # parameters), inside tensor parallelism's layout; AC and compile then wrap what it made.
+    if cfg.mesh.cp > 1:
+        note = apply_context_parallel(model, plan=plan, mesh=mesh)
+        notes.append(note or f"context parallel: cp={cfg.mesh.cp}")
     parts = find_parts(model)
 
-    # 2. Activation checkpointing: FSDP and compile must see the wrapped blocks.
+    # 3. Activation checkpointing: FSDP and compile must see the wrapped blocks.
     keep_gathered = not cfg.reshard_after_forward
     checkpointed = apply_activation_checkpointing(
         model,
@@ -134,7 +144,7 @@ def parallelize(
         f"activation checkpointing: {cfg.checkpointing.mode} ({len(checkpointed)}/{len(parts.blocks)} blocks)"
     )
 
-    # 3. Data parallelism over the data-parallel dims of the mesh.
+    # 4. Data parallelism over the data-parallel dims of the mesh (dp_shard x cp: `dp_shard_cp`).
     if engine == "simple_fsdp":
         apply_simple_fsdp(
             model,
@@ -168,7 +178,7 @@ def parallelize(
     else:
         notes.append("loss: unchunked cross-entropy on the model's logits (its forward takes no loss_chunks)")
 
-    # 4. Compilation last, over the sharded model, so the collectives are part of the graph.
+    # 5. Compilation last, over the sharded model, so the collectives are part of the graph.
     forward, settings = model, None
     if compiled:
         settings = compile_settings(cfg, backend=overrides.backend, micro_pipeline_tp=micro_pipeline_tp)

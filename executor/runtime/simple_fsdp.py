@@ -45,8 +45,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from contract.mesh import data_parallel_axes
-from executor.runtime.distributed import submesh
+from executor.runtime.distributed import data_parallel_dims, submesh
 
 # DTensor.redistribute(forward_dtype=, backward_dtype=) is recent; without it, cast before gathering.
 _REDISTRIBUTE_CASTS = "forward_dtype" in inspect.signature(DTensor.redistribute).parameters
@@ -73,7 +72,8 @@ class Layout:
 
 def layout_for(sharding: str, mesh: DeviceMesh) -> Layout:
     """Placements for `sharding` on its data-parallel `mesh` (`distributed.data_parallel_mesh`:
-    1-D, or 2-D (dp_replicate, dp_shard) for hybrid_shard)."""
+    1-D, or 2-D (dp_replicate, dp_shard) for hybrid_shard; with context parallelism the shard dim
+    is `dp_shard_cp` and no_shard's replicas `dp_replicate_cp`)."""
     replicate = (Replicate(),) * mesh.ndim
     # Partial("avg"): backward averages gradients over data-parallel ranks, so each rank's loss is
     # the mean over its own micro-batch, as with DDP / FSDP.
@@ -215,13 +215,14 @@ def apply_simple_fsdp(
 ) -> nn.Module:
     """Shard every parameter of `model` in place and route parameter reads through a gather.
 
-    `mesh` is the job's (dp_replicate, dp_shard, tp) mesh (`distributed.build_mesh`): parameters
-    are sharded over the data-parallel dims of `sharding`, and tensor-parallel parameters (DTensors
+    `mesh` is the job's (dp_replicate, dp_shard, cp, tp) mesh (`distributed.build_mesh`): parameters
+    are sharded over the data-parallel dims of `sharding` (`distributed.data_parallel_dims`: cp
+    folded into the shard or replica dim), and tensor-parallel parameters (DTensors
     on the tp mesh) keep their tp placement on the combined mesh. `recomputed_blocks` are blocks
     under activation checkpointing: their whole forward already reruns in backward (gathers
     included), so they skip the per-parameter reshard policy.
     """
-    dp_dims = data_parallel_axes(sharding)
+    dp_dims = data_parallel_dims(mesh, sharding)
     dp_mesh = submesh(mesh, dp_dims)
     layout = layout_for(sharding, dp_mesh)
     reshard = reshard_after_forward and sharding in ("full_shard", "hybrid_shard")

@@ -1,9 +1,9 @@
 """Plan documents for executor tests, in the exact JSON shape `planner.plan.Plan` dumps.
 
 `debug_plan()` is a `llama-debug` plan on a 1x2 `cpu` cluster; keyword arguments override parts
-(`tp` for tensor parallelism; `dp_shard` to choose the shard group, the rest of the data-parallel
-ranks being replicas; `float8` for a Float8 recipe, with `FLOAT8_LLAMA` as the model whose block
-linears torchao's filter converts).
+(`tp` for tensor parallelism, `cp` for context parallelism; `dp_shard` to choose the shard group,
+the rest of the data-parallel ranks being replicas; `float8` for a Float8 recipe, with
+`FLOAT8_LLAMA` as the model whose block linears torchao's filter converts).
 tests/executor/test_plan_contract.py checks this shape against the planner's pydantic model, so
 the hand-made plans here cannot drift from real ones.
 """
@@ -55,16 +55,17 @@ def debug_plan(
     model: dict[str, Any] | None = None,
     dp_shard: int | None = None,
     tp: int = 1,
+    cp: int = 1,
     loss_chunks: int = 1,
     float8: str = "none",
 ) -> dict[str, Any]:
     """A complete plan document (as `Plan.model_dump(mode="json")` writes it). The ranks are
-    nodes x gpus_per_node = dp_replicate x dp_shard x tp; `dp_shard` defaults to what `sharding`
+    nodes x gpus_per_node = dp_replicate x dp_shard x cp x tp; `dp_shard` defaults to what `sharding`
     implies (hybrid_shard: the data-parallel ranks of one node)."""
     world = nodes * gpus_per_node
-    dp = world // tp
+    dp = world // (tp * cp)
     if dp_shard is None:
-        dp_shard = {"no_shard": 1, "hybrid_shard": gpus_per_node // tp}.get(sharding, dp)
+        dp_shard = {"no_shard": 1, "hybrid_shard": gpus_per_node // (tp * cp)}.get(sharding, dp)
     model_doc = copy.deepcopy(model or LLAMA_DEBUG)
     model_doc["name"] = name
     # A `layer_graph` model here stands for a user model the planner never priced (no traced modules).
@@ -100,7 +101,13 @@ def debug_plan(
         },
         "config": {
             "sharding": sharding,
-            "mesh": {"dp_replicate": dp // dp_shard, "dp_shard": dp_shard, "tp": tp},
+            # cp written only above 1, as plans made before context parallelism read.
+            "mesh": {
+                "dp_replicate": dp // dp_shard,
+                "dp_shard": dp_shard,
+                **({"cp": cp} if cp > 1 else {}),
+                "tp": tp,
+            },
             "blocks_per_unit": blocks_per_unit,
             "all_gather_bucket_mb": bucket_mb,
             "reduce_scatter_bucket_mb": bucket_mb,

@@ -38,15 +38,20 @@ class InitRule:
     """Standard deviation for `normal` (mean 0, truncated at 3 std)."""
 
 
-def sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal scaled-dot-product attention; k/v may have fewer heads than q (grouped-query)."""
+def sdpa_causal(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Causal scaled-dot-product attention; k/v may have fewer heads than q (grouped-query).
+    Without `mask` query i attends keys 0..i; with it (bool [q_len, k_len], True: attend) the
+    caller states which keys each query sees (context parallelism's global positions)."""
+    causal = {"is_causal": True} if mask is None else {"attn_mask": mask}
     if k.shape[1] == q.shape[1]:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, **causal)
     if _SDPA_HAS_GQA:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, **causal, enable_gqa=True)
     repeat = q.shape[1] // k.shape[1]
     k, v = (z.repeat_interleave(repeat, dim=1) for z in (k, v))
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, **causal)
 
 
 class OutputHead(nn.Linear):

@@ -53,11 +53,14 @@ class RotaryEmbedding(nn.Module):
             self.cos.copy_(angles.cos())
             self.sin.copy_(angles.sin())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Rotate `x` of shape [batch, heads, seq, head_dim]."""
-        seq = x.shape[-2]
-        cos = self.cos[:seq].to(x.dtype)
-        sin = self.sin[:seq].to(x.dtype)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Rotate `x` of shape [batch, heads, seq, head_dim]: its tokens sit at positions 0..seq-1,
+        or at `positions` (int64 [seq]: a context-parallel rank's chunks of a longer sequence)."""
+        if positions is None:
+            cos, sin = self.cos[: x.shape[-2]], self.sin[: x.shape[-2]]
+        else:
+            cos, sin = self.cos[positions], self.sin[positions]
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
@@ -84,8 +87,15 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        out = sdpa_causal(rope(q), rope(k), v)
+        out = self.attend(q, k, v, rope)
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryEmbedding
+    ) -> torch.Tensor:
+        """Causal attention of the [batch, heads, seq, head_dim] projections (q and k rotated
+        here). Context parallelism overrides it (`context_parallel.ContextParallelAttention`)."""
+        return sdpa_causal(rope(q), rope(k), v)
 
 
 class FeedForward(nn.Module):

@@ -1,0 +1,193 @@
+"""Context parallelism (cp) for the built-in Llama: every sequence split over the cp ranks, with
+all-gather attention, the way Llama 3 was trained (Meta's Llama 3 paper, "context parallelism").
+
+Layout. A sequence of T tokens is cut into 2 x cp equal chunks; cp rank i holds chunks i and
+2cp - 1 - i (`local_positions`). Under the causal mask an early chunk attends few keys and a late
+one many: one of each per rank gives every rank the same attention work (load balancing). Everything
+but attention works token by token, so embeddings, norms, MLPs and the loss run unchanged on the
+rank's T / cp tokens.
+
+Attention (`ContextParallelAttention`): each rank projects q, k, v of its own tokens, rotates q and k
+at their global positions (RoPE), all-gathers the rotated K and V over the cp group (one collective
+per block, K and V stacked; grouped-query attention keeps it small), and attends its local queries
+to all T keys with the causal mask of the global positions (`causal_mask`). The all-gather is
+autograd-aware (a functional collective): its backward reduce-scatters, summing every rank's
+gradient for a key/value onto the rank that owns it.
+
+Loss and gradients (`ContextParallelLlama`). Each rank's loss is the mean over its own tokens; its
+gradient flows as is, and since every cp rank holds as many tokens, the mean of the cp ranks'
+gradients is the gradient of the whole sequences' mean. That mean is what the data-parallel
+engines already take: the cp ranks hold the same parameters, so FSDP2 and SimpleFSDP shard and
+reduce over dp_shard x cp (the flattened `dp_shard_cp` dim, `distributed.data_parallel_dims`;
+no_shard: replicas over dp_replicate x cp). The loss *value* returned is the cp group's mean (one
+detached scalar all-reduce), i.e. the one-process loss of the same sequences, so logging and
+evaluation need not know about cp. The data loader gives the cp ranks of one data-parallel rank
+the same sequences (`distributed.data_parallel_rank` ignores cp); each keeps its own chunks.
+
+Composition: tensor parallelism is innermost (applied first; a cp group is cp x tp consecutive
+ranks). Within a cp rank the tp ranks split its T / cp tokens again (sequence parallelism) and
+attention's heads; the K/V all-gather is then of this tp rank's heads. Activation checkpointing
+recomputes the all-gather with the block; under torch.compile it is ordinary traced code.
+`plan_document` refuses a sequence that does not split into 2 x cp x tp equal pieces.
+
+One implementation for CPU and GPU. torch's own `torch.distributed.tensor.experimental.
+context_parallel` (ring attention over SDPA) has no sharding rule for CPU's flash-attention op, so
+it cannot run the CPU tests; on CUDA its ring (K/V shards passed around while attention computes)
+would overlap the communication better than one all-gather per block, and is a possible follow-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed._functional_collectives as funcol
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from contract.plan_document import PlanError, RuntimePlan
+from executor.runtime.distributed import context_parallel_mesh
+from executor.runtime.models.common import sdpa_causal
+from executor.runtime.models.llama import Attention, Llama, RotaryEmbedding
+
+# torch >= 2.6 names it `_single_`; older torch only has the (now deprecated) `_tensor_` spelling.
+_all_gather_autograd = (
+    getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
+)
+
+
+def load_balanced_chunks(cp: int, rank: int) -> tuple[int, int]:
+    """The two of the 2 x cp chunks of a sequence that cp rank `rank` holds: `rank` and its mirror."""
+    if not 0 <= rank < cp:
+        raise ValueError(f"cp rank {rank} is not in 0..{cp - 1}")
+    return rank, 2 * cp - 1 - rank
+
+
+def local_positions(
+    seq_len: int, *, cp: int, rank: int, device: torch.device | None = None
+) -> torch.Tensor:
+    """Global positions (int64, ascending) of the seq_len / cp tokens rank `rank` holds of a
+    sequence of `seq_len` tokens."""
+    if seq_len % (2 * cp):
+        raise ValueError(f"a sequence of {seq_len} tokens does not split into 2 x cp {cp} equal chunks")
+    chunk = seq_len // (2 * cp)
+    first, second = load_balanced_chunks(cp, rank)
+    return torch.cat([
+        torch.arange(first * chunk, (first + 1) * chunk, device=device),
+        torch.arange(second * chunk, (second + 1) * chunk, device=device),
+    ])
+
+
+def gathered_positions(seq_len: int, *, cp: int, device: torch.device | None = None) -> torch.Tensor:
+    """Global positions of the tokens of an all-gather over the cp group: rank 0's, rank 1's, ..."""
+    return torch.cat([local_positions(seq_len, cp=cp, rank=r, device=device) for r in range(cp)])
+
+
+def split_sequence(x: torch.Tensor, *, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
+    """This rank's two chunks of `x` along the sequence `dim` (in position order)."""
+    if x.shape[dim] % (2 * cp):
+        raise ValueError(
+            f"a sequence of {x.shape[dim]} tokens does not split into 2 x cp {cp} equal chunks; make a plan "
+            f"whose sequence length is a multiple of {2 * cp} (times tp)"
+        )
+    chunks = x.chunk(2 * cp, dim=dim)
+    return torch.cat([chunks[i] for i in load_balanced_chunks(cp, rank)], dim=dim)
+
+
+def causal_mask(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    """Bool [queries, keys]: True where the key's global position is at or before the query's."""
+    return k_positions.unsqueeze(0) <= q_positions.unsqueeze(1)
+
+
+@dataclass(frozen=True, slots=True)
+class ContextShard:
+    """This rank's place in its cp group (plain values: constants to the compiler)."""
+
+    group: str
+    """Process-group name of the cp group (functional collectives trace with names)."""
+    rank: int
+    """This rank's index in the group."""
+    size: int
+    """cp: ranks per group."""
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's tokens of a [batch, seq, ...] tensor."""
+        return split_sequence(x, cp=self.size, rank=self.rank, dim=1)
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole sequence, in position order, from every rank's [batch, seq / cp, ...] `x`."""
+        whole = _all_gather_autograd(x.contiguous(), 1, self.group)
+        order = torch.argsort(gathered_positions(whole.shape[1], cp=self.size, device=x.device))
+        return whole.index_select(1, order)
+
+    def group_mean(self, loss: torch.Tensor) -> torch.Tensor:
+        """`loss` (this rank's mean over its tokens) with the cp group's mean as its value and its
+        own gradient (see the module docstring: the engines average gradients over the cp ranks)."""
+        local = loss.detach()
+        total = funcol.all_reduce(local, "sum", self.group)
+        return loss + (total / self.size - local)
+
+
+class ContextParallelAttention(Attention):
+    """An `Attention` whose tokens are this rank's chunks of the sequence: keys and values come
+    from the whole cp group. Made from an `Attention` by `apply_context_parallel` (same parameters)."""
+
+    context: ContextShard
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryEmbedding
+    ) -> torch.Tensor:
+        cp = self.context
+        seq_len = q.shape[-2] * cp.size
+        q_pos = local_positions(seq_len, cp=cp.size, rank=cp.rank, device=q.device)
+        k_pos = gathered_positions(seq_len, cp=cp.size, device=q.device)
+        # [b, heads, t / cp, d] -> gathered along the sequence (dim 3 of the K/V stack).
+        kv = _all_gather_autograd(torch.stack([rope(k, q_pos), v]), 3, cp.group)
+        keys, values = kv.unbind(0)
+        return sdpa_causal(rope(q, q_pos), keys, values, mask=causal_mask(q_pos, k_pos))
+
+
+class ContextParallelLlama(Llama):
+    """A `Llama` whose forward keeps this rank's chunks of the tokens (and targets), returning the
+    cp group's mean loss, or without targets the whole sequence's logits (gathered, for inspection).
+    Made from a `Llama` by `apply_context_parallel` (same modules and parameters)."""
+
+    context: ContextShard
+
+    def forward(
+        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, loss_chunks: int = 1
+    ) -> torch.Tensor:
+        cp = self.context
+        local_targets = None if targets is None else cp.split(targets)
+        out = super().forward(cp.split(tokens), local_targets, loss_chunks=loss_chunks)
+        if targets is None:
+            return cp.gather(out)
+        return cp.group_mean(out)
+
+
+def apply_context_parallel(model: nn.Module, *, plan: RuntimePlan, mesh: DeviceMesh) -> str | None:
+    """Split every sequence over the plan's cp ranks (`plan.config.mesh.cp`) in place: `model` is
+    the built-in Llama (typically on the meta device, after tensor parallelism), `mesh` the job's
+    mesh (`distributed.build_mesh`). Returns the note to log, None when cp is 1."""
+    cp = plan.config.mesh.cp
+    if cp == 1:
+        return None
+    if type(model) is not Llama or any(type(block.attention) is not Attention for block in model.layers):
+        raise PlanError(
+            f"plan.config.mesh.cp: context parallelism ({cp}) is implemented for the built-in llama model "
+            f"only, this model is a {type(model).__name__}; make a plan with cp 1"
+        )
+    cp_mesh = context_parallel_mesh(mesh)
+    if cp_mesh.size() != cp:
+        raise ValueError(f"the mesh's cp dim has {cp_mesh.size()} ranks, the plan {cp}")
+    shard = ContextShard(group=cp_mesh.get_group().group_name, rank=cp_mesh.get_local_rank(), size=cp)
+    for block in model.layers:
+        block.attention.__class__ = ContextParallelAttention
+        block.attention.context = shard
+    model.__class__ = ContextParallelLlama
+    model.context = shard  # type: ignore[attr-defined]
+    tokens = plan.training.seq_len // cp
+    return (
+        f"context parallel: cp={cp} ({tokens} tokens of every sequence per rank in 2 load-balanced chunks; "
+        "K/V all-gathered per block; loss averaged over the cp group)"
+    )

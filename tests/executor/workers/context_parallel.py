@@ -1,0 +1,262 @@
+"""torchrun worker: a context-parallel Llama (cp, with dp or tp) trains like one process, and its
+checkpoints resume.
+
+    torchrun --nproc-per-node N tests/executor/workers/context_parallel.py --out result.json \
+        --checkpoint-dir DIR [--steps 4] CASE [CASE ...]
+
+CASE is `cp,tp:sharding:engine:backend[:loss_chunks[:ac]]`, e.g. `2,1:full_shard:fsdp2:eager`,
+`2,2:full_shard:fsdp2:eager` (cp 2 x tp 2), `2,1:full_shard:simple_fsdp:inductor:2`. Every case is a
+plan over (world / (cp x tp) data-parallel ranks) x cp x tp ranks, the data-parallel ranks all
+dp_shard (full_shard) or all dp_replicate (no_shard).
+
+As `tensor_parallel.py` (whose helpers this reuses): each case trains `--steps` AdamW steps with the
+runtime's data sampling (by data-parallel rank: the cp ranks of one read the same sequences),
+`train_step` and gradient clipping, from weights initialised per parameter name; the reference
+trains the same global batches in one process. Rank 0 writes one record per case: each rank's
+(data-parallel rank, size), both runs' per-step losses, the relative step-1 gradient error per
+parameter, the inductor cases' collectives, and for the first case's checkpoint the last step's
+loss again after resuming under FSDP2, eager SimpleFSDP and unsharded in one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch._inductor.utils import run_and_get_code
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+
+from contract.plan_document import RuntimePlan, parse_plan  # noqa: E402
+from executor.runtime.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint  # noqa: E402
+from executor.runtime.data import BatchIndex, SyntheticTokens  # noqa: E402
+from executor.runtime.distributed import build_mesh, data_parallel_rank, exit_process, init_distributed  # noqa: E402
+from executor.runtime.materialize import clean_name, materialize  # noqa: E402
+from executor.runtime.models import build_model  # noqa: E402
+from executor.runtime.optim import OptimizerSettings, build_optimizer, set_lr  # noqa: E402
+from executor.runtime.parallelize import Overrides, Parallelized, parallelize  # noqa: E402
+from executor.runtime.step import train_step  # noqa: E402
+from tests.executor.plan_factory import LLAMA_DEBUG, debug_plan  # noqa: E402
+from tests.executor.workers.parity import count_collectives  # noqa: E402
+
+SEED = 7
+# llama-debug with 2 blocks: the same layers, half the graph to trace and compile on 2 cores.
+MODEL = {**LLAMA_DEBUG, "num_layers": 2}
+SETTINGS = OptimizerSettings(lr=5e-4, weight_decay=0.1, max_grad_norm=1.0)
+CPU = torch.device("cpu")
+CHECKPOINTED_CASE = "2,1:full_shard:fsdp2:eager"
+
+
+def make_plan(
+    *, sharding: str, world: int, cp: int, tp: int, backend: str, loss_chunks: int, ac: str
+) -> RuntimePlan:
+    compiled = backend != "eager"
+    document = debug_plan(
+        sharding=sharding,
+        nodes=1,
+        gpus_per_node=world,
+        cp=cp,
+        tp=tp,
+        micro_batch_size=2,
+        compile=compiled,
+        checkpointing=ac,
+        bucket_mb=64.0 if compiled else 0.0,
+        loss_chunks=loss_chunks,
+        model=MODEL,
+    )
+    return parse_plan(document)
+
+
+def train(
+    par: Parallelized,
+    plan: RuntimePlan,
+    *,
+    steps: range,
+    dp: tuple[int, int],
+    optimizer: torch.optim.Optimizer,
+    grads: dict[str, torch.Tensor] | None = None,
+) -> list[float]:
+    """Train `steps` (1-based); returns the global mean loss of each. `dp` is (data-parallel rank,
+    size), (0, 1) for the reference, which then reads the whole global batch. With `grads`, fills
+    it with the full gradients of the first step."""
+    cfg = plan.config
+    data = SyntheticTokens(vocab_size=plan.model.vocab_size, seq_len=plan.training.seq_len, seed=SEED)
+    per_rank = cfg.micro_batch_size * cfg.mesh.dp // dp[1]
+    set_lr(optimizer, SETTINGS.lr)
+    losses = []
+    for step in steps:
+
+        def capture(first: bool = step == steps[0]) -> None:
+            if grads is None or not first:
+                return
+            for name, p in par.module.named_parameters():
+                grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+                grads[clean_name(name)] = grad.detach().clone()
+
+        micro_batches = [
+            data.batch(BatchIndex(step, micro, dp[0], dp[1], per_rank))
+            for micro in range(cfg.grad_accum_steps)
+        ]
+        result = train_step(
+            par,
+            optimizer,
+            iter(micro_batches),
+            grad_accum_steps=cfg.grad_accum_steps,
+            max_grad_norm=SETTINGS.max_grad_norm,
+            loss_chunks=cfg.loss_chunks,
+            before_update=capture,
+        )
+        loss = result.loss_sum / cfg.grad_accum_steps
+        if dp[1] > 1:
+            # As the trainer does: the ranks of a cp x tp group hold equal losses (context
+            # parallelism returns its group's mean), so the mean over every rank is the mean over
+            # the data-parallel ranks.
+            dist.all_reduce(loss)
+            loss = loss / dist.get_world_size()
+        losses.append(float(loss))
+    return losses
+
+
+def unsharded(plan: RuntimePlan) -> Parallelized:
+    """The model in this process alone: no sharding, no context or tensor parallelism."""
+    model = build_model(plan.model, seq_len=plan.training.seq_len)
+    materialize(model, device=CPU, seed=SEED)
+    return Parallelized(
+        module=model,
+        forward=model,
+        engine="fsdp2",
+        compiled=False,
+        compile_settings=None,
+        checkpointed_blocks=0,
+        param_dtype=torch.float32,
+        reduce_dtype=torch.float32,
+    )
+
+
+def reference(plan: RuntimePlan, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The same training in this process alone (each rank runs it: it is small)."""
+    par = unsharded(plan)
+    grads: dict[str, torch.Tensor] = {}
+    optimizer = build_optimizer(par.module, SETTINGS, device=CPU)
+    losses = train(par, plan, steps=range(1, steps + 1), dp=(0, 1), optimizer=optimizer, grads=grads)
+    return losses, grads
+
+
+def parallel(plan: RuntimePlan, mesh: DeviceMesh, overrides: Overrides) -> Parallelized:
+    model = build_model(plan.model, seq_len=plan.training.seq_len)
+    par = parallelize(model, plan=plan, mesh=mesh, overrides=overrides)
+    materialize(par.module, device=CPU, seed=SEED)
+    return par
+
+
+def rel_err(grad: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((grad - ref).norm() / ref.norm().clamp_min(1e-12)).item()
+
+
+def run_case(case: str, *, world: int, steps: int, cache: dict, checkpoint_dir: Path) -> dict:
+    degrees, sharding, engine, backend, *rest = case.split(":")
+    cp, tp = (int(d) for d in degrees.split(","))
+    loss_chunks = int(rest[0]) if rest else 1
+    ac = rest[1] if len(rest) > 1 else "none"
+    plan = make_plan(
+        sharding=sharding, world=world, cp=cp, tp=tp, backend=backend, loss_chunks=loss_chunks, ac=ac
+    )
+    env = init_distributed(plan)
+    key = (plan.config.mesh.shape, sharding)
+    if key not in cache:  # one set of process groups per mesh shape, reused across cases
+        cache[key] = build_mesh(plan, env)
+    mesh = cache[key]
+    dp = data_parallel_rank(mesh)
+    every_dp: list = [None] * world
+    dist.all_gather_object(every_dp, dp)
+    if ("reference", dp[1]) not in cache:  # the global batch: micro-batch x data-parallel ranks
+        cache["reference", dp[1]] = reference(plan, steps)
+    ref_losses, ref_grads = cache["reference", dp[1]]
+
+    compiled = backend != "eager"
+    overrides = Overrides(engine=engine, compile=compiled, backend=backend if compiled else "inductor")
+    t0 = time.perf_counter()
+    par = parallel(plan, mesh, overrides)
+    optimizer = build_optimizer(par.module, SETTINGS, device=CPU)
+    grads: dict[str, torch.Tensor] = {}
+
+    def first_steps() -> list[float]:
+        return train(par, plan, steps=range(1, steps), dp=dp, optimizer=optimizer, grads=grads)
+
+    collectives = None
+    if backend == "inductor":
+        losses, codes = run_and_get_code(first_steps)
+        collectives = count_collectives(codes)
+    else:
+        losses = first_steps()
+    checkpointed = case == CHECKPOINTED_CASE and world == 2
+    if checkpointed:
+        save_checkpoint(
+            checkpoint_dir, step=steps - 1, model=par.module, optimizer=optimizer, train_state={}, keep=1
+        )
+    losses += train(par, plan, steps=range(steps, steps + 1), dp=dp, optimizer=optimizer)
+    record: dict = {
+        "case": case,
+        "dp": every_dp,
+        "notes": par.notes,
+        "losses": losses,
+        "ref_losses": ref_losses,
+        "grad_errors": {name: rel_err(grads[name], ref) for name, ref in ref_grads.items()},
+        "seconds": time.perf_counter() - t0,
+        "collectives": collectives,
+    }
+    if checkpointed:
+        # Resume step `steps` from the checkpoint of the step before: under both engines (the same
+        # shards over dp_shard x cp), and unsharded in one process (DCP reassembles the global
+        # tensors, which only works if the saved shards say truthfully where they lie).
+        resumed = {}
+        for other in ("fsdp2", "simple_fsdp", "unsharded"):
+            if other == "unsharded":
+                again, other_dp = unsharded(plan), (0, 1)
+            else:
+                again, other_dp = parallel(plan, mesh, Overrides(engine=other, compile=False)), dp
+            optimizer = build_optimizer(again.module, SETTINGS, device=CPU)
+            load_checkpoint(
+                checkpoint_path(checkpoint_dir, steps - 1), model=again.module, optimizer=optimizer
+            )
+            resumed[other] = train(
+                again, plan, steps=range(steps, steps + 1), dp=other_dp, optimizer=optimizer
+            )[0]
+        record["resumed_last_loss"] = resumed
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--checkpoint-dir", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("cases", nargs="+")
+    args = parser.parse_args()
+    world = int(os.environ["WORLD_SIZE"])
+    results: list[dict] = []
+    cache: dict = {}
+    for case in args.cases:
+        record = run_case(
+            case, world=world, steps=args.steps, cache=cache, checkpoint_dir=args.checkpoint_dir
+        )
+        results.append(record)
+        if dist.get_rank() == 0:
+            print(json.dumps(record), flush=True)
+    if dist.get_rank() == 0:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+    exit_process(0)  # gloo's threads can abort interpreter teardown (see exit_process)
