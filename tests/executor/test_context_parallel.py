@@ -5,7 +5,9 @@ Two torchrun launches (`workers/context_parallel.py`, every case of a world size
   2 ranks  cp 2: eager FSDP2 (with a checkpoint saved and resumed under FSDP2, SimpleFSDP and in
            one process), eager SimpleFSDP, full activation checkpointing with the loss in token
            slices, no_shard (the cp ranks as replicas), SimpleFSDP + inductor
-  4 ranks  dp 2 x cp 2 under FSDP2 and SimpleFSDP, and cp 2 x tp 2 under FSDP2
+  4 ranks  dp 2 x cp 2 under FSDP2 and SimpleFSDP (full_shard: shards over dp_shard x cp), as
+           no_shard (SimpleFSDP: 4 replicas); and cp 2 x tp 2 under FSDP2
+(hybrid_shard with cp would need 8 ranks: the plan check wants dp_shard and dp_replicate >= 2.)
 
 Tolerances (fp32): context parallelism changes the order of floating-point sums only (attention's
 softmax over keys in gathered order under an explicit mask instead of the causal kernel, the K/V
@@ -48,6 +50,7 @@ CP2_CASES = [
 FOUR_RANK_CASES = [
     "2,1:full_shard:fsdp2:eager",
     "2,1:full_shard:simple_fsdp:eager",
+    "2,1:no_shard:simple_fsdp:eager",
     "2,2:full_shard:fsdp2:eager",
 ]
 
@@ -207,6 +210,13 @@ def test_dp2_cp2_trains_like_one_process(four_ranks: dict[str, dict]) -> None:
         assert any(mesh in n for n in record["notes"]), record["notes"]
         # cp inside dp_shard: ranks 0,1 split data-parallel rank 0's sequences, ranks 2,3 rank 1's.
         assert record["dp"] == [[0, 2], [0, 2], [1, 2], [1, 2]]
+
+
+@pytest.mark.distributed
+def test_dp2_cp2_replicated_trains_like_one_process(four_ranks: dict[str, dict]) -> None:
+    replicas = four_ranks["2,1:no_shard:simple_fsdp:eager"]
+    assert_trains_like_one_process(replicas)
+    assert any("SimpleFSDP no_shard on mesh dp_replicate_cp=4" in n for n in replicas["notes"])
 
 
 @pytest.mark.distributed
