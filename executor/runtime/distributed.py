@@ -6,6 +6,7 @@ import ctypes
 import datetime
 import importlib.util
 import io
+import math
 import os
 import socket
 import sys
@@ -159,8 +160,7 @@ def init_distributed(plan: RuntimePlan, *, device: str = "auto", timeout_s: floa
 
 def build_mesh(plan: RuntimePlan, env: DistEnv) -> DeviceMesh:
     """The job's one 4-D mesh, (dp_replicate, dp_shard, cp, tp) from `plan.config.mesh` (size-1
-    dims kept), with the flattened data-parallel dim the plan's sharding needs when cp > 1
-    (`data_parallel_dims`).
+    dims kept), with the data-parallel groups of the plan's sharding created (`data_parallel_mesh`).
 
     Ranks are laid out row-major with tp innermost: a tensor-parallel group is tp consecutive ranks
     (one node), whose per-layer collectives need the fastest links; then the context-parallel
@@ -170,7 +170,7 @@ def build_mesh(plan: RuntimePlan, env: DistEnv) -> DeviceMesh:
     needs its data-parallel mesh and the tensor-parallel mesh to share a root).
     """
     mesh = init_device_mesh(env.device.type, plan.config.mesh.shape, mesh_dim_names=MESH_AXES)
-    data_parallel_dims(mesh, plan.config.sharding)  # every rank creates the flattened groups now
+    data_parallel_mesh(mesh, plan.config.sharding)  # every rank creates the groups now, in step
     return mesh
 
 
@@ -179,31 +179,54 @@ def submesh(mesh: DeviceMesh, dims: tuple[str, ...]) -> DeviceMesh:
     return mesh[dims[0]] if len(dims) == 1 else mesh[dims]
 
 
+def _data_parallel_groups(mesh: DeviceMesh, sharding: str) -> tuple[tuple[str, ...], ...]:
+    """Per data-parallel dim of `sharding`, the consecutive axes of `mesh` it spans."""
+    axes = data_parallel_axes(sharding)
+    if mesh.size(MESH_AXES.index("cp")) == 1:
+        return tuple((axis,) for axis in axes if axis != "cp")
+    if sharding == "no_shard":
+        # Replicas over dp_replicate x cp; dp_shard (1 for no_shard) lies between them.
+        return (("dp_replicate", "dp_shard", "cp"),)
+    at = axes.index("cp")
+    return (*((axis,) for axis in axes[: at - 1]), (axes[at - 1], "cp"))
+
+
 def data_parallel_dims(mesh: DeviceMesh, sharding: str) -> tuple[str, ...]:
-    """The names of the dims of `mesh` that `sharding` spreads parameters and gradient reduction
-    over: `contract.mesh.data_parallel_axes`, with cp folded into the axis before it.
+    """The names of the dims that `sharding` spreads parameters and gradient reduction over:
+    `contract.mesh.data_parallel_axes`, with cp folded into the axis before it.
 
     The cp ranks of a data-parallel rank hold the same parameters, so FSDP shards over dp_shard x cp
-    (torchtitan's `dp_shard_cp`) and no_shard replicates over dp_replicate x cp. The engines take a
-    1-D dim per role (shard, replicate), so the pair is flattened into one dim of the root mesh,
-    `dp_shard_cp` or `dp_replicate_cp` (created once: flattening is collective and idempotent). With
-    cp 1 the dim is the axis itself (`dp_shard`, `dp_replicate`), as before context parallelism.
+    (torchtitan's `dp_shard_cp`) and no_shard replicates over dp_replicate x cp (`dp_replicate_cp`):
+    the engines take one dim per role (shard, replicate). With cp 1 the dims are the axes
+    themselves (`dp_shard`, or `dp_replicate` and `dp_shard`), as before context parallelism.
     """
-    axes = data_parallel_axes(sharding)
-    if "cp" not in axes:
-        return axes
-    at = axes.index("cp")
-    if mesh.size(MESH_AXES.index("cp")) == 1:
-        return axes[:at] + axes[at + 1 :]
-    outer = axes[at - 1]
-    flat = {"dp_shard": "dp_shard_cp", "dp_replicate": "dp_replicate_cp"}[outer]
-    mesh[outer, "cp"]._flatten(flat)
-    return (*axes[: at - 1], flat, *axes[at + 1 :])
+    merged = {("dp_shard", "cp"): "dp_shard_cp", ("dp_replicate", "dp_shard", "cp"): "dp_replicate_cp"}
+    return tuple(merged.get(group, group[0]) for group in _data_parallel_groups(mesh, sharding))
 
 
-def data_parallel_mesh(mesh: DeviceMesh, sharding: str) -> DeviceMesh:
-    """The data-parallel submesh the FSDP engines shard and reduce over (`data_parallel_dims`)."""
-    return submesh(mesh, data_parallel_dims(mesh, sharding))
+def data_parallel_mesh(mesh: DeviceMesh, sharding: str, *, with_tp: bool = False) -> DeviceMesh:
+    """The data-parallel mesh the FSDP engines shard and reduce over (`data_parallel_dims`), with
+    the tp dim after them when `with_tp` (SimpleFSDP's combined mesh for tensor-parallel weights).
+
+    With cp > 1 a data-parallel dim spans several axes of `mesh`: the axes involved are flattened
+    into one dim and unflattened into the merged dims (torch wants flattened meshes kept by the
+    caller, not sliced back out of the root mesh by name). Flattening is collective and idempotent:
+    every rank makes the same calls, and repeating one reuses its process groups.
+    """
+    groups = _data_parallel_groups(mesh, sharding) + ((("tp",),) if with_tp else ())
+    names = data_parallel_dims(mesh, sharding) + (("tp",) if with_tp else ())
+    if all(len(group) == 1 for group in groups):
+        return submesh(mesh, names)
+    made: dict[tuple[str, ...], DeviceMesh] = mesh.__dict__.setdefault("_fsdp_planner_merged", {})
+    if names not in made:  # kept on the mesh: the merged meshes are made once, with their groups
+        axes = tuple(axis for group in groups for axis in group)
+        if len(groups) == 1:
+            made[names] = submesh(mesh, axes)._flatten(names[0])
+        else:
+            flat = submesh(mesh, axes)._flatten("_x_".join(axes))
+            sizes = tuple(math.prod(mesh.size(MESH_AXES.index(a)) for a in group) for group in groups)
+            made[names] = flat._unflatten(0, sizes, names)
+    return made[names]
 
 
 def tensor_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:

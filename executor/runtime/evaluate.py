@@ -46,8 +46,9 @@ def evaluate(
     finally:
         module.train(was_training)
         _reshard(module)
-    # Every micro-batch holds as many tokens: the mean of their means is the mean. The ranks of a tp
-    # group hold the same losses, so the mean over all ranks is the mean over data-parallel ranks.
+    # Every micro-batch holds as many tokens: the mean of their means is the mean. The ranks of a
+    # cp x tp group hold the same losses (context parallelism returns its group's mean), so the
+    # mean over all ranks is the mean over data-parallel ranks.
     stats = torch.stack([loss_sum, torch.tensor(float(count), device=device)])
     dist.all_reduce(stats)
     return (stats[0] / stats[1]).item()

@@ -24,14 +24,16 @@ def fsdp2_mesh(mesh: DeviceMesh, sharding: str) -> DeviceMesh:
     """FSDP2's data-parallel submesh of the job's mesh. `fully_shard` shards over any 1-D mesh, so
     no_shard (replicas only) is spelled as HSDP with a shard dimension of size 1. With context
     parallelism the shard dim is `dp_shard_cp` (`data_parallel_dims`); no_shard's replicas are
-    `dp_replicate_cp`, given its size-1 shard dim by unflattening (a flattened dim cannot be sliced
-    together with `dp_shard`, which lies between its axes)."""
+    `dp_replicate_cp`, given its size-1 shard dim by unflattening (made once per mesh)."""
     if sharding == "no_shard":
         (replicas,) = data_parallel_dims(mesh, sharding)
         if replicas == "dp_replicate":
             return mesh["dp_replicate", "dp_shard"]
-        flat = mesh[replicas]
-        return flat._unflatten(0, (flat.size(), 1), (replicas, "no_shard"))
+        made: dict[str, DeviceMesh] = mesh.__dict__.setdefault("_fsdp_planner_fsdp2", {})
+        if sharding not in made:
+            flat = data_parallel_mesh(mesh, sharding)
+            made[sharding] = flat._unflatten(0, (flat.size(), 1), (replicas, "no_shard"))
+        return made[sharding]
     return data_parallel_mesh(mesh, sharding)
 
 

@@ -45,7 +45,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from executor.runtime.distributed import data_parallel_dims, submesh
+from executor.runtime.distributed import data_parallel_mesh
 
 # DTensor.redistribute(forward_dtype=, backward_dtype=) is recent; without it, cast before gathering.
 _REDISTRIBUTE_CASTS = "forward_dtype" in inspect.signature(DTensor.redistribute).parameters
@@ -222,9 +222,11 @@ def apply_simple_fsdp(
     under activation checkpointing: their whole forward already reruns in backward (gathers
     included), so they skip the per-parameter reshard policy.
     """
-    dp_dims = data_parallel_dims(mesh, sharding)
-    dp_mesh = submesh(mesh, dp_dims)
+    dp_mesh = data_parallel_mesh(mesh, sharding)
     layout = layout_for(sharding, dp_mesh)
+    # Tensor-parallel weights live on the combined (data-parallel dims..., tp) mesh.
+    tp_weights = any(isinstance(p, DTensor) for p in model.parameters())
+    combined = data_parallel_mesh(mesh, sharding, with_tp=True) if tp_weights else None
     reshard = reshard_after_forward and sharding in ("full_shard", "hybrid_shard")
     inside_checkpoint = {id(m) for block in recomputed_blocks for m in block.modules()}
     sharded: dict[int, tuple[nn.Parameter, TensorParallelSpec | None]] = {}  # tied weights: shared
@@ -236,7 +238,9 @@ def apply_simple_fsdp(
         for name in names:
             param = module._parameters[name]
             if id(param) not in sharded:
-                sharded[id(param)] = _shard_parameter(param, mesh=mesh, dp_dims=dp_dims, layout=layout)
+                sharded[id(param)] = _shard_parameter(
+                    param, dp_mesh=dp_mesh, combined=combined, layout=layout
+                )
             module._parameters[name], tp = sharded[id(param)]
             gather = GatherParameter(
                 layout=layout,
@@ -252,12 +256,12 @@ def apply_simple_fsdp(
 
 
 def _shard_parameter(
-    param: torch.Tensor, *, mesh: DeviceMesh, dp_dims: tuple[str, ...], layout: Layout
+    param: torch.Tensor, *, dp_mesh: DeviceMesh, combined: DeviceMesh | None, layout: Layout
 ) -> tuple[nn.Parameter, TensorParallelSpec | None]:
     """The stored parameter: sharded on the data-parallel mesh, or, for a tensor-parallel DTensor,
     on the combined (dp..., tp) mesh; with the tp layout its gather must restore."""
     if not isinstance(param, DTensor):
-        stored = _distribute(param, submesh(mesh, dp_dims), layout.param)
+        stored = _distribute(param, dp_mesh, layout.param)
         return nn.Parameter(stored, requires_grad=param.requires_grad), None
     tp_mesh = param.device_mesh
     if tp_mesh.ndim != 1 or tp_mesh.mesh_dim_names != ("tp",):
@@ -272,10 +276,11 @@ def _shard_parameter(
         else p
         for p in layout.param
     )
-    local = _distribute(tp_local, submesh(mesh, dp_dims), layout.param).to_local()
+    local = _distribute(tp_local, dp_mesh, layout.param).to_local()
+    assert combined is not None, "a tensor-parallel weight needs the combined (dp..., tp) mesh"
     stored = DTensor.from_local(
         local,
-        mesh[(*dp_dims, "tp")],
+        combined,
         (*dp_placements, tp_placement),
         shape=param.shape,
         stride=param.stride(),

@@ -399,15 +399,15 @@ def _step(run: Run, step: int, meter: MemoryMeter, stop: StopFlag) -> tuple[Step
         )
     tracker.enter("sync")
     # One small all-reduce: the global mean loss, and whether any rank was asked to stop. (The
-    # ranks of a tp group hold the same loss: the mean over all ranks is still the mean over
-    # the data-parallel ranks.)
+    # ranks of a cp x tp group hold the same loss, context parallelism's being its group's mean:
+    # the mean over all ranks is still the mean over the data-parallel ranks.)
     stats = torch.stack(
         [result.loss_sum / cfg.grad_accum_steps, torch.tensor(float(stop.requested), device=env.device)]
     )
     dist.all_reduce(stats)
     elapsed = time.perf_counter() - t0
-    # Per GPU: the step's tokens over every rank, tp included (a tp group shares its tokens
-    # and splits their FLOPs), as the planner prices tokens/s/GPU and MFU.
+    # Per GPU: the step's tokens over every rank, cp and tp included (a cp x tp group shares its
+    # tokens and splits their FLOPs), as the planner prices tokens/s/GPU and MFU.
     tps = run.tokens_per_step / env.world_size / elapsed
     peak_tflops = run.plan.cluster.gpu_spec.peak_bf16_tflops
     record = StepMetrics(

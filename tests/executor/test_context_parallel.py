@@ -6,7 +6,7 @@ Two torchrun launches (`workers/context_parallel.py`, every case of a world size
            one process), eager SimpleFSDP, full activation checkpointing with the loss in token
            slices, no_shard (the cp ranks as replicas), SimpleFSDP + inductor
   4 ranks  dp 2 x cp 2 under FSDP2 and SimpleFSDP (full_shard: shards over dp_shard x cp), as
-           no_shard (SimpleFSDP: 4 replicas); and cp 2 x tp 2 under FSDP2
+           no_shard (SimpleFSDP: 4 replicas); and cp 2 x tp 2 under FSDP2 and SimpleFSDP
 (hybrid_shard with cp would need 8 ranks: the plan check wants dp_shard and dp_replicate >= 2.)
 
 Tolerances (fp32): context parallelism changes the order of floating-point sums only (attention's
@@ -52,6 +52,7 @@ FOUR_RANK_CASES = [
     "2,1:full_shard:simple_fsdp:eager",
     "2,1:no_shard:simple_fsdp:eager",
     "2,2:full_shard:fsdp2:eager",
+    "2,2:full_shard:simple_fsdp:eager",
 ]
 
 
@@ -221,8 +222,9 @@ def test_dp2_cp2_replicated_trains_like_one_process(four_ranks: dict[str, dict])
 
 @pytest.mark.distributed
 def test_cp2_tp2_trains_like_one_process(four_ranks: dict[str, dict]) -> None:
-    record = four_ranks["2,2:full_shard:fsdp2:eager"]
-    assert_trains_like_one_process(record)
-    assert "tensor parallel: tp=2 (sequence parallel, loss parallel)" in record["notes"]
-    assert any("FSDP2 full_shard on mesh dp_shard_cp=2" in n for n in record["notes"]), record["notes"]
-    assert record["dp"] == [[0, 1]] * 4
+    for engine, name in (("fsdp2", "FSDP2"), ("simple_fsdp", "SimpleFSDP")):
+        record = four_ranks[f"2,2:full_shard:{engine}:eager"]
+        assert_trains_like_one_process(record)
+        assert "tensor parallel: tp=2 (sequence parallel, loss parallel)" in record["notes"]
+        assert any(f"{name} full_shard on mesh dp_shard_cp=2" in n for n in record["notes"]), record["notes"]
+        assert record["dp"] == [[0, 1]] * 4

@@ -150,6 +150,25 @@ def test_tensor_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan) -
         assert r["tokens_per_s_per_gpu"] == pytest.approx(4 * 64 / 4 / r["step_time_s"], rel=1e-6)
 
 
+@pytest.mark.distributed
+def test_context_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan) -> None:
+    # cp 2: both ranks read the same 2 micro-batches of 1 sequence and keep half of each; the
+    # trainer's losses (each rank logs its cp group's mean), gradient norms and held-out losses are
+    # those of one rank taking the whole sequences (fp32; cp only reorders sums, see
+    # test_context_parallel).
+    cp = write_plan(debug_plan(gpus_per_node=2, cp=2, micro_batch_size=1, grad_accum_steps=2), "cp.json")
+    one = write_plan(debug_plan(gpus_per_node=1, micro_batch_size=1, grad_accum_steps=2), "one.json")
+    evals = ("--steps", "4", "--eval-every", "2", "--eval-batches", "1")
+    split = _train(cp, tmp_path, "cp", *evals, nproc=2)
+    single = _train(one, tmp_path, "one", *evals, nproc=1)
+    assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in single], rel=2e-5)
+    assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
+    evaluated = [(r["step"], r["eval_loss"]) for r in split if r.get("eval_loss") is not None]
+    assert [step for step, _ in evaluated] == [2, 4]
+    expected = [r["eval_loss"] for r in single if r.get("eval_loss") is not None]
+    assert [loss for _, loss in evaluated] == pytest.approx(expected, rel=2e-5)
+
+
 def test_world_size_mismatch_is_a_clear_error(write_plan) -> None:
     plan = write_plan(debug_plan(nodes=1, gpus_per_node=2))
     env = job_env(WORLD_SIZE="3")
