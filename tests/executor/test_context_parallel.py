@@ -1,13 +1,14 @@
 """Context parallelism: the load-balanced split and the causal mask in one process, then cp2 and
 dp2 x cp2 / cp2 x tp2 training on CPU (gloo) ranks against a one-process run.
 
-Two torchrun launches (`workers/context_parallel.py`, every case of a world size in one launch):
+Three torchrun launches (`workers/context_parallel.py`, every case of a world size in one launch):
   2 ranks  cp 2: eager FSDP2 (with a checkpoint saved and resumed under FSDP2, SimpleFSDP and in
            one process), eager SimpleFSDP, full activation checkpointing with the loss in token
            slices, no_shard (the cp ranks as replicas), SimpleFSDP + inductor
   4 ranks  dp 2 x cp 2 under FSDP2 and SimpleFSDP (full_shard: shards over dp_shard x cp), as
            no_shard (SimpleFSDP: 4 replicas); and cp 2 x tp 2 under FSDP2 and SimpleFSDP
-(hybrid_shard with cp would need 8 ranks: the plan check wants dp_shard and dp_replicate >= 2.)
+  8 ranks  hybrid_shard: 2 replicas of a dp_shard 2 x cp 2 shard group, FSDP2 and SimpleFSDP (the
+           plan check wants dp_shard and dp_replicate >= 2, so 8 ranks; ~35 s on 2 cores)
 
 Tolerances (fp32): context parallelism changes the order of floating-point sums only (attention's
 softmax over keys in gathered order under an explicit mask instead of the causal kernel, the K/V
@@ -146,6 +147,12 @@ def cp2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
+def eight_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    cases = ["2,1:hybrid_shard:fsdp2:eager", "2,1:hybrid_shard:simple_fsdp:eager"]
+    return _launch(tmp_path_factory.mktemp("cp8"), 8, cases)
+
+
+@pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     return _launch(tmp_path_factory.mktemp("cp4"), 4, FOUR_RANK_CASES)
 
@@ -228,3 +235,13 @@ def test_cp2_tp2_trains_like_one_process(four_ranks: dict[str, dict]) -> None:
         assert "tensor parallel: tp=2 (sequence parallel, loss parallel)" in record["notes"]
         assert any(f"{name} full_shard on mesh dp_shard_cp=2" in n for n in record["notes"]), record["notes"]
         assert record["dp"] == [[0, 1]] * 4
+
+
+@pytest.mark.distributed
+def test_hybrid_shard_with_cp_trains_like_one_process(eight_ranks: dict[str, dict]) -> None:
+    for engine, name in (("fsdp2", "FSDP2"), ("simple_fsdp", "SimpleFSDP")):
+        record = eight_ranks[f"2,1:hybrid_shard:{engine}:eager"]
+        assert_trains_like_one_process(record)
+        mesh = f"{name} hybrid_shard on mesh dp_replicate=2 x dp_shard_cp=4"
+        assert any(mesh in n for n in record["notes"]), record["notes"]
+        assert record["dp"] == [[i // 2, 4] for i in range(8)]

@@ -7,7 +7,8 @@ checkpoints resume.
 CASE is `cp,tp:sharding:engine:backend[:loss_chunks[:ac]]`, e.g. `2,1:full_shard:fsdp2:eager`,
 `2,2:full_shard:fsdp2:eager` (cp 2 x tp 2), `2,1:full_shard:simple_fsdp:inductor:2`. Every case is a
 plan over (world / (cp x tp) data-parallel ranks) x cp x tp ranks, the data-parallel ranks all
-dp_shard (full_shard) or all dp_replicate (no_shard).
+dp_shard (full_shard), all dp_replicate (no_shard), or for hybrid_shard a shard group on each of
+2 "nodes" (8 ranks: dp_replicate 2 x dp_shard 2 x cp 2).
 
 As `tensor_parallel.py` (whose helpers this reuses): each case trains `--steps` AdamW steps with the
 runtime's data sampling (by data-parallel rank: the cp ranks of one read the same sequences),
@@ -60,10 +61,11 @@ def make_plan(
     *, sharding: str, world: int, cp: int, tp: int, backend: str, loss_chunks: int, ac: str
 ) -> RuntimePlan:
     compiled = backend != "eager"
+    nodes = 2 if sharding == "hybrid_shard" else 1  # a shard group per "node", replicas across
     document = debug_plan(
         sharding=sharding,
-        nodes=1,
-        gpus_per_node=world,
+        nodes=nodes,
+        gpus_per_node=world // nodes,
         cp=cp,
         tp=tp,
         micro_batch_size=2,
