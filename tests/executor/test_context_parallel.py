@@ -3,8 +3,10 @@ dp2 x cp2 / cp2 x tp2 training on CPU (gloo) ranks against a one-process run.
 
 Three torchrun launches (`workers/context_parallel.py`, every case of a world size in one launch):
   2 ranks  cp 2: eager FSDP2 (with a checkpoint saved and resumed under FSDP2, SimpleFSDP and in
-           one process), eager SimpleFSDP, full activation checkpointing with the loss in token
-           slices, no_shard (the cp ranks as replicas), SimpleFSDP + inductor
+           one process), eager SimpleFSDP, full and op-level selective activation checkpointing
+           with the loss in token slices, no_shard (the cp ranks as replicas), SimpleFSDP + inductor
+Every eager case also compares the untrained model's logits (a forward without targets: gathered
+over the cp group in position order) with the one-process model's.
   4 ranks  dp 2 x cp 2 under FSDP2 and SimpleFSDP (full_shard: shards over dp_shard x cp), as
            no_shard (SimpleFSDP: 4 replicas); and cp 2 x tp 2 under FSDP2 and SimpleFSDP
   8 ranks  hybrid_shard: 2 replicas of a dp_shard 2 x cp 2 shard group, FSDP2 and SimpleFSDP (the
@@ -26,7 +28,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from contract.plan_document import PlanError, parse_plan
 from executor.runtime.context_parallel import (
+    apply_context_parallel,
     causal_mask,
     gathered_positions,
     load_balanced_chunks,
@@ -36,6 +40,7 @@ from executor.runtime.context_parallel import (
 from executor.runtime.models.common import sdpa_causal
 from executor.runtime.models.llama import RotaryEmbedding
 from tests.executor.conftest import REPO, explain, job_env, torchrun
+from tests.executor.plan_factory import debug_plan
 from tests.executor.test_parity import NO_GRAPH_CACHE
 
 WORKERS = REPO / "tests" / "executor" / "workers"
@@ -45,6 +50,7 @@ CP2_CASES = [
     "2,1:full_shard:fsdp2:eager",  # also saves and resumes a checkpoint
     "2,1:full_shard:simple_fsdp:eager",
     "2,1:full_shard:fsdp2:eager:3:full",
+    "2,1:full_shard:simple_fsdp:eager:2:op_selective",
     "2,1:no_shard:fsdp2:eager",
     "2,1:full_shard:simple_fsdp:inductor:2",
 ]
@@ -122,6 +128,13 @@ def test_local_queries_over_gathered_keys_give_the_full_causal_attention(
         torch.testing.assert_close(out, local(full, r))
 
 
+def test_context_parallelism_refuses_other_models() -> None:
+    # A --model-factory model under a llama plan: refused before any process group is touched.
+    plan = parse_plan(debug_plan(gpus_per_node=2, cp=2))
+    with pytest.raises(PlanError, match="built-in llama model only, this model is a Linear"):
+        apply_context_parallel(torch.nn.Linear(2, 2), plan=plan, mesh=None)  # type: ignore[arg-type]
+
+
 def test_gathered_pieces_reorder_into_the_sequence() -> None:
     # ContextShard.gather's reordering: the all-gather's rank order sorted back into positions.
     x = torch.randn(2, 12, 3)
@@ -164,6 +177,8 @@ def assert_trains_like_one_process(record: dict) -> None:
     assert record["losses"] == pytest.approx(record["ref_losses"], rel=LOSS_RTOL), record["case"]
     assert record["ref_losses"][-1] < record["ref_losses"][0]  # it learns: the comparison means something
     assert any(n.startswith("context parallel: cp=2 (32 tokens") for n in record["notes"]), record["notes"]
+    if record["logits_err"] is not None:  # eager: logits without targets, gathered in order
+        assert record["logits_err"] < GRAD_RTOL, record["case"]
 
 
 @pytest.mark.distributed
@@ -179,6 +194,9 @@ def test_cp2_trains_like_one_process(cp2: dict[str, dict]) -> None:
     recomputed = cp2["2,1:full_shard:fsdp2:eager:3:full"]
     assert_trains_like_one_process(recomputed)
     assert any("full (2/2 blocks)" in n for n in recomputed["notes"]), recomputed["notes"]
+    selective = cp2["2,1:full_shard:simple_fsdp:eager:2:op_selective"]
+    assert_trains_like_one_process(selective)
+    assert any("op_selective (2/2 blocks)" in n for n in selective["notes"]), selective["notes"]
     replicas = cp2["2,1:no_shard:fsdp2:eager"]
     assert_trains_like_one_process(replicas)
     assert any("FSDP2 no_shard on mesh dp_replicate_cp=2 x no_shard=1" in n for n in replicas["notes"])

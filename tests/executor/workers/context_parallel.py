@@ -15,8 +15,9 @@ runtime's data sampling (by data-parallel rank: the cp ranks of one read the sam
 `train_step` and gradient clipping, from weights initialised per parameter name; the reference
 trains the same global batches in one process. Rank 0 writes one record per case: each rank's
 (data-parallel rank, size), both runs' per-step losses, the relative step-1 gradient error per
-parameter, the inductor cases' collectives, and for the first case's checkpoint the last step's
-loss again after resuming under FSDP2, eager SimpleFSDP and unsharded in one process.
+parameter, for eager cases the untrained model's logits' error (a forward without targets), the
+inductor cases' collectives, and for the first case's checkpoint the last step's loss again after
+resuming under FSDP2, eager SimpleFSDP and unsharded in one process.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from contract.plan_document import RuntimePlan, parse_plan  # noqa: E402
 from executor.runtime.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint  # noqa: E402
 from executor.runtime.data import BatchIndex, SyntheticTokens  # noqa: E402
 from executor.runtime.distributed import build_mesh, data_parallel_rank, exit_process, init_distributed  # noqa: E402
+from executor.runtime.evaluate import _reshard  # noqa: E402
 from executor.runtime.materialize import clean_name, materialize  # noqa: E402
 from executor.runtime.models import build_model  # noqa: E402
 from executor.runtime.optim import OptimizerSettings, build_optimizer, set_lr  # noqa: E402
@@ -164,6 +166,18 @@ def rel_err(grad: torch.Tensor, ref: torch.Tensor) -> float:
     return ((grad - ref).norm() / ref.norm().clamp_min(1e-12)).item()
 
 
+def first_logits_error(par: Parallelized, plan: RuntimePlan, dp: tuple[int, int]) -> float:
+    """Relative error of the untrained model's logits (no targets: every rank gets the whole
+    sequences' logits, gathered over cp in position order) against the one-process model's."""
+    data = SyntheticTokens(vocab_size=plan.model.vocab_size, seq_len=plan.training.seq_len, seed=SEED)
+    tokens = data.batch(BatchIndex(1, 0, dp[0], dp[1], plan.config.micro_batch_size))[:, :-1]
+    with torch.no_grad():
+        logits = par.forward(tokens)
+        ref = unsharded(plan).forward(tokens)
+    _reshard(par.module)  # as after evaluation: FSDP2's head unit stays gathered after a forward alone
+    return rel_err(logits, ref)
+
+
 def run_case(case: str, *, world: int, steps: int, cache: dict, checkpoint_dir: Path) -> dict:
     degrees, sharding, engine, backend, *rest = case.split(":")
     cp, tp = (int(d) for d in degrees.split(","))
@@ -188,6 +202,7 @@ def run_case(case: str, *, world: int, steps: int, cache: dict, checkpoint_dir: 
     overrides = Overrides(engine=engine, compile=compiled, backend=backend if compiled else "inductor")
     t0 = time.perf_counter()
     par = parallel(plan, mesh, overrides)
+    logits_err = None if compiled else first_logits_error(par, plan, dp)
     optimizer = build_optimizer(par.module, SETTINGS, device=CPU)
     grads: dict[str, torch.Tensor] = {}
 
@@ -215,6 +230,7 @@ def run_case(case: str, *, world: int, steps: int, cache: dict, checkpoint_dir: 
         "grad_errors": {name: rel_err(grads[name], ref) for name, ref in ref_grads.items()},
         "seconds": time.perf_counter() - t0,
         "collectives": collectives,
+        "logits_err": logits_err,
     }
     if checkpointed:
         # Resume step `steps` from the checkpoint of the step before: under both engines (the same
