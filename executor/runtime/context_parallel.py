@@ -9,10 +9,13 @@ rank's T / cp tokens.
 
 Attention (`ContextParallelAttention`): each rank projects q, k, v of its own tokens, rotates q and k
 at their global positions (RoPE), all-gathers the rotated K and V over the cp group (one collective
-per block, K and V stacked; grouped-query attention keeps it small), and attends its local queries
-to all T keys with the causal mask of the global positions (`causal_mask`). The all-gather is
-autograd-aware (a functional collective): its backward reduce-scatters, summing every rank's
-gradient for a key/value onto the rank that owns it.
+per block, K and V stacked; grouped-query attention keeps it small) and puts them in position
+order. Each of its query chunks then attends the keys up to its own end, causally within the chunk
+(`attend_local_queries`: a lower-right causal SDPA per chunk, no work on keys a chunk cannot see;
+in eager mode torch's `causal_lower_right` bias, which CUDA's flash and memory-efficient kernels
+apply without a mask tensor; compiled, explicit boolean masks of [chunk, keys up to its end]).
+The all-gather is autograd-aware (a functional collective): its backward reduce-scatters, summing
+every rank's gradient for a key/value onto the rank that owns it.
 
 Loss and gradients (`ContextParallelLlama`). Each rank's loss is the mean over its own tokens; its
 gradient flows as is, and since every cp rank holds as many tokens, the mean of the cp ranks'
@@ -44,6 +47,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.nn.attention.bias import causal_lower_right
 
 from contract.plan_document import PlanError, RuntimePlan
 from executor.runtime.distributed import context_parallel_mesh
@@ -78,11 +82,6 @@ def local_positions(
     ])
 
 
-def gathered_positions(seq_len: int, *, cp: int, device: torch.device | None = None) -> torch.Tensor:
-    """Global positions of the tokens of an all-gather over the cp group: rank 0's, rank 1's, ..."""
-    return torch.cat([local_positions(seq_len, cp=cp, rank=r, device=device) for r in range(cp)])
-
-
 def split_sequence(x: torch.Tensor, *, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
     """This rank's two chunks of `x` along the sequence `dim` (in position order)."""
     if x.shape[dim] % (2 * cp):
@@ -94,9 +93,55 @@ def split_sequence(x: torch.Tensor, *, cp: int, rank: int, dim: int = 1) -> torc
     return torch.cat([chunks[i] for i in load_balanced_chunks(cp, rank)], dim=dim)
 
 
-def causal_mask(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-    """Bool [queries, keys]: True where the key's global position is at or before the query's."""
-    return k_positions.unsqueeze(0) <= q_positions.unsqueeze(1)
+def in_position_order(gathered: torch.Tensor, *, cp: int, dim: int) -> torch.Tensor:
+    """The whole sequence from an all-gather over the cp group along `dim` (rank 0's two chunks,
+    rank 1's, ...): its 2 x cp chunks put back in position order (one copy)."""
+    pieces = gathered.chunk(2 * cp, dim=dim)  # piece 2r: rank r's first chunk, 2r + 1: its second
+    where = {}
+    for rank in range(cp):
+        first, second = load_balanced_chunks(cp, rank)
+        where[first], where[second] = pieces[2 * rank], pieces[2 * rank + 1]
+    return torch.cat([where[i] for i in range(2 * cp)], dim=dim)
+
+
+def lower_right_causal_mask(q_len: int, k_len: int, device: torch.device | None = None) -> torch.Tensor:
+    """Bool [q_len, k_len] for queries that are the last q_len of k_len positions: query i attends
+    keys 0 .. i + (k_len - q_len)."""
+    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
+
+
+def lower_right_biases(seq_len: int, *, cp: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same masks as torch attention biases (`causal_lower_right`), one per chunk of this rank:
+    no mask tensor exists, and CUDA's flash and memory-efficient kernels apply them themselves.
+    Made once, outside forward: they are tensor subclasses, which cannot be created under
+    activation checkpointing's dispatch modes, nor traced by torch.compile."""
+    chunk = seq_len // (2 * cp)
+    first, second = load_balanced_chunks(cp, rank)
+    return (causal_lower_right(chunk, (first + 1) * chunk), causal_lower_right(chunk, (second + 1) * chunk))
+
+
+def attend_local_queries(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    *,
+    cp: int,
+    rank: int,
+    biases: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Causal attention of this rank's queries ([b, heads, seq / cp, d]: its two chunks, rotated
+    at their positions) to the whole sequence's keys and values ([b, kv_heads, seq, d], in position
+    order). Chunk c's queries attend keys 0 .. end of chunk c, the last chunk's causally: one
+    lower-right causal attention per chunk, so the keys after a chunk are never computed. The masks
+    are `biases` (`lower_right_biases`) when given, else explicit boolean ones of [chunk, end]."""
+    chunk = q.shape[-2] // 2
+    outs = []
+    chunks = zip(q.split(chunk, dim=-2), load_balanced_chunks(cp, rank), strict=True)
+    for j, (queries, c) in enumerate(chunks):
+        end = (c + 1) * chunk
+        mask = biases[j] if biases is not None else lower_right_causal_mask(chunk, end, q.device)
+        outs.append(sdpa_causal(queries, keys[..., :end, :], values[..., :end, :], mask=mask))
+    return torch.cat(outs, dim=-2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +161,7 @@ class ContextShard:
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """The whole sequence, in position order, from every rank's [batch, seq / cp, ...] `x`."""
-        whole = _all_gather_autograd(x.contiguous(), 1, self.group)
-        order = torch.argsort(gathered_positions(whole.shape[1], cp=self.size, device=x.device))
-        return whole.index_select(1, order)
+        return in_position_order(_all_gather_autograd(x.contiguous(), 1, self.group), cp=self.size, dim=1)
 
     def group_mean(self, loss: torch.Tensor) -> torch.Tensor:
         """`loss` (this rank's mean over its tokens) with the cp group's mean as its value and its
@@ -133,18 +176,20 @@ class ContextParallelAttention(Attention):
     from the whole cp group. Made from an `Attention` by `apply_context_parallel` (same parameters)."""
 
     context: ContextShard
+    biases: tuple[torch.Tensor, torch.Tensor]
+    """This rank's two lower-right causal masks as attention biases (`lower_right_biases`)."""
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryEmbedding
     ) -> torch.Tensor:
         cp = self.context
-        seq_len = q.shape[-2] * cp.size
-        q_pos = local_positions(seq_len, cp=cp.size, rank=cp.rank, device=q.device)
-        k_pos = gathered_positions(seq_len, cp=cp.size, device=q.device)
-        # [b, heads, t / cp, d] -> gathered along the sequence (dim 3 of the K/V stack).
-        kv = _all_gather_autograd(torch.stack([rope(k, q_pos), v]), 3, cp.group)
-        keys, values = kv.unbind(0)
-        return sdpa_causal(rope(q, q_pos), keys, values, mask=causal_mask(q_pos, k_pos))
+        positions = local_positions(q.shape[-2] * cp.size, cp=cp.size, rank=cp.rank, device=q.device)
+        # [b, heads, seq / cp, d] -> the whole sequence (dim 3 of the K/V stack), in position order.
+        kv = _all_gather_autograd(torch.stack([rope(k, positions), v]), 3, cp.group)
+        keys, values = in_position_order(kv, cp=cp.size, dim=3).unbind(0)
+        # The compiler traces explicit masks (it cannot trace the bias subclass).
+        biases = None if torch.compiler.is_compiling() else self.biases
+        return attend_local_queries(rope(q, positions), keys, values, cp=cp.size, rank=cp.rank, biases=biases)
 
 
 class ContextParallelLlama(Llama):
@@ -181,9 +226,11 @@ def apply_context_parallel(model: nn.Module, *, plan: RuntimePlan, mesh: DeviceM
     if cp_mesh.size() != cp:
         raise ValueError(f"the mesh's cp dim has {cp_mesh.size()} ranks, the plan {cp}")
     shard = ContextShard(group=cp_mesh.get_group().group_name, rank=cp_mesh.get_local_rank(), size=cp)
+    biases = lower_right_biases(plan.training.seq_len, cp=cp, rank=shard.rank)
     for block in model.layers:
         block.attention.__class__ = ContextParallelAttention
         block.attention.context = shard
+        block.attention.biases = biases
     model.__class__ = ContextParallelLlama
     model.context = shard  # type: ignore[attr-defined]
     tokens = plan.training.seq_len // cp

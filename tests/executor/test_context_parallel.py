@@ -27,14 +27,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.nn.attention.bias import causal_lower_right
 
 from contract.plan_document import PlanError, parse_plan
 from executor.runtime.context_parallel import (
     apply_context_parallel,
-    causal_mask,
-    gathered_positions,
+    attend_local_queries,
+    in_position_order,
     load_balanced_chunks,
     local_positions,
+    lower_right_biases,
+    lower_right_causal_mask,
     split_sequence,
 )
 from executor.runtime.models.common import sdpa_causal
@@ -71,7 +74,6 @@ def test_rank_i_holds_chunks_i_and_its_mirror() -> None:
     assert [load_balanced_chunks(4, r) for r in range(4)] == [(0, 7), (1, 6), (2, 5), (3, 4)]
     assert local_positions(8, cp=2, rank=0).tolist() == [0, 1, 6, 7]
     assert local_positions(8, cp=2, rank=1).tolist() == [2, 3, 4, 5]
-    assert gathered_positions(8, cp=2).tolist() == [0, 1, 6, 7, 2, 3, 4, 5]
     with pytest.raises(ValueError, match="2 x cp 2"):
         local_positions(6, cp=2, rank=0)
     with pytest.raises(ValueError, match="multiple of 4"):
@@ -91,41 +93,66 @@ def test_the_split_covers_the_sequence_once_and_balances_the_causal_work(cp: int
     assert len(set(work)) == 1 and sum(work) == seq * (seq + 1) // 2
 
 
-def test_causal_mask_follows_global_positions() -> None:
-    q = torch.tensor([0, 1, 6, 7])
-    k = gathered_positions(8, cp=2)  # [0, 1, 6, 7, 2, 3, 4, 5]
-    mask = causal_mask(q, k)
-    assert mask.dtype == torch.bool and mask.shape == (4, 8)
-    assert mask[0].tolist() == [True] + [False] * 7
-    assert mask[1].tolist() == [True, True] + [False] * 6
-    assert mask[2].tolist() == [True, True, True, False, True, True, True, True]
-    assert mask.sum().item() == 1 + 2 + 7 + 8
+def test_a_chunk_attends_every_key_before_it_and_its_own_causally() -> None:
+    """A chunk of queries that ends the keys: query i sees keys 0 .. i + (k_len - q_len), as an
+    explicit mask (compiled) and as torch's lower-right causal bias (eager) alike."""
+    torch.manual_seed(0)
+    q = torch.randn(1, 4, 3, 8, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 7, 8, dtype=torch.float64) for _ in range(2))
+    mask = torch.tensor([[j <= i + 4 for j in range(7)] for i in range(3)])
+    assert torch.equal(lower_right_causal_mask(3, 7), mask)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(sdpa_causal(q, k, v, mask=lower_right_causal_mask(3, 7)), expected)
+    first, second = lower_right_biases(12, cp=2, rank=1)  # chunks 1 and 2 of 4 chunks of 3 tokens
+    assert [(b.seq_len_q, b.seq_len_kv) for b in (first, second)] == [(3, 6), (3, 9)]
+    torch.testing.assert_close(sdpa_causal(q, k, v, mask=causal_lower_right(3, 7)), expected)
 
 
 @pytest.mark.parametrize(("cp", "heads", "kv_heads"), [(2, 4, 4), (2, 4, 2), (3, 2, 1)])
 def test_local_queries_over_gathered_keys_give_the_full_causal_attention(
     cp: int, heads: int, kv_heads: int
 ) -> None:
-    """What each cp rank computes (rope at global positions, its queries against every rank's keys
-    in gathered order under the mask) is its rows of the one-process attention."""
+    """What each cp rank computes (rope at global positions; the ranks' keys and values gathered,
+    put in position order; its chunks' queries against them) is its rows of the one-process
+    attention, gradients included."""
     torch.manual_seed(0)
     seq, dim = 2 * cp * 3, 8
-    rope = RotaryEmbedding(dim, max_len=seq, theta=10000.0)
-    q = torch.randn(2, heads, seq, dim, dtype=torch.float64)
-    k, v = (torch.randn(2, kv_heads, seq, dim, dtype=torch.float64) for _ in range(2))
-    rope = rope.to(torch.float64)
+    rope = RotaryEmbedding(dim, max_len=seq, theta=10000.0).to(torch.float64)
+    q = torch.randn(2, heads, seq, dim, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, kv_heads, seq, dim, dtype=torch.float64, requires_grad=True) for _ in range(2))
     full = sdpa_causal(rope(q), rope(k), v)
+    (full * full).sum().backward()
+    ref_grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
 
     def local(x: torch.Tensor, r: int) -> torch.Tensor:
         return split_sequence(x, cp=cp, rank=r, dim=2)
 
-    keys = torch.cat([rope(local(k, r), local_positions(seq, cp=cp, rank=r)) for r in range(cp)], dim=2)
-    values = torch.cat([local(v, r) for r in range(cp)], dim=2)
+    gathered = torch.cat([
+        torch.stack([rope(local(k, r), local_positions(seq, cp=cp, rank=r)), local(v, r)]) for r in range(cp)
+    ], dim=3)
+    keys, values = in_position_order(gathered, cp=cp, dim=3).unbind(0)
+    total = torch.zeros((), dtype=torch.float64)
     for r in range(cp):
-        pos = local_positions(seq, cp=cp, rank=r)
-        mask = causal_mask(pos, gathered_positions(seq, cp=cp))
-        out = sdpa_causal(rope(local(q, r), pos), keys, values, mask=mask)
+        queries = rope(local(q, r), local_positions(seq, cp=cp, rank=r))
+        out = attend_local_queries(queries, keys, values, cp=cp, rank=r)  # explicit masks
+        biased = attend_local_queries(
+            queries, keys, values, cp=cp, rank=r, biases=lower_right_biases(seq, cp=cp, rank=r)
+        )
         torch.testing.assert_close(out, local(full, r))
+        torch.testing.assert_close(biased, out)
+        total = total + (out * out).sum()
+    total.backward()
+    for t, ref in zip((q, k, v), ref_grads, strict=True):
+        torch.testing.assert_close(t.grad, ref)
+
+
+def test_gathered_pieces_return_to_position_order() -> None:
+    # ContextShard.gather and the K/V gather: the all-gather's rank order put back in positions.
+    x = torch.randn(2, 12, 3)
+    gathered = torch.cat([split_sequence(x, cp=3, rank=r) for r in range(3)], dim=1)
+    assert torch.equal(in_position_order(gathered, cp=3, dim=1), x)
 
 
 def test_context_parallelism_refuses_other_models() -> None:
@@ -133,14 +160,6 @@ def test_context_parallelism_refuses_other_models() -> None:
     plan = parse_plan(debug_plan(gpus_per_node=2, cp=2))
     with pytest.raises(PlanError, match="built-in llama model only, this model is a Linear"):
         apply_context_parallel(torch.nn.Linear(2, 2), plan=plan, mesh=None)  # type: ignore[arg-type]
-
-
-def test_gathered_pieces_reorder_into_the_sequence() -> None:
-    # ContextShard.gather's reordering: the all-gather's rank order sorted back into positions.
-    x = torch.randn(2, 12, 3)
-    gathered = torch.cat([split_sequence(x, cp=3, rank=r) for r in range(3)], dim=1)
-    order = torch.argsort(gathered_positions(12, cp=3))
-    assert torch.equal(gathered.index_select(1, order), x)
 
 
 # ---- training on gloo ranks against one process ----

@@ -42,9 +42,9 @@ def sdpa_causal(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Causal scaled-dot-product attention; k/v may have fewer heads than q (grouped-query).
-    Without `mask` query i attends keys 0..i; with it (bool [q_len, k_len], True: attend) the
-    caller states which keys each query sees (context parallelism's global positions)."""
-    causal = {"is_causal": True} if mask is None else {"attn_mask": mask}
+    Query i attends keys 0..i, or where `mask` says (a boolean [q_len, k_len] mask, True: attend,
+    or a bias of `torch.nn.attention.bias`, e.g. context parallelism's lower-right causal one)."""
+    causal: dict = {"is_causal": True} if mask is None else {"attn_mask": mask}
     if k.shape[1] == q.shape[1]:
         return F.scaled_dot_product_attention(q, k, v, **causal)
     if _SDPA_HAS_GQA:
