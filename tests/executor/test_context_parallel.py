@@ -12,9 +12,9 @@ over the cp group in position order) with the one-process model's.
   8 ranks  hybrid_shard: 2 replicas of a dp_shard 2 x cp 2 shard group, FSDP2 and SimpleFSDP (the
            plan check wants dp_shard and dp_replicate >= 2, so 8 ranks; ~35 s on 2 cores)
 
-Tolerances (fp32): context parallelism changes the order of floating-point sums only (attention's
-softmax over keys in gathered order under an explicit mask instead of the causal kernel, the K/V
-gradients reduce-scattered, gradients averaged over the cp ranks), so the bounds are
+Tolerances (fp32): context parallelism changes the order of floating-point sums only (attention per
+query chunk under a lower-right causal mask instead of one causal kernel call, the K/V gradients
+reduce-scattered, gradients averaged over the cp ranks), so the bounds are
 tensor parallelism's (`test_tensor_parallel.py`): 1e-5 for step-1 gradients, 2e-5 for the losses of
 4 AdamW steps. A rank attending the wrong keys, a chunk at the wrong position or a gradient
 counted twice moves them by percents.
