@@ -133,13 +133,17 @@ def attend_local_queries(
     at their positions) to the whole sequence's keys and values ([b, kv_heads, seq, d], in position
     order). Chunk c's queries attend keys 0 .. end of chunk c, the last chunk's causally: one
     lower-right causal attention per chunk, so the keys after a chunk are never computed. The masks
-    are `biases` (`lower_right_biases`) when given, else explicit boolean ones of [chunk, end]."""
+    are `biases` (`lower_right_biases`) when given and of this length, else explicit boolean ones
+    of [chunk, end]."""
     chunk = q.shape[-2] // 2
     outs = []
     chunks = zip(q.split(chunk, dim=-2), load_balanced_chunks(cp, rank), strict=True)
     for j, (queries, c) in enumerate(chunks):
         end = (c + 1) * chunk
-        mask = biases[j] if biases is not None else lower_right_causal_mask(chunk, end, q.device)
+        mask = biases[j] if biases is not None else None
+        if mask is None or (mask.seq_len_q, mask.seq_len_kv) != (chunk, end):  # type: ignore[attr-defined]
+            # Compiled, or a sequence of another length than the plan's: an explicit mask.
+            mask = lower_right_causal_mask(chunk, end, q.device)
         outs.append(sdpa_causal(queries, keys[..., :end, :], values[..., :end, :], mask=mask))
     return torch.cat(outs, dim=-2)
 

@@ -140,8 +140,12 @@ def test_local_queries_over_gathered_keys_give_the_full_causal_attention(
         biased = attend_local_queries(
             queries, keys, values, cp=cp, rank=r, biases=lower_right_biases(seq, cp=cp, rank=r)
         )
+        # Biases made for another sequence length are not used: explicit masks of this one.
+        other = lower_right_biases(2 * seq, cp=cp, rank=r)
+        stale = attend_local_queries(queries, keys, values, cp=cp, rank=r, biases=other)
         torch.testing.assert_close(out, local(full, r))
         torch.testing.assert_close(biased, out)
+        torch.testing.assert_close(stale, out)
         total = total + (out * out).sum()
     total.backward()
     for t, ref in zip((q, k, v), ref_grads, strict=True):
