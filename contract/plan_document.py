@@ -201,10 +201,8 @@ def check_plan(plan: RuntimePlan) -> None:
     """Consistency checks that types alone do not catch."""
     cfg, world, mesh = plan.config, plan.world_size, plan.config.mesh
     if mesh.world_size != world:
-        raise PlanError(
-            f"plan.config.mesh: dp_replicate {mesh.dp_replicate} x dp_shard {mesh.dp_shard} x tp "
-            f"{mesh.tp} = {mesh.world_size} ranks, but the cluster has {world}"
-        )
+        raise PlanError(f"plan.config.mesh: {mesh.describe().split(' = ')[0]} = {mesh.world_size} ranks, "
+                        f"but the cluster has {world}")
     if cfg.sharding in ("full_shard", "shard_grad_op") and mesh.dp_replicate != 1:
         raise PlanError(
             f"plan.config.mesh.dp_replicate: must be 1 for {cfg.sharding} (it shards over every "
@@ -212,10 +210,11 @@ def check_plan(plan: RuntimePlan) -> None:
         )
     if cfg.sharding == "no_shard" and mesh.dp_shard != 1:
         raise PlanError("plan.config.mesh.dp_shard: must be 1 for no_shard (every replica holds everything)")
-    if cfg.sharding == "hybrid_shard" and (mesh.dp_shard < 2 or mesh.dp_replicate < 2):
+    if cfg.sharding == "hybrid_shard" and (mesh.fsdp_shards < 2 or mesh.dp_replicate < 2):
         raise PlanError(
-            f"plan.config.mesh: hybrid_shard needs dp_shard and dp_replicate of at least 2, got "
-            f"{mesh.dp_shard} and {mesh.dp_replicate} (with one of them 1 it is full_shard or no_shard)"
+            f"plan.config.mesh: hybrid_shard needs a shard group (dp_shard x cp) and dp_replicate of at "
+            f"least 2, got {mesh.fsdp_shards} and {mesh.dp_replicate} (with one of them 1 it is full_shard "
+            "or no_shard)"
         )
     if cfg.engine != "fsdp-planner" or cfg.loss != "sliced":
         raise PlanError(
