@@ -77,7 +77,9 @@ class MatmulSample(ProfileModel):
     m: Count
     n: Count
     k: Count
-    dtype: Literal["bfloat16", "float32", "float16"]
+    dtype: Literal["bfloat16", "float32", "float16", "float8_e4m3fn"]
+    """`float8_e4m3fn`: the tensorwise-scaled float8 GEMM (`torch._scaled_mm`, bf16 out), timed on GPUs
+    with float8 tensor cores."""
     seconds: KernelSeconds
     """At most 100 PFLOP/s (2·m·n·k / seconds)."""
 
@@ -459,6 +461,12 @@ def _fit(
         overhead, seconds_per_flop = line
         changes["matmul_efficiency"] = min(1.0, 1.0 / (seconds_per_flop * base.peak_flops))
         changes["matmul_overhead_s"] = overhead
+        float8 = _fit_line([(s.flops, s.seconds) for s in profile.matmul if s.dtype == "float8_e4m3fn"])
+        if float8 is not None and base.fp8_peak_flops and precision == "bf16":
+            # The measured float8 GEMM rate against the measured bf16 one, as a share of the 2x the
+            # peaks allow: what FLOAT8_GEMM_EFFICIENCY states for tensorwise from the corpus.
+            ratio = seconds_per_flop / float8[1] / (base.fp8_peak_flops / base.peak_flops)
+            changes["float8_gemm_efficiency"] = {**base.float8_gemm_efficiency, "tensorwise": min(1.0, ratio)}
     if profile.memory_bandwidth:
         best = max(s.bytes / s.seconds for s in profile.memory_bandwidth)
         changes["memory_bandwidth"] = best

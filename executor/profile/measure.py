@@ -96,6 +96,49 @@ def matmul_samples(
     return samples
 
 
+FLOAT8_CAPABILITY = (8, 9)
+"""The smallest CUDA compute capability with float8 tensor cores (Ada, Hopper, Blackwell)."""
+
+
+def has_float8_gemm(device: torch.device) -> bool:
+    """Whether this device runs float8 GEMMs (`torch._scaled_mm` on float8 tensor cores)."""
+    return (
+        device.type == "cuda" and hasattr(torch, "_scaled_mm")
+        and torch.cuda.get_device_capability(device) >= FLOAT8_CAPABILITY
+    )
+
+
+def float8_matmul_samples(
+    shapes: Iterable[tuple[int, int, int]],
+    device: torch.device,
+    budget: Budget,
+    on_sample: Callable[[str], None] = lambda _: None,
+) -> list[dict]:
+    """Time the tensorwise-scaled float8 GEMM (what torchao's tensorwise recipe runs: e4m3 operands, one
+    scale each, bf16 out) for each shape, smallest first, until the budget ends; none where the device
+    has no float8 tensor cores. Shapes whose sides are not multiples of 16 are skipped (the kernel
+    refuses them, and the planner's filter never converts such layers)."""
+    if not has_float8_gemm(device):
+        return []
+    samples = []
+    one = torch.ones((), device=device, dtype=torch.float32)
+    for m, n, k in sorted(set(shapes), key=lambda s: s[0] * s[1] * s[2]):
+        if budget.exhausted:
+            break
+        if m % 16 or n % 16 or k % 16:
+            continue
+        a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()  # column-major, as cuBLASLt wants
+        seconds = time_call(
+            lambda a=a, b=b: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+            device,
+        )
+        samples.append({"m": m, "n": n, "k": k, "dtype": "float8_e4m3fn", "seconds": seconds})
+        on_sample(f"matmul {m}x{k}x{n} float8_e4m3fn")
+        del a, b
+    return samples
+
+
 def bandwidth_samples(sizes_bytes: Iterable[int], device: torch.device, budget: Budget) -> list[dict]:
     """Time copies of growing buffers; bytes counts the read and the write."""
     samples = []

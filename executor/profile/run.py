@@ -27,6 +27,7 @@ from executor.profile.measure import (
     Budget,
     bandwidth_samples,
     collective_samples,
+    float8_matmul_samples,
     matmul_samples,
     overlap_contention,
 )
@@ -240,7 +241,9 @@ def run(args: argparse.Namespace) -> dict:
 
     dtypes = [torch.bfloat16, torch.float32] if on_gpu else [torch.float32]
     shapes = model_shapes(model, args.seq_len, micro_batches, on_gpu)
-    matmul = matmul_samples(shapes, dtypes, device, budgets.take("matmul"), progress)
+    matmul_budget = budgets.take("matmul")
+    matmul = matmul_samples(shapes, dtypes, device, matmul_budget, progress)
+    matmul += float8_matmul_samples(shapes, device, matmul_budget, progress)
     progress("memory bandwidth")
     mib = 1 << 20
     sizes = [64 * mib, 256 * mib, 1024 * mib] if on_gpu else [8 * mib, 32 * mib, 128 * mib]

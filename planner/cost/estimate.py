@@ -19,7 +19,7 @@ from planner.cost.memory import (
     saved_activations,
 )
 from planner.cost.model_costs import UnitCost, context_parallel_share, float8_share, tensor_parallel_share
-from planner.cost.parameters import FLOAT8_CAST_BYTES_PER_ELEMENT, FLOAT8_GEMM_EFFICIENCY, CostParameters
+from planner.cost.parameters import FLOAT8_CAST_BYTES_PER_ELEMENT, CostParameters
 from planner.cost.repeats import Run, periodic_runs
 from planner.cost.setting import Choice, Setting
 from planner.cost.timeline import GroupTimes, RepeatedGroups, TimelineResult, simulate
@@ -137,7 +137,7 @@ def _forward_time(
     fp8 = float8_share(unit, float8, compiled=compile_) if float8 != "none" else None
     casts = 0.0
     if fp8 is not None and fp8.matmul_fraction:
-        fp8_rate = p.fp8_peak_flops * p.matmul_efficiency * FLOAT8_GEMM_EFFICIENCY[float8]
+        fp8_rate = p.fp8_peak_flops * p.matmul_efficiency * p.float8_gemm_efficiency[float8]
         matmul = flops * (1.0 - fp8.matmul_fraction) / (p.peak_flops * p.matmul_efficiency)
         matmul += flops * fp8.matmul_fraction / fp8_rate
         # A third of the casts happen in forward (the input and the weight), two thirds in backward

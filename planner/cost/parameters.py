@@ -9,7 +9,7 @@ of dense peak, flash attention at ~35%, elementwise kernels at ~60% of memory ba
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from contract.mesh import LinkClass
 from contract.training_config import Precision
@@ -97,6 +97,9 @@ class CostParameters:
     """Memory per GPU."""
     fp8_peak_flops: float = 0.0
     """Dense float8 FLOP/s (at the power limit's clock); 0: no float8 tensor cores."""
+    float8_gemm_efficiency: dict[str, float] = field(default_factory=lambda: dict(FLOAT8_GEMM_EFFICIENCY))
+    """Per Float8 recipe, its GEMMs' achievable share of the float8 peak relative to bf16's share of its
+    own (FLOAT8_GEMM_EFFICIENCY; a calibration that timed float8 GEMMs replaces tensorwise's)."""
     context_gib: float = 0.0
     """Taken outside the allocator before training allocates anything: the CUDA context, NCCL's
     communicators and buffers. Calibration measures it (`torch.cuda.mem_get_info`)."""

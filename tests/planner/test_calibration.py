@@ -69,6 +69,30 @@ def test_fitting_recovers_known_parameters() -> None:
     assert fitted.links["inter"] == base.links["inter"]  # not measured: default kept
 
 
+def test_timed_float8_gemms_set_the_tensorwise_efficiency_the_plan_prices_with() -> None:
+    document = synthetic_profile(efficiency=0.5, overhead=10e-6, latency=30e-6, bandwidth=200e9)
+    fp8_peak = 1978.9e12
+    # Float8 GEMMs at 0.8 of the float8 peak where bf16 reaches 0.5 of its own: 1.6x the 2x allowed.
+    document["matmul"] += [
+        {"m": s, "n": s, "k": s, "dtype": "float8_e4m3fn", "seconds": 2 * s**3 / (fp8_peak * 0.8) + 10e-6}
+        for s in (1024, 2048, 4096, 8192)
+    ]
+    profile = CalibrationProfile.model_validate(document)
+    base = default_parameters(resolve_gpu("H100"), ClusterSpec.parse("1x8xH100"), "bf16")
+    fitted = fit_parameters(profile, base=base, precision="bf16")
+    assert fitted.float8_gemm_efficiency["tensorwise"] == 1.0  # 1.6 measured, bounded by the peaks' 2x
+    slower = [dict(m, seconds=m["seconds"] * 2) if m["dtype"] == "float8_e4m3fn" else m
+              for m in document["matmul"]]
+    halved = fit_parameters(CalibrationProfile.model_validate({**document, "matmul": slower}), base=base,
+                            precision="bf16")
+    assert halved.float8_gemm_efficiency["tensorwise"] == pytest.approx(0.8, rel=2e-3)
+    assert halved.float8_gemm_efficiency["rowwise"] == base.float8_gemm_efficiency["rowwise"]  # not timed
+    # Without float8 samples the corpus's ratio stays.
+    plain = fit_parameters(CalibrationProfile.model_validate(synthetic_profile(
+        efficiency=0.5, overhead=10e-6, latency=30e-6, bandwidth=200e9)), base=base, precision="bf16")
+    assert plain.float8_gemm_efficiency == base.float8_gemm_efficiency
+
+
 def test_a_slow_measured_machine_changes_the_plan_where_it_should() -> None:
     request = make_request("llama3-8b", "1x8xH100", seq_len=4096, sequences=32)
     default = make_plan(request)
