@@ -33,29 +33,29 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch._inductor.utils import run_and_get_code
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from contract.plan_document import RuntimePlan, parse_plan  # noqa: E402
 from executor.runtime.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint  # noqa: E402
-from executor.runtime.data import BatchIndex, SyntheticTokens  # noqa: E402
 from executor.runtime.distributed import build_mesh, data_parallel_rank, exit_process, init_distributed  # noqa: E402
-from executor.runtime.materialize import clean_name, materialize  # noqa: E402
-from executor.runtime.models import build_model  # noqa: E402
-from executor.runtime.optim import OptimizerSettings, build_optimizer, set_lr  # noqa: E402
-from executor.runtime.parallelize import Overrides, Parallelized, parallelize  # noqa: E402
-from executor.runtime.step import train_step  # noqa: E402
+from executor.runtime.optim import build_optimizer  # noqa: E402
+from executor.runtime.parallelize import Overrides  # noqa: E402
 from tests.executor.plan_factory import LLAMA_DEBUG, debug_plan  # noqa: E402
+from tests.executor.workers.model_parallel_runs import (  # noqa: E402
+    CPU,
+    SETTINGS,
+    parallel,
+    reference,
+    rel_err,
+    train,
+    unsharded,
+)
 from tests.executor.workers.parity import count_collectives  # noqa: E402
 
-SEED = 7
 # llama-debug with 2 blocks: the same layers, half the graph to trace and compile on 2 cores.
 MODEL = {**LLAMA_DEBUG, "num_layers": 2}
-SETTINGS = OptimizerSettings(lr=5e-4, weight_decay=0.1, max_grad_norm=1.0)
-CPU = torch.device("cpu")
 CHECKPOINTED_CASE = "full_shard:fsdp2:eager"
 
 
@@ -79,91 +79,6 @@ def make_plan(
     # collectives (symmetric memory is CUDA's) and train the same.
     document["config"]["async_tp"] = compiled
     return parse_plan(document)
-
-
-def train(
-    par: Parallelized,
-    plan: RuntimePlan,
-    *,
-    steps: range,
-    dp: tuple[int, int],
-    optimizer: torch.optim.Optimizer,
-    grads: dict[str, torch.Tensor] | None = None,
-) -> list[float]:
-    """Train `steps` (1-based); returns the global mean loss of each. `dp` is (data-parallel rank,
-    size), (0, 1) for the reference, which then reads the whole global batch. With `grads`, fills
-    it with the full gradients of the first step."""
-    cfg = plan.config
-    data = SyntheticTokens(vocab_size=plan.model.vocab_size, seq_len=plan.training.seq_len, seed=SEED)
-    per_rank = cfg.micro_batch_size * cfg.mesh.dp // dp[1]
-    set_lr(optimizer, SETTINGS.lr)
-    losses = []
-    for step in steps:
-
-        def capture(first: bool = step == steps[0]) -> None:
-            if grads is None or not first:
-                return
-            for name, p in par.module.named_parameters():
-                grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-                grads[clean_name(name)] = grad.detach().clone()
-
-        micro_batches = [
-            data.batch(BatchIndex(step, micro, dp[0], dp[1], per_rank))
-            for micro in range(cfg.grad_accum_steps)
-        ]
-        result = train_step(
-            par,
-            optimizer,
-            iter(micro_batches),
-            grad_accum_steps=cfg.grad_accum_steps,
-            max_grad_norm=SETTINGS.max_grad_norm,
-            loss_chunks=cfg.loss_chunks,
-            before_update=capture,
-        )
-        loss = result.loss_sum / cfg.grad_accum_steps
-        if dp[1] > 1:
-            # As the trainer does: the ranks of a tp group hold equal losses, so the mean over
-            # every rank is the mean over the data-parallel ranks.
-            dist.all_reduce(loss)
-            loss = loss / dist.get_world_size()
-        losses.append(float(loss))
-    return losses
-
-
-def unsharded(plan: RuntimePlan) -> Parallelized:
-    """The model in this process alone: no sharding, no tensor parallelism."""
-    model = build_model(plan.model, seq_len=plan.training.seq_len)
-    materialize(model, device=CPU, seed=SEED)
-    return Parallelized(
-        module=model,
-        forward=model,
-        engine="fsdp2",
-        compiled=False,
-        compile_settings=None,
-        checkpointed_blocks=0,
-        param_dtype=torch.float32,
-        reduce_dtype=torch.float32,
-    )
-
-
-def reference(plan: RuntimePlan, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """The same training in this process alone (each rank runs it: it is small)."""
-    par = unsharded(plan)
-    grads: dict[str, torch.Tensor] = {}
-    optimizer = build_optimizer(par.module, SETTINGS, device=CPU)
-    losses = train(par, plan, steps=range(1, steps + 1), dp=(0, 1), optimizer=optimizer, grads=grads)
-    return losses, grads
-
-
-def parallel(plan: RuntimePlan, mesh: DeviceMesh, overrides: Overrides) -> Parallelized:
-    model = build_model(plan.model, seq_len=plan.training.seq_len)
-    par = parallelize(model, plan=plan, mesh=mesh, overrides=overrides)
-    materialize(par.module, device=CPU, seed=SEED)
-    return par
-
-
-def rel_err(grad: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((grad - ref).norm() / ref.norm().clamp_min(1e-12)).item()
 
 
 def run_case(case: str, *, world: int, tp: int, steps: int, cache: dict, checkpoint_dir: Path) -> dict:

@@ -1,0 +1,107 @@
+"""What the model-parallel workers share (tensor_parallel.py, context_parallel.py): training a
+parallelized model the way the trainer does, and the same training in one process for reference."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from contract.plan_document import RuntimePlan
+from executor.runtime.data import BatchIndex, SyntheticTokens
+from executor.runtime.materialize import clean_name, materialize
+from executor.runtime.models import build_model
+from executor.runtime.optim import OptimizerSettings, build_optimizer, set_lr
+from executor.runtime.parallelize import Overrides, Parallelized, parallelize
+from executor.runtime.step import train_step
+
+SEED = 7
+SETTINGS = OptimizerSettings(lr=5e-4, weight_decay=0.1, max_grad_norm=1.0)
+CPU = torch.device("cpu")
+
+
+def train(
+    par: Parallelized,
+    plan: RuntimePlan,
+    *,
+    steps: range,
+    dp: tuple[int, int],
+    optimizer: torch.optim.Optimizer,
+    grads: dict[str, torch.Tensor] | None = None,
+) -> list[float]:
+    """Train `steps` (1-based); returns the global mean loss of each. `dp` is (data-parallel rank,
+    size), (0, 1) for the reference, which then reads the whole global batch. With `grads`, fills
+    it with the full gradients of the first step."""
+    cfg = plan.config
+    data = SyntheticTokens(vocab_size=plan.model.vocab_size, seq_len=plan.training.seq_len, seed=SEED)
+    per_rank = cfg.micro_batch_size * cfg.mesh.dp // dp[1]
+    set_lr(optimizer, SETTINGS.lr)
+    losses = []
+    for step in steps:
+
+        def capture(first: bool = step == steps[0]) -> None:
+            if grads is None or not first:
+                return
+            for name, p in par.module.named_parameters():
+                grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+                grads[clean_name(name)] = grad.detach().clone()
+
+        micro_batches = [
+            data.batch(BatchIndex(step, micro, dp[0], dp[1], per_rank))
+            for micro in range(cfg.grad_accum_steps)
+        ]
+        result = train_step(
+            par,
+            optimizer,
+            iter(micro_batches),
+            grad_accum_steps=cfg.grad_accum_steps,
+            max_grad_norm=SETTINGS.max_grad_norm,
+            loss_chunks=cfg.loss_chunks,
+            before_update=capture,
+        )
+        loss = result.loss_sum / cfg.grad_accum_steps
+        if dp[1] > 1:
+            # As the trainer does: the ranks of a cp x tp group hold equal losses (context
+            # parallelism returns its group's mean), so the mean over every rank is the mean over
+            # the data-parallel ranks.
+            dist.all_reduce(loss)
+            loss = loss / dist.get_world_size()
+        losses.append(float(loss))
+    return losses
+
+
+def unsharded(plan: RuntimePlan) -> Parallelized:
+    """The model in this process alone: no sharding, no context or tensor parallelism."""
+    model = build_model(plan.model, seq_len=plan.training.seq_len)
+    materialize(model, device=CPU, seed=SEED)
+    return Parallelized(
+        module=model,
+        forward=model,
+        engine="fsdp2",
+        compiled=False,
+        compile_settings=None,
+        checkpointed_blocks=0,
+        param_dtype=torch.float32,
+        reduce_dtype=torch.float32,
+    )
+
+
+def reference(plan: RuntimePlan, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The same training in this process alone (each rank runs it: it is small)."""
+    par = unsharded(plan)
+    grads: dict[str, torch.Tensor] = {}
+    optimizer = build_optimizer(par.module, SETTINGS, device=CPU)
+    losses = train(par, plan, steps=range(1, steps + 1), dp=(0, 1), optimizer=optimizer, grads=grads)
+    return losses, grads
+
+
+def parallel(plan: RuntimePlan, mesh: DeviceMesh, overrides: Overrides) -> Parallelized:
+    model = build_model(plan.model, seq_len=plan.training.seq_len)
+    par = parallelize(model, plan=plan, mesh=mesh, overrides=overrides)
+    materialize(par.module, device=CPU, seed=SEED)
+    return par
+
+
+def rel_err(grad: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((grad - ref).norm() / ref.norm().clamp_min(1e-12)).item()
