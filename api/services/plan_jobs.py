@@ -23,11 +23,10 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker, undefer
 
 from api.db.base import utcnow
-from api.db.inserts import insert_unless_taken
 from api.db.models import PlanJobRow, PlanRow
 from api.problems import ProblemError, problem_response
 from api.schemas.plan_jobs import PlanJobOut, PlanJobState
@@ -76,14 +75,8 @@ def _claim(key: str | None, fingerprint: str, ttl_s: int) -> plan_service.KeyCla
 def replay(session: Session, key: str, fingerprint: str, ttl_s: int) -> Submission | None:
     """The job submitted with this key (a 422 problem for another request), or None while it is free."""
     claim = plan_service.KeyClaim(key=key, fingerprint=fingerprint, ttl_s=ttl_s)
-    remembered = session.execute(select(PlanJobRow.id, PlanJobRow.request_fingerprint).where(
-        PlanJobRow.idempotency_key == claim.key, PlanJobRow.created_at >= claim.cutoff()
-    )).first()
-    if remembered is None:
-        return None
-    if remembered.request_fingerprint != claim.fingerprint:
-        raise plan_service.key_reused()
-    return Submission(remembered.id, replayed=True)
+    job_id = job_rows.keyed_job(session, PlanJobRow, claim)
+    return None if job_id is None else Submission(job_id, replayed=True)
 
 
 def replan_fingerprint(plan_id: int, body: ReplanCreate) -> str:
@@ -152,33 +145,11 @@ def _store(
     session: Session, claim: plan_service.KeyClaim | None, enqueue: Any, *, kind: str, name: str, units: int,
     body: dict[str, Any], source_plan_id: int | None,
 ) -> Submission:
-    if claim is not None:
-        # An expired key is free for a new request: the job keeps its row, not the key.
-        session.execute(update(PlanJobRow).where(
-            PlanJobRow.idempotency_key == claim.key, PlanJobRow.created_at < claim.cutoff()
-        ).values(idempotency_key=None))
     values = {
         "kind": kind, "name": name[:200], "units": units, "body": body, "source_plan_id": source_plan_id,
-        "state": PlanJobState.queued, "attempts": 0, "created_at": utcnow(),
-        "idempotency_key": None if claim is None else claim.key,
-        "request_fingerprint": None if claim is None else claim.fingerprint,
     }
-    if claim is None:
-        job_id = session.scalar(insert(PlanJobRow).values(**values).returning(PlanJobRow.id))
-    else:
-        job_id = insert_unless_taken(session, PlanJobRow, values, unique="idempotency_key")
-    if job_id is None:  # another process claimed the key first: answer as it did
-        session.rollback()
-        assert claim is not None
-        replayed = replay(session, claim.key, claim.fingerprint, claim.ttl_s)
-        if replayed is None:
-            raise ProblemError(409, "this Idempotency-Key was being claimed by another request; send the "
-                               "request again", slug="concurrent-change", title="Concurrent change")
-        return replayed
-    if enqueue is not None:
-        enqueue(session, job_id)
-    session.commit()
-    return Submission(job_id)
+    job_id, replayed = job_rows.store_queued(session, PlanJobRow, values, claim, enqueue)
+    return Submission(job_id, replayed=replayed)
 
 
 def _ours(job_id: int, attempt: int) -> tuple[Any, ...]:

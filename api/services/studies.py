@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker, undefer
 
@@ -186,47 +186,21 @@ def submit_study(
                 return replay
         study = build_study(body, max_model_layers=max_model_layers)
         calibrations(session, study)
-        if claim is not None:
-            # An expired key is free for a new body: the study keeps its rows, not the key.
-            session.execute(update(StudyRow).where(
-                StudyRow.idempotency_key == claim.key, StudyRow.created_at < claim.cutoff()
-            ).values(idempotency_key=None))
         values = {
             "name": body.name or default_name(study), "model_name": study.model.name,
             "token_budget": study.token_budget, "deadline_days": study.deadline_days,
             "gpus": ",".join(gpu.series for gpu in study.gpus), "num_candidates": len(study.candidates()),
             "num_fitting": 0, "planner_version": planner_version, "request": study.model_dump(mode="json"),
-            "summary": {}, "created_at": utcnow(), "state": StudyState.queued, "candidates_done": 0,
-            "attempts": 0,
-            "idempotency_key": None if claim is None else claim.key,
-            "request_fingerprint": None if claim is None else claim.fingerprint,
+            "summary": {}, "candidates_done": 0,
         }
-        if claim is None:
-            study_id = session.scalar(insert(StudyRow).values(**values).returning(StudyRow.id))
-        else:
-            study_id = insert_unless_taken(session, StudyRow, values, unique="idempotency_key")
-        if study_id is None:  # another process claimed the key first: answer as it did
-            session.rollback()
-            replay = _replay(session, claim)  # type: ignore[arg-type]  # only a claim can be taken
-            if replay is None:
-                raise _concurrent_change()
-            return replay
-        if enqueue is not None:
-            enqueue(session, study_id)
-        session.commit()
-        return Submission(study_id)
+        study_id, replayed = job_rows.store_queued(session, StudyRow, values, claim, enqueue)
+        return Submission(study_id, replayed=replayed)
 
 
 def _replay(session: Session, claim: plan_service.KeyClaim) -> Submission | None:
     """The study submitted with `claim`'s key (a 422 problem for another body), or None while it is free."""
-    remembered = session.execute(select(StudyRow.id, StudyRow.request_fingerprint).where(
-        StudyRow.idempotency_key == claim.key, StudyRow.created_at >= claim.cutoff()
-    )).first()
-    if remembered is None:
-        return None
-    if remembered.request_fingerprint != claim.fingerprint:
-        raise plan_service.key_reused()
-    return Submission(remembered.id, replayed=True)
+    study_id = job_rows.keyed_job(session, StudyRow, claim)
+    return None if study_id is None else Submission(study_id, replayed=True)
 
 
 class StudyStoppedError(Exception):
