@@ -106,9 +106,9 @@ async def create_plan(
     plan job (`Location`: /api/v1/plan-jobs/{id}), whose `plan_id` names the plan once it has succeeded."""
     units = plan_jobs.units_of(body)
     keyed_job = idempotency_key is not None and await run_planning(request, partial(
-        plan_jobs.replay, session, idempotency_key, plan_service.fingerprint(body),
+        plan_jobs.has_keyed_job, session, idempotency_key, plan_service.fingerprint(body),
         settings.idempotency_ttl_s,
-    )) is not None
+    ))
     if keyed_job or (units is not None and units > settings.job_threshold_units):
         submission = await run_planning(request, partial(
             plan_jobs.submit_plan, session, body, locks=request.app.state.plan_locks,

@@ -79,6 +79,16 @@ def replay(session: Session, key: str, fingerprint: str, ttl_s: int) -> Submissi
     return None if job_id is None else Submission(job_id, replayed=True)
 
 
+def has_keyed_job(session: Session, key: str, fingerprint: str, ttl_s: int) -> bool:
+    """Whether this key named a plan job (a 422 problem for another request). The session's connection
+    goes back to the pool before the caller waits on the key's lock: fifty requests with one key must
+    not hold fifty connections while they take turns."""
+    try:
+        return replay(session, key, fingerprint, ttl_s) is not None
+    finally:
+        session.rollback()
+
+
 def replan_fingerprint(plan_id: int, body: ReplanCreate) -> str:
     """sha256 of a re-plan request: the plan it names and its body."""
     canonical = json.dumps({"plan_id": plan_id, "body": body.model_dump(mode="json")}, sort_keys=True,
