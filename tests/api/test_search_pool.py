@@ -28,13 +28,17 @@ pytestmark = pytest.mark.anyio
 
 PLANS = "/api/v1/plans"
 DEADLINE_S = 2.0
+SYNCHRONOUS_UP_TO = 2048
+"""A job threshold above every graph here: large plans are searched in their request, in the pool."""
 
 
 @pytest.fixture
 def settings(database_url: str) -> Settings:
-    # Two search processes (one per core of the CI machine) and a short deadline.
+    # Two search processes (one per core of the CI machine) and a short deadline; the large plan is
+    # searched in the request, as it is below the job threshold (these tests are the search pool's).
     return Settings(
-        database_url=database_url, migrate_on_startup=False, search_deadline_s=DEADLINE_S, search_workers=2
+        database_url=database_url, migrate_on_startup=False, search_deadline_s=DEADLINE_S, search_workers=2,
+        job_threshold_units=SYNCHRONOUS_UP_TO,
     )
 
 
@@ -164,7 +168,8 @@ async def test_a_search_process_that_dies_is_a_503_and_the_pool_recovers(
 def test_serve_with_several_workers_searches_in_pools_and_stops_them(
     database_url: str, tmp_path: Path
 ) -> None:
-    env = {**os.environ, "DATABASE_URL": database_url, "FSDP_PLANNER_SEARCH_DEADLINE_S": str(DEADLINE_S)}
+    env = {**os.environ, "DATABASE_URL": database_url, "FSDP_PLANNER_SEARCH_DEADLINE_S": str(DEADLINE_S),
+           "FSDP_PLANNER_JOB_THRESHOLD_UNITS": str(SYNCHRONOUS_UP_TO)}
     with running_server(env=env, log=tmp_path / "serve.log", cwd=tmp_path, args=("--workers", "2")) as url:
         small = httpx.post(f"{url}{PLANS}", json=cheap_plan(), timeout=60)
         assert small.status_code in (200, 201), small.text  # the session's database may hold it already
@@ -184,7 +189,7 @@ def test_serve_with_several_workers_searches_in_pools_and_stops_them(
 def test_search_processes_die_with_a_server_killed_outright(database_url: str, tmp_path: Path) -> None:
     """kill -9 of the server (no shutdown runs) ends its search processes too, mid-search or idle."""
     env = {**os.environ, "DATABASE_URL": database_url, "FSDP_PLANNER_SEARCH_DEADLINE_S": "60",
-           "FSDP_PLANNER_SEARCH_WORKERS": "2"}
+           "FSDP_PLANNER_SEARCH_WORKERS": "2", "FSDP_PLANNER_JOB_THRESHOLD_UNITS": str(SYNCHRONOUS_UP_TO)}
     with running_server(env=env, log=tmp_path / "serve.log", cwd=tmp_path) as url:
         small = httpx.post(f"{url}{PLANS}", json=cheap_plan(), timeout=60)
         assert small.status_code in (200, 201), small.text
@@ -206,7 +211,8 @@ def test_search_processes_die_with_a_server_killed_outright(database_url: str, t
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 def test_web_processes_stop_with_a_supervisor_killed_outright(database_url: str, tmp_path: Path) -> None:
     """kill -9 of `serve --workers 2`'s supervisor stops its web processes and their search pools."""
-    env = {**os.environ, "DATABASE_URL": database_url, "FSDP_PLANNER_SEARCH_WORKERS": "1"}
+    env = {**os.environ, "DATABASE_URL": database_url, "FSDP_PLANNER_SEARCH_WORKERS": "1",
+           "FSDP_PLANNER_JOB_THRESHOLD_UNITS": str(SYNCHRONOUS_UP_TO)}
     with running_server(env=env, log=tmp_path / "serve.log", cwd=tmp_path, args=("--workers", "2")) as url:
         assert httpx.post(f"{url}{PLANS}", json=cheap_plan(), timeout=60).status_code in (200, 201)
         supervisor = served_by(url)

@@ -96,12 +96,15 @@ async def test_a_bad_pin_is_422_naming_the_field(
 
 
 async def test_a_pin_that_cannot_fit_is_infeasible(client: httpx.AsyncClient, session: Session) -> None:
-    problem = assert_problem(await client.post(PLANS, json=pinned(LONG_CONTEXT, 1)), 422, "infeasible-plan")
+    # Data parallelism only: tp pinned to 1, and context parallelism (which would fit it) too.
+    data_only = {**LONG_CONTEXT, "search": {"tensor_parallel_degrees": [1], "context_parallel_degrees": [1]}}
+    problem = assert_problem(await client.post(PLANS, json=data_only), 422, "infeasible-plan")
     assert "does not fit" in problem["detail"] and problem["needs_model_parallelism"] is True
     assert "widen search.tensor_parallel_degrees" in problem["detail"]
     assert problem["min_peak_memory_gib"] > problem["capacity_gib"]
     assert count_plans(session) == 0
-    # Unpinned, the search finds the tensor-parallel plans that fit.
+    # Unpinned, the search finds the tensor- or context-parallel plans that fit.
     response = await client.post(PLANS, json=LONG_CONTEXT)
     assert response.status_code == 201, response.text
-    assert response.json()["tensor_parallel_degree"] > 1
+    mesh = response.json()["mesh"]
+    assert mesh["tp"] * mesh["cp"] > 1

@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 # Data parallelism alone cannot hold one 128k-token sequence of Llama 3 8B: refused in ~2 s with
-# advice that names the batch and the tensor-parallel pin.
+# advice that names the batch and the tensor-parallel pin (context parallelism pinned off too).
 NEEDS_TP = ["--model", "llama3-8b", "--cluster", "1x8xH100", "--seq-len", "131072",
-            "--global-batch-tokens", "1048576", "--tp", "1"]
+            "--global-batch-tokens", "1048576", "--tp", "1", "--cp", "1"]
 
 
 def one_line(text: str) -> str:
@@ -39,7 +39,7 @@ def test_the_cli_names_its_options_where_the_api_names_fields() -> None:
     request = PlanRequest(
         model=resolve_model("llama3-8b"), cluster=ClusterSpec.parse("1x8xH100"),
         training=TrainingSpec(seq_len=131072, global_batch_tokens=1048576),
-        search=SearchSpace(tensor_parallel_degrees=[1]),
+        search=SearchSpace(tensor_parallel_degrees=[1], context_parallel_degrees=[1]),
     )
     with pytest.raises(InfeasiblePlanError) as refused:
         make_plan(request)
