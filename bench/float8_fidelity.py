@@ -8,8 +8,9 @@ while the planner had no Float8. This prices each at its exact configuration wit
 every bf16 run of the same source beside it, so that a Float8 error can be told from the bf16
 error of the same setting), and reports predicted vs measured tokens/s per GPU, the measured and
 predicted Float8 speed-up over the source's bf16 run of the same configuration, and the summary by
-recipe. Runs that also need pipeline or context parallelism are left out (not priced yet), and
-runs on other engines (Transformer Engine) are listed apart: the planner prices torchao's recipes.
+recipe. Runs that also need pipeline parallelism are left out (not priced yet), and so are those with
+context parallelism (bench/RESULTS.md prices them in a section of their own); runs on other engines
+(Transformer Engine) are listed apart: the planner prices torchao's recipes.
 """
 
 from __future__ import annotations
