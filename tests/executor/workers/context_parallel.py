@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from contract.plan_document import RuntimePlan, parse_plan  # noqa: E402
-from executor.runtime.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint  # noqa: E402
+from executor.runtime.checkpoint import save_checkpoint  # noqa: E402
 from executor.runtime.data import BatchIndex, SyntheticTokens  # noqa: E402
 from executor.runtime.distributed import build_mesh, data_parallel_rank, exit_process, init_distributed  # noqa: E402
 from executor.runtime.evaluate import _reshard  # noqa: E402
@@ -51,6 +51,7 @@ from tests.executor.workers.model_parallel_runs import (  # noqa: E402
     parallel,
     reference,
     rel_err,
+    resumed_last_losses,
     train,
     unsharded,
 )
@@ -149,23 +150,8 @@ def run_case(case: str, *, world: int, steps: int, cache: dict, checkpoint_dir: 
         "logits_err": logits_err,
     }
     if checkpointed:
-        # Resume step `steps` from the checkpoint of the step before: under both engines (the same
-        # shards over dp_shard x cp), and unsharded in one process (DCP reassembles the global
-        # tensors, which only works if the saved shards say truthfully where they lie).
-        resumed = {}
-        for other in ("fsdp2", "simple_fsdp", "unsharded"):
-            if other == "unsharded":
-                again, other_dp = unsharded(plan), (0, 1)
-            else:
-                again, other_dp = parallel(plan, mesh, Overrides(engine=other, compile=False)), dp
-            optimizer = build_optimizer(again.module, SETTINGS, device=CPU)
-            load_checkpoint(
-                checkpoint_path(checkpoint_dir, steps - 1), model=again.module, optimizer=optimizer
-            )
-            resumed[other] = train(
-                again, plan, steps=range(steps, steps + 1), dp=other_dp, optimizer=optimizer
-            )[0]
-        record["resumed_last_loss"] = resumed
+        # Resume step `steps` from the checkpoint of the step before (model_parallel_runs).
+        record["resumed_last_loss"] = resumed_last_losses(plan, mesh, dp, checkpoint_dir, steps)
     return record
 
 

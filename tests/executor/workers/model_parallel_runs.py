@@ -3,12 +3,15 @@ parallelized model the way the trainer does, and the same training in one proces
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from contract.plan_document import RuntimePlan
+from executor.runtime.checkpoint import checkpoint_path, load_checkpoint
 from executor.runtime.data import BatchIndex, SyntheticTokens
 from executor.runtime.materialize import clean_name, materialize
 from executor.runtime.models import build_model
@@ -105,3 +108,22 @@ def parallel(plan: RuntimePlan, mesh: DeviceMesh, overrides: Overrides) -> Paral
 
 def rel_err(grad: torch.Tensor, ref: torch.Tensor) -> float:
     return ((grad - ref).norm() / ref.norm().clamp_min(1e-12)).item()
+
+
+def resumed_last_losses(
+    plan: RuntimePlan, mesh: DeviceMesh, dp: tuple[int, int], checkpoint_dir: Path, steps: int
+) -> dict[str, float]:
+    """The last step's loss again, resumed from the checkpoint of the step before: under both
+    engines (the same layout), and unsharded in one process (DCP reassembles the global tensors, which
+    only works if the saved shards say truthfully where in the global tensor they lie)."""
+    resumed = {}
+    for other in ("fsdp2", "simple_fsdp", "unsharded"):
+        if other == "unsharded":
+            again, other_dp = unsharded(plan), (0, 1)
+        else:
+            again, other_dp = parallel(plan, mesh, Overrides(engine=other, compile=False)), dp
+        optimizer = build_optimizer(again.module, SETTINGS, device=CPU)
+        load_checkpoint(checkpoint_path(checkpoint_dir, steps - 1), model=again.module, optimizer=optimizer)
+        last = range(steps, steps + 1)
+        resumed[other] = train(again, plan, steps=last, dp=other_dp, optimizer=optimizer)[0]
+    return resumed
