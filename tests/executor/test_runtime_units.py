@@ -223,7 +223,7 @@ def test_tensor_parallel_plans_batch_per_data_parallel_rank() -> None:
         (
             {"sharding": "hybrid_shard", "nodes": 2},
             lambda c: c["mesh"].update(dp_shard=4, dp_replicate=1),
-            "hybrid_shard needs dp_shard and dp_replicate of at least 2",
+            "hybrid_shard needs a shard group (dp_shard x cp) and dp_replicate of at least 2",
         ),
         (
             {"gpus_per_node": 4, "tp": 2},
