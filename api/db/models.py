@@ -165,7 +165,30 @@ class IdempotencyKeyRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
 
 
-class StudyRow(Base):
+class JobColumns:
+    """What makes a row a job (api/services/job_rows.py runs any table with these columns): its state,
+    its runs, and the Idempotency-Key it was created with."""
+
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    """queued, running, succeeded, failed (or cancelled, for studies): the table's schema names them."""
+    error: Mapped[str | None] = mapped_column(Text)
+    """Why the job failed (a person can act on it), or None."""
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    attempts: Mapped[int] = mapped_column(Integer)
+    """Times a job has claimed the row; each write of a job names its attempt, so a job whose row was
+    queued again (its process presumed dead) can no longer write."""
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    """When the process running the job last said it is alive (a running job whose heartbeat is older
+    than `Settings.study_stale_after_s` is queued again)."""
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    """The `Idempotency-Key` the job was created with (unique while set; cleared when it expires)."""
+    request_fingerprint: Mapped[str | None] = mapped_column(String(64))
+    """sha256 of the canonical request, beside its key: the same key with another request is refused."""
+
+
+class StudyRow(JobColumns, Base):
     """A what-if study: one model and token budget planned on many candidate clusters (planner/study.py)."""
 
     __tablename__ = "studies"
@@ -190,29 +213,12 @@ class StudyRow(Base):
     summary: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
     """StudySummary without its points (they are rows of study_points): fastest, cheapest, deadline pick;
     empty until the study's job has succeeded."""
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
-    # The study is a job (api/services/study_jobs.py): its state and progress live on its row, so that
-    # any web process answers GET with them and a restarted one finds the queued jobs again.
-    state: Mapped[str] = mapped_column(String(16), index=True)
-    """queued, running, succeeded, failed or cancelled (api.schemas.studies.StudyState)."""
+    # The study is a job (JobColumns): its state and progress live on its row, so that any web process
+    # answers GET with them and a restarted one finds the queued jobs again (api.schemas.studies.StudyState).
     candidates_done: Mapped[int] = mapped_column(Integer)
     """Candidates searched so far (num_candidates when the job has succeeded)."""
     best_so_far: Mapped[dict[str, Any] | None] = mapped_column(JsonDocument)
     """The StudyPoint of the cheapest fitting cluster searched so far (None while none fits)."""
-    error: Mapped[str | None] = mapped_column(Text)
-    """Why the job failed (a person can act on it), or None."""
-    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    attempts: Mapped[int] = mapped_column(Integer)
-    """Times a job has claimed the study; each write of a job names its attempt, so a job whose study
-    was queued again (its process presumed dead) can no longer write."""
-    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    """When the process running the study last said it is alive (a running study whose heartbeat is
-    older than `Settings.study_stale_after_s` is queued again)."""
-    idempotency_key: Mapped[str | None] = mapped_column(String(255))
-    """The `Idempotency-Key` the study was created with (unique while set; cleared when it expires)."""
-    request_fingerprint: Mapped[str | None] = mapped_column(String(64))
-    """sha256 of the canonical POST body, beside its key: the same key with another body is refused."""
 
 
 class StudyPointRow(Base):
@@ -234,7 +240,7 @@ class StudyPointRow(Base):
     """The StudyPoint document."""
 
 
-class PlanJobRow(Base):
+class PlanJobRow(JobColumns, Base):
     """A plan search run as a job (api/services/plan_jobs.py): a re-plan, or a `POST /plans` whose layer
     graph is beyond `Settings.job_threshold_units`. The same job columns as a study (state, attempts,
     heartbeat), so the same engines run both; on success `plan_id` names the ordinary plan it stored (or
@@ -263,20 +269,5 @@ class PlanJobRow(Base):
     """The plan the job stored or found stored (None until it succeeds, or once that plan is deleted)."""
     status_code: Mapped[int | None] = mapped_column(Integer)
     """What the request would have answered synchronously: 201 (stored now) or 200 (stored before)."""
-    state: Mapped[str] = mapped_column(String(16), index=True)
-    """queued, running, succeeded or failed (api.schemas.plan_jobs.PlanJobState)."""
-    error: Mapped[str | None] = mapped_column(Text)
-    """Why the job failed (a person can act on it), or None."""
     problem: Mapped[dict[str, Any] | None] = mapped_column(JsonDocument)
     """The RFC 9457 problem the synchronous request would have answered with, when the job failed."""
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
-    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    attempts: Mapped[int] = mapped_column(Integer)
-    """Times a job has claimed it; each write names its attempt (as for studies)."""
-    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    """When the process running it last said it is alive."""
-    idempotency_key: Mapped[str | None] = mapped_column(String(255))
-    """The `Idempotency-Key` the job was created with (unique while set; cleared when it expires)."""
-    request_fingerprint: Mapped[str | None] = mapped_column(String(64))
-    """sha256 of the canonical request (body, and the re-planned plan's id), beside its key."""
