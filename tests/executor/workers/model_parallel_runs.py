@@ -3,21 +3,26 @@ parallelized model the way the trainer does, and the same training in one proces
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._inductor.utils import run_and_get_code
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from contract.plan_document import RuntimePlan
-from executor.runtime.checkpoint import checkpoint_path, load_checkpoint
+from executor.runtime.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from executor.runtime.data import BatchIndex, SyntheticTokens
 from executor.runtime.materialize import clean_name, materialize
 from executor.runtime.models import build_model
 from executor.runtime.optim import OptimizerSettings, build_optimizer, set_lr
 from executor.runtime.parallelize import Overrides, Parallelized, parallelize
 from executor.runtime.step import train_step
+from tests.executor.workers.parity import count_collectives
 
 SEED = 7
 SETTINGS = OptimizerSettings(lr=5e-4, weight_decay=0.1, max_grad_norm=1.0)
@@ -127,3 +132,51 @@ def resumed_last_losses(
         last = range(steps, steps + 1)
         resumed[other] = train(again, plan, steps=last, dp=other_dp, optimizer=optimizer)[0]
     return resumed
+
+
+def trained_record(
+    case: str, plan: RuntimePlan, mesh: DeviceMesh, *, dp: tuple[int, int], every_dp: list,
+    reference_run: tuple[list[float], dict[str, torch.Tensor]], engine: str, backend: str, steps: int,
+    checkpoint_dir: Path | None = None, probe: Callable[[Parallelized], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Train `case`'s parallelized model `steps` steps beside its one-process `reference_run`: its
+    per-step losses, step-1 gradient errors, the collectives of inductor's code (backend `inductor`),
+    what `probe` measures of the untrained model, and with `checkpoint_dir` the last step resumed from
+    the checkpoint of the step before."""
+    ref_losses, ref_grads = reference_run
+    compiled = backend != "eager"
+    overrides = Overrides(engine=engine, compile=compiled, backend=backend if compiled else "inductor")
+    t0 = time.perf_counter()
+    par = parallel(plan, mesh, overrides)
+    measured = probe(par) if probe is not None else {}
+    optimizer = build_optimizer(par.module, SETTINGS, device=CPU)
+    grads: dict[str, torch.Tensor] = {}
+
+    def first_steps() -> list[float]:
+        return train(par, plan, steps=range(1, steps), dp=dp, optimizer=optimizer, grads=grads)
+
+    collectives = None
+    if backend == "inductor":
+        losses, codes = run_and_get_code(first_steps)
+        collectives = count_collectives(codes)
+    else:
+        losses = first_steps()
+    if checkpoint_dir is not None:
+        save_checkpoint(
+            checkpoint_dir, step=steps - 1, model=par.module, optimizer=optimizer, train_state={}, keep=1
+        )
+    losses += train(par, plan, steps=range(steps, steps + 1), dp=dp, optimizer=optimizer)
+    record: dict[str, Any] = {
+        "case": case,
+        "dp": every_dp,
+        "notes": par.notes,
+        "losses": losses,
+        "ref_losses": ref_losses,
+        "grad_errors": {name: rel_err(grads[name], ref) for name, ref in ref_grads.items()},
+        "seconds": time.perf_counter() - t0,
+        "collectives": collectives,
+        **measured,
+    }
+    if checkpoint_dir is not None:
+        record["resumed_last_loss"] = resumed_last_losses(plan, mesh, dp, checkpoint_dir, steps)
+    return record

@@ -27,32 +27,20 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
-from torch._inductor.utils import run_and_get_code
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from contract.plan_document import RuntimePlan, parse_plan  # noqa: E402
-from executor.runtime.checkpoint import save_checkpoint  # noqa: E402
 from executor.runtime.distributed import build_mesh, data_parallel_rank, exit_process, init_distributed  # noqa: E402
-from executor.runtime.optim import build_optimizer  # noqa: E402
-from executor.runtime.parallelize import Overrides  # noqa: E402
 from tests.executor.plan_factory import LLAMA_DEBUG, debug_plan  # noqa: E402
 from tests.executor.workers.model_parallel_runs import (  # noqa: E402
-    CPU,
-    SETTINGS,
-    parallel,
     reference,
-    rel_err,
-    resumed_last_losses,
-    train,
+    trained_record,
 )
-from tests.executor.workers.parity import count_collectives  # noqa: E402
 
 # llama-debug with 2 blocks: the same layers, half the graph to trace and compile on 2 cores.
 MODEL = {**LLAMA_DEBUG, "num_layers": 2}
@@ -99,44 +87,11 @@ def run_case(case: str, *, world: int, tp: int, steps: int, cache: dict, checkpo
     dist.all_gather_object(every_dp, dp)
     if ("reference", tied) not in cache:
         cache["reference", tied] = reference(plan, steps)
-    ref_losses, ref_grads = cache["reference", tied]
-
-    compiled = backend != "eager"
-    overrides = Overrides(engine=engine, compile=compiled, backend=backend if compiled else "inductor")
-    t0 = time.perf_counter()
-    par = parallel(plan, mesh, overrides)
-    optimizer = build_optimizer(par.module, SETTINGS, device=CPU)
-    grads: dict[str, torch.Tensor] = {}
-
-    def first_steps() -> list[float]:
-        return train(par, plan, steps=range(1, steps), dp=dp, optimizer=optimizer, grads=grads)
-
-    collectives = None
-    if backend == "inductor":
-        losses, codes = run_and_get_code(first_steps)
-        collectives = count_collectives(codes)
-    else:
-        losses = first_steps()
     checkpointed = case == CHECKPOINTED_CASE
-    if checkpointed:
-        save_checkpoint(
-            checkpoint_dir, step=steps - 1, model=par.module, optimizer=optimizer, train_state={}, keep=1
-        )
-    losses += train(par, plan, steps=range(steps, steps + 1), dp=dp, optimizer=optimizer)
-    record: dict = {
-        "case": case,
-        "dp": every_dp,
-        "notes": par.notes,
-        "losses": losses,
-        "ref_losses": ref_losses,
-        "grad_errors": {name: rel_err(grads[name], ref) for name, ref in ref_grads.items()},
-        "seconds": time.perf_counter() - t0,
-        "collectives": collectives,
-    }
-    if checkpointed:
-        # Resume step `steps` from the checkpoint of the step before (model_parallel_runs).
-        record["resumed_last_loss"] = resumed_last_losses(plan, mesh, dp, checkpoint_dir, steps)
-    return record
+    return trained_record(
+        case, plan, mesh, dp=dp, every_dp=every_dp, reference_run=cache["reference", tied], engine=engine,
+        backend=backend, steps=steps, checkpoint_dir=checkpoint_dir if checkpointed else None,
+    )
 
 
 def main() -> None:
