@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from executor.runtime.float8 import device_supports
+
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}
 # torch 2.13 renamed the tensor collectives and warns (FutureWarning) on every call of the old names;
 # older torch (bundles run on >= 2.6) has only the old ones.
@@ -96,18 +98,6 @@ def matmul_samples(
     return samples
 
 
-FLOAT8_CAPABILITY = (8, 9)
-"""The smallest CUDA compute capability with float8 tensor cores (Ada, Hopper, Blackwell)."""
-
-
-def has_float8_gemm(device: torch.device) -> bool:
-    """Whether this device runs float8 GEMMs (`torch._scaled_mm` on float8 tensor cores)."""
-    return (
-        device.type == "cuda" and hasattr(torch, "_scaled_mm")
-        and torch.cuda.get_device_capability(device) >= FLOAT8_CAPABILITY
-    )
-
-
 def float8_matmul_samples(
     shapes: Iterable[tuple[int, int, int]],
     device: torch.device,
@@ -118,7 +108,7 @@ def float8_matmul_samples(
     scale each, bf16 out) for each shape, smallest first, until the budget ends; none where the device
     has no float8 tensor cores. Shapes whose sides are not multiples of 16 are skipped (the kernel
     refuses them, and the planner's filter never converts such layers)."""
-    if not has_float8_gemm(device):
+    if not (hasattr(torch, "_scaled_mm") and device_supports(device, "tensorwise")):
         return []
     samples = []
     one = torch.ones((), device=device, dtype=torch.float32)
