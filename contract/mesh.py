@@ -8,8 +8,9 @@ column. tests/test_mesh_layers.py fails when a layer ignores an axis; the README
 section has the checklist for adding one.
 
 The mesh is laid out row-major over `MESH_AXES`, the last innermost: a tensor-parallel group is `tp`
-consecutive ranks, so it stays inside one node, a context-parallel group the next `cp x tp`, and a
-data-parallel shard group strides over them.
+consecutive ranks, so it stays inside one node, a context-parallel group the next `cp x tp`, a
+data-parallel shard group strides over them, and pipeline stages are the outermost blocks of
+`world / pp` ranks each (the stages' point-to-point sends are what crosses the slow links).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from typing import Any, ClassVar, Literal
 
 LinkClass = Literal["intra", "inter"]
 
-MESH_AXES = ("dp_replicate", "dp_shard", "cp", "tp")
+MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """The mesh's axes, outermost first: the rank layout, and the runtime's DeviceMesh dimension names."""
+OPTIONAL_AXES = ("pp", "cp")
+"""Axes a mesh's description names only above 1 (added after the others, rarely used)."""
 SHARD_AXES = ("dp_shard", "cp")
 """The axes FSDP shards parameters over (torchtitan's `dp_shard_cp`): a context-parallel group holds
 the same parameters, so its ranks share the shards too."""
@@ -37,6 +40,10 @@ class Mesh:
 
     __pydantic_config__: ClassVar[dict[str, str]] = {"extra": "forbid"}  # pydantic: unknown axes refused
 
+    pp: int = 1
+    """Pipeline-parallel degree: ranks holding consecutive stages of the model's blocks (the first
+    with the embeddings, the last with the final norm and the head), each micro-batch's activations
+    sent forward and their gradients back between neighbours (`ParallelConfig.pipeline` says how)."""
     dp_replicate: int = 1
     """Data-parallel replicas: ranks holding the same parameter shard (hybrid_shard across nodes,
     no_shard across everything)."""
@@ -66,8 +73,8 @@ class Mesh:
 
     @classmethod
     def from_document(cls, document: Any, *, where: str = "mesh") -> Mesh:
-        """The mesh of a JSON object `{dp_replicate, dp_shard, tp}` (a missing axis is 1). An axis this
-        version does not know is accepted at degree 1 (no parallelism there: a newer planner's plan
+        """The mesh of a JSON object `{pp, dp_replicate, dp_shard, cp, tp}` (a missing axis is 1).
+        An axis this version does not know is accepted at degree 1 (no parallelism there: a newer planner's plan
         means the same) and refused above it, naming it."""
         if not isinstance(document, dict):
             raise MeshError(f"{where} must be an object with {', '.join(MESH_AXES)}")
@@ -92,7 +99,7 @@ class Mesh:
 
     @property
     def world_size(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.cp * self.tp
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
 
     @property
     def dp(self) -> int:
@@ -103,6 +110,11 @@ class Mesh:
     def model_parallel(self) -> int:
         """Ranks that share one data-parallel rank's sequences (cp x tp)."""
         return self.cp * self.tp
+
+    @property
+    def stage_ranks(self) -> int:
+        """Ranks of one pipeline stage (the whole world when pp is 1)."""
+        return self.dp_replicate * self.dp_shard * self.cp * self.tp
 
     @property
     def fsdp_shards(self) -> int:
@@ -119,15 +131,22 @@ class Mesh:
         (tp innermost), inside a node while they fit in one."""
         return "intra" if self.cp * self.tp <= gpus_per_node else "inter"
 
+    def pipeline_link(self, gpus_per_node: int) -> LinkClass:
+        """The link the pipeline's slowest point-to-point send crosses: stages are the outermost
+        blocks of `stage_ranks` ranks, so some neighbours sit on different nodes unless the whole
+        pipeline fits in one."""
+        return "intra" if self.world_size <= gpus_per_node else "inter"
+
     def label(self) -> str:
-        """E.g. `dp 2x4 cp 2 tp 2` (replicas x shards; cp and tp omitted when 1)."""
+        """E.g. `pp 4 dp 2x4 cp 2 tp 2` (replicas x shards; pp, cp and tp omitted when 1)."""
         dp = f"{self.dp_replicate}x{self.dp_shard}" if self.dp_replicate > 1 else f"{self.dp_shard}"
+        pipeline = f"pp {self.pp} " if self.pp > 1 else ""
         context = f" cp {self.cp}" if self.cp > 1 else ""
-        return f"dp {dp}{context}" + (f" tp {self.tp}" if self.tp > 1 else "")
+        return f"{pipeline}dp {dp}{context}" + (f" tp {self.tp}" if self.tp > 1 else "")
 
     def describe(self) -> str:
-        """`dp_replicate 1 x dp_shard 32 x tp 8 = 256 ranks` (cp named when above 1)."""
-        axes = [axis for axis in MESH_AXES if axis != "cp" or self.cp > 1]
+        """`dp_replicate 1 x dp_shard 32 x tp 8 = 256 ranks` (pp and cp named when above 1)."""
+        axes = [axis for axis in MESH_AXES if axis not in OPTIONAL_AXES or getattr(self, axis) > 1]
         degrees = " x ".join(f"{axis} {getattr(self, axis)}" for axis in axes)
         return f"{degrees} = {self.world_size} ranks"
 

@@ -9,6 +9,7 @@ bound holds however an instance is made (contract.fields).
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -30,6 +31,15 @@ each computing its gradients at once, executor/runtime/loss.py); `autograd_fp32`
 project's before the sliced loss), which keeps vocabulary-sized tensors alive for all tokens;
 `chunked_fp32` runs that cross-entropy over `loss_chunks` slices of the whole micro-batch's
 compute-dtype logits (torchtitan's chunked cross-entropy: the output projection is not sliced)."""
+PipelineSchedule = Literal["1F1B", "Interleaved1F1B", "ZBVZeroBubble"]
+"""How a pipeline runs its micro-batches (torch.distributed.pipelining's schedule classes):
+`1F1B` (one stage per rank; after a warm-up of pp - 1 forwards each rank alternates one forward and
+one backward, so the first stage holds pp micro-batches' activations); `Interleaved1F1B` (each rank
+holds `stages_per_rank` stages, looped: stage s on rank s mod pp, which cuts the bubble by that
+factor for more point-to-point sends and more activations in flight); `ZBVZeroBubble` (two stages per
+rank in a V: rank r holds stages r and 2pp - 1 - r; backward is split into the input gradient,
+on the critical path, and the weight gradient, which fills the bubbles)."""
+PIPELINE_SCHEDULES: tuple[PipelineSchedule, ...] = typing.get_args(PipelineSchedule)
 Engine = Literal["fsdp-planner", "torchtitan"]
 """The training runtime a configuration runs on, because runtimes differ in what they keep in memory
 and how they overlap: `fsdp-planner` is this project's trainer (compiled: SimpleFSDP over
@@ -70,6 +80,103 @@ class InductorConfig:
     """Let inductor move collectives earlier so they overlap compute (prefetch)."""
 
 
+class PipelineError(ValueError):
+    """A pipeline that cannot run: the message names the field and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    """How the pipeline stages split the model and run (present exactly when `mesh.pp` > 1).
+
+    Each optimizer step runs the schedule once over `grad_accum_steps` micro-batches of
+    `micro_batch_size` sequences (the schedule's micro-batches are the plan's accumulation steps).
+    """
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = DOCUMENT_CONFIG
+
+    schedule: PipelineSchedule
+    """The schedule (`PipelineSchedule`)."""
+    stages_per_rank: Annotated[int, AtLeast(1)]
+    """Stages (virtual stages) each rank holds: 1 for `1F1B`, 2 or more for `Interleaved1F1B`, 2 for
+    `ZBVZeroBubble`."""
+    stage_blocks: tuple[int, ...]
+    """Transformer blocks per stage, in stage order (pp x stages_per_rank stages, each at least one
+    block, summing to the model's layers): the first stage also runs the embeddings, the last the
+    final norm, the head and the loss, so the planner gives them fewer blocks to balance the time."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        object.__setattr__(self, "stage_blocks", tuple(self.stage_blocks))  # a JSON list reads as one
+        if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.stage_blocks):
+            raise PipelineError(
+                "stage_blocks: every stage needs a whole number of blocks >= 1, got "
+                f"{list(self.stage_blocks)}"
+            )
+        expected = {"1F1B": "1", "ZBVZeroBubble": "2"}.get(self.schedule)
+        if expected is not None and self.stages_per_rank != int(expected):
+            raise PipelineError(
+                f"stages_per_rank: {self.schedule} runs {expected} stage(s) per rank, got "
+                f"{self.stages_per_rank}"
+            )
+        if self.schedule == "Interleaved1F1B" and self.stages_per_rank < 2:
+            raise PipelineError(
+                "stages_per_rank: Interleaved1F1B needs at least 2 stages per rank (with 1 it is 1F1B)"
+            )
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_blocks)
+
+    def stage_ranks(self, pp: int) -> tuple[int, ...]:
+        """The pipeline rank holding each stage: looped (stage s on rank s mod pp), or a V for
+        `ZBVZeroBubble` (rank r holds stages r and 2pp - 1 - r, so the first and the last stage
+        share rank 0)."""
+        if self.schedule == "ZBVZeroBubble":
+            return tuple(s if s < pp else 2 * pp - 1 - s for s in range(self.num_stages))
+        return tuple(s % pp for s in range(self.num_stages))
+
+    def stages_of(self, rank: int, pp: int) -> tuple[int, ...]:
+        """The stages pipeline rank `rank` holds, in stage order."""
+        return tuple(s for s, r in enumerate(self.stage_ranks(pp)) if r == rank)
+
+    def first_blocks(self) -> tuple[int, ...]:
+        """The index of each stage's first block (block indices run over the whole model)."""
+        starts, total = [], 0
+        for blocks in self.stage_blocks:
+            starts.append(total)
+            total += blocks
+        return tuple(starts)
+
+    def check(self, *, pp: int, grad_accum_steps: int, num_layers: int | None = None) -> None:
+        """What the pipeline must agree with elsewhere in the plan: one stage group per pipeline
+        rank x stages_per_rank, a number of micro-batches the schedule can run, every block placed.
+        Messages name the `ParallelConfig` field."""
+        if self.num_stages != pp * self.stages_per_rank:
+            raise PipelineError(
+                f"pipeline.stage_blocks: pp {pp} x stages_per_rank {self.stages_per_rank} = "
+                f"{pp * self.stages_per_rank} stages, but {self.num_stages} are listed"
+            )
+        if grad_accum_steps < pp:
+            raise PipelineError(
+                f"grad_accum_steps: the pipeline's schedule runs it as micro-batches, and {pp} stages "
+                f"need at least {pp} (got {grad_accum_steps}) to fill the pipeline"
+            )
+        if self.stages_per_rank > 1 and grad_accum_steps % pp:
+            raise PipelineError(
+                f"grad_accum_steps: {self.schedule} runs micro-batches in rounds of pp {pp}; "
+                f"{grad_accum_steps} is not a multiple of it"
+            )
+        if num_layers is not None and sum(self.stage_blocks) != num_layers:
+            raise PipelineError(
+                f"pipeline.stage_blocks: {list(self.stage_blocks)} places {sum(self.stage_blocks)} "
+                f"blocks, the model has {num_layers}"
+            )
+
+    def label(self) -> str:
+        """E.g. `1F1B`, `Interleaved1F1Bx2`."""
+        return self.schedule + (f"x{self.stages_per_rank}" if self.schedule == "Interleaved1F1B" else "")
+
+
 @dataclass(frozen=True, slots=True)
 class ParallelConfig:
     """The chosen way to shard, wrap, checkpoint, batch and compile."""
@@ -81,8 +188,9 @@ class ParallelConfig:
     (ZeRO-2), hybrid_shard (sharded within dp_shard, replicated across dp_replicate), no_shard
     (DDP-like)."""
     mesh: Mesh
-    """The device mesh (dp_replicate x dp_shard x tp = world size): full_shard / shard_grad_op
-    shard over every data-parallel rank (dp_replicate 1), no_shard over none (dp_shard 1)."""
+    """The device mesh (pp x dp_replicate x dp_shard x cp x tp = world size): full_shard /
+    shard_grad_op shard over every data-parallel rank (dp_replicate 1), no_shard over none
+    (dp_shard 1)."""
     blocks_per_unit: Annotated[int, AtLeast(1)]
     """Transformer blocks per FSDP wrap unit; embeddings and the output head are units of their own."""
     all_gather_bucket_mb: Annotated[float, AtLeast(0)]
@@ -127,9 +235,17 @@ class ParallelConfig:
     """The runtime this configuration is priced for: `fsdp-planner` (this project's trainer: the
     launchers run it) or `torchtitan` (torchtitan's FSDP2 trainer, with `compile` meaning
     torch.compile per block), to compare predictions with runs measured there."""
+    pipeline: PipelineConfig | None = None
+    """The pipeline's schedule and stage split when `mesh.pp` > 1 (null otherwise)."""
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.mesh.pp > 1 and self.pipeline is None:
+            raise PipelineError(f"pipeline: mesh.pp is {self.mesh.pp}, so the stages and schedule are needed")
+        if self.mesh.pp == 1 and self.pipeline is not None:
+            raise PipelineError("pipeline: must be null when mesh.pp is 1 (no pipeline to run)")
+        if self.pipeline is not None:
+            self.pipeline.check(pp=self.mesh.pp, grad_accum_steps=self.grad_accum_steps)
 
     def as_document(self) -> dict[str, Any]:
         """The JSON object the Plan document stores."""
@@ -153,6 +269,8 @@ class ParallelConfig:
         shard = self.sharding
         if self.sharding == "hybrid_shard":
             shard += f"/{self.mesh.dp_shard}x{self.mesh.dp_replicate}"
+        if self.pipeline is not None:
+            shard = f"pp{self.mesh.pp} {self.pipeline.label()} " + shard
         if self.mesh.cp > 1:
             shard += f" cp{self.mesh.cp}"
         if self.mesh.tp > 1:
@@ -178,7 +296,7 @@ class ParallelConfig:
         )
 
 
-ADDED_FIELDS: dict[str, Any] = {"float8": "none", "async_tp": False}
-ADDED_MESH_AXES = ("cp",)
-"""Mesh axes added after schema 2.0 (degree 1 means what their absence meant)."""
+ADDED_FIELDS: dict[str, Any] = {"float8": "none", "async_tp": False, "pipeline": None}
 """`ParallelConfig` fields added after schema 2.0, with the value that means what their absence meant."""
+ADDED_MESH_AXES = ("cp", "pp")
+"""Mesh axes added after schema 2.0 (degree 1 means what their absence meant)."""

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from contract.fields import FieldError
 from contract.mesh import Mesh, MeshError
 from contract.model_config import ModelConfig
-from contract.parallel_config import ParallelConfig
+from contract.parallel_config import ParallelConfig, PipelineError
 from contract.training_config import TrainingConfig
 
 SCHEMA_VERSION = "2.1"
@@ -242,6 +242,24 @@ def check_plan(plan: RuntimePlan) -> None:
         _check_tensor_parallel(plan)
     if mesh.cp > 1:
         _check_context_parallel(plan)
+    if cfg.pipeline is not None:
+        _check_pipeline(plan)
+
+
+def _check_pipeline(plan: RuntimePlan) -> None:
+    """Pipeline stages are runs of the model's blocks, every block placed once."""
+    pipeline, model = plan.config.pipeline, plan.model
+    assert pipeline is not None
+    if model.architecture == "layer_graph":
+        raise PlanError(
+            "plan.config.mesh.pp: pipeline parallelism splits the runtime's own models into stages, "
+            "a traced layer graph has no runtime model; make a plan with pp 1"
+        )
+    try:
+        pipeline.check(pp=plan.config.mesh.pp, grad_accum_steps=plan.config.grad_accum_steps,
+                       num_layers=model.num_layers)
+    except PipelineError as exc:
+        raise PlanError(f"plan.config.{exc}") from None
 
 
 def _check_context_parallel(plan: RuntimePlan) -> None:
@@ -302,7 +320,7 @@ def _build(cls: type, data: Any, path: str) -> Any:
         values[f.name] = _coerce(hints[f.name], data[f.name], where)
     try:
         return cls(**values)
-    except FieldError as exc:
+    except (FieldError, PipelineError) as exc:
         raise PlanError(f"{path}.{exc}") from None
 
 
@@ -326,6 +344,11 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if value not in choices:
             raise PlanError(f"{path}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
         return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise PlanError(f"{path}: expected a list, got {value!r}")
+        (item,) = (a for a in typing.get_args(tp) if a is not Ellipsis)
+        return tuple(_coerce(item, v, f"{path}[{i}]") for i, v in enumerate(value))
     if tp is Mesh:
         try:
             return Mesh.from_document(value, where=path)

@@ -29,7 +29,13 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from contract.model_config import DERIVED_COUNTS, ModelConfig, ModelShape
-from contract.parallel_config import CheckpointMode, Float8Recipe, ShardingStrategy
+from contract.parallel_config import (
+    PIPELINE_SCHEDULES,
+    CheckpointMode,
+    Float8Recipe,
+    PipelineSchedule,
+    ShardingStrategy,
+)
 from contract.training_config import DERIVED_TRAINING, TrainingConfig
 from planner.bounds import (
     MAX_ACTIVATION_BYTES_PER_TOKEN,
@@ -418,6 +424,12 @@ class SearchSpace(StrictModel):
     None: for sequences of CONTEXT_PARALLEL_FROM_SEQ_LEN tokens or more (llama family), every power
     of two whose 2 x cp chunks split the sequence; shorter sequences plan cp=1 (the all-gathered
     keys and values then cost more than the memory they save)."""
+    pipeline_parallel_degrees: list[Annotated[int, Field(ge=1, le=1024)]] | None = None
+    """Pipeline-parallel degrees to consider (`[8]` pins pp=8: the blocks split into 8 stages).
+    None: pp=1 where a plan without a pipeline fits; where none does (the model's states outgrow
+    the data-parallel group), every power of two up to the model's layers that divides the world."""
+    pipeline_schedules: list[PipelineSchedule] = list(PIPELINE_SCHEDULES)
+    """Pipeline schedules to consider when pp > 1 (contract/parallel_config.py `PipelineSchedule`)."""
     float8: list[Float8Recipe] | None = None
     """Float8 training recipes to consider beside the compute precision (`["none", "tensorwise"]`),
     on GPUs with float8 tensor cores (`mxfp8`: MX tensor cores) and bf16 training. None: `none` only,
@@ -441,16 +453,21 @@ class SearchSpace(StrictModel):
     def _omit_unset_options(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # Requests without a ceiling or tp pins serialise (and so hash) as before the fields existed.
         data = handler(self)
-        for name in ("max_peak_memory_gib", "tensor_parallel_degrees", "context_parallel_degrees", "float8"):
+        for name in (
+            "max_peak_memory_gib", "tensor_parallel_degrees", "context_parallel_degrees", "float8",
+            "pipeline_parallel_degrees",
+        ):
             if data.get(name) is None:
                 data.pop(name, None)
+        if data.get("pipeline_schedules") == list(PIPELINE_SCHEDULES):
+            data.pop("pipeline_schedules", None)
         if data.get("async_tp") is False:
             data.pop("async_tp", None)
         return data
 
     @field_validator(
         "shardings", "compile", "checkpointing", "tensor_parallel_degrees", "context_parallel_degrees",
-        "float8",
+        "float8", "pipeline_parallel_degrees", "pipeline_schedules",
     )
     @classmethod
     def _not_empty(cls, value: list | None) -> list | None:

@@ -2,7 +2,7 @@
 
 The mesh's axes are declared once (`contract.mesh.Mesh`, `MESH_AXES`). Each layer below names, per
 axis, the one function that applies it there, or why the axis does not apply to it. A new field on
-`Mesh` (pipeline or context parallelism) fails this test until every layer has its entry, and an
+`Mesh` (expert parallelism, say) fails this test until every layer has its entry, and an
 entry fails when its function never reads its axis (the source is parsed, nothing is imported: the
 runtime's files need torch). The README's "Adding a parallel dimension" section is this checklist in
 prose.
@@ -128,8 +128,8 @@ def test_every_layer_handles_every_mesh_axis() -> None:
 
 
 def test_a_new_axis_fails_until_every_layer_has_its_place() -> None:
-    gaps = checklist_gaps(LAYERS, (*MESH_AXES, "pp"))
-    assert len(gaps) == len(LAYERS) and all("'pp'" in gap for gap in gaps)
+    gaps = checklist_gaps(LAYERS, (*MESH_AXES, "ep"))
+    assert len(gaps) == len(LAYERS) and all("'ep'" in gap for gap in gaps)
 
 
 def test_a_handler_that_ignores_its_axis_is_caught() -> None:
