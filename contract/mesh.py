@@ -74,8 +74,8 @@ class Mesh:
     @classmethod
     def from_document(cls, document: Any, *, where: str = "mesh") -> Mesh:
         """The mesh of a JSON object `{pp, dp_replicate, dp_shard, cp, tp}` (a missing axis is 1).
-        An axis this version does not know is accepted at degree 1 (no parallelism there: a newer planner's plan
-        means the same) and refused above it, naming it."""
+        An axis this version does not know is accepted at degree 1 (no parallelism there: a newer
+        planner's plan means the same) and refused above it, naming it."""
         if not isinstance(document, dict):
             raise MeshError(f"{where} must be an object with {', '.join(MESH_AXES)}")
         unknown = sorted(axis for axis, degree in document.items() if axis not in MESH_AXES and degree != 1)
