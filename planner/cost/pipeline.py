@@ -1,0 +1,115 @@
+"""Pipeline parallelism's own terms: where the blocks go, the schedule's bubble, what a rank holds.
+
+The rest of the cost model prices one pipeline rank as if it were a smaller model (its stages'
+blocks, with the embeddings on the first stage and the head on the last: `stage_share` in
+planner/cost/model_costs.py); this module adds what the schedule does around it:
+
+- *stage split*: blocks per stage, balanced by time (the embeddings are cheap, the head and the
+  loss cost several blocks, so the last stage gets fewer blocks);
+- *bubble*: the time a rank waits while the pipeline fills and drains;
+- *in flight*: how many micro-batches' activations a rank holds at its peak (the first stage the
+  most under 1F1B).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from contract.parallel_config import PipelineConfig, PipelineSchedule
+
+
+def balanced_stage_split(
+    num_blocks: int, stages: int, *, first_extra: float, last_extra: float
+) -> tuple[int, ...]:
+    """Blocks per stage (each at least one) so that the slowest stage is as fast as it can be, where
+    the first stage also does `first_extra` and the last `last_extra` blocks' worth of work (the
+    embeddings; the final norm, head and loss). Stages alike get counts that differ by at most one,
+    the extra blocks going to the middle."""
+    if stages > num_blocks:
+        raise ValueError(f"{stages} stages need at least {stages} blocks, the model has {num_blocks}")
+    if stages == 1:
+        return (num_blocks,)
+
+    def extra(s: int) -> float:
+        return (first_extra if s == 0 else 0.0) + (last_extra if s == stages - 1 else 0.0)
+
+    def counts(limit: float) -> tuple[int, ...] | None:
+        # The most blocks each stage can take under `limit`; feasible when they hold every block.
+        caps = [math.floor(limit - extra(s)) for s in range(stages)]
+        if min(caps) < 1 or sum(caps) < num_blocks:
+            return None
+        split = [1] * stages
+        remaining = num_blocks - stages
+        # Fill the stages evenly, never above their caps: one block at a time to the least loaded.
+        while remaining:
+            s = min(
+                (s for s in range(stages) if split[s] < caps[s]),
+                key=lambda s: (split[s] + extra(s), abs(s - (stages - 1) / 2)),
+            )
+            split[s] += 1
+            remaining -= 1
+        return tuple(split)
+
+    low = (num_blocks + first_extra + last_extra) / stages
+    limit = math.ceil(low)
+    while (split := counts(limit)) is None:
+        limit += 1
+    return split
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkTimes:
+    """Seconds of one micro-batch through one stage (a chunk) on the busiest rank."""
+
+    forward: float
+    input_grad: float
+    """Backward's gradient w.r.t. the stage's input (with any recompute): on the critical path."""
+    weight_grad: float
+    """Backward's gradient w.r.t. the weights: zero-bubble schedules run it later, in the bubbles."""
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.input_grad + self.weight_grad
+
+
+def bubble_seconds(schedule: PipelineSchedule, *, pp: int, chunk: ChunkTimes) -> float:
+    """The time the busiest rank waits per step while the pipeline fills and drains.
+
+    1F1B and interleaved 1F1B wait pp - 1 chunks of forward and backward (a chunk is a stage's
+    share: the rank's work divided by its stages, which is how interleaving cuts the bubble);
+    zero-bubble V schedules fill the waits with weight gradients, leaving pp - 1 times what forward
+    and the input gradient take beyond two weight gradients (Qi et al., 2024: ZB-V's bubble is
+    ZB-H2's, (p - 1)(T_F + T_B - 2 T_W), at 1F1B's memory).
+    """
+    if pp <= 1:
+        return 0.0
+    if schedule == "ZBVZeroBubble":
+        return (pp - 1) * max(chunk.forward + chunk.input_grad - 2.0 * chunk.weight_grad, 0.0)
+    return (pp - 1) * chunk.total
+
+
+def bubble_fraction(pipeline: PipelineConfig, *, pp: int, micro_batches: int, chunk: ChunkTimes) -> float:
+    """The bubble over the busiest rank's compute per step (`micro_batches` x its stages' chunks)."""
+    work = micro_batches * pipeline.stages_per_rank * chunk.total
+    return bubble_seconds(pipeline.schedule, pp=pp, chunk=chunk) / work if work else 0.0
+
+
+def in_flight_chunks(pipeline: PipelineConfig, *, pp: int, rank: int, micro_batches: int) -> int:
+    """Chunks (a micro-batch through one stage) whose activations pipeline rank `rank` holds at its
+    peak: the forwards the schedule runs before that rank's first backward, plus the one whose
+    backward it is.
+
+    1F1B: rank r warms up with pp - 1 - r forwards (the first stage holds pp micro-batches);
+    interleaved 1F1B (torch's schedule): (v - 1) x pp + 2 (pp - 1 - r) forwards of its v stages;
+    ZBV: every rank about 2 pp - 1 chunks of its two stages (the V balances memory across ranks:
+    ZB-V keeps 1F1B's first-stage activation memory, pp micro-batches of a whole rank's work).
+    """
+    v = pipeline.stages_per_rank
+    if pipeline.schedule == "1F1B":
+        held = pp - rank
+    elif pipeline.schedule == "Interleaved1F1B":
+        held = (v - 1) * pp + 2 * (pp - 1 - rank) + 1
+    else:
+        held = 2 * pp - 1
+    return max(1, min(held, micro_batches * v))
