@@ -108,8 +108,8 @@ class Mesh:
 
     @property
     def model_parallel(self) -> int:
-        """Ranks that share one data-parallel rank's sequences (cp x tp)."""
-        return self.cp * self.tp
+        """Ranks that share one data-parallel rank's sequences (pp x cp x tp)."""
+        return self.pp * self.cp * self.tp
 
     @property
     def stage_ranks(self) -> int:

@@ -12,7 +12,11 @@ import itertools
 from collections.abc import Iterator
 
 from contract.mesh import Mesh
+from contract.parallel_config import PipelineConfig
+from planner.cost.estimate import block_step_time
 from planner.cost.memory import loss_chunks_for
+from planner.cost.model_costs import UnitCost
+from planner.cost.pipeline import balanced_stage_split
 from planner.cost.setting import Choice, Setting
 from planner.errors import PlanningError
 from planner.specs import PlanRequest
@@ -145,30 +149,99 @@ def context_parallel_degrees(request: PlanRequest) -> list[int]:
     return sorted(set(pinned))
 
 
-def splitting_meshes(request: PlanRequest) -> list[tuple[int, int]]:
-    """(tp, cp) of the searched degrees whose data-parallel ranks (world / (tp x cp)) split the global
-    batch evenly and whose sequence splits into 2 x cp x tp pieces (a pin the model cannot take counts
-    as 1 here: planning names that error)."""
-    try:
-        tensor = tensor_parallel_degrees(request)
-    except PlanningError:
-        tensor = [1]
-    try:
-        context = context_parallel_degrees(request)
-    except PlanningError:
-        context = [1]
+MAX_PIPELINE_PARALLEL = 16
+"""The largest pipeline-parallel degree searched unpinned (torchtitan's 405B runs use 8 and 16)."""
+INTERLEAVED_STAGES_PER_RANK = (2, 4)
+"""Stages per rank the search tries for interleaved 1F1B (more cut the bubble further but add
+sends and activations in flight)."""
+
+
+def _pipelined_blocks(request: PlanRequest) -> int | None:
+    """The blocks a pipeline splits into stages (None: the runtime cannot split this model)."""
+    if request.model.architecture == "layer_graph":
+        return None
+    return request.model.num_layers
+
+
+def pipeline_parallel_degrees(request: PlanRequest) -> list[int]:
+    """The pipeline-parallel degrees to search: the request's pins, else (clusters of several nodes,
+    the runtime's own models) every power of two up to MAX_PIPELINE_PARALLEL that divides the nodes,
+    so that each stage is whole nodes and only the stages' sends cross between them.
+
+    Raises PlanningError for a pinned degree the model or cluster cannot take, saying why.
+    """
+    pinned = request.search.pipeline_parallel_degrees
+    blocks = _pipelined_blocks(request)
+    nodes, world = request.cluster.num_nodes, request.cluster.world_size
+    if pinned is None:
+        if blocks is None or nodes == 1:
+            return [1]
+        limit = min(MAX_PIPELINE_PARALLEL, nodes, blocks)
+        return [pp for pp in (2**i for i in range(0, 5)) if pp <= limit and nodes % pp == 0]
+    field = "search.pipeline_parallel_degrees"
+    for pp in pinned:
+        if pp == 1:
+            continue
+        problem = None
+        if blocks is None:
+            problem = ("a traced layer graph has no runtime model to split into stages; plan the "
+                       "llama or gpt2 architecture, or pin [1]")
+        elif pp > blocks:
+            problem = f"{pp} stages need at least {pp} blocks, the model has {blocks}; pick a smaller degree"
+        elif world % pp:
+            problem = f"{pp} stages do not divide the cluster's {world} GPUs evenly; pick a divisor of it"
+        if problem:
+            raise PlanningError(f"{field}: pp={pp}: {problem}", field=field)
+    return sorted(set(pinned))
+
+
+def splitting_meshes(request: PlanRequest) -> list[tuple[int, int, int]]:
+    """(pp, tp, cp) of the searched degrees whose data-parallel ranks (world / (pp x tp x cp)) split
+    the global batch evenly, whose sequence splits into 2 x cp x tp pieces, and whose per-rank batch
+    fills the pipeline (at least pp sequences); a pin the model cannot take counts as 1 here:
+    planning names that error."""
+    degrees = []
+    for axis in (pipeline_parallel_degrees, tensor_parallel_degrees, context_parallel_degrees):
+        try:
+            degrees.append(axis(request))
+        except PlanningError:
+            degrees.append([1])
     world, sequences = request.cluster.world_size, request.training.global_batch_sequences
     seq_len = request.training.seq_len
-    return [
-        (tp, cp) for tp in tensor for cp in context
-        if world % (tp * cp) == 0 and sequences % (world // (tp * cp)) == 0
-        and (cp == 1 or seq_len % (2 * cp * tp) == 0)
-    ]
+    meshes = []
+    for pp, tp, cp in itertools.product(*degrees):
+        ranks = pp * tp * cp
+        if world % ranks or sequences % (world // ranks):
+            continue
+        if (cp == 1 or seq_len % (2 * cp * tp) == 0) and sequences // (world // ranks) >= pp:
+            meshes.append((pp, tp, cp))
+    return meshes
 
 
 def splitting_degrees(request: PlanRequest) -> list[int]:
-    """The searched tensor-parallel degrees that split the batch with some context-parallel degree."""
-    return sorted({tp for tp, _ in splitting_meshes(request)})
+    """The searched tensor-parallel degrees that split the batch with some pp and cp degree."""
+    return sorted({tp for _, tp, _ in splitting_meshes(request)})
+
+
+def pipeline_configs(
+    request: PlanRequest, stage_costs: tuple[float, float], *, pp: int, micro_batches: int
+) -> list[PipelineConfig]:
+    """The schedules and stage splits searched for `pp` stages running `micro_batches` micro-batches:
+    each allowed schedule (interleaved 1F1B with each of INTERLEAVED_STAGES_PER_RANK), where the
+    model has a block per stage and the schedule can run that many micro-batches, the blocks split
+    so the stages take equal time (`stage_costs`: the embeddings' and the head's time, in blocks)."""
+    blocks = _pipelined_blocks(request)
+    assert blocks is not None
+    first_extra, last_extra = stage_costs
+    configs = []
+    for schedule in request.search.pipeline_schedules:
+        per_rank = {"1F1B": (1,), "ZBVZeroBubble": (2,)}.get(schedule, INTERLEAVED_STAGES_PER_RANK)
+        for v in per_rank:
+            if pp * v > blocks or (v > 1 and micro_batches % pp):
+                continue
+            split = balanced_stage_split(blocks, pp * v, first_extra=first_extra, last_extra=last_extra)
+            configs.append(PipelineConfig(schedule=schedule, stages_per_rank=v, stage_blocks=split))
+    return configs
 
 
 def check_mesh(request: PlanRequest, sharding: str, mesh: Mesh) -> None:
@@ -195,20 +268,22 @@ def check_mesh(request: PlanRequest, sharding: str, mesh: Mesh) -> None:
         raise PlanningError(f"config.mesh: {problem}", field="config")
 
 
-def data_parallel_meshes(request: PlanRequest, tp: int, cp: int = 1) -> Iterator[tuple[str, Mesh]]:
-    """(sharding, mesh) for every allowed sharding of the dp = world / (tp x cp) data-parallel ranks
-    (FSDP shards over dp_shard x cp: the cp ranks hold the same parameters)."""
-    dp = request.cluster.world_size // (tp * cp)
+def data_parallel_meshes(
+    request: PlanRequest, tp: int, cp: int = 1, pp: int = 1
+) -> Iterator[tuple[str, Mesh]]:
+    """(sharding, mesh) for every allowed sharding of the dp = world / (pp x tp x cp) data-parallel
+    ranks (FSDP shards over dp_shard x cp: the cp ranks hold the same parameters)."""
+    dp = request.cluster.world_size // (pp * tp * cp)
     for sharding in request.search.shardings:
         if dp * cp == 1 and sharding != "no_shard":
             continue  # one rank per model replica has nothing to shard over
         if sharding == "hybrid_shard":
             for s in hybrid_shard_sizes(dp, request.cluster.gpus_per_node, tp=tp * cp):
-                yield sharding, Mesh(dp_replicate=dp // s, dp_shard=s, cp=cp, tp=tp)
+                yield sharding, Mesh(pp=pp, dp_replicate=dp // s, dp_shard=s, cp=cp, tp=tp)
         elif sharding == "no_shard":
-            yield sharding, Mesh(dp_replicate=dp, cp=cp, tp=tp)
+            yield sharding, Mesh(pp=pp, dp_replicate=dp, cp=cp, tp=tp)
         else:
-            yield sharding, Mesh(dp_shard=dp, cp=cp, tp=tp)
+            yield sharding, Mesh(pp=pp, dp_shard=dp, cp=cp, tp=tp)
 
 
 def float8_recipes(request: PlanRequest) -> list[str]:
@@ -272,16 +347,26 @@ def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice
     if search.async_tp:
         check_async_tp(request, field="search.async_tp")
     context_parallel_degrees(request)  # a cp pin the model cannot take is refused here, with why
-    for tp, cp in splitting_meshes(request):
-        dp = request.cluster.world_size // (tp * cp)
+    pipeline_parallel_degrees(request)  # and a pp pin
+    stage_costs = _stage_costs(setting)
+    for pp, tp, cp in splitting_meshes(request):
+        dp = request.cluster.world_size // (pp * tp * cp)
         local_batch = request.training.global_batch_sequences // dp
         micro_batches = micro_batch_sizes(local_batch, search.max_micro_batch_size)
+        pipelines: dict[int, list[PipelineConfig | None]] = {mb: [None] for mb in micro_batches}
+        if pp > 1:
+            # The schedule's micro-batches are the accumulation steps: at least one per stage.
+            pipelines = {
+                mb: configs for mb in micro_batches
+                if (configs := pipeline_configs(request, stage_costs, pp=pp, micro_batches=local_batch // mb))
+            }
+            micro_batches = list(pipelines)
         vocab_share = setting.model.vocab_size // tp
         chunks = {
             mb: loss_chunks_for(mb * setting.seq_len // cp, vocab_share, setting.act_bytes)
             for mb in micro_batches
         }
-        for sharding, mesh in data_parallel_meshes(request, tp, cp):
+        for sharding, mesh in data_parallel_meshes(request, tp, cp, pp):
             gathers = sharding != "no_shard" and mesh.dp > 1
             for compile_ in search.compile:
                 caps = [(a, r) for a in BUCKET_CAPS_MB for r in BUCKET_CAPS_MB] if compile_ else [(0.0, 0.0)]
@@ -291,18 +376,38 @@ def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice
                     for ag_cap, rs_cap in caps:
                         for mode, every_k in checkpointing:
                             for mb, recipe in itertools.product(micro_batches, recipes):
-                                yield Choice(
-                                    sharding=sharding,
-                                    mesh=mesh,
-                                    blocks_per_unit=unit,
-                                    all_gather_bucket_mb=ag_cap,
-                                    reduce_scatter_bucket_mb=rs_cap,
-                                    checkpointing=mode,
-                                    every_k=every_k,
-                                    micro_batch_size=mb,
-                                    grad_accum_steps=local_batch // mb,
-                                    compile=compile_,
-                                    loss_chunks=chunks[mb],
-                                    float8=recipe,
-                                    async_tp=search.async_tp and compile_ and tp > 1,
-                                )
+                                for pipeline in pipelines[mb]:
+                                    yield Choice(
+                                        sharding=sharding,
+                                        mesh=mesh,
+                                        blocks_per_unit=unit,
+                                        all_gather_bucket_mb=ag_cap,
+                                        reduce_scatter_bucket_mb=rs_cap,
+                                        checkpointing=mode,
+                                        every_k=every_k,
+                                        micro_batch_size=mb,
+                                        grad_accum_steps=local_batch // mb,
+                                        compile=compile_,
+                                        loss_chunks=chunks[mb],
+                                        float8=recipe,
+                                        async_tp=search.async_tp and compile_ and tp > 1,
+                                        pipeline=pipeline,
+                                    )
+
+
+def _stage_costs(setting: Setting) -> tuple[float, float]:
+    """The embeddings' and the head's (with the loss) training time, in blocks: what the first and
+    the last pipeline stage do besides their blocks."""
+    m = setting.model
+    tokens = setting.seq_len
+
+    def step(unit: UnitCost) -> float:
+        return block_step_time(
+            setting.params, unit, tokens=tokens, act_bytes=setting.act_bytes, checkpointing="none",
+            compile_=True,
+        )
+
+    block = step(m.blocks[0]) if m.blocks else 0.0
+    if not block:
+        return 0.0, 0.0
+    return step(m.embedding) / block, step(m.head) / block

@@ -181,16 +181,12 @@ def cost_components(e: Evaluated, estimator: Estimator) -> dict[str, float]:
         "framework overhead": t.overhead_s,
         "exposed all-gather": t.exposed_all_gather_s,
         f"exposed {reduce_name}": t.exposed_reduce_s,
-        f"{_model_parallel_label(e.choice)} per-layer collectives": t.tensor_parallel_s,
+        f"{e.choice.tp_family} per-layer collectives": t.tensor_parallel_s,
+        "pipeline bubble": t.pipeline_bubble_s,
+        "pipeline sends": t.pipeline_p2p_s,
     }
     share = e.choice.mesh.model_parallel / e.choice.sequences_per_step
     return {name: s * share for name, s in seconds.items()}
-
-
-def _model_parallel_label(choice: Choice) -> str:
-    """`tp=2`, or `cp=2 tp=2` where the sequence is split too."""
-    mesh = choice.mesh
-    return (f"cp={mesh.cp} " if mesh.cp > 1 else "") + f"tp={mesh.tp}"
 
 
 def excess_costs(loser: Evaluated, best: Evaluated, estimator: Estimator) -> dict[str, float]:

@@ -19,7 +19,7 @@ from contract.parallel_config import ParallelConfig
 from planner.calibration import CalibrationProfile
 from planner.cost.estimate import Estimator
 from planner.cost.memory import MemoryEstimate, fits_in_memory, memory_limit_gib
-from planner.cost.parameters import CostParameters
+from planner.cost.parameters import GIB, CostParameters
 from planner.cost.setting import Choice, Setting
 from planner.document import choice_from_config, mfu, plan_document
 from planner.enumeration import (
@@ -67,13 +67,14 @@ def make_plan(
     memo: dict[tuple, Evaluated] = {}
     # Families are enumerated whole, then timed in order of their floors (see _beaten).
     for family in _families(enumerate_choices(request, setting)):
+        family = _within_reach(family, estimator, limit)
         fitting: list[tuple[Choice, MemoryEstimate]] = []
         repeats: list[tuple[Choice, tuple]] = []
         for choice in family:
             if deadline is not None and process_time() > deadline:
                 raise _over_deadline(request, time_limit_s or 0.0, count)
             count += 1
-            key = (choice.priced_key, estimator.layout(choice).signature)
+            key = (choice.priced_key, estimator.layout_signature(choice))
             if key in memo:
                 repeats.append((choice, key))
                 continue
@@ -101,7 +102,7 @@ def make_plan(
                 entry = Evaluated.priced(setting, choice, mem, estimator.timing(choice))
                 family_best = max(family_best, entry.tokens_per_s_per_gpu)
                 board.add(entry.tokens_per_s_per_gpu, entry.memory.total)
-            memo[(choice.priced_key, estimator.layout(choice).signature)] = entry
+            memo[(choice.priced_key, estimator.layout_signature(choice))] = entry
             evaluated.append(entry)
         # Choices that price exactly as one already priced (bucket caps that change nothing).
         evaluated += [replace(memo[key], choice=choice) for choice, key in repeats]
@@ -159,6 +160,18 @@ class _Leaderboard:
     def dominated(self, ceiling_tps: float, memory_bytes: float) -> bool:
         """Whether a timed configuration is faster than `ceiling_tps` in no more memory."""
         return any(t > ceiling_tps and m <= memory_bytes for t, m in self._front)
+
+
+def _within_reach(family: list[Choice], estimator: Estimator, limit_gib: float) -> list[Choice]:
+    """The family's choices worth pricing one by one: all of them, unless the parameters and
+    optimizer states alone (which no checkpointing, micro-batch or bucket changes) outgrow the
+    memory limit; then only those with its smallest micro-batch, so that what the family needs at
+    least is still reported (planner/ranking.py) while the hopeless rest is not priced."""
+    first = estimator.moments(family[0])[0]
+    if (first.params + first.optimizer) / GIB <= limit_gib:
+        return family
+    smallest = min(c.micro_batch_size for c in family)
+    return [c for c in family if c.micro_batch_size == smallest]
 
 
 def _families(choices: Iterator[Choice]) -> Iterator[list[Choice]]:

@@ -18,8 +18,15 @@ from planner.cost.memory import (
     memory_moments,
     saved_activations,
 )
-from planner.cost.model_costs import UnitCost, context_parallel_share, float8_share, tensor_parallel_share
+from planner.cost.model_costs import (
+    UnitCost,
+    context_parallel_share,
+    float8_share,
+    pipeline_rank_share,
+    tensor_parallel_share,
+)
 from planner.cost.parameters import FLOAT8_CAST_BYTES_PER_ELEMENT, CostParameters
+from planner.cost.pipeline import ChunkTimes, bubble_seconds, in_flight_chunks
 from planner.cost.repeats import Run, periodic_runs
 from planner.cost.setting import Choice, Setting
 from planner.cost.timeline import GroupTimes, RepeatedGroups, TimelineResult, simulate
@@ -88,10 +95,15 @@ class TimeEstimate:
     tensor_parallel_s: float = 0.0
     """Tensor-parallel collectives per step: on the compute stream's path, so all exposed (in
     `comm_s`, not in `compute_s`)."""
+    pipeline_bubble_s: float = 0.0
+    """Time the busiest pipeline rank waits per step while the schedule fills and drains."""
+    pipeline_p2p_s: float = 0.0
+    """The pipeline's point-to-point sends per step on the critical path (in `comm_s` too)."""
 
     @property
     def exposed_comm_s(self) -> float:
-        return self.exposed_all_gather_s + self.exposed_reduce_s + self.tensor_parallel_s
+        collectives = self.exposed_all_gather_s + self.exposed_reduce_s + self.tensor_parallel_s
+        return collectives + self.pipeline_p2p_s
 
 
 # ---------------------------------------------------------------- time
@@ -244,7 +256,8 @@ class PricedStep:
     last: RepeatedGroups
     """Every group's times in the last micro-batch."""
     middle: RepeatedGroups
-    """The same in the earlier micro-batches (eager no_shard syncs only in the last)."""
+    """The same in the earlier micro-batches (eager no_shard syncs only in the last, and so does
+    eager FSDP2 under a pipeline)."""
     tensor_parallel_s: float
     """Tensor-parallel collectives per micro-batch (inside the groups' compute)."""
     optimizer_s: float
@@ -312,6 +325,13 @@ def _price(setting: Setting, choice: Choice, layout: CommLayout, repeats: Repeat
                         rails=replica_rails,
                     )
             sync_every_micro_batch = reduce
+            if choice.fsdp2_pipeline:
+                # Torch's pipeline stages keep FSDP2's parameters gathered after a backward and
+                # reduce once, after the last: the earlier micro-batches gather only what forward
+                # resharded, for their backward.
+                ag_bwd = ag if choice.reshards_after_forward else 0.0
+                middle = GroupTimes(fwd, bwd, 0.0, ag_bwd, 0.0)
+                return GroupTimes(fwd, bwd, ag, ag_bwd, reduce), middle, tp_s
         else:
             for params, launches, count in shape.reduces:
                 reduce += count * _collective(
@@ -391,6 +411,50 @@ def _micro_batch_compute(setting: Setting, choice: Choice) -> float:
     return sum(f + b for f, b, _ in (unit_times(i, u) for i, u in indexed))
 
 
+def chunk_times(setting: Setting, choice: Choice, busy_per_micro_batch_s: float) -> ChunkTimes:
+    """One micro-batch through one of a pipeline rank's stages, split as zero-bubble schedules run
+    it: forward, the input gradient (with recompute) and the weight gradient (the GEMMs of the
+    weights' gradients: as many FLOPs as forward's), scaled to the rank's busy time per micro-batch
+    (its collectives' exposure included)."""
+    m = setting.model
+    unit_times = _UnitTimes(setting, choice)
+    tokens = choice.micro_batch_size * setting.seq_len
+    forward = backward = weight = 0.0
+    for index, u in [(-1, m.embedding), *enumerate(m.blocks), (-1, m.head)]:
+        f, b, _ = unit_times(index, u)
+        forward += f
+        backward += b
+        p = setting.params
+        weight += _forward_time(p, setting.act_bytes, u, tokens, choice.compile, choice.float8).matmul
+    total = forward + backward
+    assert choice.pipeline is not None
+    scale = busy_per_micro_batch_s / choice.pipeline.stages_per_rank / total if total else 0.0
+    return ChunkTimes(forward * scale, (backward - weight) * scale, weight * scale)
+
+
+def point_to_point_seconds(setting: Setting, choice: Choice) -> float:
+    """One send of a micro-batch's activations (or their gradients) between neighbouring stages:
+    each rank sends its own share (1/tp of the sequence under sequence parallelism, 1/cp under
+    context parallelism) over the link between the stages' nodes."""
+    p, mesh = setting.params, choice.mesh
+    hidden = setting.model.head.input_elems  # the hidden size: what a block hands the next
+    nbytes = choice.micro_batch_size * setting.seq_len * hidden * setting.act_bytes / mesh.tp
+    link = p.links[mesh.pipeline_link(setting.gpus_per_node)]
+    return link.latency(2) + nbytes / link.bandwidth
+
+
+def pipeline_exposed_p2p(chunk: ChunkTimes, send_s: float, choice: Choice) -> float:
+    """The sends on the critical path per step: one per hop while the pipeline fills and one per
+    hop while it drains (pp - 1 hops each, per virtual stage), and in the steady state whatever a
+    send takes beyond the chunk's compute it overlaps (the next forward or backward)."""
+    assert choice.pipeline is not None
+    pp, v, m = choice.mesh.pp, choice.pipeline.stages_per_rank, choice.grad_accum_steps
+    fill_drain = 2 * (pp - 1) * v * send_s
+    backward = chunk.input_grad + chunk.weight_grad
+    steady = m * v * (max(0.0, send_s - chunk.forward) + max(0.0, send_s - backward))
+    return fill_drain + steady
+
+
 def _outside_the_timeline(setting: Setting, choice: Choice) -> tuple[float, float]:
     """(optimizer step, framework overhead) seconds per step: around the micro-batches' timeline."""
     p = setting.params
@@ -409,7 +473,8 @@ def _outside_the_timeline(setting: Setting, choice: Choice) -> tuple[float, floa
 def _timing(priced: PricedStep, choice: Choice, contention: float, *, record: bool) -> TimeEstimate:
     """Step time from the two-stream timeline of one micro-batch, times accumulation."""
     final = simulate(priced.last, prefetch_depth=choice.prefetch_depth, contention=contention, record=record)
-    if choice.grad_accum_steps > 1 and choice.sharding == "no_shard" and not choice.simple_fsdp:
+    eager_no_shard = choice.sharding == "no_shard" and not choice.simple_fsdp
+    if choice.grad_accum_steps > 1 and (eager_no_shard or choice.fsdp2_pipeline):
         inner = simulate(priced.middle, prefetch_depth=choice.prefetch_depth, contention=contention)
     else:
         inner = final
@@ -442,6 +507,35 @@ class Estimator:
         self._saved: dict[tuple, SavedActivations] = {}
         self._repeats: dict[tuple, RepeatedLayout] = {}
         self._compute: dict[tuple, float] = {}
+        self._stages: dict[tuple, Estimator] = {}
+        self._pipelines: dict[tuple, tuple[PipelineRank, ...]] = {}
+
+    def pipeline_ranks(self, choice: Choice) -> tuple[PipelineRank, ...]:
+        """The pipeline's ranks that can peak or be the slowest, each priced as a model of its own
+        (its stages' blocks, the embeddings where the first stage is, the head where the last is):
+        of the ranks with the same stages' shape, the one holding the most activations."""
+        pipeline, pp = choice.pipeline, choice.mesh.pp
+        assert pipeline is not None
+        key = (pp, pipeline)
+        if key not in self._pipelines:
+            starts, last_stage = pipeline.first_blocks(), pipeline.num_stages - 1
+            ranks: dict[tuple, PipelineRank] = {}
+            for rank in range(pp):
+                stages = pipeline.stages_of(rank, pp)
+                blocks = tuple(
+                    i for s in stages for i in range(starts[s], starts[s] + pipeline.stage_blocks[s])
+                )
+                first, last = 0 in stages, last_stage in stages
+                shape = (tuple(id(self.setting.model.blocks[i]) for i in blocks), first, last)
+                if shape not in self._stages:
+                    model = pipeline_rank_share(self.setting.model, blocks, first=first, last=last)
+                    self._stages[shape] = Estimator(replace(self.setting, model=model))
+                chunks = in_flight_chunks(pipeline, pp=pp, rank=rank, micro_batches=choice.grad_accum_steps)
+                held = chunks / pipeline.stages_per_rank
+                if shape not in ranks or held > ranks[shape].in_flight:
+                    ranks[shape] = PipelineRank(rank, self._stages[shape], held)
+            self._pipelines[key] = tuple(ranks.values())
+        return self._pipelines[key]
 
     def setting_for(self, choice: Choice) -> Setting:
         """The setting as one rank of the choice's tensor- and context-parallel groups sees it: its
@@ -460,14 +554,28 @@ class Estimator:
         return self._layouts[key]
 
     def moments(self, choice: Choice) -> tuple[MemoryEstimate, ...]:
-        """Memory at the step's candidate peaks (planner/cost/memory.py)."""
+        """Memory at the step's candidate peaks (planner/cost/memory.py); a pipeline's on the rank
+        whose peak is the largest."""
+        if choice.pipeline is not None:
+            return max(
+                (
+                    r.estimator.rank_moments(choice, in_flight=r.in_flight)
+                    for r in self.pipeline_ranks(choice)
+                ),
+                key=lambda moments: max(m.total for m in moments),
+            )
+        return self.rank_moments(choice)
+
+    def rank_moments(self, choice: Choice, *, in_flight: float = 1.0) -> tuple[MemoryEstimate, ...]:
+        """The moments of this estimator's own model (a pipeline rank's: holding `in_flight`
+        micro-batches' activations)."""
         setting = self.setting_for(choice)
         key = choice.activations_key
         if key not in self._saved:
             self._saved[key] = saved_activations(
                 setting, choice.checkpointing, choice.every_k, choice.compile, choice.engine
             )
-        return memory_moments(setting, choice, self.layout(choice), self._saved[key])
+        return memory_moments(setting, choice, self.layout(choice), self._saved[key], in_flight=in_flight)
 
     def memory(self, choice: Choice) -> MemoryEstimate:
         """The step's peak: the larger of its moments."""
@@ -487,6 +595,13 @@ class Estimator:
         """A lower bound on the choice's step time without pricing its collectives (`PricedStep.floor_s`
         from the compute alone, shared by every sharding of the same tp, micro-batch, checkpointing
         and compile)."""
+        if choice.pipeline is not None:
+            # The slowest rank's own work: the bubble and the sends only add to it.
+            return max(r.estimator.rank_floor_s(choice) for r in self.pipeline_ranks(choice))
+        return self.rank_floor_s(choice)
+
+    def rank_floor_s(self, choice: Choice) -> float:
+        """`floor_s` of this estimator's own model (a pipeline rank's)."""
         key = choice.compute_key
         if key not in self._compute:
             self._compute[key] = _micro_batch_compute(self.setting_for(choice), choice)
@@ -497,6 +612,12 @@ class Estimator:
         """(recomputation, unfused eager kernels) seconds per step inside `TimeEstimate.compute_s`:
         the forward work re-run in backward, and what forward and backward take eager beyond the
         same kernels compiled (0 when compiled). What a loser's reason compares (planner/ranking.py)."""
+        if choice.pipeline is not None:
+            return self._slowest_rank(choice).estimator.rank_compute_parts(choice)
+        return self.rank_compute_parts(choice)
+
+    def rank_compute_parts(self, choice: Choice) -> tuple[float, float]:
+        """`compute_parts` of this estimator's own model (a pipeline rank's)."""
         setting = self.setting_for(choice)
         p, m = setting.params, setting.model
         tokens = choice.micro_batch_size * setting.seq_len
@@ -518,9 +639,59 @@ class Estimator:
         """The choice's groups priced, ready for the timeline (and a floor on its step time)."""
         return _price(self.setting_for(choice), choice, self.layout(choice), self.repeats(choice))
 
+    def layout_signature(self, choice: Choice) -> tuple:
+        """What the choice's collective layouts look like (every pipeline rank's): choices equal in
+        this and in their `priced_key` price the same."""
+        if choice.pipeline is not None:
+            return tuple(r.estimator.layout(choice).signature for r in self.pipeline_ranks(choice))
+        return self.layout(choice).signature
+
+    def _slowest_rank(self, choice: Choice) -> PipelineRank:
+        return max(self.pipeline_ranks(choice), key=lambda r: r.estimator.rank_floor_s(choice))
+
     def timing(
         self, choice: Choice, *, record: bool = False, priced: PricedStep | None = None
     ) -> TimeEstimate:
-        """The step's time on the two-stream timeline (`priced`: this choice's `price`, if known)."""
+        """The step's time on the two-stream timeline (`priced`: this choice's `price`, if known).
+
+        A pipeline's step is its slowest rank's: that rank's micro-batches, each through its
+        stages, priced as a model of their own; the schedule's bubble; and the sends on the
+        critical path."""
+        if choice.pipeline is not None:
+            return self._pipeline_timing(choice, record=record)
         priced = priced or self.price(choice)
         return _timing(priced, choice, self.setting.params.overlap_contention, record=record)
+
+    def _pipeline_timing(self, choice: Choice, *, record: bool) -> TimeEstimate:
+        assert choice.pipeline is not None
+        contention = self.setting.params.overlap_contention
+        busiest: tuple[TimeEstimate, Estimator] | None = None
+        for r in self.pipeline_ranks(choice):
+            time = _timing(r.estimator.price(choice), choice, contention, record=record)
+            if busiest is None or time.step_time_s > busiest[0].step_time_s:
+                busiest = (time, r.estimator)
+        assert busiest is not None
+        time, estimator = busiest
+        setting = estimator.setting_for(choice)
+        busy = (time.step_time_s - time.optimizer_s - time.overhead_s) / choice.grad_accum_steps
+        chunk = chunk_times(setting, choice, busy)
+        bubble = bubble_seconds(choice.pipeline.schedule, pp=choice.mesh.pp, chunk=chunk)
+        p2p = pipeline_exposed_p2p(chunk, point_to_point_seconds(setting, choice), choice)
+        return replace(
+            time,
+            step_time_s=time.step_time_s + bubble + p2p,
+            comm_s=time.comm_s + p2p,
+            pipeline_bubble_s=bubble,
+            pipeline_p2p_s=p2p,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineRank:
+    """A pipeline rank the cost model prices: its stages as a model of their own."""
+
+    rank: int
+    estimator: Estimator
+    """Prices the rank's stages (their blocks, with the embeddings or the head where they are)."""
+    in_flight: float
+    """Micro-batches' activations the rank holds at its peak (chunks in flight / its stages)."""

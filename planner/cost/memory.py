@@ -274,10 +274,21 @@ def _unsharded_params(
 
 
 def memory_moments(
-    setting: Setting, choice: Choice, layout: CommLayout, activations: SavedActivations
+    setting: Setting,
+    choice: Choice,
+    layout: CommLayout,
+    activations: SavedActivations,
+    *,
+    in_flight: float = 1.0,
 ) -> tuple[MemoryEstimate, ...]:
     """The step's candidate peaks: backward start, backward recompute (with checkpointing), and the
-    optimizer step."""
+    optimizer step.
+
+    `in_flight` is how many micro-batches' saved activations the rank holds at once: 1 without a
+    pipeline; a pipeline rank holds the forwards its schedule runs ahead of their backwards
+    (planner/cost/pipeline.py `in_flight_chunks`, over its stages). Under eager FSDP2 a pipeline
+    rank also keeps its stages' parameters gathered and their gradients unsharded, in the reduce
+    dtype, from the first backward until the step's one reduce-scatter (`Choice.fsdp2_pipeline`)."""
     p = setting.params
     n_params = setting.model.rank_params  # this rank's tensor-parallel share
     shard = choice.mesh.dp_shard * choice.mesh.cp  # FSDP shards over dp_shard x cp
@@ -292,9 +303,15 @@ def memory_moments(
     grad_buffer_bytes = (pb + choice.reduce_bytes) if pb < choice.reduce_bytes else pb
     activation_bytes = choice.micro_batch_size * setting.seq_len * setting.act_bytes
     activation_bytes *= p.compiled_activation_memory_scale if choice.compile else p.activation_memory_scale
-    saved = activations.saved * activation_bytes
+    saved = activations.saved * activation_bytes * in_flight
     unsharded = _unsharded_params(setting, choice, layout, layout.group_gather_bytes)
+    block_unsharded = _unsharded_params(setting, choice, layout, layout.block_group_gather_bytes)
     earlier_grads = grads if choice.grad_accum_steps > 1 else 0.0
+    if choice.fsdp2_pipeline:
+        # Gathered after the first backward and never resharded; gradients accumulate unsharded
+        # (counted whole as buffers) and only the step's last backward reduces them.
+        unsharded = block_unsharded = layout.model_gather_bytes
+        earlier_grads = choice.reduce_bytes * n_params
 
     def in_step(
         moment: str,
@@ -344,9 +361,9 @@ def memory_moments(
         moments.append(
             in_step(
                 "backward recompute",
-                grads_alive=grads,
+                grads_alive=max(grads, earlier_grads),
                 activations_alive=saved + activations.recompute * activation_bytes,
-                gathered=_unsharded_params(setting, choice, layout, layout.block_group_gather_bytes),
+                gathered=block_unsharded,
                 grad_buffers=grad_buffer_bytes * layout.largest_block_reduce,
                 logits=0.0,
             )

@@ -134,10 +134,16 @@ class ModelCosts:
     (`context_parallel_share`): per-token costs are those of the rank's own tokens, and each block
     keeps the keys and values gathered from the other cp ranks for its backward."""
 
+    pipeline_stage: bool = False
+    """True: one pipeline rank's stages (`pipeline_rank_share`): its blocks, the embeddings only on
+    the rank holding the first stage, the head and vocabulary only on the one holding the last;
+    `share_params` is what the rank holds, `num_params` the whole model's."""
+
     @property
     def rank_params(self) -> int:
-        """Parameters one rank of the tensor-parallel group holds (all of them when tp is 1)."""
-        return self.share_params if self.tensor_parallel > 1 else self.num_params
+        """Parameters one rank holds: its tensor-parallel share of its pipeline stages (all of them
+        when tp and pp are 1)."""
+        return self.share_params if self.tensor_parallel > 1 or self.pipeline_stage else self.num_params
 
     @property
     def flops_per_token(self) -> float:
@@ -219,6 +225,36 @@ def context_parallel_share(model: ModelCosts, cp: int) -> ModelCosts:
         return shares[id(u)]
 
     return replace(model, blocks=tuple(share(b) for b in model.blocks), context_parallel=cp)
+
+
+def pipeline_rank_share(
+    model: ModelCosts, blocks: tuple[int, ...], *, first: bool, last: bool
+) -> ModelCosts:
+    """What one pipeline rank holds and computes: the blocks `blocks` (indices into the model's), the
+    embeddings when it holds the first stage, the final norm, head and loss when it holds the last
+    (else empty units and no vocabulary: no logits). Repeated blocks stay one object."""
+    embedding = model.embedding if first else _empty_unit("embedding")
+    head = model.head if last else _empty_unit("head")
+    kept = tuple(model.blocks[i] for i in blocks)
+    return replace(
+        model,
+        embedding=embedding,
+        blocks=kept,
+        head=head,
+        vocab_size=model.vocab_size if last else 0,
+        pipeline_stage=True,
+        share_params=sum(u.num_params for u in (embedding, *kept, head)),
+    )
+
+
+@functools.cache
+def _empty_unit(name: str) -> UnitCost:
+    """A unit that holds and computes nothing (the embeddings or head a pipeline rank lacks)."""
+    return UnitCost(
+        name=name, num_params=0, matmul_params=0, gemms=0, attention_flops=0.0,
+        attention_flops_convention=0.0, elementwise_elems=0.0, kernels=0, saved_elems=0.0,
+        op_saved_elems=0.0, op_recompute_matmul_params=0, input_elems=0.0, tensors=0, is_block=False,
+    )
 
 
 def eager_saved_bytes(unit: UnitCost, act_bytes: int) -> float:

@@ -10,6 +10,7 @@ import operator
 from dataclasses import dataclass, fields
 
 from contract.mesh import Mesh
+from contract.parallel_config import PipelineConfig
 from contract.training_config import Optimizer, Precision
 from planner.cost.model_costs import ModelCosts
 from planner.cost.parameters import CostParameters
@@ -47,6 +48,8 @@ class Choice:
     """The Float8 training recipe of the blocks' linears (contract/parallel_config.py `Float8Recipe`)."""
     async_tp: bool = False
     """Tensor-parallel collectives overlapped with the matmuls they feed (compiled, tp > 1)."""
+    pipeline: PipelineConfig | None = None
+    """The pipeline's schedule and stage split (mesh.pp > 1; contract/parallel_config.py)."""
 
     @property
     def family(self) -> str:
@@ -58,15 +61,23 @@ class Choice:
 
     @property
     def mesh_family(self) -> str:
-        """The family as shown by the member that stands for it: its context- and tensor-parallel
-        degrees added when above 1, e.g. `hybrid_shard/2x2 cp2 tp2 compiled` (a family spans every
-        degree)."""
-        parallel = (f" cp{self.mesh.cp}" if self.mesh.cp > 1 else "") + (
-            f" tp{self.mesh.tp}" if self.mesh.tp > 1 else "")
+        """The family as shown by the member that stands for it: its pipeline-, context- and
+        tensor-parallel degrees added when above 1, e.g. `hybrid_shard/2x2 pp2 cp2 tp2 compiled` (a
+        family spans every degree)."""
+        degrees = {axis: getattr(self.mesh, axis) for axis in ("pp", "cp", "tp")}
+        parallel = "".join(f" {axis}{degree}" for axis, degree in degrees.items() if degree > 1)
         if not parallel:
             return self.family
         shard, compiled = self.family.rsplit(" ", 1)
         return f"{shard}{parallel} {compiled}"
+
+    @property
+    def fsdp2_pipeline(self) -> bool:
+        """Whether eager FSDP2 shards a pipeline's stages: torch's pipeline stages then turn
+        gradient reduction off until the step's last micro-batch and keep parameters gathered after
+        each backward (one reduce-scatter per step, the stage's unsharded parameters and fp32
+        gradients held), where SimpleFSDP gathers and reduces in every micro-batch's graphs."""
+        return self.pipeline is not None and not self.simple_fsdp and self.sharding != "no_shard"
 
     @property
     def simple_fsdp(self) -> bool:
@@ -90,8 +101,11 @@ class Choice:
 
     @property
     def tp_family(self) -> str:
-        """The model-parallel family, e.g. `tp=2`, or `cp=2 tp=2` when sequences are split too."""
-        return (f"cp={self.mesh.cp} " if self.mesh.cp > 1 else "") + f"tp={self.mesh.tp}"
+        """The model-parallel family, e.g. `tp=2`, or `pp=4 cp=2 tp=2` when the blocks or the
+        sequences are split too."""
+        split = {axis: getattr(self.mesh, axis) for axis in ("pp", "cp")}
+        outer = "".join(f"{axis}={degree} " for axis, degree in split.items() if degree > 1)
+        return f"{outer}tp={self.mesh.tp}"
 
     @property
     def sequences_per_step(self) -> int:
