@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import replace
 
 from contract.mesh import Mesh
 from contract.parallel_config import PipelineConfig
@@ -154,6 +155,11 @@ MAX_PIPELINE_PARALLEL = 16
 INTERLEAVED_STAGES_PER_RANK = (2, 4)
 """Stages per rank the search tries for interleaved 1F1B (more cut the bubble further but add
 sends and activations in flight)."""
+SCHEDULE_PREFERENCE = ("ZBVZeroBubble", "Interleaved1F1B", "1F1B")
+"""The order schedules are tried in: the search prices the first allowed one across the whole
+space, and the others as variants of each pipeline family's best (`schedule_variants`). Zero-bubble
+V comes first: it has the smallest bubble and holds no more activations than 1F1B (its weight
+gradients fill the waits), at twice 1F1B's sends."""
 
 
 def _pipelined_blocks(request: PlanRequest) -> int | None:
@@ -226,15 +232,17 @@ def splitting_degrees(request: PlanRequest) -> list[int]:
 def pipeline_configs(
     request: PlanRequest, stage_costs: tuple[float, float], *, pp: int, micro_batches: int
 ) -> list[PipelineConfig]:
-    """The schedules and stage splits searched for `pp` stages running `micro_batches` micro-batches:
-    each allowed schedule (interleaved 1F1B with each of INTERLEAVED_STAGES_PER_RANK), where the
-    model has a block per stage and the schedule can run that many micro-batches, the blocks split
-    so the stages take equal time (`stage_costs`: the embeddings' and the head's time, in blocks)."""
+    """The schedules and stage splits searched for `pp` stages running `micro_batches` micro-batches,
+    in SCHEDULE_PREFERENCE order: each allowed schedule (interleaved 1F1B with each of
+    INTERLEAVED_STAGES_PER_RANK), where the model has a block per stage and the schedule can run
+    that many micro-batches, the blocks split so the stages take equal time (`stage_costs`: the
+    embeddings' and the head's time, in blocks)."""
     blocks = _pipelined_blocks(request)
     assert blocks is not None
     first_extra, last_extra = stage_costs
     configs = []
-    for schedule in request.search.pipeline_schedules:
+    allowed = set(request.search.pipeline_schedules)
+    for schedule in (s for s in SCHEDULE_PREFERENCE if s in allowed):
         per_rank = {"1F1B": (1,), "ZBVZeroBubble": (2,)}.get(schedule, INTERLEAVED_STAGES_PER_RANK)
         for v in per_rank:
             if pp * v > blocks or (v > 1 and micro_batches % pp):
@@ -376,7 +384,7 @@ def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice
                     for ag_cap, rs_cap in caps:
                         for mode, every_k in checkpointing:
                             for mb, recipe in itertools.product(micro_batches, recipes):
-                                for pipeline in pipelines[mb]:
+                                for pipeline in pipelines[mb][:1]:  # the rest: schedule_variants
                                     yield Choice(
                                         sharding=sharding,
                                         mesh=mesh,
@@ -411,3 +419,15 @@ def _stage_costs(setting: Setting) -> tuple[float, float]:
     if not block:
         return 0.0, 0.0
     return step(m.embedding) / block, step(m.head) / block
+
+
+def schedule_variants(request: PlanRequest, setting: Setting, choice: Choice) -> list[Choice]:
+    """The choice with each other allowed schedule (and stage split) for its pipeline degree and
+    micro-batches: what the search prices beside a pipeline family's best (the enumeration yields
+    the preferred schedule only)."""
+    if choice.pipeline is None:
+        return []
+    configs = pipeline_configs(
+        request, _stage_costs(setting), pp=choice.mesh.pp, micro_batches=choice.grad_accum_steps
+    )
+    return [replace(choice, pipeline=config) for config in configs if config != choice.pipeline]

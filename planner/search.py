@@ -24,10 +24,12 @@ from planner.cost.setting import Choice, Setting
 from planner.document import choice_from_config, mfu, plan_document
 from planner.enumeration import (
     BUCKET_CAPS_MB,
+    SELECTIVE_EVERY_K,
     check_async_tp,
     check_float8,
     check_mesh,
     enumerate_choices,
+    schedule_variants,
 )
 from planner.errors import InfeasiblePlanError, PlanningError, SearchDeadlineError
 from planner.hashing import plan_hash
@@ -68,12 +70,21 @@ def make_plan(
     # Families are enumerated whole, then timed in order of their floors (see _beaten).
     for family in _families(enumerate_choices(request, setting)):
         family = _within_reach(family, estimator, limit)
+        family_start = len(evaluated)
         fitting: list[tuple[Choice, MemoryEstimate]] = []
         repeats: list[tuple[Choice, tuple]] = []
+        outgrown: set[tuple] = set()
         for choice in family:
             if deadline is not None and process_time() > deadline:
                 raise _over_deadline(request, time_limit_s or 0.0, count)
             count += 1
+            # Memory grows with the micro-batch (activations, the loss's slice); only a single
+            # micro-batch per step sheds the accumulated gradients. The enumeration runs the
+            # micro-batches in increasing order, so a larger one of a configuration that did not
+            # fit does not either.
+            growth = choice.growth_key
+            if growth in outgrown and choice.grad_accum_steps > 1:
+                continue
             key = (choice.priced_key, estimator.layout_signature(choice))
             if key in memo:
                 repeats.append((choice, key))
@@ -84,6 +95,7 @@ def make_plan(
                 fitting.append((choice, mem))
                 continue
             memo[key] = entry = Evaluated.untimed(choice, mem, fits=False)
+            outgrown.add(growth)
             if min_peak is None or mem.total < min_peak.memory.total:
                 min_peak = entry
             evaluated.append(entry)
@@ -106,6 +118,9 @@ def make_plan(
             evaluated.append(entry)
         # Choices that price exactly as one already priced (bucket caps that change nothing).
         evaluated += [replace(memo[key], choice=choice) for choice, key in repeats]
+        if family[0].pipeline is not None:
+            timed = [e for e in evaluated[family_start:] if e.time is not None]
+            evaluated += _other_schedules(request, setting, estimator, timed, limit, ceiling)
 
     fitting = ranked([e for e in evaluated if e.time is not None])
     if not fitting:
@@ -165,13 +180,47 @@ class _Leaderboard:
 def _within_reach(family: list[Choice], estimator: Estimator, limit_gib: float) -> list[Choice]:
     """The family's choices worth pricing one by one: all of them, unless the parameters and
     optimizer states alone (which no checkpointing, micro-batch or bucket changes) outgrow the
-    memory limit; then only those with its smallest micro-batch, so that what the family needs at
-    least is still reported (planner/ranking.py) while the hopeless rest is not priced."""
+    memory limit; then only those with its smallest micro-batch and the checkpointing that keeps
+    the least, so that what the family needs at least is still reported (planner/ranking.py) while
+    the hopeless rest is not priced."""
     first = estimator.moments(family[0])[0]
     if (first.params + first.optimizer) / GIB <= limit_gib:
         return family
     smallest = min(c.micro_batch_size for c in family)
-    return [c for c in family if c.micro_batch_size == smallest]
+    least_kept = min(_KEEPS_LESS.index((c.checkpointing, c.every_k)) for c in family)
+    return [
+        c for c in family
+        if c.micro_batch_size == smallest and _KEEPS_LESS.index((c.checkpointing, c.every_k)) == least_kept
+    ]
+
+
+_KEEPS_LESS = (("full", 1), ("op_selective", 1), *(("selective", k) for k in SELECTIVE_EVERY_K), ("none", 1))
+"""Checkpointing policies from the one that keeps the fewest activations to the one that keeps all."""
+
+
+def _other_schedules(
+    request: PlanRequest,
+    setting: Setting,
+    estimator: Estimator,
+    timed: list[Evaluated],
+    limit_gib: float,
+    ceiling_gib: float | None,
+) -> list[Evaluated]:
+    """A pipeline family's fastest configuration (of its `timed` ones) again with every other
+    allowed schedule: the family is searched with the preferred schedule (planner/enumeration.py
+    SCHEDULE_PREFERENCE), whose choice rarely depends on the rest of the configuration, and the
+    others are priced where they could matter."""
+    if not timed:
+        return []
+    best = max(timed, key=lambda e: (e.tokens_per_s_per_gpu, -e.peak_gib))
+    variants = []
+    for choice in schedule_variants(request, setting, best.choice):
+        mem = estimator.memory(choice)
+        if fits_in_memory(mem, limit_gib=limit_gib, ceiling_gib=ceiling_gib):
+            variants.append(Evaluated.priced(setting, choice, mem, estimator.timing(choice)))
+        else:
+            variants.append(Evaluated.untimed(choice, mem, fits=False))
+    return variants
 
 
 def _families(choices: Iterator[Choice]) -> Iterator[list[Choice]]:

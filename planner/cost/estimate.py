@@ -411,11 +411,23 @@ def _micro_batch_compute(setting: Setting, choice: Choice) -> float:
     return sum(f + b for f, b, _ in (unit_times(i, u) for i, u in indexed))
 
 
-def chunk_times(setting: Setting, choice: Choice, busy_per_micro_batch_s: float) -> ChunkTimes:
+def chunk_times(
+    parts: tuple[float, float, float], choice: Choice, busy_per_micro_batch_s: float
+) -> ChunkTimes:
     """One micro-batch through one of a pipeline rank's stages, split as zero-bubble schedules run
-    it: forward, the input gradient (with recompute) and the weight gradient (the GEMMs of the
-    weights' gradients: as many FLOPs as forward's), scaled to the rank's busy time per micro-batch
-    (its collectives' exposure included)."""
+    it (`parts`: `compute_split`), scaled to the rank's busy time per micro-batch (its collectives'
+    exposure included)."""
+    forward, input_grad, weight_grad = parts
+    total = forward + input_grad + weight_grad
+    assert choice.pipeline is not None
+    scale = busy_per_micro_batch_s / choice.pipeline.stages_per_rank / total if total else 0.0
+    return ChunkTimes(forward * scale, input_grad * scale, weight_grad * scale)
+
+
+def compute_split(setting: Setting, choice: Choice) -> tuple[float, float, float]:
+    """A micro-batch's compute split as zero-bubble schedules run it: forward, the input gradient
+    (with recompute) and the weight gradient (the GEMMs of the weights' gradients: as many FLOPs as
+    forward's)."""
     m = setting.model
     unit_times = _UnitTimes(setting, choice)
     tokens = choice.micro_batch_size * setting.seq_len
@@ -426,10 +438,7 @@ def chunk_times(setting: Setting, choice: Choice, busy_per_micro_batch_s: float)
         backward += b
         p = setting.params
         weight += _forward_time(p, setting.act_bytes, u, tokens, choice.compile, choice.float8).matmul
-    total = forward + backward
-    assert choice.pipeline is not None
-    scale = busy_per_micro_batch_s / choice.pipeline.stages_per_rank / total if total else 0.0
-    return ChunkTimes(forward * scale, (backward - weight) * scale, weight * scale)
+    return forward, backward - weight, weight
 
 
 def point_to_point_seconds(setting: Setting, choice: Choice) -> float:
@@ -508,6 +517,7 @@ class Estimator:
         self._repeats: dict[tuple, RepeatedLayout] = {}
         self._compute: dict[tuple, float] = {}
         self._stages: dict[tuple, Estimator] = {}
+        self._compute_splits: dict[tuple, tuple[float, float, float]] = {}
         self._pipelines: dict[tuple, tuple[PipelineRank, ...]] = {}
 
     def pipeline_ranks(self, choice: Choice) -> tuple[PipelineRank, ...]:
@@ -596,9 +606,21 @@ class Estimator:
         from the compute alone, shared by every sharding of the same tp, micro-batch, checkpointing
         and compile)."""
         if choice.pipeline is not None:
-            # The slowest rank's own work: the bubble and the sends only add to it.
-            return max(r.estimator.rank_floor_s(choice) for r in self.pipeline_ranks(choice))
+            # The slowest rank's own work, and the bubble its compute alone would leave (exposed
+            # collectives only lengthen the chunks, and so the bubble).
+            slowest = self._slowest_rank(choice).estimator
+            floor = slowest.rank_floor_s(choice)
+            per_micro_batch = slowest._compute[choice.compute_key]
+            chunk = chunk_times(slowest.compute_split(choice), choice, per_micro_batch)
+            return floor + bubble_seconds(choice.pipeline.schedule, pp=choice.mesh.pp, chunk=chunk)
         return self.rank_floor_s(choice)
+
+    def compute_split(self, choice: Choice) -> tuple[float, float, float]:
+        """`compute_split` of this estimator's own model, cached by what compute depends on."""
+        key = ("split", *choice.compute_key)
+        if key not in self._compute_splits:
+            self._compute_splits[key] = compute_split(self.setting_for(choice), choice)
+        return self._compute_splits[key]
 
     def rank_floor_s(self, choice: Choice) -> float:
         """`floor_s` of this estimator's own model (a pipeline rank's)."""
@@ -674,7 +696,7 @@ class Estimator:
         time, estimator = busiest
         setting = estimator.setting_for(choice)
         busy = (time.step_time_s - time.optimizer_s - time.overhead_s) / choice.grad_accum_steps
-        chunk = chunk_times(setting, choice, busy)
+        chunk = chunk_times(estimator.compute_split(choice), choice, busy)
         bubble = bubble_seconds(choice.pipeline.schedule, pp=choice.mesh.pp, chunk=chunk)
         p2p = pipeline_exposed_p2p(chunk, point_to_point_seconds(setting, choice), choice)
         return replace(

@@ -13,12 +13,14 @@ planner/cost/model_costs.py); this module adds what the schedule does around it:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 from contract.parallel_config import PipelineConfig, PipelineSchedule
 
 
+@functools.lru_cache(maxsize=1024)
 def balanced_stage_split(
     num_blocks: int, stages: int, *, first_extra: float, last_extra: float
 ) -> tuple[int, ...]:

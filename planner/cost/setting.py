@@ -134,6 +134,12 @@ class Choice:
         return _PRICED_FIELDS(self)
 
     @property
+    def growth_key(self) -> tuple:
+        """The choice less its micro-batch split: choices equal in this hold more memory the larger
+        their micro-batch (the search's memory prune)."""
+        return _GROWTH_FIELDS(self)
+
+    @property
     def compute_key(self) -> tuple:
         """What one micro-batch's compute (forward, backward, recompute, tp collectives) depends on."""
         return (
@@ -159,6 +165,9 @@ class Choice:
         return False
 
 
+_GROWTH_FIELDS = operator.attrgetter(
+    *(f.name for f in fields(Choice) if f.name not in ("micro_batch_size", "grad_accum_steps", "loss_chunks"))
+)
 _PRICED_FIELDS = operator.attrgetter(
     *(f.name for f in fields(Choice) if f.name not in LAYOUT_FIELDS)
 )
