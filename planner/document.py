@@ -146,6 +146,8 @@ def _prediction(setting: Setting, e: Evaluated, *, headroom: float) -> Predictio
         exposed_all_gather_s=t.exposed_all_gather_s,
         exposed_reduce_scatter_s=t.exposed_reduce_s,
         exposed_tensor_parallel_s=t.tensor_parallel_s,
+        pipeline_bubble_s=t.pipeline_bubble_s,
+        exposed_pipeline_p2p_s=t.pipeline_p2p_s,
         optimizer_s=t.optimizer_s,
         overhead_s=t.overhead_s,
         timeline=segments,

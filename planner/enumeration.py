@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from contract.mesh import Mesh
-from contract.parallel_config import PipelineConfig
+from contract.parallel_config import ParallelConfig, PipelineConfig, PipelineError
 from planner.cost.estimate import block_step_time
 from planner.cost.memory import loss_chunks_for
 from planner.cost.model_costs import UnitCost
@@ -258,7 +258,8 @@ def check_mesh(request: PlanRequest, sharding: str, mesh: Mesh) -> None:
     problem = None
     if mesh.world_size != world:
         problem = (
-            f"dp_replicate x dp_shard x cp x tp = {mesh.world_size} must equal the cluster's {world} GPUs"
+            f"pp x dp_replicate x dp_shard x cp x tp = {mesh.world_size} must equal the cluster's "
+            f"{world} GPUs"
         )
     elif sharding in ("full_shard", "shard_grad_op") and mesh.dp_replicate != 1:
         problem = f"{sharding} shards over every data-parallel rank: dp_replicate must be 1"
@@ -274,6 +275,23 @@ def check_mesh(request: PlanRequest, sharding: str, mesh: Mesh) -> None:
                    f"{2 * mesh.cp * mesh.tp} pieces (seq_len is {request.training.seq_len})")
     if problem:
         raise PlanningError(f"config.mesh: {problem}", field="config")
+
+
+def check_pipeline(request: PlanRequest, config: ParallelConfig) -> None:
+    """Refuse a given configuration's pipeline that the model cannot take (every block placed once,
+    a model the runtime can split)."""
+    if config.pipeline is None:
+        return
+    blocks = _pipelined_blocks(request)
+    if blocks is None:
+        raise PlanningError(
+            "config.pipeline: a traced layer graph has no runtime model to split into stages; price it "
+            "with mesh.pp 1", field="config.pipeline",
+        )
+    try:
+        config.pipeline.check(pp=config.mesh.pp, grad_accum_steps=config.grad_accum_steps, num_layers=blocks)
+    except PipelineError as exc:
+        raise PlanningError(f"config.{exc}", field="config.pipeline") from None
 
 
 def data_parallel_meshes(

@@ -25,8 +25,10 @@ from planner.cost.setting import Choice, Setting
 from planner.document import to_parallel_config
 from planner.enumeration import (
     CONTEXT_PARALLEL_FROM_SEQ_LEN,
+    MAX_PIPELINE_PARALLEL,
     context_parallel_degrees,
     enumerate_choices,
+    pipeline_parallel_degrees,
     splitting_degrees,
     tensor_parallel_degrees,
 )
@@ -481,6 +483,7 @@ def _beyond_the_search(request: PlanRequest) -> str:
     """The parallelism this request's search left out that would divide activations further."""
     searched, possible = tensor_parallel_reach(request)
     context = max(context_parallel_degrees(request))
+    pipeline = max(pipeline_parallel_degrees(request))
     if possible > searched:
         return (
             f"tensor parallelism beyond tp={searched} (up to tp={possible} splits this model; widen "
@@ -490,24 +493,37 @@ def _beyond_the_search(request: PlanRequest) -> str:
         return (
             "context parallelism (search.context_parallel_degrees: it splits every sequence, and is "
             f"searched unpinned only from {CONTEXT_PARALLEL_FROM_SEQ_LEN:,}-token sequences) or "
-            "pipeline parallelism"
+            "pipeline parallelism (search.pipeline_parallel_degrees: it splits the blocks into stages, "
+            "searched unpinned on clusters of several nodes)"
         )
-    if searched > 1 or context > 1:
+    if request.model.architecture != "layer_graph" and pipeline < min(
+        MAX_PIPELINE_PARALLEL, request.model.num_layers
+    ):
         return (
-            f"pipeline parallelism (this planner plans FSDP data parallelism with tensor parallelism "
-            f"up to tp={searched} inside a node and context parallelism up to cp={context})"
+            f"pipeline parallelism beyond pp={pipeline} (search.pipeline_parallel_degrees: the blocks "
+            f"split into up to {min(MAX_PIPELINE_PARALLEL, request.model.num_layers)} stages)"
+        )
+    if searched > 1 or context > 1 or pipeline > 1:
+        return (
+            f"more GPUs of more memory (this planner plans FSDP data parallelism with tensor parallelism "
+            f"up to tp={searched} inside a node, context parallelism up to cp={context} and pipeline "
+            f"parallelism up to pp={pipeline})"
         )
     return "tensor or context parallelism (this model's runtime has data parallelism only)"
 
 
 def _searched_parallelism(request: PlanRequest) -> str:
-    tensor = max(tensor_parallel_degrees(request)) > 1
-    context = max(context_parallel_degrees(request)) > 1
-    if tensor and context:
-        return "Data, tensor and context parallelism"
-    if context:
-        return "Data and context parallelism"
-    return "Data and tensor parallelism" if tensor else "Data parallelism alone"
+    axes = {
+        "tensor": max(tensor_parallel_degrees(request)) > 1,
+        "context": max(context_parallel_degrees(request)) > 1,
+        "pipeline": max(pipeline_parallel_degrees(request)) > 1,
+    }
+    named = [axis for axis, searched in axes.items() if searched]
+    if not named:
+        return "Data parallelism alone"
+    if len(named) == 1:
+        return f"Data and {named[0]} parallelism"
+    return f"Data, {', '.join(named[:-1])} and {named[-1]} parallelism"
 
 
 def _model_parallelism_would_help(request: PlanRequest, there: Probe) -> str:

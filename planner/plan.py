@@ -96,6 +96,11 @@ class Prediction(Document):
     exposed_reduce_scatter_s: float
     exposed_tensor_parallel_s: float = 0.0
     """Tensor-parallel collectives per step (all exposed: they sit between the matmuls)."""
+    pipeline_bubble_s: float = 0.0
+    """Time per step the busiest pipeline rank waits while the schedule fills and drains (in
+    step_time_s, in neither compute_s nor exposed_comm_s)."""
+    exposed_pipeline_p2p_s: float = 0.0
+    """The pipeline's point-to-point sends per step on the critical path (in exposed_comm_s)."""
     optimizer_s: float
     overhead_s: float = 0.0
     """Framework time per step outside the priced kernels (hooks, Python), from timed steps; in compute_s."""

@@ -6,6 +6,7 @@ of the step is exposed communication) or where the request goes past what the mo
 from __future__ import annotations
 
 from planner.cost.estimate import TimeEstimate
+from planner.enumeration import pipeline_parallel_degrees
 from planner.formatting import duration
 from planner.infeasibility import tensor_parallel_reach
 from planner.plan import PlanWarning
@@ -64,14 +65,17 @@ def _what_cuts_communication(request: PlanRequest) -> str:
     tokens per step, a faster network or pipeline stages help.
     """
     searched, possible = tensor_parallel_reach(request)
+    # Pipeline stages, where the search left them out (pinned, or one node).
+    pipeline = " or pipeline parallelism" if max(pipeline_parallel_degrees(request)) == 1 else ""
     if request.cluster.num_nodes > 1:
         return (
-            "A larger global batch (more tokens per GPU per step), a faster network between nodes "
-            "or pipeline parallelism would cut it"
+            "A larger global batch (more tokens per GPU per step)"
+            + (", a faster network between nodes" if pipeline else " or a faster network between nodes")
+            + f"{pipeline} would cut it"
         )
     if possible > searched:
         return (
             f"Tensor parallelism inside nodes would cut it (widen search.tensor_parallel_degrees: "
             f"up to tp={possible} splits this model)"
         )
-    return "A larger global batch (more tokens per GPU per step) or pipeline parallelism would cut it"
+    return f"A larger global batch (more tokens per GPU per step){pipeline} would cut it"

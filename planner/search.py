@@ -28,6 +28,7 @@ from planner.enumeration import (
     check_async_tp,
     check_float8,
     check_mesh,
+    check_pipeline,
     enumerate_choices,
     schedule_variants,
 )
@@ -274,6 +275,7 @@ def predict(
     split does not reach the global batch).
     """
     check_mesh(request, config.sharding, config.mesh)
+    check_pipeline(request, config)
     check_float8(request, config.float8, field="config.float8")
     if config.async_tp:
         check_async_tp(request, field="config.async_tp")

@@ -27,7 +27,7 @@ from planner.infeasibility import dominant_term
 from planner.precheck import read_request
 from planner.search import make_plan
 from planner.search_setting import build_setting
-from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
+from planner.specs import ClusterSpec, ModelSpec, PlanRequest, SearchSpace, TrainingSpec
 from tests.planner.conftest import make_request
 from tests.planner.test_calibration import synthetic_profile
 
@@ -126,13 +126,25 @@ def test_advice_respects_the_replanning_ceiling() -> None:
     assert plan.prediction.peak_memory_gib < 40.0
 
 
-def _slow_network_405b(sequences: int) -> PlanRequest:
+def _slow_network_405b(sequences: int, *, pipeline: bool = False) -> PlanRequest:
     # 50 Gb/s per GPU between nodes: every all-gather brings the whole 405B model into each node.
     return PlanRequest(
         model=resolve_model("llama3.1-405b"),
         cluster=ClusterSpec(num_nodes=128, gpus_per_node=8, gpu="H100", inter_node_bandwidth_gbps=6.25),
         training=TrainingSpec(seq_len=2048, global_batch_tokens=2048 * sequences),
+        search=SearchSpace(pipeline_parallel_degrees=None if pipeline else [1]),
     )
+
+
+def test_405b_over_a_slow_network_trades_fsdp_traffic_for_pipeline_stages() -> None:
+    flat = make_plan(_slow_network_405b(2048))
+    staged = make_plan(_slow_network_405b(2048, pipeline=True))
+    assert staged.config.mesh.pp > 1
+    assert staged.prediction.tokens_per_s_per_gpu > 1.5 * flat.prediction.tokens_per_s_per_gpu
+    flat_share = flat.prediction.exposed_comm_s / flat.prediction.step_time_s
+    assert staged.prediction.exposed_comm_s / staged.prediction.step_time_s < flat_share / 2
+    # With pipelines searched, the warning (if any) no longer suggests them.
+    assert all("pipeline parallelism" not in w.message for w in staged.warnings)
 
 
 def test_405b_on_1024_gpus_over_a_slow_network_warns_that_it_is_communication_bound() -> None:
