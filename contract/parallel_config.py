@@ -40,6 +40,8 @@ factor for more point-to-point sends and more activations in flight); `ZBVZeroBu
 rank in a V: rank r holds stages r and 2pp - 1 - r; backward is split into the input gradient,
 on the critical path, and the weight gradient, which fills the bubbles)."""
 PIPELINE_SCHEDULES: tuple[PipelineSchedule, ...] = typing.get_args(PipelineSchedule)
+EAGER_ONLY_SCHEDULES: tuple[PipelineSchedule, ...] = ("ZBVZeroBubble",)
+"""Schedules torch.distributed.pipelining refuses for compiled stage modules (its zero-bubble ones)."""
 Engine = Literal["fsdp-planner", "torchtitan"]
 """The training runtime a configuration runs on, because runtimes differ in what they keep in memory
 and how they overlap: `fsdp-planner` is this project's trainer (compiled: SimpleFSDP over
@@ -246,6 +248,12 @@ class ParallelConfig:
             raise PipelineError("pipeline: must be null when mesh.pp is 1 (no pipeline to run)")
         if self.pipeline is not None:
             self.pipeline.check(pp=self.mesh.pp, grad_accum_steps=self.grad_accum_steps)
+            if self.compile and self.pipeline.schedule in EAGER_ONLY_SCHEDULES:
+                raise PipelineError(
+                    f"pipeline.schedule: {self.pipeline.schedule} splits each backward into the input's "
+                    "and the weights' gradients, which torch runs only for stages that are not "
+                    "compiled; use 1F1B or Interleaved1F1B with compile, or compile false"
+                )
 
     def as_document(self) -> dict[str, Any]:
         """The JSON object the Plan document stores."""

@@ -13,7 +13,13 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from contract.mesh import Mesh
-from contract.parallel_config import ParallelConfig, PipelineConfig, PipelineError
+from contract.parallel_config import (
+    EAGER_ONLY_SCHEDULES,
+    ParallelConfig,
+    PipelineConfig,
+    PipelineError,
+    PipelineSchedule,
+)
 from planner.cost.estimate import block_step_time
 from planner.cost.memory import loss_chunks_for
 from planner.cost.model_costs import UnitCost
@@ -230,26 +236,36 @@ def splitting_degrees(request: PlanRequest) -> list[int]:
 
 
 def pipeline_configs(
-    request: PlanRequest, stage_costs: tuple[float, float], *, pp: int, micro_batches: int
+    request: PlanRequest, costs: tuple[float, float], *, pp: int, micro_batches: int, compile_: bool
 ) -> list[PipelineConfig]:
     """The schedules and stage splits searched for `pp` stages running `micro_batches` micro-batches,
     in SCHEDULE_PREFERENCE order: each allowed schedule (interleaved 1F1B with each of
     INTERLEAVED_STAGES_PER_RANK), where the model has a block per stage and the schedule can run
-    that many micro-batches, the blocks split so the stages take equal time (`stage_costs`: the
-    embeddings' and the head's time, in blocks)."""
+    that many micro-batches, the blocks split so the stages take equal time (`costs`: the
+    embeddings' and the head's time, in blocks: `stage_costs`)."""
     blocks = _pipelined_blocks(request)
     assert blocks is not None
-    first_extra, last_extra = stage_costs
     configs = []
     allowed = set(request.search.pipeline_schedules)
     for schedule in (s for s in SCHEDULE_PREFERENCE if s in allowed):
+        if compile_ and schedule in EAGER_ONLY_SCHEDULES:
+            continue
         per_rank = {"1F1B": (1,), "ZBVZeroBubble": (2,)}.get(schedule, INTERLEAVED_STAGES_PER_RANK)
         for v in per_rank:
             if pp * v > blocks or (v > 1 and micro_batches % pp):
                 continue
-            split = balanced_stage_split(blocks, pp * v, first_extra=first_extra, last_extra=last_extra)
-            configs.append(PipelineConfig(schedule=schedule, stages_per_rank=v, stage_blocks=split))
+            configs.append(balanced_pipeline(blocks, costs, schedule=schedule, stages_per_rank=v, pp=pp))
     return configs
+
+
+def balanced_pipeline(
+    blocks: int, costs: tuple[float, float], *, schedule: PipelineSchedule, stages_per_rank: int, pp: int
+) -> PipelineConfig:
+    """A schedule's pipeline with `blocks` split so its stages take equal time (`costs`: the
+    embeddings' and the head's time, in blocks: `stage_costs`)."""
+    first_extra, last_extra = costs
+    split = balanced_stage_split(blocks, pp * stages_per_rank, first_extra=first_extra, last_extra=last_extra)
+    return PipelineConfig(schedule=schedule, stages_per_rank=stages_per_rank, stage_blocks=split)
 
 
 def check_mesh(request: PlanRequest, sharding: str, mesh: Mesh) -> None:
@@ -374,19 +390,26 @@ def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice
         check_async_tp(request, field="search.async_tp")
     context_parallel_degrees(request)  # a cp pin the model cannot take is refused here, with why
     pipeline_parallel_degrees(request)  # and a pp pin
-    stage_costs = _stage_costs(setting)
+    costs = stage_costs(setting)
     for pp, tp, cp in splitting_meshes(request):
         dp = request.cluster.world_size // (pp * tp * cp)
         local_batch = request.training.global_batch_sequences // dp
         micro_batches = micro_batch_sizes(local_batch, search.max_micro_batch_size)
-        pipelines: dict[int, list[PipelineConfig | None]] = {mb: [None] for mb in micro_batches}
+        # Per compile mode, the pipeline (the preferred schedule: schedule_variants tries the rest)
+        # of each micro-batch; the schedule's micro-batches are the accumulation steps.
+        pipelines: dict[bool, dict[int, PipelineConfig | None]] = {
+            compile_: dict.fromkeys(micro_batches) for compile_ in search.compile
+        }
         if pp > 1:
-            # The schedule's micro-batches are the accumulation steps: at least one per stage.
             pipelines = {
-                mb: configs for mb in micro_batches
-                if (configs := pipeline_configs(request, stage_costs, pp=pp, micro_batches=local_batch // mb))
+                compile_: {
+                    mb: configs[0] for mb in micro_batches
+                    if (configs := pipeline_configs(
+                        request, costs, pp=pp, micro_batches=local_batch // mb, compile_=compile_
+                    ))
+                }
+                for compile_ in search.compile
             }
-            micro_batches = list(pipelines)
         vocab_share = setting.model.vocab_size // tp
         chunks = {
             mb: loss_chunks_for(mb * setting.seq_len // cp, vocab_share, setting.act_bytes)
@@ -401,27 +424,26 @@ def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice
                 for unit in units if mesh.dp > 1 and not compile_ else [1]:
                     for ag_cap, rs_cap in caps:
                         for mode, every_k in checkpointing:
-                            for mb, recipe in itertools.product(micro_batches, recipes):
-                                for pipeline in pipelines[mb][:1]:  # the rest: schedule_variants
-                                    yield Choice(
-                                        sharding=sharding,
-                                        mesh=mesh,
-                                        blocks_per_unit=unit,
-                                        all_gather_bucket_mb=ag_cap,
-                                        reduce_scatter_bucket_mb=rs_cap,
-                                        checkpointing=mode,
-                                        every_k=every_k,
-                                        micro_batch_size=mb,
-                                        grad_accum_steps=local_batch // mb,
-                                        compile=compile_,
-                                        loss_chunks=chunks[mb],
-                                        float8=recipe,
-                                        async_tp=search.async_tp and compile_ and tp > 1,
-                                        pipeline=pipeline,
-                                    )
+                            for mb, recipe in itertools.product(pipelines[compile_], recipes):
+                                yield Choice(
+                                    sharding=sharding,
+                                    mesh=mesh,
+                                    blocks_per_unit=unit,
+                                    all_gather_bucket_mb=ag_cap,
+                                    reduce_scatter_bucket_mb=rs_cap,
+                                    checkpointing=mode,
+                                    every_k=every_k,
+                                    micro_batch_size=mb,
+                                    grad_accum_steps=local_batch // mb,
+                                    compile=compile_,
+                                    loss_chunks=chunks[mb],
+                                    float8=recipe,
+                                    async_tp=search.async_tp and compile_ and tp > 1,
+                                    pipeline=pipelines[compile_][mb],
+                                )
 
 
-def _stage_costs(setting: Setting) -> tuple[float, float]:
+def stage_costs(setting: Setting) -> tuple[float, float]:
     """The embeddings' and the head's (with the loss) training time, in blocks: what the first and
     the last pipeline stage do besides their blocks."""
     m = setting.model
@@ -446,6 +468,7 @@ def schedule_variants(request: PlanRequest, setting: Setting, choice: Choice) ->
     if choice.pipeline is None:
         return []
     configs = pipeline_configs(
-        request, _stage_costs(setting), pp=choice.mesh.pp, micro_batches=choice.grad_accum_steps
+        request, stage_costs(setting), pp=choice.mesh.pp, micro_batches=choice.grad_accum_steps,
+        compile_=choice.compile,
     )
     return [replace(choice, pipeline=config) for config in configs if config != choice.pipeline]

@@ -104,8 +104,9 @@ def in_flight_chunks(pipeline: PipelineConfig, *, pp: int, rank: int, micro_batc
 
     1F1B: rank r warms up with pp - 1 - r forwards (the first stage holds pp micro-batches);
     interleaved 1F1B (torch's schedule): (v - 1) x pp + 2 (pp - 1 - r) forwards of its v stages;
-    ZBV: every rank about 2 pp - 1 chunks of its two stages (the V balances memory across ranks:
-    ZB-V keeps 1F1B's first-stage activation memory, pp micro-batches of a whole rank's work).
+    ZBV (torch's schedule): every rank 2 pp chunks of its two stages once its warm-up reaches the
+    second stage's first backward (the V balances memory across ranks: ZB-V keeps 1F1B's
+    first-stage activation memory, pp micro-batches of a whole rank's work).
     """
     v = pipeline.stages_per_rank
     if pipeline.schedule == "1F1B":
@@ -113,5 +114,5 @@ def in_flight_chunks(pipeline: PipelineConfig, *, pp: int, rank: int, micro_batc
     elif pipeline.schedule == "Interleaved1F1B":
         held = (v - 1) * pp + 2 * (pp - 1 - rank) + 1
     else:
-        held = 2 * pp - 1
+        held = 2 * pp
     return max(1, min(held, micro_batches * v))

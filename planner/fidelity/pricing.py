@@ -12,15 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contract.mesh import Mesh
-from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig
+from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig, PipelineConfig
 from planner.calibration import CalibrationProfile
 from planner.catalog.gpus import resolve_gpu
 from planner.catalog.models import resolve_model
 from planner.cost.parameters import CostParameters
+from planner.enumeration import balanced_pipeline, stage_costs
 from planner.errors import PlanningError
 from planner.fidelity.schema import Run
 from planner.plan import Plan
 from planner.search import predict
+from planner.search_setting import build_setting
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 
 PROJECT_ENGINES = {"project-simplefsdp", "project-fsdp2"}
@@ -139,9 +141,37 @@ def run_engine(run: Run) -> str:
     return "fsdp-planner" if run.config.engine in PROJECT_ENGINES else "torchtitan"
 
 
+def run_pipeline(run: Run, request: PlanRequest) -> PipelineConfig | None:
+    """The run's pipeline with the planner's time-balanced stage split (sources publish the schedule
+    and micro-batching, not where the blocks went)."""
+    pipeline = run.config.pipeline
+    if run.config.mesh.pp == 1:
+        return None
+    if pipeline is None:
+        raise NotPriceable(f"{run.id}: config.pipeline: the run has pp {run.config.mesh.pp} but no schedule")
+    return balanced_pipeline(
+        request.model.num_layers,
+        stage_costs(build_setting(request, None, None)),
+        schedule=pipeline.schedule,
+        stages_per_rank=pipeline.stages_per_rank,
+        pp=run.config.mesh.pp,
+    )
+
+
 def run_config(run: Run) -> ParallelConfig:
     config = run.config
     mesh = config.mesh
+    pipeline = run_pipeline(run, run_request(run))
+    micro_batch, accumulation = config.local_batch_size, config.grad_accum_steps
+    if pipeline is not None and config.pipeline is not None:
+        # A pipeline splits the step's sequences into its micro-batches (the schedule's accumulation).
+        sequences, accumulation = micro_batch * accumulation, config.pipeline.microbatches
+        if sequences % accumulation:
+            raise NotPriceable(
+                f"{run.id}: config.pipeline.microbatches: {accumulation} do not split the step's "
+                f"{sequences} sequences per data-parallel rank"
+            )
+        micro_batch = sequences // accumulation
     policy = _CHECKPOINTING[config.checkpointing.policy]
     compiled = config.compile != "none"
     engine = run_engine(run)
@@ -150,15 +180,15 @@ def run_config(run: Run) -> ParallelConfig:
         reshard = config.sharding in ("full_shard", "hybrid_shard")
     return ParallelConfig(
         sharding=config.sharding,
-        mesh=Mesh(dp_replicate=mesh.dp_replicate, dp_shard=mesh.dp_shard, cp=mesh.cp, tp=mesh.tp),
+        mesh=Mesh(pp=mesh.pp, dp_replicate=mesh.dp_replicate, dp_shard=mesh.dp_shard, cp=mesh.cp, tp=mesh.tp),
         blocks_per_unit=config.blocks_per_unit,
         all_gather_bucket_mb=0.0,
         reduce_scatter_bucket_mb=0.0,
         reshard_after_forward=reshard,
         prefetch_depth=1,
         checkpointing=CheckpointingConfig(mode=policy, every_k=_every_k(run)),  # type: ignore[arg-type]
-        micro_batch_size=config.local_batch_size,
-        grad_accum_steps=config.grad_accum_steps,
+        micro_batch_size=micro_batch,
+        grad_accum_steps=accumulation,
         param_dtype="float32" if config.precision == "fp32" else "bfloat16",
         reduce_dtype="bfloat16" if config.reduce_dtype == "bf16" else "float32",
         compile=compiled,
@@ -171,6 +201,7 @@ def run_config(run: Run) -> ParallelConfig:
         loss=_loss(run),  # type: ignore[arg-type]
         engine=engine,  # type: ignore[arg-type]
         async_tp=config.async_tp and compiled and mesh.tp > 1,
+        pipeline=pipeline,
     )
 
 

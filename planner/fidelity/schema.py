@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from contract.parallel_config import PipelineSchedule
+
 CORPUS_PACKAGE = "planner.fidelity.corpus"
 
 SourceKind = Literal["repository", "paper", "vendor-report", "blog", "issue", "own-measurement"]
@@ -98,6 +100,21 @@ class Mesh(CorpusModel):
         return self.dp_replicate * self.dp_shard * self.tp * self.pp * self.cp
 
 
+class Pipeline(CorpusModel):
+    """How a pipeline-parallel run scheduled its stages (where the mesh has pp > 1)."""
+
+    as_published: str
+    """The source's own words (schedule name, micro-batching), or where the defaults were read."""
+    schedule: PipelineSchedule
+    """The schedule as the planner names it (contract/parallel_config.py `PipelineSchedule`)."""
+    stages_per_rank: Annotated[int, Field(ge=1)] = 1
+    """Virtual stages per pipeline rank (1 for 1F1B)."""
+    microbatches: Annotated[int, Field(ge=1)]
+    """Pipeline micro-batches per optimizer step per data-parallel rank: the step's sequences
+    (`local_batch_size` x `grad_accum_steps`) are split into this many (torchtitan's
+    `pipeline_parallel_microbatches`, by default the pp degree; Megatron's accumulation steps)."""
+
+
 class Checkpointing(CorpusModel):
     as_published: str
     """The framework's own words for its policy."""
@@ -128,6 +145,8 @@ class RunConfig(CorpusModel):
     reduce_dtype: Literal["fp32", "bf16"] | None = None
     """The dtype gradients are reduced in (None: not stated; priced as fp32, FSDP2's default)."""
     async_tp: bool = False
+    pipeline: Pipeline | None = None
+    """The pipeline's schedule (runs with mesh.pp > 1)."""
     engine: str
     """The trainer as the source names it (`torchtitan-fsdp2`, `fsdp1`, `project-simplefsdp`, ...)."""
 

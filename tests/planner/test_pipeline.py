@@ -20,7 +20,7 @@ from planner.cost.pipeline import (
     in_flight_chunks,
 )
 from planner.document import choice_from_config
-from planner.enumeration import pipeline_parallel_degrees
+from planner.enumeration import enumerate_choices, pipeline_parallel_degrees
 from planner.errors import PlanningError
 from planner.search import make_plan, predict
 from planner.search_setting import build_setting
@@ -88,7 +88,7 @@ def test_activations_in_flight() -> None:
     assert [in_flight_chunks(two, pp=4, rank=r, micro_batches=8) for r in range(4)] == [11, 9, 7, 5]
     assert in_flight_chunks(two, pp=4, rank=0, micro_batches=4) == 8  # never more than m x v chunks
     zbv = PipelineConfig(schedule="ZBVZeroBubble", stages_per_rank=2, stage_blocks=(2,) * 8)
-    assert in_flight_chunks(zbv, pp=4, rank=0, micro_batches=8) == 7
+    assert [in_flight_chunks(zbv, pp=4, rank=r, micro_batches=8) for r in range(4)] == [8, 8, 8, 8]
 
 
 def _pipelined(request, config, *, pp: int, pipeline: PipelineConfig, micro_batch: int = 1):
@@ -237,3 +237,16 @@ def test_a_pipeline_config_that_does_not_fit_the_request_is_refused() -> None:
         predict(request, _pipelined(request, base, pp=2, pipeline=wrong))
     with pytest.raises(PipelineError, match="at least 2"):
         replace(_pipelined(request, base, pp=2, pipeline=wrong), grad_accum_steps=1, micro_batch_size=32)
+
+
+def test_zero_bubble_schedules_are_eager_only() -> None:
+    request = make_request("llama3-8b", "2x8xH100", seq_len=8192, sequences=64,
+                           search=SearchSpace(pipeline_parallel_degrees=[2]))
+    base = make_plan(request).config
+    zbv = PipelineConfig(schedule="ZBVZeroBubble", stages_per_rank=2, stage_blocks=(8, 8, 8, 8))
+    with pytest.raises(PipelineError, match="use 1F1B or Interleaved1F1B with compile"):
+        replace(_pipelined(request, base, pp=2, pipeline=zbv), compile=True)
+    setting = build_setting(request, None, None)
+    choices = [c for c in enumerate_choices(request, setting) if c.pipeline is not None]
+    assert choices and all(c.pipeline.schedule != "ZBVZeroBubble" for c in choices if c.compile)
+    assert any(c.pipeline.schedule == "ZBVZeroBubble" for c in choices if not c.compile)
