@@ -24,18 +24,21 @@ Handler = tuple[str, str]
 
 LAYERS: dict[str, dict[str, Handler | str]] = {
     "search axis": {
+        "pp": ("planner/enumeration.py", "pipeline_parallel_degrees"),
         "dp_replicate": ("planner/enumeration.py", "data_parallel_meshes"),
         "dp_shard": ("planner/enumeration.py", "data_parallel_meshes"),
         "cp": ("planner/enumeration.py", "context_parallel_degrees"),
         "tp": ("planner/enumeration.py", "tensor_parallel_degrees"),
     },
     "cost term": {
+        "pp": ("planner/cost/estimate.py", "Estimator._pipeline_timing"),  # the bubble and the sends
         "dp_replicate": ("planner/cost/estimate.py", "_price"),
         "dp_shard": ("planner/cost/estimate.py", "_price"),
         "cp": ("planner/cost/estimate.py", "context_parallel_seconds"),
         "tp": ("planner/cost/estimate.py", "_UnitTimes.__call__"),
     },
     "memory term": {
+        "pp": ("planner/cost/estimate.py", "Estimator.pipeline_ranks"),  # each rank's stages, in flight
         "dp_replicate": "replicas hold exactly what their shard group holds: no memory term depends on it",
         "dp_shard": ("planner/cost/memory.py", "memory_moments"),
         "cp": ("planner/cost/memory.py", "memory_moments"),  # shards over dp_shard x cp; its share of tokens
