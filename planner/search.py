@@ -70,7 +70,7 @@ def make_plan(
     memo: dict[tuple, Evaluated] = {}
     # Families are enumerated whole, then timed in order of their floors (see _beaten).
     for family in _families(enumerate_choices(request, setting)):
-        family = _within_reach(family, estimator, limit)
+        family = _within_reach(family, estimator, limit, ceiling)
         family_start = len(evaluated)
         fitting: list[tuple[Choice, MemoryEstimate]] = []
         repeats: list[tuple[Choice, tuple]] = []
@@ -178,14 +178,21 @@ class _Leaderboard:
         return any(t > ceiling_tps and m <= memory_bytes for t, m in self._front)
 
 
-def _within_reach(family: list[Choice], estimator: Estimator, limit_gib: float) -> list[Choice]:
-    """The family's choices worth pricing one by one: all of them, unless the parameters and
-    optimizer states alone (which no checkpointing, micro-batch or bucket changes) outgrow the
-    memory limit; then only those with its smallest micro-batch and the checkpointing that keeps
-    the least, so that what the family needs at least is still reported (planner/ranking.py) while
-    the hopeless rest is not priced."""
+def _within_reach(
+    family: list[Choice], estimator: Estimator, limit_gib: float, ceiling_gib: float | None
+) -> list[Choice]:
+    """The family's choices worth pricing one by one: all of them, unless none can fit: the
+    parameters and optimizer states alone (which no checkpointing, micro-batch or bucket changes)
+    outgrow the memory limit, or its lightest choices do not fit (the smallest micro-batch, and the
+    single one per step, which accumulates no gradients; the smallest wrap unit and buckets; each
+    checkpointing policy). Then only those with its smallest micro-batch and the checkpointing that
+    keeps the least are priced, so that what the family needs at least is still reported
+    (planner/ranking.py) while the hopeless rest is not."""
     first = estimator.moments(family[0])[0]
-    if (first.params + first.optimizer) / GIB <= limit_gib:
+    if (first.params + first.optimizer) / GIB <= limit_gib and any(
+        fits_in_memory(estimator.memory(c), limit_gib=limit_gib, ceiling_gib=ceiling_gib)
+        for c in _lightest(family)
+    ):
         return family
     smallest = min(c.micro_batch_size for c in family)
     least_kept = min(_KEEPS_LESS.index((c.checkpointing, c.every_k)) for c in family)
@@ -193,6 +200,25 @@ def _within_reach(family: list[Choice], estimator: Estimator, limit_gib: float) 
         c for c in family
         if c.micro_batch_size == smallest and _KEEPS_LESS.index((c.checkpointing, c.every_k)) == least_kept
     ]
+
+
+def _lightest(family: list[Choice]) -> list[Choice]:
+    """Of each checkpointing policy, the family's choices that hold the least: the smallest micro-batch
+    (and the single micro-batch per step, which holds no accumulated gradients), the smallest unit and
+    bucket caps."""
+    smallest = min(c.micro_batch_size for c in family)
+
+    def weight(c: Choice) -> tuple[int, float]:
+        return c.blocks_per_unit, c.all_gather_bucket_mb + c.reduce_scatter_bucket_mb
+
+    probes: dict[tuple, Choice] = {}
+    for c in family:
+        if c.micro_batch_size != smallest and c.grad_accum_steps != 1:
+            continue
+        key = (c.checkpointing, c.every_k, c.micro_batch_size)
+        if key not in probes or weight(c) < weight(probes[key]):
+            probes[key] = c
+    return list(probes.values())
 
 
 _KEEPS_LESS = (("full", 1), ("op_selective", 1), *(("selective", k) for k in SELECTIVE_EVERY_K), ("none", 1))
