@@ -25,7 +25,6 @@ from planner.cost.setting import Choice, Setting
 from planner.document import to_parallel_config
 from planner.enumeration import (
     CONTEXT_PARALLEL_FROM_SEQ_LEN,
-    MAX_PIPELINE_PARALLEL,
     context_parallel_degrees,
     enumerate_choices,
     pipeline_parallel_degrees,
@@ -480,10 +479,12 @@ def tensor_parallel_reach(request: PlanRequest) -> tuple[int, int]:
 
 
 def _beyond_the_search(request: PlanRequest) -> str:
-    """The parallelism this request's search left out that would divide activations further."""
+    """The parallelism this request's search left out that would divide activations further.
+
+    Pipeline stages do not: under the 1F1B schedules the first stage holds a micro-batch in flight
+    per stage, as many blocks' activations as the whole model's for one micro-batch."""
     searched, possible = tensor_parallel_reach(request)
     context = max(context_parallel_degrees(request))
-    pipeline = max(pipeline_parallel_degrees(request))
     if possible > searched:
         return (
             f"tensor parallelism beyond tp={searched} (up to tp={possible} splits this model; widen "
@@ -492,22 +493,13 @@ def _beyond_the_search(request: PlanRequest) -> str:
     if context == 1 and request.model.architecture == "llama":
         return (
             "context parallelism (search.context_parallel_degrees: it splits every sequence, and is "
-            f"searched unpinned only from {CONTEXT_PARALLEL_FROM_SEQ_LEN:,}-token sequences) or "
-            "pipeline parallelism (search.pipeline_parallel_degrees: it splits the blocks into stages, "
-            "searched unpinned on clusters of several nodes)"
+            f"searched unpinned only from {CONTEXT_PARALLEL_FROM_SEQ_LEN:,}-token sequences)"
         )
-    if request.model.architecture != "layer_graph" and pipeline < min(
-        MAX_PIPELINE_PARALLEL, request.model.num_layers
-    ):
+    if searched > 1 or context > 1:
         return (
-            f"pipeline parallelism beyond pp={pipeline} (search.pipeline_parallel_degrees: the blocks "
-            f"split into up to {min(MAX_PIPELINE_PARALLEL, request.model.num_layers)} stages)"
-        )
-    if searched > 1 or context > 1 or pipeline > 1:
-        return (
-            f"more GPUs of more memory (this planner plans FSDP data parallelism with tensor parallelism "
-            f"up to tp={searched} inside a node, context parallelism up to cp={context} and pipeline "
-            f"parallelism up to pp={pipeline})"
+            f"GPUs with more memory (this planner splits activations with tensor parallelism up to "
+            f"tp={searched} inside a node and context parallelism up to cp={context}; pipeline stages "
+            "leave the first stage one micro-batch's activations per stage, the whole model's worth)"
         )
     return "tensor or context parallelism (this model's runtime has data parallelism only)"
 
