@@ -5,7 +5,8 @@
 Times `make_plan` for Llama 3 8B on 1x8 H100, Llama 3.1 405B on 128x8 H100 (1024 GPUs) and a
 maximal traced layer graph (1,024 units, the API's default limit: an embedding, 1,022 identical
 blocks, a head) on 4x8 H100, and the two llama cases again at 128k-token sequences, where context
-parallelism is searched too; reports the median and candidates evaluated per second. Goals on a
+parallelism is searched too; the 405B cases, on 128 nodes, search pipeline parallelism as well
+(pp 1-16 with every schedule); reports the median and candidates evaluated per second. Goals on a
 2-core machine: < 100 ms for 8B on 8 GPUs, < 1 s for the rest (median).
 """
 
@@ -45,7 +46,7 @@ CASES = {
     "traced graph of 1,024 units on 4x8xH100 (seq 4096, 128 seqs/step)": (
         MAXIMAL_GRAPH, "4x8xH100", 4096, 128, 1.0,
     ),
-    # Context parallelism in the space (sequences of 32k tokens or more): cp x tp x sharding.
+    # Context parallelism in the space (sequences of 32k tokens or more): pp x cp x tp x sharding.
     "llama3-8b on 1x8xH100 (seq 131072, 1 seq/step; cp searched)": (
         "llama3-8b", "1x8xH100", 131072, 1, 0.100,
     ),
