@@ -120,6 +120,14 @@ class _Periods:
         return None
 
 
+def _compute_only(groups: RepeatedGroups) -> bool:
+    return not any(
+        g.all_gather_forward or g.all_gather_backward or g.reduce
+        for pattern in groups.patterns
+        for g in pattern
+    )
+
+
 def simulate(
     groups: Sequence[GroupTimes],
     *,
@@ -131,6 +139,14 @@ def simulate(
 
     With `RepeatedGroups` (and no recording) repeated periods are fast-forwarded, see above.
     """
+    if not record and isinstance(groups, RepeatedGroups) and _compute_only(groups):
+        # Nothing to overlap (a pipeline's middle micro-batches under FSDP2, one rank alone): the
+        # timeline is the compute stream's work.
+        compute = sum(
+            run.repeats * sum(g.forward + g.backward for g in pattern)
+            for run, pattern in zip(groups.runs, groups.patterns, strict=True)
+        )
+        return TimelineResult(compute, compute, 0.0, 0.0, 0.0)
     segments: list[tuple[str, str, str, float, float, float]] = []
     n = len(groups)
     depth = max(prefetch_depth, 0)
