@@ -250,10 +250,12 @@ class PlanSummary(BaseModel):
 
 
 def stored_mesh(row: Any) -> Mesh:
-    """The mesh of a stored plan row (api.db.models.PlanRow), from its columns alone: tp, cp and
+    """The mesh of a stored plan row (api.db.models.PlanRow), from its columns alone: pp, tp, cp and
     dp_shard are stored, dp_replicate is what the world size leaves."""
     tp, cp, dp_shard = row.tensor_parallel_degree, row.context_parallel_degree, row.data_parallel_shard_degree
-    return Mesh(dp_replicate=max(1, row.world_size // (tp * cp * dp_shard)), dp_shard=dp_shard, cp=cp, tp=tp)
+    pp = row.pipeline_parallel_degree
+    return Mesh(pp=pp, dp_replicate=max(1, row.world_size // (pp * tp * cp * dp_shard)), dp_shard=dp_shard,
+                cp=cp, tp=tp)
 
 
 class PlanDetail(PlanSummary):
