@@ -426,6 +426,8 @@ _COMPARE_DISPLAY: dict[str, Callable[[Any], str]] = {
     "prediction.exposed_comm_s": fmt.duration,
     "prediction.exposed_tensor_parallel_s": fmt.duration,
     "config.mesh.tp": lambda v: "none (1)" if v == 1 else f"{v} (sequence + loss parallel)",
+    "config.mesh.cp": lambda v: "none (1)" if v == 1 else f"{v} (sequences split)",
+    "config.mesh.pp": lambda v: "none (1)" if v == 1 else f"{v} stages",
     # To the second: two plans made in the same minute differ here, and the row must show how.
     "created_at": lambda v: f"{datetime.fromisoformat(v):%Y-%m-%d %H:%M:%S} UTC",
     **{f"prediction.memory_breakdown_gib.{key}": fmt.gib for key in MEMORY_PARTS},

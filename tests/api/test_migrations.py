@@ -192,13 +192,15 @@ def test_0009_backfills_the_pipeline_parallel_degree_and_reverts(fresh_url: str)
     try:
         migrate.upgrade(engine, "0008")
         with engine.begin() as connection:
-            for i, (key, document) in enumerate({"pp1": plain, "pp2": pipelined, "before-pp": before_pp}.items()):
+            documents = {"pp1": plain, "pp2": pipelined, "before-pp": before_pp}
+            for i, (key, document) in enumerate(documents.items()):
                 connection.execute(_PLANS_0008.insert().values(
                     name=key, model_name="llama-debug", gpu="cpu", num_nodes=1, gpus_per_node=4, world_size=4,
                     tokens_per_s_per_gpu=1.0, mfu=0.1, peak_memory_gib=1.0, step_time_s=1.0,
                     plan_hash=f"{i:064x}", planner_version="test", created_at=datetime.now(UTC),
                     request={}, plan=document, sharding="full_shard", tensor_parallel_degree=1,
-                    data_parallel_shard_degree=document["config"]["mesh"]["dp_shard"], context_parallel_degree=1,
+                    data_parallel_shard_degree=document["config"]["mesh"]["dp_shard"],
+                    context_parallel_degree=1,
                 ))
         migrate.upgrade(engine)
         with engine.connect() as connection:
