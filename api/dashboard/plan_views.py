@@ -73,11 +73,16 @@ def sharding_label(config: ParallelConfig) -> str:
 
 
 def mesh_row(config: ParallelConfig) -> Row:
-    """The device mesh, every degree named, with what tensor parallelism brings when it is on."""
+    """The device mesh, every degree named (pp and cp when above 1), with what pipeline, context and
+    tensor parallelism bring when they are on."""
     mesh = config.mesh
+    pipeline = f"pp {mesh.pp} × " if mesh.pp > 1 else ""
     context = f" × cp {mesh.cp}" if mesh.cp > 1 else ""
-    value = f"dp_replicate {mesh.dp_replicate} × dp_shard {mesh.dp_shard}{context} × tp {mesh.tp}"
+    value = f"{pipeline}dp_replicate {mesh.dp_replicate} × dp_shard {mesh.dp_shard}{context} × tp {mesh.tp}"
     notes = []
+    if mesh.pp > 1:
+        notes.append(f"the blocks are split into {mesh.pp} pipeline stages of {mesh.stage_ranks} GPU(s) each "
+                     "(outermost: consecutive blocks of ranks), micro-batches sent stage to stage")
     if mesh.cp > 1:
         notes.append(f"each sequence is split over a cp group of {mesh.cp} ranks (load-balanced chunks; "
                      "keys and values all-gathered for attention), and FSDP shards over dp_shard × cp")
