@@ -9,6 +9,7 @@ import dataclasses
 from contract.mesh import Mesh
 from contract.parallel_config import PipelineConfig, PipelineSchedule
 from planner.catalog.models import resolve_model
+from planner.cost.pipeline import balanced_stage_split
 from planner.hashing import plan_hash
 from planner.plan import Plan
 from planner.search import make_plan
@@ -20,22 +21,26 @@ STAGE_BLOCKS: dict[PipelineSchedule, tuple[int, ...]] = {
 }
 
 
-def pipeline_request(world: int = 4) -> PlanRequest:
+def pipeline_request(world: int = 4, nodes: int = 1) -> PlanRequest:
     return PlanRequest(
-        model=resolve_model("llama-debug"), cluster=ClusterSpec.parse(f"1x{world}xcpu"),
-        training=TrainingSpec(seq_len=128, global_batch_tokens=128 * 16, precision="fp32"),
+        model=resolve_model("llama-debug"), cluster=ClusterSpec.parse(f"{nodes}x{world // nodes}xcpu"),
+        training=TrainingSpec(seq_len=128, global_batch_tokens=128 * 4 * world, precision="fp32"),
         search=SearchSpace(tensor_parallel_degrees=[1], shardings=["full_shard"]),
     )
 
 
 def pipeline_plan(
-    schedule: PipelineSchedule = "1F1B", *, pp: int = 2, world: int = 4
+    schedule: PipelineSchedule = "1F1B", *, pp: int = 2, world: int = 4, nodes: int = 1
 ) -> tuple[PlanRequest, Plan]:
-    """llama-debug on `world` CPU ranks as pp x dp_shard (world / pp), with `schedule`, 4 micro-batches."""
-    request = pipeline_request(world)
+    """llama-debug on `world` CPU ranks (over `nodes` nodes) as pp x dp_shard (world / pp), with
+    `schedule`, 4 micro-batches."""
+    request = pipeline_request(world, nodes)
     plan = make_plan(request)
     config = plan.config
-    blocks = STAGE_BLOCKS[schedule] if pp == 2 else (1,) * (pp * (1 if schedule == "1F1B" else 2))
+    stages = pp * (1 if schedule == "1F1B" else 2)
+    blocks = STAGE_BLOCKS[schedule] if pp == 2 else balanced_stage_split(
+        plan.model.num_layers, stages, first_extra=0.0, last_extra=0.0
+    )
     pipelined = dataclasses.replace(
         config, mesh=Mesh(pp=pp, dp_shard=world // pp),
         # The same global batch: 4 micro-batches on each of the world / pp data-parallel ranks.
