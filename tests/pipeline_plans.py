@@ -46,6 +46,7 @@ def pipeline_plan(
         # The same global batch: 4 micro-batches on each of the world / pp data-parallel ranks.
         micro_batch_size=plan.training.global_batch_sequences // (4 * (world // pp)),
         grad_accum_steps=4,
+        compile=config.compile and schedule != "ZBVZeroBubble",  # torch runs ZB-V's stages eager only
         pipeline=PipelineConfig(
             schedule=schedule, stages_per_rank=len(blocks) // pp, stage_blocks=blocks
         ),

@@ -275,6 +275,11 @@ def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
     summary.add_row("mesh", mesh_line(p.config))
     if p.config.pipeline is not None:
         summary.add_row("pipeline", pipeline_line(p.config.pipeline, p.config.grad_accum_steps))
+        summary.add_row(
+            "pipeline bubble",
+            f"{duration(pred.pipeline_bubble_s)}/step waiting while the stages fill and drain; "
+            f"{duration(pred.exposed_pipeline_p2p_s)}/step of stage-to-stage sends exposed",
+        )
     summary.add_row("step time", duration(pred.step_time_s))
     summary.add_row("tokens/s/GPU", f"{pred.tokens_per_s_per_gpu:,.0f}")
     summary.add_row("MFU", f"{pred.mfu:.1%}")

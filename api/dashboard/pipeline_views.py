@@ -98,9 +98,10 @@ def stage_rows(pipeline: PipelineConfig, pp: int) -> list[StageRow]:
 
 def summary_rows(plan: Plan, pipeline: PipelineConfig, figure: TimelineFigure) -> list[Row]:
     pp = plan.config.mesh.pp
-    bubble = f"{fmt.percent(figure.bubble_fraction)} of the step"
-    bubble += " (unit durations)" if figure.unit_durations else f": {fmt.duration(figure.bubble_s)} of " \
-        f"{fmt.duration(figure.makespan_s)} (simulated)"
+    simulated = f"{fmt.percent(figure.bubble_fraction)} of the drawn step"
+    simulated += " (unit durations)" if figure.unit_durations else f": {fmt.duration(figure.bubble_s)} of " \
+        f"{fmt.duration(figure.makespan_s)}"
+    p = plan.prediction
     return [
         Row("Schedule", pipeline.label(), SCHEDULE_WORDS.get(pipeline.schedule, "")),
         Row("Stages", f"{pipeline.num_stages} = pp {pp} × {pipeline.stages_per_rank} per rank",
@@ -110,7 +111,12 @@ def summary_rows(plan: Plan, pipeline: PipelineConfig, figure: TimelineFigure) -
             "the first stage also runs the embeddings, the last the final norm, the head and the loss"),
         Row("Micro-batches", f"{plan.config.grad_accum_steps} per step",
             "the schedule's micro-batches are the accumulation steps"),
-        Row("Bubble", bubble, "the time the busiest pipeline rank waits while the pipeline fills and drains"),
+        Row("Bubble", f"{fmt.duration(p.pipeline_bubble_s)} per step (predicted)",
+            "the time the busiest pipeline rank waits while the pipeline fills and drains; the timeline "
+            f"below, simulated: {simulated}"),
+        Row("Stage-to-stage sends", f"{fmt.duration(p.exposed_pipeline_p2p_s)} per step exposed",
+            "activations forward and their gradients back between neighbouring stages, on the critical "
+            "path (in the exposed communication)"),
     ]
 
 

@@ -5,6 +5,7 @@ pipeline (schedule, stages per rank, blocks per stage)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from rich.console import Console
@@ -14,6 +15,7 @@ from api.cli.common import in_cli_terms
 from api.cli.main import app
 from api.cli.plan_cmd import print_plan, search_pins
 from contract.parallel_config import PIPELINE_SCHEDULES
+from planner.formatting import duration
 from planner.specs import SearchSpace
 from tests.pipeline_plans import pipeline_plan
 
@@ -75,8 +77,14 @@ def test_the_printout_shows_the_pipeline(schedule: str, line: str) -> None:
     console = Console(record=True, width=200)
     print_plan(plan, console)
     printed = console.export_text()
-    assert "mesh          pp 2 x dp_replicate 1 x dp_shard 2 x tp 1 (blocks in 2 pipeline stages)" in printed
-    assert line + " (the first with the embeddings, the last with the head), 4 micro-batches" in printed
+    mesh = "pp 2 x dp_replicate 1 x dp_shard 2 x tp 1 (blocks in 2 pipeline stages)"
+    assert re.search(rf"mesh +{re.escape(mesh)}", printed)
+    label, rest = line.split(maxsplit=1)
+    rest += " (the first with the embeddings, the last with the head), 4 micro-batches"
+    assert re.search(rf"{label} +{re.escape(rest)}", printed)
+    bubble = duration(plan.prediction.pipeline_bubble_s)
+    waits = f"{bubble}/step waiting while the stages fill and drain"
+    assert re.search(rf"pipeline bubble +{re.escape(waits)}", printed)
     assert f"Chosen: pp2 {plan.config.pipeline.label()} " in printed  # type: ignore[union-attr]
 
 

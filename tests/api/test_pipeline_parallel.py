@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
 from api.cli.main import app
+from api.dashboard import formatting as fmt
 from api.db.models import PlanRow
 from planner.plan import Plan
 from tests.api.conftest import cheap_plan
@@ -53,6 +54,8 @@ async def test_a_pinned_pipeline_is_planned_stored_listed_and_shown(
     assert 'id="pipeline-timeline"' in page and "<svg" in page
     blocks = plan.config.pipeline.stage_blocks
     assert f"Blocks per stage</dt>\n    <dd>{' / '.join(map(str, blocks))}" in page
+    assert plan.prediction.pipeline_bubble_s > 0
+    assert f"{fmt.duration(plan.prediction.pipeline_bubble_s)} per step (predicted)" in page
     micro_batches = plan.config.grad_accum_steps
     assert len(re.findall(r'<g class="pp-action"', page)) == 2 * 2 * micro_batches  # 2 ranks x F, B
 
@@ -80,5 +83,6 @@ def test_the_cli_plans_with_pp() -> None:
     assert result.exit_code == 0, result.output
     assert re.search(r"mesh +pp 2 x dp_replicate 1 x dp_shard 2 x tp 1 \(blocks in 2 pipeline stages\)",
                      result.output)
+    assert re.search(r"pipeline bubble +\S+ \S+/step waiting while the stages fill and drain", result.output)
     assert re.search(r"pipeline +Interleaved1F1B, 2 stage\(s\) per rank, blocks per stage 1/1/1/1",
                      result.output)

@@ -103,7 +103,7 @@ def test_the_bubble_shown_is_the_simulated_one(client: TestClient, db: Database)
     # 1F1B over 4 stages and 4 micro-batches: 3 chunks of bubble in a step of 7.
     bubble = 3 * (forward + backward)
     share = fmt.percent(bubble / (7 * (forward + backward)))
-    assert f"Bubble {share} of the step: {fmt.duration(bubble)}" in page
+    assert f"the timeline below, simulated: {share} of the drawn step: {fmt.duration(bubble)} of " in page
     assert len(boxes(timeline_svg(html))) == 4 * 2 * 4
 
 
