@@ -13,8 +13,8 @@ import itertools
 import pytest
 
 from contract.parallel_config import PipelineConfig
-from planner.cost.pipeline import ChunkTimes, bubble_seconds
-from planner.pipeline_timeline import UNIT_CHUNK, ScheduleError, rank_orders, simulate
+from planner.cost.pipeline import ChunkTimes, bubble_seconds, in_flight_chunks
+from planner.pipeline_timeline import UNIT_CHUNK, Action, ScheduleError, rank_orders, simulate
 
 CHUNKS = (UNIT_CHUNK, ChunkTimes(1.0, 1.5, 0.5), ChunkTimes(0.3, 0.4, 0.35))
 
@@ -103,3 +103,30 @@ def test_interleaved_warms_up_as_torch_does() -> None:
 def test_too_few_micro_batches_are_refused() -> None:
     with pytest.raises(ScheduleError, match="at least 4 micro-batches"):
         rank_orders(pipeline("1F1B", 4), pp=4, micro_batches=3)
+
+
+def held_chunks(order: tuple[Action, ...]) -> int:
+    """The most chunks whose activations a rank holds: forwards run whose backward (ZB-V: whose weight
+    gradient, the last to read them) has not."""
+    held = peak = 0
+    for action in order:
+        held += {"F": 1, "B": -1, "W": -1}.get(action.kind, 0)
+        peak = max(peak, held)
+    return peak
+
+
+@pytest.mark.parametrize(("schedule", "v"), [("1F1B", 1), ("Interleaved1F1B", 2), ("Interleaved1F1B", 4),
+                                             ("ZBVZeroBubble", 2)])
+@pytest.mark.parametrize("pp", [2, 4, 8])
+def test_the_activations_in_flight_are_what_the_memory_model_holds(schedule: str, v: int, pp: int) -> None:
+    """planner.cost.pipeline.in_flight_chunks against the simulated orders: equal, except ZB-V with
+    fewer micro-batches than its V (2pp - 1), where the formula holds more than torch's order does."""
+    config = pipeline(schedule, pp, v)
+    for m in (pp, 2 * pp, 4 * pp):
+        for rank, order in enumerate(rank_orders(config, pp=pp, micro_batches=m)):
+            held = held_chunks(order)
+            priced = in_flight_chunks(config, pp=pp, rank=rank, micro_batches=m)
+            if schedule == "ZBVZeroBubble" and m < 2 * pp - 1:
+                assert held <= priced, (m, rank)
+            else:
+                assert held == priced, (m, rank)
