@@ -17,7 +17,7 @@ def test_a_pipeline_plan_draws_its_schedule(live_server: LiveServer, page: Brows
             "training": {"seq_len": 128, "global_batch_tokens": 2048},
             "search": {"pipeline_parallel_degrees": [2], "pipeline_schedules": ["1F1B"],
                        "tensor_parallel_degrees": [1]}}
-    response = httpx.post(f"{live_server.url}/api/v1/plans", json=body, timeout=60)
+    response = httpx.post(f"{live_server.url}/api/v1/plans", json=body, timeout=180)
     assert response.status_code == 201, response.text
     plan = response.json()["plan"]
     micro_batches = plan["config"]["grad_accum_steps"]
