@@ -52,12 +52,15 @@ LAYERS: dict[str, dict[str, Handler | str]] = {
         "tp": ("executor/runtime/parallelize.py", "parallelize"),
     },
     "launcher": {
+        # The world must be the mesh's product, and stages stay on whole nodes (header: _pipeline_header).
+        "pp": ("executor/launch/render.py", "_pipeline_check"),
         "dp_replicate": ("contract/mesh.py", "Mesh.describe"),
         "dp_shard": ("contract/mesh.py", "Mesh.describe"),
         "cp": ("contract/mesh.py", "Mesh.describe"),
         "tp": ("executor/launch/render.py", "_tensor_parallel_check"),
     },
     "dashboard": {
+        "pp": ("api/dashboard/plan_views.py", "mesh_row"),  # and the Pipeline section (pipeline_views.py)
         "dp_replicate": ("api/dashboard/plan_views.py", "mesh_row"),
         "dp_shard": ("api/dashboard/plan_views.py", "mesh_row"),
         "cp": ("api/dashboard/plan_views.py", "mesh_row"),

@@ -21,7 +21,15 @@ from api.cli.common import (
     model_from_options,
     read_json_file,
 )
-from contract.parallel_config import CheckpointMode, Float8Recipe, ParallelConfig, ShardingStrategy
+from api.typed_numbers import parse_whole
+from contract.parallel_config import (
+    PIPELINE_SCHEDULES,
+    CheckpointMode,
+    Float8Recipe,
+    ParallelConfig,
+    PipelineConfig,
+    ShardingStrategy,
+)
 from planner.calibration import CalibrationProfile
 from planner.cost.memory import MEMORY_TERMS
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
@@ -35,6 +43,8 @@ from planner.specs import SearchSpace
 SHARDINGS: tuple[str, ...] = typing.get_args(ShardingStrategy)
 CHECKPOINT_MODES: tuple[str, ...] = typing.get_args(CheckpointMode)
 FLOAT8_CHOICES: tuple[str, ...] = typing.get_args(Float8Recipe)
+MAX_PINNED_DEGREE = 1024
+"""The largest degree a pin takes (what the search space allows for cp and pp)."""
 VerboseOption = Annotated[bool, typer.Option(
     "--verbose", "-v", help="List every family that lost; without it the out-of-memory ones share one row."
 )]
@@ -101,6 +111,17 @@ def plan(
         "every sequence over 4 ranks. Default: every degree that splits the sequence, for sequences "
         "of 32,768 tokens or more (llama family); shorter ones plan cp 1.",
     )] = None,
+    pp: Annotated[list[str] | None, typer.Option(
+        "--pp", metavar="N[,N...]",
+        help="Pin the pipeline-parallel degrees to search (repeatable or comma-separated): --pp 4 splits "
+        "the blocks into 4 stages, --pp 1 plans no pipeline. Default: pp 1 where a plan without a "
+        "pipeline fits, else every power of two up to the model's layers that divides the GPUs.",
+    )] = None,
+    pp_schedule: Annotated[list[str] | None, typer.Option(
+        "--pp-schedule", metavar="NAME[,NAME...]",
+        help=f"Pipeline schedules to search when pp > 1 (repeatable or comma-separated): "
+        f"{', '.join(PIPELINE_SCHEDULES)}. Default: all.",
+    )] = None,
     async_tp: Annotated[bool, typer.Option(
         "--async-tp",
         help="Run compiled tensor-parallel plans' collectives asynchronously (inductor's "
@@ -118,7 +139,7 @@ def plan(
         raise fail("--global-batch-tokens is required (tokens per optimizer step over all GPUs)")
     search = search_pins(
         tp=tp, sharding=sharding, compile_=compile_, checkpointing=checkpointing, float8=float8,
-        async_tp=async_tp, cp=cp,
+        async_tp=async_tp, cp=cp, pp=pp, pp_schedule=pp_schedule,
     )
     try:
         model_spec = model_from_options(model=model, hf_config=hf_config, layer_graph=layer_graph)
@@ -176,26 +197,31 @@ def search_pins(
     float8: list[str] | None = None,
     async_tp: bool = False,
     cp: list[str] | None = None,
+    pp: list[str] | None = None,
+    pp_schedule: list[str] | None = None,
 ) -> SearchSpace:
     """The search space the pins leave (an unpinned axis searches all its values)."""
     pins: dict[str, object] = {}
     for option, values, what, field in (
         ("--tp", tp, "tensor-parallel", "tensor_parallel_degrees"),
         ("--cp", cp, "context-parallel", "context_parallel_degrees"),
+        ("--pp", pp, "pipeline-parallel", "pipeline_parallel_degrees"),
     ):
         if not values:
             continue
-        degrees = _choices(values)
-        bad = [d for d in degrees if not d.isdigit() or int(d) < 1]
+        # ASCII digits only: str.isdigit() is true for '²' (int() then fails) and '٣' (int() reads 3).
+        degrees = [(d, parse_whole(d, low=1, high=MAX_PINNED_DEGREE)) for d in _choices(values)]
+        bad = [d for d, degree in degrees if degree is None]
         if bad or not degrees:
             raise fail(f"{option}: {bad[0] if bad else '(empty)'!r} is not a {what} degree; give whole "
-                       f"numbers from 1, e.g. {option} 8 or {option} 2,4 (leave {option} out to search "
-                       "every degree)")
-        pins[field] = sorted({int(d) for d in degrees})
+                       f"numbers from 1 to {MAX_PINNED_DEGREE}, e.g. {option} 8 or {option} 2,4 (leave "
+                       f"{option} out to search every degree)")
+        pins[field] = sorted({degree for _, degree in degrees if degree is not None})
     for option, values, known, field in (
         ("--sharding", sharding, SHARDINGS, "shardings"),
         ("--checkpointing", checkpointing, CHECKPOINT_MODES, "checkpointing"),
         ("--float8", float8, FLOAT8_CHOICES, "float8"),
+        ("--pp-schedule", pp_schedule, PIPELINE_SCHEDULES, "pipeline_schedules"),
     ):
         if not values:
             continue
@@ -213,14 +239,24 @@ def search_pins(
 
 def mesh_line(config: ParallelConfig) -> str:
     """`dp_replicate 1 x dp_shard 64 x tp 8 (sequence + loss parallel)`: every degree named, since
-    `hybrid_shard/16x2` style labels and `dp 2x16` ones order the two data-parallel degrees apart."""
+    `hybrid_shard/16x2` style labels and `dp 2x16` ones order the two data-parallel degrees apart
+    (pp and cp named when above 1)."""
     mesh = config.mesh
+    pipeline = f"pp {mesh.pp} x " if mesh.pp > 1 else ""
     context = f" x cp {mesh.cp}" if mesh.cp > 1 else ""
-    degrees = f"dp_replicate {mesh.dp_replicate} x dp_shard {mesh.dp_shard}{context} x tp {mesh.tp}"
+    degrees = f"{pipeline}dp_replicate {mesh.dp_replicate} x dp_shard {mesh.dp_shard}{context} x tp {mesh.tp}"
     split = [what for what, on in (
+        (f"blocks in {mesh.pp} pipeline stages", mesh.pp > 1),
         (f"sequences split over {mesh.cp} ranks", mesh.cp > 1), ("sequence + loss parallel", mesh.tp > 1)
     ) if on]
     return degrees + (f" ({'; '.join(split)})" if split else " (data parallelism only)")
+
+
+def pipeline_line(pipeline: PipelineConfig, micro_batches: int) -> str:
+    """`Interleaved1F1B, 2 stages per rank, blocks per stage 7/8/8/7, 16 micro-batches`."""
+    blocks = "/".join(str(b) for b in pipeline.stage_blocks)
+    return (f"{pipeline.schedule}, {pipeline.stages_per_rank} stage(s) per rank, blocks per stage {blocks} "
+            f"(the first with the embeddings, the last with the head), {micro_batches} micro-batches")
 
 
 def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
@@ -237,6 +273,13 @@ def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
     console.print(f"Chosen: [bold green]{p.config.label()}[/]")
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_row("mesh", mesh_line(p.config))
+    if p.config.pipeline is not None:
+        summary.add_row("pipeline", pipeline_line(p.config.pipeline, p.config.grad_accum_steps))
+        summary.add_row(
+            "pipeline bubble",
+            f"{duration(pred.pipeline_bubble_s)}/step waiting while the stages fill and drain; "
+            f"{duration(pred.exposed_pipeline_p2p_s)}/step of stage-to-stage sends exposed",
+        )
     summary.add_row("step time", duration(pred.step_time_s))
     summary.add_row("tokens/s/GPU", f"{pred.tokens_per_s_per_gpu:,.0f}")
     summary.add_row("MFU", f"{pred.mfu:.1%}")

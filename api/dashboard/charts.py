@@ -503,7 +503,7 @@ def timeline(
                   for s in members],
             "hovertext": [_text(s.tooltip) for s in members], "hoverinfo": "text",
             "text": [_text(_span_label(s, end)) for s in members], "textposition": "inside",
-            "insidetextanchor": "start", "textfont": {"color": _ink_on(color)},
+            "insidetextanchor": "start", "textfont": {"color": ink_on(color)},
             "marker": {"color": color, "line": {"width": 0}}, "width": 0.7,
             "meta": _trace_meta(css_class),
         })
@@ -527,7 +527,7 @@ def _span_label(span: Span, end: float, plot_px: float = 620.0) -> str:
     return next((t for t in (span.label, span.short_label) if t and width >= 12 * 0.62 * len(t) + 8), "")
 
 
-def _ink_on(fill: str) -> str:
+def ink_on(fill: str) -> str:
     """Dark or white text, whichever reads on a `#rrggbb` fill (by its relative luminance)."""
     red, green, blue = (int(fill[i:i + 2], 16) / 255 for i in (1, 3, 5))
     return "#111111" if 0.2126 * red + 0.7152 * green + 0.0722 * blue > 0.45 else "#ffffff"

@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 
 from starlette.datastructures import QueryParams
 
-from api.schemas.plans import MAX_GPUS_PER_NODE, MAX_ID, MAX_NODES, PlanSort, SortOrder
+from api.schemas.plans import MAX_GPUS_PER_NODE, MAX_ID, MAX_NODES, MAX_PIPELINE_STAGES, PlanSort, SortOrder
 from api.services.plan_listing import PlanFilters
 from api.typed_numbers import parse_whole
 from contract.parallel_config import ShardingStrategy
@@ -68,6 +68,7 @@ class ListingState:
     nodes: int | None = None
     sharding: str = ""
     tp: int | None = None
+    pp: int | None = None
     limit: int = DEFAULT_PAGE_SIZE
     cursor: str | None = None
     notices: tuple[str, ...] = field(default=(), compare=False)
@@ -109,6 +110,11 @@ class ListingState:
         if raw_tp and tp is None:
             notices.append(f"Tensor parallel must be a whole number from 1 to {MAX_GPUS_PER_NODE}; "
                            "that filter was ignored.")
+        raw_pp = text("pp")
+        pp = parse_whole(raw_pp, low=1, high=MAX_PIPELINE_STAGES) if raw_pp else None
+        if raw_pp and pp is None:
+            notices.append(f"Pipeline parallel must be a whole number from 1 to {MAX_PIPELINE_STAGES}; "
+                           "that filter was ignored.")
         limit = DEFAULT_PAGE_SIZE
         if "limit" in params:
             asked = parse_whole(params["limit"], low=0, high=MAX_ID)
@@ -119,20 +125,20 @@ class ListingState:
                 limit = min(max(asked, 1), MAX_PAGE_SIZE)
         cursor = params.get("cursor") or None
         return cls(sort=sort, order=order, model=text("model"), gpu=text("gpu"), q=text("q"), nodes=nodes,
-                   sharding=sharding, tp=tp, limit=limit, cursor=cursor, notices=tuple(notices))
+                   sharding=sharding, tp=tp, pp=pp, limit=limit, cursor=cursor, notices=tuple(notices))
 
     def filters(self) -> PlanFilters:
         return PlanFilters(model=self.model or None, gpu=self.gpu or None, nodes=self.nodes, q=self.q or None,
-                           sharding=self.sharding or None, tp=self.tp)
+                           sharding=self.sharding or None, tp=self.tp, pp=self.pp)
 
     @property
     def filtered(self) -> bool:
         return bool(self.model or self.gpu or self.q or self.nodes is not None or self.sharding
-                    or self.tp is not None)
+                    or self.tp is not None or self.pp is not None)
 
     def cleared(self) -> str:
         """The link that drops every filter (keeps the sort)."""
-        return self.href(model="", gpu="", q="", nodes=None, sharding="", tp=None, cursor=None)
+        return self.href(model="", gpu="", q="", nodes=None, sharding="", tp=None, pp=None, cursor=None)
 
     def href(self, **changes: object) -> str:
         """`/?...` for this state with `changes` applied; defaults are left out to keep links short."""
@@ -142,7 +148,7 @@ class ListingState:
             "order": state.order.value if state.order is not FIRST_ORDER.get(state.sort, SortOrder.desc)
             else None,
             "model": state.model, "gpu": state.gpu, "q": state.q, "nodes": state.nodes,
-            "sharding": state.sharding, "tp": state.tp,
+            "sharding": state.sharding, "tp": state.tp, "pp": state.pp,
             "limit": state.limit if state.limit != DEFAULT_PAGE_SIZE else None,
             "cursor": state.cursor,
         }

@@ -73,11 +73,16 @@ def sharding_label(config: ParallelConfig) -> str:
 
 
 def mesh_row(config: ParallelConfig) -> Row:
-    """The device mesh, every degree named, with what tensor parallelism brings when it is on."""
+    """The device mesh, every degree named (pp and cp when above 1), with what pipeline, context and
+    tensor parallelism bring when they are on."""
     mesh = config.mesh
+    pipeline = f"pp {mesh.pp} × " if mesh.pp > 1 else ""
     context = f" × cp {mesh.cp}" if mesh.cp > 1 else ""
-    value = f"dp_replicate {mesh.dp_replicate} × dp_shard {mesh.dp_shard}{context} × tp {mesh.tp}"
+    value = f"{pipeline}dp_replicate {mesh.dp_replicate} × dp_shard {mesh.dp_shard}{context} × tp {mesh.tp}"
     notes = []
+    if mesh.pp > 1:
+        notes.append(f"the blocks are split into {mesh.pp} pipeline stages of {mesh.stage_ranks} GPU(s) each "
+                     "(outermost: consecutive blocks of ranks), micro-batches sent stage to stage")
     if mesh.cp > 1:
         notes.append(f"each sequence is split over a cp group of {mesh.cp} ranks (load-balanced chunks; "
                      "keys and values all-gathered for attention), and FSDP shards over dp_shard × cp")
@@ -426,6 +431,8 @@ _COMPARE_DISPLAY: dict[str, Callable[[Any], str]] = {
     "prediction.exposed_comm_s": fmt.duration,
     "prediction.exposed_tensor_parallel_s": fmt.duration,
     "config.mesh.tp": lambda v: "none (1)" if v == 1 else f"{v} (sequence + loss parallel)",
+    "config.mesh.cp": lambda v: "none (1)" if v == 1 else f"{v} (sequences split)",
+    "config.mesh.pp": lambda v: "none (1)" if v == 1 else f"{v} stages",
     # To the second: two plans made in the same minute differ here, and the row must show how.
     "created_at": lambda v: f"{datetime.fromisoformat(v):%Y-%m-%d %H:%M:%S} UTC",
     **{f"prediction.memory_breakdown_gib.{key}": fmt.gib for key in MEMORY_PARTS},

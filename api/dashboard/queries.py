@@ -40,6 +40,7 @@ class FilterChoices:
     models: list[str]
     gpus: list[str]
     tensor_parallel_degrees: list[int]
+    pipeline_parallel_degrees: list[int]
 
 
 def distinct_values(session: Session) -> FilterChoices:
@@ -47,7 +48,7 @@ def distinct_values(session: Session) -> FilterChoices:
         return list(session.scalars(select(column).distinct().order_by(column)))
 
     return FilterChoices(distinct(PlanRow.model_name), distinct(PlanRow.gpu),
-                         distinct(PlanRow.tensor_parallel_degree))
+                         distinct(PlanRow.tensor_parallel_degree), distinct(PlanRow.pipeline_parallel_degree))
 
 
 def validation_runs(session: Session, plan_id: int) -> list[ValidationRunRow]:

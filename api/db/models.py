@@ -54,8 +54,8 @@ class PlanRow(Base):
     replanned_from_run_id: Mapped[int | None] = mapped_column(BigId)
     """The OOM validation run whose configuration set the memory ceiling (None: the plan's own)."""
     # The chosen device mesh, copied out of `plan` so that lists filter on it and show it without
-    # loading the documents (backfilled by migrations 0003 and 0008). dp_replicate is world_size /
-    # (dp_shard x cp x tp).
+    # loading the documents (backfilled by migrations 0003, 0008 and 0009). dp_replicate is world_size /
+    # (pp x dp_shard x cp x tp).
     sharding: Mapped[str] = mapped_column(String(32))
     """config.sharding: full_shard, shard_grad_op, hybrid_shard or no_shard."""
     tensor_parallel_degree: Mapped[int] = mapped_column(Integer)
@@ -64,6 +64,9 @@ class PlanRow(Base):
     """config.mesh.dp_shard: data-parallel ranks a parameter is sharded over."""
     context_parallel_degree: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     """config.mesh.cp: ranks splitting every sequence (1: whole sequences; backfilled by migration 0008)."""
+    pipeline_parallel_degree: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    """config.mesh.pp: pipeline stages the blocks are split over (1: no pipeline; backfilled by migration
+    0009)."""
 
     __table_args__ = (
         # One index per sortable column, with the id tie-breaker that keyset pagination walks.

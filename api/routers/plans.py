@@ -18,6 +18,7 @@ from api.schemas.plan_jobs import PlanJobOut
 from api.schemas.plans import (
     MAX_GPUS_PER_NODE,
     MAX_NODES,
+    MAX_PIPELINE_STAGES,
     NO_NUL,
     ComparedPlan,
     ComparisonRow,
@@ -154,8 +155,14 @@ def list_plans(
         ge=1, le=MAX_GPUS_PER_NODE,
         description="Tensor-parallel degree of the chosen mesh (1: data parallelism only)",
     )] = None,
+    pp: Annotated[int | None, Query(
+        ge=1, le=MAX_PIPELINE_STAGES,
+        description="Pipeline-parallel degree of the chosen mesh (1: plans without a pipeline)",
+    )] = None,
 ) -> PlanPage:
-    filters = plan_listing.PlanFilters(model=model, gpu=gpu, nodes=nodes, q=q, sharding=sharding, tp=tp)
+    filters = plan_listing.PlanFilters(
+        model=model, gpu=gpu, nodes=nodes, q=q, sharding=sharding, tp=tp, pp=pp
+    )
     rows, next_cursor = plan_listing.list_plans(
         session, filters=filters, sort=sort, order=order, limit=limit, cursor=cursor or None
     )

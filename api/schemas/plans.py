@@ -49,6 +49,8 @@ MAX_ID = (1 << 53) - 1
 """The largest id every JSON client reads exactly (JavaScript numbers, and JSON Schema validators that
 compare in floats: against 2^63 - 1 as a float, 2^63 + 191 passes); far beyond any table's ids."""
 PlanId = Annotated[int, Path(ge=1, le=MAX_ID, description="A plan's id")]
+MAX_PIPELINE_STAGES = 1024
+"""The largest pipeline-parallel degree a filter takes: what `search.pipeline_parallel_degrees` allows."""
 # PostgreSQL text and jsonb cannot hold NUL characters; refuse them up front instead of failing on insert.
 NO_NUL = r"^[^\x00]*$"
 # Real inputs (HF configs, layer graphs) nest a few levels; deep nesting only serves to exhaust the stack.
@@ -230,7 +232,7 @@ class PlanSummary(BaseModel):
     tensor_parallel_degree: int = Field(ge=1, examples=[8])
     """The mesh's tp: GPUs (inside one node) that split every block's matmuls; 1: data parallelism only."""
     mesh: Mesh
-    """The device mesh: dp_replicate x dp_shard x tp = world_size."""
+    """The device mesh: pp x dp_replicate x dp_shard x cp x tp = world_size."""
     tokens_per_s_per_gpu: float
     mfu: float
     peak_memory_gib: float
@@ -250,10 +252,12 @@ class PlanSummary(BaseModel):
 
 
 def stored_mesh(row: Any) -> Mesh:
-    """The mesh of a stored plan row (api.db.models.PlanRow), from its columns alone: tp, cp and
+    """The mesh of a stored plan row (api.db.models.PlanRow), from its columns alone: pp, tp, cp and
     dp_shard are stored, dp_replicate is what the world size leaves."""
     tp, cp, dp_shard = row.tensor_parallel_degree, row.context_parallel_degree, row.data_parallel_shard_degree
-    return Mesh(dp_replicate=max(1, row.world_size // (tp * cp * dp_shard)), dp_shard=dp_shard, cp=cp, tp=tp)
+    pp = row.pipeline_parallel_degree
+    return Mesh(pp=pp, dp_replicate=max(1, row.world_size // (pp * tp * cp * dp_shard)), dp_shard=dp_shard,
+                cp=cp, tp=tp)
 
 
 class PlanDetail(PlanSummary):

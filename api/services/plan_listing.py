@@ -44,6 +44,8 @@ class PlanFilters:
     sharding: str | None = None
     tp: int | None = None
     """Tensor-parallel degree (1: plans without tensor parallelism)."""
+    pp: int | None = None
+    """Pipeline-parallel degree (1: plans without a pipeline)."""
 
     def digest(self) -> str:
         return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
@@ -60,6 +62,8 @@ class PlanFilters:
             conditions.append(PlanRow.sharding == self.sharding)
         if self.tp is not None:
             conditions.append(PlanRow.tensor_parallel_degree == self.tp)
+        if self.pp is not None:
+            conditions.append(PlanRow.pipeline_parallel_degree == self.pp)
         if self.q:
             conditions.append(func.lower(PlanRow.name).contains(self.q.lower(), autoescape=True))
         return conditions

@@ -251,6 +251,7 @@ def row_for(
         tensor_parallel_degree=plan.config.mesh.tp,
         data_parallel_shard_degree=plan.config.mesh.dp_shard,
         context_parallel_degree=plan.config.mesh.cp,
+        pipeline_parallel_degree=plan.config.mesh.pp,
         plan_hash=digest,
         planner_version=plan.planner_version,
         calibration_id=calibration_id,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 import contract
-from contract.parallel_config import Float8Recipe
+from contract.parallel_config import PIPELINE_SCHEDULES, Float8Recipe, PipelineConfig
 from executor.launch import render
 from executor.launch.quoting import (
     CUDA_VERSION_PATTERN,
@@ -116,7 +116,15 @@ def context(plan: Plan, *, image: str = DEFAULT_IMAGE) -> render.LaunchContext:
         mesh=plan.config.mesh,  # a contract.mesh.Mesh: its degrees are checked whole numbers >= 1
         float8=_float8(plan.config.float8),
         async_tp=plan.config.async_tp is True,
+        pipeline=_pipeline(plan.config.pipeline),
     )
+
+
+def _pipeline(pipeline: PipelineConfig | None) -> PipelineConfig | None:
+    """The plan's pipeline, its schedule one of the contract's (it lands in shell comments)."""
+    if pipeline is not None:
+        _check_choice(pipeline.schedule, PIPELINE_SCHEDULES, "config.pipeline.schedule")
+    return pipeline
 
 
 def _float8(recipe: str) -> str:

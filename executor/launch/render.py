@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contract.mesh import Mesh
+from contract.mesh import MESH_AXES, Mesh
+from contract.parallel_config import PipelineConfig
 from executor.launch import environment
 from executor.launch.quoting import comment, sh, yaml_str
 
@@ -40,6 +41,8 @@ class LaunchContext:
     """The plan's Float8 recipe (`config.float8`: none, tensorwise, rowwise, mxfp8; a checked choice)."""
     async_tp: bool = False
     """The plan's async tensor parallelism (`config.async_tp`)."""
+    pipeline: PipelineConfig | None = None
+    """The plan's pipeline (`config.pipeline`, present when mesh.pp > 1; its schedule a checked choice)."""
 
 
 TORCHAO_REQUIREMENT = "torchao==0.18.0"
@@ -82,7 +85,8 @@ def _mesh_header(ctx: LaunchContext) -> str:
     if mesh is None:
         return ""
     if mesh.tp == 1:
-        return f"# mesh: {mesh.describe()} (data parallelism only)\n"
+        only = " (data parallelism only)" if mesh.pp == 1 and mesh.cp == 1 else ""
+        return f"# mesh: {mesh.describe()}{only}\n{_pipeline_header(ctx)}"
     pipelined = (
         "#   async TP: the tp collectives are micro-pipelined with their matmuls (inductor, CUDA symmetric\n"
         "#   memory between the node's GPUs; a CPU run falls back to plain collectives).\n"
@@ -92,8 +96,67 @@ def _mesh_header(ctx: LaunchContext) -> str:
         f"# mesh: {mesh.describe()}\n"
         f"#   tp groups are {mesh.tp} consecutive ranks inside a node (tensor parallel with sequence + loss\n"
         f"#   parallel); FSDP shards over the data-parallel dims. Every node runs a multiple of {mesh.tp}.\n"
-        f"{pipelined}"
+        f"{pipelined}{_pipeline_header(ctx)}"
     )
+
+
+def _pipeline_header(ctx: LaunchContext) -> str:
+    """Header comment lines stating the pipeline ('' without one): schedule, stages, blocks per stage."""
+    if ctx.mesh is None or ctx.pipeline is None:
+        return ""
+    mesh, pipeline = ctx.mesh, ctx.pipeline
+    blocks = "/".join(str(b) for b in pipeline.stage_blocks)
+    stages = f"{pipeline.num_stages} stages, {pipeline.stages_per_rank} per pipeline rank"
+    return (
+        f"# pipeline: {pipeline.schedule}, {stages}, blocks per stage {blocks}\n"
+        f"#   (the first stage also runs the embeddings, the last the head and the loss). Pipeline rank p\n"
+        f"#   is the p-th block of {mesh.stage_ranks} consecutive ranks (pp outermost): the world must be\n"
+        f"#   exactly {mesh.world_size} ranks{_stage_layout(ctx)}.\n"
+    )
+
+
+def _stages_tile_nodes(ctx: LaunchContext) -> bool:
+    """Whether the plan's own layout puts every pipeline stage on whole nodes (several nodes per stage,
+    or several stages per node): then a per-node process count that breaks it is refused."""
+    stage = ctx.mesh.stage_ranks if ctx.mesh is not None else 0
+    return stage > 0 and (stage % ctx.gpus_per_node == 0 or ctx.gpus_per_node % stage == 0)
+
+
+def _stage_layout(ctx: LaunchContext) -> str:
+    assert ctx.mesh is not None
+    stage = ctx.mesh.stage_ranks
+    if not _stages_tile_nodes(ctx):
+        return ""
+    if stage >= ctx.gpus_per_node:
+        return f", each stage on {stage // ctx.gpus_per_node} whole node(s) in node order"
+    return f", {ctx.gpus_per_node // stage} whole stages per node in node order"
+
+
+def _pipeline_check(ctx: LaunchContext, script: str) -> str:
+    """Bash that refuses a world the pipeline cannot run on ('' without a pipeline): its size must be the
+    mesh's product (the stages cannot be re-laid), and where the plan puts its stages on whole nodes,
+    the per-node process count must keep them there."""
+    if ctx.mesh is None or ctx.mesh.pp == 1:
+        return ""
+    mesh, stage = ctx.mesh, ctx.mesh.stage_ranks
+    tiling = f"""
+# Each pipeline stage is {stage} consecutive ranks on whole nodes, as the plan priced its
+# collectives: a node must not hold part of one stage and part of the next.
+if [ "$(({stage} % NPROC_PER_NODE))" -ne 0 ] && [ "$((NPROC_PER_NODE % {stage}))" -ne 0 ]; then
+  echo "{script}: NPROC_PER_NODE=$NPROC_PER_NODE would split the plan's pipeline stages of {stage}" \\
+       "ranks across nodes; run a divisor or a multiple of {stage} processes per node (the plan's" \\
+       "{ctx.gpus_per_node})" >&2
+  exit 2
+fi""" if _stages_tile_nodes(ctx) else ""
+    return f"""
+# The plan's pipeline runs {mesh.pp} stages of {stage} ranks each (pp outermost): the world must be exactly
+# {mesh.describe()}, or stages and their blocks would not line up.
+if [ "$((NPROC_PER_NODE * NNODES))" -ne {mesh.world_size} ]; then
+  echo "{script}: $NNODES node(s) x $NPROC_PER_NODE process(es) = $((NPROC_PER_NODE * NNODES)) ranks, but" \\
+       "the plan's mesh is {mesh.describe()}: run {ctx.num_nodes} node(s) x {ctx.gpus_per_node}" \\
+       "processes, or re-plan for this cluster (fsdp-planner plan ... --pp N)" >&2
+  exit 2
+fi{tiling}"""
 
 
 def _float8_header(ctx: LaunchContext) -> str:
@@ -241,7 +304,7 @@ if [ "$NNODES" -gt 1 ] && [ -z "$MASTER_ADDR" ]; then
        "rendezvous), the same on every node: e.g. NNODES=$NNODES MASTER_ADDR=10.0.0.1 ./{entry.script}" \\
        "on each node (NNODES=1 runs on this node alone)" >&2
   exit 2
-fi{_tensor_parallel_check(ctx, entry.script)}
+fi{_tensor_parallel_check(ctx, entry.script)}{_pipeline_check(ctx, entry.script)}
 if [ "$((NPROC_PER_NODE * NNODES))" -ne {ctx.num_nodes * ctx.gpus_per_node} ]; then
   echo "{entry.script}: warning: $NNODES node(s) x $NPROC_PER_NODE process(es) is not the plan's" \\
        "{ctx.num_nodes} x {ctx.gpus_per_node}; the trainer will refuse a different world size" >&2
@@ -422,7 +485,7 @@ export RDZV_ID="${{RDZV_ID:-slurm-$SLURM_JOB_ID}}"
 if ! [[ "$NPROC_PER_NODE" =~ ^[1-9][0-9]*$ ]]; then
   echo "sbatch: NPROC_PER_NODE must be a positive whole number, got '$NPROC_PER_NODE'" >&2
   exit 2
-fi{_tensor_parallel_check(ctx, "sbatch")}{_sbatch_checkpoint_settings(entry)}
+fi{_tensor_parallel_check(ctx, "sbatch")}{_pipeline_check(ctx, "sbatch")}{_sbatch_checkpoint_settings(entry)}
 {environment.bash_defaults("sbatch", cores="${SLURM_CPUS_ON_NODE:-$(nproc 2>/dev/null || echo 1)}")}
 echo "job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}):" \\
      "$NNODES node(s) x $NPROC_PER_NODE,{checkpoints} rendezvous $MASTER_ADDR:$MASTER_PORT"
@@ -860,9 +923,10 @@ there.
 
 def _readme_mesh(ctx: LaunchContext, mesh: Mesh) -> str:
     if mesh.tp == 1:
+        only = "Data parallelism only" if mesh.pp == 1 and mesh.cp == 1 else "No tensor parallelism"
         parallelism = (
-            "Data parallelism only (tp 1): every rank runs whole layers; FSDP shards the parameters, "
-            "gradients and optimizer states over dp_shard and replicates them over dp_replicate."
+            f"{only} (tp 1): every rank runs whole layers; FSDP shards the parameters, gradients and "
+            "optimizer states over dp_shard and replicates them over dp_replicate."
         )
     else:
         parallelism = f"""\
@@ -878,9 +942,45 @@ degree is a different plan: re-plan with `fsdp-planner plan ... --tp N`."""
     return f"""
 ## Device mesh
 
-`{mesh.describe()}` (dp_replicate x dp_shard x tp, laid out row-major: tp innermost).
+`{mesh.describe()}` (laid out row-major over {' x '.join(MESH_AXES)}: tp innermost).
 
 {parallelism}
+{_readme_pipeline(ctx, mesh)}"""
+
+
+def _readme_pipeline(ctx: LaunchContext, mesh: Mesh) -> str:
+    """The bundle README's pipeline paragraph ('' without a pipeline)."""
+    pipeline = ctx.pipeline
+    if pipeline is None:
+        return ""
+    ranks = pipeline.stage_ranks(mesh.pp)
+    starts = pipeline.first_blocks()
+    rows = "\n".join(
+        f"| {stage} | {ranks[stage]} | {starts[stage]}–{starts[stage] + count - 1} |"
+        for stage, count in enumerate(pipeline.stage_blocks)
+    )
+    layout = _stage_layout(ctx).removeprefix(", ")
+    nodes = (
+        f" The plan puts {layout}: `launch.sh` and `slurm.sbatch` refuse an `NPROC_PER_NODE` that "
+        "would split a stage across nodes." if layout else ""
+    )
+    stage = mesh.stage_ranks
+    return f"""
+### Pipeline
+
+`{pipeline.schedule}` over {mesh.pp} pipeline ranks, {pipeline.num_stages} stages
+({pipeline.stages_per_rank} per rank); each optimizer step runs the schedule over the plan's
+accumulation steps as micro-batches. Pipeline rank p is ranks {stage}·p to {stage}·(p+1) − 1 (pp is the
+outermost axis), so the stages follow the node order: torchrun gives node k the ranks from
+k·NPROC_PER_NODE on. The first stage also runs the embeddings, the last the final norm, the head and
+the loss.
+
+| stage | pipeline rank | blocks |
+|---|---|---|
+{rows}
+
+The world must be exactly {mesh.world_size} ranks: `launch.sh` and `slurm.sbatch` refuse another node
+or process count.{nodes} Another pipeline degree is another plan: `fsdp-planner plan ... --pp N`.
 """
 
 

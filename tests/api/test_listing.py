@@ -165,12 +165,41 @@ async def test_filters_on_the_mesh(client: httpx.AsyncClient, stored: list[PlanR
         assert mesh["dp_replicate"] * mesh["dp_shard"] * mesh["tp"] == row.world_size
     hybrid = next(i for i in items if i["sharding"] == "hybrid_shard" and i["world_size"] == 32 and
                   i["tensor_parallel_degree"] == 2)
-    assert hybrid["mesh"] == {"dp_replicate": 8, "dp_shard": 2, "cp": 1, "tp": 2}
+    assert hybrid["mesh"] == {"pp": 1, "dp_replicate": 8, "dp_shard": 2, "cp": 1, "tp": 2}
 
     # A cursor is bound to its mesh filters too.
     cursor = (await client.get(PLANS, params={"limit": 2, "tp": 1})).json()["next_cursor"]
     assert cursor is not None
     assert_problem(await client.get(PLANS, params={"cursor": cursor, "tp": 2}), 422, "invalid-cursor")
+
+
+async def test_filters_on_the_pipeline_degree(
+    client: httpx.AsyncClient, stored: list[PlanRow], session: Session
+) -> None:
+    """pp is stored per plan: lists filter on it, and the mesh they show divides the world by it."""
+    staged = [r for r in stored if r.planner_version == "test"][:6]  # clones of 8 to 32 GPUs
+    for i, row in enumerate(staged):
+        # Columns that tile the world: pp x dp_shard (x dp_replicate for hybrid_shard) x tp.
+        row.pipeline_parallel_degree, row.tensor_parallel_degree = (2, 4)[i % 2], 1
+        row.sharding = "hybrid_shard" if i < 2 else "full_shard"
+        row.data_parallel_shard_degree = 2 if i < 2 else row.world_size // row.pipeline_parallel_degree
+    session.commit()
+    assert await walk(client, pp=2, limit=2) == expected_ids(
+        stored, "created_at", "desc", lambda r: r.pipeline_parallel_degree == 2
+    )
+    assert await walk(client, pp=1) == expected_ids(stored, "created_at", "desc", lambda r: r not in staged)
+    assert await walk(client, pp=8) == []
+    assert await walk(client, pp=4, sharding="hybrid_shard") == [staged[1].id]
+    items = {i["id"]: i for i in (await client.get(PLANS, params={"limit": 200})).json()["items"]}
+    for row in staged:
+        mesh, world = items[row.id]["mesh"], row.world_size
+        assert mesh["pp"] == row.pipeline_parallel_degree
+        assert mesh["dp_shard"] == row.data_parallel_shard_degree
+        assert mesh["dp_replicate"] == (world // (2 * mesh["pp"]) if row.sharding == "hybrid_shard" else 1)
+        assert mesh["pp"] * mesh["dp_replicate"] * mesh["dp_shard"] * mesh["cp"] * mesh["tp"] == world
+    # A cursor is bound to the pp filter too.
+    cursor = (await client.get(PLANS, params={"limit": 1, "pp": 2})).json()["next_cursor"]
+    assert_problem(await client.get(PLANS, params={"cursor": cursor, "pp": 4}), 422, "invalid-cursor")
 
 
 async def test_new_rows_do_not_shift_pages(client: httpx.AsyncClient, stored: list[PlanRow]) -> None:
@@ -239,6 +268,12 @@ async def test_an_empty_cursor_is_the_first_page(client: httpx.AsyncClient, stor
         {"tp": 0},
         {"tp": 65},
         {"tp": "two"},
+        {"pp": 0},
+        {"pp": 1025},
+        {"pp": "two"},
+        {"pp": "\u0663"},  # Arabic-Indic three: int() would read it, the API must not
+        {"pp": "\u00b2"},  # superscript two: str.isdigit() says yes, int() refuses
+        {"pp": "2.5"},
         {"sharding": "zero3"},
         {"sharding": "FULL_SHARD"},
     ],

@@ -32,7 +32,7 @@ from tests.live_server import REPO_ROOT
 from tests.older_schemas import as_schema_1
 
 TABLES = {"plans", "calibration_profiles", "validation_runs", "api_keys", "idempotency_keys"}
-HEAD = "0008"
+HEAD = "0009"
 MESH_COLUMNS = ("sharding", "tensor_parallel_degree", "data_parallel_shard_degree")
 
 
@@ -168,6 +168,54 @@ def test_0008_backfills_the_context_parallel_degree_and_reverts(fresh_url: str) 
             columns = {c["name"] for c in inspect(connection).get_columns("plans")}
             assert "context_parallel_degree" not in columns
             assert connection.execute(sa.text("SELECT count(*) FROM plans")).scalar_one() == 3
+    finally:
+        engine.dispose()
+
+
+# The plans table as revision 0008 left it (PostgreSQL keeps no default for context_parallel_degree).
+_PLANS_0008 = sa.table(
+    "plans", *(sa.column(c.name, c.type) for c in _PLANS_0002.columns), sa.column("context_parallel_degree")
+)
+
+
+def test_0009_backfills_the_pipeline_parallel_degree_and_reverts(fresh_url: str) -> None:
+    """Runs on SQLite and PostgreSQL (the `backend` parameter): the backfill reads the JSON documents
+    in SQL, which each dialect spells its own way."""
+    plain = _plan_document(tensor_parallel_degrees=[1], shardings=["full_shard"])
+    config = plain["config"]
+    pipelined = {**plain, "config": {
+        **config, "mesh": {**config["mesh"], "pp": 2, "dp_shard": 2},
+        "pipeline": {"schedule": "1F1B", "stages_per_rank": 1, "stage_blocks": [1, 1]},
+    }}
+    before_pp = {**plain, "config": {**config, "mesh": {"dp_replicate": 1, "dp_shard": 4, "cp": 1, "tp": 1}}}
+    engine = create_db_engine(fresh_url)
+    try:
+        migrate.upgrade(engine, "0008")
+        with engine.begin() as connection:
+            documents = {"pp1": plain, "pp2": pipelined, "before-pp": before_pp}
+            for i, (key, document) in enumerate(documents.items()):
+                connection.execute(_PLANS_0008.insert().values(
+                    name=key, model_name="llama-debug", gpu="cpu", num_nodes=1, gpus_per_node=4, world_size=4,
+                    tokens_per_s_per_gpu=1.0, mfu=0.1, peak_memory_gib=1.0, step_time_s=1.0,
+                    plan_hash=f"{i:064x}", planner_version="test", created_at=datetime.now(UTC),
+                    request={}, plan=document, sharding="full_shard", tensor_parallel_degree=1,
+                    data_parallel_shard_degree=document["config"]["mesh"]["dp_shard"],
+                    context_parallel_degree=1,
+                ))
+        migrate.upgrade(engine)
+        with engine.connect() as connection:
+            rows = connection.execute(sa.text("SELECT name, pipeline_parallel_degree FROM plans"))
+            assert dict(rows.all()) == {"pp1": 1, "pp2": 2, "before-pp": 1}
+        migrate.downgrade(engine, "0008")
+        with engine.connect() as connection:
+            columns = {c["name"] for c in inspect(connection).get_columns("plans")}
+            assert "pipeline_parallel_degree" not in columns and "context_parallel_degree" in columns
+            kept = connection.execute(sa.text("SELECT name, data_parallel_shard_degree FROM plans"))
+            assert dict(kept.all()) == {"pp1": 4, "pp2": 2, "before-pp": 4}
+        migrate.upgrade(engine)  # and back up: the backfill runs again from the documents
+        with engine.connect() as connection:
+            rows = connection.execute(sa.text("SELECT name, pipeline_parallel_degree FROM plans"))
+            assert dict(rows.all()) == {"pp1": 1, "pp2": 2, "before-pp": 1}
     finally:
         engine.dispose()
 
