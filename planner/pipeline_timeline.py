@@ -18,7 +18,22 @@ from dataclasses import dataclass
 from typing import Literal
 
 from contract.parallel_config import PipelineConfig
-from planner.cost.pipeline import ChunkTimes
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkTimes:
+    """Seconds of one micro-batch through one stage (a chunk) on the busiest rank."""
+
+    forward: float
+    input_grad: float
+    """Backward's gradient w.r.t. the stage's input (with any recompute): on the critical path."""
+    weight_grad: float
+    """Backward's gradient w.r.t. the weights: zero-bubble schedules run it later, in the bubbles."""
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.input_grad + self.weight_grad
+
 
 ActionKind = Literal["F", "B", "I", "W"]
 """F: forward; B: the whole backward (1F1B, interleaved); I: backward's input gradient and W its

@@ -612,7 +612,8 @@ class Estimator:
             floor = slowest.rank_floor_s(choice)
             per_micro_batch = slowest._compute[choice.compute_key]
             chunk = chunk_times(slowest.compute_split(choice), choice, per_micro_batch)
-            return floor + bubble_seconds(choice.pipeline.schedule, pp=choice.mesh.pp, chunk=chunk)
+            pipeline, pp, m = choice.pipeline, choice.mesh.pp, choice.grad_accum_steps
+            return floor + bubble_seconds(pipeline.schedule, pp=pp, chunk=chunk, micro_batches=m)
         return self.rank_floor_s(choice)
 
     def compute_split(self, choice: Choice) -> tuple[float, float, float]:
@@ -697,7 +698,8 @@ class Estimator:
         setting = estimator.setting_for(choice)
         busy = (time.step_time_s - time.optimizer_s - time.overhead_s) / choice.grad_accum_steps
         chunk = chunk_times(estimator.compute_split(choice), choice, busy)
-        bubble = bubble_seconds(choice.pipeline.schedule, pp=choice.mesh.pp, chunk=chunk)
+        pipeline, pp, m = choice.pipeline, choice.mesh.pp, choice.grad_accum_steps
+        bubble = bubble_seconds(pipeline.schedule, pp=pp, chunk=chunk, micro_batches=m)
         p2p = pipeline_exposed_p2p(chunk, point_to_point_seconds(setting, choice), choice)
         return replace(
             time,

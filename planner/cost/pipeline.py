@@ -6,7 +6,8 @@ planner/cost/model_costs.py); this module adds what the schedule does around it:
 
 - *stage split*: blocks per stage, balanced by time (the embeddings are cheap, the head and the
   loss cost several blocks, so the last stage gets fewer blocks);
-- *bubble*: the time a rank waits while the pipeline fills and drains;
+- *bubble*: the time a rank waits while the pipeline fills and drains (closed form for the 1F1B
+  schedules; torch's zero-bubble V order simulated, planner/pipeline_timeline.py);
 - *in flight*: how many micro-batches' activations a rank holds at its peak (the first stage the
   most under 1F1B).
 """
@@ -15,9 +16,11 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 
 from contract.parallel_config import PipelineConfig, PipelineSchedule
+from planner.pipeline_timeline import ChunkTimes, simulate
+
+__all__ = ["ChunkTimes", "balanced_stage_split", "bubble_fraction", "bubble_seconds", "in_flight_chunks"]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -60,41 +63,45 @@ def balanced_stage_split(
     return split
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkTimes:
-    """Seconds of one micro-batch through one stage (a chunk) on the busiest rank."""
-
-    forward: float
-    input_grad: float
-    """Backward's gradient w.r.t. the stage's input (with any recompute): on the critical path."""
-    weight_grad: float
-    """Backward's gradient w.r.t. the weights: zero-bubble schedules run it later, in the bubbles."""
-
-    @property
-    def total(self) -> float:
-        return self.forward + self.input_grad + self.weight_grad
-
-
-def bubble_seconds(schedule: PipelineSchedule, *, pp: int, chunk: ChunkTimes) -> float:
+def bubble_seconds(schedule: PipelineSchedule, *, pp: int, chunk: ChunkTimes, micro_batches: int) -> float:
     """The time the busiest rank waits per step while the pipeline fills and drains.
 
     1F1B and interleaved 1F1B wait pp - 1 chunks of forward and backward (a chunk is a stage's
-    share: the rank's work divided by its stages, which is how interleaving cuts the bubble);
-    zero-bubble V schedules fill the waits with weight gradients, leaving pp - 1 times what forward
-    and the input gradient take beyond two weight gradients (Qi et al., 2024: ZB-V's bubble is
-    ZB-H2's, (p - 1)(T_F + T_B - 2 T_W), at 1F1B's memory).
+    share: the rank's work divided by its stages, which is how interleaving cuts the bubble), once
+    there are pp micro-batches. Zero-bubble V fills waits with weight gradients, but how much is left
+    depends on how forward, input and weight gradients compare (at least the ramp of pp - 1 forwards
+    the last rank waits for): its bubble is torch's order simulated (planner/pipeline_timeline.py),
+    on at most 2 pp micro-batches, after which the V is full and every further one adds work, not
+    waiting.
     """
     if pp <= 1:
         return 0.0
     if schedule == "ZBVZeroBubble":
-        return (pp - 1) * max(chunk.forward + chunk.input_grad - 2.0 * chunk.weight_grad, 0.0)
+        return _zero_bubble_v(pp, min(micro_batches, 2 * pp), chunk)
     return (pp - 1) * chunk.total
+
+
+def _zero_bubble_v(pp: int, micro_batches: int, chunk: ChunkTimes) -> float:
+    total = chunk.total
+    if not total:
+        return 0.0
+    # The bubble scales with the chunk: simulate the shares, rounded so that a search reuses them.
+    forward, input_grad = round(chunk.forward / total, 3), round(chunk.input_grad / total, 3)
+    return total * _simulated_v_bubble(pp, micro_batches, forward, input_grad)
+
+
+@functools.lru_cache(maxsize=4096)
+def _simulated_v_bubble(pp: int, micro_batches: int, forward: float, input_grad: float) -> float:
+    v = PipelineConfig(schedule="ZBVZeroBubble", stages_per_rank=2, stage_blocks=(1,) * (2 * pp))
+    shares = ChunkTimes(forward, input_grad, max(0.0, 1.0 - forward - input_grad))
+    return simulate(v, pp=pp, micro_batches=micro_batches, chunk=shares).bubble_s
 
 
 def bubble_fraction(pipeline: PipelineConfig, *, pp: int, micro_batches: int, chunk: ChunkTimes) -> float:
     """The bubble over the busiest rank's compute per step (`micro_batches` x its stages' chunks)."""
     work = micro_batches * pipeline.stages_per_rank * chunk.total
-    return bubble_seconds(pipeline.schedule, pp=pp, chunk=chunk) / work if work else 0.0
+    bubble = bubble_seconds(pipeline.schedule, pp=pp, chunk=chunk, micro_batches=micro_batches)
+    return bubble / work if work else 0.0
 
 
 def in_flight_chunks(pipeline: PipelineConfig, *, pp: int, rank: int, micro_batches: int) -> int:

@@ -112,7 +112,7 @@ def test_unit_durations_agree_with_the_cost_model() -> None:
     _, plan = pipeline_plan("1F1B", pp=4, world=4)
     assert plan.config.pipeline is not None
     timeline = simulate(plan.config.pipeline, pp=4, micro_batches=4, chunk=UNIT_CHUNK)
-    assert timeline.bubble_s == bubble_seconds("1F1B", pp=4, chunk=UNIT_CHUNK) == 9.0
+    assert timeline.bubble_s == bubble_seconds("1F1B", pp=4, chunk=UNIT_CHUNK, micro_batches=4) == 9.0
 
 
 def test_a_plan_without_a_pipeline_has_no_pipeline_section(client: TestClient) -> None:
