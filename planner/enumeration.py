@@ -204,7 +204,35 @@ def pipeline_parallel_degrees(request: PlanRequest) -> list[int]:
             problem = f"{pp} stages do not divide the cluster's {world} GPUs evenly; pick a divisor of it"
         if problem:
             raise PlanningError(f"{field}: pp={pp}: {problem}", field=field)
+        assert blocks is not None
+        _check_schedules(request, pp, blocks)
     return sorted(set(pinned))
+
+
+def _check_schedules(request: PlanRequest, pp: int, blocks: int) -> None:
+    """Refuse a pinned pipeline degree none of the allowed schedules can run (too few blocks for
+    their stages, or only eager schedules where only compiled plans are searched)."""
+    field = "search.pipeline_schedules"
+    schedules = request.search.pipeline_schedules
+    if not any(pp * min(_STAGES_PER_RANK[s]) <= blocks for s in schedules):
+        raise PlanningError(
+            f"{field}: pp={pp} with {', '.join(schedules)} needs at least "
+            f"{pp * min(min(_STAGES_PER_RANK[s]) for s in schedules)} stages of a block each, "
+            f"the model has {blocks} blocks; allow 1F1B (one stage per rank) or pin a smaller pp",
+            field=field,
+        )
+    if request.search.compile == [True] and all(s in EAGER_ONLY_SCHEDULES for s in schedules):
+        raise PlanningError(
+            f"{field}: {', '.join(schedules)} runs only stages that are not compiled, and "
+            "search.compile allows compiled plans only; allow 1F1B or Interleaved1F1B, or eager plans",
+            field=field,
+        )
+
+
+_STAGES_PER_RANK: dict[str, tuple[int, ...]] = {
+    "1F1B": (1,), "ZBVZeroBubble": (2,), "Interleaved1F1B": INTERLEAVED_STAGES_PER_RANK,
+}
+"""The stages per rank the search tries for each schedule."""
 
 
 def splitting_meshes(request: PlanRequest) -> list[tuple[int, int, int]]:
@@ -250,8 +278,7 @@ def pipeline_configs(
     for schedule in (s for s in SCHEDULE_PREFERENCE if s in allowed):
         if compile_ and schedule in EAGER_ONLY_SCHEDULES:
             continue
-        per_rank = {"1F1B": (1,), "ZBVZeroBubble": (2,)}.get(schedule, INTERLEAVED_STAGES_PER_RANK)
-        for v in per_rank:
+        for v in _STAGES_PER_RANK[schedule]:
             if pp * v > blocks or (v > 1 and micro_batches % pp):
                 continue
             configs.append(balanced_pipeline(blocks, costs, schedule=schedule, stages_per_rank=v, pp=pp))

@@ -124,6 +124,12 @@ def make_plan(
             evaluated += _other_schedules(request, setting, estimator, timed, limit, ceiling)
 
     fitting = ranked([e for e in evaluated if e.time is not None])
+    if not evaluated:
+        raise PlanningError(
+            "search: the request's pins leave no configuration to price (search.shardings, compile, "
+            "checkpointing, the parallel degrees and pipeline schedules together); widen one of them",
+            field="search",
+        )
     if not fitting:
         raise _infeasible(request, setting, limit, min_peak)
     best = fitting[0]

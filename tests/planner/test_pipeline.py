@@ -250,3 +250,25 @@ def test_zero_bubble_schedules_are_eager_only() -> None:
     choices = [c for c in enumerate_choices(request, setting) if c.pipeline is not None]
     assert choices and all(c.pipeline.schedule != "ZBVZeroBubble" for c in choices if c.compile)
     assert any(c.pipeline.schedule == "ZBVZeroBubble" for c in choices if not c.compile)
+
+
+@pytest.mark.parametrize(
+    ("search", "message"),
+    [
+        (
+            {"pipeline_parallel_degrees": [4], "pipeline_schedules": ["ZBVZeroBubble"],
+             "tensor_parallel_degrees": [1]},
+            "pp=4 with ZBVZeroBubble needs at least 8 stages of a block each, the model has 4 blocks",
+        ),
+        (
+            {"pipeline_parallel_degrees": [2], "pipeline_schedules": ["ZBVZeroBubble"], "compile": [True]},
+            "ZBVZeroBubble runs only stages that are not compiled, and search.compile allows compiled",
+        ),
+    ],
+)
+def test_schedules_the_pins_leave_nothing_for_are_refused(search: dict, message: str) -> None:
+    # Was an assertion error (a 500 in the API): nothing was enumerated to price.
+    request = make_request("llama-debug", "1x8xcpu", seq_len=256, sequences=64, search=SearchSpace(**search))
+    with pytest.raises(PlanningError, match=message) as caught:
+        make_plan(request)
+    assert caught.value.field == "search.pipeline_schedules"
