@@ -157,8 +157,9 @@ class Prober:
     def _states_may_fit(self, choice: Choice, world: int) -> bool:
         """A lower bound that skips hopeless probes: every configuration's peak is at least its
         optimizer step (parameters, gradients, optimizer states and the update's temporaries),
-        which no configuration holds in less than fully sharded over the whole world."""
-        sharded = replace(choice, sharding="full_shard", mesh=Mesh(dp_shard=world))
+        which no configuration holds in less than fully sharded over the whole world (a pipeline
+        shards its stages' states over the rest of the world: no less per rank)."""
+        sharded = replace(choice, sharding="full_shard", mesh=Mesh(dp_shard=world), pipeline=None)
         step = next(m for m in self._estimator.moments(sharded) if m.moment == "optimizer step")
         return self._fits(step)
 
@@ -179,6 +180,8 @@ class Prober:
 def _all_but_sharding(c: Choice) -> tuple:
     # A tuple rather than dataclasses.replace: a probe compares thousands of configurations.
     return (
+        c.mesh.pp,
+        c.pipeline,
         c.mesh.tp,
         c.mesh.cp,
         c.float8,

@@ -14,7 +14,7 @@ from planner.bounds import MAX_GPUS_PER_NODE, MAX_NODES
 from planner.catalog.models import resolve_model
 from planner.errors import PlanningError, UnsupportedArchitectureError, describe_validation_error
 from planner.search import make_plan
-from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
+from planner.specs import ClusterSpec, ModelSpec, PlanRequest, SearchSpace, TrainingSpec
 
 
 def messages(exc: pytest.ExceptionInfo[ValidationError]) -> str:
@@ -46,7 +46,11 @@ def test_unreachable_global_batch_is_structurally_valid_and_refused_by_the_searc
         model=resolve_model("llama3-8b"),
         cluster=ClusterSpec.parse("2x8xH100"),
         training=TrainingSpec(seq_len=4096, global_batch_tokens=4096 * 21),
+        search=SearchSpace(pipeline_parallel_degrees=[1]),
     )
+    # Two pipeline stages of tp 8 leave one data-parallel rank, which any batch splits over.
+    piped = make_plan(request.model_copy(update={"search": SearchSpace()}))
+    assert piped.config.mesh.dp == 1 and piped.config.mesh.pp == 2
     with pytest.raises(PlanningError) as exc:
         make_plan(request)
     assert exc.value.field == "training.global_batch_tokens"

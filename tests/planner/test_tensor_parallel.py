@@ -134,7 +134,7 @@ def test_predict_prices_a_2d_configuration_and_checks_its_mesh() -> None:
     )
     again = predict(request, plan.config)
     assert again.prediction.step_time_s == pytest.approx(plan.prediction.step_time_s)
-    broken = replace(plan.config, mesh=Mesh(dp_replicate=1, dp_shard=8, tp=8))
+    broken = replace(plan.config, mesh=Mesh(pp=plan.config.mesh.pp, dp_replicate=1, dp_shard=8, tp=8))
     with pytest.raises(PlanningError, match="must equal the cluster's 32 GPUs"):
         predict(request, broken)
 
