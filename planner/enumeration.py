@@ -273,6 +273,8 @@ def pipeline_configs(
     embeddings' and the head's time, in blocks: `stage_costs`)."""
     blocks = _pipelined_blocks(request)
     assert blocks is not None
+    if micro_batches < pp:
+        return []  # the pipeline would not fill: every schedule needs a micro-batch per stage
     configs = []
     allowed = set(request.search.pipeline_schedules)
     for schedule in (s for s in SCHEDULE_PREFERENCE if s in allowed):
