@@ -444,7 +444,8 @@ def compute_split(setting: Setting, choice: Choice) -> tuple[float, float, float
 def point_to_point_seconds(setting: Setting, choice: Choice) -> float:
     """One send of a micro-batch's activations (or their gradients) between neighbouring stages:
     each rank sends its own share (1/tp of the sequence under sequence parallelism, 1/cp under
-    context parallelism) over the link between the stages' nodes."""
+    context parallelism) over the link between the stages' nodes. `setting` is the whole model's
+    tensor- and context-parallel share (`Estimator.setting_for`), whose head reads the hidden size."""
     p, mesh = setting.params, choice.mesh
     hidden = setting.model.head.input_elems  # the hidden size: what a block hands the next
     nbytes = choice.micro_batch_size * setting.seq_len * hidden * setting.act_bytes / mesh.tp
@@ -700,7 +701,8 @@ class Estimator:
         chunk = chunk_times(estimator.compute_split(choice), choice, busy)
         pipeline, pp, m = choice.pipeline, choice.mesh.pp, choice.grad_accum_steps
         bubble = bubble_seconds(pipeline.schedule, pp=pp, chunk=chunk, micro_batches=m)
-        p2p = pipeline_exposed_p2p(chunk, point_to_point_seconds(setting, choice), choice)
+        # The hidden states sent are the whole model's width (a rank without the head has none).
+        p2p = pipeline_exposed_p2p(chunk, point_to_point_seconds(self.setting_for(choice), choice), choice)
         return replace(
             time,
             step_time_s=time.step_time_s + bubble + p2p,

@@ -126,6 +126,8 @@ def test_a_pipeline_is_priced_as_its_slowest_rank_plus_bubble_and_sends() -> Non
     send = point_to_point_seconds(estimator.setting_for(choice), choice)
     hidden_bytes = 8192 * 4096 * 2
     assert send > hidden_bytes / setting.params.links["inter"].bandwidth
+    # At least one send per hop while the pipeline fills and one while it drains.
+    assert time.pipeline_p2p_s >= 2 * (2 - 1) * send
     # Two ranks priced: rank 0 holds two micro-batches' activations under 1F1B, rank 1 one.
     ranks = estimator.pipeline_ranks(choice)
     assert sorted((r.rank, r.in_flight) for r in ranks) == [(0, 2.0), (1, 1.0)]
