@@ -696,7 +696,6 @@ class Estimator:
                 busiest = (time, r.estimator)
         assert busiest is not None
         time, estimator = busiest
-        setting = estimator.setting_for(choice)
         busy = (time.step_time_s - time.optimizer_s - time.overhead_s) / choice.grad_accum_steps
         chunk = chunk_times(estimator.compute_split(choice), choice, busy)
         pipeline, pp, m = choice.pipeline, choice.mesh.pp, choice.grad_accum_steps
