@@ -8,6 +8,15 @@ A checkpoint is written to `step-N.partial/` and renamed once every rank has fin
 killed mid-save never leaves a directory that looks complete. Parameter names are the model's own
 (`get_state_dict` strips activation-checkpoint / compile wrappers), so a checkpoint resumes under
 another AC or compile setting, and DCP reshards it if the mesh changed.
+
+Pipeline parallelism: each rank's model is its stages' share under the whole model's parameter
+names (`executor.runtime.pipeline`), so the ranks together save the whole model, and the
+optimizer state is saved flattened, one entry per parameter name and setting
+(`optim.state.<name>.exp_avg`, `optim.param_groups.<name>.lr`): the ranks of different stages
+hold different parameter groups, which a nested `param_groups` list (one object, written once)
+cannot say. A pipeline-split checkpoint therefore loads into the same layout, another one, or
+one process. Checkpoints written before (nested optimizer state) still load: the reader follows
+what the checkpoint's metadata holds.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 TRAIN_STATE = "train_state.json"
@@ -61,7 +70,8 @@ def save_checkpoint(
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    options = StateDictOptions(flatten_optimizer_state_dict=True)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(partial))
     (partial / "rng").mkdir(exist_ok=True)
     torch.save(torch.get_rng_state(), partial / "rng" / f"rank-{rank:05d}.pt")
@@ -79,14 +89,24 @@ def save_checkpoint(
 def load_checkpoint(path: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Restore model and optimizer (in place) and this rank's RNG; returns the train state."""
     train_state = json.loads((path / TRAIN_STATE).read_text())
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    options = StateDictOptions(flatten_optimizer_state_dict=_flat_optimizer_state(path))
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options
+    )
     rng = path / "rng" / f"rank-{dist.get_rank():05d}.pt"
     if rng.is_file():  # absent when resuming on more ranks than saved: sampling is stateless anyway
         torch.set_rng_state(torch.load(rng, weights_only=True))
     return train_state
+
+
+def _flat_optimizer_state(path: Path) -> bool:
+    """Whether the checkpoint at `path` holds the optimizer state flattened (one entry per parameter
+    name: this version's format) rather than nested (checkpoints written before pipelining)."""
+    keys = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    return any(key.startswith("optim.param_groups.") for key in keys)
 
 
 def _prune(root: Path, keep: int) -> None:

@@ -159,8 +159,11 @@ def init_distributed(plan: RuntimePlan, *, device: str = "auto", timeout_s: floa
 
 
 def build_mesh(plan: RuntimePlan, env: DistEnv) -> DeviceMesh:
-    """The job's one 4-D mesh, (dp_replicate, dp_shard, cp, tp) from `plan.config.mesh` (size-1
+    """The job's one 5-D mesh, (pp, dp_replicate, dp_shard, cp, tp) from `plan.config.mesh` (size-1
     dims kept), with the data-parallel groups of the plan's sharding created (`data_parallel_mesh`).
+    The engines take their data-parallel dims by name, so pp (the outermost: a stage is a block of
+    world / pp consecutive ranks) never enters a gradient reduction; the stages exchange
+    activations over the pp dim (`pipeline_mesh`).
 
     Ranks are laid out row-major with tp innermost: a tensor-parallel group is tp consecutive ranks
     (one node), whose per-layer collectives need the fastest links; then the context-parallel
@@ -240,12 +243,19 @@ def context_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
 
 
 def data_parallel_rank(mesh: DeviceMesh) -> tuple[int, int]:
-    """(rank, size) of this rank among the data-parallel ranks: the ranks of one cp x tp group
-    share a data-parallel rank, so they read the same sequences (the cp ranks then each keep their
-    own chunks of them, `context_parallel`)."""
+    """(rank, size) of this rank among the data-parallel ranks (dp_replicate x dp_shard): the ranks
+    of one cp x tp group share a data-parallel rank, so they read the same sequences (the cp ranks
+    then each keep their own chunks of them, `context_parallel`), and so do the pipeline ranks of
+    one (the first stage takes the inputs, the last the targets)."""
     replicate, shard = mesh.get_local_rank("dp_replicate"), mesh.get_local_rank("dp_shard")
-    size = mesh.size(MESH_AXES.index("dp_shard"))
-    return replicate * size + shard, mesh.size(0) * size
+    replicas, shards = (mesh.size(MESH_AXES.index(axis)) for axis in ("dp_replicate", "dp_shard"))
+    return replicate * shards + shard, replicas * shards
+
+
+def pipeline_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The 1-D pipeline submesh (this rank's pp group: the ranks holding the other stages of its
+    data-parallel, context- and tensor-parallel position)."""
+    return mesh["pp"]
 
 
 def _free_port() -> int:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -68,16 +69,40 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
-    """Clip the global gradient norm over all (sharded) gradients; returns the norm before clipping."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if not grads:
-        return 0.0
+def clip_grad_norm(
+    model: nn.Module, max_norm: float, *, pipeline_group: dist.ProcessGroup | None = None
+) -> float:
+    """Clip the global gradient norm over all (sharded) gradients; returns the norm before clipping.
+
+    With `pipeline_group` (pp > 1) `model` holds this rank's stages only: the norm is taken over
+    every stage's gradients (each rank's squared norm summed over the pp group) and every rank
+    scales its own by the same coefficient, as one process clipping the whole model would."""
     params = [p for p in model.parameters() if p.grad is not None]
     # max_norm inf: measure only (the clip coefficient is then capped at 1).
     limit = max_norm if max_norm > 0 else math.inf
+    if pipeline_group is not None:
+        return _clip_over_stages(params, limit, pipeline_group)
+    if not params:
+        return 0.0
+    grads = [p.grad for p in params]
     norm = torch.nn.utils.clip_grad_norm_(params, limit, foreach=grads[0].device.type == "cuda")
     # With DTensor gradients the norm is a replicated DTensor (its computation all-reduced shards).
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
     return float(norm)
+
+
+def _clip_over_stages(params: list[nn.Parameter], limit: float, group: dist.ProcessGroup) -> float:
+    grads = [p.grad for p in params if p.grad is not None]
+    device = grads[0].device if grads else torch.device("cpu")
+    local = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=device)
+    if isinstance(local, DTensor):
+        local = local.full_tensor()
+    squared = local.float().square()
+    dist.all_reduce(squared, group=group)  # every rank of the pipeline joins, gradients or not
+    norm = float(squared.sqrt())
+    coefficient = min(1.0, limit / (norm + 1e-6))  # torch's clip_grad_norm_ coefficient
+    if coefficient < 1.0:
+        for grad in grads:
+            grad.mul_(coefficient)
+    return norm

@@ -4,6 +4,12 @@ checkpointing, data parallelism and compilation, in that order.
 Two engines, as the plan chooses with `config.compile`:
   simple_fsdp (compile=True)   [Float8] -> TP -> CP -> AC -> SimpleFSDP parametrization -> torch.compile
   fsdp2       (compile=False)  [Float8] -> TP -> CP -> AC -> FSDP2 fully_shard per wrap unit (eager)
+Pipeline parallelism (pp > 1) comes before all of them: the model is cut to this rank's stages
+(`executor.runtime.pipeline`), Float8 converts the rank's share, and each stage module then gets
+TP -> AC -> data parallelism -> compile as a whole model would (torchtitan's order: split first,
+then parallelize every model part), each stage an FSDP root (and a compiled graph) of its own, over
+the same data-parallel dims (pp is never one of them); `parallelize_pipeline` says what each engine
+does under the schedule.
 Float8 (`config.float8`, executor.runtime.float8) swaps the blocks' eligible linears for torchao's
 float8 ones first, as torchtitan's model converters do: on the unsharded model, under the names
 tensor parallelism addresses, and before FSDP2 wraps the weights (its float8 all-gather needs the
@@ -37,10 +43,11 @@ from contract.plan_document import RuntimePlan
 from executor.runtime.activation_checkpoint import apply_activation_checkpointing
 from executor.runtime.compile import CompileSettings, apply_compile, compile_settings
 from executor.runtime.context_parallel import apply_context_parallel
-from executor.runtime.distributed import data_parallel_mesh, tensor_parallel_mesh
+from executor.runtime.distributed import data_parallel_mesh, pipeline_mesh, tensor_parallel_mesh
 from executor.runtime.float8 import Float8Conversion, after_optimizer_step, convert_to_float8
 from executor.runtime.fsdp2 import apply_fsdp2, fsdp2_mesh
 from executor.runtime.models import computes_own_loss, find_parts
+from executor.runtime.pipeline import PipelineRun, build_pipeline, check_pipeline, split_model
 from executor.runtime.simple_fsdp import apply_simple_fsdp
 from executor.runtime.tensor_parallel import apply_tensor_parallel
 
@@ -88,32 +95,166 @@ class Parallelized:
     """The Float8 conversion (None: the plan's `config.float8` is `none`)."""
     after_optimizer_step: Callable[[nn.Module], None] | None = None
     """Run on `module` after each optimizer step (Float8 all-gather: precompute the weights' scales)."""
+    pipeline: PipelineRun | None = None
+    """pp > 1: this rank's stages and their schedule (a step runs `pipeline.step`, not `forward`);
+    `module` is then this rank's share of the model, under the whole model's parameter names."""
 
 
 def parallelize(
     model: nn.Module, *, plan: RuntimePlan, mesh: DeviceMesh, overrides: Overrides = Overrides()
 ) -> Parallelized:
     """Apply the plan's strategy to `model` (typically still on the meta device) in place; `mesh`
-    is the job's (dp_replicate, dp_shard, cp, tp) mesh (`distributed.build_mesh`)."""
+    is the job's (pp, dp_replicate, dp_shard, cp, tp) mesh (`distributed.build_mesh`). With pp > 1
+    the model is first cut to this rank's pipeline stages (`parallelize_pipeline`)."""
     cfg = plan.config
     engine: Engine = overrides.engine or ("simple_fsdp" if cfg.compile else "fsdp2")
     compiled = engine == "simple_fsdp" and (cfg.compile if overrides.compile is None else overrides.compile)
     param_dtype = overrides.param_dtype or _DTYPES[cfg.param_dtype]
     reduce_dtype = overrides.reduce_dtype or _DTYPES[cfg.reduce_dtype]
-    notes: list[str] = []
-    micro_pipeline_tp = False
-
-    # 0. Float8 before everything: it swaps modules, which TP names, AC wraps and FSDP shards.
-    float8 = None
-    if cfg.float8 != "none":
-        float8 = convert_to_float8(
-            model,
-            find_parts(model).blocks,
-            recipe=cfg.float8,
-            device=_device(mesh),
-            fsdp2=engine == "fsdp2" and cfg.sharding != "no_shard",
+    if cfg.mesh.pp > 1:
+        return parallelize_pipeline(
+            model, plan=plan, mesh=mesh, overrides=overrides, engine=engine, compiled=compiled,
+            param_dtype=param_dtype, reduce_dtype=reduce_dtype,
         )
-        notes.extend(float8.notes())
+    notes: list[str] = []
+    float8 = _convert_float8(model, plan=plan, mesh=mesh, engine=engine, notes=notes)
+    applied = _apply_strategy(
+        model, plan=plan, mesh=mesh, overrides=overrides, engine=engine, compiled=compiled,
+        param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+        reshard_after_forward=cfg.reshard_after_forward, notes=notes,
+    )
+    return Parallelized(
+        module=model,
+        forward=applied.forward,
+        engine=engine,
+        compiled=compiled,
+        compile_settings=applied.settings,
+        checkpointed_blocks=applied.checkpointed_blocks,
+        param_dtype=param_dtype,
+        reduce_dtype=reduce_dtype,
+        sync_last_micro_batch_only=engine == "fsdp2" and cfg.sharding == "no_shard",
+        notes=notes,
+        float8=float8,
+        after_optimizer_step=after_optimizer_step(float8),
+    )
+
+
+def parallelize_pipeline(
+    model: nn.Module,
+    *,
+    plan: RuntimePlan,
+    mesh: DeviceMesh,
+    overrides: Overrides,
+    engine: Engine,
+    compiled: bool,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+) -> Parallelized:
+    """pp > 1: cut `model` to this rank's stages (`pipeline.split_model`), apply the strategy to
+    each stage module as `parallelize` does to a whole model (Float8 on the rank's share first,
+    then per stage TP -> AC -> FSDP -> compile, over the stage's data-parallel mesh: the pp dim is
+    never a data-parallel one), and build the stages and the schedule over the pp group.
+
+    What each engine does under the schedule (the planner prices it so):
+      fsdp2        each stage is an FSDP root; torch's PipelineStage turns gradient sync off for
+                   every micro-batch's backward but the schedule's last (`backward_maybe_with_nosync`,
+                   then `perform_reduce_grad`), and the units do not reshard after forward here
+                   (torchtitan's choice under pp, whatever the plan's reshard_after_forward says):
+                   a stage's parameters are gathered once per step and its gradients
+                   reduce-scattered once per step; in between the rank holds its stages' unsharded
+                   parameters and their unsharded fp32 gradients.
+      simple_fsdp  the parametrization gathers in every micro-batch's forward (and again in its
+                   backward when resharding) and autograd reduce-scatters every micro-batch's
+                   gradients: nothing is held between micro-batches, each pays its collectives.
+    """
+    cfg = plan.config
+    pipeline = cfg.pipeline
+    assert pipeline is not None, "pp > 1 comes with plan.config.pipeline (contract)"
+    check_pipeline(plan, model, compiled=compiled)
+    pp_mesh = pipeline_mesh(mesh)
+    split = split_model(model, pipeline=pipeline, pp=cfg.mesh.pp, pp_rank=pp_mesh.get_local_rank())
+    notes: list[str] = []
+    float8 = _convert_float8(split.rank_model, plan=plan, mesh=mesh, engine=engine, notes=notes)
+    # FSDP2 keeps a stage gathered from its first forward to the step's gradient reduction.
+    reshard = cfg.reshard_after_forward and engine == "simple_fsdp"
+    forwards, applied, checkpointed = [], None, 0
+    for index, (_, stage) in enumerate(split.stages):
+        stage_notes: list[str] = []
+        applied = _apply_strategy(
+            stage, plan=plan, mesh=mesh, overrides=overrides, engine=engine, compiled=compiled,
+            param_dtype=param_dtype, reduce_dtype=reduce_dtype, reshard_after_forward=reshard,
+            notes=stage_notes,
+        )
+        forwards.append(applied.forward)
+        checkpointed += applied.checkpointed_blocks
+        if index == 0:
+            notes.extend(stage_notes)
+    assert applied is not None
+    run = build_pipeline(
+        split, forwards, plan=plan, pp_mesh=pp_mesh, device=_device(mesh), activation_dtype=param_dtype
+    )
+    notes[:0] = run.notes
+    if engine == "fsdp2":
+        notes.append("FSDP2 under pp: parameters gathered once per step, gradients reduced after the "
+                     "last micro-batch (no reshard after forward)")
+    return Parallelized(
+        module=split.rank_model,
+        forward=split.rank_model,
+        engine=engine,
+        compiled=compiled,
+        compile_settings=applied.settings,
+        checkpointed_blocks=checkpointed,
+        param_dtype=param_dtype,
+        reduce_dtype=reduce_dtype,
+        notes=notes,
+        float8=float8,
+        after_optimizer_step=after_optimizer_step(float8),
+        pipeline=run,
+    )
+
+
+def _convert_float8(
+    model: nn.Module, *, plan: RuntimePlan, mesh: DeviceMesh, engine: Engine, notes: list[str]
+) -> Float8Conversion | None:
+    """Float8 before everything: it swaps modules, which TP names, AC wraps and FSDP shards."""
+    cfg = plan.config
+    if cfg.float8 == "none":
+        return None
+    float8 = convert_to_float8(
+        model,
+        find_parts(model).blocks,
+        recipe=cfg.float8,
+        device=_device(mesh),
+        fsdp2=engine == "fsdp2" and cfg.sharding != "no_shard",
+    )
+    notes.extend(float8.notes())
+    return float8
+
+
+@dataclass(slots=True)
+class _Applied:
+    forward: nn.Module
+    settings: CompileSettings | None
+    checkpointed_blocks: int
+
+
+def _apply_strategy(
+    model: nn.Module,
+    *,
+    plan: RuntimePlan,
+    mesh: DeviceMesh,
+    overrides: Overrides,
+    engine: Engine,
+    compiled: bool,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+    reshard_after_forward: bool,
+    notes: list[str],
+) -> _Applied:
+    """TP -> CP -> AC -> data parallelism -> compile on `model` (a whole model or one pipeline
+    stage) in place; appends what it applied to `notes`."""
+    cfg = plan.config
+    micro_pipeline_tp = False
 
     # 1. Tensor parallelism: it names submodules that the AC wrapper would rename.
     if cfg.mesh.tp > 1:
@@ -131,13 +272,12 @@ def parallelize(
     parts = find_parts(model)
 
     # 3. Activation checkpointing: FSDP and compile must see the wrapped blocks.
-    keep_gathered = not cfg.reshard_after_forward
     checkpointed = apply_activation_checkpointing(
         model,
         parts,
         mode=cfg.checkpointing.mode,
         every_k=cfg.checkpointing.every_k,
-        keep_gathered_params=keep_gathered,
+        keep_gathered_params=not reshard_after_forward,
         compiled=compiled,
     )
     notes.append(
@@ -153,7 +293,7 @@ def parallelize(
             param_dtype=param_dtype,
             reduce_dtype=reduce_dtype,
             # Only the compiled partitioner can honour "re-gather in backward" (see simple_fsdp).
-            reshard_after_forward=cfg.reshard_after_forward and compiled,
+            reshard_after_forward=reshard_after_forward and compiled,
             recomputed_blocks=checkpointed,
         )
         notes.append(f"SimpleFSDP {cfg.sharding} on mesh {_mesh_str(data_parallel_mesh(mesh, cfg.sharding))}")
@@ -164,7 +304,7 @@ def parallelize(
             parts=parts,
             mesh=dp_mesh,
             blocks_per_unit=cfg.blocks_per_unit,
-            reshard_after_forward=cfg.reshard_after_forward,
+            reshard_after_forward=reshard_after_forward,
             prefetch_depth=cfg.prefetch_depth,
             param_dtype=param_dtype,
             reduce_dtype=reduce_dtype,
@@ -187,20 +327,7 @@ def parallelize(
         notes.append(f"torch.compile backend={settings.backend}: {applied}")
         if settings.skipped:
             notes.append("inductor knobs not in this torch: " + ", ".join(settings.skipped))
-    return Parallelized(
-        module=model,
-        forward=forward,
-        engine=engine,
-        compiled=compiled,
-        compile_settings=settings,
-        checkpointed_blocks=len(checkpointed),
-        param_dtype=param_dtype,
-        reduce_dtype=reduce_dtype,
-        sync_last_micro_batch_only=engine == "fsdp2" and cfg.sharding == "no_shard",
-        notes=notes,
-        float8=float8,
-        after_optimizer_step=after_optimizer_step(float8),
-    )
+    return _Applied(forward=forward, settings=settings, checkpointed_blocks=len(checkpointed))
 
 
 def enable_async_tensor_parallel(tp_mesh: DeviceMesh) -> tuple[bool, str]:

@@ -24,7 +24,8 @@ from executor.runtime.parallelize import Parallelized
 @dataclass(frozen=True, slots=True)
 class StepResult:
     loss_sum: torch.Tensor
-    """Sum of the micro-batch losses (on the device; not yet averaged over ranks)."""
+    """Sum of the micro-batch losses (on the device; not yet averaged over ranks). With pp > 1
+    only the ranks holding the last stage have it; the others hold zero."""
     grad_norm: float
     """Global gradient norm before clipping."""
 
@@ -54,8 +55,15 @@ def train_step(
     and update. `loss_chunks` is the number of token slices of the output projection and loss (the
     plan's `config.loss_chunks`; ignored by models that return logits). `before_update` runs between
     the last backward and the clipping (a timing hook); `phase`, when given, follows forward /
-    backward / optimizer (an OOM report names the phase)."""
+    backward / optimizer (an OOM report names the phase). With pp > 1 (`par.pipeline`) the
+    micro-batches go to the schedule as one batch (`PipelineRun.step`): inputs into the first
+    stage, targets to the last."""
     track = phase.enter if phase is not None else lambda name: None
+    if par.pipeline is not None:
+        track("pipeline")  # the schedule interleaves the micro-batches' forwards and backwards
+        loss_sum = par.pipeline.step(torch.cat(list(batches)))
+        return _update(par, optimizer, loss_sum, max_grad_norm=max_grad_norm, before_update=before_update,
+                       track=track)
     loss_sum: torch.Tensor | None = None
     for index, batch in enumerate(batches):
         track("forward")
@@ -67,9 +75,24 @@ def train_step(
         (loss / grad_accum_steps).backward()
         loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
     assert loss_sum is not None, "train_step needs at least one micro-batch"
+    return _update(par, optimizer, loss_sum, max_grad_norm=max_grad_norm, before_update=before_update,
+                   track=track)
+
+
+def _update(
+    par: Parallelized,
+    optimizer: torch.optim.Optimizer,
+    loss_sum: torch.Tensor,
+    *,
+    max_grad_norm: float,
+    before_update: Callable[[], None],
+    track: Callable[[str], None],
+) -> StepResult:
+    """Clip (over every pipeline stage when pp > 1) and update, after the last backward."""
     before_update()
     track("optimizer")
-    grad_norm = clip_grad_norm(par.module, max_grad_norm)
+    group = par.pipeline.group if par.pipeline is not None else None
+    grad_norm = clip_grad_norm(par.module, max_grad_norm, pipeline_group=group)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if par.after_optimizer_step is not None:

@@ -36,7 +36,7 @@ from torch.distributed.tensor.parallel import (
 
 from contract.plan_document import PlanError
 from executor.runtime.loss import VocabShard, vocab_parallel_linear_cross_entropy
-from executor.runtime.models.common import OutputHead
+from executor.runtime.models.common import OutputHead, blocks_in_order
 from executor.runtime.models.llama import Llama
 
 
@@ -47,19 +47,20 @@ def apply_tensor_parallel(model: nn.Module, *, mesh: DeviceMesh) -> None:
             f"plan.config.mesh.tp: tensor parallelism ({mesh.size()}) is implemented for the built-in "
             f"llama model only, this model is a {type(model).__name__}; make a plan with tp 1"
         )
-    for block in model.layers:
+    for block in blocks_in_order(model.layers):
         parallelize_module(block, mesh, _block_plan())
-    parallelize_module(
-        model,
-        mesh,
-        {
-            # Vocabulary-sharded lookup; Shard(1) output: the residual stream is sequence-parallel.
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            "norm": SequenceParallel(),
-            "output": VocabParallelHead(),
-        },
-    )
-    if model.cfg.tie_word_embeddings:
+    around: dict[str, ParallelStyle] = {
+        # Vocabulary-sharded lookup; Shard(1) output: the residual stream is sequence-parallel.
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": VocabParallelHead(),
+    }
+    # A pipeline stage holds the embeddings, the head, both or neither (its blocks then take and
+    # return the sequence-parallel shard of the residual stream).
+    present = {name: style for name, style in around.items() if getattr(model, name) is not None}
+    if present:
+        parallelize_module(model, mesh, present)
+    if model.cfg.tie_word_embeddings and model.tok_embeddings is not None and model.output is not None:
         # Both halves of a tied weight are split by vocabulary rows: one DTensor serves both.
         model.output.weight = model.tok_embeddings.weight
 

@@ -58,12 +58,16 @@ def debug_plan(
     cp: int = 1,
     loss_chunks: int = 1,
     float8: str = "none",
+    pipeline: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A complete plan document (as `Plan.model_dump(mode="json")` writes it). The ranks are
-    nodes x gpus_per_node = dp_replicate x dp_shard x cp x tp; `dp_shard` defaults to what `sharding`
-    implies (hybrid_shard: the data-parallel ranks of one node)."""
+    nodes x gpus_per_node = pp x dp_replicate x dp_shard x cp x tp; `dp_shard` defaults to what
+    `sharding` implies (hybrid_shard: the data-parallel ranks of one node). `pipeline` is a
+    `PipelineConfig` document (`schedule`, `stages_per_rank`, `stage_blocks`) with `pp` its
+    stages / stages_per_rank."""
+    pp = len(pipeline["stage_blocks"]) // pipeline["stages_per_rank"] if pipeline else 1
     world = nodes * gpus_per_node
-    dp = world // (tp * cp)
+    dp = world // (pp * tp * cp)
     if dp_shard is None:
         dp_shard = {"no_shard": 1, "hybrid_shard": gpus_per_node // (tp * cp)}.get(sharding, dp)
     model_doc = copy.deepcopy(model or LLAMA_DEBUG)
@@ -101,8 +105,9 @@ def debug_plan(
         },
         "config": {
             "sharding": sharding,
-            # cp written only above 1, as plans made before context parallelism read.
+            # pp and cp written only above 1, as plans made before them read.
             "mesh": {
+                **({"pp": pp} if pp > 1 else {}),
                 "dp_replicate": dp // dp_shard,
                 "dp_shard": dp_shard,
                 **({"cp": cp} if cp > 1 else {}),
@@ -160,4 +165,7 @@ def debug_plan(
     if float8 != "none":  # schema 2.1's field, written only where it says something
         document["schema_version"] = "2.1"
         document["config"]["float8"] = float8
+    if pipeline is not None:  # likewise
+        document["schema_version"] = "2.1"
+        document["config"]["pipeline"] = copy.deepcopy(pipeline)
     return document

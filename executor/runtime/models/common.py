@@ -75,6 +75,13 @@ class OutputHead(nn.Linear):
         return chunked_linear_cross_entropy(x, self.weight, targets, chunks=chunks)
 
 
+def blocks_in_order(blocks: nn.ModuleList | nn.ModuleDict) -> list[nn.Module]:
+    """A model's blocks in forward order: its ModuleList, or, in a pipeline stage
+    (`executor.runtime.pipeline`), the ModuleDict that keeps only the stage's blocks under their
+    indices in the whole model, so that parameter names stay those of the unsplit model."""
+    return list(blocks.values()) if isinstance(blocks, nn.ModuleDict) else list(blocks)
+
+
 def computes_own_loss(model: nn.Module) -> bool:
     """Whether `model.forward` takes `(tokens, targets, *, loss_chunks=k)` and then returns the
     scalar mean cross-entropy itself (the built-in models do). The parameter name `loss_chunks` is

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from contract.model_config import ModelConfig
-from executor.runtime.models.common import InitRule, ModelParts, OutputHead, sdpa_causal
+from executor.runtime.models.common import InitRule, ModelParts, OutputHead, blocks_in_order, sdpa_causal
 
 
 class CausalSelfAttention(nn.Module):
@@ -61,7 +61,8 @@ class Block(nn.Module):
 
 class GPT2(nn.Module):
     """Token + position embeddings, blocks, final LayerNorm, head (tied unless the plan says not);
-    returns logits, or with `targets` the mean cross-entropy computed in `loss_chunks` token slices."""
+    returns logits, or with `targets` the mean cross-entropy computed in `loss_chunks` token slices.
+    A pipeline stage is this model with parts removed, as for `Llama`."""
 
     def __init__(self, cfg: ModelConfig, *, seq_len: int) -> None:
         super().__init__()
@@ -78,19 +79,25 @@ class GPT2(nn.Module):
     def forward(
         self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, loss_chunks: int = 1
     ) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.wte(tokens) + self.wpe(positions)
-        for block in self.h:
+        x = tokens
+        if self.wte is not None:
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+            x = self.wte(tokens) + self.wpe(positions)
+        for block in blocks_in_order(self.h):
             x = block(x)
+        if self.lm_head is None:
+            return x
         return self.lm_head(self.ln_f(x), targets, chunks=loss_chunks)
 
     def parallel_parts(self) -> ModelParts:
-        tied = self.cfg.tie_word_embeddings
-        # A tied head shares its weight with wte: both must live in one FSDP unit (the root).
+        # A tied head shares its weight with wte: both must live in one FSDP unit (the root). A
+        # pipeline stage is never tied (pipeline.py) and may lack the inputs or the outputs.
+        tied = self.cfg.tie_word_embeddings and self.wte is not None and self.lm_head is not None
+        inputs = [self.wpe] if tied else [self.wte, self.wpe]
         return ModelParts(
-            blocks=list(self.h),
-            inputs=[self.wpe] if tied else [self.wte, self.wpe],
-            outputs=[] if tied else [self.ln_f, self.lm_head],
+            blocks=blocks_in_order(self.h),
+            inputs=[m for m in inputs if m is not None],
+            outputs=[m for m in (self.ln_f, self.lm_head) if m is not None and not tied],
         )
 
     def reset_buffers(self) -> None:

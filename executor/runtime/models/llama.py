@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from contract.model_config import ModelConfig
-from executor.runtime.models.common import InitRule, ModelParts, OutputHead, sdpa_causal
+from executor.runtime.models.common import InitRule, ModelParts, OutputHead, blocks_in_order, sdpa_causal
 
 
 class RMSNorm(nn.Module):
@@ -128,7 +128,10 @@ class TransformerBlock(nn.Module):
 
 class Llama(nn.Module):
     """Token embeddings, `num_layers` blocks, final norm and output head; returns logits, or with
-    `targets` the mean cross-entropy computed in `loss_chunks` token slices."""
+    `targets` the mean cross-entropy computed in `loss_chunks` token slices.
+
+    A pipeline stage (`executor.runtime.pipeline`) is this model with some parts removed: without
+    embeddings it takes hidden states, without the head (norm and output) it returns them."""
 
     def __init__(self, cfg: ModelConfig, *, seq_len: int) -> None:
         super().__init__()
@@ -144,17 +147,20 @@ class Llama(nn.Module):
     def forward(
         self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, loss_chunks: int = 1
     ) -> torch.Tensor:
-        h = self.tok_embeddings(tokens)
-        for layer in self.layers:
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for layer in blocks_in_order(self.layers):
             h = layer(h, self.rope)
+        if self.output is None:
+            return h
         return self.output(self.norm(h), targets, chunks=loss_chunks)
 
     def parallel_parts(self) -> ModelParts:
-        tied = self.cfg.tie_word_embeddings
+        # A tied weight sits in one unit (the root); a pipeline stage is never tied (pipeline.py).
+        tied = self.cfg.tie_word_embeddings and self.tok_embeddings is not None and self.output is not None
         return ModelParts(
-            blocks=list(self.layers),
-            inputs=[] if tied else [self.tok_embeddings],
-            outputs=[] if tied else [self.norm, self.output],
+            blocks=blocks_in_order(self.layers),
+            inputs=[m for m in (self.tok_embeddings,) if m is not None and not tied],
+            outputs=[m for m in (self.norm, self.output) if m is not None and not tied],
         )
 
     def reset_buffers(self) -> None:

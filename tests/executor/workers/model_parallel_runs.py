@@ -69,12 +69,12 @@ def train(
             before_update=capture,
         )
         loss = result.loss_sum / cfg.grad_accum_steps
-        if dp[1] > 1:
+        if dp[1] > 1 or par.pipeline is not None:
             # As the trainer does: the ranks of a cp x tp group hold equal losses (context
             # parallelism returns its group's mean), so the mean over every rank is the mean over
-            # the data-parallel ranks.
+            # the data-parallel ranks; under a pipeline only the last stage's ranks hold one.
             dist.all_reduce(loss)
-            loss = loss / dist.get_world_size()
+            loss = loss / (dist.get_world_size() // cfg.mesh.pp)
         losses.append(float(loss))
     return losses
 
@@ -172,7 +172,8 @@ def trained_record(
         "notes": par.notes,
         "losses": losses,
         "ref_losses": ref_losses,
-        "grad_errors": {name: rel_err(grads[name], ref) for name, ref in ref_grads.items()},
+        # A pipeline rank holds its stages' parameters only (the worker merges the ranks' errors).
+        "grad_errors": {name: rel_err(grads[name], ref) for name, ref in ref_grads.items() if name in grads},
         "seconds": time.perf_counter() - t0,
         "collectives": collectives,
         **measured,

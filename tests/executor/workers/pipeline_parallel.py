@@ -1,0 +1,121 @@
+"""torchrun worker: a pipeline-parallel Llama (pp 2, alone or with dp or tp) trains like one
+process, its pipeline-split checkpoints resume, and its schedule's bubble can be timed.
+
+    torchrun --nproc-per-node N tests/executor/workers/pipeline_parallel.py --out result.json \
+        --checkpoint-dir DIR [--steps 4] CASE [CASE ...]
+
+CASE is `schedule:engine:backend[:dp,tp]`, e.g. `1F1B:fsdp2:eager`, `Interleaved1F1B:simple_fsdp:
+inductor`, `1F1B:fsdp2:eager:2,1` (pp 2 x dp 2 on 4 ranks), `1F1B:simple_fsdp:eager:1,2` (pp 2 x
+tp 2). Every case is a plan over pp 2 of the 4-block llama-debug (1F1B: two stages of 2 blocks;
+Interleaved1F1B and ZBVZeroBubble: four stages of 1 block, two per rank) with 4 micro-batches
+(the plan's grad_accum_steps) of 2 sequences each.
+
+As the other model-parallel workers (`model_parallel_runs`): each case trains `--steps` AdamW
+steps with the runtime's `train_step` (the pipeline's schedule, gradient clipping over both
+stages) beside a one-process reference; rank 0 writes one record per case with the per-step
+losses of both, the relative step-1 gradient error of every parameter (each pipeline rank
+compares its stages' parameters by the whole model's names; the ranks' errors are merged), each
+rank's (data-parallel rank, size) and stages. The first case of a 2-rank launch also saves a
+checkpoint and resumes it (pipeline-split under both engines, and whole in one process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+
+from contract.plan_document import RuntimePlan, parse_plan  # noqa: E402
+from executor.runtime.distributed import build_mesh, data_parallel_rank, exit_process, init_distributed  # noqa: E402
+from tests.executor.plan_factory import debug_plan  # noqa: E402
+from tests.executor.workers.model_parallel_runs import reference, trained_record  # noqa: E402
+
+PP = 2
+MICRO_BATCHES = 4
+SPLITS = {
+    "1F1B": {"schedule": "1F1B", "stages_per_rank": 1, "stage_blocks": [2, 2]},
+    "Interleaved1F1B": {"schedule": "Interleaved1F1B", "stages_per_rank": 2, "stage_blocks": [1, 1, 1, 1]},
+    "ZBVZeroBubble": {"schedule": "ZBVZeroBubble", "stages_per_rank": 2, "stage_blocks": [1, 1, 1, 1]},
+}
+CHECKPOINTED_CASE = "1F1B:fsdp2:eager"
+
+
+def make_plan(*, schedule: str, world: int, tp: int, backend: str) -> RuntimePlan:
+    compiled = backend != "eager"
+    document = debug_plan(
+        sharding="full_shard",
+        gpus_per_node=world,
+        tp=tp,
+        micro_batch_size=2,
+        grad_accum_steps=MICRO_BATCHES,
+        compile=compiled,
+        bucket_mb=64.0 if compiled else 0.0,
+        pipeline=SPLITS[schedule],
+    )
+    return parse_plan(document)
+
+
+def run_case(case: str, *, world: int, steps: int, cache: dict, checkpoint_dir: Path) -> dict:
+    schedule, engine, backend, *rest = case.split(":")
+    dp, tp = (int(d) for d in rest[0].split(",")) if rest else (1, 1)
+    plan = make_plan(schedule=schedule, world=world, tp=tp, backend=backend)
+    assert plan.config.mesh.dp == dp, (case, plan.config.mesh)
+    env = init_distributed(plan)
+    key = plan.config.mesh.shape
+    if key not in cache:  # one set of process groups per mesh shape, reused across cases
+        cache[key] = build_mesh(plan, env)
+    mesh = cache[key]
+    dp_rank = data_parallel_rank(mesh)
+    every_dp: list = [None] * world
+    dist.all_gather_object(every_dp, dp_rank)
+    if ("reference", dp) not in cache:
+        cache["reference", dp] = reference(plan, steps)
+    checkpointed = case == CHECKPOINTED_CASE and world == 2
+    record = trained_record(
+        case, plan, mesh, dp=dp_rank, every_dp=every_dp, reference_run=cache["reference", dp],
+        engine=engine, backend=backend, steps=steps, checkpoint_dir=checkpoint_dir if checkpointed else None,
+    )
+    # Every rank compared its own stages' parameters: merge them (a tp or dp peer's are the same names).
+    every_errors: list = [None] * world
+    dist.all_gather_object(every_errors, record["grad_errors"])
+    merged: dict[str, float] = {}
+    for errors in every_errors:
+        for name, err in errors.items():
+            merged[name] = max(err, merged.get(name, 0.0))
+    record["grad_errors"] = merged
+    record["compared_per_rank"] = [sorted(errors) for errors in every_errors]
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--checkpoint-dir", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("cases", nargs="+")
+    args = parser.parse_args()
+    world = int(os.environ["WORLD_SIZE"])
+    results: list[dict] = []
+    cache: dict = {}
+    for case in args.cases:
+        record = run_case(
+            case, world=world, steps=args.steps, cache=cache, checkpoint_dir=args.checkpoint_dir
+        )
+        results.append(record)
+        if dist.get_rank() == 0:
+            print(json.dumps(record), flush=True)
+    if dist.get_rank() == 0:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+    exit_process(0)  # gloo's threads can abort interpreter teardown (see exit_process)
