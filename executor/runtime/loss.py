@@ -126,18 +126,28 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             loss_sum = loss_sum + _slice_loss_and_grads(
                 h, weight, t, g, grad_weight, tokens=tokens, vocab=vocab
             )
-        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+        # Plain attributes, not save_for_backward: backward scales them in place (see there).
+        ctx.grads = (grad_hidden, grad_weight.to(weight.dtype))  # type: ignore[attr-defined]
+        ctx.scaled_by = None  # type: ignore[attr-defined]
         return loss_sum / tokens
 
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: torch.autograd.function.FunctionCtx, grad_loss: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, None, None, None]:
-        grad_hidden, grad_weight = ctx.saved_tensors  # type: ignore[attr-defined]
-        # In place: a head-sized copy at the start of backward is what slicing saves elsewhere
-        # (~1 GiB for a 128k x 4096 bf16 head). A second backward through the same graph
-        # (retain_graph) is refused by autograd's version check instead of silently doubling.
-        return grad_hidden.mul_(grad_loss), grad_weight.mul_(grad_loss), None, None, None
+        grad_hidden, grad_weight = ctx.grads  # type: ignore[attr-defined]
+        scaled_by = ctx.scaled_by  # type: ignore[attr-defined]
+        if scaled_by is None:
+            # In place: a head-sized copy at the start of backward is what slicing saves elsewhere
+            # (~1 GiB for a 128k x 4096 bf16 head).
+            ctx.scaled_by = grad_loss  # type: ignore[attr-defined]
+            return grad_hidden.mul_(grad_loss), grad_weight.mul_(grad_loss), None, None, None
+        # A second backward through the same graph (retain_graph; a zero-bubble pipeline schedule
+        # computes the input and the weight gradients in two passes): the stored gradients hold
+        # the first pass's scale, so rescale out of place (a first scale of 0 cannot be undone).
+        ratio = grad_loss / scaled_by
+        rescaled = (grad_hidden * ratio.to(grad_hidden.dtype), grad_weight * ratio.to(grad_weight.dtype))
+        return *rescaled, None, None, None
 
 
 def chunked_linear_cross_entropy(
