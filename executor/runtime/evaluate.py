@@ -38,17 +38,29 @@ def evaluate(
     try:
         with torch.no_grad():
             for b in range(1, batches + 1):
-                for micro in range(grad_accum_steps):
-                    index = BatchIndex(b, micro, dp_rank, dp_size, micro_batch_size)
-                    batch = data.eval_batch(index, batches=batches).to(device, non_blocking=True)
+                micro_batches = [
+                    data.eval_batch(
+                        BatchIndex(b, micro, dp_rank, dp_size, micro_batch_size), batches=batches
+                    ).to(device, non_blocking=True)
+                    for micro in range(grad_accum_steps)
+                ]
+                if par.pipeline is not None:
+                    # The schedule's forward-only pass; the loss lands on the last stage's ranks.
+                    loss_sum += par.pipeline.eval_loss(torch.cat(micro_batches))
+                    count += grad_accum_steps if par.pipeline.holds_last else 0
+                    continue
+                for batch in micro_batches:
                     loss_sum += batch_loss(par, batch, loss_chunks=loss_chunks).detach().float()
                     count += 1
     finally:
         module.train(was_training)
-        _reshard(module)
+        # Under a pipeline each stage is an FSDP root of its own (`module` holds no root).
+        for root in [stage.submod for stage in par.pipeline.stages] if par.pipeline is not None else [module]:
+            _reshard(root)
     # Every micro-batch holds as many tokens: the mean of their means is the mean. The ranks of a
     # cp x tp group hold the same losses (context parallelism returns its group's mean), so the
-    # mean over all ranks is the mean over data-parallel ranks.
+    # mean over all ranks is the mean over data-parallel ranks (under a pipeline: the ranks of the
+    # last stage, the only ones that count micro-batches).
     stats = torch.stack([loss_sum, torch.tensor(float(count), device=device)])
     dist.all_reduce(stats)
     return (stats[0] / stats[1]).item()

@@ -172,6 +172,12 @@ class Run:
     def tokens_per_step(self) -> int:
         return self.plan.training.sequences * self.plan.training.seq_len
 
+    @property
+    def loss_ranks(self) -> int:
+        """The ranks whose losses the logged mean is over: every rank, or with pp > 1 the ranks
+        of the last stage (the others hold zero)."""
+        return self.env.world_size // self.plan.config.mesh.pp
+
 
 def train(args: RunOptions, tracker: PhaseTracker | None = None) -> int:
     """Set up, restore, loop, stop. (Process-group teardown: `main`, which knows whether a rank ran
@@ -196,7 +202,8 @@ def set_up(args: RunOptions, tracker: PhaseTracker) -> Run:
     log0(
         env,
         f"plan {plan.model.name} {plan.plan_hash[:12]} | {env.world_size} rank(s) on {env.device.type} "
-        f"({env.backend}) | torch {torch.__version__} | runtime {Path(__file__).parent}",
+        f"({env.backend}), mesh {plan.config.mesh.label()} | torch {torch.__version__} | runtime "
+        f"{Path(__file__).parent}",
     )
     par = _build_model(args, plan, env, mesh, dp_size)
     settings = OptimizerSettings(
@@ -264,7 +271,8 @@ def _build_model(
     log0(
         env,
         f"  model: {n_params / 1e6:.1f}M parameters, {plan.model.num_layers} blocks; "
-        f"micro-batch {cfg.micro_batch_size} x {cfg.grad_accum_steps} accumulation x {dp_size} "
+        f"micro-batch {cfg.micro_batch_size} x {cfg.grad_accum_steps} "
+        f"{'pipeline micro-batches' if par.pipeline is not None else 'accumulation'} x {dp_size} "
         f"data-parallel ranks = {training.sequences} sequences of {training.seq_len} tokens per step",
     )
     return par
@@ -365,6 +373,7 @@ def _open_trackers(run: Run) -> list[Tracker]:
         wandb_project=args.wandb_project,
         run_name=f"{plan.model.name}-{plan.plan_hash[:12]}",
         config={"plan_hash": plan.plan_hash, "model": plan.model.name, "world_size": run.env.world_size,
+                "mesh": plan.config.mesh.as_document(),
                 "seq_len": training.seq_len, "sequences_per_step": training.sequences,
                 "lr": run.settings.lr, "steps": args.steps, "data": run.data.description},
     )
@@ -400,7 +409,8 @@ def _step(run: Run, step: int, meter: MemoryMeter, stop: StopFlag) -> tuple[Step
     tracker.enter("sync")
     # One small all-reduce: the global mean loss, and whether any rank was asked to stop. (The
     # ranks of a cp x tp group hold the same loss, context parallelism's being its group's mean:
-    # the mean over all ranks is still the mean over the data-parallel ranks.)
+    # the mean over all ranks is still the mean over the data-parallel ranks; under a pipeline
+    # only the last stage's ranks hold one, `loss_ranks`.)
     stats = torch.stack(
         [result.loss_sum / cfg.grad_accum_steps, torch.tensor(float(stop.requested), device=env.device)]
     )
@@ -412,7 +422,7 @@ def _step(run: Run, step: int, meter: MemoryMeter, stop: StopFlag) -> tuple[Step
     peak_tflops = run.plan.cluster.gpu_spec.peak_bf16_tflops
     record = StepMetrics(
         step=step,
-        loss=stats[0].item() / env.world_size,
+        loss=stats[0].item() / run.loss_ranks,
         grad_norm=result.grad_norm,
         lr=lr,
         step_time_s=elapsed,

@@ -169,6 +169,28 @@ def test_context_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan) 
     assert [loss for _, loss in evaluated] == pytest.approx(expected, rel=2e-5)
 
 
+@pytest.mark.distributed
+def test_pipeline_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan) -> None:
+    # pp 2 (1F1B, two stages of 2 blocks): both ranks read the same 2 micro-batches of 1
+    # sequence, the first stage takes the inputs, the last the targets and the loss; the logged
+    # losses (the last stage's), the gradient norms (clipped over both stages) and the held-out
+    # losses (the schedule's forward-only pass) are one rank's (fp32: see test_pipeline_parallel).
+    pipeline = {"schedule": "1F1B", "stages_per_rank": 1, "stage_blocks": [2, 2]}
+    pp = write_plan(
+        debug_plan(gpus_per_node=2, micro_batch_size=1, grad_accum_steps=2, pipeline=pipeline), "pp.json"
+    )
+    one = write_plan(debug_plan(gpus_per_node=1, micro_batch_size=1, grad_accum_steps=2), "one.json")
+    evals = ("--steps", "4", "--eval-every", "2", "--eval-batches", "1")
+    split = _train(pp, tmp_path, "pp", *evals, nproc=2)
+    single = _train(one, tmp_path, "one", *evals, nproc=1)
+    assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in single], rel=2e-5)
+    assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
+    evaluated = [(r["step"], r["eval_loss"]) for r in split if r.get("eval_loss") is not None]
+    assert [step for step, _ in evaluated] == [2, 4]
+    expected = [r["eval_loss"] for r in single if r.get("eval_loss") is not None]
+    assert [loss for _, loss in evaluated] == pytest.approx(expected, rel=2e-5)
+
+
 def test_world_size_mismatch_is_a_clear_error(write_plan) -> None:
     plan = write_plan(debug_plan(nodes=1, gpus_per_node=2))
     env = job_env(WORLD_SIZE="3")
