@@ -9,10 +9,12 @@ stages are all compute: 4 blocks of hidden 512 (one block per stage, or two for 
 256-word vocabulary so that the embeddings and the head cost little next to a block, one sequence
 of 256 tokens per micro-batch, 4 micro-batches per step, eager, fp32. Every rank wraps its stages'
 compute actions (torch's `forward_one_chunk`, `backward_one_chunk` with its input-only variant,
-`backward_weight_one_chunk`) with a timer; a step is timed from a barrier before the schedule to
-a barrier after it. Rank 0 writes, per schedule and step, each rank's compute seconds by action
-(F, B full backward, I input gradient, W weight gradient: lists of seconds) and the step's wall
-seconds. No sleeps: the bubble is what the ranks wait for each other's compute.
+`backward_weight_one_chunk`, and the gradient reduction after the last one) with a timer; a step
+is timed from a barrier before the schedule to a barrier after it. Rank 0 writes, per schedule
+and step, each rank's compute seconds by action and stage (`F0`: forward of stage 0, `B`: full
+backward, `I`: input gradient, `W`: weight gradient, `R`: gradient reduction; lists of seconds),
+the step's wall seconds and the schedule's action order per rank. No sleeps: the bubble is what
+the ranks wait for each other's compute.
 """
 
 from __future__ import annotations
@@ -52,34 +54,41 @@ MODEL = {
 MICRO_BATCHES = 4
 
 
-def timed_actions(stage: Any, log: dict[str, list[float]]) -> None:
-    """Wrap `stage`'s compute actions so that each call appends its seconds to `log[kind]`."""
+ACTIONS = {
+    "forward_one_chunk": "F",
+    "backward_one_chunk": "B",  # "I" when the schedule asks for the input gradient only
+    "backward_weight_one_chunk": "W",
+    "perform_reduce_grad": "R",  # after the last micro-batch: compute, not waiting
+}
+
+
+def timed_actions(stage: Any, log: dict[str, list[float]], cpu: list[float]) -> None:
+    """Wrap `stage`'s compute actions so that each call appends its seconds to `log[kind + stage
+    index]`, e.g. `F0`, `I3`, and the CPU seconds its thread got meanwhile to `cpu` (less than
+    the seconds: the rank was descheduled, by another process on the machine)."""
 
     def wrap(name: str) -> None:
         original = getattr(stage, name)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if name == "forward_one_chunk":
-                kind = "F"
-            elif name == "backward_weight_one_chunk":
-                kind = "W"
-            else:
-                kind = "B" if kwargs.get("full_backward", True) else "I"
-            start = time.perf_counter()
+            input_only = name == "backward_one_chunk" and not kwargs.get("full_backward", True)
+            kind = "I" if input_only else ACTIONS[name]
+            start, start_cpu = time.perf_counter(), time.thread_time()
             result = original(*args, **kwargs)
-            log.setdefault(kind, []).append(time.perf_counter() - start)
+            log.setdefault(f"{kind}{stage.stage_index}", []).append(time.perf_counter() - start)
+            cpu.append(time.thread_time() - start_cpu)
             return result
 
         setattr(stage, name, timed)
 
-    for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+    for name in ACTIONS:
         wrap(name)
 
 
 def run_schedule(schedule: str, *, world: int, steps: int, cache: dict) -> list[dict]:
     document = debug_plan(
         gpus_per_node=world,
-        seq_len=256,
+        seq_len=512,
         micro_batch_size=1,
         grad_accum_steps=MICRO_BATCHES,
         model=MODEL,
@@ -96,8 +105,9 @@ def run_schedule(schedule: str, *, world: int, steps: int, cache: dict) -> list[
     records = []
     for step in range(1, steps + 1):
         log: dict[str, list[float]] = {}
+        cpu: list[float] = []
         for stage in par.pipeline.stages:
-            timed_actions(stage, log)
+            timed_actions(stage, log, cpu)
         batch = torch.cat([data.batch(BatchIndex(step, micro, 0, 1, 1)) for micro in range(MICRO_BATCHES)])
         dist.barrier()
         start = time.perf_counter()
@@ -105,13 +115,18 @@ def run_schedule(schedule: str, *, world: int, steps: int, cache: dict) -> list[
         dist.barrier()
         wall = time.perf_counter() - start
         for stage in par.pipeline.stages:  # the next step wraps them again
-            for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+            for name in ACTIONS:
                 del stage.__dict__[name]
         for p in par.module.parameters():
             p.grad = None
         every: list = [None] * world
-        dist.all_gather_object(every, log)
-        records.append({"schedule": schedule, "step": step, "wall_s": wall, "actions": every})
+        dist.all_gather_object(every, (log, sum(cpu)))
+        order = {rank: [str(a) for a in actions if a is not None]
+                 for rank, actions in (par.pipeline.schedule.pipeline_order or {}).items()}
+        records.append({
+            "schedule": schedule, "step": step, "wall_s": wall, "order": order,
+            "actions": [log for log, _ in every], "cpu_s": [cpu_s for _, cpu_s in every],
+        })
     return records
 
 

@@ -1,0 +1,263 @@
+"""Pipeline parallelism in the runtime: the stage split and the refusals in one process, then pp 2
+training on CPU (gloo) ranks against a one-process run, a pipeline-split checkpoint resumed, and
+the schedules' bubble timed against the planner's price.
+
+Two torchrun launches train (`workers/pipeline_parallel.py`, every case of a world size in one
+launch), 4 AdamW steps of 4 micro-batches each:
+  2 ranks  pp 2 under 1F1B (FSDP2; it also saves a checkpoint and resumes it pipeline-split under
+           FSDP2 and SimpleFSDP and whole in one process), Interleaved1F1B and ZBVZeroBubble (two
+           stages per rank, FSDP2), and 1F1B under eager SimpleFSDP
+  4 ranks  pp 2 x dp 2 under FSDP2 and compiled SimpleFSDP (inductor), pp 2 x tp 2 under FSDP2
+           (1F1B) and SimpleFSDP (Interleaved1F1B)
+
+Tolerances (fp32) are tensor parallelism's (`test_tensor_parallel.py`): 1e-5 for step-1
+gradients, compared per parameter under the whole model's names, and 2e-5 for the losses. A
+pipeline alone changes no arithmetic (the schedule divides the summed gradients by the 4
+micro-batches where one process divides each micro-batch's loss: exact for a power of two), so the
+pp-only cases match to the bit; a stage fed the wrong micro-batch or a gradient scaled twice moves
+them by percents.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+from contract.parallel_config import PipelineConfig
+from contract.plan_document import PlanError, parse_plan
+from executor.runtime.models import build_model
+from executor.runtime.pipeline import check_pipeline, split_model
+from planner.cost.pipeline import ChunkTimes, bubble_fraction
+from tests.executor.conftest import REPO, explain, job_env, torchrun
+from tests.executor.plan_factory import LLAMA_DEBUG, debug_plan
+from tests.executor.test_parity import NO_GRAPH_CACHE
+from tests.executor.workers.pipeline_parallel import SPLITS
+
+WORKERS = REPO / "tests" / "executor" / "workers"
+GRAD_RTOL = 1e-5
+LOSS_RTOL = 2e-5
+PARAMETERS = 4 * 9 + 3  # llama-debug: 9 per block, embeddings, final norm, head
+TWO_RANK_CASES = ["1F1B:fsdp2:eager", "Interleaved1F1B:fsdp2:eager", "ZBVZeroBubble:fsdp2:eager",
+                  "1F1B:simple_fsdp:eager"]
+FOUR_RANK_CASES = ["1F1B:fsdp2:eager:2,1", "1F1B:simple_fsdp:inductor:2,1", "1F1B:fsdp2:eager:1,2",
+                   "Interleaved1F1B:simple_fsdp:eager:1,2"]
+
+
+def pp_plan(schedule: str = "1F1B", **overrides: object) -> dict:
+    return debug_plan(gpus_per_node=2, grad_accum_steps=4, pipeline=SPLITS[schedule], **overrides)  # type: ignore[arg-type]
+
+
+# ---- the split and the refusals, in one process ----
+
+
+@pytest.mark.parametrize(("schedule", "stages"), [("1F1B", ([0], [1])), ("Interleaved1F1B", ([0, 2], [1, 3])),
+                                                  ("ZBVZeroBubble", ([0, 3], [1, 2]))])
+def test_each_rank_keeps_its_stages_under_the_whole_models_names(schedule: str, stages: tuple) -> None:
+    plan = parse_plan(pp_plan(schedule))
+    whole = {name: p.shape for name, p in build_model(plan.model, seq_len=64).named_parameters()}
+    pipeline = PipelineConfig(**SPLITS[schedule])
+    held: dict[str, torch.Size] = {}
+    for rank in range(2):
+        split = split_model(build_model(plan.model, seq_len=64), pipeline=pipeline, pp=2, pp_rank=rank)
+        assert [index for index, _ in split.stages] == stages[rank]
+        names = {name: p.shape for name, p in split.rank_model.named_parameters()}
+        assert not names.keys() & held.keys()  # no parameter on two ranks
+        held.update(names)
+        # The views hold the rank model's own parameter objects, each stage its own blocks.
+        mine = {id(p) for p in split.rank_model.parameters()}
+        viewed = [{id(p) for p in view.parameters()} for _, view in split.stages]
+        assert set().union(*viewed) == mine and sum(map(len, viewed)) == len(mine)
+        for index, view in split.stages:
+            assert (view.tok_embeddings is not None) == (index == 0)
+            assert (view.output is not None) == (index == pipeline.num_stages - 1)
+            assert list(view.layers) == [str(b) for b in split.blocks[index]]
+    assert held == whole  # every parameter once, under the unsplit model's name and shape
+
+
+def test_a_middle_stage_maps_hidden_states_and_the_last_returns_the_loss() -> None:
+    plan = parse_plan(pp_plan("Interleaved1F1B"))
+    torch.manual_seed(0)
+    whole = build_model(plan.model, seq_len=64).to_empty(device="cpu")
+    for p in whole.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    whole.reset_buffers()
+    tokens = torch.randint(0, plan.model.vocab_size, (2, 65))
+    expected = whole(tokens[:, :-1], tokens[:, 1:])
+    h = tokens[:, :-1]
+    for rank_stage in range(4):  # stage s lives on rank s % 2
+        split = split_model(_copy(whole), pipeline=plan.config.pipeline, pp=2, pp_rank=rank_stage % 2)
+        view = dict(split.stages)[rank_stage]
+        h = view(h, tokens[:, 1:])
+    torch.testing.assert_close(h, expected)
+
+
+def _copy(model: torch.nn.Module) -> torch.nn.Module:
+    clone = build_model(parse_plan(pp_plan()).model, seq_len=64).to_empty(device="cpu")
+    clone.load_state_dict(model.state_dict())
+    clone.reset_buffers()
+    return clone
+
+
+@pytest.mark.parametrize(
+    ("document", "compiled", "message"),
+    [
+        (pp_plan(model={**LLAMA_DEBUG, "tie_word_embeddings": True}), False,
+         "plan.config.mesh.pp: the model ties its output head to its embeddings"),
+        (debug_plan(gpus_per_node=4, cp=2, grad_accum_steps=4, pipeline=SPLITS["1F1B"]), False,
+         "plan.config.mesh.cp: this runtime runs context parallelism"),
+        (pp_plan("ZBVZeroBubble", compile=True), True, "plan.config.pipeline.schedule: ZBVZeroBubble"),
+    ],
+)
+def test_what_the_runtime_cannot_pipeline_is_refused_with_the_field_and_the_fix(
+    document: dict, compiled: bool, message: str
+) -> None:
+    plan = parse_plan(document)
+    with pytest.raises(PlanError, match=message) as refused:
+        check_pipeline(plan, build_model(plan.model, seq_len=64), compiled=compiled)
+    assert "make a plan with" in str(refused.value)
+
+
+def test_a_user_model_is_refused() -> None:
+    plan = parse_plan(pp_plan())
+    with pytest.raises(PlanError, match="built-in llama and gpt2 models into stages, this model is a Linear"):
+        check_pipeline(plan, torch.nn.Linear(2, 2), compiled=False)
+
+
+# ---- training on gloo ranks against one process ----
+
+
+def _launch(tmp: Path, world: int, cases: list[str]) -> dict[str, dict]:
+    out = tmp / "pp.json"
+    args = [str(WORKERS / "pipeline_parallel.py"), "--out", str(out), "--checkpoint-dir", str(tmp / "ckpt")]
+    result = torchrun(world, [*args, "--steps", "4", *cases], env=job_env(**NO_GRAPH_CACHE), timeout=540)
+    assert result.returncode == 0, explain(result)
+    return {record["case"]: record for record in json.loads(out.read_text())}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    return _launch(tmp_path_factory.mktemp("pp2"), 2, TWO_RANK_CASES)
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    return _launch(tmp_path_factory.mktemp("pp4"), 4, FOUR_RANK_CASES)
+
+
+def assert_trains_like_one_process(record: dict) -> None:
+    bad = {name: err for name, err in record["grad_errors"].items() if not err < GRAD_RTOL}
+    assert not bad, f"{record['case']}: step-1 gradients differ from the one-process run: {bad}"
+    assert len(record["grad_errors"]) == PARAMETERS, record["case"]  # every parameter was compared
+    assert record["losses"] == pytest.approx(record["ref_losses"], rel=LOSS_RTOL), record["case"]
+    assert record["ref_losses"][-1] < record["ref_losses"][0]  # it learns: the comparison means something
+    assert any(n.startswith("pipeline: pp=2") for n in record["notes"]), record["notes"]
+
+
+@pytest.mark.distributed
+def test_pp2_trains_like_one_process_under_every_schedule(two_ranks: dict[str, dict]) -> None:
+    for case in TWO_RANK_CASES:
+        assert_trains_like_one_process(two_ranks[case])
+        assert two_ranks[case]["dp"] == [[0, 1], [0, 1]]  # both stages read the same sequences
+    one_f_one_b = two_ranks["1F1B:fsdp2:eager"]
+    # Each rank compared only its own stage's parameters: the first stage's and the last's.
+    first, last = one_f_one_b["compared_per_rank"]
+    assert "tok_embeddings.weight" in first and "layers.1.ffn_norm.weight" in first
+    assert "output.weight" in last and "layers.2.attention.wq.weight" in last
+    assert len(first) + len(last) == PARAMETERS
+    interleaved, zbv = two_ranks["Interleaved1F1B:fsdp2:eager"], two_ranks["ZBVZeroBubble:fsdp2:eager"]
+    assert "this rank: stage(s) 0, 2 (blocks 0-0, 2-2)" in interleaved["notes"][0]  # looped
+    assert "this rank: stage(s) 0, 3 (blocks 0-0, 3-3)" in zbv["notes"][0]  # a V
+    assert "FSDP2 under pp: parameters gathered once per step" in one_f_one_b["notes"][-1]
+
+
+@pytest.mark.distributed
+def test_a_pipeline_split_checkpoint_resumes_to_the_same_loss(two_ranks: dict[str, dict]) -> None:
+    record = two_ranks["1F1B:fsdp2:eager"]
+    last = record["losses"][-1]
+    resumed = record["resumed_last_loss"]
+    assert resumed["fsdp2"] == last
+    assert resumed["simple_fsdp"] == pytest.approx(last, rel=1e-6)
+    # The two stages' files together are the whole model: one process loads them.
+    assert resumed["unsharded"] == pytest.approx(last, rel=LOSS_RTOL)
+
+
+@pytest.mark.distributed
+def test_pp2_with_dp2_or_tp2_trains_like_one_process(four_ranks: dict[str, dict]) -> None:
+    for case in FOUR_RANK_CASES:
+        assert_trains_like_one_process(four_ranks[case])
+    # pp is outermost: ranks 0, 1 hold stage 0, ranks 2, 3 stage 1; a stage's dp ranks read
+    # different sequences, its pipeline peers the same.
+    with_dp, with_tp = four_ranks["1F1B:fsdp2:eager:2,1"], four_ranks["1F1B:fsdp2:eager:1,2"]
+    assert with_dp["dp"] == [[0, 2], [1, 2], [0, 2], [1, 2]]
+    assert any("FSDP2 full_shard on mesh dp_shard=2" in n for n in with_dp["notes"]), with_dp["notes"]
+    assert with_tp["dp"] == [[0, 1]] * 4
+    assert "tensor parallel: tp=2 (sequence parallel, loss parallel)" in with_tp["notes"]
+
+
+@pytest.mark.distributed
+def test_compiled_simple_fsdp_pp2_dp2_trains_like_one_process(four_ranks: dict[str, dict]) -> None:
+    record = four_ranks["1F1B:simple_fsdp:inductor:2,1"]
+    assert_trains_like_one_process(record)
+    assert any(n.startswith("torch.compile backend=inductor") for n in record["notes"]), record["notes"]
+    # Each stage's compiled graph (forward + backward, run once per micro-batch) gathers its
+    # parameters (one bucket, again in backward: resharded) and reduce-scatters their gradients:
+    # SimpleFSDP pays its collectives every micro-batch, as the planner prices it.
+    counts = record["collectives"]
+    assert counts["all_gather_into_tensor"] == 2 and counts["reduce_scatter_tensor"] >= 1, counts
+
+
+# ---- the bubble, timed ----
+
+CLEAN = 0.9
+"""A step counts when each rank's compute actions got at least this share of a CPU (the rest:
+another process had the core, which would stretch one rank's compute and the others' waits)."""
+BUBBLE_RTOL, BUBBLE_ATOL = 0.4, 0.03
+"""Measured bubble fraction within 40% + 0.03 of the priced one (median of the clean steps)."""
+
+
+@pytest.fixture(scope="module")
+def bubbles(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    out = tmp_path_factory.mktemp("bubble") / "bubble.json"
+    args = [str(WORKERS / "pipeline_bubble.py"), "--out", str(out), "--steps", "5", *SPLITS]
+    result = torchrun(2, args, timeout=420)
+    assert result.returncode == 0, explain(result)
+    return json.loads(out.read_text())
+
+
+def measured_and_priced(records: list[dict], schedule: str) -> tuple[list[float], list[float], list[float]]:
+    """Per clean step after the first: the busiest rank's wait over its compute (wall time minus
+    its compute actions), and the planner's `bubble_fraction` for that rank's mean chunk times."""
+    pipeline = PipelineConfig(**SPLITS[schedule])
+    measured, priced, shares = [], [], []
+    for record in (r for r in records if r["schedule"] == schedule and r["step"] > 1):
+        compute = [sum(sum(times) for times in actions.values()) for actions in record["actions"]]
+        share = min(cpu / seconds for cpu, seconds in zip(record["cpu_s"], compute, strict=True))
+        shares.append(share)
+        if share < CLEAN:
+            continue
+        busiest = max(range(len(compute)), key=compute.__getitem__)
+        actions = record["actions"][busiest]
+        chunks = 4 * pipeline.stages_per_rank
+
+        def mean(kinds: str, actions: dict = actions, chunks: int = chunks) -> float:
+            return sum(t for name, times in actions.items() if name[0] in kinds for t in times) / chunks
+
+        chunk = ChunkTimes(forward=mean("F"), input_grad=mean("BI"), weight_grad=mean("W"))
+        measured.append((record["wall_s"] - compute[busiest]) / compute[busiest])
+        priced.append(bubble_fraction(pipeline, pp=2, micro_batches=4, chunk=chunk))
+    return measured, priced, shares
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("schedule", list(SPLITS))
+def test_the_measured_bubble_is_the_priced_one(bubbles: list[dict], schedule: str) -> None:
+    measured, priced, shares = measured_and_priced(bubbles, schedule)
+    if len(measured) < 2:
+        pytest.skip(f"too busy a machine to time a bubble: the ranks got {[round(s, 2) for s in shares]} "
+                    f"of a CPU during their compute (a step counts from {CLEAN})")
+    got, want = statistics.median(measured), statistics.median(priced)
+    assert got == pytest.approx(want, rel=BUBBLE_RTOL, abs=BUBBLE_ATOL), (schedule, measured, priced)
