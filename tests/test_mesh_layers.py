@@ -48,8 +48,9 @@ LAYERS: dict[str, dict[str, Handler | str]] = {
         # The engines' data-parallel dims: contract.mesh.data_parallel_axes, cp folded in.
         "dp_replicate": ("executor/runtime/distributed.py", "data_parallel_dims"),
         "dp_shard": ("executor/runtime/distributed.py", "data_parallel_dims"),
+        "pp": ("executor/runtime/parallelize.py", "parallelize_pipeline"),  # stages, then each parallelized
         "cp": ("executor/runtime/context_parallel.py", "apply_context_parallel"),
-        "tp": ("executor/runtime/parallelize.py", "parallelize"),
+        "tp": ("executor/runtime/parallelize.py", "_apply_strategy"),
     },
     "launcher": {
         # The world must be the mesh's product, and stages stay on whole nodes (header: _pipeline_header).

@@ -79,7 +79,8 @@ class Parallelized:
     module: nn.Module
     """The sharded model (parameters are DTensors); checkpoint, init and optimise this one."""
     forward: nn.Module
-    """What to call in the training step: `module`, or its compiled wrapper."""
+    """What to call in the training step: `module`, or its compiled wrapper (under a pipeline:
+    `module`, which is never called: `pipeline` runs the stages)."""
     engine: Engine
     compiled: bool
     compile_settings: CompileSettings | None

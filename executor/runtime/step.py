@@ -33,6 +33,9 @@ class StepResult:
 def batch_loss(par: Parallelized, batch: torch.Tensor, *, loss_chunks: int) -> torch.Tensor:
     """Mean next-token cross-entropy of a [b, t + 1] token batch: the model's own sliced loss, or
     cross-entropy on the logits of a model that returns them (training and evaluation alike)."""
+    if par.pipeline is not None:
+        # The rank's share of the model is no model to call: its stages run through the schedule.
+        raise ValueError("batch_loss: under a pipeline the schedule runs the forward (PipelineRun.step)")
     inputs, targets = batch[:, :-1], batch[:, 1:]
     if computes_own_loss(par.module):
         return par.forward(inputs, targets, loss_chunks=loss_chunks)
