@@ -97,7 +97,7 @@ class StageSplit:
     """Every parameter this rank holds, under the whole model's names (module docstring)."""
     stages: list[tuple[int, nn.Module]]
     """(stage index, stage module) for this rank's stages, in stage order."""
-    blocks: dict[int, range] = field(default_factory=dict)
+    blocks: dict[int, range]
     """The global block indices of each of this rank's stages."""
 
 
