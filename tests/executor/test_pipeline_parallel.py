@@ -213,11 +213,16 @@ def test_compiled_simple_fsdp_pp2_dp2_trains_like_one_process(four_ranks: dict[s
 
 # ---- the bubble, timed ----
 
-CLEAN = 0.9
-"""A step counts when each rank's compute actions got at least this share of a CPU (the rest:
-another process had the core, which would stretch one rank's compute and the others' waits)."""
-BUBBLE_RTOL, BUBBLE_ATOL = 0.4, 0.03
-"""Measured bubble fraction within 40% + 0.03 of the priced one (median of the clean steps)."""
+BALANCED = 0.15
+"""A step counts when its two ranks' compute differs by at most 15%: the stages are built alike
+(and the embeddings and head small), so a larger difference is another process taking one rank's
+core for a while, which stretches the other's waits without being the schedule's doing."""
+BUBBLE_ATOL = 0.1
+"""The measured bubble fraction is within 0.1 of the priced one (medians of the counted steps).
+Measured on a 2-core machine shared with other jobs (4 runs): 1F1B 0.18-0.26 against 0.25 priced,
+Interleaved1F1B 0.07-0.22 against 0.125, ZBVZeroBubble 0.03-0.07 against 0.00-0.02. A schedule
+that lost its overlap (a rank idle while the other works) measures near 1; a zero-bubble or
+interleaved schedule that ran as plain 1F1B measures 0.25."""
 
 
 @pytest.fixture(scope="module")
@@ -229,16 +234,15 @@ def bubbles(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return json.loads(out.read_text())
 
 
-def measured_and_priced(records: list[dict], schedule: str) -> tuple[list[float], list[float], list[float]]:
-    """Per clean step after the first: the busiest rank's wait over its compute (wall time minus
-    its compute actions), and the planner's `bubble_fraction` for that rank's mean chunk times."""
+def measured_and_priced(records: list[dict], schedule: str) -> tuple[list[float], list[float]]:
+    """Per counted step after the first: the busiest rank's wait over its compute (the step's wall
+    time less its compute actions), and the planner's `bubble_fraction` for that rank's mean chunk
+    times (forward, input gradient, weight gradient; a full backward counts as the input's)."""
     pipeline = PipelineConfig(**SPLITS[schedule])
-    measured, priced, shares = [], [], []
+    measured, priced = [], []
     for record in (r for r in records if r["schedule"] == schedule and r["step"] > 1):
         compute = [sum(sum(times) for times in actions.values()) for actions in record["actions"]]
-        share = min(cpu / seconds for cpu, seconds in zip(record["cpu_s"], compute, strict=True))
-        shares.append(share)
-        if share < CLEAN:
+        if max(compute) > (1 + BALANCED) * min(compute):
             continue
         busiest = max(range(len(compute)), key=compute.__getitem__)
         actions = record["actions"][busiest]
@@ -250,15 +254,15 @@ def measured_and_priced(records: list[dict], schedule: str) -> tuple[list[float]
         chunk = ChunkTimes(forward=mean("F"), input_grad=mean("BI"), weight_grad=mean("W"))
         measured.append((record["wall_s"] - compute[busiest]) / compute[busiest])
         priced.append(bubble_fraction(pipeline, pp=2, micro_batches=4, chunk=chunk))
-    return measured, priced, shares
+    return measured, priced
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("schedule", list(SPLITS))
 def test_the_measured_bubble_is_the_priced_one(bubbles: list[dict], schedule: str) -> None:
-    measured, priced, shares = measured_and_priced(bubbles, schedule)
+    measured, priced = measured_and_priced(bubbles, schedule)
     if len(measured) < 2:
-        pytest.skip(f"too busy a machine to time a bubble: the ranks got {[round(s, 2) for s in shares]} "
-                    f"of a CPU during their compute (a step counts from {CLEAN})")
+        pytest.skip(f"too busy a machine to time {schedule}'s bubble: fewer than 2 of its steps ran "
+                    f"both ranks' compute within {BALANCED:.0%} of each other")
     got, want = statistics.median(measured), statistics.median(priced)
-    assert got == pytest.approx(want, rel=BUBBLE_RTOL, abs=BUBBLE_ATOL), (schedule, measured, priced)
+    assert got == pytest.approx(want, abs=BUBBLE_ATOL), (schedule, measured, priced)
