@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from contract.parallel_config import PipelineConfig
-from contract.plan_document import PlanError, parse_plan
+from contract.plan_document import PlanError, RuntimePlan, parse_plan
 from executor.runtime.models import build_model
 from executor.runtime.pipeline import check_pipeline, split_model
 from planner.cost.pipeline import ChunkTimes, bubble_fraction
@@ -78,28 +78,39 @@ def test_each_rank_keeps_its_stages_under_the_whole_models_names(schedule: str, 
     assert held == whole  # every parameter once, under the unsplit model's name and shape
 
 
-def test_a_middle_stage_maps_hidden_states_and_the_last_returns_the_loss() -> None:
-    plan = parse_plan(pp_plan("Interleaved1F1B"))
+GPT2_DEBUG = {**LLAMA_DEBUG, "name": "gpt2-debug", "architecture": "gpt2", "num_kv_heads": 8,
+              "intermediate_size": 1024}  # untied: a pipeline cannot tie across stages
+
+
+@pytest.mark.parametrize(
+    ("schedule", "model"), [("Interleaved1F1B", LLAMA_DEBUG), ("ZBVZeroBubble", GPT2_DEBUG)]
+)
+def test_the_stages_in_order_compute_the_whole_models_loss(schedule: str, model: dict) -> None:
+    """Token ids through stage 0, hidden states through the middle stages, the loss out of the last:
+    the same loss as the unsplit model with the same weights."""
+    plan = parse_plan(pp_plan(schedule, model=model, name=model["name"]))
+    pipeline = plan.config.pipeline
+    assert pipeline is not None
     torch.manual_seed(0)
-    whole = build_model(plan.model, seq_len=64).to_empty(device="cpu")
-    for p in whole.parameters():
-        torch.nn.init.normal_(p, std=0.02)
-    whole.reset_buffers()
+    whole = _materialized(plan)
     tokens = torch.randint(0, plan.model.vocab_size, (2, 65))
     expected = whole(tokens[:, :-1], tokens[:, 1:])
     h = tokens[:, :-1]
-    for rank_stage in range(4):  # stage s lives on rank s % 2
-        split = split_model(_copy(whole), pipeline=plan.config.pipeline, pp=2, pp_rank=rank_stage % 2)
-        view = dict(split.stages)[rank_stage]
-        h = view(h, tokens[:, 1:])
+    for stage in range(pipeline.num_stages):
+        rank = pipeline.stage_ranks(2)[stage]
+        copy = _materialized(plan)
+        copy.load_state_dict(whole.state_dict())
+        split = split_model(copy, pipeline=pipeline, pp=2, pp_rank=rank)
+        h = dict(split.stages)[stage](h, tokens[:, 1:])
     torch.testing.assert_close(h, expected)
 
 
-def _copy(model: torch.nn.Module) -> torch.nn.Module:
-    clone = build_model(parse_plan(pp_plan()).model, seq_len=64).to_empty(device="cpu")
-    clone.load_state_dict(model.state_dict())
-    clone.reset_buffers()
-    return clone
+def _materialized(plan: RuntimePlan) -> torch.nn.Module:
+    model = build_model(plan.model, seq_len=64).to_empty(device="cpu")
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    model.reset_buffers()
+    return model
 
 
 @pytest.mark.parametrize(
