@@ -181,7 +181,7 @@ def test_a_phase_that_overran_leaves_later_phases_a_floor() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "mesh"),
-    [({}, Mesh(dp_shard=2)), ({"sharding": "hybrid_shard", "nodes": 2}, Mesh(2, 2, 1))],
+    [({}, Mesh(dp_shard=2)), ({"sharding": "hybrid_shard", "nodes": 2}, Mesh(dp_replicate=2, dp_shard=2))],
 )
 def test_schema_1_plans_read_as_their_mesh(kwargs: dict, mesh: Mesh) -> None:
     current = parse_plan(debug_plan(**kwargs))
@@ -192,7 +192,7 @@ def test_schema_1_plans_read_as_their_mesh(kwargs: dict, mesh: Mesh) -> None:
     # planner once read 1 here while the runtime refused the plan).
     hybrid = as_schema_1(debug_plan(sharding="hybrid_shard", nodes=2))
     del hybrid["config"]["replicate_group_size"]
-    assert parse_plan(hybrid).config.mesh == Mesh(2, 2, 1)
+    assert parse_plan(hybrid).config.mesh == Mesh(dp_replicate=2, dp_shard=2)
     unsized = {**hybrid, "cluster": {"gpu": "cpu"}}
     with pytest.raises(PlanError, match=r"plan\.config\.replicate_group_size: missing"):
         parse_plan(unsized)
