@@ -106,7 +106,9 @@ def _flat_optimizer_state(path: Path) -> bool:
     """Whether the checkpoint at `path` holds the optimizer state flattened (one entry per parameter
     name: this version's format) rather than nested (checkpoints written before pipelining)."""
     keys = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
-    return any(key.startswith("optim.param_groups.") for key in keys)
+    # Nested groups list their parameters (`optim.param_groups.0.params`); flattened ones are keyed
+    # by parameter name and hold only the settings (`optim.param_groups.<name>.lr`).
+    return not any(key.startswith("optim.param_groups.") and key.endswith(".params") for key in keys)
 
 
 def _prune(root: Path, keep: int) -> None:

@@ -26,9 +26,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from contract.parallel_config import PipelineConfig
 from contract.plan_document import PlanError, RuntimePlan, parse_plan
+from executor.runtime.checkpoint import TRAIN_STATE, load_checkpoint, save_checkpoint
 from executor.runtime.models import build_model
 from executor.runtime.pipeline import check_pipeline, split_model
 from planner.cost.pipeline import ChunkTimes, bubble_fraction
@@ -137,6 +141,36 @@ def test_a_user_model_is_refused() -> None:
     plan = parse_plan(pp_plan())
     with pytest.raises(PlanError, match="built-in llama and gpt2 models into stages, this model is a Linear"):
         check_pipeline(plan, torch.nn.Linear(2, 2), compiled=False)
+
+
+def test_checkpoints_store_the_optimizer_by_parameter_name_and_older_ones_still_load(tmp_path: Path) -> None:
+    # Pipeline ranks hold different parameter groups: the optimizer state is saved flattened
+    # (`optim.param_groups.<name>.lr`); a checkpoint written before (nested) loads as it did.
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+        saved = save_checkpoint(
+            tmp_path / "new", step=1, model=model, optimizer=optimizer, train_state={}, keep=1
+        )
+        keys = dcp.FileSystemReader(str(saved)).read_metadata().state_dict_metadata
+        assert "optim.param_groups.weight.lr" in keys and "optim.state.weight.exp_avg" in keys
+        nested = tmp_path / "old" / "step-00000001"
+        model_state, optim_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(nested))
+        (nested / TRAIN_STATE).write_text(json.dumps({"step": 1}))
+        for path in (saved, nested):
+            again = torch.nn.Linear(4, 3)
+            again_optimizer = torch.optim.AdamW(again.parameters(), lr=0.1)
+            assert load_checkpoint(path, model=again, optimizer=again_optimizer)["step"] == 1
+            torch.testing.assert_close(again.weight, model.weight)
+            state = again_optimizer.state[again.weight]
+            torch.testing.assert_close(state["exp_avg"], optimizer.state[model.weight]["exp_avg"])
+    finally:
+        dist.destroy_process_group()
 
 
 # ---- training on gloo ranks against one process ----
