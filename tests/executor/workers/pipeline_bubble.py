@@ -12,9 +12,10 @@ compute actions (torch's `forward_one_chunk`, `backward_one_chunk` with its inpu
 `backward_weight_one_chunk`, and the gradient reduction after the last one) with a timer; a step
 is timed from a barrier before the schedule to a barrier after it. Rank 0 writes, per schedule
 and step, each rank's compute seconds by action and stage (`F0`: forward of stage 0, `B`: full
-backward, `I`: input gradient, `W`: weight gradient, `R`: gradient reduction; lists of seconds)
-and the step's wall seconds. No sleeps: the bubble is what the ranks wait for each other's
-compute (a stage boundary's 1 MiB send takes 0.3-2 ms here, a chunk's compute 0.2-0.5 s).
+backward, `I`: input gradient, `W`: weight gradient, `R`: gradient reduction; `cpu`: the CPU
+seconds of each; lists) and the step's wall seconds. No sleeps: the bubble is what the ranks
+wait for each other's compute (a stage boundary's 1 MiB send takes 0.3-2 ms here, a chunk's
+compute 0.2-0.5 s).
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ ACTIONS = {
 
 def timed_actions(stage: Any, log: dict[str, list[float]]) -> None:
     """Wrap `stage`'s compute actions so that each call appends its seconds to `log[kind + stage
-    index]`, e.g. `F0`, `I3`."""
+    index]`, e.g. `F0`, `I3`, and the CPU seconds the rank's thread got meanwhile to `log["cpu"]`
+    (fewer than the seconds: another process had the core for a while)."""
 
     def wrap(name: str) -> None:
         original = getattr(stage, name)
@@ -72,9 +74,10 @@ def timed_actions(stage: Any, log: dict[str, list[float]]) -> None:
         def timed(*args: Any, **kwargs: Any) -> Any:
             input_only = name == "backward_one_chunk" and not kwargs.get("full_backward", True)
             kind = "I" if input_only else ACTIONS[name]
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.thread_time()
             result = original(*args, **kwargs)
             log.setdefault(f"{kind}{stage.stage_index}", []).append(time.perf_counter() - start)
+            log.setdefault("cpu", []).append(time.thread_time() - start_cpu)
             return result
 
         setattr(stage, name, timed)
