@@ -62,11 +62,15 @@ def materialize(model: nn.Module, *, device: torch.device, seed: int, init: bool
     for (owner, owner_name), *others in tied:
         for module, name in others:
             module._parameters[name] = owner._parameters[owner_name]
+    # A pipeline's last stage holds its own copy of a tied weight: initialised as the weight it
+    # copies (executor.runtime.pipeline).
+    aliases: dict[str, str] = getattr(model, "init_aliases", {})
     for name, param in model.named_parameters() if init else ():  # tied weights appear once
-        rule = init_rule(clean_name(name))
+        key = aliases.get(clean_name(name), clean_name(name))
+        rule = init_rule(key)
         full = torch.empty(param.shape, dtype=param.dtype, device=device)
         generator = torch.Generator(device=device)
-        generator.manual_seed(param_seed(seed, clean_name(name)))
+        generator.manual_seed(param_seed(seed, key))
         _fill(full, rule, generator)
         if isinstance(param, DTensor):
             local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)

@@ -70,18 +70,25 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 def clip_grad_norm(
-    model: nn.Module, max_norm: float, *, pipeline_group: dist.ProcessGroup | None = None
+    model: nn.Module,
+    max_norm: float,
+    *,
+    pipeline_group: dist.ProcessGroup | None = None,
+    counted_elsewhere: tuple[nn.Parameter, ...] = (),
 ) -> float:
     """Clip the global gradient norm over all (sharded) gradients; returns the norm before clipping.
 
     With `pipeline_group` (pp > 1) `model` holds this rank's stages only: the norm is taken over
-    every stage's gradients (each rank's squared norm summed over the pp group) and every rank
-    scales its own by the same coefficient, as one process clipping the whole model would."""
+    every stage's gradients (each rank's squared norm summed over the pp group, less
+    `counted_elsewhere`: a tied weight's second copy) and every rank scales its own by the same
+    coefficient, as one process clipping the whole model would."""
     params = [p for p in model.parameters() if p.grad is not None]
     # max_norm inf: measure only (the clip coefficient is then capped at 1).
     limit = max_norm if max_norm > 0 else math.inf
     if pipeline_group is not None:
-        return _clip_over_stages(params, limit, pipeline_group)
+        skip = {id(p) for p in counted_elsewhere}
+        counted = [p for p in params if id(p) not in skip]
+        return _clip_over_stages(counted, params, limit, pipeline_group)
     if not params:
         return 0.0
     grads = [p.grad for p in params]
@@ -92,10 +99,13 @@ def clip_grad_norm(
     return float(norm)
 
 
-def _clip_over_stages(params: list[nn.Parameter], limit: float, group: dist.ProcessGroup) -> float:
+def _clip_over_stages(
+    counted: list[nn.Parameter], params: list[nn.Parameter], limit: float, group: dist.ProcessGroup
+) -> float:
     grads = [p.grad for p in params if p.grad is not None]
+    norm_grads = [p.grad for p in counted if p.grad is not None]
     device = grads[0].device if grads else torch.device("cpu")
-    local = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=device)
+    local = torch.nn.utils.get_total_norm(norm_grads) if norm_grads else torch.zeros((), device=device)
     if isinstance(local, DTensor):
         local = local.full_tensor()
     squared = local.float().square()

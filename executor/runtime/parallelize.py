@@ -47,7 +47,7 @@ from executor.runtime.distributed import data_parallel_mesh, pipeline_mesh, tens
 from executor.runtime.float8 import Float8Conversion, after_optimizer_step, convert_to_float8
 from executor.runtime.fsdp2 import apply_fsdp2, fsdp2_mesh
 from executor.runtime.models import computes_own_loss, find_parts
-from executor.runtime.pipeline import PipelineRun, build_pipeline, check_pipeline, split_model
+from executor.runtime.pipeline import PipelineRun, build_pipeline, check_pipeline, split_model, tied_copies
 from executor.runtime.simple_fsdp import apply_simple_fsdp
 from executor.runtime.tensor_parallel import apply_tensor_parallel
 
@@ -192,7 +192,8 @@ def parallelize_pipeline(
             notes.extend(stage_notes)
     assert applied is not None
     run = build_pipeline(
-        split, forwards, plan=plan, pp_mesh=pp_mesh, device=_device(mesh), activation_dtype=param_dtype
+        split, forwards, plan=plan, pp_mesh=pp_mesh, device=_device(mesh), activation_dtype=param_dtype,
+        tied=tied_copies(split, pipeline=pipeline, mesh=mesh),
     )
     notes[:0] = run.notes
     if engine == "fsdp2":

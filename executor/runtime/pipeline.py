@@ -19,6 +19,13 @@ and SimpleFSDP's gathers need), so the schedule's `loss_fn` only hands that loss
 schedule scales the gradients by 1 / micro-batches (each micro-batch's loss is its mean: the
 step's gradient is the mean's, as without pipelining).
 
+Tied weights. A model whose output head shares the embedding's weight has it on the first and
+on the last stage: as Megatron does, the last stage holds a copy of its own (initialised as the
+embedding is: `init_aliases`, read by materialize), and after every step the two copies'
+gradients are summed over the pipeline ranks holding them (`TiedCopies`), so the optimizer moves
+both alike; the gradient norm counts the weight once. Checkpoints hold both names, as the unsplit
+model's state dict does.
+
 Micro-batches. The schedule runs the plan's `grad_accum_steps` micro-batches of
 `micro_batch_size` sequences each per optimizer step; every rank of a pipeline reads the same
 sequences (`distributed.data_parallel_rank`): the first stage takes the inputs, the last the targets.
@@ -40,6 +47,7 @@ from torch.distributed.pipelining.schedules import (
     ScheduleInterleaved1F1B,
     ScheduleZBVZeroBubble,
 )
+from torch.distributed.tensor import DTensor
 
 from contract.parallel_config import EAGER_ONLY_SCHEDULES, PipelineConfig
 from contract.plan_document import PlanError, RuntimePlan
@@ -57,6 +65,11 @@ _PARTS: dict[type[nn.Module], tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     Llama: ("layers", ("tok_embeddings",), ("norm", "output")),
     GPT2: ("h", ("wte", "wpe"), ("ln_f", "lm_head")),
 }
+# Each built-in model's (embedding, output head) modules, whose weights tie_word_embeddings ties.
+_TIED: dict[type[nn.Module], tuple[str, str]] = {
+    Llama: ("tok_embeddings", "output"),
+    GPT2: ("wte", "lm_head"),
+}
 
 
 def check_pipeline(plan: RuntimePlan, model: nn.Module, *, compiled: bool) -> None:
@@ -68,12 +81,6 @@ def check_pipeline(plan: RuntimePlan, model: nn.Module, *, compiled: bool) -> No
             f"plan.config.mesh.pp: pipeline parallelism ({pp}) splits the built-in llama and gpt2 "
             f"models into stages, this model is a {type(model).__name__} (--model-factory); make a plan "
             "with pp 1"
-        )
-    if plan.model.tie_word_embeddings:
-        raise PlanError(
-            f"plan.config.mesh.pp: the model ties its output head to its embeddings, which pipeline "
-            f"parallelism ({pp}) puts on the first and the last stage; this runtime does not keep a "
-            "weight tied across stages: make a plan with pp 1 (or a model with tie_word_embeddings false)"
         )
     if plan.config.mesh.cp > 1:
         raise PlanError(
@@ -114,6 +121,13 @@ def split_model(model: nn.Module, *, pipeline: PipelineConfig, pp: int, pp_rank:
     setattr(model, blocks_attr, kept)
     for name in (() if 0 in mine else first_parts) + (() if last in mine else last_parts):
         setattr(model, name, None)
+    embedding, head = _TIED[type(model)]
+    if model.cfg.tie_word_embeddings and last in mine:
+        # The last stage's copy of the tied weight: a parameter of its own, initialised as the
+        # embedding's (materialize reads `init_aliases`), kept equal by `TiedCopies`.
+        tied = getattr(model, head).weight
+        getattr(model, head).weight = nn.Parameter(torch.empty_like(tied), requires_grad=tied.requires_grad)
+        model.init_aliases = {f"{head}.weight": f"{embedding}.weight"}
     stages = []
     for s in mine:
         view = _view(model)
@@ -145,6 +159,66 @@ def _stage_loss(loss: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return loss
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TiedCopies:
+    """This rank's copies of a weight the unsplit model ties (the embedding's and the output
+    head's): one, or both where one rank holds the first and the last stage (ZB-V's V)."""
+
+    params: tuple[nn.Parameter, ...]
+    """The embedding's copy first when this rank holds both."""
+    holds_head: bool
+    """Whether the last of `params` is the head's copy (this rank holds the last stage)."""
+    group: dist.ProcessGroup | None
+    """The ranks holding the first and the last stage at this rank's data-parallel, context- and
+    tensor-parallel position (None where this rank holds both)."""
+
+    @property
+    def counted_elsewhere(self) -> tuple[nn.Parameter, ...]:
+        """The head's copy: the gradient norm counts the weight once, as the embedding's."""
+        return self.params[-1:] if self.holds_head else ()
+
+    def sum_gradients(self) -> None:
+        """Give every copy the weight's whole gradient: the sum of the embedding's and the head's."""
+        local = [_local(p.grad) for p in self.params if p.grad is not None]
+        if self.group is not None:
+            dist.all_reduce(local[0], group=self.group)
+        else:
+            local[0].add_(local[1])
+            local[1].copy_(local[0])
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    """The tensor a gradient's shard lives in (both copies are laid out alike: the same shape,
+    mesh dims and placements), to reduce in place."""
+    return grad.to_local() if isinstance(grad, DTensor) else grad
+
+
+def tied_copies(split: StageSplit, *, pipeline: PipelineConfig, mesh: DeviceMesh) -> TiedCopies | None:
+    """Collective (every rank calls it, in step): the groups pairing each first-stage rank with
+    the last-stage rank at its position, and this rank's copies (None: it holds neither)."""
+    model = split.rank_model
+    if not model.cfg.tie_word_embeddings:
+        return None
+    pp = mesh.size(0)
+    first, last = pipeline.stage_ranks(pp)[0], pipeline.stage_ranks(pp)[-1]
+    pp_rank = mesh.get_local_rank("pp")
+    group = None
+    if first != last:
+        columns = mesh.mesh.reshape(pp, -1)  # column c: the pp ranks of one position (pp outermost)
+        me = dist.get_rank()
+        for c in range(columns.shape[1]):
+            pair = dist.new_group([int(columns[first, c]), int(columns[last, c])])
+            if me in (int(columns[first, c]), int(columns[last, c])):
+                group = pair
+    embedding, head = _TIED[type(model)]
+    params = tuple(
+        dict(getattr(model, name).named_parameters(recurse=False))["weight"]
+        for name, rank in ((embedding, first), (head, last))
+        if rank == pp_rank
+    )
+    return TiedCopies(params=params, holds_head=last == pp_rank, group=group) if params else None
+
+
 @dataclass(slots=True, kw_only=True)
 class PipelineRun:
     """This rank's stages and the schedule that runs them (one `step` per optimizer step)."""
@@ -157,13 +231,24 @@ class PipelineRun:
     holds_last: bool
     micro_batches: int
     loss_chunks: int
+    tied: TiedCopies | None = None
+    """This rank's copies of a tied weight (None: untied, or on other ranks)."""
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def counted_elsewhere(self) -> tuple[nn.Parameter, ...]:
+        """Parameters the gradient norm leaves out: a tied weight's second copy on this rank."""
+        return self.tied.counted_elsewhere if self.tied is not None else ()
 
     def step(self, batch: torch.Tensor) -> torch.Tensor:
         """Forward and backward of every micro-batch of `batch` ([micro_batches x micro_batch_size,
-        seq + 1] tokens: inputs and targets); the gradients land on the stages' parameters. Returns
-        the sum of the micro-batches' mean losses on ranks holding the last stage, zero elsewhere."""
-        return self._run(batch, train=True)
+        seq + 1] tokens: inputs and targets); the gradients land on the stages' parameters (a tied
+        weight's copies each get its whole gradient). Returns the sum of the micro-batches' mean
+        losses on ranks holding the last stage, zero elsewhere."""
+        loss_sum = self._run(batch, train=True)
+        if self.tied is not None:
+            self.tied.sum_gradients()
+        return loss_sum
 
     def eval_loss(self, batch: torch.Tensor) -> torch.Tensor:
         """The same forward without gradients (`schedule.eval`): the loss sum, on the last stage."""
@@ -198,6 +283,7 @@ def build_pipeline(
     pp_mesh: DeviceMesh,
     device: torch.device,
     activation_dtype: torch.dtype,
+    tied: TiedCopies | None,
 ) -> PipelineRun:
     """One `PipelineStage` per stage (`forwards[i]`: what parallelize made of `split.stages[i]`,
     e.g. its compiled wrapper) and the plan's schedule over them, with static shapes: the first
@@ -250,5 +336,7 @@ def build_pipeline(
         holds_last=last in indices,
         micro_batches=cfg.grad_accum_steps,
         loss_chunks=cfg.loss_chunks,
-        notes=[note],
+        tied=tied,
+        notes=[note] + (["tied embedding and head: a copy on the last stage, gradients summed"]
+                        if plan.model.tie_word_embeddings else []),
     )

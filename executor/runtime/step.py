@@ -94,8 +94,13 @@ def _update(
     """Clip (over every pipeline stage when pp > 1) and update, after the last backward."""
     before_update()
     track("optimizer")
-    group = par.pipeline.group if par.pipeline is not None else None
-    grad_norm = clip_grad_norm(par.module, max_grad_norm, pipeline_group=group)
+    pipeline = par.pipeline
+    grad_norm = clip_grad_norm(
+        par.module,
+        max_grad_norm,
+        pipeline_group=pipeline.group if pipeline is not None else None,
+        counted_elsewhere=pipeline.counted_elsewhere if pipeline is not None else (),
+    )
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if par.after_optimizer_step is not None:

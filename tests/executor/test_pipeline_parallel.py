@@ -33,22 +33,24 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from contract.parallel_config import PipelineConfig
 from contract.plan_document import PlanError, RuntimePlan, parse_plan
 from executor.runtime.checkpoint import TRAIN_STATE, load_checkpoint, save_checkpoint
+from executor.runtime.materialize import materialize
 from executor.runtime.models import build_model
 from executor.runtime.pipeline import check_pipeline, split_model
 from planner.cost.pipeline import ChunkTimes, bubble_fraction
 from tests.executor.conftest import REPO, explain, job_env, torchrun
 from tests.executor.plan_factory import LLAMA_DEBUG, debug_plan
 from tests.executor.test_parity import NO_GRAPH_CACHE
-from tests.executor.workers.pipeline_parallel import SPLITS
+from tests.executor.workers.pipeline_parallel import GPT2_TIED, SPLITS
 
 WORKERS = REPO / "tests" / "executor" / "workers"
 GRAD_RTOL = 1e-5
 LOSS_RTOL = 2e-5
 PARAMETERS = 4 * 9 + 3  # llama-debug: 9 per block, embeddings, final norm, head
+TIED_PARAMETERS = 2 + 4 * 12 + 2  # GPT-2 debug: wte, wpe, 12 per block, ln_f (the head is wte)
 TWO_RANK_CASES = ["1F1B:fsdp2:eager", "Interleaved1F1B:fsdp2:eager", "ZBVZeroBubble:fsdp2:eager",
-                  "1F1B:simple_fsdp:eager"]
+                  "1F1B:simple_fsdp:eager", "1F1B:fsdp2:eager:1,1:gpt2", "ZBVZeroBubble:fsdp2:eager:1,1:gpt2"]
 FOUR_RANK_CASES = ["1F1B:fsdp2:eager:2,1", "1F1B:simple_fsdp:inductor:2,1", "1F1B:fsdp2:eager:1,2",
-                   "Interleaved1F1B:simple_fsdp:eager:1,2"]
+                   "Interleaved1F1B:simple_fsdp:eager:1,2", "Interleaved1F1B:simple_fsdp:eager:2,1:gpt2"]
 
 
 def pp_plan(schedule: str = "1F1B", **overrides: object) -> dict:
@@ -83,7 +85,7 @@ def test_each_rank_keeps_its_stages_under_the_whole_models_names(schedule: str, 
 
 
 GPT2_DEBUG = {**LLAMA_DEBUG, "name": "gpt2-debug", "architecture": "gpt2", "num_kv_heads": 8,
-              "intermediate_size": 1024}  # untied: a pipeline cannot tie across stages
+              "intermediate_size": 1024}
 
 
 @pytest.mark.parametrize(
@@ -117,11 +119,21 @@ def _materialized(plan: RuntimePlan) -> torch.nn.Module:
     return model
 
 
+def test_the_last_stages_copy_of_a_tied_weight_starts_as_the_embedding() -> None:
+    plan = parse_plan(pp_plan(model=GPT2_TIED, name=GPT2_TIED["name"]))
+    assert plan.config.pipeline is not None
+    whole = build_model(plan.model, seq_len=64)
+    materialize(whole, device=torch.device("cpu"), seed=3)
+    last = split_model(build_model(plan.model, seq_len=64), pipeline=plan.config.pipeline, pp=2, pp_rank=1)
+    head = last.rank_model.lm_head.weight
+    assert head is not whole.lm_head.weight and "wte.weight" not in dict(last.rank_model.named_parameters())
+    materialize(last.rank_model, device=torch.device("cpu"), seed=3)
+    torch.testing.assert_close(last.rank_model.lm_head.weight, whole.wte.weight, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     ("document", "compiled", "message"),
     [
-        (pp_plan(model={**LLAMA_DEBUG, "tie_word_embeddings": True}), False,
-         "plan.config.mesh.pp: the model ties its output head to its embeddings"),
         (debug_plan(gpus_per_node=4, cp=2, grad_accum_steps=4, pipeline=SPLITS["1F1B"]), False,
          "plan.config.mesh.cp: this runtime runs context parallelism"),
         # An eager plan run compiled (--engine simple_fsdp): the contract refuses compiled ZB-V plans.
@@ -197,7 +209,8 @@ def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 def assert_trains_like_one_process(record: dict) -> None:
     bad = {name: err for name, err in record["grad_errors"].items() if not err < GRAD_RTOL}
     assert not bad, f"{record['case']}: step-1 gradients differ from the one-process run: {bad}"
-    assert len(record["grad_errors"]) == PARAMETERS, record["case"]  # every parameter was compared
+    expected = TIED_PARAMETERS if record["case"].endswith("gpt2") else PARAMETERS
+    assert len(record["grad_errors"]) == expected, record["case"]  # every parameter was compared
     assert record["losses"] == pytest.approx(record["ref_losses"], rel=LOSS_RTOL), record["case"]
     assert record["ref_losses"][-1] < record["ref_losses"][0]  # it learns: the comparison means something
     assert any(n.startswith("pipeline: pp=2") for n in record["notes"]), record["notes"]
@@ -221,14 +234,32 @@ def test_pp2_trains_like_one_process_under_every_schedule(two_ranks: dict[str, d
 
 
 @pytest.mark.distributed
-def test_a_pipeline_split_checkpoint_resumes_to_the_same_loss(two_ranks: dict[str, dict]) -> None:
-    record = two_ranks["1F1B:fsdp2:eager"]
+@pytest.mark.parametrize("case", ["1F1B:fsdp2:eager", "1F1B:fsdp2:eager:1,1:gpt2"])
+def test_a_pipeline_split_checkpoint_resumes_to_the_same_loss(two_ranks: dict[str, dict], case: str) -> None:
+    record = two_ranks[case]
     last = record["losses"][-1]
     resumed = record["resumed_last_loss"]
     assert resumed["fsdp2"] == last
     assert resumed["simple_fsdp"] == pytest.approx(last, rel=1e-6)
-    # The two stages' files together are the whole model: one process loads them.
+    # The two stages' files together are the whole model (a tied weight under both its names, as
+    # the unsplit model's state dict has it): one process loads them.
     assert resumed["unsharded"] == pytest.approx(last, rel=LOSS_RTOL)
+
+
+@pytest.mark.distributed
+def test_a_tied_head_and_embedding_train_like_one_weight(
+    two_ranks: dict[str, dict], four_ranks: dict[str, dict]
+) -> None:
+    # GPT-2 ties its head to its embedding: the last stage holds a copy, and the copies' gradients
+    # are summed after every step (across ranks for 1F1B, on rank 0 for ZB-V's V; with dp 2 over
+    # each shard pair). Copies that drifted apart, or a norm that counted the weight twice, move
+    # the losses from the second step on.
+    for record in (two_ranks["1F1B:fsdp2:eager:1,1:gpt2"], two_ranks["ZBVZeroBubble:fsdp2:eager:1,1:gpt2"],
+                   four_ranks["Interleaved1F1B:simple_fsdp:eager:2,1:gpt2"]):
+        assert_trains_like_one_process(record)
+        assert "tied embedding and head: a copy on the last stage, gradients summed" in record["notes"]
+    first, last = two_ranks["1F1B:fsdp2:eager:1,1:gpt2"]["compared_per_rank"]
+    assert "wte.weight" in first and "wte.weight" not in last  # compared once, as one weight
 
 
 @pytest.mark.distributed

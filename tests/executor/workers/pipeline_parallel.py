@@ -4,11 +4,12 @@ process, its pipeline-split checkpoints resume, and its schedule's bubble can be
     torchrun --nproc-per-node N tests/executor/workers/pipeline_parallel.py --out result.json \
         --checkpoint-dir DIR [--steps 4] CASE [CASE ...]
 
-CASE is `schedule:engine:backend[:dp,tp]`, e.g. `1F1B:fsdp2:eager`, `Interleaved1F1B:simple_fsdp:
-inductor`, `1F1B:fsdp2:eager:2,1` (pp 2 x dp 2 on 4 ranks), `1F1B:simple_fsdp:eager:1,2` (pp 2 x
-tp 2). Every case is a plan over pp 2 of the 4-block llama-debug (1F1B: two stages of 2 blocks;
-Interleaved1F1B and ZBVZeroBubble: four stages of 1 block, two per rank) with 4 micro-batches
-(the plan's grad_accum_steps) of 2 sequences each.
+CASE is `schedule:engine:backend[:dp,tp[:gpt2]]`, e.g. `1F1B:fsdp2:eager`, `Interleaved1F1B:
+simple_fsdp:inductor`, `1F1B:fsdp2:eager:2,1` (pp 2 x dp 2 on 4 ranks), `1F1B:simple_fsdp:eager:1,2`
+(pp 2 x tp 2), `ZBVZeroBubble:fsdp2:eager:1,1:gpt2`. Every case is a plan over pp 2 of the 4-block
+llama-debug, or with `gpt2` of a 4-block GPT-2 whose head is tied to its embedding (1F1B: two
+stages of 2 blocks; Interleaved1F1B and ZBVZeroBubble: four stages of 1 block, two per rank)
+with 4 micro-batches (the plan's grad_accum_steps) of 2 sequences each.
 
 As the other model-parallel workers (`model_parallel_runs`): each case trains `--steps` AdamW
 steps with the runtime's `train_step` (the pipeline's schedule, gradient clipping over both
@@ -34,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from contract.plan_document import RuntimePlan, parse_plan  # noqa: E402
 from executor.runtime.distributed import build_mesh, data_parallel_rank, exit_process, init_distributed  # noqa: E402
-from tests.executor.plan_factory import debug_plan  # noqa: E402
+from tests.executor.plan_factory import LLAMA_DEBUG, debug_plan  # noqa: E402
 from tests.executor.workers.model_parallel_runs import reference, trained_record  # noqa: E402
 
 PP = 2
@@ -44,12 +45,16 @@ SPLITS = {
     "Interleaved1F1B": {"schedule": "Interleaved1F1B", "stages_per_rank": 2, "stage_blocks": [1, 1, 1, 1]},
     "ZBVZeroBubble": {"schedule": "ZBVZeroBubble", "stages_per_rank": 2, "stage_blocks": [1, 1, 1, 1]},
 }
-CHECKPOINTED_CASE = "1F1B:fsdp2:eager"
+CHECKPOINTED_CASES = ("1F1B:fsdp2:eager", "1F1B:fsdp2:eager:1,1:gpt2")
+GPT2_TIED = {**LLAMA_DEBUG, "name": "gpt2-tied-debug", "architecture": "gpt2", "num_kv_heads": 8,
+             "intermediate_size": 1024, "tie_word_embeddings": True}
 
 
-def make_plan(*, schedule: str, world: int, tp: int, backend: str) -> RuntimePlan:
+def make_plan(*, schedule: str, world: int, tp: int, backend: str, model: dict) -> RuntimePlan:
     compiled = backend != "eager"
     document = debug_plan(
+        model=model,
+        name=model["name"],
         sharding="full_shard",
         gpus_per_node=world,
         tp=tp,
@@ -65,7 +70,8 @@ def make_plan(*, schedule: str, world: int, tp: int, backend: str) -> RuntimePla
 def run_case(case: str, *, world: int, steps: int, cache: dict, checkpoint_dir: Path) -> dict:
     schedule, engine, backend, *rest = case.split(":")
     dp, tp = (int(d) for d in rest[0].split(",")) if rest else (1, 1)
-    plan = make_plan(schedule=schedule, world=world, tp=tp, backend=backend)
+    model = GPT2_TIED if rest[1:] == ["gpt2"] else LLAMA_DEBUG
+    plan = make_plan(schedule=schedule, world=world, tp=tp, backend=backend, model=model)
     assert plan.config.mesh.dp == dp, (case, plan.config.mesh)
     env = init_distributed(plan)
     key = plan.config.mesh.shape
@@ -75,11 +81,11 @@ def run_case(case: str, *, world: int, steps: int, cache: dict, checkpoint_dir: 
     dp_rank = data_parallel_rank(mesh)
     every_dp: list = [None] * world
     dist.all_gather_object(every_dp, dp_rank)
-    if ("reference", dp) not in cache:
-        cache["reference", dp] = reference(plan, steps)
-    checkpointed = case == CHECKPOINTED_CASE and world == 2
+    if ("reference", dp, model["name"]) not in cache:
+        cache["reference", dp, model["name"]] = reference(plan, steps)
+    checkpointed = case in CHECKPOINTED_CASES and world == 2
     record = trained_record(
-        case, plan, mesh, dp=dp_rank, every_dp=every_dp, reference_run=cache["reference", dp],
+        case, plan, mesh, dp=dp_rank, every_dp=every_dp, reference_run=cache["reference", dp, model["name"]],
         engine=engine, backend=backend, steps=steps, checkpoint_dir=checkpoint_dir if checkpointed else None,
     )
     # Every rank compared its own stages' parameters: merge them (a tp or dp peer's are the same names).
