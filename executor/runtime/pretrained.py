@@ -84,9 +84,13 @@ def local_box(param: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], to
 
 
 @torch.no_grad()
-def load_pretrained(model: nn.Module, directory: str | Path, *, cfg: ModelConfig, seq_len: int) -> LoadReport:
+def load_pretrained(
+    model: nn.Module, directory: str | Path, *, cfg: ModelConfig, seq_len: int, share: bool = False
+) -> LoadReport:
     """Fill `model`'s (sharded, materialised) parameters from the Hugging Face checkpoint in
-    `directory`, checking its config.json against `cfg` first. Every rank calls it; no collectives."""
+    `directory`, checking its config.json against `cfg` first. Every rank calls it; no collectives.
+    `share`: `model` is a pipeline rank's share of the model, so the checkpoint's tensors of the
+    other stages are not reported as unused."""
     from executor.runtime.models import GPT2, Llama  # the built-in models only
 
     if not isinstance(model, (Llama, GPT2)):
@@ -121,7 +125,8 @@ def load_pretrained(model: nn.Module, directory: str | Path, *, cfg: ModelConfig
             casts.add(f"{_dtype_name(info.dtype)} -> {_dtype_name(params[name].dtype)}")
     by_source = {src.name: name for name, src in sources.items()}
     used = set(by_source)
-    report.unused = sorted(n for n in available - used if not n.endswith(hf.IGNORED_SUFFIXES))
+    if not share:
+        report.unused = sorted(n for n in available - used if not n.endswith(hf.IGNORED_SUFFIXES))
     for file, names in checkpoint.files():
         wanted = [n for n in names if n in by_source]
         if wanted:

@@ -264,7 +264,9 @@ def _build_model(
     if on_meta:
         materialize(par.module, device=env.device, seed=args.seed, init=init_from is None)
     if init_from:
-        loaded = load_pretrained(par.module, init_from, cfg=plan.model, seq_len=training.seq_len)
+        loaded = load_pretrained(
+            par.module, init_from, cfg=plan.model, seq_len=training.seq_len, share=par.pipeline is not None
+        )
         log0(env, "  " + loaded.describe())
     for line in ([precision_note] if precision_note else []) + par.notes:
         log0(env, "  " + line)
