@@ -238,8 +238,9 @@ _STAGES_PER_RANK: dict[str, tuple[int, ...]] = {
 def splitting_meshes(request: PlanRequest) -> list[tuple[int, int, int]]:
     """(pp, tp, cp) of the searched degrees whose data-parallel ranks (world / (pp x tp x cp)) split
     the global batch evenly, whose sequence splits into 2 x cp x tp pieces, and whose per-rank batch
-    fills the pipeline (at least pp sequences); a pin the model cannot take counts as 1 here:
-    planning names that error."""
+    fills the pipeline (at least pp sequences); pipelines with context parallelism are left out (the
+    runtime runs one or the other); a pin the model cannot take counts as 1 here: planning names that
+    error."""
     degrees = []
     for axis in (pipeline_parallel_degrees, tensor_parallel_degrees, context_parallel_degrees):
         try:
@@ -250,6 +251,8 @@ def splitting_meshes(request: PlanRequest) -> list[tuple[int, int, int]]:
     seq_len = request.training.seq_len
     meshes = []
     for pp, tp, cp in itertools.product(*degrees):
+        if pp > 1 and cp > 1:
+            continue  # the runtime does not run context parallelism inside pipeline stages yet
         ranks = pp * tp * cp
         if world % ranks or sequences % (world // ranks):
             continue
@@ -327,6 +330,12 @@ def check_pipeline(request: PlanRequest, config: ParallelConfig) -> None:
     a model the runtime can split)."""
     if config.pipeline is None:
         return
+    if config.mesh.cp > 1 and config.engine == "fsdp-planner":
+        raise PlanningError(
+            "config.mesh.cp: this project's runtime does not run context parallelism inside pipeline "
+            "stages yet; price it with cp 1, or with engine torchtitan (which does) to compare",
+            field="config.mesh",
+        )
     blocks = _pipelined_blocks(request)
     if blocks is None:
         raise PlanningError(

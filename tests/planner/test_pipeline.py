@@ -274,3 +274,20 @@ def test_schedules_the_pins_leave_nothing_for_are_refused(search: dict, message:
     with pytest.raises(PlanningError, match=message) as caught:
         make_plan(request)
     assert caught.value.field == "search.pipeline_schedules"
+
+
+def test_pipelines_and_context_parallelism_are_not_planned_together() -> None:
+    # The runtime runs one or the other; torchtitan's 4-D runs are priced with its engine.
+    request = make_request(
+        "llama3-8b", "4x8xH100", seq_len=65536, sequences=8,
+        search=SearchSpace(pipeline_parallel_degrees=[1, 2], context_parallel_degrees=[1, 2]),
+    )
+    plan = make_plan(request)
+    assert not (plan.config.mesh.pp > 1 and plan.config.mesh.cp > 1)
+    assert all(not (c.config.mesh.pp > 1 and c.config.mesh.cp > 1) for c in plan.alternatives)
+    pipeline = PipelineConfig(schedule="1F1B", stages_per_rank=1, stage_blocks=(16, 16))
+    both = replace(plan.config, sharding="full_shard", mesh=Mesh(pp=2, dp_shard=4, cp=2, tp=2),
+                   pipeline=pipeline, micro_batch_size=1, grad_accum_steps=2)
+    with pytest.raises(PlanningError, match="does not run context parallelism inside pipeline stages"):
+        predict(request, both)
+    assert predict(request, replace(both, engine="torchtitan", loss="autograd_fp32")).config.mesh.cp == 2
