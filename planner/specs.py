@@ -406,6 +406,10 @@ class TrainingSpec(_TrainingFields):  # type: ignore[misc, valid-type]
         return self.global_batch_tokens // self.seq_len
 
 
+MAX_PARALLEL_DEGREE = 1024
+"""The largest tensor-, context- or pipeline-parallel degree a request may pin."""
+
+
 class SearchSpace(StrictModel):
     """Limits on what the search may choose; the defaults search everything."""
 
@@ -415,16 +419,16 @@ class SearchSpace(StrictModel):
     """Whether to consider torch.compile (True) and eager FSDP2 (False)."""
     checkpointing: list[CheckpointMode] = ["none", "selective", "op_selective", "full"]
     """Activation checkpointing modes to consider."""
-    tensor_parallel_degrees: list[Annotated[int, Field(ge=1, le=1024)]] | None = None
+    tensor_parallel_degrees: list[Annotated[int, Field(ge=1, le=MAX_PARALLEL_DEGREE)]] | None = None
     """Tensor-parallel degrees to consider (`[8]` pins tp=8; `[1]` keeps data parallelism only).
     None: every power of two up to the GPUs per node that divides the model's heads, key/value
     heads, FFN and vocabulary (llama family; other architectures plan tp=1)."""
-    context_parallel_degrees: list[Annotated[int, Field(ge=1, le=1024)]] | None = None
+    context_parallel_degrees: list[Annotated[int, Field(ge=1, le=MAX_PARALLEL_DEGREE)]] | None = None
     """Context-parallel degrees to consider (`[4]` pins cp=4: every sequence split over 4 ranks).
     None: for sequences of CONTEXT_PARALLEL_FROM_SEQ_LEN tokens or more (llama family), every power
     of two whose 2 x cp chunks split the sequence; shorter sequences plan cp=1 (the all-gathered
     keys and values then cost more than the memory they save)."""
-    pipeline_parallel_degrees: list[Annotated[int, Field(ge=1, le=1024)]] | None = None
+    pipeline_parallel_degrees: list[Annotated[int, Field(ge=1, le=MAX_PARALLEL_DEGREE)]] | None = None
     """Pipeline-parallel degrees to consider (`[8]` pins pp=8: the blocks split into 8 stages).
     None: pp=1 where a plan without a pipeline fits; where none does (the model's states outgrow
     the data-parallel group), every power of two up to the model's layers that divides the world."""

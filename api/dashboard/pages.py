@@ -209,9 +209,12 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
     }
     if plan.model.name in MODEL_CATALOG:
         replan["model"] = plan.model.name
-    pinned = (row.request.get("search") or {}).get("tensor_parallel_degrees")
-    if isinstance(pinned, list) and len(pinned) == 1:
-        replan["tensor_parallel_degree"] = pinned[0]  # the form pins one degree; keep the pin
+    search = row.request.get("search") or {}
+    for pins, form_field in (("tensor_parallel_degrees", "tensor_parallel_degree"),
+                             ("pipeline_parallel_degrees", "pipeline_parallel_degree")):
+        pinned = search.get(pins)
+        if isinstance(pinned, list) and len(pinned) == 1:
+            replan[form_field] = pinned[0]  # the form pins one degree; keep the pin
     return render(request, "plan_detail.html", {
         "active": "plans", "row": row, "plan": plan, "existing": request.query_params.get("existing") == "1",
         "inputs": plan_views.input_rows(row, plan), "config": plan_views.config_rows(plan.config),

@@ -25,6 +25,7 @@ from planner.cost.model_costs import count_parameters
 from planner.formatting import quantity
 from planner.precheck import BATCH_FIELD, batch_hint
 from planner.search_setting import build_setting
+from planner.specs import MAX_PARALLEL_DEGREE
 
 # Where errors go that concern no single field (e.g. "no configuration fits on this cluster").
 FORM_LEVEL = "form"
@@ -42,6 +43,7 @@ _FIELD_FOR_PATH: tuple[tuple[str, str], ...] = (
     ("calibration_id", "calibration_id"),
     ("name", "name"),
     ("search.tensor_parallel_degrees", "tensor_parallel_degree"),
+    ("search.pipeline_parallel_degrees", "pipeline_parallel_degree"),
 )
 INTEGER_FIELDS = {
     "num_nodes": "number of nodes",
@@ -70,6 +72,8 @@ class PlanForm:
     calibration_id: str = ""
     tensor_parallel_degree: str = ""
     """Empty: search every degree that splits the model inside a node; a number pins it (1: no TP)."""
+    pipeline_parallel_degree: str = ""
+    """Empty: pipelines on clusters of several nodes; a number pins it (1: no pipeline)."""
     errors: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -129,6 +133,11 @@ def to_plan_create(form: PlanForm) -> PlanCreate | None:
     if raw_tensor_parallel and tensor_parallel is None:
         form.add_error("tensor_parallel_degree", f"enter a whole number from 1 to {MAX_GPUS_PER_NODE} "
                        "(1: data parallelism only), or leave it empty to search every degree")
+    raw_pipeline = form.pipeline_parallel_degree.strip()
+    pipeline = parse_whole(raw_pipeline, low=1, high=MAX_PARALLEL_DEGREE) if raw_pipeline else None
+    if raw_pipeline and pipeline is None:
+        form.add_error("pipeline_parallel_degree", f"enter a whole number from 1 to {MAX_PARALLEL_DEGREE} "
+                       "(1: no pipeline), or leave it empty to search pipelines on several nodes")
     if form.errors:
         return None
     body: dict[str, Any] = {
@@ -140,8 +149,13 @@ def to_plan_create(form: PlanForm) -> PlanCreate | None:
         "name": form.name.strip() or None,
         "calibration_id": calibration_id,
     }
+    search: dict[str, list[int]] = {}
     if tensor_parallel is not None:
-        body["search"] = {"tensor_parallel_degrees": [tensor_parallel]}
+        search["tensor_parallel_degrees"] = [tensor_parallel]
+    if pipeline is not None:
+        search["pipeline_parallel_degrees"] = [pipeline]
+    if search:
+        body["search"] = search
     try:
         return PlanCreate.model_validate(body)
     except ValidationError as exc:

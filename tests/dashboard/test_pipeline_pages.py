@@ -5,6 +5,7 @@ page shows it. The pp plans are built from a real plan with the contract's datac
 
 from __future__ import annotations
 
+import html as html_module
 import re
 import xml.etree.ElementTree as ET
 
@@ -143,3 +144,21 @@ def test_the_list_and_compare_show_pp(client: TestClient, db: Database) -> None:
     page = text(client.get(f"/compare?ids={pipelined},{flat}").text)
     assert "Pipeline stages (pp) 2 stages none (1)" in page
     assert "Pipeline schedule Interleaved1F1Bx2 –" in page
+
+
+def test_the_form_pins_a_pipeline_and_plan_again_keeps_it(client: TestClient) -> None:
+    four = {**DEBUG_CPU_FORM, "gpus_per_node": "4", "seq_len": "128", "global_batch_tokens": "2048"}
+    plan_id = create_plan(client, **four, pipeline_parallel_degree="2", name="debug pp2")
+    stored = client.get(f"/api/v1/plans/{plan_id}").json()
+    assert stored["request"]["search"]["pipeline_parallel_degrees"] == [2]
+    assert stored["plan"]["config"]["mesh"]["pp"] == 2
+    html = client.get(f"/plans/{plan_id}").text
+    again = re.search(r'href="(/plans/new\?[^"]+)" id="replan"', html)
+    assert again and "pipeline_parallel_degree=2" in again.group(1)
+    form = client.get(html_module.unescape(again.group(1))).text
+    assert re.search(r'id="pipeline_parallel_degree"[^>]*value="2"', form)
+    # Bad input is named at the field, the form comes back as sent.
+    refused = client.post("/plans/new", data={**four, "pipeline_parallel_degree": "²"})
+    assert refused.status_code == 422
+    assert "enter a whole number from 1 to 1024 (1: no pipeline)" in refused.text
+    assert re.search(r'id="pipeline_parallel_degree"[^>]*aria-invalid="true"', refused.text)
