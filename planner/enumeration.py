@@ -206,6 +206,14 @@ def pipeline_parallel_degrees(request: PlanRequest) -> list[int]:
             raise PlanningError(f"{field}: pp={pp}: {problem}", field=field)
         assert blocks is not None
         _check_schedules(request, pp, blocks)
+    context = request.search.context_parallel_degrees
+    if min(pinned) > 1 and context is not None and min(context) > 1:
+        raise PlanningError(
+            f"{field}: pipelines (pp={min(pinned)}) and context parallelism "
+            f"(search.context_parallel_degrees, cp={min(context)}) are pinned together, and the runtime "
+            "runs one or the other; allow 1 in one of them",
+            field=field,
+        )
     return sorted(set(pinned))
 
 

@@ -14,6 +14,7 @@ that decides what helps: sharded states shrink with more GPUs, activations of on
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 from contract.mesh import Mesh
@@ -31,7 +32,7 @@ from planner.enumeration import (
     splitting_degrees,
     tensor_parallel_degrees,
 )
-from planner.errors import InfeasiblePlanError
+from planner.errors import InfeasiblePlanError, PlanningError
 from planner.specs import PlanRequest
 
 MAX_NODES_TRIED = 4096
@@ -207,15 +208,22 @@ def roundings(request: PlanRequest, num_nodes: int, tokens: int) -> list[int]:
     `tokens` itself where it splits. Batches beyond the request's bound are left out."""
     seq_len = request.training.seq_len
     world = num_nodes * request.cluster.gpus_per_node
+    cluster = request.cluster.model_copy(update={"num_nodes": num_nodes})
+    there = request.model_copy(update={"cluster": cluster})
+    try:
+        pipelines = pipeline_parallel_degrees(there)
+    except PlanningError:
+        pipelines = [1]
     batches: set[int] = set()
-    for tp in tensor_parallel_degrees(request):
-        for cp in context_parallel_degrees(request):
-            if world % (tp * cp):
-                continue
-            unit = world // (tp * cp) * seq_len  # a batch giving each data-parallel rank a sequence
-            below = tokens // unit * unit
-            nearest = (below,) if below == tokens else (below, below + unit)
-            batches |= {b // seq_len for b in nearest if b > 0}
+    degrees = (pipelines, tensor_parallel_degrees(request), context_parallel_degrees(request))
+    for pp, tp, cp in itertools.product(*degrees):
+        if world % (pp * tp * cp) or (pp > 1 and cp > 1):
+            continue
+        unit = world // (pp * tp * cp) * seq_len  # a batch giving each data-parallel rank a sequence
+        below = tokens // unit * unit
+        nearest = (below,) if below == tokens else (below, below + unit)
+        # A pipeline needs a sequence per stage on every data-parallel rank.
+        batches |= {max(b, pp * unit) // seq_len for b in nearest if b > 0}
     fitting = (b for b in batches if b * seq_len <= MAX_GLOBAL_BATCH_TOKENS)
     return sorted(fitting, key=lambda b: (abs(b * seq_len - tokens), b))
 
@@ -350,7 +358,8 @@ def suggested_batch(request: PlanRequest, probe: Probe) -> str:
 def _over_ranks(probe: Probe) -> str:
     mesh = probe.choice.mesh
     ranks = "1 data-parallel rank" if mesh.dp == 1 else f"{mesh.dp} data-parallel ranks"
-    return f"split over {ranks}" + (f" at tp={mesh.tp}" if mesh.tp > 1 else "")
+    degrees = [f"{axis}={getattr(mesh, axis)}" for axis in ("pp", "cp", "tp") if getattr(mesh, axis) > 1]
+    return f"split over {ranks}" + (f" at {' '.join(degrees)}" if degrees else "")
 
 
 def infeasible_error(

@@ -23,6 +23,7 @@ from planner.cost.setting import Setting
 from planner.enumeration import (
     check_async_tp,
     float8_recipes,
+    pipeline_parallel_degrees,
     splitting_degrees,
     tensor_parallel_degrees,
 )
@@ -124,11 +125,20 @@ def batch_refusal(request: PlanRequest, tokens: int, setting: Setting | None = N
             "multiple of seq_len)"
         )
     else:
+        try:
+            pipelines = [pp for pp in pipeline_parallel_degrees(request) if pp > 1]
+        except PlanningError:
+            pipelines = []
         ranks = ", ".join(f"{world // tp} at tp={tp}" for tp in degrees)
+        staged = ""
+        if pipelines:
+            # A pipeline divides the data-parallel ranks by its stages and needs a sequence per stage.
+            staged = (f"; a pipeline of pp stages leaves 1/pp of them, each taking at least pp "
+                      f"sequences (pp {', '.join(map(str, pipelines))} searched)")
         problem = (
             f"{tokens // seq_len} sequences of {seq_len} tokens cannot be split evenly over {world} GPUs "
             f"(every data-parallel rank takes the same whole number of sequences, and the "
-            f"data-parallel ranks are the GPUs over the tensor-parallel degree: {ranks})"
+            f"data-parallel ranks are the GPUs over the tensor-parallel degree: {ranks}{staged})"
         )
     advice = _what_plans(request, tokens, setting)
     return PlanningError(f"{BATCH_FIELD}: {problem}; {advice}", field=BATCH_FIELD)

@@ -266,14 +266,18 @@ def test_zero_bubble_schedules_are_eager_only() -> None:
             {"pipeline_parallel_degrees": [2], "pipeline_schedules": ["ZBVZeroBubble"], "compile": [True]},
             "ZBVZeroBubble runs only stages that are not compiled, and search.compile allows compiled",
         ),
+        (
+            {"pipeline_parallel_degrees": [2], "context_parallel_degrees": [2]},
+            "are pinned together, and the runtime runs one or the other; allow 1 in one of them",
+        ),
     ],
 )
-def test_schedules_the_pins_leave_nothing_for_are_refused(search: dict, message: str) -> None:
-    # Was an assertion error (a 500 in the API): nothing was enumerated to price.
+def test_pins_that_leave_nothing_to_plan_are_refused(search: dict, message: str) -> None:
+    # Were assertion errors (500s in the API): nothing was enumerated to price, or to advise on.
     request = make_request("llama-debug", "1x8xcpu", seq_len=256, sequences=64, search=SearchSpace(**search))
     with pytest.raises(PlanningError, match=message) as caught:
         make_plan(request)
-    assert caught.value.field == "search.pipeline_schedules"
+    assert caught.value.field.startswith("search.pipeline_")
 
 
 def test_pipelines_and_context_parallelism_are_not_planned_together() -> None:
@@ -291,3 +295,18 @@ def test_pipelines_and_context_parallelism_are_not_planned_together() -> None:
     with pytest.raises(PlanningError, match="does not run context parallelism inside pipeline stages"):
         predict(request, both)
     assert predict(request, replace(both, engine="torchtitan", loss="autograd_fp32")).config.mesh.cp == 2
+
+
+def test_a_batch_too_small_for_a_pinned_pipeline_is_refused_with_a_batch_that_plans() -> None:
+    # Was an assertion error (a 500): the advice probed batches that no pipeline could split.
+    request = make_request("llama-debug", "1x8xcpu", seq_len=256, sequences=3,
+                           search=SearchSpace(pipeline_parallel_degrees=[4]))
+    with pytest.raises(PlanningError) as caught:
+        make_plan(request)
+    assert caught.value.field == "training.global_batch_tokens"
+    message = caught.value.message
+    assert "a pipeline of pp stages leaves 1/pp of them, each taking at least pp sequences" in message
+    assert "e.g. 4 sequences = 1024 tokens (split over 1 data-parallel rank at pp=4 tp=2)" in message
+    suggested = make_request("llama-debug", "1x8xcpu", seq_len=256, sequences=4,
+                             search=SearchSpace(pipeline_parallel_degrees=[4]))
+    assert make_plan(suggested).config.mesh.pp == 4
