@@ -9,7 +9,7 @@ its advice (planner/infeasibility.py) both walk this one enumeration.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from contract.mesh import Mesh
@@ -243,18 +243,26 @@ _STAGES_PER_RANK: dict[str, tuple[int, ...]] = {
 """The stages per rank the search tries for each schedule."""
 
 
+def searched_degrees(axis: Callable[[PlanRequest], list[int]], request: PlanRequest) -> list[int]:
+    """The degrees `axis` (`pipeline_parallel_degrees`, ...) searches for `request`, or `[1]` where it
+    refuses the request's pin: planning itself names that error, the batch and cluster advice only
+    needs the degrees that can run."""
+    try:
+        return axis(request)
+    except PlanningError:
+        return [1]
+
+
 def splitting_meshes(request: PlanRequest) -> list[tuple[int, int, int]]:
     """(pp, tp, cp) of the searched degrees whose data-parallel ranks (world / (pp x tp x cp)) split
     the global batch evenly, whose sequence splits into 2 x cp x tp pieces, and whose per-rank batch
     fills the pipeline (at least pp sequences); pipelines with context parallelism are left out (the
     runtime runs one or the other); a pin the model cannot take counts as 1 here: planning names that
     error."""
-    degrees = []
-    for axis in (pipeline_parallel_degrees, tensor_parallel_degrees, context_parallel_degrees):
-        try:
-            degrees.append(axis(request))
-        except PlanningError:
-            degrees.append([1])
+    degrees = [
+        searched_degrees(axis, request)
+        for axis in (pipeline_parallel_degrees, tensor_parallel_degrees, context_parallel_degrees)
+    ]
     world, sequences = request.cluster.world_size, request.training.global_batch_sequences
     seq_len = request.training.seq_len
     meshes = []

@@ -29,10 +29,11 @@ from planner.enumeration import (
     context_parallel_degrees,
     enumerate_choices,
     pipeline_parallel_degrees,
+    searched_degrees,
     splitting_degrees,
     tensor_parallel_degrees,
 )
-from planner.errors import InfeasiblePlanError, PlanningError
+from planner.errors import InfeasiblePlanError
 from planner.specs import PlanRequest
 
 MAX_NODES_TRIED = 4096
@@ -210,10 +211,7 @@ def roundings(request: PlanRequest, num_nodes: int, tokens: int) -> list[int]:
     world = num_nodes * request.cluster.gpus_per_node
     cluster = request.cluster.model_copy(update={"num_nodes": num_nodes})
     there = request.model_copy(update={"cluster": cluster})
-    try:
-        pipelines = pipeline_parallel_degrees(there)
-    except PlanningError:
-        pipelines = [1]
+    pipelines = searched_degrees(pipeline_parallel_degrees, there)
     batches: set[int] = set()
     degrees = (pipelines, tensor_parallel_degrees(request), context_parallel_degrees(request))
     for pp, tp, cp in itertools.product(*degrees):

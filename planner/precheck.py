@@ -24,6 +24,7 @@ from planner.enumeration import (
     check_async_tp,
     float8_recipes,
     pipeline_parallel_degrees,
+    searched_degrees,
     splitting_degrees,
     tensor_parallel_degrees,
 )
@@ -125,10 +126,7 @@ def batch_refusal(request: PlanRequest, tokens: int, setting: Setting | None = N
             "multiple of seq_len)"
         )
     else:
-        try:
-            pipelines = [pp for pp in pipeline_parallel_degrees(request) if pp > 1]
-        except PlanningError:
-            pipelines = []
+        pipelines = [pp for pp in searched_degrees(pipeline_parallel_degrees, request) if pp > 1]
         ranks = ", ".join(f"{world // tp} at tp={tp}" for tp in degrees)
         staged = ""
         if pipelines:

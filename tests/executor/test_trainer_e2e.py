@@ -150,16 +150,12 @@ def test_tensor_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan) -
         assert r["tokens_per_s_per_gpu"] == pytest.approx(4 * 64 / 4 / r["step_time_s"], rel=1e-6)
 
 
-@pytest.mark.distributed
-def test_context_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan) -> None:
-    # cp 2: both ranks read the same 2 micro-batches of 1 sequence and keep half of each; the
-    # trainer's losses (each rank logs its cp group's mean), gradient norms and held-out losses are
-    # those of one rank taking the whole sequences (fp32; cp only reorders sums, see
-    # test_context_parallel).
-    cp = write_plan(debug_plan(gpus_per_node=2, cp=2, micro_batch_size=1, grad_accum_steps=2), "cp.json")
+def _trains_like_one_rank(split_plan: Path, tmp_path: Path, write_plan, name: str) -> None:
+    """Two ranks of `split_plan` log one rank's losses, gradient norms and held-out losses (2
+    micro-batches of 1 sequence, 4 steps, evaluated every 2)."""
     one = write_plan(debug_plan(gpus_per_node=1, micro_batch_size=1, grad_accum_steps=2), "one.json")
     evals = ("--steps", "4", "--eval-every", "2", "--eval-batches", "1")
-    split = _train(cp, tmp_path, "cp", *evals, nproc=2)
+    split = _train(split_plan, tmp_path, name, *evals, nproc=2)
     single = _train(one, tmp_path, "one", *evals, nproc=1)
     assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in single], rel=2e-5)
     assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
@@ -167,6 +163,16 @@ def test_context_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan) 
     assert [step for step, _ in evaluated] == [2, 4]
     expected = [r["eval_loss"] for r in single if r.get("eval_loss") is not None]
     assert [loss for _, loss in evaluated] == pytest.approx(expected, rel=2e-5)
+
+
+@pytest.mark.distributed
+def test_context_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan) -> None:
+    # cp 2: both ranks read the same 2 micro-batches of 1 sequence and keep half of each; the
+    # trainer's losses (each rank logs its cp group's mean), gradient norms and held-out losses are
+    # those of one rank taking the whole sequences (fp32; cp only reorders sums, see
+    # test_context_parallel).
+    cp = write_plan(debug_plan(gpus_per_node=2, cp=2, micro_batch_size=1, grad_accum_steps=2), "cp.json")
+    _trains_like_one_rank(cp, tmp_path, write_plan, "cp")
 
 
 @pytest.mark.distributed
@@ -179,16 +185,7 @@ def test_pipeline_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan)
     pp = write_plan(
         debug_plan(gpus_per_node=2, micro_batch_size=1, grad_accum_steps=2, pipeline=pipeline), "pp.json"
     )
-    one = write_plan(debug_plan(gpus_per_node=1, micro_batch_size=1, grad_accum_steps=2), "one.json")
-    evals = ("--steps", "4", "--eval-every", "2", "--eval-batches", "1")
-    split = _train(pp, tmp_path, "pp", *evals, nproc=2)
-    single = _train(one, tmp_path, "one", *evals, nproc=1)
-    assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in single], rel=2e-5)
-    assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
-    evaluated = [(r["step"], r["eval_loss"]) for r in split if r.get("eval_loss") is not None]
-    assert [step for step, _ in evaluated] == [2, 4]
-    expected = [r["eval_loss"] for r in single if r.get("eval_loss") is not None]
-    assert [loss for _, loss in evaluated] == pytest.approx(expected, rel=2e-5)
+    _trains_like_one_rank(pp, tmp_path, write_plan, "pp")
 
 
 def test_world_size_mismatch_is_a_clear_error(write_plan) -> None:

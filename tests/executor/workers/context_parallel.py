@@ -22,9 +22,6 @@ resuming under FSDP2, eager SimpleFSDP and unsharded in one process.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -44,6 +41,7 @@ from tests.executor.workers.model_parallel_runs import (  # noqa: E402
     SEED,
     reference,
     rel_err,
+    run_cases,
     trained_record,
     unsharded,
 )
@@ -118,26 +116,7 @@ def run_case(case: str, *, world: int, steps: int, cache: dict, checkpoint_dir: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--checkpoint-dir", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("cases", nargs="+")
-    args = parser.parse_args()
-    world = int(os.environ["WORLD_SIZE"])
-    results: list[dict] = []
-    cache: dict = {}
-    for case in args.cases:
-        record = run_case(
-            case, world=world, steps=args.steps, cache=cache, checkpoint_dir=args.checkpoint_dir
-        )
-        results.append(record)
-        if dist.get_rank() == 0:
-            print(json.dumps(record), flush=True)
-    if dist.get_rank() == 0:
-        Path(args.out).write_text(json.dumps(results, indent=1))
-    dist.destroy_process_group()
-
+    run_cases(run_case)
 
 if __name__ == "__main__":
     main()

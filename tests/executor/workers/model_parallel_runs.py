@@ -1,8 +1,12 @@
-"""What the model-parallel workers share (tensor_parallel.py, context_parallel.py): training a
-parallelized model the way the trainer does, and the same training in one process for reference."""
+"""What the model-parallel workers share (tensor_parallel.py, context_parallel.py,
+pipeline_parallel.py): training a parallelized model the way the trainer does, the same training in
+one process for reference, and the command line that runs their cases."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -181,3 +185,31 @@ def trained_record(
     if checkpoint_dir is not None:
         record["resumed_last_loss"] = resumed_last_losses(plan, mesh, dp, checkpoint_dir, steps)
     return record
+
+
+def run_cases(run_case: Callable[..., dict[str, Any]], **options: int) -> None:
+    """A worker's command line: `--out`, `--checkpoint-dir`, `--steps` and the cases (plus an integer
+    option per `options`, with its default), each case run by `run_case(case, world=..., steps=...,
+    cache=..., checkpoint_dir=..., **options)`; rank 0 prints each record and writes them all."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--checkpoint-dir", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=4)
+    for name, default in options.items():
+        parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("cases", nargs="+")
+    args = parser.parse_args()
+    world = int(os.environ["WORLD_SIZE"])
+    results: list[dict] = []
+    cache: dict = {}
+    for case in args.cases:
+        record = run_case(
+            case, world=world, steps=args.steps, cache=cache, checkpoint_dir=args.checkpoint_dir,
+            **{name: getattr(args, name) for name in options},
+        )
+        results.append(record)
+        if dist.get_rank() == 0:
+            print(json.dumps(record), flush=True)
+    if dist.get_rank() == 0:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    dist.destroy_process_group()

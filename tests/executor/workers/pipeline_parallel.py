@@ -22,9 +22,6 @@ checkpoint and resumes it (pipeline-split under both engines, and whole in one p
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -36,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from contract.plan_document import RuntimePlan, parse_plan  # noqa: E402
 from executor.runtime.distributed import build_mesh, data_parallel_rank, exit_process, init_distributed  # noqa: E402
 from tests.executor.plan_factory import LLAMA_DEBUG, debug_plan  # noqa: E402
-from tests.executor.workers.model_parallel_runs import reference, trained_record  # noqa: E402
+from tests.executor.workers.model_parallel_runs import reference, run_cases, trained_record  # noqa: E402
 
 PP = 2
 MICRO_BATCHES = 4
@@ -101,26 +98,7 @@ def run_case(case: str, *, world: int, steps: int, cache: dict, checkpoint_dir: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--checkpoint-dir", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("cases", nargs="+")
-    args = parser.parse_args()
-    world = int(os.environ["WORLD_SIZE"])
-    results: list[dict] = []
-    cache: dict = {}
-    for case in args.cases:
-        record = run_case(
-            case, world=world, steps=args.steps, cache=cache, checkpoint_dir=args.checkpoint_dir
-        )
-        results.append(record)
-        if dist.get_rank() == 0:
-            print(json.dumps(record), flush=True)
-    if dist.get_rank() == 0:
-        Path(args.out).write_text(json.dumps(results, indent=1))
-    dist.destroy_process_group()
-
+    run_cases(run_case)
 
 if __name__ == "__main__":
     main()

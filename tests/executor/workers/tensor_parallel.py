@@ -23,9 +23,6 @@ DTensors on the combined mesh) and unsharded in one process.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -39,6 +36,7 @@ from executor.runtime.distributed import build_mesh, data_parallel_rank, exit_pr
 from tests.executor.plan_factory import LLAMA_DEBUG, debug_plan  # noqa: E402
 from tests.executor.workers.model_parallel_runs import (  # noqa: E402
     reference,
+    run_cases,
     trained_record,
 )
 
@@ -95,27 +93,7 @@ def run_case(case: str, *, world: int, tp: int, steps: int, cache: dict, checkpo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--checkpoint-dir", type=Path, required=True)
-    parser.add_argument("--tp", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("cases", nargs="+")
-    args = parser.parse_args()
-    world = int(os.environ["WORLD_SIZE"])
-    results: list[dict] = []
-    cache: dict = {}
-    for case in args.cases:
-        record = run_case(
-            case, world=world, tp=args.tp, steps=args.steps, cache=cache, checkpoint_dir=args.checkpoint_dir
-        )
-        results.append(record)
-        if dist.get_rank() == 0:
-            print(json.dumps(record), flush=True)
-    if dist.get_rank() == 0:
-        Path(args.out).write_text(json.dumps(results, indent=1))
-    dist.destroy_process_group()
-
+    run_cases(run_case, tp=2)
 
 if __name__ == "__main__":
     main()
