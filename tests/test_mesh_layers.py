@@ -32,10 +32,10 @@ LAYERS: dict[str, dict[str, Handler | str]] = {
     },
     "cost term": {
         "pp": ("planner/cost/estimate.py", "Estimator._pipeline_timing"),  # the bubble and the sends
-        "dp_replicate": ("planner/cost/estimate.py", "_price"),
-        "dp_shard": ("planner/cost/estimate.py", "_price"),
+        "dp_replicate": ("planner/cost/estimate.py", "_collectives"),
+        "dp_shard": ("planner/cost/estimate.py", "_collectives"),
         "cp": ("planner/cost/estimate.py", "context_parallel_seconds"),
-        "tp": ("planner/cost/estimate.py", "_UnitTimes.__call__"),
+        "tp": ("planner/cost/estimate.py", "_UnitTimes._unit"),
     },
     "memory term": {
         "pp": ("planner/cost/estimate.py", "Estimator.pipeline_ranks"),  # each rank's stages, in flight

@@ -29,7 +29,7 @@ from planner.cost.parameters import FLOAT8_CAST_BYTES_PER_ELEMENT, CostParameter
 from planner.cost.pipeline import ChunkTimes, bubble_seconds, in_flight_chunks
 from planner.cost.repeats import Run, periodic_runs
 from planner.cost.setting import Choice, Setting
-from planner.cost.timeline import GroupTimes, RepeatedGroups, TimelineResult, simulate
+from planner.cost.timeline import CommFloor, GroupTimes, RepeatedGroups, TimelineResult, simulate
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,17 +263,23 @@ class PricedStep:
     optimizer_s: float
     overhead_s: float
     """Framework time per step outside the priced kernels."""
-    micro_batch_compute_s: float
-    """Compute-stream work of one micro-batch (forward, backward, recompute)."""
-
-    def floor_s(self, grad_accum_steps: int) -> float:
-        """A lower bound on the step time: the compute stream's own work, as if every collective
-        were hidden (the timeline only adds waits and contention to it)."""
-        return grad_accum_steps * self.micro_batch_compute_s + self.optimizer_s + self.overhead_s
 
 
-def _price(setting: Setting, choice: Choice, layout: CommLayout, repeats: RepeatedLayout) -> PricedStep:
-    """Every group's compute and collectives, once per distinct group, plus the optimizer step.
+@dataclass(frozen=True, slots=True)
+class Collectives:
+    """A configuration's FSDP collectives, group by group (`GroupTimes` without compute), in the
+    step's last micro-batch and in the earlier ones, each with its `CommFloor`."""
+
+    last: RepeatedGroups
+    middle: RepeatedGroups
+    last_floor: CommFloor
+    middle_floor: CommFloor
+
+
+def _collectives(
+    setting: Setting, choice: Choice, layout: CommLayout, repeats: RepeatedLayout
+) -> Collectives:
+    """Every distinct group's all-gathers and reductions on the choice's mesh.
 
     `setting` is the rank's tensor-parallel share (Estimator.setting_for); `repeats`
     (Estimator.repeats) says which groups repeat: each distinct group is priced once.
@@ -294,19 +300,8 @@ def _price(setting: Setting, choice: Choice, layout: CommLayout, repeats: Repeat
     world_rails = max(1, per_node // mesh.tp)
     replicated = mesh.dp * mesh.cp  # no_shard's all-reduce group: every rank of one tp position
 
-    unit_times = _UnitTimes(setting, choice)
-
-    def group_times(shape: GroupShape) -> tuple[GroupTimes, GroupTimes, float]:
-        """One group in the last micro-batch, and in the earlier ones, and its tensor-parallel
-        collectives' seconds (inside its compute)."""
-        fwd = 0.0
-        bwd = 0.0
-        tp_s = 0.0
-        for index, u, count in shape.units:
-            f, b, t = unit_times(index, u)
-            fwd += count * f
-            bwd += count * b
-            tp_s += count * t
+    def group_collectives(shape: GroupShape) -> tuple[GroupTimes, GroupTimes]:
+        """One group's collectives in the last micro-batch, and in the earlier ones."""
         ag = 0.0
         reduce = 0.0
         if choice.sharding != "no_shard":
@@ -330,8 +325,7 @@ def _price(setting: Setting, choice: Choice, layout: CommLayout, repeats: Repeat
                 # reduce once, after the last: the earlier micro-batches gather only what forward
                 # resharded, for their backward.
                 ag_bwd = ag if choice.reshards_after_forward else 0.0
-                middle = GroupTimes(fwd, bwd, 0.0, ag_bwd, 0.0)
-                return GroupTimes(fwd, bwd, ag, ag_bwd, reduce), middle, tp_s
+                return GroupTimes(0.0, 0.0, ag, ag_bwd, reduce), GroupTimes(0.0, 0.0, 0.0, ag_bwd, 0.0)
         else:
             for params, launches, count in shape.reduces:
                 reduce += count * _collective(
@@ -342,42 +336,79 @@ def _price(setting: Setting, choice: Choice, layout: CommLayout, repeats: Repeat
             # SimpleFSDP's all-reduce is part of every backward graph.
             sync_every_micro_batch = reduce if choice.simple_fsdp else 0.0
         ag_bwd = ag if choice.reshards_after_forward else 0.0
-        last = GroupTimes(fwd, bwd, ag, ag_bwd, reduce)
-        return last, GroupTimes(fwd, bwd, ag, ag_bwd, sync_every_micro_batch), tp_s
+        middle = GroupTimes(0.0, 0.0, ag, ag_bwd, sync_every_micro_batch)
+        return GroupTimes(0.0, 0.0, ag, ag_bwd, reduce), middle
 
     # Each run's pattern, priced from its first period's groups.
-    priced = [[group_times(shape) for shape in pattern] for pattern in repeats.patterns]
+    priced = [[group_collectives(shape) for shape in pattern] for pattern in repeats.patterns]
     last = RepeatedGroups(repeats.runs, tuple(tuple(t[0] for t in pattern) for pattern in priced))
     middle = RepeatedGroups(repeats.runs, tuple(tuple(t[1] for t in pattern) for pattern in priced))
-    tp_per_micro_batch = 0.0
-    compute = 0.0
-    for run, pattern in zip(repeats.runs, priced, strict=True):
-        tp_per_micro_batch += run.repeats * sum(t[2] for t in pattern)
-        compute += run.repeats * sum(t[0].forward + t[0].backward for t in pattern)
+    return Collectives(last, middle, CommFloor.of(last), CommFloor.of(middle))
 
+
+def _price(
+    setting: Setting,
+    choice: Choice,
+    collectives: Collectives,
+    repeats: RepeatedLayout,
+    unit_times: _UnitTimes,
+) -> PricedStep:
+    """Every group's compute (`unit_times`, for the choice's `compute_key`) beside its
+    `collectives`, once per distinct group, plus the optimizer step."""
+
+    def with_compute(shape: GroupShape, comm: GroupTimes) -> GroupTimes:
+        fwd = bwd = 0.0
+        for index, u, count in shape.units:
+            f, b, _ = unit_times(index, u)
+            fwd += count * f
+            bwd += count * b
+        return GroupTimes(fwd, bwd, comm.all_gather_forward, comm.all_gather_backward, comm.reduce)
+
+    def priced(groups: RepeatedGroups) -> RepeatedGroups:
+        return RepeatedGroups(
+            repeats.runs,
+            tuple(
+                tuple(with_compute(shape, comm) for shape, comm in zip(shapes, comms, strict=True))
+                for shapes, comms in zip(repeats.patterns, groups.patterns, strict=True)
+            ),
+        )
+
+    tp_per_micro_batch = sum(
+        run.repeats * count * unit_times(index, u)[2]
+        for run, pattern in zip(repeats.runs, repeats.patterns, strict=True)
+        for shape in pattern
+        for index, u, count in shape.units
+    )
     optimizer_s, overhead_s = _outside_the_timeline(setting, choice)
     return PricedStep(
-        last=last,
-        middle=middle,
+        last=priced(collectives.last),
+        middle=priced(collectives.middle),
         tensor_parallel_s=tp_per_micro_batch,
         optimizer_s=optimizer_s,
         overhead_s=overhead_s,
-        micro_batch_compute_s=compute,
     )
 
 
 class _UnitTimes:
     """(forward, backward, tensor-parallel collectives) seconds of one unit in one micro-batch,
     backward with its recompute; forward and backward include the tensor-parallel collectives,
-    which sit on the compute stream. Repeated blocks are one object: priced once."""
+    which sit on the compute stream. Repeated blocks are one object: priced once. The times depend
+    on the choice's `compute_key` only, so choices that share it may share one of these."""
 
     def __init__(self, setting: Setting, choice: Choice) -> None:
         self.setting = setting
         self.choice = choice
         self.tokens = choice.micro_batch_size * setting.seq_len
         self._forward: dict[int, tuple[ForwardTime, float]] = {}
+        self._times: dict[tuple[int, int], tuple[float, float, float]] = {}
 
     def __call__(self, index: int, u: UnitCost) -> tuple[float, float, float]:
+        key = (index, id(u))
+        if key not in self._times:
+            self._times[key] = self._unit(index, u)
+        return self._times[key]
+
+    def _unit(self, index: int, u: UnitCost) -> tuple[float, float, float]:
         setting, choice = self.setting, self.choice
         if id(u) not in self._forward:
             tp = choice.mesh.tp
@@ -480,11 +511,17 @@ def _outside_the_timeline(setting: Setting, choice: Choice) -> tuple[float, floa
     return optimizer_s, per_micro_batch * choice.grad_accum_steps
 
 
+def _syncs_in_last_only(choice: Choice) -> bool:
+    """Whether the step's earlier micro-batches run `PricedStep.middle` (no gradient sync: eager
+    no_shard, and eager FSDP2 under a pipeline) rather than the last one's groups."""
+    eager_no_shard = choice.sharding == "no_shard" and not choice.simple_fsdp
+    return choice.grad_accum_steps > 1 and (eager_no_shard or choice.fsdp2_pipeline)
+
+
 def _timing(priced: PricedStep, choice: Choice, contention: float, *, record: bool) -> TimeEstimate:
     """Step time from the two-stream timeline of one micro-batch, times accumulation."""
     final = simulate(priced.last, prefetch_depth=choice.prefetch_depth, contention=contention, record=record)
-    eager_no_shard = choice.sharding == "no_shard" and not choice.simple_fsdp
-    if choice.grad_accum_steps > 1 and (eager_no_shard or choice.fsdp2_pipeline):
+    if _syncs_in_last_only(choice):
         inner = simulate(priced.middle, prefetch_depth=choice.prefetch_depth, contention=contention)
     else:
         inner = final
@@ -520,6 +557,8 @@ class Estimator:
         self._stages: dict[tuple, Estimator] = {}
         self._compute_splits: dict[tuple, tuple[float, float, float]] = {}
         self._pipelines: dict[tuple, tuple[PipelineRank, ...]] = {}
+        self._unit_times: dict[tuple, _UnitTimes] = {}
+        self._collectives: dict[tuple, Collectives] = {}
 
     def pipeline_ranks(self, choice: Choice) -> tuple[PipelineRank, ...]:
         """The pipeline's ranks that can peak or be the slowest, each priced as a model of its own
@@ -602,20 +641,21 @@ class Estimator:
             self._repeats[key] = repeated_layout(layout, choice)
         return self._repeats[key]
 
-    def floor_s(self, choice: Choice) -> float:
-        """A lower bound on the choice's step time without pricing its collectives (`PricedStep.floor_s`
-        from the compute alone, shared by every sharding of the same tp, micro-batch, checkpointing
-        and compile)."""
-        if choice.pipeline is not None:
-            # The slowest rank's own work, and the bubble its compute alone would leave (exposed
-            # collectives only lengthen the chunks, and so the bubble).
-            slowest = self._slowest_rank(choice).estimator
-            floor = slowest.rank_floor_s(choice)
-            per_micro_batch = slowest._compute[choice.compute_key]
-            chunk = chunk_times(slowest.compute_split(choice), choice, per_micro_batch)
-            pipeline, pp, m = choice.pipeline, choice.mesh.pp, choice.grad_accum_steps
-            return floor + bubble_seconds(pipeline.schedule, pp=pp, chunk=chunk, micro_batches=m)
-        return self.rank_floor_s(choice)
+    def floor_s(self, choice: Choice, *, priced: bool = True) -> float:
+        """A lower bound on the choice's step time without the timeline: what the search's floor
+        test compares (planner/search.py). `priced`: from its priced groups (`PricedStep.floor_s`,
+        which counts the collectives that cannot be hidden); otherwise from its compute alone (no
+        pricing: shared by every sharding of the same tp, micro-batch, checkpointing and compile)."""
+        if choice.pipeline is None:
+            return self.rank_floor_s(choice) if priced else self.rank_compute_s(choice)
+        # The slowest rank's own step, and the bubble its compute alone would leave (exposed
+        # collectives only lengthen the chunks, and so the bubble).
+        slowest = self._slowest_rank(choice).estimator
+        floor = slowest.rank_floor_s(choice) if priced else slowest.rank_compute_s(choice)
+        per_micro_batch = slowest._micro_batch_compute_s(choice)
+        chunk = chunk_times(slowest.compute_split(choice), choice, per_micro_batch)
+        pipeline, pp, m = choice.pipeline, choice.mesh.pp, choice.grad_accum_steps
+        return floor + bubble_seconds(pipeline.schedule, pp=pp, chunk=chunk, micro_batches=m)
 
     def compute_split(self, choice: Choice) -> tuple[float, float, float]:
         """`compute_split` of this estimator's own model, cached by what compute depends on."""
@@ -625,12 +665,26 @@ class Estimator:
         return self._compute_splits[key]
 
     def rank_floor_s(self, choice: Choice) -> float:
-        """`floor_s` of this estimator's own model (a pipeline rank's)."""
+        """A lower bound on the step time `_timing` gives this estimator's own model (a pipeline
+        rank's): each micro-batch's compute inside its collectives' `CommFloor`, and the optimizer
+        and overhead around them."""
+        collectives, compute_s = self.collectives(choice), self._micro_batch_compute_s(choice)
+        final = collectives.last_floor.floor_s(compute_s)
+        inner = collectives.middle_floor.floor_s(compute_s) if _syncs_in_last_only(choice) else final
+        optimizer_s, overhead_s = _outside_the_timeline(self.setting_for(choice), choice)
+        return (choice.grad_accum_steps - 1) * inner + final + optimizer_s + overhead_s
+
+    def rank_compute_s(self, choice: Choice) -> float:
+        """The step's compute, optimizer and overhead on this estimator's own model (a pipeline
+        rank's), as if every collective were hidden: which rank is the slowest."""
+        optimizer_s, overhead_s = _outside_the_timeline(self.setting_for(choice), choice)
+        return choice.grad_accum_steps * self._micro_batch_compute_s(choice) + optimizer_s + overhead_s
+
+    def _micro_batch_compute_s(self, choice: Choice) -> float:
         key = choice.compute_key
         if key not in self._compute:
             self._compute[key] = _micro_batch_compute(self.setting_for(choice), choice)
-        optimizer_s, overhead_s = _outside_the_timeline(self.setting_for(choice), choice)
-        return choice.grad_accum_steps * self._compute[key] + optimizer_s + overhead_s
+        return self._compute[key]
 
     def compute_parts(self, choice: Choice) -> tuple[float, float]:
         """(recomputation, unfused eager kernels) seconds per step inside `TimeEstimate.compute_s`:
@@ -660,8 +714,21 @@ class Estimator:
         return recompute * choice.grad_accum_steps, eager * choice.grad_accum_steps
 
     def price(self, choice: Choice) -> PricedStep:
-        """The choice's groups priced, ready for the timeline (and a floor on its step time)."""
-        return _price(self.setting_for(choice), choice, self.layout(choice), self.repeats(choice))
+        """The choice's groups priced, ready for the timeline."""
+        setting, key = self.setting_for(choice), choice.compute_key
+        if key not in self._unit_times:
+            self._unit_times[key] = _UnitTimes(setting, choice)
+        return _price(setting, choice, self.collectives(choice), self.repeats(choice), self._unit_times[key])
+
+    def collectives(self, choice: Choice) -> Collectives:
+        """The choice's FSDP collectives group by group (`_collectives`), shared by the choices of
+        one layout, checkpointing period and mesh."""
+        repeats = self.repeats(choice)
+        key = (id(repeats), choice.sharding, choice.mesh, choice.simple_fsdp, choice.fsdp2_pipeline)
+        if key not in self._collectives:
+            setting, layout = self.setting_for(choice), self.layout(choice)
+            self._collectives[key] = _collectives(setting, choice, layout, repeats)
+        return self._collectives[key]
 
     def layout_signature(self, choice: Choice) -> tuple:
         """What the choice's collective layouts look like (every pipeline rank's): choices equal in
@@ -671,7 +738,7 @@ class Estimator:
         return self.layout(choice).signature
 
     def _slowest_rank(self, choice: Choice) -> PipelineRank:
-        return max(self.pipeline_ranks(choice), key=lambda r: r.estimator.rank_floor_s(choice))
+        return max(self.pipeline_ranks(choice), key=lambda r: r.estimator.rank_compute_s(choice))
 
     def timing(
         self, choice: Choice, *, record: bool = False, priced: PricedStep | None = None

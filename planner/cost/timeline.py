@@ -128,6 +128,32 @@ def _compute_only(groups: RepeatedGroups) -> bool:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class CommFloor:
+    """What a micro-batch's collectives force on its timeline, whatever its compute: the compute
+    stream runs every group's work after the first group's all-gather (nothing runs before it to
+    hide it) and before the first group's reduction (issued after the last backward), and the comm
+    stream runs every collective one after another. It lets the search leave configurations that
+    cannot win untimed (planner/search.py) without simulating them."""
+
+    first_gather: float
+    first_reduce: float
+    total: float
+
+    @classmethod
+    def of(cls, groups: RepeatedGroups) -> CommFloor:
+        total = sum(
+            run.repeats * sum(g.all_gather_forward + g.all_gather_backward + g.reduce for g in pattern)
+            for run, pattern in zip(groups.runs, groups.patterns, strict=True)
+        )
+        return cls(groups[0].all_gather_forward, groups[0].reduce, total)
+
+    def floor_s(self, compute_s: float) -> float:
+        """A lower bound on `simulate(...).total_s` of these collectives' groups holding `compute_s`
+        of compute in all, at any prefetch depth and contention."""
+        return max(self.first_gather + compute_s + self.first_reduce, self.total)
+
+
 def simulate(
     groups: Sequence[GroupTimes],
     *,

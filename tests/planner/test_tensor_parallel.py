@@ -6,11 +6,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from contract.mesh import Mesh
 from planner.cost.estimate import Estimator
 from planner.cost.parameters import GIB
+from planner.cost.repeats import Run
 from planner.cost.setting import Choice
+from planner.cost.timeline import CommFloor, GroupTimes, RepeatedGroups, simulate
 from planner.enumeration import enumerate_choices, tensor_parallel_degrees
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.plan import Plan
@@ -166,14 +170,49 @@ def test_leaving_beaten_configurations_untimed_changes_no_answer(
     assert pruned == full
 
 
-def test_the_step_floor_never_exceeds_the_step() -> None:
-    request = make_request("llama3-70b", "2x8xH100", seq_len=4096, sequences=64)
+@pytest.mark.parametrize(
+    ("model", "cluster", "sequences"), [("llama3-70b", "2x8xH100", 64), ("llama3-70b", "8x8xH100", 256)]
+)
+def test_the_step_floors_never_exceed_the_step(model: str, cluster: str, sequences: int) -> None:
+    request = make_request(model, cluster, seq_len=4096, sequences=sequences)
     setting = build_setting(request)
     estimator = Estimator(setting)
+    pipelines = 0
     for i, choice in enumerate(enumerate_choices(request, setting)):
         if i % 7:
             continue  # a sample keeps it quick
-        assert estimator.floor_s(choice) <= estimator.timing(choice).step_time_s * (1 + 1e-12), choice
+        step = estimator.timing(choice).step_time_s * (1 + 1e-12)
+        # The priced floor (collectives that cannot hide) is the tighter one.
+        assert estimator.floor_s(choice, priced=False) <= estimator.floor_s(choice) <= step, choice
+        pipelines += choice.pipeline is not None
+    assert pipelines  # the 8-node space holds pipelines
+
+
+_SECONDS = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pattern=st.lists(st.tuples(_SECONDS, _SECONDS, _SECONDS, _SECONDS, _SECONDS), min_size=1, max_size=4),
+    head=st.tuples(_SECONDS, _SECONDS, _SECONDS, _SECONDS, _SECONDS),
+    repeats=st.integers(min_value=1, max_value=6),
+    depth=st.integers(min_value=0, max_value=3),
+    contention=st.floats(min_value=0.0, max_value=1.0),
+)
+def test_the_collectives_floor_never_exceeds_the_timeline(
+    pattern: list[tuple[float, ...]], head: tuple[float, ...], repeats: int, depth: int, contention: float
+) -> None:
+    groups = RepeatedGroups(
+        (Run(0, 1, 1), Run(1, len(pattern), repeats)),
+        ((GroupTimes(*head),), tuple(GroupTimes(*g) for g in pattern)),
+    )
+    compute = head[0] + head[1] + repeats * sum(g[0] + g[1] for g in pattern)
+    comm_only = RepeatedGroups(
+        groups.runs, tuple(tuple(replace(g, forward=0.0, backward=0.0) for g in p) for p in groups.patterns)
+    )
+    floor = CommFloor.of(comm_only).floor_s(compute)
+    timeline = simulate(groups, prefetch_depth=depth, contention=contention)
+    assert floor <= timeline.total_s * (1 + 1e-12) + 1e-15
 
 
 def test_peaks_stay_under_the_gpu_with_tp_in_the_space() -> None:
