@@ -342,6 +342,8 @@ def _collectives(
     # Each run's pattern, priced from its first period's groups.
     priced = [[group_collectives(shape) for shape in pattern] for pattern in repeats.patterns]
     last = RepeatedGroups(repeats.runs, tuple(tuple(t[0] for t in pattern) for pattern in priced))
+    if all(t[0] == t[1] for pattern in priced for t in pattern):
+        return Collectives(last, last, CommFloor.of(last), CommFloor.of(last))  # the same object: priced once
     middle = RepeatedGroups(repeats.runs, tuple(tuple(t[1] for t in pattern) for pattern in priced))
     return Collectives(last, middle, CommFloor.of(last), CommFloor.of(middle))
 
@@ -380,9 +382,10 @@ def _price(
         for index, u, count in shape.units
     )
     optimizer_s, overhead_s = _outside_the_timeline(setting, choice)
+    last = priced(collectives.last)
     return PricedStep(
-        last=priced(collectives.last),
-        middle=priced(collectives.middle),
+        last=last,
+        middle=last if collectives.middle is collectives.last else priced(collectives.middle),
         tensor_parallel_s=tp_per_micro_batch,
         optimizer_s=optimizer_s,
         overhead_s=overhead_s,
@@ -559,6 +562,7 @@ class Estimator:
         self._pipelines: dict[tuple, tuple[PipelineRank, ...]] = {}
         self._unit_times: dict[tuple, _UnitTimes] = {}
         self._collectives: dict[tuple, Collectives] = {}
+        self._floors: dict[tuple, tuple[CommFloor, CommFloor]] = {}
 
     def pipeline_ranks(self, choice: Choice) -> tuple[PipelineRank, ...]:
         """The pipeline's ranks that can peak or be the slowest, each priced as a model of its own
@@ -668,9 +672,10 @@ class Estimator:
         """A lower bound on the step time `_timing` gives this estimator's own model (a pipeline
         rank's): each micro-batch's compute inside its collectives' `CommFloor`, and the optimizer
         and overhead around them."""
-        collectives, compute_s = self.collectives(choice), self._micro_batch_compute_s(choice)
-        final = collectives.last_floor.floor_s(compute_s)
-        inner = collectives.middle_floor.floor_s(compute_s) if _syncs_in_last_only(choice) else final
+        last, middle = self._comm_floors(choice)
+        compute_s = self._micro_batch_compute_s(choice)
+        final = last.floor_s(compute_s)
+        inner = middle.floor_s(compute_s) if _syncs_in_last_only(choice) else final
         optimizer_s, overhead_s = _outside_the_timeline(self.setting_for(choice), choice)
         return (choice.grad_accum_steps - 1) * inner + final + optimizer_s + overhead_s
 
@@ -729,6 +734,15 @@ class Estimator:
             setting, layout = self.setting_for(choice), self.layout(choice)
             self._collectives[key] = _collectives(setting, choice, layout, repeats)
         return self._collectives[key]
+
+    def _comm_floors(self, choice: Choice) -> tuple[CommFloor, CommFloor]:
+        """The `CommFloor`s of the last micro-batch and the earlier ones: of the layout and mesh
+        alone (how the groups repeat with the checkpointing changes no total)."""
+        key = (choice.layout_key, choice.sharding, choice.mesh, choice.simple_fsdp, choice.fsdp2_pipeline)
+        if key not in self._floors:
+            collectives = self.collectives(choice)
+            self._floors[key] = (collectives.last_floor, collectives.middle_floor)
+        return self._floors[key]
 
     def layout_signature(self, choice: Choice) -> tuple:
         """What the choice's collective layouts look like (every pipeline rank's): choices equal in
