@@ -73,7 +73,8 @@ def block_samples(
     budget: Budget,
     on_sample: Callable[[str], None] = lambda _: None,
 ) -> list[dict]:
-    """One sample per (micro-batch, checkpointing) that fits in the budget; [] off rank 0."""
+    """One sample per (micro-batch, checkpointing) that fits in the budget, and at least one however
+    long it takes (a loaded machine's profile still prices the model's blocks); [] off rank 0."""
     samples: list[dict] = []
     rank = dist.get_rank() if dist.is_initialized() else 0
     if spec.get("architecture") in ("llama", "gpt2"):
@@ -81,7 +82,7 @@ def block_samples(
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         for micro_batch in micro_batches:
             for checkpointing in CHECKPOINTING:
-                if budget.exhausted:
+                if budget.exhausted and samples:
                     break
                 kwargs = dict(
                     checkpointing=checkpointing,
