@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, fields, replace
 
 from planner.catalog.gpus import resolve_gpu
 from planner.cost.parameters import CORPUS_FIT, CorpusFit, CostParameters, default_parameters
@@ -47,14 +47,39 @@ def run_parameters(run: Run, fit: CorpusFit) -> CostParameters:
     return default_parameters(cluster.resolved_gpu(), cluster, request.training.precision, fit)
 
 
-def price(runs: Sequence[SourceRun], fit: CorpusFit) -> list[tuple[SourceRun, PricedRun]]:
-    """Every priceable run at its exact configuration under `fit`."""
-    priced = []
-    for item in runs:
-        if not item.run.priceable:
-            continue
-        priced.append((item, price_run(item.run, parameters=run_parameters(item.run, fit))))
-    return priced
+class Prices:
+    """Runs priced under fits, each run once per set of parameters it is priced with: a coordinate
+    search, and every leave-one-source-out refit that starts where the full fit ended, price the
+    same run with the same parameters again and again (a share of another chip changes nothing of
+    it). Holds the runs it has priced, so that it is meant for one fit or report."""
+
+    def __init__(self) -> None:
+        self._priced: dict[tuple[int, Hashable], PricedRun] = {}
+        self._runs: list[Run] = []
+
+    def __call__(self, item: SourceRun, fit: CorpusFit) -> PricedRun:
+        parameters = run_parameters(item.run, fit)
+        key = (id(item.run), _frozen(parameters))
+        if key not in self._priced:
+            self._runs.append(item.run)  # alive while its id is a key
+            self._priced[key] = price_run(item.run, parameters=parameters)
+        return self._priced[key]
+
+
+def _frozen(value: object) -> Hashable:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if hasattr(value, "__dataclass_fields__"):
+        return (type(value).__name__, *(_frozen(getattr(value, f.name)) for f in fields(value)))  # type: ignore[arg-type]
+    return value  # type: ignore[return-value]
+
+
+def price(
+    runs: Sequence[SourceRun], fit: CorpusFit, prices: Prices | None = None
+) -> list[tuple[SourceRun, PricedRun]]:
+    """Every priceable run at its exact configuration under `fit` (through `prices`, if given)."""
+    prices = prices or Prices()
+    return [(item, prices(item, fit)) for item in runs if item.run.priceable]
 
 
 def _objective(priced: Sequence[tuple[SourceRun, PricedRun]]) -> float:
@@ -108,14 +133,19 @@ def _value(fit: CorpusFit, axis: str) -> float:
 
 
 def fit_corpus(
-    runs: Sequence[SourceRun], *, start: CorpusFit = CORPUS_FIT, rounds: int = ROUNDS
+    runs: Sequence[SourceRun],
+    *,
+    start: CorpusFit = CORPUS_FIT,
+    rounds: int = ROUNDS,
+    prices: Prices | None = None,
 ) -> CorpusFit:
     """The shares that price `runs` best (coordinate search over the grids from `start`)."""
+    prices = prices or Prices()
     chips = fitted_chips(runs)
     current = replace(
         start, matmul_share_by_chip={chip: start.matmul_share_for(chip) for chip in chips}
     )
-    best = _objective(price(runs, current))
+    best = _objective(price(runs, current, prices))
     axes = (
         *((f"chip:{chip}", MATMUL_SHARES) for chip in chips),
         ("elementwise_bandwidth_share", BANDWIDTH_SHARES),
@@ -128,7 +158,7 @@ def fit_corpus(
                 if value == _value(current, axis):
                     continue
                 candidate = _with(current, axis, value)
-                score = _objective(price(runs, candidate))
+                score = _objective(price(runs, candidate, prices))
                 if score < best - 1e-9:
                     best, current, moved = score, candidate, True
         if not moved:
@@ -136,23 +166,26 @@ def fit_corpus(
     if chips:  # chips the corpus cannot fit take the fitted chips' mean
         shares = current.matmul_share_by_chip.values()
         current = replace(current, matmul_share=round(statistics.fmean(shares), 3))
-    margin, reason = memory_margin(price(runs, current))
+    margin, reason = memory_margin(price(runs, current, prices))
     return replace(current, memory_margin=margin, memory_margin_reason=reason)
 
 
 def leave_one_source_out(
-    runs: Sequence[SourceRun], fitted: CorpusFit
+    runs: Sequence[SourceRun], fitted: CorpusFit, *, prices: Prices | None = None
 ) -> dict[str, list[tuple[SourceRun, PricedRun]]]:
     """Per source: its runs priced by a fit made without it (warm-started from `fitted`)."""
+    prices = prices or Prices()
     out: dict[str, list[tuple[SourceRun, PricedRun]]] = {}
     for source in sorted({item.source for item in runs}):
         held_out = [item for item in runs if item.source == source]
         if not any(item.run.priceable for item in held_out):
             continue
         rest = [item for item in runs if item.source != source]
-        fit = fit_corpus(rest, start=fitted, rounds=1)
-        out[source] = price(held_out, fit)
+        fit = fit_corpus(rest, start=fitted, rounds=1, prices=prices)
+        out[source] = price(held_out, fit, prices)
     return out
 
 
-__all__ = ["NotPriceable", "SourceRun", "corpus_runs", "fit_corpus", "leave_one_source_out", "price"]
+__all__ = [
+    "NotPriceable", "Prices", "SourceRun", "corpus_runs", "fit_corpus", "leave_one_source_out", "price",
+]

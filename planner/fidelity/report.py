@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from planner import PLANNER_VERSION
 from planner.cost.parameters import CORPUS_FIT, CorpusFit
-from planner.fidelity.fit import SourceRun, corpus_runs, leave_one_source_out, price
+from planner.fidelity.fit import Prices, SourceRun, corpus_runs, leave_one_source_out, price
 from planner.fidelity.pricing import PricedRun, run_engine
 from planner.fidelity.schema import SourceFile, load_corpus
 
@@ -203,10 +203,11 @@ def build_report(
 ) -> FidelityReport:
     """Price every corpus run under `fit`; with `loso`, also each source under a fit made without it."""
     runs = corpus_runs(load_corpus() if corpus is None else corpus)
-    in_sample = {(item.source, item.run.id): result for item, result in price(runs, fit)}
+    prices = Prices()  # the refits start from `fit`: they reprice what the in-sample pricing did
+    in_sample = {(item.source, item.run.id): result for item, result in price(runs, fit, prices)}
     held_out: dict[tuple[str, str], PricedRun] = {}
     if loso:
-        for source_runs in leave_one_source_out(runs, fit).values():
+        for source_runs in leave_one_source_out(runs, fit, prices=prices).values():
             held_out.update({(item.source, item.run.id): result for item, result in source_runs})
     results = []
     for item in runs:

@@ -177,7 +177,8 @@ def _close(a: float | None, b: float | None) -> bool:
 
 
 def test_the_stored_report_is_the_one_the_code_gives() -> None:
-    """Slow (about a minute: leave-one-source-out refits once per source)."""
+    """Leave-one-source-out refits once per source (about 13 s: a run is priced once per set of
+    parameters, and most refits revisit the full fit's)."""
     stored, fresh = stored_report(), build_report(loso=True)
     rewrite = "; run `fsdp-planner fidelity --write` and commit planner/fidelity/report.json"
     changed = sorted(k for k in stored.fit.keys() | fresh.fit.keys()
