@@ -14,4 +14,21 @@ python -m pip install -q --upgrade pip
 python -m pip install -q -e '.[executor,dev]'
 ruff check .
 lint-imports
-python -m pytest "$@"
+if [ "$#" -gt 0 ]; then
+  exec python -m pytest "$@"  # a selection of one's own runs as given
+fi
+# The whole suite as two pytest processes side by side, about equal halves: the torch.distributed
+# tests (each a torchrun of CPU ranks) and everything else, each in its usual order. The second's
+# output follows the first's; either failing fails the run.
+distributed_log=$(mktemp)
+trap 'rm -f "$distributed_log"' EXIT
+python -m pytest -m distributed >"$distributed_log" 2>&1 &
+distributed_pid=$!
+rest=0
+python -m pytest -m "not distributed" || rest=$?
+distributed=0
+wait "$distributed_pid" || distributed=$?
+echo "==================== the torch.distributed tests (pytest -m distributed) ===================="
+cat "$distributed_log"
+echo "tests: exit $rest (pytest -m 'not distributed'), exit $distributed (pytest -m distributed)"
+[ "$rest" -eq 0 ] && [ "$distributed" -eq 0 ]
