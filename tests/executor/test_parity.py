@@ -1,11 +1,10 @@
 """Numerical parity: every sharding mode, eager and compiled, against a single-process reference.
 
-Three torchrun launches (cases batched to pay process start-up and compilation once):
-  2 ranks eager     FSDP2 and eager SimpleFSDP, each mode, with activation-checkpointing variants, bf16
-                    and the loss in token slices
-  2 ranks compiled  SimpleFSDP + inductor (bucketed, reordered) for full_shard (loss in token slices),
-                    shard_grad_op, no_shard; compiled activation checkpointing (full, every k-th block,
-                    op-level)
+Two torchrun launches (cases batched to pay process start-up and the reference run once):
+  2 ranks           eager: FSDP2 and eager SimpleFSDP, each mode, with activation-checkpointing
+                    variants, bf16 and the loss in token slices; compiled: SimpleFSDP + inductor
+                    (bucketed, reordered) for full_shard (loss in token slices), shard_grad_op,
+                    no_shard; compiled activation checkpointing (full, every k-th block, op-level)
   4 ranks 2x2       hybrid_shard: FSDP2 (HSDP), eager SimpleFSDP, SimpleFSDP + inductor
 Compiled cases also count the collectives inductor generated, which pins down what each mode
 means (full_shard re-gathers in backward, shard_grad_op keeps the gathered weights, no_shard only
@@ -30,6 +29,7 @@ NO_GRAPH_CACHE = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_C
 
 
 def run_cases(tmp_path: Path, nproc: int, cases: list[str], *, timeout: float = 420) -> dict[str, dict]:
+    """One launch of `nproc` ranks running `cases`; their records by case."""
     out = tmp_path / "parity.json"
     result = torchrun(
         nproc, [WORKER, "--out", str(out), *cases], env=job_env(**NO_GRAPH_CACHE), timeout=timeout
@@ -67,8 +67,27 @@ EAGER_CASES = [
 ]
 
 
-def test_eager_modes_match_reference(tmp_path: Path) -> None:
-    records = run_cases(tmp_path, 2, EAGER_CASES)
+COMPILED_CASES = [
+    # The loss in 3 token slices: the chunked loss compiles into the model's one graph.
+    "full_shard:simple_fsdp:inductor:none:fp32:1:3",
+    "shard_grad_op:simple_fsdp:inductor",
+    "no_shard:simple_fsdp:inductor",
+    # Activation checkpointing under compile (aot_eager: the same AOTAutograd partitioning and
+    # runtime as inductor, without code generation): whole blocks, every k-th block, op-level.
+    "full_shard:simple_fsdp:aot_eager:full",
+    "full_shard:simple_fsdp:aot_eager:selective",
+    "shard_grad_op:simple_fsdp:aot_eager:op_selective",
+]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """The eager and the compiled 2-rank cases in one launch (process start and reference paid once)."""
+    return run_cases(tmp_path_factory.mktemp("parity2"), 2, EAGER_CASES + COMPILED_CASES)
+
+
+def test_eager_modes_match_reference(two_ranks: dict[str, dict]) -> None:
+    records = two_ranks
     for case in EAGER_CASES:
         assert_matches_reference(records[case])
     # bf16 is really bf16 (not silently fp32), and both engines cast the same way.
@@ -81,19 +100,9 @@ def test_eager_modes_match_reference(tmp_path: Path) -> None:
         assert any("in 3 token slice(s)" in n for n in records[case]["notes"]), records[case]["notes"]
 
 
-def test_compiled_modes_match_reference(tmp_path: Path) -> None:
-    cases = [
-        # The loss in 3 token slices: the chunked loss compiles into the model's one graph.
-        "full_shard:simple_fsdp:inductor:none:fp32:1:3",
-        "shard_grad_op:simple_fsdp:inductor",
-        "no_shard:simple_fsdp:inductor",
-        # Activation checkpointing under compile (aot_eager: the same AOTAutograd partitioning and
-        # runtime as inductor, without code generation): whole blocks, every k-th block, op-level.
-        "full_shard:simple_fsdp:aot_eager:full",
-        "full_shard:simple_fsdp:aot_eager:selective",
-        "shard_grad_op:simple_fsdp:aot_eager:op_selective",
-    ]
-    records = run_cases(tmp_path, 2, cases)
+def test_compiled_modes_match_reference(two_ranks: dict[str, dict]) -> None:
+    records = two_ranks
+    cases = COMPILED_CASES
     for case in cases:
         assert_matches_reference(records[case])
     chunked = records["full_shard:simple_fsdp:inductor:none:fp32:1:3"]
