@@ -27,7 +27,7 @@ from tests.live_server import running_server
 pytestmark = pytest.mark.anyio
 
 PLANS = "/api/v1/plans"
-DEADLINE_S = 2.0
+DEADLINE_S = 1.0
 SYNCHRONOUS_UP_TO = 2048
 """A job threshold above every graph here: large plans are searched in their request, in the pool."""
 
@@ -56,7 +56,8 @@ def distinct_graph(units: int = 1024) -> dict[str, Any]:
     }
 
 
-# About 5 s of search CPU time (2.5x the deadline): the search leaves most of it untimed.
+# About 2.4 s of search CPU time on this 2-core machine (2.4x the deadline): the search leaves most
+# of its configurations untimed (their floor shows them beaten), and times the rest group by group.
 LARGE = cheap_plan(model=distinct_graph(), cluster="8x8xH100",
                    training={"seq_len": 2048, "global_batch_tokens": 2048 * 1024})
 

@@ -155,7 +155,9 @@ def page_factory(browser: Any) -> Iterator[Callable[..., BrowserPage]]:
         context = browser.new_context(
             accept_downloads=True, **({"viewport": {"width": 1366, "height": 900}} | context_options)
         )
-        context.set_default_timeout(15_000)
+        # A guard against a hang, not a speed target: full-page captures of the longest pages take
+        # over 15 s while the torch.distributed half of the suite shares the 2 cores.
+        context.set_default_timeout(60_000)
         page = context.new_page()
         wrapped = BrowserPage(page=page, errors=[])
         page.on("console", wrapped.record_console)
