@@ -148,7 +148,7 @@ def make_plan(
 
 class _Leaderboard:
     """What the timed configurations so far prove about an untimed one, from a ceiling on its
-    throughput (its step-time floor, `PricedStep.floor_s`).
+    throughput (its step-time floor, `Estimator.floor_s`).
 
     The search leaves a fitting configuration untimed only when the report cannot show it
     (planner/ranking.py reads timed entries only): its ceiling lies below the best `size`

@@ -268,12 +268,10 @@ class PricedStep:
 @dataclass(frozen=True, slots=True)
 class Collectives:
     """A configuration's FSDP collectives, group by group (`GroupTimes` without compute), in the
-    step's last micro-batch and in the earlier ones, each with its `CommFloor`."""
+    step's last micro-batch and in the earlier ones (the same object where they are alike)."""
 
     last: RepeatedGroups
     middle: RepeatedGroups
-    last_floor: CommFloor
-    middle_floor: CommFloor
 
 
 def _collectives(
@@ -343,9 +341,9 @@ def _collectives(
     priced = [[group_collectives(shape) for shape in pattern] for pattern in repeats.patterns]
     last = RepeatedGroups(repeats.runs, tuple(tuple(t[0] for t in pattern) for pattern in priced))
     if all(t[0] == t[1] for pattern in priced for t in pattern):
-        return Collectives(last, last, CommFloor.of(last), CommFloor.of(last))  # the same object: priced once
+        return Collectives(last, last)  # the same object: priced once
     middle = RepeatedGroups(repeats.runs, tuple(tuple(t[1] for t in pattern) for pattern in priced))
-    return Collectives(last, middle, CommFloor.of(last), CommFloor.of(middle))
+    return Collectives(last, middle)
 
 
 def _price(
@@ -647,9 +645,9 @@ class Estimator:
 
     def floor_s(self, choice: Choice, *, priced: bool = True) -> float:
         """A lower bound on the choice's step time without the timeline: what the search's floor
-        test compares (planner/search.py). `priced`: from its priced groups (`PricedStep.floor_s`,
-        which counts the collectives that cannot be hidden); otherwise from its compute alone (no
-        pricing: shared by every sharding of the same tp, micro-batch, checkpointing and compile)."""
+        test compares (planner/search.py). `priced`: with the collectives no timeline can hide
+        (`rank_floor_s`); otherwise from the compute alone (`rank_compute_s`: shared by every sharding
+        of the same tp, micro-batch, checkpointing and compile)."""
         if choice.pipeline is None:
             return self.rank_floor_s(choice) if priced else self.rank_compute_s(choice)
         # The slowest rank's own step, and the bubble its compute alone would leave (exposed
@@ -741,7 +739,9 @@ class Estimator:
         key = (choice.layout_key, choice.sharding, choice.mesh, choice.simple_fsdp, choice.fsdp2_pipeline)
         if key not in self._floors:
             collectives = self.collectives(choice)
-            self._floors[key] = (collectives.last_floor, collectives.middle_floor)
+            last = CommFloor.of(collectives.last)
+            same = collectives.middle is collectives.last
+            self._floors[key] = (last, last if same else CommFloor.of(collectives.middle))
         return self._floors[key]
 
     def layout_signature(self, choice: Choice) -> tuple:

@@ -5,7 +5,6 @@ one process for reference, and the command line that runs their cases."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from collections.abc import Callable
@@ -26,8 +25,7 @@ from executor.runtime.models import build_model
 from executor.runtime.optim import OptimizerSettings, build_optimizer, set_lr
 from executor.runtime.parallelize import Overrides, Parallelized, parallelize
 from executor.runtime.step import train_step
-from tests.executor.workers.collector import skip_full_collections
-from tests.executor.workers.parity import count_collectives
+from tests.executor.workers.parity import count_collectives, record_cases
 
 SEED = 7
 SETTINGS = OptimizerSettings(lr=5e-4, weight_decay=0.1, max_grad_norm=1.0)
@@ -201,17 +199,12 @@ def run_cases(run_case: Callable[..., dict[str, Any]], **options: int) -> None:
     parser.add_argument("cases", nargs="+")
     args = parser.parse_args()
     world = int(os.environ["WORLD_SIZE"])
-    results: list[dict] = []
-    cache: dict = {}
-    skip_full_collections()
-    for case in args.cases:
-        record = run_case(
+    options_given = {name: getattr(args, name) for name in options}
+    record_cases(
+        args.cases,
+        args.out,
+        lambda case, cache: run_case(
             case, world=world, steps=args.steps, cache=cache, checkpoint_dir=args.checkpoint_dir,
-            **{name: getattr(args, name) for name in options},
-        )
-        results.append(record)
-        if dist.get_rank() == 0:
-            print(json.dumps(record), flush=True)
-    if dist.get_rank() == 0:
-        Path(args.out).write_text(json.dumps(results, indent=1))
-    dist.destroy_process_group()
+            **options_given,
+        ),
+    )

@@ -25,7 +25,9 @@ import re
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -170,22 +172,28 @@ def run_case(case: str, world: int, cache: dict) -> dict:
     }
 
 
+def record_cases(cases: list[str], out: str, run: Callable[[str, dict], dict[str, Any]]) -> None:
+    """Each case's record from `run(case, cache)` (one cache shared by the cases), without full
+    collections; rank 0 prints each record and writes them all to `out`. Every worker's loop."""
+    results: list[dict] = []
+    cache: dict = {}
+    skip_full_collections()
+    for case in cases:
+        results.append(run(case, cache))
+        if dist.get_rank() == 0:
+            print(json.dumps(results[-1]), flush=True)
+    if dist.get_rank() == 0:
+        Path(out).write_text(json.dumps(results, indent=1))
+    dist.destroy_process_group()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("cases", nargs="+")
     args = parser.parse_args()
     world = int(os.environ["WORLD_SIZE"])
-    results: list[dict] = []
-    cache: dict = {}
-    skip_full_collections()
-    for case in args.cases:
-        results.append(run_case(case, world, cache))
-        if dist.get_rank() == 0:
-            print(json.dumps(results[-1]), flush=True)
-    if dist.get_rank() == 0:
-        Path(args.out).write_text(json.dumps(results, indent=1))
-    dist.destroy_process_group()
+    record_cases(args.cases, args.out, lambda case, cache: run_case(case, world, cache))
 
 
 if __name__ == "__main__":
