@@ -425,14 +425,32 @@ class _UnitTimes:
                 tp_s = async_tensor_parallel_seconds(
                     tp_s, forward.matmul, tp=tp, contention=setting.params.overlap_contention
                 )
-            tp_s += context_parallel_seconds(setting, choice, u, tokens=self.tokens)
-            self._forward[id(u)] = (forward, tp_s)
-        f, tp_fwd = self._forward[id(u)]
-        # Recomputing a whole block re-runs its forward collectives.
-        tp_unit = tp_fwd * (3.0 if index >= 0 and choice.is_checkpointed(index) else 2.0)
+            cp_s = context_parallel_seconds(setting, choice, u, tokens=self.tokens)
+            self._forward[id(u)] = (forward, tp_s, cp_s)
+        f, tp_s, cp_s = self._forward[id(u)]
+        tp_fwd = tp_s + cp_s
+        tp_unit = 2.0 * tp_fwd + _recomputed_collectives(choice, u, index, tp_s=tp_s, cp_s=cp_s)
         backward = BACKWARD_FLOPS_RATIO * f.total + ATTENTION_BACKWARD_EXTRA * f.attention
         backward += _recompute_time(choice, u, index, f) + tp_unit - tp_fwd
         return f.total + tp_fwd, backward, tp_unit
+
+
+def _recomputed_collectives(
+    choice: Choice, unit: UnitCost, index: int, *, tp_s: float, cp_s: float
+) -> float:
+    """The forward's tensor- and context-parallel collectives a checkpointed block runs again in
+    backward: all of them when the whole block is recomputed eagerly; under a policy that keeps
+    what collectives produced (`Choice.checkpoint_policy_saves_communication`), the all-gathers
+    only, or none when those are kept too."""
+    recomputed = choice.is_checkpointed(index) or choice.checkpointing == "op_selective"
+    if index < 0 or not recomputed:
+        return 0.0
+    if not choice.checkpoint_policy_saves_communication:
+        return tp_s + cp_s
+    if choice.checkpoint_saves_gathers:
+        return 0.0
+    gathered = unit.gathered_elems / unit.tp_collective_elems if unit.tp_collective_elems else 0.0
+    return tp_s * gathered + cp_s
 
 
 def _micro_batch_compute(setting: Setting, choice: Choice) -> float:
@@ -624,9 +642,7 @@ class Estimator:
         setting = self.setting_for(choice)
         key = choice.activations_key
         if key not in self._saved:
-            self._saved[key] = saved_activations(
-                setting, choice.checkpointing, choice.every_k, choice.compile, choice.engine
-            )
+            self._saved[key] = saved_activations(setting, choice)
         return memory_moments(setting, choice, self.layout(choice), self._saved[key], in_flight=in_flight)
 
     def memory(self, choice: Choice) -> MemoryEstimate:

@@ -154,6 +154,12 @@ AUTOGRAD_LOSS_BACKWARD_BYTES_PER_ELEMENT = 12.0
 """The same loss's backward: the saved fp32 log-softmax output, the dense fp32 gradient that
 nll_loss's backward hands it, and the fp32 gradient it computes from both (the trainer has freed the
 logits before backward, as torchtitan does)."""
+LOSS_PARALLEL_EXTRA_BYTES_PER_ELEMENT = 4.0
+"""Over the vocabulary shards of tensor parallelism, torch's loss parallelism
+(`torch.distributed.tensor.parallel.loss_parallel`) computes the same loss from unfused fp32 ops:
+its log-softmax keeps the shifted logits beside their exponentials (forward), its backward the
+exponentials beside the sum it forms from them; one more fp32 tensor of the shard's size at each
+peak (measured at 14 and 16 bytes an element with torch's memory tracker, bf16 logits included)."""
 
 
 def loss_bytes(setting: Setting, choice: Choice) -> float:
@@ -165,6 +171,7 @@ def loss_bytes(setting: Setting, choice: Choice) -> float:
     tokens = choice.micro_batch_size * setting.seq_len
     if choice.loss in ("autograd_fp32", "chunked_fp32"):
         copy = AUTOGRAD_LOSS_BYTES_PER_ELEMENT - (4.0 if setting.act_bytes == 4 else 0.0)  # fp32: no copy
+        copy += _loss_parallel_extra(setting)
         chunks = choice.loss_chunks if choice.loss == "chunked_fp32" else 1
         return tokens * m.vocab_size * (setting.act_bytes + copy / chunks)
     slice_tokens = math.ceil(tokens / choice.loss_chunks)
@@ -178,13 +185,19 @@ def _backward_start_loss_bytes(setting: Setting, choice: Choice) -> float:
     """What the loss holds as backward starts: the sliced loss's hidden-state gradient, or the
     autograd loss's backward through log-softmax."""
     tokens = choice.micro_batch_size * setting.seq_len
+    backward = AUTOGRAD_LOSS_BACKWARD_BYTES_PER_ELEMENT + _loss_parallel_extra(setting)
     if choice.loss == "autograd_fp32":
-        return tokens * setting.model.vocab_size * AUTOGRAD_LOSS_BACKWARD_BYTES_PER_ELEMENT
+        return tokens * setting.model.vocab_size * backward
     if choice.loss == "chunked_fp32":
         # One chunk's backward, beside the compute-dtype gradient of the logits it is filling in.
-        per_element = setting.act_bytes + AUTOGRAD_LOSS_BACKWARD_BYTES_PER_ELEMENT / choice.loss_chunks
+        per_element = setting.act_bytes + backward / choice.loss_chunks
         return tokens * setting.model.vocab_size * per_element
     return _hidden_grad_bytes(setting, choice)
+
+
+def _loss_parallel_extra(setting: Setting) -> float:
+    """Bytes per (token x vocabulary entry) torch's loss parallelism adds to an autograd loss."""
+    return LOSS_PARALLEL_EXTRA_BYTES_PER_ELEMENT if setting.model.tensor_parallel > 1 else 0.0
 
 
 def _hidden_grad_bytes(setting: Setting, choice: Choice) -> float:
@@ -203,32 +216,45 @@ class SavedActivations:
     """Added while the largest checkpointed block is recomputed (0 without checkpointing)."""
 
 
-def saved_activations(
-    setting: Setting, checkpointing: str, every_k: int, compile_: bool, engine: str = "fsdp-planner"
-) -> SavedActivations:
-    """What a checkpointing policy keeps per token, and what its recompute adds."""
+def saved_activations(setting: Setting, choice: Choice) -> SavedActivations:
+    """What the choice's checkpointing keeps per token, and what its recompute adds
+    (`Choice.activations_key` is what it depends on)."""
     m = setting.model
-    probe = Choice(sharding="", checkpointing=checkpointing, every_k=every_k, compile=compile_, engine=engine)
 
     def whole(unit: UnitCost) -> float:
         # Everything the unit's forward keeps, in compute-dtype elements (eager keeps some in fp32).
-        if compile_:
+        if choice.compile:
             return unit.saved_elems
         return eager_saved_bytes(unit, setting.act_bytes) / setting.act_bytes
 
     saved = whole(m.head)
     recompute_peak = 0.0
     for i, block in enumerate(m.blocks):
-        if probe.is_checkpointed(i):
-            kept = block.input_elems + compiled_keeps(probe, block)
+        if choice.is_checkpointed(i):
+            kept = block.input_elems + compiled_keeps(choice, block)
             saved += kept
             recompute_peak = max(recompute_peak, whole(block) - kept + block.input_elems)
-        elif checkpointing == "op_selective":
-            saved += block.op_saved_elems
-            recompute_peak = max(recompute_peak, whole(block) - block.op_saved_elems)
+        elif choice.checkpointing == "op_selective":
+            kept = block.op_saved_elems
+            if choice.checkpoint_saves_gathers:
+                kept += tensor_parallel_gathered(block)
+            saved += kept
+            recompute_peak = max(recompute_peak, whole(block) - kept)
         else:
             saved += whole(block)
     return SavedActivations(saved, recompute_peak)
+
+
+def tensor_parallel_gathered(unit: UnitCost) -> float:
+    """Elements per token a tensor-parallel share of `unit` all-gathers whole (0 without tp)."""
+    return unit.gathered_elems if unit.linear_share > 1 else 0.0
+
+
+def tensor_parallel_scattered(unit: UnitCost) -> float:
+    """Elements per token a tensor-parallel share of `unit` keeps of what it reduce-scattered."""
+    if unit.linear_share == 1:
+        return 0.0
+    return (unit.tp_collective_elems - unit.gathered_elems) / unit.linear_share
 
 
 def compiled_keeps(choice: Choice, unit: UnitCost) -> float:
@@ -236,10 +262,16 @@ def compiled_keeps(choice: Choice, unit: UnitCost) -> float:
 
     This project's compiled whole-block checkpointing keeps attention outputs (torch 2.13 cannot
     recompute attention over DTensor parameters under torch.compile; see
-    executor/runtime/activation_checkpoint.py), so it saves more and recomputes less than eager.
-    Blocks compiled one by one over plain parameters (torchtitan) recompute attention too.
+    executor/runtime/activation_checkpoint.py) and, being a policy that keeps what collectives
+    produced, the sequence shards tensor parallelism reduce-scattered (and its gathered inputs when
+    parameters stay gathered, `Choice.checkpoint_saves_gathers`); so it saves more and recomputes
+    less than eager. Blocks compiled one by one over plain parameters (torchtitan) recompute all of
+    it.
     """
-    return unit.attention_output_elems if choice.simple_fsdp else 0.0
+    if not choice.simple_fsdp:
+        return 0.0
+    gathered = tensor_parallel_gathered(unit) if choice.checkpoint_saves_gathers else 0.0
+    return unit.attention_output_elems + tensor_parallel_scattered(unit) + gathered
 
 
 @functools.lru_cache(maxsize=256)

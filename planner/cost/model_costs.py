@@ -59,6 +59,13 @@ class UnitCost:
     and the MLP and reduce-scatters after each; backward runs the mirror images."""
     tp_collective_elems: float = 0.0
     """Elements per token those collectives move in forward (whole-tensor size, as priced)."""
+    gathered_elems: float = 0.0
+    """Of `tp_collective_elems`, those all-gathered onto the whole sequence before column-parallel
+    matmuls (a llama block: both norm outputs; the rest are reduce-scattered after row-parallel
+    ones). The matmuls keep their gathered input for backward (torch's ColwiseParallel saves what
+    it multiplies, unlike Megatron, which re-gathers in backward), so a tensor-parallel share divides
+    the rest of `saved_elems` by tp, never these (measured with saved-tensor hooks on the runtime's
+    tensor-parallel block, tests/executor/test_tensor_parallel_memory.py)."""
     linear_shapes: tuple[tuple[int, tuple[int, ...]], ...] = ()
     """The unit's linear layers as (in_features, (out_features, ...)): the layers that read the same
     input together (llama's q, k, v), whole (not per tensor-parallel rank): what a Float8 recipe's
@@ -165,8 +172,10 @@ def tensor_parallel_share(model: ModelCosts, tp: int) -> ModelCosts:
     """What one rank of a `tp`-wide tensor-parallel group holds and computes, per token of its
     data-parallel micro-batch: matmul weights and FLOPs / tp (column/row parallel), attention / tp
     (heads split), activations and elementwise work / tp (sequence parallel between the regions,
-    heads or FFN columns inside them), the vocabulary / tp (vocabulary-parallel embedding and loss).
-    Norm weights are replicated. The head keeps its whole input: the loss all-gathers the sequence.
+    heads or FFN columns inside them) but for the gathered inputs of the column-parallel matmuls,
+    kept whole (`UnitCost.gathered_elems`), the vocabulary / tp (vocabulary-parallel embedding and
+    loss). Norm weights are replicated. The head keeps its whole input: the loss all-gathers the
+    sequence.
 
     Whole-model counts (`num_params` for display, `flops_params` and the attention convention for
     MFU) stay those of the model. Repeated blocks stay one object, so they still price once.
@@ -183,7 +192,7 @@ def tensor_parallel_share(model: ModelCosts, tp: int) -> ModelCosts:
                 matmul_params=u.matmul_params // tp,
                 attention_flops=u.attention_flops / tp,
                 elementwise_elems=u.elementwise_elems / tp,
-                saved_elems=u.saved_elems / tp,
+                saved_elems=(u.saved_elems - u.gathered_elems) / tp + u.gathered_elems,
                 saved_fp32_elems=u.saved_fp32_elems / tp,
                 op_saved_elems=u.op_saved_elems / tp,
                 op_recompute_matmul_params=u.op_recompute_matmul_params // tp,
@@ -306,6 +315,7 @@ def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
         replicated_params=2 * h,
         tp_collectives=4,
         tp_collective_elems=4 * h,
+        gathered_elems=2 * h,  # the norm outputs, gathered for q/k/v and for w1/w3
         linear_shapes=((h, (h, kv, kv)), (h, (h,)), (h, (f, f)), (f, (h,))),  # qkv, o, w1 w3, w2
         kv_elems=2 * kv,
     )

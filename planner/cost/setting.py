@@ -144,17 +144,39 @@ class Choice:
         """What one micro-batch's compute (forward, backward, recompute, tp collectives) depends on."""
         return (
             self.mesh.tp, self.micro_batch_size, self.checkpointing, self.every_k, self.compile, self.engine,
-            self.float8, self.async_tp, self.mesh.cp,
+            self.float8, self.async_tp, self.mesh.cp, self.checkpoint_saves_gathers,
         )
 
     @property
     def activations_key(self) -> tuple:
         """What the saved activations per token depend on."""
-        return (self.mesh.tp, self.mesh.cp, self.checkpointing, self.every_k, self.compile, self.engine)
+        return (
+            self.mesh.tp, self.mesh.cp, self.checkpointing, self.every_k, self.compile, self.engine,
+            self.checkpoint_saves_gathers,
+        )
 
     @property
     def reshards_after_forward(self) -> bool:
         return self.sharding in ("full_shard", "hybrid_shard")
+
+    @property
+    def checkpoint_policy_saves_communication(self) -> bool:
+        """Whether checkpointed blocks recompute under a policy that keeps what collectives
+        produced (executor/runtime/activation_checkpoint.py): op-level selective checkpointing on
+        every engine (torchtitan's keeps reduce-scatter outputs too), and this project's compiled
+        whole-block checkpointing. Eager whole-block checkpointing recomputes everything."""
+        return self.checkpointing == "op_selective" or (self.simple_fsdp and self.checkpointing != "none")
+
+    @property
+    def checkpoint_saves_gathers(self) -> bool:
+        """Whether those policies also keep all-gather outputs: this project's do when parameters
+        stay gathered after forward (no resharding), and the sequence all-gathers of tensor
+        parallelism go with them; otherwise backward re-gathers."""
+        return (
+            self.engine == "fsdp-planner"
+            and not self.reshards_after_forward
+            and self.checkpoint_policy_saves_communication
+        )
 
     def is_checkpointed(self, block_index: int) -> bool:
         """Whether block `block_index` is recomputed whole in backward."""
