@@ -16,18 +16,15 @@ context parallelism (bench/RESULTS.md prices them in a section of their own); ru
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
 
 from planner.cost.parameters import FLOAT8_GEMM_EFFICIENCY
 from planner.errors import PlanningError
-from planner.fidelity.pricing import PricedRun, run_config, run_request
+from planner.fidelity.pricing import FLOAT8_RECIPES, PricedRun, price_as_run
 from planner.fidelity.schema import Run, load_corpus
-from planner.search import predict
 
-RECIPES = {"float8_tensorwise": "tensorwise", "float8_rowwise": "rowwise", "mxfp8": "mxfp8"}
 NOT_YET = ("pipeline", "context parallelism")
 TORCHAO_ENGINE = "torchtitan-fsdp2"
 """The corpus's engine of the runs that trained with torchao's recipes (the ones the planner prices)."""
@@ -60,9 +57,8 @@ class Row:
         return measured / partner, self.predicted / self.predicted_partner
 
 
-def _price(run: Run, recipe: str) -> PricedRun:
-    config = dataclasses.replace(run_config(run), float8=recipe)
-    return PricedRun(run=run, plan=predict(run_request(run), config), margin=0.0)
+def _price(run: Run) -> PricedRun:
+    return price_as_run(run)  # with its recipe (planner/fidelity/pricing.py FLOAT8_RECIPES)
 
 
 def _partner(run: Run, runs: list[Run]) -> Run | None:
@@ -77,17 +73,17 @@ def rows() -> list[Row]:
     for source in load_corpus():
         runs = list(source.runs)
         for run in runs:
-            recipe = RECIPES.get(run.config.precision)
+            recipe = FLOAT8_RECIPES.get(run.config.precision)
             reason = run.not_priceable_reason or ""
             if recipe is None or any(word in reason for word in NOT_YET):
                 continue
             try:
-                priced = _price(run, recipe)
+                priced = _price(run)
             except PlanningError as exc:
                 print(f"skipped {run.id}: {exc.message}")
                 continue
             partner = _partner(run, runs)
-            predicted_partner = _price(partner, "none").predicted_tokens_per_s_per_gpu if partner else None
+            predicted_partner = _price(partner).predicted_tokens_per_s_per_gpu if partner else None
             found.append(Row(source.source.id, run, recipe, priced.predicted_tokens_per_s_per_gpu,
                              priced.throughput_error, partner, predicted_partner))
     return found

@@ -15,17 +15,14 @@ rest of the step's.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 from dataclasses import dataclass
 
 from planner.errors import PlanningError
-from planner.fidelity.pricing import run_config, run_request
+from planner.fidelity.pricing import price_as_run
 from planner.fidelity.schema import Run, load_corpus
 from planner.plan import Plan
-from planner.search import predict
 
-RECIPES = {"float8_tensorwise": "tensorwise", "float8_rowwise": "rowwise", "mxfp8": "mxfp8"}
 TORCHAO_ENGINE = "torchtitan-fsdp2"
 
 
@@ -63,8 +60,8 @@ def rows() -> list[Row]:
             if run.config.mesh.pp == 1:
                 continue
             try:
-                recipe = RECIPES.get(run.config.precision, "none")
-                plan = predict(run_request(run), dataclasses.replace(run_config(run), float8=recipe))
+                plan = price_as_run(run).plan  # with its recipe
+
             except PlanningError as exc:
                 print(f"skipped {run.id}: {exc.message}")
                 continue

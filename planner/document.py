@@ -10,6 +10,7 @@ from dataclasses import fields
 
 from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig
 from planner import PLANNER_VERSION
+from planner.cost.memory import memory_margin_for
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice, Setting
 from planner.hashing import plan_hash
@@ -127,6 +128,7 @@ def _prediction(setting: Setting, e: Evaluated, *, headroom: float) -> Predictio
         )
         for stream, phase, label, start, end, exposed in t.micro_batch_timeline.segments
     )
+    margin, margin_reason = memory_margin_for(params, e.choice.mesh)
     return Prediction(
         step_time_s=t.step_time_s,
         tokens_per_s_per_gpu=e.tokens_per_s_per_gpu,
@@ -138,8 +140,8 @@ def _prediction(setting: Setting, e: Evaluated, *, headroom: float) -> Predictio
             moment=m.moment,  # type: ignore[arg-type]
         ),
         usable_memory_gib=params.usable_memory_gib * (1.0 - headroom),
-        memory_margin=params.memory_margin,
-        memory_margin_reason=params.memory_margin_reason,
+        memory_margin=margin,
+        memory_margin_reason=margin_reason,
         compute_s=t.compute_s,
         comm_s=t.comm_s,
         exposed_comm_s=t.exposed_comm_s,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from contract.mesh import Mesh
 from planner.bounds import MAX_GLOBAL_BATCH_TOKENS
 from planner.cost.estimate import Estimator
-from planner.cost.memory import MemoryEstimate, fits_in_memory
+from planner.cost.memory import MemoryEstimate, MemoryLimits, fits_in_memory
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice, Setting
 from planner.document import to_parallel_config
@@ -87,10 +87,10 @@ class Prober:
     estimator of the request's fitted setting prices every probe and shares its layouts.
     """
 
-    def __init__(self, request: PlanRequest, setting: Setting, *, limit_gib: float) -> None:
+    def __init__(self, request: PlanRequest, setting: Setting) -> None:
         self.request = request
         self.setting = setting
-        self.limit_gib = limit_gib
+        self.limits = MemoryLimits(setting.params, request.search.memory_headroom)
         self.ceiling_gib = request.search.max_peak_memory_gib
         self._estimator = Estimator(setting)
         self._cache: dict[tuple[int, int, bool], Probe] = {}
@@ -126,7 +126,7 @@ class Prober:
             elif key in sharded:
                 continue  # never lighter than its fully sharded twin (tests/planner/test_advice.py)
             memory = self._estimator.memory(choice)
-            if self._fits(memory) and not lightest:
+            if self._fits(memory, choice) and not lightest:
                 best, found = (choice, memory), True
                 break
             if best is None or (
@@ -134,13 +134,13 @@ class Prober:
             ):
                 best = (choice, memory)
         assert best is not None, "every request enumerates at least one configuration"
-        found = found or self._fits(best[1])
+        found = found or self._fits(best[1], best[0])
         probe = Probe(num_nodes, sequences, best[0], best[1], found)
         self._cache[(num_nodes, sequences, lightest)] = probe
         return probe
 
-    def _fits(self, memory: MemoryEstimate) -> bool:
-        return fits_in_memory(memory, limit_gib=self.limit_gib, ceiling_gib=self.ceiling_gib)
+    def _fits(self, memory: MemoryEstimate, choice: Choice) -> bool:
+        return fits_in_memory(memory, limit_gib=self.limits(choice.mesh), ceiling_gib=self.ceiling_gib)
 
     def _lighter(self, choice: Choice, memory: MemoryEstimate, than: tuple[Choice, MemoryEstimate]) -> bool:
         if round(memory.total) != round(than[1].total):
@@ -163,7 +163,7 @@ class Prober:
         shards its stages' states over the rest of the world: no less per rank)."""
         sharded = replace(choice, sharding="full_shard", mesh=Mesh(dp_shard=world), pipeline=None)
         step = next(m for m in self._estimator.moments(sharded) if m.moment == "optimizer step")
-        return self._fits(step)
+        return self._fits(step, sharded)
 
     def variant(self, num_nodes: int, sequences: int) -> PlanRequest:
         """The request on `num_nodes` nodes of the same kind with a global batch of `sequences`."""
@@ -369,7 +369,7 @@ def infeasible_error(
 ) -> InfeasiblePlanError:
     """Why nothing fits on the requested cluster, and what would (`advise`): a cluster and batch
     that the planner accepts, or, when data parallelism cannot fit the model at all, what would."""
-    prober = Prober(request, setting, limit_gib=limit_gib)
+    prober = Prober(request, setting)
     here = prober.at(request.cluster.num_nodes, request.training.global_batch_sequences, lightest=True)
     dominant = dominant_term(here.memory)
     advice = advise(prober, request.training.global_batch_tokens)

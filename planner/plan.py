@@ -132,6 +132,9 @@ class RejectedFamily(Document):
     """E.g. `OOM by 12.4 GiB` or `17% slower: exposed all-gather 41 ms/step`."""
     best_tokens_per_s_per_gpu: float | None = None
     min_peak_memory_gib: float | None = None
+    memory_limit_gib: float | None = None
+    """For `oom`: the largest peak that `min_peak_memory_gib`'s configuration could have had (its
+    mesh's usable memory over one plus its memory margin); absent in plans stored before it."""
 
 
 class PlanWarning(Document):

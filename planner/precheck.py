@@ -18,7 +18,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.bounds import MAX_GLOBAL_BATCH_TOKENS
-from planner.cost.memory import memory_limit_gib
 from planner.cost.setting import Setting
 from planner.enumeration import (
     check_async_tp,
@@ -157,8 +156,7 @@ def _what_plans(request: PlanRequest, tokens: int, setting: Setting | None) -> s
             "use fewer GPUs or a shorter seq_len"
         )
     setting = setting or build_setting(request)
-    limit = memory_limit_gib(setting.params, request.search.memory_headroom)
-    advice = advise(Prober(request, setting, limit_gib=limit), tokens)
+    advice = advise(Prober(request, setting), tokens)
     if advice.batches and advice.batches[0].num_nodes == nodes:
         return f"use a batch that splits and fits on {where}, e.g. " + " or ".join(
             suggested_batch(request, probe) for probe in advice.batches

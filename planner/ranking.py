@@ -8,8 +8,10 @@ family (sharding x compile, and each tensor-parallel degree) why it was not chos
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from contract.mesh import Mesh
 from planner.cost.estimate import Estimator, TimeEstimate
 from planner.cost.memory import MemoryEstimate
 from planner.cost.parameters import GIB
@@ -105,11 +107,12 @@ def pareto(ranked: list[Evaluated]) -> list[Evaluated]:
 
 
 def rejected_families(
-    evaluated: list[Evaluated], best: Evaluated, limit: float, estimator: Estimator
+    evaluated: list[Evaluated], best: Evaluated, limit: Callable[[Mesh], float], estimator: Estimator
 ) -> list[RejectedFamily]:
     """For each family other than the winner's, why it lost: each sharding x compile family, and
     (when the search tried more than one) each tensor-parallel degree. A sharding family spans
-    every tp degree: it is shown with the tp degree of the member that stands for it."""
+    every tp degree: it is shown with the tp degree of the member that stands for it. `limit` is
+    the largest peak a configuration on a mesh may have (its memory margin depends on the mesh)."""
     by_sharding: dict[str, list[Evaluated]] = {}
     by_tp: dict[str, list[Evaluated]] = {}
     for e in evaluated:
@@ -134,21 +137,23 @@ def _why_lost(
     family: str,
     members: list[Evaluated],
     best: Evaluated,
-    limit: float,
+    limit: Callable[[Mesh], float],
     estimator: Estimator,
     *,
     by_mesh: bool = False,
 ) -> RejectedFamily:
     # A family with a fitting member has a timed one: the search times each family's fastest.
     fitting = [e for e in members if e.time is not None]
-    smallest = min(e.peak_gib for e in members)
     if not any(e.fits for e in members):
+        closest = min(members, key=lambda e: (e.peak_gib - limit(e.choice.mesh), e.peak_gib))
+        smallest, most = closest.peak_gib, limit(closest.choice.mesh)
         return RejectedFamily(
             family=family,
             kind="oom",
-            reason=f"OOM by {smallest - limit:.1f} GiB: needs at least {smallest:.1f} GiB per GPU, "
-            f"at most {limit:.1f} GiB fits with the memory margin",
+            reason=f"OOM by {smallest - most:.1f} GiB: needs at least {smallest:.1f} GiB per GPU, "
+            f"at most {most:.1f} GiB fits with the memory margin",
             min_peak_memory_gib=smallest,
+            memory_limit_gib=most,
         )
     top = max(fitting, key=lambda e: (e.tokens_per_s_per_gpu, -e.peak_gib))
     return RejectedFamily(
@@ -156,7 +161,7 @@ def _why_lost(
         kind="slower",
         reason=slower_reason(top, best, estimator),
         best_tokens_per_s_per_gpu=top.tokens_per_s_per_gpu,
-        min_peak_memory_gib=smallest,
+        min_peak_memory_gib=min(e.peak_gib for e in members),
     )
 
 

@@ -42,24 +42,37 @@ def summarize_rejected(plan: Plan) -> RejectedSummary:
     if len(oom) <= OOM_ROWS_SHOWN:
         return RejectedSummary(shown=plan.rejected, folded=(), line=None)
     shown = tuple(r for r in plan.rejected if r.kind != "oom")
-    # Sorted by the family name too, so that ties (2x2, 4x2 and 8x2 often need the same) read stably.
-    folded = tuple(sorted(oom, key=lambda r: (_least_gib(r), r.family)))
+    plan_limit = memory_limit_gib(plan)
+
+    def limit(family: RejectedFamily) -> float | None:
+        return family.memory_limit_gib if family.memory_limit_gib is not None else plan_limit
+
+    def overshoot(family: RejectedFamily) -> float:
+        family_limit = limit(family)
+        return _least_gib(family) - (family_limit or 0.0)
+
+    # Closest to fitting first (a mesh's margin sets its limit); by the family name too, so that
+    # ties (2x2, 4x2 and 8x2 often need the same) read stably.
+    folded = tuple(sorted(oom, key=lambda r: (overshoot(r), _least_gib(r), r.family)))
     closest = folded[0]
     need = _least_gib(closest)
     what = f"{len(folded)} more families" if shown else f"{len(folded)} families"
     if not math.isfinite(need):
         return RejectedSummary(shown=shown, folded=folded, line=f"{what} do not fit in memory")
     line = f"{what} do not fit: the closest, {closest.family}, needs {need:.1f} GiB per GPU"
-    limit = memory_limit_gib(plan)
-    if limit is not None:
-        line += f", {need - limit:.1f} GiB more than the {limit:.1f} GiB that fits with the memory margin"
+    closest_limit = limit(closest)
+    if closest_limit is not None:
+        line += (
+            f", {need - closest_limit:.1f} GiB more than the {closest_limit:.1f} GiB that fits with the "
+            "memory margin"
+        )
     return RejectedSummary(shown=shown, folded=folded, line=line)
 
 
 def memory_limit_gib(plan: Plan) -> float | None:
-    """The largest peak the search let fit (planner.cost.memory.memory_limit_gib, read back from the
-    stored prediction: usable memory less the headroom, over one plus the margin); None for plans
-    stored before schema 1.1, which lack the margin."""
+    """The largest peak the search let the chosen mesh have (planner.cost.memory.memory_limit_gib,
+    read back from the stored prediction: usable memory less the headroom, over one plus the
+    margin); None for plans stored before schema 1.1, which lack the margin."""
     pred = plan.prediction
     if pred.usable_memory_gib is None or pred.memory_margin is None:
         return None

@@ -18,7 +18,7 @@ from time import process_time
 from contract.parallel_config import ParallelConfig
 from planner.calibration import CalibrationProfile
 from planner.cost.estimate import Estimator
-from planner.cost.memory import MemoryEstimate, fits_in_memory, memory_limit_gib
+from planner.cost.memory import MemoryEstimate, MemoryLimits, fits_in_memory
 from planner.cost.parameters import GIB, CostParameters
 from planner.cost.setting import Choice, Setting
 from planner.document import choice_from_config, mfu, plan_document
@@ -60,7 +60,7 @@ def make_plan(
     setting = build_setting(request, calibration, calibration_id)
     check_request(request, setting)
     estimator = Estimator(setting)
-    limit = memory_limit_gib(setting.params, request.search.memory_headroom)
+    limits = MemoryLimits(setting.params, request.search.memory_headroom)
     ceiling = request.search.max_peak_memory_gib  # exclusive; set when re-planning after an OOM
     evaluated: list[Evaluated] = []
     min_peak: Evaluated | None = None
@@ -70,6 +70,7 @@ def make_plan(
     memo: dict[tuple, Evaluated] = {}
     # Families are enumerated whole, then timed in order of their floors (see _beaten).
     for family in _families(enumerate_choices(request, setting)):
+        limit = limits(family[0].mesh)  # a family has one mesh
         family = _within_reach(family, estimator, limit, ceiling)
         family_start = len(evaluated)
         fitting: list[tuple[Choice, MemoryEstimate]] = []
@@ -97,7 +98,9 @@ def make_plan(
                 continue
             memo[key] = entry = Evaluated.untimed(choice, mem, fits=False)
             outgrown.add(growth)
-            if min_peak is None or mem.total < min_peak.memory.total:
+            if min_peak is None or limits.overshoot_gib(mem, choice.mesh) < limits.overshoot_gib(
+                min_peak.memory, min_peak.choice.mesh
+            ):
                 min_peak = entry
             evaluated.append(entry)
         # Most promising first (lowest floor on the step time), so that what is beaten is seen to be.
@@ -131,7 +134,7 @@ def make_plan(
             field="search",
         )
     if not fitting:
-        raise _infeasible(request, setting, limit, min_peak)
+        raise _infeasible(request, setting, limits, min_peak)
     best = fitting[0]
     best = Evaluated.priced(setting, best.choice, best.memory, estimator.timing(best.choice, record=True))
     return plan_document(
@@ -139,7 +142,7 @@ def make_plan(
         setting,
         best,
         fitting=fitting,
-        rejected=rejected_families(evaluated, best, limit, estimator),
+        rejected=rejected_families(evaluated, best, limits, estimator),
         count=count,
         fitting_count=sum(e.fits for e in evaluated),
         warnings=_warnings(request, setting, best),
@@ -356,9 +359,11 @@ def predict(
 
 
 def _infeasible(
-    request: PlanRequest, setting: Setting, limit: float, min_peak: Evaluated | None
+    request: PlanRequest, setting: Setting, limits: MemoryLimits, min_peak: Evaluated | None
 ) -> InfeasiblePlanError:
     """Explain that nothing fits and what would (planner/infeasibility.py: it searches other clusters
     through the same enumeration and memory test)."""
     assert min_peak is not None
-    return infeasible_error(request, setting, limit_gib=limit, peak_gib=min_peak.peak_gib)
+    return infeasible_error(
+        request, setting, limit_gib=limits(min_peak.choice.mesh), peak_gib=min_peak.peak_gib
+    )

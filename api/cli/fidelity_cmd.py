@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -125,12 +125,14 @@ def _gib(value: float | None) -> str:
     return "–" if value is None else f"{value:.1f}"
 
 
-def _fit_line(fit: dict[str, float | str | dict[str, float]]) -> str:
-    """The fitted numbers (the margin's reason, a sentence, is left to `--json`)."""
+def _fit_line(fit: dict[str, Any]) -> str:
+    """The fitted numbers (the margins' reasons, sentences, are left to `--json`)."""
     parts = []
     for name, value in fit.items():
         if isinstance(value, dict):
             parts.append(f"{name} " + " ".join(f"{k} {v:g}" for k, v in value.items()))
+        elif isinstance(value, list | tuple):  # the dimension margins
+            parts.append(f"{name} " + " ".join(f"{m['dimension']} {m['margin']:g}" for m in value))
         elif not isinstance(value, str):
             parts.append(f"{name} {value:g}")
     return ", ".join(parts)

@@ -164,6 +164,8 @@ def _nothing_lighter(
 def _mark_excluded(family: RejectedFamily, usable: float, ceiling: float, what: str) -> RejectedFamily:
     """A family "OOM" only because of the ceiling (it fits the GPU) says so instead."""
     lightest = family.min_peak_memory_gib
+    if family.memory_limit_gib is not None:  # the family's mesh may keep a wider margin
+        usable = family.memory_limit_gib
     if family.kind != "oom" or lightest is None or lightest > usable:
         return family
     return family.model_copy(update={

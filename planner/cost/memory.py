@@ -30,10 +30,11 @@ import math
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
+from contract.mesh import Mesh
 from planner.cost.layout import CommLayout
 from planner.cost.model_costs import UnitCost, eager_saved_bytes
 from planner.cost.parameters import GIB, CostParameters
-from planner.cost.setting import Choice, Setting
+from planner.cost.setting import SINGLE_RANK, Choice, Setting
 
 
 class MemoryTerm(NamedTuple):
@@ -418,10 +419,52 @@ def memory_moments(
     return tuple(moments)
 
 
-def memory_limit_gib(params: CostParameters, headroom: float) -> float:
-    """The largest predicted peak a plan may have: the usable capacity, less the user's headroom,
-    shrunk by the margin the memory model's measured error calls for."""
-    return params.usable_memory_gib * (1.0 - headroom) / (1.0 + params.memory_margin)
+MARGIN_DIMENSIONS = {"pp": "pipeline", "cp": "context", "tp": "tensor"}
+"""The parallel dimensions whose plans may keep a margin of their own, outermost first (the name a
+plan's reason uses)."""
+
+
+def margin_dimension(mesh: Mesh) -> str | None:
+    """The dimension whose margin a plan (or a measured run) on `mesh` falls under: its outermost
+    parallel dimension (a pipeline with tensor parallelism is a pipeline plan); None with data
+    parallelism alone."""
+    return next((d for d in MARGIN_DIMENSIONS if getattr(mesh, d) > 1), None)
+
+
+def memory_margin_for(params: CostParameters, mesh: Mesh) -> tuple[float, str]:
+    """The margin a plan on `mesh` keeps on its predicted peak, and why: the memory model's measured
+    error, or the wider one of the mesh's outermost parallel dimension where the corpus runs that
+    used it were under-predicted by more (`CostParameters.dimension_margins`)."""
+    margin, reason = params.memory_margin, params.memory_margin_reason
+    dimension = margin_dimension(mesh)
+    for wider in params.dimension_margins:
+        if wider.dimension == dimension and wider.margin > margin:
+            margin, reason = wider.margin, wider.reason
+    return margin, reason
+
+
+def memory_limit_gib(params: CostParameters, headroom: float, mesh: Mesh = SINGLE_RANK) -> float:
+    """The largest predicted peak a plan on `mesh` may have: the usable capacity, less the user's
+    headroom, shrunk by the margin the memory model's measured error calls for."""
+    return params.usable_memory_gib * (1.0 - headroom) / (1.0 + memory_margin_for(params, mesh)[0])
+
+
+class MemoryLimits:
+    """`memory_limit_gib` per mesh, memoized: what a search, or the advice probing other clusters,
+    lets a configuration peak at (the margin widens for the parallel dimensions its mesh uses)."""
+
+    def __init__(self, params: CostParameters, headroom: float) -> None:
+        self.params, self.headroom = params, headroom
+        self._by_mesh: dict[Mesh, float] = {}
+
+    def __call__(self, mesh: Mesh) -> float:
+        if mesh not in self._by_mesh:
+            self._by_mesh[mesh] = memory_limit_gib(self.params, self.headroom, mesh)
+        return self._by_mesh[mesh]
+
+    def overshoot_gib(self, memory: MemoryEstimate, mesh: Mesh) -> float:
+        """GiB by which a configuration on `mesh` exceeds its limit (negative: it fits)."""
+        return memory.total / GIB - self(mesh)
 
 
 def fits_in_memory(memory: MemoryEstimate, *, limit_gib: float, ceiling_gib: float | None) -> bool:

@@ -15,9 +15,12 @@ import statistics
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 
+from contract.mesh import Mesh
 from planner.catalog.gpus import resolve_gpu
-from planner.cost.parameters import CORPUS_FIT, CorpusFit, CostParameters, default_parameters
-from planner.fidelity.pricing import NotPriceable, PricedRun, price_run, run_request
+from planner.cost.memory import MARGIN_DIMENSIONS, margin_dimension
+from planner.cost.parameters import CORPUS_FIT, CorpusFit, CostParameters, DimensionMargin, default_parameters
+from planner.errors import PlanningError
+from planner.fidelity.pricing import NotPriceable, PricedRun, price_as_run, price_run, run_request
 from planner.fidelity.schema import Run, SourceFile
 
 MATMUL_SHARES = tuple(round(0.60 + 0.025 * i, 3) for i in range(17))  # 0.60 .. 1.00
@@ -100,8 +103,7 @@ def memory_margin(priced: Sequence[tuple[SourceRun, PricedRun]]) -> tuple[float,
     errors = [(result.memory_error, item) for item, result in priced if result.memory_error is not None]
     if not errors:
         return CORPUS_FIT.memory_margin, CORPUS_FIT.memory_margin_reason
-    worst = max(0.0, -min(error for error, _ in errors))
-    margin = math.ceil((worst + MARGIN_STEP) * 100) / 100
+    margin, worst = _covering(error for error, _ in errors)
     sources = len({item.source for _, item in errors})
     reason = (
         f"uncalibrated: against {len(errors)} measured peaks of published and own GPU runs "
@@ -109,6 +111,49 @@ def memory_margin(priced: Sequence[tuple[SourceRun, PricedRun]]) -> tuple[float,
         f"{worst:.1%}; {margin:.0%} covers that with {MARGIN_STEP:.0%} to spare"
     )
     return margin, reason
+
+
+def _covering(errors: Iterable[float]) -> tuple[float, float]:
+    """The margin on a predicted peak that covers the worst of `errors` (predicted / measured - 1)
+    with a step to spare, and that worst under-prediction as a fraction of the measured peak: a
+    prediction (1 - w) of the measured peak needs w / (1 - w) on top of it."""
+    worst = max(0.0, -min(errors))
+    return math.ceil((worst / (1.0 - worst) + MARGIN_STEP) * 100) / 100, worst
+
+
+def dimension_margins(runs: Sequence[SourceRun], fit: CorpusFit, base: float) -> tuple[DimensionMargin, ...]:
+    """Per parallel dimension, the margin its corpus runs call for, where wider than `base`: every
+    run whose mesh falls to that dimension (`margin_dimension`: its outermost one) and published its
+    peak, priced at its exact configuration and recipe, whether or not the report prices it yet
+    (Float8, pipelines and context parallelism are checked by their benchmarks; their memory still
+    says how far the model under-predicts)."""
+    errors: dict[str, list[tuple[float, str]]] = {dimension: [] for dimension in MARGIN_DIMENSIONS}
+    for item in runs:
+        mesh = item.run.config.mesh
+        dimension = margin_dimension(Mesh(pp=mesh.pp, dp_shard=mesh.dp_shard, cp=mesh.cp, tp=mesh.tp))
+        if dimension is None:
+            continue
+        try:
+            error = price_as_run(item.run, parameters=run_parameters(item.run, fit)).memory_error
+        except PlanningError:
+            continue
+        if error is not None:
+            errors[dimension].append((error, item.source))
+    margins = []
+    for dimension, found in errors.items():
+        if not found:
+            continue
+        margin, worst = _covering(error for error, _ in found)
+        if margin <= base:
+            continue
+        sources = len({source for _, source in found})
+        margins.append(DimensionMargin(dimension, margin, (
+            f"uncalibrated, with {MARGIN_DIMENSIONS[dimension]} parallelism: against {len(found)} measured "
+            f"peaks of published runs that used it ({sources} source{'s' if sources > 1 else ''}; "
+            f"`fsdp-planner fidelity` lists the corpus), the memory model has under-predicted by at most "
+            f"{worst:.1%}; {margin:.0%} covers that with {MARGIN_STEP:.0%} to spare"
+        )))
+    return tuple(margins)
 
 
 def fitted_chips(runs: Sequence[SourceRun]) -> list[str]:
@@ -167,7 +212,8 @@ def fit_corpus(
         shares = current.matmul_share_by_chip.values()
         current = replace(current, matmul_share=round(statistics.fmean(shares), 3))
     margin, reason = memory_margin(price(runs, current, prices))
-    return replace(current, memory_margin=margin, memory_margin_reason=reason)
+    dimensions = dimension_margins(runs, current, margin)
+    return replace(current, memory_margin=margin, memory_margin_reason=reason, dimension_margins=dimensions)
 
 
 def leave_one_source_out(

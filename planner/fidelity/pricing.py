@@ -27,6 +27,8 @@ from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 
 PROJECT_ENGINES = {"project-simplefsdp", "project-fsdp2"}
 """The corpus names of this project's own trainer (compiled SimpleFSDP, eager FSDP2)."""
+FLOAT8_RECIPES = {"float8_tensorwise": "tensorwise", "float8_rowwise": "rowwise", "mxfp8": "mxfp8"}
+"""The planner's Float8 recipe for a corpus run's precision (torchao's recipes; bf16 and fp32: none)."""
 _CHECKPOINTING = {
     "none": "none", "full": "full", "selective_layer": "selective", "selective_op": "op_selective"
 }
@@ -202,6 +204,7 @@ def run_config(run: Run) -> ParallelConfig:
         engine=engine,  # type: ignore[arg-type]
         async_tp=config.async_tp and compiled and mesh.tp > 1,
         pipeline=pipeline,
+        float8=FLOAT8_RECIPES.get(config.precision, "none"),  # type: ignore[arg-type]
     )
 
 
@@ -235,6 +238,19 @@ def price_run(
     """
     if not run.priceable:
         raise NotPriceable(f"{run.id}: {run.not_priceable_reason}")
+    return price_as_run(run, calibration=calibration, parameters=parameters)
+
+
+def price_as_run(
+    run: Run,
+    *,
+    calibration: CalibrationProfile | None = None,
+    parameters: CostParameters | None = None,
+) -> PricedRun:
+    """`price_run` for any run the planner can express, marked priceable or not (Float8,
+    pipelines, context parallelism: the report leaves them out while their pricing is checked by
+    the benchmarks, but the memory margins of parallel dimensions read their measured peaks).
+    Raises PlanningError when the configuration does not fit the planner's space."""
     request = run_request(run)
     plan = predict(request, run_config(run), calibration=calibration, parameters=parameters)
     margin = plan.prediction.memory_margin or 0.0

@@ -96,7 +96,7 @@ class TargetCheck(ReportModel):
 
 class FidelityReport(ReportModel):
     planner_version: str
-    fit: dict[str, float | str | dict[str, float]]
+    fit: dict[str, float | str | dict[str, float] | tuple[dict[str, float | str], ...]]
     """The corpus shares the in-sample predictions use (planner/cost/parameters.py `CorpusFit`)."""
     sources: int
     runs: tuple[RunResult, ...]

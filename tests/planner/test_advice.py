@@ -47,26 +47,29 @@ def variant(request: PlanRequest, *, nodes: int, tokens: int) -> PlanRequest:
 
 
 def test_405b_on_one_node_names_a_cluster_and_batch_that_plan() -> None:
-    request = make_request("llama3.1-405b", "1x8xH100", seq_len=4096, sequences=1024)
+    sequences = 1000  # splits over none of the clusters near the smallest that fits
+    request = make_request("llama3.1-405b", "1x8xH100", seq_len=4096, sequences=sequences)
     error = refused(request)
     assert error.min_fitting_nodes is not None and error.suggested_global_batch_tokens is not None
     nodes, tokens = error.min_fitting_nodes, error.suggested_global_batch_tokens
     assert f"Smallest cluster that fits: {nodes}x8xH100-SXM-80GB" in error.message
-    assert f"global_batch_tokens {tokens}" in error.message  # 1024 sequences do not split there
+    assert tokens != sequences * 4096 and f"global_batch_tokens {tokens}" in error.message
 
     plan = make_plan(variant(request, nodes=nodes, tokens=tokens))
     assert plan.prediction.peak_memory_gib <= plan.prediction.usable_memory_gib
     # ... and it is the smallest: one node fewer, with the batch nearest the request, is refused.
     fewer = 8 * (nodes - 1)
-    nearest = min((1024 // fewer * fewer, (1024 // fewer + 1) * fewer), key=lambda b: (abs(b - 1024), b))
+    nearest = min(
+        (sequences // fewer * fewer, (sequences // fewer + 1) * fewer), key=lambda b: (abs(b - sequences), b)
+    )
     with pytest.raises(InfeasiblePlanError):
         make_plan(variant(request, nodes=nodes - 1, tokens=nearest * 4096))
 
     # Keeping the requested batch: the cluster named plans it unchanged.
     same = error.min_fitting_nodes_same_batch
-    assert same is not None and 1024 % (8 * same) == 0
-    assert f"keeping global_batch_tokens 4194304: {same}x8xH100-SXM-80GB" in error.message
-    make_plan(variant(request, nodes=same, tokens=4096 * 1024))
+    assert same is not None and same > nodes
+    assert f"keeping global_batch_tokens {sequences * 4096}: {same}x8xH100-SXM-80GB" in error.message
+    make_plan(variant(request, nodes=same, tokens=4096 * sequences))
 
 
 def test_405b_on_one_node_is_held_up_by_states_not_activations() -> None:
@@ -287,7 +290,7 @@ def plan_cli(model: str, cluster: str, seq_len: int, tokens: int) -> Result:
 
 
 def test_the_readme_405b_example_advice_is_accepted_by_the_cli() -> None:
-    refusal = plan_cli("llama3.1-405b", "1x8xH100", 4096, 4194304)
+    refusal = plan_cli("llama3.1-405b", "1x8xH100", 4096, 4096000)
     assert refusal.exit_code == 3, refusal.output
     text = " ".join(refusal.output.split())  # rich wraps long lines
     advice = r"Smallest cluster that fits: (\d+x8)xH100-SXM-80GB .*? --global-batch-tokens (\d+)"

@@ -14,7 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.catalog.models import resolve_model
-from planner.cost.memory import memory_limit_gib
 from planner.enumeration import splitting_degrees
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.infeasibility import Advice, Prober, advise, roundings
@@ -42,9 +41,7 @@ def plans(request: PlanRequest) -> bool:
 
 
 def advice_for(request: PlanRequest, tokens: int) -> Advice:
-    setting = build_setting(request)
-    limit = memory_limit_gib(setting.params, request.search.memory_headroom)
-    return advise(Prober(request, setting, limit_gib=limit), tokens)
+    return advise(Prober(request, build_setting(request)), tokens)
 
 
 def side(request: PlanRequest, sequences: int, tokens: int) -> int:

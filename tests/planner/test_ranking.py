@@ -15,7 +15,7 @@ from tests.planner.conftest import make_request
 PLANS = [
     ("llama3-8b", "1x8xH100", 16),
     ("llama3-70b", "32x8xH100", 512),
-    ("llama3.1-405b", "16x8xH100", 1024),
+    ("llama3.1-405b", "32x8xH100", 1024),
 ]
 
 
