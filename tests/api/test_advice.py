@@ -26,7 +26,8 @@ def body(model: str, cluster: str, seq_len: int, tokens: int) -> dict:
 
 async def test_infeasible_405b_advice_is_accepted(client: httpx.AsyncClient, session: Session) -> None:
     problem = assert_problem(
-        await client.post(PLANS, json=body("llama3.1-405b", "1x8xH100", 4096, 4096 * 1024)),
+        # 1000 sequences split over none of the clusters near the smallest that fits.
+        await client.post(PLANS, json=body("llama3.1-405b", "1x8xH100", 4096, 4096 * 1000)),
         422,
         "infeasible-plan",
     )
@@ -44,7 +45,8 @@ async def test_infeasible_405b_advice_is_accepted(client: httpx.AsyncClient, ses
     assert plan["config"]["mesh"]["tp"] > 1
 
     same = problem["min_fitting_nodes_same_batch"]
-    response = await client.post(PLANS, json=body("llama3.1-405b", f"{same}x8xH100", 4096, 4096 * 1024))
+    assert same != nodes
+    response = await client.post(PLANS, json=body("llama3.1-405b", f"{same}x8xH100", 4096, 4096 * 1000))
     assert response.status_code == 201, response.text
 
 

@@ -14,8 +14,9 @@ from tests.dashboard.figures import marks, plot, traces
 
 LLAMA_405B = {"model": "llama3.1-405b", "cluster": "128x8xH100",
               "training": {"seq_len": 2048, "global_batch_tokens": 2048 * 2048},
-              # Without a pipeline: one rank holds all 126 blocks (a pipeline rank holds a few).
-              "search": {"pipeline_parallel_degrees": [1]}}
+              # Without a pipeline: one rank holds all 126 blocks (a pipeline rank holds a few);
+              # compiled at tp 2, whose reductions take a block wide enough to name itself.
+              "search": {"pipeline_parallel_degrees": [1], "tensor_parallel_degrees": [2], "compile": [True]}}
 
 
 def test_a_405b_timeline_is_drawn_per_phase(client: TestClient) -> None:
