@@ -61,7 +61,6 @@ def rows() -> list[Row]:
                 continue
             try:
                 plan = price_as_run(run).plan  # with its recipe
-
             except PlanningError as exc:
                 print(f"skipped {run.id}: {exc.message}")
                 continue

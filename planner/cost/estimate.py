@@ -442,8 +442,7 @@ def _recomputed_collectives(
     backward: all of them when the whole block is recomputed eagerly; under a policy that keeps
     what collectives produced (`Choice.checkpoint_policy_saves_communication`), the all-gathers
     only, or none when those are kept too."""
-    recomputed = choice.is_checkpointed(index) or choice.checkpointing == "op_selective"
-    if index < 0 or not recomputed:
+    if index < 0 or not (choice.is_checkpointed(index) or choice.checkpointing == "op_selective"):
         return 0.0
     if not choice.checkpoint_policy_saves_communication:
         return tp_s + cp_s

@@ -184,8 +184,17 @@ def fit_corpus(
     rounds: int = ROUNDS,
     prices: Prices | None = None,
 ) -> CorpusFit:
-    """The shares that price `runs` best (coordinate search over the grids from `start`)."""
+    """The shares that price `runs` best, and the memory margins their measured peaks call for."""
     prices = prices or Prices()
+    current = _fit_shares(runs, start=start, rounds=rounds, prices=prices)
+    margin, reason = memory_margin(price(runs, current, prices))
+    dimensions = dimension_margins(runs, current, margin)
+    return replace(current, memory_margin=margin, memory_margin_reason=reason, dimension_margins=dimensions)
+
+
+def _fit_shares(runs: Sequence[SourceRun], *, start: CorpusFit, rounds: int, prices: Prices) -> CorpusFit:
+    """The shares that price `runs` best (coordinate search over the grids from `start`); the
+    margins stay `start`'s."""
     chips = fitted_chips(runs)
     current = replace(
         start, matmul_share_by_chip={chip: start.matmul_share_for(chip) for chip in chips}
@@ -211,9 +220,7 @@ def fit_corpus(
     if chips:  # chips the corpus cannot fit take the fitted chips' mean
         shares = current.matmul_share_by_chip.values()
         current = replace(current, matmul_share=round(statistics.fmean(shares), 3))
-    margin, reason = memory_margin(price(runs, current, prices))
-    dimensions = dimension_margins(runs, current, margin)
-    return replace(current, memory_margin=margin, memory_margin_reason=reason, dimension_margins=dimensions)
+    return current
 
 
 def leave_one_source_out(
@@ -227,7 +234,8 @@ def leave_one_source_out(
         if not any(item.run.priceable for item in held_out):
             continue
         rest = [item for item in runs if item.source != source]
-        fit = fit_corpus(rest, start=fitted, rounds=1, prices=prices)
+        # Only the shares are refitted: the errors the report reads do not depend on the margins.
+        fit = _fit_shares(rest, start=fitted, rounds=1, prices=prices)
         out[source] = price(held_out, fit, prices)
     return out
 
