@@ -63,11 +63,15 @@ class GpuSpec(BaseModel):
         | None
     ) = None
     """The memory size the type is sold as (80 for an H100 80GB), so that a card of another size
-    (torchtitan's 96 GB H100s) scales `memory_gib` by the same usable share. None: `memory_gib`."""
+    (a 94 GB card of a 96 GB type) scales `memory_gib` by the same usable share. None: `memory_gib`."""
     board_power_w: Annotated[float, Field(ge=10, le=1e5, allow_inf_nan=False)] | None = None
     """The board power the peaks are rated at (700 W for an H100 SXM); a cluster's lower power limit
     slows compute-bound kernels (planner/cost/parameters.py `power_limited_clock`). None: unknown,
     no power limit applies."""
+    power_limit_w: Annotated[float, Field(ge=10, le=1e5, allow_inf_nan=False)] | None = None
+    """The power limit the type ships at where it is below `board_power_w` (the HBM2e H100 SXM of
+    Meta's Grand Teton servers: 500 W of the design's 700); a cluster's own
+    `gpu_power_limit_w` replaces it. None: the type runs at its board power."""
     chip: Annotated[str, Field(max_length=32)] | None = None
     """The GPU die (`GH100` for H100 and H200): what the corpus fits a training matmul share for."""
     matmul_efficiency: Annotated[float, Field(ge=0.01, le=1, allow_inf_nan=False)] = 0.8

@@ -262,11 +262,12 @@ class ClusterSpec(StrictModel):
 
     gpu_memory_gib: DeviceMemoryGib | None = None
     """Memory per GPU usable by the framework, GiB, where the cards are another size than the GPU
-    type's (torchtitan's H100s are 96 GB cards: about 95.5); default: the GPU type's."""
+    type's (scaled from the sold size by the type's usable share); default: the GPU type's."""
     gpu_power_limit_w: PowerLimitW | None = None
-    """Board power limit in watts where the GPUs are capped below their rating (torchtitan's H100s
-    run at 500 W of 700): compute-bound kernels slow down with the clock the cap allows
-    (planner/cost/parameters.py `power_limited_clock`); default: no cap."""
+    """Board power limit in watts where the GPUs are capped below their rating (an H100 SXM at 500 W
+    of 700): compute-bound kernels slow down with the clock the cap allows
+    (planner/cost/parameters.py `power_limited_clock`); default: the GPU type's own
+    (`GpuSpec.power_limit_w`: 500 W for H100-SXM-96GB), otherwise no cap."""
 
     @field_validator("gpu")
     @classmethod

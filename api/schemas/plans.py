@@ -110,10 +110,11 @@ class ClusterIn(StrictBody):
     """Override of the per-GPU network bandwidth, GB/s."""
     gpu_memory_gib: DeviceMemoryGib | None = None
     """Memory per GPU usable by the framework, GiB, for cards of another size than the GPU type's
-    (a 96 GB H100: about 95.5); default: the GPU type's."""
+    (scaled from the sold size by the type's usable share); default: the GPU type's."""
     gpu_power_limit_w: PowerLimitW | None = None
     """Board power limit, W, for GPUs capped below their rating (an H100 SXM at 500 W of 700):
-    compute-bound kernels slow with the clock the cap leaves; default: no cap."""
+    compute-bound kernels slow with the clock the cap leaves; default: the GPU type's own limit
+    (`power_limit_w` in GET /api/v1/gpus: 500 W for H100-SXM-96GB), otherwise none."""
     custom_gpu: GpuSpec | None = None
     """A GPU type not in the catalog, by its datasheet (the fields of GET /api/v1/gpus); `gpu` is then its
     name, which must not be a catalog name or alias."""

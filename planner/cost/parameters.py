@@ -196,10 +196,10 @@ class CorpusFit:
 
 
 CORPUS_FIT = CorpusFit(
-    matmul_share=0.825,
-    matmul_share_by_chip={"GA100": 0.925, "GH100": 0.725},
-    elementwise_bandwidth_share=0.35,
-    overlap_contention=0.25,
+    matmul_share=0.863,
+    matmul_share_by_chip={"GA100": 0.95, "GH100": 0.775},
+    elementwise_bandwidth_share=0.4,
+    overlap_contention=0.4,
     memory_margin=0.16,
     memory_margin_reason=(
         "uncalibrated: against 24 measured peaks of published and own GPU runs (7 sources; `fsdp-planner "
@@ -253,7 +253,8 @@ def default_parameters(
     is_cpu = gpu.is_cpu
     intra_bw = (cluster.intra_node_bandwidth_gbps or gpu.intra_node_bandwidth_gbps) * 1e9
     inter_bw = (cluster.inter_node_bandwidth_gbps or gpu.inter_node_bandwidth_gbps) * 1e9
-    clock = power_limited_clock(gpu.board_power_w, cluster.gpu_power_limit_w)
+    power_limit = cluster.gpu_power_limit_w if cluster.gpu_power_limit_w is not None else gpu.power_limit_w
+    clock = power_limited_clock(gpu.board_power_w, power_limit)
     peak = (gpu.peak_bf16_tflops if precision == "bf16" else gpu.peak_fp32_tflops) * 1e12 * clock
     return CostParameters(
         peak_flops=peak,

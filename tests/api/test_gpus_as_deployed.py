@@ -41,3 +41,30 @@ async def test_a_deployment_figure_out_of_bounds_is_refused_naming_it(
 ) -> None:
     problem = assert_problem(await client.post(PLANS, json=body(**{field: value})), 422)
     assert f"cluster.{field}" in problem["detail"]
+
+
+async def test_the_hbm2e_h100_ships_capped_with_less_bandwidth_and_a_cluster_can_lift_the_cap(
+    client: httpx.AsyncClient,
+) -> None:
+    gpus = {g["name"]: g for g in (await client.get("/api/v1/gpus")).json()}
+    hbm2e, hbm3 = gpus["H100-SXM-96GB"], gpus["H100-SXM-80GB"]
+    assert hbm2e["power_limit_w"] == 500 and hbm3["power_limit_w"] is None
+    assert hbm2e["memory_bandwidth_gbps"] < hbm3["memory_bandwidth_gbps"]
+
+    def plan_of(response: httpx.Response) -> Plan:
+        assert response.status_code == 201, response.text
+        return Plan.model_validate(response.json()["plan"])
+
+    hbm3_plan = plan_of(await client.post(PLANS, json=body()))
+    shipped = plan_of(await client.post(PLANS, json=body(gpu="H100-96GB")))
+    capped_hbm3 = plan_of(await client.post(PLANS, json=body(gpu_power_limit_w=500)))
+    lifted = plan_of(await client.post(PLANS, json=body(gpu="H100-96GB", gpu_power_limit_w=700)))
+    assert shipped.cluster.gpu == "H100-SXM-96GB" and shipped.cluster.gpu_power_limit_w is None
+    # As shipped it is the 80 GB card capped at 500 W, and slower still: its elementwise kernels
+    # run on 2.4 TB/s of HBM2e instead of 3.35 TB/s.
+    assert shipped.prediction.tokens_per_s_per_gpu < capped_hbm3.prediction.tokens_per_s_per_gpu
+    assert capped_hbm3.prediction.tokens_per_s_per_gpu < hbm3_plan.prediction.tokens_per_s_per_gpu
+    # Lifted to its 700 W design power, only the bandwidth separates it from the HBM3 card.
+    assert shipped.prediction.tokens_per_s_per_gpu < lifted.prediction.tokens_per_s_per_gpu
+    assert lifted.prediction.tokens_per_s_per_gpu < hbm3_plan.prediction.tokens_per_s_per_gpu
+    assert shipped.prediction.usable_memory_gib > hbm3_plan.prediction.usable_memory_gib + 14
