@@ -401,10 +401,12 @@ class _UnitTimes:
         self.choice = choice
         self.tokens = choice.micro_batch_size * setting.seq_len
         self._forward: dict[int, tuple[ForwardTime, float]] = {}
-        self._times: dict[tuple[int, int], tuple[float, float, float]] = {}
+        self._times: dict[tuple[int, int], tuple[float, float, float]] = {}  # (role, unit id)
 
     def __call__(self, index: int, u: UnitCost) -> tuple[float, float, float]:
-        key = (index, id(u))
+        # A unit's times depend on its index only through whether it is an end (embedding, head)
+        # or a block recomputed whole: identical blocks alike in that are priced once.
+        key = (-1 if index < 0 else int(self.choice.is_checkpointed(index)), id(u))
         if key not in self._times:
             self._times[key] = self._unit(index, u)
         return self._times[key]
