@@ -73,7 +73,7 @@ def make_plan(
         limit = limits(family[0].mesh)  # a family has one mesh
         family = _within_reach(family, estimator, limit, ceiling)
         family_start = len(evaluated)
-        fitting: list[tuple[Choice, MemoryEstimate]] = []
+        fitting: list[tuple[Choice, MemoryEstimate, tuple]] = []  # with its memo key
         repeats: list[tuple[Choice, tuple]] = []
         outgrown: set[tuple] = set()
         for choice in family:
@@ -94,7 +94,7 @@ def make_plan(
             mem = estimator.memory(choice)
             if fits_in_memory(mem, limit_gib=limit, ceiling_gib=ceiling):
                 memo[key] = Evaluated.untimed(choice, mem, fits=True)  # timed below
-                fitting.append((choice, mem))
+                fitting.append((choice, mem, key))
                 continue
             memo[key] = entry = Evaluated.untimed(choice, mem, fits=False)
             outgrown.add(growth)
@@ -105,10 +105,10 @@ def make_plan(
             evaluated.append(entry)
         # Most promising first (lowest floor on the step time), so that what is beaten is seen to be.
         floors = sorted(
-            ((estimator.floor_s(c), i, c, m) for i, (c, m) in enumerate(fitting)), key=lambda t: t[:2]
+            ((estimator.floor_s(c), i, c, m, k) for i, (c, m, k) in enumerate(fitting)), key=lambda t: t[:2]
         )
         family_best = 0.0
-        for floor_s, _, choice, mem in floors:
+        for floor_s, _, choice, mem, key in floors:
             if deadline is not None and process_time() > deadline:
                 raise _over_deadline(request, time_limit_s or 0.0, count)
             ceiling_tps = Evaluated.throughput(setting, choice, floor_s)
@@ -118,7 +118,7 @@ def make_plan(
                 entry = Evaluated.priced(setting, choice, mem, estimator.timing(choice))
                 family_best = max(family_best, entry.tokens_per_s_per_gpu)
                 board.add(entry.tokens_per_s_per_gpu, entry.memory.total)
-            memo[(choice.priced_key, estimator.layout_signature(choice))] = entry
+            memo[key] = entry
             evaluated.append(entry)
         # Choices that price exactly as one already priced (bucket caps that change nothing).
         evaluated += [replace(memo[key], choice=choice) for choice, key in repeats]

@@ -580,6 +580,8 @@ class Estimator:
         self._unit_times: dict[tuple, _UnitTimes] = {}
         self._collectives: dict[tuple, Collectives] = {}
         self._floors: dict[tuple, tuple[CommFloor, CommFloor]] = {}
+        self._signatures: dict[tuple, int] = {}
+        self._signature_numbers: dict[tuple, int] = {}  # by layout key
 
     def pipeline_ranks(self, choice: Choice) -> tuple[PipelineRank, ...]:
         """The pipeline's ranks that can peak or be the slowest, each priced as a model of its own
@@ -761,12 +763,23 @@ class Estimator:
             self._floors[key] = (last, last if same else CommFloor.of(collectives.middle))
         return self._floors[key]
 
-    def layout_signature(self, choice: Choice) -> tuple:
-        """What the choice's collective layouts look like (every pipeline rank's): choices equal in
-        this and in their `priced_key` price the same."""
+    def layout_signature(self, choice: Choice) -> int | tuple[int, ...]:
+        """What the choice's collective layouts look like (every pipeline rank's), as small numbers
+        standing for `CommLayout.signature`s: choices equal in this and in their `priced_key` price
+        the same. (The search looks these up once per candidate: a number hashes at once, a
+        signature's nested tuples element by element.)"""
         if choice.pipeline is not None:
-            return tuple(r.estimator.layout(choice).signature for r in self.pipeline_ranks(choice))
-        return self.layout(choice).signature
+            return tuple(r.estimator._signature_number(choice) for r in self.pipeline_ranks(choice))
+        return self._signature_number(choice)
+
+    def _signature_number(self, choice: Choice) -> int:
+        key = choice.layout_key
+        number = self._signature_numbers.get(key)
+        if number is None:
+            signature = self.layout(choice).signature
+            number = self._signatures.setdefault(signature, len(self._signatures))
+            self._signature_numbers[key] = number
+        return number
 
     def _slowest_rank(self, choice: Choice) -> PipelineRank:
         return max(self.pipeline_ranks(choice), key=lambda r: r.estimator.rank_compute_s(choice))

@@ -7,7 +7,7 @@ the plans that are reported); `Setting` is what stays fixed across a search.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from contract.mesh import Mesh
 from contract.parallel_config import PipelineConfig
@@ -50,6 +50,36 @@ class Choice:
     """Tensor-parallel collectives overlapped with the matmuls they feed (compiled, tp > 1)."""
     pipeline: PipelineConfig | None = None
     """The pipeline's schedule and stage split (mesh.pp > 1; contract/parallel_config.py)."""
+    layout_key: tuple = field(init=False, repr=False, compare=False)
+    """What the collective layout (planner/cost/layout.py) depends on."""
+    compute_key: tuple = field(init=False, repr=False, compare=False)
+    """What one micro-batch's compute (forward, backward, recompute, tp collectives) depends on."""
+    activations_key: tuple = field(init=False, repr=False, compare=False)
+    """What the saved activations per token depend on."""
+
+    def __post_init__(self) -> None:
+        # The cost model's caches look these up several times per choice, and the search prices
+        # thousands of choices: computed once (a frozen dataclass sets them through object).
+        compiled = self.simple_fsdp
+        saves_gathers = self.checkpoint_saves_gathers
+        tp, cp = self.mesh.tp, self.mesh.cp
+        object.__setattr__(self, "layout_key", (
+            tp,
+            cp,
+            compiled,
+            1 if compiled else self.blocks_per_unit,
+            self.all_gather_bucket_mb if compiled else 0.0,
+            self.reduce_scatter_bucket_mb if compiled else 0.0,
+            self.reduce_bytes,
+            self.float8 if self.float8_all_gather else "none",
+        ))
+        object.__setattr__(self, "compute_key", (
+            tp, self.micro_batch_size, self.checkpointing, self.every_k, self.compile, self.engine,
+            self.float8, self.async_tp, cp, saves_gathers,
+        ))
+        object.__setattr__(self, "activations_key", (
+            tp, cp, self.checkpointing, self.every_k, self.compile, self.engine, saves_gathers,
+        ))
 
     @property
     def family(self) -> str:
@@ -113,21 +143,6 @@ class Choice:
         return self.micro_batch_size * self.grad_accum_steps
 
     @property
-    def layout_key(self) -> tuple:
-        """What the collective layout (planner/cost/layout.py) depends on."""
-        compiled = self.simple_fsdp
-        return (
-            self.mesh.tp,
-            self.mesh.cp,
-            compiled,
-            1 if compiled else self.blocks_per_unit,
-            self.all_gather_bucket_mb if compiled else 0.0,
-            self.reduce_scatter_bucket_mb if compiled else 0.0,
-            self.reduce_bytes,
-            self.float8 if self.float8_all_gather else "none",
-        )
-
-    @property
     def priced_key(self) -> tuple:
         """The choice less what its collective layout's signature already stands for (the search
         prices choices equal in this and in their layout's signature once)."""
@@ -138,22 +153,6 @@ class Choice:
         """The choice less its micro-batch split: choices equal in this hold more memory the larger
         their micro-batch (the search's memory prune)."""
         return _GROWTH_FIELDS(self)
-
-    @property
-    def compute_key(self) -> tuple:
-        """What one micro-batch's compute (forward, backward, recompute, tp collectives) depends on."""
-        return (
-            self.mesh.tp, self.micro_batch_size, self.checkpointing, self.every_k, self.compile, self.engine,
-            self.float8, self.async_tp, self.mesh.cp, self.checkpoint_saves_gathers,
-        )
-
-    @property
-    def activations_key(self) -> tuple:
-        """What the saved activations per token depend on."""
-        return (
-            self.mesh.tp, self.mesh.cp, self.checkpointing, self.every_k, self.compile, self.engine,
-            self.checkpoint_saves_gathers,
-        )
 
     @property
     def reshards_after_forward(self) -> bool:
@@ -187,12 +186,12 @@ class Choice:
         return False
 
 
+_CHOSEN = tuple(f.name for f in fields(Choice) if f.init)
+"""The fields a choice is made of (the keys derived from them left out)."""
 _GROWTH_FIELDS = operator.attrgetter(
-    *(f.name for f in fields(Choice) if f.name not in ("micro_batch_size", "grad_accum_steps", "loss_chunks"))
+    *(name for name in _CHOSEN if name not in ("micro_batch_size", "grad_accum_steps", "loss_chunks"))
 )
-_PRICED_FIELDS = operator.attrgetter(
-    *(f.name for f in fields(Choice) if f.name not in LAYOUT_FIELDS)
-)
+_PRICED_FIELDS = operator.attrgetter(*(name for name in _CHOSEN if name not in LAYOUT_FIELDS))
 
 
 @dataclass(frozen=True, slots=True)
