@@ -26,7 +26,13 @@ from planner.cost.model_costs import (
     tensor_parallel_share,
 )
 from planner.cost.parameters import FLOAT8_CAST_BYTES_PER_ELEMENT, CostParameters
-from planner.cost.pipeline import ChunkTimes, bubble_seconds, in_flight_chunks
+from planner.cost.pipeline import (
+    BoundaryTensors,
+    ChunkTimes,
+    boundary_tensors,
+    bubble_seconds,
+    in_flight_chunks,
+)
 from planner.cost.repeats import Run, periodic_runs
 from planner.cost.setting import Choice, Setting
 from planner.cost.timeline import CommFloor, GroupTimes, RepeatedGroups, TimelineResult, simulate
@@ -603,10 +609,14 @@ class Estimator:
                 if shape not in self._stages:
                     model = pipeline_rank_share(self.setting.model, blocks, first=first, last=last)
                     self._stages[shape] = Estimator(replace(self.setting, model=model))
-                chunks = in_flight_chunks(pipeline, pp=pp, rank=rank, micro_batches=choice.grad_accum_steps)
+                m = choice.grad_accum_steps
+                chunks = in_flight_chunks(pipeline, pp=pp, rank=rank, micro_batches=m)
                 held = chunks / pipeline.stages_per_rank
                 if shape not in ranks or held > ranks[shape].in_flight:
-                    ranks[shape] = PipelineRank(rank, self._stages[shape], held)
+                    boundary = boundary_tensors(
+                        pipeline, pp=pp, rank=rank, micro_batches=m, chunks_in_flight=chunks
+                    )
+                    ranks[shape] = PipelineRank(rank, self._stages[shape], held, boundary)
             self._pipelines[key] = tuple(ranks.values())
         return self._pipelines[key]
 
@@ -632,21 +642,25 @@ class Estimator:
         if choice.pipeline is not None:
             return max(
                 (
-                    r.estimator.rank_moments(choice, in_flight=r.in_flight)
+                    r.estimator.rank_moments(choice, in_flight=r.in_flight, boundary=r.boundary)
                     for r in self.pipeline_ranks(choice)
                 ),
                 key=lambda moments: max(m.total for m in moments),
             )
         return self.rank_moments(choice)
 
-    def rank_moments(self, choice: Choice, *, in_flight: float = 1.0) -> tuple[MemoryEstimate, ...]:
+    def rank_moments(
+        self, choice: Choice, *, in_flight: float = 1.0, boundary: BoundaryTensors | None = None
+    ) -> tuple[MemoryEstimate, ...]:
         """The moments of this estimator's own model (a pipeline rank's: holding `in_flight`
-        micro-batches' activations)."""
+        micro-batches' activations and its `boundary` tensors)."""
         setting = self.setting_for(choice)
         key = choice.activations_key
         if key not in self._saved:
             self._saved[key] = saved_activations(setting, choice)
-        return memory_moments(setting, choice, self.layout(choice), self._saved[key], in_flight=in_flight)
+        return memory_moments(
+            setting, choice, self.layout(choice), self._saved[key], in_flight=in_flight, boundary=boundary
+        )
 
     def memory(self, choice: Choice) -> MemoryEstimate:
         """The step's peak: the larger of its moments."""
@@ -831,3 +845,5 @@ class PipelineRank:
     """Prices the rank's stages (their blocks, with the embeddings or the head where they are)."""
     in_flight: float
     """Micro-batches' activations the rank holds at its peak (chunks in flight / its stages)."""
+    boundary: BoundaryTensors
+    """The hidden states it holds for its stages' sends and receives."""

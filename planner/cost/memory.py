@@ -34,6 +34,7 @@ from contract.mesh import Mesh
 from planner.cost.layout import CommLayout
 from planner.cost.model_costs import UnitCost, eager_saved_bytes
 from planner.cost.parameters import GIB, CostParameters
+from planner.cost.pipeline import BoundaryTensors
 from planner.cost.setting import SINGLE_RANK, Choice, Setting
 
 
@@ -313,6 +314,7 @@ def memory_moments(
     activations: SavedActivations,
     *,
     in_flight: float = 1.0,
+    boundary: BoundaryTensors | None = None,
 ) -> tuple[MemoryEstimate, ...]:
     """The step's candidate peaks: backward start, backward recompute (with checkpointing), and the
     optimizer step.
@@ -321,7 +323,10 @@ def memory_moments(
     pipeline; a pipeline rank holds the forwards its schedule runs ahead of their backwards
     (planner/cost/pipeline.py `in_flight_chunks`, over its stages). Under eager FSDP2 a pipeline
     rank also keeps its stages' parameters gathered and their gradients unsharded, in the reduce
-    dtype, from the first backward until the step's one reduce-scatter (`Choice.fsdp2_pipeline`)."""
+    dtype, from the first backward until the step's one reduce-scatter (`Choice.fsdp2_pipeline`).
+    `boundary`: the hidden states a pipeline rank holds for its sends and receives
+    (planner/cost/pipeline.py `boundary_tensors`), counted as activations: the receive buffers at
+    every moment, the outputs sent on beside the saved activations."""
     p = setting.params
     n_params = setting.model.rank_params  # this rank's tensor-parallel share
     shard = choice.mesh.dp_shard * choice.mesh.cp  # FSDP shards over dp_shard x cp
@@ -337,6 +342,13 @@ def memory_moments(
     activation_bytes = choice.micro_batch_size * setting.seq_len * setting.act_bytes
     activation_bytes *= p.compiled_activation_memory_scale if choice.compile else p.activation_memory_scale
     saved = activations.saved * activation_bytes * in_flight
+    received = 0.0
+    if boundary is not None and setting.model.blocks:
+        # One micro-batch's hidden states on this rank (its tensor- and context-parallel share).
+        tokens = choice.micro_batch_size * setting.seq_len
+        hidden = tokens * setting.model.blocks[0].input_elems * setting.act_bytes
+        received = boundary.received * hidden
+        saved += received + boundary.sent * hidden
     unsharded = _unsharded_params(setting, choice, layout, layout.group_gather_bytes)
     block_unsharded = _unsharded_params(setting, choice, layout, layout.block_group_gather_bytes)
     earlier_grads = grads if choice.grad_accum_steps > 1 else 0.0
@@ -407,7 +419,7 @@ def memory_moments(
             params=params,
             grads=grads,
             optimizer=optimizer + temporaries,
-            activations=0.0,
+            activations=received,
             unsharded_params=0.0,
             grad_buffers=0.0,
             logits=0.0,

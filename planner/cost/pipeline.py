@@ -9,18 +9,28 @@ planner/cost/model_costs.py); this module adds what the schedule does around it:
 - *bubble*: the time a rank waits while the pipeline fills and drains (closed form for the 1F1B
   schedules; torch's zero-bubble V order simulated, planner/pipeline_timeline.py);
 - *in flight*: how many micro-batches' activations a rank holds at its peak (the first stage the
-  most under 1F1B).
+  most under 1F1B);
+- *boundary tensors*: the hidden states a rank keeps for its stages' sends and receives.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 from contract.parallel_config import PipelineConfig, PipelineSchedule
 from planner.pipeline_timeline import ChunkTimes, simulate
 
-__all__ = ["ChunkTimes", "balanced_stage_split", "bubble_fraction", "bubble_seconds", "in_flight_chunks"]
+__all__ = [
+    "BoundaryTensors",
+    "ChunkTimes",
+    "balanced_stage_split",
+    "boundary_tensors",
+    "bubble_fraction",
+    "bubble_seconds",
+    "in_flight_chunks",
+]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -123,3 +133,34 @@ def in_flight_chunks(pipeline: PipelineConfig, *, pp: int, rank: int, micro_batc
     else:
         held = 2 * pp
     return max(1, min(held, micro_batches * v))
+
+
+@dataclass(frozen=True, slots=True)
+class BoundaryTensors:
+    """Hidden-state tensors of one micro-batch each (a stage's input or output: micro-batch x the
+    rank's tokens x hidden) that a pipeline rank holds for its stages' point-to-point communication."""
+
+    received: float
+    """Receive buffers: allocated once by torch's stages and alive for the whole run, optimizer
+    step included."""
+    sent: float
+    """Forward outputs sent on and kept until their micro-batch's backward (at the rank's peak)."""
+
+
+def boundary_tensors(
+    pipeline: PipelineConfig, *, pp: int, rank: int, micro_batches: int, chunks_in_flight: int
+) -> BoundaryTensors:
+    """What pipeline rank `rank` holds at the stage boundaries (torch.distributed.pipelining's
+    stages, measured on gloo ranks by tests/executor/test_pipeline_memory.py).
+
+    Every stage but the first allocates one receive buffer per micro-batch for the activations the
+    stage before sends, every stage but the last one per micro-batch for the gradients the stage
+    after sends back, once, before the first step. Every stage but the last keeps each forward's
+    output (which the stage's own autograd graph does not hold) until that micro-batch's backward:
+    one per chunk in flight, spread over the rank's stages.
+    """
+    stages = pipeline.stages_of(rank, pp)
+    last = pipeline.num_stages - 1
+    received = micro_batches * sum((s != 0) + (s != last) for s in stages)
+    sent = chunks_in_flight * sum(s != last for s in stages) / len(stages)
+    return BoundaryTensors(received=float(received), sent=sent)
