@@ -13,8 +13,10 @@ from contract.mesh import Mesh
 from contract.parallel_config import PipelineConfig, PipelineError
 from planner.cost.estimate import Estimator, point_to_point_seconds
 from planner.cost.pipeline import (
+    BoundaryTensors,
     ChunkTimes,
     balanced_stage_split,
+    boundary_tensors,
     bubble_fraction,
     bubble_seconds,
     in_flight_chunks,
@@ -89,6 +91,45 @@ def test_activations_in_flight() -> None:
     assert in_flight_chunks(two, pp=4, rank=0, micro_batches=4) == 8  # never more than m x v chunks
     zbv = PipelineConfig(schedule="ZBVZeroBubble", stages_per_rank=2, stage_blocks=(2,) * 8)
     assert [in_flight_chunks(zbv, pp=4, rank=r, micro_batches=8) for r in range(4)] == [8, 8, 8, 8]
+
+
+def test_boundary_tensors_of_the_schedules() -> None:
+    """torch's stages receive into one buffer per micro-batch and direction (no activations into the
+    first stage, no gradients into the last) and keep each output sent on until its backward."""
+    one = PipelineConfig(schedule="1F1B", stages_per_rank=1, stage_blocks=(4, 4, 4, 4))
+    held = [
+        boundary_tensors(one, pp=4, rank=r, micro_batches=8, chunks_in_flight=4 - r) for r in range(4)
+    ]
+    assert held == [
+        BoundaryTensors(received=8.0, sent=4.0),
+        BoundaryTensors(received=16.0, sent=3.0),
+        BoundaryTensors(received=16.0, sent=2.0),
+        BoundaryTensors(received=8.0, sent=0.0),  # the last stage sends its loss to no one
+    ]
+    two = PipelineConfig(schedule="Interleaved1F1B", stages_per_rank=2, stage_blocks=(2,) * 8)
+    # Rank 0 holds stages 0 and 4, rank 3 stages 3 and 7 (the last): 3 of 4 boundaries each.
+    assert boundary_tensors(two, pp=4, rank=0, micro_batches=8, chunks_in_flight=11).received == 24.0
+    last = boundary_tensors(two, pp=4, rank=3, micro_batches=8, chunks_in_flight=5)
+    assert last == BoundaryTensors(received=24.0, sent=2.5)
+
+
+def test_a_pipeline_rank_holds_its_boundary_tensors_at_every_moment() -> None:
+    request = make_request("llama3-8b", "2x8xH100", seq_len=8192, sequences=64)
+    base = make_plan(request).config
+    pipeline = PipelineConfig(schedule="1F1B", stages_per_rank=1, stage_blocks=(17, 15))
+    choice = choice_from_config(_pipelined(request, base, pp=2, pipeline=pipeline))
+    estimator = Estimator(build_setting(request, None, None))
+    rank = next(r for r in estimator.pipeline_ranks(choice) if r.rank == 0)
+    with_boundary = rank.estimator.rank_moments(choice, in_flight=rank.in_flight, boundary=rank.boundary)
+    without = rank.estimator.rank_moments(choice, in_flight=rank.in_flight)
+    # One micro-batch's hidden states on the rank: its tokens x hidden / tp, in bf16.
+    tp = choice.mesh.tp
+    hidden = choice.micro_batch_size * 8192 * 4096 // tp * 2
+    received = rank.boundary.received * hidden
+    assert rank.boundary.received == choice.grad_accum_steps  # rank 0 receives gradients only
+    for moment, base_moment in zip(with_boundary, without, strict=True):
+        extra = received + (0.0 if moment.moment == "optimizer step" else rank.boundary.sent * hidden)
+        assert moment.activations - base_moment.activations == pytest.approx(extra)
 
 
 def _pipelined(request, config, *, pp: int, pipeline: PipelineConfig, micro_batch: int = 1):
