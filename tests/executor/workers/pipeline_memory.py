@@ -17,8 +17,9 @@ materialisation on (a TorchDispatchMode holding a weak reference per storage, it
 counted: FSDP2 resizes the gathered parameters' storages outside dispatch). gloo's worker-thread
 temporaries are left out, as on a GPU (NCCL's buffers lie outside the allocator). A step's peak is
 the most bytes alive at once from the step's start to its end; the first step (lazy
-initialisation, optimizer state created) is not counted. At each new peak of the last step the live
-storages are classified by what holds them (`CATEGORIES`), so the peak comes with a breakdown:
+initialisation, optimizer state created) is not counted. At the last step's start and at each of
+its new peaks the live storages are classified by what holds them (`CATEGORIES`), so the peak (and
+what the step starts with) comes with a breakdown:
   params            this rank's sharded fp32 parameters (the optimizer's)
   unsharded_params  FSDP2's gathered bf16 copies (under pp: gathered once per step)
   grads             gradients: FSDP2's fp32 accumulation of the unsharded ones, the bf16 ones of the
@@ -48,7 +49,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor import DTensor
@@ -87,25 +87,25 @@ PP = 2
 MICRO_BATCHES = 4
 MICRO_BATCH_SIZE = 2
 SEQ = 1024
-# A small llama whose activations weigh as much as its states (a long sequence, a small
-# vocabulary), so that what a pipeline keeps per micro-batch (a hidden state: 2 MiB in bf16) is a
-# few percent of a rank's peak: 14.7M parameters, 4 blocks.
+# A small llama whose activations weigh nearly as much as its states (long sequences, a small vocabulary),
+# so that what a pipeline keeps per micro-batch (a hidden state: 2 MiB in bf16) is a few percent of
+# a rank's peak: llama-debug at twice its width (hidden 512, ffn 1536), 14.7M parameters in 4 blocks.
 MODEL: dict[str, Any] = {
     **LLAMA_DEBUG,
     "name": "llama-pp-memory",
-    "vocab_size": 2048,
     "hidden_size": 512,
-    "num_layers": 4,
-    "num_heads": 8,
-    "num_kv_heads": 4,
     "intermediate_size": 1536,
     "max_seq_len": SEQ,
 }
 SPLITS: dict[str, PipelineConfig] = {
     "1F1B": PipelineConfig(schedule="1F1B", stages_per_rank=1, stage_blocks=(2, 2)),
-    "Interleaved1F1B": PipelineConfig(schedule="Interleaved1F1B", stages_per_rank=2, stage_blocks=(1, 1, 1, 1)),
+    "Interleaved1F1B": PipelineConfig(
+        schedule="Interleaved1F1B", stages_per_rank=2, stage_blocks=(1, 1, 1, 1)
+    ),
 }
-CATEGORIES = ("params", "unsharded_params", "grads", "optimizer", "recv_buffers", "stage_outputs", "activations")
+CATEGORIES = (
+    "params", "unsharded_params", "grads", "optimizer", "recv_buffers", "stage_outputs", "activations"
+)
 CPU = torch.device("cpu")
 
 
@@ -143,20 +143,26 @@ def pipeline_plan(schedule: str, *, dp: int = 1) -> Plan:
     return predict(request, config)
 
 
-def _storage_key(tensor: object) -> int | None:
+def _storage(tensor: object) -> torch.UntypedStorage | None:
+    """The storage under a tensor (a DTensor's local one); None for anything else or a meta tensor."""
     if isinstance(tensor, DTensor):
         tensor = tensor._local_tensor
     if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta":
         return None
     try:
-        return tensor.untyped_storage()._cdata
-    except (RuntimeError, NotImplementedError):  # a tensor without storage (a subclass)
+        return tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # a tensor subclass without a storage of its own
         return None
 
 
+def _storage_key(tensor: object) -> int | None:
+    storage = _storage(tensor)
+    return None if storage is None else storage._cdata
+
+
 class LiveStorages(TorchDispatchMode):
-    """Every storage an op outputs on this thread, by weak reference; the peak of their bytes, and
-    at each new peak (when `classify` is set) those bytes by category."""
+    """Every storage an op outputs on this thread, by weak reference; the peak of their bytes while
+    counting, the action running then, and (when `classify` is set) those bytes by category."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -165,6 +171,7 @@ class LiveStorages(TorchDispatchMode):
         self.peak = 0
         self.classify: Callable[[], dict[int, str]] | None = None
         self.at_peak: dict[str, int] = {}
+        self.at_start: dict[str, int] = {}
         self.action = "start"
         self.peak_action = "start"
 
@@ -172,18 +179,19 @@ class LiveStorages(TorchDispatchMode):
         return sum(storage.nbytes() for ref in list(self.storages.values()) if (storage := ref()) is not None)
 
     def start_counting(self, *, classify: Callable[[], dict[int, str]] | None) -> None:
+        """Count from now (the step's start: its bytes are the first peak, `at_start` their split)."""
         self.counting, self.classify, self.peak, self.at_peak = True, classify, 0, {}
         self._check()
+        self.at_start = dict(self.at_peak)
 
     def _register(self, tensor: object) -> bool:
-        key = _storage_key(tensor)
-        if key is None:
+        storage = _storage(tensor)
+        if storage is None:
             return False
-        known = self.storages.get(key)
+        key, storages = storage._cdata, self.storages
+        known = storages.get(key)
         if known is not None and known() is not None:
             return False
-        storage = tensor._local_tensor.untyped_storage() if isinstance(tensor, DTensor) else tensor.untyped_storage()  # type: ignore[union-attr]
-        storages = self.storages
 
         def forget(ref: weakref.ref, key: int = key) -> None:
             if storages.get(key) is ref:
@@ -193,7 +201,8 @@ class LiveStorages(TorchDispatchMode):
         return True
 
     def _check(self) -> None:
-        alive = [(key, storage.nbytes()) for key, ref in list(self.storages.items()) if (storage := ref()) is not None]
+        refs = list(self.storages.items())
+        alive = [(key, storage.nbytes()) for key, ref in refs if (storage := ref()) is not None]
         total = sum(nbytes for _, nbytes in alive)
         if total <= self.peak:
             return
@@ -303,6 +312,7 @@ def run_plan(label: str, plan: RuntimePlan, *, steps: int, meshes: dict[tuple, D
     data = SyntheticTokens(vocab_size=plan.model.vocab_size, seq_len=plan.training.seq_len, seed=7)
     live = LiveStorages()
     step_peaks: list[int] = []
+    step_start = 0
     with live:
         par = parallelize(build_model(plan.model, seq_len=plan.training.seq_len), plan=plan, mesh=mesh)
         assert par.pipeline is not None, f"{label}: not a pipeline plan"
@@ -317,6 +327,7 @@ def run_plan(label: str, plan: RuntimePlan, *, steps: int, meshes: dict[tuple, D
             ]
             if step > 1:
                 live.action = "step start"
+                step_start = live.current()
                 live.start_counting(classify=classifier(stages, optimizer) if step == steps else None)
             train_step(par, optimizer, iter(batches), grad_accum_steps=cfg.grad_accum_steps,
                        max_grad_norm=1.0, loss_chunks=cfg.loss_chunks)
@@ -329,9 +340,13 @@ def run_plan(label: str, plan: RuntimePlan, *, steps: int, meshes: dict[tuple, D
             "stages": [stage.stage_index for stage in stages],
             "step_peaks": step_peaks,
             "peak_bytes": max(step_peaks),
+            "step_start_bytes": step_start,
             "peak_action": live.peak_action,
             "at_peak": {kind: live.at_peak.get(kind, 0) for kind in CATEGORIES},
-            "boundary_bytes": cfg.micro_batch_size * plan.training.seq_len * plan.model.hidden_size * 2,
+            "at_step_start": {kind: live.at_start.get(kind, 0) for kind in CATEGORIES},
+            # One micro-batch's hidden states, as a stage boundary passes them (the compute dtype).
+            "boundary_bytes": cfg.micro_batch_size * plan.training.seq_len * plan.model.hidden_size
+            * getattr(torch, cfg.param_dtype).itemsize,
             "notes": par.notes,
         }
     del par, optimizer, stages
@@ -341,11 +356,13 @@ def run_plan(label: str, plan: RuntimePlan, *, steps: int, meshes: dict[tuple, D
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--plans", type=Path, help='[{"label": ..., "plan": <Plan document>}] (default: SCHEDULE)')
+    parser.add_argument("--plans", type=Path, help='[{"label": ..., "plan": <Plan document>}]')
     parser.add_argument("--dp", type=int, default=1, help="dp_shard of the plans made from SCHEDULE")
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per plan (the first not counted)")
+    parser.add_argument("--steps", type=int, default=2, help="steps per plan (the first not counted)")
     parser.add_argument("schedules", nargs="*", default=list(SPLITS), metavar="SCHEDULE")
     args = parser.parse_args()
+    if args.steps < 2:
+        parser.error("--steps: at least 2 (the first step is not counted)")
     if args.plans is not None:
         cases = [(case["label"], case["plan"]) for case in json.loads(args.plans.read_text())]
     else:
