@@ -98,9 +98,11 @@ datacenter GPU, while a slice of a 128k vocabulary still has ~800 tokens, enough
 output-projection GEMM."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MemoryEstimate:
-    """Bytes per GPU at one moment of a step, by purpose (the terms of MEMORY_TERMS)."""
+    """Bytes per GPU at one moment of a step, by purpose (the terms of MEMORY_TERMS). Not frozen:
+    the search builds four per configuration it prices, and a frozen dataclass sets each field
+    through `object.__setattr__` (4x slower to build); nothing changes one once built."""
 
     params: float
     grads: float
