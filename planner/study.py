@@ -47,6 +47,7 @@ MAX_CLUSTER_GPUS = 1 << 18
 
 DEFAULT_PRICES_PER_GPU_HOUR: dict[str, float] = {
     "H100-SXM-80GB": 2.99,
+    "H100-SXM-96GB": 2.99,  # not rented by public clouds: priced as the 80 GB card
     "H200-141GB": 3.79,
     "A100-80GB": 1.79,
     "A100-40GB": 1.29,

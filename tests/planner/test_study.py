@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from planner.catalog.gpus import GPU_CATALOG
 from planner.catalog.models import resolve_model
 from planner.errors import InfeasiblePlanError
 from planner.gpu_spec import GpuSpec
@@ -104,6 +105,13 @@ def test_candidates_cover_types_by_sizes_and_refuse_partial_nodes() -> None:
     assert not refused.fits and refused.reason == "12 GPUs is not a whole number of 8-GPU H100-SXM-80GB nodes"
     assert [c.price_per_gpu_hour for c in request.candidates()[::4]] == [
         DEFAULT_PRICES_PER_GPU_HOUR["H100-SXM-80GB"], 1.5]
+
+
+def test_every_catalog_gpu_has_a_default_price() -> None:
+    """A study may name any catalog GPU without a price (a custom GPU needs one)."""
+    assert set(DEFAULT_PRICES_PER_GPU_HOUR) == set(GPU_CATALOG)
+    point = study(gpus=[{"gpu": "H100-96GB"}], cluster_sizes=[8]).candidates()[0]
+    assert point.price_per_gpu_hour == DEFAULT_PRICES_PER_GPU_HOUR["H100-SXM-96GB"]
 
 
 def test_size_ranges_and_batch_rules() -> None:
