@@ -11,46 +11,40 @@ import re
 from planner.errors import UnknownCatalogEntryError
 from planner.gpu_spec import GpuSpec
 
+_H100_SXM = GpuSpec(
+    name="H100-SXM-80GB",
+    aliases=("H100", "H100-SXM", "H100-80GB"),
+    memory_gib=79.6,
+    peak_bf16_tflops=989.4,
+    peak_fp32_tflops=66.9,
+    peak_fp8_tflops=1978.9,
+    memory_bandwidth_gbps=3350,
+    intra_node_bandwidth_gbps=450,
+    inter_node_bandwidth_gbps=50,
+    nominal_memory_gb=80,
+    board_power_w=700,
+    matmul_efficiency=0.801,
+    attention_efficiency=0.35,
+    chip="GH100",
+)
+
 GPU_CATALOG: dict[str, GpuSpec] = {
     gpu.name: gpu
     for gpu in (
-        GpuSpec(
-            name="H100-SXM-80GB",
-            aliases=("H100", "H100-SXM", "H100-80GB"),
-            memory_gib=79.6,
-            peak_bf16_tflops=989.4,
-            peak_fp32_tflops=66.9,
-            peak_fp8_tflops=1978.9,
-            memory_bandwidth_gbps=3350,
-            intra_node_bandwidth_gbps=450,
-            inter_node_bandwidth_gbps=50,
-            nominal_memory_gb=80,
-            board_power_w=700,
-            matmul_efficiency=0.801,
-            attention_efficiency=0.35,
-            chip="GH100",
-        ),
-        GpuSpec(
-            # The SXM H100 with six HBM2e stacks of Meta's Grand Teton servers (torchtitan's and
-            # torchao's H100 benchmarks): more memory, less bandwidth, and a lower default power
-            # limit than the 80 GB HBM3 card (torchtitan's benchmark docs: "96GB HBM2e, 2.4 TB/s,
-            # default 500W power limit"). 95.0 GiB is what torchtitan's logs show free to allocate.
-            name="H100-SXM-96GB",
-            aliases=("H100-96GB", "H100-HBM2e"),
-            memory_gib=95.0,
-            peak_bf16_tflops=989.4,
-            peak_fp32_tflops=66.9,
-            peak_fp8_tflops=1978.9,
-            memory_bandwidth_gbps=2400,
-            intra_node_bandwidth_gbps=450,
-            inter_node_bandwidth_gbps=50,
-            nominal_memory_gb=96,
-            board_power_w=700,
-            power_limit_w=500,
-            matmul_efficiency=0.801,
-            attention_efficiency=0.35,
-            chip="GH100",
-        ),
+        _H100_SXM,
+        # The same die and peaks with six HBM2e stacks, in Meta's Grand Teton servers (torchtitan's
+        # and torchao's H100 benchmarks): more memory, less bandwidth, and a lower default power
+        # limit (torchtitan's benchmark docs: "96GB HBM2e, 2.4 TB/s, default 500W power limit").
+        # 95.0 GiB is what torchtitan's logs show free to allocate.
+        GpuSpec.model_validate({
+            **_H100_SXM.model_dump(),
+            "name": "H100-SXM-96GB",
+            "aliases": ("H100-96GB", "H100-HBM2e"),
+            "memory_gib": 95.0,
+            "memory_bandwidth_gbps": 2400,
+            "nominal_memory_gb": 96,
+            "power_limit_w": 500,
+        }),
         GpuSpec(
             name="H200-141GB",
             aliases=("H200",),

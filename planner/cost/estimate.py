@@ -406,7 +406,7 @@ class _UnitTimes:
         self.setting = setting
         self.choice = choice
         self.tokens = choice.micro_batch_size * setting.seq_len
-        self._forward: dict[int, tuple[ForwardTime, float]] = {}
+        self._forward: dict[int, tuple[ForwardTime, float, float]] = {}  # (forward, tp s, cp s)
         self._times: dict[tuple[int, int], tuple[float, float, float]] = {}  # (role, unit id)
 
     def __call__(self, index: int, u: UnitCost) -> tuple[float, float, float]:

@@ -341,13 +341,13 @@ def memory_moments(
     pb = setting.param_bytes
     # Gradients come out of backward in the compute dtype and are cast to fp32 for reduction.
     grad_buffer_bytes = (pb + choice.reduce_bytes) if pb < choice.reduce_bytes else pb
-    activation_bytes = choice.micro_batch_size * setting.seq_len * setting.act_bytes
+    tokens = choice.micro_batch_size * setting.seq_len
+    activation_bytes = tokens * setting.act_bytes
     activation_bytes *= p.compiled_activation_memory_scale if choice.compile else p.activation_memory_scale
     saved = activations.saved * activation_bytes * in_flight
     received = 0.0
     if boundary is not None and setting.model.blocks:
         # One micro-batch's hidden states on this rank (its tensor- and context-parallel share).
-        tokens = choice.micro_batch_size * setting.seq_len
         hidden = tokens * setting.model.blocks[0].input_elems * setting.act_bytes
         received = boundary.received * hidden
         saved += received + boundary.sent * hidden
