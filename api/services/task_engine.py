@@ -163,7 +163,9 @@ class StudyWorker:
         self._lock = threading.Lock()
         self.app = procrastinate.App(connector=procrastinate.PsycopgConnector(
             conninfo=conninfo(database_url), kwargs={"options": f"-c search_path={SCHEMA}"},
-            min_size=1, max_size=max(4, concurrency + plan_concurrency + 3),
+            # Each queue's worker holds one connection for LISTEN; heartbeats, fetches, abort polls and
+            # the maintenance loop must never queue behind the jobs' own queries.
+            min_size=1, max_size=concurrency + plan_concurrency + 8,
         ))
         retry = procrastinate.RetryStrategy(
             max_attempts=MAX_JOB_ATTEMPTS, wait=1,
@@ -259,7 +261,7 @@ class StudyWorker:
 
     async def retry_stalled_jobs(self) -> list[int]:
         """Retry the jobs of workers silent for `stale_after_s` (killed, their machine gone), or fail their
-        rows after MAX_JOB_ATTEMPTS; the jobs' ids."""
+        rows after MAX_JOB_ATTEMPTS; the jobs' ids. A job this process is running is never retried."""
         from procrastinate import exceptions, jobs
 
         manager = self.app.job_manager
@@ -267,9 +269,15 @@ class StudyWorker:
         for kind in KINDS:
             stalled = await manager.get_stalled_jobs(queue=kind.queue,
                                                      seconds_since_heartbeat=self.stale_after_s)
+            with self._lock:
+                running_here = set(self._running[kind])
             for job in stalled:
                 assert job.id is not None
                 row_id = int(job.task_kwargs[kind.kwarg])
+                if row_id in running_here:
+                    # Alive in this process: its heartbeat was only late (a loaded machine, a pool
+                    # busy); retrying it would run the row twice and cancel the run that is working.
+                    continue
                 try:
                     if job.attempts + 1 >= MAX_JOB_ATTEMPTS:
                         await manager.finish_job(job, status=jobs.Status.FAILED, delete_job=False)

@@ -29,7 +29,10 @@ from typer.testing import CliRunner
 from api.app import create_app
 from api.cli.main import app as cli
 from api.db import migrate
-from api.db.session import create_db_engine
+from api.db.session import create_db_engine, create_session_factory
+from api.services.job_kinds import STUDIES as STUDY_JOBS
+from api.services.search_pool import SearchPool
+from api.services.task_engine import StudyWorker
 from api.settings import Settings
 from migrations.data_loss import DataLossRefusedError
 from tests.api.conftest import wait_for_study
@@ -230,6 +233,36 @@ async def test_a_queued_study_is_run_by_a_worker_process_as_the_in_process_engin
     assert expected["state"] == "succeeded"
     assert stored(done) == stored(expected) and len(done["points"]) == 3 and done["num_fitting"] == 2
     assert plan_hashes(url) == plan_hashes(other) and len(plan_hashes(url)) == 2
+
+
+@pytest.mark.postgres
+async def test_a_worker_never_retries_a_job_it_is_running_itself_however_late_its_heartbeat(
+    new_database: Callable[[], str],
+) -> None:
+    # A loaded machine delayed a worker's heartbeat past the stale time; its own maintenance retried the
+    # study it was running, and the run that was working ended cancelled.
+    url = new_database()
+    async with api(settings_for(url)) as client:
+        study_id = (await client.post(STUDIES, json=SMALL)).json()["id"]
+    engine = create_db_engine(url)
+    try:
+        worker = StudyWorker(url, create_session_factory(engine), search_pool=SearchPool(workers=1,
+                             deadline_s=60), concurrency=1, stale_after_s=STALE_AFTER_S)
+        async with worker.app.open_async():
+            # The job taken, then its worker gone from procrastinate's view, as after a late heartbeat.
+            manager = worker.app.job_manager
+            taker = await manager.register_worker()
+            assert await manager.fetch_job(queues=[STUDY_JOBS.queue], worker_id=taker) is not None
+            await manager.unregister_worker(taker)
+            worker._running[STUDY_JOBS].add(study_id)  # this process is running it
+            assert await worker.retry_stalled_jobs() == []
+            assert [j.status for j in jobs_of(url)] == ["doing"]
+            worker._running[STUDY_JOBS].discard(study_id)  # nobody is: a dead worker's job
+            (job,) = jobs_of(url)
+            assert await worker.retry_stalled_jobs() == [job.id]
+            assert [(j.status, j.attempts) for j in jobs_of(url)] == [("todo", 1)]
+    finally:
+        engine.dispose()
 
 
 @pytest.mark.postgres
