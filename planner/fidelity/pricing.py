@@ -9,7 +9,7 @@ way), the loss (`autograd_fp32` unless the run sliced it) and the checkpointing 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from contract.mesh import Mesh
 from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig, PipelineConfig
@@ -19,7 +19,7 @@ from planner.catalog.models import resolve_model
 from planner.cost.parameters import CostParameters
 from planner.enumeration import balanced_pipeline, stage_costs
 from planner.errors import PlanningError
-from planner.fidelity.schema import Run
+from planner.fidelity.schema import AttentionKernel, Run
 from planner.plan import Plan
 from planner.search import predict
 from planner.search_setting import build_setting
@@ -29,6 +29,11 @@ PROJECT_ENGINES = {"project-simplefsdp", "project-fsdp2"}
 """The corpus names of this project's own trainer (compiled SimpleFSDP, eager FSDP2)."""
 FLOAT8_RECIPES = {"float8_tensorwise": "tensorwise", "float8_rowwise": "rowwise", "mxfp8": "mxfp8"}
 """The planner's Float8 recipe for a corpus run's precision (torchao's recipes; bf16 and fp32: none)."""
+ATTENTION_KERNEL_SPEED: dict[AttentionKernel, float] = {"flash2": 1.0, "flash1": 0.5}
+"""A kernel generation's attention throughput relative to FlashAttention-2's, which the catalog's
+`attention_efficiency` describes. FlashAttention-2 (Dao, 2023) reports about twice the speed of
+FlashAttention and of its Triton port on A100: 50-73% of peak where the first generation reaches
+25-40%."""
 _CHECKPOINTING = {
     "none": "none", "full": "full", "selective_layer": "selective", "selective_op": "op_selective"
 }
@@ -252,6 +257,10 @@ def price_as_run(
     the benchmarks, but the memory margins of parallel dimensions read their measured peaks).
     Raises PlanningError when the configuration does not fit the planner's space."""
     request = run_request(run)
+    speed = ATTENTION_KERNEL_SPEED[run.config.attention]
+    if speed != 1.0:
+        parameters = parameters or build_setting(request, calibration, None).params
+        parameters = replace(parameters, attention_efficiency=parameters.attention_efficiency * speed)
     plan = predict(request, run_config(run), calibration=calibration, parameters=parameters)
     margin = plan.prediction.memory_margin or 0.0
     return PricedRun(run=run, plan=plan, margin=margin)

@@ -24,6 +24,7 @@ CheckpointPolicy = Literal["none", "full", "selective_layer", "selective_op"]
 CompileScope = Literal["none", "per_block", "whole_model"]
 RunPrecision = Literal["bf16", "float8_tensorwise", "float8_rowwise", "mxfp8", "fp16", "fp32"]
 MemoryCounter = Literal["reserved", "allocated", "nvidia-smi", "unknown"]
+AttentionKernel = Literal["flash2", "flash1"]
 Fraction = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
@@ -145,6 +146,10 @@ class RunConfig(CorpusModel):
     reduce_dtype: Literal["fp32", "bf16"] | None = None
     """The dtype gradients are reduced in (None: not stated; priced as fp32, FSDP2's default)."""
     async_tp: bool = False
+    attention: AttentionKernel = "flash2"
+    """The attention kernel's generation: `flash2` for FlashAttention-2-class kernels (flash-attn 2.x,
+    torch SDPA's flash and cuDNN backends, what the planner's own runtimes use); `flash1` for the
+    first generation (flash-attn 1.x and its Triton port, llm-foundry's `attn_impl: triton`)."""
     pipeline: Pipeline | None = None
     """The pipeline's schedule (runs with mesh.pp > 1)."""
     engine: str
