@@ -53,7 +53,8 @@ class RunResult(ReportModel):
     trainer: str
     """The trainer as the source names it."""
     config: str
-    """The priced configuration's label."""
+    """The priced configuration's label (with the attention kernel's generation where it is not
+    FlashAttention-2's)."""
     priced: bool
     reason: str | None = None
     """Why a run is not priced (float8, pipeline or context parallelism, ...)."""
@@ -106,6 +107,12 @@ class FidelityReport(ReportModel):
     targets: tuple[TargetCheck, ...]
 
 
+def _label(priced: PricedRun) -> str:
+    label = priced.plan.config.label()
+    attention = priced.run.config.attention
+    return label if attention == "flash2" else f"{label}, {attention} attention"
+
+
 def _result(item: SourceRun, priced: PricedRun | None, reason: str | None) -> RunResult:
     run = item.run
     measured = run.measured
@@ -120,7 +127,7 @@ def _result(item: SourceRun, priced: PricedRun | None, reason: str | None) -> Ru
     prediction = priced.plan.prediction
     return RunResult(
         **fields,
-        config=priced.plan.config.label(),
+        config=_label(priced),
         priced=True,
         predicted_tokens_per_s_per_gpu=prediction.tokens_per_s_per_gpu,
         predicted_mfu=prediction.mfu,
