@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
+SLOW_BF16 = 8.0
+"""bf16 matrix products this many times slower than fp32 ones make a bf16 training test impractical."""
 
 
 def job_env(**extra: str) -> dict[str, str]:
@@ -44,6 +49,39 @@ def torchrun(
     return subprocess.run(
         cmd, cwd=cwd, env=env or job_env(), capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+@functools.cache
+def bf16_slowdown() -> float:
+    """How many times slower this CPU multiplies bf16 matrices than fp32 ones, on one thread as each
+    rank runs: about 1-2 with AVX512-BF16 or AMX, about 60 on a CPU with AVX2 alone, where torch falls
+    back to scalar bf16 kernels."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        seconds = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            a, b = torch.ones(256, 256, dtype=dtype), torch.ones(256, 256, dtype=dtype)
+            a @ b  # warm-up
+            start = time.perf_counter()
+            for _ in range(3):
+                a @ b
+            seconds[dtype] = time.perf_counter() - start
+        return seconds[torch.bfloat16] / seconds[torch.float32]
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def fast_bf16() -> None:
+    """Skips a test that trains a bf16 model of some size where this CPU has no native bf16."""
+    slowdown = bf16_slowdown()
+    if slowdown > SLOW_BF16:
+        pytest.skip(
+            f"this CPU multiplies bf16 matrices {slowdown:.0f}x slower than fp32 (torch reports "
+            f"{torch.backends.cpu.get_cpu_capability()}: no AVX512-BF16 or AMX), so this test's bf16 "
+            "training steps would take many minutes; it runs on CPUs with native bf16"
+        )
 
 
 def read_metrics(path: Path) -> list[dict]:
