@@ -34,7 +34,10 @@ from planner.plan import Plan
 from tests.executor.conftest import REPO, explain, job_env, torchrun
 from tests.executor.memory_configs import CASES, MemoryCase, plan_documents
 
-pytestmark = pytest.mark.distributed
+# One launch prices every case: 4-5 minutes on an idle 2-core machine whose CPU has no native bf16 (the
+# two bf16 cases), twice that beside the rest of the suite; pytest's 10-minute default is too tight.
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(1500)]
+LAUNCH_TIMEOUT_S = 1200
 
 WORKER = str(REPO / "tests" / "executor" / "workers" / "memory_fidelity.py")
 GIB = 1024.0**3
@@ -56,13 +59,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     plans_file, out = tmp / "plans.json", tmp / "measured.json"
     plans_file.write_text(json.dumps(documents))
     command = [WORKER, "--plans", str(plans_file), "--out", str(out)]
-    result = torchrun(2, command, env=job_env(), timeout=600)
+    result = torchrun(2, command, env=job_env(), timeout=LAUNCH_TIMEOUT_S)
     if result.returncode != 0 and "SIGABRT" in result.stderr:
         # About one launch in five on this 2-core VM, a rank aborts mid-run inside gloo/the profiler
         # (no Python traceback; see the closing notes of issue 11). Once is retried, loudly; twice fails.
         detail = explain(result, tail=2000)
         warnings.warn(f"memory-fidelity workers aborted; retrying once\n{detail}", stacklevel=1)
-        result = torchrun(2, command, env=job_env(), timeout=600)
+        result = torchrun(2, command, env=job_env(), timeout=LAUNCH_TIMEOUT_S)
     assert result.returncode == 0, explain(result)
     measured = json.loads(out.read_text())
     runs = {
