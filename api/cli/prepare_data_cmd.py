@@ -1,7 +1,9 @@
 """`fsdp-planner prepare-data`: tokenise text or JSONL files into the trainer's dataset format.
 
 The work is in `executor.runtime.prepare_data` (standard library only; a Hugging Face tokenizer is imported
-only when one is named): no torch here, on the client or the server.
+only when one is named): no torch here, on the client or the server. It is imported when the command
+runs, as `trace` imports the profiler: `fsdp-planner serve` is this CLI's process, and the web process
+never imports the runtime.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from typing import Annotated
 import typer
 
 from api.cli.common import fail
-from executor.runtime.prepare_data import PrepareError, load_tokenizer, parse_count, prepare
 
 
 def _progress(documents: int, tokens: int) -> None:
@@ -77,6 +78,8 @@ def prepare_data(
     ] = False,
 ) -> None:
     """Tokenise text or JSONL into memory-mapped token shards + index.json for `launch.sh --data`."""
+    from executor.runtime.prepare_data import PrepareError, load_tokenizer, parse_count, prepare
+
     try:
         tok = load_tokenizer(tokenizer, eos_token=eos_token)
         summary = prepare(
