@@ -4,7 +4,8 @@ A run becomes a `PlanRequest` and a `ParallelConfig` that `planner.search.predic
 searching. What the source's trainer did decides the engine priced (`fsdp-planner` for this project's
 own runs, `torchtitan` for FSDP trainers that wrap and optionally compile per block: torchtitan,
 and FSDP1 trainers such as fms-fsdp and llm-foundry, which wrap and all-gather per block the same
-way), the loss (`autograd_fp32` unless the run sliced it) and the checkpointing policy.
+way), the loss (`autograd_fp32` unless the run sliced it), the checkpointing policy and the attention
+kernel's generation (`ATTENTION_KERNEL_SPEED`).
 """
 
 from __future__ import annotations

@@ -34,8 +34,9 @@ from planner.plan import Plan
 from tests.executor.conftest import REPO, explain, job_env, torchrun
 from tests.executor.memory_configs import CASES, MemoryCase, plan_documents
 
-# One launch prices every case: 4-5 minutes on an idle 2-core machine whose CPU has no native bf16 (the
-# two bf16 cases), twice that beside the rest of the suite; pytest's 10-minute default is too tight.
+# One launch measures every case: 4.4 minutes on an idle 2-core AMD EPYC with AVX2 alone (its bf16 matrix
+# products ~40x slower than fp32), up to twice that beside the rest of the suite; pytest's 10-minute
+# default is too tight there.
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(1500)]
 LAUNCH_TIMEOUT_S = 1200
 
