@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from contract.parallel_config import ADDED_FIELDS, ADDED_MESH_AXES
 
-def as_schema_1(document: dict[str, Any], version: str = "1.2") -> dict[str, Any]:
+SCHEMA_1_0_MEMORY_TERMS = {"unsharded_params": "unsharded_buffers", "allocator_reserve": "fragmentation"}
+"""Memory terms schema 1.0 named differently (its name for each current one); it had no `grad_buffers`."""
+
+
+def as_schema_1(
+    document: dict[str, Any], version: str = "1.2", *, replica_counts: bool = True
+) -> dict[str, Any]:
     """A 2.x data-parallel plan as schema 1.x wrote it: every configuration's mesh (tp 1) as its two
-    group sizes, `shard_group_size` and `replicate_group_size`."""
+    group sizes, `shard_group_size` and `replicate_group_size` (left out without `replica_counts`,
+    as some 1.x writers did), and as 1.0 named its memory terms where `version` is 1.0."""
 
     def old(value: Any) -> Any:
         if isinstance(value, list):
@@ -18,7 +26,33 @@ def as_schema_1(document: dict[str, Any], version: str = "1.2") -> dict[str, Any
         if "mesh" in value:
             mesh = value["mesh"]
             assert mesh["tp"] == 1, "schema 1.x had no tensor parallelism"
-            written |= {"shard_group_size": mesh["dp_shard"], "replicate_group_size": mesh["dp_replicate"]}
+            written["shard_group_size"] = mesh["dp_shard"]
+            if replica_counts:
+                written["replicate_group_size"] = mesh["dp_replicate"]
+        if version == "1.0" and "grad_buffers" in written:
+            del written["grad_buffers"]
+            for current, then in SCHEMA_1_0_MEMORY_TERMS.items():
+                written[then] = written.pop(current)
         return written
 
     return {**old(document), "schema_version": version}
+
+
+def as_schema_2_0(document: dict[str, Any]) -> dict[str, Any]:
+    """A 2.x plan as schema 2.0 wrote it: no field or mesh axis added since, where the plan holds
+    the value their absence meant (a plan that uses one could not have been written by 2.0)."""
+
+    def old(value: Any) -> Any:
+        if isinstance(value, list):
+            return [old(item) for item in value]
+        if not isinstance(value, dict):
+            return value
+        written = {key: old(item) for key, item in value.items()}
+        if isinstance(written.get("mesh"), dict):
+            for axis in ADDED_MESH_AXES:
+                assert written["mesh"].pop(axis, 1) == 1, f"schema 2.0 had no {axis} axis"
+            for name, neutral in ADDED_FIELDS.items():
+                assert written.pop(name, neutral) == neutral, f"schema 2.0 had no {name}"
+        return written
+
+    return {**old(document), "schema_version": "2.0"}

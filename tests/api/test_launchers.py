@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from api.db.models import PlanRow
 from contract.plan_document import SCHEMA_VERSION
 from tests.api.conftest import assert_problem, cheap_plan
-from tests.older_schemas import as_schema_1
+from tests.older_schemas import as_schema_1, as_schema_2_0
 
 pytestmark = pytest.mark.anyio
 
@@ -94,21 +94,37 @@ async def test_kubernetes_render_options(client: httpx.AsyncClient) -> None:
 async def test_stored_plans_of_every_schema_launch_from_their_bundle(
     client: httpx.AsyncClient, session: Session, backend: str, tmp_path: Path
 ) -> None:
-    # A row stored by a schema 1.x planner (no mesh) and a 2.0 row: each bundle's own runtime and
-    # contract (no PYTHONPATH to this repository) read its plan.json, and the 1.x one trains.
+    # Rows as each older planner stored them (2.0; 1.2; 1.1 without replica counts; 1.0 with its old
+    # memory-term names) beside a current one: each bundle's own runtime and contract (no PYTHONPATH
+    # to this repository) read its plan.json as the current mesh, and the oldest one trains.
     body = cheap_plan(
         training={"seq_len": 64, "global_batch_tokens": 64 * 8, "precision": "fp32"},
         search={"compile": [False], "tensor_parallel_degrees": [1]},
     )
     current = (await client.post(PLANS, json=body)).json()
-    old = (await client.post(PLANS, json={**body, "name": "stored by 1.x"})).json()
-    row = session.get(PlanRow, old["id"])
-    assert row is not None
-    row.plan = as_schema_1(row.plan)
+    older = {
+        "2.0": as_schema_2_0,
+        "1.2": as_schema_1,
+        "1.1": lambda plan: as_schema_1(plan, "1.1", replica_counts=False),
+        "1.0": lambda plan: as_schema_1(plan, "1.0"),
+    }
+    plans = [current]
+    for version, write in older.items():
+        plan = (await client.post(PLANS, json={**body, "name": f"stored by {version}"})).json()
+        row = session.get(PlanRow, plan["id"])
+        assert row is not None
+        row.plan = write(row.plan)
+        assert row.plan["schema_version"] == version
+        plans.append(plan)
     session.commit()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NPROC_PER_NODE", "NNODES")}
     env.update(PYTHON=sys.executable, OMP_NUM_THREADS="1", SYNTHETIC_DATA="1")
-    for plan in (current, old):
+    for plan in plans:
+        shown = await client.get(f"{PLANS}/{plan['id']}")
+        assert shown.status_code == 200, shown.text
+        assert shown.json()["mesh"] == current["mesh"]
+        page = await client.get(f"/plans/{plan['id']}")
+        assert page.status_code == 200, page.text
         response = await client.get(f"{PLANS}/{plan['id']}/launcher")
         assert response.status_code == 200, response.text
         with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
