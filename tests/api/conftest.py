@@ -30,6 +30,8 @@ from api.settings import Settings
 PG_ADMIN_URL = os.environ.get(
     "FSDP_PLANNER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
+# CI sets it (.ci/run): an unreachable PostgreSQL then fails the PostgreSQL tests instead of skipping them.
+REQUIRE_POSTGRES = os.environ.get("FSDP_PLANNER_REQUIRE_POSTGRES", "") not in ("", "0")
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 
 # A small, cheap plan: llama-debug on two CPU ranks, a few tens of milliseconds to search.
@@ -85,17 +87,21 @@ def database_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Calla
     def make(backend: str) -> str:
         if backend == "sqlite":
             return f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'fsdp-planner.sqlite3'}"
+        name = f"fsdp_planner_test_{os.getpid()}_{secrets.token_hex(4)}"
         try:
             with admin.connect() as connection:
-                name = f"fsdp_planner_test_{os.getpid()}_{secrets.token_hex(4)}"
                 connection.execute(text(f'CREATE DATABASE "{name}"'))
         except OperationalError as exc:
-            pytest.skip(
-                f"PostgreSQL at {make_url(PG_ADMIN_URL).render_as_string()} is unreachable "
-                f"({exc.orig or exc}); start it or set FSDP_PLANNER_TEST_POSTGRES_URL"
-            )
-        created.append(name)
-        return make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+            unreachable = exc
+        else:
+            created.append(name)
+            return make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+        missing = (f"PostgreSQL at {make_url(PG_ADMIN_URL).render_as_string()} is unreachable "
+                   f"({unreachable.orig or unreachable}); start it or set FSDP_PLANNER_TEST_POSTGRES_URL")
+        if REQUIRE_POSTGRES:
+            pytest.fail(f"{missing} (FSDP_PLANNER_REQUIRE_POSTGRES is set: the PostgreSQL and procrastinate "
+                        "tests must run, not skip)", pytrace=False)
+        pytest.skip(missing)
 
     yield make
     if created:

@@ -203,6 +203,27 @@ def test_the_procrastinate_engine_and_its_worker_need_postgresql(tmp_path: Path)
     assert result.exit_code == 2 and "needs a PostgreSQL DATABASE_URL" in result.output, result.output
 
 
+def test_without_postgresql_its_tests_skip_unless_ci_requires_them_then_they_fail() -> None:
+    # One PostgreSQL test of this file, run in a pytest of its own against a port where nothing listens.
+    needs_postgresql = test_a_queued_study_is_run_by_a_worker_process_as_the_in_process_engine_runs_it
+    test = f"{__file__}::{needs_postgresql.__name__}"
+    env = {key: value for key, value in os.environ.items() if key != "FSDP_PLANNER_REQUIRE_POSTGRES"}
+    nowhere = "postgresql+psycopg://postgres@127.0.0.1:1/postgres"
+    env["FSDP_PLANNER_TEST_POSTGRES_URL"] = nowhere
+
+    def pytest_run(**extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                              env={**env, **extra}, capture_output=True, text=True, timeout=120,
+                              cwd=Path(__file__).parents[2])
+
+    skipped = pytest_run()
+    assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout + skipped.stderr
+    required = pytest_run(FSDP_PLANNER_REQUIRE_POSTGRES="1")
+    assert required.returncode == 1 and "1 failed" in required.stdout, required.stdout + required.stderr
+    assert f"PostgreSQL at {nowhere} is unreachable" in required.stdout
+    assert "FSDP_PLANNER_REQUIRE_POSTGRES is set" in required.stdout and "Traceback" not in required.stdout
+
+
 @pytest.mark.postgres
 async def test_a_queued_study_is_run_by_a_worker_process_as_the_in_process_engine_runs_it(
     new_database: Callable[[], str], workers: Callable[[str, str], Worker],
