@@ -7,10 +7,12 @@ The corpus (planner/fidelity/corpus) holds published Float8 training runs, marke
 while the planner had no Float8. This prices each at its exact configuration with its recipe (and
 every bf16 run of the same source beside it, so that a Float8 error can be told from the bf16
 error of the same setting), and reports predicted vs measured tokens/s per GPU, the measured and
-predicted Float8 speed-up over the source's bf16 run of the same configuration, and the summary by
-recipe. Runs that also need pipeline parallelism are left out (not priced yet), and so are those with
-context parallelism (bench/RESULTS.md prices them in a section of their own); runs on other engines
-(Transformer Engine) are listed apart: the planner prices torchao's recipes.
+predicted Float8 speed-up over the source's bf16 run of the same configuration, predicted vs
+measured peak memory where the source publishes it (in its own counter, with the margin the plan
+would state), and the summary by recipe. Runs that also need pipeline parallelism are left out (not
+priced yet), and so are those with context parallelism (bench/RESULTS.md prices them in a section
+of their own); runs on other engines (Transformer Engine) are listed apart: the planner prices
+torchao's recipes.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ class Row:
     partner: Run | None
     """The source's bf16 run of the same configuration, if it has one."""
     predicted_partner: float | None
+    memory_error: float | None
+    """(predicted - measured) / measured peak memory in the run's own counter (None: not published)."""
+    exceeds_margin: bool
+    """Whether the measured peak is above the predicted one plus the margin the plan states."""
 
     @property
     def other_engine(self) -> bool:
@@ -85,7 +91,8 @@ def rows() -> list[Row]:
             partner = _partner(run, runs)
             predicted_partner = _price(partner).predicted_tokens_per_s_per_gpu if partner else None
             found.append(Row(source.source.id, run, recipe, priced.predicted_tokens_per_s_per_gpu,
-                             priced.throughput_error, partner, predicted_partner))
+                             priced.throughput_error, partner, predicted_partner, priced.memory_error,
+                             priced.exceeds_margin))
     return found
 
 
@@ -129,7 +136,8 @@ def main() -> None:
     if args.fit:
         fit()
     table = rows()
-    header = ("run", "recipe", "measured tok/s/GPU", "predicted", "error", "speed-up measured / predicted")
+    header = ("run", "recipe", "measured tok/s/GPU", "predicted", "error", "speed-up measured / predicted",
+              "memory error")
     lines = []
     for row in table:
         speedups = row.speedups()
@@ -140,6 +148,7 @@ def main() -> None:
             f"{row.predicted:,.0f}",
             _percent(row.error),
             f"{speedups[0]:.2f}x / {speedups[1]:.2f}x" if speedups else "-",
+            _percent(row.memory_error) + (" (above the margin)" if row.exceeds_margin else ""),
         ))
     if args.markdown:
         print("| " + " | ".join(header) + " |")
@@ -148,7 +157,8 @@ def main() -> None:
             print("| " + " | ".join(line) + " |")
     else:
         for line in (header, *lines):
-            print(f"{line[0][:72]:72s} {line[1]:10s} {line[2]:>18s} {line[3]:>9s} {line[4]:>7s}  {line[5]}")
+            print(f"{line[0][:72]:72s} {line[1]:10s} {line[2]:>18s} {line[3]:>9s} {line[4]:>7s}  "
+                  f"{line[5]:30s} {line[6]}")
     print()
     for recipe in sorted({r.recipe for r in table}):
         errors = [r.error for r in table if r.recipe == recipe and r.error is not None and not r.other_engine]
@@ -156,6 +166,13 @@ def main() -> None:
             mean_abs, mean = statistics.mean(abs(e) for e in errors), statistics.mean(errors)
             print(f"{recipe}: {len(errors)} torchao runs, mean |error| {mean_abs:.1%}, mean error "
                   f"{mean:+.1%}, within 15%: {sum(abs(e) <= 0.15 for e in errors)} of {len(errors)}")
+    memory = [r for r in table if r.memory_error is not None and not r.other_engine]
+    if memory:
+        errors = [r.memory_error for r in memory if r.memory_error is not None]
+        print(f"memory: {len(errors)} torchao runs publish a peak, mean |error| "
+              f"{statistics.mean(abs(e) for e in errors):.1%}, within 15%: "
+              f"{sum(abs(e) <= 0.15 for e in errors)} of {len(errors)}, above the stated margin: "
+              f"{sum(r.exceeds_margin for r in memory)}")
 
 
 if __name__ == "__main__":

@@ -24,13 +24,17 @@ Float8Recipe = Literal["none", "tensorwise", "rowwise", "mxfp8"]
 precision); `tensorwise` (one scale per tensor: the fastest, and FSDP all-gathers the converted
 weights in float8); `rowwise` (one scale per row: closer to bf16, slower GEMMs); `mxfp8` (blocks of
 32 values sharing an exponent, on GPUs with MX tensor cores: B200)."""
-LossImplementation = Literal["sliced", "autograd_fp32", "chunked_fp32"]
+LossImplementation = Literal["sliced", "autograd_fp32", "chunked_fp32", "compiled_fp32"]
 """How the output projection and cross-entropy run: `sliced` is this project's loss (token slices,
 each computing its gradients at once, executor/runtime/loss.py); `autograd_fp32` is the plain
 `cross_entropy(logits.float(), targets)` over the whole micro-batch (torchtitan's loss, and this
 project's before the sliced loss), which keeps vocabulary-sized tensors alive for all tokens;
 `chunked_fp32` runs that cross-entropy over `loss_chunks` slices of the whole micro-batch's
-compute-dtype logits (torchtitan's chunked cross-entropy: the output projection is not sliced)."""
+compute-dtype logits (torchtitan's chunked cross-entropy: the output projection is not sliced);
+`compiled_fp32` is the plain cross-entropy under torch.compile (torchtitan's whenever it compiles,
+since April 2025): inductor fuses the fp32 upcast and log-softmax, forward and backward, into
+kernels that read the compute-dtype logits and write their compute-dtype gradient, so no fp32 copy
+of the logits is ever held."""
 PipelineSchedule = Literal["1F1B", "Interleaved1F1B", "ZBVZeroBubble"]
 """How a pipeline runs its micro-batches (torch.distributed.pipelining's schedule classes):
 `1F1B` (one stage per rank; after a warm-up of pp - 1 forwards each rank alternates one forward and

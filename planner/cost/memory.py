@@ -173,6 +173,8 @@ def loss_bytes(setting: Setting, choice: Choice) -> float:
     holds the whole micro-batch's logits, their fp32 copy and the log-softmax instead."""
     m = setting.model
     tokens = choice.micro_batch_size * setting.seq_len
+    if choice.loss == "compiled_fp32":
+        return tokens * m.vocab_size * setting.act_bytes  # the logits; the fused loss holds no copy
     if choice.loss in ("autograd_fp32", "chunked_fp32"):
         copy = AUTOGRAD_LOSS_BYTES_PER_ELEMENT - (4.0 if setting.act_bytes == 4 else 0.0)  # fp32: no copy
         copy += _loss_parallel_extra(setting)
@@ -192,6 +194,9 @@ def _backward_start_loss_bytes(setting: Setting, choice: Choice) -> float:
     backward = AUTOGRAD_LOSS_BACKWARD_BYTES_PER_ELEMENT + _loss_parallel_extra(setting)
     if choice.loss == "autograd_fp32":
         return tokens * setting.model.vocab_size * backward
+    if choice.loss == "compiled_fp32":
+        # The fused backward writes the logits' compute-dtype gradient, nothing in fp32.
+        return tokens * setting.model.vocab_size * setting.act_bytes
     if choice.loss == "chunked_fp32":
         # One chunk's backward, beside the compute-dtype gradient of the logits it is filling in.
         per_element = setting.act_bytes + backward / choice.loss_chunks

@@ -215,6 +215,8 @@ def run_config(run: Run) -> ParallelConfig:
 
 
 def _loss(run: Run) -> str:
+    if run.config.loss == "compiled":
+        return "compiled_fp32"
     if run.config.loss != "chunked":
         return "autograd_fp32"
     return "sliced" if run_engine(run) == "fsdp-planner" else "chunked_fp32"

@@ -138,8 +138,10 @@ class RunConfig(CorpusModel):
     blocks_per_unit: Annotated[int, Field(ge=1)] = 1
     """Transformer blocks per FSDP wrap unit (trainers that wrap every block: 1)."""
     compile: CompileScope
-    loss: Literal["unchunked", "chunked"] | None = None
-    """None: not stated (priced as the trainer's plain cross-entropy on fp32 logits)."""
+    loss: Literal["unchunked", "chunked", "compiled"] | None = None
+    """None: not stated (priced as the trainer's plain cross-entropy on fp32 logits); `compiled`: that
+    cross-entropy under torch.compile (torchtitan compiles it with the model since its commit
+    bbb1b616e of 2025-04-02), fused so that no fp32 copy of the logits is held."""
     loss_chunks: Annotated[int, Field(ge=1)] | None = None
     """For a chunked loss: the number of chunks."""
     precision: RunPrecision

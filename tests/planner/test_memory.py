@@ -236,3 +236,20 @@ def test_recompute_happens_after_the_loss_is_gone(estimator: Estimator) -> None:
     # Among the blocks, gathers and reductions are a block's, not the head's.
     assert recompute.grad_buffers < start.grad_buffers
     assert len(estimator.moments(choice("full_shard", 8, checkpointing="none"))) == 3
+
+
+def test_a_compiled_loss_holds_the_logits_and_their_gradient_in_the_compute_dtype(
+    estimator: Estimator,
+) -> None:
+    # torchtitan's cross-entropy under torch.compile: the fp32 upcast and log-softmax are fused away,
+    # so per logit it holds 2 bf16 bytes in forward and the gradient's 2 as backward starts, where the
+    # plain autograd loss holds the fp32 copy and log-softmax too.
+    plain, compiled = (
+        estimator.moments(choice("full_shard", 8, checkpointing="none", engine="torchtitan", loss=loss,
+                                 **WHOLE_BATCH_OF_2))
+        for loss in ("autograd_fp32", "compiled_fp32")
+    )
+    logits = 2 * 4096 * estimator.setting.model.vocab_size
+    assert compiled[0].logits == pytest.approx(2.0 * logits)
+    assert plain[0].logits > compiled[0].logits + 4.0 * logits
+    assert max(m.total for m in compiled) < max(m.total for m in plain)
