@@ -27,6 +27,12 @@ detached scalar all-reduce), i.e. the one-process loss of the same sequences, so
 evaluation need not know about cp. The data loader gives the cp ranks of one data-parallel rank
 the same sequences (`distributed.data_parallel_rank` ignores cp); each keeps its own chunks.
 
+Pipelines: under pp each stage's module is a `ContextParallelLlama` of the stage's parts (its
+forward splits the token ids on the first stage, the targets and the loss on the last), so a stage
+boundary carries this rank's [micro-batch, T / cp, hidden] states to the same cp rank of the next
+stage (pp is outermost: the pp group of a rank is the ranks at its cp and tp position), and every
+stage's attention all-gathers over its own cp group, torchtitan's composition.
+
 Composition: tensor parallelism is innermost (applied first; a cp group is cp x tp consecutive
 ranks). Within a cp rank the tp ranks split its T / cp tokens again (sequence parallelism) and
 attention's heads; the K/V all-gather is then of this tp rank's heads. Activation checkpointing
@@ -51,7 +57,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from contract.plan_document import PlanError, RuntimePlan
 from executor.runtime.distributed import context_parallel_mesh
-from executor.runtime.models.common import sdpa_causal
+from executor.runtime.models.common import blocks_in_order, sdpa_causal
 from executor.runtime.models.llama import Attention, Llama, RotaryEmbedding
 
 # torch >= 2.6 names it `_single_`; older torch only has the (now deprecated) `_tensor_` spelling.
@@ -199,7 +205,13 @@ class ContextParallelAttention(Attention):
 class ContextParallelLlama(Llama):
     """A `Llama` whose forward keeps this rank's chunks of the tokens (and targets), returning the
     cp group's mean loss, or without targets the whole sequence's logits (gathered, for inspection).
-    Made from a `Llama` by `apply_context_parallel` (same modules and parameters)."""
+    Made from a `Llama` by `apply_context_parallel` (same modules and parameters).
+
+    The same forward runs a pipeline stage (a Llama without embeddings, or without the head:
+    `executor.runtime.pipeline`): only the stage holding the embeddings splits the token ids; a later
+    stage gets this rank's T / cp hidden states from the stage before (the same rank's chunks, at
+    the same cp rank of the pipeline's previous stage); only the stage holding the head splits the
+    targets and takes the group's mean loss. Every stage's attention is the cp all-gather's."""
 
     context: ContextShard
 
@@ -207,8 +219,12 @@ class ContextParallelLlama(Llama):
         self, tokens: torch.Tensor, targets: torch.Tensor | None = None, *, loss_chunks: int = 1
     ) -> torch.Tensor:
         cp = self.context
-        local_targets = None if targets is None else cp.split(targets)
-        out = super().forward(cp.split(tokens), local_targets, loss_chunks=loss_chunks)
+        holds_head = self.output is not None
+        inputs = cp.split(tokens) if self.tok_embeddings is not None else tokens
+        local_targets = None if targets is None or not holds_head else cp.split(targets)
+        out = super().forward(inputs, local_targets, loss_chunks=loss_chunks)
+        if not holds_head:
+            return out  # hidden states of this rank's chunks, for the next pipeline stage
         if targets is None:
             return cp.gather(out)
         return cp.group_mean(out)
@@ -221,7 +237,8 @@ def apply_context_parallel(model: nn.Module, *, plan: RuntimePlan, mesh: DeviceM
     cp = plan.config.mesh.cp
     if cp == 1:
         return None
-    if type(model) is not Llama or any(type(block.attention) is not Attention for block in model.layers):
+    blocks = blocks_in_order(model.layers) if type(model) is Llama else []
+    if type(model) is not Llama or any(type(block.attention) is not Attention for block in blocks):
         raise PlanError(
             f"plan.config.mesh.cp: context parallelism ({cp}) is implemented for the built-in llama model "
             f"only, this model is a {type(model).__name__}; make a plan with cp 1"
@@ -231,7 +248,7 @@ def apply_context_parallel(model: nn.Module, *, plan: RuntimePlan, mesh: DeviceM
         raise ValueError(f"the mesh's cp dim has {cp_mesh.size()} ranks, the plan {cp}")
     shard = ContextShard(group=cp_mesh.get_group().group_name, rank=cp_mesh.get_local_rank(), size=cp)
     biases = lower_right_biases(plan.training.seq_len, cp=cp, rank=shard.rank)
-    for block in model.layers:
+    for block in blocks:
         block.attention.__class__ = ContextParallelAttention
         block.attention.context = shard
         block.attention.biases = biases

@@ -6,7 +6,7 @@ Two engines, as the plan chooses with `config.compile`:
   fsdp2       (compile=False)  [Float8] -> TP -> CP -> AC -> FSDP2 fully_shard per wrap unit (eager)
 Pipeline parallelism (pp > 1) comes before all of them: the model is cut to this rank's stages
 (`executor.runtime.pipeline`), Float8 converts the rank's share, and each stage module then gets
-TP -> AC -> data parallelism -> compile as a whole model would (torchtitan's order: split first,
+TP -> CP -> AC -> data parallelism -> compile as a whole model would (torchtitan's order: split first,
 then parallelize every model part), each stage an FSDP root (and a compiled graph) of its own, over
 the same data-parallel dims (pp is never one of them); `parallelize_pipeline` says what each engine
 does under the schedule.
@@ -153,8 +153,9 @@ def parallelize_pipeline(
 ) -> Parallelized:
     """pp > 1: cut `model` to this rank's stages (`pipeline.split_model`), apply the strategy to
     each stage module as `parallelize` does to a whole model (Float8 on the rank's share first,
-    then per stage TP -> AC -> FSDP -> compile, over the stage's data-parallel mesh: the pp dim is
-    never a data-parallel one), and build the stages and the schedule over the pp group.
+    then per stage TP -> CP -> AC -> FSDP -> compile, over the stage's data-parallel mesh: the pp
+    dim is never a data-parallel one; cp runs inside each stage), and build the stages and the
+    schedule over the pp group.
 
     What each engine does under the schedule (the planner prices it so):
       fsdp2        each stage is an FSDP root; torch's PipelineStage turns gradient sync off for

@@ -29,6 +29,13 @@ model's state dict does.
 Micro-batches. The schedule runs the plan's `grad_accum_steps` micro-batches of
 `micro_batch_size` sequences each per optimizer step; every rank of a pipeline reads the same
 sequences (`distributed.data_parallel_rank`): the first stage takes the inputs, the last the targets.
+
+Context parallelism (cp > 1) runs inside each stage, as torchtitan composes them: the stage modules
+are context-parallel Llamas (`context_parallel.ContextParallelLlama`): the first stage keeps this
+rank's load-balanced chunks of each micro-batch's tokens, the stage boundaries carry its T / cp
+tokens' hidden states (the pp group of a rank is the ranks at its cp position), every stage's
+attention all-gathers K/V over the stage's cp group, and the last stage's loss is the rank's token
+mean with the cp group's mean as its value. FSDP shards over dp_shard x cp as without a pipeline.
 """
 
 from __future__ import annotations
@@ -81,11 +88,6 @@ def check_pipeline(plan: RuntimePlan, model: nn.Module, *, compiled: bool) -> No
             f"plan.config.mesh.pp: pipeline parallelism ({pp}) splits the built-in llama and gpt2 "
             f"models into stages, this model is a {type(model).__name__} (--model-factory); make a plan "
             "with pp 1"
-        )
-    if plan.config.mesh.cp > 1:
-        raise PlanError(
-            f"plan.config.mesh.cp: this runtime runs context parallelism ({plan.config.mesh.cp}) without "
-            f"pipeline parallelism only (pp {pp}); make a plan with pp 1 or cp 1"
         )
     if compiled and pipeline.schedule in EAGER_ONLY_SCHEDULES:
         # The contract refuses such plans; this is a run that asks for compile itself (--engine).
@@ -288,7 +290,8 @@ def build_pipeline(
     """One `PipelineStage` per stage (`forwards[i]`: what parallelize made of `split.stages[i]`,
     e.g. its compiled wrapper) and the plan's schedule over them, with static shapes: the first
     stage takes [micro_batch_size, seq_len] token ids, every stage boundary passes this rank's
-    share of the hidden states (the sequence split over tp: sequence parallelism) in
+    share of the hidden states (its cp chunks of the sequence, split again over tp: sequence
+    parallelism) in
     `activation_dtype`, and the last stage returns its fp32 loss."""
     cfg, training = plan.config, plan.training
     pipeline = cfg.pipeline
@@ -301,7 +304,8 @@ def build_pipeline(
         # requires_grad says which tensors have gradients to send back (all but the token ids).
         return torch.empty(shape, dtype=dtype, device="meta", requires_grad=dtype.is_floating_point)
 
-    boundary = meta((mb, seq // cfg.mesh.tp, hidden), activation_dtype)
+    # This rank's tokens of a micro-batch: its chunks of the sequence (cp), split again over tp.
+    boundary = meta((mb, seq // (cfg.mesh.cp * cfg.mesh.tp), hidden), activation_dtype)
     stages = [
         PipelineStage(
             forward,

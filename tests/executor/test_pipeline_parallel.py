@@ -8,7 +8,9 @@ launch), 4 AdamW steps of 4 micro-batches each:
            FSDP2 and SimpleFSDP and whole in one process), Interleaved1F1B and ZBVZeroBubble (two
            stages per rank, FSDP2), and 1F1B under eager SimpleFSDP
   4 ranks  pp 2 x dp 2 under FSDP2 and compiled SimpleFSDP (inductor), pp 2 x tp 2 under FSDP2
-           (1F1B) and SimpleFSDP (Interleaved1F1B)
+           (1F1B) and SimpleFSDP (Interleaved1F1B), pp 2 x cp 2 (context parallelism inside each
+           stage) under FSDP2 (1F1B, with a checkpoint saved and resumed as above; ZBVZeroBubble)
+           and eager SimpleFSDP (Interleaved1F1B)
 
 Tolerances (fp32) are tensor parallelism's (`test_tensor_parallel.py`): 1e-5 for step-1
 gradients, compared per parameter under the whole model's names, and 2e-5 for the losses. A
@@ -49,8 +51,11 @@ PARAMETERS = 4 * 9 + 3  # llama-debug: 9 per block, embeddings, final norm, head
 TIED_PARAMETERS = 2 + 4 * 12 + 2  # GPT-2 debug: wte, wpe, 12 per block, ln_f (the head is wte)
 TWO_RANK_CASES = ["1F1B:fsdp2:eager", "Interleaved1F1B:fsdp2:eager", "ZBVZeroBubble:fsdp2:eager",
                   "1F1B:simple_fsdp:eager", "1F1B:fsdp2:eager:1,1:gpt2", "ZBVZeroBubble:fsdp2:eager:1,1:gpt2"]
+PP_CP_CASES = ["1F1B:fsdp2:eager:1,1,2", "ZBVZeroBubble:fsdp2:eager:1,1,2",
+               "Interleaved1F1B:simple_fsdp:eager:1,1,2"]
 FOUR_RANK_CASES = ["1F1B:fsdp2:eager:2,1", "1F1B:simple_fsdp:inductor:2,1", "1F1B:fsdp2:eager:1,2",
-                   "Interleaved1F1B:simple_fsdp:eager:1,2", "Interleaved1F1B:simple_fsdp:eager:2,1:gpt2"]
+                   "Interleaved1F1B:simple_fsdp:eager:1,2", "Interleaved1F1B:simple_fsdp:eager:2,1:gpt2",
+                   *PP_CP_CASES]
 
 
 def pp_plan(schedule: str = "1F1B", **overrides: object) -> dict:
@@ -131,22 +136,17 @@ def test_the_last_stages_copy_of_a_tied_weight_starts_as_the_embedding() -> None
     torch.testing.assert_close(last.rank_model.lm_head.weight, whole.wte.weight, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize(
-    ("document", "compiled", "message"),
-    [
-        (debug_plan(gpus_per_node=4, cp=2, grad_accum_steps=4, pipeline=SPLITS["1F1B"]), False,
-         "plan.config.mesh.cp: this runtime runs context parallelism"),
-        # An eager plan run compiled (--engine simple_fsdp): the contract refuses compiled ZB-V plans.
-        (pp_plan("ZBVZeroBubble"), True, "plan.config.pipeline.schedule: ZBVZeroBubble"),
-    ],
-)
-def test_what_the_runtime_cannot_pipeline_is_refused_with_the_field_and_the_fix(
-    document: dict, compiled: bool, message: str
-) -> None:
-    plan = parse_plan(document)
-    with pytest.raises(PlanError, match=message) as refused:
-        check_pipeline(plan, build_model(plan.model, seq_len=64), compiled=compiled)
+def test_a_compiled_zero_bubble_run_is_refused_with_the_field_and_the_fix() -> None:
+    # An eager plan run compiled (--engine simple_fsdp): the contract refuses compiled ZB-V plans.
+    plan = parse_plan(pp_plan("ZBVZeroBubble"))
+    with pytest.raises(PlanError, match=r"plan\.config\.pipeline\.schedule: ZBVZeroBubble") as refused:
+        check_pipeline(plan, build_model(plan.model, seq_len=64), compiled=True)
     assert "make a plan with" in str(refused.value)  # and the fix
+
+
+def test_context_parallelism_inside_the_stages_is_accepted() -> None:
+    plan = parse_plan(debug_plan(gpus_per_node=4, cp=2, grad_accum_steps=4, pipeline=SPLITS["1F1B"]))
+    check_pipeline(plan, build_model(plan.model, seq_len=64), compiled=False)
 
 
 def test_a_user_model_is_refused() -> None:
@@ -236,7 +236,15 @@ def test_pp2_trains_like_one_process_under_every_schedule(two_ranks: dict[str, d
 @pytest.mark.distributed
 @pytest.mark.parametrize("case", ["1F1B:fsdp2:eager", "1F1B:fsdp2:eager:1,1:gpt2"])
 def test_a_pipeline_split_checkpoint_resumes_to_the_same_loss(two_ranks: dict[str, dict], case: str) -> None:
-    record = two_ranks[case]
+    assert_resumes(two_ranks[case])
+
+
+@pytest.mark.distributed
+def test_a_pipeline_split_checkpoint_under_cp_resumes_to_the_same_loss(four_ranks: dict[str, dict]) -> None:
+    assert_resumes(four_ranks["1F1B:fsdp2:eager:1,1,2"])
+
+
+def assert_resumes(record: dict) -> None:
     last = record["losses"][-1]
     resumed = record["resumed_last_loss"]
     assert resumed["fsdp2"] == last
@@ -351,3 +359,21 @@ def test_the_measured_bubble_is_the_priced_one(bubbles: list[dict], schedule: st
                     f"{OWN_CPU:.0%} of a CPU per rank and its ranks' compute within {BALANCED:.0%}")
     got, want = statistics.median(measured), statistics.median(priced)
     assert got == pytest.approx(want, abs=BUBBLE_ATOL), (schedule, measured, priced)
+
+
+@pytest.mark.distributed
+def test_pp2_cp2_trains_like_one_process(four_ranks: dict[str, dict]) -> None:
+    """Context parallelism inside each stage: the first stage keeps each cp rank's two chunks of the
+    tokens, the stages pass the hidden states of 32 tokens a sequence (half of each), each stage's
+    attention all-gathers K/V over its cp group, the last stage's loss is its cp group's mean."""
+    for case in PP_CP_CASES:
+        record = four_ranks[case]
+        assert_trains_like_one_process(record)
+        notes = record["notes"]
+        assert any(n.startswith("context parallel: cp=2 (32 tokens") for n in notes), notes
+        engine = "FSDP2" if ":fsdp2:" in case else "SimpleFSDP"
+        assert any(f"{engine} full_shard on mesh dp_shard_cp=2" in n for n in notes), notes
+        # pp outermost, cp inside: ranks 0, 1 hold stage 0 (cp ranks 0, 1), ranks 2, 3 stage 1; all
+        # four read the same sequences (one data-parallel rank).
+        assert record["dp"] == [[0, 1]] * 4
+        assert len(record["compared_per_rank"][0]) + len(record["compared_per_rank"][2]) == PARAMETERS

@@ -1,12 +1,13 @@
-"""torchrun worker: a pipeline-parallel Llama (pp 2, alone or with dp or tp) trains like one
+"""torchrun worker: a pipeline-parallel Llama (pp 2, alone or with dp, tp or cp) trains like one
 process, its pipeline-split checkpoints resume, and its schedule's bubble can be timed.
 
     torchrun --nproc-per-node N tests/executor/workers/pipeline_parallel.py --out result.json \
         --checkpoint-dir DIR [--steps 4] CASE [CASE ...]
 
-CASE is `schedule:engine:backend[:dp,tp[:gpt2]]`, e.g. `1F1B:fsdp2:eager`, `Interleaved1F1B:
+CASE is `schedule:engine:backend[:dp,tp[,cp][:gpt2]]`, e.g. `1F1B:fsdp2:eager`, `Interleaved1F1B:
 simple_fsdp:inductor`, `1F1B:fsdp2:eager:2,1` (pp 2 x dp 2 on 4 ranks), `1F1B:simple_fsdp:eager:1,2`
-(pp 2 x tp 2), `ZBVZeroBubble:fsdp2:eager:1,1:gpt2`. Every case is a plan over pp 2 of the 4-block
+(pp 2 x tp 2), `1F1B:fsdp2:eager:1,1,2` (pp 2 x cp 2: context parallelism inside each stage),
+`ZBVZeroBubble:fsdp2:eager:1,1:gpt2`. Every case is a plan over pp 2 of the 4-block
 llama-debug, or with `gpt2` of a 4-block GPT-2 whose head is tied to its embedding (1F1B: two
 stages of 2 blocks; Interleaved1F1B and ZBVZeroBubble: four stages of 1 block, two per rank)
 with 4 micro-batches (the plan's grad_accum_steps) of 2 sequences each.
@@ -16,8 +17,8 @@ steps with the runtime's `train_step` (the pipeline's schedule, gradient clippin
 stages) beside a one-process reference; rank 0 writes one record per case with the per-step
 losses of both, the relative step-1 gradient error of every parameter (each pipeline rank
 compares its stages' parameters by the whole model's names; the ranks' errors are merged), each
-rank's (data-parallel rank, size) and stages. The first case of a 2-rank launch also saves a
-checkpoint and resumes it (pipeline-split under both engines, and whole in one process).
+rank's (data-parallel rank, size) and stages. The CHECKPOINTED_CASES also save a checkpoint and
+resume it (pipeline-split under both engines, and whole in one process).
 """
 
 from __future__ import annotations
@@ -42,12 +43,12 @@ SPLITS = {
     "Interleaved1F1B": {"schedule": "Interleaved1F1B", "stages_per_rank": 2, "stage_blocks": [1, 1, 1, 1]},
     "ZBVZeroBubble": {"schedule": "ZBVZeroBubble", "stages_per_rank": 2, "stage_blocks": [1, 1, 1, 1]},
 }
-CHECKPOINTED_CASES = ("1F1B:fsdp2:eager", "1F1B:fsdp2:eager:1,1:gpt2")
+CHECKPOINTED_CASES = ("1F1B:fsdp2:eager", "1F1B:fsdp2:eager:1,1:gpt2", "1F1B:fsdp2:eager:1,1,2")
 GPT2_TIED = {**LLAMA_DEBUG, "name": "gpt2-tied-debug", "architecture": "gpt2", "num_kv_heads": 8,
              "intermediate_size": 1024, "tie_word_embeddings": True}
 
 
-def make_plan(*, schedule: str, world: int, tp: int, backend: str, model: dict) -> RuntimePlan:
+def make_plan(*, schedule: str, world: int, tp: int, cp: int, backend: str, model: dict) -> RuntimePlan:
     compiled = backend != "eager"
     document = debug_plan(
         model=model,
@@ -55,6 +56,7 @@ def make_plan(*, schedule: str, world: int, tp: int, backend: str, model: dict) 
         sharding="full_shard",
         gpus_per_node=world,
         tp=tp,
+        cp=cp,
         micro_batch_size=2,
         grad_accum_steps=MICRO_BATCHES,
         compile=compiled,
@@ -66,9 +68,9 @@ def make_plan(*, schedule: str, world: int, tp: int, backend: str, model: dict) 
 
 def run_case(case: str, *, world: int, steps: int, cache: dict, checkpoint_dir: Path) -> dict:
     schedule, engine, backend, *rest = case.split(":")
-    dp, tp = (int(d) for d in rest[0].split(",")) if rest else (1, 1)
+    dp, tp, cp = (*(int(d) for d in rest[0].split(",")), 1)[:3] if rest else (1, 1, 1)
     model = GPT2_TIED if rest[1:] == ["gpt2"] else LLAMA_DEBUG
-    plan = make_plan(schedule=schedule, world=world, tp=tp, backend=backend, model=model)
+    plan = make_plan(schedule=schedule, world=world, tp=tp, cp=cp, backend=backend, model=model)
     assert plan.config.mesh.dp == dp, (case, plan.config.mesh)
     env = init_distributed(plan)
     key = plan.config.mesh.shape
@@ -80,12 +82,12 @@ def run_case(case: str, *, world: int, steps: int, cache: dict, checkpoint_dir: 
     dist.all_gather_object(every_dp, dp_rank)
     if ("reference", dp, model["name"]) not in cache:
         cache["reference", dp, model["name"]] = reference(plan, steps)
-    checkpointed = case in CHECKPOINTED_CASES and world == 2
+    checkpointed = case in CHECKPOINTED_CASES and world == PP * dp * tp * cp
     record = trained_record(
         case, plan, mesh, dp=dp_rank, every_dp=every_dp, reference_run=cache["reference", dp, model["name"]],
         engine=engine, backend=backend, steps=steps, checkpoint_dir=checkpoint_dir if checkpointed else None,
     )
-    # Every rank compared its own stages' parameters: merge them (a tp or dp peer's are the same names).
+    # Every rank compared its own stages' parameters: merge them (a tp, cp or dp peer's are the same names).
     every_errors: list = [None] * world
     dist.all_gather_object(every_errors, record["grad_errors"])
     merged: dict[str, float] = {}
