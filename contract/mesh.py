@@ -138,11 +138,13 @@ class Mesh:
         return "intra" if self.world_size <= gpus_per_node else "inter"
 
     def label(self) -> str:
-        """E.g. `pp 4 dp 2x4 cp 2 tp 2` (replicas x shards; pp, cp and tp omitted when 1)."""
-        dp = f"{self.dp_replicate}x{self.dp_shard}" if self.dp_replicate > 1 else f"{self.dp_shard}"
-        pipeline = f"pp {self.pp} " if self.pp > 1 else ""
-        context = f" cp {self.cp}" if self.cp > 1 else ""
-        return f"{pipeline}dp {dp}{context}" + (f" tp {self.tp}" if self.tp > 1 else "")
+        """The one way a mesh is shown, e.g. `dp8x1 tp1`, `pp4 dp2x4 cp2 tp2`: both data-parallel
+        degrees as dp_shard x dp_replicate and tp always, pp and cp when above 1, outermost first.
+        Configurations (`ParallelConfig.label`), the planner's families (`config_family`) and the
+        dashboard's plan list show meshes through it."""
+        pipeline = [f"pp{self.pp}"] if self.pp > 1 else []
+        context = [f"cp{self.cp}"] if self.cp > 1 else []
+        return " ".join([*pipeline, f"dp{self.dp_shard}x{self.dp_replicate}", *context, f"tp{self.tp}"])
 
     def describe(self) -> str:
         """`dp_replicate 1 x dp_shard 32 x tp 8 = 256 ranks` (pp and cp named when above 1)."""

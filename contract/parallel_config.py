@@ -277,16 +277,12 @@ class ParallelConfig:
         return document
 
     def label(self) -> str:
-        """A short human-readable summary, e.g. `full_shard/8 tp2 u2 AC=sel2 mb2x4 compiled`."""
-        shard = self.sharding
-        if self.sharding == "hybrid_shard":
-            shard += f"/{self.mesh.dp_shard}x{self.mesh.dp_replicate}"
+        """A short human-readable summary: the sharding and the whole mesh (`Mesh.label`), the
+        pipeline's schedule, then the rest, e.g. `full_shard dp4x1 tp2 u2 AC=sel2 mb2x4 compiled`,
+        `shard_grad_op pp4 dp8x1 tp8 Interleaved1F1Bx4 u1 AC=op mb1x64 eager`."""
+        shard = f"{self.sharding} {self.mesh.label()}"
         if self.pipeline is not None:
-            shard = f"pp{self.mesh.pp} {self.pipeline.label()} " + shard
-        if self.mesh.cp > 1:
-            shard += f" cp{self.mesh.cp}"
-        if self.mesh.tp > 1:
-            shard += f" tp{self.mesh.tp}"
+            shard += f" {self.pipeline.label()}"
         ac = {"none": "none", "full": "full", "op_selective": "op"}.get(
             self.checkpointing.mode, f"sel{self.checkpointing.every_k}"
         )
@@ -306,6 +302,12 @@ class ParallelConfig:
             f"{shard} u{self.blocks_per_unit} AC={ac} mb{self.micro_batch_size}x{self.grad_accum_steps}"
             f"{buckets} {mode}"
         )
+
+
+def config_family(sharding: str, mesh: Mesh, compile: bool) -> str:
+    """A family of configurations as shown: sharding, whole mesh (`Mesh.label`) and compile mode,
+    e.g. `hybrid_shard dp2x4 tp1 compiled`; the configurations' own labels begin alike."""
+    return f"{sharding} {mesh.label()} {'compiled' if compile else 'eager'}"
 
 
 ADDED_FIELDS: dict[str, Any] = {"float8": "none", "async_tp": False, "pipeline": None}

@@ -123,10 +123,13 @@ class Candidate(Document):
 
 
 class RejectedFamily(Document):
-    """Why a family of configurations (a sharding strategy x compile mode) was not chosen."""
+    """Why a family of configurations (a sharding strategy x compile mode, or a model-parallel
+    degree) was not chosen, told by the configuration that stands for it (planner/ranking.py)."""
 
     family: str
-    """E.g. `no_shard eager`."""
+    """That configuration's sharding, whole mesh and compile mode, e.g. `no_shard dp1x2 tp4 eager`
+    (`Choice.mesh_family`); plans stored by earlier versions name the family itself (`no_shard eager`,
+    `tp=4`)."""
     kind: Literal["oom", "slower", "excluded"]
     reason: str
     """E.g. `OOM by 12.4 GiB` or `17% slower: exposed all-gather 41 ms/step`."""

@@ -2,7 +2,8 @@
 
 The search (planner/search.py) prices configurations into `Evaluated` entries; this module orders
 them, picks distinct alternatives and the throughput/memory Pareto front, and says for every other
-family (sharding x compile, and each tensor-parallel degree) why it was not chosen.
+family (sharding x compile, and each model-parallel degree) why it was not chosen, each
+configuration once.
 """
 
 from __future__ import annotations
@@ -109,38 +110,40 @@ def pareto(ranked: list[Evaluated]) -> list[Evaluated]:
 def rejected_families(
     evaluated: list[Evaluated], best: Evaluated, limit: Callable[[Mesh], float], estimator: Estimator
 ) -> list[RejectedFamily]:
-    """For each family other than the winner's, why it lost: each sharding x compile family, and
-    (when the search tried more than one) each tensor-parallel degree. A sharding family spans
-    every tp degree: it is shown with the tp degree of the member that stands for it. `limit` is
-    the largest peak a configuration on a mesh may have (its memory margin depends on the mesh)."""
+    """Why every other family lost, each configuration once. The families are each sharding x
+    compile family (a hybrid shard group its own) and, when the search tried more than one, each
+    model-parallel degree (pp x cp x tp). A family is shown by the member that stands for it (its
+    fastest, or the one closest to fitting), labelled with that member's sharding, whole mesh and
+    compile mode (`Choice.mesh_family`): a sharding family spans every degree, a degree every
+    sharding. Two families whose members standing for them share that label are one configuration
+    seen twice (the fastest tp=4 configuration is often the fastest no_shard one: the same member,
+    the same reason), so they are one row. `limit` is the largest peak a configuration on a mesh
+    may have (its memory margin depends on the mesh)."""
     by_sharding: dict[str, list[Evaluated]] = {}
-    by_tp: dict[str, list[Evaluated]] = {}
+    by_degree: dict[str, list[Evaluated]] = {}
     for e in evaluated:
         by_sharding.setdefault(e.choice.family, []).append(e)
-        by_tp.setdefault(e.choice.tp_family, []).append(e)
-    out = [
-        _why_lost(family, members, best, limit, estimator, by_mesh=True)
-        for family, members in by_sharding.items()
-        if family != best.choice.family
-    ]
-    if len(by_tp) > 1:
-        out += [
-            _why_lost(family, members, best, limit, estimator)
-            for family, members in by_tp.items()
-            if family != best.choice.tp_family
-        ]
-    out.sort(key=lambda r: (r.kind != "slower", -(r.best_tokens_per_s_per_gpu or 0.0), r.family))
-    return out
+        by_degree.setdefault(e.choice.tp_family, []).append(e)
+    families = [members for family, members in by_sharding.items() if family != best.choice.family]
+    if len(by_degree) > 1:
+        families += [members for family, members in by_degree.items() if family != best.choice.tp_family]
+    rows: dict[str, RejectedFamily] = {}
+    for members in families:
+        row = _why_lost(members, best, limit, estimator)
+        seen = rows.get(row.family)
+        if seen is not None and seen.min_peak_memory_gib is not None and row.min_peak_memory_gib is not None:
+            # The same configuration for both families: the least peak is over both.
+            row = seen.model_copy(
+                update={"min_peak_memory_gib": min(seen.min_peak_memory_gib, row.min_peak_memory_gib)}
+            )
+        rows[row.family] = row
+    return sorted(
+        rows.values(), key=lambda r: (r.kind != "slower", -(r.best_tokens_per_s_per_gpu or 0.0), r.family)
+    )
 
 
 def _why_lost(
-    family: str,
-    members: list[Evaluated],
-    best: Evaluated,
-    limit: Callable[[Mesh], float],
-    estimator: Estimator,
-    *,
-    by_mesh: bool = False,
+    members: list[Evaluated], best: Evaluated, limit: Callable[[Mesh], float], estimator: Estimator
 ) -> RejectedFamily:
     # A family with a fitting member has a timed one: the search times each family's fastest.
     fitting = [e for e in members if e.time is not None]
@@ -148,7 +151,7 @@ def _why_lost(
         closest = min(members, key=lambda e: (e.peak_gib - limit(e.choice.mesh), e.peak_gib))
         smallest, most = closest.peak_gib, limit(closest.choice.mesh)
         return RejectedFamily(
-            family=family,
+            family=closest.choice.mesh_family,
             kind="oom",
             reason=f"OOM by {smallest - most:.1f} GiB: needs at least {smallest:.1f} GiB per GPU, "
             f"at most {most:.1f} GiB fits with the memory margin",
@@ -157,7 +160,7 @@ def _why_lost(
         )
     top = max(fitting, key=lambda e: (e.tokens_per_s_per_gpu, -e.peak_gib))
     return RejectedFamily(
-        family=top.choice.mesh_family if by_mesh else family,
+        family=top.choice.mesh_family,
         kind="slower",
         reason=slower_reason(top, best, estimator),
         best_tokens_per_s_per_gpu=top.tokens_per_s_per_gpu,
@@ -186,7 +189,7 @@ def cost_components(e: Evaluated, estimator: Estimator) -> dict[str, float]:
         "framework overhead": t.overhead_s,
         "exposed all-gather": t.exposed_all_gather_s,
         f"exposed {reduce_name}": t.exposed_reduce_s,
-        f"{e.choice.tp_family} per-layer collectives": t.tensor_parallel_s,
+        f"tp={e.choice.mesh.tp} per-layer collectives": t.tensor_parallel_s,
         "pipeline bubble": t.pipeline_bubble_s,
         "pipeline sends": t.pipeline_p2p_s,
     }

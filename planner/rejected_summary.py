@@ -27,7 +27,7 @@ class RejectedSummary:
     folded: tuple[RejectedFamily, ...]
     """The out-of-memory families `line` stands for, closest to fitting first (empty when none are)."""
     line: str | None
-    """`38 more families do not fit: the closest, hybrid_shard/2x2 compiled, needs 84.0 GiB per GPU,
+    """`38 more families do not fit: the closest, hybrid_shard dp2x2 tp2 compiled, needs 84.0 GiB per GPU,
     15.7 GiB more than the 68.3 GiB that fits with the memory margin`; None when nothing is folded."""
 
     @property

@@ -238,9 +238,8 @@ def search_pins(
 
 
 def mesh_line(config: ParallelConfig) -> str:
-    """`dp_replicate 1 x dp_shard 64 x tp 8 (sequence + loss parallel)`: every degree named, since
-    `hybrid_shard/16x2` style labels and `dp 2x16` ones order the two data-parallel degrees apart
-    (pp and cp named when above 1)."""
+    """`dp_replicate 1 x dp_shard 64 x tp 8 (sequence + loss parallel)`: every degree named in
+    words, beside the compact `dp64x1 tp8` of the configuration's label (pp and cp named when above 1)."""
     mesh = config.mesh
     pipeline = f"pp {mesh.pp} x " if mesh.pp > 1 else ""
     context = f" x cp {mesh.cp}" if mesh.cp > 1 else ""
@@ -312,8 +311,9 @@ def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
         alternatives.add_column(column, justify="left" if column == "configuration" else "right")
     for a in p.alternatives:
         alternatives.add_row(
-            a.label, f"{a.tokens_per_s_per_gpu:,.0f}", f"{a.relative_throughput:.1%}", f"{a.mfu:.1%}",
-            f"{a.peak_memory_gib:.1f}", duration(a.exposed_comm_s),
+            # Labelled from the configuration: a plan stored by an older version shows today's label.
+            a.config.label(), f"{a.tokens_per_s_per_gpu:,.0f}", f"{a.relative_throughput:.1%}",
+            f"{a.mfu:.1%}", f"{a.peak_memory_gib:.1f}", duration(a.exposed_comm_s),
         )
     console.print(alternatives)
 

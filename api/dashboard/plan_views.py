@@ -331,7 +331,7 @@ def _detailed_timeline(plan: Plan) -> charts.Chart:
 def _candidate_point(candidate: Candidate) -> charts.Point:
     return charts.Point(
         x=candidate.peak_memory_gib, y=candidate.tokens_per_s_per_gpu,
-        tooltip=f"{candidate.label}: {fmt.thousands(candidate.tokens_per_s_per_gpu)} tokens/s/GPU, "
+        tooltip=f"{candidate.config.label()}: {fmt.thousands(candidate.tokens_per_s_per_gpu)} tokens/s/GPU, "
                 f"{fmt.gib(candidate.peak_memory_gib)}, MFU {fmt.percent(candidate.mfu)}",
     )
 

@@ -10,7 +10,7 @@ import operator
 from dataclasses import dataclass, field, fields
 
 from contract.mesh import Mesh
-from contract.parallel_config import PipelineConfig
+from contract.parallel_config import PipelineConfig, config_family
 from contract.training_config import Optimizer, Precision
 from planner.cost.model_costs import ModelCosts
 from planner.cost.parameters import CostParameters
@@ -83,7 +83,9 @@ class Choice:
 
     @property
     def family(self) -> str:
-        """The sharding family (strategy, mesh shape, compile), e.g. `hybrid_shard/8x2 compiled`."""
+        """The sharding family this choice belongs to (strategy, hybrid shard group, compile), e.g.
+        `hybrid_shard/8x2 compiled`: a grouping key of planner/ranking.py, shown through the member
+        that stands for the family (`mesh_family`)."""
         shard = self.sharding
         if self.sharding == "hybrid_shard":
             shard += f"/{self.mesh.dp_shard}x{self.mesh.dp_replicate}"
@@ -91,15 +93,9 @@ class Choice:
 
     @property
     def mesh_family(self) -> str:
-        """The family as shown by the member that stands for it: its pipeline-, context- and
-        tensor-parallel degrees added when above 1, e.g. `hybrid_shard/2x2 pp2 cp2 tp2 compiled` (a
-        family spans every degree)."""
-        degrees = {axis: getattr(self.mesh, axis) for axis in ("pp", "cp", "tp")}
-        parallel = "".join(f" {axis}{degree}" for axis, degree in degrees.items() if degree > 1)
-        if not parallel:
-            return self.family
-        shard, compiled = self.family.rsplit(" ", 1)
-        return f"{shard}{parallel} {compiled}"
+        """The configuration family as shown: sharding, whole mesh and compile mode, e.g.
+        `hybrid_shard pp2 dp2x2 cp2 tp2 compiled` (contract/parallel_config.py `config_family`)."""
+        return config_family(self.sharding, self.mesh, self.compile)
 
     @property
     def fsdp2_pipeline(self) -> bool:
@@ -131,8 +127,9 @@ class Choice:
 
     @property
     def tp_family(self) -> str:
-        """The model-parallel family, e.g. `tp=2`, or `pp=4 cp=2 tp=2` when the blocks or the
-        sequences are split too."""
+        """The model-parallel family this choice belongs to, e.g. `tp=2`, or `pp=4 cp=2 tp=2` when
+        the blocks or the sequences are split too: a grouping key of planner/ranking.py, shown
+        through the member that stands for the family (`mesh_family`)."""
         split = {axis: getattr(self.mesh, axis) for axis in ("pp", "cp")}
         outer = "".join(f"{axis}={degree} " for axis, degree in split.items() if degree > 1)
         return f"{outer}tp={self.mesh.tp}"

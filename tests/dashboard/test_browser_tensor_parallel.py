@@ -48,14 +48,14 @@ def test_a_2d_plan_shows_its_mesh_and_the_list_filters_by_tp(
     # Unpinned, the same inputs plan data parallelism and say why tp=2 and tp=4 lost.
     free = create_debug_plan(p, live_server.url, name="Debug free", tensor_parallel="")
     rejected = p.locator("#rejected-table tbody").inner_text()
-    assert "tp=2" in rejected and "tp=4" in rejected
+    assert " tp2 " in rejected and " tp4 " in rejected  # rows labelled with their whole mesh
     assert "tp 1" in p.locator("#config-title + dl").inner_text()
 
     # The list: a Mesh column, and the tp filter finds the 2-D plan only.
     p.click("nav >> text=Plans")
     assert listed_names(p) == ["Debug free", "Debug tp2"]
     meshes = [m.strip() for m in p.locator("#plans-table tbody .cell-mesh").all_inner_texts()]
-    assert meshes[0].endswith("· dp 4") and meshes[1].endswith("· dp 2 tp 2"), meshes
+    assert meshes[0].endswith(" dp4x1 tp1") and meshes[1].endswith(" dp2x1 tp2"), meshes
     p.select_option("#filter-tp", "2")
     p.click("#apply-filters")
     p.wait_for_url(re.compile(r".*tp=2.*"))

@@ -53,7 +53,7 @@ def test_a_1f1b_plan_shows_its_mesh_stages_and_timeline(client: TestClient, db: 
     page = text(html)
     assert "Device mesh pp 2 × dp_replicate 1 × dp_shard 2 × tp 1" in page
     assert "split into 2 pipeline stages of 2 GPU(s) each" in page
-    assert "· pp2 1F1B full_shard" in page  # the configuration label in the subtitle
+    assert "· full_shard pp2 dp2x1 tp1 1F1B u" in page  # the configuration label in the subtitle
     # The stages: blocks with their global indices, where the embeddings and the head are.
     stages = re.search(r'<table class="data" id="stages-table">(.*?)</table>', html, re.S)
     assert stages
@@ -128,7 +128,7 @@ def test_the_list_and_compare_show_pp(client: TestClient, db: Database) -> None:
                                   "global_batch_tokens": "2048"}, name="debug flat")
     html = client.get("/").text
     cells = mesh_cells(html)
-    assert cells[pipelined] == "full_shard · pp 2 dp 2"
+    assert cells[pipelined] == "full_shard pp2 dp2x1 tp1"
     assert "pp" not in cells[flat]
     assert re.search(rf'<tr data-plan-id="{pipelined}">.*?data-pp="2"', html, re.S)
     options = re.findall(r'<select name="pp" id="filter-pp">(.*?)</select>', html, re.S)[0]

@@ -1,4 +1,5 @@
-"""Why the other families lost: reasons name only what the loser pays more of, labels show tp."""
+"""Why the other families lost: reasons name only what the loser pays more of, each row is labelled
+with its configuration's whole mesh, and no configuration is shown twice."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import planner.search
 from planner.cost.estimate import Estimator
 from planner.plan import Plan, RejectedFamily
 from planner.ranking import Evaluated
+from planner.rejected_summary import summarize_rejected
 from tests.planner.conftest import make_request
 
 PLANS = [
@@ -37,10 +39,8 @@ def planned(request: pytest.FixtureRequest) -> tuple[Plan, list[Evaluated], Eval
 
 
 def _representative(r: RejectedFamily, evaluated: list[Evaluated]) -> Evaluated:
-    """The family's fastest timed member: the one its reason speaks for."""
-    by_degree = re.fullmatch(r"(pp=\d+ )?(cp=\d+ )?tp=\d+", r.family) is not None
-    label = (lambda e: e.choice.tp_family) if by_degree else (lambda e: e.choice.mesh_family)
-    members = [e for e in evaluated if e.time is not None and label(e) == r.family]
+    """The fastest timed configuration the row's label names: the one its reason speaks for."""
+    members = [e for e in evaluated if e.time is not None and e.choice.mesh_family == r.family]
     return max(members, key=lambda e: (e.tokens_per_s_per_gpu, -e.peak_gib))
 
 
@@ -63,7 +63,7 @@ def _component(e: Evaluated, name: str, estimator: Estimator) -> float:
         seconds = t.exposed_all_gather_s
     elif name in ("exposed reduce-scatter", "exposed all-reduce"):
         seconds = t.exposed_reduce_s
-    elif re.fullmatch(r"(pp=\d+ )?(cp=\d+ )?tp=\d+ per-layer collectives", name):
+    elif re.fullmatch(r"tp=\d+ per-layer collectives", name):
         seconds = t.tensor_parallel_s
     elif name == "pipeline bubble":
         seconds = t.pipeline_bubble_s
@@ -102,13 +102,37 @@ def test_a_reason_that_names_a_tp_degree_has_it_in_its_label(planned) -> None:
     plan, *_ = planned
     for r in plan.rejected:
         for tp in re.findall(r"tp=(\d+)", r.reason):
-            assert f"tp{tp}" in r.family.split() or f"tp={tp}" in r.family.split(), (r.family, r.reason)
+            assert f"tp{tp}" in r.family.split(), (r.family, r.reason)
 
 
-def test_a_family_label_shows_its_members_tp(planned) -> None:
+def test_a_row_states_the_whole_mesh_of_the_configuration_it_stands_for(planned) -> None:
     plan, evaluated, *_ = planned
     for r in plan.rejected:
-        if r.kind != "slower" or re.fullmatch(r"(pp=\d+ )?(cp=\d+ )?tp=\d+", r.family):
+        if r.kind != "slower":
             continue
-        tp = _representative(r, evaluated).choice.mesh.tp
-        assert (f"tp{tp}" in r.family.split()) == (tp > 1), r.family
+        mesh = _representative(r, evaluated).choice.mesh
+        words = r.family.split()
+        assert f"dp{mesh.dp_shard}x{mesh.dp_replicate}" in words and f"tp{mesh.tp}" in words, r.family
+        assert (f"pp{mesh.pp}" in words) == (mesh.pp > 1) and (f"cp{mesh.cp}" in words) == (mesh.cp > 1)
+
+
+def test_no_configuration_is_shown_twice(planned) -> None:
+    """A sharding family and a model-parallel degree often stand for the same configuration (the
+    fastest tp=4 one is the fastest no_shard one): one row, still one for every family that lost."""
+    plan, evaluated, best, _ = planned
+    shown = summarize_rejected(plan)
+    for rows in (plan.rejected, shown.every_family):
+        labels = [r.family for r in rows]
+        assert len(labels) == len(set(labels)), sorted(label for label in labels if labels.count(label) > 1)
+    configurations = [_representative(r, evaluated).choice for r in plan.rejected if r.kind == "slower"]
+    assert len(configurations) == len(set(configurations))
+    rows = {r.family for r in plan.rejected}
+    for key in (lambda c: c.family, lambda c: c.tp_family):
+        families: dict[str, set[str]] = {}
+        for e in evaluated:
+            families.setdefault(key(e.choice), set()).add(e.choice.mesh_family)
+        if len(families) == 1:
+            continue  # one searched (the degree when tp, cp and pp are pinned): none lost
+        for family, labels in families.items():
+            if family != key(best.choice):
+                assert labels & rows, f"{family} lost but no row stands for it"
