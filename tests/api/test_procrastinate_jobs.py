@@ -1,7 +1,9 @@
 """Studies as procrastinate jobs (`FSDP_PLANNER_JOB_ENGINE=procrastinate`) on the real PostgreSQL, run by
 real `fsdp-planner worker` processes: a study is queued by the API and run by a worker with the same
-result as the in-process engine; a worker killed outright mid-study has its job retried by another worker
-and the study's plans and points are stored once; an API restart loses no queued job.
+result as the in-process engine; cancel and DELETE stop a study a worker runs; Idempotency-Key replays
+and refuses as in process, deferring no second job; a small POST /plans is answered promptly while a
+worker runs issue 25's maximal study; a worker killed outright mid-study has its job retried by another
+worker and the study's plans and points are stored once; an API restart loses no queued job.
 
 Each test has databases of its own (created and dropped by the session's `database_factory`), so the
 workers it starts see only its jobs.
@@ -35,7 +37,8 @@ from api.services.search_pool import SearchPool
 from api.services.task_engine import StudyWorker
 from api.settings import Settings
 from migrations.data_loss import DataLossRefusedError
-from tests.api.conftest import wait_for_study
+from tests.api.conftest import CHEAP_PLAN, assert_problem, distinct_plans, wait_for_study
+from tests.api.test_study_jobs import LARGE, running, submit
 
 pytestmark = pytest.mark.anyio
 
@@ -51,6 +54,9 @@ MEDIUM: dict[str, Any] = {
     "cluster_sizes": {"min_gpus": 16, "max_gpus": 256, "progression": "step", "step": 16},
     "seq_len": 8192, "global_batch_tokens": 4 * 1024 * 1024,
 }
+# Issue 25's maximal study: 256 candidates (H100 and A100 clusters of 16 to 2,048 GPUs), tens of seconds
+# for a worker's two search processes on 2 cores; the fairness test cancels it once it has measured.
+MAXIMAL: dict[str, Any] = {**LARGE, "token_budget": 15 * 10**12, "gpus": [{"gpu": "H100"}, {"gpu": "A100"}]}
 
 
 @pytest.fixture
@@ -101,13 +107,14 @@ def query(url: str, sql: str, **params: Any) -> list[Any]:
 class Worker:
     """A `fsdp-planner worker` process, in a process group of its own (with its search processes)."""
 
-    def __init__(self, url: str, log_dir: Path, name: str):
+    def __init__(self, url: str, log_dir: Path, name: str, search_workers: int = 1):
         executable = Path(sys.executable).with_name("fsdp-planner")
         command = [str(executable)] if executable.exists() else [sys.executable, "-m", "api.cli.main"]
         env = {key: value for key, value in os.environ.items()
                if not key.startswith("FSDP_PLANNER_") and key != "DATABASE_URL"}
-        env.update(FSDP_PLANNER_STUDY_STALE_AFTER_S=str(STALE_AFTER_S), FSDP_PLANNER_STUDY_SEARCH_WORKERS="1",
-                   FSDP_PLANNER_STUDY_JOBS="1", FSDP_PLANNER_MIGRATE_ON_STARTUP="false")
+        env.update(FSDP_PLANNER_STUDY_STALE_AFTER_S=str(STALE_AFTER_S),
+                   FSDP_PLANNER_STUDY_SEARCH_WORKERS=str(search_workers), FSDP_PLANNER_STUDY_JOBS="1",
+                   FSDP_PLANNER_MIGRATE_ON_STARTUP="false")
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
@@ -146,11 +153,11 @@ class Worker:
 
 
 @pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Callable[[str, str], Worker]]:
+def workers(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     started: list[Worker] = []
 
-    def start(url: str, name: str) -> Worker:
-        worker = Worker(url, tmp_path, name)
+    def start(url: str, name: str, search_workers: int = 1) -> Worker:
+        worker = Worker(url, tmp_path, name, search_workers)
         started.append(worker)
         return worker
 
@@ -226,7 +233,7 @@ def test_without_postgresql_its_tests_skip_unless_ci_requires_them_then_they_fai
 
 @pytest.mark.postgres
 async def test_a_queued_study_is_run_by_a_worker_process_as_the_in_process_engine_runs_it(
-    new_database: Callable[[], str], workers: Callable[[str, str], Worker],
+    new_database: Callable[[], str], workers: Callable[..., Worker],
 ) -> None:
     url = new_database()
     async with api(settings_for(url)) as client:
@@ -254,6 +261,100 @@ async def test_a_queued_study_is_run_by_a_worker_process_as_the_in_process_engin
     assert expected["state"] == "succeeded"
     assert stored(done) == stored(expected) and len(done["points"]) == 3 and done["num_fitting"] == 2
     assert plan_hashes(url) == plan_hashes(other) and len(plan_hashes(url)) == 2
+
+
+@pytest.mark.postgres
+async def test_cancel_and_delete_stop_a_study_a_worker_runs_and_store_nothing(
+    new_database: Callable[[], str], workers: Callable[..., Worker],
+) -> None:
+    url = new_database()
+    async with api(settings_for(url)) as client:
+        worker = workers(url, "w1")
+        with explained(worker):
+            cancelled = (await submit(client, LARGE)).json()["id"]
+            await running(client, cancelled)  # the worker is in the middle of its 128 candidates
+            answer = await client.post(f"{STUDIES}/{cancelled}/cancel")
+            assert answer.status_code == 200 and answer.json()["state"] == "cancelled", answer.text
+            # The worker's job notices at its next progress write, stores nothing and ends: its one slot
+            # is free for the next study.
+            deleted = (await submit(client, LARGE)).json()["id"]
+            await running(client, deleted)
+            assert (await client.delete(f"{STUDIES}/{deleted}")).status_code == 204
+            assert_problem(await client.get(f"{STUDIES}/{deleted}"), 404, "study-not-found")
+            small = await wait_for_study(client, (await submit(client, SMALL)).json()["id"], timeout_s=60)
+            assert small["state"] == "succeeded", small
+
+            after = (await client.get(f"{STUDIES}/{cancelled}")).json()
+            assert after["state"] == "cancelled" and after["points"] == [], after
+            assert after["candidates_done"] < after["num_candidates"] == 128
+            # Each job ran once and ended (a cancelled or deleted study is an answer, not a retry).
+            ran = [(int(j.study_id), j.status, j.attempts) for j in settled_jobs(url)]
+            assert ran == [(study, "succeeded", 1) for study in (cancelled, deleted, small["id"])]
+    # Only the small study's plans and points were stored.
+    assert len(plan_hashes(url)) == small["num_fitting"] == 2
+    points = query(url, "SELECT study_id, count(*) AS n FROM study_points GROUP BY study_id")
+    assert [(p.study_id, p.n) for p in points] == [(small["id"], 3)]
+
+
+@pytest.mark.postgres
+async def test_idempotency_key_replays_the_same_study_and_refuses_another_body_deferring_no_job(
+    new_database: Callable[[], str], workers: Callable[..., Worker],
+) -> None:
+    url = new_database()
+    async with api(settings_for(url)) as client:
+        first = await submit(client, SMALL, **{"Idempotency-Key": "study-1"})
+        again = await submit(client, SMALL, **{"Idempotency-Key": "study-1"})
+        assert again.json()["id"] == first.json()["id"] and again.headers["idempotent-replayed"] == "true"
+        assert again.headers["location"] == first.headers["location"]
+        other = await client.post(STUDIES, json={**SMALL, "cluster_sizes": [8]},
+                                  headers={"Idempotency-Key": "study-1"})
+        assert_problem(other, 422, "idempotency-key-reused")
+        # One study, one job: neither the replay nor the refusal stored or deferred anything.
+        assert query(url, "SELECT id FROM studies") == [(first.json()["id"],)]
+        assert [(j.status, j.study_id) for j in jobs_of(url)] == [("todo", str(first.json()["id"]))]
+
+        worker = workers(url, "w1")
+        with explained(worker):
+            finished = await wait_for_study(client, first.json()["id"], timeout_s=60)
+            assert finished["state"] == "succeeded", finished
+            replayed = await submit(client, SMALL, **{"Idempotency-Key": "study-1"})
+            assert replayed.json() == finished  # after the job too: the same study, finished
+            assert_problem(await client.post(STUDIES, json={**SMALL, "cluster_sizes": [8]},
+                                             headers={"Idempotency-Key": "study-1"}),
+                           422, "idempotency-key-reused")
+            assert [(j.status, j.attempts) for j in settled_jobs(url)] == [("succeeded", 1)]
+    assert query(url, "SELECT count(*) FROM studies") == [(1,)]
+    assert len(plan_hashes(url)) == finished["num_fitting"] == 2
+
+
+@pytest.mark.postgres
+async def test_a_small_plan_is_answered_promptly_while_a_worker_runs_the_maximal_study(
+    new_database: Callable[[], str], workers: Callable[..., Worker],
+) -> None:
+    url = new_database()
+    async with api(settings_for(url)) as client:
+        await client.post("/api/v1/plans", json=CHEAP_PLAN)  # the request pool started
+        worker = workers(url, "w1", search_workers=2)  # a search process per core, as by default
+        with explained(worker):
+            study_id = (await submit(client, MAXIMAL)).json()["id"]
+            await running(client, study_id)
+            latencies = []
+            for body in distinct_plans(10):
+                started = time.monotonic()
+                response = await client.post("/api/v1/plans", json=body)
+                latencies.append(time.monotonic() - started)
+                assert response.status_code == 201, response.text  # a new plan: it searched
+                await anyio.sleep(0.2)
+            study = (await client.get(f"{STUDIES}/{study_id}")).json()
+            assert study["state"] == "running", study  # answered while the study ran, not after it
+            assert study["candidates_done"] < study["num_candidates"] == 256
+            print("small POST /plans while a worker runs the 256-candidate study: "
+                  + ", ".join(f"{latency * 1000:.0f}" for latency in latencies) + " ms")
+            # The worker's two search processes hold both cores; the small plans search in the web
+            # process's own pool. A loose bound for a loaded 2-core machine (they take ~0.1-0.5 s here).
+            assert max(latencies) < 2.0, latencies
+            # Killed, not stopped: a stop waits for the searches in flight, seconds each at these sizes.
+            worker.kill()
 
 
 @pytest.mark.postgres
@@ -288,7 +389,7 @@ async def test_a_worker_never_retries_a_job_it_is_running_itself_however_late_it
 
 @pytest.mark.postgres
 async def test_a_worker_killed_mid_study_has_its_job_retried_by_another_and_nothing_stored_twice(
-    new_database: Callable[[], str], workers: Callable[[str, str], Worker],
+    new_database: Callable[[], str], workers: Callable[..., Worker],
 ) -> None:
     url = new_database()
     async with api(settings_for(url)) as client:
@@ -328,7 +429,7 @@ async def test_a_worker_killed_mid_study_has_its_job_retried_by_another_and_noth
 
 @pytest.mark.postgres
 async def test_an_api_restart_loses_no_queued_job(
-    new_database: Callable[[], str], workers: Callable[[str, str], Worker],
+    new_database: Callable[[], str], workers: Callable[..., Worker],
 ) -> None:
     url = new_database()
     async with api(settings_for(url)) as client:
@@ -358,7 +459,7 @@ async def test_an_api_restart_loses_no_queued_job(
 
 @pytest.mark.postgres
 async def test_a_stopped_worker_puts_its_study_back_for_another(
-    new_database: Callable[[], str], workers: Callable[[str, str], Worker],
+    new_database: Callable[[], str], workers: Callable[..., Worker],
 ) -> None:
     url = new_database()
     async with api(settings_for(url)) as client:
