@@ -23,6 +23,7 @@ from planner.cost.estimate import Estimator
 from planner.cost.memory import MemoryEstimate, MemoryLimits, fits_in_memory
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice, Setting
+from planner.deadline import CpuDeadline
 from planner.document import to_parallel_config
 from planner.enumeration import (
     CONTEXT_PARALLEL_FROM_SEQ_LEN,
@@ -33,7 +34,7 @@ from planner.enumeration import (
     splitting_degrees,
     tensor_parallel_degrees,
 )
-from planner.errors import InfeasiblePlanError
+from planner.errors import InfeasiblePlanError, SearchDeadlineError
 from planner.specs import PlanRequest
 
 MAX_NODES_TRIED = 4096
@@ -85,11 +86,19 @@ class Prober:
     Peak memory depends on the cluster only through each configuration's shard group (the cost
     parameters that differ between node counts are link speeds, which only timing reads), so one
     estimator of the request's fitted setting prices every probe and shares its layouts.
+
+    With a `deadline`, a probe past it raises SearchDeadlineError: advice is priced within the
+    caller's limit per plan, like the search it advises on.
     """
 
-    def __init__(self, request: PlanRequest, setting: Setting) -> None:
+    def __init__(
+        self, request: PlanRequest, setting: Setting, *, deadline: CpuDeadline | None = None
+    ) -> None:
         self.request = request
         self.setting = setting
+        self.deadline = deadline
+        self.priced = 0
+        """Configurations priced so far (what a deadline error reports)."""
         self.limits = MemoryLimits(setting.params, request.search.memory_headroom)
         self.ceiling_gib = request.search.max_peak_memory_gib
         self._estimator = Estimator(setting)
@@ -102,6 +111,7 @@ class Prober:
         for key in ((num_nodes, sequences, True), (num_nodes, sequences, lightest)):
             if key in self._cache:
                 return self._cache[key]
+        self._check_deadline()
         request = self.variant(num_nodes, sequences)
         assert splitting_degrees(request), "probe only batches that split"
         setting = replace(
@@ -125,6 +135,8 @@ class Prober:
                 sharded.add(key)
             elif key in sharded:
                 continue  # never lighter than its fully sharded twin (tests/planner/test_advice.py)
+            self._check_deadline()
+            self.priced += 1
             memory = self._estimator.memory(choice)
             if self._fits(memory, choice) and not lightest:
                 best, found = (choice, memory), True
@@ -138,6 +150,15 @@ class Prober:
         probe = Probe(num_nodes, sequences, best[0], best[1], found)
         self._cache[(num_nodes, sequences, lightest)] = probe
         return probe
+
+    def _check_deadline(self) -> None:
+        if self.deadline is not None and self.deadline.passed():
+            raise SearchDeadlineError(
+                f"advice: stopped after {self.deadline.limit_s:g} s of CPU time, the limit per plan, with "
+                f"{self.priced} configurations priced",
+                time_limit_s=self.deadline.limit_s,
+                candidates_priced=self.priced,
+            )
 
     def _fits(self, memory: MemoryEstimate, choice: Choice) -> bool:
         return fits_in_memory(memory, limit_gib=self.limits(choice.mesh), ceiling_gib=self.ceiling_gib)
@@ -215,7 +236,7 @@ def roundings(request: PlanRequest, num_nodes: int, tokens: int) -> list[int]:
     batches: set[int] = set()
     degrees = (pipelines, tensor_parallel_degrees(request), context_parallel_degrees(request))
     for pp, tp, cp in itertools.product(*degrees):
-        if world % (pp * tp * cp) or (pp > 1 and cp > 1):
+        if world % (pp * tp * cp):
             continue
         unit = world // (pp * tp * cp) * seq_len  # a batch giving each data-parallel rank a sequence
         below = tokens // unit * unit

@@ -8,7 +8,10 @@ refusal names the batches nearest it that split on this cluster and plan there, 
 batch that would (planner/infeasibility.py `advise`, the one source of advice).
 
 `read_request` is the structural validation for callers that take the batch as typed (the API, the
-CLI, the dashboard form): a batch of partial sequences is refused there with the same advice.
+CLI, the dashboard form): a batch of partial sequences is refused there with the same advice (or,
+asked to, without it: the service looks for it in its search pool, under the deadline per plan).
+Advice probes configurations; with a deadline (`CpuDeadline`) it stops there and the refusal names
+the batches nearest that split, unchecked for memory.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pydantic import ValidationError
 
 from planner.bounds import MAX_GLOBAL_BATCH_TOKENS
 from planner.cost.setting import Setting
+from planner.deadline import CpuDeadline
 from planner.enumeration import (
     check_async_tp,
     float8_recipes,
@@ -27,7 +31,7 @@ from planner.enumeration import (
     splitting_degrees,
     tensor_parallel_degrees,
 )
-from planner.errors import PlanningError
+from planner.errors import PlanningError, SearchDeadlineError
 from planner.infeasibility import (
     Prober,
     advise,
@@ -43,10 +47,11 @@ from planner.specs import PlanRequest
 BATCH_FIELD = "training.global_batch_tokens"
 
 
-def check_request(request: PlanRequest, setting: Setting) -> None:
+def check_request(request: PlanRequest, setting: Setting, *, deadline: CpuDeadline | None = None) -> None:
     """Refuse, before pricing anything, what the runtime would refuse (raises PlanningError).
 
-    `setting` is the search's own (calibrated when the search is): the batch advice prices with it.
+    `setting` is the search's own (calibrated when the search is): the batch advice prices with it,
+    within `deadline`.
     """
     check_sequence_length(request)
     tensor_parallel_degrees(request)  # a pin the model cannot take is refused here, with why
@@ -54,7 +59,7 @@ def check_request(request: PlanRequest, setting: Setting) -> None:
     if request.search.async_tp:
         check_async_tp(request, field="search.async_tp")
     if not splitting_degrees(request):
-        raise batch_refusal(request, request.training.global_batch_tokens, setting)
+        raise batch_refusal(request, request.training.global_batch_tokens, setting, deadline=deadline)
 
 
 def check_sequence_length(request: PlanRequest) -> None:
@@ -69,12 +74,25 @@ def check_sequence_length(request: PlanRequest) -> None:
         )
 
 
-def read_request(data: dict[str, Any]) -> PlanRequest:
+class PartialSequencesError(PlanningError):
+    """A batch of partial sequences, refused before looking for advice (`read_request(advise=False)`):
+    `batch_refusal(nearby, tokens)` is the refusal with it, for a caller to price where it prices
+    searches (the service's search pool)."""
+
+    def __init__(self, nearby: PlanRequest, tokens: int) -> None:
+        super().__init__(f"{BATCH_FIELD}: {_problem(nearby, tokens)}", field=BATCH_FIELD)
+        self.nearby = nearby
+        """The request with its batch rounded down to whole sequences."""
+        self.tokens = tokens
+
+
+def read_request(data: dict[str, Any], *, advise: bool = True) -> PlanRequest:
     """A PlanRequest from its fields (the training as a dict of what was typed), validated.
 
     Raises ValidationError for what is wrong in structure, and PlanningError (naming batches that
     split on this cluster and plan, priced uncalibrated: no profile is read yet) when the only
-    problem is a batch of partial sequences, which the training alone cannot advise on.
+    problem is a batch of partial sequences, which the training alone cannot advise on; without
+    `advise`, PartialSequencesError, having probed nothing.
     """
     try:
         return PlanRequest.model_validate(data)
@@ -82,7 +100,10 @@ def read_request(data: dict[str, Any]) -> PlanRequest:
         nearby = _whole_sequences(data)
         if nearby is None:
             raise
-        raise batch_refusal(nearby, data["training"]["global_batch_tokens"]) from None
+        tokens = data["training"]["global_batch_tokens"]
+        if not advise:
+            raise PartialSequencesError(nearby, tokens) from None
+        raise batch_refusal(nearby, tokens) from None
 
 
 def _whole_sequences(data: dict[str, Any]) -> PlanRequest | None:
@@ -100,48 +121,57 @@ def _whole_sequences(data: dict[str, Any]) -> PlanRequest | None:
         return None  # the fields' own errors say what is wrong
 
 
-def batch_hint(request: PlanRequest, setting: Setting) -> str:
+def batch_hint(request: PlanRequest, setting: Setting, *, deadline: CpuDeadline | None = None) -> str:
     """What the dashboard form says under the batch: how many sequences a step holds, or why the
     batch does not split here and what does (the pre-check's refusal, priced with `setting`, the
-    search's: so the hint names the batches a submission's refusal names)."""
+    search's, within `deadline`: so the hint names the batches a submission's refusal names)."""
     try:
         tensor_parallel_degrees(request)
     except PlanningError:
         return ""  # the pin's own error is shown beside its field on submit
     if splitting_degrees(request):
         return f"= {request.training.global_batch_sequences:,} sequences per step."
-    return batch_refusal(request, request.training.global_batch_tokens, setting).message
+    return batch_refusal(request, request.training.global_batch_tokens, setting, deadline=deadline).message
 
 
-def batch_refusal(request: PlanRequest, tokens: int, setting: Setting | None = None) -> PlanningError:
+def batch_refusal(
+    request: PlanRequest, tokens: int, setting: Setting | None = None, *, deadline: CpuDeadline | None = None
+) -> PlanningError:
     """The refusal of a batch of `tokens` that does not split over the cluster's data-parallel ranks
-    (or is not whole sequences), with the advice. `request` carries the batch rounded down to whole
-    sequences when `tokens` is not; `setting` defaults to the request's uncalibrated one."""
+    (or is not whole sequences), with the advice, looked for within `deadline`. `request` carries the
+    batch rounded down to whole sequences when `tokens` is not; `setting` defaults to the request's
+    uncalibrated one."""
+    tensor_parallel_degrees(request)  # a pin the model cannot take is refused first, with why
+    advice = _what_plans(request, tokens, setting, deadline)
+    return PlanningError(f"{BATCH_FIELD}: {_problem(request, tokens)}; {advice}", field=BATCH_FIELD)
+
+
+def _problem(request: PlanRequest, tokens: int) -> str:
+    """Why a batch of `tokens` is refused (the refusal without its advice)."""
     seq_len, world = request.training.seq_len, request.cluster.world_size
-    degrees = tensor_parallel_degrees(request)
     if tokens % seq_len:
-        problem = (
+        return (
             f"{tokens} is not a whole number of {seq_len}-token sequences (the batch must be a "
             "multiple of seq_len)"
         )
-    else:
-        pipelines = [pp for pp in searched_degrees(pipeline_parallel_degrees, request) if pp > 1]
-        ranks = ", ".join(f"{world // tp} at tp={tp}" for tp in degrees)
-        staged = ""
-        if pipelines:
-            # A pipeline divides the data-parallel ranks by its stages and needs a sequence per stage.
-            staged = (f"; a pipeline of pp stages leaves 1/pp of them, each taking at least pp "
-                      f"sequences (pp {', '.join(map(str, pipelines))} searched)")
-        problem = (
-            f"{tokens // seq_len} sequences of {seq_len} tokens cannot be split evenly over {world} GPUs "
-            f"(every data-parallel rank takes the same whole number of sequences, and the "
-            f"data-parallel ranks are the GPUs over the tensor-parallel degree: {ranks}{staged})"
-        )
-    advice = _what_plans(request, tokens, setting)
-    return PlanningError(f"{BATCH_FIELD}: {problem}; {advice}", field=BATCH_FIELD)
+    degrees = tensor_parallel_degrees(request)
+    pipelines = [pp for pp in searched_degrees(pipeline_parallel_degrees, request) if pp > 1]
+    ranks = ", ".join(f"{world // tp} at tp={tp}" for tp in degrees)
+    staged = ""
+    if pipelines:
+        # A pipeline divides the data-parallel ranks by its stages and needs a sequence per stage.
+        staged = (f"; a pipeline of pp stages leaves 1/pp of them, each taking at least pp "
+                  f"sequences (pp {', '.join(map(str, pipelines))} searched)")
+    return (
+        f"{tokens // seq_len} sequences of {seq_len} tokens cannot be split evenly over {world} GPUs "
+        f"(every data-parallel rank takes the same whole number of sequences, and the "
+        f"data-parallel ranks are the GPUs over the tensor-parallel degree: {ranks}{staged})"
+    )
 
 
-def _what_plans(request: PlanRequest, tokens: int, setting: Setting | None) -> str:
+def _what_plans(
+    request: PlanRequest, tokens: int, setting: Setting | None, deadline: CpuDeadline | None
+) -> str:
     """The advice for a batch refusal: batches that plan here, or the cluster that plans one."""
     try:
         check_sequence_length(request)
@@ -156,7 +186,14 @@ def _what_plans(request: PlanRequest, tokens: int, setting: Setting | None) -> s
             "use fewer GPUs or a shorter seq_len"
         )
     setting = setting or build_setting(request)
-    advice = advise(Prober(request, setting), tokens)
+    try:
+        advice = advise(Prober(request, setting, deadline=deadline), tokens)
+    except SearchDeadlineError as stopped:
+        return (
+            f"the batches nearest it that split over {where} are {', '.join(str(b) for b in near)} "
+            f"sequences, not checked for memory: looking for one that fits stopped after "
+            f"{stopped.time_limit_s:g} s of CPU time, the limit per plan"
+        )
     if advice.batches and advice.batches[0].num_nodes == nodes:
         return f"use a batch that splits and fits on {where}, e.g. " + " or ".join(
             suggested_batch(request, probe) for probe in advice.batches

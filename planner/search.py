@@ -13,7 +13,6 @@ import heapq
 import itertools
 from collections.abc import Iterator
 from dataclasses import replace
-from time import process_time
 
 from contract.parallel_config import ParallelConfig
 from planner.calibration import CalibrationProfile
@@ -21,6 +20,7 @@ from planner.cost.estimate import Estimator
 from planner.cost.memory import MemoryEstimate, MemoryLimits, fits_in_memory
 from planner.cost.parameters import GIB, CostParameters
 from planner.cost.setting import Choice, Setting
+from planner.deadline import CpuDeadline
 from planner.document import choice_from_config, mfu, plan_document
 from planner.enumeration import (
     BUCKET_CAPS_MB,
@@ -56,9 +56,9 @@ def make_plan(
     SearchDeadlineError when pricing the candidates takes more than `time_limit_s` seconds of CPU
     time (CPU, not wall-clock, so that whether a request fits the limit does not depend on the load).
     """
-    deadline = None if time_limit_s is None else process_time() + time_limit_s
+    deadline = None if time_limit_s is None else CpuDeadline.after(time_limit_s)
     setting = build_setting(request, calibration, calibration_id)
-    check_request(request, setting)
+    check_request(request, setting, deadline=deadline)  # a batch refusal's advice within the deadline
     estimator = Estimator(setting)
     limits = MemoryLimits(setting.params, request.search.memory_headroom)
     ceiling = request.search.max_peak_memory_gib  # exclusive; set when re-planning after an OOM
@@ -77,8 +77,8 @@ def make_plan(
         repeats: list[tuple[Choice, tuple]] = []
         outgrown: set[tuple] = set()
         for choice in family:
-            if deadline is not None and process_time() > deadline:
-                raise _over_deadline(request, time_limit_s or 0.0, count)
+            if deadline is not None and deadline.passed():
+                raise _over_deadline(request, deadline.limit_s, count)
             count += 1
             # Memory grows with the micro-batch (activations, the loss's slice); only a single
             # micro-batch per step sheds the accumulated gradients. The enumeration runs the
@@ -109,8 +109,8 @@ def make_plan(
         )
         family_best = 0.0
         for floor_s, _, choice, mem, key in floors:
-            if deadline is not None and process_time() > deadline:
-                raise _over_deadline(request, time_limit_s or 0.0, count)
+            if deadline is not None and deadline.passed():
+                raise _over_deadline(request, deadline.limit_s, count)
             ceiling_tps = Evaluated.throughput(setting, choice, floor_s)
             if ceiling_tps < min(board.threshold, family_best) and board.dominated(ceiling_tps, mem.total):
                 entry = Evaluated.untimed(choice, mem, fits=True)

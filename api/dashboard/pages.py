@@ -138,11 +138,13 @@ async def create_plan_from_form(request: Request, session: SessionDep, settings:
 @router.post("/plans/new/batch-hint", response_class=PlainTextResponse)
 async def batch_hint(request: Request, session: SessionDep, settings: SettingsDep) -> PlainTextResponse:
     """The form's line under the batch, for the page's script: the planner's own batch advice, priced
-    in the planning threads (it probes configurations), so that the hint and the refusal agree."""
+    in the search pool under its deadline (it probes configurations; a planning thread waits for it),
+    so that the hint and the refusal agree."""
     submitted = await request.form()
     known = plan_form.PlanForm().values()
     form = plan_form.PlanForm(**{k: v for k, v in submitted.items() if k in known and isinstance(v, str)})
-    hint = functools.partial(plan_form.batch_hint_for, max_model_layers=settings.max_model_layers)
+    hint = functools.partial(plan_form.batch_hint_for, max_model_layers=settings.max_model_layers,
+                             search_pool=request.app.state.search_pool)
     text = await run_planning(request, hint, form, session)
     return PlainTextResponse(text)
 
@@ -155,6 +157,7 @@ def _create_plan(
         if units is not None and units > request.app.state.settings.job_threshold_units:
             submission = plan_job_service.submit_plan(
                 session, body, locks=request.app.state.plan_locks, max_model_layers=max_model_layers,
+                search_pool=request.app.state.search_pool,
                 enqueue=request.app.state.plan_jobs.enqueue,
             )
             if submission is not None:  # a search as a job: its page follows it to the plan

@@ -3,7 +3,8 @@ error the API would report beside the form field it concerns, and the hint under
 
 Submissions go through `api.services.plans.create_plan`, the code behind `POST /api/v1/plans`, so the
 form and the API validate, deduplicate and store plans identically; the batch hint is the planner's
-pre-check on the same request (planner/precheck.py), so it names the batches the refusal would.
+pre-check on the same request (planner/precheck.py), so it names the batches the refusal would; like
+the refusal's advice, it is priced in the app's search pool, not in the web process.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from sqlalchemy.orm import Session
 from api.problems import FieldError, ProblemError, field_errors
 from api.schemas.plans import MAX_GPUS_PER_NODE, MAX_ID, PlanCreate
 from api.services.plans import build_request, calibration_profile
+from api.services.search_pool import SearchPool, SearchPoolBrokenError
 from api.typed_numbers import parse_id, parse_whole
 from planner.catalog.gpus import GPU_CATALOG
 from planner.catalog.models import MODEL_CATALOG
 from planner.cost.model_costs import count_parameters
 from planner.formatting import quantity
-from planner.precheck import BATCH_FIELD, batch_hint
-from planner.search_setting import build_setting
+from planner.precheck import BATCH_FIELD
 from planner.specs import MAX_PARALLEL_DEGREE
 
 # Where errors go that concern no single field (e.g. "no configuration fits on this cluster").
@@ -193,21 +194,28 @@ def add_problem(form: PlanForm, problem: ProblemError) -> None:
         form.add_error(FORM_LEVEL, str(problem.detail))
 
 
-def batch_hint_for(form: PlanForm, session: Session, *, max_model_layers: int) -> str:
+def batch_hint_for(
+    form: PlanForm, session: Session, *, max_model_layers: int, search_pool: SearchPool
+) -> str:
     """The line under the batch field: the sequences a step holds, or why the batch does not split over
     this cluster and which batches near it plan there, priced as the submission's search would be
-    (with its calibration). Empty while other fields are wrong: their own errors show on submit."""
+    (with its calibration), in `search_pool` under its deadline. Empty while other fields are wrong:
+    their own errors show on submit."""
     body = to_plan_create(form)
     if body is None:
         return ""
     try:
-        request = build_request(body, max_model_layers=max_model_layers)
+        request = build_request(body, max_model_layers=max_model_layers, search_pool=search_pool)
         profile = calibration_profile(session, body.calibration_id, request)
+        calibration_id = None if body.calibration_id is None else str(body.calibration_id)
+        session.commit()  # hold no pooled connection while the hint is priced
+        hint = search_pool.batch_hint(request, profile, calibration_id)
     except ProblemError as problem:
         batch = [e.message for e in problem.errors or [] if e.field == BATCH_FIELD]
         return _strip_path(batch[0], BATCH_FIELD) if batch else ""
-    calibration_id = None if body.calibration_id is None else str(body.calibration_id)
-    return _strip_path(batch_hint(request, build_setting(request, profile, calibration_id)), BATCH_FIELD)
+    except SearchPoolBrokenError:
+        return ""  # the submission says what went wrong
+    return _strip_path(hint, BATCH_FIELD)
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,8 @@ async def create_plan(
     if keyed_job or (units is not None and units > settings.job_threshold_units):
         submission = await run_planning(request, partial(
             plan_jobs.submit_plan, session, body, locks=request.app.state.plan_locks,
-            max_model_layers=settings.max_model_layers, idempotency_key=idempotency_key,
+            max_model_layers=settings.max_model_layers, search_pool=request.app.state.search_pool,
+            idempotency_key=idempotency_key,
             idempotency_ttl_s=settings.idempotency_ttl_s, enqueue=request.app.state.plan_jobs.enqueue,
         ))
         if submission is not None:

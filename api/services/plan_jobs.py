@@ -97,7 +97,7 @@ def replan_fingerprint(plan_id: int, body: ReplanCreate) -> str:
 
 
 def submit_plan(
-    session: Session, body: PlanCreate, *, locks: KeyedLocks, max_model_layers: int,
+    session: Session, body: PlanCreate, *, locks: KeyedLocks, max_model_layers: int, search_pool: SearchPool,
     idempotency_key: str | None = None, idempotency_ttl_s: int = 24 * 3600, enqueue: Any = None,
 ) -> Submission | None:
     """Queue the search of a large plan: its inputs checked now (422s), nothing searched. None when the
@@ -113,7 +113,7 @@ def submit_plan(
             if plan_service._replay(session, claim) is not None:
                 session.commit()
                 return None
-        request = plan_service.build_request(body, max_model_layers=max_model_layers)
+        request = plan_service.build_request(body, max_model_layers=max_model_layers, search_pool=search_pool)
         plan_service.calibration_profile(session, body.calibration_id, request)
         calibration_id = None if body.calibration_id is None else str(body.calibration_id)
         if plan_service.find(session, plan_hash(request, calibration_id=calibration_id)) is not None:

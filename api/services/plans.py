@@ -36,7 +36,7 @@ from planner.catalog.models import resolve_model
 from planner.errors import InfeasiblePlanError, PlanningError, SearchDeadlineError
 from planner.hashing import plan_hash
 from planner.plan import Plan
-from planner.precheck import read_request
+from planner.precheck import PartialSequencesError, read_request
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest
 
 # `save` retries only when a plan is deleted in the instant between two of its statements.
@@ -92,7 +92,7 @@ def create_plan(
             replay = _replay(session, claim)
             if replay is not None:
                 return replay
-        request = build_request(body, max_model_layers=max_model_layers)
+        request = build_request(body, max_model_layers=max_model_layers, search_pool=search_pool)
         profile = calibration_profile(session, body.calibration_id, request)
         calibration_id = None if body.calibration_id is None else str(body.calibration_id)
         digest = plan_hash(request, calibration_id=calibration_id)
@@ -134,8 +134,12 @@ def _unknown_calibration(detail: str) -> ProblemError:
     )
 
 
-def build_request(body: PlanCreate, *, max_model_layers: int) -> PlanRequest:
-    """The planner's PlanRequest for an API body; invalid combinations become 422 problems."""
+def build_request(body: PlanCreate, *, max_model_layers: int, search_pool: SearchPool) -> PlanRequest:
+    """The planner's PlanRequest for an API body; invalid combinations become 422 problems.
+
+    Validation only: a batch of partial sequences is refused with advice looked for in `search_pool`
+    (it probes configurations, seconds for a large model), under the pool's deadline per plan.
+    """
     try:
         model: ModelSpec = resolve_model(body.model)
         check_model_size(model, max_model_layers)
@@ -150,7 +154,9 @@ def build_request(body: PlanCreate, *, max_model_layers: int) -> PlanRequest:
             "training": body.training.model_dump(),
             "search": body.search if body.search is not None else PlanRequest.model_fields["search"].default,
             "top_k": body.top_k,
-        })
+        }, advise=False)
+    except PartialSequencesError as exc:
+        raise unplannable(advised(search_pool, exc)) from None
     except PlanningError as exc:
         raise unplannable(exc) from None
     except ValidationError as exc:
@@ -158,6 +164,14 @@ def build_request(body: PlanCreate, *, max_model_layers: int) -> PlanRequest:
         raise ProblemError(
             422, summarize(errors), slug="invalid-request", title="Invalid request", errors=errors
         ) from None
+
+
+def advised(pool: SearchPool, partial: PartialSequencesError) -> PlanningError:
+    """The refusal of a batch of partial sequences, with the advice a pool worker found for it."""
+    try:
+        return pool.batch_refusal(partial.nearby, partial.tokens)
+    except SearchPoolBrokenError:
+        raise search_failed() from None
 
 
 def check_model_size(model: ModelSpec, max_layers: int) -> None:

@@ -2,6 +2,9 @@
 
 A search is pure CPU (planner/search.py). Run in the web process it holds the GIL, so reads and
 small plans wait behind a large one; in a pool of processes it runs beside them on another core.
+So does the advice a refused batch carries (it probes configurations on other clusters and batches:
+seconds for a large model): the web process validates a request, and whatever prices runs here,
+under the same deadline per plan.
 Each web process (uvicorn worker) owns one pool, started with the app's lifespan and shut down with
 it (the first search starts it where an embedding runs no lifespan). Workers fork from a
 forkserver that has imported the planner already, so a new worker is ready in milliseconds, and no
@@ -28,12 +31,18 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from typing import TypeVar
 
 from planner.calibration import CalibrationProfile
+from planner.deadline import CpuDeadline
 from planner.errors import PlanningError
 from planner.plan import Plan
+from planner.precheck import batch_hint, batch_refusal
 from planner.search import make_plan
+from planner.search_setting import build_setting
 from planner.specs import PlanRequest
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -89,9 +98,28 @@ class SearchPool:
         Raises what make_plan raises (PlanningError and its subclasses, SearchDeadlineError) and
         SearchPoolBrokenError when the worker died.
         """
+        return self._run(_search, request, calibration, calibration_id, self.deadline_s)
+
+    def batch_refusal(self, request: PlanRequest, tokens: int) -> PlanningError:
+        """The refusal of a batch of `tokens` on `request`'s cluster (planner.precheck.batch_refusal,
+        priced uncalibrated), its advice looked for in a worker within `deadline_s` seconds of CPU
+        time (past it, the refusal names the nearest batches that split, unchecked for memory).
+        Raises SearchPoolBrokenError when the worker died."""
+        return self._run(_batch_refusal, request, tokens, self.deadline_s)
+
+    def batch_hint(
+        self, request: PlanRequest, calibration: CalibrationProfile | None, calibration_id: str | None
+    ) -> str:
+        """The dashboard form's line under the batch (planner.precheck.batch_hint, priced as the
+        search would be), worked out in a worker within `deadline_s` seconds of CPU time. Raises
+        SearchPoolBrokenError when the worker died."""
+        return self._run(_batch_hint, request, calibration, calibration_id, self.deadline_s)
+
+    def _run(self, work: Callable[..., _T], *args: object) -> _T:
+        """`work(*args)` in a worker (a function of this module: workers import it by name)."""
         executor = self._running()
         try:
-            return executor.submit(_search, request, calibration, calibration_id, self.deadline_s).result()
+            return executor.submit(work, *args).result()
         except BrokenProcessPool:
             self._discard(executor)
             raise SearchPoolBrokenError("the search process stopped before answering") from None
@@ -228,6 +256,25 @@ def _search(
 ) -> Plan:
     """What a worker runs (pickled by name: workers import this module)."""
     return make_plan(request, calibration=calibration, calibration_id=calibration_id, time_limit_s=deadline_s)
+
+
+def _batch_refusal(request: PlanRequest, tokens: int, deadline_s: float) -> PlanningError:
+    """What a worker runs for `SearchPool.batch_refusal`: the refusal is the answer (returned)."""
+    try:
+        return batch_refusal(request, tokens, deadline=CpuDeadline.after(deadline_s))
+    except PlanningError as error:  # a pin the model cannot take: refused for that instead
+        return error
+
+
+def _batch_hint(
+    request: PlanRequest,
+    calibration: CalibrationProfile | None,
+    calibration_id: str | None,
+    deadline_s: float,
+) -> str:
+    """What a worker runs for `SearchPool.batch_hint`."""
+    deadline = CpuDeadline.after(deadline_s)
+    return batch_hint(request, build_setting(request, calibration, calibration_id), deadline=deadline)
 
 
 def _search_or_refuse(job: SearchJob, deadline_s: float) -> Plan | PlanningError:

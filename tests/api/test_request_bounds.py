@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from api.problems import ProblemError, field_errors
 from api.schemas.plans import PlanCreate
 from api.services.plans import build_request
+from api.services.search_pool import SearchPool
 from planner.bounds import MAX_GPUS_PER_NODE, MAX_NODES
 from planner.specs import PlanRequest
 from tests.api.conftest import CHEAP_PLAN, assert_problem, cheap_plan, replanned
@@ -71,6 +72,10 @@ async def test_a_misspelt_cluster_string_is_answered_with_the_format(
     assert f"cannot read {text!r} as a cluster; write NODESxGPUSxGPU, e.g. 1x8xH100" in problem["detail"]
 
 
+UNUSED_POOL = SearchPool(workers=1, deadline_s=1.0)
+"""Whole-sequence batches need no advice: build_request never starts it."""
+
+
 def _outcome(cluster: Any) -> str | tuple[str, ...]:
     """What the API makes of a body with this cluster: accepted, or the fields its 422 names (the body's
     schema, then the planner: the two steps of POST /plans)."""
@@ -81,7 +86,7 @@ def _outcome(cluster: Any) -> str | tuple[str, ...]:
         return tuple(sorted(e.field for e in field_errors([{**e, "loc": ("body", *e["loc"])}
                                                           for e in exc.errors()])))
     try:
-        request = build_request(body, max_model_layers=1024)
+        request = build_request(body, max_model_layers=1024, search_pool=UNUSED_POOL)
     except ProblemError as problem:
         return tuple(sorted(error.field for error in problem.errors or []))
     assert isinstance(request, PlanRequest)
