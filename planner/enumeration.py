@@ -206,14 +206,6 @@ def pipeline_parallel_degrees(request: PlanRequest) -> list[int]:
             raise PlanningError(f"{field}: pp={pp}: {problem}", field=field)
         assert blocks is not None
         _check_schedules(request, pp, blocks)
-    context = request.search.context_parallel_degrees
-    if min(pinned) > 1 and context is not None and min(context) > 1:
-        raise PlanningError(
-            f"{field}: pipelines (pp={min(pinned)}) and context parallelism "
-            f"(search.context_parallel_degrees, cp={min(context)}) are pinned together, and the runtime "
-            "runs one or the other; allow 1 in one of them",
-            field=field,
-        )
     return sorted(set(pinned))
 
 
@@ -256,9 +248,9 @@ def searched_degrees(axis: Callable[[PlanRequest], list[int]], request: PlanRequ
 def splitting_meshes(request: PlanRequest) -> list[tuple[int, int, int]]:
     """(pp, tp, cp) of the searched degrees whose data-parallel ranks (world / (pp x tp x cp)) split
     the global batch evenly, whose sequence splits into 2 x cp x tp pieces, and whose per-rank batch
-    fills the pipeline (at least pp sequences); pipelines with context parallelism are left out (the
-    runtime runs one or the other); a pin the model cannot take counts as 1 here: planning names that
-    error."""
+    fills the pipeline (at least pp sequences); pipelines with context parallelism are searched
+    together (the runtime runs cp inside each stage); a pin the model cannot take counts as 1 here:
+    planning names that error."""
     degrees = [
         searched_degrees(axis, request)
         for axis in (pipeline_parallel_degrees, tensor_parallel_degrees, context_parallel_degrees)
@@ -267,8 +259,6 @@ def splitting_meshes(request: PlanRequest) -> list[tuple[int, int, int]]:
     seq_len = request.training.seq_len
     meshes = []
     for pp, tp, cp in itertools.product(*degrees):
-        if pp > 1 and cp > 1:
-            continue  # the runtime does not run context parallelism inside pipeline stages yet
         ranks = pp * tp * cp
         if world % ranks or sequences % (world // ranks):
             continue
@@ -346,12 +336,6 @@ def check_pipeline(request: PlanRequest, config: ParallelConfig) -> None:
     a model the runtime can split)."""
     if config.pipeline is None:
         return
-    if config.mesh.cp > 1 and config.engine == "fsdp-planner":
-        raise PlanningError(
-            "config.mesh.cp: this project's runtime does not run context parallelism inside pipeline "
-            "stages yet; price it with cp 1, or with engine torchtitan (which does) to compare",
-            field="config.mesh",
-        )
     blocks = _pipelined_blocks(request)
     if blocks is None:
         raise PlanningError(
