@@ -13,6 +13,9 @@ from typing import get_args
 
 from contract.parallel_config import Float8Recipe
 
+TORCHAO_REQUIREMENT = "torchao==0.18.0"
+"""What Float8 training needs beside torch: the executor extra's pin (pyproject.toml; a test keeps them
+equal), stated here for the runtime's and the launch scripts' install hints alike."""
 FLOAT8_RECIPES: tuple[str, ...] = tuple(r for r in get_args(Float8Recipe) if r != "none")
 """The recipes that convert layers (all but `none`)."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from contract.float8 import TORCHAO_REQUIREMENT
 from contract.mesh import MESH_AXES, Mesh
 from contract.parallel_config import PipelineConfig
 from executor.launch import environment
@@ -45,8 +46,6 @@ class LaunchContext:
     """The plan's pipeline (`config.pipeline`, present when mesh.pp > 1; its schedule a checked choice)."""
 
 
-TORCHAO_REQUIREMENT = "torchao==0.18.0"
-"""What Float8 plans need beside torch: the executor extra's pin (pyproject.toml; a test keeps them equal)."""
 FLOAT8_GPUS = {"mxfp8": "compute capability 10.0+: B200"}
 """GPUs each Float8 recipe needs (default: compute capability 8.9+: L40S, H100, H200, B200)."""
 
@@ -178,8 +177,8 @@ def _float8_check(ctx: LaunchContext, script: str) -> str:
     return f"""
 if ! "$PYTHON" -c "import torchao.float8" 2>/dev/null; then
   echo "{script}: the plan trains with Float8 ({ctx.float8}), which needs torchao; '$PYTHON' cannot" \\
-       "import it: pip install '{TORCHAO_REQUIREMENT}' (or the executor extra," \\
-       "pip install 'fsdp-planner[executor]') there, or set PYTHON to an interpreter that has it" >&2
+       "import it: install it there ($PYTHON -m pip install '{TORCHAO_REQUIREMENT}')," \\
+       "or set PYTHON to an interpreter that has it" >&2
   exit 2
 fi"""
 

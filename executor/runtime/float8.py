@@ -30,8 +30,8 @@ micro-batch's token count (micro_batch_size x seq_len) to be a multiple of 32.
 Hardware: FP8 GEMMs need CUDA compute capability 8.9+ (L40S, H100, H200; MX: 10.0+, B200). On CPU
 torchao *emulates* them (`emulate=True`: quantize and dequantize, matmul in high precision), which
 is what the CPU tests run. A CUDA GPU without FP8 tensor cores refuses the plan before training
-(`Float8Error`, reported as one line), as does a missing torchao (install the executor extra:
-`pip install 'fsdp-planner[executor]'`, or `pip install torchao`).
+(`Float8Error`, reported as one line), as does a missing torchao (`INSTALL_HINT`: `pip install
+torchao==0.18.0` where a bundle runs, `.venv/bin/pip install '.[executor]'` in a checkout).
 
 Order in `parallelize` (torchtitan's): Float8 conversion first, on the unsharded (meta) model, then
 tensor parallelism (the converted layers are still `nn.Linear` subclasses under the same names, so
@@ -56,10 +56,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from contract.float8 import FLOAT8_RECIPES, float8_converts
+from contract.float8 import FLOAT8_RECIPES, TORCHAO_REQUIREMENT, float8_converts
 
 RECIPES = FLOAT8_RECIPES
-INSTALL_HINT = "install the executor extra (pip install 'fsdp-planner[executor]', which pins torchao)"
+INSTALL_HINT = (
+    f"install it into the Python that runs the trainer: pip install '{TORCHAO_REQUIREMENT}' where a "
+    "launch bundle runs, .venv/bin/pip install '.[executor]' in a checkout of fsdp-planner (the "
+    "executor extra pins it)"
+)
 FP8_CAPABILITY = (8, 9)
 """Smallest CUDA compute capability with FP8 tensor cores (Ada / Hopper)."""
 MX_CAPABILITY = (10, 0)

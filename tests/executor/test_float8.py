@@ -191,7 +191,7 @@ def test_missing_torchao_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setitem(sys.modules, "torchao", None)
     for recipe in ("tensorwise", "mxfp8"):
         model = _meta_model(FLOAT8_LLAMA)
-        with pytest.raises(Float8Error, match=r"needs torchao .*fsdp-planner\[executor\]"):
+        with pytest.raises(Float8Error, match=r"needs torchao .*pip install 'torchao==.*\.\[executor\]'"):
             convert_to_float8(
                 model, find_parts(model).blocks, recipe=recipe, device=torch.device("cpu"), fsdp2=True
             )
@@ -248,7 +248,9 @@ def test_trainer_refuses_a_float8_plan_without_torchao(write_plan, tmp_path: Pat
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr, explain(result)
     assert "error: the plan trains with Float8 (tensorwise), which needs torchao" in result.stderr
-    assert "pip install 'fsdp-planner[executor]'" in result.stderr
+    assert f"pip install '{TORCHAO_REQUIREMENT}'" in result.stderr
+    assert ".venv/bin/pip install '.[executor]'" in result.stderr  # from a checkout: no index has the package
+    assert "fsdp-planner[executor]" not in result.stderr
     assert "step 1/" not in result.stdout
 
 
@@ -370,7 +372,8 @@ def test_bundle_states_float8_and_refuses_to_start_without_torchao(tmp_path: Pat
     assert refused.returncode == 2 and not record.exists()  # before torchrun starts
     message = " ".join(refused.stderr.split())
     assert "launch.sh: the plan trains with Float8 (tensorwise), which needs torchao" in message
-    assert f"pip install '{TORCHAO_REQUIREMENT}'" in message and "fsdp-planner[executor]" in message
+    assert f"{fake} -m pip install '{TORCHAO_REQUIREMENT}'" in message  # into the interpreter that runs it
+    assert "fsdp-planner[executor]" not in message
     ok = subprocess.run(
         [str(launch)],
         env={**env, "HAS_TORCHAO": "1"},
