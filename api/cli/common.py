@@ -47,6 +47,7 @@ CLI_OPTIONS: dict[str, str] = {
     "training.global_batch_tokens": "--global-batch-tokens",
     "global_batch_tokens": "--global-batch-tokens",
     "training.precision": "--precision",
+    "gpus_per_node": "--cluster's GPUs per node",
     "top_k": "--top",
     "token_budget": "--tokens",
     "cluster_sizes": "--sizes",
@@ -56,7 +57,8 @@ CLI_OPTIONS: dict[str, str] = {
 """The option that sets each input the planner's messages name. The planner words its messages once,
 naming an input by its API field (`search.tensor_parallel_degrees`, `global_batch_tokens`), which is
 what the API shows; the command line shows the option instead (`in_cli_terms`). Leaf names that are
-also plain words (`compile`, `precision`) are mapped only in their dotted form."""
+also plain words (`compile`, `precision`) are mapped only in their dotted form; a count the option
+holds among others is named with it (`gpus_per_node 8` -> `--cluster's GPUs per node 8`)."""
 
 _FIELD_NAME = re.compile(
     # Longest first, so that `training.seq_len` is one name; not inside a longer name (`max_seq_len`,

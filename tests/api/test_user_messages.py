@@ -60,6 +60,9 @@ def test_a_pin_the_model_cannot_take_names_the_option() -> None:
                                  "--global-batch-tokens", "131072", "--tp", "3"])
     assert result.exit_code == 2, result.output
     assert one_line(result.output).startswith("error: --tp: tp=3 must divide each of num_heads 32")
+    # Every input it names is named as the command line sets it: the GPUs per node by --cluster.
+    assert "--cluster's GPUs per node 8 (tensor parallelism" in one_line(result.output), result.output
+    assert "gpus_per_node" not in result.output
     with pytest.raises(PlanningError) as api:  # the API's words for the same refusal
         make_plan(PlanRequest(
             model=resolve_model("llama3-8b"), cluster=ClusterSpec.parse("1x8xH100"),
@@ -68,13 +71,16 @@ def test_a_pin_the_model_cannot_take_names_the_option() -> None:
         ))
     assert api.value.field == "search.tensor_parallel_degrees"
     assert api.value.message.startswith("search.tensor_parallel_degrees: tp=3 must divide")
+    assert "gpus_per_node 8" in api.value.message  # the API names its cluster's field
 
 
 def test_every_mapped_option_exists_and_names_are_not_rewritten_inside_others() -> None:
     plan_help = one_line(runner.invoke(app, ["plan", "--help"], env={"COLUMNS": "300"}).output)
     whatif_help = one_line(runner.invoke(app, ["whatif", "--help"], env={"COLUMNS": "300"}).output)
-    for option in set(CLI_OPTIONS.values()):
-        for spelling in option.split("/"):
+    for words in set(CLI_OPTIONS.values()):
+        options = re.findall(r"--[a-z0-9-]+", words)
+        assert options, words
+        for spelling in options:
             assert spelling in plan_help or spelling in whatif_help, spelling
     assert in_cli_terms("max_seq_len 1024, model.seq_len, --seq-len, plan.training.seq_len") == (
         "max_seq_len 1024, model.seq_len, --seq-len, plan.training.seq_len"
