@@ -1,17 +1,22 @@
-"""Whole numbers and record ids typed as text (dashboard paths, query strings and form fields).
+"""Numbers and record ids typed as text (dashboard paths, query strings and form fields, CLI options).
 
 One reading for every such value: ASCII digits only, bounded before conversion. `str.isdigit()` is
-true for '²' or '٣', which `int()` then refuses ('²') or silently reads ('٣' is 3); both are refused
-here, as the API's schemas refuse them, so a page answers with a message rather than a 500.
+true for '²' or '٣', which `int()` then refuses ('²') or silently reads ('٣' is 3), and `float()`
+reads '٣' as 3.0; both are refused here, as the API's schemas refuse them, so a page answers with a
+message rather than a 500 or another number.
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 from api.schemas.plans import MAX_ID
 
 _ASCII_DIGITS = re.compile(r"[0-9]+")
+_ASCII_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
+MAX_DECIMAL_TEXT = 40
+"""Longer than any price or duration a person types."""
 
 
 def parse_whole(raw: str, *, low: int, high: int) -> int | None:
@@ -30,3 +35,13 @@ def parse_whole(raw: str, *, low: int, high: int) -> int | None:
 def parse_id(raw: str) -> int | None:
     """A stored row's id (plan, run, study, calibration profile): 1 to MAX_ID, or None."""
     return parse_whole(raw, low=1, high=MAX_ID)
+
+
+def parse_decimal(raw: str, *, low: float = -math.inf, high: float = math.inf) -> float | None:
+    """`raw` (surrounding spaces allowed) as a finite float in [low, high] (`2.49`, `-.5`, `1e3`), or None:
+    ASCII digits only, no `inf` or `nan`."""
+    text = raw.strip()
+    if len(text) > MAX_DECIMAL_TEXT or not _ASCII_DECIMAL.fullmatch(text):
+        return None
+    value = float(text)
+    return value if math.isfinite(value) and low <= value <= high else None

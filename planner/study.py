@@ -58,8 +58,12 @@ DEFAULT_PRICES_PER_GPU_HOUR: dict[str, float] = {
 """USD per GPU-hour when a study names no price: indicative on-demand list prices of GPU clouds in
 2026 (a CPU "GPU" is a share of a cloud VM). Contracts and spot prices differ: give your own."""
 
-_SIZE_RANGE = re.compile(r"^(\d+)-(\d+)(?::\+(\d+))?$")
-_COUNT = re.compile(r"^(\d+(?:\.\d+)?)([KMBT]?)$", re.IGNORECASE)
+# ASCII digits only, as the cluster text (planner/specs.py CLUSTER_PATTERN): `\d`, str.isdigit() and
+# float() also take other scripts' digits, and int() then refuses some ('²') and reads others ('٣' is 3).
+_SIZE_RANGE = re.compile(r"^([0-9]+)-([0-9]+)(?::\+([0-9]+))?$")
+_WHOLE = re.compile(r"[0-9]+")
+_COUNT = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMBT]?)$", re.IGNORECASE)
+_DECIMAL = re.compile(r"^(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$")
 _COUNT_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 
 BatchRule = Literal["fixed", "per_gpu"]
@@ -431,12 +435,12 @@ def parse_token_count(text: str) -> int:
     """`15T` -> 15_000_000_000_000; `300B`, `2.5e12`, `1_000_000` too. ValueError says what to write."""
     cleaned = text.strip().replace("_", "").replace(",", "")
     match = _COUNT.match(cleaned)
-    try:
-        value = float(match.group(1)) * _COUNT_SUFFIXES[match.group(2).upper()] if match else float(cleaned)
-    except ValueError:
-        raise ValueError(
-            f"cannot read {text!r} as a token count; write e.g. 15T, 300B, 2.5e12 or 1000000"
-        ) from None
+    if match:
+        value = float(match.group(1)) * _COUNT_SUFFIXES[match.group(2).upper()]
+    elif _DECIMAL.match(cleaned):
+        value = float(cleaned)
+    else:
+        raise ValueError(f"cannot read {text!r} as a token count; write e.g. 15T, 300B, 2.5e12 or 1000000")
     if not 1 <= value < math.inf:
         raise ValueError(f"{text!r} is not a positive token count")
     return round(value)
@@ -452,7 +456,7 @@ def parse_cluster_sizes(text: str) -> list[int] | dict[str, int | str]:
             return {"min_gpus": int(low), "max_gpus": int(high)}
         return {"min_gpus": int(low), "max_gpus": int(high), "progression": "step", "step": int(step)}
     parts = [part for part in cleaned.split(",") if part]
-    if not parts or not all(part.isdigit() for part in parts):
+    if not parts or not all(_WHOLE.fullmatch(part) for part in parts):
         raise ValueError(f"cannot read {text!r}; write a list (64,128,512), a doubling range (8-4096) or a "
-                         "stepped range (64-512:+64)")
+                         "stepped range (64-512:+64), in ASCII digits")
     return [int(part) for part in parts]

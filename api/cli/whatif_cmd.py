@@ -25,6 +25,7 @@ from api.cli.common import EXIT_FAILED, ServerClient, fail, in_cli_terms, model_
 from api.cli.plan_cmd import CHECKPOINT_MODES, FLOAT8_CHOICES, SHARDINGS, search_pins
 from api.services.search_pool import SearchPool, available_cores
 from api.services.studies import run_study
+from api.typed_numbers import parse_decimal
 from planner.errors import PlanningError, describe_validation_error
 from planner.formatting import duration, money, quantity
 from planner.study import (
@@ -238,11 +239,11 @@ def _catalog_gpu(text: str) -> dict[str, Any]:
         body["float8"] = recipe.strip()
     if not sep:
         return body
-    try:
-        return {**body, "price_per_gpu_hour": float(price)}
-    except ValueError:
-        raise fail(f"--gpu {text!r}: the price after '=' must be USD per GPU-hour, e.g. --gpu H100=2.49"
-                   ) from None
+    value = parse_decimal(price)  # ASCII digits only: float() reads '٣' as 3
+    if value is None:
+        raise fail(f"--gpu {text!r}: the price after '=' must be USD per GPU-hour in the digits 0-9, e.g. "
+                   "--gpu H100=2.49")
+    return {**body, "price_per_gpu_hour": value}
 
 
 def print_study(study: StudyRequest, summary: StudySummary, console: Console) -> None:

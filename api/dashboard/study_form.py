@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from api.problems import FieldError, ProblemError, field_errors
 from api.schemas.plans import MAX_ID
 from api.schemas.studies import StudyCreate
-from api.typed_numbers import parse_whole
+from api.typed_numbers import parse_decimal, parse_whole
 from planner.catalog.gpus import GPU_CATALOG
 from planner.study import DEFAULT_PRICES_PER_GPU_HOUR, parse_cluster_sizes, parse_token_count
 
@@ -83,17 +83,12 @@ class StudyForm:
 
 def _number(form: StudyForm, name: str, raw: str, what: str, *, integer: bool) -> float | int | None:
     cleaned = raw.strip().replace(",", "").replace("_", "")
-    value: float | int | None
-    if integer:
-        value = parse_whole(cleaned, low=0, high=MAX_ID)  # the API's schema then bounds it per field
-    else:
-        try:
-            value = float(cleaned)
-        except ValueError:
-            value = None
+    # ASCII digits only; the API's schema then bounds the value per field.
+    value = parse_whole(cleaned, low=0, high=MAX_ID) if integer else parse_decimal(cleaned)
     if value is None:
+        digits = "" if cleaned.isascii() else "; use the digits 0-9"
         form.add_error(name, f"enter the {what} as a {'whole ' if integer else ''}number"
-                       + (f" (got {cleaned[:40]!r})" if cleaned else ""))
+                       + (f" (got {cleaned[:40]!r}{digits})" if cleaned else ""))
     return value
 
 

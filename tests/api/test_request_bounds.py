@@ -226,6 +226,34 @@ async def test_a_replan_searches_in_the_pool_under_its_deadline(
     assert len((await client.get(PLANS)).json()["items"]) == 1  # nothing stored
 
 
+# ---------------------------------------------------------------- numbers typed in other scripts' digits
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("digit", ["\u00b2", "\u0663"])  # int() refuses "²", reads "٣" as 3
+@pytest.mark.parametrize("where", ["cluster_sizes", "cluster_sizes.max_gpus", "price_per_gpu_hour",
+                                   "deadline_days", "token_budget"])
+async def test_a_study_number_in_other_scripts_digits_is_refused(
+    client: httpx.AsyncClient, digit: str, where: str
+) -> None:
+    # The dashboard form and the CLI read these from text (ASCII digits only, api/typed_numbers.py and
+    # planner/study.py); the API's JSON carries numbers, and a string of digits is refused as a string.
+    study: dict[str, Any] = {"model": "llama-debug", "token_budget": 10**9, "cluster_sizes": [2],
+                             "seq_len": 256, "global_batch_tokens": 2048,
+                             "gpus": [{"gpu": "cpu", "price_per_gpu_hour": 1.0}]}
+    if where == "cluster_sizes":
+        study["cluster_sizes"] = [digit]
+    elif where == "cluster_sizes.max_gpus":
+        study["cluster_sizes"] = {"min_gpus": 1, "max_gpus": digit}
+    elif where == "price_per_gpu_hour":
+        study["gpus"] = [{"gpu": "cpu", "price_per_gpu_hour": digit}]
+    else:
+        study[where] = digit
+    problem = assert_problem(await client.post(STUDIES, json=study), 422, "invalid-request")
+    assert any(field.startswith(where.split(".")[0]) or field.startswith("gpus")
+               for field in error_fields(problem)), problem
+    assert (await client.get(STUDIES)).json()["items"] == []
+
 # ---------------------------------------------------------------- item 10: compare ids
 
 

@@ -84,6 +84,26 @@ def test_bad_options_are_explained(args: list[str], message: str) -> None:
     assert message in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--sizes", "{d}"], "--sizes: cannot read '{d}'; write a list (64,128,512), a doubling range (8-4096) "
+                         "or a stepped range (64-512:+64), in ASCII digits"),
+    (["--sizes", "{d},{d}"], "--sizes: cannot read '{d},{d}'; write a list"),
+    (["--sizes", "8-{d}"], "--sizes: cannot read '8-{d}'; write a list"),
+    (["--tokens", "{d}"], "--tokens: cannot read '{d}' as a token count"),
+    (["--gpu", "H100={d}"],
+     "--gpu 'H100={d}': the price after '=' must be USD per GPU-hour in the digits 0-9"),
+])
+@pytest.mark.parametrize("digit", ["\u00b2", "\u0663"])  # '²' (int() refused it) and '٣' (read as 3)
+def test_numbers_in_other_scripts_digits_are_refused_in_one_line(
+    args: list[str], message: str, digit: str
+) -> None:
+    result = runner.invoke(app, [*GPT2, "--gpu", "H100", *(arg.replace("{d}", digit) for arg in args)],
+                           env={"COLUMNS": "400"})
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message.replace('{d}', digit)}"), result.output
+
+
 def test_a_stored_calibration_needs_the_server(tmp_path: Path) -> None:
     gpu_file = tmp_path / "gpu.json"
     gpu_file.write_text(json.dumps({"gpu": "H100", "calibration_id": 3}))

@@ -13,9 +13,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.schemas.plans import MAX_ID
-from api.typed_numbers import parse_id, parse_whole
+from api.typed_numbers import parse_decimal, parse_id, parse_whole
 from tests.dashboard.conftest import DEBUG_CPU_FORM, GPT2_FORM, create_plan
 from tests.dashboard.test_pages import HTML, error_beside
+from tests.dashboard.test_study_pages import field_errors as study_field_errors
 
 SUPERSCRIPT_TWO = "\u00b2"
 ARABIC_INDIC_ONE = "\u0661"  # int() reads it as 1
@@ -126,3 +127,39 @@ def test_study_form_refuses_a_seq_len_that_is_not_ascii_digits(client: TestClien
     response = client.post("/studies/new", data={"model": "gpt2", "seq_len": ARABIC_INDIC_ONE})
     assert response.status_code == 422
     assert "enter the sequence length as a whole number" in html_module.unescape(response.text)
+
+
+@pytest.mark.parametrize("raw", [SUPERSCRIPT_TWO, ARABIC_INDIC_ONE, "2.\u0664", "\u0661e3", "inf", "nan",
+                                 "1e999", "", ".", "1.2.3", "0x10", "\uff11", "1" * 41])
+def test_only_ascii_decimals_are_decimals(raw: str) -> None:
+    assert parse_decimal(raw) is None
+
+
+def test_ascii_decimals_are_read_with_their_bounds() -> None:
+    assert parse_decimal(" 2.49 ") == 2.49 and parse_decimal(".5") == 0.5 and parse_decimal("1e3") == 1000.0
+    assert parse_decimal("-1") == -1.0 and parse_decimal("-1", low=0) is None
+    assert parse_decimal("3.", high=3) == 3.0 and parse_decimal("3.01", high=3) is None
+
+
+# What the study form reads as text: prices and the deadline were read with float(), which takes '٣' for
+# 3.0; the sizes with str.isdigit() and int(), which failed on '²' (a 500) and read '٣,٤' as [3, 4].
+@pytest.mark.parametrize(("field", "message"), [
+    ("price_H100-SXM-80GB", "enter the H100-SXM-80GB price per GPU-hour as a number"),
+    ("deadline_days", "enter the deadline (days) as a number"),
+    ("sizes", "; write a list (64,128,512), a doubling range (8-4096) or a stepped range (64-512:+64), in "
+              "ASCII digits"),
+    ("token_budget", "as a token count; write e.g. 15T"),
+])
+@pytest.mark.parametrize("digit", [SUPERSCRIPT_TWO, "\u0663"])
+def test_study_form_refuses_numbers_in_other_scripts_digits(
+    client: TestClient, field: str, message: str, digit: str
+) -> None:
+    form = {"model": "gpt2", "token_budget": "10B", "gpu": ["H100-SXM-80GB"], "price_H100-SXM-80GB": "2.5",
+            "sizes": "8,16", "seq_len": "1024", "batch_rule": "fixed", "batch_tokens": "262144",
+            "precision": "bf16", "deadline_days": "1"}
+    value = f"{digit},{digit}" if field == "sizes" else digit
+    response = client.post("/studies/new", data={**form, field: value}, follow_redirects=False)
+    assert response.status_code == 422, response.status_code
+    errors = {name: html_module.unescape(text) for name, text in study_field_errors(response.text).items()}
+    assert message in errors.get(field, ""), errors
+    assert client.get("/api/v1/studies").json()["items"] == []

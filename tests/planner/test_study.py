@@ -190,3 +190,17 @@ def test_token_counts_and_size_texts() -> None:
     for bad in ("", "8-", "a,b", "8..16"):
         with pytest.raises(ValueError, match="cannot read"):
             parse_cluster_sizes(bad)
+
+
+@pytest.mark.parametrize("text", ["\u00b2", "\u0663,\u0664", "8-\u0664", "\u0663-64:+8", "1\u00b2", "\uff18"])
+def test_cluster_sizes_in_other_scripts_digits_are_refused(text: str) -> None:
+    # issue 22: '²'.isdigit() is true (int() then failed: "invalid literal for int()"), and `\d` read the
+    # Arabic-Indic '٣,٤' as [3, 4]. Only ASCII digits, as in the cluster text.
+    with pytest.raises(ValueError, match=r"cannot read .*; write a list .* in ASCII digits"):
+        parse_cluster_sizes(text)
+
+
+@pytest.mark.parametrize("text", ["\u00b2", "\u0663", "\u0663T", "1\u00b2B", "\u0663e9"])
+def test_token_counts_in_other_scripts_digits_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match=r"cannot read .* as a token count"):
+        parse_token_count(text)
