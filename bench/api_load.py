@@ -45,6 +45,7 @@ from api.db.models import PlanRow
 from api.db.session import create_db_engine
 from api.schemas.plans import PlanCreate
 from api.services.plans import build_request
+from api.services.search_pool import SearchPool
 from planner.search import make_plan
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -103,7 +104,8 @@ def seed(url: str, count: int) -> None:
     engine = create_db_engine(url)
     migrate.upgrade(engine)
     body = PlanCreate.model_validate(TEMPLATE)
-    request = build_request(body, max_model_layers=1024)
+    # A whole-sequence batch: no advice to look for, so the pool is never started.
+    request = build_request(body, max_model_layers=1024, search_pool=SearchPool(workers=1, deadline_s=30.0))
     plan = make_plan(request)
     document, request_json = plan.model_dump(mode="json"), request.model_dump(mode="json")
     rng = random.Random(0)
