@@ -299,7 +299,7 @@ def test_the_readme_405b_example_advice_is_accepted_by_the_cli() -> None:
     accepted = plan_cli("llama3.1-405b", f"{found[1]}xH100", 4096, int(found[2]))
     assert accepted.exit_code == 0, accepted.output
     # There it is tensor-parallel: tp shrinks the states as much as sharding and the activations too.
-    assert re.search(r"full_shard tp\d", " ".join(accepted.output.split())), accepted.output
+    assert re.search(r"full_shard dp\d+x1 tp[2-8] ", " ".join(accepted.output.split())), accepted.output
 
 
 def test_calibrated_advice_plans_with_the_same_calibration() -> None:
