@@ -404,7 +404,7 @@ def infeasible_error(
     remedy = [what_fits(request, advice) if fitting else data_parallel_cannot(request, limiting)]
     if fitting and needs_model_parallelism:
         remedy.append(_model_parallelism_would_help(request, fitting))
-    parts = [_why_not_here(request, here, peak_gib=peak_gib, limit_gib=limit_gib), *remedy]
+    parts = [_why_not_here(request, here, fitting, peak_gib=peak_gib, limit_gib=limit_gib), *remedy]
     suggested = first.global_batch_sequences * request.training.seq_len if first else None
     keeps_batch = suggested == request.training.global_batch_tokens
     same = advice.same_batch
@@ -424,7 +424,13 @@ def infeasible_error(
     )
 
 
-def _why_not_here(request: PlanRequest, here: Probe, *, peak_gib: float, limit_gib: float) -> str:
+def _why_not_here(
+    request: PlanRequest, here: Probe, there: Probe | None, *, peak_gib: float, limit_gib: float
+) -> str:
+    """What holds the memory on the cluster asked for, and whether more GPUs shrink it, in terms the
+    advice that follows agrees with: `there` is the lightest configuration on the smallest cluster
+    that fits (None when none does). Activations shrink with more GPUs only where those split each
+    sequence further (more cp or tp ranks); more data-parallel GPUs never shrink them."""
     dominant = dominant_term(here.memory)
     text = (
         f"{request.model.name} does not fit on {cluster_name(request, here.num_nodes)}: the least "
@@ -435,11 +441,26 @@ def _why_not_here(request: PlanRequest, here: Probe, *, peak_gib: float, limit_g
     if dominant.group == "states":
         return text + ", which shrink as more GPUs shard them."
     if dominant.group == "activations":
-        sequences = _sequences(here.choice.micro_batch_size)
-        return text + f" of {sequences} per GPU, which more GPUs do not shrink."
+        text += f" of {_sequences(here.choice.micro_batch_size)}{_split(here.choice.mesh)}"
+        if there is not None and _sequence_split(there.choice.mesh) > _sequence_split(here.choice.mesh):
+            return text + ", which more GPUs shrink only by splitting each sequence over more of them."
+        return text + ", which more data-parallel GPUs do not shrink."
     if dominant.group == "gathered":
-        return text + " of whole blocks, which more GPUs do not shrink."
+        return text + " of whole blocks, which more data-parallel GPUs do not shrink."
     return text + "."
+
+
+def _sequence_split(mesh: Mesh) -> int:
+    """The GPUs one sequence's activations are split over (context and tensor parallel)."""
+    return mesh.cp * mesh.tp
+
+
+def _split(mesh: Mesh) -> str:
+    """` per GPU`, or ` split over 8 GPUs at cp=4 tp=2`."""
+    if _sequence_split(mesh) == 1:
+        return " per GPU"
+    degrees = " ".join(f"{axis}={getattr(mesh, axis)}" for axis in ("cp", "tp") if getattr(mesh, axis) > 1)
+    return f" split over {_sequence_split(mesh)} GPUs at {degrees}"
 
 
 def _allowed(request: PlanRequest, limit_gib: float) -> str:
@@ -494,6 +515,8 @@ def _unshrinkable(request: PlanRequest, probe: Probe) -> str:
         return sum(terms[n] for n in DOMINANT_GROUPS[group][1]) / GIB
 
     tokens = f"{_sequences(probe.choice.micro_batch_size)} of {request.training.seq_len} tokens"
+    if _sequence_split(probe.choice.mesh) > 1:
+        tokens += _split(probe.choice.mesh)
     return (
         f"activations and the loss ({gib('activations'):.1f} GiB for {tokens}) and gathered "
         f"parameters and gradient buffers of whole blocks ({gib('gathered'):.1f} GiB) hold "

@@ -116,6 +116,25 @@ def test_70b_at_32k_fits_only_where_activations_dominate_and_says_so() -> None:
     assert breakdown.activations + breakdown.logits > breakdown.params + breakdown.grads + breakdown.optimizer
 
 
+def test_what_holds_the_memory_agrees_with_the_cluster_the_advice_names() -> None:
+    """A refusal never says that more GPUs do not shrink what the larger cluster it names then fits:
+    activations shrink where more GPUs split each sequence further (more cp or tp ranks), never with
+    more data-parallel ranks."""
+    split = refused(make_request("llama3-8b", "1x8xH100", seq_len=1_000_000, sequences=2))
+    assert "Smallest cluster that fits: 2x8xH100-SXM-80GB (16 GPUs)" in split.message
+    assert "is activations and the loss of 1 sequence split over 8 GPUs at cp=4 tp=2, which more GPUs " \
+        "shrink only by splitting each sequence over more of them." in split.message
+    assert "more GPUs do not shrink" not in split.message
+    assert "(31.0 GiB for 1 sequence of 1000000 tokens split over 16 GPUs at cp=8 tp=2)" in split.message
+    data_parallel = refused(make_request(
+        "llama3-70b", "4x8xH100", seq_len=32768, sequences=64,
+        search={"tensor_parallel_degrees": [1], "context_parallel_degrees": [1]},
+    ))
+    assert data_parallel.min_fitting_nodes is not None  # the states shrink there, the activations do not
+    assert "is activations and the loss of 1 sequence per GPU, which more data-parallel GPUs do not " \
+        "shrink." in data_parallel.message
+
+
 def test_advice_respects_the_replanning_ceiling() -> None:
     # A ceiling (set when re-planning after an OOM) that 8 GPUs cannot meet: the cluster named must
     # plan under the same ceiling.
