@@ -149,10 +149,19 @@ class ForwardTime:
 
 
 def _forward_time(
-    p: CostParameters, act_bytes: int, unit: UnitCost, tokens: int, compile_: bool, float8: str = "none"
+    p: CostParameters,
+    act_bytes: int,
+    unit: UnitCost,
+    tokens: int,
+    compile_: bool,
+    float8: str = "none",
+    *,
+    whole_sequence_casts: bool = False,
 ) -> ForwardTime:
     flops = 2.0 * unit.matmul_params * tokens
-    fp8 = float8_share(unit, float8, compiled=compile_) if float8 != "none" else None
+    fp8 = None
+    if float8 != "none":
+        fp8 = float8_share(unit, float8, compiled=compile_, whole_sequence_casts=whole_sequence_casts)
     casts = 0.0
     if fp8 is not None and fp8.matmul_fraction:
         fp8_rate = p.fp8_peak_flops * p.matmul_efficiency * p.float8_gemm_efficiency[float8]
@@ -427,7 +436,8 @@ class _UnitTimes:
                     setting.params, u, tokens=self.tokens, act_bytes=setting.act_bytes, tp=tp
                 )
             forward = _forward_time(
-                setting.params, setting.act_bytes, u, self.tokens, choice.compile, choice.float8
+                setting.params, setting.act_bytes, u, self.tokens, choice.compile, choice.float8,
+                whole_sequence_casts=choice.float8_casts_whole_sequence,
             )
             if choice.async_tp and u.is_block:
                 tp_s = async_tensor_parallel_seconds(
@@ -741,11 +751,16 @@ class Estimator:
 
         recompute = eager = 0.0
         for index, u in [(-1, m.embedding), *enumerate(m.blocks), (-1, m.head)]:
-            f = _forward_time(p, setting.act_bytes, u, tokens, choice.compile, choice.float8)
+            whole = choice.float8_casts_whole_sequence
+            f = _forward_time(
+                p, setting.act_bytes, u, tokens, choice.compile, choice.float8, whole_sequence_casts=whole
+            )
             recompute += _recompute_time(choice, u, index, f)
             if not choice.compile:
                 eager += forward_backward(f) - forward_backward(
-                    _forward_time(p, setting.act_bytes, u, tokens, True, choice.float8)
+                    _forward_time(
+                        p, setting.act_bytes, u, tokens, True, choice.float8, whole_sequence_casts=whole
+                    )
                 )
         return recompute * choice.grad_accum_steps, eager * choice.grad_accum_steps
 

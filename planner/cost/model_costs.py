@@ -69,8 +69,10 @@ class UnitCost:
     linear_shapes: tuple[tuple[int, tuple[int, ...]], ...] = ()
     """The unit's linear layers as (in_features, (out_features, ...)): the layers that read the same
     input together (llama's q, k, v), whole (not per tensor-parallel rank): what a Float8 recipe's
-    filter decides on (contract/float8.py). Empty: none that Float8 training converts (embeddings,
-    the head, traced units)."""
+    filter decides on (contract/float8.py). In forward order, which under tensor parallelism
+    alternates column-parallel layers (even positions: they read the sequence gathered whole) and
+    row-parallel ones (odd: their output is reduce-scattered, its gradient gathered whole in
+    backward). Empty: none that Float8 training converts (embeddings, the head, traced units)."""
     linear_share: int = 1
     """The tensor-parallel degree the unit's matmuls are split over (its share of `linear_shapes`)."""
     kv_elems: float = 0.0
@@ -94,24 +96,41 @@ class Float8Share:
 
 
 @functools.lru_cache(maxsize=1024)
-def float8_share(unit: UnitCost, recipe: str, *, compiled: bool = False) -> Float8Share:
+def float8_share(
+    unit: UnitCost, recipe: str, *, compiled: bool = False, whole_sequence_casts: bool = False
+) -> Float8Share:
     """The part of `unit` that `recipe` trains in float8 (nothing for `none`). Each converted layer
     casts its input (forward, and again transposed for the weight gradient) and its output gradient
     (and that transposed); compiled, layers reading the same input share its casts (inductor
-    computes the same cast once), eager each layer casts it anew."""
+    computes the same cast once), eager each layer casts it anew.
+
+    Under tensor parallelism a rank casts its share of each tensor, but with `whole_sequence_casts`
+    the tensors gathered onto the whole sequence are cast whole on every rank: the column-parallel
+    layers' inputs (gathered in forward) and the row-parallel layers' output gradients (gathered in
+    backward). That is how torchao's Float8 linears run under torch's tensor-parallel styles; only
+    its float8 styles (torchtitan's tensorwise recipe) cast each rank's shard before the gather."""
     total = sum(i * o for i, outs in unit.linear_shapes for o in outs)
+    split = unit.linear_share
     params = 0
     cast = 0.0
-    for i, outs in unit.linear_shapes:
+    for position, (i, outs) in enumerate(unit.linear_shapes):
         converted = [o for o in outs if float8_converts(recipe, i, o)]
+        if not converted:
+            continue
         params += i * sum(converted)
-        cast += (i if compiled else i * len(converted)) if converted else 0
-        cast += sum(converted)
+        column_parallel = position % 2 == 0
+        inputs = i if compiled else i * len(converted)
+        gradients = sum(converted)
+        if whole_sequence_casts and split > 1:
+            # Counted in whole elements, divided by `split` below: the gathered ones stay whole.
+            inputs *= split if column_parallel else 1
+            gradients *= 1 if column_parallel else split
+        cast += inputs + gradients
     if not params or not total:
         return Float8Share(0.0, 0.0, 0.0, 0.0)
     return Float8Share(
         matmul_fraction=params / total,
-        cast_elems=2.0 * cast / unit.linear_share,
+        cast_elems=2.0 * cast / split,
         weight_elems=2.0 * params / unit.linear_share,
         params=params / unit.linear_share,
     )

@@ -121,6 +121,14 @@ class Choice:
         return self.float8 == "tensorwise" and self.sharding != "no_shard" and not self.simple_fsdp
 
     @property
+    def float8_casts_whole_sequence(self) -> bool:
+        """Whether each tensor-parallel rank casts the tensors gathered onto the whole sequence
+        whole (`float8_share`): torchao's Float8 linears under torch's tensor-parallel styles do
+        (this project's runtime, and torchtitan's rowwise recipes); torchtitan's tensorwise recipe
+        uses torchao's float8 styles, which cast each rank's shard before gathering (in float8)."""
+        return self.mesh.tp > 1 and not (self.float8 == "tensorwise" and self.engine == "torchtitan")
+
+    @property
     def reduce_bytes(self) -> int:
         """Bytes per gradient element in reductions."""
         return 2 if self.reduce_dtype == "bfloat16" else 4

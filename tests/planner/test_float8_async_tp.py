@@ -9,9 +9,10 @@ from dataclasses import replace
 import pytest
 
 from contract.float8 import float8_converts
+from contract.mesh import Mesh
 from planner.cost.estimate import Estimator, async_tensor_parallel_seconds
 from planner.cost.layout import comm_layout
-from planner.cost.model_costs import float8_share
+from planner.cost.model_costs import float8_share, tensor_parallel_share
 from planner.cost.setting import Choice
 from planner.errors import PlanningError
 from planner.search import make_plan, predict
@@ -182,3 +183,26 @@ def test_async_tp_is_refused_where_it_cannot_run() -> None:
     eager = make_plan(h100).config
     with pytest.raises(PlanningError, match=r"config\.async_tp: .* it needs compile and mesh\.tp > 1"):
         predict(h100, replace(eager, async_tp=True))
+
+
+def test_tensor_parallel_ranks_cast_the_gathered_sequence_whole_unless_float8_styles_cast_shards() -> None:
+    request = make_request("llama3-8b", "1x8xH100", seq_len=8192, sequences=8)
+    block = tensor_parallel_share(build_setting(request, None, None).model, 8).blocks[0]
+    shards = float8_share(block, "rowwise", compiled=True)
+    whole = float8_share(block, "rowwise", compiled=True, whole_sequence_casts=True)
+    # Gathered whole on every rank: q/k/v's and w1/w3's input (cast once each, compiled) and wo's and
+    # w2's output gradient, h elements a token each, cast twice (the transposed copy for backward):
+    # the rank casts them whole where a sharded cast would be 1/8 of them.
+    h = 4096
+    assert whole.cast_elems - shards.cast_elems == pytest.approx(2 * 4 * h * (1 - 1 / 8))
+    assert whole.matmul_fraction == shards.matmul_fraction and whole.params == shards.params
+    tp8 = Mesh(dp_shard=1, tp=8)
+    # torchtitan's tensorwise recipe casts shards before gathering them (torchao's float8 styles);
+    # its rowwise recipes and this project's runtime cast what torch's styles gathered.
+    def whole_casts(**fields: str) -> bool:
+        return Choice(sharding="full_shard", mesh=tp8, **fields).float8_casts_whole_sequence
+
+    assert not whole_casts(float8="tensorwise", engine="torchtitan")
+    assert whole_casts(float8="rowwise", engine="torchtitan")
+    assert whole_casts(float8="tensorwise")
+    assert not Choice(sharding="full_shard", float8="rowwise").float8_casts_whole_sequence
