@@ -199,8 +199,7 @@ def _within_reach(
     (planner/ranking.py) while the hopeless rest is not."""
     first = estimator.moments(family[0])[0]
     if (first.params + first.optimizer) / GIB <= limit_gib and any(
-        fits_in_memory(estimator.memory(c), limit_gib=limit_gib, ceiling_gib=ceiling_gib)
-        for c in _lightest(family)
+        estimator.fits(c, limit_gib=limit_gib, ceiling_gib=ceiling_gib) for c in _lightest(family)
     ):
         return family
     smallest = min(c.micro_batch_size for c in family)
@@ -214,7 +213,8 @@ def _within_reach(
 def _lightest(family: list[Choice]) -> list[Choice]:
     """Of each checkpointing policy, the family's choices that hold the least: the smallest micro-batch
     (and the single micro-batch per step, which holds no accumulated gradients), the smallest unit and
-    bucket caps."""
+    bucket caps; the policies that keep the least first (the likeliest to fit: a family that can
+    fit is seen to after one or two)."""
     smallest = min(c.micro_batch_size for c in family)
 
     def weight(c: Choice) -> tuple[int, float]:
@@ -227,7 +227,7 @@ def _lightest(family: list[Choice]) -> list[Choice]:
         key = (c.checkpointing, c.every_k, c.micro_batch_size)
         if key not in probes or weight(c) < weight(probes[key]):
             probes[key] = c
-    return list(probes.values())
+    return [probes[key] for key in sorted(probes, key=lambda k: (_KEEPS_LESS.index(k[:2]), k[2]))]
 
 
 _KEEPS_LESS = (("full", 1), ("op_selective", 1), *(("selective", k) for k in SELECTIVE_EVERY_K), ("none", 1))

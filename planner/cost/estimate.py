@@ -7,6 +7,7 @@ collective layout (planner/cost/layout.py).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from contract.mesh import LinkClass
@@ -15,6 +16,7 @@ from planner.cost.memory import (
     MemoryEstimate,
     SavedActivations,
     compiled_keeps,
+    fits_in_memory,
     memory_moments,
     saved_activations,
 )
@@ -579,6 +581,14 @@ def _timing(priced: PricedStep, choice: Choice, contention: float, *, record: bo
     )
 
 
+def _total(memory: MemoryEstimate) -> float:
+    return memory.total
+
+
+def _peak(moments: tuple[MemoryEstimate, ...]) -> float:
+    return max(m.total for m in moments)
+
+
 class Estimator:
     """Prices many choices for one setting, caching what choices share (tensor-parallel shares,
     layouts, activations, repeated groups); every cache is keyed by the choice's own keys."""
@@ -587,6 +597,8 @@ class Estimator:
         self.setting = setting
         self._shares: dict[tuple[int, int], Setting] = {(1, 1): setting}
         self._layouts: dict[tuple, CommLayout] = {}
+        self._moments: dict[Choice, tuple[MemoryEstimate, ...]] = {}
+        self._partial: dict[Choice, list[tuple[MemoryEstimate, ...]]] = {}
         self._saved: dict[tuple, SavedActivations] = {}
         self._repeats: dict[tuple, RepeatedLayout] = {}
         self._compute: dict[tuple, float] = {}
@@ -633,31 +645,64 @@ class Estimator:
     def setting_for(self, choice: Choice) -> Setting:
         """The setting as one rank of the choice's tensor- and context-parallel groups sees it: its
         share of the model, and its share of every sequence (`seq_len` is the rank's own tokens)."""
-        key = (choice.mesh.tp, choice.mesh.cp)
+        return self._share(choice.mesh.tp, choice.mesh.cp)
+
+    def _share(self, tp: int, cp: int) -> Setting:
+        key = (tp, cp)
         if key not in self._shares:
-            tp, cp = key
-            model = context_parallel_share(tensor_parallel_share(self.setting.model, tp), cp)
+            if cp == 1:
+                model = tensor_parallel_share(self.setting.model, tp)
+            else:  # the cp share of the tp share (its units made once per tp degree)
+                model = context_parallel_share(self._share(tp, 1).model, cp)
             self._shares[key] = replace(self.setting, model=model, seq_len=self.setting.seq_len // cp)
         return self._shares[key]
 
     def layout(self, choice: Choice) -> CommLayout:
+        """The choice's collective layout, over its tensor-parallel share's units for every cp
+        degree: context parallelism changes no parameter, only what a block saves for backward,
+        which memory reads from the setting's own model (`setting_for`), never from the layout's
+        units (the search prices several cp degrees per tp degree: one layout serves them all)."""
         key = choice.layout_key
         if key not in self._layouts:
-            self._layouts[key] = comm_layout(self.setting_for(choice), choice)
+            base = (key[0], 1, *key[2:])  # (tp, cp, ...): the layout of cp 1
+            if base not in self._layouts:
+                self._layouts[base] = comm_layout(self._share(key[0], 1), choice)
+            self._layouts[key] = self._layouts[base]
         return self._layouts[key]
 
     def moments(self, choice: Choice) -> tuple[MemoryEstimate, ...]:
         """Memory at the step's candidate peaks (planner/cost/memory.py); a pipeline's on the rank
-        whose peak is the largest."""
-        if choice.pipeline is not None:
-            return max(
-                (
-                    r.estimator.rank_moments(choice, in_flight=r.in_flight, boundary=r.boundary)
-                    for r in self.pipeline_ranks(choice)
-                ),
-                key=lambda moments: max(m.total for m in moments),
-            )
-        return self.rank_moments(choice)
+        whose peak is the largest. Kept per choice: the search asks again for the choices it
+        probed to see whether a family can fit at all."""
+        moments = self._moments.get(choice)
+        if moments is None:
+            if choice.pipeline is not None:
+                moments = max(self._ranks_moments(choice), key=_peak)
+                del self._partial[choice]
+            else:
+                moments = self.rank_moments(choice)
+            self._moments[choice] = moments
+        return moments
+
+    def fits(self, choice: Choice, *, limit_gib: float, ceiling_gib: float | None) -> bool:
+        """`fits_in_memory(self.memory(choice), ...)`, without pricing every rank of a pipeline
+        that does not fit: its ranks are priced in turn (the first stage's, which holds the most
+        in flight, first) until one peaks over the limit."""
+        if choice.pipeline is None or choice in self._moments:
+            return fits_in_memory(self.memory(choice), limit_gib=limit_gib, ceiling_gib=ceiling_gib)
+        for moments in self._ranks_moments(choice):
+            if not fits_in_memory(max(moments, key=_total), limit_gib=limit_gib, ceiling_gib=ceiling_gib):
+                return False
+        return True
+
+    def _ranks_moments(self, choice: Choice) -> Iterator[tuple[MemoryEstimate, ...]]:
+        """Each pipeline rank's moments (`pipeline_ranks`), priced once per choice as they are
+        asked for (`fits` may stop after the first)."""
+        done = self._partial.setdefault(choice, [])
+        for i, r in enumerate(self.pipeline_ranks(choice)):
+            if i == len(done):
+                done.append(r.estimator.rank_moments(choice, in_flight=r.in_flight, boundary=r.boundary))
+            yield done[i]
 
     def rank_moments(
         self, choice: Choice, *, in_flight: float = 1.0, boundary: BoundaryTensors | None = None
@@ -674,7 +719,7 @@ class Estimator:
 
     def memory(self, choice: Choice) -> MemoryEstimate:
         """The step's peak: the larger of its moments."""
-        return max(self.moments(choice), key=lambda m: m.total)
+        return max(self.moments(choice), key=_total)
 
     def repeats(self, choice: Choice) -> RepeatedLayout:
         """The layout's groups as repeated runs, checkpointing included (k-th-block checkpointing

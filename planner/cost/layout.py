@@ -67,14 +67,17 @@ def _wrap_units(setting: Setting, choice: Choice) -> list[list[IndexedUnit]]:
     return units
 
 
-def _bucket(units: list[list[IndexedUnit]], cap_bytes: float, bytes_per_param: int) -> list[list[int]]:
-    """Indices of consecutive units merged while their total stays under the cap."""
+def _bucket(unit_params: list[int], cap_bytes: float, bytes_per_param: int) -> list[list[int]]:
+    """Indices of consecutive units (`unit_params`: each one's parameters) merged while their total
+    stays under the cap."""
+    if cap_bytes <= 0:
+        return [[index] for index in range(len(unit_params))]
     buckets: list[list[int]] = []
     current: list[int] = []
     current_bytes = 0.0
-    for index, unit in enumerate(units):
-        unit_bytes = sum(u.num_params for _, u in unit) * bytes_per_param
-        if current and (cap_bytes <= 0 or current_bytes + unit_bytes > cap_bytes):
+    for index, params in enumerate(unit_params):
+        unit_bytes = params * bytes_per_param
+        if current and current_bytes + unit_bytes > cap_bytes:
             buckets.append(current)
             current, current_bytes = [], 0.0
         current.append(index)
@@ -84,20 +87,21 @@ def _bucket(units: list[list[IndexedUnit]], cap_bytes: float, bytes_per_param: i
 
 
 def _launches(
-    units: list[list[IndexedUnit]],
+    unit_params: list[int],
+    unit_tensors: list[int],
     indices: list[int],
     *,
     compile_: bool,
     cap_bytes: float,
     bytes_per_param: int,
 ) -> int:
-    """Collective kernels a bucket of units takes."""
+    """Collective kernels a bucket of units takes (`unit_params`, `unit_tensors`: each unit's)."""
     if not compile_:
         return len(indices)  # FSDP2: one flat-buffer collective per wrap unit
-    tensors = sum(u.tensors for i in indices for _, u in units[i])
+    tensors = sum(unit_tensors[i] for i in indices)
     if cap_bytes <= 0:
         return tensors  # no bucketing: every parameter tensor is its own collective
-    params = sum(u.num_params for i in indices for _, u in units[i])
+    params = sum(unit_params[i] for i in indices)
     # A unit larger than the cap is split over several buckets.
     return max(1, min(tensors, math.ceil(params * bytes_per_param / cap_bytes)))
 
@@ -115,27 +119,30 @@ def comm_layout(setting: Setting, choice: Choice) -> CommLayout:
     """Eager FSDP2 issues one all-gather and one reduce-scatter per wrap unit; compiled
     SimpleFSDP one per parameter tensor, merged by inductor into buckets up to the caps."""
     units = _wrap_units(setting, choice)
+    unit_params = [sum(u.num_params for _, u in unit) for unit in units]
+    unit_tensors = [sum(u.tensors for _, u in unit) for unit in units]
     ag_cap = choice.all_gather_bucket_mb * MB if choice.simple_fsdp else 0.0
     rs_cap = choice.reduce_scatter_bucket_mb * MB if choice.simple_fsdp else 0.0
-    ag_buckets = _bucket(units, ag_cap, setting.param_bytes)
+    ag_buckets = _bucket(unit_params, ag_cap, setting.param_bytes)
     group_of_unit = {u: g for g, bucket in enumerate(ag_buckets) for u in bucket}
-    reversed_units = units[::-1]
+    reversed_params, reversed_tensors = unit_params[::-1], unit_tensors[::-1]
     reduce: list[list[int]] = [[] for _ in ag_buckets]
     reduce_launches: list[list[int]] = [[] for _ in ag_buckets]
-    for bucket in _bucket(reversed_units, rs_cap, 4):
+    for bucket in _bucket(reversed_params, rs_cap, 4):
         last_unit = len(units) - 1 - bucket[-1]  # in backward order the bucket completes here
-        params = sum(u.num_params for i in bucket for _, u in reversed_units[i])
+        params = sum(reversed_params[i] for i in bucket)
         reduce[group_of_unit[last_unit]].append(params)
         reduce_launches[group_of_unit[last_unit]].append(
             _launches(
-                reversed_units, bucket, compile_=choice.simple_fsdp, cap_bytes=rs_cap,
+                reversed_params, reversed_tensors, bucket, compile_=choice.simple_fsdp, cap_bytes=rs_cap,
                 bytes_per_param=choice.reduce_bytes,
             )
         )
     groups = tuple(tuple(x for i in bucket for x in units[i]) for bucket in ag_buckets)
     pb = setting.param_bytes
     group_launches = tuple(
-        _launches(units, bucket, compile_=choice.simple_fsdp, cap_bytes=ag_cap, bytes_per_param=pb)
+        _launches(unit_params, unit_tensors, bucket, compile_=choice.simple_fsdp, cap_bytes=ag_cap,
+                  bytes_per_param=pb)
         for bucket in ag_buckets
     )
     reduce_buckets = tuple(tuple(r) for r in reduce)
