@@ -150,12 +150,12 @@ def test_tensor_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan) -
         assert r["tokens_per_s_per_gpu"] == pytest.approx(4 * 64 / 4 / r["step_time_s"], rel=1e-6)
 
 
-def _trains_like_one_rank(split_plan: Path, tmp_path: Path, write_plan, name: str) -> None:
-    """Two ranks of `split_plan` log one rank's losses, gradient norms and held-out losses (2
+def _trains_like_one_rank(split_plan: Path, tmp_path: Path, write_plan, name: str, nproc: int = 2) -> None:
+    """`nproc` ranks of `split_plan` log one rank's losses, gradient norms and held-out losses (2
     micro-batches of 1 sequence, 4 steps, evaluated every 2)."""
     one = write_plan(debug_plan(gpus_per_node=1, micro_batch_size=1, grad_accum_steps=2), "one.json")
     evals = ("--steps", "4", "--eval-every", "2", "--eval-batches", "1")
-    split = _train(split_plan, tmp_path, name, *evals, nproc=2)
+    split = _train(split_plan, tmp_path, name, *evals, nproc=nproc)
     single = _train(one, tmp_path, "one", *evals, nproc=1)
     assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in single], rel=2e-5)
     assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
@@ -186,6 +186,17 @@ def test_pipeline_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan)
         debug_plan(gpus_per_node=2, micro_batch_size=1, grad_accum_steps=2, pipeline=pipeline), "pp.json"
     )
     _trains_like_one_rank(pp, tmp_path, write_plan, "pp")
+
+
+@pytest.mark.distributed
+def test_pipeline_with_context_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan) -> None:
+    # pp 2 x cp 2 on 4 ranks, cp inside each stage: the first stage's cp ranks keep half of each
+    # sequence, the last stage's log their cp group's mean loss (the logged mean is over the last
+    # stage's ranks); losses, gradient norms and held-out losses are still one rank's.
+    pipeline = {"schedule": "1F1B", "stages_per_rank": 1, "stage_blocks": [2, 2]}
+    document = debug_plan(gpus_per_node=4, cp=2, micro_batch_size=1, grad_accum_steps=2, pipeline=pipeline)
+    both = write_plan(document, "ppcp.json")
+    _trains_like_one_rank(both, tmp_path, write_plan, "ppcp", nproc=4)
 
 
 def test_world_size_mismatch_is_a_clear_error(write_plan) -> None:
