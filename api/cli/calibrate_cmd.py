@@ -20,7 +20,15 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.common import EXIT_FAILED, ServerClient, cluster_from_options, fail, read_json_file
+from api.cli.common import (
+    EXIT_FAILED,
+    ServerClient,
+    cluster_from_options,
+    decimal_number,
+    fail,
+    read_json_file,
+    whole_number,
+)
 from api.hints import EXECUTOR_EXTRA_INSTALL
 from executor.launch.calibration import write_calibration_bundle
 from executor.launch.quoting import UnsafeValueError
@@ -37,11 +45,17 @@ def register(app: typer.Typer) -> None:
 
 
 def calibrate(
-    nproc: Annotated[int, typer.Option("--nproc", help="Local processes (GPUs) to profile.")] = 1,
+    nproc: Annotated[int, typer.Option(
+        "--nproc", parser=whole_number(low=1), help="Local processes (GPUs) to profile.",
+    )] = 1,
     model: Annotated[str | None, typer.Option(help="Catalog model whose shapes and blocks to time.")] = None,
-    seq_len: Annotated[int, typer.Option("--seq-len", help="Sequence length for the block timings.")] = 2048,
+    seq_len: Annotated[int, typer.Option(
+        "--seq-len", parser=whole_number(low=1), help="Sequence length for the block timings.",
+    )] = 2048,
     micro_batches: Annotated[str, typer.Option("--micro-batches", help="Comma-separated sizes.")] = "1,2",
-    budget_s: Annotated[float, typer.Option("--budget-s", help="Time allowance in seconds.")] = 120.0,
+    budget_s: Annotated[float, typer.Option(
+        "--budget-s", parser=decimal_number(), help="Time allowance in seconds.",
+    )] = 120.0,
     name: Annotated[str | None, typer.Option(help="Name stored in the profile.")] = None,
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the profile.")] = Path(
         "profile.json"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from api.typed_numbers import parse_decimal, parse_whole
 from contract.plan_document import PlanError, schema_major, unwrap
 from planner.catalog.models import resolve_model
 from planner.errors import describe_validation_error
@@ -68,6 +70,41 @@ _FIELD_NAME = re.compile(
     + r")(?!\w)"
 )
 
+
+
+MAX_TYPED_NUMBER = 10**15
+"""Larger than any count, size or duration typed on the command line (the planner bounds each further)."""
+
+
+def whole_number(*, low: int = 0, high: int | None = None) -> Callable[[str | int], int]:
+    """A parser for a whole-number option, read as every number typed as text is (api.typed_numbers:
+    ASCII digits, bounded): `int()` would read '٣' as 3. Defaults arrive as numbers already."""
+    bounds = f"from {low} to {high}" if high is not None else f"of at least {low}"
+
+    def parse(raw: str | int) -> int:
+        if isinstance(raw, int):
+            return raw
+        value = parse_whole(raw, low=low, high=high if high is not None else MAX_TYPED_NUMBER)
+        if value is None:
+            raise typer.BadParameter(f"{raw!r} is not a whole number {bounds} in the digits 0-9")
+        return value
+
+    return parse
+
+
+def decimal_number(*, low: float = 0.0, high: float | None = None) -> Callable[[str | float], float]:
+    """A parser for a decimal option (`2.5`, `1e3`): ASCII digits only, finite and bounded."""
+    bounds = f"from {low:g} to {high:g}" if high is not None else f"of at least {low:g}"
+
+    def parse(raw: str | float) -> float:
+        if isinstance(raw, int | float):
+            return float(raw)
+        value = parse_decimal(raw, low=low, high=high if high is not None else float(MAX_TYPED_NUMBER))
+        if value is None:
+            raise typer.BadParameter(f"{raw!r} is not a number {bounds} in the digits 0-9")
+        return value
+
+    return parse
 
 def in_cli_terms(message: str) -> str:
     """`message` with every input field it names replaced by the option that sets it:

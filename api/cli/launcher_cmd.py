@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from api.cli.common import DEFAULT_SERVER, SERVER_ENV, fail, load_plan
+from api.cli.common import DEFAULT_SERVER, SERVER_ENV, fail, load_plan, whole_number
 from executor.launch.bundle import (
     DEFAULT_CUDA_VERSION,
     DEFAULT_TORCH_VERSION,
@@ -36,7 +36,9 @@ def launcher(
         Path | None, typer.Option("--plan", help="A plan JSON file (from `fsdp-planner plan -o` or the API).")
     ] = None,
     plan_id: Annotated[
-        int | None, typer.Option("--plan-id", min=1, help="A stored plan's id on the server.")
+        int | None, typer.Option(
+            "--plan-id", parser=whole_number(low=1), help="A stored plan's id on the server.",
+        )
     ] = None,
     server: Annotated[
         str, typer.Option(help="fsdp-planner server for --plan-id.", envvar=SERVER_ENV)
@@ -59,7 +61,9 @@ def launcher(
         typer.Option(help="Extended resource of your RDMA device plugin for every pod, e.g. "
                      "rdma/rdma_shared_device_a (default: a commented-out block in the manifests)."),
     ] = None,
-    rdma_count: Annotated[int, typer.Option(min=1, max=64, help="RDMA resources per pod.")] = 1,
+    rdma_count: Annotated[int, typer.Option(
+        parser=whole_number(low=1, high=64), help="RDMA resources per pod.",
+    )] = 1,
     api_key: Annotated[
         str | None, typer.Option("--api-key", help="API key, if the server requires one for reads.")
     ] = None,

@@ -20,6 +20,7 @@ from api.cli.common import (
     in_cli_terms,
     model_from_options,
     read_json_file,
+    whole_number,
 )
 from api.typed_numbers import parse_whole
 from contract.parallel_config import (
@@ -70,9 +71,13 @@ def plan(
         Path | None,
         typer.Option("--cluster-file", help="JSON cluster spec (num_nodes, gpus_per_node, gpu, ...)."),
     ] = None,
-    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 2048,
+    seq_len: Annotated[int, typer.Option(
+        "--seq-len", parser=whole_number(low=1), help="Tokens per sequence.",
+    )] = 2048,
     global_batch_tokens: Annotated[
-        int | None, typer.Option("--global-batch-tokens", help="Tokens per optimizer step (all GPUs).")
+        int | None, typer.Option(
+            "--global-batch-tokens", parser=whole_number(low=1), help="Tokens per optimizer step (all GPUs).",
+        )
     ] = None,
     precision: Annotated[str, typer.Option(
         help="bf16 (mixed, fp32 master) or fp32; CPU clusters train in fp32, so plan them with fp32."
@@ -127,7 +132,9 @@ def plan(
         help="Run compiled tensor-parallel plans' collectives asynchronously (inductor's "
         "micro-pipelined TP over CUDA symmetric memory), priced as overlapping their matmuls.",
     )] = False,
-    top: Annotated[int, typer.Option("--top", help="Ranked alternatives to show.")] = 5,
+    top: Annotated[int, typer.Option(
+        "--top", parser=whole_number(), help="Ranked alternatives to show.",
+    )] = 5,
     verbose: VerboseOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the Plan document as JSON.")] = False,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the Plan JSON here.")] = None,

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import fail
+from api.cli.common import decimal_number, fail, whole_number
 
 
 def _progress(documents: int, tokens: int) -> None:
@@ -58,9 +58,14 @@ def prepare_data(
     ] = "document",
     eval_fraction: Annotated[
         float,
-        typer.Option("--eval-fraction", help="Share of the documents held out as the eval split (0: none)."),
+        typer.Option(
+            "--eval-fraction", parser=decimal_number(high=1.0),
+            help="Share of the documents held out as the eval split (0: none).",
+        ),
     ] = 0.01,
-    seed: Annotated[int, typer.Option(help="Seed choosing which documents are held out.")] = 0,
+    seed: Annotated[int, typer.Option(
+        parser=whole_number(), help="Seed choosing which documents are held out.",
+    )] = 0,
     shard_tokens: Annotated[
         str, typer.Option("--shard-tokens", help="Tokens per shard file (e.g. 100M, 50000).")
     ] = "100M",

@@ -9,7 +9,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from api.cli.common import DEFAULT_SERVER, SERVER_ENV, ServerClient, plan_answer, plan_from_document
+from api.cli.common import (
+    DEFAULT_SERVER,
+    SERVER_ENV,
+    ServerClient,
+    plan_answer,
+    plan_from_document,
+    whole_number,
+)
 from api.cli.plan_cmd import VerboseOption, print_plan
 
 
@@ -18,10 +25,15 @@ def register(app: typer.Typer) -> None:
 
 
 def replan(
-    plan_id: Annotated[int, typer.Argument(help="The stored plan whose configuration ran out of memory.")],
+    plan_id: Annotated[int, typer.Argument(
+        parser=whole_number(low=1), help="The stored plan whose configuration ran out of memory.",
+    )],
     run: Annotated[
         int | None,
-        typer.Option("--run", help="Its OOM run (default: the newest, else the plan's own configuration)."),
+        typer.Option(
+            "--run", parser=whole_number(low=1),
+            help="Its OOM run (default: the newest, else the plan's own configuration).",
+        ),
     ] = None,
     server: Annotated[str, typer.Option(help="fsdp-planner server URL.", envvar=SERVER_ENV)] = DEFAULT_SERVER,
     api_key: Annotated[str | None, typer.Option("--api-key", help="API key, when writes need one.")] = None,

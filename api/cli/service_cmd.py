@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from api.cli.common import whole_number
 from api.settings import Settings
 
 if TYPE_CHECKING:
@@ -39,9 +40,13 @@ def _engine(database_url: str | None) -> Engine:
 
 def serve(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000,
+    port: Annotated[int, typer.Option(
+        parser=whole_number(low=1, high=65535), help="Port to listen on.",
+    )] = 8000,
     database_url: DatabaseUrlOption = None,
-    workers: Annotated[int, typer.Option(min=1, help="Worker processes (each plans in threads).")] = 1,
+    workers: Annotated[int, typer.Option(
+        parser=whole_number(low=1), help="Worker processes (each plans in threads).",
+    )] = 1,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Run the API (migrates the database first); OpenAPI docs at /docs."""
@@ -83,7 +88,8 @@ def serve(
 def worker(
     database_url: DatabaseUrlOption = None,
     concurrency: Annotated[int | None, typer.Option(
-        min=1, max=64, help="Studies this worker runs at once (default: FSDP_PLANNER_STUDY_JOBS, 1); their "
+        parser=whole_number(low=1, high=64),
+        help="Studies this worker runs at once (default: FSDP_PLANNER_STUDY_JOBS, 1); their "
         "searches share FSDP_PLANNER_STUDY_SEARCH_WORKERS processes (default: one per core).",
     )] = None,
     name: Annotated[str | None, typer.Option(

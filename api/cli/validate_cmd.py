@@ -34,8 +34,10 @@ from api.cli.common import (
     SERVER_ENV,
     ServerClient,
     cpu_precision_note,
+    decimal_number,
     fail,
     load_plan,
+    whole_number,
 )
 from executor.launch.bundle import bundle_name, write_bundle
 from planner.formatting import duration
@@ -169,11 +171,17 @@ def register(app: typer.Typer) -> None:
 def validate(
     plan_file: Annotated[Path | None, typer.Option("--plan", help="A plan JSON file.")] = None,
     plan_id: Annotated[
-        int | None, typer.Option("--plan-id", help="A stored plan's id (with --server).")
+        int | None, typer.Option(
+            "--plan-id", parser=whole_number(low=1), help="A stored plan's id (with --server).",
+        )
     ] = None,
     server: Annotated[str, typer.Option(help="fsdp-planner server URL.", envvar=SERVER_ENV)] = DEFAULT_SERVER,
-    steps: Annotated[int, typer.Option(help="Optimizer steps to run.")] = DEFAULT_STEPS,
-    warmup: Annotated[int, typer.Option(help="Leading steps left out of the timing.")] = DEFAULT_WARMUP,
+    steps: Annotated[int, typer.Option(
+        parser=whole_number(low=1), help="Optimizer steps to run.",
+    )] = DEFAULT_STEPS,
+    warmup: Annotated[int, typer.Option(
+        parser=whole_number(), help="Leading steps left out of the timing.",
+    )] = DEFAULT_WARMUP,
     upload: Annotated[bool, typer.Option(help="Store the run on the server (needs --plan-id).")] = False,
     api_key: Annotated[str | None, typer.Option("--api-key", help="API key for --upload.")] = None,
     keep: Annotated[Path | None, typer.Option(help="Keep the bundle and metrics in this directory.")] = None,
@@ -183,7 +191,10 @@ def validate(
     ] = None,
     max_memory_gib: Annotated[
         float | None,
-        typer.Option("--max-memory-gib", help="CUDA: cap each GPU at this many GiB (rehearse a smaller GPU)"),
+        typer.Option(
+            "--max-memory-gib", parser=decimal_number(),
+            help="CUDA: cap each GPU at this many GiB (rehearse a smaller GPU)",
+        ),
     ] = None,
     data: Annotated[
         Path | None,

@@ -21,7 +21,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from api.cli.common import EXIT_FAILED, ServerClient, fail, in_cli_terms, model_from_options, read_json_file
+from api.cli.common import (
+    EXIT_FAILED,
+    ServerClient,
+    decimal_number,
+    fail,
+    in_cli_terms,
+    model_from_options,
+    read_json_file,
+    whole_number,
+)
 from api.cli.plan_cmd import CHECKPOINT_MODES, FLOAT8_CHOICES, SHARDINGS, search_pins
 from api.services.search_pool import SearchPool, available_cores
 from api.services.studies import run_study
@@ -72,15 +81,20 @@ def whatif(
         help="Cluster sizes in GPUs: a list (64,128,512), a doubling range (8-4096) or a stepped one "
         "(64-512:+64).",
     )] = "8-1024",
-    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 4096,
+    seq_len: Annotated[int, typer.Option(
+        "--seq-len", parser=whole_number(low=1), help="Tokens per sequence.",
+    )] = 4096,
     global_batch_tokens: Annotated[int | None, typer.Option(
-        "--global-batch-tokens", help="Tokens per optimizer step, the same on every cluster.",
+        "--global-batch-tokens", parser=whole_number(low=1),
+        help="Tokens per optimizer step, the same on every cluster.",
     )] = None,
     batch_tokens_per_gpu: Annotated[int | None, typer.Option(
-        "--batch-tokens-per-gpu", help="Tokens per step per GPU instead: the batch grows with the cluster.",
+        "--batch-tokens-per-gpu", parser=whole_number(low=1),
+        help="Tokens per step per GPU instead: the batch grows with the cluster.",
     )] = None,
     deadline_days: Annotated[float | None, typer.Option(
-        "--deadline-days", help="Name the cheapest cluster that trains within this many days.",
+        "--deadline-days", parser=decimal_number(),
+        help="Name the cheapest cluster that trains within this many days.",
     )] = None,
     precision: Annotated[str, typer.Option(help="bf16 (mixed, fp32 master) or fp32.")] = "bf16",
     tp: Annotated[list[str] | None, typer.Option(

@@ -145,3 +145,23 @@ def test_server_studies_are_followed_to_the_end_and_a_failure_says_why(
     with pytest.raises(typer.Exit):
         whatif_cmd.follow_study(_Server(_study("cancelled", 1)), _study("running", 0))  # type: ignore[arg-type]
     assert "was cancelled on the server" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("digit", ["٣", "²", "३"])
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [
+        (["plan", "--model", "gpt2", "--cluster", "1x8xH100", "--global-batch-tokens", "65536"], "--seq-len"),
+        (["plan", "--model", "gpt2", "--cluster", "1x8xH100", "--seq-len", "1024"], "--global-batch-tokens"),
+        (["whatif", "--model", "gpt2", "--gpu", "H100", "--global-batch-tokens", "65536"], "--deadline-days"),
+        (["serve"], "--port"),
+        (["replan"], None),
+    ],
+)
+def test_number_options_read_ascii_digits_only(command: list[str], option: str | None, digit: str) -> None:
+    # int() reads '٣' (Arabic-Indic) and '३' (Devanagari) as 3: every number option refuses them, as
+    # the API's schemas and the dashboard's forms do, naming the option and the digits it reads.
+    typed = [option, f"1{digit}"] if option else [f"1{digit}"]
+    result = runner.invoke(app, [*command, *typed], env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
+    assert "in the digits 0-9" in result.output and f"'1{digit}'" in result.output, result.output
