@@ -60,7 +60,7 @@ def main() -> None:
     for candidate in candidates:
         if candidate.request is not None:
             with contextlib.suppress(PlanningError):  # a cluster that does not fit is an answer too
-                make_plan(candidate.request)
+                make_plan(candidate.request, advise_other_clusters=False)  # as run_study plans them
     serial = time.perf_counter() - start
     median = statistics.median(parallel)
     fitting = sum(p.fits for p in summary.points)

@@ -387,12 +387,24 @@ def infeasible_error(
     *,
     limit_gib: float,
     peak_gib: float,
+    advise_other_clusters: bool = True,
 ) -> InfeasiblePlanError:
     """Why nothing fits on the requested cluster, and what would (`advise`): a cluster and batch
-    that the planner accepts, or, when data parallelism cannot fit the model at all, what would."""
+    that the planner accepts, or, when data parallelism cannot fit the model at all, what would.
+    Without `advise_other_clusters` only why (a what-if study tries its cluster sizes itself: the
+    search of other clusters was most of the time a study spent on those that do not fit)."""
     prober = Prober(request, setting)
     here = prober.at(request.cluster.num_nodes, request.training.global_batch_sequences, lightest=True)
     dominant = dominant_term(here.memory)
+    if not advise_other_clusters:
+        return InfeasiblePlanError(
+            _why_not_here(request, here, None, peak_gib=peak_gib, limit_gib=limit_gib),
+            min_fitting_nodes=None,
+            min_peak_memory_gib=peak_gib,
+            capacity_gib=limit_gib,
+            dominant_memory_term=dominant.label,
+            dominant_memory_gib=dominant.gib,
+        )
     advice = advise(prober, request.training.global_batch_tokens)
     first = advice.batches[0] if advice.batches else None
     fitting = prober.at(first.num_nodes, first.global_batch_sequences, lightest=True) if first else None

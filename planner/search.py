@@ -49,10 +49,12 @@ def make_plan(
     calibration: CalibrationProfile | None = None,
     calibration_id: str | None = None,
     time_limit_s: float | None = None,
+    advise_other_clusters: bool = True,
 ) -> Plan:
     """The best plan for a request, with ranked alternatives and why other families lost.
 
-    Raises InfeasiblePlanError (naming the smallest cluster that would fit) when nothing fits, and
+    Raises InfeasiblePlanError (naming the smallest cluster that would fit, unless
+    `advise_other_clusters` is False: then only why nothing fits here) when nothing fits, and
     SearchDeadlineError when pricing the candidates takes more than `time_limit_s` seconds of CPU
     time (CPU, not wall-clock, so that whether a request fits the limit does not depend on the load).
     """
@@ -134,7 +136,7 @@ def make_plan(
             field="search",
         )
     if not fitting:
-        raise _infeasible(request, setting, limits, min_peak)
+        raise _infeasible(request, setting, limits, min_peak, advise_other_clusters=advise_other_clusters)
     best = fitting[0]
     best = Evaluated.priced(setting, best.choice, best.memory, estimator.timing(best.choice, record=True))
     return plan_document(
@@ -359,11 +361,17 @@ def predict(
 
 
 def _infeasible(
-    request: PlanRequest, setting: Setting, limits: MemoryLimits, min_peak: Evaluated | None
+    request: PlanRequest,
+    setting: Setting,
+    limits: MemoryLimits,
+    min_peak: Evaluated | None,
+    *,
+    advise_other_clusters: bool,
 ) -> InfeasiblePlanError:
     """Explain that nothing fits and what would (planner/infeasibility.py: it searches other clusters
     through the same enumeration and memory test)."""
     assert min_peak is not None
     return infeasible_error(
-        request, setting, limit_gib=limits(min_peak.choice.mesh), peak_gib=min_peak.peak_gib
+        request, setting, limit_gib=limits(min_peak.choice.mesh), peak_gib=min_peak.peak_gib,
+        advise_other_clusters=advise_other_clusters,
     )

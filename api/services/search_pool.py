@@ -52,6 +52,9 @@ class SearchJob:
     request: PlanRequest
     calibration: CalibrationProfile | None = None
     calibration_id: str | None = None
+    advise_other_clusters: bool = True
+    """Whether a refusal for memory searches other clusters for the smallest that fits (a study
+    tries its own sizes and does not)."""
 
 
 class SearchPoolBrokenError(RuntimeError):
@@ -281,6 +284,6 @@ def _search_or_refuse(job: SearchJob, deadline_s: float) -> Plan | PlanningError
     """What a worker runs for one job of `search_many`: a refusal is an answer, not a failure."""
     try:
         return make_plan(job.request, calibration=job.calibration, calibration_id=job.calibration_id,
-                         time_limit_s=deadline_s)
+                         time_limit_s=deadline_s, advise_other_clusters=job.advise_other_clusters)
     except PlanningError as error:
         return error

@@ -122,6 +122,7 @@ def run_study(
             candidate.request,
             None if candidate.calibration_id is None else (profiles or {})[candidate.calibration_id],
             None if candidate.calibration_id is None else str(candidate.calibration_id),
+            advise_other_clusters=False,  # the study's own sizes say which clusters fit
         )
         for position, candidate in enumerate(candidates) if candidate.request is not None
     }

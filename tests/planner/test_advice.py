@@ -415,3 +415,19 @@ def test_any_advised_cluster_and_batch_plans(request: PlanRequest) -> None:
         if found is not None:
             tokens = int(found[3] or request.training.global_batch_tokens)
             make_plan(variant(request, nodes=int(found[1]), tokens=tokens))
+
+
+def test_a_refusal_without_advice_says_why_at_the_same_numbers() -> None:
+    # What a what-if study asks for (it tries its own cluster sizes): why nothing fits here, the same
+    # peak and capacity as the full refusal, and no search of other clusters.
+    request = make_request("llama3.1-405b", "1x8xH100", seq_len=4096, sequences=1024)
+    advised = refused(request)
+    with pytest.raises(InfeasiblePlanError) as exc:
+        make_plan(request, advise_other_clusters=False)
+    bare = exc.value
+    numbers = (bare.min_peak_memory_gib, bare.capacity_gib, bare.dominant_memory_term)
+    assert numbers == (advised.min_peak_memory_gib, advised.capacity_gib, advised.dominant_memory_term)
+    assert bare.min_fitting_nodes is None and bare.suggested_global_batch_tokens is None
+    assert advised.min_fitting_nodes is not None
+    assert "Smallest cluster" not in bare.message
+    assert bare.message.startswith("llama3.1-405b does not fit on 1x8")
