@@ -22,11 +22,9 @@ import asyncio
 import os
 import platform
 import random
-import secrets
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -37,8 +35,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import httpx
-from sqlalchemy import create_engine, insert, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import insert
 
 from api.db import migrate
 from api.db.models import PlanRow
@@ -48,11 +45,11 @@ from api.services.plans import build_request
 from api.services.search_pool import SearchPool
 from planner.search import make_plan
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.scratch_database import scratch_database
+
 RESULTS = Path(__file__).with_name("RESULTS.md")
 SECTION = "## API load (`bench/api_load.py`)"
-PG_ADMIN_URL = os.environ.get(
-    "FSDP_PLANNER_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
 TEMPLATE = {
     "model": "llama-debug",
     "cluster": "1x2xcpu",
@@ -357,22 +354,6 @@ async def reads_during_graphs(
     return [reads, searched]
 
 
-def database_for(backend: str, workdir: Path) -> tuple[str, Callable[[], None]]:
-    if backend == "sqlite":
-        return f"sqlite:///{workdir / 'bench.sqlite3'}", lambda: None
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    name = f"fsdp_planner_bench_{secrets.token_hex(4)}"
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-
-    def drop() -> None:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False), drop
-
-
 def verdict(result: Result) -> str:
     goal = GOALS.get(result.scenario)
     if goal is None:
@@ -432,23 +413,19 @@ def main() -> None:
 
     results: dict[str, list[Result]] = {}
     for backend in args.backends:
-        with tempfile.TemporaryDirectory() as workdir:
-            url, drop = database_for(backend, Path(workdir))
+        with scratch_database(backend) as url:
+            started = time.perf_counter()
+            seed(url, args.plans)
+            print(f"{backend}: seeded {args.plans:,} plans in {time.perf_counter() - started:.1f} s")
+            port = free_port()
+            server = start_server(url, port, args.workers)
             try:
-                started = time.perf_counter()
-                seed(url, args.plans)
-                print(f"{backend}: seeded {args.plans:,} plans in {time.perf_counter() - started:.1f} s")
-                port = free_port()
-                server = start_server(url, port, args.workers)
-                try:
-                    results[backend] = asyncio.run(
-                        load(port, args.concurrency, args.requests, args.posts, set(args.scenarios))
-                    )
-                finally:
-                    server.terminate()
-                    server.wait(timeout=30)
+                results[backend] = asyncio.run(
+                    load(port, args.concurrency, args.requests, args.posts, set(args.scenarios))
+                )
             finally:
-                drop()
+                server.terminate()
+                server.wait(timeout=30)
         for r in results[backend]:
             print(
                 f"  {r.scenario:40s} {r.rate:8.0f} req/s  p50 {r.percentile(0.5):7.1f} ms  "

@@ -28,24 +28,19 @@ import argparse
 import asyncio
 import os
 import platform
-import secrets
 import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
-PG_ADMIN_URL = os.environ.get(
-    "FSDP_PLANNER_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.scratch_database import scratch_database
+
 HOSTILE: dict[str, dict[str, Any]] = {
     "cluster": {
         "model": "llama-debug",
@@ -91,24 +86,12 @@ async def _measure(
         return [await a for a in attacks], times
 
 
-def _database(backend: str, workdir: Path) -> tuple[str, Callable[[], None]]:
-    if backend == "sqlite":
-        return f"sqlite:///{workdir / f'bench-{secrets.token_hex(4)}.db'}", lambda: None
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    name = f"fsdp_planner_bench_{secrets.token_hex(4)}"
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-
-    def drop() -> None:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False), drop
+def _run(backend: str, kind: str, hostile: int, reads: int, interval_s: float) -> str:
+    with scratch_database(backend) as database_url:
+        return _against(database_url, backend, kind, hostile, reads, interval_s)
 
 
-def _run(backend: str, kind: str, hostile: int, reads: int, interval_s: float, workdir: Path) -> str:
-    database_url, drop = _database(backend, workdir)
+def _against(database_url: str, backend: str, kind: str, hostile: int, reads: int, interval_s: float) -> str:
     port = _port()
     env = {key: value for key, value in os.environ.items()
            if not key.startswith("FSDP_PLANNER_") and key != "DATABASE_URL"}
@@ -129,7 +112,6 @@ def _run(backend: str, kind: str, hostile: int, reads: int, interval_s: float, w
     finally:
         server.terminate()
         server.wait(timeout=30)
-        drop()
     statuses = sorted({status for status, _ in attacks})
     slowest = max(seconds for _, seconds in attacks)
     reads_ms = sorted(1000 * s for s in times)
@@ -149,8 +131,7 @@ def main() -> None:
     parser.add_argument("--reads", type=int, default=400)
     parser.add_argument("--read-interval-ms", type=float, default=10.0)
     args = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp())
-    rows = [_run(backend, kind, args.hostile, args.reads, args.read_interval_ms / 1000, workdir)
+    rows = [_run(backend, kind, args.hostile, args.reads, args.read_interval_ms / 1000)
             for backend in args.backends for kind in args.kinds]
     print(f"{platform.machine()}, {os.cpu_count()} cores, CPython {platform.python_version()}")
     print("| database | hostile | POSTs | statuses | slowest answer | GET /plans | median ms | p99 ms "

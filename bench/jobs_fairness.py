@@ -21,27 +21,21 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import secrets
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.scratch_database import scratch_database
 from bench.study_jobs import STUDY, small_plan
 
-PG_ADMIN_URL = os.environ.get("FSDP_PLANNER_TEST_POSTGRES_URL",
-                              "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 GIB = 1024**3
 
 
@@ -68,23 +62,6 @@ def _command() -> list[str]:
     return [sys.executable, "-m", "api.cli.main"]
 
 
-@contextmanager
-def database(engine: str) -> Iterator[str]:
-    if engine == "in-process":
-        yield f"sqlite:///{Path(tempfile.mkdtemp()) / 'bench.db'}"
-        return
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    name = f"fsdp_planner_bench_{secrets.token_hex(4)}"
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 def wait_job(client: httpx.Client, location: str, timeout_s: float = 600) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -107,7 +84,7 @@ def small_latencies(client: httpx.Client, start: int, count: int, interval: floa
 
 
 def run(engine: str, interval: float) -> dict[str, Any]:
-    with database(engine) as url:
+    with scratch_database("sqlite" if engine == "in-process" else "postgresql") as url:
         port = _port()
         env = {key: value for key, value in os.environ.items()
                if not key.startswith("FSDP_PLANNER_") and key != "DATABASE_URL"}
