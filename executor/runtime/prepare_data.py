@@ -408,7 +408,96 @@ def prepare(
     overwrite: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> Summary:
-    """Tokenise `inputs` into a dataset directory `out` (see the module docstring)."""
+    """Tokenise `inputs` into a dataset directory `out` (see the module docstring): check the
+    options, write the splits' shards, check what they hold, then write the index that makes them a
+    dataset."""
+    dtype = _checked_options(
+        tokenizer, fmt=fmt, sample_by=sample_by, dtype=dtype, shard_tokens=shard_tokens,
+        eval_fraction=eval_fraction,
+    )
+    files = input_files(inputs)
+    if not files:
+        raise PrepareError("no input files: name text or JSONL files (or directories of them)")
+    created = not out.exists()
+    prepare_output(out, overwrite=overwrite)
+    started = time.perf_counter()
+    writers = {name: SplitWriter(out, name, dtype, shard_tokens) for name in ("train", "eval")}
+    phase = random.Random(seed).random()
+    tokens = _DocumentTokens(tokenizer, writers, eval_fraction=eval_fraction, phase=phase)
+    try:
+        documents = _write_documents(
+            files, tokens, fmt=fmt, text_field=text_field, sample_by=sample_by, progress=progress
+        )
+        splits = {name: writer.close() for name, writer in writers.items()}
+    except BaseException:
+        # No index.json was written, so the shards are unusable: leave nothing half-made behind.
+        for writer in writers.values():
+            with contextlib.suppress(Exception):
+                writer.close()
+        _remove_dataset(out, created=created)
+        raise
+    try:
+        _check_splits(splits, files=files, documents=documents, fmt=fmt, text_field=text_field)
+    except PrepareError:
+        _remove_dataset(out, created=created)
+        raise
+    if not splits["eval"]["shards"]:
+        del splits["eval"]
+    index = _index_document(
+        tokenizer, splits, dtype=dtype, max_id=tokens.max_id, eval_fraction=eval_fraction, seed=seed,
+        sample_by=sample_by, text_field=text_field, files=files,
+    )
+    # index.json last, atomically: its presence means the shards are complete.
+    tmp = out / (INDEX + ".tmp")
+    tmp.write_text(json.dumps(index, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(out / INDEX)
+    total_tokens = sum(split["tokens"] for split in splits.values())
+    return Summary(
+        directory=out,
+        index=index,
+        elapsed_s=time.perf_counter() - started,
+        bytes_written=total_tokens * (2 if dtype == "uint16" else 4),
+    )
+
+
+def _index_document(
+    tokenizer: Tokenizer,
+    splits: dict[str, dict[str, Any]],
+    *,
+    dtype: str,
+    max_id: int,
+    eval_fraction: float,
+    seed: int,
+    sample_by: str,
+    text_field: str,
+    files: list[Path],
+) -> dict[str, Any]:
+    """The dataset's index.json (contract/token_format.py): its format, tokenizer, splits and sources."""
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "dtype": dtype,
+        "byte_order": "little",
+        "tokenizer": tokenizer.name,
+        "tokenizer_library": tokenizer.library,
+        "vocab_size": tokenizer.vocab_size,
+        "eos_token_id": tokenizer.eos_token_id,
+        "document_separator": "eos_token_id after every document",
+        "max_token_id": max_id,
+        "splits": splits,
+        "eval_fraction": eval_fraction,
+        "split_seed": seed,
+        "sample_by": sample_by,
+        "text_field": text_field,
+        "sources": [str(p) for p in files],
+        "created_by": "fsdp-planner prepare-data",
+    }
+
+
+def _checked_options(
+    tokenizer: Tokenizer, *, fmt: str, sample_by: str, dtype: str, shard_tokens: int, eval_fraction: float
+) -> str:
+    """Refuse options that cannot work, naming the flag and the fix; the token dtype to write."""
     if not 0 <= eval_fraction < 1:
         raise PrepareError(f"--eval-fraction {eval_fraction}: use a fraction in [0, 1), e.g. 0.01")
     if shard_tokens < 1:
@@ -427,123 +516,110 @@ def prepare(
             f"tokenizer {tokenizer.name!r} has {vocab:,} tokens, more than {dtype} holds "
             f"({DTYPE_LIMITS[dtype]:,}); use --dtype uint32 (or leave --dtype auto)"
         )
-    files = input_files(inputs)
-    if not files:
-        raise PrepareError("no input files: name text or JSONL files (or directories of them)")
-    created = not out.exists()
-    prepare_output(out, overwrite=overwrite)
-    started = time.perf_counter()
-    writers = {name: SplitWriter(out, name, dtype, shard_tokens) for name in ("train", "eval")}
-    phase = random.Random(seed).random()
-    eos = tokenizer.eos_token_id
-    max_id = -1
-    current = [-1, 0]  # the document being written, and its tokens so far (a long one spans batches)
+    return dtype
 
-    def emit(pending: list[tuple[int, str, bool, bool]]) -> None:
+
+class _DocumentTokens:
+    """Tokenises batches of document pieces and writes each document to its split: the eval split
+    takes every document `is_eval_document` picks, and every document ends with the EOS token."""
+
+    def __init__(
+        self, tokenizer: Tokenizer, writers: dict[str, SplitWriter], *, eval_fraction: float, phase: float
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.writers = writers
+        self.eval_fraction = eval_fraction
+        self.phase = phase
+        self.max_id = -1
+        self._document = -1  # the document being written (a long one spans batches) ...
+        self._document_tokens = 0  # ... and its tokens so far
+
+    def write(self, pending: list[tuple[int, str, bool, bool]]) -> None:
         """Tokenise (document number, text, first piece, last piece) and write each to its split."""
-        nonlocal max_id
-        if not pending:
-            return
-        # A document's first piece gets the tokenizer's special tokens (e.g. BOS), later slices not.
-        encoded: list[list[int]] = [[] for _ in pending]
-        for special in (True, False):
-            where = [k for k, item in enumerate(pending) if item[2] is special]
-            if where:
-                texts = [pending[k][1] for k in where]
-                batch = tokenizer.encode_batch(texts, add_special_tokens=special)
-                for k, ids in zip(where, batch, strict=True):
-                    encoded[k] = list(ids)
-        for (number, _, _, last), ids in zip(pending, encoded, strict=True):
-            if number != current[0]:
-                current[:] = [number, 0]
-            if last and (ids or current[1]) and (not ids or ids[-1] != eos):
+        eos, vocab = self.tokenizer.eos_token_id, self.tokenizer.vocab_size
+        for (number, _, _, last), ids in zip(pending, self._encoded(pending), strict=True):
+            if number != self._document:
+                self._document, self._document_tokens = number, 0
+            if last and (ids or self._document_tokens) and (not ids or ids[-1] != eos):
                 ids.append(eos)
             if not ids:
                 continue
             top, bottom = max(ids), min(ids)
             if top >= vocab or bottom < 0:
                 raise PrepareError(
-                    f"tokenizer {tokenizer.name!r} returned id {top if top >= vocab else bottom}, outside "
-                    f"its stated vocabulary of {vocab:,}"
+                    f"tokenizer {self.tokenizer.name!r} returned id {top if top >= vocab else bottom}, "
+                    f"outside its stated vocabulary of {vocab:,}"
                 )
-            max_id = max(max_id, top)
-            split = "eval" if is_eval_document(number, fraction=eval_fraction, phase=phase) else "train"
-            writers[split].add(ids)
-            current[1] += len(ids)
+            self.max_id = max(self.max_id, top)
+            evaluated = is_eval_document(number, fraction=self.eval_fraction, phase=self.phase)
+            writer = self.writers["eval" if evaluated else "train"]
+            writer.add(ids)
+            self._document_tokens += len(ids)
             if last:
-                writers[split].documents += 1
+                writer.documents += 1
 
+    def _encoded(self, pending: list[tuple[int, str, bool, bool]]) -> list[list[int]]:
+        # A document's first piece gets the tokenizer's special tokens (e.g. BOS), later slices not.
+        encoded: list[list[int]] = [[] for _ in pending]
+        for special in (True, False):
+            where = [k for k, item in enumerate(pending) if item[2] is special]
+            if where:
+                texts = [pending[k][1] for k in where]
+                batch = self.tokenizer.encode_batch(texts, add_special_tokens=special)
+                for k, ids in zip(where, batch, strict=True):
+                    encoded[k] = list(ids)
+        return encoded
+
+    @property
+    def written(self) -> int:
+        return sum(writer.tokens for writer in self.writers.values())
+
+
+def _write_documents(
+    files: list[Path],
+    tokens: _DocumentTokens,
+    *,
+    fmt: str,
+    text_field: str,
+    sample_by: str,
+    progress: Callable[[int, int], None] | None,
+) -> int:
+    """Read every document of `files` and write its tokens, in batches; the number of documents."""
     documents = 0
-    try:
-        pending: list[tuple[int, str, bool, bool]] = []
-        chars = 0
-        last_report = time.perf_counter()
-        for path in files:
-            for document in read_documents(path, fmt=fmt, text_field=text_field, sample_by=sample_by):
-                for first, last, piece in _ends(document):
-                    pending.append((documents, piece, first, last))
-                    chars += len(piece)
-                    if len(pending) >= DOCS_PER_BATCH or chars >= TEXT_PER_BATCH:
-                        emit(pending)
-                        pending, chars = [], 0
-                        if progress is not None and time.perf_counter() - last_report > 10:
-                            progress(documents, writers["train"].tokens + writers["eval"].tokens)
-                            last_report = time.perf_counter()
-                documents += 1
-        emit(pending)
-        splits = {name: writer.close() for name, writer in writers.items()}
-    except BaseException:
-        # No index.json was written, so the shards are unusable: leave nothing half-made behind.
-        for writer in writers.values():
-            with contextlib.suppress(Exception):
-                writer.close()
-        _remove_dataset(out, created=created)
-        raise
-    total_tokens = splits["train"]["tokens"] + splits["eval"]["tokens"]
-    if total_tokens == 0:
-        _remove_dataset(out, created=created)
+    pending: list[tuple[int, str, bool, bool]] = []
+    chars = 0
+    last_report = time.perf_counter()
+    for path in files:
+        for document in read_documents(path, fmt=fmt, text_field=text_field, sample_by=sample_by):
+            for first, last, piece in _ends(document):
+                pending.append((documents, piece, first, last))
+                chars += len(piece)
+                if len(pending) >= DOCS_PER_BATCH or chars >= TEXT_PER_BATCH:
+                    tokens.write(pending)
+                    pending, chars = [], 0
+                    if progress is not None and time.perf_counter() - last_report > 10:
+                        progress(documents, tokens.written)
+                        last_report = time.perf_counter()
+            documents += 1
+    if pending:
+        tokens.write(pending)
+    return documents
+
+
+def _check_splits(
+    splits: dict[str, dict[str, Any]], *, files: list[Path], documents: int, fmt: str, text_field: str
+) -> None:
+    """Refuse a dataset with no text, or with no training text."""
+    if splits["train"]["tokens"] + splits["eval"]["tokens"] == 0:
         raise PrepareError(
             f"the input holds no text ({len(files)} file(s)"
             + (f"; JSONL records need a non-empty {text_field!r} field" if fmt != "text" else "")
             + ")"
         )
     if splits["train"]["tokens"] == 0:
-        _remove_dataset(out, created=created)
         raise PrepareError(
             f"every document ({documents}) went to the eval split; lower --eval-fraction or add documents"
         )
-    if not splits["eval"]["shards"]:
-        del splits["eval"]
-    index = {
-        "format": FORMAT,
-        "version": FORMAT_VERSION,
-        "dtype": dtype,
-        "byte_order": "little",
-        "tokenizer": tokenizer.name,
-        "tokenizer_library": tokenizer.library,
-        "vocab_size": vocab,
-        "eos_token_id": eos,
-        "document_separator": "eos_token_id after every document",
-        "max_token_id": max_id,
-        "splits": splits,
-        "eval_fraction": eval_fraction,
-        "split_seed": seed,
-        "sample_by": sample_by,
-        "text_field": text_field,
-        "sources": [str(p) for p in files],
-        "created_by": "fsdp-planner prepare-data",
-    }
-    # index.json last, atomically: its presence means the shards are complete.
-    tmp = out / (INDEX + ".tmp")
-    tmp.write_text(json.dumps(index, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(out / INDEX)
-    itemsize = 2 if dtype == "uint16" else 4
-    return Summary(
-        directory=out,
-        index=index,
-        elapsed_s=time.perf_counter() - started,
-        bytes_written=total_tokens * itemsize,
-    )
 
 
 def _ends(pieces: Iterator[str]) -> Iterator[tuple[bool, bool, str]]:
