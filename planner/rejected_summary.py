@@ -22,8 +22,8 @@ class RejectedSummary:
     """The rejected families split into what is shown by default and what one line stands for."""
 
     shown: tuple[RejectedFamily, ...]
-    """Every family that fits and lost (slower, or excluded by a re-plan), and the out-of-memory
-    families too when they are few, in the planner's order."""
+    """Every family that fits and lost (slower, or excluded by a re-plan) in the planner's order, and
+    the out-of-memory families too when they are few, closest to fitting first."""
     folded: tuple[RejectedFamily, ...]
     """The out-of-memory families `line` stands for, closest to fitting first (empty when none are)."""
     line: str | None
@@ -39,8 +39,6 @@ class RejectedSummary:
 def summarize_rejected(plan: Plan) -> RejectedSummary:
     """Fold the plan's out-of-memory families into one line when there are more than `OOM_ROWS_SHOWN`."""
     oom = [r for r in plan.rejected if r.kind == "oom"]
-    if len(oom) <= OOM_ROWS_SHOWN:
-        return RejectedSummary(shown=plan.rejected, folded=(), line=None)
     shown = tuple(r for r in plan.rejected if r.kind != "oom")
     plan_limit = memory_limit_gib(plan)
 
@@ -54,6 +52,8 @@ def summarize_rejected(plan: Plan) -> RejectedSummary:
     # Closest to fitting first (a mesh's margin sets its limit); by the family name too, so that
     # ties (2x2, 4x2 and 8x2 often need the same) read stably.
     folded = tuple(sorted(oom, key=lambda r: (overshoot(r), _least_gib(r), r.family)))
+    if len(oom) <= OOM_ROWS_SHOWN:  # listed after those that fit, closest to fitting first
+        return RejectedSummary(shown=shown + folded, folded=(), line=None)
     closest = folded[0]
     need = _least_gib(closest)
     what = f"{len(folded)} more families" if shown else f"{len(folded)} families"
