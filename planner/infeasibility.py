@@ -388,24 +388,37 @@ def infeasible_error(
     limit_gib: float,
     peak_gib: float,
     advise_other_clusters: bool = True,
+    deadline: CpuDeadline | None = None,
 ) -> InfeasiblePlanError:
     """Why nothing fits on the requested cluster, and what would (`advise`): a cluster and batch
     that the planner accepts, or, when data parallelism cannot fit the model at all, what would.
     Without `advise_other_clusters` only why (a what-if study tries its cluster sizes itself: the
-    search of other clusters was most of the time a study spent on those that do not fit)."""
+    search of other clusters was most of the time a study spent on those that do not fit); past
+    `deadline` (the search's own) only why, saying the search for a cluster that fits stopped."""
     prober = Prober(request, setting)
     here = prober.at(request.cluster.num_nodes, request.training.global_batch_sequences, lightest=True)
     dominant = dominant_term(here.memory)
-    if not advise_other_clusters:
+
+    def unadvised(why_not_elsewhere: str = "") -> InfeasiblePlanError:
         return InfeasiblePlanError(
-            _why_not_here(request, here, None, peak_gib=peak_gib, limit_gib=limit_gib),
+            _why_not_here(request, here, None, peak_gib=peak_gib, limit_gib=limit_gib) + why_not_elsewhere,
             min_fitting_nodes=None,
             min_peak_memory_gib=peak_gib,
             capacity_gib=limit_gib,
             dominant_memory_term=dominant.label,
             dominant_memory_gib=dominant.gib,
         )
-    advice = advise(prober, request.training.global_batch_tokens)
+
+    if not advise_other_clusters:
+        return unadvised()
+    prober.deadline = deadline
+    try:
+        advice = advise(prober, request.training.global_batch_tokens)
+    except SearchDeadlineError as stopped:
+        return unadvised(
+            f" Looking for a cluster that fits stopped after {stopped.time_limit_s:g} s of CPU time, the "
+            "limit per plan."
+        )
     first = advice.batches[0] if advice.batches else None
     fitting = prober.at(first.num_nodes, first.global_batch_sequences, lightest=True) if first else None
     # Where data parallelism runs out: the fitting cluster (or the largest tried) is held up by

@@ -136,7 +136,9 @@ def make_plan(
             field="search",
         )
     if not fitting:
-        raise _infeasible(request, setting, limits, min_peak, advise_other_clusters=advise_other_clusters)
+        raise _infeasible(
+            request, setting, limits, min_peak, advise_other_clusters=advise_other_clusters, deadline=deadline
+        )
     best = fitting[0]
     best = Evaluated.priced(setting, best.choice, best.memory, estimator.timing(best.choice, record=True))
     return plan_document(
@@ -367,11 +369,12 @@ def _infeasible(
     min_peak: Evaluated | None,
     *,
     advise_other_clusters: bool,
+    deadline: CpuDeadline | None,
 ) -> InfeasiblePlanError:
     """Explain that nothing fits and what would (planner/infeasibility.py: it searches other clusters
-    through the same enumeration and memory test)."""
+    through the same enumeration and memory test, within what is left of the search's deadline)."""
     assert min_peak is not None
     return infeasible_error(
         request, setting, limit_gib=limits(min_peak.choice.mesh), peak_gib=min_peak.peak_gib,
-        advise_other_clusters=advise_other_clusters,
+        advise_other_clusters=advise_other_clusters, deadline=deadline,
     )

@@ -21,9 +21,10 @@ from contract.mesh import Mesh
 from planner.calibration import CalibrationProfile
 from planner.catalog.models import resolve_model
 from planner.cost.estimate import Estimator
+from planner.deadline import CpuDeadline
 from planner.enumeration import enumerate_choices
 from planner.errors import InfeasiblePlanError, PlanningError
-from planner.infeasibility import dominant_term
+from planner.infeasibility import dominant_term, infeasible_error
 from planner.precheck import read_request
 from planner.search import make_plan
 from planner.search_setting import build_setting
@@ -431,3 +432,20 @@ def test_a_refusal_without_advice_says_why_at_the_same_numbers() -> None:
     assert advised.min_fitting_nodes is not None
     assert "Smallest cluster" not in bare.message
     assert bare.message.startswith("llama3.1-405b does not fit on 1x8")
+
+
+def test_a_refusal_looks_for_another_cluster_within_the_searchs_deadline() -> None:
+    # The search that found nothing fitting hands its deadline on: past it, the refusal says why
+    # nothing fits here and that looking elsewhere stopped, instead of probing on unbounded.
+    request = make_request("llama3.1-405b", "1x8xH100", seq_len=4096, sequences=1024)
+    advised = refused(request)
+    setting = build_setting(request)
+    stopped = infeasible_error(
+        request, setting, limit_gib=advised.capacity_gib, peak_gib=advised.min_peak_memory_gib,
+        deadline=CpuDeadline.after(0.0),
+    )
+    assert stopped.min_fitting_nodes is None and stopped.min_peak_memory_gib == advised.min_peak_memory_gib
+    assert stopped.message.endswith(
+        "Looking for a cluster that fits stopped after 0 s of CPU time, the limit per plan."
+    )
+    assert "Smallest cluster" not in stopped.message
