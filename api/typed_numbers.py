@@ -12,9 +12,9 @@ import math
 import re
 
 from api.schemas.plans import MAX_ID
+from planner.specs import ASCII_DECIMAL
 
 _ASCII_DIGITS = re.compile(r"[0-9]+")
-_ASCII_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
 MAX_DECIMAL_TEXT = 40
 """Longer than any price or duration a person types."""
 
@@ -41,7 +41,7 @@ def parse_decimal(raw: str, *, low: float = -math.inf, high: float = math.inf) -
     """`raw` (surrounding spaces allowed) as a finite float in [low, high] (`2.49`, `-.5`, `1e3`), or None:
     ASCII digits only, no `inf` or `nan`."""
     text = raw.strip()
-    if len(text) > MAX_DECIMAL_TEXT or not _ASCII_DECIMAL.fullmatch(text):
+    if len(text) > MAX_DECIMAL_TEXT or not ASCII_DECIMAL.fullmatch(text):
         return None
     value = float(text)
     return value if math.isfinite(value) and low <= value <= high else None

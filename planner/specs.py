@@ -325,6 +325,9 @@ CLUSTER_PATTERN = r"^\s*(?:([0-9]+)[xX])?([0-9]+)[xX]([A-Za-z][A-Za-z0-9._-]*)\s
 """The cluster text, as a regular expression both Python and JSON Schema (ECMA-262) read alike (ASCII
 digits only: `int` would read other scripts' digits too)."""
 _CLUSTER_TEXT = re.compile(CLUSTER_PATTERN)
+ASCII_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
+"""A decimal number typed as text (`2.49`, `-.5`, `1e3`), to `fullmatch`: ASCII digits only, as the
+cluster text (`float` would read other scripts' digits too, and `inf` or `nan`)."""
 
 
 def whole_number_pattern(high: int) -> str:

@@ -26,6 +26,7 @@ from planner.errors import InfeasiblePlanError, PlanningError
 from planner.gpu_spec import GpuSpec
 from planner.plan import Plan
 from planner.specs import (
+    ASCII_DECIMAL,
     UNION_TAG_PREFIX,
     ClusterSpec,
     ModelSpec,
@@ -63,7 +64,6 @@ DEFAULT_PRICES_PER_GPU_HOUR: dict[str, float] = {
 _SIZE_RANGE = re.compile(r"^([0-9]+)-([0-9]+)(?::\+([0-9]+))?$")
 _WHOLE = re.compile(r"[0-9]+")
 _COUNT = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMBT]?)$", re.IGNORECASE)
-_DECIMAL = re.compile(r"^(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$")
 _COUNT_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 
 BatchRule = Literal["fixed", "per_gpu"]
@@ -437,7 +437,7 @@ def parse_token_count(text: str) -> int:
     match = _COUNT.match(cleaned)
     if match:
         value = float(match.group(1)) * _COUNT_SUFFIXES[match.group(2).upper()]
-    elif _DECIMAL.match(cleaned):
+    elif ASCII_DECIMAL.fullmatch(cleaned):
         value = float(cleaned)
     else:
         raise ValueError(f"cannot read {text!r} as a token count; write e.g. 15T, 300B, 2.5e12 or 1000000")
