@@ -139,6 +139,12 @@ class BrowserPage:
             return
         self.errors.append(f"console.error: {message.text} ({message.location.get('url')})")
 
+    def follow(self, selector: str) -> None:
+        """Click a link and wait until its page has loaded: a bare click returns before the browser
+        leaves the page, so what a test reads next could still be the old page's."""
+        with self.page.expect_navigation():
+            self.page.click(selector)
+
     def screenshot(self, name: str) -> Path:
         SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
         path = SCREENSHOT_DIR / f"{name}.png"

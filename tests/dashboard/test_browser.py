@@ -117,7 +117,7 @@ def test_create_find_sort_filter_open_and_compare(live_server: LiveServer, page:
     page.screenshot("plans-empty")
 
     # Create two plans through the form, as a person would: from the nav, then submit.
-    p.click("text=New plan >> nth=0")
+    page.follow("text=New plan >> nth=0")
     assert p.title() == "New plan · fsdp-planner"
     fill_plan_form(p, model="gpt2", nodes="1", gpus="8", gpu="H100-SXM-80GB", seq_len="512", batch="4096",
                    name="GPT-2 baseline")
@@ -136,7 +136,7 @@ def test_create_find_sort_filter_open_and_compare(live_server: LiveServer, page:
     debug_id = int(p.url.rsplit("/", 1)[1])
 
     # Find them in the list, newest first.
-    p.click("nav >> text=Plans")
+    page.follow("nav >> text=Plans")
     assert listed_names(p) == ["Debug on CPU", "GPT-2 baseline"]
     assert p.locator("#plan-count").inner_text().startswith("2 plans")
     page.screenshot("plans")
@@ -167,7 +167,7 @@ def test_create_find_sort_filter_open_and_compare(live_server: LiveServer, page:
     p.wait_for_url(re.compile(r".*q=baseline.*"))
     assert listed_names(p) == ["GPT-2 baseline"]
     page.screenshot("plans-filtered")
-    p.click("#clear-filters")
+    page.follow("#clear-filters")
     assert listed_names(p) == ["GPT-2 baseline", "Debug on CPU"]
 
     # Open a plan from the list: every chart drew real marks.
@@ -310,7 +310,7 @@ def test_calibrations_and_accuracy_pages(live_server: LiveServer, page: BrowserP
     assert "NVIDIA H100 80GB HBM3" in p.locator("#hardware-title + dl").inner_text()
     page.screenshot("calibration-detail")
 
-    p.click("nav >> text=Accuracy")
+    page.follow("nav >> text=Accuracy")
     assert p.title() == "Accuracy · fsdp-planner"
     assert chart_marks(p, "step-time", "circle") == runs
     assert chart_marks(p, "memory-accuracy", "circle") == runs

@@ -52,7 +52,7 @@ def test_a_2d_plan_shows_its_mesh_and_the_list_filters_by_tp(
     assert "tp 1" in p.locator("#config-title + dl").inner_text()
 
     # The list: a Mesh column, and the tp filter finds the 2-D plan only.
-    p.click("nav >> text=Plans")
+    page.follow("nav >> text=Plans")
     assert listed_names(p) == ["Debug free", "Debug tp2"]
     meshes = [m.strip() for m in p.locator("#plans-table tbody .cell-mesh").all_inner_texts()]
     assert meshes[0].endswith(" dp4x1 tp1") and meshes[1].endswith(" dp2x1 tp2"), meshes
@@ -74,7 +74,7 @@ def test_a_2d_plan_shows_its_mesh_and_the_list_filters_by_tp(
     p.click("#apply-filters")
     p.wait_for_url(re.compile(rf".*sharding={other}.*"))
     assert p.locator("#no-matches").is_visible()
-    p.click("#clear-filters")
+    page.follow("#clear-filters")
     assert listed_names(p) == ["Debug free", "Debug tp2"]
 
     # Compared, the tensor-parallel row differs.
