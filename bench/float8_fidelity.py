@@ -12,7 +12,8 @@ measured peak memory where the source publishes it (in its own counter, with the
 would state), and the summary by recipe. Runs that also need pipeline parallelism are left out (not
 priced yet), and so are those with context parallelism (bench/RESULTS.md prices them in a section
 of their own); runs on other engines (Transformer Engine) are listed apart: the planner prices
-torchao's recipes.
+torchao's recipes. A run on power-capped cards whose limit the source does not state has no tokens/s
+error (its clock is unknown): its Float8 speed-up over the bf16 run on the same cards is compared.
 """
 
 from __future__ import annotations
@@ -61,6 +62,12 @@ class Row:
         if not measured or not partner:
             return None
         return measured / partner, self.predicted / self.predicted_partner
+
+    @property
+    def speedup_error(self) -> float | None:
+        """(predicted - measured) / measured Float8 speed-up over bf16."""
+        speedups = self.speedups()
+        return None if speedups is None else speedups[1] / speedups[0] - 1.0
 
 
 def _price(run: Run) -> PricedRun:
@@ -146,7 +153,7 @@ def main() -> None:
             row.recipe,
             f"{row.run.measured.tokens_per_s_per_gpu or 0:,.0f}",
             f"{row.predicted:,.0f}",
-            _percent(row.error),
+            "- (cap unstated)" if row.run.hardware.power_limit_unstated else _percent(row.error),
             f"{speedups[0]:.2f}x / {speedups[1]:.2f}x" if speedups else "-",
             _percent(row.memory_error) + (" (above the margin)" if row.exceeds_margin else ""),
         ))
@@ -161,11 +168,17 @@ def main() -> None:
                   f"{line[5]:30s} {line[6]}")
     print()
     for recipe in sorted({r.recipe for r in table}):
-        errors = [r.error for r in table if r.recipe == recipe and r.error is not None and not r.other_engine]
+        torchao = [r for r in table if r.recipe == recipe and not r.other_engine]
+        errors = [r.error for r in torchao if r.error is not None]
         if errors:
             mean_abs, mean = statistics.mean(abs(e) for e in errors), statistics.mean(errors)
             print(f"{recipe}: {len(errors)} torchao runs, mean |error| {mean_abs:.1%}, mean error "
                   f"{mean:+.1%}, within 15%: {sum(abs(e) <= 0.15 for e in errors)} of {len(errors)}")
+        capped = [r.speedup_error for r in torchao if r.error is None and r.speedup_error is not None]
+        if capped:
+            print(f"{recipe}: {len(capped)} torchao runs on cards of unstated power cap, speed-up over bf16 "
+                  f"within 15%: {sum(abs(e) <= 0.15 for e in capped)} of {len(capped)} (errors "
+                  f"{', '.join(f'{e:+.1%}' for e in capped)})")
     memory = [r for r in table if r.memory_error is not None and not r.other_engine]
     if memory:
         errors = [r.memory_error for r in memory if r.memory_error is not None]

@@ -196,10 +196,10 @@ class CorpusFit:
 
 
 CORPUS_FIT = CorpusFit(
-    matmul_share=0.875,
-    matmul_share_by_chip={"GA100": 0.975, "GH100": 0.775},
-    elementwise_bandwidth_share=0.45,
-    overlap_contention=0.5,
+    matmul_share=0.837,
+    matmul_share_by_chip={"GA100": 0.95, "GH100": 0.725},
+    elementwise_bandwidth_share=0.5,
+    overlap_contention=0.3,
     memory_margin=0.16,
     memory_margin_reason=(
         "uncalibrated: against 24 measured peaks of published and own GPU runs (7 sources; `fsdp-planner "

@@ -77,8 +77,11 @@ class PricedRun:
 
     @property
     def throughput_error(self) -> float | None:
-        """(predicted - measured) / measured tokens/s per GPU; from MFU when only that is published."""
+        """(predicted - measured) / measured tokens/s per GPU; from MFU when only that is published;
+        None when the run's cards ran under a power cap of unstated value (their clock is unknown)."""
         measured = self.run.measured
+        if self.run.hardware.power_limit_unstated:
+            return None
         if measured.tokens_per_s_per_gpu is not None:
             return self.predicted_tokens_per_s_per_gpu / measured.tokens_per_s_per_gpu - 1.0
         if measured.mfu_percent is not None:

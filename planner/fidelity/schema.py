@@ -59,6 +59,10 @@ class Hardware(CorpusModel):
     """Card memory as deployed, GB as the vendor states it (e.g. 96 for torchtitan's H100s)."""
     power_limit_w: Fraction | None = None
     """Board power limit, where the source states one."""
+    power_limit_unstated: bool = False
+    """The source says its cards ran under a power cap but not at what limit: their clock, so the
+    run's tokens/s, cannot be priced (its memory can, and so can its speed over the same source's
+    runs on the same cards)."""
     gpus_per_node: Annotated[int, Field(ge=1)] | None = None
     """None when the source does not say: priced on the GPU type's standard node (8 GPUs)."""
     nodes: Annotated[int, Field(ge=1)] | None = None
@@ -66,6 +70,12 @@ class Hardware(CorpusModel):
     network_gbps_per_node: Fraction | None = None
     """Network bandwidth between nodes, Gb/s per node in each direction, where the source states it
     (per GPU x GPUs per node where it is given per GPU); None: the GPU type's usual network."""
+
+    @model_validator(mode="after")
+    def _one_power_limit(self) -> Hardware:
+        if self.power_limit_unstated and self.power_limit_w is not None:
+            raise ValueError("power_limit_unstated: the source states a limit (power_limit_w); drop one")
+        return self
 
 
 class Software(CorpusModel):

@@ -24,19 +24,21 @@ from planner.fidelity.schema import CORPUS_PACKAGE, CorpusError, Run, load_corpu
 
 GUARD: dict[tuple[str, str], float] = {
     ("throughput_mean", "A100-40GB"): 0.07,
-    ("throughput_max", "A100-40GB"): 0.15,
+    ("throughput_max", "A100-40GB"): 0.13,
     ("throughput_mean", "A100-80GB"): 0.07,
-    ("throughput_max", "A100-80GB"): 0.18,
-    ("throughput_mean", "H100-SXM-80GB"): 0.09,
+    ("throughput_max", "A100-80GB"): 0.17,
+    ("throughput_mean", "H100-SXM-80GB"): 0.08,
     ("throughput_max", "H100-SXM-80GB"): 0.22,
     ("throughput_mean", "H100-SXM-96GB"): 0.07,
-    ("throughput_max", "H100-SXM-96GB"): 0.16,
-    ("throughput_mean", "H200-141GB"): 0.09,
+    ("throughput_max", "H100-SXM-96GB"): 0.20,
+    ("throughput_mean", "H200-141GB"): 0.10,
     ("throughput_max", "H200-141GB"): 0.16,
     ("memory_mean", "all"): 0.08,
 }
 """The in-sample |error| each target may reach: today's values rounded up to the next whole percent.
-A change that makes a prediction worse fails here; one that makes it better should lower these."""
+A change that makes a prediction worse fails here; one that makes it better should lower these.
+(2026-11-28: the power-capped B200 run left the fit, whose shares then moved: H100-96GB's max and
+H200's mean rose to 19.9% and 9.9% while A100 and H100-80GB fell.)"""
 GPU_FAMILIES = ({"A100-80GB", "A100-40GB"}, {"H100-SXM-80GB", "H100-SXM-96GB"}, {"H200-141GB", "B200"})
 STANDARD_NODE_GPUS = 8
 """What a run that does not state its node size is priced on (planner/fidelity/schema.py `Hardware`)."""
@@ -111,8 +113,13 @@ def _mesh_not_the_gpus(data: dict[str, Any]) -> None:
     data["runs"][0]["config"]["mesh"] = {"dp_shard": world + 1}
 
 
+def _two_power_limits(data: dict[str, Any]) -> None:
+    data["runs"][0]["hardware"].update(power_limit_w=500, power_limit_unstated=True)
+
+
 @pytest.mark.parametrize(("spoil", "field"), [
     (_wrong_enum, "runs.0.config.checkpointing.policy"),
+    (_two_power_limits, "runs.0.hardware"),
     (_missing_quote, "runs.0.quote"),
     (_unknown_attention_kernel, "runs.0.config.attention"),
     (_mesh_not_the_gpus, "config.mesh"),
@@ -159,6 +166,18 @@ def test_a_first_generation_attention_kernel_takes_twice_the_attention_time_and_
     assert as_run.compute_s - flash2.plan.prediction.compute_s == pytest.approx(extra_s, rel=1e-9)
     assert as_run.step_time_s - flash2.plan.prediction.step_time_s == pytest.approx(extra_s, rel=1e-9)
     assert as_run.peak_memory_gib == flash2.plan.prediction.peak_memory_gib
+
+
+def test_a_run_on_cards_of_unstated_power_cap_is_priced_for_memory_not_tokens() -> None:
+    # torchao's B200 table: "power limited" cards, the limit not given. At the catalog's clock its bf16
+    # run was over-predicted by 110% and, in the fit, pulled the shares every other GPU is priced with.
+    run = next(run for run in _runs() if run.hardware.power_limit_unstated and run.config.precision == "bf16")
+    priced = price_run(run)
+    assert priced.throughput_error is None
+    assert priced.memory_error is not None and abs(priced.memory_error) < 0.15
+    (result,) = [r for r in stored_report().runs if r.run_id == run.id]
+    assert result.priced and result.throughput_error is None and result.memory_error is not None
+    assert not any(s.group == run.hardware.gpu and s.quantity == "throughput" for s in stored_report().by_gpu)
 
 
 # ---------------------------------------------------------------- the regression guard
