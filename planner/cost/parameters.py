@@ -196,8 +196,8 @@ class CorpusFit:
 
 
 CORPUS_FIT = CorpusFit(
-    matmul_share=0.837,
-    matmul_share_by_chip={"GA100": 0.95, "GH100": 0.725},
+    matmul_share=0.812,
+    matmul_share_by_chip={"GA100": 0.9, "GH100": 0.725},
     elementwise_bandwidth_share=0.5,
     overlap_contention=0.3,
     memory_margin=0.16,
