@@ -143,9 +143,11 @@ class RejectedFamily(Document):
 class PlanWarning(Document):
     """Something a person should know about a plan that fits (planner/plan_warnings.py)."""
 
-    code: Literal["communication_bound", "seq_len_beyond_max_position"]
+    code: Literal["communication_bound", "seq_len_beyond_max_position", "optimistic_throughput"]
     """`communication_bound`: much of the step is exposed communication, which data parallelism
-    alone cannot hide; `seq_len_beyond_max_position`: longer sequences than the model's positions."""
+    alone cannot hide; `seq_len_beyond_max_position`: longer sequences than the model's positions;
+    `optimistic_throughput`: published runs with a parallel dimension the plan uses (at its degree)
+    ran slower than the model prices them."""
     message: str
     """What is wrong, with the numbers, and what would help."""
 

@@ -1,11 +1,14 @@
 """What a plan that fits should carry: warnings where data parallelism alone serves it badly (most
-of the step is exposed communication) or where the request goes past what the model was built for
-(a sequence beyond its positions).
+of the step is exposed communication), where the request goes past what the model was built for
+(a sequence beyond its positions), or where published runs with a parallel dimension the plan uses
+ran slower than the model prices them.
 """
 
 from __future__ import annotations
 
+from contract.mesh import Mesh
 from planner.cost.estimate import TimeEstimate
+from planner.cost.parameters import DimensionThroughput
 from planner.enumeration import pipeline_parallel_degrees
 from planner.formatting import duration
 from planner.infeasibility import tensor_parallel_reach
@@ -17,7 +20,13 @@ COMM_BOUND_FRACTION = 0.25
 
 
 def plan_warnings(
-    request: PlanRequest, time: TimeEstimate, *, micro_batch: int, mfu: float
+    request: PlanRequest,
+    time: TimeEstimate,
+    *,
+    micro_batch: int,
+    mfu: float,
+    mesh: Mesh,
+    evidence: tuple[DimensionThroughput, ...],
 ) -> tuple[PlanWarning, ...]:
     """What a person should know about a plan that fits, in the order they matter."""
     out: list[PlanWarning] = []
@@ -54,6 +63,11 @@ def plan_warnings(
                 ),
             )
         )
+    out.extend(
+        PlanWarning(code="optimistic_throughput", message=slower.reason)
+        for slower in evidence
+        if getattr(mesh, slower.dimension) >= slower.degree
+    )
     return tuple(out)
 
 

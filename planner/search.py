@@ -293,6 +293,8 @@ def _warnings(request: PlanRequest, setting: Setting, best: Evaluated) -> tuple[
         best.time,
         micro_batch=best.choice.micro_batch_size,
         mfu=mfu(setting, best.tokens_per_s_per_gpu),
+        mesh=best.choice.mesh,
+        evidence=setting.params.dimension_throughput,
     )
 
 

@@ -131,8 +131,11 @@ def _fit_line(fit: dict[str, Any]) -> str:
     for name, value in fit.items():
         if isinstance(value, dict):
             parts.append(f"{name} " + " ".join(f"{k} {v:g}" for k, v in value.items()))
-        elif isinstance(value, list | tuple):  # the dimension margins
-            parts.append(f"{name} " + " ".join(f"{m['dimension']} {m['margin']:g}" for m in value))
+        elif isinstance(value, list | tuple):  # per dimension: margins, and throughput evidence
+            parts.append(f"{name} " + " ".join(
+                f"{m['dimension']} {m['margin']:g}" if "margin" in m
+                else f"{m['dimension']}>={m['degree']} +{m['worst']:.0%}" for m in value
+            ))
         elif not isinstance(value, str):
             parts.append(f"{name} {value:g}")
     return ", ".join(parts)

@@ -38,6 +38,21 @@ class DimensionMargin:
 
 
 @dataclass(frozen=True, slots=True)
+class DimensionThroughput:
+    """Where the corpus runs that used one parallel dimension, at `degree` or more, ran slower than
+    priced by more than a prediction is held to: plans that use it carry a warning saying so."""
+
+    dimension: str
+    """A mesh axis: `tp`, `pp` or `cp`."""
+    degree: int
+    """The smallest degree of the dimension among the runs over-predicted past the tolerance."""
+    worst: float
+    """Their largest over-prediction of tokens/s (predicted / measured - 1)."""
+    reason: str
+    """What the warning says, in words a plan shows."""
+
+
+@dataclass(frozen=True, slots=True)
 class LinkParameters:
     """Collective cost on one link class: time = latency + bytes x (n-1)/n / bandwidth."""
 
@@ -130,6 +145,9 @@ class CostParameters:
     dimension_margins: tuple[DimensionMargin, ...] = ()
     """Wider margins for plans that use a parallel dimension the memory model has under-predicted
     more (planner/cost/memory.py `memory_margin_for`)."""
+    dimension_throughput: tuple[DimensionThroughput, ...] = ()
+    """Parallel dimensions whose published runs ran slower than priced (planner/plan_warnings.py
+    warns the plans that use them)."""
     compute_scale: float = 1.0
     """Correction factor on predicted compute time (fitted from whole-block measurements)."""
     compiled_compute_scale: float = 1.0
@@ -190,6 +208,8 @@ class CorpusFit:
     """Why, in words a plan shows."""
     dimension_margins: tuple[DimensionMargin, ...] = ()
     """Per parallel dimension whose corpus runs were under-predicted by more, their margin."""
+    dimension_throughput: tuple[DimensionThroughput, ...] = ()
+    """Per parallel dimension whose corpus runs were over-predicted past the tolerance, the evidence."""
 
     def matmul_share_for(self, chip: str | None) -> float:
         return self.matmul_share_by_chip.get(chip or "", self.matmul_share)
@@ -219,6 +239,26 @@ CORPUS_FIT = CorpusFit(
             "uncalibrated, with tensor parallelism: against 2 measured peaks of published runs that used it "
             "(1 source; `fsdp-planner fidelity` lists the corpus), the memory model has under-predicted by "
             "at most 17.8%; 24% covers that with 2% to spare",
+        ),
+    ),
+    dimension_throughput=(
+        DimensionThroughput(
+            "cp",
+            2,
+            0.592,
+            "optimistic throughput: of 7 published runs with context parallelism at cp=2 or more (2 "
+            "sources; `fsdp-planner fidelity` lists the corpus, bench/RESULTS.md prices them), 5 ran more "
+            "than 15% slower than the model prices them, up to 1.59x: take this plan's tokens/s as an upper "
+            "bound until a run on the target GPUs measures it",
+        ),
+        DimensionThroughput(
+            "tp",
+            8,
+            0.332,
+            "optimistic throughput: of 17 published runs with tensor parallelism at tp=8 or more (3 "
+            "sources; `fsdp-planner fidelity` lists the corpus, bench/RESULTS.md prices them), 4 ran more "
+            "than 15% slower than the model prices them, up to 1.33x: take this plan's tokens/s as an upper "
+            "bound until a run on the target GPUs measures it",
         ),
     ),
 )
@@ -293,4 +333,5 @@ def default_parameters(
         memory_margin=fit.memory_margin,
         memory_margin_reason=fit.memory_margin_reason,
         dimension_margins=fit.dimension_margins,
+        dimension_throughput=fit.dimension_throughput,
     )

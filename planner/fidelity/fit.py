@@ -18,7 +18,14 @@ from dataclasses import dataclass, fields, replace
 from contract.mesh import Mesh
 from planner.catalog.gpus import resolve_gpu
 from planner.cost.memory import MARGIN_DIMENSIONS, margin_dimension
-from planner.cost.parameters import CORPUS_FIT, CorpusFit, CostParameters, DimensionMargin, default_parameters
+from planner.cost.parameters import (
+    CORPUS_FIT,
+    CorpusFit,
+    CostParameters,
+    DimensionMargin,
+    DimensionThroughput,
+    default_parameters,
+)
 from planner.errors import PlanningError
 from planner.fidelity.pricing import NotPriceable, PricedRun, price_as_run, price_run, run_request
 from planner.fidelity.schema import Run, SourceFile
@@ -121,24 +128,44 @@ def _covering(errors: Iterable[float]) -> tuple[float, float]:
     return math.ceil((worst / (1.0 - worst) + MARGIN_STEP) * 100) / 100, worst
 
 
-def dimension_margins(runs: Sequence[SourceRun], fit: CorpusFit, base: float) -> tuple[DimensionMargin, ...]:
-    """Per parallel dimension, the margin its corpus runs call for, where wider than `base`: every
-    run whose mesh falls to that dimension (`margin_dimension`: its outermost one) and published its
-    peak, priced at its exact configuration and recipe, whether or not the report prices it yet
-    (Float8, pipelines and context parallelism are checked by their benchmarks; their memory still
-    says how far the model under-predicts)."""
-    errors: dict[str, list[tuple[float, str]]] = {dimension: [] for dimension in MARGIN_DIMENSIONS}
+THROUGHPUT_TOLERANCE = 0.15
+"""How far a prediction of tokens/s may be above a published run's before the plans that share its
+parallel dimension are warned (the tolerance issue 21 holds throughput predictions to)."""
+THROUGHPUT_DIMENSIONS = ("cp", "pp", "tp")
+"""The dimensions a run's throughput evidence falls under, the one priced least surely first: a
+pipeline of context-parallel stages is evidence about context parallelism's attention, which the
+schedules' pricing does not touch."""
+
+
+def _meshed(runs: Sequence[SourceRun], fit: CorpusFit) -> list[tuple[SourceRun, PricedRun]]:
+    """Every run with a parallel dimension beyond data parallelism, priced at its exact
+    configuration and recipe whether or not the report prices it yet (Float8, pipelines and
+    context parallelism are checked by their benchmarks; what they measured still says how far
+    the model is off)."""
+    priced = []
     for item in runs:
         mesh = item.run.config.mesh
-        dimension = margin_dimension(Mesh(pp=mesh.pp, dp_shard=mesh.dp_shard, cp=mesh.cp, tp=mesh.tp))
-        if dimension is None:
+        if max(mesh.pp, mesh.cp, mesh.tp) == 1:
             continue
         try:
-            error = price_as_run(item.run, parameters=run_parameters(item.run, fit)).memory_error
+            priced.append((item, price_as_run(item.run, parameters=run_parameters(item.run, fit))))
         except PlanningError:
             continue
-        if error is not None:
-            errors[dimension].append((error, item.source))
+    return priced
+
+
+def dimension_margins(
+    meshed: Sequence[tuple[SourceRun, PricedRun]], base: float
+) -> tuple[DimensionMargin, ...]:
+    """Per parallel dimension, the margin its corpus runs call for, where wider than `base`: every
+    run whose mesh falls to that dimension (`margin_dimension`: its outermost one) and published its
+    peak."""
+    errors: dict[str, list[tuple[float, str]]] = {dimension: [] for dimension in MARGIN_DIMENSIONS}
+    for item, priced in meshed:
+        mesh = item.run.config.mesh
+        dimension = margin_dimension(Mesh(pp=mesh.pp, dp_shard=mesh.dp_shard, cp=mesh.cp, tp=mesh.tp))
+        if dimension is not None and priced.memory_error is not None:
+            errors[dimension].append((priced.memory_error, item.source))
     margins = []
     for dimension, found in errors.items():
         if not found:
@@ -154,6 +181,37 @@ def dimension_margins(runs: Sequence[SourceRun], fit: CorpusFit, base: float) ->
             f"{worst:.1%}; {margin:.0%} covers that with {MARGIN_STEP:.0%} to spare"
         )))
     return tuple(margins)
+
+
+def dimension_throughput(meshed: Sequence[tuple[SourceRun, PricedRun]]) -> tuple[DimensionThroughput, ...]:
+    """Per parallel dimension (`THROUGHPUT_DIMENSIONS`: a run falls under the first it uses), the
+    evidence that its plans run slower than priced: from the smallest degree at which a published
+    run was over-predicted past `THROUGHPUT_TOLERANCE`, how many of the runs at that degree or more
+    were, and by how much at most. None where no run was."""
+    found: dict[str, list[tuple[int, float, str]]] = {dimension: [] for dimension in THROUGHPUT_DIMENSIONS}
+    for item, priced in meshed:
+        mesh, error = item.run.config.mesh, priced.throughput_error
+        dimension = next((d for d in THROUGHPUT_DIMENSIONS if getattr(mesh, d) > 1), None)
+        if dimension is not None and error is not None:
+            found[dimension].append((getattr(mesh, dimension), error, item.source))
+    evidence = []
+    for dimension, runs in found.items():
+        over = [degree for degree, error, _ in runs if error > THROUGHPUT_TOLERANCE]
+        if not over:
+            continue
+        degree = min(over)
+        covered = [(error, source) for d, error, source in runs if d >= degree]
+        worst = max(error for error, _ in covered)
+        sources = len({source for _, source in covered})
+        name = MARGIN_DIMENSIONS[dimension]
+        evidence.append(DimensionThroughput(dimension, degree, round(worst, 3), (
+            f"optimistic throughput: of {len(covered)} published runs with {name} parallelism at "
+            f"{dimension}={degree} or more ({sources} source{'s' if sources > 1 else ''}; `fsdp-planner "
+            f"fidelity` lists the corpus, bench/RESULTS.md prices them), {len(over)} ran more than "
+            f"{THROUGHPUT_TOLERANCE:.0%} slower than the model prices them, up to {1 + worst:.2f}x: take "
+            f"this plan's tokens/s as an upper bound until a run on the target GPUs measures it"
+        )))
+    return tuple(evidence)
 
 
 def fitted_chips(runs: Sequence[SourceRun]) -> list[str]:
@@ -189,8 +247,14 @@ def fit_corpus(
     prices = prices or Prices()
     current = _fit_shares(runs, start=start, rounds=rounds, prices=prices)
     margin, reason = memory_margin(price(runs, current, prices))
-    dimensions = dimension_margins(runs, current, margin)
-    return replace(current, memory_margin=margin, memory_margin_reason=reason, dimension_margins=dimensions)
+    meshed = _meshed(runs, current)
+    return replace(
+        current,
+        memory_margin=margin,
+        memory_margin_reason=reason,
+        dimension_margins=dimension_margins(meshed, margin),
+        dimension_throughput=dimension_throughput(meshed),
+    )
 
 
 def _fit_shares(runs: Sequence[SourceRun], *, start: CorpusFit, rounds: int, prices: Prices) -> CorpusFit:
