@@ -81,6 +81,20 @@ async def test_warnings_show_on_the_plan_page(client: httpx.AsyncClient) -> None
     assert "beyond llama3-8b's 8192 positions" in html.unescape(page.text)
 
 
+async def test_a_context_parallel_plan_says_its_throughput_is_optimistic(client: httpx.AsyncClient) -> None:
+    # 131,072 tokens on one node plan with context parallelism, whose published runs at cp 4 and 8
+    # ran up to 1.59x slower than priced (planner/fidelity/fit.py `dimension_throughput`).
+    response = await client.post(PLANS, json=body("llama3-8b", "1x8xH100", 131072, 131072))
+    assert response.status_code == 201, response.text
+    created = response.json()
+    assert created["mesh"]["cp"] > 1
+    (warning,) = [w for w in created["plan"]["warnings"] if w["code"] == "optimistic_throughput"]
+    assert "context parallelism at cp=2 or more" in warning["message"] and "upper bound" in warning["message"]
+    page = await client.get(f"/plans/{created['id']}", headers={"accept": "text/html"})
+    assert 'id="warning-optimistic_throughput"' in page.text
+    assert "ran more than 15% slower than the model prices them" in html.unescape(page.text)
+
+
 async def test_replan_with_nothing_lighter_names_a_cluster_that_plans_under_the_ceiling(
     client: httpx.AsyncClient,
 ) -> None:
