@@ -153,7 +153,7 @@ def main() -> None:
             row.recipe,
             f"{row.run.measured.tokens_per_s_per_gpu or 0:,.0f}",
             f"{row.predicted:,.0f}",
-            "- (cap unstated)" if row.run.hardware.power_limit_unstated else _percent(row.error),
+            _percent(row.error) if row.run.throughput_comparable else "- (cap unstated)",
             f"{speedups[0]:.2f}x / {speedups[1]:.2f}x" if speedups else "-",
             _percent(row.memory_error) + (" (above the margin)" if row.exceeds_margin else ""),
         ))

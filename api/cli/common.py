@@ -71,7 +71,6 @@ _FIELD_NAME = re.compile(
 )
 
 
-
 MAX_TYPED_NUMBER = 10**15
 """Larger than any count, size or duration typed on the command line (the planner bounds each further)."""
 
@@ -105,6 +104,7 @@ def decimal_number(*, low: float = 0.0, high: float | None = None) -> Callable[[
         return value
 
     return parse
+
 
 def in_cli_terms(message: str) -> str:
     """`message` with every input field it names replaced by the option that sets it:

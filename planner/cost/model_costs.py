@@ -131,8 +131,8 @@ def float8_share(
     return Float8Share(
         matmul_fraction=params / total,
         cast_elems=2.0 * cast / split,
-        weight_elems=2.0 * params / unit.linear_share,
-        params=params / unit.linear_share,
+        weight_elems=2.0 * params / split,
+        params=params / split,
     )
 
 

@@ -218,9 +218,7 @@ def fitted_chips(runs: Sequence[SourceRun]) -> list[str]:
     """Chips with enough priced throughput runs for a matmul share of their own."""
     counts: dict[str, int] = {}
     for item in runs:
-        measured = item.run.measured
-        if (item.run.priceable and (measured.tokens_per_s_per_gpu or measured.mfu_percent)
-                and not item.run.hardware.power_limit_unstated):
+        if item.run.priceable and item.run.throughput_comparable:
             chip = resolve_gpu(item.run.hardware.gpu).chip or ""
             counts[chip] = counts.get(chip, 0) + 1
     return sorted(chip for chip, n in counts.items() if chip and n >= MIN_CHIP_RUNS)

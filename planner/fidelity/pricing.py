@@ -80,7 +80,7 @@ class PricedRun:
         """(predicted - measured) / measured tokens/s per GPU; from MFU when only that is published;
         None when the run's cards ran under a power cap of unstated value (their clock is unknown)."""
         measured = self.run.measured
-        if self.run.hardware.power_limit_unstated:
+        if not self.run.throughput_comparable:
             return None
         if measured.tokens_per_s_per_gpu is not None:
             return self.predicted_tokens_per_s_per_gpu / measured.tokens_per_s_per_gpu - 1.0

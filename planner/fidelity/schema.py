@@ -200,6 +200,14 @@ class Run(CorpusModel):
             raise ValueError("not_priceable_reason: say why a run cannot be priced")
         return self
 
+    @property
+    def throughput_comparable(self) -> bool:
+        """Whether its speed can be set against a prediction: it publishes tokens/s or MFU, on cards
+        whose clock is known (not capped at an unstated power limit)."""
+        measured = self.measured
+        has_speed = measured.tokens_per_s_per_gpu is not None or measured.mfu_percent is not None
+        return has_speed and not self.hardware.power_limit_unstated
+
 
 class SourceFile(CorpusModel):
     source: Source
