@@ -9,8 +9,8 @@ its advice (planner/infeasibility.py) both walk this one enumeration.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from contract.mesh import Mesh
 from contract.parallel_config import (
@@ -405,17 +405,106 @@ def check_async_tp(request: PlanRequest, *, field: str) -> None:
         )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Family:
+    """The configurations of one sharding on one mesh and compile mode (the enumeration's outer
+    axes), its inner axes as lists: a search can build the few members that tell whether any can
+    fit (`lightest`) before it builds them all (`choices`), and most families of a large cluster
+    cannot."""
+
+    sharding: str
+    mesh: Mesh
+    compile: bool
+    units: tuple[int, ...]
+    caps: tuple[tuple[float, float], ...]
+    """(all-gather, reduce-scatter) bucket caps in MB."""
+    checkpointing: tuple[tuple[str, int], ...]
+    """(mode, every_k) policies."""
+    pipelines: Mapping[int, PipelineConfig | None]
+    """The micro-batch sizes, in increasing order, each with its pipeline (None without one)."""
+    recipes: tuple[str, ...]
+    loss_chunks: Mapping[int, int]
+    """The loss's slices per micro-batch size."""
+    local_batch: int
+    """Sequences per data-parallel rank and step."""
+    async_tp: bool
+
+    def choices(
+        self,
+        *,
+        checkpointing: Sequence[tuple[str, int]] | None = None,
+        micro_batches: Sequence[int] | None = None,
+    ) -> list[Choice]:
+        """Every member in the enumeration's order (only the given policies or micro-batch sizes)."""
+        policies = self.checkpointing if checkpointing is None else checkpointing
+        sizes = list(self.pipelines) if micro_batches is None else micro_batches
+        return [
+            self.choice(unit, caps, policy, mb, recipe)
+            for unit in self.units
+            for caps in self.caps
+            for policy in policies
+            for mb, recipe in itertools.product(sizes, self.recipes)
+        ]
+
+    def choice(
+        self, unit: int, caps: tuple[float, float], policy: tuple[str, int], mb: int, recipe: str
+    ) -> Choice:
+        return Choice(
+            sharding=self.sharding,
+            mesh=self.mesh,
+            blocks_per_unit=unit,
+            all_gather_bucket_mb=caps[0],
+            reduce_scatter_bucket_mb=caps[1],
+            checkpointing=policy[0],
+            every_k=policy[1],
+            micro_batch_size=mb,
+            grad_accum_steps=self.local_batch // mb,
+            compile=self.compile,
+            loss_chunks=self.loss_chunks[mb],
+            float8=recipe,
+            async_tp=self.async_tp,
+            pipeline=self.pipelines[mb],
+        )
+
+    def first(self) -> Choice:
+        """The family's first member."""
+        mb = next(iter(self.pipelines))
+        return self.choice(self.units[0], self.caps[0], self.checkpointing[0], mb, self.recipes[0])
+
+    def lightest(self, keeps_less: Sequence[tuple[str, int]]) -> list[Choice]:
+        """Of each checkpointing policy, the members that hold the least: the smallest micro-batch
+        (and the single micro-batch per step, which holds no accumulated gradients), the smallest
+        unit and bucket caps (the first such in the enumeration's order) and the first recipe;
+        ordered by `keeps_less` (the policies from the one that keeps the fewest activations),
+        then by micro-batch."""
+        smallest = min(self.pipelines)
+        sizes = [mb for mb in self.pipelines if mb == smallest or self.local_batch // mb == 1]
+        unit, caps = min(itertools.product(self.units, self.caps), key=lambda uc: (uc[0], sum(uc[1])))
+        probes = sorted(
+            ((keeps_less.index(policy), mb, policy) for policy in self.checkpointing for mb in sizes),
+            key=lambda t: t[:2],
+        )
+        return [self.choice(unit, caps, policy, mb, self.recipes[0]) for _, mb, policy in probes]
+
+
 def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice]:
     """Every configuration the request allows that the runtime executes differently, in a fixed
-    order. Wrap units matter only to eager FSDP2 with something to gather: compiled SimpleFSDP
-    never groups parameters by unit (inductor buckets them by the caps)."""
+    order (`enumerate_families`' members, family by family)."""
+    for family in enumerate_families(request, setting):
+        yield from family.choices()
+
+
+def enumerate_families(request: PlanRequest, setting: Setting) -> Iterator[Family]:
+    """Every family of configurations the request allows, in a fixed order (none without members).
+    Wrap units matter only to eager FSDP2 with something to gather: compiled SimpleFSDP never
+    groups parameters by unit (inductor buckets them by the caps)."""
     search = request.search
     layers = (
         request.model.num_layers
         if request.model.architecture != "layer_graph"
         else max(1, sum(1 for u in request.model.layer_graph or [] if u.is_block))
     )
-    units = [k for k in BLOCKS_PER_UNIT if k <= layers]
+    units = tuple(k for k in BLOCKS_PER_UNIT if k <= layers)
     checkpointing: list[tuple[str, int]] = []
     for mode in search.checkpointing:
         if mode == "selective":
@@ -423,12 +512,15 @@ def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice
         else:
             checkpointing.append((mode, 1))
     tensor_parallel_degrees(request)  # a pin the model cannot take is refused here, with why
-    recipes = float8_recipes(request)
+    recipes = tuple(float8_recipes(request))
     if search.async_tp:
         check_async_tp(request, field="search.async_tp")
     context_parallel_degrees(request)  # a cp pin the model cannot take is refused here, with why
     pipeline_parallel_degrees(request)  # and a pp pin
+    if not checkpointing:
+        return
     costs = stage_costs(setting)
+    all_caps = tuple((a, r) for a in BUCKET_CAPS_MB for r in BUCKET_CAPS_MB)
     for pp, tp, cp in splitting_meshes(request):
         dp = request.cluster.world_size // (pp * tp * cp)
         local_batch = request.training.global_batch_sequences // dp
@@ -456,29 +548,22 @@ def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice
         for sharding, mesh in data_parallel_meshes(request, tp, cp, pp):
             gathers = sharding != "no_shard" and mesh.dp > 1
             for compile_ in search.compile:
-                caps = [(a, r) for a in BUCKET_CAPS_MB for r in BUCKET_CAPS_MB] if compile_ else [(0.0, 0.0)]
-                if not gathers:
-                    caps = [(0.0, 0.0)]  # nothing is all-gathered; DDP-style buckets are fixed
-                for unit in units if mesh.dp > 1 and not compile_ else [1]:
-                    for ag_cap, rs_cap in caps:
-                        for mode, every_k in checkpointing:
-                            for mb, recipe in itertools.product(pipelines[compile_], recipes):
-                                yield Choice(
-                                    sharding=sharding,
-                                    mesh=mesh,
-                                    blocks_per_unit=unit,
-                                    all_gather_bucket_mb=ag_cap,
-                                    reduce_scatter_bucket_mb=rs_cap,
-                                    checkpointing=mode,
-                                    every_k=every_k,
-                                    micro_batch_size=mb,
-                                    grad_accum_steps=local_batch // mb,
-                                    compile=compile_,
-                                    loss_chunks=chunks[mb],
-                                    float8=recipe,
-                                    async_tp=search.async_tp and compile_ and tp > 1,
-                                    pipeline=pipelines[compile_][mb],
-                                )
+                if not pipelines[compile_]:
+                    continue
+                yield Family(
+                    sharding=sharding,
+                    mesh=mesh,
+                    compile=compile_,
+                    units=units if mesh.dp > 1 and not compile_ else (1,),
+                    # Without gathers, DDP-style buckets are fixed.
+                    caps=all_caps if compile_ and gathers else ((0.0, 0.0),),
+                    checkpointing=tuple(checkpointing),
+                    pipelines=pipelines[compile_],
+                    recipes=recipes,
+                    loss_chunks=chunks,
+                    local_batch=local_batch,
+                    async_tp=search.async_tp and compile_ and tp > 1,
+                )
 
 
 def stage_costs(setting: Setting) -> tuple[float, float]:

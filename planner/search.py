@@ -10,8 +10,6 @@ Deterministic: candidates are enumerated in a fixed order and ties broken by the
 from __future__ import annotations
 
 import heapq
-import itertools
-from collections.abc import Iterator
 from dataclasses import replace
 
 from contract.parallel_config import ParallelConfig
@@ -25,11 +23,12 @@ from planner.document import choice_from_config, mfu, plan_document
 from planner.enumeration import (
     BUCKET_CAPS_MB,
     SELECTIVE_EVERY_K,
+    Family,
     check_async_tp,
     check_float8,
     check_mesh,
     check_pipeline,
-    enumerate_choices,
+    enumerate_families,
     schedule_variants,
 )
 from planner.errors import InfeasiblePlanError, PlanningError, SearchDeadlineError
@@ -71,14 +70,14 @@ def make_plan(
     # Bucket caps often resolve to the same grouping (units larger than the cap): price it once.
     memo: dict[tuple, Evaluated] = {}
     # Families are enumerated whole, then timed in order of their floors (see _beaten).
-    for family in _families(enumerate_choices(request, setting)):
-        limit = limits(family[0].mesh)  # a family has one mesh
-        family = _within_reach(family, estimator, limit, ceiling)
+    for family in enumerate_families(request, setting):
+        limit = limits(family.mesh)
+        choices = _within_reach(family, estimator, limit, ceiling)
         family_start = len(evaluated)
         fitting: list[tuple[Choice, MemoryEstimate, tuple]] = []  # with its memo key
         repeats: list[tuple[Choice, tuple]] = []
         outgrown: set[tuple] = set()
-        for choice in family:
+        for choice in choices:
             if deadline is not None and deadline.passed():
                 raise _over_deadline(request, deadline.limit_s, count)
             count += 1
@@ -124,7 +123,7 @@ def make_plan(
             evaluated.append(entry)
         # Choices that price exactly as one already priced (bucket caps that change nothing).
         evaluated += [replace(memo[key], choice=choice) for choice, key in repeats]
-        if family[0].pipeline is not None:
+        if family.mesh.pp > 1:
             timed = [e for e in evaluated[family_start:] if e.time is not None]
             evaluated += _other_schedules(request, setting, estimator, timed, limit, ceiling)
 
@@ -192,46 +191,25 @@ class _Leaderboard:
 
 
 def _within_reach(
-    family: list[Choice], estimator: Estimator, limit_gib: float, ceiling_gib: float | None
+    family: Family, estimator: Estimator, limit_gib: float, ceiling_gib: float | None
 ) -> list[Choice]:
     """The family's choices worth pricing one by one: all of them, unless none can fit: the
     parameters and optimizer states alone (which no checkpointing, micro-batch or bucket changes)
-    outgrow the memory limit, or its lightest choices do not fit (the smallest micro-batch, and the
-    single one per step, which accumulates no gradients; the smallest wrap unit and buckets; each
-    checkpointing policy). Then only those with its smallest micro-batch and the checkpointing that
-    keeps the least are priced, so that what the family needs at least is still reported
-    (planner/ranking.py) while the hopeless rest is not."""
-    first = estimator.moments(family[0])[0]
+    outgrow the memory limit, or its lightest choices do not fit (`Family.lightest`: the policies
+    that keep the least first, so that a family that can fit is seen to after one or two). Then only
+    those with its smallest micro-batch and the checkpointing that keeps the least are priced, so
+    that what the family needs at least is still reported (planner/ranking.py) while the hopeless
+    rest is not (nor built)."""
+    first = estimator.moments(family.first())[0]
     if (first.params + first.optimizer) / GIB <= limit_gib and any(
-        estimator.fits(c, limit_gib=limit_gib, ceiling_gib=ceiling_gib) for c in _lightest(family)
+        estimator.fits(c, limit_gib=limit_gib, ceiling_gib=ceiling_gib)
+        for c in family.lightest(_KEEPS_LESS)
     ):
-        return family
-    smallest = min(c.micro_batch_size for c in family)
-    least_kept = min(_KEEPS_LESS.index((c.checkpointing, c.every_k)) for c in family)
-    return [
-        c for c in family
-        if c.micro_batch_size == smallest and _KEEPS_LESS.index((c.checkpointing, c.every_k)) == least_kept
-    ]
-
-
-def _lightest(family: list[Choice]) -> list[Choice]:
-    """Of each checkpointing policy, the family's choices that hold the least: the smallest micro-batch
-    (and the single micro-batch per step, which holds no accumulated gradients), the smallest unit and
-    bucket caps; the policies that keep the least first (the likeliest to fit: a family that can
-    fit is seen to after one or two)."""
-    smallest = min(c.micro_batch_size for c in family)
-
-    def weight(c: Choice) -> tuple[int, float]:
-        return c.blocks_per_unit, c.all_gather_bucket_mb + c.reduce_scatter_bucket_mb
-
-    probes: dict[tuple, Choice] = {}
-    for c in family:
-        if c.micro_batch_size != smallest and c.grad_accum_steps != 1:
-            continue
-        key = (c.checkpointing, c.every_k, c.micro_batch_size)
-        if key not in probes or weight(c) < weight(probes[key]):
-            probes[key] = c
-    return [probes[key] for key in sorted(probes, key=lambda k: (_KEEPS_LESS.index(k[:2]), k[2]))]
+        return family.choices()
+    least_kept = min(_KEEPS_LESS.index(policy) for policy in family.checkpointing)
+    return family.choices(
+        checkpointing=[_KEEPS_LESS[least_kept]], micro_batches=[min(family.pipelines)]
+    )
 
 
 _KEEPS_LESS = (("full", 1), ("op_selective", 1), *(("selective", k) for k in SELECTIVE_EVERY_K), ("none", 1))
@@ -261,12 +239,6 @@ def _other_schedules(
         else:
             variants.append(Evaluated.untimed(choice, mem, fits=False))
     return variants
-
-
-def _families(choices: Iterator[Choice]) -> Iterator[list[Choice]]:
-    """Consecutive choices of one sharding family and mesh (the enumeration's outer axes)."""
-    for _, family in itertools.groupby(choices, key=lambda c: (c.sharding, c.mesh, c.compile)):
-        yield list(family)
 
 
 def _over_deadline(request: PlanRequest, time_limit_s: float, priced: int) -> SearchDeadlineError:

@@ -229,28 +229,39 @@ def saved_activations(setting: Setting, choice: Choice) -> SavedActivations:
     """What the choice's checkpointing keeps per token, and what its recompute adds
     (`Choice.activations_key` is what it depends on)."""
     m = setting.model
+    act_bytes = setting.act_bytes
+    # The model's repeated blocks are one object (planner/cost/model_costs.py): each is worked out once.
+    per_block: dict[int, tuple[float, float, float]] = {}
 
     def whole(unit: UnitCost) -> float:
         # Everything the unit's forward keeps, in compute-dtype elements (eager keeps some in fp32).
         if choice.compile:
             return unit.saved_elems
-        return eager_saved_bytes(unit, setting.act_bytes) / setting.act_bytes
+        return eager_saved_bytes(unit, act_bytes) / act_bytes
+
+    def kept(block: UnitCost) -> tuple[float, float, float]:
+        """(everything, kept when checkpointed whole, kept under op-level checkpointing)."""
+        kept_op = block.op_saved_elems
+        if choice.checkpoint_saves_gathers:
+            kept_op += tensor_parallel_gathered(block)
+        return whole(block), block.input_elems + compiled_keeps(choice, block), kept_op
 
     saved = whole(m.head)
     recompute_peak = 0.0
+    op_selective = choice.checkpointing == "op_selective"
     for i, block in enumerate(m.blocks):
+        terms = per_block.get(id(block))
+        if terms is None:
+            terms = per_block[id(block)] = kept(block)
+        everything, kept_whole, kept_op = terms
         if choice.is_checkpointed(i):
-            kept = block.input_elems + compiled_keeps(choice, block)
-            saved += kept
-            recompute_peak = max(recompute_peak, whole(block) - kept + block.input_elems)
-        elif choice.checkpointing == "op_selective":
-            kept = block.op_saved_elems
-            if choice.checkpoint_saves_gathers:
-                kept += tensor_parallel_gathered(block)
-            saved += kept
-            recompute_peak = max(recompute_peak, whole(block) - kept)
+            saved += kept_whole
+            recompute_peak = max(recompute_peak, everything - kept_whole + block.input_elems)
+        elif op_selective:
+            saved += kept_op
+            recompute_peak = max(recompute_peak, everything - kept_op)
         else:
-            saved += whole(block)
+            saved += everything
     return SavedActivations(saved, recompute_peak)
 
 
