@@ -16,7 +16,7 @@ from contract.parallel_config import ParallelConfig
 from planner.calibration import CalibrationProfile
 from planner.cost.estimate import Estimator
 from planner.cost.memory import MemoryEstimate, MemoryLimits, fits_in_memory
-from planner.cost.parameters import GIB, CostParameters
+from planner.cost.parameters import CostParameters
 from planner.cost.setting import Choice, Setting
 from planner.deadline import CpuDeadline
 from planner.document import choice_from_config, mfu, plan_document
@@ -200,8 +200,7 @@ def _within_reach(
     those with its smallest micro-batch and the checkpointing that keeps the least are priced, so
     that what the family needs at least is still reported (planner/ranking.py) while the hopeless
     rest is not (nor built)."""
-    first = estimator.moments(family.first())[0]
-    if (first.params + first.optimizer) / GIB <= limit_gib and any(
+    if estimator.states_gib(family.first()) <= limit_gib and any(
         estimator.fits(c, limit_gib=limit_gib, ceiling_gib=ceiling_gib)
         for c in family.lightest(_KEEPS_LESS)
     ):

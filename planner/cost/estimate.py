@@ -19,6 +19,7 @@ from planner.cost.memory import (
     fits_in_memory,
     memory_moments,
     saved_activations,
+    sharded_states,
 )
 from planner.cost.model_costs import (
     UnitCost,
@@ -27,7 +28,7 @@ from planner.cost.model_costs import (
     pipeline_rank_share,
     tensor_parallel_share,
 )
-from planner.cost.parameters import FLOAT8_CAST_BYTES_PER_ELEMENT, CostParameters
+from planner.cost.parameters import FLOAT8_CAST_BYTES_PER_ELEMENT, GIB, CostParameters
 from planner.cost.pipeline import (
     BoundaryTensors,
     ChunkTimes,
@@ -683,6 +684,13 @@ class Estimator:
                 moments = self.rank_moments(choice)
             self._moments[choice] = moments
         return moments
+
+    def states_gib(self, choice: Choice) -> float:
+        """The parameters and optimizer states a rank keeps whatever else the choice does (the
+        largest of a pipeline's ranks), in GiB: a bound under every moment's memory, without them."""
+        ranks = [self] if choice.pipeline is None else [r.estimator for r in self.pipeline_ranks(choice)]
+        states = (sharded_states(e.setting_for(choice), choice) for e in ranks)
+        return max(params + optimizer for params, _, optimizer in states) / GIB
 
     def fits(self, choice: Choice, *, limit_gib: float, ceiling_gib: float | None) -> bool:
         """`fits_in_memory(self.memory(choice), ...)`, without pricing every rank of a pipeline

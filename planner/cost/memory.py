@@ -325,6 +325,16 @@ def _unsharded_params(
     return gathered
 
 
+def sharded_states(setting: Setting, choice: Choice) -> tuple[float, float, float]:
+    """Bytes of one rank's fp32 parameters, fp32 gradients and optimizer states: its tensor-parallel
+    share (its pipeline stages') sharded over dp_shard x cp. No checkpointing, micro-batch or bucket
+    cap changes them."""
+    n_params = setting.model.rank_params
+    shard = choice.mesh.dp_shard * choice.mesh.cp
+    state_bytes = 8 if setting.optimizer == "adamw" else 4
+    return 4.0 * n_params / shard, 4.0 * n_params / shard, state_bytes * n_params / shard
+
+
 def memory_moments(
     setting: Setting,
     choice: Choice,
@@ -348,10 +358,7 @@ def memory_moments(
     p = setting.params
     n_params = setting.model.rank_params  # this rank's tensor-parallel share
     shard = choice.mesh.dp_shard * choice.mesh.cp  # FSDP shards over dp_shard x cp
-    state_bytes = 8 if setting.optimizer == "adamw" else 4
-    params = 4.0 * n_params / shard
-    grads = 4.0 * n_params / shard
-    optimizer = state_bytes * n_params / shard
+    params, grads, optimizer = sharded_states(setting, choice)
     workspace = p.workspace_gib * GIB
 
     pb = setting.param_bytes
