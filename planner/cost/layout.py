@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.cost.model_costs import UnitCost, float8_share
 from planner.cost.setting import Choice, Setting
@@ -55,6 +55,20 @@ class CommLayout:
     group_keys: tuple[int, ...]
     """Equal for groups that price identically under a configuration that checkpoints every block
     alike: same units in the same roles, same collectives (what lets repeated blocks price once)."""
+    _windows: dict[tuple[bool, int], float] = field(default_factory=dict, compare=False, repr=False)
+
+    def largest_gather(self, width: int, *, blocks_only: bool) -> float:
+        """The most bytes `width` consecutive all-gather groups gather (fewer at the start): what is
+        gathered at once while a group computes with `width - 1` prefetched ahead of it; of every
+        group, or of the block groups only (`block_group_gather_bytes`). Worked out once per layout:
+        the search asks for it for every configuration sharing the layout."""
+        key = (blocks_only, width)
+        largest = self._windows.get(key)
+        if largest is None:
+            groups = self.block_group_gather_bytes if blocks_only else self.group_gather_bytes
+            largest = max(sum(groups[max(0, j - width + 1) : j + 1]) for j in range(len(groups)))
+            self._windows[key] = largest
+        return largest
 
 
 def _wrap_units(setting: Setting, choice: Choice) -> list[list[IndexedUnit]]:

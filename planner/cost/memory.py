@@ -25,7 +25,6 @@ Search, the plan's breakdown and the dashboard all read this one estimate.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, fields
 from typing import NamedTuple
@@ -294,21 +293,13 @@ def compiled_keeps(choice: Choice, unit: UnitCost) -> float:
     return unit.attention_output_elems + tensor_parallel_scattered(unit) + gathered
 
 
-@functools.lru_cache(maxsize=256)
-def _largest_window(groups: tuple[float, ...], width: int) -> float:
-    """The largest sum of `width` consecutive groups (fewer at the start)."""
-    return max(sum(groups[max(0, j - width + 1) : j + 1]) for j in range(len(groups)))
-
-
-def _unsharded_params(
-    setting: Setting, choice: Choice, layout: CommLayout, groups: tuple[float, ...]
-) -> float:
-    """Bytes of gathered parameters alive while `groups` (their gathered bytes, in order) compute."""
+def _unsharded_params(setting: Setting, choice: Choice, layout: CommLayout, *, blocks_only: bool) -> float:
+    """Bytes of gathered parameters alive while the layout's groups (its block groups only) compute."""
     pb = setting.param_bytes
     depth = choice.prefetch_depth
     if choice.sharding in ("full_shard", "hybrid_shard"):
         # The group computing and the ones prefetched ahead of it.
-        gathered = _largest_window(groups, depth + 1)
+        gathered = layout.largest_gather(depth + 1, blocks_only=blocks_only)
     elif choice.sharding == "shard_grad_op" or not choice.simple_fsdp:
         # ZeRO-2 keeps every gathered parameter until backward. So does eager no_shard: FSDP2 on a
         # shard group of one still copies each parameter into an unsharded buffer, kept through
@@ -316,12 +307,12 @@ def _unsharded_params(
         gathered = layout.model_gather_bytes
     else:
         # Compiled no_shard uses fp32 weights in place; compute-dtype copies are transient.
-        return (depth + 2) * max(groups) if pb == 2 else 0.0
+        return (depth + 2) * layout.largest_gather(1, blocks_only=blocks_only) if pb == 2 else 0.0
     if not choice.simple_fsdp:
         # FSDP2 keeps the last all-gather's output buffer until the next all-gather is issued (so
         # that the allocator cannot hand it to another stream early): one unit's worth, besides
         # the parameters copied out of it (measured with FSDPMemTracker, tests/executor).
-        gathered += max(groups)
+        gathered += layout.largest_gather(1, blocks_only=blocks_only)
     return gathered
 
 
@@ -374,8 +365,8 @@ def memory_moments(
         hidden = tokens * setting.model.blocks[0].input_elems * setting.act_bytes
         received = boundary.received * hidden
         saved += received + boundary.sent * hidden
-    unsharded = _unsharded_params(setting, choice, layout, layout.group_gather_bytes)
-    block_unsharded = _unsharded_params(setting, choice, layout, layout.block_group_gather_bytes)
+    unsharded = _unsharded_params(setting, choice, layout, blocks_only=False)
+    block_unsharded = _unsharded_params(setting, choice, layout, blocks_only=True)
     earlier_grads = grads if choice.grad_accum_steps > 1 else 0.0
     if choice.fsdp2_pipeline:
         # Gathered after the first backward and never resharded; gradients accumulate unsharded
