@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from contract.parallel_config import ParallelConfig
 from planner.calibration import CalibrationProfile
+from planner.collector import collector_paused
 from planner.cost.estimate import Estimator
 from planner.cost.memory import MemoryEstimate, MemoryLimits, fits_in_memory
 from planner.cost.parameters import CostParameters
@@ -57,6 +58,25 @@ def make_plan(
     SearchDeadlineError when pricing the candidates takes more than `time_limit_s` seconds of CPU
     time (CPU, not wall-clock, so that whether a request fits the limit does not depend on the load).
     """
+    with collector_paused():
+        return _search(
+            request,
+            calibration=calibration,
+            calibration_id=calibration_id,
+            time_limit_s=time_limit_s,
+            advise_other_clusters=advise_other_clusters,
+        )
+
+
+def _search(
+    request: PlanRequest,
+    *,
+    calibration: CalibrationProfile | None,
+    calibration_id: str | None,
+    time_limit_s: float | None,
+    advise_other_clusters: bool,
+) -> Plan:
+    """`make_plan`'s work."""
     deadline = None if time_limit_s is None else CpuDeadline.after(time_limit_s)
     setting = build_setting(request, calibration, calibration_id)
     check_request(request, setting, deadline=deadline)  # a batch refusal's advice within the deadline
