@@ -46,7 +46,7 @@ from executor.runtime.context_parallel import apply_context_parallel
 from executor.runtime.distributed import data_parallel_mesh, pipeline_mesh, tensor_parallel_mesh
 from executor.runtime.float8 import Float8Conversion, after_optimizer_step, convert_to_float8
 from executor.runtime.fsdp2 import apply_fsdp2, fsdp2_mesh
-from executor.runtime.models import computes_own_loss, find_parts
+from executor.runtime.models import ModelParts, computes_own_loss, find_parts
 from executor.runtime.pipeline import PipelineRun, build_pipeline, check_pipeline, split_model, tied_copies
 from executor.runtime.simple_fsdp import apply_simple_fsdp
 from executor.runtime.tensor_parallel import apply_tensor_parallel
@@ -257,15 +257,9 @@ def _apply_strategy(
     """TP -> CP -> AC -> data parallelism -> compile on `model` (a whole model or one pipeline
     stage) in place; appends what it applied to `notes`."""
     cfg = plan.config
-    micro_pipeline_tp = False
 
     # 1. Tensor parallelism: it names submodules that the AC wrapper would rename.
-    if cfg.mesh.tp > 1:
-        apply_tensor_parallel(model, mesh=tensor_parallel_mesh(mesh))
-        notes.append(f"tensor parallel: tp={cfg.mesh.tp} (sequence parallel, loss parallel)")
-        if cfg.async_tp and compiled:
-            micro_pipeline_tp, note = enable_async_tensor_parallel(tensor_parallel_mesh(mesh))
-            notes.append(note)
+    micro_pipeline_tp = _tensor_parallel(model, plan=plan, mesh=mesh, compiled=compiled, notes=notes)
 
     # 2. Context parallelism: it swaps the root's and the attention modules' forward (not their
     # parameters), inside tensor parallelism's layout; AC and compile then wrap what it made.
@@ -288,6 +282,59 @@ def _apply_strategy(
     )
 
     # 4. Data parallelism over the data-parallel dims of the mesh (dp_shard x cp: `dp_shard_cp`).
+    _data_parallel(
+        model, parts, plan=plan, mesh=mesh, engine=engine, compiled=compiled, param_dtype=param_dtype,
+        reduce_dtype=reduce_dtype, reshard_after_forward=reshard_after_forward,
+        recomputed_blocks=checkpointed, notes=notes,
+    )
+
+    # 5. Compilation last, over the sharded model, so the collectives are part of the graph.
+    forward, settings = model, None
+    if compiled:
+        settings = compile_settings(cfg, backend=overrides.backend, micro_pipeline_tp=micro_pipeline_tp)
+        forward = apply_compile(model, settings)
+        applied = ", ".join(f"{k}={_short(v)}" for k, v in settings.options.items()) or "defaults"
+        notes.append(f"torch.compile backend={settings.backend}: {applied}")
+        if settings.skipped:
+            notes.append("inductor knobs not in this torch: " + ", ".join(settings.skipped))
+    return _Applied(forward=forward, settings=settings, checkpointed_blocks=len(checkpointed))
+
+
+def _tensor_parallel(
+    model: nn.Module, *, plan: RuntimePlan, mesh: DeviceMesh, compiled: bool, notes: list[str]
+) -> bool:
+    """Tensor parallelism (sequence and loss parallel) over the mesh's tp dim, and async TP's
+    symmetric memory where the plan asks for it: whether inductor should micro-pipeline the tp
+    collectives."""
+    cfg = plan.config
+    if cfg.mesh.tp == 1:
+        return False
+    apply_tensor_parallel(model, mesh=tensor_parallel_mesh(mesh))
+    notes.append(f"tensor parallel: tp={cfg.mesh.tp} (sequence parallel, loss parallel)")
+    if not (cfg.async_tp and compiled):
+        return False
+    micro_pipeline_tp, note = enable_async_tensor_parallel(tensor_parallel_mesh(mesh))
+    notes.append(note)
+    return micro_pipeline_tp
+
+
+def _data_parallel(
+    model: nn.Module,
+    parts: ModelParts,
+    *,
+    plan: RuntimePlan,
+    mesh: DeviceMesh,
+    engine: Engine,
+    compiled: bool,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+    reshard_after_forward: bool,
+    recomputed_blocks: list[nn.Module],
+    notes: list[str],
+) -> None:
+    """The engine's sharding over the data-parallel dims (SimpleFSDP's parametrization or FSDP2's
+    units), with the plan's mixed precision; notes what it applied and how the loss runs."""
+    cfg = plan.config
     if engine == "simple_fsdp":
         apply_simple_fsdp(
             model,
@@ -297,7 +344,7 @@ def _apply_strategy(
             reduce_dtype=reduce_dtype,
             # Only the compiled partitioner can honour "re-gather in backward" (see simple_fsdp).
             reshard_after_forward=reshard_after_forward and compiled,
-            recomputed_blocks=checkpointed,
+            recomputed_blocks=recomputed_blocks,
         )
         notes.append(f"SimpleFSDP {cfg.sharding} on mesh {_mesh_str(data_parallel_mesh(mesh, cfg.sharding))}")
     else:
@@ -320,17 +367,6 @@ def _apply_strategy(
         notes.append(f"loss: output projection + cross-entropy in {cfg.loss_chunks} token slice(s)")
     else:
         notes.append("loss: unchunked cross-entropy on the model's logits (its forward takes no loss_chunks)")
-
-    # 5. Compilation last, over the sharded model, so the collectives are part of the graph.
-    forward, settings = model, None
-    if compiled:
-        settings = compile_settings(cfg, backend=overrides.backend, micro_pipeline_tp=micro_pipeline_tp)
-        forward = apply_compile(model, settings)
-        applied = ", ".join(f"{k}={_short(v)}" for k, v in settings.options.items()) or "defaults"
-        notes.append(f"torch.compile backend={settings.backend}: {applied}")
-        if settings.skipped:
-            notes.append("inductor knobs not in this torch: " + ", ".join(settings.skipped))
-    return _Applied(forward=forward, settings=settings, checkpointed_blocks=len(checkpointed))
 
 
 def enable_async_tensor_parallel(tp_mesh: DeviceMesh) -> tuple[bool, str]:
