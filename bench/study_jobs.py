@@ -45,6 +45,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.scratch_database import scratch_database
 
 STUDY = {
     "model": "llama3-8b", "token_budget": 15 * 10**12, "gpus": [{"gpu": "H100"}, {"gpu": "A100"}],
@@ -93,10 +94,8 @@ def run(workers: int, interval: float | None, *, engine: str = "in-process", wor
     """Submit `studies` copies of `study` at once with a study search pool of `workers` per process that
     runs studies: their wall times (submit to succeeded), the wall time of all, the small plans'
     latencies (none when `interval` is None), and the candidates per study."""
-    from bench.jobs_fairness import database
-
     with ExitStack() as stack:
-        url = stack.enter_context(database(engine))
+        url = stack.enter_context(scratch_database("sqlite" if engine == "in-process" else "postgresql"))
         logs = Path(tempfile.mkdtemp())
         port = _port()
         env = {key: value for key, value in os.environ.items()
