@@ -267,6 +267,21 @@ def async_tensor_parallel_seconds(comm_s: float, matmul_s: float, *, tp: int, co
     return comm_s / tp + (rest - hidden) + contention * hidden
 
 
+def async_tensor_parallel_step(
+    comm_s: float, matmul_s: float, *, unit: UnitCost, tp: int, contention: float
+) -> tuple[float, float]:
+    """(forward, backward) seconds of a block's tensor-parallel collectives under async TP, from
+    their unpipelined `comm_s` per pass. Inductor's micro-pipelining fuses an all-gather with the
+    matmuls it feeds and a reduce-scatter with the one matmul whose output it scatters: every
+    collective of the forward (and of its recompute), but in backward only the all-gathers (the
+    gradients flowing back into the row-parallel matmuls); the reduce-scatters of the input
+    gradients of the column-parallel matmuls scatter a sum of several matmuls' outputs (q, k and v;
+    the MLP's gate and up projections), which it leaves unfused and exposed."""
+    pipelined = async_tensor_parallel_seconds(comm_s, matmul_s, tp=tp, contention=contention)
+    scattered_back = unit.gathered_elems / unit.tp_collective_elems if unit.tp_collective_elems else 0.0
+    return pipelined, pipelined * (1.0 - scattered_back) + comm_s * scattered_back
+
+
 @dataclass(frozen=True, slots=True)
 class PricedStep:
     """One configuration's groups priced, before the timeline places them (Estimator.price)."""
@@ -418,7 +433,8 @@ class _UnitTimes:
         self.setting = setting
         self.choice = choice
         self.tokens = choice.micro_batch_size * setting.seq_len
-        self._forward: dict[int, tuple[ForwardTime, float, float]] = {}  # (forward, tp s, cp s)
+        # (forward, forward tp s, backward tp s, cp s)
+        self._forward: dict[int, tuple[ForwardTime, float, float, float]] = {}
         self._times: dict[tuple[int, int], tuple[float, float, float]] = {}  # (role, unit id)
 
     def __call__(self, index: int, u: UnitCost) -> tuple[float, float, float]:
@@ -442,15 +458,16 @@ class _UnitTimes:
                 setting.params, setting.act_bytes, u, self.tokens, choice.compile, choice.float8,
                 whole_sequence_casts=choice.float8_casts_whole_sequence,
             )
+            tp_back_s = tp_s
             if choice.async_tp and u.is_block:
-                tp_s = async_tensor_parallel_seconds(
-                    tp_s, forward.matmul, tp=tp, contention=setting.params.overlap_contention
+                tp_s, tp_back_s = async_tensor_parallel_step(
+                    tp_s, forward.matmul, unit=u, tp=tp, contention=setting.params.overlap_contention
                 )
             cp_s = context_parallel_seconds(setting, choice, u, tokens=self.tokens)
-            self._forward[id(u)] = (forward, tp_s, cp_s)
-        f, tp_s, cp_s = self._forward[id(u)]
+            self._forward[id(u)] = (forward, tp_s, tp_back_s, cp_s)
+        f, tp_s, tp_back_s, cp_s = self._forward[id(u)]
         tp_fwd = tp_s + cp_s
-        tp_unit = 2.0 * tp_fwd + _recomputed_collectives(choice, u, index, tp_s=tp_s, cp_s=cp_s)
+        tp_unit = tp_fwd + tp_back_s + cp_s + _recomputed_collectives(choice, u, index, tp_s=tp_s, cp_s=cp_s)
         backward = BACKWARD_FLOPS_RATIO * f.total + ATTENTION_BACKWARD_EXTRA * f.attention
         backward += _recompute_time(choice, u, index, f) + tp_unit - tp_fwd
         return f.total + tp_fwd, backward, tp_unit

@@ -23,14 +23,14 @@ from planner.fidelity.report import (
 from planner.fidelity.schema import CORPUS_PACKAGE, CorpusError, Run, load_corpus, parse_source_file
 
 GUARD: dict[tuple[str, str], float] = {
-    ("throughput_mean", "A100-40GB"): 0.08,
+    ("throughput_mean", "A100-40GB"): 0.09,
     ("throughput_max", "A100-40GB"): 0.15,
     ("throughput_mean", "A100-80GB"): 0.07,
-    ("throughput_max", "A100-80GB"): 0.16,
+    ("throughput_max", "A100-80GB"): 0.17,
     ("throughput_mean", "H100-SXM-80GB"): 0.08,
     ("throughput_max", "H100-SXM-80GB"): 0.22,
-    ("throughput_mean", "H100-SXM-96GB"): 0.07,
-    ("throughput_max", "H100-SXM-96GB"): 0.20,
+    ("throughput_mean", "H100-SXM-96GB"): 0.06,
+    ("throughput_max", "H100-SXM-96GB"): 0.18,
     ("throughput_mean", "H200-141GB"): 0.10,
     ("throughput_max", "H200-141GB"): 0.16,
     ("memory_mean", "all"): 0.08,
@@ -39,7 +39,10 @@ GUARD: dict[tuple[str, str], float] = {
 A change that makes a prediction worse fails here; one that makes it better should lower these.
 (2026-11-28: the power-capped B200 run left the fit, whose shares then moved: H100-96GB's max and
 H200's mean rose to 19.9% and 9.9%, A100-40GB's mean to 7.5%, while the other A100 and H100-80GB
-figures fell.)"""
+figures fell. Later that day async TP left the backward's input-gradient reduce-scatters exposed, as
+inductor's micro-pipelining does, and the refit moved the overlap contention 0.3 -> 0.25 and GA100's
+share 0.9 -> 0.875: H100-96GB's max fell to 17.3% and its mean to 5.7%, A100-40GB's mean rose to
+8.3% and A100-80GB's max to 16.5%, H100-80GB's max to 21.9%.)"""
 GPU_FAMILIES = ({"A100-80GB", "A100-40GB"}, {"H100-SXM-80GB", "H100-SXM-96GB"}, {"H200-141GB", "B200"})
 STANDARD_NODE_GPUS = 8
 """What a run that does not state its node size is priced on (planner/fidelity/schema.py `Hardware`)."""

@@ -10,7 +10,7 @@ import pytest
 
 from contract.float8 import float8_converts
 from contract.mesh import Mesh
-from planner.cost.estimate import Estimator, async_tensor_parallel_seconds
+from planner.cost.estimate import Estimator, async_tensor_parallel_seconds, async_tensor_parallel_step
 from planner.cost.layout import comm_layout
 from planner.cost.model_costs import float8_share, tensor_parallel_share
 from planner.cost.setting import Choice
@@ -157,6 +157,19 @@ def test_async_tp_exposes_the_first_piece_and_what_outlasts_the_matmuls() -> Non
     assert async_tensor_parallel_seconds(0.010, 0.004, tp=2, contention=0.0) == pytest.approx(
         0.005 + (0.005 - 0.002)
     )
+
+
+def test_async_tp_leaves_the_backward_reduce_scatters_of_summed_gradients_exposed() -> None:
+    # A llama block's forward all-gathers 2 of its 4 tensor-parallel collectives' elements (before q/k/v
+    # and before the MLP's gate/up); backward reduce-scatters their gradients, each the sum of several
+    # matmuls' outputs, which inductor's micro-pipelining does not fuse: half the backward stays as is.
+    request = make_request("llama3-8b", "1x8xH100", seq_len=8192, sequences=8)
+    block = tensor_parallel_share(build_setting(request, None, None).model, 8).blocks[0]
+    assert block.gathered_elems / block.tp_collective_elems == pytest.approx(0.5)
+    forward, backward = async_tensor_parallel_step(0.010, 0.040, unit=block, tp=8, contention=0.25)
+    pipelined = async_tensor_parallel_seconds(0.010, 0.040, tp=8, contention=0.25)
+    assert forward == pytest.approx(pipelined)
+    assert backward == pytest.approx(0.5 * pipelined + 0.5 * 0.010)
 
 
 def test_async_tp_is_searched_when_asked_for_compiled_tp_plans() -> None:
