@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.bounds import MAX_GLOBAL_BATCH_TOKENS
+from planner.collector import collector_paused
 from planner.cost.setting import Setting
 from planner.deadline import CpuDeadline
 from planner.enumeration import (
@@ -142,7 +143,8 @@ def batch_refusal(
     batch rounded down to whole sequences when `tokens` is not; `setting` defaults to the request's
     uncalibrated one."""
     tensor_parallel_degrees(request)  # a pin the model cannot take is refused first, with why
-    advice = _what_plans(request, tokens, setting, deadline)
+    with collector_paused():  # the advice probes configurations as a search does (planner/collector.py)
+        advice = _what_plans(request, tokens, setting, deadline)
     return PlanningError(f"{BATCH_FIELD}: {_problem(request, tokens)}; {advice}", field=BATCH_FIELD)
 
 

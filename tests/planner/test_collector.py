@@ -8,9 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
+import planner.precheck as precheck
+import planner.search as search
 from planner.collector import collector_paused
 from planner.errors import InfeasiblePlanError
-from planner.search import make_plan
 from tests.planner.conftest import make_request
 
 
@@ -69,8 +70,6 @@ def test_overlapping_threads_resume_when_the_last_ends() -> None:
 
 
 def test_make_plan_searches_with_the_collector_paused(monkeypatch: pytest.MonkeyPatch) -> None:
-    import planner.search as search
-
     states: list[bool] = []
     priced = search.Evaluated.priced
 
@@ -79,15 +78,31 @@ def test_make_plan_searches_with_the_collector_paused(monkeypatch: pytest.Monkey
         return priced(*args, **kwargs)
 
     monkeypatch.setattr(search.Evaluated, "priced", spy)
-    make_plan(make_request("llama3-8b", "1x8xH100", seq_len=8192, sequences=16))
+    search.make_plan(make_request("llama3-8b", "1x8xH100", seq_len=8192, sequences=16))
     assert states and not any(states)
     assert gc.isenabled()
 
 
 def test_a_refused_search_resumes_the_collector() -> None:
     with pytest.raises(InfeasiblePlanError):
-        make_plan(
+        search.make_plan(
             make_request("llama3.1-405b", "1x8xH100", seq_len=8192, sequences=8),
             advise_other_clusters=False,
         )
+    assert gc.isenabled()
+
+
+def test_a_batch_refusal_looks_for_advice_with_the_collector_paused(monkeypatch: pytest.MonkeyPatch) -> None:
+    states: list[bool] = []
+    what_plans = precheck._what_plans
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        states.append(gc.isenabled())
+        return what_plans(*args, **kwargs)
+
+    monkeypatch.setattr(precheck, "_what_plans", spy)
+    request = make_request("llama3-8b", "1x8xH100", seq_len=8192, sequences=12)
+    refusal = precheck.batch_refusal(request, 100_000)
+    assert "98304" in refusal.message or "98,304" in refusal.message
+    assert states == [False]
     assert gc.isenabled()
