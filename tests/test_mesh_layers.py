@@ -50,7 +50,7 @@ LAYERS: dict[str, dict[str, Handler | str]] = {
         "dp_shard": ("executor/runtime/distributed.py", "data_parallel_dims"),
         "pp": ("executor/runtime/parallelize.py", "parallelize_pipeline"),  # stages, then each parallelized
         "cp": ("executor/runtime/context_parallel.py", "apply_context_parallel"),
-        "tp": ("executor/runtime/parallelize.py", "_apply_strategy"),
+        "tp": ("executor/runtime/parallelize.py", "_tensor_parallel"),
     },
     "launcher": {
         # The world must be the mesh's product, and stages stay on whole nodes (header: _pipeline_header).
