@@ -416,6 +416,7 @@ class Family:
     mesh: Mesh
     compile: bool
     units: tuple[int, ...]
+    """Blocks per FSDP2 wrap unit (1 alone where nothing is gathered per unit, or compiled)."""
     caps: tuple[tuple[float, float], ...]
     """(all-gather, reduce-scatter) bucket caps in MB."""
     checkpointing: tuple[tuple[str, int], ...]
@@ -423,11 +424,13 @@ class Family:
     pipelines: Mapping[int, PipelineConfig | None]
     """The micro-batch sizes, in increasing order, each with its pipeline (None without one)."""
     recipes: tuple[str, ...]
+    """The Float8 recipes searched (`none` for bf16)."""
     loss_chunks: Mapping[int, int]
     """The loss's slices per micro-batch size."""
     local_batch: int
     """Sequences per data-parallel rank and step."""
     async_tp: bool
+    """Whether the family's tensor-parallel collectives run micro-pipelined (compiled, tp > 1)."""
 
     def choices(
         self,
@@ -449,6 +452,7 @@ class Family:
     def choice(
         self, unit: int, caps: tuple[float, float], policy: tuple[str, int], mb: int, recipe: str
     ) -> Choice:
+        """The member with these inner axes (policy: (mode, every_k); mb: micro-batch size)."""
         return Choice(
             sharding=self.sharding,
             mesh=self.mesh,
