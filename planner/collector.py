@@ -4,7 +4,9 @@ A search builds hundreds of thousands of short-lived tuples and dataclasses (con
 moments, timelines) and keeps large caches of them, none in reference cycles: reference counting
 frees them all. The cycle collector, triggered every few hundred allocations, would still walk the
 growing caches again and again: about 15% of a large search's CPU time (Llama 3.1 405B at 128k
-tokens on 1,024 GPUs, measured 2026-11-28). It is paused for the search and resumed after.
+tokens on 1,024 GPUs, measured 2026-11-28; a third of fitting the corpus, which prices its runs one
+by one). It is paused for the search and resumed after: `with collector_paused():`, or
+`@collector_paused()` on a function (each call pauses it afresh).
 """
 
 from __future__ import annotations

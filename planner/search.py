@@ -43,6 +43,7 @@ from planner.search_setting import build_setting
 from planner.specs import PlanRequest
 
 
+@collector_paused()  # planner/collector.py: a search allocates much and frees it by reference counting
 def make_plan(
     request: PlanRequest,
     *,
@@ -58,25 +59,6 @@ def make_plan(
     SearchDeadlineError when pricing the candidates takes more than `time_limit_s` seconds of CPU
     time (CPU, not wall-clock, so that whether a request fits the limit does not depend on the load).
     """
-    with collector_paused():
-        return _search(
-            request,
-            calibration=calibration,
-            calibration_id=calibration_id,
-            time_limit_s=time_limit_s,
-            advise_other_clusters=advise_other_clusters,
-        )
-
-
-def _search(
-    request: PlanRequest,
-    *,
-    calibration: CalibrationProfile | None,
-    calibration_id: str | None,
-    time_limit_s: float | None,
-    advise_other_clusters: bool,
-) -> Plan:
-    """`make_plan`'s work."""
     deadline = None if time_limit_s is None else CpuDeadline.after(time_limit_s)
     setting = build_setting(request, calibration, calibration_id)
     check_request(request, setting, deadline=deadline)  # a batch refusal's advice within the deadline
@@ -289,6 +271,7 @@ def _warnings(request: PlanRequest, setting: Setting, best: Evaluated) -> tuple[
     )
 
 
+@collector_paused()
 def predict(
     request: PlanRequest,
     config: ParallelConfig,
