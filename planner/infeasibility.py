@@ -28,7 +28,7 @@ from planner.document import to_parallel_config
 from planner.enumeration import (
     CONTEXT_PARALLEL_FROM_SEQ_LEN,
     context_parallel_degrees,
-    enumerate_choices,
+    enumerate_families,
     pipeline_parallel_degrees,
     searched_degrees,
     splitting_degrees,
@@ -120,8 +120,9 @@ class Prober:
             num_nodes=num_nodes,
             global_batch_sequences=sequences,
         )
-        choices = enumerate_choices(request, setting)
-        first = next(choices)
+        families = enumerate_families(request, setting)
+        first_family = next(families)
+        first = first_family.first()
         if not lightest and not self._states_may_fit(first, request.cluster.world_size):
             probe = Probe(num_nodes, sequences, first, self._estimator.memory(first), False)
             self._cache[(num_nodes, sequences, lightest)] = probe
@@ -129,22 +130,30 @@ class Prober:
         best: tuple[Choice, MemoryEstimate] | None = None
         found = False
         sharded: set[tuple] = set()  # fully sharded configurations priced, by everything else
-        for choice in (first, *choices):
-            key = _all_but_sharding(choice)
-            if choice.sharding == "full_shard":
-                sharded.add(key)
-            elif key in sharded:
-                continue  # never lighter than its fully sharded twin (tests/planner/test_advice.py)
-            self._check_deadline()
-            self.priced += 1
-            memory = self._estimator.memory(choice)
-            if self._fits(memory, choice) and not lightest:
-                best, found = (choice, memory), True
+        for family in itertools.chain([first_family], families):
+            # A family whose parameters and optimizer states alone hold more than the lightest
+            # configuration so far can neither fit (nothing fitted yet) nor be lighter: not built.
+            # (Its configurations' other shardings hold at least as much: passed over as well.)
+            if best is not None and self._estimator.states_gib(family.first()) * GIB > best[1].total + 1:
+                continue
+            for choice in family.choices():
+                key = _all_but_sharding(choice)
+                if choice.sharding == "full_shard":
+                    sharded.add(key)
+                elif key in sharded:
+                    continue  # never lighter than its fully sharded twin (tests/planner/test_advice.py)
+                self._check_deadline()
+                self.priced += 1
+                memory = self._estimator.memory(choice)
+                if self._fits(memory, choice) and not lightest:
+                    best, found = (choice, memory), True
+                    break
+                if best is None or (
+                    self._lighter(choice, memory, best) if lightest else memory.total < best[1].total
+                ):
+                    best = (choice, memory)
+            if found:
                 break
-            if best is None or (
-                self._lighter(choice, memory, best) if lightest else memory.total < best[1].total
-            ):
-                best = (choice, memory)
         assert best is not None, "every request enumerates at least one configuration"
         found = found or self._fits(best[1], best[0])
         probe = Probe(num_nodes, sequences, best[0], best[1], found)
