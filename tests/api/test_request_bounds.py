@@ -52,9 +52,13 @@ def error_fields(problem: dict[str, Any]) -> list[str]:
 async def test_a_cluster_string_meets_the_object_forms_bounds_at_once(
     client: httpx.AsyncClient, text: str, spelt_out: dict[str, Any], field: str
 ) -> None:
+    # The app's first request pays its warm-up; the one timed is answered by validation alone. The
+    # regression this guards against never answered (the timeout above); the bound leaves room for a
+    # 2-core CI machine that runs the torch.distributed tests beside this one.
+    await client.get(PLANS)
     started = time.perf_counter()
     response = await client.post(PLANS, json=cheap_plan(cluster=text))
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < 3.0
     problem = assert_problem(response, 422, "invalid-request")
     assert error_fields(problem) == [field]
     as_object = assert_problem(await client.post(PLANS, json=cheap_plan(cluster=spelt_out)), 422)
