@@ -15,6 +15,7 @@ that decides what helps: sharded states shrink with more GPUs, activations of on
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from contract.mesh import Mesh
@@ -130,30 +131,31 @@ class Prober:
         best: tuple[Choice, MemoryEstimate] | None = None
         found = False
         sharded: set[tuple] = set()  # fully sharded configurations priced, by everything else
-        for family in itertools.chain([first_family], families):
+
+        def candidates() -> Iterator[Choice]:
             # A family whose parameters and optimizer states alone hold more than the lightest
             # configuration so far can neither fit (nothing fitted yet) nor be lighter: not built.
             # (Its configurations' other shardings hold at least as much: passed over as well.)
-            if best is not None and self._estimator.states_gib(family.first()) * GIB > best[1].total + 1:
-                continue
-            for choice in family.choices():
-                key = _all_but_sharding(choice)
-                if choice.sharding == "full_shard":
-                    sharded.add(key)
-                elif key in sharded:
-                    continue  # never lighter than its fully sharded twin (tests/planner/test_advice.py)
-                self._check_deadline()
-                self.priced += 1
-                memory = self._estimator.memory(choice)
-                if self._fits(memory, choice) and not lightest:
-                    best, found = (choice, memory), True
-                    break
-                if best is None or (
-                    self._lighter(choice, memory, best) if lightest else memory.total < best[1].total
-                ):
-                    best = (choice, memory)
-            if found:
+            for family in itertools.chain([first_family], families):
+                if best is None or self._estimator.states_gib(family.first()) * GIB <= best[1].total + 1:
+                    yield from family.choices()
+
+        for choice in candidates():
+            key = _all_but_sharding(choice)
+            if choice.sharding == "full_shard":
+                sharded.add(key)
+            elif key in sharded:
+                continue  # never lighter than its fully sharded twin (tests/planner/test_advice.py)
+            self._check_deadline()
+            self.priced += 1
+            memory = self._estimator.memory(choice)
+            if self._fits(memory, choice) and not lightest:
+                best, found = (choice, memory), True
                 break
+            if best is None or (
+                self._lighter(choice, memory, best) if lightest else memory.total < best[1].total
+            ):
+                best = (choice, memory)
         assert best is not None, "every request enumerates at least one configuration"
         found = found or self._fits(best[1], best[0])
         probe = Probe(num_nodes, sequences, best[0], best[1], found)

@@ -219,4 +219,4 @@ class Setting:
 
     @property
     def act_bytes(self) -> int:
-        return 2 if self.precision == "bf16" else 4  # param_bytes: the compute dtype's
+        return self.param_bytes
