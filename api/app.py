@@ -25,6 +25,7 @@ from api.services.keyed_locks import KeyedLocks
 from api.services.search_pool import SearchPool, available_cores, stop_with_supervisor
 from api.services.task_engine import ProcrastinateJobs
 from api.settings import Settings
+from api.text_check import TextCheckMiddleware
 from planner import __version__
 
 API_PREFIX = "/api/v1"
@@ -109,6 +110,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Threads that wait on the search pool, apart from the default pool's (api/deps.py run_planning).
     app.state.planning_threads = anyio.CapacityLimiter(PLANNING_THREADS)
 
+    # Inside the size limit (added first, it runs last): it reads bodies the limit has already bounded.
+    app.add_middleware(TextCheckMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(AllowedMethodsMiddleware, router=app.router)
     install_problem_handlers(app)  # outermost: also catches what the middleware above raises

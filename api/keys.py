@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from api.db.models import ApiKeyRow
 from api.typed_numbers import parse_id
 
 KEY_SCHEME = "fsdpk"
+_HEX = re.compile(r"[0-9a-f]+")
 MAX_NAME_LENGTH = 100
 
 
@@ -40,7 +42,8 @@ def hash_key(key: str) -> str:
 
 def _prefix_of(key: str) -> str | None:
     parts = key.split("_", 2)  # the secret itself may contain "_"
-    if len(parts) != 3 or parts[0] != KEY_SCHEME or len(parts[1]) != 8:
+    # Hex only, as issued: a prefix is compared in SQL, where text such as NUL fails on PostgreSQL.
+    if len(parts) != 3 or parts[0] != KEY_SCHEME or len(parts[1]) != 8 or not _HEX.fullmatch(parts[1]):
         return None
     return parts[1]
 

@@ -32,7 +32,7 @@ from planner.cost.parameters import CostParameters, LinkParameters
 from planner.cost.setting import Choice, Setting
 from planner.errors import PlanningError
 from planner.memory_calibration import fit_memory
-from planner.specs import ModelSpec
+from planner.specs import GpusPerNode, ModelSpec, NodeCount
 
 MAX_SAMPLES = 10_000
 
@@ -61,8 +61,10 @@ class HardwareFingerprint(ProfileModel):
     """e.g. `NVIDIA H100 80GB HBM3` or `cpu`."""
     device_count: Count
     """Ranks that took part."""
-    num_nodes: Count = 1
-    gpus_per_node: Count = 1
+    # The cluster's own bounds (planner/specs.py): the fit builds a ClusterSpec from these two, so a
+    # fingerprint the planner could not plan is refused here, naming the field, not by the fit.
+    num_nodes: NodeCount = 1
+    gpus_per_node: GpusPerNode = 1
     backend: Literal["nccl", "gloo"]
     link_class: Annotated[str, Field(max_length=100)] = "unknown"
     """How devices in a node connect (e.g. `NV18`, `PCIe`, `shm`)."""

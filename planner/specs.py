@@ -321,9 +321,10 @@ class ClusterSpec(StrictModel):
 
 
 CLUSTER_FORMAT = "NODESxGPUSxGPU, e.g. 1x8xH100 or 4x8xA100-80GB (GPUSxGPU, e.g. 8xH100, for one node)"
-CLUSTER_PATTERN = r"^\s*(?:([0-9]+)[xX])?([0-9]+)[xX]([A-Za-z][A-Za-z0-9._-]*)\s*$"
+CLUSTER_PATTERN = r"^(?:([0-9]+)[xX])?([0-9]+)[xX]([A-Za-z][A-Za-z0-9._-]*)$"
 """The cluster text, as a regular expression both Python and JSON Schema (ECMA-262) read alike (ASCII
-digits only: `int` would read other scripts' digits too)."""
+digits only: `int` would read other scripts' digits too). Nothing around it, not even a newline: Python
+reads it with `fullmatch` (its `$` also matches before a final newline)."""
 _CLUSTER_TEXT = re.compile(CLUSTER_PATTERN)
 ASCII_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
 """A decimal number typed as text (`2.49`, `-.5`, `1e3`), to `fullmatch`: ASCII digits only, as the
@@ -344,8 +345,8 @@ def whole_number_pattern(high: int) -> str:
 
 
 CLUSTER_SCHEMA_PATTERN = (
-    rf"^\s*(?:{whole_number_pattern(MAX_NODES)}[xX])?{whole_number_pattern(MAX_GPUS_PER_NODE)}[xX]"
-    r"([A-Za-z][A-Za-z0-9._-]*)\s*$"
+    rf"^(?:{whole_number_pattern(MAX_NODES)}[xX])?{whole_number_pattern(MAX_GPUS_PER_NODE)}[xX]"
+    r"([A-Za-z][A-Za-z0-9._-]*)$"
 )
 """The cluster text as the API's JSON schema states it: CLUSTER_PATTERN with the counts' bounds written
 out (1 to MAX_NODES nodes, 1 to MAX_GPUS_PER_NODE GPUs per node), so that a schema-valid string is
@@ -362,7 +363,7 @@ def cluster_fields(text: str) -> dict[str, Any]:
     The GPU must start with a letter: `2x8H100` and `1x8` are a mistyped format, not a GPU named `8H100`
     or `8`. Raises ValidationError (naming `CLUSTER_FORMAT`) for text that spells no cluster.
     """
-    match = _CLUSTER_TEXT.match(text) if len(text) <= MAX_CLUSTER_TEXT else None
+    match = _CLUSTER_TEXT.fullmatch(text) if len(text) <= MAX_CLUSTER_TEXT else None
     if match is None:
         raise ValidationError.from_exception_data(ClusterSpec.__name__, [InitErrorDetails(
             type=PydanticCustomError(

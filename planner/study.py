@@ -29,6 +29,7 @@ from planner.specs import (
     ASCII_DECIMAL,
     UNION_TAG_PREFIX,
     ClusterSpec,
+    GpusPerNode,
     ModelSpec,
     PlanRequest,
     PositiveInt,
@@ -85,7 +86,7 @@ class StudyGpu(StrictModel):
     """The datasheet of a GPU type not in the catalog (its `name` is `gpu`)."""
     price_per_gpu_hour: Price | None = None
     """USD per GPU-hour. None: the catalog default (DEFAULT_PRICES_PER_GPU_HOUR); custom GPUs need one."""
-    gpus_per_node: Annotated[int, Field(ge=1, le=64)] | None = None
+    gpus_per_node: GpusPerNode | None = None
     """GPUs per node. None: the GPU type's usual node (8 for datacenter GPUs)."""
     calibration_id: Annotated[int, Field(ge=1, le=(1 << 53) - 1)] | None = None
     """A calibration profile stored on the service, measured on this GPU type: its clusters are planned

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import base64
-import binascii
 from urllib.parse import urlsplit
 
 from fastapi import Request
@@ -36,8 +35,10 @@ def basic_auth_key(request: Request) -> str | None:
     if scheme.lower() != "basic" or not encoded:
         return None
     try:
+        # Header values arrive as latin-1 text: any byte may be in them, and b64decode refuses a str
+        # with non-ASCII characters with a plain ValueError (binascii.Error is one too).
         decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
+    except ValueError:  # not base64, or not UTF-8 (UnicodeDecodeError): no credentials, so a 401
         return None
     _, separator, password = decoded.partition(":")
     return password if separator and password else None

@@ -9,7 +9,6 @@ the refusal's advice, it is priced in the app's search pool, not in the web proc
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -20,6 +19,7 @@ from api.problems import FieldError, ProblemError, field_errors
 from api.schemas.plans import MAX_GPUS_PER_NODE, MAX_ID, PlanCreate
 from api.services.plans import build_request, calibration_profile
 from api.services.search_pool import SearchPool, SearchPoolBrokenError
+from api.text_check import JsonTextError, load_json_text
 from api.typed_numbers import parse_id, parse_whole
 from planner.catalog.gpus import GPU_CATALOG
 from planner.catalog.models import MODEL_CATALOG
@@ -110,9 +110,9 @@ def _model(form: PlanForm) -> str | dict[str, Any] | None:
         form.add_error("model_config", "paste the model's Hugging Face config.json here")
         return None
     try:
-        document = json.loads(text)
-    except json.JSONDecodeError as exc:
-        form.add_error("model_config", f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}")
+        document = load_json_text(text)
+    except JsonTextError as exc:
+        form.add_error("model_config", str(exc))
         return None
     if not isinstance(document, dict):
         form.add_error("model_config", "a config.json is a JSON object ({...})")

@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from api.db.models import CalibrationProfileRow
 from api.deps import ReadAccess, SessionDep, WriteAccess
-from api.routers.responses import problems
+from api.routers.responses import location, problems
 from api.schemas.calibrations import CalibrationDetail, CalibrationPage, CalibrationSummary
 from api.schemas.plans import MAX_ID
 from api.services import calibrations as calibration_service
@@ -32,7 +32,7 @@ def create_calibration(
     profile: CalibrationProfile, request: Request, response: Response, session: SessionDep
 ) -> CalibrationDetail:
     row = calibration_service.create_calibration(session, profile)
-    response.headers["Location"] = str(request.url_for("get_calibration", calibration_id=row.id))
+    response.headers["Location"] = location(request, "get_calibration", calibration_id=row.id)
     return CalibrationDetail.model_validate(row)
 
 

@@ -13,7 +13,7 @@ from starlette.convertors import Convertor, register_url_convertor
 from api.db.models import PlanRow
 from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess, run_planning
 from api.problems import FieldError, ProblemError
-from api.routers.responses import problems
+from api.routers.responses import location, problems
 from api.schemas.plan_jobs import PlanJobOut
 from api.schemas.plans import (
     MAX_GPUS_PER_NODE,
@@ -126,7 +126,7 @@ async def create_plan(
         idempotency_key=idempotency_key, idempotency_ttl_s=settings.idempotency_ttl_s,
     ))
     response.status_code = outcome.status_code
-    response.headers["Location"] = str(request.url_for("get_plan", plan_id=outcome.row.id))
+    response.headers["Location"] = location(request, "get_plan", plan_id=outcome.row.id)
     if outcome.replayed:
         response.headers["Idempotent-Replayed"] = "true"
     return PlanDetail.model_validate(outcome.row)
@@ -168,7 +168,8 @@ def list_plans(
         session, filters=filters, sort=sort, order=order, limit=limit, cursor=cursor or None
     )
     if next_cursor is not None:
-        response.headers["Link"] = f'<{request.url.include_query_params(cursor=next_cursor)}>; rel="next"'
+        following = request.url.include_query_params(cursor=next_cursor)  # a path, as `location` writes
+        response.headers["Link"] = f'<{following.path}?{following.query}>; rel="next"'
     return PlanPage(items=[PlanSummary.model_validate(row) for row in rows], next_cursor=next_cursor)
 
 
@@ -283,7 +284,7 @@ def replan(
 
 def job_accepted(request: Request, session: SessionDep, submission: plan_jobs.Submission) -> JSONResponse:
     """202 with the plan job, `Location` to poll; a new job is handed to the engine now."""
-    headers = {"Location": str(request.url_for("get_plan_job", job_id=submission.job_id)), "Retry-After": "1"}
+    headers = {"Location": location(request, "get_plan_job", job_id=submission.job_id), "Retry-After": "1"}
     job = plan_jobs.get_job(session, submission.job_id)  # as accepted: the job may end any moment
     if submission.replayed:
         headers["Idempotent-Replayed"] = "true"

@@ -1,8 +1,11 @@
-"""OpenAPI declarations of the problem responses an endpoint can give."""
+"""OpenAPI declarations of the problem responses an endpoint can give, and the `Location` of what an
+endpoint created."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from fastapi import Request
 
 from api.problems import Problem
 
@@ -28,3 +31,10 @@ def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
         status: {"model": Problem, "description": _DESCRIPTIONS[status]}
         for status in sorted({*statuses, *COMMON})
     }
+
+
+def location(request: Request, name: str, **params: object) -> str:
+    """The path of route `name` on this server (under its root path), for `Location` and `Link`: a path,
+    not an absolute URL, because an absolute one is built from the client's own `Host` header (any
+    client can make the server repeat any host back, e.g. into a cache or a log)."""
+    return request.scope.get("root_path", "") + request.app.url_path_for(name, **params)

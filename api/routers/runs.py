@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from api.db.models import PlanRow, ValidationRunRow
 from api.deps import ReadAccess, SessionDep, WriteAccess
-from api.routers.responses import problems
+from api.routers.responses import location, problems
 from api.schemas.plans import PlanId
 from api.schemas.runs import RunCreate, RunOut, RunPage
 from api.services import plans as plan_service
@@ -76,7 +76,7 @@ def create_run(
     )
     session.add(row)
     session.commit()
-    response.headers["Location"] = str(request.url_for("list_runs", plan_id=plan.id))
+    response.headers["Location"] = location(request, "list_runs", plan_id=plan.id)
     return RunOut.model_validate(row)
 
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess
 from api.routers.plans import IdempotencyKey
-from api.routers.responses import problems
+from api.routers.responses import location, problems
 from api.schemas.plans import MAX_ID
 from api.schemas.studies import StudyCreate, StudyDetail, StudyId, StudyPage
 from api.services import studies as study_service
@@ -43,7 +43,7 @@ def create_study(
         response.headers["Idempotent-Replayed"] = "true"
     else:
         request.app.state.jobs.submit(submission.study_id)
-    response.headers["Location"] = str(request.url_for("get_study", study_id=submission.study_id))
+    response.headers["Location"] = location(request, "get_study", study_id=submission.study_id)
     return study_service.get_study(session, submission.study_id)
 
 

@@ -86,7 +86,8 @@ class RunCreate(BaseModel):
     @field_validator("raw")
     @classmethod
     def _storable(cls, raw: dict[str, Any]) -> dict[str, Any]:
-        return _without_nul(raw, depth=0)
+        _finite_json(raw, depth=0)
+        return raw
 
     @model_validator(mode="after")
     def _consistent(self) -> RunCreate:
@@ -112,11 +113,10 @@ class RunCreate(BaseModel):
         return self
 
 
-def _without_nul(value: Any, *, depth: int, path: str = "raw") -> Any:
-    """`value` with NUL characters replaced by U+FFFD: PostgreSQL's jsonb cannot store them, and the raw
-    report is kept for people to read, not interpreted. Nesting is refused beyond MAX_JSON_DEPTH, and so
-    are NaN and infinities (1e400 reads as one): JSON has no such numbers, so PostgreSQL refuses them and
-    SQLite would store text no JSON reader takes back."""
+def _finite_json(value: Any, *, depth: int, path: str = "raw") -> None:
+    """Refuse nesting beyond MAX_JSON_DEPTH, and NaN and infinities (1e400 reads as one): JSON has no
+    such numbers, so PostgreSQL refuses them and SQLite would store text no JSON reader takes back.
+    (Text no database can store, NUL or a lone surrogate, never gets here: api/text_check.py.)"""
     if depth > MAX_JSON_DEPTH:
         raise ValueError(f"raw: nested deeper than {MAX_JSON_DEPTH} levels")
     if isinstance(value, float) and not math.isfinite(value):
@@ -124,16 +124,12 @@ def _without_nul(value: Any, *, depth: int, path: str = "raw") -> Any:
             f"{path}: {value} is not a JSON number (NaN, or too large for a double); send a finite number, "
             "or null for a value that was not measured"
         )
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
     if isinstance(value, dict):
-        return {
-            _without_nul(k, depth=depth): _without_nul(v, depth=depth + 1, path=f"{path}.{k}")
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_without_nul(item, depth=depth + 1, path=f"{path}.{i}") for i, item in enumerate(value)]
-    return value
+        for key, item in value.items():
+            _finite_json(item, depth=depth + 1, path=f"{path}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _finite_json(item, depth=depth + 1, path=f"{path}.{index}")
 
 
 class RunOut(BaseModel):

@@ -22,6 +22,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 from api.db.models import PlanRow
 from api.problems import FieldError, ProblemError
 from api.schemas.plans import MAX_ID, PlanSort, SortOrder
+from api.text_check import load_json_text
 from planner.catalog.gpus import resolve_gpu
 from planner.errors import UnknownCatalogEntryError
 
@@ -123,7 +124,7 @@ def _encode(sort: PlanSort, order: SortOrder, filters: PlanFilters, value: Any, 
 def _decode(cursor: str, sort: PlanSort, order: SortOrder, filters: PlanFilters) -> tuple[Any, int]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        payload = json.loads(raw)
+        payload = load_json_text(raw.decode())  # the client's text: bounded like every JSON field
         value, last_id = payload["v"], payload["i"]
         issued_for = (payload["s"], payload["o"], payload["f"])
         if not isinstance(last_id, int) or isinstance(last_id, bool) or not 0 <= last_id <= MAX_ID:

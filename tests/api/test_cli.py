@@ -76,7 +76,7 @@ def test_serve_migrates_and_answers(server: str, fresh_url: str) -> None:
     }
     created = httpx.post(f"{server}/api/v1/plans", json=body, timeout=60)
     assert created.status_code == 201, created.text
-    assert created.headers["location"] == f"{server}/api/v1/plans/{created.json()['id']}"
+    assert created.headers["location"] == f"/api/v1/plans/{created.json()['id']}"  # a path, not Host
     listed = httpx.get(f"{server}/api/v1/plans", params={"model": "gpt2"}).json()
     assert [p["id"] for p in listed["items"]] == [created.json()["id"]]
     assert httpx.get(f"{server}/docs").status_code == 200
@@ -84,8 +84,8 @@ def test_serve_migrates_and_answers(server: str, fresh_url: str) -> None:
 
     # A key created by the CLI locks writes on the running server at once.
     key = runner.invoke(app, ["keys", "create", "ops", "--database-url", fresh_url]).stdout.strip()
-    assert httpx.delete(created.headers["location"]).status_code == 401
-    deleted = httpx.delete(created.headers["location"], headers={"Authorization": f"Bearer {key}"})
+    assert httpx.delete(server + created.headers["location"]).status_code == 401
+    deleted = httpx.delete(server + created.headers["location"], headers={"Authorization": f"Bearer {key}"})
     assert deleted.status_code == 204
 
 

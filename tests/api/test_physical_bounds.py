@@ -145,10 +145,14 @@ async def test_timed_steps_deeper_than_the_fit_prices_are_refused(
     assert [e["field"] for e in problem["errors"]] == [field]
 
 
-async def test_nul_characters_in_a_run_are_stored_or_refused_never_a_500(client: httpx.AsyncClient) -> None:
+async def test_nul_characters_in_a_run_are_refused_never_a_500(client: httpx.AsyncClient) -> None:
     # PostgreSQL text and jsonb cannot hold NUL: found by schemathesis as a 500 on PostgreSQL only.
     runs = f"{PLANS}/{await plan_id(client)}/runs"
-    stored = await client.post(runs, json={**RUN, "raw": {"log\u0000": ["a\u0000b", {"c": "\u0000"}]}})
+    refused = (({"log": ["a", {"c": "\u0000"}]}, "raw.log.1.c"), ({"log\u0000": 1}, "raw.log\\u0000"))
+    for raw, field in refused:
+        problem = assert_problem(await client.post(runs, json={**RUN, "raw": raw}), 422, "invalid-request")
+        assert [e["field"] for e in problem["errors"]] == [field]
+    stored = await client.post(runs, json={**RUN, "raw": {"log": ["a", {"c": "b"}]}})
     assert stored.status_code == 201, stored.text
     oom = {"outcome": "oom", "oom": {"phase": "backward", "message": "out of memory\u0000"}}
     problem = assert_problem(await client.post(runs, json=oom), 422, "invalid-request")

@@ -88,7 +88,7 @@ async def test_a_replan_is_a_job_that_stores_what_a_synchronous_replan_stored(da
         assert response.status_code == 202, response.text
         accepted = response.json()
         assert accepted["state"] in ("queued", "running") and accepted["kind"] == "replan"
-        assert response.headers["location"] == f"http://testserver/api/v1/plan-jobs/{accepted['id']}"
+        assert response.headers["location"] == f"/api/v1/plan-jobs/{accepted['id']}"
         job = await wait_for_plan_job(client, accepted["id"])
         # The same inputs, hence the same plan: found stored (200), not searched into a second row.
         assert job["state"] == "succeeded" and job["plan_id"] == expected_id and job["status_code"] == 200

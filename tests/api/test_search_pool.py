@@ -251,7 +251,7 @@ def test_serve_with_several_workers_searches_in_pools_and_stops_them(
         small = httpx.post(f"{url}{PLANS}", json=cheap_plan(), timeout=60)
         assert small.status_code in (200, 201), small.text  # the session's database may hold it already
         assert_problem(httpx.post(f"{url}{PLANS}", json=LARGE, timeout=120), 422, "search-deadline-exceeded")
-        assert httpx.get(small.headers["location"]).status_code == 200
+        assert httpx.get(url + small.headers["location"]).status_code == 200
         # Two web processes, each with its forkserver and at least one search process: a web process
         # starts its pool's first worker in the background, which a loaded machine may not have
         # finished yet (the plans above may all have gone to the other web process).
