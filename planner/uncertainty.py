@@ -78,7 +78,7 @@ class Caveat:
     """A named warning about a prediction (a plan carries it as a `PlanWarning` of the same code)."""
 
     code: str
-    """`network_assumed`, `outside_corpus_gpu`, `outside_corpus_cluster_size`, `outside_corpus_degree`."""
+    """`network_assumed`, `gpu_outside_corpus`, `cluster_size_outside_corpus`, `degree_outside_corpus`."""
     message: str
 
 
@@ -188,21 +188,21 @@ def coverage_warnings(*, cluster: ClusterSpec, mesh: Mesh) -> tuple[Caveat, ...]
     spec = cluster.resolved_gpu()
     out: list[Caveat] = []
     if spec.name not in reach["gpus"]:
-        out.append(Caveat("outside_corpus_gpu", (
+        out.append(Caveat("gpu_outside_corpus", (
             f"no priced run of the corpus ran on {spec.name} (it has {', '.join(reach['gpus'])}): its "
             "predictions rest on the datasheet alone; calibrate on the GPU (`fsdp-planner profile`) "
             "before trusting the interval"
         )))
     world = cluster.num_nodes * cluster.gpus_per_node
     if world > reach["max_gpus"]:
-        out.append(Caveat("outside_corpus_cluster_size", (
+        out.append(Caveat("cluster_size_outside_corpus", (
             f"{world} GPUs: the corpus' largest priced run used {reach['max_gpus']}; communication at "
             "this scale is priced by the model alone"
         )))
     for axis, most in reach["max_degree"].items():
         degree = getattr(mesh, axis)
         if degree > most:
-            out.append(Caveat("outside_corpus_degree", (
+            out.append(Caveat("degree_outside_corpus", (
                 f"{axis}={degree}: no priced run of the corpus went past {axis}={most}"
             )))
     if network_assumed(cluster):
