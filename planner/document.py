@@ -27,6 +27,7 @@ from planner.plan import (
     SearchStats,
     TimelineSegment,
 )
+from planner.plan_intervals import PlanIntervals, lead_within_interval
 from planner.ranking import Evaluated, distinct, pareto
 from planner.specs import PlanRequest
 
@@ -80,7 +81,15 @@ def plan_document(
     digest: str | None = None,
 ) -> Plan:
     """The Plan for `best`, with the `fitting` alternatives (timed, ranked best first) beside it;
-    `count` configurations were enumerated, `fitting_count` of them fit."""
+    `count` configurations were enumerated, `fitting_count` of them fit. The pick and the
+    configurations shown beside it carry their 80% intervals (planner/plan_intervals.py), and the
+    warnings grow by what those say."""
+    intervals = PlanIntervals(request, setting)
+    prediction = _prediction(setting, best, headroom=request.search.memory_headroom, intervals=intervals)
+    alternatives = tuple(
+        _candidate(e, best, setting, request, intervals) for e in distinct(best, fitting[1:], request.top_k)
+    )
+    lead = lead_within_interval(prediction, alternatives, tuple(rejected))
     return Plan(
         planner_version=PLANNER_VERSION,
         plan_hash=digest or plan_hash(request, calibration_id=setting.params.calibration_id),
@@ -100,19 +109,18 @@ def plan_document(
             global_batch_sequences=request.training.global_batch_sequences,
         ),
         config=to_parallel_config(best.choice, request),
-        prediction=_prediction(setting, best, headroom=request.search.memory_headroom),
-        alternatives=tuple(
-            _candidate(e, best, setting, request) for e in distinct(best, fitting[1:], request.top_k)
-        ),
-        pareto_front=tuple(_candidate(e, best, setting, request) for e in pareto(fitting)),
+        prediction=prediction,
+        alternatives=alternatives,
+        pareto_front=tuple(_candidate(e, best, setting, request, intervals) for e in pareto(fitting)),
         rejected=tuple(rejected),
         calibration_id=setting.params.calibration_id,
         search=SearchStats(candidates_evaluated=count, candidates_fitting=fitting_count),
-        warnings=warnings,
+        warnings=(*warnings, *intervals.warnings(best), *([lead] if lead else [])),
+        network_assumed=intervals.network_assumed,
     )
 
 
-def _prediction(setting: Setting, e: Evaluated, *, headroom: float) -> Prediction:
+def _prediction(setting: Setting, e: Evaluated, *, headroom: float, intervals: PlanIntervals) -> Prediction:
     assert e.time is not None
     t = e.time
     m = e.memory
@@ -135,6 +143,7 @@ def _prediction(setting: Setting, e: Evaluated, *, headroom: float) -> Predictio
         tokens_per_s=e.tokens_per_s_per_gpu * setting.world_size,
         mfu=mfu(setting, e.tokens_per_s_per_gpu),
         peak_memory_gib=m.total / GIB,
+        **intervals.of(e),
         memory_breakdown_gib=MemoryBreakdown(
             **{name: value / GIB for name, value in m.terms().items()},
             moment=m.moment,  # type: ignore[arg-type]
@@ -156,7 +165,9 @@ def _prediction(setting: Setting, e: Evaluated, *, headroom: float) -> Predictio
     )
 
 
-def _candidate(e: Evaluated, best: Evaluated, setting: Setting, request: PlanRequest) -> Candidate:
+def _candidate(
+    e: Evaluated, best: Evaluated, setting: Setting, request: PlanRequest, intervals: PlanIntervals
+) -> Candidate:
     assert e.time is not None
     return Candidate(
         label=(config := to_parallel_config(e.choice, request)).label(),
@@ -167,4 +178,5 @@ def _candidate(e: Evaluated, best: Evaluated, setting: Setting, request: PlanReq
         peak_memory_gib=e.peak_gib,
         exposed_comm_s=e.time.exposed_comm_s,
         relative_throughput=e.tokens_per_s_per_gpu / best.tokens_per_s_per_gpu,
+        **intervals.of(e),
     )

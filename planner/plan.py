@@ -67,6 +67,19 @@ class TimelineSegment(Document):
     """For communication: the part of it during which compute waited."""
 
 
+class PredictionInterval(Document):
+    """Where the measured value of a predicted number falls `level` of the time (an 80% interval
+    by default), from the cost model's errors on published runs that no fit read
+    (planner/uncertainty.py); wider where the network was assumed."""
+
+    low: float
+    high: float
+    level: float = 0.8
+    """The share of held-out runs whose measurement an interval of this width contains."""
+    basis: str = ""
+    """Which held-out runs calibrated it, and what widened it (e.g. the network, where assumed)."""
+
+
 class Prediction(Document):
     """What the cost model expects for one optimizer step of a configuration."""
 
@@ -77,6 +90,10 @@ class Prediction(Document):
     """Model FLOPs utilisation (6N + 12LHQT per token) against the GPU's dense bf16 peak, 0..1."""
     peak_memory_gib: float
     """Predicted peak per GPU: what `torch.cuda.max_memory_reserved` reports over a step."""
+    tokens_per_s_per_gpu_interval: PredictionInterval | None = None
+    """Where the measured tokens/s/GPU falls (absent in plans stored before schema 2.2)."""
+    peak_memory_gib_interval: PredictionInterval | None = None
+    """Where the measured peak falls (absent in plans stored before schema 2.2)."""
     memory_breakdown_gib: MemoryBreakdown
     usable_memory_gib: float | None = None
     """What the allocator can obtain per GPU: capacity less the CUDA context and NCCL (and less the
@@ -120,6 +137,9 @@ class Candidate(Document):
     exposed_comm_s: float
     relative_throughput: float
     """Throughput relative to the chosen plan (1.0 = as fast)."""
+    tokens_per_s_per_gpu_interval: PredictionInterval | None = None
+    """As the prediction's (absent in plans stored before schema 2.2)."""
+    peak_memory_gib_interval: PredictionInterval | None = None
 
 
 class RejectedFamily(Document):
@@ -143,11 +163,19 @@ class RejectedFamily(Document):
 class PlanWarning(Document):
     """Something a person should know about a plan that fits (planner/plan_warnings.py)."""
 
-    code: Literal["communication_bound", "seq_len_beyond_max_position", "optimistic_throughput"]
+    code: Literal[
+        "communication_bound", "seq_len_beyond_max_position", "optimistic_throughput",
+        "lead_within_interval", "network_assumed", "outside_corpus_gpu", "outside_corpus_cluster_size",
+        "outside_corpus_degree",
+    ]
     """`communication_bound`: much of the step is exposed communication, which data parallelism
     alone cannot hide; `seq_len_beyond_max_position`: longer sequences than the model's positions;
     `optimistic_throughput`: published runs with a parallel dimension the plan uses (at its degree)
-    ran slower than the model prices them."""
+    ran slower than the model prices them; `lead_within_interval`: the runner-up's throughput is
+    inside the pick's interval (schema 2.2 adds this and the next four); `network_assumed`: the
+    cluster did not state its network; `outside_corpus_gpu`, `outside_corpus_cluster_size`,
+    `outside_corpus_degree`: a GPU type, cluster size or parallel degree no priced run of the
+    corpus reaches (planner/uncertainty.py)."""
     message: str
     """What is wrong, with the numbers, and what would help."""
 
@@ -203,6 +231,10 @@ class Plan(Document):
     search: SearchStats
     warnings: tuple[PlanWarning, ...] = ()
     """What to know before running it (empty when nothing stands out); added in schema 1.2."""
+    network_assumed: bool | None = None
+    """True where the cluster did not state its network between nodes and the plan priced the
+    catalog's default (its throughput interval widened by what that unknown costs); None in plans
+    stored before schema 2.2."""
 
     @model_validator(mode="before")
     @classmethod

@@ -1,0 +1,119 @@
+"""The 80% intervals a plan's numbers carry, and the warnings they imply.
+
+planner/uncertainty.py says how far the cost model's tokens/s per GPU and peak memory stray from
+what runs that no fit read measured (by GPU type and parallel dimensions), what an unstated network
+costs, and where the corpus ends. This module puts that on the numbers a person reads: the pick's
+prediction, each alternative and each configuration of the Pareto front (a handful per plan: never
+per enumerated configuration, so that the search costs what it did), and says when the pick's lead
+over the runner-up is inside its interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from planner.cost.estimate import Estimator
+from planner.cost.parameters import default_parameters
+from planner.cost.setting import Choice, Setting
+from planner.plan import Candidate, PlanWarning, Prediction, PredictionInterval, RejectedFamily
+from planner.ranking import Evaluated
+from planner.specs import ClusterSpec, PlanRequest
+from planner.uncertainty import (
+    Interval,
+    coverage_warnings,
+    memory_interval,
+    network_assumed,
+    network_spread,
+    throughput_interval,
+)
+
+
+def document_interval(interval: Interval) -> PredictionInterval:
+    """The plan document's form of an interval."""
+    return PredictionInterval(
+        low=interval.low, high=interval.high, level=interval.level, basis=interval.basis
+    )
+
+
+@dataclass
+class PlanIntervals:
+    """Intervals for the configurations of one request's plan (one setting: its calibration and
+    cost parameters). Where the cluster leaves its network unstated, each configuration is priced
+    again on the GPU type's low and high plausible network, with this setting otherwise."""
+
+    request: PlanRequest
+    setting: Setting
+    _estimators: dict[float | None, Estimator] = field(default_factory=dict)
+    _of: dict[Choice, dict[str, PredictionInterval]] = field(default_factory=dict)
+    """The alternatives and the Pareto front often share configurations: each is worked out once."""
+
+    @property
+    def network_assumed(self) -> bool:
+        return network_assumed(self.request.cluster)
+
+    def of(self, e: Evaluated) -> dict[str, PredictionInterval]:
+        """`tokens_per_s_per_gpu_interval` and `peak_memory_gib_interval` for a timed configuration."""
+        if e.choice not in self._of:
+            self._of[e.choice] = self._intervals(e)
+        return self._of[e.choice]
+
+    def _intervals(self, e: Evaluated) -> dict[str, PredictionInterval]:
+        cluster, mesh = self.request.cluster, e.choice.mesh
+        spread = network_spread(cluster=cluster, price=lambda other: self._tokens(other, e.choice))
+        throughput = throughput_interval(
+            predicted=e.tokens_per_s_per_gpu, gpu=cluster.gpu, mesh=mesh,
+            network_stated=not self.network_assumed, spread=spread,
+        )
+        memory = memory_interval(predicted_gib=e.peak_gib, gpu=cluster.gpu, mesh=mesh)
+        return {
+            "tokens_per_s_per_gpu_interval": document_interval(throughput),
+            "peak_memory_gib_interval": document_interval(memory),
+        }
+
+    def warnings(self, e: Evaluated) -> tuple[PlanWarning, ...]:
+        """Where the pick goes past what the corpus reaches, and an assumed network."""
+        return tuple(
+            PlanWarning(code=caveat.code, message=caveat.message)  # type: ignore[arg-type]
+            for caveat in coverage_warnings(cluster=self.request.cluster, mesh=e.choice.mesh)
+        )
+
+    def _tokens(self, cluster: ClusterSpec, choice: Choice) -> float:
+        """Tokens/s per GPU of `choice` on `cluster`'s network, everything else as this setting prices
+        it (its calibration and parameter overrides): only the inter-node link changes, by the
+        catalog's own rule (`default_parameters`)."""
+        key = cluster.inter_node_bandwidth_gbps
+        if key not in self._estimators:
+            params = self.setting.params
+            inter = default_parameters(cluster.resolved_gpu(), cluster, self.setting.precision).links["inter"]
+            params = params.with_changes(links={**params.links, "inter": inter})
+            self._estimators[key] = Estimator(replace(self.setting, params=params))
+        estimator = self._estimators[key]
+        return Evaluated.throughput(estimator.setting, choice, estimator.timing(choice).step_time_s)
+
+
+def lead_within_interval(
+    prediction: Prediction, alternatives: tuple[Candidate, ...], rejected: tuple[RejectedFamily, ...]
+) -> PlanWarning | None:
+    """A warning when the runner-up's predicted throughput lies inside the pick's interval: the cost
+    model cannot tell which of the two is faster. The runner-up is the fastest other family (one that
+    lost on speed alone: planner/ranking.py); the alternatives, which often differ from the pick by a
+    bucket cap only, stand in where no other family fits."""
+    interval = prediction.tokens_per_s_per_gpu_interval
+    families = [(r.best_tokens_per_s_per_gpu, r.family) for r in rejected
+                if r.kind == "slower" and r.best_tokens_per_s_per_gpu is not None]
+    others = families or [(a.tokens_per_s_per_gpu, a.config.label()) for a in alternatives[:1]]
+    if interval is None or not others:
+        return None
+    tokens, name = max(others)
+    if tokens < interval.low:
+        return None
+    return PlanWarning(
+        code="lead_within_interval",
+        message=(
+            f"the pick's lead is inside its {interval.level:.0%} interval: the runner-up, {name}, is "
+            f"predicted {1.0 - tokens / prediction.tokens_per_s_per_gpu:.1%} slower ({tokens:,.0f} against "
+            f"{prediction.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, the pick's interval "
+            f"{interval.low:,.0f}-{interval.high:,.0f}): the model cannot tell which is faster; where it "
+            "matters, run both for a few steps (`fsdp-planner validate`) and keep the faster"
+        ),
+    )
