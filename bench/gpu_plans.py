@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, replace
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from api.cli.validate_cmd import Measurement, RanOutOfMemory, run_validation
 from contract.parallel_config import InductorConfig, ParallelConfig
+from executor.launch.environment import static_defaults
 from planner.calibration import CalibrationProfile
 from planner.catalog.models import resolve_model
 from planner.plan import Plan
@@ -125,6 +127,7 @@ def calibrate(request: Request, out: Path, budget_s: float, nproc: int) -> Calib
             "--model-json", str(model_file), "--seq-len", str(request.seq_len),
             "--micro-batches", "1,2", "--name", f"bench-{request.name}",
         ],
+        env={**static_defaults(), **os.environ},  # the allocator the runs use (launch.sh sets it)
         check=True,
     )  # fmt: skip
     return CalibrationProfile.model_validate_json(profile_file.read_text())

@@ -243,6 +243,10 @@ class CalibrationProfile(ProfileModel):
             return None
     device_memory_bytes: DeviceBytes | None = None
     """Total device memory per GPU (the smallest over ranks). None on CPU."""
+    allocator_config: Annotated[str, Field(max_length=500)] | None = None
+    """`PYTORCH_CUDA_ALLOC_CONF` the steps ran under ('': torch's default allocator; None: not
+    recorded, as in profiles written before 2026-11-28). Only under the launchers' allocator
+    (`planner.cost.memory.PRICED_ALLOCATOR_CONFIG`) do reserved peaks fit the allocator's reserve."""
 
     @model_validator(mode="after")
     def _usable_within_device(self) -> CalibrationProfile:
@@ -270,7 +274,9 @@ class CalibrationProfile(ProfileModel):
 
     def content_id(self) -> str:
         """A stable id from the measurements themselves (`profile-<12 hex>`)."""
-        digest = hashlib.sha256(self.model_dump_json().encode()).hexdigest()
+        # A field added later is left out while unset, so an older profile keeps its id.
+        unset = {"allocator_config"} if self.allocator_config is None else set()
+        digest = hashlib.sha256(self.model_dump_json(exclude=unset).encode()).hexdigest()
         return f"profile-{digest[:12]}"
 
 
@@ -517,6 +523,7 @@ def _fit(
         usable_bytes=profile.usable_memory_bytes,
         device_bytes=profile.device_memory_bytes,
         profile_id=profile.content_id(),
+        allocator_config=profile.allocator_config,
     )
 
 

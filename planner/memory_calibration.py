@@ -7,7 +7,13 @@ them the planner fits what its first-principles model cannot know:
 
 - how much activation memory each engine really keeps (inductor's partitioner picks its own saved
   tensors): one scale per engine on the activation term;
-- how much the caching allocator reserves beyond what is allocated (fragmentation);
+- how much the caching allocator reserves beyond what is allocated (fragmentation), when the profile
+  ran under the allocator the launchers use (`PRICED_ALLOCATOR_CONFIG`): the reserve belongs to the
+  allocator's configuration, and one measured without expandable segments is several times the
+  launchers' (on an H200 the fit took half the transient memory, and the pick's predicted peak went
+  from 62.7 GiB to 76.1 against 65.3 measured, `bench/results/gpu_plans.json`). A profile that did not
+  run under it, or did not record its allocator, keeps the uncalibrated reserve and is judged on its
+  allocated peaks;
 - how much memory is usable at all (the CUDA context and NCCL's buffers lie outside the allocator);
 - the margin a plan keeps: the largest under-prediction the fitted model still makes, plus a step.
 """
@@ -18,7 +24,7 @@ import statistics
 from dataclasses import replace
 
 from planner.cost.estimate import Estimator
-from planner.cost.memory import MemoryEstimate
+from planner.cost.memory import PRICED_ALLOCATOR_CONFIG, MemoryEstimate, runs_priced_allocator
 from planner.cost.parameters import GIB, CostParameters
 from planner.cost.setting import Choice, Setting
 
@@ -58,8 +64,12 @@ def fit_memory(
     usable_bytes: int | None,
     device_bytes: int | None,
     profile_id: str,
+    allocator_config: str | None,
 ) -> CostParameters:
-    """Memory parameters fitted to measured peaks; `params` kept where nothing was measured."""
+    """Memory parameters fitted to measured peaks; `params` kept where nothing was measured.
+
+    `allocator_config`: the `PYTORCH_CUDA_ALLOC_CONF` the steps ran under (None: not recorded). Only
+    under the priced allocator do reserved peaks say what a launched plan reserves."""
     changes: dict[str, object] = {}
     if usable_bytes and device_bytes and usable_bytes <= device_bytes:
         changes["memory_capacity_gib"] = device_bytes / GIB
@@ -87,27 +97,44 @@ def fit_memory(
             changes[name] = _clamp(scale, SCALE_BOUNDS)
     fitted = allocated_only.with_changes(**changes)
 
-    # Reserved beyond allocated, as a fraction of the transient allocations at the peak.
+    # Reserved beyond allocated, as a fraction of the transient allocations at the peak: only what
+    # the launchers' allocator reserves says anything about a launched plan.
+    priced_allocator = runs_priced_allocator(allocator_config)
     reserves = []
     for setting, choice, allocated, reserved in steps:
         peak = _peak(setting, choice, fitted)
         transient = peak.total - peak.params - peak.optimizer - peak.workspace
-        if reserved is not None and transient > 0:
+        if priced_allocator and reserved is not None and transient > 0:
             reserves.append((reserved - allocated) / transient)
     reserve = _clamp(statistics.median(reserves), RESERVE_BOUNDS) if reserves else params.allocator_reserve
     fitted = fitted.with_changes(allocator_reserve=reserve)
 
-    # The margin: how far the fitted model still falls short of a measured peak.
+    # The margin: how far the fitted model still falls short of a measured peak; reserved peaks of
+    # another allocator are compared by their allocated part, the part the allocator cannot change.
     errors = []
     for setting, choice, allocated, reserved in steps:
-        predicted = _peak(setting, choice, fitted).total
-        errors.append(((reserved or allocated) - predicted) / predicted)
+        peak = _peak(setting, choice, fitted)
+        if priced_allocator:
+            predicted, measured = peak.total, reserved or allocated
+        else:
+            predicted, measured = peak.total - peak.allocator_reserve, allocated
+        errors.append((measured - predicted) / predicted)
     worst = max(0.0, max(errors))
     mean_abs = sum(abs(e) for e in errors) / len(errors)
     evidence = (
         f"calibrated ({profile_id}): over {len(errors)} measured steps the fitted memory model's "
         f"largest under-prediction is {worst:.1%} (mean error {mean_abs:.1%})"
     )
+    if not priced_allocator:
+        ran = (
+            "did not record its allocator"
+            if allocator_config is None
+            else f"ran under PYTORCH_CUDA_ALLOC_CONF={allocator_config!r}"
+        )
+        evidence += (
+            f" in allocated bytes; the profile {ran}, not the launchers' {PRICED_ALLOCATOR_CONFIG}, so "
+            f"the uncalibrated allocator reserve ({reserve:.0%} of transient memory) stays"
+        )
     margin = max(MARGIN_FLOOR, worst + MARGIN_STEP)
     if len(errors) < MIN_STEPS and margin < params.memory_margin:
         return fitted.with_changes(

@@ -31,6 +31,7 @@ from api.cli.common import (
 )
 from api.hints import EXECUTOR_EXTRA_INSTALL
 from executor.launch.calibration import write_calibration_bundle
+from executor.launch.environment import static_defaults
 from executor.launch.quoting import UnsafeValueError
 from planner.calibration import CalibrationProfile, fit_parameters
 from planner.catalog.models import resolve_model
@@ -125,7 +126,9 @@ def calibrate(
             model_file.write_text(spec.model_dump_json())
             command += ["--model-json", str(model_file)]
         # One thread per rank: ranks share the machine's cores, and oversubscription distorts timings.
-        env = {"OMP_NUM_THREADS": "1", **os.environ}
+        # The launchers' environment under the user's: the allocator's reserve is measured as plans
+        # run (the profile records the allocator it ran under).
+        env = {"OMP_NUM_THREADS": "1", **static_defaults(), **os.environ}
         result = subprocess.run(command, env=env, check=False)
     if result.returncode != 0:
         raise fail(f"the profiler exited with status {result.returncode}; its output is above", EXIT_FAILED)

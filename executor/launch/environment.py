@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from executor.launch.quoting import sh
+from planner.cost.memory import PRICED_ALLOCATOR_CONFIG
 
 PG_TIMEOUT_ENV = "FSDP_PG_TIMEOUT_S"
 """Read by executor/runtime/distributed.py (`pg_timeout_s`): the trainer's process-group timeout."""
@@ -36,7 +37,7 @@ class EnvVar:
 CLUSTER_ENV: tuple[EnvVar, ...] = (
     EnvVar(
         "PYTORCH_CUDA_ALLOC_CONF",
-        "expandable_segments:True",
+        PRICED_ALLOCATOR_CONFIG,
         "the allocator the plan's memory model assumes",
         "The caching allocator with expandable segments (little fragmentation): the allocator the "
         "planner's memory model prices (`planner/cost/memory.py`). Another value changes the peak.",
@@ -182,10 +183,18 @@ fi
 export FSDP_ENV_SHOWN=1"""
 
 
+def static_defaults() -> dict[str, str]:
+    """The variables with a fixed default: what a manifest sets, and what a process started from
+    Python gets under the values already in its environment (`fsdp-planner calibrate` profiles under
+    the launchers' allocator, so that the reserve it measures is the one plans run with).
+    OMP_NUM_THREADS is computed per script."""
+    return {v.name: v.default for v in CLUSTER_ENV if v.default and v.name != "OMP_NUM_THREADS"}
+
+
 def k8s_env() -> tuple[list[tuple[str, str]], list[str]]:
     """(set, optional): the static defaults a manifest lists, and the names it shows commented out.
     OMP_NUM_THREADS is left to launch.sh (it counts the pod's cores)."""
-    given = [(v.name, v.default) for v in CLUSTER_ENV if v.default and v.name != "OMP_NUM_THREADS"]
+    given = list(static_defaults().items())
     optional = [v.name for v in CLUSTER_ENV if not v.default and v.name != "OMP_NUM_THREADS"]
     return given, optional
 

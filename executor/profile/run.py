@@ -316,6 +316,9 @@ def run(args: argparse.Namespace) -> dict:
         "overlap_contention": contention,
         "usable_memory_bytes": usable_bytes,
         "device_memory_bytes": device_bytes,
+        # The reserve beyond allocated bytes is the allocator's: the fit uses it only when the steps
+        # ran under the allocator the launchers set (planner/memory_calibration.py).
+        "allocator_config": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
     }
 
 

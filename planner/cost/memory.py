@@ -86,6 +86,23 @@ MEMORY_TERMS: dict[str, MemoryTerm] = {
 """Every term of the estimate, in stacking order: the one description the estimate, the Plan's
 breakdown, the CLI and the dashboard share."""
 
+PRICED_ALLOCATOR_CONFIG = "expandable_segments:True"
+"""The caching allocator's configuration (`PYTORCH_CUDA_ALLOC_CONF`) whose reserve the estimate prices:
+the launchers set it (executor/launch/environment.py) and the profiler runs under it, because the
+reserve beyond allocated bytes is the allocator's, not the model's: without expandable segments a step
+that frees and re-allocates gigabyte-sized loss slices and activations can hold half as much again."""
+
+
+def runs_priced_allocator(allocator_config: str | None) -> bool:
+    """Whether memory measured under `allocator_config` (a `PYTORCH_CUDA_ALLOC_CONF` value; None: not
+    recorded) shows the reserve of the allocator the estimate prices (`PRICED_ALLOCATOR_CONFIG`)."""
+    if allocator_config is None:
+        return False
+    options = dict(option.partition(":")[::2] for option in allocator_config.replace(" ", "").split(","))
+    key, _, value = PRICED_ALLOCATOR_CONFIG.partition(":")
+    return options.get(key, "").lower() == value.lower()
+
+
 LOSS_SLICE_BYTES_PER_ELEMENT = {2: 6.0, 4: 4.0}
 """Bytes alive per (token x vocab entry) of one loss slice, by compute-dtype size: bf16 logits and
 their fp32 copy, which becomes the softmax and the gradient in place; in fp32 the logits themselves

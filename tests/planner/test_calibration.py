@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 
 import pytest
@@ -17,6 +18,7 @@ from planner.calibration import (
 from planner.catalog.gpus import resolve_gpu
 from planner.catalog.models import resolve_model
 from planner.cost.estimate import Estimator
+from planner.cost.memory import PRICED_ALLOCATOR_CONFIG, runs_priced_allocator
 from planner.cost.model_costs import model_costs
 from planner.cost.parameters import default_parameters
 from planner.search import make_plan, predict
@@ -379,9 +381,17 @@ def test_memory_fields_are_bounded(step: dict, profile_fields: dict) -> None:
         CalibrationProfile.model_validate({**profile, "steps": [{**OLD_STEP, **step}], **profile_fields})
 
 
-def gpu_profile_with_memory(truth, shapes, *, usable: int | None, device: int | None) -> CalibrationProfile:
+def gpu_profile_with_memory(
+    truth,
+    shapes,
+    *,
+    usable: int | None,
+    device: int | None,
+    allocator_config: str | None = PRICED_ALLOCATOR_CONFIG,
+) -> CalibrationProfile:
     """An H100 profile of llama-debug whose step peaks are what `truth` parameters predict
-    (allocated: without the allocator's reserve; reserved: with it)."""
+    (allocated: without the allocator's reserve; reserved: with it), measured under the launchers'
+    allocator unless `allocator_config` says otherwise."""
     skeleton = CalibrationProfile.model_validate(
         {
             "gpu": "H100",
@@ -394,6 +404,7 @@ def gpu_profile_with_memory(truth, shapes, *, usable: int | None, device: int | 
             "model": resolve_model("llama-debug").model_dump(),
             "usable_memory_bytes": usable,
             "device_memory_bytes": device,
+            "allocator_config": allocator_config,
         }
     )
     allocated_only = truth.with_changes(allocator_reserve=0.0)
@@ -502,3 +513,48 @@ def test_one_step_of_an_engine_does_not_set_its_activation_scale() -> None:
     assert fitted.compiled_activation_memory_scale == 1.0
     # What it missed shows as a residual: the margin widens instead.
     assert fitted.memory_margin > 0.03
+
+
+def test_the_reserve_is_fitted_only_from_steps_under_the_launchers_allocator() -> None:
+    # Reserved peaks measured without expandable segments hold the default allocator's fragmentation,
+    # which a launched plan does not have: the fit keeps the uncalibrated reserve, says why, and
+    # judges the model on allocated peaks (which the allocator cannot change).
+    base = default_parameters(resolve_gpu("H100"), ClusterSpec.parse("1x1xH100"), "bf16")
+    fragmented = base.with_changes(allocator_reserve=0.45)
+    for config, recorded in (("", "PYTORCH_CUDA_ALLOC_CONF=''"), (None, "did not record its allocator")):
+        profile = gpu_profile_with_memory(
+            fragmented, MEMORY_SHAPES, usable=None, device=None, allocator_config=config
+        )
+        fitted = fit_parameters(profile, base=base, precision="bf16")
+        assert fitted.allocator_reserve == base.allocator_reserve
+        assert fitted.memory_margin == pytest.approx(0.03)  # the allocated peaks are priced exactly
+        assert recorded in fitted.memory_margin_reason and "reserve (5% of" in fitted.memory_margin_reason
+    # The same peaks under the launchers' allocator are its reserve, and fitted.
+    profile = gpu_profile_with_memory(fragmented, MEMORY_SHAPES, usable=None, device=None)
+    fitted = fit_parameters(profile, base=base, precision="bf16")
+    assert fitted.allocator_reserve == pytest.approx(0.45, rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("config", "priced"),
+    [
+        ("expandable_segments:True", True),
+        ("max_split_size_mb:512, expandable_segments:true", True),
+        ("expandable_segments:False", False),
+        ("", False),
+        (None, False),
+    ],
+)
+def test_which_allocator_configs_are_the_priced_one(config: str | None, priced: bool) -> None:
+    assert runs_priced_allocator(config) is priced
+
+
+def test_an_older_profile_keeps_its_id_and_a_recorded_allocator_changes_it() -> None:
+    profile = CalibrationProfile.model_validate(synthetic_profile(efficiency=0.7, overhead=1e-5, latency=1e-5,
+                                                                  bandwidth=1e11))  # fmt: skip
+    assert "allocator_config" not in profile.model_dump_json(exclude={"allocator_config"})
+    recorded = profile.model_copy(update={"allocator_config": PRICED_ALLOCATOR_CONFIG})
+    assert recorded.content_id() != profile.content_id()
+    # The id an older profile had: the digest of its JSON, which had no such key.
+    older_json = profile.model_dump_json(exclude={"allocator_config"})
+    assert profile.content_id() == "profile-" + hashlib.sha256(older_json.encode()).hexdigest()[:12]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import httpx
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 from api.cli.main import app
 from planner.calibration import CalibrationProfile, fit_parameters
 from planner.catalog.gpus import resolve_gpu
+from planner.cost.memory import PRICED_ALLOCATOR_CONFIG
 from planner.cost.parameters import default_parameters
 from planner.specs import ClusterSpec
 from tests.output_checks import python_warnings
@@ -39,6 +41,8 @@ def check_profile(profile: CalibrationProfile) -> None:
         assert step.state_bytes < step.peak_allocated_bytes < 1 << 30
         assert step.peak_reserved_bytes == step.peak_allocated_bytes
     assert profile.usable_memory_bytes is None and profile.device_memory_bytes is None  # CPU
+    # `fsdp-planner calibrate` profiles under the launchers' allocator and the profile says so.
+    assert profile.allocator_config == os.environ.get("PYTORCH_CUDA_ALLOC_CONF", PRICED_ALLOCATOR_CONFIG)
     base = default_parameters(resolve_gpu("cpu"), ClusterSpec.parse("1x2xcpu"), "fp32")
     fitted = fit_parameters(profile, base=base, precision="fp32")
     assert fitted.links["intra"] != base.links["intra"]  # measured, not the catalog guess
