@@ -25,7 +25,7 @@ from planner.cost.memory import loss_chunks_for
 from planner.cost.model_costs import UnitCost
 from planner.cost.pipeline import balanced_stage_split
 from planner.cost.setting import Choice, Setting
-from planner.errors import PlanningError
+from planner.errors import PlanningError, SearchSpaceError
 from planner.specs import PlanRequest
 
 BLOCKS_PER_UNIT = (1, 2, 4, 8)
@@ -498,23 +498,84 @@ def enumerate_choices(request: PlanRequest, setting: Setting) -> Iterator[Choice
         yield from family.choices()
 
 
+def _layers(request: PlanRequest) -> int:
+    """The blocks that wrap units and checkpointing policies group (a layer graph's block units)."""
+    if request.model.architecture == "layer_graph":
+        return max(1, sum(1 for u in request.model.layer_graph or [] if u.is_block))
+    return request.model.num_layers
+
+
+def wrap_units(request: PlanRequest) -> tuple[int, ...]:
+    """The blocks per FSDP2 wrap unit searched (those the model has)."""
+    return tuple(k for k in BLOCKS_PER_UNIT if k <= _layers(request))
+
+
+def checkpointing_policies(request: PlanRequest) -> tuple[tuple[str, int], ...]:
+    """The (mode, every_k) checkpointing policies searched: each allowed mode, selective checkpointing
+    once per SELECTIVE_EVERY_K the model has blocks for."""
+    layers = _layers(request)
+    policies: list[tuple[str, int]] = []
+    for mode in request.search.checkpointing:
+        if mode == "selective":
+            policies += [(mode, k) for k in SELECTIVE_EVERY_K if k <= layers]
+        else:
+            policies.append((mode, 1))
+    return tuple(policies)
+
+
+MAX_SEARCH_SPACE = 2_000_000
+"""The most configurations one request's enumeration may hold (`space_size`): a request past it is
+refused before anything is priced. Every request that searches the default space on any cluster a
+request may name stays under it; pinning many degrees at once on a very large cluster can pass it."""
+
+
+def space_size(request: PlanRequest, *, limit: int | None = None) -> int:
+    """How many configurations `enumerate_choices` can yield for `request`, counted from the axes
+    without building or pricing any (each micro-batch counted whether or not a pipeline schedule runs
+    it, so a bound; a pipeline family's other schedules are priced beside its best one only).
+    Counting stops once past `limit` (the count then is some number over it)."""
+    search = request.search
+    units, policies = len(wrap_units(request)), len(checkpointing_policies(request))
+    recipes = len(set(search.float8 or ["none"]))
+    total = 0
+    for pp, tp, cp in splitting_meshes(request):
+        dp = request.cluster.world_size // (pp * tp * cp)
+        micro_batches = len(micro_batch_sizes(request.training.global_batch_sequences // dp,
+                                              search.max_micro_batch_size))
+        for sharding, mesh in data_parallel_meshes(request, tp, cp, pp):
+            gathers = sharding != "no_shard" and mesh.dp > 1
+            for compile_ in search.compile:
+                members_units = units if mesh.dp > 1 and not compile_ else 1
+                caps = len(BUCKET_CAPS_MB) ** 2 if compile_ and gathers else 1
+                total += members_units * caps * policies * micro_batches * recipes
+        if limit is not None and total > limit:
+            break
+    return total
+
+
+def check_space(request: PlanRequest, *, limit: int = MAX_SEARCH_SPACE) -> None:
+    """Refuse (PlanningError) a request whose enumeration holds more than `limit` configurations,
+    before any is priced, saying which lists make it large."""
+    size = space_size(request, limit=limit)
+    if size <= limit:
+        return
+    raise SearchSpaceError(
+        f"search: this request's search space holds more than {limit:,} configurations (at least "
+        f"{size:,} counted), more than one request may price; narrow it: fewer pinned degrees "
+        "(search.tensor_parallel_degrees, search.context_parallel_degrees, "
+        "search.pipeline_parallel_degrees), Float8 recipes, shardings or checkpointing modes, or a "
+        "smaller search.max_micro_batch_size",
+        configurations=size, limit=limit,
+    )
+
+
 def enumerate_families(request: PlanRequest, setting: Setting) -> Iterator[Family]:
     """Every family of configurations the request allows, in a fixed order (none without members).
     Wrap units matter only to eager FSDP2 with something to gather: compiled SimpleFSDP never
     groups parameters by unit (inductor buckets them by the caps)."""
     search = request.search
-    layers = (
-        request.model.num_layers
-        if request.model.architecture != "layer_graph"
-        else max(1, sum(1 for u in request.model.layer_graph or [] if u.is_block))
-    )
-    units = tuple(k for k in BLOCKS_PER_UNIT if k <= layers)
-    checkpointing: list[tuple[str, int]] = []
-    for mode in search.checkpointing:
-        if mode == "selective":
-            checkpointing += [(mode, k) for k in SELECTIVE_EVERY_K if k <= layers]
-        else:
-            checkpointing.append((mode, 1))
+    units = wrap_units(request)
+    checkpointing = checkpointing_policies(request)
     tensor_parallel_degrees(request)  # a pin the model cannot take is refused here, with why
     recipes = tuple(float8_recipes(request))
     if search.async_tp:
@@ -561,7 +622,7 @@ def enumerate_families(request: PlanRequest, setting: Setting) -> Iterator[Famil
                     units=units if mesh.dp > 1 and not compile_ else (1,),
                     # Without gathers, DDP-style buckets are fixed.
                     caps=all_caps if compile_ and gathers else ((0.0, 0.0),),
-                    checkpointing=tuple(checkpointing),
+                    checkpointing=checkpointing,
                     pipelines=pipelines[compile_],
                     recipes=recipes,
                     loss_chunks=chunks,
@@ -578,8 +639,8 @@ def stage_costs(setting: Setting) -> tuple[float, float]:
 
     def step(unit: UnitCost) -> float:
         return block_step_time(
-            setting.params, unit, tokens=tokens, act_bytes=setting.act_bytes, checkpointing="none",
-            compile_=True,
+            setting.params, unit, tokens=tokens, seq_len=m.seq_len, act_bytes=setting.act_bytes,
+            checkpointing="none", compile_=True,
         )
 
     block = step(m.blocks[0]) if m.blocks else 0.0

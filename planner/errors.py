@@ -34,6 +34,17 @@ class UnsupportedArchitectureError(PlanningError):
     """A Hugging Face config whose architecture the planner cannot model."""
 
 
+class SearchSpaceError(PlanningError):
+    """A request whose search space holds more configurations than one request may price
+    (planner/enumeration.py `check_space`): refused before anything is priced."""
+
+    def __init__(self, message: str, *, configurations: int, limit: int) -> None:
+        super().__init__(message, field="search")
+        self.configurations = configurations
+        """How many configurations were counted before counting stopped (past `limit`)."""
+        self.limit = limit
+
+
 class InfeasiblePlanError(PlanningError):
     """No configuration fits in memory on the requested cluster.
 

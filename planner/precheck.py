@@ -26,6 +26,7 @@ from planner.cost.setting import Setting
 from planner.deadline import CpuDeadline
 from planner.enumeration import (
     check_async_tp,
+    check_space,
     float8_recipes,
     pipeline_parallel_degrees,
     searched_degrees,
@@ -55,6 +56,7 @@ def check_request(request: PlanRequest, setting: Setting, *, deadline: CpuDeadli
     within `deadline`.
     """
     check_sequence_length(request)
+    check_space(request)  # before anything is priced
     tensor_parallel_degrees(request)  # a pin the model cannot take is refused here, with why
     float8_recipes(request)
     if request.search.async_tp:
@@ -93,10 +95,11 @@ def read_request(data: dict[str, Any], *, advise: bool = True) -> PlanRequest:
     Raises ValidationError for what is wrong in structure, and PlanningError (naming batches that
     split on this cluster and plan, priced uncalibrated: no profile is read yet) when the only
     problem is a batch of partial sequences, which the training alone cannot advise on; without
-    `advise`, PartialSequencesError, having probed nothing.
+    `advise`, PartialSequencesError, having probed nothing. Raises SearchSpaceError for a search
+    space too large to price (`check_space`).
     """
     try:
-        return PlanRequest.model_validate(data)
+        request = PlanRequest.model_validate(data)
     except ValidationError:
         nearby = _whole_sequences(data)
         if nearby is None:
@@ -105,6 +108,8 @@ def read_request(data: dict[str, Any], *, advise: bool = True) -> PlanRequest:
         if not advise:
             raise PartialSequencesError(nearby, tokens) from None
         raise batch_refusal(nearby, tokens) from None
+    check_space(request)  # where the request is read (the web process): no search process is taken
+    return request
 
 
 def _whole_sequences(data: dict[str, Any]) -> PlanRequest | None:

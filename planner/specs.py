@@ -413,33 +413,51 @@ class TrainingSpec(_TrainingFields):  # type: ignore[misc, valid-type]
 
 MAX_PARALLEL_DEGREE = 1024
 """The largest tensor-, context- or pipeline-parallel degree a request may pin."""
+MAX_SEARCH_OPTIONS = 16
+"""The most entries one search list (`search.shardings`, `search.compile`, the pinned degrees, ...)
+may hold as sent, duplicates included. Each list is then de-duplicated and put in one order (the
+options' declared order, degrees ascending): its length never multiplies the search, and two requests
+that differ only by duplicates or order plan, and hash, the same."""
+_OPTION_ORDER: dict[str, tuple[object, ...]] = {
+    "shardings": typing.get_args(ShardingStrategy),
+    "compile": (True, False),
+    "checkpointing": typing.get_args(CheckpointMode),
+    "pipeline_schedules": PIPELINE_SCHEDULES,
+    "float8": typing.get_args(Float8Recipe),
+}
+"""The order each list of named options is kept in (the defaults' order, so defaults hash as before);
+lists of degrees are kept ascending."""
+Degree = Annotated[int, Field(ge=1, le=MAX_PARALLEL_DEGREE)]
+_Option = typing.TypeVar("_Option")
+Options = Annotated[list[_Option], Field(max_length=MAX_SEARCH_OPTIONS)]
+"""A search list: at most MAX_SEARCH_OPTIONS entries as sent."""
 
 
 class SearchSpace(StrictModel):
     """Limits on what the search may choose; the defaults search everything."""
 
-    shardings: list[ShardingStrategy] = ["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
+    shardings: Options[ShardingStrategy] = ["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
     """Sharding strategies to consider."""
-    compile: list[bool] = [True, False]
+    compile: Options[bool] = [True, False]
     """Whether to consider torch.compile (True) and eager FSDP2 (False)."""
-    checkpointing: list[CheckpointMode] = ["none", "selective", "op_selective", "full"]
+    checkpointing: Options[CheckpointMode] = ["none", "selective", "op_selective", "full"]
     """Activation checkpointing modes to consider."""
-    tensor_parallel_degrees: list[Annotated[int, Field(ge=1, le=MAX_PARALLEL_DEGREE)]] | None = None
+    tensor_parallel_degrees: Options[Degree] | None = None
     """Tensor-parallel degrees to consider (`[8]` pins tp=8; `[1]` keeps data parallelism only).
     None: every power of two up to the GPUs per node that divides the model's heads, key/value
     heads, FFN and vocabulary (llama family; other architectures plan tp=1)."""
-    context_parallel_degrees: list[Annotated[int, Field(ge=1, le=MAX_PARALLEL_DEGREE)]] | None = None
+    context_parallel_degrees: Options[Degree] | None = None
     """Context-parallel degrees to consider (`[4]` pins cp=4: every sequence split over 4 ranks).
     None: for sequences of CONTEXT_PARALLEL_FROM_SEQ_LEN tokens or more (llama family), every power
     of two whose 2 x cp chunks split the sequence; shorter sequences plan cp=1 (the all-gathered
     keys and values then cost more than the memory they save)."""
-    pipeline_parallel_degrees: list[Annotated[int, Field(ge=1, le=MAX_PARALLEL_DEGREE)]] | None = None
+    pipeline_parallel_degrees: Options[Degree] | None = None
     """Pipeline-parallel degrees to consider (`[8]` pins pp=8: the blocks split into 8 stages).
     None: pp=1 where a plan without a pipeline fits; where none does (the model's states outgrow
     the data-parallel group), every power of two up to the model's layers that divides the world."""
-    pipeline_schedules: list[PipelineSchedule] = list(PIPELINE_SCHEDULES)
+    pipeline_schedules: Options[PipelineSchedule] = list(PIPELINE_SCHEDULES)
     """Pipeline schedules to consider when pp > 1 (contract/parallel_config.py `PipelineSchedule`)."""
-    float8: list[Float8Recipe] | None = None
+    float8: Options[Float8Recipe] | None = None
     """Float8 training recipes to consider beside the compute precision (`["none", "tensorwise"]`),
     on GPUs with float8 tensor cores (`mxfp8`: MX tensor cores) and bf16 training. None: `none` only,
     the compute precision (Float8 pricing is not yet checked against measured runs, so it is asked
@@ -479,10 +497,13 @@ class SearchSpace(StrictModel):
         "float8", "pipeline_parallel_degrees", "pipeline_schedules",
     )
     @classmethod
-    def _not_empty(cls, value: list | None) -> list | None:
-        if value is not None and not value:
+    def _one_order(cls, value: list | None, info: ValidationInfo) -> list | None:
+        if value is None:
+            return None
+        if not value:
             raise ValueError("must name at least one option")
-        return value
+        order = _OPTION_ORDER.get(info.field_name or "")
+        return sorted(set(value), key=order.index if order else None)
 
 
 class PlanRequest(StrictModel):

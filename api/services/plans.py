@@ -33,7 +33,7 @@ from api.services.search_pool import SearchPool, SearchPoolBrokenError
 from planner.bounds import all_finite
 from planner.calibration import CalibrationProfile
 from planner.catalog.models import resolve_model
-from planner.errors import InfeasiblePlanError, PlanningError, SearchDeadlineError
+from planner.errors import InfeasiblePlanError, PlanningError, SearchDeadlineError, SearchSpaceError
 from planner.hashing import plan_hash
 from planner.plan import Plan
 from planner.precheck import PartialSequencesError, read_request
@@ -211,6 +211,11 @@ def unplannable(exc: PlanningError) -> ProblemError:
         return ProblemError(
             422, message, slug="infeasible-plan", title="No configuration fits in memory", errors=errors,
             **exc.problem_fields(),
+        )
+    if isinstance(exc, SearchSpaceError):
+        return ProblemError(
+            422, message, slug="search-space-too-large", title="Search space too large", errors=errors,
+            configurations_counted=exc.configurations, limit=exc.limit,
         )
     return ProblemError(422, message, slug="unplannable-request", title="Cannot plan this request",
                         errors=errors)
