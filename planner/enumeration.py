@@ -431,6 +431,8 @@ class Family:
     """Sequences per data-parallel rank and step."""
     async_tp: bool
     """Whether the family's tensor-parallel collectives run micro-pipelined (compiled, tp > 1)."""
+    reduce_dtype: str = "float32"
+    """The gradients' reduction dtype (`Setting.reduce_dtype`: bf16 in pure bf16 training)."""
 
     def choices(
         self,
@@ -468,6 +470,7 @@ class Family:
             float8=recipe,
             async_tp=self.async_tp,
             pipeline=self.pipelines[mb],
+            reduce_dtype=self.reduce_dtype,
         )
 
     def first(self) -> Choice:
@@ -628,6 +631,7 @@ def enumerate_families(request: PlanRequest, setting: Setting) -> Iterator[Famil
                     loss_chunks=chunks,
                     local_batch=local_batch,
                     async_tp=search.async_tp and compile_ and tp > 1,
+                    reduce_dtype=setting.reduce_dtype,
                 )
 
 

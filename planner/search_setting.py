@@ -42,4 +42,5 @@ def build_setting(
         num_nodes=cluster.num_nodes,
         seq_len=request.training.seq_len,
         global_batch_sequences=request.training.global_batch_sequences,
+        state_dtype=request.training.state_dtype,
     )

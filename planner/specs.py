@@ -36,7 +36,7 @@ from contract.parallel_config import (
     PipelineSchedule,
     ShardingStrategy,
 )
-from contract.training_config import DERIVED_TRAINING, TrainingConfig
+from contract.training_config import DERIVED_TRAINING, STATE_DTYPE_NEEDS_BF16, TrainingConfig
 from planner.bounds import (
     MAX_ACTIVATION_BYTES_PER_TOKEN,
     MAX_DEVICE_MEMORY_GIB,
@@ -404,7 +404,18 @@ class TrainingSpec(_TrainingFields):  # type: ignore[misc, valid-type]
                 f"{self.seq_len}-token sequences; use a multiple of seq_len such as {lower} "
                 f"or {lower + self.seq_len}"
             )
+        if self.state_dtype == "bfloat16" and self.precision != "bf16":
+            raise ValueError(STATE_DTYPE_NEEDS_BF16)
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_mixed_precision_states(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Requests and plans with fp32 states (the default) serialise, and so hash, as before the
+        # field existed.
+        data = handler(self)
+        if data.get("state_dtype") == "float32":
+            data.pop("state_dtype", None)
+        return data
 
     @property
     def global_batch_sequences(self) -> int:

@@ -68,7 +68,9 @@ def materialize(model: nn.Module, *, device: torch.device, seed: int, init: bool
     for name, param in model.named_parameters() if init else ():  # tied weights appear once
         key = aliases.get(clean_name(name), clean_name(name))
         rule = init_rule(key)
-        full = torch.empty(param.shape, dtype=param.dtype, device=device)
+        # Drawn in fp32 whatever the parameter's dtype, so a pure-bf16 model starts from the mixed
+        # precision one's weights, rounded.
+        full = torch.empty(param.shape, dtype=torch.float32, device=device)
         generator = torch.Generator(device=device)
         generator.manual_seed(param_seed(seed, key))
         _fill(full, rule, generator)

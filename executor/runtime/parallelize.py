@@ -54,6 +54,7 @@ from executor.runtime.tensor_parallel import apply_tensor_parallel
 Engine = Literal["simple_fsdp", "fsdp2"]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+PURE_BF16_NOTE = "pure bf16: parameters, gradients and optimizer states in bfloat16 (no fp32 master)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,12 +113,17 @@ def parallelize(
     compiled = engine == "simple_fsdp" and (cfg.compile if overrides.compile is None else overrides.compile)
     param_dtype = overrides.param_dtype or _DTYPES[cfg.param_dtype]
     reduce_dtype = overrides.reduce_dtype or _DTYPES[cfg.reduce_dtype]
+    pure_bf16 = plan.training.state_dtype == "bfloat16" and param_dtype == torch.bfloat16
+    if pure_bf16:
+        # Pure bf16 training: the parameters themselves are bf16, so their gradients and the
+        # optimizer's states are too, and the engines' mixed precision casts nothing.
+        model.to(dtype=torch.bfloat16)
     if cfg.mesh.pp > 1:
         return parallelize_pipeline(
             model, plan=plan, mesh=mesh, overrides=overrides, engine=engine, compiled=compiled,
             param_dtype=param_dtype, reduce_dtype=reduce_dtype,
         )
-    notes: list[str] = []
+    notes: list[str] = [PURE_BF16_NOTE] if pure_bf16 else []
     float8 = _convert_float8(model, plan=plan, mesh=mesh, engine=engine, notes=notes)
     applied = _apply_strategy(
         model, plan=plan, mesh=mesh, overrides=overrides, engine=engine, compiled=compiled,

@@ -557,7 +557,10 @@ def _outside_the_timeline(setting: Setting, choice: Choice) -> tuple[float, floa
     p = setting.params
     world_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"
     local_params = setting.model.rank_params / choice.mesh.fsdp_shards
-    optimizer_s = p.optimizer_overhead_s + local_params * p.optimizer_bytes_per_param / p.memory_bandwidth
+    # The update reads and writes the parameters, gradients and states in their dtype (the traffic
+    # per parameter is priced for fp32: pure bf16 moves half of it).
+    traffic = p.optimizer_bytes_per_param * setting.state_bytes / 4
+    optimizer_s = p.optimizer_overhead_s + local_params * traffic / p.memory_bandwidth
     optimizer_s += _collective(p, world_link, 4.0, setting.world_size, all_reduce=True)  # grad-norm
     sharded = choice.sharding != "no_shard"
     if choice.simple_fsdp:

@@ -47,7 +47,8 @@ class MemoryTerm(NamedTuple):
 MEMORY_TERMS: dict[str, MemoryTerm] = {
     "params": MemoryTerm(
         "parameters",
-        "Master parameters (fp32): the rank's tensor-parallel share, sharded over the shard group.",
+        "Master parameters (fp32; bf16 in pure bf16 training): the rank's tensor-parallel share, sharded "
+        "over the shard group.",
     ),
     "grads": MemoryTerm(
         "gradients",
@@ -323,8 +324,10 @@ def _unsharded_params(setting: Setting, choice: Choice, layout: CommLayout, *, b
         # backward as no_shard does not reshard.
         gathered = layout.model_gather_bytes
     else:
-        # Compiled no_shard uses fp32 weights in place; compute-dtype copies are transient.
-        return (depth + 2) * layout.largest_gather(1, blocks_only=blocks_only) if pb == 2 else 0.0
+        # Compiled no_shard uses fp32 weights in place; compute-dtype copies are transient (none
+        # when the weights are in the compute dtype already: pure bf16).
+        copies = pb < setting.state_bytes
+        return (depth + 2) * layout.largest_gather(1, blocks_only=blocks_only) if copies else 0.0
     if not choice.simple_fsdp:
         # FSDP2 keeps the last all-gather's output buffer until the next all-gather is issued (so
         # that the allocator cannot hand it to another stream early): one unit's worth, besides
@@ -334,13 +337,14 @@ def _unsharded_params(setting: Setting, choice: Choice, layout: CommLayout, *, b
 
 
 def sharded_states(setting: Setting, choice: Choice) -> tuple[float, float, float]:
-    """Bytes of one rank's fp32 parameters, fp32 gradients and optimizer states: its tensor-parallel
-    share (its pipeline stages') sharded over dp_shard x cp. No checkpointing, micro-batch or bucket
-    cap changes them."""
+    """Bytes of one rank's parameters, gradients and optimizer states (fp32, or bf16 in pure bf16
+    training: `Setting.state_dtype`): its tensor-parallel share (its pipeline stages') sharded over
+    dp_shard x cp. No checkpointing, micro-batch or bucket cap changes them."""
     n_params = setting.model.rank_params
     shard = choice.mesh.dp_shard * choice.mesh.cp
-    state_bytes = 8 if setting.optimizer == "adamw" else 4
-    return 4.0 * n_params / shard, 4.0 * n_params / shard, state_bytes * n_params / shard
+    element = float(setting.state_bytes)
+    states = (2 if setting.optimizer == "adamw" else 1) * element
+    return element * n_params / shard, element * n_params / shard, states * n_params / shard
 
 
 def memory_moments(
@@ -446,7 +450,8 @@ def memory_moments(
                 logits=0.0,
             )
         )
-    temporaries = p.optimizer_temp_bytes_per_param * n_params / shard
+    # The update's temporaries are in the states' dtype (priced for fp32).
+    temporaries = p.optimizer_temp_bytes_per_param * setting.state_bytes / 4 * n_params / shard
     moments.append(
         MemoryEstimate(
             params=params,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 
 from contract.mesh import Mesh
 from contract.parallel_config import PipelineConfig, config_family
-from contract.training_config import Optimizer, Precision
+from contract.training_config import Optimizer, Precision, StateDType
 from planner.cost.model_costs import ModelCosts
 from planner.cost.parameters import CostParameters
 
@@ -212,10 +212,23 @@ class Setting:
     num_nodes: int
     seq_len: int
     global_batch_sequences: int
+    state_dtype: StateDType = "float32"
+    """What the optimizer updates (contract/training_config.py): fp32 master parameters, gradients
+    and states, or all of them in bf16 (pure bf16 training)."""
 
     @property
     def param_bytes(self) -> int:
         return 2 if self.precision == "bf16" else 4
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes per element of the parameters, gradients and optimizer states the optimizer updates."""
+        return 2 if self.state_dtype == "bfloat16" else 4
+
+    @property
+    def reduce_dtype(self) -> str:
+        """The dtype gradients are reduced in: pure bf16 has no fp32 gradients to reduce into."""
+        return "bfloat16" if self.state_dtype == "bfloat16" else "float32"
 
     @property
     def act_bytes(self) -> int:

@@ -144,6 +144,7 @@ def run_request(run: Run) -> PlanRequest:
             seq_len=config.seq_len,
             global_batch_tokens=sequences * config.seq_len,
             precision="fp32" if config.precision == "fp32" else "bf16",
+            state_dtype="bfloat16" if config.master_dtype == "bf16" else "float32",
         ),
     )
 

@@ -157,6 +157,11 @@ class RunConfig(CorpusModel):
     precision: RunPrecision
     reduce_dtype: Literal["fp32", "bf16"] | None = None
     """The dtype gradients are reduced in (None: not stated; priced as fp32, FSDP2's default)."""
+    master_dtype: Literal["fp32", "bf16"] = "fp32"
+    """The dtype of what the optimizer updates: `fp32` master parameters, gradients and optimizer
+    states beside the compute copies (mixed precision); `bf16` for pure bf16 training (parameters,
+    gradients and AdamW's states in bf16, no fp32 master; needs precision bf16), priced as the
+    planner's `training.state_dtype` bfloat16."""
     async_tp: bool = False
     attention: AttentionKernel = "flash2"
     """The attention kernel's generation: `flash2` for FlashAttention-2-class kernels (flash-attn 2.x,
@@ -198,6 +203,11 @@ class Run(CorpusModel):
             )
         if not self.priceable and not self.not_priceable_reason:
             raise ValueError("not_priceable_reason: say why a run cannot be priced")
+        if self.config.master_dtype == "bf16" and self.config.precision in ("fp32", "fp16"):
+            raise ValueError(
+                f"config.master_dtype: bf16 (pure bf16 training) computes in bf16, but precision is "
+                f"{self.config.precision}; state the run's precision as bf16 or its master dtype as fp32"
+            )
         return self
 
     @property

@@ -64,6 +64,10 @@ EAGER_CASES = [
     # The loss in 3 token slices (128 tokens per rank: uneven slices) through both engines' head.
     "full_shard:fsdp2:eager:none:fp32:1:3",
     "shard_grad_op:simple_fsdp:eager:none:bf16:1:3",
+    # Pure bf16 training (training.state_dtype bfloat16): bf16 parameters, gradients and their
+    # reduction, no fp32 master, in both engines.
+    "full_shard:fsdp2:eager:none:bf16pure",
+    "shard_grad_op:simple_fsdp:eager:none:bf16pure",
 ]
 
 

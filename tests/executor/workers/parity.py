@@ -5,8 +5,10 @@
 CASE is `sharding:engine:backend[:ac[:precision[:micro_batches[:loss_chunks]]]]`, e.g.
 `full_shard:simple_fsdp:inductor`, `hybrid_shard:fsdp2:eager`, `full_shard:simple_fsdp:eager:none:bf16`,
 `no_shard:fsdp2:eager:none:fp32:2` or `full_shard:fsdp2:eager:none:fp32:1:3` (backend `eager`: no
-torch.compile; micro_batches: gradient accumulation steps the rank's share of the batch is split
-into; loss_chunks: token slices of the output projection and loss, the plan's `loss_chunks`).
+torch.compile; precision `bf16pure`: pure bf16 training, parameters, gradients, their reduction and
+the optimizer's states in bf16; micro_batches: gradient accumulation steps the rank's share of the
+batch is split into; loss_chunks: token slices of the output projection and loss, the plan's
+`loss_chunks`).
 Each case runs the runtime's own `train_step` and compares the gradients it holds before the
 (zero learning rate) update.
 Every case starts from the same weights (initialised per parameter name, so
@@ -96,9 +98,12 @@ def run_case(case: str, world: int, cache: dict) -> dict:
         every_k=2,
         bucket_mb=64.0 if compiled else 0.0,
         model=PARITY_MODEL,
-        precision=precision,
+        precision="bf16" if precision == "bf16pure" else precision,
         loss_chunks=loss_chunks,
     )
+    if precision == "bf16pure":
+        doc["training"]["state_dtype"] = "bfloat16"
+        doc["config"]["reduce_dtype"] = "bfloat16"
     plan = parse_plan(doc)
     env = init_distributed(plan)
     mesh = build_mesh(plan, env)
@@ -147,17 +152,18 @@ def run_case(case: str, world: int, cache: dict) -> dict:
     worst, worst_name, failures = 0.0, "", []
     for name, grad in grads.items():
         r = ref[clean_name(name)]
-        err = ((grad - r).abs().max() / r.abs().max().clamp_min(1e-12)).item()
+        err = ((grad.float() - r).abs().max() / r.abs().max().clamp_min(1e-12)).item()
         if err > worst:
             worst, worst_name = err, clean_name(name)
-        if precision == "bf16":
-            ok = ((grad - r).norm() / r.norm().clamp_min(1e-12)).item() < BF16_NORM_RTOL
+        if precision.startswith("bf16"):
+            ok = ((grad.float() - r).norm() / r.norm().clamp_min(1e-12)).item() < BF16_NORM_RTOL
         else:
             # rtol 1e-4, with an absolute floor scaled to the tensor (near-zero entries).
             ok = torch.allclose(grad, r, rtol=FP32_RTOL, atol=FP32_RTOL * r.abs().max().item())
         if not ok:
             failures.append(clean_name(name))
-        if grad.dtype != torch.float32:
+        expected = torch.bfloat16 if precision == "bf16pure" else torch.float32  # no fp32 master in pure bf16
+        if grad.dtype != expected:
             failures.append(f"{clean_name(name)}: gradient dtype {grad.dtype}")
     return {
         "case": case,
