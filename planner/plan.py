@@ -165,16 +165,16 @@ class PlanWarning(Document):
 
     code: Literal[
         "communication_bound", "seq_len_beyond_max_position", "optimistic_throughput",
-        "lead_within_interval", "network_assumed", "outside_corpus_gpu", "outside_corpus_cluster_size",
-        "outside_corpus_degree",
+        "lead_within_interval", "network_assumed", "gpu_outside_corpus", "cluster_size_outside_corpus",
+        "degree_outside_corpus",
     ]
     """`communication_bound`: much of the step is exposed communication, which data parallelism
     alone cannot hide; `seq_len_beyond_max_position`: longer sequences than the model's positions;
     `optimistic_throughput`: published runs with a parallel dimension the plan uses (at its degree)
     ran slower than the model prices them; `lead_within_interval`: the runner-up's throughput is
     inside the pick's interval (schema 2.2 adds this and the next four); `network_assumed`: the
-    cluster did not state its network; `outside_corpus_gpu`, `outside_corpus_cluster_size`,
-    `outside_corpus_degree`: a GPU type, cluster size or parallel degree no priced run of the
+    cluster did not state its network; `gpu_outside_corpus`, `cluster_size_outside_corpus`,
+    `degree_outside_corpus`: a GPU type, cluster size or parallel degree no priced run of the
     corpus reaches (planner/uncertainty.py)."""
     message: str
     """What is wrong, with the numbers, and what would help."""
