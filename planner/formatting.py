@@ -1,4 +1,5 @@
-"""How durations read to a person: the one formatter the planner's reasons, the CLI and the dashboard share.
+"""How durations read to a person: the one formatter the planner's reasons, the CLI and the dashboard share
+(and counts, money and an interval's two ends).
 
 A step of a 405B plan lasts minutes and a kernel microseconds; printing both in one fixed unit gives
 "486854 ms/step". `duration` picks the unit that keeps three significant digits readable.
@@ -53,6 +54,12 @@ def quantity(value: float) -> str:
         if abs(value) >= size:
             return f"{_three_digits(value / size)}{suffix}"
     return _three_digits(value) if abs(value) < 100 else f"{value:.0f}"
+
+
+def between(low: float, high: float, *, decimals: int = 0) -> str:
+    """An interval's two ends in one format, `7,031–8,938` or `47.7–56.0` (an en dash: a hyphen
+    would read as a minus sign)."""
+    return f"{low:,.{decimals}f}–{high:,.{decimals}f}"
 
 
 def money(usd: float) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from planner.cost.estimate import Estimator
 from planner.cost.parameters import default_parameters
 from planner.cost.setting import Choice, Setting
+from planner.formatting import between
 from planner.plan import Candidate, PlanWarning, Prediction, PredictionInterval, RejectedFamily
 from planner.ranking import Evaluated
 from planner.specs import ClusterSpec, PlanRequest
@@ -113,7 +114,7 @@ def lead_within_interval(
             f"the pick's lead is inside its {interval.level:.0%} interval: the runner-up, {name}, is "
             f"predicted {1.0 - tokens / prediction.tokens_per_s_per_gpu:.1%} slower ({tokens:,.0f} against "
             f"{prediction.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, the pick's interval "
-            f"{interval.low:,.0f}-{interval.high:,.0f}): the model cannot tell which is faster; where it "
+            f"{between(interval.low, interval.high)}): the model cannot tell which is faster; where it "
             "matters, run both for a few steps (`fsdp-planner validate`) and keep the faster"
         ),
     )

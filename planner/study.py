@@ -24,7 +24,7 @@ from contract.training_config import Optimizer, Precision
 from planner.enumeration import check_float8
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.gpu_spec import GpuSpec
-from planner.plan import Plan
+from planner.plan import Plan, PredictionInterval
 from planner.specs import (
     ASCII_DECIMAL,
     UNION_TAG_PREFIX,
@@ -342,6 +342,12 @@ class StudyPoint(StudyCluster):
     gpu_hours: float | None = None
     cost: float | None = None
     """USD."""
+    tokens_per_s_per_gpu_interval: PredictionInterval | None = None
+    """The plan's 80% interval on its throughput (None: a plan stored before schema 2.2)."""
+    peak_memory_gib_interval: PredictionInterval | None = None
+    days_interval: PredictionInterval | None = None
+    """The days the throughput's interval implies (its high end from the low throughput)."""
+    cost_interval: PredictionInterval | None = None
     pareto: bool = False
     """No other fitting cluster is both faster to train and cheaper."""
     within_deadline: bool | None = None
@@ -351,8 +357,21 @@ class StudyPoint(StudyCluster):
 def study_point(study: StudyRequest, candidate: StudyCandidate, plan: Plan) -> StudyPoint:
     """The outcome of a candidate whose search found a plan."""
     prediction = plan.prediction
-    spent = training_cost(token_budget=study.token_budget, tokens_per_s=prediction.tokens_per_s,
-                          num_gpus=candidate.num_gpus, price_per_gpu_hour=candidate.price_per_gpu_hour)
+
+    def cost_at(tokens_per_s_per_gpu: float) -> TrainingCost:
+        return training_cost(token_budget=study.token_budget,
+                             tokens_per_s=tokens_per_s_per_gpu * candidate.num_gpus,
+                             num_gpus=candidate.num_gpus, price_per_gpu_hour=candidate.price_per_gpu_hour)
+
+    spent = cost_at(prediction.tokens_per_s_per_gpu)
+    ranges: dict[str, PredictionInterval | None] = {"days_interval": None, "cost_interval": None}
+    if (throughput := prediction.tokens_per_s_per_gpu_interval) is not None:
+        # Time and cost go as one over the throughput: its low end is the long, dear one.
+        slow, fast = cost_at(throughput.low), cost_at(throughput.high)
+        for name, low, high in (("days", fast.days, slow.days), ("cost", fast.cost, slow.cost)):
+            ranges[f"{name}_interval"] = PredictionInterval(
+                low=low, high=high, level=throughput.level, basis=throughput.basis
+            )
     return StudyPoint(
         **candidate.cluster_fields(), fits=True, calibration_id=candidate.calibration_id,
         plan_hash=plan.plan_hash,
@@ -361,6 +380,8 @@ def study_point(study: StudyRequest, candidate: StudyCandidate, plan: Plan) -> S
         tokens_per_s_per_gpu=prediction.tokens_per_s_per_gpu, mfu=prediction.mfu,
         peak_memory_gib=prediction.peak_memory_gib, usable_memory_gib=prediction.usable_memory_gib,
         days=spent.days, gpu_hours=spent.gpu_hours, cost=spent.cost,
+        tokens_per_s_per_gpu_interval=prediction.tokens_per_s_per_gpu_interval,
+        peak_memory_gib_interval=prediction.peak_memory_gib_interval, **ranges,
     )
 
 

@@ -34,8 +34,8 @@ from contract.parallel_config import (
 from planner.calibration import CalibrationProfile
 from planner.cost.memory import MEMORY_TERMS
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
-from planner.formatting import duration, quantity
-from planner.plan import Plan
+from planner.formatting import between, duration, quantity
+from planner.plan import Plan, PredictionInterval
 from planner.precheck import read_request
 from planner.rejected_summary import summarize_rejected
 from planner.search import make_plan
@@ -287,7 +287,9 @@ def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
             f"{duration(pred.exposed_pipeline_p2p_s)}/step of stage-to-stage sends exposed",
         )
     summary.add_row("step time", duration(pred.step_time_s))
-    summary.add_row("tokens/s/GPU", f"{pred.tokens_per_s_per_gpu:,.0f}")
+    summary.add_row(
+        "tokens/s/GPU", f"{pred.tokens_per_s_per_gpu:,.0f}{within(pred.tokens_per_s_per_gpu_interval)}"
+    )
     summary.add_row("MFU", f"{pred.mfu:.1%}")
     summary.add_row("peak memory", _peak_line(p))
     summary.add_row("exposed comm", f"{duration(pred.exposed_comm_s)}/step of {duration(pred.comm_s)}")
@@ -296,6 +298,8 @@ def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
             "tensor parallel",
             f"{duration(pred.exposed_tensor_parallel_s)}/step of it (between the matmuls: never overlapped)",
         )
+    if pred.tokens_per_s_per_gpu_interval is not None:
+        summary.add_row("80% intervals", interval_basis(p))
     console.print(summary)
     for warning in p.warnings:
         # Markup off: the message is the planner's text, with brackets of its own.
@@ -319,8 +323,10 @@ def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
     for a in p.alternatives:
         alternatives.add_row(
             # Labelled from the configuration: a plan stored by an older version shows today's label.
-            a.config.label(), f"{a.tokens_per_s_per_gpu:,.0f}", f"{a.relative_throughput:.1%}",
-            f"{a.mfu:.1%}", f"{a.peak_memory_gib:.1f}", duration(a.exposed_comm_s),
+            a.config.label(), f"{a.tokens_per_s_per_gpu:,.0f}{within(a.tokens_per_s_per_gpu_interval)}",
+            f"{a.relative_throughput:.1%}", f"{a.mfu:.1%}",
+            f"{a.peak_memory_gib:.1f}{within(a.peak_memory_gib_interval, decimals=1)}",
+            duration(a.exposed_comm_s),
         )
     console.print(alternatives)
 
@@ -339,12 +345,31 @@ def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
     )
 
 
-def _peak_line(plan: Plan) -> str:
-    """`68.4 GiB of 78.6 usable (fits with a 12% margin)`; plans stored before 1.1 lack the margin."""
+def within(interval: PredictionInterval | None, *, decimals: int = 0) -> str:
+    """` (7,031–8,938)`: a number's 80% interval after it; nothing for plans stored before schema 2.2."""
+    return "" if interval is None else f" ({between(interval.low, interval.high, decimals=decimals)})"
+
+
+def interval_basis(plan: Plan) -> str:
+    """What the bracketed ranges are and which held-out runs they rest on."""
     pred = plan.prediction
+    assert pred.tokens_per_s_per_gpu_interval is not None
+    level = f"{pred.tokens_per_s_per_gpu_interval.level:.0%}"
+    line = (f"in brackets: {level} of measured runs like this fell inside "
+            f"(tokens/s: {pred.tokens_per_s_per_gpu_interval.basis}")
+    if pred.peak_memory_gib_interval is not None:
+        line += f"; memory: {pred.peak_memory_gib_interval.basis}"
+    return line + ")"
+
+
+def _peak_line(plan: Plan) -> str:
+    """`51.7 GiB (47.7–56.0) of 78.6 usable (+24% margin: 64.1 GiB)`; plans stored before 1.1 lack the
+    margin, before 2.2 the interval."""
+    pred = plan.prediction
+    peak = f"{pred.peak_memory_gib:.1f} GiB{within(pred.peak_memory_gib_interval, decimals=1)}"
     if pred.usable_memory_gib is None or pred.memory_margin is None:
-        return f"{pred.peak_memory_gib:.1f} GiB of {plan.cluster.gpu_spec.memory_gib:.1f}"
+        return f"{peak} of {plan.cluster.gpu_spec.memory_gib:.1f}"
     return (
-        f"{pred.peak_memory_gib:.1f} GiB of {pred.usable_memory_gib:.1f} usable "
+        f"{peak} of {pred.usable_memory_gib:.1f} usable "
         f"(+{pred.memory_margin:.0%} margin: {pred.peak_memory_gib * (1 + pred.memory_margin):.1f} GiB)"
     )

@@ -31,7 +31,7 @@ from api.cli.common import (
     read_json_file,
     whole_number,
 )
-from api.cli.plan_cmd import CHECKPOINT_MODES, FLOAT8_CHOICES, SHARDINGS, search_pins
+from api.cli.plan_cmd import CHECKPOINT_MODES, FLOAT8_CHOICES, SHARDINGS, search_pins, within
 from api.services.search_pool import SearchPool, available_cores
 from api.services.studies import run_study
 from api.typed_numbers import parse_decimal
@@ -284,13 +284,18 @@ def print_study(study: StudyRequest, summary: StudySummary, console: Console) ->
         marks = [m for i, m in picks.items() if i == index] + (["pareto"] if p.pareto else [])
         table.add_row(
             p.series, f"{p.num_gpus} ({p.num_nodes}x{p.gpus_per_node})", p.config_label,
-            duration(p.step_time_s or 0.0), f"{p.tokens_per_s_per_gpu:,.0f}", f"{p.mfu:.0%}",
-            f"{p.peak_memory_gib:.1f}", f"{p.days:,.1f}", quantity(p.gpu_hours or 0.0),
+            duration(p.step_time_s or 0.0),
+            f"{p.tokens_per_s_per_gpu:,.0f}{within(p.tokens_per_s_per_gpu_interval)}", f"{p.mfu:.0%}",
+            f"{p.peak_memory_gib:.1f}{within(p.peak_memory_gib_interval, decimals=1)}",
+            f"{p.days:,.1f}{within(p.days_interval, decimals=1)}", quantity(p.gpu_hours or 0.0),
             money(p.cost or 0.0), ", ".join(marks),
             style="bold green" if index == summary.cheapest_within_deadline else None,
         )
     if fitting:
         console.print(table)
+        if any(summary.points[i].tokens_per_s_per_gpu_interval for i in fitting):
+            console.print("In brackets: the 80% interval (four measured runs in five like it fell inside).",
+                          style="dim", highlight=False)
     else:
         console.print("[red]No candidate cluster fits this model.[/]")
     refused = [p for p in summary.points if not p.fits]

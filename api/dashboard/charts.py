@@ -25,7 +25,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from markupsafe import Markup
 
@@ -44,6 +44,15 @@ Formatter = Callable[[float], str]
 Figure = dict[str, Any]
 
 
+class Range(Protocol):
+    """Two ends (a prediction's interval: planner.plan.PredictionInterval)."""
+
+    @property
+    def low(self) -> float: ...
+    @property
+    def high(self) -> float: ...
+
+
 @dataclass(frozen=True)
 class Point:
     x: float
@@ -51,6 +60,9 @@ class Point:
     tooltip: str
     href: str | None = None
     """A page of this site (`/plans/7`) that a click on the point opens."""
+    x_range: Range | None = None
+    """Where x may lie (a prediction's 80% interval): drawn as an error bar."""
+    y_range: Range | None = None
 
 
 @dataclass(frozen=True)
@@ -368,8 +380,9 @@ def xy_chart(
     y_from_zero: bool = False,
 ) -> Chart:
     """A scatter / line chart: markers, lines, and reference lines (a vertical limit, or y = x)."""
-    xs = [p.x for s in series for p in s.points]
-    ys = [p.y for s in series for p in s.points]
+    # The error bars' ends too, so that no interval is cut off at the plot's edge.
+    xs = [x for s in series for p in s.points for x in (p.x, *_ends(p.x_range))]
+    ys = [y for s in series for p in s.points for y in (p.y, *_ends(p.y_range))]
     diagonal = any(g.diagonal for g in guides)
     if diagonal:  # one domain for both axes, so that y = x is the true diagonal
         xs = ys = xs + ys
@@ -392,6 +405,7 @@ def xy_chart(
                        "line": {"color": "#ffffff", "width": 1}},
             "line": {"color": s.color, "width": 2},
             "meta": _trace_meta(s.css_class),
+            **_error_bars(points, s.color),
         })
     for guide in guides:
         if guide.diagonal:
@@ -407,6 +421,26 @@ def xy_chart(
     )
     rows = tuple((_short(s.name), p.tooltip) for s in series for p in s.points)
     return Chart(chart_id, title, {"data": data, "layout": layout}, ("series", "value"), rows)
+
+
+def _ends(r: Range | None) -> tuple[float, ...]:
+    return () if r is None else (r.low, r.high)
+
+
+def _error_bars(points: Sequence[Point], color: str) -> dict[str, Any]:
+    """Plotly's `error_x` / `error_y` for the points' ranges (a point without one gets a bar of zero)."""
+    bars: dict[str, Any] = {}
+    for axis in ("x", "y"):
+        ranges = [getattr(p, f"{axis}_range") for p in points]
+        if not any(ranges):
+            continue
+        values = [getattr(p, axis) for p in points]
+        bars[f"error_{axis}"] = {
+            "type": "data", "symmetric": False, "color": color, "thickness": 1.2, "width": 3,
+            "array": [r.high - v if r else 0.0 for r, v in zip(ranges, values, strict=True)],
+            "arrayminus": [v - r.low if r else 0.0 for r, v in zip(ranges, values, strict=True)],
+        }
+    return bars
 
 
 def _guide_trace(label: str, xs: list[float], ys: list[float], color: str) -> dict[str, Any]:

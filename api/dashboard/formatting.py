@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
+from typing import Protocol
 
 # Durations read the same everywhere (CLI, reasons, pages): one formatter, the planner's.
-from planner.formatting import duration, money, quantity
+from planner.formatting import between, duration, money, quantity
 
 
 def compact_number(value: float) -> str:
@@ -77,6 +78,16 @@ def optional_seconds(value: float | None) -> str:
     return "–" if value is None else duration(value)
 
 
+class _Interval(Protocol):
+    low: float
+    high: float
+
+
+def interval(value: _Interval | None, decimals: int = 0) -> str:
+    """A prediction's interval as its two ends, `7,193–8,737` (`–` where a plan has none)."""
+    return "–" if value is None else between(value.low, value.high, decimals=decimals)
+
+
 FILTERS = {
     "seconds": optional_seconds,
     "percent": percent,
@@ -90,4 +101,5 @@ FILTERS = {
     "compact": compact_number,
     "dollars": dollars,
     "days": days,
+    "interval": interval,
 }

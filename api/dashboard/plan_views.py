@@ -20,7 +20,7 @@ from api.services.plan_compare import Scalar
 from contract.parallel_config import ParallelConfig
 from planner.cost.memory import MEMORY_TERMS
 from planner.formatting import quantity
-from planner.plan import Candidate, Plan, Prediction, TimelineSegment
+from planner.plan import Candidate, Plan, Prediction, PredictionInterval, TimelineSegment
 
 # Memory parts in the order they are stacked, with the words a person reads: the planner's own terms.
 MEMORY_PARTS = {name: term.label for name, term in MEMORY_TERMS.items()}
@@ -156,6 +156,7 @@ def prediction_rows(plan: Plan) -> list[Row]:
         Row("Peak memory", fmt.gib(p.peak_memory_gib),
             f"{p.peak_memory_gib / capacity:.0%} of the GPU's {capacity:g} GiB, "
             f"at {p.memory_breakdown_gib.moment}"),
+        *_interval_rows(p),
         *_margin_rows(p),
         Row("Compute", fmt.duration(p.compute_s), f"of which optimizer {fmt.duration(p.optimizer_s)}"),
         Row("Communication", fmt.duration(p.comm_s), "overlapped or not"),
@@ -179,6 +180,21 @@ def _tensor_parallel_rows(plan: Plan) -> list[Row]:
         f"per step, all exposed: the tp={plan.config.mesh.tp} collectives of every layer sit between its "
         f"matmuls ({p.exposed_tensor_parallel_s / p.step_time_s:.0%} of the step)",
     )]
+
+
+def _interval_rows(p: Prediction) -> list[Row]:
+    """The 80% intervals of the throughput and the peak, with the runs they rest on (plans stored
+    before schema 2.2 have none)."""
+    rows = []
+    for label, interval, unit, decimals in (
+        ("Throughput interval", p.tokens_per_s_per_gpu_interval, "tokens/s per GPU", 0),
+        ("Peak memory interval", p.peak_memory_gib_interval, "GiB", 1),
+    ):
+        if interval is not None:
+            level = f"{interval.level:.0%}"
+            rows.append(Row(f"{label} ({level})", f"{fmt.interval(interval, decimals)} {unit}",
+                            f"{level} of measured runs like this fell inside: {interval.basis}"))
+    return rows
 
 
 def _margin_rows(p: Prediction) -> list[Row]:
@@ -328,11 +344,17 @@ def _detailed_timeline(plan: Plan) -> charts.Chart:
     )
 
 
-def _candidate_point(candidate: Candidate) -> charts.Point:
+def _in_brackets(interval: PredictionInterval | None, *, decimals: int = 0) -> str:
+    return f" ({interval.level:.0%}: {fmt.interval(interval, decimals)})" if interval else ""
+
+
+def _candidate_point(c: Candidate) -> charts.Point:
     return charts.Point(
-        x=candidate.peak_memory_gib, y=candidate.tokens_per_s_per_gpu,
-        tooltip=f"{candidate.config.label()}: {fmt.thousands(candidate.tokens_per_s_per_gpu)} tokens/s/GPU, "
-                f"{fmt.gib(candidate.peak_memory_gib)}, MFU {fmt.percent(candidate.mfu)}",
+        x=c.peak_memory_gib, y=c.tokens_per_s_per_gpu,
+        tooltip=f"{c.config.label()}: {fmt.thousands(c.tokens_per_s_per_gpu)} tokens/s/GPU"
+                f"{_in_brackets(c.tokens_per_s_per_gpu_interval)}, {fmt.gib(c.peak_memory_gib)}"
+                f"{_in_brackets(c.peak_memory_gib_interval, decimals=1)}, MFU {fmt.percent(c.mfu)}",
+        x_range=c.peak_memory_gib_interval, y_range=c.tokens_per_s_per_gpu_interval,
     )
 
 
@@ -341,8 +363,10 @@ def tradeoff_chart(plan: Plan) -> charts.Chart:
     p = plan.prediction
     chosen = charts.Point(
         x=p.peak_memory_gib, y=p.tokens_per_s_per_gpu,
-        tooltip=f"chosen: {plan.config.label()}: {fmt.thousands(p.tokens_per_s_per_gpu)} tokens/s/GPU, "
-                f"{fmt.gib(p.peak_memory_gib)}",
+        tooltip=f"chosen: {plan.config.label()}: {fmt.thousands(p.tokens_per_s_per_gpu)} tokens/s/GPU"
+                f"{_in_brackets(p.tokens_per_s_per_gpu_interval)}, {fmt.gib(p.peak_memory_gib)}"
+                f"{_in_brackets(p.peak_memory_gib_interval, decimals=1)}",
+        x_range=p.peak_memory_gib_interval, y_range=p.tokens_per_s_per_gpu_interval,
     )
     capacity = plan.cluster.gpu_spec.memory_gib
     peaks = [c.peak_memory_gib for c in (*plan.alternatives, *plan.pareto_front)] + [p.peak_memory_gib]
@@ -378,6 +402,8 @@ def candidate_rows(plan: Plan) -> list[CandidateRow]:
         label=plan.config.label(), config=plan.config, step_time_s=p.step_time_s,
         tokens_per_s_per_gpu=p.tokens_per_s_per_gpu, mfu=p.mfu, peak_memory_gib=p.peak_memory_gib,
         exposed_comm_s=p.exposed_comm_s, relative_throughput=1.0,
+        tokens_per_s_per_gpu_interval=p.tokens_per_s_per_gpu_interval,
+        peak_memory_gib_interval=p.peak_memory_gib_interval,
     )
     rows = [CandidateRow("chosen", chosen, plan.config in front, True)]
     rows += [CandidateRow(str(i), c, c.config in front, False) for i, c in enumerate(plan.alternatives, 1)]
@@ -428,6 +454,8 @@ _COMPARE_DISPLAY: dict[str, Callable[[Any], str]] = {
     "prediction.tokens_per_s": fmt.thousands,
     "prediction.mfu": fmt.percent,
     "prediction.peak_memory_gib": fmt.gib,
+    "prediction.peak_memory_gib_interval": lambda v: f"{v} GiB",
+    "network_assumed": lambda v: "not stated: priced as a range" if v else "stated (or one node)",
     "prediction.exposed_comm_s": fmt.duration,
     "prediction.exposed_tensor_parallel_s": fmt.duration,
     "config.mesh.tp": lambda v: "none (1)" if v == 1 else f"{v} (sequence + loss parallel)",

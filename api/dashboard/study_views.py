@@ -90,17 +90,24 @@ def input_rows(study: StudyDetail) -> list[Row]:
 
 
 def point_tooltip(point: StudyPointOut) -> str:
-    """What hovering a cluster's point says: the cluster, the configuration, the numbers."""
-    return (f"{point.cluster} ({point.num_gpus} GPUs): {point.config_label}; {point.days:,.1f} days, "
-            f"{money(point.cost or 0.0)}, {thousands(point.tokens_per_s)} tokens/s, "
-            f"MFU {percent(point.mfu or 0.0)}")
+    """What hovering a cluster's point says: the cluster, the configuration, the numbers (with their
+    80% intervals where the plan has them)."""
+    days_, cost = point.days_interval, point.cost_interval
+    return (f"{point.cluster} ({point.num_gpus} GPUs): {point.config_label}; {point.days:,.1f} days"
+            + (f" ({days_.level:.0%}: {days_.low:,.1f}–{days_.high:,.1f})" if days_ else "")
+            + f", {money(point.cost or 0.0)}"
+            + (f" ({money(cost.low)}–{money(cost.high)})" if cost else "")
+            + f", {thousands(point.tokens_per_s)} tokens/s, MFU {percent(point.mfu or 0.0)}")
 
 
-def _point(point: StudyPointOut, prefix: str = "") -> charts.Point:
-    """A cluster on the chart: hover says what it is, a click opens its plan (when it is still stored)."""
+def _point(point: StudyPointOut, prefix: str = "", *, bars: bool = True) -> charts.Point:
+    """A cluster on the chart: hover says what it is, a click opens its plan (when it is still stored);
+    with `bars`, the 80% intervals of its days and cost (drawn once: the GPU type's series has them)."""
     assert point.days is not None and point.cost is not None
     href = f"/plans/{point.plan_id}" if point.plan_id is not None else None
-    return charts.Point(point.days, point.cost, prefix + point_tooltip(point), href=href)
+    return charts.Point(point.days, point.cost, prefix + point_tooltip(point), href=href,
+                        x_range=point.days_interval if bars else None,
+                        y_range=point.cost_interval if bars else None)
 
 
 def chart(study: StudyDetail) -> charts.Chart | None:
@@ -114,11 +121,11 @@ def chart(study: StudyDetail) -> charts.Chart | None:
                       charts.PALETTE[i % len(charts.PALETTE)], css_class="cluster")
         for i, gpu in enumerate(gpus)
     ]
-    front = [_point(p, "Pareto front: ") for p in fitting if p.pareto]
+    front = [_point(p, "Pareto front: ", bars=False) for p in fitting if p.pareto]
     series.append(charts.Series("Pareto front", front, "#333333", markers=False, line=True,
                                 css_class="pareto"))
     if study.cheapest_within_deadline is not None:
-        pick = _point(study.points[study.cheapest_within_deadline], "recommended: ")
+        pick = _point(study.points[study.cheapest_within_deadline], "recommended: ", bars=False)
         series.append(charts.Series("cheapest within the deadline", [pick], charts.HIGHLIGHT_COLOR, radius=7,
                                     css_class="chosen"))
     durations = [p.days for p in fitting]

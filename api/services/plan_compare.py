@@ -21,7 +21,8 @@ from api.services.plan_documents import read_plan
 from api.services.plans import full_plan
 from api.typed_numbers import parse_id
 from planner.cost.memory import MEMORY_TERMS
-from planner.plan import Plan
+from planner.formatting import between
+from planner.plan import Plan, PredictionInterval
 
 MIN_COMPARED = 2
 MAX_COMPARED = 8
@@ -146,6 +147,11 @@ def _memory(key: str, label: str) -> ComparedField:
                          lambda _r, p: getattr(p.prediction.memory_breakdown_gib, key), "lower")
 
 
+def _interval(interval: PredictionInterval | None, *, decimals: int = 0) -> str | None:
+    """An interval as its two ends, `7,193–8,737` (None for plans stored before schema 2.2)."""
+    return None if interval is None else between(interval.low, interval.high, decimals=decimals)
+
+
 FIELDS: tuple[ComparedField, ...] = (
     ComparedField("name", "Inputs", "Name", lambda r, _p: r.name),
     ComparedField("model.name", "Inputs", "Model", lambda _r, p: p.model.name),
@@ -159,6 +165,8 @@ FIELDS: tuple[ComparedField, ...] = (
     ComparedField("training.precision", "Inputs", "Precision", lambda _r, p: p.training.precision),
     ComparedField("training.optimizer", "Inputs", "Optimizer", lambda _r, p: p.training.optimizer),
     ComparedField("calibration_id", "Inputs", "Calibration", lambda r, _p: r.calibration_id),
+    # None for plans stored before schema 2.2 (not applicable, as for a missing interval below).
+    ComparedField("network_assumed", "Inputs", "Network between nodes", lambda _r, p: p.network_assumed),
     ComparedField("config.sharding", "Configuration", "Sharding", lambda _r, p: p.config.sharding),
     ComparedField("config.mesh.pp", "Configuration", "Pipeline stages (pp)", lambda _r, p: p.config.mesh.pp),
     # Null without a pipeline: not applicable, as every_k is outside selective checkpointing.
@@ -202,11 +210,15 @@ FIELDS: tuple[ComparedField, ...] = (
                   lambda _r, p: p.prediction.step_time_s, "lower"),
     ComparedField("prediction.tokens_per_s_per_gpu", "Prediction", "Tokens/s per GPU",
                   lambda _r, p: p.prediction.tokens_per_s_per_gpu, "higher"),
+    ComparedField("prediction.tokens_per_s_per_gpu_interval", "Prediction", "Tokens/s per GPU, 80% interval",
+                  lambda _r, p: _interval(p.prediction.tokens_per_s_per_gpu_interval)),
     ComparedField("prediction.tokens_per_s", "Prediction", "Tokens/s (cluster)",
                   lambda _r, p: p.prediction.tokens_per_s, "higher"),
     ComparedField("prediction.mfu", "Prediction", "MFU", lambda _r, p: p.prediction.mfu, "higher"),
     ComparedField("prediction.peak_memory_gib", "Prediction", "Peak memory",
                   lambda _r, p: p.prediction.peak_memory_gib, "lower"),
+    ComparedField("prediction.peak_memory_gib_interval", "Prediction", "Peak memory, 80% interval",
+                  lambda _r, p: _interval(p.prediction.peak_memory_gib_interval, decimals=1)),
     ComparedField("prediction.exposed_comm_s", "Prediction", "Exposed communication",
                   lambda _r, p: p.prediction.exposed_comm_s, "lower"),
     ComparedField("prediction.exposed_tensor_parallel_s", "Prediction", "of which tensor parallel",
