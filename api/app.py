@@ -11,6 +11,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from api.cross_site import CrossSiteMiddleware
 from api.dashboard import install as install_dashboard
 from api.dashboard.vendor import install as install_plotly
 from api.db import migrate
@@ -114,6 +115,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(TextCheckMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(AllowedMethodsMiddleware, router=app.router)
+    # Outside the others: another site's write is refused before its body or key is looked at.
+    app.add_middleware(CrossSiteMiddleware, prefix=f"{API_PREFIX}/")
     install_problem_handlers(app)  # outermost: also catches what the middleware above raises
 
     app.include_router(api_router, prefix=API_PREFIX)

@@ -1,9 +1,12 @@
 """`fsdp-planner fidelity`: how close the planner's predictions are to training runs measured on GPUs.
 
 Prices every run of the corpus (planner/fidelity/corpus) at its exact configuration, live, and prints the
-errors per GPU type, per source and per quantity (in-sample and leave-one-source-out), the targets the
-project holds itself to, and with `--runs` every run. `--write` stores the report as the one the service
-serves (`GET /api/v1/fidelity`, the dashboard's accuracy page), which a test keeps in step with the code.
+errors per GPU type and per quantity for the fit split (in-sample and leave-one-source-out) beside the
+held-out split (sources no fit reads: planner/fidelity/split.json), per source, how many held-out runs
+the 80% interval contains, the targets the project holds itself to, and with `--runs` every run.
+`--write` stores the report as the one the service serves (`GET /api/v1/fidelity`, the dashboard's
+accuracy page) and the intervals' quantiles every plan reads (planner/fidelity/intervals.json), which
+tests keep in step with the code.
 """
 
 from __future__ import annotations
@@ -24,11 +27,15 @@ from planner.fidelity.report import (
     FidelityReport,
     RunResult,
     build_report,
+    intervals_json,
     report_json,
 )
+from planner.uncertainty import INTERVALS_RESOURCE
 
 STORED_REPORT_PATH = Path(fidelity_package.__file__).parent / REPORT_RESOURCE
 """The report the service serves, inside the planner.fidelity package (read back by `stored_report`)."""
+STORED_INTERVALS_PATH = Path(fidelity_package.__file__).parent / INTERVALS_RESOURCE
+"""The intervals' quantiles every plan reads (planner/uncertainty.py `interval_data`)."""
 
 
 def register(app: typer.Typer) -> None:
@@ -44,7 +51,9 @@ def fidelity(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the report JSON here.")] = None,
     write: Annotated[bool, typer.Option(
-        "--write", help=f"Store the report as the one the service serves ({STORED_REPORT_PATH}).",
+        "--write",
+        help=f"Store the report as the one the service serves ({STORED_REPORT_PATH}) and the intervals "
+        f"plans read ({STORED_INTERVALS_PATH}).",
     )] = False,
 ) -> None:
     """Price every measured run of the corpus at its exact configuration; errors and targets."""
@@ -59,6 +68,9 @@ def fidelity(
     written = [path for path in (output, STORED_REPORT_PATH if write else None) if path is not None]
     for path in written:
         path.write_text(document, encoding="utf-8")
+    if write:
+        STORED_INTERVALS_PATH.write_text(intervals_json(report), encoding="utf-8")
+        written.append(STORED_INTERVALS_PATH)
     if as_json:
         typer.echo(document, nl=False)
         return
@@ -88,21 +100,51 @@ def _summary_table(title: str, summaries: Sequence[ErrorSummary], first: str) ->
     return table
 
 
+def _split_table(
+    title: str, fit: Sequence[ErrorSummary], held_out: Sequence[ErrorSummary], first: str
+) -> Table:
+    """The fit split's errors (in-sample, leave-one-source-out) beside the held-out split's."""
+    table = Table(title=f"{title}: fit split | held-out split (no fit read it)", title_justify="left")
+    table.add_column(first, no_wrap=True)
+    table.add_column("quantity")
+    for column in ("fit runs", "mean |err|", "max |err|", "LOSO mean", "held-out runs", "mean |err|",
+                   "max |err|", "bias"):
+        table.add_column(column, justify="right", no_wrap=True)
+    rows = {(s.group, s.quantity): (s, None) for s in fit}
+    for s in held_out:
+        rows[(s.group, s.quantity)] = (rows.get((s.group, s.quantity), (None, None))[0], s)
+    for (group, quantity), (f, h) in sorted(rows.items()):
+        table.add_row(
+            group, quantity,
+            str(f.runs) if f else "–", _percent(f and f.mean_abs), _percent(f and f.max_abs),
+            _percent(f and f.loso_mean_abs),
+            str(h.runs) if h else "–", _percent(h and h.mean_abs), _percent(h and h.max_abs),
+            _percent(h and h.bias, signed=True),
+        )
+    return table
+
+
 def _runs_table(results: Sequence[RunResult]) -> Table:
     table = Table(title="Runs (error = (predicted − measured) / measured)", title_justify="left")
-    for column in ("source", "run", "GPU", "engine", "config"):
+    for column in ("source", "split", "run", "GPU", "engine", "config"):
         table.add_column(column, overflow="fold")
-    for column in ("tok/s/GPU measured", "predicted", "error", "GiB measured", "predicted", "error", ""):
+    for column in ("tok/s/GPU measured", "predicted", "80% interval", "error", "GiB measured", "predicted",
+                   "80% interval", "error", ""):
         table.add_column(column, justify="right", no_wrap=True)
     for r in results:
         if not r.priced:
             # Text, not markup: the reason is the corpus' words, brackets and all.
-            table.add_row(r.source, r.run_id, r.gpu, r.engine, Text(f"not priced: {r.reason}"), style="dim")
+            table.add_row(
+                r.source, r.split, r.run_id, r.gpu, r.engine, Text(f"not priced: {r.reason}"), style="dim"
+            )
             continue
         table.add_row(
-            r.source, r.run_id, r.gpu, r.engine, r.config,
-            _measured_throughput(r), _predicted_throughput(r), _percent(r.throughput_error, signed=True),
-            _gib(r.measured_memory_gib), _gib(r.predicted_memory_gib), _percent(r.memory_error, signed=True),
+            r.source, r.split, r.run_id, r.gpu, r.engine, r.config,
+            _measured_throughput(r), _predicted_throughput(r),
+            _range(r.throughput_interval, r.throughput_covered, mfu=r.measured_tokens_per_s_per_gpu is None),
+            _percent(r.throughput_error, signed=True),
+            _gib(r.measured_memory_gib), _gib(r.predicted_memory_gib),
+            _range(r.memory_interval, r.memory_covered, gib=True), _percent(r.memory_error, signed=True),
             "[bold red]exceeds margin[/]" if r.exceeds_margin else "",
         )
     return table
@@ -119,6 +161,18 @@ def _predicted_throughput(r: RunResult) -> str:
     if r.measured_tokens_per_s_per_gpu is None and r.measured_mfu is not None and r.predicted_mfu is not None:
         return f"MFU {r.predicted_mfu:.1%}"
     return "–" if r.predicted_tokens_per_s_per_gpu is None else f"{r.predicted_tokens_per_s_per_gpu:,.0f}"
+
+
+def _range(
+    interval: tuple[float, float] | None, covered: bool | None, *, mfu: bool = False, gib: bool = False
+) -> str:
+    """An interval as `low-high`, marked `(out)` where the measured value falls outside it."""
+    if interval is None:
+        return "–"
+    low, high = interval
+    text = (f"{low:.1%}-{high:.1%}" if mfu else f"{low:.1f}-{high:.1f}" if gib
+            else f"{low:,.0f}-{high:,.0f}")
+    return text if covered else f"{text} (out)"
 
 
 def _gib(value: float | None) -> str:
@@ -149,9 +203,14 @@ def print_report(report: FidelityReport, console: Console, *, runs: bool = False
         f"exact configuration (planner {report.planner_version})"
     )
     console.print(f"corpus fit: {_fit_line(report.fit)}", highlight=False)
-    console.print(_summary_table("Per GPU type", report.by_gpu, "GPU"))
+    console.print(_split_table("Per GPU type", report.by_gpu, report.held_out_by_gpu, "GPU"))
+    console.print(_split_table("Per quantity", report.by_quantity, report.held_out_by_quantity, "group"))
     console.print(_summary_table("Per source", report.by_source, "source"))
-    console.print(_summary_table("Per quantity", report.by_quantity, "group"))
+    for c in report.coverage:
+        console.print(
+            f"80% interval: contains {c.covered} of {c.runs} held-out {c.quantity} runs ({c.fraction:.0%}), "
+            "each calibrated without its own source", highlight=False,
+        )
     targets = Table(title="Targets", title_justify="left")
     for column in ("target", "goal", "value", ""):
         targets.add_column(column, overflow="fold")

@@ -6,6 +6,9 @@ in turn from the committed values, to minimise the mean |log(predicted / measure
 source weighing as much as any other (so that a source with many rows cannot outvote the rest).
 The memory margin is the largest memory under-prediction plus a step. Leave-one-source-out refits
 without a source, then predicts it.
+
+Only the fit split's sources are fitted (planner/fidelity/split.py): every fit here refuses a
+held-out source, so that the held-out runs stay a test of the model.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from planner.cost.parameters import (
 from planner.errors import PlanningError
 from planner.fidelity.pricing import NotPriceable, PricedRun, price_as_run, price_run, run_request
 from planner.fidelity.schema import Run, SourceFile
+from planner.fidelity.split import require_fit_sources, split_of
 
 MATMUL_SHARES = tuple(round(0.60 + 0.025 * i, 3) for i in range(17))  # 0.60 .. 1.00
 BANDWIDTH_SHARES = tuple(round(0.20 + 0.05 * i, 2) for i in range(13))  # 0.20 .. 0.80
@@ -48,6 +52,11 @@ class SourceRun:
 
 def corpus_runs(corpus: Iterable[SourceFile]) -> list[SourceRun]:
     return [SourceRun(f.source.id, run) for f in corpus for run in f.runs]
+
+
+def fit_split(runs: Iterable[SourceRun]) -> list[SourceRun]:
+    """The runs of the sources the fit may read (planner/fidelity/split.json)."""
+    return [item for item in runs if split_of(item.source) == "fit"]
 
 
 def run_parameters(run: Run, fit: CorpusFit) -> CostParameters:
@@ -241,7 +250,9 @@ def fit_corpus(
     rounds: int = ROUNDS,
     prices: Prices | None = None,
 ) -> CorpusFit:
-    """The shares that price `runs` best, and the memory margins their measured peaks call for."""
+    """The shares that price `runs` best, and the memory margins their measured peaks call for.
+    Raises HeldOutSourceError when `runs` hold a held-out source (select them with `fit_split`)."""
+    require_fit_sources(item.source for item in runs)
     prices = prices or Prices()
     current = _fit_shares(runs, start=start, rounds=rounds, prices=prices)
     margin, reason = memory_margin(price(runs, current, prices))
@@ -258,6 +269,7 @@ def fit_corpus(
 def _fit_shares(runs: Sequence[SourceRun], *, start: CorpusFit, rounds: int, prices: Prices) -> CorpusFit:
     """The shares that price `runs` best (coordinate search over the grids from `start`); the
     margins stay `start`'s."""
+    require_fit_sources(item.source for item in runs)
     chips = fitted_chips(runs)
     current = replace(
         start, matmul_share_by_chip={chip: start.matmul_share_for(chip) for chip in chips}
@@ -289,7 +301,8 @@ def _fit_shares(runs: Sequence[SourceRun], *, start: CorpusFit, rounds: int, pri
 def leave_one_source_out(
     runs: Sequence[SourceRun], fitted: CorpusFit, *, prices: Prices | None = None
 ) -> dict[str, list[tuple[SourceRun, PricedRun]]]:
-    """Per source: its runs priced by a fit made without it (warm-started from `fitted`)."""
+    """Per fit source: its runs priced by a fit made without it (warm-started from `fitted`)."""
+    require_fit_sources(item.source for item in runs)
     prices = prices or Prices()
     out: dict[str, list[tuple[SourceRun, PricedRun]]] = {}
     for source in sorted({item.source for item in runs}):
@@ -304,5 +317,6 @@ def leave_one_source_out(
 
 
 __all__ = [
-    "NotPriceable", "Prices", "SourceRun", "corpus_runs", "fit_corpus", "leave_one_source_out", "price",
+    "NotPriceable", "Prices", "SourceRun", "corpus_runs", "fit_corpus", "fit_split", "leave_one_source_out",
+    "price",
 ]

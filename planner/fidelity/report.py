@@ -2,9 +2,12 @@
 
 Errors are (predicted - measured) / measured. Summaries are per GPU type, per source and per quantity
 (throughput: tokens/s per GPU, or MFU where only that is published; memory: peak per GPU in the run's
-own counter), in-sample (the committed corpus fit) and leave-one-source-out (the fit made without the
-source, then that source predicted). The targets are the ones the project holds itself to; the report
-says which are met.
+own counter), for the fit split in-sample (the committed corpus fit) and leave-one-source-out (the fit
+made without the source, then that source predicted), and for the held-out split, which no fit reads
+(planner/fidelity/split.py). The held-out residuals calibrate the 80% intervals
+(planner/fidelity/intervals.py, stored as `INTERVALS_RESOURCE`); each held-out run's interval is
+calibrated on the other held-out sources, and the share of runs inside it is the coverage. The
+targets are the ones the project holds itself to, on both splits; the report says which are met.
 
 Building it with leave-one-source-out refits the shares once per source (about a minute); the service
 serves the stored report (`REPORT_RESOURCE`, written by `fsdp-planner fidelity --write`, which a test
@@ -14,19 +17,23 @@ keeps in step with the code and the corpus).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from importlib import resources
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from planner import PLANNER_VERSION
 from planner.cost.parameters import CORPUS_FIT, CorpusFit
-from planner.fidelity.fit import Prices, SourceRun, corpus_runs, leave_one_source_out, price
+from planner.fidelity import intervals
+from planner.fidelity.fit import Prices, SourceRun, corpus_runs, fit_split, leave_one_source_out, price
 from planner.fidelity.pricing import PricedRun, run_engine
 from planner.fidelity.schema import SourceFile, load_corpus
+from planner.fidelity.split import split_of
+from planner.uncertainty import LEVEL
 
 REPORT_PACKAGE = "planner.fidelity"
 REPORT_RESOURCE = "report.json"
@@ -35,6 +42,11 @@ THROUGHPUT_MEAN_TARGET = 0.10
 THROUGHPUT_MAX_TARGET = 0.20
 MEMORY_MEAN_TARGET = 0.08
 LOSO_RATIO_TARGET = 1.5
+HELD_OUT_THROUGHPUT_MEAN_TARGET = 0.12
+HELD_OUT_THROUGHPUT_MAX_TARGET = 0.30
+HELD_OUT_MEMORY_MEAN_TARGET = 0.10
+COVERAGE_TARGET = 0.75
+"""Of the held-out runs, the share the 80% interval (calibrated without their source) contains."""
 Quantity = Literal["throughput", "memory"]
 
 
@@ -47,6 +59,8 @@ class RunResult(ReportModel):
 
     source: str
     run_id: str
+    split: Literal["fit", "held-out"] = "fit"
+    """Whether the fit reads this run's source (planner/fidelity/split.json)."""
     gpu: str
     engine: str
     """The engine priced (`fsdp-planner` or `torchtitan`; planner/specs.py `Engine`)."""
@@ -73,6 +87,13 @@ class RunResult(ReportModel):
     """The margin the planner states for this plan."""
     exceeds_margin: bool = False
     """The measured peak is above the predicted one plus that margin."""
+    throughput_interval: tuple[float, float] | None = None
+    """The 80% interval on the predicted throughput (tokens/s per GPU, or MFU where only that is
+    published), calibrated on the held-out sources other than this run's."""
+    throughput_covered: bool | None = None
+    memory_interval: tuple[float, float] | None = None
+    """The 80% interval on the predicted peak (GiB, the run's counter), calibrated the same way."""
+    memory_covered: bool | None = None
 
 
 class ErrorSummary(ReportModel):
@@ -86,6 +107,15 @@ class ErrorSummary(ReportModel):
     bias: float
     """Mean signed error: > 0 when predictions run high."""
     loso_mean_abs: float | None = None
+
+
+class Coverage(ReportModel):
+    """How many held-out runs the 80% interval contains (each calibrated without its source)."""
+
+    quantity: Quantity
+    runs: int
+    covered: int
+    fraction: float
 
 
 class TargetCheck(ReportModel):
@@ -102,8 +132,16 @@ class FidelityReport(ReportModel):
     sources: int
     runs: tuple[RunResult, ...]
     by_gpu: tuple[ErrorSummary, ...]
+    """The fit split's runs per GPU type (in-sample, and leave-one-source-out)."""
     by_source: tuple[ErrorSummary, ...]
     by_quantity: tuple[ErrorSummary, ...]
+    """The fit split's runs, all together."""
+    held_out_by_gpu: tuple[ErrorSummary, ...] = ()
+    """The held-out split's runs per GPU type (priced by the committed fit, which never read them)."""
+    held_out_by_quantity: tuple[ErrorSummary, ...] = ()
+    coverage: tuple[Coverage, ...] = ()
+    intervals: dict[str, Any] = {}
+    """What `INTERVALS_RESOURCE` stores: the quantiles per group, the corpus' reach."""
     targets: tuple[TargetCheck, ...]
 
 
@@ -117,7 +155,8 @@ def _result(item: SourceRun, priced: PricedRun | None, reason: str | None) -> Ru
     run = item.run
     measured = run.measured
     fields = dict(
-        source=item.source, run_id=run.id, gpu=run.hardware.gpu, engine=run_engine(run),
+        source=item.source, run_id=run.id, split=split_of(item.source), gpu=run.hardware.gpu,
+        engine=run_engine(run),
         trainer=run.config.engine, measured_tokens_per_s_per_gpu=measured.tokens_per_s_per_gpu,
         measured_mfu=measured.mfu_percent / 100 if measured.mfu_percent else None,
         memory_counter=measured.memory_counter,
@@ -167,36 +206,58 @@ def _summaries(
     return out
 
 
-def _targets(by_gpu: Sequence[ErrorSummary], by_quantity: Sequence[ErrorSummary],
-             results: Sequence[RunResult]) -> list[TargetCheck]:
+def _gpu_targets(
+    by_gpu: Sequence[ErrorSummary], mean: float, maximum: float, split: str
+) -> list[TargetCheck]:
     checks = []
     for s in by_gpu:
         if s.quantity != "throughput" or s.runs < MIN_RUNS_FOR_GPU_TARGETS:
             continue
         checks.append(TargetCheck(
-            name=f"throughput mean |error| on {s.group} ({s.runs} runs)",
-            target=f"<= {THROUGHPUT_MEAN_TARGET:.0%}", value=f"{s.mean_abs:.1%}",
-            met=s.mean_abs <= THROUGHPUT_MEAN_TARGET,
+            name=f"{split}: throughput mean |error| on {s.group} ({s.runs} runs)",
+            target=f"<= {mean:.0%}", value=f"{s.mean_abs:.1%}", met=s.mean_abs <= mean,
         ))
         checks.append(TargetCheck(
-            name=f"throughput max |error| on {s.group} ({s.runs} runs)",
-            target=f"<= {THROUGHPUT_MAX_TARGET:.0%}", value=f"{s.max_abs:.1%}",
-            met=s.max_abs <= THROUGHPUT_MAX_TARGET,
+            name=f"{split}: throughput max |error| on {s.group} ({s.runs} runs)",
+            target=f"<= {maximum:.0%}", value=f"{s.max_abs:.1%}", met=s.max_abs <= maximum,
         ))
+    return checks
+
+
+def _targets(by_gpu: Sequence[ErrorSummary], by_quantity: Sequence[ErrorSummary],
+             results: Sequence[RunResult], held_out_by_gpu: Sequence[ErrorSummary],
+             held_out_by_quantity: Sequence[ErrorSummary], coverage: Sequence[Coverage]) -> list[TargetCheck]:
+    checks = _gpu_targets(by_gpu, THROUGHPUT_MEAN_TARGET, THROUGHPUT_MAX_TARGET, "fit")
     for s in by_quantity:
         if s.quantity == "memory":
             checks.append(TargetCheck(
-                name=f"memory mean |error| ({s.runs} runs)", target=f"<= {MEMORY_MEAN_TARGET:.0%}",
+                name=f"fit: memory mean |error| ({s.runs} runs)", target=f"<= {MEMORY_MEAN_TARGET:.0%}",
                 value=f"{s.mean_abs:.1%}", met=s.mean_abs <= MEMORY_MEAN_TARGET,
             ))
         if s.loso_mean_abs is not None:
             ratio = s.loso_mean_abs / s.mean_abs if s.mean_abs else 1.0
             checks.append(TargetCheck(
-                name=f"{s.quantity}: leave-one-source-out mean |error| / in-sample",
+                name=f"fit: {s.quantity}: leave-one-source-out mean |error| / in-sample",
                 target=f"<= {LOSO_RATIO_TARGET:g}x",
                 value=f"{s.loso_mean_abs:.1%} / {s.mean_abs:.1%} = {ratio:.2f}x",
                 met=ratio <= LOSO_RATIO_TARGET,
             ))
+    checks += _gpu_targets(
+        held_out_by_gpu, HELD_OUT_THROUGHPUT_MEAN_TARGET, HELD_OUT_THROUGHPUT_MAX_TARGET, "held-out"
+    )
+    for s in held_out_by_quantity:
+        if s.quantity == "memory":
+            checks.append(TargetCheck(
+                name=f"held-out: memory mean |error| ({s.runs} runs)",
+                target=f"<= {HELD_OUT_MEMORY_MEAN_TARGET:.0%}", value=f"{s.mean_abs:.1%}",
+                met=s.mean_abs <= HELD_OUT_MEMORY_MEAN_TARGET,
+            ))
+    for c in coverage:
+        checks.append(TargetCheck(
+            name=f"held-out: {c.quantity} inside the {LEVEL:.0%} interval (calibrated without their source)",
+            target=f">= {COVERAGE_TARGET:.0%}", value=f"{c.covered} of {c.runs} = {c.fraction:.0%}",
+            met=c.fraction >= COVERAGE_TARGET,
+        ))
     over = [f"{r.source}/{r.run_id}" for r in results if r.exceeds_margin]
     checks.append(TargetCheck(
         name="runs whose measured peak exceeds the predicted peak plus the stated margin",
@@ -205,42 +266,124 @@ def _targets(by_gpu: Sequence[ErrorSummary], by_quantity: Sequence[ErrorSummary]
     return checks
 
 
+def _interval(center: float | None, band: tuple[float, float], q: float) -> tuple[float, float] | None:
+    if center is None:
+        return None
+    return center * band[0] * math.exp(-q), center * band[1] * math.exp(q)
+
+
+def _with_intervals(
+    result: RunResult, found: dict[str, dict[tuple[str, str], tuple[intervals.Residual, float, bool]]]
+) -> RunResult:
+    """`result` with its 80% intervals (on the quantity its error compares)."""
+    key = (result.source, result.run_id)
+    update: dict[str, Any] = {}
+    if key in found["throughput"]:
+        residual, q, inside = found["throughput"][key]
+        tokens = result.measured_tokens_per_s_per_gpu is not None
+        center = result.predicted_tokens_per_s_per_gpu if tokens else result.predicted_mfu
+        update |= {"throughput_interval": _interval(center, residual.band, q), "throughput_covered": inside}
+    if key in found["memory"]:
+        residual, q, inside = found["memory"][key]
+        update |= {"memory_interval": _interval(result.predicted_memory_gib, residual.band, q),
+                   "memory_covered": inside}
+    return result.model_copy(update=update)
+
+
+def _placed(
+    residuals: dict[str, list[intervals.Residual]], calibration: dict[str, list[dict[str, Any]]],
+    held_out_calibration: dict[str, list[intervals.Residual]],
+) -> dict[str, dict[tuple[str, str], tuple[intervals.Residual, float, bool]]]:
+    """Per quantity and run: its residual, the quantile of its interval and whether it covers the run
+    (held-out runs: calibrated without their source; fit runs: on the whole calibration)."""
+    out: dict[str, dict[tuple[str, str], tuple[intervals.Residual, float, bool]]] = {}
+    for quantity, found in residuals.items():
+        held_out = [r for r in found if r.split == "held-out"]
+        extra = [r for r in held_out_calibration[quantity] if r.split == "fit"]
+        crossed = intervals.cross_validated(held_out, extra)
+        placed = {}
+        for r in found:
+            key = (r.source, r.run_id)
+            if key in crossed:
+                placed[key] = (r, crossed[key]["q"], crossed[key]["covered"])
+            elif r.split == "fit":
+                group = intervals.find_group(calibration[quantity], gpu=r.gpu, chip=r.chip, dims=r.dims)
+                placed[key] = (r, max(0.0, group["q"]), intervals.covered(r, calibration[quantity]))
+        out[quantity] = placed
+    return out
+
+
 def build_report(
     corpus: Iterable[SourceFile] | None = None, *, fit: CorpusFit = CORPUS_FIT, loso: bool = True
 ) -> FidelityReport:
-    """Price every corpus run under `fit`; with `loso`, also each source under a fit made without it."""
+    """Price every corpus run under `fit`; with `loso`, also each fit source under a fit made without
+    it; calibrate the intervals on the held-out split."""
     runs = corpus_runs(load_corpus() if corpus is None else corpus)
     prices = Prices()  # the refits start from `fit`: they reprice what the in-sample pricing did
-    in_sample = {(item.source, item.run.id): result for item, result in price(runs, fit, prices)}
+    priced_runs = price(runs, fit, prices)
+    in_sample = {(item.source, item.run.id): result for item, result in priced_runs}
     held_out: dict[tuple[str, str], PricedRun] = {}
     if loso:
-        for source_runs in leave_one_source_out(runs, fit, prices=prices).values():
+        for source_runs in leave_one_source_out(fit_split(runs), fit, prices=prices).values():
             held_out.update({(item.source, item.run.id): result for item, result in source_runs})
+    by_split = {
+        split: intervals.residuals(
+            [(item, result) for item, result in priced_runs if split_of(item.source) == split],
+            fit=fit, prices=prices, split=split,
+        )
+        for split in ("fit", "held-out")
+    }
+    calibration_residuals = intervals.calibrate(by_split["held-out"], by_split["fit"])
+    calibration = {quantity: intervals.groups(found) for quantity, found in calibration_residuals.items()}
+    placed = _placed(
+        {q: [*by_split["fit"][q], *by_split["held-out"][q]] for q in calibration}, calibration,
+        calibration_residuals,
+    )
     results = []
     for item in runs:
         key = (item.source, item.run.id)
         if not item.run.priceable:
             results.append(_result(item, None, item.run.not_priceable_reason))
             continue
-        result = _result(item, in_sample[key], None)
+        result = _with_intervals(_result(item, in_sample[key], None), placed)
         if key in held_out:
             other = held_out[key]
             result = result.model_copy(update={
                 "loso_throughput_error": other.throughput_error, "loso_memory_error": other.memory_error,
             })
         results.append(result)
-    priced = [r for r in results if r.priced]
+    priced = [r for r in results if r.priced and r.split == "fit"]
+    unseen = [r for r in results if r.priced and r.split == "held-out"]
     by_gpu = _summaries(priced, lambda r: r.gpu)
     by_quantity = _summaries(priced, lambda r: "all")
+    held_out_by_gpu = _summaries(unseen, lambda r: r.gpu)
+    held_out_by_quantity = _summaries(unseen, lambda r: "all")
+    coverage = []
+    for quantity, flag in (("throughput", "throughput_covered"), ("memory", "memory_covered")):
+        inside = [getattr(r, flag) for r in unseen if getattr(r, flag) is not None]
+        if inside:
+            coverage.append(Coverage(quantity=quantity, runs=len(inside), covered=sum(inside),  # type: ignore[arg-type]
+                                     fraction=sum(inside) / len(inside)))
     return FidelityReport(
         planner_version=PLANNER_VERSION,
         fit=asdict(fit),
         sources=len({item.source for item in runs}),
         runs=tuple(results),
         by_gpu=tuple(by_gpu),
-        by_source=tuple(_summaries(priced, lambda r: r.source)),
+        by_source=tuple(_summaries([r for r in results if r.priced], lambda r: r.source)),
         by_quantity=tuple(by_quantity),
-        targets=tuple(_targets(by_gpu, by_quantity, priced)),
+        held_out_by_gpu=tuple(held_out_by_gpu),
+        held_out_by_quantity=tuple(held_out_by_quantity),
+        coverage=tuple(coverage),
+        intervals={
+            "level": LEVEL,
+            "written_by": "fsdp-planner fidelity --write (planner/fidelity/intervals.py)",
+            **calibration,
+            "reach": intervals.reach(priced_runs),
+        },
+        targets=tuple(
+            _targets(by_gpu, by_quantity, results, held_out_by_gpu, held_out_by_quantity, coverage)
+        ),
     )
 
 
@@ -254,4 +397,9 @@ def report_json(report: FidelityReport) -> str:
     return json.dumps(report.model_dump(mode="json"), indent=1, sort_keys=False) + "\n"
 
 
-__all__ = ["FidelityReport", "build_report", "report_json", "stored_report"]
+def intervals_json(report: FidelityReport) -> str:
+    """What `INTERVALS_RESOURCE` stores (planner/uncertainty.py reads it)."""
+    return json.dumps(report.intervals, indent=1) + "\n"
+
+
+__all__ = ["FidelityReport", "build_report", "intervals_json", "report_json", "stored_report"]

@@ -2,7 +2,8 @@
 
 A change to the cost model or to the corpus that moves the fit fails here until the constants are
 refitted (`fsdp-planner fidelity --write` prints the new fit), so that the uncalibrated model never
-silently drifts from the measured runs it was fitted to.
+silently drifts from the measured runs it was fitted to. The fit reads the fit split only: a held-out
+source that reaches it fails here (issue 37), and the split itself is held to the issue's rule.
 """
 
 from __future__ import annotations
@@ -12,20 +13,69 @@ from dataclasses import asdict, replace
 import pytest
 
 from planner.cost.parameters import CORPUS_FIT, power_limited_clock
-from planner.fidelity.fit import corpus_runs, fit_corpus, fitted_chips, price
+from planner.fidelity.fit import (
+    Prices,
+    SourceRun,
+    corpus_runs,
+    fit_corpus,
+    fit_split,
+    fitted_chips,
+    leave_one_source_out,
+    price,
+)
 from planner.fidelity.schema import load_corpus
+from planner.fidelity.split import HeldOutSourceError, fit_sources, split_of
+
+HELD_OUT_SHARE = 1 / 3
+HELD_OUT_MIN_PRICED_RUNS = 25
 
 
-def test_the_committed_fit_is_the_corpus_fit() -> None:
-    fitted = fit_corpus(corpus_runs(load_corpus()))
+class _Spy(Prices):
+    """Prices that remember every source they were asked to price."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sources: set[str] = set()
+
+    def __call__(self, item: SourceRun, fit):  # type: ignore[no-untyped-def]
+        self.sources.add(item.source)
+        return super().__call__(item, fit)
+
+
+def test_the_committed_fit_is_the_fit_splits_fit_and_reads_no_held_out_run() -> None:
+    spy = _Spy()
+    fitted = fit_corpus(fit_split(corpus_runs(load_corpus())), prices=spy)
     assert asdict(fitted) == asdict(CORPUS_FIT), (
-        f"the corpus now fits {fitted}; put it in planner/cost/parameters.py CORPUS_FIT "
+        f"the fit split now fits {fitted}; put it in planner/cost/parameters.py CORPUS_FIT "
         "(and run `fsdp-planner fidelity --write`)"
     )
+    assert spy.sources and all(split_of(source) == "fit" for source in spy.sources), spy.sources
+
+
+@pytest.mark.parametrize("fit", [
+    lambda runs: fit_corpus(runs, rounds=1),
+    lambda runs: leave_one_source_out(runs, CORPUS_FIT),
+])
+def test_a_fit_handed_a_held_out_source_refuses_it(fit) -> None:  # type: ignore[no-untyped-def]
+    runs = corpus_runs(load_corpus())
+    held_out = next(item for item in runs if split_of(item.source) == "held-out")
+    with pytest.raises(HeldOutSourceError, match=held_out.source):
+        fit([*fit_split(runs)[:3], held_out])
+
+
+def test_the_split_holds_out_a_third_of_the_sources_from_other_trainers_than_torchtitan() -> None:
+    corpus = load_corpus()
+    ids = {f.source.id for f in corpus}
+    assert fit_sources() <= ids, f"split.json names sources the corpus lacks: {sorted(fit_sources() - ids)}"
+    held_out = [f for f in corpus if split_of(f.source.id) == "held-out"]
+    assert len(held_out) >= HELD_OUT_SHARE * len(corpus), [f.source.id for f in held_out]
+    priced = [run for f in held_out for run in f.runs if run.priceable]
+    assert len(priced) >= HELD_OUT_MIN_PRICED_RUNS, len(priced)
+    assert not [run.id for run in priced if "torchtitan" in run.config.engine]
 
 
 def test_chips_with_enough_runs_get_a_share_of_their_own() -> None:
-    runs = corpus_runs(load_corpus())
+    runs = fit_split(corpus_runs(load_corpus()))
     assert fitted_chips(runs) == sorted(CORPUS_FIT.matmul_share_by_chip)
     assert {"GA100", "GH100"} <= set(fitted_chips(runs))
 
