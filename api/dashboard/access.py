@@ -13,20 +13,16 @@
 from __future__ import annotations
 
 import base64
-from urllib.parse import urlsplit
 
 from fastapi import Request
 from sqlalchemy.orm import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import keys
+from api.cross_site import cross_site_sender
 from api.deps import SessionDep
 
 BASIC_CHALLENGE = {"WWW-Authenticate": 'Basic realm="fsdp-planner", charset="UTF-8"'}
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-# Sec-Fetch-Site values of a request the user made on this origin (`none`: typed, bookmarked, reloaded).
-# `same-site` is refused too: a sibling subdomain may be someone else's.
-OWN_FETCH_SITES = frozenset({"same-origin", "none"})
 
 
 def basic_auth_key(request: Request) -> str | None:
@@ -81,35 +77,11 @@ def write_key_error(session: Session, request: Request, form_key: str) -> str | 
 
 
 def refuse_cross_site_posts(request: Request) -> None:
-    """Router dependency: a 403 page for a form post (any unsafe method) that another site's page sent.
-
-    Browsers say where a request comes from: `Sec-Fetch-Site` (every current browser), else `Origin`,
-    compared with the Host this request was sent to. A request with neither is not a browser's
-    cross-site post (curl, scripts, very old browsers) and is let through; so is one from the page itself.
-    """
-    if request.method in SAFE_METHODS:
-        return
-    site = request.headers.get("sec-fetch-site")
-    origin = request.headers.get("origin")
-    if site is not None:
-        allowed = site.strip().lower() in OWN_FETCH_SITES
-        sender = f"Sec-Fetch-Site: {site[:40]}"
-    elif origin is not None:
-        allowed = _origin_host(origin) == request.headers.get("host", "").strip().lower()
-        sender = f"Origin: {origin[:100]}"
-    else:
-        return
-    if not allowed:
+    """Router dependency: a 403 page for a form post (any unsafe method) that another site's page sent
+    (api/cross_site.py: the check the JSON API's writes pass too)."""
+    sender = cross_site_sender(request.method, request.headers)
+    if sender is not None:
         raise StarletteHTTPException(
             403, f"This form was sent from another site ({sender}), so nothing was saved. The planner only "
             "accepts forms sent from its own pages: open the form on this server and submit it there.",
         )
-
-
-def _origin_host(origin: str) -> str:
-    """`host[:port]` of an Origin header as a Host header spells it (browsers leave default ports out)."""
-    try:
-        parts = urlsplit(origin.strip().lower())
-        return parts.netloc if parts.scheme in ("http", "https") and parts.hostname else ""
-    except ValueError:  # a malformed origin (e.g. a bad IPv6 literal) is nobody's own
-        return ""
