@@ -20,8 +20,8 @@ DERIVED_COUNTS = ("num_params", "flops_per_token")
 
 
 class ModelShape:
-    """Derived dimensions, for a class with the fields `hidden_size`, `num_heads`, `num_kv_heads` and
-    `intermediate_size` (the contract's ModelConfig and the planner's ModelSpec)."""
+    """Derived dimensions, for a class with the fields `hidden_size`, `num_heads`, `num_kv_heads`,
+    `head_size` and `intermediate_size` (the contract's ModelConfig and the planner's ModelSpec)."""
 
     __slots__ = ()
 
@@ -31,7 +31,13 @@ class ModelShape:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
+
+    @property
+    def attention_width(self) -> int:
+        """Width of the query projection and of the attention output: num_heads x head_dim (the
+        hidden size, unless `head_size` says otherwise)."""
+        return self.num_heads * self.head_dim
 
     @property
     def ffn_size(self) -> int:
@@ -58,6 +64,9 @@ class ModelConfig(ModelShape):
     """Attention query heads."""
     num_kv_heads: Annotated[int, AtLeast(1)] | None = None
     """Key/value heads for grouped-query attention; None means equal to `num_heads`."""
+    head_size: Annotated[int, AtLeast(1)] | None = None
+    """Width of one attention head where it is not hidden_size / num_heads (a Hugging Face config's
+    `head_dim`: Mistral-NeMo's 32 heads are 128 wide at hidden 5120); None: hidden_size / num_heads."""
     intermediate_size: Annotated[int, AtLeast(1)] | None = None
     """Feed-forward hidden size; None means 4 x hidden (GPT-2)."""
     max_seq_len: Annotated[int, AtLeast(1)] = 2048

@@ -177,7 +177,7 @@ def contract_fields(cls: type, *, bounds: dict[str, Any], exclude: tuple[str, ..
 _MODEL_BOUNDS: dict[str, Any] = {
     "name": Field(min_length=1, max_length=200),
     **{name: Field(le=MAX_DIMENSION) for name in (
-        "vocab_size", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size")},
+        "vocab_size", "hidden_size", "num_heads", "num_kv_heads", "head_size", "intermediate_size")},
     "num_layers": Field(le=MAX_LAYERS),
     "max_seq_len": Field(le=MAX_SEQ_LEN),
     "rope_theta": Field(gt=0, le=1e12, allow_inf_nan=False),
@@ -216,7 +216,12 @@ class ModelSpec(_ModelFields, ModelShape):  # type: ignore[misc, valid-type]
             raise ValueError(
                 f"layer_graph: only allowed with architecture 'layer_graph', not '{self.architecture}'"
             )
-        if self.hidden_size % self.num_heads:
+        if self.head_size is not None and self.architecture != "llama":
+            raise ValueError(
+                f"head_size: {self.architecture} heads are hidden_size / num_heads wide; leave head_size out "
+                "(only the llama family's attention has heads of their own width)"
+            )
+        if self.head_size is None and self.hidden_size % self.num_heads:
             suggestion = _nearest_divisor(self.hidden_size, self.num_heads)
             raise ValueError(
                 f"num_heads: {self.num_heads} heads do not divide hidden_size {self.hidden_size}; "
@@ -230,7 +235,8 @@ class ModelSpec(_ModelFields, ModelShape):  # type: ignore[misc, valid-type]
             )
         if self.architecture == "llama" and self.head_dim % 2:
             raise ValueError(
-                f"num_heads: head dimension {self.head_dim} (hidden_size / num_heads) must be even for RoPE"
+                f"num_heads: head dimension {self.head_dim} (head_size, or hidden_size / num_heads) must be "
+                "even for RoPE"
             )
         return self
 

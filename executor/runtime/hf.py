@@ -141,6 +141,7 @@ def _llama_fields(config: dict[str, Any], arch: str) -> dict[str, tuple[str, Any
         "num_layers": ("num_hidden_layers", config.get("num_hidden_layers")),
         "num_heads": ("num_attention_heads", heads),
         "kv_heads": ("num_key_value_heads", config.get("num_key_value_heads") or heads),
+        "head_dim": ("head_dim", config.get("head_dim") or _quotient(config.get("hidden_size"), heads)),
         "ffn_size": ("intermediate_size", config.get("intermediate_size")),
         "tie_word_embeddings": ("tie_word_embeddings", bool(config.get("tie_word_embeddings", False))),
         "qkv_bias": (
@@ -150,6 +151,13 @@ def _llama_fields(config: dict[str, Any], arch: str) -> dict[str, tuple[str, Any
         "rope_theta": ("rope_theta", 10000.0 if theta is None else theta),
         "norm_eps": ("rms_norm_eps", config.get("rms_norm_eps", 1e-5)),
     }
+
+
+def _quotient(hidden: Any, heads: Any) -> Any:
+    """hidden_size / num_attention_heads, the heads' width when config.json names none (None if the
+    two are not positive integers: the comparison then reports them)."""
+    valid = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (hidden, heads))
+    return hidden // heads if valid else None
 
 
 def _gpt2_fields(config: dict[str, Any]) -> dict[str, tuple[str, Any]]:
@@ -183,12 +191,6 @@ def _unsupported(config: dict[str, Any], arch: str, model: ModelConfig, *, seq_l
         )
     if config.get("mlp_bias"):
         problems.append("mlp_bias true (the runtime's feed-forward has no biases)")
-    head_dim = config.get("head_dim")
-    if head_dim is not None and model.num_heads and head_dim != model.hidden_size // model.num_heads:
-        problems.append(
-            f"head_dim {head_dim} (the runtime's heads are hidden_size / num_attention_heads = "
-            f"{model.hidden_size // model.num_heads} wide)"
-        )
     scaling = config.get("rope_scaling")
     params = config.get("rope_parameters")
     if scaling is None and isinstance(params, dict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import ValidationError
@@ -143,6 +144,7 @@ def model_from_hf_config(config: dict[str, Any], *, name: str | None = None) -> 
     if family is None:
         raise UnsupportedArchitecture(arch)
     display = name or str(config.get("_name_or_path") or config.get("model_type") or arch)
+    _refuse_unread_shapes(config, family)
     try:
         if family == "gpt2":
             return ModelSpec(
@@ -165,6 +167,7 @@ def model_from_hf_config(config: dict[str, Any], *, name: str | None = None) -> 
             num_layers=_int(config, "num_hidden_layers"),
             num_heads=_int(config, "num_attention_heads"),
             num_kv_heads=config.get("num_key_value_heads") or None,
+            head_size=_head_size(config),
             intermediate_size=_int(config, "intermediate_size"),
             max_seq_len=_int(config, "max_position_embeddings", 2048),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
@@ -176,6 +179,48 @@ def model_from_hf_config(config: dict[str, Any], *, name: str | None = None) -> 
         raise PlanningError(
             "config.json: " + "; ".join(describe_validation_error(exc)), field="model"
         ) from None
+
+
+_UNPRICED_SHAPES: dict[str, tuple[tuple[str, object, str], ...]] = {
+    # family: (config.json field, the value the planner's model has, what a different one changes)
+    "llama": (
+        ("attention_bias", False, "biases on q, k, v and o (Qwen2ForCausalLM's q/k/v biases are priced)"),
+        ("mlp_bias", False, "biases on the feed-forward's three projections"),
+    ),
+    "gpt2": (("add_cross_attention", False, "a cross-attention block in every layer"),),
+}
+"""config.json fields that change a supported architecture's shapes or parameter count and that neither
+the cost model nor the runtime's model has: a config that sets one is refused, naming it, instead of
+being planned as a different model. (The fields they do have are read above: sizes, `head_dim`,
+`num_key_value_heads`, `intermediate_size` / `n_inner`, `tie_word_embeddings`, Qwen2's q/k/v biases.)"""
+
+
+def _refuse_unread_shapes(config: dict[str, Any], family: str) -> None:
+    for key, planned, meaning in _UNPRICED_SHAPES[family]:
+        value = config.get(key, planned)
+        if value is not None and value != planned:
+            raise PlanningError(
+                f"config.json: `{key}` is {json.dumps(value, default=str)}, which adds {meaning}; the "
+                f"planner and the runtime's model have none, so this model cannot be planned as it is "
+                f"(`{key}`: {json.dumps(planned)} can)",
+                field="model",
+            )
+
+
+def _head_size(config: dict[str, Any]) -> int | None:
+    """config.json's `head_dim` (Mistral-NeMo: 128 at hidden 5120 and 32 heads), or None where it is
+    missing, null, or hidden_size / num_attention_heads anyway (so that such a config plans, and
+    hashes, as the same model without it)."""
+    if config.get("head_dim") is None:
+        return None
+    head_dim = _int(config, "head_dim")
+    if head_dim < 1:
+        raise PlanningError(f"config.json: `head_dim` must be a positive width, not {head_dim}",
+                            field="model")
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and head_dim * heads == hidden:
+        return None
+    return head_dim
 
 
 class UnsupportedArchitecture(UnsupportedArchitectureError):

@@ -296,18 +296,20 @@ def count_parameters(spec: ModelSpec) -> int:
 
 
 def _attention_flops(spec: ModelSpec, seq_len: int) -> tuple[float, float]:
-    # Per token and layer: QK^T and AV are 2 matmuls of 2*seq*hidden FLOPs each; causal masking
-    # lets flash attention skip about half, which the convention (and MFU) ignores.
-    convention = 4.0 * seq_len * spec.hidden_size
+    # Per token and layer: QK^T and AV are 2 matmuls of 2*seq*(heads x head width) FLOPs each (the
+    # hidden size unless the heads have a width of their own); causal masking lets flash attention skip
+    # about half, which the convention (and MFU) ignores.
+    convention = 4.0 * seq_len * spec.attention_width
     return convention / 2.0, convention
 
 
 def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
     h, f, v = spec.hidden_size, spec.ffn_size, spec.vocab_size
-    kv = spec.kv_heads * spec.head_dim
-    attn_weights = h * h + 2 * h * kv + h * h
+    # q and the attention output are `a` wide: h, unless the heads have a width of their own (head_size).
+    a, kv = spec.attention_width, spec.kv_heads * spec.head_dim
+    attn_weights = h * a + 2 * h * kv + a * h
     mlp_weights = 3 * h * f
-    bias = (h + 2 * kv) if spec.qkv_bias else 0
+    bias = (a + 2 * kv) if spec.qkv_bias else 0
     block_params = attn_weights + mlp_weights + bias + 2 * h
     attn, attn_conv = _attention_flops(spec, seq_len)
     block = UnitCost(
@@ -318,24 +320,24 @@ def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
         attention_flops=attn,
         attention_flops_convention=attn_conv,
         # two RMSNorms (~8 passes over h each), RoPE on q and k, two residual adds, SwiGLU.
-        elementwise_elems=16 * h + 6 * (h + kv) + 6 * h + 5 * f,
+        elementwise_elems=16 * h + 6 * (a + kv) + 6 * h + 5 * f,
         kernels=38,
         # Per RMSNorm its input, normalized value and output (x2); rotated q and k, v, attention
         # output, w1/w3 outputs, silu output, product (counted on the runtime's block with
-        # saved-tensor hooks: 8h + 2kv + 4f, plus a few elements of norm and softmax statistics).
-        saved_elems=8 * h + 2 * kv + 4 * f,
+        # saved-tensor hooks: 8h + 2kv + 4f where a = h, plus a few elements of norm and softmax statistics).
+        saved_elems=6 * h + 2 * a + 2 * kv + 4 * f,
         saved_fp32_elems=2 * h,  # the two RMSNorms' upcast inputs
         # block input, q and v projections, attention out, w1 output, w2 output (every other matmul).
-        op_saved_elems=4 * h + kv + f,
-        op_recompute_matmul_params=h * kv + h * h + h * f,
+        op_saved_elems=2 * h + 2 * a + kv + f,
+        op_recompute_matmul_params=h * kv + a * h + h * f,
         input_elems=h,
-        attention_output_elems=h,
+        attention_output_elems=a,
         tensors=9 + (3 if spec.qkv_bias else 0),  # 7 projections, 2 norms (+ q/k/v biases)
         replicated_params=2 * h,
         tp_collectives=4,
         tp_collective_elems=4 * h,
         gathered_elems=2 * h,  # the norm outputs, gathered for q/k/v and for w1/w3
-        linear_shapes=((h, (h, kv, kv)), (h, (h,)), (h, (f, f)), (f, (h,))),  # qkv, o, w1 w3, w2
+        linear_shapes=((h, (a, kv, kv)), (a, (h,)), (h, (f, f)), (f, (h,))),  # qkv, o, w1 w3, w2
         kv_elems=2 * kv,
     )
     # The vocabulary-parallel embedding reduce-scatters its output onto the sequence shards.

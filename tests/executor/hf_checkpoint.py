@@ -51,6 +51,14 @@ QWEN2_CONFIG: dict[str, Any] = {
     "rms_norm_eps": 1e-6,
     "use_sliding_window": False,
 }
+MISTRAL_CONFIG: dict[str, Any] = {
+    **{k: v for k, v in LLAMA_CONFIG.items() if k not in ("attention_bias", "mlp_bias")},
+    "architectures": ["MistralForCausalLM"],
+    "model_type": "mistral",
+    # Heads of their own width, as Mistral-NeMo's (32 x 128 at hidden 5120): q and o are 4 x 24 = 96 wide.
+    "head_dim": 24,
+    "sliding_window": None,
+}
 GPT2_CONFIG: dict[str, Any] = {
     "architectures": ["GPT2LMHeadModel"],
     "model_type": "gpt2",
@@ -144,19 +152,20 @@ def random_weights(
             t["lm_head.weight"] = normal(v, h)
         return t
     h, v, ffn = config["hidden_size"], config["vocab_size"], config["intermediate_size"]
-    d = h // config["num_attention_heads"]
+    d = config.get("head_dim") or h // config["num_attention_heads"]
+    a = config["num_attention_heads"] * d
     kv = config.get("num_key_value_heads") or config["num_attention_heads"]
     bias = config["model_type"] == "qwen2"
     t["model.embed_tokens.weight"] = normal(v, h, std=1.0)
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = around_one(h)
-        t[p + "self_attn.q_proj.weight"] = normal(h, h)
+        t[p + "self_attn.q_proj.weight"] = normal(a, h)
         t[p + "self_attn.k_proj.weight"] = normal(kv * d, h)
         t[p + "self_attn.v_proj.weight"] = normal(kv * d, h)
-        t[p + "self_attn.o_proj.weight"] = normal(h, h)
+        t[p + "self_attn.o_proj.weight"] = normal(h, a)
         if bias:
-            t[p + "self_attn.q_proj.bias"] = normal(h)
+            t[p + "self_attn.q_proj.bias"] = normal(a)
             t[p + "self_attn.k_proj.bias"] = normal(kv * d)
             t[p + "self_attn.v_proj.bias"] = normal(kv * d)
         t[p + "post_attention_layernorm.weight"] = around_one(h)
@@ -216,7 +225,7 @@ def llama_logits(
     heads = config["num_attention_heads"]
     kv = config.get("num_key_value_heads") or heads
     h = config["hidden_size"]
-    d = h // heads
+    d = config.get("head_dim") or h // heads
     eps = config["rms_norm_eps"]
     b, t = tokens.shape
     inv_freq = 1.0 / (config["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
@@ -241,7 +250,7 @@ def llama_logits(
         rep = heads // kv  # repeat_kv: query head j uses key/value head j // rep
         k = k[:, :, None].expand(b, kv, rep, t, d).reshape(b, heads, t, d)
         v = v[:, :, None].expand(b, kv, rep, t, d).reshape(b, heads, t, d)
-        attn = _causal_attention(q, k, v).transpose(1, 2).reshape(b, t, h)
+        attn = _causal_attention(q, k, v).transpose(1, 2).reshape(b, t, heads * d)
         x = x + proj("self_attn.o_proj", attn)
         y = _rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
         x = x + proj("mlp.down_proj", F.silu(proj("mlp.gate_proj", y)) * proj("mlp.up_proj", y))

@@ -47,6 +47,7 @@ from tests.executor.conftest import REPO, explain, job_env, read_metrics, torchr
 from tests.executor.hf_checkpoint import (
     GPT2_CONFIG,
     LLAMA_CONFIG,
+    MISTRAL_CONFIG,
     QWEN2_CONFIG,
     plan_model,
     random_weights,
@@ -64,6 +65,7 @@ CHECKPOINTS = {
     # name: (config, dtype on disk, max shard bytes)
     "llama": (LLAMA_CONFIG, torch.bfloat16, None),
     "qwen2": (QWEN2_CONFIG, torch.float32, 60_000),
+    "mistral": (MISTRAL_CONFIG, torch.float32, None),  # heads 24 wide at hidden 64 (config.json's head_dim)
     "gpt2": (GPT2_CONFIG, torch.float32, None),
 }
 
@@ -174,7 +176,7 @@ def test_load_reports_and_casts(tmp_path: Path) -> None:
         ({"rms_norm_eps": 1e-6}, r"rms_norm_eps is 1e-06"),
         ({"hidden_act": "gelu"}, r"hidden_act 'gelu'"),
         ({"attention_bias": True}, r"attention_bias"),
-        ({"head_dim": 32}, r"head_dim 32"),
+        ({"head_dim": 32}, r"head_dim is 32, the plan's model.head_dim is 16"),
         (
             {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
             r"rope_scaling 'llama3' \(the runtime computes unscaled RoPE",

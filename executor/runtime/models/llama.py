@@ -76,11 +76,13 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.head_dim = cfg.head_dim
-        h, kv = cfg.hidden_size, cfg.kv_heads * cfg.head_dim
-        self.wq = nn.Linear(h, h, bias=cfg.qkv_bias)
+        # q and the attention output are num_heads x head_dim wide: the hidden size unless the config's
+        # heads have a width of their own (`head_size`, e.g. Mistral-NeMo's 32 x 128 at hidden 5120).
+        h, a, kv = cfg.hidden_size, cfg.attention_width, cfg.kv_heads * cfg.head_dim
+        self.wq = nn.Linear(h, a, bias=cfg.qkv_bias)
         self.wk = nn.Linear(h, kv, bias=cfg.qkv_bias)
         self.wv = nn.Linear(h, kv, bias=cfg.qkv_bias)
-        self.wo = nn.Linear(h, h, bias=False)
+        self.wo = nn.Linear(a, h, bias=False)
 
     def forward(self, x: torch.Tensor, rope: RotaryEmbedding) -> torch.Tensor:
         b, t, _ = x.shape
