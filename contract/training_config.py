@@ -18,8 +18,15 @@ StateDType = Literal["float32", "bfloat16"]
 
 STATE_DTYPE_NEEDS_BF16 = (
     "state_dtype: bfloat16 (pure bf16 training) keeps parameters, gradients and optimizer states in bf16, "
-    "so it needs precision bf16; set training.precision to bf16 or state_dtype to float32"
+    "so it needs precision bf16; set training.precision to bf16 or training.state_dtype to float32"
 )
+
+
+
+def precision_label(precision: str, state_dtype: str) -> str:
+    """How a plan's precision reads (CLI, dashboard): `bf16`, `fp32`, or `bf16 pure (no fp32 master)`."""
+    return f"{precision} pure (no fp32 master)" if state_dtype == "bfloat16" else precision
+
 
 DERIVED_TRAINING = ("global_batch_sequences",)
 """Fields the planner derives (a plan carries them, a request does not)."""

@@ -49,6 +49,7 @@ CLI_OPTIONS: dict[str, str] = {
     "training.global_batch_tokens": "--global-batch-tokens",
     "global_batch_tokens": "--global-batch-tokens",
     "training.precision": "--precision",
+    "training.state_dtype": "--state-dtype",
     "gpus_per_node": "--cluster's GPUs per node",
     "top_k": "--top",
     "token_budget": "--tokens",

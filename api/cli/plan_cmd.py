@@ -31,6 +31,7 @@ from contract.parallel_config import (
     PipelineConfig,
     ShardingStrategy,
 )
+from contract.training_config import precision_label
 from planner.calibration import CalibrationProfile
 from planner.cost.memory import MEMORY_TERMS
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
@@ -82,6 +83,12 @@ def plan(
     precision: Annotated[str, typer.Option(
         help="bf16 (mixed, fp32 master) or fp32; CPU clusters train in fp32, so plan them with fp32."
     )] = "bf16",
+    state_dtype: Annotated[str, typer.Option(
+        "--state-dtype",
+        help="What the optimizer updates: float32 (parameters, gradients and AdamW states beside the bf16 "
+        "compute copies) or bfloat16 (pure bf16 training, no fp32 master: half their memory; needs "
+        "--precision bf16).",
+    )] = "float32",
     calibration: Annotated[
         Path | None, typer.Option(help="CalibrationProfile JSON from `fsdp-planner calibrate`.")
     ] = None,
@@ -156,6 +163,7 @@ def plan(
             # As typed: a batch of partial sequences is refused with batches that plan on this cluster.
             "training": {
                 "seq_len": seq_len, "global_batch_tokens": global_batch_tokens, "precision": precision,
+                "state_dtype": state_dtype,
             },
             "search": search,
             "top_k": top,
@@ -274,6 +282,8 @@ def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
         f"[bold]{p.model.name}[/] ({quantity(p.model.num_params)} params) on "
         f"{p.cluster.num_nodes}x{p.cluster.gpus_per_node} {gpu.name} ({p.cluster.ranks()}), "
         f"seq {p.training.seq_len}, {p.training.global_batch_tokens:,} tokens/step"
+        + (f", {precision_label(p.training.precision, p.training.state_dtype)}"
+           if p.training.state_dtype == "bfloat16" else "")
         + (f", calibration {p.calibration_id}" if p.calibration_id else ", uncalibrated")
     )
     console.print(f"Chosen: [bold green]{p.config.label()}[/]")

@@ -18,6 +18,7 @@ from api.db.models import PlanRow
 from api.services import plan_compare
 from api.services.plan_compare import Scalar
 from contract.parallel_config import ParallelConfig
+from contract.training_config import precision_label
 from planner.cost.memory import MEMORY_TERMS
 from planner.formatting import quantity
 from planner.plan import Candidate, Plan, Prediction, PredictionInterval, TimelineSegment
@@ -106,7 +107,10 @@ def input_rows(row: PlanRow, plan: Plan) -> list[Row]:
         Row("Sequence length", f"{training.seq_len:,} tokens"),
         Row("Global batch", f"{training.global_batch_tokens:,} tokens",
             f"{training.global_batch_sequences:,} sequences per optimizer step"),
-        Row("Precision / optimizer", f"{training.precision} / {training.optimizer}"),
+        Row(
+            "Precision / optimizer",
+            f"{precision_label(training.precision, training.state_dtype)} / {training.optimizer}",
+        ),
         Row("Calibration", f"profile {row.calibration_id}" if row.calibration_id else "none (catalog peaks)"),
     ]
 

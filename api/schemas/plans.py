@@ -23,7 +23,7 @@ from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from api.problems import UNION_TAG_PREFIX
 from contract.mesh import Mesh
-from contract.training_config import Optimizer, Precision
+from contract.training_config import Optimizer, Precision, StateDType
 
 # Re-exported (for the routes and the dashboard) from the planner, whose types the schemas below spell, so
 # that the OpenAPI shows the very limits the planner enforces.
@@ -138,6 +138,10 @@ class TrainingIn(StrictBody):
     """Tokens per optimizer step over the whole cluster; a multiple of seq_len."""
     precision: Precision = "bf16"
     optimizer: Optimizer = "adamw"
+    state_dtype: StateDType = "float32"
+    """What the optimizer updates: `float32` parameters, gradients and AdamW states beside the bf16
+    compute copies (mixed precision), or `bfloat16` for pure bf16 training (no fp32 master: half their
+    memory and optimizer traffic; needs precision `bf16`). The search never picks it: a request does."""
 
 
 def _json_kind(value: Any) -> str | None:

@@ -1,0 +1,54 @@
+"""Pure bf16 training through the API, the plan page and the CLI: pinned by the request, planned where
+mixed precision cannot fit, shown as what it is; with fp32 compute a 422 names the field."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from api.cli.main import app as cli
+from tests.api.conftest import assert_problem
+
+pytestmark = pytest.mark.anyio
+
+PLANS = "/api/v1/plans"
+ONE_H200_8B = {
+    "model": "llama3-8b", "cluster": "1x1xH200",
+    "training": {"seq_len": 4096, "global_batch_tokens": 4096 * 2},
+    "search": {"compile": [True], "checkpointing": ["none", "full"]},
+}
+
+
+def pure(body: dict, **training: str) -> dict:
+    return {**body, "training": {**body["training"], "state_dtype": "bfloat16", **training}}
+
+
+async def test_pure_bf16_plans_what_mixed_precision_cannot_fit(client: httpx.AsyncClient) -> None:
+    mixed = assert_problem(await client.post(PLANS, json=ONE_H200_8B), 422)
+    assert "needs 152.8 GiB" in mixed["detail"]
+    created = await client.post(PLANS, json=pure(ONE_H200_8B))
+    assert created.status_code == 201, created.text
+    plan = created.json()["plan"]
+    assert plan["training"]["state_dtype"] == "bfloat16"
+    assert plan["config"]["param_dtype"] == plan["config"]["reduce_dtype"] == "bfloat16"
+    assert plan["prediction"]["memory_breakdown_gib"]["params"] == pytest.approx(
+        2 * plan["model"]["num_params"] / 2**30, rel=1e-6
+    )
+    page = await client.get(f"/plans/{created.json()['id']}")
+    assert "bf16 pure (no fp32 master) / adamw" in page.text
+
+
+async def test_pure_bf16_with_fp32_compute_is_a_422_naming_the_field(client: httpx.AsyncClient) -> None:
+    problem = assert_problem(await client.post(PLANS, json=pure(ONE_H200_8B, precision="fp32")), 422)
+    assert "state_dtype" in problem["detail"] and "training.precision to bf16" in problem["detail"]
+
+
+def test_the_cli_pins_it_and_says_so() -> None:
+    args = ["plan", "--model", "llama3-8b", "--cluster", "1x1xH200", "--seq-len", "4096",
+            "--global-batch-tokens", "8192", "--state-dtype", "bfloat16", "--top", "1"]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "bf16 pure (no fp32 master)" in " ".join(result.output.split())
+    refused = CliRunner().invoke(cli, [*args, "--precision", "fp32"])
+    assert refused.exit_code != 0 and "--state-dtype to float32" in " ".join(refused.output.split())
