@@ -38,6 +38,28 @@ def as_schema_1(
     return {**old(document), "schema_version": version}
 
 
+SCHEMA_2_2_FIELDS = ("tokens_per_s_per_gpu_interval", "peak_memory_gib_interval", "network_assumed")
+"""What schema 2.2 added: the intervals beside every prediction and candidate, the assumed network."""
+SCHEMA_2_2_WARNINGS = ("lead_within_interval", "network_assumed", "gpu_outside_corpus",
+                       "cluster_size_outside_corpus", "degree_outside_corpus")
+
+
+def as_schema_2_1(document: dict[str, Any]) -> dict[str, Any]:
+    """A 2.x plan as schema 2.1 wrote it: no intervals, no `network_assumed`, none of 2.2's warnings."""
+
+    def old(value: Any) -> Any:
+        if isinstance(value, list):
+            return [old(item) for item in value]
+        if not isinstance(value, dict):
+            return value
+        return {key: old(item) for key, item in value.items() if key not in SCHEMA_2_2_FIELDS}
+
+    written = old(document)
+    if "warnings" in written:
+        written["warnings"] = [w for w in written["warnings"] if w["code"] not in SCHEMA_2_2_WARNINGS]
+    return {**written, "schema_version": "2.1"}
+
+
 def as_schema_2_0(document: dict[str, Any]) -> dict[str, Any]:
     """A 2.x plan as schema 2.0 wrote it: no field or mesh axis added since, where the plan holds
     the value their absence meant (a plan that uses one could not have been written by 2.0)."""
