@@ -60,12 +60,13 @@ class PlanIntervals:
 
     def _intervals(self, e: Evaluated) -> dict[str, PredictionInterval]:
         cluster, mesh = self.request.cluster, e.choice.mesh
+        gpu = cluster.resolved_gpu()  # a GPU of the user's own has no catalog name
         spread = network_spread(cluster=cluster, price=lambda other: self._tokens(other, e.choice))
         throughput = throughput_interval(
-            predicted=e.tokens_per_s_per_gpu, gpu=cluster.gpu, mesh=mesh,
+            predicted=e.tokens_per_s_per_gpu, gpu=gpu, mesh=mesh,
             network_stated=not self.network_assumed, spread=spread,
         )
-        memory = memory_interval(predicted_gib=e.peak_gib, gpu=cluster.gpu, mesh=mesh)
+        memory = memory_interval(predicted_gib=e.peak_gib, gpu=gpu, mesh=mesh)
         return {
             "tokens_per_s_per_gpu_interval": document_interval(throughput),
             "peak_memory_gib_interval": document_interval(memory),

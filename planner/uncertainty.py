@@ -26,6 +26,7 @@ from typing import Any
 
 from contract.mesh import Mesh
 from planner.catalog.gpus import resolve_gpu
+from planner.gpu_spec import GpuSpec
 from planner.specs import ClusterSpec
 
 INTERVALS_PACKAGE = "planner.fidelity"
@@ -96,8 +97,14 @@ def interval_data() -> dict[str, Any]:
     return data
 
 
-def _group(quantity: str, gpu: str, mesh: Mesh) -> dict[str, Any]:
-    spec = resolve_gpu(gpu)
+def _spec(gpu: str | GpuSpec) -> GpuSpec:
+    """A catalog name's entry, or a resolved one as it is (a GPU of the user's own has no name the
+    catalog knows: `ClusterSpec.resolved_gpu`)."""
+    return gpu if isinstance(gpu, GpuSpec) else resolve_gpu(gpu)
+
+
+def _group(quantity: str, gpu: str | GpuSpec, mesh: Mesh) -> dict[str, Any]:
+    spec = _spec(gpu)
     return find_group(interval_data()[quantity], gpu=spec.name, chip=spec.chip, dims=dimension_key(mesh))
 
 
@@ -120,7 +127,7 @@ def _basis(group: dict[str, Any]) -> str:
 def throughput_interval(
     *,
     predicted: float,
-    gpu: str,
+    gpu: str | GpuSpec,
     mesh: Mesh,
     network_stated: bool = True,
     spread: NetworkSpread | None = None,
@@ -141,17 +148,17 @@ def throughput_interval(
     return Interval(low=low * math.exp(-q), high=high * math.exp(q), basis=basis)
 
 
-def memory_interval(*, predicted_gib: float, gpu: str, mesh: Mesh) -> Interval:
+def memory_interval(*, predicted_gib: float, gpu: str | GpuSpec, mesh: Mesh) -> Interval:
     """The 80% interval on a plan's peak memory per GPU (GiB)."""
     group = _group("memory", gpu, mesh)
     q = max(0.0, group["q"])
     return Interval(low=predicted_gib * math.exp(-q), high=predicted_gib * math.exp(q), basis=_basis(group))
 
 
-def network_range(gpu: str) -> tuple[float, float]:
+def network_range(gpu: str | GpuSpec) -> tuple[float, float]:
     """The low and high plausible network of a GPU type's clusters, Gb/s per node each way
     (`NETWORK_RANGES_GBPS_PER_NODE`)."""
-    spec = resolve_gpu(gpu)
+    spec = _spec(gpu)
     if spec.chip in NETWORK_RANGES_GBPS_PER_NODE:
         return NETWORK_RANGES_GBPS_PER_NODE[spec.chip]
     catalog = spec.inter_node_bandwidth_gbps * 8 * spec.default_gpus_per_node
@@ -170,7 +177,7 @@ def network_spread(*, cluster: ClusterSpec, price: Callable[[ClusterSpec], float
     the cluster is one node. Call it for the plans a person reads, not per candidate (two pricings)."""
     if not network_assumed(cluster):
         return None
-    low, high = network_range(cluster.gpu)
+    low, high = network_range(cluster.resolved_gpu())
     def on(gbps_per_node: float) -> float:  # ClusterSpec states GB/s per GPU
         per_gpu = gbps_per_node / 8 / cluster.gpus_per_node
         return price(cluster.model_copy(update={"inter_node_bandwidth_gbps": per_gpu}))
@@ -206,7 +213,7 @@ def coverage_warnings(*, cluster: ClusterSpec, mesh: Mesh) -> tuple[Caveat, ...]
                 f"{axis}={degree}: no priced run of the corpus went past {axis}={most}"
             )))
     if network_assumed(cluster):
-        low, high = network_range(cluster.gpu)
+        low, high = network_range(cluster.resolved_gpu())
         out.append(Caveat("network_assumed", (
             f"the cluster does not state its network: priced on the catalog's "
             f"{spec.inter_node_bandwidth_gbps * 8 * cluster.gpus_per_node:g} Gb/s per node; the tokens/s "
