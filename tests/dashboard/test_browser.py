@@ -29,9 +29,9 @@ pytestmark = pytest.mark.browser
 
 
 def chart_marks(page: Any, chart: str, kind: str, css_class: str | None = None) -> int:
-    """What plotly.js drew in one chart, read from the page: `circle` markers, `path` lines or `rect`
-    bars, optionally of the traces whose `meta.class` has `css_class` (guides left out). Also checks
-    that the chart is plotted and laid out (a real size, not a collapsed box)."""
+    """What plotly.js drew in one chart, read from the page: `circle` markers, `path` lines, `rect`
+    bars or vertical `errorbar`s, optionally of the traces whose `meta.class` has `css_class` (guides
+    left out). Also checks that the chart is plotted and laid out (a real size, not a collapsed box)."""
     return int(page.evaluate(DRAWN_MARKS, drawn_figure(page, chart) | {"kind": kind, "css": css_class}))
 
 
@@ -46,7 +46,9 @@ def drawn_figure(page: Any, chart: str) -> dict[str, str]:
 DRAWN_MARKS = """({id, kind, css}) => {
   const plot = document.getElementById(id);
   const layer = kind === "rect" ? ".barlayer" : ".scatterlayer";
-  const marks = {circle: "path.point", path: "path.js-line", rect: "g.point path"}[kind];
+  const marks = {
+    circle: "path.point", path: "path.js-line", rect: "g.point path", errorbar: "path.yerror",
+  }[kind];
   let count = 0;
   plot.querySelectorAll(layer + " g.trace").forEach((group) => {
     const trace = group.__data__ && group.__data__[0] && group.__data__[0].trace;
@@ -187,6 +189,15 @@ def test_create_find_sort_filter_open_and_compare(live_server: LiveServer, page:
     assert p.locator("#alternatives-table tbody tr").count() >= 2
     assert p.locator("#rejected-table tbody tr").count() >= 1
     assert p.locator("#no-runs").is_visible()
+    # Every number shown carries its 80% interval: under the headline numbers, in the alternatives'
+    # rows, and as error bars on the trade-off chart (one per alternative at least, and the pick's).
+    interval = stored["plan"]["prediction"]["tokens_per_s_per_gpu_interval"]
+    assert p.locator("#metric-throughput-interval").inner_text() == (
+        f"80%: {interval['low']:,.0f}–{interval['high']:,.0f}")
+    assert p.locator("#metric-memory-interval").is_visible() and p.locator("#interval-note").is_visible()
+    assert p.locator("#alternatives-table tbody .interval").count() >= 4
+    assert chart_marks(p, "tradeoff", "errorbar", "chosen") == 1
+    assert chart_marks(p, "tradeoff", "errorbar", "alternative") >= 1
     page.screenshot("plan-detail")
 
     # Download the raw plan JSON.
