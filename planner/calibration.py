@@ -27,6 +27,7 @@ from planner.bounds import (
 )
 from planner.catalog.gpus import GpuSpec, gpu_for_device, resolve_gpu
 from planner.cost.estimate import Estimator, block_step_time
+from planner.cost.gemm import fit_gemm_ceiling
 from planner.cost.model_costs import ModelCosts, model_costs
 from planner.cost.parameters import CostParameters, LinkParameters
 from planner.cost.setting import Choice, Setting
@@ -463,21 +464,29 @@ def _fit(
     changes: dict[str, object] = {}
     dtype = "bfloat16" if precision == "bf16" else "float32"
     samples = [s for s in profile.matmul if s.dtype == dtype]
-    # time = flops / (peak * efficiency) + overhead
+    if profile.memory_bandwidth:
+        best = max(s.bytes / s.seconds for s in profile.memory_bandwidth)
+        changes["memory_bandwidth"] = best
+        if base.gemm_bandwidth:
+            changes["gemm_bandwidth"] = best
+    # time = flops / (peak * efficiency) + overhead: the launch overhead, and the large GEMMs' rate
+    # for the float8 ratio; the ceiling is the GEMM curve's (planner/cost/gemm.py), fitted to every
+    # compute-bound sample, and the samples themselves replace the curve at their shapes.
     line = _fit_line([(s.flops, s.seconds) for s in samples])
     if line is not None:
         overhead, seconds_per_flop = line
-        changes["matmul_efficiency"] = min(1.0, 1.0 / (seconds_per_flop * base.peak_flops))
+        points = tuple((s.m, s.n, s.k, s.seconds) for s in samples)
+        curve = base.with_changes(**changes, matmul_overhead_s=overhead)
+        ceiling = fit_gemm_ceiling(curve, list(points), dtype_bytes=2 if dtype == "bfloat16" else 4)
+        changes["matmul_efficiency"] = ceiling or min(1.0, 1.0 / (seconds_per_flop * base.peak_flops))
         changes["matmul_overhead_s"] = overhead
+        changes["gemm_points"] = points
         float8 = _fit_line([(s.flops, s.seconds) for s in profile.matmul if s.dtype == "float8_e4m3fn"])
         if float8 is not None and base.fp8_peak_flops and precision == "bf16":
             # The measured float8 GEMM rate against the measured bf16 one, as a share of the 2x the
             # peaks allow: what FLOAT8_GEMM_EFFICIENCY states for tensorwise from the corpus.
             ratio = seconds_per_flop / float8[1] / (base.fp8_peak_flops / base.peak_flops)
             changes["float8_gemm_efficiency"] = {**base.float8_gemm_efficiency, "tensorwise": min(1.0, ratio)}
-    if profile.memory_bandwidth:
-        best = max(s.bytes / s.seconds for s in profile.memory_bandwidth)
-        changes["memory_bandwidth"] = best
 
     links = dict(base.links)
     by_link: dict[LinkClass, list[tuple[float, float, int]]] = defaultdict(list)
@@ -711,6 +720,7 @@ def _block_scale(profile: CalibrationProfile, params: CostParameters, dtype: str
             params.with_changes(compute_scale=1.0),
             block,
             tokens=sample.micro_batch_size * sample.seq_len,
+            seq_len=sample.seq_len,
             act_bytes=act_bytes,
             checkpointing=sample.checkpointing,
             compile_=sample.compile,

@@ -643,8 +643,8 @@ def stage_costs(setting: Setting) -> tuple[float, float]:
 
     def step(unit: UnitCost) -> float:
         return block_step_time(
-            setting.params, unit, tokens=tokens, act_bytes=setting.act_bytes, checkpointing="none",
-            compile_=True,
+            setting.params, unit, tokens=tokens, seq_len=m.seq_len, act_bytes=setting.act_bytes,
+            checkpointing="none", compile_=True,
         )
 
     block = step(m.blocks[0]) if m.blocks else 0.0

@@ -80,7 +80,11 @@ class GpuSpec(BaseModel):
     datacenter GPUs. Training GEMMs reach a share of it (planner/cost/parameters.py `CorpusFit`)."""
     attention_efficiency: Annotated[float, Field(ge=0.01, le=1, allow_inf_nan=False)] = 0.35
     """Fraction of the dense peak that fused (flash) attention forward and backward achieve on this
-    type (published kernel benchmarks: FlashAttention-2 reaches ~35% on an H100, 50-73% on an A100)."""
+    type (published kernel benchmarks: FlashAttention-2 reaches ~35% on an H100, 50-73% on an A100),
+    at sequence 16384 and head dim 128; shorter sequences reach less (planner/cost/gemm.py)."""
+    sm_count: Annotated[int, Field(ge=1, le=10_000)] | None = None
+    """Streaming multiprocessors (the datasheet's): what a GEMM's output tiles are spread over, in
+    waves (planner/cost/gemm.py). None: GEMMs are priced at the ceiling whatever their shape."""
 
     @property
     def is_cpu(self) -> bool:

@@ -26,6 +26,7 @@ _H100_SXM = GpuSpec(
     matmul_efficiency=0.801,
     attention_efficiency=0.35,
     chip="GH100",
+    sm_count=132,
 )
 
 GPU_CATALOG: dict[str, GpuSpec] = {
@@ -60,6 +61,7 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             matmul_efficiency=0.803,
             attention_efficiency=0.35,
             chip="GH100",
+            sm_count=132,
         ),
         GpuSpec(
             name="A100-80GB",
@@ -75,6 +77,7 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             matmul_efficiency=0.859,
             attention_efficiency=0.6,
             chip="GA100",
+            sm_count=108,
         ),
         GpuSpec(
             name="A100-40GB",
@@ -90,6 +93,7 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             matmul_efficiency=0.859,
             attention_efficiency=0.6,
             chip="GA100",
+            sm_count=108,
         ),
         GpuSpec(
             name="L4",
@@ -103,6 +107,7 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             nominal_memory_gb=24,
             board_power_w=72,
             chip="AD104",
+            sm_count=58,
         ),
         GpuSpec(
             name="B200",
@@ -120,6 +125,7 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             matmul_efficiency=0.776,
             attention_efficiency=0.35,
             chip="GB100",
+            sm_count=148,
         ),
         # A CPU "device" (one rank per core group, gloo over shared memory): lets plans and
         # launchers be exercised on machines without GPUs. Calibration replaces these guesses.

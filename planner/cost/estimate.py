@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from contract.mesh import LinkClass
+from planner.cost.gemm import attention_scale, matmul_seconds
 from planner.cost.layout import CommLayout, comm_layout
 from planner.cost.memory import (
     MemoryEstimate,
@@ -129,12 +130,14 @@ def block_step_time(
     block: UnitCost,
     *,
     tokens: int,
+    seq_len: int,
     act_bytes: int,
     checkpointing: str,
     compile_: bool,
 ) -> float:
-    """Forward + backward (+ recompute) seconds of one block alone: what the profiler times."""
-    fwd = _forward_time(params, act_bytes, block, tokens, compile_)
+    """Forward + backward (+ recompute) seconds of one block alone over `tokens` tokens of sequences
+    of `seq_len`: what the profiler times."""
+    fwd = _forward_time(params, act_bytes, block, tokens, compile_, seq_len=seq_len)
     probe = Choice(sharding="", checkpointing=checkpointing, compile=compile_)
     backward = BACKWARD_FLOPS_RATIO * fwd.total + ATTENTION_BACKWARD_EXTRA * fwd.attention
     return fwd.total + backward + _recompute_time(probe, block, 0, fwd)
@@ -159,26 +162,30 @@ def _forward_time(
     compile_: bool,
     float8: str = "none",
     *,
+    seq_len: int,
     whole_sequence_casts: bool = False,
 ) -> ForwardTime:
-    flops = 2.0 * unit.matmul_params * tokens
+    """One forward of `unit` over `tokens` tokens (a rank's) of sequences `seq_len` long (whole: what
+    attention's keys span)."""
+    # The GEMMs at their shapes (planner/cost/gemm.py), in the compute dtype.
+    matmul = matmul_seconds(p, unit, tokens, dtype_bytes=act_bytes)
     fp8 = None
     if float8 != "none":
         fp8 = float8_share(unit, float8, compiled=compile_, whole_sequence_casts=whole_sequence_casts)
     casts = 0.0
     if fp8 is not None and fp8.matmul_fraction:
-        fp8_rate = p.fp8_peak_flops * p.matmul_efficiency * p.float8_gemm_efficiency[float8]
-        matmul = flops * (1.0 - fp8.matmul_fraction) / (p.peak_flops * p.matmul_efficiency)
-        matmul += flops * fp8.matmul_fraction / fp8_rate
+        # The converted share runs at the float8 peak's multiple of the bf16 rate the shapes reach.
+        speedup = p.fp8_peak_flops * p.float8_gemm_efficiency[float8] / p.peak_flops
+        matmul *= 1.0 - fp8.matmul_fraction + fp8.matmul_fraction / speedup
         # A third of the casts happen in forward (the input and the weight), two thirds in backward
         # (the output gradient and the transposed copies): forward carries a third, and backward's
         # 2x of forward the rest.
         cast_bytes = FLOAT8_CAST_BYTES_PER_ELEMENT[(float8, compile_)]
         casts = (fp8.cast_elems * tokens + fp8.weight_elems) * cast_bytes / 3.0 / p.memory_bandwidth
-    else:
-        matmul = flops / (p.peak_flops * p.matmul_efficiency)
-    matmul += unit.gemms * p.matmul_overhead_s
-    attention = unit.attention_flops * tokens / (p.peak_flops * p.attention_efficiency)
+    attention = 0.0
+    if unit.attention_flops:
+        efficiency = p.attention_efficiency * attention_scale(p, seq_len)
+        attention = unit.attention_flops * tokens / (p.peak_flops * efficiency)
     traffic = unit.elementwise_elems * tokens * act_bytes
     kernels = unit.kernels
     if compile_:
@@ -456,7 +463,7 @@ class _UnitTimes:
                 )
             forward = _forward_time(
                 setting.params, setting.act_bytes, u, self.tokens, choice.compile, choice.float8,
-                whole_sequence_casts=choice.float8_casts_whole_sequence,
+                seq_len=setting.model.seq_len, whole_sequence_casts=choice.float8_casts_whole_sequence,
             )
             tp_back_s = tp_s
             if choice.async_tp and u.is_block:
@@ -524,7 +531,9 @@ def compute_split(setting: Setting, choice: Choice) -> tuple[float, float, float
         forward += f
         backward += b
         p = setting.params
-        weight += _forward_time(p, setting.act_bytes, u, tokens, choice.compile, choice.float8).matmul
+        weight += _forward_time(
+            p, setting.act_bytes, u, tokens, choice.compile, choice.float8, seq_len=m.seq_len
+        ).matmul
     return forward, backward - weight, weight
 
 
@@ -826,13 +835,15 @@ class Estimator:
         for index, u in [(-1, m.embedding), *enumerate(m.blocks), (-1, m.head)]:
             whole = choice.float8_casts_whole_sequence
             f = _forward_time(
-                p, setting.act_bytes, u, tokens, choice.compile, choice.float8, whole_sequence_casts=whole
+                p, setting.act_bytes, u, tokens, choice.compile, choice.float8, seq_len=m.seq_len,
+                whole_sequence_casts=whole,
             )
             recompute += _recompute_time(choice, u, index, f)
             if not choice.compile:
                 eager += forward_backward(f) - forward_backward(
                     _forward_time(
-                        p, setting.act_bytes, u, tokens, True, choice.float8, whole_sequence_casts=whole
+                        p, setting.act_bytes, u, tokens, True, choice.float8, seq_len=m.seq_len,
+                        whole_sequence_casts=whole,
                     )
                 )
         return recompute * choice.grad_accum_steps, eager * choice.grad_accum_steps

@@ -166,6 +166,15 @@ class CostParameters:
     (gather and reduce hooks, buffer copies, collectives competing with compute)."""
     calibration_id: str | None = None
     """The calibration profile these parameters were fitted from, if any."""
+    sm_count: int = 0
+    """Streaming multiprocessors: what a GEMM's tiles are spread over (planner/cost/gemm.py). 0: the
+    shape is not modelled (the CPU device, a GPU type without one): every GEMM runs at the ceiling."""
+    gemm_bandwidth: float = 0.0
+    """Memory bandwidth a GEMM streams its operands at, bytes/s (the datasheet's, or the best a
+    calibration measured): the memory-bound side of the GEMM roofline. 0: no memory-bound regime."""
+    gemm_points: tuple[tuple[int, int, int, float], ...] = ()
+    """GEMMs a calibration timed, as (m, n, k, seconds): at these shapes the measured time replaces
+    the curve (planner/cost/gemm.py `gemm_seconds`)."""
 
     @property
     def usable_memory_gib(self) -> float:
@@ -300,6 +309,8 @@ def default_parameters(
         peak_flops=peak,
         mfu_peak_flops=gpu.peak_bf16_tflops * 1e12,
         matmul_efficiency=gpu.matmul_efficiency * (1.0 if is_cpu else fit.matmul_share_for(gpu.chip)),
+        sm_count=gpu.sm_count or 0,
+        gemm_bandwidth=0.0 if is_cpu else gpu.memory_bandwidth_gbps * 1e9,
         fp8_peak_flops=(gpu.peak_fp8_tflops or 0.0) * 1e12 * clock,
         matmul_overhead_s=20e-6 if is_cpu else 8e-6,
         attention_efficiency=gpu.attention_efficiency,

@@ -18,6 +18,7 @@ from planner.calibration import (
 from planner.catalog.gpus import resolve_gpu
 from planner.catalog.models import resolve_model
 from planner.cost.estimate import Estimator
+from planner.cost.gemm import tile_efficiency
 from planner.cost.memory import PRICED_ALLOCATOR_CONFIG, runs_priced_allocator
 from planner.cost.model_costs import model_costs
 from planner.cost.parameters import default_parameters
@@ -64,7 +65,10 @@ def test_fitting_recovers_known_parameters() -> None:
     )
     base = default_parameters(resolve_gpu("H100"), ClusterSpec.parse("1x8xH100"), "bf16")
     fitted = fit_parameters(profile, base=base, precision="bf16")
-    assert fitted.matmul_efficiency == pytest.approx(0.42, rel=1e-3)
+    # The ceiling is the GEMM curve's (planner/cost/gemm.py): at the largest GEMM timed, the curve's
+    # shape times it is the 0.42 measured (tests/planner/test_gemm_curve.py tests the curve).
+    largest = tile_efficiency(8192, 8192, 8192, base.sm_count)
+    assert fitted.matmul_efficiency * largest == pytest.approx(0.42, rel=1e-2)
     assert fitted.matmul_overhead_s == pytest.approx(15e-6, rel=1e-3)
     assert fitted.links["intra"].bandwidth == pytest.approx(200e9, rel=1e-3)
     assert fitted.links["intra"].latency(8) == pytest.approx(30e-6, rel=1e-3)
