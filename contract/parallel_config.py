@@ -17,7 +17,7 @@ from contract.fields import DOCUMENT_CONFIG, AtLeast, check_fields
 from contract.mesh import Mesh
 
 ShardingStrategy = Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
-CheckpointMode = Literal["none", "selective", "op_selective", "full"]
+CheckpointMode = Literal["none", "selective", "op_selective", "full", "blocks"]
 DType = Literal["bfloat16", "float32"]
 Float8Recipe = Literal["none", "tensorwise", "rowwise", "mxfp8"]
 """Float8 training of the blocks' linear layers (torchao): `none` (they compute in the plan's
@@ -64,12 +64,31 @@ class CheckpointingConfig:
     mode: CheckpointMode
     """`none`; `selective`: every `every_k`-th block recomputed; `op_selective`: in every block the
     outputs of every other matmul (and attention) are saved and the rest recomputed (torchtitan's
-    op-level SAC); `full`: every block recomputed from its input."""
+    op-level SAC); `full`: every block recomputed from its input; `blocks`: the first `blocks`
+    blocks recomputed from their inputs, the rest not (any number of them, 50 of 80 say)."""
     every_k: Annotated[int, AtLeast(1)] = 1
     """For `selective`: checkpoint blocks whose index is a multiple of k (k=2: half the blocks)."""
+    blocks: Annotated[int, AtLeast(0)] = 0
+    """For `blocks`: how many blocks are recomputed, the model's first ones (Megatron-LM's
+    `--recompute-method block`): in backward the blocks run last to first, so the activations of
+    the blocks kept whole are freed before the checkpointed ones are recomputed."""
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if (self.mode == "blocks") != (self.blocks > 0):
+            raise ValueError(
+                "checkpointing.blocks: give the number of blocks to recompute (at least 1) with mode "
+                "`blocks`, and 0 with any other mode"
+            )
+
+    def label(self) -> str:
+        """How a configuration's label names it: `none`, `full`, `op`, `sel2` (every 2nd block),
+        `first50` (the first 50 blocks)."""
+        if self.mode == "selective":
+            return f"sel{self.every_k}"
+        if self.mode == "blocks":
+            return f"first{self.blocks}"
+        return {"none": "none", "full": "full", "op_selective": "op"}[self.mode]
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +271,11 @@ class ParallelConfig:
             raise PipelineError("pipeline: must be null when mesh.pp is 1 (no pipeline to run)")
         if self.pipeline is not None:
             self.pipeline.check(pp=self.mesh.pp, grad_accum_steps=self.grad_accum_steps)
+            if self.checkpointing.mode == "blocks":
+                raise PipelineError(
+                    "checkpointing.mode: `blocks` recomputes the model's first blocks, which a pipeline "
+                    "spreads over its stages; with a pipeline use `selective` (every k-th block) or `full`"
+                )
             if self.compile and self.pipeline.schedule in EAGER_ONLY_SCHEDULES:
                 raise PipelineError(
                     f"pipeline.schedule: {self.pipeline.schedule} splits each backward into the input's "
@@ -274,6 +298,8 @@ class ParallelConfig:
         for axis in ADDED_MESH_AXES:
             if document["mesh"].get(axis) == 1:
                 del document["mesh"][axis]
+        if document["checkpointing"].get("blocks") == 0:  # added after schema 2.0 too
+            del document["checkpointing"]["blocks"]
         return document
 
     def label(self) -> str:
@@ -283,9 +309,7 @@ class ParallelConfig:
         shard = f"{self.sharding} {self.mesh.label()}"
         if self.pipeline is not None:
             shard += f" {self.pipeline.label()}"
-        ac = {"none": "none", "full": "full", "op_selective": "op"}.get(
-            self.checkpointing.mode, f"sel{self.checkpointing.every_k}"
-        )
+        ac = self.checkpointing.label()
         buckets = ""
         if self.compile and (self.all_gather_bucket_mb or self.reduce_scatter_bucket_mb):
             buckets = f" ag{self.all_gather_bucket_mb:g}/rs{self.reduce_scatter_bucket_mb:g}MB"

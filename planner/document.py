@@ -44,7 +44,7 @@ def to_parallel_config(choice: Choice, request: PlanRequest) -> ParallelConfig:
     bf16 = request.training.precision == "bf16"
     return ParallelConfig(
         **{name: getattr(choice, name) for name in _SHARED_FIELDS},
-        checkpointing=CheckpointingConfig(mode=choice.checkpointing, every_k=choice.every_k),  # type: ignore[arg-type]
+        checkpointing=checkpointing_config(choice),
         reshard_after_forward=choice.reshards_after_forward,
         param_dtype="bfloat16" if bf16 else "float32",
         inductor=InductorConfig(
@@ -57,11 +57,20 @@ def to_parallel_config(choice: Choice, request: PlanRequest) -> ParallelConfig:
 
 def choice_from_config(config: ParallelConfig) -> Choice:
     """The search's choice for a Plan's configuration (what `predict` prices)."""
+    ac = config.checkpointing
     return Choice(
         **{name: getattr(config, name) for name in _SHARED_FIELDS},
-        checkpointing=config.checkpointing.mode,
-        every_k=config.checkpointing.every_k,
+        checkpointing=ac.mode,
+        every_k=ac.blocks if ac.mode == "blocks" else ac.every_k,
     )
+
+
+def checkpointing_config(choice: Choice) -> CheckpointingConfig:
+    """The Plan's checkpointing for a choice: its policy's number (`Choice.every_k`) is `blocks` for
+    mode `blocks`, `every_k` otherwise."""
+    if choice.checkpointing == "blocks":
+        return CheckpointingConfig(mode="blocks", blocks=choice.every_k)
+    return CheckpointingConfig(mode=choice.checkpointing, every_k=choice.every_k)  # type: ignore[arg-type]
 
 
 def mfu(setting: Setting, tokens_per_s_per_gpu: float) -> float:

@@ -31,6 +31,9 @@ from planner.specs import PlanRequest
 BLOCKS_PER_UNIT = (1, 2, 4, 8)
 BUCKET_CAPS_MB = (0.0, 64.0, 512.0)
 SELECTIVE_EVERY_K = (2, 4)
+CHECKPOINT_BLOCK_SHARES = (0.25, 0.5, 0.75)
+"""With checkpointing mode `blocks` allowed, the shares of the model's blocks searched as the number
+recomputed (the first ones): a few, so that the search stays as fast; `predict` prices any number."""
 
 
 def hybrid_shard_sizes(dp: int, gpus_per_node: int, *, tp: int = 1) -> list[int]:
@@ -478,17 +481,17 @@ class Family:
         mb = next(iter(self.pipelines))
         return self.choice(self.units[0], self.caps[0], self.checkpointing[0], mb, self.recipes[0])
 
-    def lightest(self, keeps_less: Sequence[tuple[str, int]]) -> list[Choice]:
+    def lightest(self, layers: int) -> list[Choice]:
         """Of each checkpointing policy, the members that hold the least: the smallest micro-batch
         (and the single micro-batch per step, which holds no accumulated gradients), the smallest
         unit and bucket caps (the first such in the enumeration's order) and the first recipe;
-        ordered by `keeps_less` (the policies from the one that keeps the fewest activations),
-        then by micro-batch."""
+        ordered by `policy_keeps` of a model of `layers` blocks (the policies from the one that keeps
+        the fewest activations), then by micro-batch."""
         smallest = min(self.pipelines)
         sizes = [mb for mb in self.pipelines if mb == smallest or self.local_batch // mb == 1]
         unit, caps = min(itertools.product(self.units, self.caps), key=lambda uc: (uc[0], sum(uc[1])))
         probes = sorted(
-            ((keeps_less.index(policy), mb, policy) for policy in self.checkpointing for mb in sizes),
+            ((policy_keeps(policy, layers), mb, policy) for policy in self.checkpointing for mb in sizes),
             key=lambda t: t[:2],
         )
         return [self.choice(unit, caps, policy, mb, self.recipes[0]) for _, mb, policy in probes]
@@ -515,15 +518,31 @@ def wrap_units(request: PlanRequest) -> tuple[int, ...]:
 
 def checkpointing_policies(request: PlanRequest) -> tuple[tuple[str, int], ...]:
     """The (mode, every_k) checkpointing policies searched: each allowed mode, selective checkpointing
-    once per SELECTIVE_EVERY_K the model has blocks for."""
+    once per SELECTIVE_EVERY_K the model has blocks for, and `blocks` (its every_k the number of
+    first blocks recomputed, `Choice.every_k`) once per CHECKPOINT_BLOCK_SHARES of them."""
     layers = _layers(request)
     policies: list[tuple[str, int]] = []
     for mode in request.search.checkpointing:
         if mode == "selective":
             policies += [(mode, k) for k in SELECTIVE_EVERY_K if k <= layers]
+        elif mode == "blocks":
+            counts = sorted({max(1, round(share * layers)) for share in CHECKPOINT_BLOCK_SHARES})
+            policies += [(mode, n) for n in counts if n < layers]
         else:
             policies.append((mode, 1))
     return tuple(policies)
+
+
+def policy_keeps(policy: tuple[str, int], layers: int) -> tuple[int, float]:
+    """Sort key of a (mode, every_k) checkpointing policy on a model of `layers` blocks, from the one
+    that keeps the fewest activations to the one that keeps them all: every block recomputed, then
+    op-level, then whole blocks by the share left whole (every k-th, or the first n), then none."""
+    mode, k = policy
+    if mode == "selective":
+        return 2, 1.0 - 1.0 / k
+    if mode == "blocks":
+        return 2, 1.0 - k / max(layers, 1)
+    return {"full": 0, "op_selective": 1}.get(mode, 3), 0.0
 
 
 MAX_SEARCH_SPACE = 2_000_000
@@ -587,9 +606,12 @@ def enumerate_families(request: PlanRequest, setting: Setting) -> Iterator[Famil
     pipeline_parallel_degrees(request)  # and a pp pin
     if not checkpointing:
         return
+    staged_checkpointing = tuple(policy for policy in checkpointing if policy[0] != "blocks")
     costs = stage_costs(setting)
     all_caps = tuple((a, r) for a in BUCKET_CAPS_MB for r in BUCKET_CAPS_MB)
     for pp, tp, cp in splitting_meshes(request):
+        if pp > 1 and not staged_checkpointing:
+            continue
         dp = request.cluster.world_size // (pp * tp * cp)
         local_batch = request.training.global_batch_sequences // dp
         micro_batches = micro_batch_sizes(local_batch, search.max_micro_batch_size)
@@ -625,7 +647,8 @@ def enumerate_families(request: PlanRequest, setting: Setting) -> Iterator[Famil
                     units=units if mesh.dp > 1 and not compile_ else (1,),
                     # Without gathers, DDP-style buckets are fixed.
                     caps=all_caps if compile_ and gathers else ((0.0, 0.0),),
-                    checkpointing=checkpointing,
+                    # The first n blocks of the model are not the first of each stage: no pipeline.
+                    checkpointing=checkpointing if pp == 1 else staged_checkpointing,
                     pipelines=pipelines[compile_],
                     recipes=recipes,
                     loss_chunks=chunks,

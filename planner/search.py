@@ -23,13 +23,13 @@ from planner.deadline import CpuDeadline
 from planner.document import choice_from_config, mfu, plan_document
 from planner.enumeration import (
     BUCKET_CAPS_MB,
-    SELECTIVE_EVERY_K,
     Family,
     check_async_tp,
     check_float8,
     check_mesh,
     check_pipeline,
     enumerate_families,
+    policy_keeps,
     schedule_variants,
 )
 from planner.errors import InfeasiblePlanError, PlanningError, SearchDeadlineError
@@ -202,19 +202,14 @@ def _within_reach(
     those with its smallest micro-batch and the checkpointing that keeps the least are priced, so
     that what the family needs at least is still reported (planner/ranking.py) while the hopeless
     rest is not (nor built)."""
+    layers = len(estimator.setting.model.blocks)
     if estimator.states_gib(family.first()) <= limit_gib and any(
         estimator.fits(c, limit_gib=limit_gib, ceiling_gib=ceiling_gib)
-        for c in family.lightest(_KEEPS_LESS)
+        for c in family.lightest(layers)
     ):
         return family.choices()
-    least_kept = min(_KEEPS_LESS.index(policy) for policy in family.checkpointing)
-    return family.choices(
-        checkpointing=[_KEEPS_LESS[least_kept]], micro_batches=[min(family.pipelines)]
-    )
-
-
-_KEEPS_LESS = (("full", 1), ("op_selective", 1), *(("selective", k) for k in SELECTIVE_EVERY_K), ("none", 1))
-"""Checkpointing policies from the one that keeps the fewest activations to the one that keeps all."""
+    least_kept = min(family.checkpointing, key=lambda policy: policy_keeps(policy, layers))
+    return family.choices(checkpointing=[least_kept], micro_batches=[min(family.pipelines)])
 
 
 def _other_schedules(

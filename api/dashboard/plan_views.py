@@ -56,6 +56,8 @@ def cluster_label(plan: Plan) -> str:
 
 def checkpointing_label(config: ParallelConfig) -> str:
     mode = config.checkpointing.mode
+    if mode == "blocks":
+        return f"blocks: the first {config.checkpointing.blocks} blocks recomputed, the rest not"
     if mode == "selective":
         return f"selective: every {config.checkpointing.every_k}th block recomputed" if (
             config.checkpointing.every_k > 1) else "selective: every block recomputed"
@@ -430,7 +432,8 @@ class CompareRow:
 _SHARDING_WORDS = {"full_shard": "full_shard (ZeRO-3)", "shard_grad_op": "shard_grad_op (ZeRO-2)",
                    "hybrid_shard": "hybrid_shard (2-D mesh)", "no_shard": "no_shard (replicated, DDP-like)"}
 _CHECKPOINTING_WORDS = {"none": "none", "selective": "selective (every k-th block)",
-                        "op_selective": "op-level selective", "full": "full (every block)"}
+                        "op_selective": "op-level selective", "full": "full (every block)",
+                        "blocks": "blocks (the first n blocks)"}
 
 
 def _yes_no(value: Scalar) -> str:

@@ -96,13 +96,16 @@ def _recompute_all_context(*, keep_gathered_params: bool):
     return policy_factory
 
 
-def checkpointed_indices(mode: str, every_k: int, num_blocks: int) -> list[int]:
+def checkpointed_indices(mode: str, every_k: int, num_blocks: int, *, blocks: int = 0) -> list[int]:
     """Blocks (0-based) whose activations are recomputed; `selective` takes blocks k, 2k, ... (1-based),
-    as the planner's cost model does."""
+    `blocks` the first `blocks` of them (Megatron-LM's `--recompute-method block`: backward frees the
+    later blocks' activations before it recomputes the first), as the planner's cost model does."""
     if mode in ("full", "op_selective"):
         return list(range(num_blocks))
     if mode == "selective":
         return [i for i in range(num_blocks) if (i + 1) % every_k == 0]
+    if mode == "blocks":
+        return list(range(min(blocks, num_blocks)))
     if mode == "none":
         return []
     raise ValueError(f"unknown activation checkpointing mode {mode!r}")
@@ -116,6 +119,7 @@ def apply_activation_checkpointing(
     every_k: int,
     keep_gathered_params: bool,
     compiled: bool = False,
+    blocks: int = 0,
 ) -> list[nn.Module]:
     """Wrap the chosen blocks in place; returns the wrapped blocks and updates `parts.blocks`.
 
@@ -126,7 +130,7 @@ def apply_activation_checkpointing(
     collectives: the attention output of a block (batch x seq x hidden) stays saved.
     """
     wrapped: list[nn.Module] = []
-    for index in checkpointed_indices(mode, every_k, len(parts.blocks)):
+    for index in checkpointed_indices(mode, every_k, len(parts.blocks), blocks=blocks):
         block = parts.blocks[index]
         kwargs: dict = {"preserve_rng_state": False}
         if mode == "op_selective":

@@ -282,6 +282,7 @@ def _apply_strategy(
         every_k=cfg.checkpointing.every_k,
         keep_gathered_params=not reshard_after_forward,
         compiled=compiled,
+        blocks=cfg.checkpointing.blocks,
     )
     notes.append(
         f"activation checkpointing: {cfg.checkpointing.mode} ({len(checkpointed)}/{len(parts.blocks)} blocks)"

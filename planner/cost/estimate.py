@@ -762,8 +762,10 @@ class Estimator:
         """The layout's groups as repeated runs, checkpointing included (k-th-block checkpointing
         repeats with a longer period than the blocks themselves)."""
         layout = self.layout(choice)
-        # Only k-th-block checkpointing treats blocks unalike (layouts live as long as self).
-        key = (id(layout), choice.every_k if choice.checkpointing == "selective" else 0)
+        # Only k-th-block and first-n-blocks checkpointing treat blocks unalike (layouts live as
+        # long as self).
+        unalike = choice.checkpointing in ("selective", "blocks")
+        key = (id(layout), (choice.checkpointing, choice.every_k) if unalike else 0)
         if key not in self._repeats:
             self._repeats[key] = repeated_layout(layout, choice)
         return self._repeats[key]

@@ -33,6 +33,8 @@ class Choice:
     reduce_scatter_bucket_mb: float = 0.0
     checkpointing: str = "none"
     every_k: int = 1
+    """The checkpointing policy's number: k of `selective` (every k-th block), or n of `blocks` (the
+    first n blocks); the Plan's `CheckpointingConfig` names them `every_k` and `blocks`."""
     micro_batch_size: int = 1
     grad_accum_steps: int = 1
     compile: bool = False
@@ -188,6 +190,8 @@ class Choice:
             return True
         if self.checkpointing == "selective":
             return (block_index + 1) % self.every_k == 0
+        if self.checkpointing == "blocks":
+            return block_index < self.every_k
         return False
 
 

@@ -36,7 +36,8 @@ ATTENTION_KERNEL_SPEED: dict[AttentionKernel, float] = {"flash2": 1.0, "flash1":
 FlashAttention and of its Triton port on A100: 50-73% of peak where the first generation reaches
 25-40%."""
 _CHECKPOINTING = {
-    "none": "none", "full": "full", "selective_layer": "selective", "selective_op": "op_selective"
+    "none": "none", "full": "full", "selective_layer": "selective", "selective_op": "op_selective",
+    "first_blocks": "blocks",
 }
 
 
@@ -198,7 +199,9 @@ def run_config(run: Run) -> ParallelConfig:
         reduce_scatter_bucket_mb=0.0,
         reshard_after_forward=reshard,
         prefetch_depth=1,
-        checkpointing=CheckpointingConfig(mode=policy, every_k=_every_k(run)),  # type: ignore[arg-type]
+        checkpointing=CheckpointingConfig(
+            mode=policy, every_k=_every_k(run), blocks=config.checkpointing.blocks or 0  # type: ignore[arg-type]
+        ),
         micro_batch_size=micro_batch,
         grad_accum_steps=accumulation,
         param_dtype="float32" if config.precision == "fp32" else "bfloat16",

@@ -20,7 +20,7 @@ from contract.parallel_config import PipelineSchedule
 CORPUS_PACKAGE = "planner.fidelity.corpus"
 
 SourceKind = Literal["repository", "paper", "vendor-report", "blog", "issue", "own-measurement"]
-CheckpointPolicy = Literal["none", "full", "selective_layer", "selective_op"]
+CheckpointPolicy = Literal["none", "full", "selective_layer", "selective_op", "first_blocks"]
 CompileScope = Literal["none", "per_block", "whole_model"]
 RunPrecision = Literal["bf16", "float8_tensorwise", "float8_rowwise", "mxfp8", "fp16", "fp32"]
 MemoryCounter = Literal["reserved", "allocated", "nvidia-smi", "unknown"]
@@ -132,6 +132,15 @@ class Checkpointing(CorpusModel):
     policy: CheckpointPolicy
     every_k: Annotated[int, Field(ge=1)] | None = None
     """For `selective_layer`: every k-th block is checkpointed."""
+    blocks: Annotated[int, Field(ge=1)] | None = None
+    """For `first_blocks`: how many blocks are checkpointed whole, the model's first ones (Megatron-LM's
+    `--recompute-method block --recompute-num-layers N`; "N of L blocks")."""
+
+    @model_validator(mode="after")
+    def _blocks_with_their_policy(self) -> Checkpointing:
+        if (self.policy == "first_blocks") != (self.blocks is not None):
+            raise ValueError("blocks: state the number of blocks checkpointed with policy first_blocks only")
+        return self
 
 
 class RunConfig(CorpusModel):

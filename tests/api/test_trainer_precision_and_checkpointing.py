@@ -1,5 +1,6 @@
-"""Pure bf16 training through the API, the plan page and the CLI: pinned by the request, planned where
-mixed precision cannot fit, shown as what it is; with fp32 compute a 422 names the field."""
+"""What real trainers do, through the API, the plan page and the CLI: pure bf16 training (pinned by the
+request, planned where mixed precision cannot fit, shown as what it is; with fp32 compute a 422 names
+the field) and checkpointing the first n blocks (searched when the request allows it)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,18 @@ def test_the_cli_pins_it_and_says_so() -> None:
     assert "bf16 pure (no fp32 master)" in " ".join(result.output.split())
     refused = CliRunner().invoke(cli, [*args, "--precision", "fp32"])
     assert refused.exit_code != 0 and "--state-dtype to float32" in " ".join(refused.output.split())
+
+
+async def test_checkpointing_n_blocks_is_searched_when_allowed_and_shown(client: httpx.AsyncClient) -> None:
+    body = {
+        "model": "llama3-8b", "cluster": "1x8xH100",
+        "training": {"seq_len": 8192, "global_batch_tokens": 8192 * 16},
+        "search": {"compile": [False], "checkpointing": ["blocks"], "tensor_parallel_degrees": [1]},
+    }
+    created = await client.post(PLANS, json=body)
+    assert created.status_code == 201, created.text
+    checkpointing = created.json()["plan"]["config"]["checkpointing"]
+    assert checkpointing["mode"] == "blocks" and checkpointing["blocks"] in (8, 16, 24)
+    page = await client.get(f"/plans/{created.json()['id']}")
+    assert f"AC=first{checkpointing['blocks']}" in page.text
+    assert f"the first {checkpointing['blocks']} blocks recomputed" in page.text

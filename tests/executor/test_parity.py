@@ -64,10 +64,12 @@ EAGER_CASES = [
     # The loss in 3 token slices (128 tokens per rank: uneven slices) through both engines' head.
     "full_shard:fsdp2:eager:none:fp32:1:3",
     "shard_grad_op:simple_fsdp:eager:none:bf16:1:3",
-    # Pure bf16 training (training.state_dtype bfloat16): bf16 parameters, gradients and their
-    # reduction, no fp32 master, in both engines.
-    "full_shard:fsdp2:eager:none:bf16pure",
-    "shard_grad_op:simple_fsdp:eager:none:bf16pure",
+    # Pure bf16 training (training.state_dtype bfloat16: bf16 parameters, gradients and their
+    # reduction, no fp32 master) with the first of the 2 blocks checkpointed (mode `blocks`), in
+    # both engines.
+    "full_shard:fsdp2:eager:first1:bf16pure",
+    "shard_grad_op:simple_fsdp:eager:first1:bf16pure",
+    "full_shard:fsdp2:eager:first1",  # the same checkpointing in fp32: exact
 ]
 
 
@@ -102,6 +104,13 @@ def test_eager_modes_match_reference(two_ranks: dict[str, dict]) -> None:
     assert any("1/2 blocks" in n for n in records["full_shard:fsdp2:eager:selective"]["notes"])
     for case in ("full_shard:fsdp2:eager:none:fp32:1:3", "shard_grad_op:simple_fsdp:eager:none:bf16:1:3"):
         assert any("in 3 token slice(s)" in n for n in records[case]["notes"]), records[case]["notes"]
+    # Pure bf16 keeps no fp32 master (the worker checks the gradients are bf16); the first block of
+    # two is checkpointed.
+    for case in ("full_shard:fsdp2:eager:first1:bf16pure", "shard_grad_op:simple_fsdp:eager:first1:bf16pure"):
+        notes = records[case]["notes"]
+        assert any(n.startswith("pure bf16") for n in notes), notes
+        assert any("blocks (1/2 blocks)" in n for n in notes), notes
+        assert records[case]["max_rel_err"] > 1e-4  # bf16 arithmetic, not fp32 in disguise
 
 
 def test_compiled_modes_match_reference(two_ranks: dict[str, dict]) -> None:

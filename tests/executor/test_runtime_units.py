@@ -162,6 +162,7 @@ def test_checkpointed_blocks_match_the_planner() -> None:
     assert checkpointed_indices("selective", 3, 7) == [2, 5]
     assert checkpointed_indices("full", 1, 3) == [0, 1, 2] == checkpointed_indices("op_selective", 1, 3)
     assert checkpointed_indices("none", 1, 3) == []
+    assert checkpointed_indices("blocks", 1, 80, blocks=50) == list(range(50))  # the first 50 of 80
 
 
 def test_calibration_phases_pass_unused_time_on() -> None:

@@ -7,12 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-import planner.search as search_module
 from contract.mesh import Mesh
 from planner.cost.estimate import Estimator
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice
-from planner.enumeration import enumerate_choices, enumerate_families
+from planner.enumeration import enumerate_choices, enumerate_families, policy_keeps
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.hashing import plan_hash
 from planner.plan import Plan
@@ -186,11 +185,11 @@ def test_a_familys_probes_are_its_lightest_members_and_its_choices_the_enumerati
     setting = build_setting(request, None, None)
     families = list(enumerate_families(request, setting))
     assert [c for f in families for c in f.choices()] == list(enumerate_choices(request, setting))
-    keeps_less = search_module._KEEPS_LESS
+    layers = request.model.num_layers
     for family in families:
         members = family.choices()
         assert family.first() == members[0]
-        probes = family.lightest(keeps_less)
+        probes = family.lightest(layers)
         assert probes and all(p in members for p in probes)
         smallest = min(c.micro_batch_size for c in members)
         assert all(p.micro_batch_size == smallest or p.grad_accum_steps == 1 for p in probes)
@@ -198,7 +197,7 @@ def test_a_familys_probes_are_its_lightest_members_and_its_choices_the_enumerati
         lightest_caps = min(c.all_gather_bucket_mb + c.reduce_scatter_bucket_mb for c in members)
         assert all(p.blocks_per_unit == lightest_unit for p in probes)
         assert all(p.all_gather_bucket_mb + p.reduce_scatter_bucket_mb == lightest_caps for p in probes)
-        order = [(keeps_less.index((p.checkpointing, p.every_k)), p.micro_batch_size) for p in probes]
+        order = [(policy_keeps((p.checkpointing, p.every_k), layers), p.micro_batch_size) for p in probes]
         assert order == sorted(order)
         # Each checkpointing policy is probed.
         assert {(p.checkpointing, p.every_k) for p in probes} == set(family.checkpointing)

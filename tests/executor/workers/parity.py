@@ -5,7 +5,8 @@
 CASE is `sharding:engine:backend[:ac[:precision[:micro_batches[:loss_chunks]]]]`, e.g.
 `full_shard:simple_fsdp:inductor`, `hybrid_shard:fsdp2:eager`, `full_shard:simple_fsdp:eager:none:bf16`,
 `no_shard:fsdp2:eager:none:fp32:2` or `full_shard:fsdp2:eager:none:fp32:1:3` (backend `eager`: no
-torch.compile; precision `bf16pure`: pure bf16 training, parameters, gradients, their reduction and
+torch.compile; ac `firstN`: checkpointing mode `blocks`, the first N blocks; precision `bf16pure`:
+pure bf16 training, parameters, gradients, their reduction and
 the optimizer's states in bf16; micro_batches: gradient accumulation steps the rank's share of the
 batch is split into; loss_chunks: token slices of the output projection and loss, the plan's
 `loss_chunks`).
@@ -94,7 +95,7 @@ def run_case(case: str, world: int, cache: dict) -> dict:
         nodes=world // 2,
         gpus_per_node=2,
         compile=compiled,
-        checkpointing=ac,
+        checkpointing="none" if ac.startswith("first") else ac,
         every_k=2,
         bucket_mb=64.0 if compiled else 0.0,
         model=PARITY_MODEL,
@@ -104,6 +105,9 @@ def run_case(case: str, world: int, cache: dict) -> dict:
     if precision == "bf16pure":
         doc["training"]["state_dtype"] = "bfloat16"
         doc["config"]["reduce_dtype"] = "bfloat16"
+    if ac.startswith("first"):
+        blocks = int(ac.removeprefix("first"))
+        doc["config"]["checkpointing"] = {"mode": "blocks", "every_k": 1, "blocks": blocks}
     plan = parse_plan(doc)
     env = init_distributed(plan)
     mesh = build_mesh(plan, env)
