@@ -117,6 +117,7 @@ def context(plan: Plan, *, image: str = DEFAULT_IMAGE) -> render.LaunchContext:
         float8=_float8(plan.config.float8),
         async_tp=plan.config.async_tp is True,
         pipeline=_pipeline(plan.config.pipeline),
+        pure_bf16=plan.training.state_dtype == "bfloat16",
     )
 
 
