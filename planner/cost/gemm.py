@@ -182,13 +182,17 @@ def _matmul_seconds(
 
 
 def attention_scale(p: CostParameters, seq_len: int) -> float:
-    """Flash attention's efficiency at `seq_len` over its efficiency at `ATTENTION_REFERENCE`, where
-    the catalog quotes it: longer sequences amortise the diagonal and each row's fixed work
-    (`ATTENTION_KEY_BLOCK`). Capped where the efficiency would pass the dense peak."""
+    """`sequence_scale` capped where `p.attention_efficiency` times it would pass the dense peak."""
+    return min(sequence_scale(seq_len), 1.0 / p.attention_efficiency)
+
+
+def sequence_scale(seq_len: int) -> float:
+    """Flash attention's efficiency at `seq_len` over its efficiency at `ATTENTION_REFERENCE`, where the
+    catalog quotes it: longer sequences amortise the diagonal and each row's fixed work
+    (`ATTENTION_KEY_BLOCK`)."""
     if seq_len <= 0:
         return 1.0
-    scale = _sequence_efficiency(seq_len) / _sequence_efficiency(ATTENTION_REFERENCE)
-    return min(scale, 1.0 / p.attention_efficiency)
+    return _sequence_efficiency(seq_len) / _sequence_efficiency(ATTENTION_REFERENCE)
 
 
 def _sequence_efficiency(seq_len: int) -> float:
