@@ -24,6 +24,7 @@ from api.services.job_kinds import PLAN_JOBS, STUDIES
 from api.services.jobs import InProcessJobs
 from api.services.keyed_locks import KeyedLocks
 from api.services.search_pool import SearchPool, available_cores, stop_with_supervisor
+from api.services.search_shares import SearchShares
 from api.services.task_engine import ProcrastinateJobs
 from api.settings import Settings
 from api.text_check import TextCheckMiddleware
@@ -33,6 +34,9 @@ API_PREFIX = "/api/v1"
 PLANNING_THREADS = 16
 """Plan requests in progress per web process (waiting on the search pool, or storing); more wait for
 a turn without holding a thread. A plan holds no database connection while its search runs."""
+SEARCH_SHARE_RETRY_AFTER_S = 2
+"""The `Retry-After` of a 429 for a client past its share of the search pool: most searches take under a
+second; a client whose own searches take longer is told again."""
 log = logging.getLogger(__name__)
 
 DESCRIPTION = """\
@@ -106,6 +110,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.session_factory = create_session_factory(engine)
     app.state.plan_locks = KeyedLocks()
     app.state.search_pool = search_pool
+    app.state.search_shares = SearchShares(
+        share=settings.search_share or max(1, search_pool.workers // 2), wait_s=settings.search_share_wait_s,
+        retry_after_s=SEARCH_SHARE_RETRY_AFTER_S,
+    )
     app.state.jobs = jobs
     app.state.plan_jobs = plan_jobs
     # Threads that wait on the search pool, apart from the default pool's (api/deps.py run_planning).

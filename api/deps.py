@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Annotated, TypeVar
 
 import anyio.to_thread
@@ -24,6 +25,23 @@ async def run_planning(request: Request, func: Callable[..., T], *args: object) 
     app's own planning limiter: however many requests wait for a search, the default thread pool
     that serves every other endpoint keeps its threads."""
     return await anyio.to_thread.run_sync(func, *args, limiter=request.app.state.planning_threads)
+
+
+@asynccontextmanager
+async def search_share(request: Request, *, key_id: int | None = None) -> AsyncIterator[None]:
+    """Hold one of the requesting client's share of the search pool for the block (a 429 problem when
+    it stays full: api/services/search_shares.py). The client is the API key that authorised the request
+    (`key_id`, else the one `require_write_access` found), or its address when it had none."""
+    key_id = key_id if key_id is not None else getattr(request.state, "api_key_id", None)
+    if key_id is not None:
+        client, described = f"key {key_id}", f"API key {key_id}"
+    else:
+        # Behind a proxy this is the proxy's address unless uvicorn reads X-Forwarded-For
+        # (`--forwarded-allow-ips`): anonymous clients would then share one share.
+        host = request.client.host if request.client else "unknown"
+        client, described = f"address {host}", f"this client address ({host})"
+    async with request.app.state.search_shares.held(client, described=described):
+        yield
 
 
 def get_settings(request: Request) -> Settings:
@@ -83,9 +101,13 @@ def _check_key(session: Session, credentials: HTTPAuthorizationCredentials | Non
     return row
 
 
-def require_write_access(session: SessionDep, credentials: BearerDep) -> ApiKeyRow | None:
-    """Writes need a valid key once any active key exists."""
-    return _authorize(session, credentials)
+def require_write_access(request: Request, session: SessionDep, credentials: BearerDep) -> ApiKeyRow | None:
+    """Writes need a valid key once any active key exists (the key then names the client whose share of
+    the search pool a search takes: `search_share`)."""
+    row = _authorize(session, credentials)
+    if row is not None:
+        request.state.api_key_id = row.id
+    return row
 
 
 def require_read_access(

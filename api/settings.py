@@ -40,6 +40,13 @@ class Settings(BaseSettings):
     search_workers: Annotated[int | None, Field(ge=1)] = None
     """Processes that run plan searches, per web process; None: one per available core (`serve
     --workers N` shares the cores among its N web processes)."""
+    search_share: Annotated[int | None, Field(ge=1, le=1024)] = None
+    """Searching requests (plans, a refused batch's advice, the dashboard's batch hint) one client (its API
+    key, else its address) may have in progress at once per web process; None: half the search processes
+    (at least one), so that no client holds the whole pool."""
+    search_share_wait_s: Annotated[float, Field(ge=0, le=3600)] = 30.0
+    """How long a request whose client has its share in use waits for room before its 429 (30: as long as
+    one search may take by default; the client's requests are then served one after another)."""
     job_engine: Literal["in-process", "procrastinate"] = "in-process"
     """Where studies run. `in-process`: on threads of the web process that accepted them (the embedded
     default, any database). `procrastinate` (PostgreSQL only): each study is a job of the procrastinate

@@ -31,7 +31,7 @@ from api.dashboard import (
 )
 from api.dashboard.plan_list import COLUMNS, SHARDINGS, ListingState
 from api.dashboard.rendering import error_page, mark_dashboard_request, render
-from api.deps import SessionDep, SettingsDep, run_planning
+from api.deps import SessionDep, SettingsDep, run_planning, search_share
 from api.problems import ProblemError
 from api.schemas.plans import MAX_ID, ReplanCreate, stored_mesh
 from api.services import plan_compare, plan_listing
@@ -129,24 +129,42 @@ async def create_plan_from_form(request: Request, session: SessionDep, settings:
     known = plan_form.PlanForm().values()
     form = plan_form.PlanForm(**{k: v for k, v in submitted.items() if k in known and isinstance(v, str)})
     api_key = submitted.get("api_key")
-    return await run_planning(
-        request, _create_plan, request, session, settings.max_model_layers, form,
-        api_key if isinstance(api_key, str) else "",
-    )
+    async with search_share(request):  # the search takes one of this client's share of the pool
+        return await run_planning(
+            request, _create_plan, request, session, settings.max_model_layers, form,
+            api_key if isinstance(api_key, str) else "",
+        )
 
 
 @router.post("/plans/new/batch-hint", response_class=PlainTextResponse)
 async def batch_hint(request: Request, session: SessionDep, settings: SettingsDep) -> PlainTextResponse:
     """The form's line under the batch, for the page's script: the planner's own batch advice, priced
     in the search pool under its deadline (it probes configurations; a planning thread waits for it),
-    so that the hint and the refusal agree."""
+    so that the hint and the refusal agree. It searches, so it needs what a submission needs: the API
+    key once keys exist (401 without; the script then keeps its arithmetic), and room in the client's
+    share of the search pool (429)."""
     submitted = await request.form()
     known = plan_form.PlanForm().values()
     form = plan_form.PlanForm(**{k: v for k, v in submitted.items() if k in known and isinstance(v, str)})
+    api_key = submitted.get("api_key")
+    key_error = await run_in_threadpool(
+        _form_key_error, session, request, api_key if isinstance(api_key, str) else ""
+    )
+    if key_error:
+        return PlainTextResponse(key_error, status_code=401)
     hint = functools.partial(plan_form.batch_hint_for, max_model_layers=settings.max_model_layers,
                              search_pool=request.app.state.search_pool)
-    text = await run_planning(request, hint, form, session)
+    async with search_share(request):
+        text = await run_planning(request, hint, form, session)
     return PlainTextResponse(text)
+
+
+def _form_key_error(session: SessionDep, request: Request, api_key: str) -> str | None:
+    """`access.write_key_error`, the pooled connection handed back before the search waits (api/deps.py)."""
+    try:
+        return access.write_key_error(session, request, api_key)
+    finally:
+        session.commit()
 
 
 def _create_plan(

@@ -11,7 +11,7 @@ from sqlalchemy import delete, select
 from starlette.convertors import Convertor, register_url_convertor
 
 from api.db.models import PlanRow
-from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess, run_planning
+from api.deps import ReadAccess, SessionDep, SettingsDep, WriteAccess, run_planning, search_share
 from api.problems import FieldError, ProblemError
 from api.routers.responses import location, problems
 from api.schemas.plan_jobs import PlanJobOut
@@ -90,7 +90,7 @@ def _text_query(max_length: int, description: str) -> Query:
         202: {"model": PlanJobOut, "description": "A model beyond the server's job threshold "
               "(FSDP_PLANNER_JOB_THRESHOLD_UNITS layer-graph units): its search is queued as a plan job; "
               "poll `Location` until it names the plan"},
-        **problems(401, 409, 415, 422, 503),
+        **problems(401, 409, 415, 422, 429, 503),
     },
     summary="Plan a model on a cluster and store the plan",
 )
@@ -111,20 +111,23 @@ async def create_plan(
         settings.idempotency_ttl_s,
     ))
     if keyed_job or (units is not None and units > settings.job_threshold_units):
-        submission = await run_planning(request, partial(
-            plan_jobs.submit_plan, session, body, locks=request.app.state.plan_locks,
-            max_model_layers=settings.max_model_layers, search_pool=request.app.state.search_pool,
-            idempotency_key=idempotency_key,
-            idempotency_ttl_s=settings.idempotency_ttl_s, enqueue=request.app.state.plan_jobs.enqueue,
-        ))
+        async with search_share(request):  # a refused batch's advice is searched before the job is queued
+            submission = await run_planning(request, partial(
+                plan_jobs.submit_plan, session, body, locks=request.app.state.plan_locks,
+                max_model_layers=settings.max_model_layers, search_pool=request.app.state.search_pool,
+                idempotency_key=idempotency_key,
+                idempotency_ttl_s=settings.idempotency_ttl_s, enqueue=request.app.state.plan_jobs.enqueue,
+            ))
         if submission is not None:
             return job_accepted(request, session, submission)
-    # In a thread of its own limiter: requests waiting for a search never take the threads reads need.
-    outcome = await run_planning(request, partial(
-        plan_service.create_plan, session, body, locks=request.app.state.plan_locks,
-        search_pool=request.app.state.search_pool, max_model_layers=settings.max_model_layers,
-        idempotency_key=idempotency_key, idempotency_ttl_s=settings.idempotency_ttl_s,
-    ))
+    # In a thread of its own limiter: requests waiting for a search never take the threads reads need;
+    # and no more at once from one client than its share of the search pool.
+    async with search_share(request):
+        outcome = await run_planning(request, partial(
+            plan_service.create_plan, session, body, locks=request.app.state.plan_locks,
+            search_pool=request.app.state.search_pool, max_model_layers=settings.max_model_layers,
+            idempotency_key=idempotency_key, idempotency_ttl_s=settings.idempotency_ttl_s,
+        ))
     response.status_code = outcome.status_code
     response.headers["Location"] = location(request, "get_plan", plan_id=outcome.row.id)
     if outcome.replayed:

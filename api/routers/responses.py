@@ -18,6 +18,8 @@ _DESCRIPTIONS = {
     413: "The request body is larger than the configured limit",
     415: "The body is not JSON",
     422: "The request is invalid or cannot be planned; `errors` lists the inputs to fix",
+    429: "This client (its API key, or its address when anonymous) already has its share of the search "
+    "processes in use; send the request again after `Retry-After` seconds",
     500: "Internal error (logged on the server)",
     503: "The database is unreachable or not migrated, or a search process stopped (send it again)",
 }
