@@ -22,6 +22,7 @@ from api.dashboard.plan_views import Row
 from api.db.models import CalibrationProfileRow
 from planner.calibration import CalibrationProfile, CollectiveSample, MatmulSample
 from planner.catalog.gpus import GpuSpec
+from planner.cost.gemm import curve_seconds
 from planner.cost.parameters import QUOTED_GROUP_SIZE, LinkParameters
 
 DTYPE_COLORS = {"bfloat16": charts.PALETTE[0], "float16": charts.PALETTE[2], "float32": charts.PALETTE[1]}
@@ -107,23 +108,35 @@ def _matmul_point(sample: MatmulSample, gpu: GpuSpec | None) -> charts.Point:
 def _fitted_matmul_curve(
     fitted: dict[str, Any] | None, dtype: str, flops: list[float], gpu: GpuSpec
 ) -> list[charts.Point]:
-    """Efficiency the fitted model predicts (time = overhead + flops / (peak · efficiency)), if stored."""
+    """Efficiency the fitted model predicts for square GEMMs (planner/cost/gemm.py's curve: the fitted
+    ceiling and launch overhead, the GPU's SMs and bandwidth), if stored."""
     params = (fitted or {}).get(PRECISION_OF_DTYPE.get(dtype, ""))
     try:
         efficiency = float(params["matmul_efficiency"])
         overhead = float(params["matmul_overhead_s"])
-    except (TypeError, KeyError, ValueError):
+        # Parameters stored before the curve had no SM count or GEMM bandwidth: a flat ceiling.
+        sms = int(params.get("sm_count", 0))
+        bandwidth = float(params.get("gemm_bandwidth", 0.0))
+    except (TypeError, KeyError, ValueError, AttributeError):
         return []
     # Stored by another version, the document may hold anything: draw no curve rather than divide by 0.
-    if not (0 < efficiency <= 1 and 0 <= overhead < math.inf):
+    if not (0 < efficiency <= 1 and 0 <= overhead < math.inf and 0 <= sms <= 10_000
+            and 0 <= bandwidth < math.inf):
         return []
     peak = peak_flops(gpu, dtype)
+    dtype_bytes = 4 if dtype == "float32" else 2
     lo, hi = min(flops), max(flops)
     steps = 40
     points = []
     for i in range(steps + 1):
         f = lo * (hi / lo) ** (i / steps) if hi > lo else lo
-        predicted = f / (peak * (overhead + f / (peak * efficiency)))
+        size = max(1, round((f / 2.0) ** (1.0 / 3.0)))
+        seconds = curve_seconds(
+            size, size, size, rate=peak * efficiency, bandwidth=bandwidth, sms=sms, overhead=overhead,
+            dtype_bytes=dtype_bytes,
+        )
+        f = 2.0 * size**3
+        predicted = f / seconds / peak
         points.append(charts.Point(f, predicted, f"fit: {predicted:.1%} at {fmt.compact_number(f)}FLOP"))
     return points
 

@@ -101,9 +101,21 @@ def _gemm_seconds(m: int, n: int, k: int, dtype_bytes: int, device: _Device) -> 
     measured = _measured(device.points).get((m, n, k)) if device.points else None
     if measured is not None:
         return measured
-    compute = 2.0 * m * n * k / (device.rate * tile_efficiency(m, n, k, device.sms))
-    memory = (m * k + k * n + m * n) * dtype_bytes / device.bandwidth if device.bandwidth else 0.0
-    return max(compute, memory) + device.overhead
+    return curve_seconds(
+        m, n, k, rate=device.rate, bandwidth=device.bandwidth, sms=device.sms, overhead=device.overhead,
+        dtype_bytes=dtype_bytes,
+    )
+
+
+def curve_seconds(
+    m: int, n: int, k: int, *, rate: float, bandwidth: float, sms: int, overhead: float, dtype_bytes: int
+) -> float:
+    """The curve alone (what `gemm_seconds` prices where nothing was measured): the compute at `rate`
+    (the ceiling's FLOP/s) times the shape's `tile_efficiency`, or the operands' bytes at `bandwidth`
+    (0: no memory-bound regime), whichever is slower, plus the launch's `overhead`."""
+    compute = 2.0 * m * n * k / (rate * tile_efficiency(m, n, k, sms))
+    memory = (m * k + k * n + m * n) * dtype_bytes / bandwidth if bandwidth else 0.0
+    return max(compute, memory) + overhead
 
 
 def fit_gemm_ceiling(
