@@ -12,6 +12,7 @@ forms) refuses such text the same way, and nothing that reaches a route or the d
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qsl
@@ -26,6 +27,7 @@ from api.problems import FieldError, ProblemError, problem_response
 from api.schemas.plans import MAX_JSON_DEPTH
 
 _SURROGATES = range(0xD800, 0xE000)
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 # Body bytes without which the parsed text cannot hold a NUL or a surrogate: JSON writes them only as
 # `\u` escapes (a raw NUL is invalid JSON), raw surrogates are UTF-8 bytes ED A0..BF, and UTF-16/32
 # bodies hold zero bytes. Most bodies have none of these and are not parsed twice.
@@ -35,10 +37,8 @@ _SHOWN_SEGMENT = 60
 
 def bad_character(text: str) -> str | None:
     """The first character of `text` that cannot be stored, as a person can read it, or None."""
-    for char in text:
-        if char == "\x00" or ord(char) in _SURROGATES:
-            return f"U+{ord(char):04X}"
-    return None
+    found = _UNSTORABLE.search(text)  # in C: a 5 MB string takes milliseconds, not a second
+    return None if found is None else f"U+{ord(found.group()):04X}"
 
 
 def _shown(segment: object) -> str:

@@ -87,8 +87,7 @@ async def test_unstorable_text_is_refused_in_every_body_naming_the_field(
         (PLANS, cheap_plan(model={**DEBUG_CONFIG, "architectures": ["x"]}), "model.architectures.0"),
         (PLANS, cheap_plan(name="x"), "name"),
         (STUDIES, {**STUDY, "model": {**DEBUG_CONFIG, "architectures": ["x"]}}, "model.architectures.0"),
-        (f"{PLANS}/{plan_id}/runs", {"outcome": "ok", "steps": [{"step_time_s": 0.5, "tokens_per_s": 100.0,
-                                                                   "peak_memory_gib": 1.0}],
+        (f"{PLANS}/{plan_id}/runs", {"measured_step_time_s": 1.0, "measured_tokens_per_s_per_gpu": 1000.0,
                                       "raw": {"env": {"host": "x"}}}, "raw.env.host"),
     ]
     tables = (CalibrationProfileRow, PlanRow, StudyRow, ValidationRunRow)
