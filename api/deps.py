@@ -28,11 +28,11 @@ async def run_planning(request: Request, func: Callable[..., T], *args: object) 
 
 
 @asynccontextmanager
-async def search_share(request: Request, *, key_id: int | None = None) -> AsyncIterator[None]:
+async def search_share(request: Request) -> AsyncIterator[None]:
     """Hold one of the requesting client's share of the search pool for the block (a 429 problem when
-    it stays full: api/services/search_shares.py). The client is the API key that authorised the request
-    (`key_id`, else the one `require_write_access` found), or its address when it had none."""
-    key_id = key_id if key_id is not None else getattr(request.state, "api_key_id", None)
+    it stays full: api/services/search_shares.py). The client is the API key `require_write_access`
+    found on the request, or its address when there was none (the dashboard's forms: their address)."""
+    key_id = getattr(request.state, "api_key_id", None)
     if key_id is not None:
         client, described = f"key {key_id}", f"API key {key_id}"
     else:
