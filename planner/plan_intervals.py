@@ -44,7 +44,7 @@ class PlanIntervals:
 
     request: PlanRequest
     setting: Setting
-    _estimators: dict[float | None, Estimator] = field(default_factory=dict)
+    _estimators: dict[float | None, Estimator | None] = field(default_factory=dict)
     _of: dict[Choice, dict[str, PredictionInterval]] = field(default_factory=dict)
     """The alternatives and the Pareto front often share configurations: each is worked out once."""
 
@@ -61,7 +61,7 @@ class PlanIntervals:
     def _intervals(self, e: Evaluated) -> dict[str, PredictionInterval]:
         cluster, mesh = self.request.cluster, e.choice.mesh
         gpu = cluster.resolved_gpu()  # a GPU of the user's own has no catalog name
-        spread = network_spread(cluster=cluster, price=lambda other: self._tokens(other, e.choice))
+        spread = network_spread(cluster=cluster, price=lambda other: self._tokens(other, e))
         throughput = throughput_interval(
             predicted=e.tokens_per_s_per_gpu, gpu=gpu, mesh=mesh,
             network_stated=not self.network_assumed, spread=spread,
@@ -79,19 +79,23 @@ class PlanIntervals:
             for caveat in coverage_warnings(cluster=self.request.cluster, mesh=e.choice.mesh)
         )
 
-    def _tokens(self, cluster: ClusterSpec, choice: Choice) -> float:
-        """Tokens/s per GPU of `choice` on `cluster`'s network, everything else as this setting prices
-        it (its calibration and parameter overrides): only the inter-node link changes, by the
-        catalog's own rule (`default_parameters`)."""
+    def _tokens(self, cluster: ClusterSpec, e: Evaluated) -> float:
+        """Tokens/s per GPU of `e`'s configuration on `cluster`'s network, everything else as this
+        setting prices it (its calibration and parameter overrides): only the inter-node link changes,
+        by the catalog's own rule (`default_parameters`)."""
         key = cluster.inter_node_bandwidth_gbps
         if key not in self._estimators:
             params = self.setting.params
             inter = default_parameters(cluster.resolved_gpu(), cluster, self.setting.precision).links["inter"]
-            params = params.with_changes(links={**params.links, "inter": inter})
-            self._estimators[key] = Estimator(replace(self.setting, params=params))
+            # The network the plan was priced on (the catalog's NIC is often an end of the range):
+            # nothing to price again.
+            self._estimators[key] = None if inter == params.links["inter"] else Estimator(
+                replace(self.setting, params=params.with_changes(links={**params.links, "inter": inter}))
+            )
         estimator = self._estimators[key]
-        return Evaluated.throughput(estimator.setting, choice, estimator.timing(choice).step_time_s)
-
+        if estimator is None:
+            return e.tokens_per_s_per_gpu
+        return Evaluated.throughput(estimator.setting, e.choice, estimator.timing(e.choice).step_time_s)
 
 def lead_within_interval(
     prediction: Prediction, alternatives: tuple[Candidate, ...], rejected: tuple[RejectedFamily, ...]
