@@ -136,9 +136,13 @@ def corpus_throughput_chart(report: FidelityReport) -> charts.Chart | None:
         p, m = r.predicted_tokens_per_s_per_gpu, r.measured_tokens_per_s_per_gpu
         if not r.priced or p is None or m is None or not (math.isfinite(p) and math.isfinite(m)):
             continue
-        tooltip = (f"{r.source} / {r.run_id} ({r.config}): predicted {_throughput(p)}, measured "
-                   f"{_throughput(m)}, error {fmt.signed_fraction(r.throughput_error)}")
-        groups.setdefault(r.gpu, []).append(charts.Point(p, m, tooltip))
+        band = r.throughput_interval  # on tokens/s here: the run publishes them
+        tooltip = (f"{r.source} / {r.run_id} ({r.config}): predicted {_throughput(p)}"
+                   + (f" (80%: {fmt.interval(band)})" if band else "")
+                   + f", measured {_throughput(m)}, error {fmt.signed_fraction(r.throughput_error)}")
+        groups.setdefault(r.gpu, []).append(
+            charts.Point(p, m, tooltip, x_range=charts.Ends(*band) if band else None)
+        )
     return _predicted_vs_measured(
         groups, chart_id="corpus-throughput-chart", title="Published and measured runs: tokens/s per GPU",
         unit="tokens/s per GPU", show=fmt.compact_number, log=True,

@@ -54,6 +54,14 @@ class Range(Protocol):
 
 
 @dataclass(frozen=True)
+class Ends:
+    """A range given by its two ends (a fidelity report's (low, high))."""
+
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
 class Point:
     x: float
     y: float

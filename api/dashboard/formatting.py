@@ -83,9 +83,13 @@ class _Interval(Protocol):
     high: float
 
 
-def interval(value: _Interval | None, decimals: int = 0) -> str:
-    """A prediction's interval as its two ends, `7,193–8,737` (`–` where a plan has none)."""
-    return "–" if value is None else between(value.low, value.high, decimals=decimals)
+def interval(value: _Interval | tuple[float, float] | None, decimals: int = 0) -> str:
+    """A prediction's interval as its two ends, `7,193–8,737` (`–` where a plan has none); a plan's
+    interval or the (low, high) of a fidelity report's run."""
+    if value is None:
+        return "–"
+    low, high = value if isinstance(value, tuple) else (value.low, value.high)
+    return between(low, high, decimals=decimals)
 
 
 FILTERS = {

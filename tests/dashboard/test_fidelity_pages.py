@@ -46,3 +46,24 @@ def test_the_accuracy_page_shows_the_corpus_even_without_validation_runs(client:
     for r in report.runs:
         if not r.priced:
             assert f"not priced: {escape(r.reason or '')}" in runs.group(1)
+
+
+def test_every_priced_run_shows_its_80_percent_interval(client: TestClient) -> None:
+    # The report's intervals (a held-out run's calibrated without its source) under each prediction,
+    # marked where the measurement fell outside, and as error bars on the scatter.
+    report = stored_report()
+    text = client.get("/accuracy").text
+    runs = re.search(r'<table class="data cards" id="corpus-runs">(.*?)</table>', text, re.S)
+    assert runs
+    with_interval = [r for r in report.runs if r.priced and (r.throughput_interval or r.memory_interval)]
+    assert with_interval
+    shown = runs.group(1).count('<span class="interval">')
+    assert shown == sum((r.throughput_interval is not None) + (r.memory_interval is not None)
+                        for r in with_interval)
+    outside = sum((r.throughput_covered is False) + (r.memory_covered is False) for r in with_interval)
+    assert runs.group(1).count("(measured outside)") == outside
+    tokens = next(r for r in report.runs if r.throughput_interval and r.measured_tokens_per_s_per_gpu)
+    low, high = tokens.throughput_interval
+    assert f"{low:,.0f}–{high:,.0f}" in runs.group(1)
+    bars = [t["error_x"] for t in traces(plot(text, "corpus-throughput")) if "error_x" in t]
+    assert bars and all(min(b["array"]) >= 0 and min(b["arrayminus"]) >= 0 for b in bars)
