@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from planner.cost.model_costs import UnitCost
 from planner.cost.parameters import CostParameters
@@ -82,14 +82,26 @@ def gemm_seconds(p: CostParameters, m: int, n: int, k: int, *, dtype_bytes: int)
     return _gemm_seconds(m, n, k, dtype_bytes, _device(p))
 
 
-class _Device(NamedTuple):
-    """What of the cost parameters the GEMM curve reads (a cache key)."""
+@dataclass(frozen=True, slots=True, eq=False)
+class _Device:
+    """What of the cost parameters the GEMM curve reads: a cache key whose measured points count by
+    identity, so that a profile's thousands of them are not hashed on every lookup (the key holds
+    them, so their id is not reused while it is cached; fitted parameters keep one tuple)."""
 
     rate: float
     bandwidth: float
     sms: int
     overhead: float
     points: tuple[tuple[int, int, int, float], ...]
+
+    def _key(self) -> tuple[float, float, int, float, int]:
+        return self.rate, self.bandwidth, self.sms, self.overhead, id(self.points)
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Device) and self._key() == other._key()
 
 
 def _device(p: CostParameters) -> _Device:
@@ -98,7 +110,7 @@ def _device(p: CostParameters) -> _Device:
 
 
 def _gemm_seconds(m: int, n: int, k: int, dtype_bytes: int, device: _Device) -> float:
-    measured = _measured(device.points).get((m, n, k)) if device.points else None
+    measured = _measured(device).get((m, n, k)) if device.points else None
     if measured is not None:
         return measured
     return curve_seconds(
@@ -140,8 +152,8 @@ def fit_gemm_ceiling(
 
 
 @functools.lru_cache(maxsize=64)
-def _measured(points: tuple[tuple[int, int, int, float], ...]) -> dict[tuple[int, int, int], float]:
-    return {(m, n, k): seconds for m, n, k, seconds in points}
+def _measured(device: _Device) -> dict[tuple[int, int, int], float]:
+    return {(m, n, k): seconds for m, n, k, seconds in device.points}
 
 
 def unit_gemms(unit: UnitCost) -> tuple[tuple[int, int], ...]:
