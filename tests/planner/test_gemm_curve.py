@@ -124,6 +124,13 @@ def test_a_block_prices_its_own_gemm_shapes_and_tensor_parallel_splits_them() ->
     whole = matmul_seconds(H100, block, 8192, dtype_bytes=2)
     share = matmul_seconds(H100, split, 8192, dtype_bytes=2)
     assert whole / 8 < share
+    # Calibrated at the block's own shapes (what the profiler times), its GEMMs take what they measured.
+    measured = {shape: 1e-3 * (i + 1) for i, shape in enumerate(sorted(set(unit_gemms(block))))}
+    calibrated = H100.with_changes(gemm_points=tuple((8192, n, k, t) for (n, k), t in measured.items()))
+    expected = sum(measured[shape] for shape in unit_gemms(block))  # q and o alike, k and v, w1 and w3
+    assert matmul_seconds(calibrated, block, 8192, dtype_bytes=2) == pytest.approx(expected)
+    calibrated_16k, curve_16k = (matmul_seconds(p, block, 16384, dtype_bytes=2) for p in (calibrated, H100))
+    assert calibrated_16k == curve_16k  # another micro-batch, not timed: the curve
 
 
 def test_attention_efficiency_rises_with_the_sequence_up_to_the_catalogs_figure() -> None:
