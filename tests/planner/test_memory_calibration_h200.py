@@ -7,10 +7,12 @@ shapes of 1 / 1 / 4 / 4 / 1 blocks (eager full_shard and no_shard, then compiled
 profiler's order) with reserved peaks of 32.1 / 33.1 / 47.7 / 45.7 / 28.3 GiB, measured by
 bench/gpu_plans.py's calibrate() under torch's default allocator (it set no PYTORCH_CUDA_ALLOC_CONF),
 while the runs themselves ran through launch.sh with expandable segments. Its allocated peaks were not
-kept: the profile below takes them from the memory model (held to torch's own accounting within 5% by
-tests/executor/test_memory_fidelity.py). With the reserve fitted from those reserved peaks, as the fit
-did, it reproduces the failure the issue reports (the pick's peak 62.7 -> 71 GiB here, 76.1 recorded,
-65.3 measured).
+kept: the profile below takes the memory model's, less SHORTFALL_GIB, the shortfall at which the
+reserve fit as it was reproduces the recorded calibrated peaks of the compiled runs to the digit
+(76.08 and 81.24 GiB: the reserve at its 50% bound); the fit as it was then also gives the other two
+within about 2 GiB (mb2x2 73.8 against 74.5; eager 66.6 against 68.7, from an activation scale of 0.5
+to 0.6 fitted on steps whose transient memory was mostly an unsliced 128k-vocabulary loss). The fixed
+fit takes neither the reserve nor that scale.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from planner.specs import ClusterSpec, PlanRequest, TrainingSpec
 
 RECORDS = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu_plans.json"
 REQUEST_NAME = "llama3-8b-8l-s4096-b4"
+SHORTFALL_GIB = 2.5
+"""How far the profile's allocated peaks lay below the memory model's (its unsliced loss priced at 6
+bytes per token and vocabulary entry; see the module docstring)."""
 PROFILE_SHAPES = (  # (sharding, blocks, compiled, reserved GiB) as bench/RESULTS.md lists them
     ("full_shard", 1, False, 32.1),
     ("no_shard", 1, False, 33.1),
@@ -76,7 +81,7 @@ def _profile(allocator_config: str | None) -> CalibrationProfile:
             dtype="bfloat16", compile=compiled, seconds=1.0, update_seconds=0.1,
         )  # fmt: skip
         setting, choice = sample_setting(skeleton, sample, allocated_only, "bf16")
-        allocated = int(Estimator(setting).memory(choice).total)
+        allocated = int(Estimator(setting).memory(choice).total - SHORTFALL_GIB * GIB)
         reserved = int(reserved_gib * GIB)
         assert reserved > allocated  # the reserved peaks hold several GiB beyond the tensors
         steps.append(
@@ -108,12 +113,14 @@ def test_the_records_show_the_failure_the_fit_must_not_repeat() -> None:
     request = _request()
     uncalibrated = make_plan(request)
     assert uncalibrated.prediction.peak_memory_gib == pytest.approx(62.70, abs=0.05)
-    # The old rule (the reserve fitted from every profile's reserved peaks) on this profile moves the
-    # pick's peak away from the measured one, towards the 76 GiB the run recorded (there the reserve
-    # reached its bound of 50%: the real allocated peaks, not kept, lay below the model's).
-    old_rule = predict(request, uncalibrated.config, calibration=_profile(PRICED_ALLOCATOR_CONFIG))
-    moved = old_rule.prediction.peak_memory_gib - pick["measured_peak_gib"]
-    assert moved > abs(uncalibrated.prediction.peak_memory_gib - pick["measured_peak_gib"]) + 2.0
+    # The old rule (the reserve fitted from every profile's reserved peaks, as if they were the
+    # launchers' allocator's) on this profile gives what the runs recorded, away from what they measured.
+    as_recorded = _profile(PRICED_ALLOCATOR_CONFIG)
+    for record in _records():
+        if record["config"].endswith("compiled") and "mb4x1" in record["config"]:
+            config = _config(uncalibrated.config, record["config"])
+            old_rule = predict(request, config, calibration=as_recorded).prediction.peak_memory_gib
+            assert old_rule == pytest.approx(record["predicted_peak_gib"], abs=0.05), record["config"]
 
 
 @pytest.mark.parametrize("allocator_config", [None, ""])
@@ -133,5 +140,6 @@ def test_a_calibrated_peak_does_not_move_away_from_the_measured_one(allocator_co
         assert abs(calibrated - measured) <= abs(uncalibrated - measured) + 0.01, record["config"]
         if record["picked"]:  # 76.1 recorded against 65.3 measured: now within the uncalibrated 4%
             assert abs(calibrated - measured) / measured < 0.05
-        reason = predict(request, config, calibration=profile).prediction.memory_margin_reason
-        assert "uncalibrated allocator reserve (5% of transient memory) stays" in reason
+        priced = predict(request, config, calibration=profile).prediction
+        assert "uncalibrated allocator reserve (5% of transient memory) stays" in priced.memory_margin_reason
+        assert priced.memory_margin == 0.16  # its reserved peaks cannot narrow the margin
