@@ -225,8 +225,8 @@ class CorpusFit:
 
 
 CORPUS_FIT = CorpusFit(
-    matmul_share=0.8,
-    matmul_share_by_chip={"GA100": 0.875, "GH100": 0.725},
+    matmul_share=0.825,
+    matmul_share_by_chip={"GA100": 0.9, "GH100": 0.75},
     elementwise_bandwidth_share=0.55,
     overlap_contention=0.5,
     memory_margin=0.16,
@@ -254,16 +254,16 @@ CORPUS_FIT = CorpusFit(
         DimensionThroughput(
             "cp",
             2,
-            0.596,
+            0.619,
             "optimistic throughput: of 6 published runs with context parallelism at cp=2 or more (1 source; "
             "`fsdp-planner fidelity` lists the corpus, bench/RESULTS.md prices them), 5 ran more than 15% "
-            "slower than the model prices them, up to 1.60x: take this plan's tokens/s as an upper bound "
+            "slower than the model prices them, up to 1.62x: take this plan's tokens/s as an upper bound "
             "until a run on the target GPUs measures it",
         ),
         DimensionThroughput(
             "tp",
             8,
-            0.262,
+            0.26,
             "optimistic throughput: of 17 published runs with tensor parallelism at tp=8 or more (3 "
             "sources; `fsdp-planner fidelity` lists the corpus, bench/RESULTS.md prices them), 2 ran more "
             "than 15% slower than the model prices them, up to 1.26x: take this plan's tokens/s as an upper "

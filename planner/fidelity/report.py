@@ -47,6 +47,10 @@ HELD_OUT_THROUGHPUT_MAX_TARGET = 0.30
 HELD_OUT_MEMORY_MEAN_TARGET = 0.10
 COVERAGE_TARGET = 0.75
 """Of the held-out runs, the share the 80% interval (calibrated without their source) contains."""
+HELD_OUT_SOURCE_SHARE = 1 / 3
+HELD_OUT_MIN_PRICED_RUNS = 25
+"""Issue 37's rule for the held-out split: a third of the sources, 25 priced runs."""
+"""Of the held-out runs, the share the 80% interval (calibrated without their source) contains."""
 Quantity = Literal["throughput", "memory"]
 
 
@@ -258,6 +262,17 @@ def _targets(by_gpu: Sequence[ErrorSummary], by_quantity: Sequence[ErrorSummary]
             target=f">= {COVERAGE_TARGET:.0%}", value=f"{c.covered} of {c.runs} = {c.fraction:.0%}",
             met=c.fraction >= COVERAGE_TARGET,
         ))
+    sources = {r.source: r.split for r in results}
+    held_out_sources = sum(split == "held-out" for split in sources.values())
+    checks.append(TargetCheck(
+        name="held-out split: sources", target=f">= {HELD_OUT_SOURCE_SHARE:.0%} of {len(sources)}",
+        value=str(held_out_sources), met=held_out_sources >= HELD_OUT_SOURCE_SHARE * len(sources),
+    ))
+    priced_held_out = sum(r.priced and r.split == "held-out" for r in results)
+    checks.append(TargetCheck(
+        name="held-out split: priced runs", target=f">= {HELD_OUT_MIN_PRICED_RUNS}",
+        value=str(priced_held_out), met=priced_held_out >= HELD_OUT_MIN_PRICED_RUNS,
+    ))
     over = [f"{r.source}/{r.run_id}" for r in results if r.exceeds_margin]
     checks.append(TargetCheck(
         name="runs whose measured peak exceeds the predicted peak plus the stated margin",

@@ -9,6 +9,7 @@ import json
 import math
 from collections.abc import Callable
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,15 +31,15 @@ from planner.uncertainty import INTERVALS_RESOURCE, interval_data
 
 GUARD: dict[tuple[str, str], float] = {
     ("throughput_mean", "A100-40GB"): 0.08,
-    ("throughput_max", "A100-40GB"): 0.13,
-    ("throughput_mean", "A100-80GB"): 0.06,
-    ("throughput_max", "A100-80GB"): 0.16,
+    ("throughput_max", "A100-40GB"): 0.14,
+    ("throughput_mean", "A100-80GB"): 0.05,
+    ("throughput_max", "A100-80GB"): 0.15,
     ("throughput_mean", "H100-SXM-80GB"): 0.09,
-    ("throughput_max", "H100-SXM-80GB"): 0.20,
-    ("throughput_mean", "H100-SXM-96GB"): 0.07,
+    ("throughput_max", "H100-SXM-80GB"): 0.17,
+    ("throughput_mean", "H100-SXM-96GB"): 0.06,
     ("throughput_max", "H100-SXM-96GB"): 0.13,
     ("throughput_mean", "H200-141GB"): 0.10,
-    ("throughput_max", "H200-141GB"): 0.14,
+    ("throughput_max", "H200-141GB"): 0.15,
     ("memory_mean", "all"): 0.07,
 }
 """The fit split's in-sample |error| each target may reach: today's values rounded up to the next whole
@@ -51,17 +52,22 @@ inductor's micro-pipelining does, and the refit moved the overlap contention 0.3
 share 0.9 -> 0.875: H100-96GB's max fell to 17.3% and its mean to 5.7%, A100-40GB's mean rose to
 8.3% and A100-80GB's max to 16.5%, H100-80GB's max to 21.9%. Issue 37 split the corpus: the fit
 reads the fit split only, and its refit moved the overlap contention 0.25 -> 0.5 and the elementwise
-bandwidth share 0.5 -> 0.55.)"""
+bandwidth share 0.5 -> 0.55. GEMMs priced by shape and attention by sequence length (issue 37 item 2)
+moved the matmul shares up by 0.025 on refit; torchao's H100 run is priced on the card its peak was
+logged on, the 96 GB H100 at 500 W (item 7), and H100-80GB's max fell from 21.9% to 16.9%.)"""
 HELD_OUT_GUARD: dict[tuple[str, str], float] = {
-    ("throughput_mean", "A100-80GB"): 0.13,
-    ("throughput_max", "A100-80GB"): 0.19,
+    ("throughput_mean", "A100-80GB"): 0.11,
+    ("throughput_max", "A100-80GB"): 0.18,
     ("throughput_mean", "H100-SXM-80GB"): 0.10,
     ("throughput_max", "H100-SXM-80GB"): 0.19,
+    ("memory_mean", "all"): 0.21,
 }
 """The held-out split's |error| (sources no fit reads, priced by the committed fit), today's values
 rounded up to the next whole percent: the numbers that say how the model does on runs it never saw."""
-COVERAGE_GUARD = {"throughput": 0.75}
-"""The least share of held-out runs the 80% interval contains (each calibrated without its source)."""
+COVERAGE_GUARD = {"throughput": 0.75, "memory": 0.25}
+"""The least share of held-out runs the 80% interval contains (each calibrated without its source): the
+issue's 75% for tokens/s; for memory today's 1 of 4 (torchtune's pure-bf16 peaks, over-predicted by
+7-33%, are the only held-out peaks, and their interval is calibrated on the fit split's)."""
 GPU_FAMILIES = ({"A100-80GB", "A100-40GB"}, {"H100-SXM-80GB", "H100-SXM-96GB"}, {"H200-141GB", "B200"})
 STANDARD_NODE_GPUS = 8
 """What a run that does not state its node size is priced on (planner/fidelity/schema.py `Hardware`)."""
@@ -308,6 +314,16 @@ def _same_fit(stored: Any, fresh: Any) -> bool:
 
 def _close(a: float | None, b: float | None) -> bool:
     return a is b is None or (a is not None and b is not None and math.isclose(a, b, abs_tol=TOLERANCE))
+
+
+def test_the_projects_own_runs_cite_raw_records_inside_the_repository() -> None:
+    root = Path(__file__).resolve().parents[2]
+    for source_file in load_corpus():
+        source = source_file.source
+        assert not source.url.startswith("file:"), f"{source.id}: cite a record in the repository"
+        if source.kind == "own-measurement":
+            assert source.path and (root / source.path).is_file(), f"{source.id}: {source.path}"
+            assert source.url == source.path
 
 
 def test_the_stored_report_is_the_one_the_code_gives() -> None:
