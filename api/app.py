@@ -17,13 +17,14 @@ from api.dashboard.vendor import install as install_plotly
 from api.db import migrate
 from api.db.session import create_db_engine, create_session_factory
 from api.docs import install as install_docs
+from api.lifeline import stop_in_order_with_parent
 from api.middleware import AllowedMethodsMiddleware, BodySizeLimitMiddleware
 from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
 from api.routers import api_router, health
 from api.services.job_kinds import PLAN_JOBS, STUDIES
 from api.services.jobs import InProcessJobs
 from api.services.keyed_locks import KeyedLocks
-from api.services.search_pool import SearchPool, available_cores, stop_with_supervisor
+from api.services.search_pool import SearchPool, available_cores
 from api.services.search_shares import SearchShares
 from api.services.task_engine import ProcrastinateJobs
 from api.settings import Settings
@@ -84,8 +85,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.migrate_on_startup:
             await anyio.to_thread.run_sync(migrate.upgrade, engine)
             log.info("database %s at schema revision %s", engine.url, migrate.head_revision())
-        if settings.supervisor_pid is not None:
-            stop_with_supervisor(settings.supervisor_pid)
+        # A web process of `serve --workers N` has had SIGKILL for its supervisor's death so far; from here
+        # on it has a pool and requests to stop in order.
+        stop_in_order_with_parent()
         await anyio.to_thread.run_sync(search_pool.start)
         await anyio.to_thread.run_sync(jobs.start)
         await anyio.to_thread.run_sync(plan_jobs.start)

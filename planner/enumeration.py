@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from contract.loss_slices import loss_chunks_for
 from contract.mesh import Mesh
 from contract.parallel_config import (
     EAGER_ONLY_SCHEDULES,
@@ -21,7 +22,6 @@ from contract.parallel_config import (
     PipelineSchedule,
 )
 from planner.cost.estimate import block_step_time
-from planner.cost.memory import loss_chunks_for
 from planner.cost.model_costs import UnitCost
 from planner.cost.pipeline import balanced_stage_split
 from planner.cost.setting import Choice, Setting

@@ -67,22 +67,27 @@ def serve(
     # Several workers import the app by name and read the settings from the environment. Migrate once
     # here: workers migrating a SQLite file side by side would race to create the same tables.
     import os
+    import sys
 
     if database_url:
         os.environ["DATABASE_URL"] = database_url
     if settings.migrate_on_startup:
         db_upgrade(revision="head", database_url=settings.resolved_database_url)
         os.environ["FSDP_PLANNER_MIGRATE_ON_STARTUP"] = "false"
-    os.environ["FSDP_PLANNER_SUPERVISOR_PID"] = str(os.getpid())
     if settings.search_workers is None:
         from api.services.search_pool import available_cores
 
         # Each web process has its own search pool: share the cores among them.
         os.environ["FSDP_PLANNER_SEARCH_WORKERS"] = str(max(1, available_cores() // workers))
-    uvicorn.run(
-        "api.app:create_app", factory=True, host=host, port=port, workers=workers, log_level=log_level,
-        proxy_headers=True,
-    )
+    # The supervisor runs as a process of its own main module, so that the web processes it spawns
+    # import only what they need to answer its health checks (api/web_supervisor.py says why); exec
+    # keeps this pid, which is what a service manager or a test holds.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [
+        sys.executable, "-m", "api.web_supervisor", "--host", host, "--port", str(port),
+        "--workers", str(workers), "--log-level", log_level,
+    ])
 
 
 def worker(

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from contract.loss_slices import loss_chunks_for
 from contract.mesh import Mesh
 from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig
 from contract.plan_document import SCHEMA_VERSION, ClusterConfig, RuntimePlan, TrainingConfig
@@ -97,9 +98,10 @@ def _plan(
     world = dist.get_world_size() if dist.is_initialized() else 1
     dtype = "bfloat16" if on_gpu else "float32"
     sharded = shape.sharding == "full_shard"
+    model = dataclasses.replace(model_config(spec), num_layers=shape.layers)
     return RuntimePlan(
         schema_version=SCHEMA_VERSION,
-        model=dataclasses.replace(model_config(spec), num_layers=shape.layers),
+        model=model,
         cluster=ClusterConfig(
             gpu="profile",
             num_nodes=max(1, world // gpus_per_node),
@@ -127,6 +129,10 @@ def _plan(
             all_gather_bucket_mb=0.0,
             reduce_scatter_bucket_mb=0.0,
             prefetch_depth=1,
+            # The loss sliced as plans slice it: its memory is then what a plan's is, and the
+            # activations are what the step's transient memory mostly holds (the memory fit reads
+            # their scale from it).
+            loss_chunks=loss_chunks_for(micro_batch * seq_len, model.vocab_size, 2 if on_gpu else 4),
             inductor=InductorConfig(
                 bucket_all_gathers=False, bucket_reduce_scatters=False,
                 reorder_for_compute_comm_overlap=False,

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
+from contract.loss_slices import LOSS_SLICE_BYTES_PER_ELEMENT
 from contract.mesh import Mesh
 from planner.cost.layout import CommLayout
 from planner.cost.model_costs import UnitCost, eager_saved_bytes
@@ -104,17 +105,6 @@ def runs_priced_allocator(allocator_config: str | None) -> bool:
     return options.get(key, "").lower() == value.lower()
 
 
-LOSS_SLICE_BYTES_PER_ELEMENT = {2: 6.0, 4: 4.0}
-"""Bytes alive per (token x vocab entry) of one loss slice, by compute-dtype size: bf16 logits and
-their fp32 copy, which becomes the softmax and the gradient in place; in fp32 the logits themselves
-(the runtime's chunked loss, executor/runtime/loss.py; measured in bench/RESULTS.md)."""
-
-LOSS_SLICE_TARGET_BYTES = 1.0 * GIB
-"""The loss is sliced until one slice's logits take at most this much: a few percent of a
-datacenter GPU, while a slice of a 128k vocabulary still has ~800 tokens, enough for an efficient
-output-projection GEMM."""
-
-
 @dataclass(slots=True)
 class MemoryEstimate:
     """Bytes per GPU at one moment of a step, by purpose (the terms of MEMORY_TERMS). Not frozen:
@@ -157,14 +147,6 @@ class MemoryEstimate:
 
 
 assert tuple(f.name for f in fields(MemoryEstimate))[:-1] == tuple(MEMORY_TERMS)
-
-
-def loss_chunks_for(tokens: int, vocab_size: int, compute_bytes: int) -> int:
-    """Slices the loss of a `tokens`-token micro-batch needs to keep one slice under the target."""
-    if vocab_size <= 0:
-        return 1
-    whole = tokens * vocab_size * LOSS_SLICE_BYTES_PER_ELEMENT[compute_bytes]
-    return max(1, min(tokens, math.ceil(whole / LOSS_SLICE_TARGET_BYTES)))
 
 
 AUTOGRAD_LOSS_BYTES_PER_ELEMENT = 4.0 + 4.0

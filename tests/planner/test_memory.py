@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from contract.loss_slices import loss_chunks_for
 from contract.mesh import Mesh
 from contract.plan_document import upgrade_document
 from planner.cost.estimate import Estimator
-from planner.cost.memory import MEMORY_TERMS, loss_chunks_for
+from planner.cost.memory import MEMORY_TERMS
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice
 from planner.enumeration import enumerate_choices
