@@ -72,9 +72,6 @@ class Settings(BaseSettings):
     """A running study (or plan job) whose process has not said it is alive for this long (killed, or its
     machine gone) is queued again and run from its first candidate by a web process that is alive (in-process
     engine); with procrastinate, the job of a worker silent this long is retried by another worker."""
-    supervisor_pid: Annotated[int | None, Field(ge=1)] = None
-    """Set by `serve --workers N` for its web processes: the supervisor they stop with, however it ends
-    (a supervisor killed outright would otherwise leave them serving)."""
     require_key_for_reads: bool = False
     """Once API keys exist, also require one for GET requests (writes always need one then)."""
     migrate_on_startup: bool = True

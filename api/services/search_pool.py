@@ -33,6 +33,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import TypeVar
 
+from api.lifeline import WATCHDOG_INTERVAL_S, signal_on_parent_death
 from planner.calibration import CalibrationProfile
 from planner.deadline import CpuDeadline
 from planner.errors import PlanningError
@@ -170,11 +171,6 @@ def _new_executor(workers: int) -> ProcessPoolExecutor:
     )
 
 
-# How often a worker's watchdog looks for its parent (a worker outliving its server by this much is fine).
-WATCHDOG_INTERVAL_S = 0.5
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-
 def _init_worker(server_pid: int) -> None:
     """Runs first in every worker: `server_pid` is the web process that created the pool."""
     # Ctrl-C reaches the whole process group: the web process shuts the pool down in order.
@@ -204,32 +200,6 @@ def _die_with_server(server_pid: int) -> None:
     threading.Thread(
         target=_watch_parent, args=(parent, server_pid), name="parent-watchdog", daemon=True
     ).start()
-
-
-def signal_on_parent_death(signal_number: int) -> None:
-    """Ask the kernel to send this process `signal_number` when its parent exits (Linux; elsewhere a
-    no-op: the watchdogs below notice instead)."""
-    if sys.platform != "linux":
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal_number, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-
-
-def stop_with_supervisor(supervisor_pid: int) -> None:
-    """In a web process that uvicorn's supervisor started (`serve --workers N`): shut down in order
-    (SIGTERM: uvicorn's graceful stop, which stops the search pool) when the supervisor is gone,
-    however it ended; a supervisor killed outright would otherwise leave its web processes serving."""
-    if os.getppid() != supervisor_pid:
-        return  # not that supervisor's child (a test client, or the supervisor is gone already)
-    signal_on_parent_death(signal.SIGTERM)
-
-    def watch() -> None:
-        while os.getppid() == supervisor_pid:
-            time.sleep(WATCHDOG_INTERVAL_S)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="supervisor-watchdog", daemon=True).start()
 
 
 def _watch_parent(parent: int, server_pid: int) -> None:
