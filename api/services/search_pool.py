@@ -19,12 +19,10 @@ This module is what the workers import: it stays free of the database and the we
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import multiprocessing.forkserver
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
