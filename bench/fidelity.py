@@ -3,8 +3,9 @@
     python bench/fidelity.py            # markdown tables on stdout (about a minute: leave-one-source-out)
     python bench/fidelity.py --no-loso  # in-sample only (a second)
 
-Prints what bench/RESULTS.md records: errors per GPU type and quantity (in-sample and
-leave-one-source-out), per source, the targets, and the largest misses with their configurations.
+Prints what bench/RESULTS.md records: errors per GPU type and quantity for the fit split (in-sample
+and leave-one-source-out) and the held-out split (sources no fit reads), how many held-out runs the
+80% interval contains, the targets, and the largest misses with their configurations.
 """
 
 from __future__ import annotations
@@ -35,14 +36,30 @@ def markdown(report: FidelityReport, *, misses: int) -> str:
             f"| {s.group} | {s.quantity} | {s.runs} | {s.mean_abs:.1%} | {s.max_abs:.1%} | {_pct(s.bias)} "
             f"| {'–' if s.loso_mean_abs is None else f'{s.loso_mean_abs:.1%}'} |"
         )
+    lines += [
+        "", "Held-out split (sources no fit reads, priced by the committed fit):", "",
+        "| GPU | quantity | runs | mean abs error | max abs error | bias |", "|---|---|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {s.group} | {s.quantity} | {s.runs} | {s.mean_abs:.1%} | {s.max_abs:.1%} | {_pct(s.bias)} |"
+        for s in (*report.held_out_by_gpu, *report.held_out_by_quantity)
+    ]
+    lines += [""] + [
+        f"80% interval: {c.covered} of {c.runs} held-out {c.quantity} runs inside ({c.fraction:.0%}), each "
+        "calibrated without its source" for c in report.coverage
+    ]
     lines += ["", "| target | goal | value | met |", "|---|---|---|---|"]
     lines += [f"| {t.name} | {t.target} | {t.value} | {'yes' if t.met else 'NO'} |" for t in report.targets]
     worst = sorted(
         (r for r in report.runs if r.throughput_error is not None),
         key=lambda r: abs(r.throughput_error or 0.0), reverse=True,
     )[:misses]
-    lines += ["", "| largest throughput misses | GPU | configuration | error |", "|---|---|---|---:|"]
-    lines += [f"| {r.source}/{r.run_id} | {r.gpu} | {r.config} | {_pct(r.throughput_error)} |" for r in worst]
+    lines += ["", "| largest throughput misses | split | GPU | configuration | error |",
+              "|---|---|---|---|---:|"]
+    lines += [
+        f"| {r.source}/{r.run_id} | {r.split} | {r.gpu} | {r.config} | {_pct(r.throughput_error)} |"
+        for r in worst
+    ]
     return "\n".join(lines)
 
 
