@@ -46,6 +46,10 @@ class MemoryCase:
     """Compiled cases use fewer blocks: inductor's compile time grows with the graph."""
     precision: str = "fp32"
     """bf16 parameters and activations (fp32 states and reductions), where RMSNorm keeps fp32 copies."""
+    state_dtype: str = "float32"
+    """`bfloat16`: pure bf16 training (parameters, gradients, their reduction and AdamW's states)."""
+    blocks: int = 0
+    """For checkpointing `blocks`: how many of the first blocks are recomputed."""
     tp: int = 1
     """Tensor-parallel degree (the two ranks as one tp group: sequence and loss parallel)."""
     over_prediction_allowed: float | None = None
@@ -54,11 +58,12 @@ class MemoryCase:
 
     @property
     def label(self) -> str:
-        short = {"selective": f"sel{self.every_k}", "op_selective": "op"}
+        short = {"selective": f"sel{self.every_k}", "op_selective": "op", "blocks": f"first{self.blocks}"}
         ac = short.get(self.checkpointing, self.checkpointing)
         chunks = f" lc{self.loss_chunks}" if self.loss_chunks > 1 else ""
         mode = "compiled" if self.compile else "eager"
         dtype = f" {self.precision}" if self.precision != "fp32" else ""
+        dtype += " pure" if self.state_dtype == "bfloat16" else ""
         batch = f"mb{self.micro_batch}x{self.grad_accum}"
         tp = f" tp{self.tp}" if self.tp > 1 else ""
         return f"L{self.layers} {self.sharding}{tp} AC={ac} {batch}{chunks}{dtype} {mode}"
@@ -78,6 +83,9 @@ CASES: tuple[MemoryCase, ...] = (
     MemoryCase("no_shard", "selective", micro_batch=1, grad_accum=2),
     MemoryCase("full_shard", precision="bf16"),
     MemoryCase("shard_grad_op", precision="bf16"),
+    # The first n of the blocks checkpointed; pure bf16 (2 + 2 + 4 bytes of states per parameter).
+    MemoryCase("shard_grad_op", "blocks", blocks=3),
+    MemoryCase("full_shard", "blocks", blocks=2, precision="bf16", state_dtype="bfloat16"),
     # Compiled SimpleFSDP.
     MemoryCase("full_shard", compile=True, layers=2),
     MemoryCase("shard_grad_op", "op_selective", compile=True, layers=2),
@@ -103,11 +111,13 @@ def parallel_config(case: MemoryCase, world: int) -> ParallelConfig:
         reduce_scatter_bucket_mb=0.0,
         reshard_after_forward=case.sharding == "full_shard",
         prefetch_depth=1,
-        checkpointing=CheckpointingConfig(mode=case.checkpointing, every_k=case.every_k),  # type: ignore[arg-type]
+        checkpointing=CheckpointingConfig(
+            mode=case.checkpointing, every_k=case.every_k, blocks=case.blocks  # type: ignore[arg-type]
+        ),
         micro_batch_size=case.micro_batch,
         grad_accum_steps=case.grad_accum,
         param_dtype="bfloat16" if case.precision == "bf16" else "float32",
-        reduce_dtype="float32",
+        reduce_dtype="bfloat16" if case.state_dtype == "bfloat16" else "float32",
         compile=case.compile,
         inductor=InductorConfig(
             bucket_all_gathers=False,
@@ -130,6 +140,7 @@ def plan_for(case: MemoryCase) -> Plan:
             global_batch_tokens=SEQ_LEN * case.micro_batch * case.grad_accum * world // case.tp,
             precision=case.precision,  # type: ignore[arg-type]
             optimizer="adamw",
+            state_dtype=case.state_dtype,  # type: ignore[arg-type]
         ),
     )
     return predict(request, parallel_config(case, world))
