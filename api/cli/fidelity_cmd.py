@@ -145,7 +145,8 @@ def _runs_table(results: Sequence[RunResult]) -> Table:
             _percent(r.throughput_error, signed=True),
             _gib(r.measured_memory_gib), _gib(r.predicted_memory_gib),
             _range(r.memory_interval, r.memory_covered, gib=True), _percent(r.memory_error, signed=True),
-            "[bold red]exceeds margin[/]" if r.exceeds_margin else "",
+            "[bold red]exceeds margin[/]" if r.exceeds_margin
+            else "network assumed" if r.network_assumed else "",
         )
     return table
 

@@ -30,7 +30,7 @@ from planner import PLANNER_VERSION
 from planner.cost.parameters import CORPUS_FIT, CorpusFit
 from planner.fidelity import intervals
 from planner.fidelity.fit import Prices, SourceRun, corpus_runs, fit_split, leave_one_source_out, price
-from planner.fidelity.pricing import PricedRun, run_engine
+from planner.fidelity.pricing import PricedRun, run_cluster, run_engine
 from planner.fidelity.schema import SourceFile, load_corpus
 from planner.fidelity.split import split_of
 from planner.uncertainty import LEVEL
@@ -98,6 +98,9 @@ class RunResult(ReportModel):
     memory_interval: tuple[float, float] | None = None
     """The 80% interval on the predicted peak (GiB, the run's counter), calibrated the same way."""
     memory_covered: bool | None = None
+    network_assumed: bool = False
+    """The run spans nodes and its source does not state the network: priced on the catalog's NIC,
+    and its throughput scored against the GPU type's low and high plausible network."""
 
 
 class ErrorSummary(ReportModel):
@@ -164,6 +167,7 @@ def _result(item: SourceRun, priced: PricedRun | None, reason: str | None) -> Ru
         trainer=run.config.engine, measured_tokens_per_s_per_gpu=measured.tokens_per_s_per_gpu,
         measured_mfu=measured.mfu_percent / 100 if measured.mfu_percent else None,
         memory_counter=measured.memory_counter,
+        network_assumed=run.hardware.network_gbps_per_node is None and run_cluster(run).num_nodes > 1,
     )
     if priced is None:
         return RunResult(**fields, config="", priced=False, reason=reason)

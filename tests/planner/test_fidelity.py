@@ -301,6 +301,14 @@ def test_an_unstated_network_prices_a_band_over_the_gpu_types_plausible_networks
     assert assumed.score <= max(0.0, stated.score) + 1e-9  # a band never scores a run further out
 
 
+def test_a_run_whose_network_is_not_stated_says_so(report: FidelityReport) -> None:
+    runs = {r.run_id: r for r in report.runs}
+    for run in _runs():
+        stated = run.hardware.network_gbps_per_node is not None
+        assert runs[run.id].network_assumed == (not stated and _nodes(run) > 1), run.id
+    assert any(r.network_assumed and r.priced for r in report.runs)
+
+
 # ---------------------------------------------------------------- the stored report
 
 
