@@ -39,9 +39,10 @@ from api.cli.common import (
     load_plan,
     whole_number,
 )
+from api.cli.plan_cmd import within
 from executor.launch.bundle import bundle_name, write_bundle
 from planner.formatting import duration
-from planner.plan import Plan
+from planner.plan import Plan, PredictionInterval
 
 DEFAULT_STEPS = 8
 DEFAULT_WARMUP = 2
@@ -317,6 +318,13 @@ def _error(predicted: float, measured: float | None) -> str:
     return f"{(predicted - measured) / measured:+.1%}"
 
 
+def _inside(interval: PredictionInterval | None, measured: float | None) -> str:
+    """Whether the measurement fell inside the plan's 80% interval (plans before schema 2.2: nothing)."""
+    if interval is None or measured is None:
+        return ""
+    return ", inside 80%" if interval.low <= measured <= interval.high else ", OUTSIDE 80%"
+
+
 def show(plan: Plan, measured: Measurement, console: Console) -> None:
     pred = plan.prediction
     table = Table(
@@ -333,16 +341,18 @@ def show(plan: Plan, measured: Measurement, console: Console) -> None:
     )
     table.add_row(
         "tokens/s/GPU",
-        f"{pred.tokens_per_s_per_gpu:,.0f}",
+        f"{pred.tokens_per_s_per_gpu:,.0f}{within(pred.tokens_per_s_per_gpu_interval)}",
         f"{measured.tokens_per_s_per_gpu:,.0f}",
-        _error(pred.tokens_per_s_per_gpu, measured.tokens_per_s_per_gpu),
+        _error(pred.tokens_per_s_per_gpu, measured.tokens_per_s_per_gpu)
+        + _inside(pred.tokens_per_s_per_gpu_interval, measured.tokens_per_s_per_gpu),
     )
     memory = f"{measured.peak_memory_gib:.3f} GiB" if measured.peak_memory_gib is not None else "-"
     table.add_row(
         "peak memory",
-        f"{pred.peak_memory_gib:.3f} GiB",
+        f"{pred.peak_memory_gib:.3f} GiB{within(pred.peak_memory_gib_interval, decimals=2)}",
         memory,
-        _error(pred.peak_memory_gib, measured.peak_memory_gib),
+        _error(pred.peak_memory_gib, measured.peak_memory_gib)
+        + _inside(pred.peak_memory_gib_interval, measured.peak_memory_gib),
     )
     console.print(table)
     console.print(

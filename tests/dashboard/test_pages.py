@@ -19,7 +19,7 @@ from api import keys
 from api.app import create_app
 from api.cli.calibrate_cmd import show_fit
 from api.cli.main import app as cli_app
-from api.db.models import PlanRow
+from api.db.models import PlanRow, ValidationRunRow
 from api.db.session import create_db_engine, create_session_factory
 from api.hints import CLI_ACTIVATE, EXECUTOR_EXTRA_INSTALL
 from api.settings import Settings
@@ -420,6 +420,16 @@ def test_accuracy_page_plots_every_run(client: TestClient, db: Database) -> None
     assert re.search(r'<th scope="row">step time</th><td class="num">5</td>', html)
     detail = client.get(f"/plans/{first}").text
     assert 'id="runs-table"' in detail and len(re.findall(r'<td data-label="Run">#', detail)) == 3
+    # Each measurement says whether it fell inside the plan's 80% interval.
+    plan = client.get(f"/api/v1/plans/{first}").json()["plan"]["prediction"]
+    low, high = plan["tokens_per_s_per_gpu_interval"]["low"], plan["tokens_per_s_per_gpu_interval"]["high"]
+    with db.session() as session:
+        runs = session.query(ValidationRunRow).filter_by(plan_id=first)
+        measured = [r.measured_tokens_per_s_per_gpu for r in runs]
+    inside = sum(low <= m <= high for m in measured)
+    tokens_cells = re.findall(r'data-label="Tokens/s/GPU measured" class="num">[\d,]+<span class="interval '
+                              r'run-(inside|outside)">', detail)
+    assert tokens_cells.count("inside") == inside and len(tokens_cells) == 3
 
 
 def test_writes_need_a_key_once_keys_exist(client: TestClient, db: Database) -> None:

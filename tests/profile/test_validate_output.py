@@ -52,6 +52,10 @@ def test_validate_prints_one_step_time_consistent_with_the_metrics(tmp_path: Pat
     value, unit = row[0]
     scale = {"µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0}[unit]
     assert float(value.replace(",", "")) * scale == pytest.approx(median, rel=5e-3)
+    # Throughput and peak beside their 80% intervals, and whether the measurement fell inside.
+    assert re.search(r"tokens/s/GPU\s*│\s*[\d,]+ \([\d,]+–[\d,]+\)\s*│\s*[\d,]+\s*│\s*[+-][\d.]+%, "
+                     r"(inside|OUTSIDE) 80%", out), out
+    assert re.search(r"peak memory\s*│\s*[\d.]+ GiB \([\d.]+–[\d.]+\)\s*│", out), out
     # Every step's progress line gives its time in seconds too.
     assert len(re.findall(r"^step \d/5 \|.*\| [\d.]+ s \|", out, re.M)) == 5, out
     # No other summary step time: the old trainer line ("steady step ... s", a mean) is gone.
