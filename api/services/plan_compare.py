@@ -196,6 +196,10 @@ FIELDS: tuple[ComparedField, ...] = (
     ComparedField("config.checkpointing.every_k", "Configuration", "Checkpoint every k-th block",
                   lambda _r, p: p.config.checkpointing.every_k if p.config.checkpointing.mode == "selective"
                   else None),
+    # And only mode `blocks` reads its count.
+    ComparedField("config.checkpointing.blocks", "Configuration", "Checkpointed first blocks",
+                  lambda _r, p: p.config.checkpointing.blocks if p.config.checkpointing.mode == "blocks"
+                  else None),
     ComparedField("config.micro_batch_size", "Configuration", "Micro-batch (sequences)",
                   lambda _r, p: p.config.micro_batch_size),
     ComparedField("config.grad_accum_steps", "Configuration", "Accumulation steps",

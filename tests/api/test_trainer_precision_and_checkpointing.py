@@ -68,3 +68,9 @@ async def test_checkpointing_n_blocks_is_searched_when_allowed_and_shown(client:
     page = await client.get(f"/plans/{created.json()['id']}")
     assert f"AC=first{checkpointing['blocks']}" in page.text
     assert f"the first {checkpointing['blocks']} blocks recomputed" in page.text
+    # compare shows the count beside a plan that checkpoints otherwise (not applicable there).
+    other = await client.post(PLANS, json={**body, "search": {**body["search"], "checkpointing": ["full"]}})
+    ids = f"{created.json()['id']},{other.json()['id']}"
+    compared = await client.get("/api/v1/plans/compare", params={"ids": ids})
+    (row,) = [f for f in compared.json()["fields"] if f["field"] == "config.checkpointing.blocks"]
+    assert row["values"] == [checkpointing["blocks"], None] and row["differs"]
