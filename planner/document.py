@@ -88,15 +88,17 @@ def plan_document(
     fitting_count: int,
     warnings: tuple[PlanWarning, ...],
     digest: str | None = None,
+    intervals: bool = True,
 ) -> Plan:
     """The Plan for `best`, with the `fitting` alternatives (timed, ranked best first) beside it;
     `count` configurations were enumerated, `fitting_count` of them fit. The pick and the
     configurations shown beside it carry their 80% intervals (planner/plan_intervals.py), and the
-    warnings grow by what those say."""
-    intervals = PlanIntervals(request, setting)
-    prediction = _prediction(setting, best, headroom=request.search.memory_headroom, intervals=intervals)
+    warnings grow by what those say; without `intervals` (a corpus run priced for the fit, whose
+    report places its own) they are left out."""
+    bands = PlanIntervals(request, setting) if intervals else None
+    prediction = _prediction(setting, best, headroom=request.search.memory_headroom, intervals=bands)
     alternatives = tuple(
-        _candidate(e, best, setting, request, intervals) for e in distinct(best, fitting[1:], request.top_k)
+        _candidate(e, best, setting, request, bands) for e in distinct(best, fitting[1:], request.top_k)
     )
     lead = lead_within_interval(prediction, alternatives, tuple(rejected))
     return Plan(
@@ -120,16 +122,18 @@ def plan_document(
         config=to_parallel_config(best.choice, request),
         prediction=prediction,
         alternatives=alternatives,
-        pareto_front=tuple(_candidate(e, best, setting, request, intervals) for e in pareto(fitting)),
+        pareto_front=tuple(_candidate(e, best, setting, request, bands) for e in pareto(fitting)),
         rejected=tuple(rejected),
         calibration_id=setting.params.calibration_id,
         search=SearchStats(candidates_evaluated=count, candidates_fitting=fitting_count),
-        warnings=(*warnings, *intervals.warnings(best), *([lead] if lead else [])),
-        network_assumed=intervals.network_assumed,
+        warnings=(*warnings, *(bands.warnings(best) if bands else ()), *([lead] if lead else [])),
+        network_assumed=bands.network_assumed if bands else None,
     )
 
 
-def _prediction(setting: Setting, e: Evaluated, *, headroom: float, intervals: PlanIntervals) -> Prediction:
+def _prediction(
+    setting: Setting, e: Evaluated, *, headroom: float, intervals: PlanIntervals | None
+) -> Prediction:
     assert e.time is not None
     t = e.time
     m = e.memory
@@ -152,7 +156,7 @@ def _prediction(setting: Setting, e: Evaluated, *, headroom: float, intervals: P
         tokens_per_s=e.tokens_per_s_per_gpu * setting.world_size,
         mfu=mfu(setting, e.tokens_per_s_per_gpu),
         peak_memory_gib=m.total / GIB,
-        **intervals.of(e),
+        **(intervals.of(e) if intervals else {}),
         memory_breakdown_gib=MemoryBreakdown(
             **{name: value / GIB for name, value in m.terms().items()},
             moment=m.moment,  # type: ignore[arg-type]
@@ -175,7 +179,7 @@ def _prediction(setting: Setting, e: Evaluated, *, headroom: float, intervals: P
 
 
 def _candidate(
-    e: Evaluated, best: Evaluated, setting: Setting, request: PlanRequest, intervals: PlanIntervals
+    e: Evaluated, best: Evaluated, setting: Setting, request: PlanRequest, intervals: PlanIntervals | None
 ) -> Candidate:
     assert e.time is not None
     return Candidate(
@@ -187,5 +191,5 @@ def _candidate(
         peak_memory_gib=e.peak_gib,
         exposed_comm_s=e.time.exposed_comm_s,
         relative_throughput=e.tokens_per_s_per_gpu / best.tokens_per_s_per_gpu,
-        **intervals.of(e),
+        **(intervals.of(e) if intervals else {}),
     )

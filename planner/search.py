@@ -274,11 +274,14 @@ def predict(
     calibration: CalibrationProfile | None = None,
     calibration_id: str | None = None,
     parameters: CostParameters | None = None,
+    intervals: bool = True,
 ) -> Plan:
     """A Plan for exactly `config` (no search): what-if questions and measuring the cost model.
 
     `parameters` replaces the cost parameters the request (and calibration) imply: what a correction
-    fitted to measured runs would change (planner/fidelity).
+    fitted to measured runs would change (planner/fidelity). Without `intervals` the plan carries no
+    80% intervals (nor the warnings they imply): the corpus fit prices thousands of runs whose
+    report works out intervals of its own (planner/fidelity/report.py), 6% of its time otherwise.
 
     Raises PlanningError when the configuration cannot run this request (its mesh does not match
     the cluster or the sharding, its tensor-parallel degree cannot split the model, or its batch
@@ -330,6 +333,7 @@ def predict(
         fitting_count=1,
         warnings=_warnings(request, setting, evaluated),
         digest=digest,
+        intervals=intervals,
     )
 
 

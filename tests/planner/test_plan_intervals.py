@@ -19,7 +19,7 @@ from contract.plan_document import parse_plan
 from planner.catalog.models import resolve_model
 from planner.plan import Candidate, Plan, PlanWarning, RejectedFamily
 from planner.plan_intervals import lead_within_interval
-from planner.search import make_plan
+from planner.search import make_plan, predict
 from planner.specs import ClusterSpec, PlanRequest, TrainingSpec
 from planner.study import StudyRequest, study_point
 from planner.uncertainty import coverage_warnings
@@ -164,3 +164,15 @@ def test_a_schema_2_1_document_reads_without_intervals(llama8b_request: PlanRequ
     print_plan(read, console)
     text = console.export_text()
     assert "80% intervals" not in text and re.search(r"^tokens/s/GPU +[\d,]+ *$", text, re.M)
+
+
+def test_predict_prices_a_configuration_with_or_without_its_intervals(llama8b_request: PlanRequest) -> None:
+    config = make_plan(llama8b_request).config
+    with_them = predict(llama8b_request, config)
+    without = predict(llama8b_request, config, intervals=False)
+    interval = with_them.prediction.tokens_per_s_per_gpu_interval
+    assert interval is not None and interval.low < with_them.prediction.tokens_per_s_per_gpu < interval.high
+    assert with_them.alternatives == () and "lead_within_interval" not in {w.code for w in with_them.warnings}
+    # The corpus fit's pricing: the same prediction, no interval and none of the warnings they imply.
+    assert without.prediction.tokens_per_s_per_gpu == with_them.prediction.tokens_per_s_per_gpu
+    assert without.prediction.tokens_per_s_per_gpu_interval is None and without.network_assumed is None
