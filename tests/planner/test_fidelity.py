@@ -58,16 +58,17 @@ logged on, the 96 GB H100 at 500 W (item 7), and H100-80GB's max fell from 21.9%
 HELD_OUT_GUARD: dict[tuple[str, str], float] = {
     ("throughput_mean", "A100-80GB"): 0.11,
     ("throughput_max", "A100-80GB"): 0.18,
-    ("throughput_mean", "H100-SXM-80GB"): 0.10,
+    ("throughput_mean", "H100-SXM-80GB"): 0.11,
     ("throughput_max", "H100-SXM-80GB"): 0.19,
-    ("memory_mean", "all"): 0.21,
+    ("memory_mean", "all"): 0.16,
 }
 """The held-out split's |error| (sources no fit reads, priced by the committed fit), today's values
 rounded up to the next whole percent: the numbers that say how the model does on runs it never saw."""
-COVERAGE_GUARD = {"throughput": 0.75, "memory": 0.25}
+COVERAGE_GUARD = {"throughput": 0.75, "memory": 0.5}
 """The least share of held-out runs the 80% interval contains (each calibrated without its source): the
-issue's 75% for tokens/s; for memory today's 1 of 4 (torchtune's pure-bf16 peaks, over-predicted by
-7-33%, are the only held-out peaks, and their interval is calibrated on the fit split's)."""
+issue's 75% for tokens/s; for memory today's 3 of 6 (the held-out peaks are torchtune's pure-bf16 runs,
+over-predicted by 7-33%, and Lightning's FSDP2 runs; too few for an interval of their own, they are
+calibrated with the fit split's peaks)."""
 GPU_FAMILIES = ({"A100-80GB", "A100-40GB"}, {"H100-SXM-80GB", "H100-SXM-96GB"}, {"H200-141GB", "B200"})
 STANDARD_NODE_GPUS = 8
 """What a run that does not state its node size is priced on (planner/fidelity/schema.py `Hardware`)."""
