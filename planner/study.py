@@ -17,10 +17,19 @@ import math
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SerializerFunctionWrapHandler,
+    Tag,
+    model_serializer,
+    model_validator,
+)
 
 from contract.parallel_config import Float8Recipe
-from contract.training_config import Optimizer, Precision
+from contract.training_config import STATE_DTYPE_NEEDS_BF16, Optimizer, Precision, StateDType
 from planner.enumeration import check_float8
 from planner.errors import InfeasiblePlanError, PlanningError
 from planner.gpu_spec import GpuSpec
@@ -183,6 +192,9 @@ class StudyRequest(StrictModel):
     """Tokens per step per GPU (the `per_gpu` rule); a multiple of seq_len."""
     precision: Precision = "bf16"
     optimizer: Optimizer = "adamw"
+    state_dtype: StateDType = "float32"
+    """What the optimizer updates on every candidate: fp32 (mixed precision) or `bfloat16` (pure bf16
+    training, as the plans' `training.state_dtype`)."""
     search: SearchSpace = SearchSpace()
     """Restrictions applied to every candidate's search."""
     deadline_days: Annotated[float, Field(gt=0, le=1e5, allow_inf_nan=False)] | None = None
@@ -201,6 +213,8 @@ class StudyRequest(StrictModel):
             lower = max(self.seq_len, per_step // self.seq_len * self.seq_len)
             raise ValueError(f"{needed}: {per_step} is not a whole number of {self.seq_len}-token sequences; "
                              f"use a multiple of seq_len such as {lower}")
+        if self.state_dtype == "bfloat16" and self.precision != "bf16":
+            raise ValueError(STATE_DTYPE_NEEDS_BF16.replace("training.", ""))
         names = [gpu.series for gpu in self.gpus]
         if len(set(names)) != len(names):
             raise ValueError(f"gpus: each GPU type once per Float8 recipe (got {', '.join(names)})")
@@ -211,6 +225,14 @@ class StudyRequest(StrictModel):
                 f"{MAX_CANDIDATES} candidates a study plans; use fewer sizes (a doubling range) or GPU types"
             )
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_mixed_precision_states(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # Studies in mixed precision (the default) serialise, and are stored, as before the field existed.
+        data = handler(self)
+        if data.get("state_dtype") == "float32":
+            data.pop("state_dtype", None)
+        return data
 
     def sizes(self) -> list[int]:
         """The cluster sizes, ascending, each once."""
@@ -286,7 +308,8 @@ class StudyCandidate(StudyCluster):
                 model=study.model,
                 cluster=gpu.cluster(num_nodes=nodes, gpus_per_node=gpus_per_node),
                 training={"seq_len": study.seq_len, "global_batch_tokens": fields["global_batch_tokens"],
-                          "precision": study.precision, "optimizer": study.optimizer},
+                          "precision": study.precision, "optimizer": study.optimizer,
+                          "state_dtype": study.state_dtype},
                 search=study.search if gpu.float8 == "none" else study.search.model_copy(
                     update={"float8": [gpu.float8]}
                 ),

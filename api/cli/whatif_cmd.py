@@ -35,6 +35,7 @@ from api.cli.plan_cmd import CHECKPOINT_MODES, FLOAT8_CHOICES, SHARDINGS, search
 from api.services.search_pool import SearchPool, available_cores
 from api.services.studies import run_study
 from api.typed_numbers import parse_decimal
+from contract.training_config import precision_label
 from planner.errors import PlanningError, describe_validation_error
 from planner.formatting import duration, money, quantity
 from planner.study import (
@@ -97,6 +98,9 @@ def whatif(
         help="Name the cheapest cluster that trains within this many days.",
     )] = None,
     precision: Annotated[str, typer.Option(help="bf16 (mixed, fp32 master) or fp32.")] = "bf16",
+    state_dtype: Annotated[str, typer.Option(
+        "--state-dtype", help="float32 (mixed precision) or bfloat16 (pure bf16 training, no fp32 master).",
+    )] = "float32",
     tp: Annotated[list[str] | None, typer.Option(
         "--tp", metavar="N[,N...]", help="Pin the tensor-parallel degrees searched on every cluster.",
     )] = None,
@@ -128,7 +132,8 @@ def whatif(
     body: dict[str, Any] = {
         "token_budget": _parsed(parse_token_count, tokens, "--tokens"), "gpus": candidates,
         "cluster_sizes": _parsed(parse_cluster_sizes, sizes, "--sizes"),
-        "seq_len": seq_len, "precision": precision, "search": search.model_dump(mode="json"),
+        "seq_len": seq_len, "precision": precision, "state_dtype": state_dtype,
+        "search": search.model_dump(mode="json"),
         **({"batch_rule": "per_gpu", "batch_tokens_per_gpu": batch_tokens_per_gpu}
            if batch_tokens_per_gpu is not None else {"global_batch_tokens": global_batch_tokens}),
         **({"deadline_days": deadline_days} if deadline_days is not None else {}),
@@ -267,6 +272,8 @@ def print_study(study: StudyRequest, summary: StudySummary, console: Console) ->
         + (f"{study.global_batch_tokens:,} tokens/step" if study.batch_rule == "fixed"
            else f"{study.batch_tokens_per_gpu:,} tokens/step per GPU")
         + (f", deadline {study.deadline_days:g} days" if study.deadline_days else "")
+        + (f", {precision_label(study.precision, study.state_dtype)}"
+           if study.state_dtype == "bfloat16" else "")
     )
     table = Table(title_justify="left")
     table.add_column("GPU", no_wrap=True)

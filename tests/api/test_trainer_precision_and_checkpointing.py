@@ -4,6 +4,8 @@ the field) and checkpointing the first n blocks (searched when the request allow
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from typer.testing import CliRunner
@@ -74,3 +76,16 @@ async def test_checkpointing_n_blocks_is_searched_when_allowed_and_shown(client:
     compared = await client.get("/api/v1/plans/compare", params={"ids": ids})
     (row,) = [f for f in compared.json()["fields"] if f["field"] == "config.checkpointing.blocks"]
     assert row["values"] == [checkpointing["blocks"], None] and row["differs"]
+
+
+def test_a_what_if_study_plans_every_candidate_in_pure_bf16() -> None:
+    args = ["whatif", "--model", "llama3-8b", "--gpu", "H200", "--sizes", "1", "--tokens", "1B",
+            "--seq-len", "4096", "--global-batch-tokens", "8192", "--json"]  # fmt: skip
+    mixed = CliRunner().invoke(cli, args)
+    pure = CliRunner().invoke(cli, [*args, "--state-dtype", "bfloat16"])
+    assert mixed.exit_code == 0 and pure.exit_code == 0, pure.output
+    mixed_point, pure_point = (json.loads(r.output)["points"][0] for r in (mixed, pure))
+    assert not mixed_point["fits"] and "152.8 GiB" in mixed_point["reason"]
+    assert pure_point["fits"] and pure_point["peak_memory_gib"] == pytest.approx(96.7, abs=0.1)
+    assert json.loads(pure.output)["request"]["state_dtype"] == "bfloat16"
+    assert "state_dtype" not in json.loads(mixed.output)["request"]  # stored as before
