@@ -458,7 +458,8 @@ class SearchSpace(StrictModel):
     compile: Options[bool] = [True, False]
     """Whether to consider torch.compile (True) and eager FSDP2 (False)."""
     checkpointing: Options[CheckpointMode] = ["none", "selective", "op_selective", "full"]
-    """Activation checkpointing modes to consider."""
+    """Activation checkpointing modes to consider. `blocks` (the first n blocks recomputed, at a quarter,
+    a half and three quarters of them) is searched only when listed."""
     tensor_parallel_degrees: Options[Degree] | None = None
     """Tensor-parallel degrees to consider (`[8]` pins tp=8; `[1]` keeps data parallelism only).
     None: every power of two up to the GPUs per node that divides the model's heads, key/value
