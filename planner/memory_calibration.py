@@ -6,14 +6,15 @@ allocated and reserved bytes, and the device's usable memory once CUDA and NCCL 
 them the planner fits what its first-principles model cannot know:
 
 - how much activation memory each engine really keeps (inductor's partitioner picks its own saved
-  tensors): one scale per engine on the activation term;
+  tensors): one scale per engine on the activation term, read from the steps whose transient memory
+  is largely activations (`MIN_ACTIVATION_SHARE`);
 - how much the caching allocator reserves beyond what is allocated (fragmentation), when the profile
   ran under the allocator the launchers use (`PRICED_ALLOCATOR_CONFIG`): the reserve belongs to the
   allocator's configuration, and one measured without expandable segments is several times the
   launchers' (on an H200 the fit took half the transient memory, and the pick's predicted peak went
   from 62.7 GiB to 76.1 against 65.3 measured, `bench/results/gpu_plans.json`). A profile that did not
-  run under it, or did not record its allocator, keeps the uncalibrated reserve and is judged on its
-  allocated peaks;
+  run under it, or did not record its allocator, keeps the uncalibrated reserve and margin, and
+  its residuals are read from its allocated peaks;
 - how much memory is usable at all (the CUDA context and NCCL's buffers lie outside the allocator);
 - the margin a plan keeps: the largest under-prediction the fitted model still makes, plus a step.
 """
@@ -86,8 +87,8 @@ def fit_memory(
         activation_memory_scale=1.0, compiled_activation_memory_scale=1.0, allocator_reserve=0.0
     )
     # Activation scale per engine, from steps whose measured peak lies above what the update needs
-    # (so it was in backward, where activations live) and whose activations are most of what is
-    # transient there (MIN_ACTIVATION_SHARE). Least squares on the activation bytes: a step with few
+    # (so it was in backward, where activations live) and whose activations are a large enough part
+    # of what is transient there (MIN_ACTIVATION_SHARE). Least squares on the activation bytes: a step with few
     # activations (one small block) says little about their scale and weighs little; one step alone
     # is not trusted with a scale that every plan of that engine will carry.
     for compiled, name in ((False, "activation_memory_scale"), (True, "compiled_activation_memory_scale")):
