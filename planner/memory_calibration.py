@@ -88,9 +88,9 @@ def fit_memory(
     )
     # Activation scale per engine, from steps whose measured peak lies above what the update needs
     # (so it was in backward, where activations live) and whose activations are a large enough part
-    # of what is transient there (MIN_ACTIVATION_SHARE). Least squares on the activation bytes: a step with few
-    # activations (one small block) says little about their scale and weighs little; one step alone
-    # is not trusted with a scale that every plan of that engine will carry.
+    # of what is transient there (MIN_ACTIVATION_SHARE). Least squares on the activation bytes: a
+    # step with few activations (one small block) says little about their scale and weighs little;
+    # one step alone is not trusted with a scale that every plan of that engine will carry.
     for compiled, name in ((False, "activation_memory_scale"), (True, "compiled_activation_memory_scale")):
         points = []
         for setting, choice, allocated, _ in steps:
