@@ -410,9 +410,15 @@ class TrainingSpec(_TrainingFields):  # type: ignore[misc, valid-type]
                 f"{self.seq_len}-token sequences; use a multiple of seq_len such as {lower} "
                 f"or {lower + self.seq_len}"
             )
-        if self.state_dtype == "bfloat16" and self.precision != "bf16":
-            raise ValueError(STATE_DTYPE_NEEDS_BF16)
         return self
+
+    @field_validator("state_dtype")
+    @classmethod
+    def _pure_bf16_computes_in_bf16(cls, value: str, info: ValidationInfo) -> str:
+        # A field's check (not the model's), so that the refusal is located at training.state_dtype.
+        if value == "bfloat16" and info.data.get("precision", "bf16") != "bf16":
+            raise ValueError(STATE_DTYPE_NEEDS_BF16.removeprefix("state_dtype: "))
+        return value
 
     @model_serializer(mode="wrap")
     def _omit_mixed_precision_states(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from api.services import studies as study_service
 from api.services.fidelity import served_report
 from api.services.plan_documents import UnreadablePlanError, read_plan
 from api.typed_numbers import parse_id, parse_whole
-from contract.training_config import Optimizer, Precision
+from contract.training_config import Optimizer, Precision, StateDType
 from planner.catalog.models import MODEL_CATALOG
 from planner.rejected_summary import summarize_rejected
 
@@ -107,6 +107,7 @@ def _form_context(request: Request, session: SessionDep, form: plan_form.PlanFor
         "active": "new", "form": form,
         "models": plan_form.model_choices(), "gpus": plan_form.gpu_choices(),
         "precisions": typing.get_args(Precision), "optimizers": typing.get_args(Optimizer),
+        "state_dtypes": typing.get_args(StateDType),
         "calibrations": [
             (row.id, row.name, calibration_views.hardware_label(row.fingerprint))
             for row in queries.calibration_choices(session)
@@ -228,6 +229,8 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
         "global_batch_tokens": plan.training.global_batch_tokens, "precision": plan.training.precision,
         "optimizer": plan.training.optimizer, "calibration_id": row.calibration_id or "",
     }
+    if plan.training.state_dtype == "bfloat16":  # mixed precision's links read as before
+        replan["state_dtype"] = plan.training.state_dtype
     if plan.model.name in MODEL_CATALOG:
         replan["model"] = plan.model.name
     search = row.request.get("search") or {}

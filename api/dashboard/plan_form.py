@@ -40,6 +40,7 @@ _FIELD_FOR_PATH: tuple[tuple[str, str], ...] = (
     ("training.global_batch_tokens", "global_batch_tokens"),
     ("training.precision", "precision"),
     ("training.optimizer", "optimizer"),
+    ("training.state_dtype", "state_dtype"),
     ("training", "training"),
     ("calibration_id", "calibration_id"),
     ("name", "name"),
@@ -70,6 +71,8 @@ class PlanForm:
     global_batch_tokens: str = "131072"
     precision: str = "bf16"
     optimizer: str = "adamw"
+    state_dtype: str = "float32"
+    """What the optimizer updates: `float32` (mixed precision) or `bfloat16` (pure bf16 training)."""
     calibration_id: str = ""
     tensor_parallel_degree: str = ""
     """Empty: search every degree that splits the model inside a node; a number pins it (1: no TP)."""
@@ -146,7 +149,8 @@ def to_plan_create(form: PlanForm) -> PlanCreate | None:
         "cluster": {"num_nodes": numbers["num_nodes"], "gpus_per_node": numbers["gpus_per_node"],
                     "gpu": form.gpu.strip()},
         "training": {"seq_len": numbers["seq_len"], "global_batch_tokens": numbers["global_batch_tokens"],
-                     "precision": form.precision, "optimizer": form.optimizer},
+                     "precision": form.precision, "optimizer": form.optimizer,
+                     "state_dtype": form.state_dtype},
         "name": form.name.strip() or None,
         "calibration_id": calibration_id,
     }
