@@ -309,7 +309,8 @@ def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
             f"{duration(pred.exposed_tensor_parallel_s)}/step of it (between the matmuls: never overlapped)",
         )
     if pred.tokens_per_s_per_gpu_interval is not None:
-        summary.add_row("80% intervals", interval_basis(p))
+        # "80% interval": no wider than the other labels, so the rows stay where they were.
+        summary.add_row("80% interval", interval_basis(p))
     console.print(summary)
     for warning in p.warnings:
         # Markup off: the message is the planner's text, with brackets of its own.
