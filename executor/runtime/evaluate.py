@@ -4,9 +4,21 @@ Every evaluation reads the same sequences (`TokenSource.eval_batch`): `batches` 
 plan's global batch each (micro-batches x accumulation x data-parallel ranks, so the set does not
 depend on how the ranks split it), through the same parallel forward as training, without
 gradients. One all-reduce gives every rank the same mean.
+
+A compiled model evaluates through the graph its training steps run: grad mode on, no backward, the
+loss detached (its saved activations go with it, as a training forward's would before backward).
+Under `torch.no_grad()` or `eval()` torch.compile compiles a second, forward-only graph in the middle
+of the run, at the first evaluation, while the other ranks wait in its collectives: on 2 CPU ranks on a
+loaded machine 1 run in 4 died there with `malloc(): unaligned tcache chunk detected` (issue 38 item
+11), where the training graph ran hundreds of steps clean. The same graph also saves that compile
+(30-60 s of CPU at llama-debug's size) and holds nothing the plan did not price for a training step.
+Eager models evaluate without gradients (they compile nothing), and so do pipelines, through their
+schedule's forward-only pass.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -32,11 +44,13 @@ def evaluate(
     """Mean loss over `batches` eval batches (collective: every rank calls it)."""
     module = par.module
     was_training = module.training
-    module.eval()
+    training_graph = par.compiled and par.pipeline is None
+    if not training_graph:
+        module.eval()  # compiled: the training graph, whose guards hold the training flag too
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     count = 0
     try:
-        with torch.no_grad():
+        with contextlib.nullcontext() if training_graph else torch.no_grad():
             for b in range(1, batches + 1):
                 micro_batches = [
                     data.eval_batch(
