@@ -79,8 +79,8 @@ class ListingState:
 
         def text(name: str) -> str:
             value = params.get(name, "").strip()
-            if len(value) > MAX_FILTER_LENGTH or "\x00" in value:
-                notices.append(f"The {name} filter was too long or malformed and was ignored.")
+            if len(value) > MAX_FILTER_LENGTH:
+                notices.append(f"The {name} filter was too long and was ignored.")
                 return ""
             return value
 

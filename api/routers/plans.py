@@ -19,7 +19,6 @@ from api.schemas.plans import (
     MAX_GPUS_PER_NODE,
     MAX_NODES,
     MAX_PIPELINE_STAGES,
-    NO_NUL,
     ComparedPlan,
     ComparisonRow,
     PlanComparison,
@@ -74,7 +73,7 @@ Cursor = Annotated[
 
 
 def _text_query(max_length: int, description: str) -> Query:
-    return Query(max_length=max_length, pattern=NO_NUL, description=description)
+    return Query(max_length=max_length, description=description)
 
 
 # Sync endpoints: FastAPI runs them in its worker thread pool, so the blocking database calls never

@@ -51,8 +51,6 @@ compare in floats: against 2^63 - 1 as a float, 2^63 + 191 passes); far beyond a
 PlanId = Annotated[int, Path(ge=1, le=MAX_ID, description="A plan's id")]
 MAX_PIPELINE_STAGES = 1024
 """The largest pipeline-parallel degree a filter takes: what `search.pipeline_parallel_degrees` allows."""
-# PostgreSQL text and jsonb cannot hold NUL characters; refuse them up front instead of failing on insert.
-NO_NUL = r"^[^\x00]*$"
 # Real inputs (HF configs, layer graphs) nest a few levels; deep nesting only serves to exhaust the stack.
 MAX_JSON_DEPTH = 32
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from api.schemas.plans import MAX_JSON_DEPTH, NO_NUL
+from api.schemas.plans import MAX_JSON_DEPTH
 from planner.bounds import MemoryGiB, StepSeconds, TokensPerSecond
 from planner.calibration import MAX_DEVICE_BYTES
 
@@ -34,8 +34,9 @@ class OomDetails(BaseModel):
     """CUDA allocator: bytes held by tensors when it failed (null on CPU)."""
     reserved_bytes: Bytes | None = None
     """CUDA allocator: bytes reserved from the driver (null on CPU)."""
-    message: Annotated[str, Field(max_length=2000, pattern=NO_NUL)] = ""
-    """The allocator's message, on one line (no NUL characters: PostgreSQL text cannot hold them)."""
+    message: Annotated[str, Field(max_length=2000)] = ""
+    """The allocator's message, on one line (NUL, like any text no database stores, is refused for every
+    request: api/text_check.py)."""
 
 
 class RunCreate(BaseModel):

@@ -30,7 +30,7 @@ class StudyCreate(StudyRequest):
 
     model: ModelIn  # type: ignore[assignment]  # resolved to a ModelSpec by the service
     """A catalog name, a Hugging Face config.json object, or a model spec / layer graph."""
-    name: Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00]*$")] | None = None
+    name: Annotated[str, Field(min_length=1, max_length=200)] | None = None
     """A label for listings; default `<model>, <budget> tokens`."""
 
 
