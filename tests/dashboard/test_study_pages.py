@@ -12,8 +12,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from api import keys
+from api.dashboard.formatting import dollars
 from api.db.models import StudyRow
 from tests.dashboard.conftest import Database
+from tests.dashboard.figures import plot, traces
 
 STUDY_FORM = {
     "model": "gpt2", "token_budget": "10B", "gpu": ["H100-SXM-80GB", "A100-80GB"],
@@ -88,6 +90,13 @@ def test_form_creates_a_study_and_its_page_shows_picks_rows_and_reasons(client: 
     for point in fitting:
         assert f'href="/plans/{point["plan_id"]}"' in table.group(1)
         assert f'href="/api/v1/plans/{point["plan_id"]}/launcher"' in table.group(1)
+    # Each with the 80% intervals of its peak, days and cost, and the chart draws days and cost as bars.
+    assert table.group(1).count('<span class="interval">') == 3 * len(fitting)
+    for point in fitting:
+        cost = point["cost_interval"]
+        assert f'{dollars(cost["low"])}–{dollars(cost["high"])}' in table.group(1)
+    bars = [t for t in traces(plot(html, "study")) if "error_x" in t]
+    assert bars and all("error_y" in t for t in bars)
 
     # The clusters that cannot train it, with why.
     refused = re.search(r'<table class="data" id="study-refused">(.*?)</table>', html, re.S)
