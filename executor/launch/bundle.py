@@ -34,7 +34,7 @@ from executor.launch.quoting import (
     slug,
     version,
 )
-from planner.formatting import duration
+from planner.formatting import between, duration
 from planner.plan import Plan
 
 Target = Literal["torchrun", "slurm", "k8s", "all"]
@@ -240,9 +240,16 @@ def bundle_files(
         files.append(BundleFile("k8s.yaml", render.k8s_trainjob(ctx, kube).encode()))
         files.append(BundleFile("k8s-pytorchjob.yaml", render.k8s_pytorchjob(ctx, kube).encode()))
     pred = plan.prediction
+    tokens, peak = pred.tokens_per_s_per_gpu_interval, pred.peak_memory_gib_interval
     prediction = (
-        f"Predicted: {duration(pred.step_time_s)}/step, {pred.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
-        f"MFU {100 * pred.mfu:.1f}%, peak {pred.peak_memory_gib:.1f} GiB per GPU."
+        f"Predicted: {duration(pred.step_time_s)}/step, {pred.tokens_per_s_per_gpu:,.0f}"
+        + (f" ({between(tokens.low, tokens.high)})" if tokens else "")
+        + f" tokens/s/GPU, MFU {100 * pred.mfu:.1f}%, peak {pred.peak_memory_gib:.1f}"
+        + (f" ({between(peak.low, peak.high, decimals=1)})" if peak else "")
+        + " GiB per GPU"
+        # Plans stored before schema 2.2 have no intervals.
+        + (f"; in brackets the {tokens.level:.0%} intervals (how to read them: the planner's README)."
+           if tokens else ".")
     )
     text = render.readme(ctx, targets=targets, prediction=prediction, kube=kube)
     files.append(BundleFile("README.md", text.encode()))

@@ -18,9 +18,13 @@ import yaml
 
 from executor.launch.bundle import DEFAULT_IMAGE, build_bundle, bundle_files, bundle_name, write_bundle
 from executor.launch.quoting import UnsafeValueError, dns_label
+from planner.catalog.models import resolve_model
 from planner.plan import Plan
+from planner.search import make_plan as search
+from planner.specs import ClusterSpec, PlanRequest, TrainingSpec
 from tests.executor.launch_lint import documents
 from tests.executor.plan_factory import debug_plan
+from tests.older_schemas import as_schema_2_1
 
 HOSTILE_NAMES = [
     'x"; rm -rf ~; "',
@@ -340,3 +344,18 @@ def test_launch_sh_needs_data_or_an_explicit_rehearsal(tmp_path: Path) -> None:
     assert ok.returncode == 0 and argv[-1] == "--help"
     bad, argv = run(SYNTHETIC_DATA="yes")
     assert bad.returncode == 2 and "SYNTHETIC_DATA must be 1 or 0" in bad.stderr and argv == []
+
+
+def test_the_bundle_readme_gives_the_predictions_with_their_intervals() -> None:
+    plan = search(PlanRequest(model=resolve_model("llama-debug"), cluster=ClusterSpec.parse("1x2xcpu"),
+                              training=TrainingSpec(seq_len=128, global_batch_tokens=1024, precision="fp32")))
+    tokens, peak = plan.prediction.tokens_per_s_per_gpu_interval, plan.prediction.peak_memory_gib_interval
+    assert tokens is not None and peak is not None
+    readme = {f.path: f for f in bundle_files(plan)}["README.md"].data.decode()
+    assert (f"{plan.prediction.tokens_per_s_per_gpu:,.0f} ({tokens.low:,.0f}–{tokens.high:,.0f}) tokens/s/GPU"
+            in readme)
+    assert f"peak {plan.prediction.peak_memory_gib:.1f} ({peak.low:.1f}–{peak.high:.1f}) GiB" in readme
+    # A plan stored before schema 2.2 has none: the line reads as it did.
+    old = Plan.model_validate(as_schema_2_1(plan.model_dump(mode="json")))
+    old_readme = {f.path: f for f in bundle_files(old)}["README.md"].data.decode()
+    assert re.search(r"tokens/s/GPU, MFU [\d.]+%, peak [\d.]+ GiB per GPU\.", old_readme)
