@@ -15,7 +15,9 @@ work with pytest 9, so operations are driven through `as_strategy`: the same gen
 
 from __future__ import annotations
 
+import os
 import traceback
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -37,7 +39,12 @@ from tests.api.conftest import CHEAP_PLAN, cpu_profile
 # The schema does not depend on the database; an unconnected in-memory engine is enough to read it.
 _PATHS = create_app(Settings(database_url="sqlite://", migrate_on_startup=False)).openapi()["paths"]
 POSITIVE, NEGATIVE = schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE
-EXAMPLES = {POSITIVE: 30, NEGATIVE: 30}
+# CI's run; bench/schemathesis_long.py sets FSDP_PLANNER_SCHEMATHESIS_EXAMPLES for the long hostile run
+# (tens of thousands of requests per database) with the same generation and checks.
+_PER_MODE = int(os.environ.get("FSDP_PLANNER_SCHEMATHESIS_EXAMPLES", "30"))
+EXAMPLES = {POSITIVE: _PER_MODE, NEGATIVE: _PER_MODE}
+STATUSES: Counter[int] = Counter()
+"""Every response's status code in this process, for the long run's tally."""
 CASES = [
     (mode, method.upper(), path)
     for path, item in _PATHS.items()
@@ -131,6 +138,11 @@ def pages_still_render(app: FastAPI) -> Any:
     return stored_values_render
 
 
+def tally(ctx: Any, response: Any, case: schemathesis.Case) -> None:
+    """Not a check: counts every response's status code (a failing one's too) in STATUSES."""
+    STATUSES[response.status_code] += 1
+
+
 def refused_only_for_unstatable_rules(ctx: Any, response: Any, case: schemathesis.Case) -> bool | None:
     """A check: where valid data may get a 422, the refusal names no rule the schema could have stated."""
     if case.meta is None or not case.meta.generation.mode.is_positive or response.status_code != 422:
@@ -176,7 +188,7 @@ def exercise(
                 case.path_parameters[name] = stored[name]
         case.call_and_validate(
             headers={"Authorization": f"Bearer {api_key}"},
-            additional_checks=[check_pages, refused_only_for_unstatable_rules],
+            additional_checks=[tally, check_pages, refused_only_for_unstatable_rules],
         )
 
     check()
