@@ -92,7 +92,10 @@ class PricedRun:
     @property
     def memory_error(self) -> float | None:
         predicted, measured = self.predicted_memory_gib, self.measured_memory_gib
-        if predicted is None or measured is None or self.run.measured.memory_counter == "unknown":
+        stated = self.run.measured
+        if predicted is None or measured is None or stated.memory_counter == "unknown":
+            return None
+        if stated.memory_not_comparable:  # an option no planner setting expresses moves the peak
             return None
         return predicted / measured - 1.0
 

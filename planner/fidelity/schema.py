@@ -188,6 +188,10 @@ class Measured(CorpusModel):
     peak_memory_gib: Fraction | None = None
     memory_counter: MemoryCounter = "unknown"
     memory_percent_of_device: Annotated[float, Field(gt=0, le=100)] | None = None
+    memory_not_comparable: str | None = None
+    """Why the measured peak cannot be set against the planner's (None: it can): the run does something
+    to memory that no planner option expresses (a trainer without FSDP, a loss kept in bf16) and that
+    moves the peak by more than the memory target. The peak stays in the corpus, its speed is priced."""
 
 
 class Run(CorpusModel):

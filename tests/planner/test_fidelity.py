@@ -60,15 +60,16 @@ HELD_OUT_GUARD: dict[tuple[str, str], float] = {
     ("throughput_max", "A100-80GB"): 0.18,
     ("throughput_mean", "H100-SXM-80GB"): 0.11,
     ("throughput_max", "H100-SXM-80GB"): 0.19,
-    ("memory_mean", "all"): 0.16,
+    ("memory_mean", "all"): 0.14,
 }
 """The held-out split's |error| (sources no fit reads, priced by the committed fit), today's values
 rounded up to the next whole percent: the numbers that say how the model does on runs it never saw."""
 COVERAGE_GUARD = {"throughput": 0.75, "memory": 0.5}
 """The least share of held-out runs the 80% interval contains (each calibrated without its source): the
-issue's 75% for tokens/s; for memory today's 3 of 6 (the held-out peaks are torchtune's pure-bf16 runs,
-over-predicted by 7-33%, and Lightning's FSDP2 runs; too few for an interval of their own, they are
-calibrated with the fit split's peaks)."""
+issue's 75% for tokens/s; for memory today's 2 of 4 (the held-out peaks are Lightning's FSDP2 runs, bf16
+and float8; too few for an interval of their own, they are calibrated with the fit split's peaks;
+torchtune's single-device peaks and Lightning's Llama-3-8B ones are kept but not compared:
+`Measured.memory_not_comparable` says why)."""
 GPU_FAMILIES = ({"A100-80GB", "A100-40GB"}, {"H100-SXM-80GB", "H100-SXM-96GB"}, {"H200-141GB", "B200"})
 STANDARD_NODE_GPUS = 8
 """What a run that does not state its node size is priced on (planner/fidelity/schema.py `Hardware`)."""
@@ -208,6 +209,23 @@ def test_a_run_on_cards_of_unstated_power_cap_is_priced_for_memory_not_tokens() 
     (result,) = [r for r in stored_report().runs if r.run_id == run.id]
     assert result.priced and result.throughput_error is None and result.memory_error is not None
     assert not any(s.group == run.hardware.gpu and s.quantity == "throughput" for s in stored_report().by_gpu)
+
+
+def test_a_peak_no_planner_option_can_match_is_kept_but_not_compared() -> None:
+    # torchtune's single-device recipe has no FSDP: the planner's every engine prices an unsharded copy
+    # of the parameters (its `unsharded_params` term) that the trainer never makes.
+    runs = [run for run in _runs() if run.measured.memory_not_comparable and run.priceable]
+    assert {run.config.engine for run in runs} >= {"torchtune-single-device"}
+    for run in runs:
+        priced = price_run(run)
+        assert priced.measured_memory_gib is not None and priced.throughput_error is not None
+        assert priced.memory_error is None
+        if run.config.engine == "torchtune-single-device":
+            breakdown = priced.plan.prediction.memory_breakdown_gib
+            assert breakdown.unsharded_params / priced.measured_memory_gib > 0.10, run.id
+    reported = {r.run_id: r for r in stored_report().runs}
+    assert all(reported[run.id].memory_error is None for run in runs)
+    assert all(reported[run.id].throughput_error is not None for run in runs)
 
 
 # ---------------------------------------------------------------- the regression guard
