@@ -97,6 +97,7 @@ class PlanIntervals:
             return e.tokens_per_s_per_gpu
         return Evaluated.throughput(estimator.setting, e.choice, estimator.timing(e.choice).step_time_s)
 
+
 def lead_within_interval(
     prediction: Prediction, alternatives: tuple[Candidate, ...], rejected: tuple[RejectedFamily, ...]
 ) -> PlanWarning | None:
