@@ -78,3 +78,17 @@ async def test_a_plan_stored_before_2_2_still_reads(client: httpx.AsyncClient, s
     compare_page = await client.get(f"/compare?ids={current['id']},{older['id']}")
     assert compare_page.status_code == 200, compare_page.text
     assert "Tokens/s per GPU, 80% interval" in compare_page.text
+
+
+async def test_a_cluster_without_its_network_says_so(client: httpx.AsyncClient) -> None:
+    assumed = (await client.post(PLANS, json=cheap_plan(cluster="2x2xcpu", name="no network"))).json()
+    stated = (await client.post(PLANS, json=cheap_plan(
+        cluster={"num_nodes": 2, "gpus_per_node": 2, "gpu": "cpu", "inter_node_bandwidth_gbps": 1.25},
+        name="network stated",
+    ))).json()
+    assert assumed["plan"]["network_assumed"] is True and stated["plan"]["network_assumed"] is False
+    assert "network not stated" in assumed["plan"]["prediction"]["tokens_per_s_per_gpu_interval"]["basis"]
+    page = (await client.get(f"/plans/{assumed['id']}")).text
+    assert 'id="warning-network_assumed"' in page and "the network the cluster did not state" in page
+    other = (await client.get(f"/plans/{stated['id']}")).text
+    assert 'id="warning-network_assumed"' not in other and "did not state" not in other
