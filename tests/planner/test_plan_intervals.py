@@ -5,8 +5,10 @@ reach is named."""
 
 from __future__ import annotations
 
+import json
 import re
 import typing
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -177,3 +179,20 @@ def test_predict_prices_a_configuration_with_or_without_its_intervals(llama8b_re
     # The corpus fit's pricing: the same prediction, no interval and none of the warnings they imply.
     assert without.prediction.tokens_per_s_per_gpu == with_them.prediction.tokens_per_s_per_gpu
     assert without.prediction.tokens_per_s_per_gpu_interval is None and without.network_assumed is None
+
+
+def test_the_cli_json_carries_the_intervals(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    result = runner.invoke(app, [
+        "plan", "--model", "llama-debug", "--cluster", "2x2xcpu", "--seq-len", "128",
+        "--global-batch-tokens", "1024", "--precision", "fp32", "--json", "-o", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    for document in (json.loads(result.output), json.loads(out.read_text())):
+        prediction = document["prediction"]
+        t = prediction["tokens_per_s_per_gpu_interval"]
+        assert t["low"] < prediction["tokens_per_s_per_gpu"] < t["high"]
+        assert "network not stated" in t["basis"]
+        beside = document["alternatives"]
+        assert beside and all(c["peak_memory_gib_interval"]["high"] > c["peak_memory_gib"] for c in beside)
+        assert document["network_assumed"] is True and document["schema_version"] == "2.2"
