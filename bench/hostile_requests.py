@@ -15,7 +15,7 @@ with `--keys`, the server has API keys and the hostile client sends its own), wh
 
 - reads: `GET /api/v1/plans` over and over, `--read-interval-ms` apart (at least `--reads` times);
 - small plans: `POST /api/v1/plans` of llama-debug on 1x2xcpu, each a new batch (a real search, not the
-  stored plan), 50 ms apart.
+  stored plan), 50 ms apart (at least 40 of them).
 
 Kinds of hostile request:
 
@@ -97,6 +97,10 @@ HOSTILE: dict[str, Hostile] = {
 }
 HOSTILE_ADDRESS, OWN_ADDRESS = "127.0.0.2", "127.0.0.1"
 SMALL_INTERVAL_S = 0.05
+MIN_SMALL_PLANS = 40
+"""Small plans measured at least (hostile requests refused at once leave no more time than that)."""
+SETTLE_S = 3.0
+"""Waited after the server (and the worker) answer, before measuring: their search processes start."""
 SAME_ORIGIN_FORM = {"Sec-Fetch-Site": "same-origin"}
 """What a browser sends with the dashboard's own script's request (another site's would be refused)."""
 
@@ -156,7 +160,7 @@ async def _measure(url: str, kind: Hostile, hostile: int, reads: int, interval_s
         async def small_loop() -> list[tuple[int, float]]:
             answers: list[tuple[int, float]] = []
             for index in itertools.count():
-                if all(a.done() for a in attacks) and len(answers) >= 10:
+                if all(a.done() for a in attacks) and len(answers) >= MIN_SMALL_PLANS:
                     return answers
                 start = time.perf_counter()
                 response = await own.post("/api/v1/plans", json=small_plan(index))
@@ -212,6 +216,7 @@ def _against(database_url: str, backend: str, engine: str, kind: str, args: argp
                 if processes[-1].poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"the worker did not start:\n{worker_log.read_text(errors='replace')}")
                 time.sleep(0.1)
+        time.sleep(SETTLE_S)  # the worker's search pool is forked from a process that imports the planner
         names = (["user", "attacker"] if args.hostile_key else ["user"]) if args.keys else []
         keys = _create_keys(env, names)
         measured = asyncio.run(_measure(url, HOSTILE[kind], args.hostile, args.reads,
