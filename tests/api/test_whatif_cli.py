@@ -69,6 +69,24 @@ def test_table_marks_the_picks_and_says_why_clusters_do_not_fit() -> None:
     assert reason in short.output
 
 
+
+def test_every_row_gives_its_80_percent_intervals() -> None:
+    # tok/s/GPU, peak GiB and days each with their interval in brackets, as the JSON points state them.
+    args = ["whatif", "--model", "gpt2", "--tokens", "10T", "--seq-len", "1024", "--global-batch-tokens",
+            "262144", "--gpu", "H100", "--sizes", "8,16"]
+    study = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    result = runner.invoke(app, args, env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert "In brackets: the 80% interval" in result.output
+    for point in study["points"]:
+        t, m, d = (point[f"{name}_interval"] for name in ("tokens_per_s_per_gpu", "peak_memory_gib", "days"))
+        assert d["low"] < point["days"] < d["high"]
+        line = next(line for line in result.output.splitlines() if f"{point['num_gpus']} (" in line)
+        assert f"{point['tokens_per_s_per_gpu']:,.0f} ({t['low']:,.0f}–{t['high']:,.0f})" in line
+        assert f"{point['peak_memory_gib']:.1f} ({m['low']:.1f}–{m['high']:.1f})" in line
+        assert f"{point['days']:,.1f} ({d['low']:,.1f}–{d['high']:,.1f})" in line
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--sizes", "8"], "give at least one candidate GPU type"),
     (["--gpu", "H100=free"], "the price after '=' must be USD per GPU-hour"),
