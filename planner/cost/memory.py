@@ -297,6 +297,11 @@ def _unsharded_params(setting: Setting, choice: Choice, layout: CommLayout, *, b
     """Bytes of gathered parameters alive while the layout's groups (its block groups only) compute."""
     pb = setting.param_bytes
     depth = choice.prefetch_depth
+    if choice.sharding == "no_shard" and choice.engine != "fsdp-planner" and pb >= setting.state_bytes:
+        # Another trainer that does not shard (torchtune's single-device recipe, torchtitan on one
+        # GPU: no FSDP wrapping) uses its weights in place when they are in the compute dtype already
+        # (pure bf16): nothing is gathered or cast. This project's eager no_shard is FSDP2 (below).
+        return 0.0
     if choice.sharding in ("full_shard", "hybrid_shard"):
         # The group computing and the ones prefetched ahead of it.
         gathered = layout.largest_gather(depth + 1, blocks_only=blocks_only)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from planner.cost.gemm import sequence_scale
 from planner.cost.parameters import CORPUS_FIT
 from planner.fidelity import intervals
 from planner.fidelity.fit import Prices, SourceRun
-from planner.fidelity.pricing import ATTENTION_KERNEL_SPEED, price_run
+from planner.fidelity.pricing import ATTENTION_KERNEL_SPEED, price_run, run_config, run_request
 from planner.fidelity.report import (
     MIN_RUNS_FOR_GPU_TARGETS,
     FidelityReport,
@@ -27,6 +28,7 @@ from planner.fidelity.report import (
     stored_report,
 )
 from planner.fidelity.schema import CORPUS_PACKAGE, CorpusError, Run, load_corpus, parse_source_file
+from planner.search import predict
 from planner.uncertainty import INTERVALS_RESOURCE, interval_data
 
 GUARD: dict[tuple[str, str], float] = {
@@ -60,15 +62,14 @@ HELD_OUT_GUARD: dict[tuple[str, str], float] = {
     ("throughput_max", "A100-80GB"): 0.18,
     ("throughput_mean", "H100-SXM-80GB"): 0.11,
     ("throughput_max", "H100-SXM-80GB"): 0.19,
-    ("memory_mean", "all"): 0.14,
+    ("memory_mean", "all"): 0.13,
 }
 """The held-out split's |error| (sources no fit reads, priced by the committed fit), today's values
 rounded up to the next whole percent: the numbers that say how the model does on runs it never saw."""
-COVERAGE_GUARD = {"throughput": 0.75, "memory": 0.5}
+COVERAGE_GUARD = {"throughput": 0.75, "memory": 0.75}
 """The least share of held-out runs the 80% interval contains (each calibrated without its source): the
-issue's 75% for tokens/s; for memory today's 2 of 4 (the held-out peaks are Lightning's FSDP2 runs, bf16
-and float8; too few for an interval of their own, they are calibrated with the fit split's peaks;
-torchtune's single-device peaks and Lightning's Llama-3-8B ones are kept but not compared:
+issue's 75% for tokens/s and for peaks (today 7 of 8 peaks: torchtune's pure-bf16 single-GPU runs and
+Lightning's FSDP2 runs, bf16 and float8; Lightning's Llama-3-8B peaks are kept but not compared:
 `Measured.memory_not_comparable` says why)."""
 GPU_FAMILIES = ({"A100-80GB", "A100-40GB"}, {"H100-SXM-80GB", "H100-SXM-96GB"}, {"H200-141GB", "B200"})
 STANDARD_NODE_GPUS = 8
@@ -211,18 +212,28 @@ def test_a_run_on_cards_of_unstated_power_cap_is_priced_for_memory_not_tokens() 
     assert not any(s.group == run.hardware.gpu and s.quantity == "throughput" for s in stored_report().by_gpu)
 
 
+def test_a_trainer_without_fsdp_holds_no_unsharded_copy_of_its_bf16_weights() -> None:
+    # torchtune's single-device recipe trains its bf16 model in place: no FSDP unit gathers or casts a
+    # copy, where this project's eager no_shard (FSDP2 on a group of one) does.
+    runs = [run for run in _runs() if run.config.engine == "torchtune-single-device" and run.priceable]
+    assert runs
+    for run in runs:
+        priced = price_run(run)
+        assert priced.plan.prediction.memory_breakdown_gib.unsharded_params == 0.0, run.id
+        assert priced.memory_error is not None
+    eager = next(run for run in runs if run.config.compile == "none")
+    as_fsdp2 = predict(run_request(eager), replace(run_config(eager), engine="fsdp-planner"), intervals=False)
+    assert as_fsdp2.prediction.memory_breakdown_gib.unsharded_params > 5.0  # GiB: the 3B model's bf16 copy
+
+
 def test_a_peak_no_planner_option_can_match_is_kept_but_not_compared() -> None:
-    # torchtune's single-device recipe has no FSDP: the planner's every engine prices an unsharded copy
-    # of the parameters (its `unsharded_params` term) that the trainer never makes.
+    # Lightning's Llama-3-8B runs take the loss on bf16 logits, which no planner loss expresses.
     runs = [run for run in _runs() if run.measured.memory_not_comparable and run.priceable]
-    assert {run.config.engine for run in runs} >= {"torchtune-single-device"}
+    assert runs
     for run in runs:
         priced = price_run(run)
         assert priced.measured_memory_gib is not None and priced.throughput_error is not None
         assert priced.memory_error is None
-        if run.config.engine == "torchtune-single-device":
-            breakdown = priced.plan.prediction.memory_breakdown_gib
-            assert breakdown.unsharded_params / priced.measured_memory_gib > 0.10, run.id
     reported = {r.run_id: r for r in stored_report().runs}
     assert all(reported[run.id].memory_error is None for run in runs)
     assert all(reported[run.id].throughput_error is not None for run in runs)
