@@ -10,6 +10,7 @@ from dataclasses import fields
 
 from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig
 from planner import PLANNER_VERSION
+from planner.cost.estimate import Estimator
 from planner.cost.memory import memory_margin_for
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice, Setting
@@ -89,13 +90,15 @@ def plan_document(
     warnings: tuple[PlanWarning, ...],
     digest: str | None = None,
     intervals: bool = True,
+    estimator: Estimator | None = None,
 ) -> Plan:
     """The Plan for `best`, with the `fitting` alternatives (timed, ranked best first) beside it;
     `count` configurations were enumerated, `fitting_count` of them fit. The pick and the
     configurations shown beside it carry their 80% intervals (planner/plan_intervals.py), and the
     warnings grow by what those say; without `intervals` (a corpus run priced for the fit, whose
-    report places its own) they are left out."""
-    bands = PlanIntervals(request, setting) if intervals else None
+    report places its own) they are left out. `estimator`: the search's, whose caches the intervals'
+    prices share."""
+    bands = PlanIntervals(request, setting, estimator) if intervals else None
     prediction = _prediction(setting, best, headroom=request.search.memory_headroom, intervals=bands)
     alternatives = tuple(
         _candidate(e, best, setting, request, bands) for e in distinct(best, fitting[1:], request.top_k)

@@ -10,7 +10,7 @@ over the runner-up is inside its interval.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from planner.cost.estimate import Estimator
 from planner.cost.parameters import default_parameters
@@ -44,6 +44,8 @@ class PlanIntervals:
 
     request: PlanRequest
     setting: Setting
+    estimator: Estimator | None = None
+    """The search's, whose collective layouts the prices on other networks share (`with_params`)."""
     _estimators: dict[float | None, Estimator | None] = field(default_factory=dict)
     _of: dict[Choice, dict[str, PredictionInterval]] = field(default_factory=dict)
     """The alternatives and the Pareto front often share configurations: each is worked out once."""
@@ -89,8 +91,9 @@ class PlanIntervals:
             inter = default_parameters(cluster.resolved_gpu(), cluster, self.setting.precision).links["inter"]
             # The network the plan was priced on (the catalog's NIC is often an end of the range):
             # nothing to price again.
-            self._estimators[key] = None if inter == params.links["inter"] else Estimator(
-                replace(self.setting, params=params.with_changes(links={**params.links, "inter": inter}))
+            base = self.estimator or Estimator(self.setting)
+            self._estimators[key] = None if inter == params.links["inter"] else base.with_params(
+                params.with_changes(links={**params.links, "inter": inter})
             )
         estimator = self._estimators[key]
         if estimator is None:

@@ -151,6 +151,7 @@ def make_plan(
         count=count,
         fitting_count=sum(e.fits for e in evaluated),
         warnings=_warnings(request, setting, best),
+        estimator=estimator,
     )
 
 
@@ -334,6 +335,7 @@ def predict(
         warnings=_warnings(request, setting, evaluated),
         digest=digest,
         intervals=intervals,
+        estimator=estimator,
     )
 
 

@@ -672,6 +672,15 @@ class Estimator:
             self._pipelines[key] = tuple(ranks.values())
         return self._pipelines[key]
 
+    def with_params(self, params: CostParameters) -> Estimator:
+        """An estimator of the same model and precision under other cost parameters (another
+        network, for a plan's interval: planner/plan_intervals.py), sharing the caches no parameter
+        changes: the collective layouts (`comm_layout` reads the model, the precision and the
+        choice) and their repeated groups."""
+        other = Estimator(replace(self.setting, params=params))
+        other._layouts, other._repeats = self._layouts, self._repeats
+        return other
+
     def setting_for(self, choice: Choice) -> Setting:
         """The setting as one rank of the choice's tensor- and context-parallel groups sees it: its
         share of the model, and its share of every sequence (`seq_len` is the rank's own tokens)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import typing
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,10 +20,12 @@ from api.cli.plan_cmd import print_plan
 from contract.mesh import Mesh
 from contract.plan_document import parse_plan
 from planner.catalog.models import resolve_model
+from planner.cost.estimate import Estimator
+from planner.cost.parameters import CostParameters
 from planner.plan import Candidate, Plan, PlanWarning, RejectedFamily
 from planner.plan_intervals import lead_within_interval
 from planner.search import make_plan, predict
-from planner.specs import ClusterSpec, PlanRequest, TrainingSpec
+from planner.specs import ClusterSpec, PlanRequest, SearchSpace, TrainingSpec
 from planner.study import StudyRequest, study_point
 from planner.uncertainty import coverage_warnings
 from tests.older_schemas import as_schema_2_1
@@ -196,3 +199,24 @@ def test_the_cli_json_carries_the_intervals(tmp_path: Path) -> None:
         beside = document["alternatives"]
         assert beside and all(c["peak_memory_gib_interval"]["high"] > c["peak_memory_gib"] for c in beside)
         assert document["network_assumed"] is True and document["schema_version"] == "2.2"
+
+
+@pytest.mark.parametrize(("model", "cluster", "sequences", "search"), [
+    ("llama3-8b", "4x8xH100", 64, {}),
+    ("llama3-70b", "32x8xH100", 512, {"tensor_parallel_degrees": [8]}),  # a pipeline plan and tp plans
+])
+def test_the_network_prices_share_the_search_caches_and_change_nothing(
+    model: str, cluster: str, sequences: int, search: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The intervals' prices on another network share the search's collective layouts
+    # (Estimator.with_params): the same plan, to the last digit, as with estimators of their own.
+    request = make_request(model, cluster, seq_len=8192, sequences=sequences, search=SearchSpace(**search))
+    shared = make_plan(request)
+    interval = shared.prediction.tokens_per_s_per_gpu_interval
+    assert shared.network_assumed and interval is not None and "network not stated" in interval.basis
+
+    def own(self: Estimator, params: CostParameters) -> Estimator:
+        return Estimator(replace(self.setting, params=params))
+
+    monkeypatch.setattr(Estimator, "with_params", own)
+    assert make_plan(request) == shared
