@@ -130,11 +130,14 @@ async def create_plan_from_form(request: Request, session: SessionDep, settings:
     known = plan_form.PlanForm().values()
     form = plan_form.PlanForm(**{k: v for k, v in submitted.items() if k in known and isinstance(v, str)})
     api_key = submitted.get("api_key")
-    async with search_share(request):  # the search takes one of this client's share of the pool
-        return await run_planning(
-            request, _create_plan, request, session, settings.max_model_layers, form,
-            api_key if isinstance(api_key, str) else "",
-        )
+    try:
+        async with search_share(request):  # the search takes one of this client's share of the pool
+            return await run_planning(
+                request, _create_plan, request, session, settings.max_model_layers, form,
+                api_key if isinstance(api_key, str) else "",
+            )
+    except ProblemError as problem:  # the share stayed full (429): a page, not the API's JSON
+        return error_page(request, problem.status_code, problem.detail, headers=problem.headers)
 
 
 @router.post("/plans/new/batch-hint", response_class=PlainTextResponse)

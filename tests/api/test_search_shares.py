@@ -162,3 +162,16 @@ async def test_the_batch_hint_needs_a_key_once_keys_exist(
     assert with_key.status_code == 200 and "sequences" in with_key.text, with_key.text
     signed_in = await client.post(HINT, data=HINT_FORM, headers={**own, **_basic(key)})
     assert signed_in.status_code == 200, signed_in.text
+
+
+@pytest.mark.anyio
+async def test_the_plan_form_past_its_share_answers_a_page(client: httpx.AsyncClient, app: FastAPI) -> None:
+    app.state.search_shares.wait_s = 0.0
+    own = {"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin", "Accept": "text/html"}
+    async with app.state.search_shares.held("address 127.0.0.1", described="this client"):  # its search
+        page = await client.post("/plans/new", data=HINT_FORM, headers=own)
+    assert page.status_code == 429 and page.headers["content-type"].startswith("text/html"), page.text
+    assert page.headers["retry-after"] == "2" and "share of this server" in page.text
+    assert (await client.get(PLANS)).json()["items"] == []
+    created = await client.post("/plans/new", data=HINT_FORM, headers=own)  # its share is free again
+    assert created.status_code == 303, created.text
