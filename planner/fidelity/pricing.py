@@ -225,7 +225,9 @@ def run_config(run: Run) -> ParallelConfig:
 
 
 def _loss(run: Run) -> str:
-    if run.config.loss == "compiled":
+    if run.config.loss == "compiled" or (run.config.loss == "chunked" and run.config.loss_chunk_compiled):
+        # Compiled, the upcast and the cross-entropy fuse: no fp32 copy of the logits, chunked or
+        # not (each chunk's own bf16 gradient, one chunk at a time, is not priced).
         return "compiled_fp32"
     if run.config.loss != "chunked":
         return "autograd_fp32"

@@ -163,6 +163,10 @@ class RunConfig(CorpusModel):
     bbb1b616e of 2025-04-02), fused so that no fp32 copy of the logits is held."""
     loss_chunks: Annotated[int, Field(ge=1)] | None = None
     """For a chunked loss: the number of chunks."""
+    loss_chunk_compiled: bool = False
+    """For a chunked loss: each chunk's upcast and cross-entropy run under torch.compile (torchtune's
+    `compile_loss` on `CEWithChunkedOutputLoss.compute_cross_entropy`). Fused, a chunk holds no fp32
+    copy of its logits, as `compiled` does for the whole loss; priced as that loss."""
     precision: RunPrecision
     reduce_dtype: Literal["fp32", "bf16"] | None = None
     """The dtype gradients are reduced in (None: not stated; priced as fp32, FSDP2's default)."""
@@ -220,6 +224,11 @@ class Run(CorpusModel):
             raise ValueError(
                 f"config.master_dtype: bf16 (pure bf16 training) computes in bf16, but precision is "
                 f"{self.config.precision}; state the run's precision as bf16 or its master dtype as fp32"
+            )
+        if self.config.loss_chunk_compiled and self.config.loss != "chunked":
+            raise ValueError(
+                f"config.loss_chunk_compiled: true describes a chunked loss, but loss is {self.config.loss}; "
+                "state loss chunked with its loss_chunks, or loss compiled for a whole compiled loss"
             )
         return self
 
