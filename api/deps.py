@@ -30,8 +30,8 @@ async def run_planning(request: Request, func: Callable[..., T], *args: object) 
 @asynccontextmanager
 async def search_share(request: Request) -> AsyncIterator[None]:
     """Hold one of the requesting client's share of the search pool for the block (a 429 problem when
-    it stays full: api/services/search_shares.py). The client is the API key `require_write_access`
-    found on the request, or its address when there was none (the dashboard's forms: their address)."""
+    it stays full: api/services/search_shares.py). The client is the API key that authorised the request
+    (`require_write_access`, or the dashboard's form check), or its address when there was none."""
     key_id = getattr(request.state, "api_key_id", None)
     if key_id is not None:
         client, described = f"key {key_id}", f"API key {key_id}"

@@ -18,6 +18,7 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse,
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api import keys
 from api.dashboard import (
     access,
     accuracy_views,
@@ -129,12 +130,15 @@ async def create_plan_from_form(request: Request, session: SessionDep, settings:
     submitted = await request.form()
     known = plan_form.PlanForm().values()
     form = plan_form.PlanForm(**{k: v for k, v in submitted.items() if k in known and isinstance(v, str)})
-    api_key = submitted.get("api_key")
+    raw_key = submitted.get("api_key")
+    api_key = raw_key if isinstance(raw_key, str) else ""
+    # Which client's share the search takes (a key's, else the address's); the form itself says what is
+    # wrong with the key (`_answer_form`).
+    await run_in_threadpool(_form_key_error, session, request, api_key)
     try:
         async with search_share(request):  # the search takes one of this client's share of the pool
             return await run_planning(
-                request, _create_plan, request, session, settings.max_model_layers, form,
-                api_key if isinstance(api_key, str) else "",
+                request, _create_plan, request, session, settings.max_model_layers, form, api_key,
             )
     except ProblemError as problem:  # the share stayed full (429): a page, not the API's JSON
         return error_page(request, problem.status_code, problem.detail, headers=problem.headers)
@@ -164,8 +168,15 @@ async def batch_hint(request: Request, session: SessionDep, settings: SettingsDe
 
 
 def _form_key_error(session: SessionDep, request: Request, api_key: str) -> str | None:
-    """`access.write_key_error`, the pooled connection handed back before the search waits (api/deps.py)."""
+    """`access.write_key_error`; a valid key the browser signed in with or typed into the form names the
+    client whose share of the search pool the search takes (`search_share`). The pooled connection is
+    handed back before the search waits (api/deps.py)."""
     try:
+        for key in (access.basic_auth_key(request), api_key.strip()):
+            row = keys.verify_key(session, key) if key else None
+            if row is not None:
+                request.state.api_key_id = row.id
+                return None
         return access.write_key_error(session, request, api_key)
     finally:
         session.commit()

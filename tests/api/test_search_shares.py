@@ -175,3 +175,21 @@ async def test_the_plan_form_past_its_share_answers_a_page(client: httpx.AsyncCl
     assert (await client.get(PLANS)).json()["items"] == []
     created = await client.post("/plans/new", data=HINT_FORM, headers=own)  # its share is free again
     assert created.status_code == 303, created.text
+
+
+@pytest.mark.anyio
+async def test_the_plan_form_takes_the_share_of_the_key_it_was_sent_with(
+    client: httpx.AsyncClient, app: FastAPI, session: Session
+) -> None:
+    app.state.search_shares.wait_s = 0.0
+    busy, other = keys.create_key(session, "busy"), keys.create_key(session, "other")
+    own = {"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin", "Accept": "text/html"}
+    async with app.state.search_shares.held(f"key {busy.row.id}", described="this key"):
+        refused = await client.post("/plans/new", data={**HINT_FORM, "api_key": busy.key}, headers=own)
+        assert refused.status_code == 429, refused.text
+        # Another key from the same address is another client; so is the address itself, signed in by
+        # the browser's prompt with the other key.
+        created = await client.post("/plans/new", data={**HINT_FORM, "api_key": other.key}, headers=own)
+        assert created.status_code == 303, created.text
+        signed_in = await client.post("/plans/new", data=HINT_FORM, headers={**own, **_basic(other.key)})
+        assert signed_in.status_code == 303, signed_in.text
