@@ -11,7 +11,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from api.cross_site import CrossSiteMiddleware
+from api.cross_site import SAFE_METHODS, CrossSiteMiddleware
 from api.dashboard import install as install_dashboard
 from api.dashboard.vendor import install as install_plotly
 from api.db import migrate
@@ -139,6 +139,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
+CROSS_SITE_RESPONSE = {
+    "description": "Sent by another site's page (Sec-Fetch-Site, else Origin against Host): nothing was done",
+    "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+}
+
+
 def _openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's schema, with error responses declared as application/problem+json.
 
@@ -157,5 +163,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                     content = response.get("content", {})
                     if status[0] in "45" and "application/json" in content:
                         content[PROBLEM_MEDIA_TYPE] = content.pop("application/json")
+                if method.upper() not in SAFE_METHODS:  # answered by api/cross_site.py before the route
+                    operation.setdefault("responses", {}).setdefault("403", CROSS_SITE_RESPONSE)
         app.openapi_schema = schema
     return app.openapi_schema

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from sqlalchemy.orm import Session
 
 from api import keys
@@ -112,3 +113,14 @@ async def test_reads_from_another_site_are_not_refused(client: httpx.AsyncClient
     # that site's script; the browser, not the server, enforces it).
     response = await client.get(PLANS, headers=CROSS_SITE[0])
     assert response.status_code == 200, response.text
+
+
+def test_the_openapi_declares_the_refusal_on_every_state_changing_operation(app: FastAPI) -> None:
+    paths = app.openapi()["paths"]
+    assert "Problem" in app.openapi()["components"]["schemas"]
+    for path, operations in paths.items():
+        for method, operation in operations.items():
+            declared = "403" in operation["responses"]
+            assert declared == (method not in ("get", "head", "options")), (method, path)
+    cancel = paths["/api/v1/studies/{study_id}/cancel"]["post"]["responses"]["403"]
+    assert "application/problem+json" in cancel["content"]
