@@ -38,11 +38,11 @@ SYNCHRONOUS_UP_TO = 2048
 def settings(database_url: str) -> Settings:
     # Two search processes (one per core of the CI machine) and a short deadline; the large plan is
     # searched in the request, as it is below the job threshold (these tests are the search pool's: the
-    # test client may use both processes, where each client's share is one by default; see
-    # test_search_shares.py).
+    # test client may use both processes, where each client's share is one by default, and its requests
+    # wait for room however long a loaded machine takes; see test_search_shares.py).
     return Settings(
         database_url=database_url, migrate_on_startup=False, search_deadline_s=DEADLINE_S, search_workers=2,
-        job_threshold_units=SYNCHRONOUS_UP_TO, search_share=2,
+        job_threshold_units=SYNCHRONOUS_UP_TO, search_share=2, search_share_wait_s=3600,
     )
 
 
