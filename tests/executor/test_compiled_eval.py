@@ -3,9 +3,10 @@
 The README's compiled llama-debug bundle, rendered as a user would (`fsdp-planner plan`, then
 `fsdp-planner launcher`), run through its own `launch.sh` on 2 CPU ranks with an evaluation every
 other step. Its evaluations used to compile a forward-only graph in the middle of the run, where 1 run
-in 4 on a loaded machine died of heap corruption (`malloc(): unaligned tcache chunk detected`); they now
-run the training graph. Four evaluations in one run, and dynamo's recompilation log must stay silent:
-a new graph at any of them fails the test at once, where the crash it led to needed ~10 runs to show.
+in 4 on a loaded machine was reported to die there of heap corruption (`malloc(): unaligned tcache chunk
+detected`); they now run the training graph. Four evaluations in one run, and dynamo's recompilation
+log must stay silent: a new graph at any of them fails the test at once, where the crash reported in
+that compile needed several runs to show (and did not show in 14 here: bench/RESULTS.md).
 `bench/launcher_eval_repeats.py` repeats the whole run 20 times on a loaded machine.
 """
 
