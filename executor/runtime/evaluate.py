@@ -10,7 +10,7 @@ loss detached (its saved activations go with it, as a training forward's would b
 Under `torch.no_grad()` or `eval()` torch.compile compiles a second, forward-only graph in the middle
 of the run, at the first evaluation, while the other ranks wait in its collectives: on 2 CPU ranks on a
 loaded machine 1 run in 4 was reported to die there with `malloc(): unaligned tcache chunk detected`
-(issue 38 item 11; not reproduced in 14 runs here), where the training graph ran every step clean.
+(issue 38 item 11; here 1 cold run in 18 died after it, with SIGSEGV), where the training graph ran clean.
 The same graph also saves that compile (30-65 s at llama-debug's size on a loaded machine) and holds
 nothing the plan did not price for a training step.
 Eager models evaluate without gradients (they compile nothing), and so do pipelines, through their

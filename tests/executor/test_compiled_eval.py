@@ -6,7 +6,7 @@ other step. Its evaluations used to compile a forward-only graph in the middle o
 in 4 on a loaded machine was reported to die there of heap corruption (`malloc(): unaligned tcache chunk
 detected`); they now run the training graph. Four evaluations in one run, and dynamo's recompilation
 log must stay silent: a new graph at any of them fails the test at once, where the crash reported in
-that compile needed several runs to show (and did not show in 14 here: bench/RESULTS.md).
+that compile needed several runs to show (1 in 18 here: bench/RESULTS.md).
 `bench/launcher_eval_repeats.py` repeats the whole run 20 times on a loaded machine.
 """
 
