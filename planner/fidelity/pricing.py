@@ -276,6 +276,8 @@ def price_as_run(
     if speed != 1.0:
         parameters = parameters or build_setting(request, calibration, None).params
         parameters = replace(parameters, attention_efficiency=parameters.attention_efficiency * speed)
-    plan = predict(request, run_config(run), calibration=calibration, parameters=parameters)
+    # The report places each run's interval itself (held-out runs calibrated without their source:
+    # planner/fidelity/intervals.py), so the plan's own would be priced for nothing.
+    plan = predict(request, run_config(run), calibration=calibration, parameters=parameters, intervals=False)
     margin = plan.prediction.memory_margin or 0.0
     return PricedRun(run=run, plan=plan, margin=margin)
