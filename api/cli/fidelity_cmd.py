@@ -30,6 +30,7 @@ from planner.fidelity.report import (
     intervals_json,
     report_json,
 )
+from planner.formatting import between
 from planner.uncertainty import INTERVALS_RESOURCE
 
 STORED_REPORT_PATH = Path(fidelity_package.__file__).parent / REPORT_RESOURCE
@@ -167,12 +168,15 @@ def _predicted_throughput(r: RunResult) -> str:
 def _range(
     interval: tuple[float, float] | None, covered: bool | None, *, mfu: bool = False, gib: bool = False
 ) -> str:
-    """An interval as `low-high`, marked `(out)` where the measured value falls outside it."""
+    """An interval as every other interval is written (`between`), marked `(out)` where the measured
+    value falls outside it."""
     if interval is None:
         return "–"
     low, high = interval
-    text = (f"{low:.1%}-{high:.1%}" if mfu else f"{low:.1f}-{high:.1f}" if gib
-            else f"{low:,.0f}-{high:,.0f}")
+    if mfu:
+        text = f"{between(low * 100, high * 100, decimals=1)}%"
+    else:
+        text = between(low, high, decimals=1 if gib else 0)
     return text if covered else f"{text} (out)"
 
 
