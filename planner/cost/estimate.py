@@ -325,7 +325,7 @@ def _collectives(
     p = setting.params
     mesh = choice.mesh
     rb = choice.reduce_bytes
-    shard, replicas = mesh.dp_shard * mesh.cp, mesh.dp_replicate  # FSDP shards over dp_shard x cp
+    shard, replicas = mesh.fsdp_shards, mesh.dp_replicate  # FSDP shards over dp_shard x cp
     shard_link: LinkClass = mesh.shard_link(setting.gpus_per_node)
     replica_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"
     world_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"

@@ -328,7 +328,7 @@ def sharded_states(setting: Setting, choice: Choice) -> tuple[float, float, floa
     training: `Setting.state_dtype`): its tensor-parallel share (its pipeline stages') sharded over
     dp_shard x cp. No checkpointing, micro-batch or bucket cap changes them."""
     n_params = setting.model.rank_params
-    shard = choice.mesh.dp_shard * choice.mesh.cp
+    shard = choice.mesh.fsdp_shards
     element = float(setting.state_bytes)
     states = (2 if setting.optimizer == "adamw" else 1) * element
     return element * n_params / shard, element * n_params / shard, states * n_params / shard
@@ -356,7 +356,7 @@ def memory_moments(
     every moment, the outputs sent on beside the saved activations."""
     p = setting.params
     n_params = setting.model.rank_params  # this rank's tensor-parallel share
-    shard = choice.mesh.dp_shard * choice.mesh.cp  # FSDP shards over dp_shard x cp
+    shard = choice.mesh.fsdp_shards  # FSDP shards over dp_shard x cp
     params, grads, optimizer = sharded_states(setting, choice)
     workspace = p.workspace_gib * GIB
 
