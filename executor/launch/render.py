@@ -9,7 +9,8 @@ from contract.float8 import TORCHAO_REQUIREMENT
 from contract.mesh import MESH_AXES, Mesh
 from contract.parallel_config import PipelineConfig
 from executor.launch import environment
-from executor.launch.quoting import comment, sh, yaml_str
+from executor.launch.quoting import comment, yaml_str
+from executor.launch.templating import render_template
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,39 +81,36 @@ TRAIN = Entry(
 )
 
 
+def _header_values(ctx: LaunchContext) -> dict[str, object]:
+    """What the header every script and manifest opens with needs (templates/parts/plan_header.sh.j2)."""
+    return {
+        "ctx": ctx,
+        "mesh_header": _mesh_header(ctx),
+        "float8_header": _float8_header(ctx),
+        "pure_bf16_header": _pure_bf16_header(ctx),
+    }
+
+
 def _mesh_header(ctx: LaunchContext) -> str:
-    """Header comment lines stating the mesh ('' without one)."""
+    """Header comment lines stating the mesh and its pipeline ('' without a mesh)."""
     mesh = ctx.mesh
     if mesh is None:
         return ""
-    if mesh.tp == 1:
-        only = " (data parallelism only)" if mesh.pp == 1 and mesh.cp == 1 else ""
-        return f"# mesh: {mesh.describe()}{only}\n{_pipeline_header(ctx)}"
-    pipelined = (
-        "#   async TP: the tp collectives are micro-pipelined with their matmuls (inductor, CUDA symmetric\n"
-        "#   memory between the node's GPUs; a CPU run falls back to plain collectives).\n"
-        if ctx.async_tp else ""
+    text = render_template(
+        "parts/mesh_header.sh.j2",
+        mesh=mesh,
+        data_parallel_only=mesh.tp == 1 and mesh.pp == 1 and mesh.cp == 1,
+        async_tp=ctx.async_tp,
     )
-    return (
-        f"# mesh: {mesh.describe()}\n"
-        f"#   tp groups are {mesh.tp} consecutive ranks inside a node (tensor parallel with sequence + loss\n"
-        f"#   parallel); FSDP shards over the data-parallel dims. Every node runs a multiple of {mesh.tp}.\n"
-        f"{pipelined}{_pipeline_header(ctx)}"
-    )
+    return text + _pipeline_header(ctx)
 
 
 def _pipeline_header(ctx: LaunchContext) -> str:
     """Header comment lines stating the pipeline ('' without one): schedule, stages, blocks per stage."""
     if ctx.mesh is None or ctx.pipeline is None:
         return ""
-    mesh, pipeline = ctx.mesh, ctx.pipeline
-    blocks = "/".join(str(b) for b in pipeline.stage_blocks)
-    stages = f"{pipeline.num_stages} stages, {pipeline.stages_per_rank} per pipeline rank"
-    return (
-        f"# pipeline: {pipeline.schedule}, {stages}, blocks per stage {blocks}\n"
-        f"#   (the first stage also runs the embeddings, the last the head and the loss). Pipeline rank p\n"
-        f"#   is the p-th block of {mesh.stage_ranks} consecutive ranks (pp outermost): the world must be\n"
-        f"#   exactly {mesh.world_size} ranks{_stage_layout(ctx)}.\n"
+    return render_template(
+        "parts/pipeline_header.sh.j2", mesh=ctx.mesh, pipeline=ctx.pipeline, stage_layout=_stage_layout(ctx)
     )
 
 
@@ -124,13 +122,18 @@ def _stages_tile_nodes(ctx: LaunchContext) -> bool:
 
 
 def _stage_layout(ctx: LaunchContext) -> str:
-    assert ctx.mesh is not None
-    stage = ctx.mesh.stage_ranks
-    if not _stages_tile_nodes(ctx):
+    """How the pipeline stages lie on the nodes, as a phrase ('' when they do not tile the nodes)."""
+    if ctx.mesh is None or not _stages_tile_nodes(ctx):
         return ""
-    if stage >= ctx.gpus_per_node:
-        return f", each stage on {stage // ctx.gpus_per_node} whole node(s) in node order"
-    return f", {ctx.gpus_per_node // stage} whole stages per node in node order"
+    return render_template(
+        "parts/stage_layout.j2", stage=ctx.mesh.stage_ranks, gpus_per_node=ctx.gpus_per_node
+    )
+
+
+def _mesh_checks(ctx: LaunchContext, script: str) -> list[str]:
+    """The bash refusals of a world the plan's mesh cannot run on, one per axis that has one."""
+    checks = (_tensor_parallel_check(ctx, script), _pipeline_check(ctx, script))
+    return [check for check in checks if check]
 
 
 def _pipeline_check(ctx: LaunchContext, script: str) -> str:
@@ -139,25 +142,24 @@ def _pipeline_check(ctx: LaunchContext, script: str) -> str:
     the per-node process count must keep them there."""
     if ctx.mesh is None or ctx.mesh.pp == 1:
         return ""
-    mesh, stage = ctx.mesh, ctx.mesh.stage_ranks
-    tiling = f"""
-# Each pipeline stage is {stage} consecutive ranks on whole nodes, as the plan priced its
-# collectives: a node must not hold part of one stage and part of the next.
-if [ "$(({stage} % NPROC_PER_NODE))" -ne 0 ] && [ "$((NPROC_PER_NODE % {stage}))" -ne 0 ]; then
-  echo "{script}: NPROC_PER_NODE=$NPROC_PER_NODE would split the plan's pipeline stages of {stage}" \\
-       "ranks across nodes; run a divisor or a multiple of {stage} processes per node (the plan's" \\
-       "{ctx.gpus_per_node})" >&2
-  exit 2
-fi""" if _stages_tile_nodes(ctx) else ""
-    return f"""
-# The plan's pipeline runs {mesh.pp} stages of {stage} ranks each (pp outermost): the world must be exactly
-# {mesh.describe()}, or stages and their blocks would not line up.
-if [ "$((NPROC_PER_NODE * NNODES))" -ne {mesh.world_size} ]; then
-  echo "{script}: $NNODES node(s) x $NPROC_PER_NODE process(es) = $((NPROC_PER_NODE * NNODES)) ranks, but" \\
-       "the plan's mesh is {mesh.describe()}: run {ctx.num_nodes} node(s) x {ctx.gpus_per_node}" \\
-       "processes, or re-plan for this cluster (fsdp-planner plan ... --pp N)" >&2
-  exit 2
-fi{tiling}"""
+    return render_template(
+        "parts/pipeline_check.sh.j2",
+        script=script,
+        mesh=ctx.mesh,
+        stage=ctx.mesh.stage_ranks,
+        stages_tile_nodes=_stages_tile_nodes(ctx),
+        num_nodes=ctx.num_nodes,
+        gpus_per_node=ctx.gpus_per_node,
+    )
+
+
+def _tensor_parallel_check(ctx: LaunchContext, script: str) -> str:
+    """Bash that refuses a per-node process count the tp groups cannot tile ('' when tp is 1)."""
+    if ctx.mesh is None or ctx.mesh.tp == 1:
+        return ""
+    return render_template(
+        "parts/tensor_parallel_check.sh.j2", script=script, tp=ctx.mesh.tp, gpus_per_node=ctx.gpus_per_node
+    )
 
 
 def _float8_header(ctx: LaunchContext) -> str:
@@ -165,185 +167,36 @@ def _float8_header(ctx: LaunchContext) -> str:
     if ctx.float8 == "none":
         return ""
     gpus = FLOAT8_GPUS.get(ctx.float8, "compute capability 8.9+: L40S, H100, H200, B200")
-    return (
-        f"# precision: Float8 {ctx.float8} (torchao) for the blocks' eligible linears; the output head and\n"
-        f"#   small linears stay in the plan's compute precision. Needs {TORCHAO_REQUIREMENT} (the executor\n"
-        f"#   extra) and FP8 GPUs ({gpus}); on CPU torchao emulates it.\n"
+    return render_template(
+        "parts/float8_header.sh.j2", recipe=ctx.float8, torchao=TORCHAO_REQUIREMENT, gpus=gpus
     )
 
 
 def _pure_bf16_header(ctx: LaunchContext) -> str:
     """Header comment lines stating that a plan trains in pure bf16 ('' in mixed precision)."""
-    if not ctx.pure_bf16:
-        return ""
-    return (
-        "# precision: pure bf16 (training.state_dtype bfloat16): parameters, gradients and AdamW's states\n"
-        "#   in bf16, no fp32 master; on CPU the trainer runs fp32 unless given --precision plan.\n"
-    )
+    return render_template("parts/pure_bf16_header.sh.j2") if ctx.pure_bf16 else ""
 
 
 def _float8_check(ctx: LaunchContext, script: str) -> str:
     """Bash that refuses to start a Float8 plan where torchao is missing ('' without Float8)."""
     if ctx.float8 == "none":
         return ""
-    return f"""
-if ! "$PYTHON" -c "import torchao.float8" 2>/dev/null; then
-  echo "{script}: the plan trains with Float8 ({ctx.float8}), which needs torchao; '$PYTHON' cannot" \\
-       "import it: install it there ($PYTHON -m pip install '{TORCHAO_REQUIREMENT}')," \\
-       "or set PYTHON to an interpreter that has it" >&2
-  exit 2
-fi"""
-
-
-def _tensor_parallel_check(ctx: LaunchContext, script: str) -> str:
-    """Bash that refuses a per-node process count the tp groups cannot tile ('' when tp is 1)."""
-    if ctx.mesh is None or ctx.mesh.tp == 1:
-        return ""
-    tp = ctx.mesh.tp
-    return f"""
-# The plan's tensor-parallel groups are {tp} consecutive ranks inside one node: a node running a
-# process count that is not a multiple of {tp} would split a group across nodes (or leave one short).
-if [ "$((NPROC_PER_NODE % {tp}))" -ne 0 ]; then
-  echo "{script}: NPROC_PER_NODE=$NPROC_PER_NODE (GPUs per node) is not a multiple of the plan's" \\
-       "tensor-parallel degree {tp}: each tp group is {tp} consecutive ranks inside one node; run a" \\
-       "multiple of {tp} processes per node (the plan's {ctx.gpus_per_node}), or re-plan with --tp" >&2
-  exit 2
-fi"""
-
-
-def _data_args(script: str) -> str:
-    """Bash that adds the training data to ARGS: DATA (or --data), or SYNTHETIC_DATA=1 (or
-    --synthetic-data) for a rehearsal, and refuses a run that names neither before torchrun starts."""
-    return f"""
-# Training data: DATA (or --data), or SYNTHETIC_DATA=1 (or --synthetic-data) for a rehearsal on
-# synthetic tokens, which are never a default.
-DATA_CHOSEN=""
-if [ -n "${{DATA:-}}" ]; then
-  case "$DATA" in /*) ;; *) DATA="$PWD/$DATA" ;; esac  # relative to where you are: torchrun runs in $HERE
-  ARGS+=(--data "$DATA")
-  DATA_CHOSEN=DATA
-fi
-case "${{SYNTHETIC_DATA:-0}}" in
-  0|"") ;;
-  1) ARGS+=(--synthetic-data); DATA_CHOSEN=SYNTHETIC_DATA ;;
-  *) echo "{script}: SYNTHETIC_DATA must be 1 or 0, got '$SYNTHETIC_DATA'" >&2; exit 2 ;;
-esac
-for arg in "$@"; do
-  case "$arg" in --data|--data=*|--synthetic-data|-h|--help) DATA_CHOSEN=arguments ;; esac
-done
-if [ -z "$DATA_CHOSEN" ]; then
-  echo "{script}: no training data: set DATA to a dataset directory made by" \\
-       "\\`fsdp-planner prepare-data\\` (DATA=/path/to/dataset ./{script} ...), or SYNTHETIC_DATA=1" \\
-       "for a rehearsal on synthetic tokens" >&2
-  exit 2
-fi"""
+    return render_template(
+        "parts/float8_check.sh.j2", script=script, recipe=ctx.float8, torchao=TORCHAO_REQUIREMENT
+    )
 
 
 def launch_sh(ctx: LaunchContext, entry: Entry = TRAIN) -> str:
-    resume = (
-        """
-if [ -n "${CHECKPOINT_DIR:-}" ]; then
-  ARGS+=(--checkpoint-dir "$CHECKPOINT_DIR" --resume)
-fi"""
-        if entry.resumable
-        else ""
+    """The torchrun script (launch.sh, or the calibration's calibrate.sh) every node runs."""
+    return render_template(
+        "launch.sh.j2",
+        entry=entry,
+        env_header=environment.header(),
+        mesh_checks=_mesh_checks(ctx, entry.script),
+        float8_check=_float8_check(ctx, entry.script),
+        cluster_env=environment.bash_defaults(entry.script, cores="$(nproc 2>/dev/null || echo 1)"),
+        **_header_values(ctx),
     )
-    data = _data_args(entry.script) if entry.reads_data else ""
-    data_doc = (
-        "\n#   DATA            training data: a `fsdp-planner prepare-data` directory (or token file)"
-        "\n#   SYNTHETIC_DATA  1: synthetic tokens instead (a rehearsal); DATA or this is required"
-        if entry.reads_data
-        else ""
-    )
-    restart_doc = "; pair with CHECKPOINT_DIR" if entry.resumable else ""
-    signals_doc = (
-        "# Signals: SIGTERM (torchrun passes it on to the trainer processes) or SIGUSR1 (SLURM's --signal,\n"
-        "#   which reaches every process of the job step) make every rank stop after the current step,\n"
-        "#   save a checkpoint to CHECKPOINT_DIR and exit 0. torchrun itself ignores SIGUSR1.\n"
-        if entry.resumable
-        else ""
-    )
-    ignore_usr1 = (
-        """
-# SIGUSR1 is for the trainer processes (they checkpoint and stop); torchrun, which would die of it,
-# inherits it ignored. The trainer installs its own handler.
-trap '' USR1"""
-        if entry.resumable
-        else ""
-    )
-    checkpoint_doc = (
-        "\n#   CHECKPOINT_DIR  shared directory: checkpoints are saved there and runs resume from the newest"
-        if entry.resumable
-        else ""
-    )
-    return f"""#!/usr/bin/env bash
-# torchrun launcher generated by fsdp-planner.
-# plan {ctx.short_hash}: {ctx.title}
-# strategy: {ctx.label}
-{_mesh_header(ctx)}{_float8_header(ctx)}{_pure_bf16_header(ctx)}#
-#   {entry.usage}
-# Environment (all optional):
-#   NPROC_PER_NODE  processes on this node   (default {ctx.gpus_per_node}, the plan's GPUs per node)
-#   NNODES          nodes in the job         (default {ctx.num_nodes}; else PET_NNODES or SLURM_NNODES)
-#   MASTER_ADDR     rendezvous host: node 0's address, the same on every node (required with
-#                   NNODES > 1, else PET_MASTER_ADDR; one node needs none)
-#   MASTER_PORT     rendezvous port          (default 29500)
-#   MAX_RESTARTS    torchrun restarts        (default 0{restart_doc}){checkpoint_doc}
-#   RDZV_ID         rendezvous id            (default: the plan hash)
-#   PYTHON          interpreter with torch   (default python3){data_doc}
-{environment.header()}{signals_doc}set -euo pipefail
-
-HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
-NPROC_PER_NODE="${{NPROC_PER_NODE:-{ctx.gpus_per_node}}}"
-NNODES="${{NNODES:-${{PET_NNODES:-${{SLURM_NNODES:-{ctx.num_nodes}}}}}}}"
-MASTER_ADDR="${{MASTER_ADDR:-${{PET_MASTER_ADDR:-}}}}"
-MASTER_PORT="${{MASTER_PORT:-${{PET_MASTER_PORT:-29500}}}}"
-MAX_RESTARTS="${{MAX_RESTARTS:-0}}"
-RDZV_ID="${{RDZV_ID:-{sh(ctx.short_hash)}}}"
-PYTHON="${{PYTHON:-python3}}"
-
-for var in NPROC_PER_NODE NNODES MAX_RESTARTS MASTER_PORT; do
-  if ! [[ "${{!var}}" =~ ^[0-9]+$ ]]; then
-    echo "{entry.script}: $var must be a whole number, got '${{!var}}'" >&2
-    exit 2
-  fi
-done
-# Every node must reach node 0's rendezvous: a default address would be each node's own loopback, where
-# every node would wait for the others forever (or train alone).
-if [ "$NNODES" -gt 1 ] && [ -z "$MASTER_ADDR" ]; then
-  echo "{entry.script}: NNODES=$NNODES needs MASTER_ADDR, the address of node 0 (which hosts the" \\
-       "rendezvous), the same on every node: e.g. NNODES=$NNODES MASTER_ADDR=10.0.0.1 ./{entry.script}" \\
-       "on each node (NNODES=1 runs on this node alone)" >&2
-  exit 2
-fi{_tensor_parallel_check(ctx, entry.script)}{_pipeline_check(ctx, entry.script)}
-if [ "$((NPROC_PER_NODE * NNODES))" -ne {ctx.num_nodes * ctx.gpus_per_node} ]; then
-  echo "{entry.script}: warning: $NNODES node(s) x $NPROC_PER_NODE process(es) is not the plan's" \\
-       "{ctx.num_nodes} x {ctx.gpus_per_node}; the trainer will refuse a different world size" >&2
-fi
-if ! "$PYTHON" -c "import torch" 2>/dev/null; then
-  echo "{entry.script}: '$PYTHON' cannot import torch; set PYTHON to an interpreter that has it" >&2
-  exit 2
-fi{_float8_check(ctx, entry.script)}
-
-{environment.bash_defaults(entry.script, cores="$(nproc 2>/dev/null || echo 1)")}
-
-ARGS=({entry.args}){resume}{data}
-
-if [ "$NNODES" -gt 1 ]; then
-  # Multi-node: elastic c10d rendezvous hosted by the trainer on MASTER_ADDR:MASTER_PORT.
-  RDZV=(--nnodes "$NNODES" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT"
-        --rdzv-id "$RDZV_ID")
-else
-  # One node: a private rendezvous on a free port (several jobs can share a machine).
-  RDZV=(--standalone --nnodes 1)
-fi
-
-export PYTHONPATH="$HERE${{PYTHONPATH:+:$PYTHONPATH}}"{ignore_usr1}
-cd "$HERE"
-exec "$PYTHON" -m torch.distributed.run "${{RDZV[@]}}" \\
-  --nproc-per-node "$NPROC_PER_NODE" --max-restarts "$MAX_RESTARTS" \\
-  -m {entry.module} "${{ARGS[@]}}" "$@"
-"""
 
 
 SIGNAL_LEAD_S = environment.TERMINATION_GRACE_S
@@ -352,155 +205,37 @@ EXIT_NOT_REQUEUED = 75
 """slurm.sbatch: stopped by SIGUSR1 with a checkpoint, but not requeued (EX_TEMPFAIL: submit again)."""
 
 
-def _sbatch_preemption_doc(entry: Entry) -> str:
-    if not entry.resumable:
-        return ""
-    return f"""#
-# Time limits and preemption: SLURM sends this script SIGUSR1 {SIGNAL_LEAD_S} s before the job ends
-# (--signal). It passes the signal to every process of the job step: each rank stops after its
-# current step, saves a checkpoint in CHECKPOINT_DIR and exits; then this script requeues the job
-# (scontrol requeue: same job id, SLURM_RESTART_COUNT + 1), which resumes from the newest checkpoint.
-# A job preempted with PreemptMode=REQUEUE comes back the same way (--requeue).
-#   CHECKPOINT_DIR  on a filesystem every node sees (default: $BUNDLE_DIR/checkpoints; set it
-#                   empty to run without checkpoints, and then without requeueing)
-#   REQUEUE         1 requeue after SIGUSR1 (default); 0 exit {EXIT_NOT_REQUEUED} instead
-#   MAX_REQUEUES    stop requeueing once SLURM_RESTART_COUNT reaches it (default: no limit)
-# Exit status: 0 trained to the end, or stopped and requeued; 2 invalid bundle or settings (nothing
-#   started); {EXIT_NOT_REQUEUED} stopped by SIGUSR1 with a checkpoint but not requeued (REQUEUE=0,
-#   MAX_REQUEUES reached, no CHECKPOINT_DIR, or scontrol requeue failed): submit again to resume;
-#   otherwise srun's status (1: a trainer process failed; the metrics file tells an out-of-memory).
-"""
-
-
-def _sbatch_run(entry: Entry) -> str:
-    """The srun line: in the foreground, or (resumable runs) in the background under signal traps."""
-    srun = f'srun --ntasks-per-node=1 --kill-on-bad-exit=1 "$BUNDLE_DIR/{entry.script}" "$@"'
-    if not entry.resumable:
-        return f"""
-# One torchrun per node; it starts NPROC_PER_NODE processes.
-{srun}
-"""
-    return f"""
-PREEMPTED=0
-SRUN_PID=""
-# shellcheck disable=SC2317  # run by trap
-on_usr1() {{
-  PREEMPTED=1
-  echo "sbatch: SIGUSR1 (the time limit or a preemption is near): every rank checkpoints and stops"
-  if [ -n "$SRUN_PID" ]; then
-    kill -USR1 "$SRUN_PID" 2>/dev/null || true  # srun passes it to every process of the step
-  fi
-}}
-# shellcheck disable=SC2317  # run by trap
-on_term() {{
-  echo "sbatch: SIGTERM (the job is ending): waiting for the ranks to save and exit"
-}}
-trap on_usr1 USR1
-trap on_term TERM
-
-# One torchrun per node; it starts NPROC_PER_NODE trainer processes. srun runs in the background so
-# that this script takes SLURM's signal while it waits: bash runs a trap only between commands.
-{srun} &
-SRUN_PID=$!
-while :; do
-  STATUS=0
-  wait "$SRUN_PID" || STATUS=$?
-  # A trap's signal ends `wait` early (status > 128) while srun still runs: wait again.
-  if [ "$STATUS" -gt 128 ] && kill -0 "$SRUN_PID" 2>/dev/null; then continue; fi
-  break
-done
-trap - USR1 TERM
-
-if [ "$PREEMPTED" -eq 0 ]; then
-  exit "$STATUS"
-fi
-RESTARTS="${{SLURM_RESTART_COUNT:-0}}"
-if [ -z "$CHECKPOINT_DIR" ]; then
-  echo "sbatch: stopped early (status $STATUS) with no CHECKPOINT_DIR: not requeued" >&2
-elif [ "$REQUEUE" != 1 ]; then
-  echo "sbatch: stopped early (status $STATUS), checkpoint in $CHECKPOINT_DIR; REQUEUE=0: submit" \\
-       "again to resume" >&2
-elif [ -n "$MAX_REQUEUES" ] && [ "$RESTARTS" -ge "$MAX_REQUEUES" ]; then
-  echo "sbatch: stopped early (status $STATUS) after $RESTARTS requeue(s), MAX_REQUEUES=$MAX_REQUEUES:" \\
-       "not requeued; submit again to resume from $CHECKPOINT_DIR" >&2
-else
-  echo "sbatch: stopped early (status $STATUS); requeueing job $SLURM_JOB_ID (restart $((RESTARTS + 1)))" \\
-       "to resume from $CHECKPOINT_DIR"
-  if scontrol requeue "$SLURM_JOB_ID"; then
-    exit 0
-  fi
-  echo "sbatch: scontrol requeue $SLURM_JOB_ID failed: submit again to resume from $CHECKPOINT_DIR" >&2
-fi
-exit {EXIT_NOT_REQUEUED}
-"""
-
-
-def _sbatch_checkpoint_settings(entry: Entry) -> str:
-    if not entry.resumable:
-        return ""
-    return """
-# Checkpoints (launch.sh passes --checkpoint-dir and --resume) and requeueing: see the header.
-export CHECKPOINT_DIR="${CHECKPOINT_DIR-$BUNDLE_DIR/checkpoints}"
-REQUEUE="${REQUEUE:-1}"
-MAX_REQUEUES="${MAX_REQUEUES:-}"
-if ! [[ "$REQUEUE" =~ ^[01]$ ]] || ! [[ "$MAX_REQUEUES" =~ ^[0-9]*$ ]]; then
-  echo "sbatch: REQUEUE must be 0 or 1 and MAX_REQUEUES a whole number," \\
-       "got REQUEUE='$REQUEUE' MAX_REQUEUES='$MAX_REQUEUES'" >&2
-  exit 2
-fi
-if [ -n "$CHECKPOINT_DIR" ]; then
-  mkdir -p "$CHECKPOINT_DIR"
-fi"""
+def _sbatch_options(ctx: LaunchContext, entry: Entry) -> dict[str, str | int | None]:
+    """The #SBATCH options, in order (None: a flag without a value)."""
+    options: dict[str, str | int | None] = {
+        "job-name": ctx.job_name,
+        "nodes": ctx.num_nodes,
+        "ntasks-per-node": 1,
+    }
+    if ctx.uses_gpus:
+        options["gpus-per-node"] = ctx.gpus_per_node
+    options |= {"exclusive": None, "output": "%x-%j.out"}
+    if entry.resumable:
+        # SIGUSR1 to the batch shell before the time limit, then requeued under the same job id.
+        options |= {"signal": f"B:USR1@{SIGNAL_LEAD_S}", "requeue": None, "open-mode": "append"}
+    return options
 
 
 def slurm_sbatch(ctx: LaunchContext, entry: Entry = TRAIN) -> str:
-    data_env = "DATA=/shared/dataset " if entry.reads_data else ""  # sbatch and srun pass it on
-    gpu_line = f"#SBATCH --gpus-per-node={ctx.gpus_per_node}\n" if ctx.uses_gpus else ""
-    preemption_lines = (
-        f"#SBATCH --signal=B:USR1@{SIGNAL_LEAD_S}\n#SBATCH --requeue\n#SBATCH --open-mode=append\n"
-        if entry.resumable
-        else ""
+    """The SLURM batch script: one srun task per node runs the torchrun script."""
+    return render_template(
+        "slurm.sbatch.j2",
+        entry=entry,
+        env_header=environment.header(),
+        sbatch_options=_sbatch_options(ctx, entry),
+        mesh_checks=_mesh_checks(ctx, "sbatch"),
+        cluster_env=environment.bash_defaults(
+            "sbatch", cores="${SLURM_CPUS_ON_NODE:-$(nproc 2>/dev/null || echo 1)}"
+        ),
+        signal_lead_s=SIGNAL_LEAD_S,
+        exit_not_requeued=EXIT_NOT_REQUEUED,
+        **_header_values(ctx),
     )
-    checkpoints = " checkpoints ${CHECKPOINT_DIR:-(none)}," if entry.resumable else ""
-    return f"""#!/usr/bin/env bash
-# SLURM batch script generated by fsdp-planner.
-# plan {ctx.short_hash}: {ctx.title}
-# strategy: {ctx.label}
-{_mesh_header(ctx)}{_float8_header(ctx)}{_pure_bf16_header(ctx)}#
-#   {data_env}sbatch <this file> [options]   (options go to {entry.script})
-#   e.g. {data_env}sbatch slurm.sbatch --steps 1000
-# Submit from the unpacked bundle directory on a filesystem every node sees. Add partition,
-# account and time limits on the command line (sbatch -p gpu -A myproj -t 4:00:00 slurm.sbatch).
-{_sbatch_preemption_doc(entry)}#
-{environment.header()}#   ({entry.script} on every node keeps what this script set.)
-#SBATCH --job-name={ctx.job_name}
-#SBATCH --nodes={ctx.num_nodes}
-#SBATCH --ntasks-per-node=1
-{gpu_line}#SBATCH --exclusive
-#SBATCH --output=%x-%j.out
-{preemption_lines}set -euo pipefail
-
-BUNDLE_DIR="${{BUNDLE_DIR:-${{SLURM_SUBMIT_DIR:-$PWD}}}}"
-if [ ! -x "$BUNDLE_DIR/{entry.script}" ]; then
-  echo "sbatch: $BUNDLE_DIR/{entry.script} not found; submit from the bundle directory or set BUNDLE_DIR" >&2
-  exit 2
-fi
-# Rendezvous on the job's first node. (sed reads every name: `head -n 1` would close the pipe early,
-# and under pipefail the SIGPIPE scontrol may then get would end the job.)
-HEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"
-export MASTER_ADDR="${{MASTER_ADDR:-$HEAD_NODE}}"
-export MASTER_PORT="${{MASTER_PORT:-29500}}"
-export NNODES="$SLURM_JOB_NUM_NODES"
-export NPROC_PER_NODE="${{NPROC_PER_NODE:-{ctx.gpus_per_node}}}"
-export RDZV_ID="${{RDZV_ID:-slurm-$SLURM_JOB_ID}}"
-if ! [[ "$NPROC_PER_NODE" =~ ^[1-9][0-9]*$ ]]; then
-  echo "sbatch: NPROC_PER_NODE must be a positive whole number, got '$NPROC_PER_NODE'" >&2
-  exit 2
-fi{_tensor_parallel_check(ctx, "sbatch")}{_pipeline_check(ctx, "sbatch")}{_sbatch_checkpoint_settings(entry)}
-{environment.bash_defaults("sbatch", cores="${SLURM_CPUS_ON_NODE:-$(nproc 2>/dev/null || echo 1)}")}
-echo "job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}):" \\
-     "$NNODES node(s) x $NPROC_PER_NODE,{checkpoints} rendezvous $MASTER_ADDR:$MASTER_PORT"
-{_sbatch_run(entry)}"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -953,7 +688,7 @@ degree is a different plan: re-plan with `fsdp-planner plan ... --tp N`."""
     return f"""
 ## Device mesh
 
-`{mesh.describe()}` (laid out row-major over {' x '.join(MESH_AXES)}: tp innermost).
+`{mesh.describe()}` (laid out row-major over {" x ".join(MESH_AXES)}: tp innermost).
 
 {parallelism}
 {_readme_pipeline(ctx, mesh)}"""
@@ -973,7 +708,9 @@ def _readme_pipeline(ctx: LaunchContext, mesh: Mesh) -> str:
     layout = _stage_layout(ctx).removeprefix(", ")
     nodes = (
         f" The plan puts {layout}: `launch.sh` and `slurm.sbatch` refuse an `NPROC_PER_NODE` that "
-        "would split a stage across nodes." if layout else ""
+        "would split a stage across nodes."
+        if layout
+        else ""
     )
     stage = mesh.stage_ranks
     return f"""

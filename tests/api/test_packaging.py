@@ -33,7 +33,7 @@ def test_wheel_builds_without_warnings_and_carries_the_service_files(tmp_path: P
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"api/docs.py", "api/dashboard/static/dashboard.css", "api/dashboard/templates/compare.html",
             "migrations/env.py", "migrations/script.py.mako",
-            "migrations/procrastinate/schema-3.10.0.sql"} <= names
+            "migrations/procrastinate/schema-3.10.0.sql", "executor/launch/templates/launch.sh.j2"} <= names
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
     text = zipfile.ZipFile(wheel).read(metadata).decode()
     assert "License-Expression: Apache-2.0" in text and "Requires-Dist: swagger-ui-bundle-v2" in text
