@@ -1,11 +1,14 @@
-"""The device mesh: every parallel dimension declared once, read by every layer.
+"""The device mesh as a registry of axes: every parallel dimension declared once, in `AXES`.
 
-In the spirit of torchtitan's `ParallelDims`, the mesh's axes are named here once (`MESH_AXES`), and
-each layer has one place per axis: a search axis (planner/enumeration.py), a cost term
-(planner/cost/estimate.py), a memory term (planner/cost/memory.py), a runtime apply step
-(executor/runtime/parallelize.py), a launcher line (executor/launch/render.py) and a dashboard
-column. tests/test_mesh_layers.py fails when a layer ignores an axis; the README's architecture
-section has the checklist for adding one.
+Each `Axis` entry says everything a layer needs that only *names* the axis: its place in the device
+mesh (the table's order), its search field and command-line option with their help, its label in
+plan names, its bounds and what its degree must divide, and what it shards. The layers iterate the
+table: the search space's pin fields (planner/specs.py), the CLI pins (api/cli/axis_pins.py), error
+messages in command-line terms, the dashboard's mesh row and plan form, compare, the what-if study's
+pins and the launcher's checks; storage keeps the mesh as one document (`Mesh.as_document`). An axis
+writes code only where it has physics: its cost term (planner/cost/estimate.py), its memory term
+(planner/cost/memory.py) and its runtime apply step (executor/runtime/). tests/test_mesh_layers.py
+adds a hypothetical axis to the table and checks that nothing else needs to change.
 
 The mesh is laid out row-major over `MESH_AXES`, the last innermost: a tensor-parallel group is `tp`
 consecutive ranks, so it stays inside one node, a context-parallel group the next `cp x tp`, a
@@ -16,18 +19,221 @@ data-parallel shard group strides over them, and pipeline stages are the outermo
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 LinkClass = Literal["intra", "inter"]
 
-MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-"""The mesh's axes, outermost first: the rank layout, and the runtime's DeviceMesh dimension names."""
-OPTIONAL_AXES = ("pp", "cp")
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Size:
+    """A number of the model, the training or the cluster that an axis's degree must divide."""
+
+    name: str
+    """As messages name it (a request's field name: `num_kv_heads`, `seq_len`, `gpus_per_node`)."""
+    of: Literal["model", "training", "cluster"]
+    attribute: str = ""
+    """Where it is read on `of` when not under `name` (the model's `kv_heads`: num_kv_heads or num_heads)."""
+    why: str = ""
+    """Said after it in a refusal, e.g. `(sequence parallelism splits it)`."""
+
+    def read(self, model: Any, training: Any, gpus_per_node: int | None) -> int | None:
+        """Its value, or None where the caller does not know it (the cluster of a stored plan)."""
+        if self.of == "cluster":
+            return gpus_per_node
+        return getattr(model if self.of == "model" else training, self.attribute or self.name)
+
+    def shown(self, value: int) -> str:
+        return f"{self.name} {value}" + (f" ({self.why})" if self.why else "")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Axis:
+    """One parallel dimension of the device mesh: what every layer that only names it reads."""
+
+    name: str
+    """The `Mesh` field, the runtime's DeviceMesh dimension name and the plan document's key."""
+    what: str
+    """Its kind of parallelism as an adjective: `tensor-parallel` (a `tensor-parallel degree`)."""
+    doc: str
+    """What its degree means (the `Mesh` field's documentation)."""
+    search_field: str | None = None
+    """The search space's field pinning its degrees (`search.tensor_parallel_degrees`); None: the
+    search chooses it through another choice (the data-parallel axes follow the sharding)."""
+    search_doc: str = ""
+    """The search field's description (the API's JSON Schema)."""
+    cli_help: str = ""
+    """The command-line option's help (`--tp`); the option itself is `option`."""
+    form_help: str = ""
+    """The dashboard's plan form: what its pin field does (empty: searched by default)."""
+    label: str = ""
+    """Its prefix in plan names (`tp` in `dp8x1 tp2`); empty: shown inside another axis's part."""
+    joins: str | None = None
+    """The axis whose part of the label it is shown in, after an `x` (dp_replicate in dp_shard's
+    `dp8x2`)."""
+    optional: bool = False
+    """Named in labels and descriptions only above 1 (axes added after the others, rarely used)."""
+    added_after_schema_2: bool = False
+    """Added to the plan document after schema 2.0: at degree 1 a plan hashes as it did without it."""
+    shards_parameters: bool = False
+    """FSDP shards parameters over it (torchtitan's `dp_shard_cp`)."""
+    shards: str = ""
+    """What it splits, for a degree above 1 (`{degree}` is replaced): `blocks in 4 pipeline stages`."""
+    sequence_chunks: int = 0
+    """Pieces of every sequence one of its ranks holds (cp: 2 load-balanced chunks; tp: 1, sequence
+    parallelism); 0: it does not split sequences. Their product is `Mesh.sequence_pieces`."""
+    architectures: tuple[str, ...] = ()
+    """The model architectures its runtime step can split (empty: every one)."""
+    architecture_reason: str = ""
+    """Why another architecture cannot take it (above 1)."""
+    divides: tuple[Size, ...] = ()
+    """What its degree must divide (above 1)."""
+    divides_reason: str = ""
+    """Why, said after them."""
+    at_most: Size | None = None
+    """What its degree may not exceed (a pipeline's stages need a block each)."""
+    at_most_reason: str = ""
+    """Why, said after it (`{degree}` and `{limit}` are replaced)."""
+
+    @property
+    def option(self) -> str | None:
+        """Its command-line pin (`--tp`): one where it has a search field."""
+        return f"--{self.name.replace('_', '-')}" if self.search_field else None
+
+    @property
+    def form_field(self) -> str | None:
+        """Its pin's field in the dashboard's plan form: the search field, one degree
+        (`tensor_parallel_degree`)."""
+        return self.search_field.removesuffix("s") if self.search_field else None
+
+    def part(self, degree: int) -> str:
+        """What it splits at `degree`, or an empty string."""
+        return self.shards.replace("{degree}", str(degree)) if degree > 1 and self.shards else ""
+
+
+AXES: tuple[Axis, ...] = (
+    Axis(
+        name="pp",
+        what="pipeline-parallel",
+        doc="Pipeline-parallel degree: ranks holding consecutive stages of the model's blocks (the first "
+        "with the embeddings, the last with the final norm and the head), each micro-batch's "
+        "activations sent forward and their gradients back between neighbours (`ParallelConfig."
+        "pipeline` says how).",
+        search_field="pipeline_parallel_degrees",
+        search_doc="Pipeline-parallel degrees to consider (`[8]` pins pp=8: the blocks split into 8 "
+        "stages). None: pp=1 where a plan without a pipeline fits; where none does (the model's states "
+        "outgrow the data-parallel group), every power of two up to the model's layers that divides "
+        "the world.",
+        cli_help="Pin the pipeline-parallel degrees to search (repeatable or comma-separated): --pp 4 "
+        "splits the blocks into 4 stages, --pp 1 plans no pipeline. Default: pp 1 where a plan without a "
+        "pipeline fits, else every power of two up to the model's layers that divides the GPUs.",
+        form_help="Empty: the planner searches pipelines on clusters of several nodes (stages of whole "
+        "nodes, only their sends crossing between them). A number pins it: 4 splits the blocks into 4 "
+        "stages; 1 plans no pipeline.",
+        label="pp",
+        optional=True,
+        added_after_schema_2=True,
+        shards="blocks in {degree} pipeline stages",
+        architectures=("llama", "gpt2"),
+        architecture_reason="a traced layer graph has no runtime model to split into stages",
+        at_most=Size(name="num_layers", of="model"),
+        at_most_reason="{degree} stages need at least {degree} blocks, the model has {limit}",
+    ),
+    Axis(
+        name="dp_replicate",
+        what="data-parallel replica",
+        doc="Data-parallel replicas: ranks holding the same parameter shard (hybrid_shard across nodes, "
+        "no_shard across everything).",
+        joins="dp_shard",
+    ),
+    Axis(
+        name="dp_shard",
+        what="data-parallel shard",
+        doc="Data-parallel ranks a parameter is sharded over (FSDP's shard group, with the cp ranks).",
+        label="dp",
+        shards_parameters=True,
+    ),
+    Axis(
+        name="cp",
+        what="context-parallel",
+        doc="Context-parallel degree: ranks splitting every sequence (load-balanced chunks for the causal "
+        "mask), each attending its queries to the keys and values all-gathered from the others; they "
+        "hold the same parameters, which FSDP shards over dp_shard x cp.",
+        search_field="context_parallel_degrees",
+        search_doc="Context-parallel degrees to consider (`[4]` pins cp=4: every sequence split over 4 "
+        "ranks). None: for sequences of CONTEXT_PARALLEL_FROM_SEQ_LEN tokens or more (llama family), "
+        "every power of two whose 2 x cp chunks split the sequence; shorter sequences plan cp=1 (the "
+        "all-gathered keys and values then cost more than the memory they save).",
+        cli_help="Pin the context-parallel degrees to search (repeatable or comma-separated): --cp 4 "
+        "splits every sequence over 4 ranks. Default: every degree that splits the sequence, for "
+        "sequences of 32,768 tokens or more (llama family); shorter ones plan cp 1.",
+        form_help="Empty: the planner searches context parallelism for sequences of 32,768 tokens or more "
+        "(llama family). A number pins it: 4 splits every sequence over 4 ranks; 1 plans none.",
+        label="cp",
+        optional=True,
+        added_after_schema_2=True,
+        shards_parameters=True,
+        shards="sequences split over {degree} ranks",
+        sequence_chunks=2,
+        architectures=("llama",),
+        architecture_reason="the runtime splits its attention over the sequence",
+    ),
+    Axis(
+        name="tp",
+        what="tensor-parallel",
+        doc="Tensor-parallel degree: ranks splitting every block's matmuls (Megatron column/row "
+        "parallel), with sequence parallelism between them and a vocabulary-parallel loss when > 1.",
+        search_field="tensor_parallel_degrees",
+        search_doc="Tensor-parallel degrees to consider (`[8]` pins tp=8; `[1]` keeps data parallelism "
+        "only). None: every power of two up to the GPUs per node that divides the model's heads, "
+        "key/value heads, FFN and vocabulary (llama family; other architectures plan tp=1).",
+        cli_help="Pin the tensor-parallel degrees to search (repeatable or comma-separated): --tp 8 plans "
+        "tp=8 only, --tp 1 data parallelism only. Default: every degree that splits the model in a node.",
+        form_help="Empty: the planner searches every degree that splits the model's heads, FFN and "
+        "vocabulary inside a node (llama family). A number pins it: 8 plans tp=8 (tensor parallel with "
+        "sequence and loss parallel, FSDP over the rest); 1 plans data parallelism only.",
+        label="tp",
+        shards="sequence + loss parallel",
+        sequence_chunks=1,
+        architectures=("llama",),
+        architecture_reason="the runtime splits its attention, MLP and vocabulary",
+        divides=(
+            Size(name="num_heads", of="model"),
+            Size(name="num_kv_heads", of="model", attribute="kv_heads"),
+            Size(name="intermediate_size", of="model", attribute="ffn_size"),
+            Size(name="vocab_size", of="model"),
+            Size(name="seq_len", of="training", why="sequence parallelism splits it"),
+            Size(name="gpus_per_node", of="cluster"),
+        ),
+        divides_reason="tensor parallelism stays inside a node and splits heads, FFN and vocabulary evenly",
+    ),
+)
+"""The mesh's axes, outermost first: the rank layout, and the runtime's DeviceMesh dimension order."""
+
+MESH_AXES: tuple[str, ...] = tuple(axis.name for axis in AXES)
+"""The axes' names, outermost first: the runtime's DeviceMesh dimension names."""
+OPTIONAL_AXES: tuple[str, ...] = tuple(axis.name for axis in AXES if axis.optional)
 """Axes a mesh's description names only above 1 (added after the others, rarely used)."""
-SHARD_AXES = ("dp_shard", "cp")
+SHARD_AXES: tuple[str, ...] = tuple(axis.name for axis in AXES if axis.shards_parameters)
 """The axes FSDP shards parameters over (torchtitan's `dp_shard_cp`): a context-parallel group holds
 the same parameters, so its ranks share the shards too."""
+ADDED_MESH_AXES: tuple[str, ...] = tuple(axis.name for axis in AXES if axis.added_after_schema_2)
+"""Mesh axes added after schema 2.0 (degree 1 means what their absence meant)."""
+
+
+def axis(name: str) -> Axis:
+    """The registry's entry for `name` (KeyError for an axis the mesh does not have)."""
+    for entry in AXES:
+        if entry.name == name:
+            return entry
+    raise KeyError(name)
+
+
+def searched_axes() -> tuple[Axis, ...]:
+    """The axes a request pins by a search field, innermost first: the order the search space
+    declares their fields in (`tensor_parallel_degrees` first, as it always was)."""
+    return tuple(entry for entry in reversed(AXES) if entry.search_field)
 
 
 class MeshError(ValueError):
@@ -36,39 +242,35 @@ class MeshError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Mesh:
-    """The degrees of the device mesh; their product is the world size."""
+    """The degrees of the device mesh, one field per entry of `AXES` (in its order; a test holds
+    them equal); their product is the world size. Everything else is read from the table."""
 
     __pydantic_config__: ClassVar[dict[str, str]] = {"extra": "forbid"}  # pydantic: unknown axes refused
 
     pp: int = 1
-    """Pipeline-parallel degree: ranks holding consecutive stages of the model's blocks (the first
-    with the embeddings, the last with the final norm and the head), each micro-batch's activations
-    sent forward and their gradients back between neighbours (`ParallelConfig.pipeline` says how)."""
+    """Pipeline-parallel degree (`AXES`: pp)."""
     dp_replicate: int = 1
-    """Data-parallel replicas: ranks holding the same parameter shard (hybrid_shard across nodes,
-    no_shard across everything)."""
+    """Data-parallel replicas (`AXES`: dp_replicate)."""
     dp_shard: int = 1
-    """Data-parallel ranks a parameter is sharded over (FSDP's shard group, with the cp ranks)."""
+    """Data-parallel ranks a parameter is sharded over (`AXES`: dp_shard)."""
     cp: int = 1
-    """Context-parallel degree: ranks splitting every sequence (load-balanced chunks for the causal
-    mask), each attending its queries to the keys and values all-gathered from the others; they hold
-    the same parameters, which FSDP shards over dp_shard x cp."""
+    """Context-parallel degree (`AXES`: cp)."""
     tp: int = 1
-    """Tensor-parallel degree: ranks splitting every block's matmuls (Megatron column/row
-    parallel), with sequence parallelism between them and a vocabulary-parallel loss when > 1."""
+    """Tensor-parallel degree (`AXES`: tp)."""
 
     def __post_init__(self) -> None:
-        for axis in MESH_AXES:
-            degree = getattr(self, axis)
+        for entry in AXES:
+            degree = getattr(self, entry.name)
             if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
-                raise MeshError(f"{axis} must be a whole number >= 1, got {degree!r}")
+                raise MeshError(f"{entry.name} must be a whole number >= 1, got {degree!r}")
 
     @classmethod
     def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
         """pydantic's hook (duck-typed: no import): the JSON Schema states each degree's bound."""
         schema = handler.resolve_ref_schema(handler(core_schema))
-        for axis in MESH_AXES:
-            schema["properties"][axis]["minimum"] = 1
+        for entry in AXES:
+            schema["properties"][entry.name]["minimum"] = 1
+            schema["properties"][entry.name]["description"] = entry.doc
         return schema
 
     @classmethod
@@ -76,30 +278,36 @@ class Mesh:
         """The mesh of a JSON object `{pp, dp_replicate, dp_shard, cp, tp}` (a missing axis is 1).
         An axis this version does not know is accepted at degree 1 (no parallelism there: a newer
         planner's plan means the same) and refused above it, naming it."""
+        names = mesh_axes()
         if not isinstance(document, dict):
-            raise MeshError(f"{where} must be an object with {', '.join(MESH_AXES)}")
-        unknown = sorted(axis for axis, degree in document.items() if axis not in MESH_AXES and degree != 1)
+            raise MeshError(f"{where} must be an object with {', '.join(names)}")
+        unknown = sorted(name for name, degree in document.items() if name not in names and degree != 1)
         if unknown:
             raise MeshError(
                 f"{where} has axes this version cannot run ({', '.join(unknown)}); it knows "
-                f"{', '.join(MESH_AXES)}: use a launcher bundle made by the planner that made the plan"
+                f"{', '.join(names)}: use a launcher bundle made by the planner that made the plan"
             )
         try:
-            return cls(**{axis: degree for axis, degree in document.items() if axis in MESH_AXES})
+            return cls(**{name: degree for name, degree in document.items() if name in names})
         except MeshError as exc:
             raise MeshError(f"{where}.{exc}") from None
 
     def as_document(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
+    def degree(self, name: str) -> int:
+        """The degree of the axis `name`."""
+        return int(getattr(self, name))
+
     @property
     def shape(self) -> tuple[int, ...]:
         """The degrees in `MESH_AXES` order: the runtime's DeviceMesh shape."""
-        return tuple(getattr(self, axis) for axis in MESH_AXES)
+        return tuple(self.degree(entry.name) for entry in AXES)
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
+        """The product of every axis's degree."""
+        return math.prod(self.shape)
 
     @property
     def dp(self) -> int:
@@ -109,17 +317,34 @@ class Mesh:
     @property
     def model_parallel(self) -> int:
         """Ranks that share one data-parallel rank's sequences (pp x cp x tp)."""
-        return self.pp * self.cp * self.tp
+        return self.world_size // self.dp
 
     @property
     def stage_ranks(self) -> int:
         """Ranks of one pipeline stage (the whole world when pp is 1)."""
-        return self.dp_replicate * self.dp_shard * self.cp * self.tp
+        return self.world_size // self.pp
 
     @property
     def fsdp_shards(self) -> int:
-        """Ranks a parameter is sharded over: dp_shard x cp (`SHARD_AXES`)."""
-        return self.dp_shard * self.cp
+        """Ranks a parameter is sharded over: the product of `SHARD_AXES` (dp_shard x cp)."""
+        return math.prod(self.degree(entry.name) for entry in AXES if entry.shards_parameters)
+
+    @property
+    def sequence_pieces(self) -> int:
+        """Equal pieces every sequence is cut into: 2 x cp load-balanced chunks (cp above 1), each
+        split again over the tp ranks (sequence parallelism): the product of each sequence-splitting
+        axis's `sequence_chunks` x degree, over the axes above 1. seq_len must be a multiple of it."""
+        return math.prod(
+            entry.sequence_chunks * self.degree(entry.name)
+            for entry in AXES
+            if entry.sequence_chunks and self.degree(entry.name) > 1
+        )
+
+    def sequence_split(self) -> str:
+        """`2 x cp 4 x tp 2`: how `sequence_pieces` is made (the axes above 1)."""
+        split = [e for e in AXES if e.sequence_chunks and self.degree(e.name) > 1]
+        chunks = [str(e.sequence_chunks) for e in split if e.sequence_chunks > 1]
+        return " x ".join([*chunks, *(f"{e.name} {self.degree(e.name)}" for e in split)]) or "1"
 
     def shard_link(self, gpus_per_node: int) -> LinkClass:
         """The link FSDP's all-gathers and reduce-scatters cross: a shard group strides over the tp
@@ -137,20 +362,110 @@ class Mesh:
         pipeline fits in one."""
         return "intra" if self.world_size <= gpus_per_node else "inter"
 
+    def shown_axes(self) -> tuple[Axis, ...]:
+        """The axes a description names, outermost first: optional ones only above 1."""
+        return tuple(entry for entry in AXES if not entry.optional or self.degree(entry.name) > 1)
+
     def label(self) -> str:
-        """The one way a mesh is shown, e.g. `dp8x1 tp1`, `pp4 dp2x4 cp2 tp2`: both data-parallel
-        degrees as dp_shard x dp_replicate and tp always, pp and cp when above 1, outermost first.
-        Configurations (`ParallelConfig.label`), the planner's families (`config_family`) and the
-        dashboard's plan list show meshes through it."""
-        pipeline = [f"pp{self.pp}"] if self.pp > 1 else []
-        context = [f"cp{self.cp}"] if self.cp > 1 else []
-        return " ".join([*pipeline, f"dp{self.dp_shard}x{self.dp_replicate}", *context, f"tp{self.tp}"])
+        """The one way a mesh is shown, e.g. `dp8x1 tp1`, `pp4 dp2x4 cp2 tp2`: each axis's label and
+        degree, outermost first (optional axes above 1 only), an axis that `joins` another after an
+        `x` in its part (dp_shard x dp_replicate). Configurations (`ParallelConfig.label`), the
+        planner's families (`config_family`) and the dashboard's plan list show meshes through it."""
+        parts = []
+        for entry in self.shown_axes():
+            if not entry.label:
+                continue
+            joined = "".join(f"x{self.degree(j.name)}" for j in AXES if j.joins == entry.name)
+            parts.append(f"{entry.label}{self.degree(entry.name)}{joined}")
+        return " ".join(parts)
+
+    def degrees_text(self) -> str:
+        """`pp 4 x dp_replicate 1 x dp_shard 8 x tp 8`: every shown axis by name, outermost first."""
+        return " x ".join(f"{entry.name} {self.degree(entry.name)}" for entry in self.shown_axes())
 
     def describe(self) -> str:
         """`dp_replicate 1 x dp_shard 32 x tp 8 = 256 ranks` (pp and cp named when above 1)."""
-        axes = [axis for axis in MESH_AXES if axis not in OPTIONAL_AXES or getattr(self, axis) > 1]
-        degrees = " x ".join(f"{axis} {getattr(self, axis)}" for axis in axes)
-        return f"{degrees} = {self.world_size} ranks"
+        return f"{self.degrees_text()} = {self.world_size} ranks"
+
+    def splits(self) -> list[str]:
+        """What each axis above 1 splits, outermost first: `blocks in 4 pipeline stages`, ..."""
+        return [part for entry in AXES if (part := entry.part(self.degree(entry.name)))]
+
+
+def mesh_axes() -> tuple[str, ...]:
+    """The axes' names, read from the table when asked (a test may extend it)."""
+    return tuple(entry.name for entry in AXES)
+
+
+def axis_problems(
+    entry: Axis, mesh: Mesh, *, model: Any, training: Any, gpus_per_node: int | None = None
+) -> list[str]:
+    """Why `mesh`'s degree on one axis cannot run `model` (the contract's ModelConfig or the
+    planner's ModelSpec: both have the fields `Size` reads) at `training`'s sequence length: each a
+    sentence starting `tp=3 ...`, without advice (the caller knows what to change: a pin, a plan)."""
+    degree = mesh.degree(entry.name)
+    if degree <= 1:
+        return []
+    shown = f"{entry.name}={degree}"
+    if entry.architectures and model.architecture not in entry.architectures:
+        need = (
+            "a llama-family model"
+            if entry.architectures == ("llama",)
+            else (f"a {' or '.join(entry.architectures)} model")
+        )
+        kind = entry.what.removesuffix("-parallel")
+        return [
+            f"{shown}: {kind} parallelism needs {need} ({entry.architecture_reason}), "
+            f"not '{model.architecture}'; {entry.name} 1 runs without it"
+        ]
+    problems = []
+    known = [
+        (size, value)
+        for size in entry.divides
+        if (value := size.read(model, training, gpus_per_node)) is not None
+    ]
+    if any(value % degree for _, value in known):
+        limits = ", ".join(size.shown(value) for size, value in known)
+        problems.append(
+            f"{shown} must divide each of {limits} ({entry.divides_reason}); pick a common divisor"
+        )
+    if entry.at_most is not None:
+        limit = entry.at_most.read(model, training, gpus_per_node)
+        if limit is not None and degree > limit:
+            reason = entry.at_most_reason.replace("{degree}", str(degree)).replace("{limit}", str(limit))
+            problems.append(f"{shown}: {reason}; pick a smaller degree")
+    if entry.sequence_chunks > 1 and training.seq_len % mesh.sequence_pieces:
+        problems.append(
+            f"{shown} cuts every sequence into {mesh.sequence_split()} = {mesh.sequence_pieces} "
+            f"load-balanced pieces, which seq_len {training.seq_len} does not split into; pick a degree "
+            "whose pieces divide it"
+        )
+    return problems
+
+
+def mesh_problems(mesh: Mesh, model: Any, training: Any, *, gpus_per_node: int | None = None) -> list[str]:
+    """Every rule a mesh must keep to run `model` at `training`'s sequence length, held once here
+    and called by the planner's pre-check (each pinned degree, each given mesh) and the contract's
+    plan check alike. Each problem is `<field>: <why>`, the field relative to a plan
+    (`config.mesh.tp`, `training.seq_len`); `gpus_per_node`, where known, bounds the axes that must
+    stay inside a node. An empty list: the mesh can run."""
+    problems = [f"training.seq_len: {problem}" for problem in _sequence_problems(model, training)]
+    for entry in AXES:
+        found = axis_problems(entry, mesh, model=model, training=training, gpus_per_node=gpus_per_node)
+        problems.extend(f"config.mesh.{entry.name}: {problem}" for problem in found)
+    return problems
+
+
+def _sequence_problems(model: Any, training: Any) -> list[str]:
+    """What the model cannot run at `training`'s sequence length whatever the mesh: GPT-2 learns one
+    position embedding per token."""
+    seq_len = training.seq_len
+    if model.architecture == "gpt2" and seq_len > model.max_seq_len:
+        return [
+            f"{seq_len} is longer than {model.name}'s {model.max_seq_len} learned positions (GPT-2 has "
+            f"one position embedding per token); use seq_len <= {model.max_seq_len}"
+        ]
+    return []
 
 
 def data_parallel_axes(sharding: str) -> tuple[str, ...]:
@@ -164,7 +479,7 @@ def data_parallel_axes(sharding: str) -> tuple[str, ...]:
     if sharding == "hybrid_shard":
         return ("dp_replicate", *SHARD_AXES)
     if sharding == "no_shard":
-        return ("dp_replicate", "cp")
+        return ("dp_replicate", *(name for name in SHARD_AXES if name != "dp_shard"))
     raise MeshError(
         f"unknown sharding {sharding!r}: one of full_shard, shard_grad_op, hybrid_shard, no_shard"
     )

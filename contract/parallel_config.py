@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
 from contract.fields import DOCUMENT_CONFIG, AtLeast, check_fields
-from contract.mesh import Mesh
+from contract.mesh import ADDED_MESH_AXES, Mesh
 
 ShardingStrategy = Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
 CheckpointMode = Literal["none", "selective", "op_selective", "full", "blocks"]
@@ -336,5 +336,3 @@ def config_family(sharding: str, mesh: Mesh, compile: bool) -> str:
 
 ADDED_FIELDS: dict[str, Any] = {"float8": "none", "async_tp": False, "pipeline": None}
 """`ParallelConfig` fields added after schema 2.0, with the value that means what their absence meant."""
-ADDED_MESH_AXES = ("cp", "pp")
-"""Mesh axes added after schema 2.0 (degree 1 means what their absence meant)."""

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from contract.fields import FieldError
-from contract.mesh import Mesh, MeshError
+from contract.mesh import Mesh, MeshError, mesh_problems
 from contract.model_config import ModelConfig
 from contract.parallel_config import ParallelConfig, PipelineError
 from contract.training_config import TrainingConfig
@@ -231,18 +231,13 @@ def check_plan(plan: RuntimePlan) -> None:
             f"global batch is {plan.training.sequences}"
         )
     model = plan.model
-    if model.architecture != "layer_graph":
-        if model.hidden_size % model.num_heads or model.num_heads % model.kv_heads:
-            raise PlanError("plan.model: num_heads must divide hidden_size and num_kv_heads num_heads")
-        if model.architecture == "gpt2" and plan.training.seq_len > model.max_seq_len:
-            raise PlanError(
-                f"plan.training.seq_len: {plan.training.seq_len} exceeds the GPT-2 position table "
-                f"(model.max_seq_len {model.max_seq_len})"
-            )
-    if mesh.tp > 1:
-        _check_tensor_parallel(plan)
-    if mesh.cp > 1:
-        _check_context_parallel(plan)
+    if model.architecture != "layer_graph" and (
+        model.hidden_size % model.num_heads or model.num_heads % model.kv_heads
+    ):
+        raise PlanError("plan.model: num_heads must divide hidden_size and num_kv_heads num_heads")
+    problems = mesh_problems(mesh, model, plan.training, gpus_per_node=plan.cluster.gpus_per_node)
+    if problems:
+        raise PlanError(f"plan.{problems[0]}")
     if cfg.pipeline is not None:
         _check_pipeline(plan)
 
@@ -251,59 +246,11 @@ def _check_pipeline(plan: RuntimePlan) -> None:
     """Pipeline stages are runs of the model's blocks, every block placed once."""
     pipeline, model = plan.config.pipeline, plan.model
     assert pipeline is not None
-    if model.architecture == "layer_graph":
-        raise PlanError(
-            "plan.config.mesh.pp: pipeline parallelism splits the runtime's own models into stages, "
-            "a traced layer graph has no runtime model; make a plan with pp 1"
-        )
     try:
         pipeline.check(pp=plan.config.mesh.pp, grad_accum_steps=plan.config.grad_accum_steps,
                        num_layers=model.num_layers)
     except PipelineError as exc:
         raise PlanError(f"plan.config.{exc}") from None
-
-
-def _check_context_parallel(plan: RuntimePlan) -> None:
-    """Context parallelism cuts every sequence into 2 x cp chunks (rank i holds chunks i and
-    2cp - 1 - i, balancing the causal mask's work), each split again over the tp ranks."""
-    cp, tp, model = plan.config.mesh.cp, plan.config.mesh.tp, plan.model
-    if model.architecture != "llama":
-        raise PlanError(
-            f"plan.config.mesh.cp: context parallelism ({cp}) is implemented for the llama architecture "
-            f"only, the model is {model.architecture!r}; make a plan with cp 1"
-        )
-    pieces = 2 * cp * tp
-    if plan.training.seq_len % pieces:
-        raise PlanError(
-            f"plan.config.mesh.cp: seq_len {plan.training.seq_len} does not split into 2 x cp {cp} x tp {tp} "
-            f"= {pieces} equal pieces; make a plan whose sequence length is a multiple of {pieces}"
-        )
-
-
-def _check_tensor_parallel(plan: RuntimePlan) -> None:
-    """Tensor parallelism splits heads, the feed-forward width and the vocabulary into tp equal
-    parts, and the sequence (sequence parallelism) too: each must divide evenly."""
-    tp, model = plan.config.mesh.tp, plan.model
-    if model.architecture != "llama":
-        raise PlanError(
-            f"plan.config.mesh.tp: tensor parallelism ({tp}) is implemented for the llama architecture "
-            f"only, the model is {model.architecture!r}; make a plan with tp 1"
-        )
-    sizes = {
-        "model.num_heads": model.num_heads,
-        "model.num_kv_heads": model.kv_heads,
-        "model.intermediate_size": model.ffn_size,
-        "model.vocab_size": model.vocab_size,
-        "training.seq_len": plan.training.seq_len,
-    }
-    for name, size in sizes.items():
-        if size % tp:
-            fits = [d for d in range(2, tp) if all(s % d == 0 for s in sizes.values())]
-            hint = f"a tp that divides all of them ({', '.join(map(str, fits))})" if fits else "tp 1"
-            raise PlanError(
-                f"plan.config.mesh.tp: {tp} does not divide plan.{name} {size}: tensor parallelism "
-                f"splits it into equal parts per rank; make a plan with {hint}"
-            )
 
 
 def _build(cls: type, data: Any, path: str) -> Any:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from contract.loss_slices import loss_chunks_for
-from contract.mesh import Mesh
+from contract.mesh import Mesh, axis, axis_problems, mesh_problems
 from contract.parallel_config import (
     EAGER_ONLY_SCHEDULES,
     ParallelConfig,
@@ -61,27 +61,31 @@ def micro_batch_sizes(local_batch: int, limit: int) -> list[int]:
     return sorted(sizes)
 
 
-def tensor_parallel_limits(request: PlanRequest) -> list[str]:
-    """Why a degree cannot split this model: what every tensor-parallel degree must divide."""
-    model = request.model
-    return [
-        f"num_heads {model.num_heads}",
-        f"num_kv_heads {model.kv_heads}",
-        f"intermediate_size {model.ffn_size}",
-        f"vocab_size {model.vocab_size}",
-        f"seq_len {request.training.seq_len} (sequence parallelism splits it)",
-        f"gpus_per_node {request.cluster.gpus_per_node}",
-    ]
+def pin_problems(request: PlanRequest, name: str, degree: int) -> list[str]:
+    """Why `degree` on the mesh axis `name` cannot run this request's model, sequence and nodes
+    (contract.mesh's rules, for a mesh of that axis alone): each `tp=3 must divide ...`."""
+    return axis_problems(
+        axis(name), Mesh(**{name: degree}), model=request.model, training=request.training,
+        gpus_per_node=request.cluster.gpus_per_node,
+    )
 
 
 def splits_model(request: PlanRequest, tp: int) -> bool:
     """Whether `tp` ranks can split the model's heads, FFN, vocabulary and sequence inside one node."""
-    model = request.model
-    return all(
-        n % tp == 0
-        for n in (model.num_heads, model.kv_heads, model.ffn_size, model.vocab_size,
-                  request.training.seq_len, request.cluster.gpus_per_node)
-    )
+    return not pin_problems(request, "tp", tp)
+
+
+def check_pins(request: PlanRequest, name: str) -> list[int] | None:
+    """The request's pinned degrees on the axis `name` (its search field), None where unpinned.
+
+    Raises PlanningError for a pinned degree the model, sequence or nodes cannot take, saying why.
+    """
+    field = f"search.{axis(name).search_field}"
+    pinned: list[int] | None = getattr(request.search, field.removeprefix("search."))
+    for degree in pinned or []:
+        if problems := pin_problems(request, name, degree):
+            raise PlanningError(f"{field}: {problems[0]}", field=field)
+    return pinned
 
 
 def tensor_parallel_degrees(request: PlanRequest) -> list[int]:
@@ -90,31 +94,12 @@ def tensor_parallel_degrees(request: PlanRequest) -> list[int]:
 
     Raises PlanningError for a pinned degree the model or cluster cannot take, saying why.
     """
-    pinned = request.search.tensor_parallel_degrees
-    llama = request.model.architecture == "llama"
+    pinned = check_pins(request, "tp")
     if pinned is None:
-        if not llama:
+        if request.model.architecture != "llama":
             return [1]
         node = request.cluster.gpus_per_node
         return [tp for tp in (2**i for i in range(0, 8)) if tp <= node and splits_model(request, tp)]
-    for tp in pinned:
-        if tp == 1:
-            continue
-        if not llama:
-            raise PlanningError(
-                f"search.tensor_parallel_degrees: tensor parallelism needs a llama-family model (the "
-                f"runtime splits its attention, MLP and vocabulary), not '{request.model.architecture}'; "
-                "pin [1] or leave it unset",
-                field="search.tensor_parallel_degrees",
-            )
-        if not splits_model(request, tp):
-            divides = ", ".join(tensor_parallel_limits(request))
-            raise PlanningError(
-                f"search.tensor_parallel_degrees: tp={tp} must divide each of {divides} (tensor "
-                "parallelism stays inside a node and splits heads, FFN and vocabulary evenly); "
-                "pick a common divisor",
-                field="search.tensor_parallel_degrees",
-            )
     return sorted(set(pinned))
 
 
@@ -131,31 +116,13 @@ def context_parallel_degrees(request: PlanRequest) -> list[int]:
 
     Raises PlanningError for a pinned degree the model or sequence cannot take, saying why.
     """
-    pinned = request.search.context_parallel_degrees
-    llama = request.model.architecture == "llama"
-    seq_len = request.training.seq_len
+    pinned = check_pins(request, "cp")
     if pinned is None:
-        if not llama or seq_len < CONTEXT_PARALLEL_FROM_SEQ_LEN:
+        if request.model.architecture != "llama" or request.training.seq_len < CONTEXT_PARALLEL_FROM_SEQ_LEN:
             return [1]
         limit = min(MAX_CONTEXT_PARALLEL, request.cluster.world_size)
-        return [cp for cp in (2**i for i in range(0, 7)) if cp <= limit and seq_len % (2 * cp) == 0]
-    field = "search.context_parallel_degrees"
-    for cp in pinned:
-        if cp == 1:
-            continue
-        if not llama:
-            raise PlanningError(
-                f"{field}: context parallelism needs a llama-family model (the runtime splits its "
-                f"attention over the sequence), not '{request.model.architecture}'; pin [1] or leave "
-                "it unset",
-                field=field,
-            )
-        if seq_len % (2 * cp):
-            raise PlanningError(
-                f"{field}: cp={cp} cuts every sequence into 2 x {cp} load-balanced chunks, which seq_len "
-                f"{seq_len} does not split into; pick a degree whose 2 x cp divides it",
-                field=field,
-            )
+        powers = (2**i for i in range(0, 7))
+        return [cp for cp in powers if cp <= limit and not pin_problems(request, "cp", cp)]
     return sorted(set(pinned))
 
 
@@ -185,7 +152,7 @@ def pipeline_parallel_degrees(request: PlanRequest) -> list[int]:
 
     Raises PlanningError for a pinned degree the model or cluster cannot take, saying why.
     """
-    pinned = request.search.pipeline_parallel_degrees
+    pinned = check_pins(request, "pp")
     blocks = _pipelined_blocks(request)
     nodes, world = request.cluster.num_nodes, request.cluster.world_size
     if pinned is None:
@@ -197,16 +164,11 @@ def pipeline_parallel_degrees(request: PlanRequest) -> list[int]:
     for pp in pinned:
         if pp == 1:
             continue
-        problem = None
-        if blocks is None:
-            problem = ("a traced layer graph has no runtime model to split into stages; plan the "
-                       "llama or gpt2 architecture, or pin [1]")
-        elif pp > blocks:
-            problem = f"{pp} stages need at least {pp} blocks, the model has {blocks}; pick a smaller degree"
-        elif world % pp:
-            problem = f"{pp} stages do not divide the cluster's {world} GPUs evenly; pick a divisor of it"
-        if problem:
-            raise PlanningError(f"{field}: pp={pp}: {problem}", field=field)
+        if world % pp:
+            raise PlanningError(
+                f"{field}: pp={pp}: {pp} stages do not divide the cluster's {world} GPUs evenly; pick a "
+                "divisor of it", field=field,
+            )
         assert blocks is not None
         _check_schedules(request, pp, blocks)
     return sorted(set(pinned))
@@ -265,7 +227,7 @@ def splitting_meshes(request: PlanRequest) -> list[tuple[int, int, int]]:
         ranks = pp * tp * cp
         if world % ranks or sequences % (world // ranks):
             continue
-        if (cp == 1 or seq_len % (2 * cp * tp) == 0) and sequences // (world // ranks) >= pp:
+        if seq_len % Mesh(cp=cp, tp=tp).sequence_pieces == 0 and sequences // (world // ranks) >= pp:
             meshes.append((pp, tp, cp))
     return meshes
 
@@ -322,16 +284,12 @@ def check_mesh(request: PlanRequest, sharding: str, mesh: Mesh) -> None:
         problem = f"{sharding} shards over every data-parallel rank: dp_replicate must be 1"
     elif sharding == "no_shard" and mesh.dp_shard != 1:
         problem = "no_shard replicates: dp_shard must be 1"
-    elif mesh.tp > 1 and (request.model.architecture != "llama" or not splits_model(request, mesh.tp)):
-        limits = ", ".join(tensor_parallel_limits(request))
-        problem = f"tp={mesh.tp} must divide each of {limits} (llama family only)"
-    elif mesh.cp > 1 and (
-        request.model.architecture != "llama" or request.training.seq_len % (2 * mesh.cp * mesh.tp)
-    ):
-        problem = (f"cp={mesh.cp} needs a llama-family model whose sequence splits into 2 x cp x tp = "
-                   f"{2 * mesh.cp * mesh.tp} pieces (seq_len is {request.training.seq_len})")
     if problem:
         raise PlanningError(f"config.mesh: {problem}", field="config")
+    model, training, gpus_per_node = request.model, request.training, request.cluster.gpus_per_node
+    for problem in mesh_problems(mesh, model, training, gpus_per_node=gpus_per_node):
+        if problem.startswith("config.mesh."):  # the sequence's own limit is the pre-check's
+            raise PlanningError(problem, field="config")
 
 
 def check_pipeline(request: PlanRequest, config: ParallelConfig) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from contract.mesh import Mesh, mesh_problems
 from planner.bounds import MAX_GLOBAL_BATCH_TOKENS
 from planner.collector import collector_paused
 from planner.cost.setting import Setting
@@ -66,15 +67,11 @@ def check_request(request: PlanRequest, setting: Setting, *, deadline: CpuDeadli
 
 
 def check_sequence_length(request: PlanRequest) -> None:
-    """Refuse what the runtime cannot run: GPT-2 learns one embedding per position."""
-    model = request.model
-    seq_len = request.training.seq_len
-    if model.architecture == "gpt2" and seq_len > model.max_seq_len:
-        raise PlanningError(
-            f"training.seq_len: {seq_len} is longer than {model.name}'s {model.max_seq_len} learned "
-            f"positions (GPT-2 has one position embedding per token); use seq_len <= {model.max_seq_len}",
-            field="training.seq_len",
-        )
+    """Refuse what the runtime cannot run at this sequence length whatever the mesh (contract.mesh's
+    rules: GPT-2 learns one embedding per position)."""
+    for problem in mesh_problems(Mesh(), request.model, request.training):  # one rank: no axis's rule
+        field, _, _ = problem.partition(": ")
+        raise PlanningError(problem, field=field)
 
 
 class PartialSequencesError(PlanningError):

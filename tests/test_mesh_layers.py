@@ -55,9 +55,9 @@ LAYERS: dict[str, dict[str, Handler | str]] = {
     "launcher": {
         # The world must be the mesh's product, and stages stay on whole nodes (header: _pipeline_header).
         "pp": ("executor/launch/render.py", "_pipeline_check"),
-        "dp_replicate": ("contract/mesh.py", "Mesh.describe"),
-        "dp_shard": ("contract/mesh.py", "Mesh.describe"),
-        "cp": ("contract/mesh.py", "Mesh.describe"),
+        "dp_replicate": ("contract/mesh.py", "Mesh.shown_axes"),
+        "dp_shard": ("contract/mesh.py", "Mesh.shown_axes"),
+        "cp": ("contract/mesh.py", "Mesh.shown_axes"),
         "tp": ("executor/launch/render.py", "_tensor_parallel_check"),
     },
     "dashboard": {
@@ -94,7 +94,7 @@ def _reads(function: ast.FunctionDef, axis: str) -> bool:
     for node in ast.walk(function):
         if isinstance(node, ast.Attribute) and node.attr == axis:
             return True
-        if isinstance(node, ast.Name) and node.id in (axis, "MESH_AXES"):
+        if isinstance(node, ast.Name) and node.id in (axis, "MESH_AXES", "AXES"):
             return True
         if isinstance(node, ast.arg) and node.arg == axis:
             return True

@@ -18,7 +18,6 @@ import statistics
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 
-from contract.mesh import Mesh
 from planner.catalog.gpus import resolve_gpu
 from planner.cost.memory import MARGIN_DIMENSIONS, margin_dimension
 from planner.cost.parameters import (
@@ -172,7 +171,7 @@ def dimension_margins(
     errors: dict[str, list[tuple[float, str]]] = {dimension: [] for dimension in MARGIN_DIMENSIONS}
     for item, priced in meshed:
         mesh = item.run.config.mesh
-        dimension = margin_dimension(Mesh(pp=mesh.pp, dp_shard=mesh.dp_shard, cp=mesh.cp, tp=mesh.tp))
+        dimension = margin_dimension(mesh)
         if dimension is not None and priced.memory_error is not None:
             errors[dimension].append((priced.memory_error, item.source))
     margins = []

@@ -23,12 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from contract.mesh import Mesh
 from planner.catalog.gpus import resolve_gpu
 from planner.cost.parameters import CorpusFit
 from planner.fidelity.fit import Prices, SourceRun
 from planner.fidelity.pricing import PricedRun, run_cluster
-from planner.fidelity.schema import Run
 from planner.uncertainty import LEVEL, dimension_key, find_group, network_range
 
 MIN_GROUP_RUNS = 8
@@ -67,11 +65,6 @@ def _network_band(item: SourceRun, priced: PricedRun, fit: CorpusFit, prices: Pr
     return min(1.0, *edges), max(1.0, *edges)
 
 
-def _mesh(run: Run) -> Mesh:
-    mesh = run.config.mesh
-    return Mesh(pp=mesh.pp, dp_replicate=mesh.dp_replicate, dp_shard=mesh.dp_shard, cp=mesh.cp, tp=mesh.tp)
-
-
 def residuals(
     priced: Sequence[tuple[SourceRun, PricedRun]], *, fit: CorpusFit, prices: Prices, split: str
 ) -> dict[str, list[Residual]]:
@@ -81,7 +74,7 @@ def residuals(
         run = item.run
         spec = resolve_gpu(run.hardware.gpu)
         common = dict(source=item.source, run_id=run.id, gpu=spec.name, chip=spec.chip,
-                      dims=dimension_key(_mesh(run)), split=split)
+                      dims=dimension_key(run.config.mesh), split=split)
         if spec.is_cpu:  # a run on CPU tests nothing a GPU plan carries
             continue
         if result.throughput_error is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from contract.mesh import Mesh
 from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig, PipelineConfig
 from planner.calibration import CalibrationProfile
 from planner.catalog.gpus import resolve_gpu
@@ -196,7 +195,7 @@ def run_config(run: Run) -> ParallelConfig:
         reshard = config.sharding in ("full_shard", "hybrid_shard")
     return ParallelConfig(
         sharding=config.sharding,
-        mesh=Mesh(pp=mesh.pp, dp_replicate=mesh.dp_replicate, dp_shard=mesh.dp_shard, cp=mesh.cp, tp=mesh.tp),
+        mesh=mesh,
         blocks_per_unit=config.blocks_per_unit,
         all_gather_bucket_mb=0.0,
         reduce_scatter_bucket_mb=0.0,

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from contract.mesh import Mesh
 from contract.parallel_config import PipelineSchedule
 
 CORPUS_PACKAGE = "planner.fidelity.corpus"
@@ -99,18 +100,6 @@ class ModelDims(CorpusModel):
     max_seq_len: Annotated[int, Field(ge=1)] | None = None
 
 
-class Mesh(CorpusModel):
-    dp_replicate: Annotated[int, Field(ge=1)] = 1
-    dp_shard: Annotated[int, Field(ge=1)] = 1
-    tp: Annotated[int, Field(ge=1)] = 1
-    pp: Annotated[int, Field(ge=1)] = 1
-    cp: Annotated[int, Field(ge=1)] = 1
-
-    @property
-    def world_size(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp * self.pp * self.cp
-
-
 class Pipeline(CorpusModel):
     """How a pipeline-parallel run scheduled its stages (where the mesh has pp > 1)."""
 
@@ -151,6 +140,7 @@ class RunConfig(CorpusModel):
     grad_accum_steps: Annotated[int, Field(ge=1)] = 1
     global_batch_size: Annotated[int, Field(ge=1)] | None = None
     mesh: Mesh
+    """The run's degrees: the planner's own mesh (contract.mesh), so a run names the axes a plan does."""
     sharding: Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
     reshard_after_forward: bool | None = None
     checkpointing: Checkpointing

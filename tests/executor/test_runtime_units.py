@@ -248,16 +248,18 @@ def test_mesh_rules(kwargs: dict, mutate, message: str) -> None:
         (
             GPT2_SMALL,
             2,
-            "implemented for the llama architecture only, the model is 'gpt2'; make a plan with tp 1",
+            "tp=2: tensor parallelism needs a llama-family model (the runtime splits its attention, MLP and "
+            "vocabulary), not 'gpt2'; tp 1 runs without it",
         ),
-        ({**SMALL, "architecture": "layer_graph"}, 2, "the model is 'layer_graph'"),
+        ({**SMALL, "architecture": "layer_graph"}, 2, "not 'layer_graph'"),
         # SMALL: 4 heads, 2 kv heads, ffn 96, vocab 128.
-        (SMALL, 4, "4 does not divide plan.model.num_kv_heads 2"),
-        ({**SMALL, "intermediate_size": 99}, 2, "2 does not divide plan.model.intermediate_size 99"),
+        (SMALL, 4, "plan.config.mesh.tp: tp=4 must divide each of num_heads 4, num_kv_heads 2"),
+        ({**SMALL, "intermediate_size": 99}, 2, "intermediate_size 99, vocab_size 128"),
         (
             {**SMALL, "vocab_size": 129},
             2,
-            "vocab_size 129: tensor parallelism splits it into equal parts per rank; make a plan with tp 1",
+            "vocab_size 129, seq_len 32 (sequence parallelism splits it), gpus_per_node 2 (tensor "
+            "parallelism stays inside a node and splits heads, FFN and vocabulary evenly)",
         ),
     ],
 )
@@ -268,12 +270,13 @@ def test_tensor_parallel_needs_llama_and_even_splits(model: dict, tp: int, messa
     assert parse_plan(debug_plan(model=SMALL, gpus_per_node=2, tp=2, seq_len=32)).config.mesh.tp == 2
 
 
-def test_tensor_parallel_error_suggests_a_degree_that_fits() -> None:
+def test_tensor_parallel_error_names_what_the_degree_must_divide() -> None:
     # llama-debug: 8 heads, 4 kv heads, ffn 768, vocab 2048, seq 64: tp 8 splits all but the kv heads.
+    # The rule and its words are contract.mesh's, as the planner's refusal of a --tp pin has them.
     with pytest.raises(PlanError) as err:
         parse_plan(debug_plan(gpus_per_node=8, tp=8))
-    assert "8 does not divide plan.model.num_kv_heads 4" in str(err.value)
-    assert "make a plan with a tp that divides all of them (2, 4)" in str(err.value)
+    assert "plan.config.mesh.tp: tp=8 must divide each of num_heads 8, num_kv_heads 4" in str(err.value)
+    assert "pick a common divisor" in str(err.value)
 
 
 def test_async_tp_asks_inductor_to_micro_pipeline_only_where_symmetric_memory_is(monkeypatch) -> None:

@@ -74,7 +74,7 @@ def test_throughput_counts_the_tokens_a_cp_group_shares() -> None:
     ("model", "seq_len", "degrees", "message"),
     [
         ("gpt2", 1024, [2], "context parallelism needs a llama-family model"),
-        ("llama3-8b", 32772, [4], "cp=4 cuts every sequence into 2 x 4 load-balanced chunks"),
+        ("llama3-8b", 32772, [4], "cp=4 cuts every sequence into 2 x cp 4 = 8 load-balanced pieces"),
     ],
 )
 def test_a_cp_pin_the_model_cannot_take_is_refused(
