@@ -8,9 +8,17 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, undefer
 
-from api.db.models import CalibrationProfileRow, PlanRow, StudyPointRow, StudyRow, ValidationRunRow
+from api.db.models import (
+    CalibrationProfileRow,
+    PlanRow,
+    StudyPointRow,
+    StudyRow,
+    ValidationRunRow,
+    mesh_degree,
+)
 from api.services.plan_listing import PlanFilters
 from api.services.plans import full_plan
+from contract.mesh import MESH_AXES
 
 # The accuracy page plots every run up to this many (newest first); beyond it a scatter is unreadable
 # and the page slow, so it says how many were left out.
@@ -39,16 +47,18 @@ class FilterChoices:
 
     models: list[str]
     gpus: list[str]
-    tensor_parallel_degrees: list[int]
-    pipeline_parallel_degrees: list[int]
+    degrees: dict[str, list[int]]
+    """Each mesh axis (`MESH_AXES`) -> the degrees stored plans have on it, ascending."""
 
 
 def distinct_values(session: Session) -> FilterChoices:
     def distinct(column: Any) -> list[Any]:
         return list(session.scalars(select(column).distinct().order_by(column)))
 
-    return FilterChoices(distinct(PlanRow.model_name), distinct(PlanRow.gpu),
-                         distinct(PlanRow.tensor_parallel_degree), distinct(PlanRow.pipeline_parallel_degree))
+    # One query for every axis: the distinct meshes are few, however many plans share them.
+    meshes = session.execute(select(*(mesh_degree(axis) for axis in MESH_AXES)).distinct()).all()
+    degrees = {axis: sorted({mesh[i] for mesh in meshes}) for i, axis in enumerate(MESH_AXES)}
+    return FilterChoices(distinct(PlanRow.model_name), distinct(PlanRow.gpu), degrees)
 
 
 def validation_runs(session: Session, plan_id: int) -> list[ValidationRunRow]:

@@ -9,10 +9,25 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    ColumnElement,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    bindparam,
+    func,
+    literal,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from api.db.base import Base, BigId, JsonDocument, UTCDateTime, utcnow
+from contract.mesh import MESH_AXES
 
 # SQLite otherwise hands a deleted row's id to the next insert: a stale /plans/{id} link (or a
 # remembered Idempotency-Key) would then name another plan. PostgreSQL sequences never reuse ids.
@@ -53,20 +68,13 @@ class PlanRow(Base):
     """The plan whose out-of-memory run (or configuration) this plan was re-planned to avoid."""
     replanned_from_run_id: Mapped[int | None] = mapped_column(BigId)
     """The OOM validation run whose configuration set the memory ceiling (None: the plan's own)."""
-    # The chosen device mesh, copied out of `plan` so that lists filter on it and show it without
-    # loading the documents (backfilled by migrations 0003, 0008 and 0009). dp_replicate is world_size /
-    # (pp x dp_shard x cp x tp).
+    # The chosen sharding and device mesh, copied out of `plan` so that lists filter on them and show
+    # them without loading the documents.
     sharding: Mapped[str] = mapped_column(String(32))
     """config.sharding: full_shard, shard_grad_op, hybrid_shard or no_shard."""
-    tensor_parallel_degree: Mapped[int] = mapped_column(Integer)
-    """config.mesh.tp: GPUs splitting every block's matmuls (1: data parallelism only)."""
-    data_parallel_shard_degree: Mapped[int] = mapped_column(Integer)
-    """config.mesh.dp_shard: data-parallel ranks a parameter is sharded over."""
-    context_parallel_degree: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
-    """config.mesh.cp: ranks splitting every sequence (1: whole sequences; backfilled by migration 0008)."""
-    pipeline_parallel_degree: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
-    """config.mesh.pp: pipeline stages the blocks are split over (1: no pipeline; backfilled by migration
-    0009)."""
+    mesh: Mapped[dict[str, int]] = mapped_column(JsonDocument)
+    """config.mesh as `Mesh.as_document()`: every axis's degree, one JSON document (migration 0010 moved
+    the per-axis columns of 0003, 0008 and 0009 into it). An axis it lacks has degree 1."""
 
     __table_args__ = (
         # One index per sortable column, with the id tie-breaker that keyset pagination walks.
@@ -80,6 +88,22 @@ class PlanRow(Base):
         Index("ix_plans_num_nodes_id", "num_nodes", "id"),
         NEVER_REUSE_IDS,
     )
+
+
+def mesh_degree(axis: str) -> ColumnElement[int]:
+    """The degree of mesh axis `axis` in a stored plan, as SQL (1 where the document lacks the axis,
+    as `Mesh.from_document` reads it): what the list filters compare, and what the `ix_plans_mesh_*`
+    indexes hold. The axis and the 1 are written into the SQL, not bound: SQLite and PostgreSQL use an
+    expression index only for the very expression it was created on."""
+    key = bindparam(None, axis, type_=JSON.JSONIndexType, literal_execute=True)
+    # Grouped: PostgreSQL shows the index as `COALESCE((mesh ->> 'tp')::integer, 1)`, and Alembic's
+    # check that the models match the migrations compares that text with this expression's.
+    return func.coalesce(PlanRow.mesh[key].as_integer().self_group(), literal(1, literal_execute=True))
+
+
+MESH_INDEXES = tuple(Index(f"ix_plans_mesh_{axis}", mesh_degree(axis)) for axis in MESH_AXES)
+"""One expression index per mesh axis: a list filtered on an axis reads only the matching rows. (An
+axis added to the registry gets its index from a migration; its plans need none: a missing axis reads 1.)"""
 
 
 class CalibrationProfileRow(Base):

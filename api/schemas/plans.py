@@ -232,8 +232,6 @@ class PlanSummary(BaseModel):
     world_size: int
     sharding: str = Field(examples=["full_shard"])
     """The chosen sharding: full_shard, shard_grad_op, hybrid_shard or no_shard."""
-    tensor_parallel_degree: int = Field(ge=1, examples=[8])
-    """The mesh's tp: GPUs (inside one node) that split every block's matmuls; 1: data parallelism only."""
     mesh: Mesh
     """The device mesh: pp x dp_replicate x dp_shard x cp x tp = world_size."""
     tokens_per_s_per_gpu: float
@@ -248,19 +246,17 @@ class PlanSummary(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _mesh_from_row(cls, data: Any) -> Any:
-        if not isinstance(data, dict) and hasattr(data, "data_parallel_shard_degree"):
+        # A row's mesh is read as the contract reads one (a missing axis is 1, an unknown one at 1 is
+        # accepted), not field by field: a row stored before an axis existed lacks it.
+        if not isinstance(data, dict) and hasattr(data, "mesh"):
             values = {name: getattr(data, name) for name in cls.model_fields if name != "mesh"}
             return {**values, "mesh": stored_mesh(data)}
         return data
 
 
 def stored_mesh(row: Any) -> Mesh:
-    """The mesh of a stored plan row (api.db.models.PlanRow), from its columns alone: pp, tp, cp and
-    dp_shard are stored, dp_replicate is what the world size leaves."""
-    tp, cp, dp_shard = row.tensor_parallel_degree, row.context_parallel_degree, row.data_parallel_shard_degree
-    pp = row.pipeline_parallel_degree
-    return Mesh(pp=pp, dp_replicate=max(1, row.world_size // (pp * tp * cp * dp_shard)), dp_shard=dp_shard,
-                cp=cp, tp=tp)
+    """The mesh of a stored plan row (api.db.models.PlanRow), from its `mesh` document alone."""
+    return Mesh.from_document(row.mesh)
 
 
 class PlanDetail(PlanSummary):

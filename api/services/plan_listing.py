@@ -19,10 +19,11 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, and_, func, or_, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
-from api.db.models import PlanRow
+from api.db.models import PlanRow, mesh_degree
 from api.problems import FieldError, ProblemError
 from api.schemas.plans import MAX_ID, PlanSort, SortOrder
 from api.text_check import load_json_text
+from contract.mesh import MESH_AXES
 from planner.catalog.gpus import resolve_gpu
 from planner.errors import UnknownCatalogEntryError
 
@@ -36,17 +37,29 @@ SORT_COLUMNS: dict[PlanSort, InstrumentedAttribute[Any]] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class PlanFilters:
     model: str | None = None
     gpu: str | None = None
     nodes: int | None = None
     q: str | None = None
     sharding: str | None = None
-    tp: int | None = None
-    """Tensor-parallel degree (1: plans without tensor parallelism)."""
-    pp: int | None = None
-    """Pipeline-parallel degree (1: plans without a pipeline)."""
+    mesh: tuple[tuple[str, int], ...] = ()
+    """(axis, degree) pairs, in `MESH_AXES` order: plans whose mesh has that degree on each of those
+    axes (degree 1: plans without that parallelism)."""
+
+    def __init__(
+        self, *, model: str | None = None, gpu: str | None = None, nodes: int | None = None,
+        q: str | None = None, sharding: str | None = None, **degrees: int | None,
+    ) -> None:
+        """`degrees`: a mesh axis's name (`tp=2`, `pp=4`, any of `MESH_AXES`) -> its degree, None: any."""
+        unknown = sorted(set(degrees) - set(MESH_AXES))
+        if unknown:
+            raise TypeError(f"PlanFilters: {', '.join(unknown)} is not a mesh axis ({', '.join(MESH_AXES)})")
+        mesh = tuple((axis, degrees[axis]) for axis in MESH_AXES if degrees.get(axis) is not None)
+        for name, value in (("model", model), ("gpu", gpu), ("nodes", nodes), ("q", q),
+                            ("sharding", sharding), ("mesh", mesh)):
+            object.__setattr__(self, name, value)  # frozen: set once, here
 
     def digest(self) -> str:
         return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
@@ -61,10 +74,8 @@ class PlanFilters:
             conditions.append(PlanRow.num_nodes == self.nodes)
         if self.sharding is not None:
             conditions.append(PlanRow.sharding == self.sharding)
-        if self.tp is not None:
-            conditions.append(PlanRow.tensor_parallel_degree == self.tp)
-        if self.pp is not None:
-            conditions.append(PlanRow.pipeline_parallel_degree == self.pp)
+        # The very expressions the ix_plans_mesh_* indexes were made on, so that the database uses them.
+        conditions.extend(mesh_degree(axis) == degree for axis, degree in self.mesh)
         if self.q:
             conditions.append(func.lower(PlanRow.name).contains(self.q.lower(), autoescape=True))
         return conditions

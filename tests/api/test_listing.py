@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from api.db.models import PlanRow
 from api.services.plan_listing import PlanFilters
+from contract.mesh import Mesh
 from tests.api.conftest import assert_problem, cheap_plan
 
 pytestmark = pytest.mark.anyio
@@ -50,8 +51,7 @@ async def stored(client: httpx.AsyncClient, session: Session) -> list[PlanRow]:
                 gpus_per_node=8,
                 world_size=nodes * 8,
                 sharding=shardings[i % 4],
-                tensor_parallel_degree=tp,
-                data_parallel_shard_degree=2 if shardings[i % 4] == "hybrid_shard" else nodes * 8 // tp,
+                mesh=_mesh(world=nodes * 8, tp=tp, hybrid=shardings[i % 4] == "hybrid_shard"),
                 tokens_per_s_per_gpu=float(1000 + (i % 7) * 250),  # ties
                 mfu=round(0.3 + (i % 4) * 0.05, 2),
                 peak_memory_gib=float(20 + (i * 7) % 11),
@@ -65,6 +65,12 @@ async def stored(client: httpx.AsyncClient, session: Session) -> list[PlanRow]:
         )
     session.commit()
     return list(session.scalars(select(PlanRow)))
+
+
+def _mesh(*, world: int, tp: int, pp: int = 1, hybrid: bool) -> dict[str, int]:
+    """A stored mesh that tiles `world` GPUs: dp_shard 2 across the replicas for hybrid_shard."""
+    dp_shard = 2 if hybrid else world // (pp * tp)
+    return Mesh(pp=pp, dp_replicate=world // (pp * dp_shard * tp), dp_shard=dp_shard, tp=tp).as_document()
 
 
 def expected_ids(rows: list[PlanRow], sort: str, order: str, keep: Any = lambda row: True) -> list[int]:
@@ -135,22 +141,20 @@ async def test_filters(client: httpx.AsyncClient, stored: list[PlanRow]) -> None
 
 async def test_filters_on_the_mesh(client: httpx.AsyncClient, stored: list[PlanRow]) -> None:
     ids = await walk(client, tp=8, limit=3)
-    assert ids == expected_ids(stored, "created_at", "desc", lambda r: r.tensor_parallel_degree == 8)
+    assert ids == expected_ids(stored, "created_at", "desc", lambda r: r.mesh["tp"] == 8)
     assert len(ids) >= 3
 
     ids = await walk(client, sharding="hybrid_shard", tp=2, sort="mfu", order="asc", limit=2)
     assert ids == expected_ids(
-        stored, "mfu", "asc", lambda r: r.sharding == "hybrid_shard" and r.tensor_parallel_degree == 2
+        stored, "mfu", "asc", lambda r: r.sharding == "hybrid_shard" and r.mesh["tp"] == 2
     )
     assert ids
 
     # The real plan stored its own mesh, and is found by it.
     real = next(r for r in stored if r.planner_version != "test")
     config = real.plan["config"]
-    assert (real.sharding, real.tensor_parallel_degree, real.data_parallel_shard_degree) == (
-        config["sharding"], config["mesh"]["tp"], config["mesh"]["dp_shard"]
-    )
-    assert real.id in await walk(client, tp=real.tensor_parallel_degree, sharding=real.sharding)
+    assert (real.sharding, real.mesh) == (config["sharding"], config["mesh"])
+    assert real.id in await walk(client, tp=real.mesh["tp"], sharding=real.sharding)
     assert await walk(client, tp=4) == []
 
     # Every item says its sharding and mesh; dp_replicate is what the world size leaves.
@@ -160,11 +164,11 @@ async def test_filters_on_the_mesh(client: httpx.AsyncClient, stored: list[PlanR
         row = by_id[item["id"]]
         mesh = item["mesh"]
         assert item["sharding"] == row.sharding
-        assert item["tensor_parallel_degree"] == mesh["tp"] == row.tensor_parallel_degree
-        assert mesh["dp_shard"] == row.data_parallel_shard_degree
+        assert "tensor_parallel_degree" not in item  # the mesh says it; lists no longer repeat tp
+        assert mesh == row.mesh
         assert mesh["dp_replicate"] * mesh["dp_shard"] * mesh["tp"] == row.world_size
     hybrid = next(i for i in items if i["sharding"] == "hybrid_shard" and i["world_size"] == 32 and
-                  i["tensor_parallel_degree"] == 2)
+                  i["mesh"]["tp"] == 2)
     assert hybrid["mesh"] == {"pp": 1, "dp_replicate": 8, "dp_shard": 2, "cp": 1, "tp": 2}
 
     # A cursor is bound to its mesh filters too.
@@ -180,12 +184,11 @@ async def test_filters_on_the_pipeline_degree(
     staged = [r for r in stored if r.planner_version == "test"][:6]  # clones of 8 to 32 GPUs
     for i, row in enumerate(staged):
         # Columns that tile the world: pp x dp_shard (x dp_replicate for hybrid_shard) x tp.
-        row.pipeline_parallel_degree, row.tensor_parallel_degree = (2, 4)[i % 2], 1
         row.sharding = "hybrid_shard" if i < 2 else "full_shard"
-        row.data_parallel_shard_degree = 2 if i < 2 else row.world_size // row.pipeline_parallel_degree
+        row.mesh = _mesh(world=row.world_size, tp=1, pp=(2, 4)[i % 2], hybrid=i < 2)
     session.commit()
     assert await walk(client, pp=2, limit=2) == expected_ids(
-        stored, "created_at", "desc", lambda r: r.pipeline_parallel_degree == 2
+        stored, "created_at", "desc", lambda r: r.mesh["pp"] == 2
     )
     assert await walk(client, pp=1) == expected_ids(stored, "created_at", "desc", lambda r: r not in staged)
     assert await walk(client, pp=8) == []
@@ -193,8 +196,7 @@ async def test_filters_on_the_pipeline_degree(
     items = {i["id"]: i for i in (await client.get(PLANS, params={"limit": 200})).json()["items"]}
     for row in staged:
         mesh, world = items[row.id]["mesh"], row.world_size
-        assert mesh["pp"] == row.pipeline_parallel_degree
-        assert mesh["dp_shard"] == row.data_parallel_shard_degree
+        assert mesh == row.mesh
         assert mesh["dp_replicate"] == (world // (2 * mesh["pp"]) if row.sharding == "hybrid_shard" else 1)
         assert mesh["pp"] * mesh["dp_replicate"] * mesh["dp_shard"] * mesh["cp"] * mesh["tp"] == world
     # A cursor is bound to the pp filter too.

@@ -32,7 +32,7 @@ from tests.live_server import REPO_ROOT
 from tests.older_schemas import as_schema_1
 
 TABLES = {"plans", "calibration_profiles", "validation_runs", "api_keys", "idempotency_keys"}
-HEAD = "0009"
+HEAD = "0010"
 MESH_COLUMNS = ("sharding", "tensor_parallel_degree", "data_parallel_shard_degree")
 
 
@@ -115,7 +115,7 @@ def test_0003_backfills_the_mesh_from_2_0_and_1_x_plans_and_reverts(fresh_url: s
                 "VALUES ('k', 'f', :id, 201, :now)"
             ), {"id": plan_id, "now": datetime.now(UTC)})
 
-        migrate.upgrade(engine)
+        migrate.upgrade(engine, "0003")
         with engine.connect() as connection:
             stored = {
                 name: (sharding, dp_shard, tp)
@@ -158,7 +158,7 @@ def test_0008_backfills_the_context_parallel_degree_and_reverts(fresh_url: str) 
                     request={}, plan=document, sharding="full_shard", tensor_parallel_degree=1,
                     data_parallel_shard_degree=document["config"]["mesh"]["dp_shard"],
                 ))
-        migrate.upgrade(engine)
+        migrate.upgrade(engine, "0008")
         with engine.connect() as connection:
             rows = connection.execute(sa.text("SELECT name, context_parallel_degree FROM plans"))
             stored = dict(rows.all())
@@ -202,7 +202,7 @@ def test_0009_backfills_the_pipeline_parallel_degree_and_reverts(fresh_url: str)
                     data_parallel_shard_degree=document["config"]["mesh"]["dp_shard"],
                     context_parallel_degree=1,
                 ))
-        migrate.upgrade(engine)
+        migrate.upgrade(engine, "0009")
         with engine.connect() as connection:
             rows = connection.execute(sa.text("SELECT name, pipeline_parallel_degree FROM plans"))
             assert dict(rows.all()) == {"pp1": 1, "pp2": 2, "before-pp": 1}
@@ -212,7 +212,7 @@ def test_0009_backfills_the_pipeline_parallel_degree_and_reverts(fresh_url: str)
             assert "pipeline_parallel_degree" not in columns and "context_parallel_degree" in columns
             kept = connection.execute(sa.text("SELECT name, data_parallel_shard_degree FROM plans"))
             assert dict(kept.all()) == {"pp1": 4, "pp2": 2, "before-pp": 4}
-        migrate.upgrade(engine)  # and back up: the backfill runs again from the documents
+        migrate.upgrade(engine, "0009")  # and back up: the backfill runs again from the documents
         with engine.connect() as connection:
             rows = connection.execute(sa.text("SELECT name, pipeline_parallel_degree FROM plans"))
             assert dict(rows.all()) == {"pp1": 1, "pp2": 2, "before-pp": 1}
@@ -397,7 +397,7 @@ def test_a_downgrade_that_would_delete_oom_runs_is_refused_and_changes_nothing(e
     # Every step rolled back, SQLite's dropped tables and columns included.
     assert migrate.current_revision(engine) == HEAD
     assert set(inspect(engine).get_table_names()) == tables
-    assert set(MESH_COLUMNS) <= {c["name"] for c in inspect(engine).get_columns("plans")}
+    assert {"sharding", "mesh"} <= {c["name"] for c in inspect(engine).get_columns("plans")}
     assert _count(engine, "SELECT count(*) FROM validation_runs") == 2
     assert _count(engine, "SELECT count(*) FROM plans WHERE replanned_from_run_id IS NOT NULL") == 1
 

@@ -43,7 +43,7 @@ async def test_a_pinned_pipeline_is_planned_stored_listed_and_shown(
     assert body["request"]["search"]["pipeline_parallel_degrees"] == [2]
     assert body["mesh"] == plan.config.mesh.as_document()
     row = session.get(PlanRow, body["id"])
-    assert row is not None and row.pipeline_parallel_degree == 2
+    assert row is not None and row.mesh["pp"] == 2
 
     listed = (await client.get(PLANS, params={"pp": 2})).json()["items"]
     assert [item["id"] for item in listed] == [body["id"]]

@@ -445,7 +445,7 @@ async def test_an_api_restart_loses_no_queued_job(
     try:
         with pytest.raises(DataLossRefusedError, match="2 rows of queued or running task-engine jobs"):
             migrate.downgrade(engine, "0005")
-        assert migrate.current_revision(engine) == "0009"
+        assert migrate.current_revision(engine) == "0010"
     finally:
         engine.dispose()
 

@@ -39,7 +39,7 @@ async def test_a_pinned_degree_is_planned_stored_and_listed(
 ) -> None:
     free = await client.post(PLANS, json=FOUR_CPU_RANKS)
     assert free.status_code == 201, free.text
-    assert free.json()["tensor_parallel_degree"] == 1  # left to itself, this search picks no TP
+    assert free.json()["mesh"]["tp"] == 1  # left to itself, this search picks no TP
 
     response = await client.post(PLANS, json=pinned(FOUR_CPU_RANKS, 2))
     assert response.status_code == 201, response.text
@@ -47,14 +47,14 @@ async def test_a_pinned_degree_is_planned_stored_and_listed(
     plan = Plan.model_validate(body["plan"])
     assert plan.config.mesh.tp == 2 and plan.config.mesh.dp == 2
     assert body["request"]["search"]["tensor_parallel_degrees"] == [2]
-    assert body["tensor_parallel_degree"] == 2 and body["sharding"] == plan.config.sharding
+    assert body["mesh"]["tp"] == 2 and body["sharding"] == plan.config.sharding
     assert body["mesh"] == plan.config.mesh.as_document()
     assert plan.prediction.exposed_tensor_parallel_s > 0
     # Pinned: the alternatives and the rejected families are tp=2 ones only.
     assert all(c.config.mesh.tp == 2 for c in plan.alternatives)
     assert all("tp2" in r.family.split() for r in plan.rejected)
     row = session.get(PlanRow, body["id"])
-    assert row is not None and (row.tensor_parallel_degree, row.data_parallel_shard_degree) == (2, 2)
+    assert row is not None and (row.mesh["tp"], row.mesh["dp_shard"]) == (2, 2)
 
     listed = (await client.get(PLANS, params={"tp": 2})).json()["items"]
     assert [item["id"] for item in listed] == [body["id"]]
@@ -67,7 +67,7 @@ async def test_a_pin_written_as_a_float_is_the_integer(client: httpx.AsyncClient
     """JSON has one number type: [2.0] pins tp=2 (as 8.0 is 8 in every integer field); 2.5 is refused."""
     response = await client.post(PLANS, json=pinned(FOUR_CPU_RANKS, 2.0))
     assert response.status_code == 201, response.text
-    assert response.json()["tensor_parallel_degree"] == 2
+    assert response.json()["mesh"]["tp"] == 2
     assert response.json()["request"]["search"]["tensor_parallel_degrees"] == [2]
     problem = assert_problem(await client.post(PLANS, json=pinned(FOUR_CPU_RANKS, 2.5)), 422)
     assert f"{FIELD}.0" in [error["field"] for error in problem["errors"]]
