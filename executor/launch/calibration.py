@@ -15,6 +15,7 @@ from pathlib import Path
 from executor.launch import render
 from executor.launch.bundle import DEFAULT_IMAGE, BundleFile, runtime_files
 from executor.launch.quoting import comment, dns_label, image_ref, positive_int, sh, slug
+from executor.launch.templating import render_template
 from planner.specs import ClusterSpec, ModelSpec
 
 _MICRO_BATCHES = re.compile(r"^[1-9][0-9]{0,4}(,[1-9][0-9]{0,4}){0,7}$")
@@ -111,16 +112,9 @@ def write_calibration_bundle(cluster: ClusterSpec, out_dir: str | Path, **option
 
 
 def _readme(where: str, cluster: ClusterSpec, budget_s: float) -> str:
-    return f"""# Calibration bundle: {comment(where, limit=100)}
-
-Measures GEMMs, memory bandwidth, all-gather / reduce-scatter / all-reduce over message sizes for
-the whole job and for each node's GPUs, compute/communication contention and (with `model.json`) the
-model's own blocks, in about {budget_s:g} s. Needs Python >= 3.10 and torch on every node.
-
-    sbatch calibrate.sbatch                         # SLURM: one torchrun per node
-    NNODES={cluster.num_nodes} MASTER_ADDR=10.0.0.1 ./calibrate.sh    # or by hand, on every node
-
-Rank 0 writes `profile.json` here. Upload it and plan with it:
-
-    curl -X POST -H 'content-type: application/json' --data @profile.json http://planner:8000/api/v1/calibrations
-"""
+    return render_template(
+        "calibration_README.md.j2",
+        where=comment(where, limit=100),
+        budget=f"{budget_s:g}",
+        num_nodes=cluster.num_nodes,
+    )

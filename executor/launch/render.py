@@ -538,198 +538,47 @@ spec:
 def readme(
     ctx: LaunchContext, *, targets: list[str], prediction: str, kube: KubeContext | None = None
 ) -> str:
-    sections = [
-        f"""# Launch bundle: {ctx.title}
-
-Plan `{ctx.short_hash}` (sha256 `{ctx.plan_hash}`), strategy `{ctx.label}`, for {ctx.num_nodes} node(s) x
-{ctx.gpus_per_node} x {ctx.gpu}. {prediction}
-
-Contents: `plan.json` (the plan), `executor/runtime/` (the trainer: needs only Python >= 3.10 and
-torch >= 2.6), `launch.sh` (torchrun){", `slurm.sbatch`" if "slurm" in targets else ""}\
-{", `k8s.yaml` (Kubeflow TrainJob), `k8s-pytorchjob.yaml` (PyTorchJob)" if "k8s" in targets else ""}.
-
-## One node
-
-    DATA=/data/my-dataset ./launch.sh --steps 1000 --eval-every 100   # `fsdp-planner prepare-data` output
-    SYNTHETIC_DATA=1 ./launch.sh --steps 20      # a rehearsal on synthetic tokens (speed, memory)
-    ./launch.sh --steps 1000 --data tokens.bin   # a flat uint16 token file (uint32: --data-dtype)
-    NPROC_PER_NODE=4 DATA=/data/my-dataset ./launch.sh   # override the local process count
-
-Training data is required: `DATA` (or `--data`) names a dataset directory made by
-`fsdp-planner prepare-data` (index.json + token shards, on a filesystem every node sees); synthetic
-tokens run only when asked for (`SYNTHETIC_DATA=1` or `--synthetic-data`), and the run says so.
-`--eval-every N` logs the loss on the dataset's held-out split every N steps.
-
-Metrics: `--metrics-file metrics.jsonl` (one JSON line per step: loss, eval loss, step time,
-tokens/s/GPU, MFU, peak memory); `--tensorboard DIR` and `--wandb-project NAME` also log there when
-those packages are installed. Checkpoints:
-`CHECKPOINT_DIR=/shared/ckpt DATA=/data/my-dataset ./launch.sh --steps 1000 --checkpoint-every 100`
-saves there and resumes from the newest on the next start (also after a `MAX_RESTARTS` restart).
-`python -m executor.runtime.train --help` lists every option (learning rate, warmup, seed,
-`--model-factory package.module:function` for your own model, ...).
-
-## Several nodes (plain torchrun)
-
-On every node, with the same `MASTER_ADDR` (node 0's address) and `MASTER_PORT`:
-
-    NNODES={ctx.num_nodes} MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 DATA=/shared/dataset ./launch.sh \\
-        --steps 1000
-"""
-    ]
-    if ctx.mesh is not None:
-        sections.append(_readme_mesh(ctx, ctx.mesh))
-    sections.append(
-        f"""
-## Cluster environment
-
-`launch.sh` (and `slurm.sbatch`, once for the whole job) sets these unless the environment already
-has them, and prints what is set when it starts. Export a variable to override it
-(`NCCL_SOCKET_IFNAME=ib0 ./launch.sh`, `NCCL_DEBUG=INFO sbatch slurm.sbatch`); one shown unset stays
-unset unless you set it. Any other `NCCL_*` or `TORCH_*` variable you export reaches the trainer as is.
-
-{environment.readme_table()}"""
+    """The bundle's README.md: how to run each of its targets, its mesh, the cluster environment."""
+    return render_template(
+        "README.md.j2",
+        ctx=ctx,
+        targets=targets,
+        prediction=prediction,
+        kube=kube,
+        env_table=environment.readme_table(),
+        signal_lead_s=SIGNAL_LEAD_S,
+        exit_not_requeued=EXIT_NOT_REQUEUED,
+        work_dir=WORK_DIR,
+        checkpoint_mount=CHECKPOINT_MOUNT,
+        termination_grace_s=environment.TERMINATION_GRACE_S,
+        **_readme_mesh_values(ctx),
     )
-    if "slurm" in targets:
-        sections.append(
-            f"""
-## SLURM
-
-From the unpacked bundle on a shared filesystem:
-
-    DATA=/shared/dataset sbatch -p <partition> -t 04:00:00 slurm.sbatch --steps 1000
-
-Nodes come from the allocation; the first node hosts the rendezvous (`scontrol show hostnames`).
-Checkpoints go to `CHECKPOINT_DIR` (default `checkpoints/` in the bundle directory; on a filesystem
-every node sees), and every start resumes from the newest there. Add `--checkpoint-every N` so that
-a node failure loses at most N steps.
-
-**Time limits and preemption.** The job asks SLURM for `SIGUSR1` {SIGNAL_LEAD_S} s before its end
-(`#SBATCH --signal=B:USR1@{SIGNAL_LEAD_S}`). The batch script passes it to every process of the step;
-each rank finishes its step, saves a checkpoint and exits, `torchrun` (which ignores `SIGUSR1`) exits 0,
-and the script runs `scontrol requeue $SLURM_JOB_ID`: the same job id goes back to the queue (`--requeue`,
-output appended to the same `%x-%j.out`) and resumes from the checkpoint. `REQUEUE=0` stops after the
-checkpoint instead; `MAX_REQUEUES=N` stops requeueing after N restarts. A job preempted by
-`PreemptMode=REQUEUE` comes back the same way. The trainer must finish a step and save within
-{SIGNAL_LEAD_S} s; otherwise raise the lead (`sbatch --signal=B:USR1@600 ...`).
-
-Exit status: 0 trained to the end, or stopped and requeued; 2 invalid bundle or settings (nothing
-started); {EXIT_NOT_REQUEUED} stopped by `SIGUSR1` with a checkpoint but not requeued (`REQUEUE=0`,
-`MAX_REQUEUES` reached, no `CHECKPOINT_DIR`, or `scontrol requeue` failed): submit again to resume;
-anything else is srun's status (1: a trainer process failed; the metrics file's record tells an
-out-of-memory apart).
-"""
-        )
-    if "k8s" in targets and kube is not None:
-        sections.append(_readme_k8s(ctx, kube))
-    return "".join(sections)
 
 
-def _readme_k8s(ctx: LaunchContext, kube: KubeContext) -> str:
-    access = "ReadWriteMany" if ctx.num_nodes > 1 else "ReadWriteOnce"
-    shared = (
-        "Every node writes its shards there: set a storageClassName that offers ReadWriteMany."
-        if ctx.num_nodes > 1
-        else "Set storageClassName for a class other than the default."
-    )
-    rdma = (
-        f"requested: `{kube.rdma_resource}: {kube.rdma_count}` per pod, with the `IPC_LOCK` capability"
-        if kube.rdma_resource
-        else "a commented-out block under `resources` (and `IPC_LOCK` beside it): uncomment it with the "
-        "resource your RDMA device plugin advertises, or render with "
-        "`fsdp-planner launcher --rdma-resource NAME [--rdma-count N]`"
-    )
-    return f"""
-## Kubernetes
-
-    kubectl apply --server-side -f k8s.yaml              # Kubeflow Trainer v2.3+, torch-distributed runtime
-    kubectl apply --server-side -f k8s-pytorchjob.yaml   # or: Training Operator v1 PyTorchJob
-
-Each file holds three objects:
-
-- the job, running `{ctx.image}` (torch {kube.torch_version}, the version the plan was made for;
-  `fsdp-planner launcher --torch-version X.Y.Z --cuda-version A.B` picks another official image,
-  `--image` your own). Trainer options go into `args` after `"launch"`; name the training data there
-  (`["launch", "--data", "/data/ds"]`, a path the pods mount, or `"--synthetic-data"` for a rehearsal):
-  `launch.sh` refuses to start without one;
-- a ConfigMap `{ctx.k8s_name}-bundle` carrying the bundle (launch.sh, plan.json, the runtime) as one
-  `bundle.tar.gz` ({kube.bundle_bytes:,} bytes; a ConfigMap holds at most 1 MiB, and a larger bundle is
-  refused when it is rendered). Every pod unpacks it into `{WORK_DIR}` and runs `launch.sh`.
-  `--server-side`: a client-side apply copies the object into an annotation limited to 256 KiB;
-- a PersistentVolumeClaim `{ctx.k8s_name}-checkpoints` ({kube.checkpoint_gib} GiB, {access}) mounted at
-  `{CHECKPOINT_MOUNT}` = `CHECKPOINT_DIR`: a restarted pod resumes from the newest checkpoint.
-  {shared}
-
-The pods get `/dev/shm` as a memory-backed emptyDir ({kube.shm_gib} GiB at most: NCCL and torch share
-memory between a node's processes there) and {environment.TERMINATION_GRACE_S} s of termination grace:
-deleting a pod sends SIGTERM, which `torchrun` passes to the ranks; they save a checkpoint and exit.
-RDMA / InfiniBand: {rdma}. The cluster environment above is listed in each manifest's `env`: edit it
-there.
-"""
+def _readme_mesh_values(ctx: LaunchContext) -> dict[str, object]:
+    """What the README's Device mesh section needs: the mesh, its axes in device-mesh order, and the
+    pipeline's stages (templates/parts/readme_mesh.md.j2; no section without a mesh)."""
+    mesh = ctx.mesh
+    return {
+        "mesh": mesh,
+        "mesh_axes": MESH_AXES,
+        "data_parallel_only": mesh is not None and mesh.tp == 1 and mesh.pp == 1 and mesh.cp == 1,
+        **_readme_pipeline_values(ctx),
+    }
 
 
-def _readme_mesh(ctx: LaunchContext, mesh: Mesh) -> str:
-    if mesh.tp == 1:
-        only = "Data parallelism only" if mesh.pp == 1 and mesh.cp == 1 else "No tensor parallelism"
-        parallelism = (
-            f"{only} (tp 1): every rank runs whole layers; FSDP shards the parameters, gradients and "
-            "optimizer states over dp_shard and replicates them over dp_replicate."
-        )
-    else:
-        parallelism = f"""\
-Tensor parallelism over tp groups of {mesh.tp} **consecutive ranks inside one node** (ranks
-0..{mesh.tp - 1} are the first group), with sequence parallel (norms and residuals hold 1/{mesh.tp} of
-the sequence) and loss parallel (the output projection and cross-entropy on a vocabulary shard). Each
-block's matmuls are split Megatron-style; then activation checkpointing, then FSDP (SimpleFSDP when
-compiled) over the data-parallel dims, then torch.compile.
-
-Every node must run a multiple of {mesh.tp} processes (the plan's {ctx.gpus_per_node} GPUs per node):
-`launch.sh` and `slurm.sbatch` refuse an `NPROC_PER_NODE` that is not. A different tensor-parallel
-degree is a different plan: re-plan with `fsdp-planner plan ... --tp N`."""
-    return f"""
-## Device mesh
-
-`{mesh.describe()}` (laid out row-major over {" x ".join(MESH_AXES)}: tp innermost).
-
-{parallelism}
-{_readme_pipeline(ctx, mesh)}"""
-
-
-def _readme_pipeline(ctx: LaunchContext, mesh: Mesh) -> str:
-    """The bundle README's pipeline paragraph ('' without a pipeline)."""
+def _readme_pipeline_values(ctx: LaunchContext) -> dict[str, object]:
+    """The README's pipeline table: (stage, pipeline rank, first block, last block) for each stage."""
     pipeline = ctx.pipeline
-    if pipeline is None:
-        return ""
-    ranks = pipeline.stage_ranks(mesh.pp)
+    if ctx.mesh is None or pipeline is None:
+        return {"pipeline": None}
+    ranks = pipeline.stage_ranks(ctx.mesh.pp)
     starts = pipeline.first_blocks()
-    rows = "\n".join(
-        f"| {stage} | {ranks[stage]} | {starts[stage]}–{starts[stage] + count - 1} |"
+    rows = [
+        (stage, ranks[stage], starts[stage], starts[stage] + count - 1)
         for stage, count in enumerate(pipeline.stage_blocks)
-    )
-    layout = _stage_layout(ctx).removeprefix(", ")
-    nodes = (
-        f" The plan puts {layout}: `launch.sh` and `slurm.sbatch` refuse an `NPROC_PER_NODE` that "
-        "would split a stage across nodes."
-        if layout
-        else ""
-    )
-    stage = mesh.stage_ranks
-    return f"""
-### Pipeline
-
-`{pipeline.schedule}` over {mesh.pp} pipeline ranks, {pipeline.num_stages} stages
-({pipeline.stages_per_rank} per rank); each optimizer step runs the schedule over the plan's
-accumulation steps as micro-batches. Pipeline rank p is ranks {stage}·p to {stage}·(p+1) − 1 (pp is the
-outermost axis), so the stages follow the node order: torchrun gives node k the ranks from
-k·NPROC_PER_NODE on. The first stage also runs the embeddings, the last the final norm, the head and
-the loss.
-
-| stage | pipeline rank | blocks |
-|---|---|---|
-{rows}
-
-The world must be exactly {mesh.world_size} ranks: `launch.sh` and `slurm.sbatch` refuse another node
-or process count.{nodes} Another pipeline degree is another plan: `fsdp-planner plan ... --pp N`.
-"""
+    ]
+    return {"pipeline": pipeline, "stage_rows": rows, "stage_layout": _stage_layout(ctx)}
 
 
 __all__ = [
