@@ -80,6 +80,14 @@ class Axis:
     """FSDP shards parameters over it (torchtitan's `dp_shard_cp`)."""
     shards: str = ""
     """What it splits, for a degree above 1 (`{degree}` is replaced): `blocks in 4 pipeline stages`."""
+    note: str = ""
+    """What it brings, for a degree above 1, as the dashboard's mesh row says it (`{degree}` and
+    `{mesh.<property>}` are replaced)."""
+    compare_label: str = ""
+    """Its row in the compare table."""
+    compare_shown: str = ""
+    """How the compare table writes a degree above 1 (`{degree} stages`); 1 is then `none (1)`. Empty:
+    the degree as it is."""
     sequence_chunks: int = 0
     """Pieces of every sequence one of its ranks holds (cp: 2 load-balanced chunks; tp: 1, sequence
     parallelism); 0: it does not split sequences. Their product is `Mesh.sequence_pieces`."""
@@ -109,7 +117,18 @@ class Axis:
 
     def part(self, degree: int) -> str:
         """What it splits at `degree`, or an empty string."""
-        return self.shards.replace("{degree}", str(degree)) if degree > 1 and self.shards else ""
+        return self.shards.format(degree=degree) if degree > 1 else ""
+
+    def noted(self, mesh: Mesh) -> str:
+        """What it brings to `mesh` (its `note`), or an empty string at degree 1."""
+        degree = mesh.degree(self.name)
+        return self.note.format(degree=degree, mesh=mesh) if degree > 1 else ""
+
+    def compared(self, degree: int) -> str:
+        """A degree as the compare table writes it."""
+        if not self.compare_shown:
+            return str(degree)
+        return self.compare_shown.format(degree=degree) if degree > 1 else "none (1)"
 
 
 AXES: tuple[Axis, ...] = (
@@ -135,6 +154,10 @@ AXES: tuple[Axis, ...] = (
         optional=True,
         added_after_schema_2=True,
         shards="blocks in {degree} pipeline stages",
+        note="the blocks are split into {degree} pipeline stages of {mesh.stage_ranks} GPU(s) each "
+        "(outermost: consecutive blocks of ranks), micro-batches sent stage to stage",
+        compare_label="Pipeline stages (pp)",
+        compare_shown="{degree} stages",
         architectures=("llama", "gpt2"),
         architecture_reason="a traced layer graph has no runtime model to split into stages",
         at_most=Size(name="num_layers", of="model"),
@@ -146,6 +169,7 @@ AXES: tuple[Axis, ...] = (
         doc="Data-parallel replicas: ranks holding the same parameter shard (hybrid_shard across nodes, "
         "no_shard across everything).",
         joins="dp_shard",
+        compare_label="Replicas",
     ),
     Axis(
         name="dp_shard",
@@ -153,6 +177,7 @@ AXES: tuple[Axis, ...] = (
         doc="Data-parallel ranks a parameter is sharded over (FSDP's shard group, with the cp ranks).",
         label="dp",
         shards_parameters=True,
+        compare_label="Shard group (GPUs)",
     ),
     Axis(
         name="cp",
@@ -175,6 +200,10 @@ AXES: tuple[Axis, ...] = (
         added_after_schema_2=True,
         shards_parameters=True,
         shards="sequences split over {degree} ranks",
+        note="each sequence is split over a cp group of {degree} ranks (load-balanced chunks; keys and "
+        "values all-gathered for attention), and FSDP shards over dp_shard × cp",
+        compare_label="Context parallel (GPUs)",
+        compare_shown="{degree} (sequences split)",
         sequence_chunks=2,
         architectures=("llama",),
         architecture_reason="the runtime splits its attention over the sequence",
@@ -195,6 +224,10 @@ AXES: tuple[Axis, ...] = (
         "sequence and loss parallel, FSDP over the rest); 1 plans data parallelism only.",
         label="tp",
         shards="sequence + loss parallel",
+        note="each tp group is {degree} consecutive ranks inside a node, with sequence parallel and loss "
+        "parallel (vocabulary-sharded cross-entropy)",
+        compare_label="Tensor parallel (GPUs)",
+        compare_shown="{degree} (sequence + loss parallel)",
         sequence_chunks=1,
         architectures=("llama",),
         architecture_reason="the runtime splits its attention, MLP and vocabulary",
@@ -379,9 +412,10 @@ class Mesh:
             parts.append(f"{entry.label}{self.degree(entry.name)}{joined}")
         return " ".join(parts)
 
-    def degrees_text(self) -> str:
-        """`pp 4 x dp_replicate 1 x dp_shard 8 x tp 8`: every shown axis by name, outermost first."""
-        return " x ".join(f"{entry.name} {self.degree(entry.name)}" for entry in self.shown_axes())
+    def degrees_text(self, times: str = "x") -> str:
+        """`pp 4 x dp_replicate 1 x dp_shard 8 x tp 8`: every shown axis by name, outermost first
+        (`times`: the sign between them)."""
+        return f" {times} ".join(f"{entry.name} {self.degree(entry.name)}" for entry in self.shown_axes())
 
     def describe(self) -> str:
         """`dp_replicate 1 x dp_shard 32 x tp 8 = 256 ranks` (pp and cp named when above 1)."""

@@ -28,6 +28,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from contract.mesh import searched_axes
 from contract.model_config import DERIVED_COUNTS, ModelConfig, ModelShape
 from contract.parallel_config import (
     PIPELINE_SCHEDULES,
@@ -456,8 +457,8 @@ Options = Annotated[list[_Option], Field(max_length=MAX_SEARCH_OPTIONS)]
 """A search list: at most MAX_SEARCH_OPTIONS entries as sent."""
 
 
-class SearchSpace(StrictModel):
-    """Limits on what the search may choose; the defaults search everything."""
+class _SearchChoices(StrictModel):
+    """The search space's first fields: the choices that are not mesh axes."""
 
     shardings: Options[ShardingStrategy] = ["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
     """Sharding strategies to consider."""
@@ -466,20 +467,29 @@ class SearchSpace(StrictModel):
     checkpointing: Options[CheckpointMode] = ["none", "selective", "op_selective", "full"]
     """Activation checkpointing modes to consider. `blocks` (the first n blocks recomputed, at a quarter,
     a half and three quarters of them) is searched only when listed."""
-    tensor_parallel_degrees: Options[Degree] | None = None
-    """Tensor-parallel degrees to consider (`[8]` pins tp=8; `[1]` keeps data parallelism only).
-    None: every power of two up to the GPUs per node that divides the model's heads, key/value
-    heads, FFN and vocabulary (llama family; other architectures plan tp=1)."""
-    context_parallel_degrees: Options[Degree] | None = None
-    """Context-parallel degrees to consider (`[4]` pins cp=4: every sequence split over 4 ranks).
-    None: for sequences of CONTEXT_PARALLEL_FROM_SEQ_LEN tokens or more (llama family), every power
-    of two whose 2 x cp chunks split the sequence; shorter sequences plan cp=1 (the all-gathered
-    keys and values then cost more than the memory they save)."""
-    pipeline_parallel_degrees: Options[Degree] | None = None
-    """Pipeline-parallel degrees to consider (`[8]` pins pp=8: the blocks split into 8 stages).
-    None: pp=1 where a plan without a pipeline fits; where none does (the model's states outgrow
-    the data-parallel group), every power of two up to the model's layers that divides the world."""
-    pipeline_schedules: Options[PipelineSchedule] = list(PIPELINE_SCHEDULES)
+
+
+PIN_FIELDS: tuple[str, ...] = tuple(entry.search_field for entry in searched_axes() if entry.search_field)
+"""The search fields that pin a mesh axis's degrees (`tensor_parallel_degrees`, ...), one per axis of
+contract/mesh.py's registry that has one; None (absent) searches the axis."""
+
+_SearchPins = create_model(
+    "_SearchPins",
+    __base__=_SearchChoices,
+    __module__=__name__,
+    **{
+        entry.search_field: (Options[Degree] | None, Field(default=None, description=entry.search_doc))
+        for entry in searched_axes()
+        if entry.search_field
+    },
+)
+
+
+class SearchSpace(_SearchPins):  # type: ignore[misc, valid-type]
+    """Limits on what the search may choose; the defaults search everything. A field per mesh axis
+    pins its degrees (`PIN_FIELDS`, from contract/mesh.py's registry)."""
+
+    pipeline_schedules: Options[PipelineSchedule] = Field(default=list(PIPELINE_SCHEDULES))
     """Pipeline schedules to consider when pp > 1 (contract/parallel_config.py `PipelineSchedule`)."""
     float8: Options[Float8Recipe] | None = None
     """Float8 training recipes to consider beside the compute precision (`["none", "tensorwise"]`),
@@ -504,10 +514,7 @@ class SearchSpace(StrictModel):
     def _omit_unset_options(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # Requests without a ceiling or tp pins serialise (and so hash) as before the fields existed.
         data = handler(self)
-        for name in (
-            "max_peak_memory_gib", "tensor_parallel_degrees", "context_parallel_degrees", "float8",
-            "pipeline_parallel_degrees",
-        ):
+        for name in ("max_peak_memory_gib", *PIN_FIELDS, "float8"):
             if data.get(name) is None:
                 data.pop(name, None)
         if data.get("pipeline_schedules") == list(PIPELINE_SCHEDULES):
@@ -516,10 +523,7 @@ class SearchSpace(StrictModel):
             data.pop("async_tp", None)
         return data
 
-    @field_validator(
-        "shardings", "compile", "checkpointing", "tensor_parallel_degrees", "context_parallel_degrees",
-        "float8", "pipeline_parallel_degrees", "pipeline_schedules",
-    )
+    @field_validator("shardings", "compile", "checkpointing", *PIN_FIELDS, "float8", "pipeline_schedules")
     @classmethod
     def _one_order(cls, value: list | None, info: ValidationInfo) -> list | None:
         if value is None:

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from api.typed_numbers import parse_decimal, parse_whole
+from contract.mesh import searched_axes
 from contract.plan_document import PlanError, schema_major, unwrap
 from planner.catalog.models import resolve_model
 from planner.errors import describe_validation_error
@@ -31,17 +32,18 @@ API_KEY_ENV = "FSDP_PLANNER_API_KEY"
 
 
 CLI_OPTIONS: dict[str, str] = {
-    "search.tensor_parallel_degrees": "--tp",
-    "tensor_parallel_degrees": "--tp",
+    # Each mesh axis's pin (contract/mesh.py's registry): `search.tensor_parallel_degrees` -> `--tp`.
+    **{
+        name: entry.option
+        for entry in searched_axes()
+        if entry.search_field and entry.option
+        for name in (f"search.{entry.search_field}", entry.search_field)
+    },
     "search.shardings": "--sharding",
     "search.checkpointing": "--checkpointing",
     "search.compile": "--compile/--eager",
     "search.float8": "--float8",
-    "search.context_parallel_degrees": "--cp",
-    "context_parallel_degrees": "--cp",
     "search.async_tp": "--async-tp",
-    "search.pipeline_parallel_degrees": "--pp",
-    "pipeline_parallel_degrees": "--pp",
     "search.pipeline_schedules": "--pp-schedule",
     "pipeline_schedules": "--pp-schedule",
     "training.seq_len": "--seq-len",

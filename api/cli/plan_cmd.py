@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from api.cli.axis_pins import AxisPins, choices, pinned_degrees, with_axis_pins
 from api.cli.common import (
     EXIT_INFEASIBLE,
     check_one_model,
@@ -22,7 +23,6 @@ from api.cli.common import (
     read_json_file,
     whole_number,
 )
-from api.typed_numbers import parse_whole
 from contract.parallel_config import (
     PIPELINE_SCHEDULES,
     CheckpointMode,
@@ -45,8 +45,6 @@ from planner.specs import SearchSpace
 SHARDINGS: tuple[str, ...] = typing.get_args(ShardingStrategy)
 CHECKPOINT_MODES: tuple[str, ...] = typing.get_args(CheckpointMode)
 FLOAT8_CHOICES: tuple[str, ...] = typing.get_args(Float8Recipe)
-MAX_PINNED_DEGREE = 1024
-"""The largest degree a pin takes (what the search space allows for cp and pp)."""
 VerboseOption = Annotated[bool, typer.Option(
     "--verbose", "-v", help="List every family that lost; without it the out-of-memory ones share one row."
 )]
@@ -56,6 +54,7 @@ def register(app: typer.Typer) -> None:
     app.command("plan")(plan)
 
 
+@with_axis_pins()
 def plan(
     model: Annotated[str | None, typer.Option(help="Catalog model name, e.g. llama3-8b.")] = None,
     hf_config: Annotated[
@@ -92,11 +91,6 @@ def plan(
     calibration: Annotated[
         Path | None, typer.Option(help="CalibrationProfile JSON from `fsdp-planner calibrate`.")
     ] = None,
-    tp: Annotated[list[str] | None, typer.Option(
-        "--tp", metavar="N[,N...]",
-        help="Pin the tensor-parallel degrees to search (repeatable or comma-separated): --tp 8 plans "
-        "tp=8 only, --tp 1 data parallelism only. Default: every degree that splits the model in a node.",
-    )] = None,
     sharding: Annotated[list[str] | None, typer.Option(
         "--sharding", metavar="STRATEGY[,...]",
         help=f"Pin the sharding strategies to search (repeatable or comma-separated): "
@@ -117,18 +111,7 @@ def plan(
         f"comma-separated): {', '.join(FLOAT8_CHOICES)}; H100, H200 and B200 only (mxfp8: B200). "
         "Default: none (bf16).",
     )] = None,
-    cp: Annotated[list[str] | None, typer.Option(
-        "--cp", metavar="N[,N...]",
-        help="Pin the context-parallel degrees to search (repeatable or comma-separated): --cp 4 splits "
-        "every sequence over 4 ranks. Default: every degree that splits the sequence, for sequences "
-        "of 32,768 tokens or more (llama family); shorter ones plan cp 1.",
-    )] = None,
-    pp: Annotated[list[str] | None, typer.Option(
-        "--pp", metavar="N[,N...]",
-        help="Pin the pipeline-parallel degrees to search (repeatable or comma-separated): --pp 4 splits "
-        "the blocks into 4 stages, --pp 1 plans no pipeline. Default: pp 1 where a plan without a "
-        "pipeline fits, else every power of two up to the model's layers that divides the GPUs.",
-    )] = None,
+    axis_pins: AxisPins = None,
     pp_schedule: Annotated[list[str] | None, typer.Option(
         "--pp-schedule", metavar="NAME[,NAME...]",
         help=f"Pipeline schedules to search when pp > 1 (repeatable or comma-separated): "
@@ -152,8 +135,8 @@ def plan(
     if global_batch_tokens is None:
         raise fail("--global-batch-tokens is required (tokens per optimizer step over all GPUs)")
     search = search_pins(
-        tp=tp, sharding=sharding, compile_=compile_, checkpointing=checkpointing, float8=float8,
-        async_tp=async_tp, cp=cp, pp=pp, pp_schedule=pp_schedule,
+        axis_pins=axis_pins, sharding=sharding, compile_=compile_, checkpointing=checkpointing,
+        float8=float8, async_tp=async_tp, pp_schedule=pp_schedule,
     )
     try:
         model_spec = model_from_options(model=model, hf_config=hf_config, layer_graph=layer_graph)
@@ -198,40 +181,19 @@ def plan(
         Console(stderr=True).print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
 
 
-def _choices(values: list[str] | None) -> list[str]:
-    """`--opt a --opt b,c` -> [a, b, c] (blank parts ignored)."""
-    return [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
-
-
 def search_pins(
     *,
-    tp: list[str] | None,
-    sharding: list[str] | None,
-    compile_: bool | None,
-    checkpointing: list[str] | None,
+    axis_pins: AxisPins = None,
+    sharding: list[str] | None = None,
+    compile_: bool | None = None,
+    checkpointing: list[str] | None = None,
     float8: list[str] | None = None,
     async_tp: bool = False,
-    cp: list[str] | None = None,
-    pp: list[str] | None = None,
     pp_schedule: list[str] | None = None,
 ) -> SearchSpace:
-    """The search space the pins leave (an unpinned axis searches all its values)."""
-    pins: dict[str, object] = {}
-    for option, values, what, field in (
-        ("--tp", tp, "tensor-parallel", "tensor_parallel_degrees"),
-        ("--cp", cp, "context-parallel", "context_parallel_degrees"),
-        ("--pp", pp, "pipeline-parallel", "pipeline_parallel_degrees"),
-    ):
-        if not values:
-            continue
-        # ASCII digits only: str.isdigit() is true for '²' (int() then fails) and '٣' (int() reads 3).
-        degrees = [(d, parse_whole(d, low=1, high=MAX_PINNED_DEGREE)) for d in _choices(values)]
-        bad = [d for d, degree in degrees if degree is None]
-        if bad or not degrees:
-            raise fail(f"{option}: {bad[0] if bad else '(empty)'!r} is not a {what} degree; give whole "
-                       f"numbers from 1 to {MAX_PINNED_DEGREE}, e.g. {option} 8 or {option} 2,4 (leave "
-                       f"{option} out to search every degree)")
-        pins[field] = sorted({degree for _, degree in degrees if degree is not None})
+    """The search space the pins leave (an unpinned axis searches all its values); `axis_pins`: the
+    mesh axes' options as typed (api/cli/axis_pins.py)."""
+    pins: dict[str, object] = {**pinned_degrees(axis_pins)}
     for option, values, known, field in (
         ("--sharding", sharding, SHARDINGS, "shardings"),
         ("--checkpointing", checkpointing, CHECKPOINT_MODES, "checkpointing"),
@@ -240,7 +202,7 @@ def search_pins(
     ):
         if not values:
             continue
-        chosen = _choices(values)
+        chosen = choices(values)
         unknown = [v for v in chosen if v not in known] or ([] if chosen else ["(empty)"])
         if unknown:
             raise fail(f"{option}: {unknown[0]!r} is not one of {', '.join(known)}")
@@ -254,16 +216,11 @@ def search_pins(
 
 def mesh_line(config: ParallelConfig) -> str:
     """`dp_replicate 1 x dp_shard 64 x tp 8 (sequence + loss parallel)`: every degree named in
-    words, beside the compact `dp64x1 tp8` of the configuration's label (pp and cp named when above 1)."""
+    words, beside the compact `dp64x1 tp8` of the configuration's label (pp and cp named when above 1),
+    and what each axis above 1 splits (contract/mesh.py's registry)."""
     mesh = config.mesh
-    pipeline = f"pp {mesh.pp} x " if mesh.pp > 1 else ""
-    context = f" x cp {mesh.cp}" if mesh.cp > 1 else ""
-    degrees = f"{pipeline}dp_replicate {mesh.dp_replicate} x dp_shard {mesh.dp_shard}{context} x tp {mesh.tp}"
-    split = [what for what, on in (
-        (f"blocks in {mesh.pp} pipeline stages", mesh.pp > 1),
-        (f"sequences split over {mesh.cp} ranks", mesh.cp > 1), ("sequence + loss parallel", mesh.tp > 1)
-    ) if on]
-    return degrees + (f" ({'; '.join(split)})" if split else " (data parallelism only)")
+    split = mesh.splits()
+    return mesh.degrees_text() + (f" ({'; '.join(split)})" if split else " (data parallelism only)")
 
 
 def pipeline_line(pipeline: PipelineConfig, micro_batches: int) -> str:

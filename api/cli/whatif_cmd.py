@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from api.cli.axis_pins import AxisPins, with_axis_pins
 from api.cli.common import (
     EXIT_FAILED,
     ServerClient,
@@ -58,6 +59,7 @@ def register(app: typer.Typer) -> None:
     app.command("whatif")(whatif)
 
 
+@with_axis_pins(help_suffix=" The same on every cluster.")
 def whatif(
     tokens: Annotated[str, typer.Option(help="Token budget to train on: 15T, 300B, or a plain number.")],
     model: Annotated[str | None, typer.Option(help="Catalog model name, e.g. llama3.1-405b.")] = None,
@@ -101,9 +103,7 @@ def whatif(
     state_dtype: Annotated[str, typer.Option(
         "--state-dtype", help="float32 (mixed precision) or bfloat16 (pure bf16 training, no fp32 master).",
     )] = "float32",
-    tp: Annotated[list[str] | None, typer.Option(
-        "--tp", metavar="N[,N...]", help="Pin the tensor-parallel degrees searched on every cluster.",
-    )] = None,
+    axis_pins: AxisPins = None,
     sharding: Annotated[list[str] | None, typer.Option(
         "--sharding", metavar="STRATEGY[,...]", help=f"Pin the sharding strategies: {', '.join(SHARDINGS)}.",
     )] = None,
@@ -128,7 +128,7 @@ def whatif(
         candidates.extend(document if isinstance(document, list) else [document])
     if not candidates:
         raise fail("give at least one candidate GPU type: --gpu H100 (repeatable) or --gpu-file FILE")
-    search = search_pins(tp=tp, sharding=sharding, compile_=None, checkpointing=checkpointing)
+    search = search_pins(axis_pins=axis_pins, sharding=sharding, checkpointing=checkpointing)
     body: dict[str, Any] = {
         "token_budget": _parsed(parse_token_count, tokens, "--tokens"), "gpus": candidates,
         "cluster_sizes": _parsed(parse_cluster_sizes, sizes, "--sizes"),

@@ -17,6 +17,7 @@ from api.dashboard import formatting as fmt
 from api.db.models import PlanRow
 from api.services import plan_compare
 from api.services.plan_compare import Scalar
+from contract.mesh import AXES
 from contract.parallel_config import ParallelConfig
 from contract.training_config import precision_label
 from planner.cost.memory import MEMORY_TERMS
@@ -76,25 +77,13 @@ def sharding_label(config: ParallelConfig) -> str:
 
 
 def mesh_row(config: ParallelConfig) -> Row:
-    """The device mesh, every degree named (pp and cp when above 1), with what pipeline, context and
-    tensor parallelism bring when they are on."""
+    """The device mesh, every degree named (pp and cp when above 1), with what each axis above 1
+    brings (contract/mesh.py's registry: every axis's `note`)."""
     mesh = config.mesh
-    pipeline = f"pp {mesh.pp} × " if mesh.pp > 1 else ""
-    context = f" × cp {mesh.cp}" if mesh.cp > 1 else ""
-    value = f"{pipeline}dp_replicate {mesh.dp_replicate} × dp_shard {mesh.dp_shard}{context} × tp {mesh.tp}"
-    notes = []
-    if mesh.pp > 1:
-        notes.append(f"the blocks are split into {mesh.pp} pipeline stages of {mesh.stage_ranks} GPU(s) each "
-                     "(outermost: consecutive blocks of ranks), micro-batches sent stage to stage")
-    if mesh.cp > 1:
-        notes.append(f"each sequence is split over a cp group of {mesh.cp} ranks (load-balanced chunks; "
-                     "keys and values all-gathered for attention), and FSDP shards over dp_shard × cp")
-    if mesh.tp > 1:
-        notes.append(f"each tp group is {mesh.tp} consecutive ranks inside a node, with sequence "
-                     "parallel and loss parallel (vocabulary-sharded cross-entropy)")
+    notes = [note for entry in AXES if (note := entry.noted(mesh))]
     if not notes:
-        return Row("Device mesh", value, f"{mesh.world_size} GPUs, data parallelism only")
-    return Row("Device mesh", value, f"{mesh.world_size} GPUs; " + "; ".join(notes))
+        return Row("Device mesh", mesh.degrees_text("×"), f"{mesh.world_size} GPUs, data parallelism only")
+    return Row("Device mesh", mesh.degrees_text("×"), f"{mesh.world_size} GPUs; " + "; ".join(notes))
 
 
 def input_rows(row: PlanRow, plan: Plan) -> list[Row]:
@@ -465,9 +454,7 @@ _COMPARE_DISPLAY: dict[str, Callable[[Any], str]] = {
     "network_assumed": lambda v: "not stated: priced as a range" if v else "stated (or one node)",
     "prediction.exposed_comm_s": fmt.duration,
     "prediction.exposed_tensor_parallel_s": fmt.duration,
-    "config.mesh.tp": lambda v: "none (1)" if v == 1 else f"{v} (sequence + loss parallel)",
-    "config.mesh.cp": lambda v: "none (1)" if v == 1 else f"{v} (sequences split)",
-    "config.mesh.pp": lambda v: "none (1)" if v == 1 else f"{v} stages",
+    **{f"config.mesh.{entry.name}": entry.compared for entry in AXES},
     # To the second: two plans made in the same minute differ here, and the row must show how.
     "created_at": lambda v: f"{datetime.fromisoformat(v):%Y-%m-%d %H:%M:%S} UTC",
     **{f"prediction.memory_breakdown_gib.{key}": fmt.gib for key in MEMORY_PARTS},

@@ -20,6 +20,7 @@ from api.schemas.plans import MAX_ID
 from api.services.plan_documents import read_plan
 from api.services.plans import full_plan
 from api.typed_numbers import parse_id
+from contract.mesh import AXES, Axis
 from planner.cost.memory import MEMORY_TERMS
 from planner.formatting import between
 from planner.plan import Plan, PredictionInterval
@@ -152,6 +153,12 @@ def _interval(interval: PredictionInterval | None, *, decimals: int = 0) -> str 
     return None if interval is None else between(interval.low, interval.high, decimals=decimals)
 
 
+def _axis_field(entry: Axis) -> ComparedField:
+    """The compare table's row for a mesh axis: its degree in each plan."""
+    return ComparedField(f"config.mesh.{entry.name}", "Configuration", entry.compare_label,
+                         lambda _r, p: p.config.mesh.degree(entry.name))
+
+
 FIELDS: tuple[ComparedField, ...] = (
     ComparedField("name", "Inputs", "Name", lambda r, _p: r.name),
     ComparedField("model.name", "Inputs", "Model", lambda _r, p: p.model.name),
@@ -168,18 +175,11 @@ FIELDS: tuple[ComparedField, ...] = (
     # None for plans stored before schema 2.2 (not applicable, as for a missing interval below).
     ComparedField("network_assumed", "Inputs", "Network between nodes", lambda _r, p: p.network_assumed),
     ComparedField("config.sharding", "Configuration", "Sharding", lambda _r, p: p.config.sharding),
-    ComparedField("config.mesh.pp", "Configuration", "Pipeline stages (pp)", lambda _r, p: p.config.mesh.pp),
+    # A row per mesh axis, outermost first (contract/mesh.py's registry).
+    *(_axis_field(entry) for entry in AXES),
     # Null without a pipeline: not applicable, as every_k is outside selective checkpointing.
     ComparedField("config.pipeline", "Configuration", "Pipeline schedule",
                   lambda _r, p: p.config.pipeline.label() if p.config.pipeline is not None else None),
-    ComparedField("config.mesh.dp_shard", "Configuration", "Shard group (GPUs)",
-                  lambda _r, p: p.config.mesh.dp_shard),
-    ComparedField("config.mesh.dp_replicate", "Configuration", "Replicas",
-                  lambda _r, p: p.config.mesh.dp_replicate),
-    ComparedField("config.mesh.cp", "Configuration", "Context parallel (GPUs)",
-                  lambda _r, p: p.config.mesh.cp),
-    ComparedField("config.mesh.tp", "Configuration", "Tensor parallel (GPUs)",
-                  lambda _r, p: p.config.mesh.tp),
     ComparedField("config.blocks_per_unit", "Configuration", "Blocks per unit",
                   lambda _r, p: p.config.blocks_per_unit),
     ComparedField("config.all_gather_bucket_mb", "Configuration", "All-gather bucket (MB)",

@@ -25,8 +25,8 @@ DEBUG = ["plan", "--model", "llama-debug", "--cluster", "1x4xcpu", "--seq-len", 
 WIDE = {"COLUMNS": "200"}
 
 
-def pins(**options: list[str]) -> SearchSpace:
-    return search_pins(tp=None, sharding=None, compile_=None, checkpointing=None, **options)
+def pins(*, pp: list[str] | None = None, **options: list[str]) -> SearchSpace:
+    return search_pins(axis_pins={"pp": pp}, **options)
 
 
 def test_the_pins_reach_the_search_space() -> None:
