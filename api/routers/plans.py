@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 from functools import partial
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import delete, select
 from starlette.convertors import Convertor, register_url_convertor
@@ -18,7 +19,6 @@ from api.schemas.plan_jobs import PlanJobOut
 from api.schemas.plans import (
     MAX_GPUS_PER_NODE,
     MAX_NODES,
-    MAX_PIPELINE_STAGES,
     ComparedPlan,
     ComparisonRow,
     PlanComparison,
@@ -34,7 +34,9 @@ from api.schemas.plans import (
 from api.services import plan_compare, plan_jobs, plan_listing
 from api.services import plans as plan_service
 from api.services.plan_documents import UnreadablePlanError
+from contract.mesh import AXES, Axis
 from contract.parallel_config import ShardingStrategy
+from planner.specs import MAX_PARALLEL_DEGREE
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 
@@ -74,6 +76,31 @@ Cursor = Annotated[
 
 def _text_query(max_length: int, description: str) -> Query:
     return Query(max_length=max_length, description=description)
+
+
+def _max_filtered_degree(axis: Axis) -> int:
+    # An axis that must divide the GPUs per node (tp) stays inside one node; the others are bounded
+    # like the search's pins.
+    in_a_node = any(size.of == "cluster" for size in axis.divides)
+    return MAX_GPUS_PER_NODE if in_a_node else MAX_PARALLEL_DEGREE
+
+
+def _mesh_filters(**degrees: int | None) -> dict[str, int | None]:
+    """The list's mesh filters, one query parameter per axis a request can pin (`?tp=8&pp=4`): its
+    parameters are made from the registry below."""
+    return degrees
+
+
+_mesh_filters.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+    inspect.Parameter(axis.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        int | None, Query(
+            ge=1, le=_max_filtered_degree(axis),
+            description=f"{axis.what.capitalize()} degree of the chosen mesh "
+            f"(1: plans without {axis.what.replace('-parallel', ' parallelism')})",
+        ),
+    ])
+    for axis in AXES if axis.search_field
+])
 
 
 # Sync endpoints: FastAPI runs them in its worker thread pool, so the blocking database calls never
@@ -145,6 +172,7 @@ def list_plans(
     request: Request,
     response: Response,
     session: SessionDep,
+    mesh: Annotated[dict[str, int | None], Depends(_mesh_filters)],
     limit: Annotated[int, Query(ge=1, le=200, description="Plans per page")] = 50,
     cursor: Cursor = None,
     sort: Annotated[PlanSort, Query(description="Column to sort on")] = PlanSort.created_at,
@@ -154,18 +182,8 @@ def list_plans(
     nodes: Annotated[int | None, Query(ge=1, le=MAX_NODES, description="Number of nodes")] = None,
     q: Annotated[str | None, _text_query(200, "Substring of the plan name")] = None,
     sharding: Annotated[ShardingStrategy | None, Query(description="Chosen sharding strategy")] = None,
-    tp: Annotated[int | None, Query(
-        ge=1, le=MAX_GPUS_PER_NODE,
-        description="Tensor-parallel degree of the chosen mesh (1: data parallelism only)",
-    )] = None,
-    pp: Annotated[int | None, Query(
-        ge=1, le=MAX_PIPELINE_STAGES,
-        description="Pipeline-parallel degree of the chosen mesh (1: plans without a pipeline)",
-    )] = None,
 ) -> PlanPage:
-    filters = plan_listing.PlanFilters(
-        model=model, gpu=gpu, nodes=nodes, q=q, sharding=sharding, tp=tp, pp=pp
-    )
+    filters = plan_listing.PlanFilters(model=model, gpu=gpu, nodes=nodes, q=q, sharding=sharding, **mesh)
     rows, next_cursor = plan_listing.list_plans(
         session, filters=filters, sort=sort, order=order, limit=limit, cursor=cursor or None
     )

@@ -276,6 +276,8 @@ async def test_an_empty_cursor_is_the_first_page(client: httpx.AsyncClient, stor
         {"pp": "\u0663"},  # Arabic-Indic three: int() would read it, the API must not
         {"pp": "\u00b2"},  # superscript two: str.isdigit() says yes, int() refuses
         {"pp": "2.5"},
+        {"cp": 0},
+        {"cp": 1025},
         {"sharding": "zero3"},
         {"sharding": "FULL_SHARD"},
     ],

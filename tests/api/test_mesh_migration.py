@@ -195,14 +195,14 @@ async def _check_the_api_lists_and_filters(
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             items = (await client.get("/api/v1/plans", params={"limit": 200})).json()["items"]
             assert {item["name"]: item["mesh"] for item in items} == expected
-            for axis, degree in (("tp", 2), ("tp", 1), ("pp", 2), ("pp", 4), ("pp", 1)):
+            for axis, degree in (("tp", 2), ("tp", 1), ("pp", 2), ("pp", 4), ("pp", 1), ("cp", 2)):
                 listed = (await client.get("/api/v1/plans", params={axis: degree, "limit": 200})).json()
                 assert {item["name"] for item in listed["items"]} == {
                     name for name, mesh in expected.items() if mesh[axis] == degree}, (axis, degree)
             for name in ("1.0 hybrid", "2.0 tp2", "2.2 pp4 cp2 tp2 x2 replicas"):
                 detail = (await client.get(f"/api/v1/plans/{ids[name]}")).json()
                 assert detail["mesh"] == expected[name]
-        # The service filters on every axis (cp and dp_replicate too), several at once.
+        # The service filters on every axis (the data-parallel ones too), several at once.
         with Session(app.state.engine) as session:
             for degrees in ({"cp": 2}, {"dp_replicate": 2}, {"cp": 2, "tp": 2, "pp": 1}, {"dp_shard": 8}):
                 rows, _ = list_plans(session, filters=PlanFilters(**degrees), sort=PlanSort.created_at,
