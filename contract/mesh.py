@@ -147,9 +147,9 @@ AXES: tuple[Axis, ...] = (
         cli_help="Pin the pipeline-parallel degrees to search (repeatable or comma-separated): --pp 4 "
         "splits the blocks into 4 stages, --pp 1 plans no pipeline. Default: pp 1 where a plan without a "
         "pipeline fits, else every power of two up to the model's layers that divides the GPUs.",
-        form_help="Empty: the planner searches pipelines on clusters of several nodes (stages of whole "
-        "nodes, only their sends crossing between them). A number pins it: 4 splits the blocks into 4 "
-        "stages; 1 plans no pipeline.",
+        form_help="Empty: on clusters of several nodes the planner also searches pipeline stages (every "
+        "power of two up to 16 that divides the nodes); one node plans none. A number pins it: 4 splits "
+        "the blocks into 4 stages; 1 plans no pipeline.",
         label="pp",
         optional=True,
         added_after_schema_2=True,

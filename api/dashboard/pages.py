@@ -42,6 +42,7 @@ from api.services import studies as study_service
 from api.services.fidelity import served_report
 from api.services.plan_documents import UnreadablePlanError, read_plan
 from api.typed_numbers import parse_id, parse_whole
+from contract.mesh import searched_axes
 from contract.training_config import Optimizer, Precision, StateDType
 from planner.catalog.models import MODEL_CATALOG
 from planner.rejected_summary import summarize_rejected
@@ -120,16 +121,14 @@ def _form_context(request: Request, session: SessionDep, form: plan_form.PlanFor
 @router.get("/plans/new", response_class=HTMLResponse)
 def new_plan_page(request: Request, session: SessionDep) -> HTMLResponse:
     # Query parameters prefill the form ("plan again with changes" links from a plan's page).
-    known = plan_form.PlanForm().values()
-    form = plan_form.PlanForm(**{k: v[:10_000] for k, v in request.query_params.items() if k in known})
+    form = plan_form.PlanForm.from_values(request.query_params)
     return render(request, "plan_new.html", _form_context(request, session, form))
 
 
 @router.post("/plans/new", response_class=HTMLResponse)
 async def create_plan_from_form(request: Request, session: SessionDep, settings: SettingsDep) -> Response:
     submitted = await request.form()
-    known = plan_form.PlanForm().values()
-    form = plan_form.PlanForm(**{k: v for k, v in submitted.items() if k in known and isinstance(v, str)})
+    form = plan_form.PlanForm.from_values(submitted)
     raw_key = submitted.get("api_key")
     api_key = raw_key if isinstance(raw_key, str) else ""
     # Which client's share the search takes (a key's, else the address's); the form itself says what is
@@ -152,8 +151,7 @@ async def batch_hint(request: Request, session: SessionDep, settings: SettingsDe
     key once keys exist (401 without; the script then keeps its arithmetic), and room in the client's
     share of the search pool (429)."""
     submitted = await request.form()
-    known = plan_form.PlanForm().values()
-    form = plan_form.PlanForm(**{k: v for k, v in submitted.items() if k in known and isinstance(v, str)})
+    form = plan_form.PlanForm.from_values(submitted)
     api_key = submitted.get("api_key")
     key_error = await run_in_threadpool(
         _form_key_error, session, request, api_key if isinstance(api_key, str) else ""
@@ -248,11 +246,10 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
     if plan.model.name in MODEL_CATALOG:
         replan["model"] = plan.model.name
     search = row.request.get("search") or {}
-    for pins, form_field in (("tensor_parallel_degrees", "tensor_parallel_degree"),
-                             ("pipeline_parallel_degrees", "pipeline_parallel_degree")):
-        pinned = search.get(pins)
-        if isinstance(pinned, list) and len(pinned) == 1:
-            replan[form_field] = pinned[0]  # the form pins one degree; keep the pin
+    for entry in searched_axes():  # each mesh axis's pin (contract/mesh.py's registry)
+        pinned = search.get(entry.search_field)
+        if entry.form_field and isinstance(pinned, list) and len(pinned) == 1:
+            replan[entry.form_field] = pinned[0]  # the form pins one degree; keep the pin
     return render(request, "plan_detail.html", {
         "active": "plans", "row": row, "plan": plan, "existing": request.query_params.get("existing") == "1",
         "inputs": plan_views.input_rows(row, plan), "config": plan_views.config_rows(plan.config),

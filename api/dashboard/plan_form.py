@@ -9,7 +9,8 @@ the refusal's advice, it is priced in the app's search pool, not in the web proc
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from pydantic import ValidationError
@@ -21,6 +22,7 @@ from api.services.plans import build_request, calibration_profile
 from api.services.search_pool import SearchPool, SearchPoolBrokenError
 from api.text_check import JsonTextError, load_json_text
 from api.typed_numbers import parse_id, parse_whole
+from contract.mesh import searched_axes
 from planner.catalog.gpus import GPU_CATALOG
 from planner.catalog.models import MODEL_CATALOG
 from planner.cost.model_costs import count_parameters
@@ -44,9 +46,13 @@ _FIELD_FOR_PATH: tuple[tuple[str, str], ...] = (
     ("training", "training"),
     ("calibration_id", "calibration_id"),
     ("name", "name"),
-    ("search.tensor_parallel_degrees", "tensor_parallel_degree"),
-    ("search.pipeline_parallel_degrees", "pipeline_parallel_degree"),
+    # Each mesh axis's pin (contract/mesh.py's registry): `search.tensor_parallel_degrees` -> its field.
+    *((f"search.{entry.search_field}", entry.form_field) for entry in searched_axes() if entry.form_field),
 )
+PIN_FIELDS: tuple[str, ...] = tuple(entry.form_field for entry in searched_axes() if entry.form_field)
+"""The form's pin fields, one per mesh axis with a search field (`tensor_parallel_degree`, ...)."""
+MAX_FIELD_CHARS = 10_000
+"""Longer than any field a person types: what a submitted value is cut to."""
 INTEGER_FIELDS = {
     "num_nodes": "number of nodes",
     "gpus_per_node": "GPUs per node",
@@ -74,11 +80,29 @@ class PlanForm:
     state_dtype: str = "float32"
     """What the optimizer updates: `float32` (mixed precision) or `bfloat16` (pure bf16 training)."""
     calibration_id: str = ""
-    tensor_parallel_degree: str = ""
-    """Empty: search every degree that splits the model inside a node; a number pins it (1: no TP)."""
-    pipeline_parallel_degree: str = ""
-    """Empty: pipelines on clusters of several nodes; a number pins it (1: no pipeline)."""
+    pins: dict[str, str] = field(default_factory=dict)
+    """Each mesh axis's pin as typed, by its form field (`tensor_parallel_degree`, `Axis.form_field`):
+    empty searches the axis, a number pins it."""
     errors: dict[str, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> PlanForm:
+        """A form from submitted or linked values (a query string, a form post): the known fields that
+        are text, each cut to MAX_FIELD_CHARS; the rest ignored."""
+        typed = {k: v[:MAX_FIELD_CHARS] for k, v in values.items() if isinstance(v, str)}
+        known = {f.name for f in fields(cls)} - {"pins", "errors"}
+        pins = {name: typed[name] for name in PIN_FIELDS if name in typed}
+        return cls(**{k: v for k, v in typed.items() if k in known}, pins=pins)
+
+    @property
+    def pin_fields(self) -> list[PinField]:
+        """The pin fields the form shows, one per axis with a search field (contract/mesh.py)."""
+        return [
+            PinField(name=entry.form_field, axis=entry.name, label=f"{entry.what.capitalize()} degree",
+                     help=entry.form_help, value=self.pins.get(entry.form_field, ""))
+            for entry in searched_axes()
+            if entry.form_field
+        ]
 
     @property
     def model_field(self) -> str:
@@ -88,9 +112,22 @@ class PlanForm:
         self.errors.setdefault(form_field, []).append(message)
 
     def values(self) -> dict[str, Any]:
+        """The form's fields as a query string carries them (the pins flat, by form field)."""
         values = asdict(self)
         values.pop("errors")
-        return values
+        values.pop("pins")
+        return {**values, **{name: self.pins.get(name, "") for name in PIN_FIELDS}}
+
+
+@dataclass(frozen=True)
+class PinField:
+    """One mesh axis's pin field as the page shows it."""
+
+    name: str
+    axis: str
+    label: str
+    help: str
+    value: str
 
 
 def _integer(form: PlanForm, name: str) -> int | None:
@@ -123,6 +160,24 @@ def _model(form: PlanForm) -> str | dict[str, Any] | None:
     return document
 
 
+def _pinned_degrees(form: PlanForm) -> dict[str, int | None]:
+    """Each pinned axis's search field -> the degree typed in its form field (None: empty, or an error
+    added beside the field). An axis that must divide the GPUs per node takes at most MAX_GPUS_PER_NODE."""
+    degrees: dict[str, int | None] = {}
+    for entry in searched_axes():
+        if not (entry.search_field and entry.form_field):
+            continue
+        raw = form.pins.get(entry.form_field, "").strip()
+        in_node = any(size.of == "cluster" for size in entry.divides)
+        high = MAX_GPUS_PER_NODE if in_node else MAX_PARALLEL_DEGREE
+        degree = parse_whole(raw, low=1, high=high) if raw else None
+        if raw and degree is None:
+            form.add_error(entry.form_field, f"enter a whole number from 1 to {high} (1: none), or leave "
+                           "it empty to search every degree")
+        degrees[entry.search_field] = degree
+    return degrees
+
+
 def to_plan_create(form: PlanForm) -> PlanCreate | None:
     """The API body for this form, or None with `form.errors` filled in."""
     model = _model(form)
@@ -130,18 +185,7 @@ def to_plan_create(form: PlanForm) -> PlanCreate | None:
     calibration_id = parse_id(form.calibration_id) if form.calibration_id.strip() else None
     if form.calibration_id.strip() and calibration_id is None:
         form.add_error("calibration_id", "choose a stored calibration profile, or none")
-    raw_tensor_parallel = form.tensor_parallel_degree.strip()
-    tensor_parallel = (
-        parse_whole(raw_tensor_parallel, low=1, high=MAX_GPUS_PER_NODE) if raw_tensor_parallel else None
-    )
-    if raw_tensor_parallel and tensor_parallel is None:
-        form.add_error("tensor_parallel_degree", f"enter a whole number from 1 to {MAX_GPUS_PER_NODE} "
-                       "(1: data parallelism only), or leave it empty to search every degree")
-    raw_pipeline = form.pipeline_parallel_degree.strip()
-    pipeline = parse_whole(raw_pipeline, low=1, high=MAX_PARALLEL_DEGREE) if raw_pipeline else None
-    if raw_pipeline and pipeline is None:
-        form.add_error("pipeline_parallel_degree", f"enter a whole number from 1 to {MAX_PARALLEL_DEGREE} "
-                       "(1: no pipeline), or leave it empty to search pipelines on several nodes")
+    search = {field: [degree] for field, degree in _pinned_degrees(form).items() if degree is not None}
     if form.errors:
         return None
     body: dict[str, Any] = {
@@ -154,11 +198,6 @@ def to_plan_create(form: PlanForm) -> PlanCreate | None:
         "name": form.name.strip() or None,
         "calibration_id": calibration_id,
     }
-    search: dict[str, list[int]] = {}
-    if tensor_parallel is not None:
-        search["tensor_parallel_degrees"] = [tensor_parallel]
-    if pipeline is not None:
-        search["pipeline_parallel_degrees"] = [pipeline]
     if search:
         body["search"] = search
     try:

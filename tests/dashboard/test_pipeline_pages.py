@@ -160,5 +160,5 @@ def test_the_form_pins_a_pipeline_and_plan_again_keeps_it(client: TestClient) ->
     # Bad input is named at the field, the form comes back as sent.
     refused = client.post("/plans/new", data={**four, "pipeline_parallel_degree": "²"})
     assert refused.status_code == 422
-    assert "enter a whole number from 1 to 1024 (1: no pipeline)" in refused.text
+    assert "enter a whole number from 1 to 1024 (1: none)" in refused.text
     assert re.search(r'id="pipeline_parallel_degree"[^>]*aria-invalid="true"', refused.text)
