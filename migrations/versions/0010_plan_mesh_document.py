@@ -9,6 +9,8 @@ leaves, at least 1. One expression index per axis (`ix_plans_mesh_<axis>`) serve
 Each row's document is made from its own columns (not from its Plan document), so that it holds exactly
 what the columns held, for plans of every schema version: 0003 read 1.x plans' meshes already.
 Downgrading makes the columns again from the documents: nothing is lost (dp_replicate is derived again).
+A degree the columns cannot hold (on an axis added after this revision, or a dp_replicate that the world
+size does not give) is counted first, and the downgrade refused unless forced (migrations/data_loss.py).
 
 Revision ID: 0010
 Revises: 0009
@@ -20,6 +22,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
+
+from migrations import data_loss
 
 revision: str = "0010"
 down_revision: str | None = "0009"
@@ -56,6 +60,29 @@ def _degree(axis: str) -> sa.ColumnElement[int]:
     return sa.func.coalesce(_plans.c.mesh[key].as_integer().self_group(), sa.literal(1, literal_execute=True))
 
 
+def _replicas(degrees: dict[str, sa.ColumnElement[int]]) -> sa.ColumnElement[int]:
+    """What the world size leaves of the other degrees, at least 1 (integer division on both databases),
+    as the API showed dp_replicate (api/schemas/plans.py) while only the other axes had columns."""
+    others = degrees["pp"] * degrees["dp_shard"] * degrees["cp"] * degrees["tp"]
+    return sa.case((_plans.c.world_size > others, _plans.c.world_size // others), else_=1)
+
+
+def _with_other_replicas() -> sa.Select[tuple[int]]:
+    degrees = {axis: _degree(axis) for axis in COLUMNS}
+    return sa.select(sa.func.count()).select_from(_plans).where(_degree("dp_replicate") != _replicas(degrees))
+
+
+_KNOWN = ", ".join(f"'{axis}'" for axis in AXES)
+_SPLIT_ON_OTHER_AXES = {
+    "sqlite": "SELECT count(*) FROM plans WHERE EXISTS (SELECT 1 FROM json_each(plans.mesh) AS axis "
+    f"WHERE axis.key NOT IN ({_KNOWN}) AND axis.value <> 1)",
+    "postgresql": "SELECT count(*) FROM plans WHERE EXISTS (SELECT 1 FROM jsonb_each(plans.mesh) AS axis "
+    f"WHERE axis.key NOT IN ({_KNOWN}) AND axis.value <> '1'::jsonb)",
+}
+"""Plans with a degree above 1 on an axis this revision does not know, per dialect (JSON keys are
+enumerated differently)."""
+
+
 def _index(axis: str) -> str:
     return f"ix_plans_mesh_{axis}"
 
@@ -64,9 +91,7 @@ def upgrade() -> None:
     op.add_column("plans", sa.Column("mesh", JSON_DOC, nullable=False, server_default=ALL_ONES))
     # One UPDATE in SQL: the rows never travel to Python, however many plans are stored.
     degrees = {axis: _plans.c[column] for axis, column in COLUMNS.items()}
-    others = degrees["pp"] * degrees["dp_shard"] * degrees["cp"] * degrees["tp"]
-    # Integer division on both databases; at least 1, as the API's mesh was (api/schemas/plans.py).
-    degrees["dp_replicate"] = sa.case((_plans.c.world_size > others, _plans.c.world_size // others), else_=1)
+    degrees["dp_replicate"] = _replicas(degrees)
     on_postgresql = op.get_context().dialect.name == "postgresql"
     build = sa.func.jsonb_build_object if on_postgresql else sa.func.json_object
     pairs = [part for axis in AXES for part in (sa.literal(axis), degrees[axis])]
@@ -82,7 +107,15 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    # Nothing is lost: the four columns hold every axis but dp_replicate, which the world size gives.
+    # The four columns hold every axis but dp_replicate, which the world size gives: nothing is lost,
+    # unless a later planner stored an axis of its own, or a dp_replicate the world size does not give.
+    data_loss.count_before_delete("0010", [
+        (f"plans' degrees above 1 on axes other than {', '.join(AXES)} (their meshes lose them)",
+         _SPLIT_ON_OTHER_AXES[op.get_context().dialect.name]),
+        ("plans' dp_replicate degrees that their world size does not give (their meshes lose them)",
+         str(_with_other_replicas().compile(dialect=op.get_bind().dialect,
+                                            compile_kwargs={"literal_binds": True}))),
+    ])
     for column in COLUMNS.values():
         op.add_column("plans", sa.Column(column, sa.Integer(), nullable=False, server_default="1"))
     op.execute(_plans.update().values({column: _degree(axis) for axis, column in COLUMNS.items()}))

@@ -28,6 +28,7 @@ from api.schemas.plans import PlanSort, SortOrder
 from api.services.plan_listing import PlanFilters, list_plans
 from api.settings import Settings
 from contract.mesh import MESH_AXES
+from migrations import data_loss
 from tests.api.test_migrations import _PLANS_0002, _plan_document
 from tests.older_schemas import as_schema_1, as_schema_2_0, as_schema_2_1
 
@@ -215,3 +216,33 @@ async def _check_the_api_lists_and_filters(
         app.state.plan_jobs.shutdown()
         app.state.search_pool.shutdown()
         app.state.engine.dispose()
+
+
+def test_a_downgrade_that_would_lose_a_degree_is_refused_unless_forced(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later planner's axis (here `ep`), or a dp_replicate the world size does not give, has no column
+    at 0009: counted, refused with nothing changed, and dropped only when forced."""
+    monkeypatch.delenv(data_loss.FORCE_ENV, raising=False)
+    migrate.upgrade(engine)
+    plain = {"pp": 1, "dp_replicate": 1, "dp_shard": 4, "cp": 1, "tp": 1}
+    meshes = {"plain": plain, "ep2": {**plain, "dp_shard": 2, "ep": 2}, "ep1": {**plain, "ep": 1},
+              "two replicas of 4": {**plain, "dp_replicate": 2}}
+    with engine.begin() as connection:
+        for name, mesh in meshes.items():
+            connection.execute(PlanRow.__table__.insert().values(**_row(name, {}), sharding="full_shard",
+                                                                 mesh=mesh))
+    with pytest.raises(data_loss.DataLossRefusedError) as refused:
+        migrate.downgrade(engine, BEFORE)
+    message = str(refused.value)
+    assert "1 row of plans' degrees above 1 on axes other than pp, dp_replicate, dp_shard, cp, tp" in message
+    # ep2's 2 replicas of 2 shards are 4 GPUs: 0009 would read dp_replicate 2 from the world size.
+    assert "2 rows of plans' dp_replicate degrees that their world size does not give" in message
+    assert migrate.current_revision(engine) == migrate.head_revision()
+    assert "mesh" in _snapshot(engine)[1]
+
+    monkeypatch.setenv(data_loss.FORCE_ENV, "1")
+    migrate.downgrade(engine, BEFORE)
+    rows, _ = _snapshot(engine)
+    assert {name: tuple(row[column] for column in COLUMNS.values()) for name, row in rows.items()} == {
+        "plain": (1, 4, 1, 1), "ep2": (1, 2, 1, 1), "ep1": (1, 4, 1, 1), "two replicas of 4": (1, 4, 1, 1)}
