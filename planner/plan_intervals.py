@@ -10,6 +10,7 @@ over the runner-up is inside its interval.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from planner.cost.estimate import Estimator
@@ -22,6 +23,7 @@ from planner.specs import ClusterSpec, PlanRequest
 from planner.uncertainty import (
     Interval,
     coverage_warnings,
+    lead_uncertainty,
     memory_interval,
     network_assumed,
     network_spread,
@@ -104,9 +106,12 @@ class PlanIntervals:
 def lead_within_interval(
     prediction: Prediction, alternatives: tuple[Candidate, ...], rejected: tuple[RejectedFamily, ...]
 ) -> PlanWarning | None:
-    """A warning when the runner-up's predicted throughput lies inside the pick's interval: the cost
-    model cannot tell which of the two is faster. The runner-up is the fastest other family (one that
-    lost on speed alone: planner/ranking.py); the alternatives, which often differ from the pick by a
+    """A warning when the cost model cannot tell the pick from the runner-up: the runner-up's
+    predicted throughput is within how far the model misranks two configurations of one setup
+    (`lead_uncertainty`: measured on pairs of held-out runs, since the pick and the runner-up share
+    their model, GPU and cluster and so most of the model's error), or, where no pairs were
+    measured, inside the pick's interval. The runner-up is the fastest other family (one that lost
+    on speed alone: planner/ranking.py); the alternatives, which often differ from the pick by a
     bucket cap only, stand in where no other family fits."""
     interval = prediction.tokens_per_s_per_gpu_interval
     families = [(r.best_tokens_per_s_per_gpu, r.family) for r in rejected
@@ -115,15 +120,25 @@ def lead_within_interval(
     if interval is None or not others:
         return None
     tokens, name = max(others)
-    if tokens < interval.low:
-        return None
+    pick = prediction.tokens_per_s_per_gpu
+    paired = lead_uncertainty()
+    if paired is None:
+        if tokens < interval.low:
+            return None
+        evidence = f"the pick's {interval.level:.0%} interval is {between(interval.low, interval.high)}"
+    else:
+        if tokens < pick / math.exp(paired.q):
+            return None
+        evidence = (
+            f"{paired.level:.0%} of the time the model ranks two configurations of one setup to within "
+            f"{math.expm1(paired.q):.0%} ({paired.pairs} pairs of held-out runs, {paired.sources} sources)"
+        )
     return PlanWarning(
         code="lead_within_interval",
         message=(
-            f"the pick's lead is inside its {interval.level:.0%} interval: the runner-up, {name}, is "
-            f"predicted {1.0 - tokens / prediction.tokens_per_s_per_gpu:.1%} slower ({tokens:,.0f} against "
-            f"{prediction.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, the pick's interval "
-            f"{between(interval.low, interval.high)}): the model cannot tell which is faster; where it "
-            "matters, run both for a few steps (`fsdp-planner validate`) and keep the faster"
+            f"the pick's lead is inside what the model can tell apart: the runner-up, {name}, is predicted "
+            f"{1.0 - tokens / pick:.1%} slower ({tokens:,.0f} against {pick:,.0f} tokens/s/GPU), and "
+            f"{evidence}; where it matters, run both for a few steps (`fsdp-planner validate`) and keep "
+            "the faster"
         ),
     )

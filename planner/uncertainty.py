@@ -24,7 +24,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from contract.mesh import Mesh
+from contract.mesh import MODEL_PARALLEL_AXES, Mesh
 from planner.catalog.gpus import resolve_gpu
 from planner.gpu_spec import GpuSpec
 from planner.specs import ClusterSpec
@@ -33,7 +33,7 @@ INTERVALS_PACKAGE = "planner.fidelity"
 INTERVALS_RESOURCE = "intervals.json"
 LEVEL = 0.8
 """The intervals' nominal coverage: 4 runs in 5 measure inside them."""
-EXTRA_DIMENSIONS = ("pp", "cp", "tp")
+EXTRA_DIMENSIONS = MODEL_PARALLEL_AXES
 """The mesh axes beyond data parallelism that name an interval's group (`dimension_key`)."""
 NETWORK_RANGES_GBPS_PER_NODE: dict[str, tuple[float, float]] = {
     # A100 clusters: AWS p4d.24xlarge nodes have 400 Gb/s of EFA; a DGX A100 SuperPOD 8 x 200 Gb/s
@@ -72,6 +72,27 @@ class NetworkSpread:
     high_gbps_per_node: float
     tokens_per_s_low_network: float
     tokens_per_s_high_network: float
+
+
+@dataclass(frozen=True, slots=True)
+class LeadUncertainty:
+    """How far the model misranks two configurations of one setup, `level` of the time: the
+    quantile `q` of |log(predicted ratio / measured ratio)| over pairs of held-out runs from one
+    source on one GPU type and model (planner/fidelity/intervals.py `lead_calibration`)."""
+
+    q: float
+    pairs: int
+    sources: int
+    level: float = LEVEL
+
+
+def lead_uncertainty() -> LeadUncertainty | None:
+    """The stored paired quantile (None where the held-out runs made too few pairs, or an older
+    intervals.json has none)."""
+    lead = interval_data().get("lead")
+    if not lead:
+        return None
+    return LeadUncertainty(q=lead["q"], pairs=lead["pairs"], sources=lead["sources"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +244,7 @@ def coverage_warnings(*, cluster: ClusterSpec, mesh: Mesh) -> tuple[Caveat, ...]
 
 
 __all__ = [
-    "Caveat", "Interval", "NetworkSpread", "coverage_warnings", "dimension_key", "find_group",
-    "memory_interval", "network_assumed", "network_range", "network_spread", "throughput_interval",
+    "Caveat", "Interval", "LeadUncertainty", "NetworkSpread", "coverage_warnings", "dimension_key",
+    "find_group", "lead_uncertainty", "memory_interval", "network_assumed", "network_range", "network_spread",
+    "throughput_interval",
 ]

@@ -41,6 +41,12 @@ class UnitCost:
     """Matmul weights re-run in backward under op-level selective checkpointing."""
     input_elems: float
     """Elements of the block's input per token (what full checkpointing keeps)."""
+    compiled_saved_elems: float | None = None
+    """Activation elements saved per token without checkpointing when compiled: what inductor's
+    min-cut partitioner keeps, which recomputes cheap elementwise results (a norm's normalised
+    value, an activation's output) from what it keeps instead of saving them (None: `saved_elems`).
+    Counted on the runtime's blocks under torch.compile from the partitioned forward graph's saved
+    outputs (tests/profile/test_compiled_saved.py)."""
     saved_fp32_elems: float = 0.0
     """Of `saved_elems`, those eager autograd keeps in fp32 whatever the compute dtype: each RMSNorm
     normalises an fp32 copy of its input and keeps it (in bf16 that is 4 bytes an element, not 2;
@@ -212,6 +218,11 @@ def tensor_parallel_share(model: ModelCosts, tp: int) -> ModelCosts:
                 attention_flops=u.attention_flops / tp,
                 elementwise_elems=u.elementwise_elems / tp,
                 saved_elems=(u.saved_elems - u.gathered_elems) / tp + u.gathered_elems,
+                compiled_saved_elems=(
+                    None
+                    if u.compiled_saved_elems is None
+                    else (u.compiled_saved_elems - u.gathered_elems) / tp + u.gathered_elems
+                ),
                 saved_fp32_elems=u.saved_fp32_elems / tp,
                 op_saved_elems=u.op_saved_elems / tp,
                 op_recompute_matmul_params=u.op_recompute_matmul_params // tp,
@@ -247,9 +258,17 @@ def context_parallel_share(model: ModelCosts, cp: int) -> ModelCosts:
     def share(u: UnitCost) -> UnitCost:
         if id(u) not in shares:
             gathered = u.kv_elems * (cp - 1)
-            shares[id(u)] = replace(
-                u, saved_elems=u.saved_elems + gathered, op_saved_elems=u.op_saved_elems + gathered
-            ) if gathered else u
+            compiled = None if u.compiled_saved_elems is None else u.compiled_saved_elems + gathered
+            shares[id(u)] = (
+                replace(
+                    u,
+                    saved_elems=u.saved_elems + gathered,
+                    op_saved_elems=u.op_saved_elems + gathered,
+                    compiled_saved_elems=compiled,
+                )
+                if gathered
+                else u
+            )
         return shares[id(u)]
 
     return replace(model, blocks=tuple(share(b) for b in model.blocks), context_parallel=cp)
@@ -326,6 +345,10 @@ def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
         # output, w1/w3 outputs, silu output, product (counted on the runtime's block with
         # saved-tensor hooks: 8h + 2kv + 4f where a = h, plus a few elements of norm and softmax statistics).
         saved_elems=6 * h + 2 * a + 2 * kv + 4 * f,
+        # Compiled: the block input, both norm outputs, rotated q and k, v, attention output, the
+        # output projection's result (the residual sum is recomputed from it), w1, w3 and their
+        # product; the norms' values, silu and the second residual are recomputed.
+        compiled_saved_elems=4 * h + 2 * a + 2 * kv + 3 * f,
         saved_fp32_elems=2 * h,  # the two RMSNorms' upcast inputs
         # block input, q and v projections, attention out, w1 output, w2 output (every other matmul).
         op_saved_elems=2 * h + 2 * a + kv + f,
@@ -371,6 +394,9 @@ def _gpt2_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
         elementwise_elems=2 * 6 * h + 6 * h + 4 * f,
         kernels=30,
         saved_elems=9 * h + 2 * f,
+        # Compiled: the block input, both LayerNorm outputs, q, k, v, attention output, the output
+        # projection's result, c_fc's output and its GELU (the residual sums are recomputed).
+        compiled_saved_elems=8 * h + 2 * f,
         op_saved_elems=5 * h + f,
         op_recompute_matmul_params=h * h + h * f,
         input_elems=h,

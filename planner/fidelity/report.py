@@ -398,6 +398,9 @@ def build_report(
             "level": LEVEL,
             "written_by": "fsdp-planner fidelity --write (planner/fidelity/intervals.py)",
             **calibration,
+            "lead": intervals.lead_calibration(
+                [(item, result) for item, result in priced_runs if split_of(item.source) == "held-out"]
+            ),
             "reach": intervals.reach(priced_runs),
         },
         targets=tuple(
