@@ -76,6 +76,8 @@ class Axis:
     """Named in labels and descriptions only above 1 (axes added after the others, rarely used)."""
     added_after_schema_2: bool = False
     """Added to the plan document after schema 2.0: at degree 1 a plan hashes as it did without it."""
+    data_parallel: bool = False
+    """Its ranks see different sequences (the data-parallel axes); the others are model-parallel."""
     shards_parameters: bool = False
     """FSDP shards parameters over it (torchtitan's `dp_shard_cp`)."""
     shards: str = ""
@@ -108,6 +110,11 @@ class Axis:
     def option(self) -> str | None:
         """Its command-line pin (`--tp`): one where it has a search field."""
         return f"--{self.name.replace('_', '-')}" if self.search_field else None
+
+    @property
+    def within_node(self) -> bool:
+        """Its groups stay inside one node (its degree divides the GPUs per node)."""
+        return any(size.of == "cluster" for size in self.divides)
 
     @property
     def form_field(self) -> str | None:
@@ -165,6 +172,7 @@ AXES: tuple[Axis, ...] = (
     ),
     Axis(
         name="dp_replicate",
+        data_parallel=True,
         what="data-parallel replica",
         doc="Data-parallel replicas: ranks holding the same parameter shard (hybrid_shard across nodes, "
         "no_shard across everything).",
@@ -173,6 +181,7 @@ AXES: tuple[Axis, ...] = (
     ),
     Axis(
         name="dp_shard",
+        data_parallel=True,
         what="data-parallel shard",
         doc="Data-parallel ranks a parameter is sharded over (FSDP's shard group, with the cp ranks).",
         label="dp",
@@ -251,6 +260,10 @@ OPTIONAL_AXES: tuple[str, ...] = tuple(axis.name for axis in AXES if axis.option
 SHARD_AXES: tuple[str, ...] = tuple(axis.name for axis in AXES if axis.shards_parameters)
 """The axes FSDP shards parameters over (torchtitan's `dp_shard_cp`): a context-parallel group holds
 the same parameters, so its ranks share the shards too."""
+MODEL_PARALLEL_AXES: tuple[str, ...] = tuple(axis.name for axis in AXES if not axis.data_parallel)
+"""The axes beyond data parallelism (pp, cp, tp), outermost first: what splits one model replica."""
+SEQUENCE_AXES: tuple[str, ...] = tuple(axis.name for axis in AXES if axis.sequence_chunks)
+"""The axes that split every sequence (cp, tp): their product is `Mesh.sequence_ranks`."""
 ADDED_MESH_AXES: tuple[str, ...] = tuple(axis.name for axis in AXES if axis.added_after_schema_2)
 """Mesh axes added after schema 2.0 (degree 1 means what their absence meant)."""
 
@@ -344,8 +357,8 @@ class Mesh:
 
     @property
     def dp(self) -> int:
-        """Data-parallel degree: ranks that see different sequences."""
-        return self.dp_replicate * self.dp_shard
+        """Data-parallel degree: ranks that see different sequences (the data-parallel axes)."""
+        return math.prod(self.degree(entry.name) for entry in AXES if entry.data_parallel)
 
     @property
     def model_parallel(self) -> int:
@@ -372,6 +385,17 @@ class Mesh:
             for entry in AXES
             if entry.sequence_chunks and self.degree(entry.name) > 1
         )
+
+    @property
+    def sequence_ranks(self) -> int:
+        """The GPUs one sequence's activations are split over: the product of the sequence-splitting
+        axes' degrees (cp x tp)."""
+        return math.prod(self.degree(name) for name in SEQUENCE_AXES)
+
+    def degrees_above_one(self, names: tuple[str, ...] | None = None) -> str:
+        """`pp=4 cp=2 tp=2`: the axes above 1 among `names` (default: the model-parallel ones)."""
+        shown = MODEL_PARALLEL_AXES if names is None else names
+        return " ".join(f"{name}={self.degree(name)}" for name in shown if self.degree(name) > 1)
 
     def sequence_split(self) -> str:
         """`2 x cp 4 x tp 2`: how `sequence_pieces` is made (the axes above 1)."""

@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from contract.mesh import Mesh
+from contract.mesh import SEQUENCE_AXES, Mesh
 from planner.bounds import MAX_GLOBAL_BATCH_TOKENS
 from planner.cost.estimate import Estimator
 from planner.cost.memory import MemoryEstimate, MemoryLimits, fits_in_memory
@@ -388,8 +388,8 @@ def suggested_batch(request: PlanRequest, probe: Probe) -> str:
 def _over_ranks(probe: Probe) -> str:
     mesh = probe.choice.mesh
     ranks = "1 data-parallel rank" if mesh.dp == 1 else f"{mesh.dp} data-parallel ranks"
-    degrees = [f"{axis}={getattr(mesh, axis)}" for axis in ("pp", "cp", "tp") if getattr(mesh, axis) > 1]
-    return f"split over {ranks}" + (f" at {' '.join(degrees)}" if degrees else "")
+    degrees = mesh.degrees_above_one()
+    return f"split over {ranks}" + (f" at {degrees}" if degrees else "")
 
 
 def infeasible_error(
@@ -478,7 +478,7 @@ def _why_not_here(
         return text + ", which shrink as more GPUs shard them."
     if dominant.group == "activations":
         text += f" of {_sequences(here.choice.micro_batch_size)}{_split(here.choice.mesh)}"
-        if there is not None and _sequence_split(there.choice.mesh) > _sequence_split(here.choice.mesh):
+        if there is not None and there.choice.mesh.sequence_ranks > here.choice.mesh.sequence_ranks:
             return text + ", which more GPUs shrink only by splitting each sequence over more of them."
         return text + ", which more data-parallel GPUs do not shrink."
     if dominant.group == "gathered":
@@ -486,17 +486,11 @@ def _why_not_here(
     return text + "."
 
 
-def _sequence_split(mesh: Mesh) -> int:
-    """The GPUs one sequence's activations are split over (context and tensor parallel)."""
-    return mesh.cp * mesh.tp
-
-
 def _split(mesh: Mesh) -> str:
     """` per GPU`, or ` split over 8 GPUs at cp=4 tp=2`."""
-    if _sequence_split(mesh) == 1:
+    if mesh.sequence_ranks == 1:
         return " per GPU"
-    degrees = " ".join(f"{axis}={getattr(mesh, axis)}" for axis in ("cp", "tp") if getattr(mesh, axis) > 1)
-    return f" split over {_sequence_split(mesh)} GPUs at {degrees}"
+    return f" split over {mesh.sequence_ranks} GPUs at {mesh.degrees_above_one(SEQUENCE_AXES)}"
 
 
 def _allowed(request: PlanRequest, limit_gib: float) -> str:
@@ -551,7 +545,7 @@ def _unshrinkable(request: PlanRequest, probe: Probe) -> str:
         return sum(terms[n] for n in DOMINANT_GROUPS[group][1]) / GIB
 
     tokens = f"{_sequences(probe.choice.micro_batch_size)} of {request.training.seq_len} tokens"
-    if _sequence_split(probe.choice.mesh) > 1:
+    if probe.choice.mesh.sequence_ranks > 1:
         tokens += _split(probe.choice.mesh)
     return (
         f"activations and the loss ({gib('activations'):.1f} GiB for {tokens}) and gathered "

@@ -1,29 +1,50 @@
-"""Every axis of the mesh has its one place in every layer: the new-dimension checklist, as a test.
+"""A parallel dimension is one registry entry plus its physics: the promise of contract/mesh.py, tested.
 
-The mesh's axes are declared once (`contract.mesh.Mesh`, `MESH_AXES`). Each layer below names, per
-axis, the one function that applies it there, or why the axis does not apply to it. A new field on
-`Mesh` (expert parallelism, say) fails this test until every layer has its entry, and an
-entry fails when its function never reads its axis (the source is parsed, nothing is imported: the
-runtime's files need torch). The README's "Adding a parallel dimension" section is this checklist in
-prose.
+The mesh's axes are one table (`contract.mesh.AXES`). Every layer that only *names* axes (CLI pins,
+API search fields and list filters, labels and descriptions, compare, the dashboard's mesh row and plan
+form, the what-if study's pins, storage as one document, the launcher's checks) iterates it; an axis
+writes code only where it has physics. That code is the checklist `PHYSICS`: per axis, the one function
+that applies it in each such layer (the source is parsed, nothing imported: the runtime's files need
+torch). The README's "Adding a parallel dimension" section is this file in prose.
+
+`test_a_new_axis_is_one_entry_everywhere_else` proves the rest: it copies the packages, adds an `ep`
+entry to the copy's registry (and its degree to `Mesh`), changes nothing else, and checks what every
+naming layer shows for it (tests/hypothetical_axis.py). `test_no_layer_writes_its_own_axis_list` keeps
+it true: no tuple or list of axis names, no `--tp` literal, outside the registry.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
-from contract.mesh import MESH_AXES, Mesh
+import pytest
+
+from contract.mesh import (
+    ADDED_MESH_AXES,
+    AXES,
+    MESH_AXES,
+    MODEL_PARALLEL_AXES,
+    OPTIONAL_AXES,
+    SEQUENCE_AXES,
+    SHARD_AXES,
+    Mesh,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
 Handler = tuple[str, str]
 """(file relative to the repository, function or `Class.method` there) that applies an axis."""
 
-LAYERS: dict[str, dict[str, Handler | str]] = {
-    "search axis": {
+PHYSICS: dict[str, dict[str, Handler | str]] = {
+    "search degrees": {  # which degrees the search tries unpinned (a pin is the registry's)
         "pp": ("planner/enumeration.py", "pipeline_parallel_degrees"),
         "dp_replicate": ("planner/enumeration.py", "data_parallel_meshes"),
         "dp_shard": ("planner/enumeration.py", "data_parallel_meshes"),
@@ -52,22 +73,19 @@ LAYERS: dict[str, dict[str, Handler | str]] = {
         "cp": ("executor/runtime/context_parallel.py", "apply_context_parallel"),
         "tp": ("executor/runtime/parallelize.py", "_tensor_parallel"),
     },
-    "launcher": {
-        # The world must be the mesh's product, and stages stay on whole nodes (header: _pipeline_header).
-        "pp": ("executor/launch/render.py", "_pipeline_check"),
-        "dp_replicate": ("contract/mesh.py", "Mesh.shown_axes"),
-        "dp_shard": ("contract/mesh.py", "Mesh.shown_axes"),
-        "cp": ("contract/mesh.py", "Mesh.shown_axes"),
-        "tp": ("executor/launch/render.py", "_tensor_parallel_check"),
-    },
-    "dashboard": {
-        "pp": ("api/dashboard/plan_views.py", "mesh_row"),  # and the Pipeline section (pipeline_views.py)
-        "dp_replicate": ("api/dashboard/plan_views.py", "mesh_row"),
-        "dp_shard": ("api/dashboard/plan_views.py", "mesh_row"),
-        "cp": ("api/dashboard/plan_views.py", "mesh_row"),
-        "tp": ("api/dashboard/plan_views.py", "mesh_row"),
-    },
 }
+"""Where each axis has physics: the only code an axis needs beside its registry entry."""
+
+DERIVED: dict[str, tuple[str, ...]] = {
+    "fsdp_shards": SHARD_AXES,
+    "sequence_pieces": SEQUENCE_AXES,
+    "sequence_ranks": SEQUENCE_AXES,
+    "dp": tuple(axis for axis in MESH_AXES if axis not in MODEL_PARALLEL_AXES),
+    "model_parallel": MODEL_PARALLEL_AXES,
+    "world_size": MESH_AXES,
+    "shape": MESH_AXES,
+}
+"""`Mesh` properties that read several axes from the registry: reading one reads each of them."""
 
 
 @cache
@@ -89,10 +107,10 @@ def _function(path: str, qualname: str) -> ast.FunctionDef | None:
 
 
 def _reads(function: ast.FunctionDef, axis: str) -> bool:
-    """Whether the function reads the axis: by attribute (`mesh.tp`), name, argument or string, or
-    every axis at once through `MESH_AXES`."""
+    """Whether the function reads the axis: by attribute (`mesh.tp`), name, argument or string, through
+    a property that reads it (`mesh.fsdp_shards`), or every axis at once through the registry."""
     for node in ast.walk(function):
-        if isinstance(node, ast.Attribute) and node.attr == axis:
+        if isinstance(node, ast.Attribute) and (node.attr == axis or axis in DERIVED.get(node.attr, ())):
             return True
         if isinstance(node, ast.Name) and node.id in (axis, "MESH_AXES", "AXES"):
             return True
@@ -126,26 +144,211 @@ def checklist_gaps(layers: dict[str, dict[str, Handler | str]], axes: tuple[str,
     return gaps
 
 
-def test_the_mesh_axes_are_its_fields() -> None:
-    assert tuple(f.name for f in dataclasses.fields(Mesh)) == MESH_AXES
+def test_the_mesh_is_the_registry() -> None:
+    assert tuple(f.name for f in dataclasses.fields(Mesh)) == MESH_AXES == tuple(a.name for a in AXES)
+    assert (
+        OPTIONAL_AXES == ("pp", "cp") and SHARD_AXES == ("dp_shard", "cp") and ADDED_MESH_AXES == ("pp", "cp")
+    )
+    assert MODEL_PARALLEL_AXES == ("pp", "cp", "tp") and SEQUENCE_AXES == ("cp", "tp")
+    mesh = Mesh(pp=4, dp_replicate=2, dp_shard=2, cp=2, tp=4)
+    assert mesh.label() == "pp4 dp2x2 cp2 tp4" and Mesh(dp_shard=8).label() == "dp8x1 tp1"
+    assert mesh.describe() == "pp 4 x dp_replicate 2 x dp_shard 2 x cp 2 x tp 4 = 128 ranks"
+    assert Mesh(dp_replicate=2, dp_shard=4).describe() == "dp_replicate 2 x dp_shard 4 x tp 1 = 8 ranks"
+    assert (mesh.world_size, mesh.dp, mesh.fsdp_shards, mesh.model_parallel, mesh.stage_ranks) == (
+        128,
+        4,
+        4,
+        32,
+        32,
+    )
+    # The sequence: 2 x cp load-balanced chunks, each split over the tp ranks; tp alone splits it tp ways.
+    assert (mesh.sequence_pieces, Mesh(tp=2).sequence_pieces, Mesh(cp=3).sequence_pieces) == (16, 2, 6)
+    assert mesh.splits() == [
+        "blocks in 4 pipeline stages",
+        "sequences split over 2 ranks",
+        "sequence + loss parallel",
+    ]
 
 
-def test_every_layer_handles_every_mesh_axis() -> None:
-    assert checklist_gaps(LAYERS, MESH_AXES) == []
+def test_every_axis_has_its_physics() -> None:
+    assert checklist_gaps(PHYSICS, MESH_AXES) == []
 
 
-def test_a_new_axis_fails_until_every_layer_has_its_place() -> None:
-    gaps = checklist_gaps(LAYERS, (*MESH_AXES, "ep"))
-    assert len(gaps) == len(LAYERS) and all("'ep'" in gap for gap in gaps)
+def test_a_new_axis_needs_exactly_its_physics() -> None:
+    gaps = checklist_gaps(PHYSICS, (*MESH_AXES, "ep"))
+    assert len(gaps) == len(PHYSICS) and all("'ep'" in gap for gap in gaps)
+    assert {gap.split(":")[0] for gap in gaps} == {
+        "search degrees",
+        "cost term",
+        "memory term",
+        "runtime apply step",
+    }
 
 
 def test_a_handler_that_ignores_its_axis_is_caught() -> None:
-    search = {**LAYERS["search axis"], "tp": ("planner/enumeration.py", "data_parallel_meshes")}
-    wrong: dict[str, dict[str, Handler | str]] = {"search axis": search}
+    search = {**PHYSICS["search degrees"], "tp": ("planner/enumeration.py", "data_parallel_meshes")}
+    wrong: dict[str, dict[str, Handler | str]] = {"search degrees": search}
     assert checklist_gaps(wrong, MESH_AXES) == []  # it reads tp (world / tp): a fair entry
-    wrong["search axis"]["tp"] = ("planner/enumeration.py", "hybrid_shard_sizes_missing")
-    wrong["search axis"]["dp_shard"] = ("contract/mesh.py", "Mesh.shard_link")
-    wrong["search axis"]["dp_replicate"] = ("contract/mesh.py", "Mesh.shard_link")
+    wrong["search degrees"]["tp"] = ("planner/enumeration.py", "hybrid_shard_sizes_missing")
+    wrong["search degrees"]["dp_shard"] = ("contract/mesh.py", "Mesh.shard_link")
+    wrong["search degrees"]["dp_replicate"] = ("contract/mesh.py", "Mesh.shard_link")
     gaps = checklist_gaps(wrong, MESH_AXES)
     assert any("has no function hybrid_shard_sizes_missing" in gap for gap in gaps)
     assert any("Mesh.shard_link never reads 'dp_replicate'" in gap for gap in gaps)
+    assert not any("Mesh.shard_link never reads 'dp_shard'" in gap for gap in gaps)  # via fsdp_shards
+
+
+NEW_AXIS = """    Axis(
+        name="ep",
+        what="expert-parallel",
+        doc="Expert-parallel degree: ranks each holding some of every MoE block's experts.",
+        search_field="expert_parallel_degrees",
+        search_doc="Expert-parallel degrees to consider (`[8]` pins ep=8).",
+        cli_help="Pin the expert-parallel degrees to search (repeatable or comma-separated).",
+        form_help="Empty: the planner searches it. A number pins it.",
+        label="ep",
+        optional=True,
+        added_after_schema_2=True,
+        shards="experts over {degree} ranks",
+        note="each rank holds 1/{degree} of the experts, tokens sent to theirs and back (all-to-all)",
+        compare_label="Expert parallel (GPUs)",
+        compare_shown="{degree} (experts split)",
+    ),
+"""
+"""The one entry expert parallelism costs in the registry (placed before cp: inside the shard group)."""
+NEW_DEGREE = '''    ep: int = 1
+    """Expert-parallel degree (`AXES`: ep)."""
+'''
+
+
+def _copy_with_new_axis(root: Path) -> None:
+    """The packages, with `NEW_AXIS` in the registry and its degree on `Mesh`: nothing else changed."""
+    for package in ("contract", "planner", "api", "executor"):
+        shutil.copytree(REPO / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    source = (root / "contract/mesh.py").read_text(encoding="utf-8")
+    entry, degree = '    Axis(\n        name="cp",\n', "    cp: int = 1\n"
+    assert source.count(entry) == 1 and source.count(degree) == 1
+    source = source.replace(entry, NEW_AXIS + entry).replace(degree, NEW_DEGREE + degree)
+    (root / "contract/mesh.py").write_text(source, encoding="utf-8")
+
+
+def test_a_new_axis_is_one_entry_everywhere_else(tmp_path: Path) -> None:
+    _copy_with_new_axis(tmp_path)
+    # Run from the copy (a script's folder comes first on sys.path: tests/ would shadow the packages).
+    shutil.copy(REPO / "tests/hypothetical_axis.py", tmp_path / "hypothetical_axis.py")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "hypothetical_axis.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["contract"].startswith(str(tmp_path))  # the copy ran, not the checkout
+    assert found["axes"] == ["pp", "dp_replicate", "dp_shard", "ep", "cp", "tp"]
+    # Label, description, world size, storage as one document (old plans hash as before: degree 1 is
+    # what its absence meant), the validity rules (it has none: nothing to divide).
+    assert found["mesh"] == {
+        "label": "dp2x1 ep2 tp2",
+        "describe": "dp_replicate 1 x dp_shard 2 x ep 2 x tp 2 = 8 ranks",
+        "world_size": 8,
+        "splits": ["experts over 2 ranks", "sequence + loss parallel"],
+        "document": {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "ep": 2, "cp": 1, "tp": 2},
+        "read": 4,
+        "hashed_as_before": True,
+        "optional": True,
+        "problems": [],
+    }
+    # The command line: --ep on plan and whatif with its help, read into the search space, a bad value
+    # refused naming the option, the planner's messages in the option's terms.
+    assert found["cli"] == {
+        "plan_option": True,
+        "whatif_option": True,
+        "pins": [2, 4],
+        "bad_pin": [
+            2,
+            "error: --ep: 'x' is not an expert-parallel degree; give whole numbers from 1 to "
+            "1024, e.g. --ep 8 or --ep 2,4 (leave --ep out to search every degree)",
+        ],
+        "in_cli_terms": "--ep: ep=3 does not fit",
+    }
+    # The API: the search field, kept in order, omitted when unset (requests hash as before); the list
+    # filter; the what-if study's pins.
+    assert found["api"] == {
+        "search_field": True,
+        "pinned": [2, 4],
+        "unset_omitted": True,
+        "list_filter": [["ep", 2]],
+    }
+    assert found["study_pins"] == [2]
+    # The dashboard: the mesh row and its note, the compare row, the plan form's pin.
+    assert found["dashboard"] == {
+        "mesh_row": "dp_replicate 1 × dp_shard 2 × ep 2 × tp 2",
+        "mesh_note": "8 GPUs; each rank holds 1/2 of the experts, tokens sent to theirs and back "
+        "(all-to-all); each tp group is 2 consecutive ranks inside a node, with sequence parallel and loss "
+        "parallel (vocabulary-sharded cross-entropy)",
+        "compare_row": "Expert parallel (GPUs)",
+        "compare_value": "2 (experts split)",
+        "form_fields": [
+            "tensor_parallel_degree",
+            "context_parallel_degree",
+            "expert_parallel_degree",
+            "pipeline_parallel_degree",
+        ],
+        "form_pins": [2],
+    }
+
+
+NAMING_LAYERS = ("api", "planner", "executor/launch")
+"""Where axes are only named: no hand-written list of them belongs there."""
+
+
+def axis_lists(path: Path) -> list[str]:
+    """Hand-written axis lists in a module: a tuple, list or set of two axis names or more, a dict
+    keyed by two or more, or an axis's command-line option as a literal (`"--tp"`)."""
+    names = set(MESH_AXES)
+    options = {axis.option for axis in AXES if axis.option}
+    shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            listed = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names]
+        elif isinstance(node, ast.Dict):
+            listed = [k.value for k in node.keys if isinstance(k, ast.Constant) and k.value in names]
+        elif isinstance(node, ast.Constant) and node.value in options:
+            found.append(f"{shown}:{node.lineno}: {node.value!r}")
+            continue
+        else:
+            continue
+        if len(listed) >= 2:
+            found.append(f"{shown}:{node.lineno}: {', '.join(listed)}")
+    return found
+
+
+def test_no_layer_writes_its_own_axis_list() -> None:
+    found = [
+        hit
+        for layer in NAMING_LAYERS
+        for path in sorted((REPO / layer).rglob("*.py"))
+        for hit in axis_lists(path)
+    ]
+    assert found == [], "iterate contract.mesh.AXES (or a tuple derived there) instead:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'SPLIT = ("pp", "cp")',
+        'options = ["--tp"]',
+        'pins = {"tp": 1, "pp": 2}',
+        'x = {"cp", "tp", "other"}',
+    ],
+)
+def test_the_scan_finds_each_kind_of_list(tmp_path: Path, source: str) -> None:
+    module = tmp_path / "layer.py"
+    module.write_text(source + "\n", encoding="utf-8")
+    assert axis_lists(module), source

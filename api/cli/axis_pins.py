@@ -91,9 +91,10 @@ def pinned_degrees(axis_pins: AxisPins) -> dict[str, list[int]]:
         degrees = [(d, parse_whole(d, low=1, high=MAX_PARALLEL_DEGREE)) for d in choices(values)]
         bad = [d for d, degree in degrees if degree is None]
         if bad or not degrees:
+            article = "an" if entry.what[0] in "aeiou" else "a"
             raise fail(
-                f"{option}: {bad[0] if bad else '(empty)'!r} is not a {entry.what} degree; give whole "
-                f"numbers from 1 to {MAX_PARALLEL_DEGREE}, e.g. {option} 8 or {option} 2,4 (leave "
+                f"{option}: {bad[0] if bad else '(empty)'!r} is not {article} {entry.what} degree; give "
+                f"whole numbers from 1 to {MAX_PARALLEL_DEGREE}, e.g. {option} 8 or {option} 2,4 (leave "
                 f"{option} out to search every degree)"
             )
         pins[entry.search_field] = sorted({degree for _, degree in degrees if degree is not None})

@@ -96,8 +96,7 @@ def plans_page(request: Request, session: SessionDep) -> HTMLResponse:
         "next_href": state.href(cursor=next_cursor) if next_cursor else None,
         "first_href": state.href(cursor=None) if state.cursor else None,
         "models": choices.models, "gpus": choices.gpus, "shardings": SHARDINGS,
-        "tensor_parallel_degrees": choices.degrees["tp"],
-        "pipeline_parallel_degrees": choices.degrees["pp"], "mesh_of": stored_mesh,
+        "axis_filters": state.axis_filters(choices.degrees), "mesh_of": stored_mesh,
         "notices": notices,
         "any_plans": total > 0
         or (state.filtered and queries.count_plans(session, plan_listing.PlanFilters()) > 0),

@@ -168,8 +168,7 @@ def _pinned_degrees(form: PlanForm) -> dict[str, int | None]:
         if not (entry.search_field and entry.form_field):
             continue
         raw = form.pins.get(entry.form_field, "").strip()
-        in_node = any(size.of == "cluster" for size in entry.divides)
-        high = MAX_GPUS_PER_NODE if in_node else MAX_PARALLEL_DEGREE
+        high = MAX_GPUS_PER_NODE if entry.within_node else MAX_PARALLEL_DEGREE
         degree = parse_whole(raw, low=1, high=high) if raw else None
         if raw and degree is None:
             form.add_error(entry.form_field, f"enter a whole number from 1 to {high} (1: none), or leave "

@@ -13,15 +13,19 @@ from urllib.parse import urlencode
 
 from starlette.datastructures import QueryParams
 
-from api.schemas.plans import MAX_GPUS_PER_NODE, MAX_ID, MAX_NODES, MAX_PIPELINE_STAGES, PlanSort, SortOrder
+from api.schemas.plans import MAX_GPUS_PER_NODE, MAX_ID, MAX_NODES, PlanSort, SortOrder
 from api.services.plan_listing import PlanFilters
 from api.typed_numbers import parse_whole
+from contract.mesh import Axis, searched_axes
 from contract.parallel_config import ShardingStrategy
+from planner.specs import MAX_PARALLEL_DEGREE
 
 DEFAULT_PAGE_SIZE = 25
 MAX_PAGE_SIZE = 200
 MAX_FILTER_LENGTH = 200
 SHARDINGS: tuple[str, ...] = typing.get_args(ShardingStrategy)
+FILTER_AXES: tuple[Axis, ...] = searched_axes()
+"""The mesh axes the plan list filters by (`?tp=2`): each with a search field, innermost first."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,21 @@ class SortLink:
     arrow: str
 
 
+def _words(entry: Axis) -> str:
+    """`Tensor parallel`: how the list names an axis's filter."""
+    return entry.what.replace("-", " ").capitalize()
+
+
+@dataclass(frozen=True)
+class AxisFilter:
+    """One mesh axis's filter as the page shows it."""
+
+    axis: str
+    label: str
+    options: list[int]
+    chosen: int | None
+
+
 @dataclass(frozen=True)
 class ListingState:
     sort: PlanSort = PlanSort.created_at
@@ -67,8 +86,8 @@ class ListingState:
     q: str = ""
     nodes: int | None = None
     sharding: str = ""
-    tp: int | None = None
-    pp: int | None = None
+    degrees: tuple[tuple[str, int], ...] = ()
+    """The mesh-axis filters set, (axis, degree) in `FILTER_AXES` order (`?tp=2&pp=4`)."""
     limit: int = DEFAULT_PAGE_SIZE
     cursor: str | None = None
     notices: tuple[str, ...] = field(default=(), compare=False)
@@ -105,16 +124,16 @@ class ListingState:
             notices.append(f"Unknown sharding {sharding[:40]!r} (use one of {', '.join(SHARDINGS)}); "
                            "that filter was ignored.")
             sharding = ""
-        raw_tp = text("tp")
-        tp = parse_whole(raw_tp, low=1, high=MAX_GPUS_PER_NODE) if raw_tp else None
-        if raw_tp and tp is None:
-            notices.append(f"Tensor parallel must be a whole number from 1 to {MAX_GPUS_PER_NODE}; "
-                           "that filter was ignored.")
-        raw_pp = text("pp")
-        pp = parse_whole(raw_pp, low=1, high=MAX_PIPELINE_STAGES) if raw_pp else None
-        if raw_pp and pp is None:
-            notices.append(f"Pipeline parallel must be a whole number from 1 to {MAX_PIPELINE_STAGES}; "
-                           "that filter was ignored.")
+        degrees = []
+        for entry in FILTER_AXES:  # a filter per mesh axis with a search field (contract/mesh.py)
+            raw = text(entry.name)
+            high = MAX_GPUS_PER_NODE if entry.within_node else MAX_PARALLEL_DEGREE
+            degree = parse_whole(raw, low=1, high=high) if raw else None
+            if raw and degree is None:
+                notices.append(f"{_words(entry)} must be a whole number from 1 to {high}; that filter was "
+                               "ignored.")
+            if degree is not None:
+                degrees.append((entry.name, degree))
         limit = DEFAULT_PAGE_SIZE
         if "limit" in params:
             asked = parse_whole(params["limit"], low=0, high=MAX_ID)
@@ -125,20 +144,37 @@ class ListingState:
                 limit = min(max(asked, 1), MAX_PAGE_SIZE)
         cursor = params.get("cursor") or None
         return cls(sort=sort, order=order, model=text("model"), gpu=text("gpu"), q=text("q"), nodes=nodes,
-                   sharding=sharding, tp=tp, pp=pp, limit=limit, cursor=cursor, notices=tuple(notices))
+                   sharding=sharding, degrees=tuple(degrees), limit=limit, cursor=cursor,
+                   notices=tuple(notices))
 
     def filters(self) -> PlanFilters:
         return PlanFilters(model=self.model or None, gpu=self.gpu or None, nodes=self.nodes, q=self.q or None,
-                           sharding=self.sharding or None, tp=self.tp, pp=self.pp)
+                           sharding=self.sharding or None, **dict(self.degrees))
 
     @property
     def filtered(self) -> bool:
         return bool(self.model or self.gpu or self.q or self.nodes is not None or self.sharding
-                    or self.tp is not None or self.pp is not None)
+                    or self.degrees)
+
+    def degree(self, axis: str) -> int | None:
+        """The filter's degree on `axis` (None: any)."""
+        return dict(self.degrees).get(axis)
+
+    def axis_filters(self, stored: dict[str, list[int]]) -> list[AxisFilter]:
+        """A select per filtered axis: the degrees stored plans have on it (`stored`), and the one
+        asked for even where no plan has it."""
+        filters = []
+        for entry in FILTER_AXES:
+            chosen = self.degree(entry.name)
+            options = list(stored.get(entry.name, []))
+            if chosen is not None and chosen not in options:
+                options.append(chosen)
+            filters.append(AxisFilter(axis=entry.name, label=_words(entry), options=options, chosen=chosen))
+        return filters
 
     def cleared(self) -> str:
         """The link that drops every filter (keeps the sort)."""
-        return self.href(model="", gpu="", q="", nodes=None, sharding="", tp=None, pp=None, cursor=None)
+        return self.href(model="", gpu="", q="", nodes=None, sharding="", degrees=(), cursor=None)
 
     def href(self, **changes: object) -> str:
         """`/?...` for this state with `changes` applied; defaults are left out to keep links short."""
@@ -148,7 +184,7 @@ class ListingState:
             "order": state.order.value if state.order is not FIRST_ORDER.get(state.sort, SortOrder.desc)
             else None,
             "model": state.model, "gpu": state.gpu, "q": state.q, "nodes": state.nodes,
-            "sharding": state.sharding, "tp": state.tp, "pp": state.pp,
+            "sharding": state.sharding, **dict(state.degrees),
             "limit": state.limit if state.limit != DEFAULT_PAGE_SIZE else None,
             "cursor": state.cursor,
         }

@@ -9,7 +9,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, field, fields
 
-from contract.mesh import Mesh
+from contract.mesh import MODEL_PARALLEL_AXES, Mesh
 from contract.parallel_config import PipelineConfig, config_family
 from contract.training_config import Optimizer, Precision, StateDType
 from planner.cost.model_costs import ModelCosts
@@ -140,9 +140,8 @@ class Choice:
         """The model-parallel family this choice belongs to, e.g. `tp=2`, or `pp=4 cp=2 tp=2` when
         the blocks or the sequences are split too: a grouping key of planner/ranking.py, shown
         through the member that stands for the family (`mesh_family`)."""
-        split = {axis: getattr(self.mesh, axis) for axis in ("pp", "cp")}
-        outer = "".join(f"{axis}={degree} " for axis, degree in split.items() if degree > 1)
-        return f"{outer}tp={self.mesh.tp}"
+        outer = self.mesh.degrees_above_one(tuple(axis for axis in MODEL_PARALLEL_AXES if axis != "tp"))
+        return f"{outer} tp={self.mesh.tp}".lstrip()
 
     @property
     def sequences_per_step(self) -> int:

@@ -18,6 +18,7 @@ import statistics
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 
+from contract.mesh import MODEL_PARALLEL_AXES
 from planner.catalog.gpus import resolve_gpu
 from planner.cost.memory import MARGIN_DIMENSIONS, margin_dimension
 from planner.cost.parameters import (
@@ -139,7 +140,7 @@ def _covering(errors: Iterable[float]) -> tuple[float, float]:
 THROUGHPUT_TOLERANCE = 0.15
 """How far a prediction of tokens/s may be above a published run's before the plans that share its
 parallel dimension are warned (the tolerance issue 21 holds throughput predictions to)."""
-THROUGHPUT_DIMENSIONS = ("cp", "pp", "tp")
+THROUGHPUT_DIMENSIONS = tuple(sorted(MODEL_PARALLEL_AXES, key=lambda axis: axis != "cp"))
 """The dimensions a run's throughput evidence falls under, the one priced least surely first: a
 pipeline of context-parallel stages is evidence about context parallelism's attention, which the
 schedules' pricing does not touch."""
