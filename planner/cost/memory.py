@@ -30,7 +30,7 @@ from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 from contract.loss_slices import LOSS_SLICE_BYTES_PER_ELEMENT
-from contract.mesh import Mesh
+from contract.mesh import MODEL_PARALLEL_AXES, Mesh, axis
 from planner.cost.layout import CommLayout
 from planner.cost.model_costs import UnitCost, eager_saved_bytes
 from planner.cost.parameters import GIB, CostParameters
@@ -456,7 +456,7 @@ def memory_moments(
     return tuple(moments)
 
 
-MARGIN_DIMENSIONS = {"pp": "pipeline", "cp": "context", "tp": "tensor"}
+MARGIN_DIMENSIONS = {name: axis(name).what.removesuffix("-parallel") for name in MODEL_PARALLEL_AXES}
 """The parallel dimensions whose plans may keep a margin of their own, outermost first (the name a
 plan's reason uses)."""
 
