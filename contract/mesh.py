@@ -411,7 +411,7 @@ class Mesh:
     def context_link(self, gpus_per_node: int) -> LinkClass:
         """The link the context-parallel all-gathers cross: a cp group is cp x tp consecutive ranks
         (tp innermost), inside a node while they fit in one."""
-        return "intra" if self.cp * self.tp <= gpus_per_node else "inter"
+        return "intra" if self.sequence_ranks <= gpus_per_node else "inter"
 
     def pipeline_link(self, gpus_per_node: int) -> LinkClass:
         """The link the pipeline's slowest point-to-point send crosses: stages are the outermost

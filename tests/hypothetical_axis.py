@@ -7,6 +7,7 @@ changes. It prints, as JSON, what each layer shows for the new axis; the test ch
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from types import SimpleNamespace
@@ -35,6 +36,7 @@ def probe() -> dict[str, Any]:
     from api.cli.main import app
     from api.cli.plan_cmd import search_pins
     from api.dashboard import plan_form, plan_views
+    from api.routers import plans as plans_router
     from api.services.plan_compare import FIELDS
     from api.services.plan_listing import PlanFilters
     from contract import mesh
@@ -74,6 +76,7 @@ def probe() -> dict[str, Any]:
         "pinned": SearchSpace.model_validate({"expert_parallel_degrees": [4, 2]}).expert_parallel_degrees,
         "unset_omitted": "expert_parallel_degrees" not in SearchSpace().model_dump(),
         "list_filter": PlanFilters(ep=2).mesh,
+        "list_query": "ep" in inspect.signature(plans_router._mesh_filters).parameters,
     }
     study = StudyRequest.model_validate(
         {

@@ -277,12 +277,13 @@ def test_a_new_axis_is_one_entry_everywhere_else(tmp_path: Path) -> None:
         "in_cli_terms": "--ep: ep=3 does not fit",
     }
     # The API: the search field, kept in order, omitted when unset (requests hash as before); the list
-    # filter; the what-if study's pins.
+    # filter and its query parameter (`?ep=2`); the what-if study's pins.
     assert found["api"] == {
         "search_field": True,
         "pinned": [2, 4],
         "unset_omitted": True,
         "list_filter": [["ep", 2]],
+        "list_query": True,
     }
     assert found["study_pins"] == [2]
     # The dashboard: the mesh row and its note, the compare row, the plan form's pin.
