@@ -16,8 +16,9 @@ shift-invariant), so whole periods are added at once. A 1,000-block model costs 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from planner.cost.repeats import Run
 
@@ -154,6 +155,193 @@ class CommFloor:
         return max(self.first_gather + compute_s + self.first_reduce, self.total)
 
 
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    """What tells the forward pass over the groups from the backward pass."""
+
+    phase: str
+    reverse: bool
+    """Backward walks the groups last to first."""
+    compute: Callable[[GroupTimes], float]
+    gather: Callable[[GroupTimes], float]
+    queues_empty_gathers: bool
+    """Forward issues every group's all-gather in the comm stream, an empty one too; backward
+    issues none for a group whose parameters stayed gathered (they are ready when asked for). The
+    two agree on every time reported, but not always on the state a fast-forward compares, so they
+    stay apart: merged, a jump could come a period later and round differently."""
+    reduces: bool
+    """Backward reduces each group's gradients once they are computed."""
+
+    def group(self, n: int, position: int) -> int:
+        """The group the pass computes at `position`."""
+        return n - 1 - position if self.reverse else position
+
+
+_FORWARD = _Pass(
+    "forward",
+    reverse=False,
+    compute=attrgetter("forward"),
+    gather=attrgetter("all_gather_forward"),
+    queues_empty_gathers=True,
+    reduces=False,
+)
+_BACKWARD = _Pass(
+    "backward",
+    reverse=True,
+    compute=attrgetter("backward"),
+    gather=attrgetter("all_gather_backward"),
+    queues_empty_gathers=False,
+    reduces=True,
+)
+
+
+@dataclass(slots=True)
+class _Streams:
+    """The compute and comm streams of one micro-batch: their clocks, the work each has done, and
+    which of the current pass's all-gathers the comm stream has been issued."""
+
+    contention: float
+    record: bool
+    compute_end: float = 0.0
+    """The compute stream's clock: when its last kernel ends."""
+    comm_free: float = 0.0
+    """The comm stream's clock: when its last collective ends."""
+    compute_total: float = 0.0
+    comm_total: float = 0.0
+    exposed_ag: float = 0.0
+    issued: int = 0
+    """Positions of the current pass whose all-gathers are issued."""
+    ready: list[float] = field(default_factory=list)
+    """When each position's parameters are gathered, by position in the current pass."""
+    segments: list[tuple[str, str, str, float, float, float]] = field(default_factory=list)
+
+    def start_pass(self, n: int) -> None:
+        self.issued = 0
+        self.ready = [0.0] * n
+
+    def ahead(self, t: float) -> float:
+        # Only how far a time lies past the compute stream matters to what follows.
+        return max(0.0, t - self.compute_end)
+
+    def totals(self) -> tuple[float, float, float, float]:
+        return self.compute_end, self.compute_total, self.comm_total, self.exposed_ag
+
+    def issue(self, groups: Sequence[GroupTimes], way: _Pass, *, upto: int, at: float) -> None:
+        """Issue the all-gathers of positions up to `upto`, none starting before `at`."""
+        n = len(groups)
+        while self.issued <= min(upto, n - 1):
+            index = way.group(n, self.issued)
+            seconds = way.gather(groups[index])
+            if seconds > 0 or way.queues_empty_gathers:
+                start = max(self.comm_free, at)
+                self.comm_free = start + seconds
+                self.comm_total += seconds
+                self.ready[self.issued] = self.comm_free
+                if self.record and seconds > 0:
+                    segment = ("comm", way.phase, f"all-gather group {index}", start, self.comm_free, 0.0)
+                    self.segments.append(segment)
+            else:
+                self.ready[self.issued] = at
+            self.issued += 1
+
+    def run_compute(self, start: float, duration: float) -> float:
+        """When a kernel of `duration` started at `start` ends."""
+        # Compute slows down by `contention` while a collective shares the device.
+        overlap = min(duration, max(0.0, self.comm_free - start))
+        return start + duration + self.contention * overlap
+
+    def reduce(self, index: int, seconds: float) -> None:
+        """Issue group `index`'s gradient reduction once its backward has ended."""
+        start = max(self.comm_free, self.compute_end)
+        self.comm_free = start + seconds
+        self.comm_total += seconds
+        if self.record:
+            self.segments.append(("comm", "backward", f"reduce group {index}", start, self.comm_free, 0.0))
+
+    def fast_forward(self, periods: _Periods, at: tuple[int, int, int], position: int) -> int:
+        """Positions jumped (whole periods) when the state at `position` repeats; else 0."""
+        pending = range(position, self.issued)
+        state = (
+            self.issued - position,
+            self.ahead(self.comm_free),
+            *(self.ahead(self.ready[q]) for q in pending),
+        )
+        jump = periods.jump(at, position, state, self.totals())
+        if not jump:
+            return 0
+        count, deltas = jump
+        shift = count * at[1]
+        self.ready[position + shift : self.issued + shift] = [
+            self.ready[q] + count * deltas[0] for q in pending
+        ]
+        self.issued += shift
+        # Each period adds `deltas` to `totals()` (the clock's to both streams).
+        step, d_compute, d_comm, d_exposed = deltas
+        self.compute_end += count * step
+        self.comm_free += count * step
+        self.compute_total += count * d_compute
+        self.comm_total += count * d_comm
+        self.exposed_ag += count * d_exposed
+        return shift
+
+    def result(self) -> TimelineResult:
+        """The micro-batch's times once backward is done: reductions still running are exposed."""
+        exposed_reduce = max(0.0, self.comm_free - self.compute_end)
+        total = self.compute_end + exposed_reduce
+        if self.record and exposed_reduce > 0:
+            self.segments.append(
+                ("comm", "backward", "wait reductions", self.compute_end, total, exposed_reduce)
+            )
+        return TimelineResult(
+            total, self.compute_total, self.comm_total, self.exposed_ag, exposed_reduce, self.segments
+        )
+
+
+def _step(streams: _Streams, groups: Sequence[GroupTimes], way: _Pass, *, position: int, depth: int) -> None:
+    """Compute the group at `position`: wait for its parameters, prefetch `depth` ahead, reduce."""
+    index = way.group(len(groups), position)
+    g = groups[index]
+    clock = streams.compute_end
+    streams.issue(groups, way, upto=position, at=clock)  # without prefetch, gather on demand
+    start = max(clock, streams.ready[position])
+    wait = start - clock
+    streams.exposed_ag += wait
+    streams.issue(groups, way, upto=position + depth, at=start)
+    end = streams.run_compute(start, way.compute(g))
+    streams.compute_total += end - start
+    if streams.record:
+        if wait > 0:
+            streams.segments.append(("comm", way.phase, f"wait all-gather {index}", clock, start, wait))
+        streams.segments.append(("compute", way.phase, f"{way.phase} group {index}", start, end, 0.0))
+    streams.compute_end = end
+    if way.reduces and g.reduce > 0:
+        streams.reduce(index, g.reduce)
+
+
+def _walk(
+    streams: _Streams,
+    groups: Sequence[GroupTimes],
+    way: _Pass,
+    *,
+    depth: int,
+    repeated: RepeatedGroups | None,
+) -> None:
+    """One pass over the groups in `way`'s order, jumping whole repeated periods where it may."""
+    n = len(groups)
+    streams.start_pass(n)
+    streams.issue(groups, way, upto=depth, at=streams.compute_end)
+    periods = _Periods(repeated, reverse=way.reverse, lookahead=depth) if repeated is not None else None
+    position = 0
+    while position < n:
+        if periods and position > 0 and (at := periods.boundary(position)):
+            jumped = streams.fast_forward(periods, at, position)
+            if jumped:
+                position += jumped
+                continue
+        _step(streams, groups, way, position=position, depth=depth)
+        position += 1
+
+
 def simulate(
     groups: Sequence[GroupTimes],
     *,
@@ -173,147 +361,8 @@ def simulate(
             for run, pattern in zip(groups.runs, groups.patterns, strict=True)
         )
         return TimelineResult(compute, compute, 0.0, 0.0, 0.0)
-    segments: list[tuple[str, str, str, float, float, float]] = []
-    n = len(groups)
-    depth = max(prefetch_depth, 0)
     repeated = groups if isinstance(groups, RepeatedGroups) and not record else None
-    comm_free = 0.0
-    compute_end = 0.0
-    compute_total = 0.0
-    comm_total = 0.0
-    exposed_ag = 0.0
-
-    def run_compute(start: float, duration: float, busy_until: float) -> float:
-        # Compute slows down by `contention` while a collective shares the device.
-        overlap = min(duration, max(0.0, busy_until - start))
-        return start + duration + contention * overlap
-
-    def ahead(t: float) -> float:
-        # Only how far a time lies past the compute stream matters to what follows.
-        return max(0.0, t - compute_end)
-
-    def totals() -> tuple[float, float, float, float]:
-        return compute_end, compute_total, comm_total, exposed_ag
-
-    def advance(count: int, deltas: list[float]) -> None:
-        """Jump `count` periods, each adding `deltas` to `totals()` (the clock's to both streams)."""
-        nonlocal compute_end, comm_free, compute_total, comm_total, exposed_ag
-        step, d_compute, d_comm, d_exposed = deltas
-        compute_end += count * step
-        comm_free += count * step
-        compute_total += count * d_compute
-        comm_total += count * d_comm
-        exposed_ag += count * d_exposed
-
-    # ---- forward
-    gathered_end = [0.0] * n
-    issued = 0
-
-    def issue_forward(upto: int, at: float) -> None:
-        nonlocal issued, comm_free, comm_total
-        while issued <= min(upto, n - 1):
-            g = groups[issued]
-            start = max(comm_free, at)
-            comm_free = start + g.all_gather_forward
-            comm_total += g.all_gather_forward
-            gathered_end[issued] = comm_free
-            if record and g.all_gather_forward > 0:
-                segments.append(("comm", "forward", f"all-gather group {issued}", start, comm_free, 0.0))
-            issued += 1
-
-    issue_forward(depth, 0.0)
-    periods = _Periods(repeated, reverse=False, lookahead=depth) if repeated is not None else None
-    i = 0
-    while i < n:
-        if periods and i > 0 and (at := periods.boundary(i)):
-            state = (issued - i, ahead(comm_free), *(ahead(gathered_end[j]) for j in range(i, issued)))
-            jump = periods.jump(at, i, state, totals())
-            if jump:
-                count, deltas = jump
-                shift = count * at[1]
-                ahead_ends = [gathered_end[j] + count * deltas[0] for j in range(i, issued)]
-                gathered_end[i + shift : issued + shift] = ahead_ends
-                issued += shift
-                advance(count, deltas)
-                i += shift
-                continue
-        g = groups[i]
-        issue_forward(i, compute_end)  # without prefetch, gather on demand
-        start = max(compute_end, gathered_end[i])
-        wait = start - compute_end
-        exposed_ag += wait
-        issue_forward(i + depth, start)
-        end = run_compute(start, g.forward, comm_free)
-        compute_total += end - start
-        if record:
-            if wait > 0:
-                segments.append(("comm", "forward", f"wait all-gather {i}", compute_end, start, wait))
-            segments.append(("compute", "forward", f"forward group {i}", start, end, 0.0))
-        compute_end = end
-        i += 1
-
-    # ---- backward (reverse order: position `pos` runs group n - 1 - pos)
-    gathered_end_b = [0.0] * n
-    issued_b = 0
-
-    def issue_backward(upto: int, at: float) -> None:
-        nonlocal issued_b, comm_free, comm_total
-        while issued_b <= min(upto, n - 1):
-            j = n - 1 - issued_b
-            g = groups[j]
-            if g.all_gather_backward > 0:
-                start = max(comm_free, at)
-                comm_free = start + g.all_gather_backward
-                comm_total += g.all_gather_backward
-                gathered_end_b[j] = comm_free
-                if record:
-                    segments.append(("comm", "backward", f"all-gather group {j}", start, comm_free, 0.0))
-            else:
-                gathered_end_b[j] = at
-            issued_b += 1
-
-    issue_backward(depth, compute_end)
-    periods = _Periods(repeated, reverse=True, lookahead=depth) if repeated is not None else None
-    pos = 0
-    while pos < n:
-        j = n - 1 - pos
-        if periods and pos > 0 and (at := periods.boundary(pos)):
-            pending = range(pos, issued_b)
-            state = (issued_b - pos, ahead(comm_free), *(ahead(gathered_end_b[n - 1 - q]) for q in pending))
-            jump = periods.jump(at, pos, state, totals())
-            if jump:
-                count, deltas = jump
-                shift = count * at[1]
-                ahead_ends = [gathered_end_b[n - 1 - q] + count * deltas[0] for q in pending]
-                for q, value in zip(range(pos + shift, issued_b + shift), ahead_ends, strict=True):
-                    gathered_end_b[n - 1 - q] = value
-                issued_b += shift
-                advance(count, deltas)
-                pos += shift
-                continue
-        g = groups[j]
-        issue_backward(pos, compute_end)
-        start = max(compute_end, gathered_end_b[j])
-        wait = start - compute_end
-        exposed_ag += wait
-        issue_backward(pos + depth, start)
-        end = run_compute(start, g.backward, comm_free)
-        compute_total += end - start
-        if record:
-            if wait > 0:
-                segments.append(("comm", "backward", f"wait all-gather {j}", compute_end, start, wait))
-            segments.append(("compute", "backward", f"backward group {j}", start, end, 0.0))
-        compute_end = end
-        if g.reduce > 0:
-            rs_start = max(comm_free, end)
-            comm_free = rs_start + g.reduce
-            comm_total += g.reduce
-            if record:
-                segments.append(("comm", "backward", f"reduce group {j}", rs_start, comm_free, 0.0))
-        pos += 1
-
-    exposed_reduce = max(0.0, comm_free - compute_end)
-    total = compute_end + exposed_reduce
-    if record and exposed_reduce > 0:
-        segments.append(("comm", "backward", "wait reductions", compute_end, total, exposed_reduce))
-    return TimelineResult(total, compute_total, comm_total, exposed_ag, exposed_reduce, segments)
+    streams = _Streams(contention=contention, record=record)
+    for way in (_FORWARD, _BACKWARD):
+        _walk(streams, groups, way, depth=max(prefetch_depth, 0), repeated=repeated)
+    return streams.result()
