@@ -334,6 +334,100 @@ def sharded_states(setting: Setting, choice: Choice) -> tuple[float, float, floa
     return element * n_params / shard, element * n_params / shard, states * n_params / shard
 
 
+@dataclass(slots=True)
+class _Held:
+    """What one rank holds at every moment of the step (its sharded states, the workspace), and
+    the share of the transient memory that the allocator keeps reserved. Not frozen, like
+    `MemoryEstimate`: the search builds one per configuration it prices."""
+
+    params: float
+    grads: float
+    optimizer: float
+    workspace: float
+    allocator_reserve: float
+
+    def at(
+        self,
+        moment: str,
+        *,
+        grads_alive: float,
+        activations_alive: float,
+        gathered: float,
+        grad_buffers: float,
+        logits: float,
+    ) -> MemoryEstimate:
+        """A moment in forward or backward: the states, and what is alive beside them."""
+        transient = grads_alive + activations_alive + gathered + grad_buffers + logits
+        return MemoryEstimate(
+            params=self.params,
+            grads=grads_alive,
+            optimizer=self.optimizer,
+            activations=activations_alive,
+            unsharded_params=gathered,
+            grad_buffers=grad_buffers,
+            logits=logits,
+            workspace=self.workspace,
+            allocator_reserve=self.allocator_reserve * transient,
+            moment=moment,
+        )
+
+    def optimizer_step(self, *, temporaries: float, received: float) -> MemoryEstimate:
+        """The update: every gradient and the optimizer's temporaries; of the activations only a
+        pipeline rank's receive buffers (`received`)."""
+        return MemoryEstimate(
+            params=self.params,
+            grads=self.grads,
+            optimizer=self.optimizer + temporaries,
+            activations=received,
+            unsharded_params=0.0,
+            grad_buffers=0.0,
+            logits=0.0,
+            workspace=self.workspace,
+            allocator_reserve=self.allocator_reserve * (self.grads + temporaries),
+            moment="optimizer step",
+        )
+
+
+def _activation_memory(
+    setting: Setting,
+    choice: Choice,
+    activations: SavedActivations,
+    *,
+    in_flight: float,
+    boundary: BoundaryTensors | None,
+) -> tuple[float, float, float]:
+    """(bytes of one activation unit of a micro-batch, saved activations, pipeline receive
+    buffers) on one rank; `memory_moments` says what `in_flight` and `boundary` are."""
+    p = setting.params
+    tokens = choice.micro_batch_size * setting.seq_len
+    activation_bytes = tokens * setting.act_bytes
+    activation_bytes *= p.compiled_activation_memory_scale if choice.compile else p.activation_memory_scale
+    saved = activations.saved * activation_bytes * in_flight
+    received = 0.0
+    if boundary is not None and setting.model.blocks:
+        # One micro-batch's hidden states on this rank (its tensor- and context-parallel share).
+        hidden = tokens * setting.model.blocks[0].input_elems * setting.act_bytes
+        received = boundary.received * hidden
+        saved += received + boundary.sent * hidden
+    return activation_bytes, saved, received
+
+
+def _gathered_and_earlier(
+    setting: Setting, choice: Choice, layout: CommLayout, *, grads: float
+) -> tuple[float, float, float]:
+    """(parameters gathered around the loss, among the blocks, gradients of the step's earlier
+    micro-batches) on one rank; `grads` is its sharded gradients."""
+    unsharded = _unsharded_params(setting, choice, layout, blocks_only=False)
+    block_unsharded = _unsharded_params(setting, choice, layout, blocks_only=True)
+    earlier_grads = grads if choice.grad_accum_steps > 1 else 0.0
+    if choice.fsdp2_pipeline:
+        # Gathered after the first backward and never resharded; gradients accumulate unsharded
+        # (counted whole as buffers) and only the step's last backward reduces them.
+        unsharded = block_unsharded = layout.model_gather_bytes
+        earlier_grads = choice.reduce_bytes * setting.model.rank_params
+    return unsharded, block_unsharded, earlier_grads
+
+
 def memory_moments(
     setting: Setting,
     choice: Choice,
@@ -357,57 +451,23 @@ def memory_moments(
     p = setting.params
     n_params = setting.model.rank_params  # this rank's tensor-parallel share
     shard = choice.mesh.fsdp_shards  # FSDP shards over dp_shard x cp
-    params, grads, optimizer = sharded_states(setting, choice)
-    workspace = p.workspace_gib * GIB
-
+    held = _Held(
+        *sharded_states(setting, choice),
+        workspace=p.workspace_gib * GIB,
+        allocator_reserve=p.allocator_reserve,
+    )
+    activation_bytes, saved, received = _activation_memory(
+        setting, choice, activations, in_flight=in_flight, boundary=boundary
+    )
+    unsharded, block_unsharded, earlier_grads = _gathered_and_earlier(
+        setting, choice, layout, grads=held.grads
+    )
     pb = setting.param_bytes
     # Gradients come out of backward in the compute dtype and are cast to fp32 for reduction.
     grad_buffer_bytes = (pb + choice.reduce_bytes) if pb < choice.reduce_bytes else pb
-    tokens = choice.micro_batch_size * setting.seq_len
-    activation_bytes = tokens * setting.act_bytes
-    activation_bytes *= p.compiled_activation_memory_scale if choice.compile else p.activation_memory_scale
-    saved = activations.saved * activation_bytes * in_flight
-    received = 0.0
-    if boundary is not None and setting.model.blocks:
-        # One micro-batch's hidden states on this rank (its tensor- and context-parallel share).
-        hidden = tokens * setting.model.blocks[0].input_elems * setting.act_bytes
-        received = boundary.received * hidden
-        saved += received + boundary.sent * hidden
-    unsharded = _unsharded_params(setting, choice, layout, blocks_only=False)
-    block_unsharded = _unsharded_params(setting, choice, layout, blocks_only=True)
-    earlier_grads = grads if choice.grad_accum_steps > 1 else 0.0
-    if choice.fsdp2_pipeline:
-        # Gathered after the first backward and never resharded; gradients accumulate unsharded
-        # (counted whole as buffers) and only the step's last backward reduces them.
-        unsharded = block_unsharded = layout.model_gather_bytes
-        earlier_grads = choice.reduce_bytes * n_params
-
-    def in_step(
-        moment: str,
-        *,
-        grads_alive: float,
-        activations_alive: float,
-        gathered: float,
-        grad_buffers: float,
-        logits: float,
-    ) -> MemoryEstimate:
-        transient = grads_alive + activations_alive + gathered + grad_buffers + logits
-        return MemoryEstimate(
-            params=params,
-            grads=grads_alive,
-            optimizer=optimizer,
-            activations=activations_alive,
-            unsharded_params=gathered,
-            grad_buffers=grad_buffers,
-            logits=logits,
-            workspace=workspace,
-            allocator_reserve=p.allocator_reserve * transient,
-            moment=moment,
-        )
-
     moments = [
         # The loss runs: no gradient of this micro-batch is being reduced yet.
-        in_step(
+        held.at(
             "loss",
             grads_alive=earlier_grads,
             activations_alive=saved,
@@ -416,7 +476,7 @@ def memory_moments(
             logits=loss_bytes(setting, choice),
         ),
         # Backward starts with the head's gradient (computed by the loss) being reduced.
-        in_step(
+        held.at(
             "backward start",
             grads_alive=earlier_grads,
             activations_alive=saved,
@@ -428,9 +488,9 @@ def memory_moments(
     if activations.recompute > 0:
         # Deeper in backward, among the blocks: their gathers and reductions, not the head's.
         moments.append(
-            in_step(
+            held.at(
                 "backward recompute",
-                grads_alive=max(grads, earlier_grads),
+                grads_alive=max(held.grads, earlier_grads),
                 activations_alive=saved + activations.recompute * activation_bytes,
                 gathered=block_unsharded,
                 grad_buffers=grad_buffer_bytes * layout.largest_block_reduce,
@@ -439,20 +499,7 @@ def memory_moments(
         )
     # The update's temporaries are in the states' dtype (priced for fp32).
     temporaries = p.optimizer_temp_bytes_per_param * setting.state_bytes / 4 * n_params / shard
-    moments.append(
-        MemoryEstimate(
-            params=params,
-            grads=grads,
-            optimizer=optimizer + temporaries,
-            activations=received,
-            unsharded_params=0.0,
-            grad_buffers=0.0,
-            logits=0.0,
-            workspace=workspace,
-            allocator_reserve=p.allocator_reserve * (grads + temporaries),
-            moment="optimizer step",
-        )
-    )
+    moments.append(held.optimizer_step(temporaries=temporaries, received=received))
     return tuple(moments)
 
 
