@@ -67,6 +67,7 @@ DEFAULT_IMAGE = official_image()
 class BundleTooLargeError(ValueError):
     """The bundle archive does not fit in a Kubernetes ConfigMap (1 MiB)."""
 
+
 _RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
 _CONTRACT_DIR = Path(contract.__file__).resolve().parent
 _EXECUTOR_INIT = '"""fsdp-planner executor (bundle copy: the packages the bundle runs)."""\n'
@@ -233,7 +234,7 @@ def bundle_files(
         files.append(BundleFile("slurm.sbatch", render.slurm_sbatch(ctx).encode(), executable=True))
     kube = None
     if "k8s" in targets:
-        # The manifests carry launch.sh + plan + runtime in a ConfigMap (see render._UNPACK).
+        # The manifests carry launch.sh + plan + runtime in a ConfigMap (see manifests.unpack_command).
         kube = kube_context(
             plan, core, torch_version=torch_version, rdma_resource=rdma_resource, rdma_count=rdma_count
         )
@@ -248,17 +249,18 @@ def bundle_files(
         + (f" ({between(peak.low, peak.high, decimals=1)})" if peak else "")
         + " GiB per GPU"
         # Plans stored before schema 2.2 have no intervals.
-        + (f"; in brackets the {tokens.level:.0%} intervals (how to read them: the planner's README)."
-           if tokens else ".")
+        + (
+            f"; in brackets the {tokens.level:.0%} intervals (how to read them: the planner's README)."
+            if tokens
+            else "."
+        )
     )
     text = render.readme(ctx, targets=targets, prediction=prediction, kube=kube)
     files.append(BundleFile("README.md", text.encode()))
     return files
 
 
-def build_bundle(
-    plan: Plan, *, target: Target = "all", fmt: Format = "tar.gz", **options: object
-) -> bytes:
+def build_bundle(plan: Plan, *, target: Target = "all", fmt: Format = "tar.gz", **options: object) -> bytes:
     """The bundle archive for `plan` (bytes of a .tar.gz or .zip); `options` as bundle_files takes them
     (image, torch_version, cuda_version, rdma_resource, rdma_count)."""
     _check_choice(fmt, FORMATS, "format")

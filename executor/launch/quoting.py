@@ -1,4 +1,5 @@
-"""Safe rendering of user-provided strings into shell scripts, comments, YAML and resource names.
+"""Safe rendering of user-provided strings into shell scripts, comments and resource names (the
+Kubernetes manifests are data, quoted by their YAML dumper).
 
 Every value from a plan that reaches a generated file goes through one of these: names a person
 chose (model name) are never trusted, even though the planner validated their length.
@@ -6,7 +7,6 @@ chose (model name) are never trusted, even though the planner validated their le
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 
@@ -39,11 +39,6 @@ def comment(value: str, *, limit: int = 80) -> str:
     """Text safe inside a `#` comment of any script or YAML file: one line, printable ASCII only."""
     text = _UNSAFE_COMMENT.sub("_", value)[:limit]
     return text or "_"
-
-
-def yaml_str(value: str) -> str:
-    """A YAML double-quoted scalar: JSON string syntax is valid YAML and escapes everything."""
-    return json.dumps(value, ensure_ascii=True)
 
 
 def slug(value: str, *, limit: int = 40) -> str:
@@ -85,7 +80,8 @@ TORCH_VERSION_PATTERN = r"^(?:2\.(?:[6-9]|[1-9][0-9]{1,2})|(?:[3-9]|[1-9][0-9])\
 """The API's schema for a torch version: X.Y.Z and at least 2.6, the oldest the runtime supports."""
 CUDA_VERSION_PATTERN = r"^[0-9]{1,2}\.[0-9]{1,2}$"
 RESOURCE_PATTERN = (
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"  # domain
+    r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"  # /name
 )
 """A Kubernetes extended resource name, `domain/name` (e.g. `rdma/rdma_shared_device_a`). No
 look-ahead (the API's schema validators lack it): `resource_name` refuses nvidia.com/gpu itself."""

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from contract.float8 import TORCHAO_REQUIREMENT
 from contract.mesh import MESH_AXES, Mesh
 from contract.parallel_config import PipelineConfig
-from executor.launch import environment
-from executor.launch.quoting import comment, yaml_str
+from executor.launch import environment, manifests
+from executor.launch.manifests import CHECKPOINT_MOUNT, WORK_DIR, KubeContext
+from executor.launch.quoting import comment
 from executor.launch.templating import render_template
 
 
@@ -238,301 +239,34 @@ def slurm_sbatch(ctx: LaunchContext, entry: Entry = TRAIN) -> str:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class KubeContext:
-    """What the Kubernetes manifests need beyond LaunchContext (validated by bundle.py)."""
-
-    torch_version: str
-    """The torch the image carries (e.g. `2.13.0`): stated in the header."""
-    bundle_b64: str
-    """base64 of the bundle archive (launch.sh, plan.json, runtime) the ConfigMap carries."""
-    bundle_bytes: int
-    """Its size before base64 (what counts against the ConfigMap limit)."""
-    checkpoint_gib: int
-    """Size requested by the checkpoint PersistentVolumeClaim."""
-    shm_gib: int
-    """sizeLimit of the memory-backed /dev/shm."""
-    rdma_resource: str | None = None
-    """Extended resource of the RDMA device plugin (None: the block is rendered commented out)."""
-    rdma_count: int = 1
-
-
-BUNDLE_MOUNT = "/etc/fsdp-bundle"
-"""Where the ConfigMap (one file, bundle.tar.gz) is mounted, read-only."""
-WORK_DIR = "/tmp/fsdp-bundle"
-"""Where each pod unpacks it (writable: metrics files and the like land beside launch.sh)."""
-CHECKPOINT_MOUNT = "/checkpoints"
-"""Where the checkpoint PersistentVolumeClaim is mounted: CHECKPOINT_DIR in the pods."""
-RDMA_EXAMPLE = "rdma/rdma_shared_device_a"
-
-# Every pod unpacks the ConfigMap's archive into a writable directory and runs launch.sh there.
-_UNPACK = (
-    f"set -euo pipefail; mkdir -p {WORK_DIR} && cd {WORK_DIR} && "
-    f'tar -xzf {BUNDLE_MOUNT}/bundle.tar.gz && exec ./launch.sh "$@"'
-)
-
-
-def _lines(text: str, indent: int) -> str:
-    """`text` (lines without indentation) indented by `indent` spaces."""
-    pad = " " * indent
-    return "".join(f"{pad}{line}\n" if line else "\n" for line in text.splitlines())
-
-
-def _env_yaml(entries: list[tuple[str, str]], indent: int, optional: tuple[str, ...] = ()) -> str:
-    pad = " " * indent
-    out = "".join(f"{pad}- name: {name}\n{pad}  value: {yaml_str(value)}\n" for name, value in entries)
-    if optional:
-        out += f"{pad}# Unset unless you set them (launch.sh's header says what each does):\n"
-        out += "".join(f'{pad}# - name: {name}\n{pad}#   value: ""\n' for name in optional)
-    return out
-
-
-def _pod_env(ctx: LaunchContext) -> tuple[list[tuple[str, str]], tuple[str, ...]]:
-    given, optional = environment.k8s_env()
-    entries = [
-        ("NNODES", str(ctx.num_nodes)),
-        ("NPROC_PER_NODE", str(ctx.gpus_per_node)),
-        ("RDZV_ID", ctx.k8s_name),
-        ("CHECKPOINT_DIR", CHECKPOINT_MOUNT),
-        *given,
-    ]
-    return entries, tuple(optional)
-
-
-def _resources_yaml(ctx: LaunchContext, kube: KubeContext, indent: int) -> str:
-    if ctx.uses_gpus:
-        text = f"limits:\n  nvidia.com/gpu: {ctx.gpus_per_node}\n"
-    else:
-        text = f"requests:\n  cpu: {ctx.gpus_per_node}\n"
-        if kube.rdma_resource:
-            text += "limits:\n"
-    if kube.rdma_resource:
-        text += "  # RDMA / InfiniBand adapters for NCCL (rendered with --rdma-resource)\n"
-        text += f"  {kube.rdma_resource}: {kube.rdma_count}\n"
-    elif ctx.uses_gpus:
-        text += (
-            "  # --- RDMA / InfiniBand (optional) ---------------------------------------------------\n"
-            "  # Uncomment with the resource your RDMA device plugin advertises (e.g.\n"
-            f"  # {RDMA_EXAMPLE} from the k8s-rdma-shared-dev-plugin, rdma/ib, or an SR-IOV\n"
-            "  # resource such as nvidia.com/hostdev), and the IPC_LOCK capability below; set\n"
-            "  # NCCL_IB_HCA in env to the adapters. Or render with --rdma-resource NAME.\n"
-            f"  # {RDMA_EXAMPLE}: 1\n"
-            "  # -------------------------------------------------------------------------------------\n"
-        )
-    return _lines(text, indent)
-
-
-def _security_yaml(ctx: LaunchContext, kube: KubeContext, indent: int) -> str:
-    """IPC_LOCK (RDMA memory registration): set with an RDMA resource, else a commented hint."""
-    if kube.rdma_resource:
-        return _lines(
-            'securityContext:\n  capabilities:\n    add: ["IPC_LOCK"]  # RDMA: pinned memory\n', indent
-        )
-    if ctx.uses_gpus:
-        return _lines(
-            "# securityContext:          # RDMA (see resources): lets NCCL pin memory for the adapters\n"
-            '#   capabilities:\n#     add: ["IPC_LOCK"]\n',
-            indent,
-        )
-    return ""
-
-
-def _volumes_yaml(ctx: LaunchContext, kube: KubeContext, indent: int) -> str:
-    return _lines(
-        f"""- name: bundle
-  configMap:
-    name: {ctx.k8s_name}-bundle
-- name: dshm  # NCCL and torch share memory between a node's processes through /dev/shm
-  emptyDir:
-    medium: Memory
-    sizeLimit: {kube.shm_gib}Gi
-- name: checkpoints
-  persistentVolumeClaim:
-    claimName: {ctx.k8s_name}-checkpoints
-""",
-        indent,
-    )
-
-
-def _mounts_yaml(indent: int) -> str:
-    return _lines(
-        f"""- name: bundle
-  mountPath: {BUNDLE_MOUNT}
-  readOnly: true
-- name: dshm
-  mountPath: /dev/shm
-- name: checkpoints
-  mountPath: {CHECKPOINT_MOUNT}
-""",
-        indent,
-    )
-
-
-def _k8s_header(ctx: LaunchContext, kube: KubeContext, *, what: str, apply: str, extra: str) -> str:
-    return f"""# {what} generated by fsdp-planner.
-# plan {ctx.short_hash}: {ctx.title}
-# strategy: {ctx.label}
-{_mesh_header(ctx)}{_float8_header(ctx)}{_pure_bf16_header(ctx)}#
-#   {apply}
-# Three objects: the checkpoint PersistentVolumeClaim, the job, and the ConfigMap that carries the
-# bundle (launch.sh, plan.json, the runtime: {kube.bundle_bytes:,} bytes as bundle.tar.gz; a ConfigMap holds
-# at most 1 MiB). Every pod unpacks it into {WORK_DIR} and runs launch.sh, which sets the cluster
-# environment (listed in env below: edit a value there to override it).
-# --server-side: a client-side apply copies each object into an annotation limited to 256 KiB.
-# Trainer options go in `args` after the "launch" placeholder; name the training data there (a path the
-# pods mount), e.g. ["launch", "--data", "/data/ds", "--steps", "1000"], or "--synthetic-data".
-# image: the official PyTorch image for torch {kube.torch_version}, the version the plan was made for
-#   (`fsdp-planner launcher --torch-version X.Y.Z --cuda-version A.B`, or --image for your own image
-#   with torch and your --model-factory code).{_k8s_float8_image(ctx)}
-# Volumes: /dev/shm in memory ({kube.shm_gib} GiB at most), checkpoints on the claim at {CHECKPOINT_MOUNT}
-#   (CHECKPOINT_DIR: a restarted pod resumes from the newest). Pod deletion sends SIGTERM: every rank
-#   saves, with {environment.TERMINATION_GRACE_S} s of grace.
-{extra}"""
-
-
-def _k8s_float8_image(ctx: LaunchContext) -> str:
-    if ctx.float8 == "none":
-        return ""
-    return (
-        f"\n# Float8 ({ctx.float8}): the official image has no torchao; use --image with one that has"
-        f"\n#   {TORCHAO_REQUIREMENT} (launch.sh refuses to start without it)."
-    )
-
-
-def _pvc_yaml(ctx: LaunchContext, kube: KubeContext) -> str:
-    shared = ctx.num_nodes > 1
-    access = "ReadWriteMany" if shared else "ReadWriteOnce"
-    why = (
-        "every node's pod writes its shards into the same checkpoint: the claim needs ReadWriteMany\n"
-        "# storage (NFS, CephFS, a Lustre/GPFS CSI driver, a cloud filestore): set storageClassName to one"
-        if shared
-        else "one pod writes it (ReadWriteOnce); set storageClassName for a class other than the default"
-    )
-    return f"""---
-# Checkpoint storage: {why}.
-# {kube.checkpoint_gib} GiB: the trainer keeps two checkpoints and writes a third before deleting the oldest.
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: {ctx.k8s_name}-checkpoints
-  labels:
-    fsdp-planner/plan: {yaml_str(ctx.short_hash)}
-spec:
-  accessModes: ["{access}"]
-  # storageClassName: ""
-  resources:
-    requests:
-      storage: {kube.checkpoint_gib}Gi
-"""
-
-
-def _configmap_yaml(ctx: LaunchContext, kube: KubeContext) -> str:
-    return f"""---
-# The bundle: launch.sh, plan.json and executor/runtime as one tar.gz (mounted at {BUNDLE_MOUNT}).
-apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: {ctx.k8s_name}-bundle
-  labels:
-    fsdp-planner/plan: {yaml_str(ctx.short_hash)}
-binaryData:
-  bundle.tar.gz: {kube.bundle_b64}
-"""
-
-
 def k8s_trainjob(ctx: LaunchContext, kube: KubeContext) -> str:
-    entries, optional = _pod_env(ctx)
-    header = _k8s_header(
-        ctx,
-        kube,
-        what="Kubeflow Trainer (v2) TrainJob",
-        apply="kubectl apply --server-side -f k8s.yaml   (Kubeflow Trainer v2.3+, torch-distributed runtime)",
-        extra=(
-            "# The runtime sets PET_NNODES / PET_MASTER_ADDR / PET_MASTER_PORT, which launch.sh reads.\n"
-            "# Volumes, the grace period and IPC_LOCK reach the pods through runtimePatches (Trainer v2.2+;\n"
-            "# terminationGracePeriodSeconds v2.3+). Trainer v2.1 called it podTemplateOverrides, v2.0\n"
-            "# podSpecOverrides: on those, use k8s-pytorchjob.yaml or move the volumes there.\n"
-        ),
-    )
-    return f"""{header}{_pvc_yaml(ctx, kube)}---
-apiVersion: trainer.kubeflow.org/v1alpha1
-kind: TrainJob
-metadata:
-  name: {ctx.k8s_name}
-  labels:
-    fsdp-planner/plan: {yaml_str(ctx.short_hash)}
-spec:
-  runtimeRef:
-    name: torch-distributed
-  trainer:
-    image: {yaml_str(ctx.image)}
-    numNodes: {ctx.num_nodes}
-    command: ["bash", "-c", {yaml_str(_UNPACK)}]
-    args: ["launch"]
-    resourcesPerNode:
-{_resources_yaml(ctx, kube, indent=6)}    env:
-{_env_yaml(entries, 6, optional)}  runtimePatches:
-    - manager: fsdp-planner
-      trainingRuntimeSpec:
-        template:
-          spec:
-            replicatedJobs:
-              - name: node
-                template:
-                  spec:
-                    template:
-                      spec:
-                        terminationGracePeriodSeconds: {environment.TERMINATION_GRACE_S}
-                        volumes:
-{_volumes_yaml(ctx, kube, 26)}                        containers:
-                          - name: node
-{_security_yaml(ctx, kube, 28)}                            volumeMounts:
-{_mounts_yaml(30)}{_configmap_yaml(ctx, kube)}"""
+    """k8s.yaml: the checkpoint claim, a Kubeflow Trainer v2 TrainJob, and the ConfigMap of the bundle."""
+    return _manifest(ctx, kube, manifests.train_job(ctx, kube))
 
 
 def k8s_pytorchjob(ctx: LaunchContext, kube: KubeContext) -> str:
-    entries, optional = _pod_env(ctx)
-    # The training operator sets MASTER_ADDR / MASTER_PORT; NNODES comes from the plan (its
-    # WORLD_SIZE / RANK count pods or processes depending on the operator version: not used).
-    header = _k8s_header(
-        ctx,
-        kube,
-        what="Kubeflow Training Operator (v1) PyTorchJob",
-        apply="kubectl apply --server-side -f k8s-pytorchjob.yaml   (clusters without Trainer v2)",
-        extra="",
+    """k8s-pytorchjob.yaml: the same with a Training Operator v1 PyTorchJob (clusters without Trainer v2)."""
+    return _manifest(ctx, kube, manifests.pytorch_job(ctx, kube))
+
+
+def _manifest(ctx: LaunchContext, kube: KubeContext, job: manifests.Document) -> str:
+    """The manifest's three documents, dumped between their comments (templates/k8s.yaml.j2)."""
+    _, unset = environment.k8s_env()
+    return render_template(
+        "k8s.yaml.j2",
+        kube=kube,
+        claim=manifests.checkpoint_claim(ctx, kube),
+        job=job,
+        config_map=manifests.bundle_config_map(ctx, kube),
+        unset_env=unset,
+        rdma_example=manifests.RDMA_EXAMPLE,
+        work_dir=WORK_DIR,
+        bundle_mount=manifests.BUNDLE_MOUNT,
+        checkpoint_mount=CHECKPOINT_MOUNT,
+        termination_grace_s=environment.TERMINATION_GRACE_S,
+        torchao=TORCHAO_REQUIREMENT,
+        **_header_values(ctx),
     )
-
-    def replica(kind: str, count: int) -> str:
-        return f"""    {kind}:
-      replicas: {count}
-      restartPolicy: OnFailure
-      template:
-        spec:
-          terminationGracePeriodSeconds: {environment.TERMINATION_GRACE_S}
-          volumes:
-{_volumes_yaml(ctx, kube, 12)}          containers:
-            - name: pytorch
-              image: {yaml_str(ctx.image)}
-              command: ["bash", "-c", {yaml_str(_UNPACK)}]
-              args: ["launch"]
-              resources:
-{_resources_yaml(ctx, kube, indent=16)}{_security_yaml(ctx, kube, 14)}              env:
-{_env_yaml(entries, 16, optional)}              volumeMounts:
-{_mounts_yaml(16)}"""
-
-    workers = replica("Worker", ctx.num_nodes - 1) if ctx.num_nodes > 1 else ""
-    return f"""{header}{_pvc_yaml(ctx, kube)}---
-apiVersion: kubeflow.org/v1
-kind: PyTorchJob
-metadata:
-  name: {ctx.k8s_name}
-  labels:
-    fsdp-planner/plan: {yaml_str(ctx.short_hash)}
-spec:
-  runPolicy:
-    cleanPodPolicy: None
-  pytorchReplicaSpecs:
-{replica("Master", 1)}{workers}{_configmap_yaml(ctx, kube)}"""
 
 
 def readme(
@@ -582,6 +316,7 @@ def _readme_pipeline_values(ctx: LaunchContext) -> dict[str, object]:
 
 
 __all__ = [
+    "KubeContext",
     "LaunchContext",
     "comment",
     "k8s_pytorchjob",

@@ -34,6 +34,7 @@ def _environment() -> jinja2.Environment:
     )
     environment.filters["sh"] = sh
     environment.filters["thousands"] = "{:,}".format
+    environment.filters["yaml"] = yaml_document
     return environment
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from sqlalchemy.orm import Session
 
 from api.db.models import PlanRow
@@ -72,7 +73,9 @@ async def test_kubernetes_render_options(client: httpx.AsyncClient) -> None:
     with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
         manifest = next(archive.extractfile(m).read().decode()  # type: ignore[union-attr]
                         for m in archive.getmembers() if m.name.endswith("/k8s.yaml"))
-    assert 'image: "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"' in manifest  # pinned, never :latest
+    documents = {doc["kind"]: doc for doc in yaml.safe_load_all(manifest)}
+    trainer = documents["TrainJob"]["spec"]["trainer"]
+    assert trainer["image"] == "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"  # pinned, never :latest
     assert "kind: ConfigMap" in manifest and "claimName:" in manifest
     options = {"target": "k8s", "torch_version": "2.10.0", "cuda_version": "12.8",
                "rdma_resource": "rdma/rdma_shared_device_a"}
@@ -81,8 +84,9 @@ async def test_kubernetes_render_options(client: httpx.AsyncClient) -> None:
     with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
         manifest = next(archive.extractfile(m).read().decode()  # type: ignore[union-attr]
                         for m in archive.getmembers() if m.name.endswith("/k8s.yaml"))
-    assert "pytorch/pytorch:2.10.0-cuda12.8-cudnn9-runtime" in manifest
-    assert "rdma/rdma_shared_device_a: 1" in manifest
+    trainer = {doc["kind"]: doc for doc in yaml.safe_load_all(manifest)}["TrainJob"]["spec"]["trainer"]
+    assert trainer["image"] == "pytorch/pytorch:2.10.0-cuda12.8-cudnn9-runtime"
+    assert trainer["resourcesPerNode"]["limits"]["rdma/rdma_shared_device_a"] == 1
     # Versions the runtime cannot run, and names that are not resources, are a 422 naming the parameter.
     too_old = assert_problem(await client.get(url, params={"torch_version": "2.5.1"}), 422)
     assert "torch_version" in too_old["detail"]

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from api.cli.main import app
 from executor.launch.bundle import build_bundle, bundle_name
 from planner.plan import Plan
+from tests.executor.launch_lint import documents
 from tests.executor.plan_factory import debug_plan
 
 runner = CliRunner()
@@ -143,8 +144,10 @@ def test_kubernetes_render_options(tmp_path: Path) -> None:
     ])
     assert result.exit_code == 0, result.output
     manifest = (out / bundle_name(Plan.model_validate(debug_plan())) / "k8s-pytorchjob.yaml").read_text()
-    assert 'image: "pytorch/pytorch:2.10.0-cuda12.8-cudnn9-runtime"' in manifest
-    assert "rdma/ib: 2" in manifest
+    master = documents(manifest)["PyTorchJob"]["spec"]["pytorchReplicaSpecs"]["Master"]
+    (container,) = master["template"]["spec"]["containers"]
+    assert container["image"] == "pytorch/pytorch:2.10.0-cuda12.8-cudnn9-runtime"
+    assert container["resources"]["limits"]["rdma/ib"] == 2
     refused = runner.invoke(app, [
         "launcher", "--plan", str(plan_path), "--target", "k8s", "-o", str(out), "--torch-version", "latest",
     ])
