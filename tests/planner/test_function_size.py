@@ -31,15 +31,7 @@ def long_functions(folder: str, *, root: Path = REPO) -> list[str]:
 
 @pytest.mark.parametrize(
     "folder",
-    [
-        "planner/cost",
-        pytest.param(
-            "executor/launch",
-            marks=pytest.mark.xfail(
-                strict=False, reason="executor/launch/render.py is being reshaped into templates (issue 39)"
-            ),
-        ),
-    ],
+    ["planner/cost", "executor/launch"],
 )
 def test_no_function_is_over_80_lines(folder: str) -> None:
     assert (REPO / folder).is_dir()
