@@ -76,6 +76,9 @@ class Axis:
     """Named in labels and descriptions only above 1 (axes added after the others, rarely used)."""
     added_after_schema_2: bool = False
     """Added to the plan document after schema 2.0: at degree 1 a plan hashes as it did without it."""
+    fixed_layout: bool = False
+    """The plan lays its groups over the nodes (the pipeline's stages, outermost): a bundle runs on exactly
+    the mesh's world, each group on the whole nodes the plan gave it (the launcher checks both)."""
     data_parallel: bool = False
     """Its ranks see different sequences (the data-parallel axes); the others are model-parallel."""
     shards_parameters: bool = False
@@ -159,6 +162,7 @@ AXES: tuple[Axis, ...] = (
         "the blocks into 4 stages; 1 plans no pipeline.",
         label="pp",
         optional=True,
+        fixed_layout=True,
         added_after_schema_2=True,
         shards="blocks in {degree} pipeline stages",
         note="the blocks are split into {degree} pipeline stages of {mesh.stage_ranks} GPU(s) each "

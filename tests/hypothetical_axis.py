@@ -40,6 +40,7 @@ def probe() -> dict[str, Any]:
     from api.services.plan_compare import FIELDS
     from api.services.plan_listing import PlanFilters
     from contract import mesh
+    from executor.launch.render import LaunchContext, launch_sh
     from planner.catalog.models import resolve_model
     from planner.specs import SearchSpace, TrainingSpec
     from planner.study import StudyRequest
@@ -90,6 +91,27 @@ def probe() -> dict[str, Any]:
         }
     )
     found["study_pins"] = study.search.expert_parallel_degrees
+    script = launch_sh(
+        LaunchContext(
+            title="t",
+            plan_hash="0" * 64,
+            short_hash="0" * 12,
+            job_name="j",
+            k8s_name="k",
+            num_nodes=1,
+            gpus_per_node=8,
+            gpu="H100",
+            uses_gpus=True,
+            image="i",
+            label="l",
+            mesh=ep,
+        )
+    )
+    found["bundle"] = {
+        "header": "dp_replicate 1 x dp_shard 2 x ep 2 x tp 2 = 8 ranks" in script,
+        "node_check": '"$((NPROC_PER_NODE % 2))"' in script and "each ep group is 2 consecutive" in script,
+        "replan": "re-plan with --ep" in script,
+    }
     compared = [f for f in FIELDS if f.key == "config.mesh.ep"]
     form = plan_form.PlanForm(pins={"expert_parallel_degree": "2"})
     body = plan_form.to_plan_create(form)

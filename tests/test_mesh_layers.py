@@ -213,6 +213,8 @@ NEW_AXIS = """    Axis(
         note="each rank holds 1/{degree} of the experts, tokens sent to theirs and back (all-to-all)",
         compare_label="Expert parallel (GPUs)",
         compare_shown="{degree} (experts split)",
+        divides=(Size(name="gpus_per_node", of="cluster"),),
+        divides_reason="an expert group exchanges its tokens inside a node",
     ),
 """
 """The one entry expert parallelism costs in the registry (placed before cp: inside the shard group)."""
@@ -286,6 +288,9 @@ def test_a_new_axis_is_one_entry_everywhere_else(tmp_path: Path) -> None:
         "list_query": True,
     }
     assert found["study_pins"] == [2]
+    # The bundle: launch.sh states the mesh, and refuses a node whose process count splits an ep group
+    # (its groups stay inside a node: it divides the GPUs per node), naming the option to re-plan with.
+    assert found["bundle"] == {"header": True, "node_check": True, "replan": True}
     # The dashboard: the mesh row and its note, the compare row, the plan form's pin.
     assert found["dashboard"] == {
         "mesh_row": "dp_replicate 1 × dp_shard 2 × ep 2 × tp 2",

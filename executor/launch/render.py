@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contract.float8 import TORCHAO_REQUIREMENT
-from contract.mesh import MESH_AXES, Mesh
+from contract.mesh import AXES, MESH_AXES, Axis, Mesh
 from contract.parallel_config import PipelineConfig
 from executor.launch import environment, manifests
 from executor.launch.manifests import CHECKPOINT_MOUNT, WORK_DIR, KubeContext
@@ -132,21 +132,33 @@ def _stage_layout(ctx: LaunchContext) -> str:
 
 
 def _mesh_checks(ctx: LaunchContext, script: str) -> list[str]:
-    """The bash refusals of a world the plan's mesh cannot run on, one per axis that has one."""
-    checks = (_tensor_parallel_check(ctx, script), _pipeline_check(ctx, script))
-    return [check for check in checks if check]
+    """The bash refusals of a world the plan's mesh cannot run on, innermost axis first, each from the
+    registry (contract/mesh.py): a node check per axis whose groups stay inside a node (`within_node`),
+    a world check per axis the plan lays over the nodes (`fixed_layout`: the pipeline's stages)."""
+    if ctx.mesh is None:
+        return []
+    checks = []
+    for entry in reversed(AXES):
+        if ctx.mesh.degree(entry.name) == 1:
+            continue
+        if entry.within_node:
+            checks.append(_within_node_check(ctx, script, entry))
+        if entry.fixed_layout:
+            checks.append(_fixed_layout_check(ctx, script, entry))
+    return checks
 
 
-def _pipeline_check(ctx: LaunchContext, script: str) -> str:
-    """Bash that refuses a world the pipeline cannot run on ('' without a pipeline): its size must be the
-    mesh's product (the stages cannot be re-laid), and where the plan puts its stages on whole nodes,
-    the per-node process count must keep them there."""
-    if ctx.mesh is None or ctx.mesh.pp == 1:
-        return ""
+def _fixed_layout_check(ctx: LaunchContext, script: str, entry: Axis) -> str:
+    """Bash that refuses a world the axis's groups cannot be laid on (the pipeline's stages): its size
+    must be the mesh's product (the groups cannot be re-laid), and where the plan puts each group on
+    whole nodes, the per-node process count must keep them there."""
+    assert ctx.mesh is not None
     return render_template(
         "parts/pipeline_check.sh.j2",
         script=script,
         mesh=ctx.mesh,
+        axis=entry,
+        degree=ctx.mesh.degree(entry.name),
         stage=ctx.mesh.stage_ranks,
         stages_tile_nodes=_stages_tile_nodes(ctx),
         num_nodes=ctx.num_nodes,
@@ -154,12 +166,16 @@ def _pipeline_check(ctx: LaunchContext, script: str) -> str:
     )
 
 
-def _tensor_parallel_check(ctx: LaunchContext, script: str) -> str:
-    """Bash that refuses a per-node process count the tp groups cannot tile ('' when tp is 1)."""
-    if ctx.mesh is None or ctx.mesh.tp == 1:
-        return ""
+def _within_node_check(ctx: LaunchContext, script: str, entry: Axis) -> str:
+    """Bash that refuses a per-node process count the axis's groups cannot tile (tp: they stay inside a
+    node)."""
+    assert ctx.mesh is not None
     return render_template(
-        "parts/tensor_parallel_check.sh.j2", script=script, tp=ctx.mesh.tp, gpus_per_node=ctx.gpus_per_node
+        "parts/within_node_check.sh.j2",
+        script=script,
+        axis=entry,
+        degree=ctx.mesh.degree(entry.name),
+        gpus_per_node=ctx.gpus_per_node,
     )
 
 
