@@ -3,7 +3,8 @@ network selection, the process-group timeout, torchrun's shutdown grace, OpenMP 
 
 One table (`CLUSTER_ENV`) renders everywhere it appears, so the scripts, the manifests and the READMEs
 never disagree: the header block of `launch.sh` / `slurm.sbatch`, the bash that applies the defaults,
-the Kubernetes `env` lists and the bundle README's table. Every variable is a *default*: a value
+the Kubernetes `env` lists and the bundle README's table (`shown()` gives the templates their rows:
+templates/parts/cluster_env*.j2). Every variable is a *default*: a value
 already in the environment wins, and a variable whose default is empty stays unset (NCCL then picks
 by itself) unless the user sets it.
 """
@@ -125,62 +126,42 @@ CLUSTER_ENV: tuple[EnvVar, ...] = (
 )
 
 
-def header(indent: str = "#   ") -> str:
-    """The script header's block: one line per variable, with its default."""
-    width = max(len(v.name) for v in CLUSTER_ENV)
-    lines = [
-        "# Cluster environment: each is a default. A value already in the environment wins (export it",
-        "# before running this script), and one shown (unset) stays unset unless you set it:",
-    ]
-    for v in CLUSTER_ENV:
-        default = "cores/procs" if v.name == "OMP_NUM_THREADS" else (v.default or "(unset)")
-        lines.append(f"{indent}{v.name:<{width}} {default:<24} {v.doc}")
-    return "\n".join(lines) + "\n"
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """The table as the templates show it (templates/parts/cluster_env*.j2)."""
+
+    header_rows: list[tuple[str, str, str]]
+    """(name, default, doc) for the scripts' header block."""
+    width: int
+    """The longest name: the header's column."""
+    bash_words: list[tuple[str, str]]
+    """(name, its default as one bash word) for the scripts' `env_default` calls."""
+    positive: tuple[str, ...]
+    """The variables the scripts refuse unless they hold a positive whole number."""
+    readme_rows: list[tuple[str, str, str]]
+    """(name, default, what it does) for the bundle README's table."""
 
 
-def bash_defaults(script: str, *, cores: str) -> str:
-    """Bash that applies the defaults and prints what is set, once.
-
-    `cores` is a bash expression for the CPUs this node gives the job (OMP_NUM_THREADS = cores /
-    NPROC_PER_NODE). The summary is skipped when FSDP_ENV_SHOWN is set (slurm.sbatch prints it once
-    for the job, then every node's launch.sh stays quiet).
-    """
-    per_rank = '"$PER_RANK"'
-    calls = [
-        f"env_default {v.name} {per_rank if v.name == 'OMP_NUM_THREADS' else sh(v.default)}"
-        for v in CLUSTER_ENV
-    ]
-    body = "\n".join(calls)
-    return f"""# Cluster environment (see the header): a value already in the environment wins.
-ENV_SET=()
-ENV_UNSET=()
-env_default() {{
-  if [ -n "${{!1+x}}" ]; then
-    ENV_SET+=("$1=${{!1}}  (given)")
-  elif [ -n "$2" ]; then
-    export "$1=$2"
-    ENV_SET+=("$1=$2")
-  else
-    ENV_UNSET+=("$1")
-  fi
-}}
-CORES="{cores}"
-if ! [[ "$CORES" =~ ^[0-9]+$ ]]; then CORES=1; fi
-PER_RANK=$(( CORES / (NPROC_PER_NODE > 0 ? NPROC_PER_NODE : 1) ))
-if [ "$PER_RANK" -lt 1 ]; then PER_RANK=1; fi
-{body}
-for var in {PG_TIMEOUT_ENV} TORCH_ELASTIC_SHUTDOWN_TIMEOUT OMP_NUM_THREADS; do
-  if ! [[ "${{!var}}" =~ ^[1-9][0-9]*$ ]]; then
-    echo "{script}: $var must be a positive whole number, got '${{!var}}'" >&2
-    exit 2
-  fi
-done
-if [ -z "${{FSDP_ENV_SHOWN:-}}" ]; then
-  echo "{script}: cluster environment (export a variable to override it):"
-  printf '  %s\\n' "${{ENV_SET[@]}}"
-  if [ "${{#ENV_UNSET[@]}}" -gt 0 ]; then echo "  unset: ${{ENV_UNSET[*]}}"; fi
-fi
-export FSDP_ENV_SHOWN=1"""
+def shown() -> Shown:
+    """The table in the forms the scripts and the README show it; OMP_NUM_THREADS is computed per
+    script (the node's cores over its processes)."""
+    omp = "OMP_NUM_THREADS"
+    return Shown(
+        header_rows=[
+            (v.name, "cores/procs" if v.name == omp else (v.default or "(unset)"), v.doc) for v in CLUSTER_ENV
+        ],
+        width=max(len(v.name) for v in CLUSTER_ENV),
+        bash_words=[(v.name, '"$PER_RANK"' if v.name == omp else sh(v.default)) for v in CLUSTER_ENV],
+        positive=(PG_TIMEOUT_ENV, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", omp),
+        readme_rows=[
+            (
+                v.name,
+                "cores / processes" if v.name == omp else (f"`{v.default}`" if v.default else "unset"),
+                v.readme,
+            )
+            for v in CLUSTER_ENV
+        ],
+    )
 
 
 def static_defaults() -> dict[str, str]:
@@ -197,13 +178,3 @@ def k8s_env() -> tuple[list[tuple[str, str]], list[str]]:
     given = list(static_defaults().items())
     optional = [v.name for v in CLUSTER_ENV if not v.default and v.name != "OMP_NUM_THREADS"]
     return given, optional
-
-
-def readme_table() -> str:
-    rows = ["| variable | default | what it does |", "| --- | --- | --- |"]
-    for v in CLUSTER_ENV:
-        default = f"`{v.default}`" if v.default else "unset"
-        if v.name == "OMP_NUM_THREADS":
-            default = "cores / processes"
-        rows.append(f"| `{v.name}` | {default} | {v.readme} |")
-    return "\n".join(rows) + "\n"

@@ -208,10 +208,9 @@ def launch_sh(ctx: LaunchContext, entry: Entry = TRAIN) -> str:
     return render_template(
         "launch.sh.j2",
         entry=entry,
-        env_header=environment.header(),
+        cluster_env=environment.shown(),
         mesh_checks=_mesh_checks(ctx, entry.script),
         float8_check=_float8_check(ctx, entry.script),
-        cluster_env=environment.bash_defaults(entry.script, cores="$(nproc 2>/dev/null || echo 1)"),
         **_header_values(ctx),
     )
 
@@ -243,12 +242,9 @@ def slurm_sbatch(ctx: LaunchContext, entry: Entry = TRAIN) -> str:
     return render_template(
         "slurm.sbatch.j2",
         entry=entry,
-        env_header=environment.header(),
+        cluster_env=environment.shown(),
         sbatch_options=_sbatch_options(ctx, entry),
         mesh_checks=_mesh_checks(ctx, "sbatch"),
-        cluster_env=environment.bash_defaults(
-            "sbatch", cores="${SLURM_CPUS_ON_NODE:-$(nproc 2>/dev/null || echo 1)}"
-        ),
         signal_lead_s=SIGNAL_LEAD_S,
         exit_not_requeued=EXIT_NOT_REQUEUED,
         **_header_values(ctx),
@@ -295,7 +291,7 @@ def readme(
         targets=targets,
         prediction=prediction,
         kube=kube,
-        env_table=environment.readme_table(),
+        cluster_env=environment.shown(),
         signal_lead_s=SIGNAL_LEAD_S,
         exit_not_requeued=EXIT_NOT_REQUEUED,
         work_dir=WORK_DIR,
