@@ -34,6 +34,7 @@ from executor.launch.quoting import (
     slug,
     version,
 )
+from executor.launch.templating import render_template
 from planner.formatting import between, duration
 from planner.plan import Plan
 
@@ -240,24 +241,24 @@ def bundle_files(
         )
         files.append(BundleFile("k8s.yaml", render.k8s_trainjob(ctx, kube).encode()))
         files.append(BundleFile("k8s-pytorchjob.yaml", render.k8s_pytorchjob(ctx, kube).encode()))
-    pred = plan.prediction
-    tokens, peak = pred.tokens_per_s_per_gpu_interval, pred.peak_memory_gib_interval
-    prediction = (
-        f"Predicted: {duration(pred.step_time_s)}/step, {pred.tokens_per_s_per_gpu:,.0f}"
-        + (f" ({between(tokens.low, tokens.high)})" if tokens else "")
-        + f" tokens/s/GPU, MFU {100 * pred.mfu:.1f}%, peak {pred.peak_memory_gib:.1f}"
-        + (f" ({between(peak.low, peak.high, decimals=1)})" if peak else "")
-        + " GiB per GPU"
-        # Plans stored before schema 2.2 have no intervals.
-        + (
-            f"; in brackets the {tokens.level:.0%} intervals (how to read them: the planner's README)."
-            if tokens
-            else "."
-        )
-    )
+    prediction = _prediction(plan)
     text = render.readme(ctx, targets=targets, prediction=prediction, kube=kube)
     files.append(BundleFile("README.md", text.encode()))
     return files
+
+
+def _prediction(plan: Plan) -> str:
+    """The README's sentence on the plan's predictions, with their intervals where the plan has them."""
+    pred = plan.prediction
+    tokens, peak = pred.tokens_per_s_per_gpu_interval, pred.peak_memory_gib_interval
+    return render_template(
+        "parts/prediction.md.j2",
+        pred=pred,
+        step_time=duration(pred.step_time_s),
+        tokens=between(tokens.low, tokens.high) if tokens else None,
+        peak=between(peak.low, peak.high, decimals=1) if peak else None,
+        level=f"{tokens.level:.0%}" if tokens else None,
+    )
 
 
 def build_bundle(plan: Plan, *, target: Target = "all", fmt: Format = "tar.gz", **options: object) -> bytes:

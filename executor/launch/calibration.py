@@ -14,7 +14,7 @@ from pathlib import Path
 
 from executor.launch import render
 from executor.launch.bundle import DEFAULT_IMAGE, BundleFile, runtime_files
-from executor.launch.quoting import comment, dns_label, image_ref, positive_int, sh, slug
+from executor.launch.quoting import comment, dns_label, image_ref, positive_int, slug
 from executor.launch.templating import render_template
 from planner.specs import ClusterSpec, ModelSpec
 
@@ -24,14 +24,14 @@ _MICRO_BATCHES = re.compile(r"^[1-9][0-9]{0,4}(,[1-9][0-9]{0,4}){0,7}$")
 def _entry(
     *, budget_s: float, seq_len: int, micro_batches: str, name: str | None, has_model: bool
 ) -> render.Entry:
-    args = (
-        f'-o "$HERE/profile.json" --budget-s {budget_s:g} --seq-len {positive_int(seq_len, "seq_len")} '
-        f'--micro-batches "{micro_batches}"'
+    args = render_template(
+        "parts/profile_args.sh.j2",
+        budget=f"{budget_s:g}",
+        seq_len=positive_int(seq_len, "seq_len"),
+        micro_batches=micro_batches,  # checked: sizes and commas only
+        has_model=has_model,
+        name=name,
     )
-    if has_model:
-        args += ' --model-json "$HERE/model.json"'
-    if name:
-        args += f" --name {sh(name)}"
     return render.Entry(
         script="calibrate.sh",
         module="executor.profile.run",
