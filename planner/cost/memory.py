@@ -234,8 +234,11 @@ def saved_activations(setting: Setting, choice: Choice) -> SavedActivations:
 
     def whole(unit: UnitCost) -> float:
         # Everything the unit's forward keeps, in compute-dtype elements (eager keeps some in fp32).
+        if choice.compile and not choice.simple_fsdp and unit.compiled_saved_elems is not None:
+            # Blocks compiled as plain modules (another trainer's): what inductor's partitioner keeps.
+            return unit.compiled_saved_elems
         if choice.compile:
-            return unit.saved_elems if unit.compiled_saved_elems is None else unit.compiled_saved_elems
+            return unit.saved_elems
         return eager_saved_bytes(unit, act_bytes) / act_bytes
 
     def kept(block: UnitCost) -> tuple[float, float, float]:

@@ -42,11 +42,15 @@ class UnitCost:
     input_elems: float
     """Elements of the block's input per token (what full checkpointing keeps)."""
     compiled_saved_elems: float | None = None
-    """Activation elements saved per token without checkpointing when compiled: what inductor's
-    min-cut partitioner keeps, which recomputes cheap elementwise results (a norm's normalised
-    value, an activation's output) from what it keeps instead of saving them (None: `saved_elems`).
-    Counted on the runtime's blocks under torch.compile from the partitioned forward graph's saved
-    outputs (tests/profile/test_compiled_saved.py)."""
+    """Activation elements saved per token without checkpointing when the block is compiled as a
+    plain module (torchtitan and torchtune compile each block, litgpt the whole model over FSDP2's
+    gathered parameters): what inductor's min-cut partitioner keeps, which recomputes cheap
+    elementwise results (a norm's normalised value, an activation's output) from what it keeps
+    instead of saving them (None: `saved_elems`). Counted on the runtime's blocks under torch.compile
+    from the partitioned forward graph's saved outputs (tests/profile/test_compiled_saved.py). This
+    project's SimpleFSDP graphs, which gather the parameters inside the graph, stay priced with
+    `saved_elems`: their measured peaks (tests/executor/test_memory_fidelity.py on CPU, the H200 runs
+    of the corpus) sit 5-13% above what the smaller set predicts, for a reason not yet traced."""
     saved_fp32_elems: float = 0.0
     """Of `saved_elems`, those eager autograd keeps in fp32 whatever the compute dtype: each RMSNorm
     normalises an fp32 copy of its input and keeps it (in bf16 that is 4 bytes an element, not 2;

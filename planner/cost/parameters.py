@@ -229,10 +229,10 @@ CORPUS_FIT = CorpusFit(
     matmul_share_by_chip={"GA100": 0.9, "GH100": 0.75},
     elementwise_bandwidth_share=0.55,
     overlap_contention=0.5,
-    memory_margin=0.17,
+    memory_margin=0.16,
     memory_margin_reason=(
         "uncalibrated: against 24 measured peaks of published and own GPU runs (7 sources; `fsdp-planner "
-        "fidelity`), the memory model has under-predicted by at most 12.8%; 17% covers that with 2% to spare"
+        "fidelity`), the memory model has under-predicted by at most 12.2%; 16% covers that with 2% to spare"
     ),
     dimension_margins=(
         DimensionMargin(

@@ -220,14 +220,16 @@ def test_a_trainer_without_fsdp_holds_no_unsharded_copy_of_its_bf16_weights() ->
     for run in runs:
         priced = price_run(run)
         assert priced.plan.prediction.memory_breakdown_gib.unsharded_params == 0.0, run.id
-        assert priced.memory_error is not None
+        # (A peak the corpus marks not comparable, the compiled row's fp32 logits cast in the model, is not.)
+        assert (priced.memory_error is None) == bool(run.measured.memory_not_comparable), run.id
     eager = next(run for run in runs if run.config.compile == "none")
     as_fsdp2 = predict(run_request(eager), replace(run_config(eager), engine="fsdp-planner"), intervals=False)
     assert as_fsdp2.prediction.memory_breakdown_gib.unsharded_params > 5.0  # GiB: the 3B model's bf16 copy
 
 
 def test_a_peak_no_planner_option_can_match_is_kept_but_not_compared() -> None:
-    # Lightning's Llama-3-8B runs take the loss on bf16 logits, which no planner loss expresses.
+    # Lightning's Llama-3-8B runs take the loss on bf16 logits, which no planner loss expresses, and
+    # torchtune's compiled row casts its logits to fp32 in the model, outside the compiled loss.
     runs = [run for run in _runs() if run.measured.memory_not_comparable and run.priceable]
     assert runs
     for run in runs:
