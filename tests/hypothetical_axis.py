@@ -35,7 +35,7 @@ def probe() -> dict[str, Any]:
     from api.cli.common import in_cli_terms
     from api.cli.main import app
     from api.cli.plan_cmd import search_pins
-    from api.dashboard import plan_form, plan_views
+    from api.dashboard import plan_form, plan_views, study_form
     from api.routers import plans as plans_router
     from api.services.plan_compare import FIELDS
     from api.services.plan_listing import PlanFilters
@@ -90,7 +90,11 @@ def probe() -> dict[str, Any]:
             "search": search_pins(axis_pins={"ep": ["2"]}).model_dump(mode="json"),
         }
     )
-    found["study_pins"] = study.search.expert_parallel_degrees
+    study_form_body = study_form.to_study_create(study_form.StudyForm(pins={"expert_parallel_degree": "2"}))
+    found["study_pins"] = {
+        "whatif": study.search.expert_parallel_degrees,
+        "dashboard": study_form_body.search.expert_parallel_degrees if study_form_body else None,
+    }
     script = launch_sh(
         LaunchContext(
             title="t",

@@ -287,7 +287,7 @@ def test_a_new_axis_is_one_entry_everywhere_else(tmp_path: Path) -> None:
         "list_filter": [["ep", 2]],
         "list_query": True,
     }
-    assert found["study_pins"] == [2]
+    assert found["study_pins"] == {"whatif": [2], "dashboard": [2]}  # whatif --ep, the study form's field
     # The bundle: launch.sh states the mesh, and refuses a node whose process count splits an ep group
     # (its groups stay inside a node: it divides the GPUs per node), naming the option to re-plan with.
     assert found["bundle"] == {"header": True, "node_check": True, "replan": True}

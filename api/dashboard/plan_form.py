@@ -16,19 +16,18 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
+from api.dashboard.pin_fields import PIN_FIELDS, PIN_PATHS, PinField, pin_fields, pinned_search
 from api.problems import FieldError, ProblemError, field_errors
-from api.schemas.plans import MAX_GPUS_PER_NODE, MAX_ID, PlanCreate
+from api.schemas.plans import MAX_ID, PlanCreate
 from api.services.plans import build_request, calibration_profile
 from api.services.search_pool import SearchPool, SearchPoolBrokenError
 from api.text_check import JsonTextError, load_json_text
 from api.typed_numbers import parse_id, parse_whole
-from contract.mesh import searched_axes
 from planner.catalog.gpus import GPU_CATALOG
 from planner.catalog.models import MODEL_CATALOG
 from planner.cost.model_costs import count_parameters
 from planner.formatting import quantity
 from planner.precheck import BATCH_FIELD
-from planner.specs import MAX_PARALLEL_DEGREE
 
 # Where errors go that concern no single field (e.g. "no configuration fits on this cluster").
 FORM_LEVEL = "form"
@@ -46,11 +45,8 @@ _FIELD_FOR_PATH: tuple[tuple[str, str], ...] = (
     ("training", "training"),
     ("calibration_id", "calibration_id"),
     ("name", "name"),
-    # Each mesh axis's pin (contract/mesh.py's registry): `search.tensor_parallel_degrees` -> its field.
-    *((f"search.{entry.search_field}", entry.form_field) for entry in searched_axes() if entry.form_field),
+    *PIN_PATHS,  # each mesh axis's pin: `search.tensor_parallel_degrees` -> its field
 )
-PIN_FIELDS: tuple[str, ...] = tuple(entry.form_field for entry in searched_axes() if entry.form_field)
-"""The form's pin fields, one per mesh axis with a search field (`tensor_parallel_degree`, ...)."""
 MAX_FIELD_CHARS = 10_000
 """Longer than any field a person types: what a submitted value is cut to."""
 INTEGER_FIELDS = {
@@ -97,12 +93,7 @@ class PlanForm:
     @property
     def pin_fields(self) -> list[PinField]:
         """The pin fields the form shows, one per axis with a search field (contract/mesh.py)."""
-        return [
-            PinField(name=entry.form_field, axis=entry.name, label=f"{entry.what.capitalize()} degree",
-                     help=entry.form_help, value=self.pins.get(entry.form_field, ""))
-            for entry in searched_axes()
-            if entry.form_field
-        ]
+        return pin_fields(self.pins)
 
     @property
     def model_field(self) -> str:
@@ -117,17 +108,6 @@ class PlanForm:
         values.pop("errors")
         values.pop("pins")
         return {**values, **{name: self.pins.get(name, "") for name in PIN_FIELDS}}
-
-
-@dataclass(frozen=True)
-class PinField:
-    """One mesh axis's pin field as the page shows it."""
-
-    name: str
-    axis: str
-    label: str
-    help: str
-    value: str
 
 
 def _integer(form: PlanForm, name: str) -> int | None:
@@ -160,23 +140,6 @@ def _model(form: PlanForm) -> str | dict[str, Any] | None:
     return document
 
 
-def _pinned_degrees(form: PlanForm) -> dict[str, int | None]:
-    """Each pinned axis's search field -> the degree typed in its form field (None: empty, or an error
-    added beside the field). An axis that must divide the GPUs per node takes at most MAX_GPUS_PER_NODE."""
-    degrees: dict[str, int | None] = {}
-    for entry in searched_axes():
-        if not (entry.search_field and entry.form_field):
-            continue
-        raw = form.pins.get(entry.form_field, "").strip()
-        high = MAX_GPUS_PER_NODE if entry.within_node else MAX_PARALLEL_DEGREE
-        degree = parse_whole(raw, low=1, high=high) if raw else None
-        if raw and degree is None:
-            form.add_error(entry.form_field, f"enter a whole number from 1 to {high} (1: none), or leave "
-                           "it empty to search every degree")
-        degrees[entry.search_field] = degree
-    return degrees
-
-
 def to_plan_create(form: PlanForm) -> PlanCreate | None:
     """The API body for this form, or None with `form.errors` filled in."""
     model = _model(form)
@@ -184,7 +147,7 @@ def to_plan_create(form: PlanForm) -> PlanCreate | None:
     calibration_id = parse_id(form.calibration_id) if form.calibration_id.strip() else None
     if form.calibration_id.strip() and calibration_id is None:
         form.add_error("calibration_id", "choose a stored calibration profile, or none")
-    search = {field: [degree] for field, degree in _pinned_degrees(form).items() if degree is not None}
+    search = pinned_search(form.pins, form.add_error)
     if form.errors:
         return None
     body: dict[str, Any] = {

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from api.dashboard.pin_fields import PIN_FIELDS, PIN_PATHS, PinField, pin_fields, pinned_search
 from api.problems import FieldError, ProblemError, field_errors
 from api.schemas.plans import MAX_ID
 from api.schemas.studies import StudyCreate
@@ -32,6 +33,7 @@ _FIELD_FOR_PATH: tuple[tuple[str, str], ...] = (
     ("precision", "precision"),
     ("deadline_days", "deadline_days"),
     ("gpus", "gpus"),
+    *PIN_PATHS,  # each mesh axis's pin: `search.tensor_parallel_degrees` -> its field
 )
 
 
@@ -54,6 +56,9 @@ class StudyForm:
     batch_tokens: str = "4194304"
     precision: str = "bf16"
     deadline_days: str = ""
+    pins: dict[str, str] = field(default_factory=dict)
+    """Each mesh axis's pin as typed, by its form field (`tensor_parallel_degree`): every candidate's
+    search takes it; empty searches the axis."""
     errors: dict[str, list[str]] = field(default_factory=dict)
 
     def add_error(self, form_field: str, message: str) -> None:
@@ -73,7 +78,13 @@ class StudyForm:
             price = submitted.get(f"price_{gpu}")
             if isinstance(price, str):
                 form.prices[gpu] = price[:40]
+        form.pins = {name: value[:40] for name in PIN_FIELDS if isinstance(value := submitted.get(name), str)}
         return form
+
+    @property
+    def pin_fields(self) -> list[PinField]:
+        """The pin fields the form shows, one per axis with a search field (contract/mesh.py)."""
+        return pin_fields(self.pins)
 
     @property
     def price_fields(self) -> dict[str, str]:
@@ -118,6 +129,8 @@ def to_study_create(form: StudyForm) -> StudyCreate | None:
                         integer=False)
         gpus.append({"gpu": gpu, "price_per_gpu_hour": price})
     body["gpus"] = gpus
+    if search := pinned_search(form.pins, form.add_error):
+        body["search"] = search
     if form.errors:
         return None
     try:

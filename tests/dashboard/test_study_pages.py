@@ -139,6 +139,19 @@ def test_refusals_are_shown_beside_their_fields_and_store_nothing(client: TestCl
     assert client.get("/api/v1/studies").json()["items"] == []
 
 
+def test_the_form_pins_mesh_axes_on_every_cluster(client: TestClient) -> None:
+    # A pin field per axis with a search field (contract/mesh.py's registry), as the plan form has.
+    form = client.get("/studies/new").text
+    for name in ("tensor_parallel_degree", "context_parallel_degree", "pipeline_parallel_degree"):
+        assert f'id="{name}"' in form, name
+    study_id = submit_study(client, sizes="1,8", tensor_parallel_degree="1")
+    stored = client.get(f"/api/v1/studies/{study_id}").json()["request"]
+    assert stored["search"]["tensor_parallel_degrees"] == [1]
+    refused = client.post("/studies/new", data={**STUDY_FORM, "pipeline_parallel_degree": "\u00b2"})
+    assert refused.status_code == 422
+    assert field_errors(refused.text)["pipeline_parallel_degree"].startswith("enter a whole number from 1 to")
+
+
 def test_missing_studies_are_404_pages(client: TestClient) -> None:
     for path in ("/studies/999", "/studies/abc", "/studies/0"):
         response = client.get(path)
