@@ -13,7 +13,9 @@ from typing import Annotated, Any, ClassVar, Literal
 from contract.fields import DOCUMENT_CONFIG, AtLeast, check_fields
 
 Architecture = Literal["llama", "gpt2", "layer_graph"]
-"""`llama` (Llama 2/3, Mistral, Qwen2 dimensions), `gpt2`, or `layer_graph` (a traced user model)."""
+"""`llama` (Llama 2/3, Mistral, Qwen2/3 dimensions; with `moe` and `latent_attention` the
+mixture-of-experts families: Mixtral, Qwen3-MoE, DeepSeek-V3, gpt-oss, Llama 4), `gpt2`, or
+`layer_graph` (a traced user model)."""
 
 DERIVED_COUNTS = ("num_params", "flops_per_token")
 """Fields the planner derives (a plan carries them, a request does not)."""
@@ -42,6 +44,82 @@ class ModelShape:
     @property
     def ffn_size(self) -> int:
         return self.intermediate_size or 4 * self.hidden_size
+
+
+RouterScore = Literal["softmax", "sigmoid"]
+"""How a router scores the experts: `softmax` over the experts (Mixtral, Qwen3-MoE, gpt-oss, Llama 4's
+sigmoid-free routers), or `sigmoid` per expert with the chosen scores renormalised (DeepSeek-V3)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MoeConfig:
+    """A mixture-of-experts feed-forward: which blocks route their tokens to experts, and the experts'
+    shapes. The other blocks (`first_dense_layers`, and those between `layer_interval` steps) keep the
+    dense feed-forward of `ModelConfig.intermediate_size`. Hugging Face names in brackets."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = DOCUMENT_CONFIG
+
+    num_experts: Annotated[int, AtLeast(2)]
+    """Routed experts per MoE block (`n_routed_experts`, `num_local_experts`, `num_experts`)."""
+    experts_per_token: Annotated[int, AtLeast(1)]
+    """Routed experts each token is sent to: the router's top-k (`num_experts_per_tok`)."""
+    expert_intermediate_size: Annotated[int, AtLeast(1)]
+    """Hidden size of one routed expert's SwiGLU (`moe_intermediate_size`; Mixtral's `intermediate_size`)."""
+    num_shared_experts: Annotated[int, AtLeast(0)] = 0
+    """Experts every token goes through besides the routed ones (`n_shared_experts`; Llama 4: 1)."""
+    shared_expert_intermediate_size: Annotated[int, AtLeast(1)] | None = None
+    """Hidden size of each shared expert; None: `expert_intermediate_size`."""
+    first_dense_layers: Annotated[int, AtLeast(0)] = 0
+    """Blocks at the start that keep the dense feed-forward (`first_k_dense_replace`: DeepSeek-V3's 3)."""
+    layer_interval: Annotated[int, AtLeast(1)] = 1
+    """After the dense ones, every `layer_interval`-th block is an MoE block, the others dense
+    (`interleave_moe_layer_step`: Llama 4 Maverick's 2); 1: every one."""
+    router: RouterScore = "softmax"
+    """How the router scores the experts."""
+    router_bias: bool = False
+    """A per-expert bias added to the scores for choosing only, adjusted between steps to balance the
+    load without an auxiliary loss (DeepSeek-V3's `topk_method: noaux_tc`)."""
+    expert_bias: bool = False
+    """Biases on the experts' projections (gpt-oss)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    @property
+    def shared_size(self) -> int:
+        return self.shared_expert_intermediate_size or self.expert_intermediate_size
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether block `index` (from 0) routes its tokens to experts."""
+        after_dense = index - self.first_dense_layers
+        return after_dense >= 0 and after_dense % self.layer_interval == 0
+
+
+@dataclass(frozen=True, slots=True)
+class LatentAttention:
+    """Multi-head latent attention (DeepSeek-V2/V3): queries and keys/values projected through low-rank
+    latents, each head's query and key split into a part without position (`qk_nope_head_dim`) and a
+    rotary part (`qk_rope_head_dim`, the key's shared by every head). Hugging Face names."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = DOCUMENT_CONFIG
+
+    kv_lora_rank: Annotated[int, AtLeast(1)]
+    """Width of the key/value latent."""
+    qk_nope_head_dim: Annotated[int, AtLeast(1)]
+    """Per head: the query/key width without rotary positions."""
+    qk_rope_head_dim: Annotated[int, AtLeast(1)]
+    """Per head: the rotary query/key width (the key's part is one shared head)."""
+    v_head_dim: Annotated[int, AtLeast(1)]
+    """Per head: the value width (and of the attention output)."""
+    q_lora_rank: Annotated[int, AtLeast(1)] | None = None
+    """Width of the query latent; None: queries projected from the hidden state directly (V2-Lite)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +157,12 @@ class ModelConfig(ModelShape):
     """RoPE base frequency (Llama family)."""
     norm_eps: float = 1e-5
     """Epsilon of RMSNorm / LayerNorm."""
+    qk_norm: bool = False
+    """RMSNorm on each head's queries and keys before RoPE (Qwen3, OLMo 2): a head_dim-wide weight each."""
+    moe: MoeConfig | None = None
+    """The mixture-of-experts feed-forward of a llama-family model (None: every block dense)."""
+    latent_attention: LatentAttention | None = None
+    """Multi-head latent attention instead of grouped-query attention (llama family; None: GQA)."""
     num_params: int | None = None
     """Parameter count the planner priced (tied weights once)."""
     flops_per_token: float | None = None

@@ -198,9 +198,20 @@ def _upgrade_schema_1(value: Any, world: int | None) -> Any:
     return upgraded
 
 
+UNBUILT_MODEL_FIELDS = ("moe", "latent_attention", "qk_norm")
+"""Model fields the contract declares that this runtime's models do not build yet."""
+
+
 def check_plan(plan: RuntimePlan) -> None:
     """Consistency checks that types alone do not catch."""
     cfg, world, mesh = plan.config, plan.world_size, plan.config.mesh
+    for unbuilt in UNBUILT_MODEL_FIELDS:
+        if getattr(plan.model, unbuilt):
+            raise PlanError(
+                f"plan.model.{unbuilt}: this runtime cannot build it yet (mixture-of-experts blocks, latent "
+                "attention and query/key norms are planned by issue 40); train the model with a runtime "
+                "that can, or plan it without that field"
+            )
     if mesh.world_size != world:
         raise PlanError(f"plan.config.mesh: {mesh.describe().split(' = ')[0]} = {mesh.world_size} ranks, "
                         f"but the cluster has {world}")

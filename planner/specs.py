@@ -175,6 +175,9 @@ def contract_fields(cls: type, *, bounds: dict[str, Any], exclude: tuple[str, ..
     return definitions
 
 
+UNPRICED_MODEL_FIELDS = ("moe", "latent_attention", "qk_norm")
+"""Model fields the contract declares that the cost model does not price yet (refused, naming them)."""
+
 _MODEL_BOUNDS: dict[str, Any] = {
     "name": Field(min_length=1, max_length=200),
     **{name: Field(le=MAX_DIMENSION) for name in (
@@ -217,6 +220,13 @@ class ModelSpec(_ModelFields, ModelShape):  # type: ignore[misc, valid-type]
             raise ValueError(
                 f"layer_graph: only allowed with architecture 'layer_graph', not '{self.architecture}'"
             )
+        for field in UNPRICED_MODEL_FIELDS:
+            if getattr(self, field):
+                raise ValueError(
+                    f"{field}: the planner does not price it yet (mixture-of-experts blocks, latent "
+                    "attention and query/key norms are issue 40's); leave it out to plan the dense "
+                    "model of the same dimensions"
+                )
         if self.head_size is not None and self.architecture != "llama":
             raise ValueError(
                 f"head_size: {self.architecture} heads are hidden_size / num_heads wide; leave head_size out "
