@@ -60,17 +60,19 @@ logged on, the 96 GB H100 at 500 W (item 7), and H100-80GB's max fell from 21.9%
 HELD_OUT_GUARD: dict[tuple[str, str], float] = {
     ("throughput_mean", "A100-80GB"): 0.11,
     ("throughput_max", "A100-80GB"): 0.18,
-    ("throughput_mean", "H100-SXM-80GB"): 0.11,
+    ("throughput_mean", "H100-SXM-80GB"): 0.09,
     ("throughput_max", "H100-SXM-80GB"): 0.19,
-    ("memory_mean", "all"): 0.12,
+    ("memory_mean", "all"): 0.08,
 }
 """The held-out split's |error| (sources no fit reads, priced by the committed fit), today's values
-rounded up to the next whole percent: the numbers that say how the model does on runs it never saw."""
+rounded up to the next whole percent: the numbers that say how the model does on runs it never saw.
+(2026-11-28: other trainers' compiled blocks priced with what inductor's partitioner saves moved the
+held-out memory mean from 11.5% to 7.8%; OLMo-core's eight H100 runs joined the split at 4.9%.)"""
 COVERAGE_GUARD = {"throughput": 0.75, "memory": 0.75}
 """The least share of held-out runs the 80% interval contains (each calibrated without its source): the
-issue's 75% for tokens/s and for peaks (today 7 of 8 peaks: torchtune's pure-bf16 single-GPU runs and
-Lightning's FSDP2 runs, bf16 and float8; Lightning's Llama-3-8B peaks are kept but not compared:
-`Measured.memory_not_comparable` says why)."""
+issue's 75% for tokens/s and for peaks (today 32 of 36 runs and 6 of 7 peaks: torchtune's pure-bf16
+single-GPU runs and Lightning's FSDP2 runs, bf16 and float8; Lightning's Llama-3-8B peaks and
+torchtune's compiled row are kept but not compared: `Measured.memory_not_comparable` says why)."""
 GPU_FAMILIES = ({"A100-80GB", "A100-40GB"}, {"H100-SXM-80GB", "H100-SXM-96GB"}, {"H200-141GB", "B200"})
 STANDARD_NODE_GPUS = 8
 """What a run that does not state its node size is priced on (planner/fidelity/schema.py `Hardware`)."""
