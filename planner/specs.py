@@ -175,8 +175,13 @@ def contract_fields(cls: type, *, bounds: dict[str, Any], exclude: tuple[str, ..
     return definitions
 
 
-UNPRICED_MODEL_FIELDS = ("moe", "latent_attention", "qk_norm")
-"""Model fields the contract declares that the cost model does not price yet (refused, naming them)."""
+UNPRICED_MODEL_FIELDS: tuple[str, ...] = ()
+"""Model fields the contract declares that the cost model does not price yet (refused, naming them):
+none now (mixture-of-experts blocks, latent attention and query/key norms are priced, issue 40)."""
+
+LLAMA_ONLY_FIELDS = ("moe", "latent_attention", "qk_norm")
+"""Model fields only the llama family's blocks price (mixture-of-experts feed-forwards, latent
+attention, query/key norms)."""
 
 _MODEL_BOUNDS: dict[str, Any] = {
     "name": Field(min_length=1, max_length=200),
@@ -223,9 +228,14 @@ class ModelSpec(_ModelFields, ModelShape):  # type: ignore[misc, valid-type]
         for field in UNPRICED_MODEL_FIELDS:
             if getattr(self, field):
                 raise ValueError(
-                    f"{field}: the planner does not price it yet (mixture-of-experts blocks, latent "
-                    "attention and query/key norms are issue 40's); leave it out to plan the dense "
-                    "model of the same dimensions"
+                    f"{field}: the planner does not price it yet; leave it out to plan the model "
+                    "without it"
+                )
+        for field in LLAMA_ONLY_FIELDS:
+            if getattr(self, field) and self.architecture != "llama":
+                raise ValueError(
+                    f"{field}: only the llama family's blocks have it (architecture 'llama'), not "
+                    f"'{self.architecture}'"
                 )
         if self.head_size is not None and self.architecture != "llama":
             raise ValueError(

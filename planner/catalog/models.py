@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from planner.catalog.moe_models import MOE_MODELS
 from planner.errors import (
     PlanningError,
     UnknownCatalogEntryError,
@@ -90,6 +91,21 @@ MODEL_CATALOG: dict[str, ModelSpec] = {
             max_seq_len=32768,
             rope_theta=1000000.0,
         ),
+        _llama(
+            "qwen3-8b",
+            vocab_size=151936,
+            hidden_size=4096,
+            num_layers=36,
+            num_heads=32,
+            num_kv_heads=8,
+            head_size=128,
+            intermediate_size=12288,
+            max_seq_len=40960,
+            rope_theta=1000000.0,
+            norm_eps=1e-6,
+            qk_norm=True,
+        ),
+        *MOE_MODELS,
         _gpt2("gpt2", 768, 12, 12),
         _gpt2("gpt2-medium", 1024, 24, 16),
         _gpt2("gpt2-large", 1280, 36, 20),

@@ -187,8 +187,14 @@ def matmul_seconds(p: CostParameters, unit: UnitCost, tokens: int, *, dtype_byte
     """Seconds of one forward's GEMMs of `unit` over `tokens` tokens (launches included), scaled so that
     the unit's FLOPs (`matmul_params`, which a tensor-parallel share may round) are what is priced.
     Cached by what it reads: a search prices the same few units at the same few micro-batches."""
-    shapes = (unit.linear_shapes, unit.linear_share, unit.gemms, unit.matmul_params)
-    return _matmul_seconds(shapes, tokens, dtype_bytes, _device(p))
+    device = _device(p)
+    dense_params = unit.matmul_params - unit.expert_matmul_params
+    shapes = (unit.linear_shapes, unit.linear_share, unit.gemms, dense_params)
+    seconds = _matmul_seconds(shapes, tokens, dtype_bytes, device)
+    if unit.routed_experts:
+        experts = (unit.expert_shapes, unit.linear_share, unit.routed_experts, unit.experts_per_token)
+        seconds += _grouped_seconds(experts, tokens, p.expert_load_imbalance, dtype_bytes, device)
+    return seconds
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -203,6 +209,37 @@ def _matmul_seconds(
     seconds = sum(_gemm_seconds(tokens, n, k, dtype_bytes, device) for n, k in shapes)
     shape_params = sum(n * k for n, k in shapes)
     return seconds * matmul_params / shape_params
+
+
+def expert_rows(tokens: int, *, experts: int, experts_per_token: int, imbalance: float) -> int:
+    """Rows (tokens) one routed expert's GEMMs run in a forward over `tokens` tokens: its even share of
+    the tokens x top-k routed rows, times the router's load imbalance (the most-loaded expert's rows
+    over the mean, `CostParameters.expert_load_imbalance`)."""
+    return max(1, math.ceil(tokens * experts_per_token * imbalance / experts))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _grouped_seconds(
+    experts: tuple[tuple[tuple[int, tuple[int, ...]], ...], int, int, int], tokens: int, imbalance: float,
+    dtype_bytes: int, device: _Device,
+) -> float:
+    """One forward's grouped GEMMs of a mixture of experts' routed experts: per linear layer one kernel
+    (one launch) running every expert's GEMM, each at `expert_rows` rows, priced by the curve at that
+    shape, so that few rows per expert (many experts, a small micro-batch) run at the smaller tiles'
+    and the padding's lower efficiency. Every expert is priced at the most-loaded one's rows: the
+    kernel's last tiles are those of its largest groups."""
+    shapes, share, count, top_k = experts
+    if not tokens:
+        return 0.0
+    rows = expert_rows(tokens, experts=count, experts_per_token=top_k, imbalance=imbalance)
+    seconds = 0.0
+    for n, k in _gemm_shapes(shapes, share, 0, 0):
+        one = curve_seconds(
+            rows, n, k, rate=device.rate, bandwidth=device.bandwidth, sms=device.sms, overhead=0.0,
+            dtype_bytes=dtype_bytes,
+        )
+        seconds += count * one + device.overhead
+    return seconds
 
 
 def attention_scale(p: CostParameters, seq_len: int) -> float:

@@ -11,6 +11,14 @@ import functools
 from dataclasses import dataclass, replace
 
 from contract.float8 import float8_converts
+from planner.cost.block_parts import (
+    Attention,
+    FeedForward,
+    dense_feed_forward,
+    grouped_query_attention,
+    latent_attention,
+    moe_feed_forward,
+)
 from planner.specs import LayerUnit, ModelSpec
 
 
@@ -88,6 +96,21 @@ class UnitCost:
     kv_elems: float = 0.0
     """Key and value elements per token (attention blocks): what context parallelism all-gathers
     over its group in forward (and reduce-scatters as gradients in backward)."""
+    expert_shapes: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    """A mixture of experts' block: one routed expert's linear layers, whole, as `linear_shapes` (its
+    SwiGLU: w1 and w3, then w2; tensor parallelism splits them as a dense MLP's). They run as grouped
+    GEMMs at the rows each expert receives (planner/cost/gemm.py), not in `linear_shapes`."""
+    routed_experts: int = 0
+    """Routed experts of a mixture of experts' block (0: a dense unit)."""
+    experts_per_token: int = 0
+    """Routed experts each token runs (the router's top-k)."""
+    expert_matmul_params: int = 0
+    """Of `matmul_params`, the routed experts' each token runs (k experts' weights)."""
+    expert_params: int = 0
+    """Of `num_params`, the routed experts' (all of them)."""
+    inactive_params: int = 0
+    """Of `expert_params`, those a token does not run (the experts outside its top-k): left out of
+    the active count that FLOPs and MFU use."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +142,10 @@ def float8_share(
     layers' inputs (gathered in forward) and the row-parallel layers' output gradients (gathered in
     backward). That is how torchao's Float8 linears run under torch's tensor-parallel styles; only
     its float8 styles (torchtitan's tensorwise recipe) cast each rank's shard before the gather."""
-    total = sum(i * o for i, outs in unit.linear_shapes for o in outs)
+    # The routed experts' grouped GEMMs stay in bf16 (torchao's float8 linears do not convert them):
+    # they count in the whole, not in the converted share.
+    experts = unit.experts_per_token * sum(i * o for i, outs in unit.expert_shapes for o in outs)
+    total = sum(i * o for i, outs in unit.linear_shapes for o in outs) + experts
     split = unit.linear_share
     params = 0
     cast = 0.0
@@ -169,6 +195,10 @@ class ModelCosts:
     """1: every rank sees whole sequences; else the rank's share of a context-parallel group
     (`context_parallel_share`): per-token costs are those of the rank's own tokens, and each block
     keeps the keys and values gathered from the other cp ranks for its backward."""
+
+    active_params: int | None = None
+    """Parameters a token runs (a mixture of experts' top-k routed experts, not all of them; tied
+    weights once); None: `num_params` (a dense model)."""
 
     pipeline_stage: bool = False
     """True: one pipeline rank's stages (`pipeline_rank_share`): its blocks, the embeddings only on
@@ -234,6 +264,9 @@ def tensor_parallel_share(model: ModelCosts, tp: int) -> ModelCosts:
                 attention_output_elems=u.attention_output_elems / tp,
                 linear_share=tp,
                 kv_elems=u.kv_elems / tp,
+                expert_matmul_params=u.expert_matmul_params // tp,
+                expert_params=u.expert_params // tp,
+                inactive_params=u.inactive_params // tp,
             )
         return shares[id(u)]
 
@@ -326,47 +359,65 @@ def _attention_flops(spec: ModelSpec, seq_len: int) -> tuple[float, float]:
     return convention / 2.0, convention
 
 
-def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
-    h, f, v = spec.hidden_size, spec.ffn_size, spec.vocab_size
-    # q and the attention output are `a` wide: h, unless the heads have a width of their own (head_size).
-    a, kv = spec.attention_width, spec.kv_heads * spec.head_dim
-    attn_weights = h * a + 2 * h * kv + a * h
-    mlp_weights = 3 * h * f
-    bias = (a + 2 * kv) if spec.qkv_bias else 0
-    block_params = attn_weights + mlp_weights + bias + 2 * h
-    attn, attn_conv = _attention_flops(spec, seq_len)
-    block = UnitCost(
-        name="block",
-        num_params=block_params,
-        matmul_params=attn_weights + mlp_weights,
-        gemms=7,
-        attention_flops=attn,
-        attention_flops_convention=attn_conv,
-        # two RMSNorms (~8 passes over h each), RoPE on q and k, two residual adds, SwiGLU.
-        elementwise_elems=16 * h + 6 * (a + kv) + 6 * h + 5 * f,
-        kernels=38,
-        # Per RMSNorm its input, normalized value and output (x2); rotated q and k, v, attention
-        # output, w1/w3 outputs, silu output, product (counted on the runtime's block with
-        # saved-tensor hooks: 8h + 2kv + 4f where a = h, plus a few elements of norm and softmax statistics).
-        saved_elems=6 * h + 2 * a + 2 * kv + 4 * f,
-        # Compiled: the block input, both norm outputs, rotated q and k, v, attention output, the
-        # output projection's result (the residual sum is recomputed from it), w1, w3 and their
-        # product; the norms' values, silu and the second residual are recomputed.
-        compiled_saved_elems=4 * h + 2 * a + 2 * kv + 3 * f,
-        saved_fp32_elems=2 * h,  # the two RMSNorms' upcast inputs
-        # block input, q and v projections, attention out, w1 output, w2 output (every other matmul).
-        op_saved_elems=2 * h + 2 * a + kv + f,
-        op_recompute_matmul_params=h * kv + a * h + h * f,
+def _llama_attention(spec: ModelSpec, seq_len: int) -> Attention:
+    if spec.latent_attention is not None:
+        return latent_attention(
+            h=spec.hidden_size, heads=spec.num_heads, latent=spec.latent_attention, seq_len=seq_len
+        )
+    return grouped_query_attention(
+        h=spec.hidden_size, a=spec.attention_width, kv=spec.kv_heads * spec.head_dim, head_dim=spec.head_dim,
+        seq_len=seq_len, qkv_bias=spec.qkv_bias, qk_norm=spec.qk_norm,
+    )
+
+
+def _llama_block(attention: Attention, ffn: FeedForward, *, h: int) -> UnitCost:
+    """One block of the llama family: its attention half and feed-forward half added. Under tensor
+    parallelism with sequence parallelism each half all-gathers the sequence before its
+    column-parallel matmuls and reduce-scatters after its row-parallel ones."""
+    part = attention.part + ffn.part
+    return UnitCost(
+        name="block" if not ffn.routed_experts else "moe_block",
+        num_params=part.num_params,
+        matmul_params=part.matmul_params,
+        gemms=part.gemms,
+        attention_flops=part.attention_flops,
+        attention_flops_convention=part.attention_flops_convention,
+        elementwise_elems=part.elementwise_elems,
+        kernels=part.kernels,
+        saved_elems=part.saved_elems,
+        compiled_saved_elems=part.compiled_saved_elems,
+        saved_fp32_elems=part.saved_fp32_elems,
+        op_saved_elems=part.op_saved_elems,
+        op_recompute_matmul_params=part.op_recompute_matmul_params,
         input_elems=h,
-        attention_output_elems=a,
-        tensors=9 + (3 if spec.qkv_bias else 0),  # 7 projections, 2 norms (+ q/k/v biases)
-        replicated_params=2 * h,
+        attention_output_elems=part.attention_output_elems,
+        tensors=part.tensors,
+        replicated_params=part.replicated_params,
         tp_collectives=4,
         tp_collective_elems=4 * h,
-        gathered_elems=2 * h,  # the norm outputs, gathered for q/k/v and for w1/w3
-        linear_shapes=((h, (a, kv, kv)), (a, (h,)), (h, (f, f)), (f, (h,))),  # qkv, o, w1 w3, w2
-        kv_elems=2 * kv,
+        gathered_elems=2 * h,  # the norm outputs, gathered for attention's and the MLP's projections
+        linear_shapes=(*attention.linear_shapes, *ffn.linear_shapes),
+        kv_elems=part.kv_elems,
+        expert_shapes=ffn.expert_shapes,
+        routed_experts=ffn.routed_experts,
+        experts_per_token=ffn.experts_per_token,
+        expert_matmul_params=part.expert_matmul_params,
+        expert_params=part.expert_params,
+        inactive_params=part.inactive_params,
     )
+
+
+def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
+    h, v = spec.hidden_size, spec.vocab_size
+    attention = _llama_attention(spec, seq_len)
+    dense = _llama_block(attention, dense_feed_forward(h=h, f=spec.ffn_size), h=h)
+    moe = spec.moe
+    # One object per kind of block: the cost model prices a run of the same object once.
+    if moe is None:
+        blocks = (dense,) * spec.num_layers
+    else:
+        routed = _llama_block(attention, moe_feed_forward(h=h, moe=moe), h=h)
+        blocks = tuple(routed if moe.is_moe_layer(i) else dense for i in range(spec.num_layers))
     # The vocabulary-parallel embedding reduce-scatters its output onto the sequence shards.
     embedding = replace(_embedding_unit(v * h, h, tensors=1), tp_collectives=1, tp_collective_elems=h)
     head_params = h + (0 if spec.tie_word_embeddings else v * h)
@@ -376,10 +427,12 @@ def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
     # The final hidden states are all-gathered for the vocabulary-parallel loss, which all-reduces
     # three per-token statistics (max, sum of exponentials, target logit) per slice.
     head = replace(head, replicated_params=h, tp_collectives=4, tp_collective_elems=h + 3)
-    blocks = (block,) * spec.num_layers
-    total = embedding.num_params + block_params * spec.num_layers + head_params
-    n = total - v * h + (v * h if spec.tie_word_embeddings else 0)
-    return ModelCosts(embedding, blocks, head, total, v * h, v, seq_len, n)
+    total = embedding.num_params + sum(b.num_params for b in blocks) + head_params
+    active = total - sum(b.inactive_params for b in blocks)
+    n = active - v * h + (v * h if spec.tie_word_embeddings else 0)
+    return ModelCosts(
+        embedding, blocks, head, total, v * h, v, seq_len, n, active_params=None if moe is None else active
+    )
 
 
 def _gpt2_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:

@@ -87,6 +87,17 @@ for its absolute maximum (inductor fuses it into the cast; rowwise and MX scales
 or block the cast kernel holds anyway)."""
 
 
+EXPERT_LOAD_IMBALANCE = 1.2
+"""Default `CostParameters.expert_load_imbalance`: the routed rows of a micro-batch's most-loaded expert
+over the mean. Balanced routers (an auxiliary balance loss, or DeepSeek-V3's bias adjusted between
+steps) keep the imbalance over whole batches small, but a micro-batch's is larger: the
+auxiliary-loss-free balancing paper (Wang et al. 2024, arXiv:2408.15664, the method DeepSeek-V3 trains
+with) reports the maximal violation per batch (`MaxVio_batch`, max load / mean load - 1) in the tenths
+during training, and torchtitan pads each expert's group for its grouped GEMMs besides. A round
+figure from those reports, not fitted to any run: the fidelity step with published MoE runs (issue 40,
+item 5) is where it is checked."""
+
+
 @dataclass(frozen=True, slots=True)
 class CostParameters:
     """Everything the cost model needs to know about the hardware and software stack."""
@@ -175,6 +186,10 @@ class CostParameters:
     gemm_points: tuple[tuple[int, int, int, float], ...] = ()
     """GEMMs a calibration timed, as (m, n, k, seconds): at these shapes the measured time replaces
     the curve (planner/cost/gemm.py `gemm_seconds`)."""
+    expert_load_imbalance: float = EXPERT_LOAD_IMBALANCE
+    """A mixture of experts' router: the most-loaded routed expert's tokens over the mean, in a
+    micro-batch (planner/cost/gemm.py prices the grouped expert GEMMs at it; `EXPERT_LOAD_IMBALANCE`
+    says where the default comes from)."""
 
     @property
     def usable_memory_gib(self) -> float:
