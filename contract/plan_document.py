@@ -198,7 +198,7 @@ def _upgrade_schema_1(value: Any, world: int | None) -> Any:
     return upgraded
 
 
-UNBUILT_MODEL_FIELDS = ("moe", "latent_attention", "qk_norm")
+UNBUILT_MODEL_FIELDS: tuple[str, ...] = ()
 """Model fields the contract declares that this runtime's models do not build yet."""
 
 

@@ -30,6 +30,7 @@ editing the plan (e.g. eager SimpleFSDP to separate sharding bugs from compiler 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -43,10 +44,11 @@ from contract.plan_document import RuntimePlan
 from executor.runtime.activation_checkpoint import apply_activation_checkpointing
 from executor.runtime.compile import CompileSettings, apply_compile, compile_settings
 from executor.runtime.context_parallel import apply_context_parallel
-from executor.runtime.distributed import data_parallel_mesh, pipeline_mesh, tensor_parallel_mesh
+from executor.runtime.distributed import data_parallel_mesh, pipeline_mesh, submesh, tensor_parallel_mesh
 from executor.runtime.float8 import Float8Conversion, after_optimizer_step, convert_to_float8
 from executor.runtime.fsdp2 import apply_fsdp2, fsdp2_mesh
 from executor.runtime.models import ModelParts, computes_own_loss, find_parts
+from executor.runtime.models.moe import has_bias_balanced_routers, update_router_bias
 from executor.runtime.pipeline import PipelineRun, build_pipeline, check_pipeline, split_model, tied_copies
 from executor.runtime.simple_fsdp import apply_simple_fsdp
 from executor.runtime.tensor_parallel import apply_tensor_parallel
@@ -142,7 +144,7 @@ def parallelize(
         sync_last_micro_batch_only=engine == "fsdp2" and cfg.sharding == "no_shard",
         notes=notes,
         float8=float8,
-        after_optimizer_step=after_optimizer_step(float8),
+        after_optimizer_step=_after_optimizer_step(model, float8=float8, mesh=mesh, pp=cfg.mesh.pp),
     )
 
 
@@ -217,7 +219,9 @@ def parallelize_pipeline(
         reduce_dtype=reduce_dtype,
         notes=notes,
         float8=float8,
-        after_optimizer_step=after_optimizer_step(float8),
+        after_optimizer_step=_after_optimizer_step(
+            split.rank_model, float8=float8, mesh=mesh, pp=cfg.mesh.pp
+        ),
         pipeline=run,
     )
 
@@ -238,6 +242,31 @@ def _convert_float8(
     )
     notes.extend(float8.notes())
     return float8
+
+
+def _after_optimizer_step(
+    model: nn.Module, *, float8: Float8Conversion | None, mesh: DeviceMesh, pp: int
+) -> Callable[[nn.Module], None] | None:
+    """What runs after each optimizer step: Float8's scale precomputation and the bias-balanced MoE
+    routers' bias update (`models.moe.update_router_bias`, its token counts summed over the ranks
+    holding the same blocks: all of them, or with pp > 1 the ranks of this rank's stage)."""
+    hooks = [hook for hook in (after_optimizer_step(float8),) if hook is not None]
+    if has_bias_balanced_routers(model):
+        group = None
+        if pp > 1:
+            stage_ranks = submesh(mesh, ("dp_replicate", "dp_shard", "cp", "tp"))
+            group = stage_ranks._flatten("moe_balance").get_group()
+        hooks.append(functools.partial(update_router_bias, group=group))
+    if not hooks:
+        return None
+    if len(hooks) == 1:
+        return hooks[0]
+
+    def run_all(module: nn.Module) -> None:
+        for hook in hooks:
+            hook(module)
+
+    return run_all
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from executor.runtime.models import computes_own_loss
+from executor.runtime.models.moe import set_aux_loss_scale
 from executor.runtime.oom import PhaseTracker
 from executor.runtime.optim import clip_grad_norm
 from executor.runtime.parallelize import Parallelized
@@ -67,6 +68,9 @@ def train_step(
         loss_sum = par.pipeline.step(torch.cat(list(batches)))
         return _update(par, optimizer, loss_sum, max_grad_norm=max_grad_norm, before_update=before_update,
                        track=track)
+    # Each micro-batch's loss is divided by their number below; the MoE blocks' auxiliary loss too
+    # (under a pipeline the schedule scales every gradient instead).
+    set_aux_loss_scale(par.module, 1.0 / grad_accum_steps)
     loss_sum: torch.Tensor | None = None
     for index, batch in enumerate(batches):
         track("forward")

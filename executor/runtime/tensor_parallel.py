@@ -39,6 +39,9 @@ from executor.runtime.loss import VocabShard, vocab_parallel_linear_cross_entrop
 from executor.runtime.models.common import OutputHead, blocks_in_order
 from executor.runtime.models.llama import Llama
 
+TP_UNSPLIT_MODEL_FIELDS = ("moe", "latent_attention", "qk_norm")
+"""Model fields whose blocks this module lays out no tensor-parallel plan for (refused, naming them)."""
+
 
 def apply_tensor_parallel(model: nn.Module, *, mesh: DeviceMesh) -> None:
     """Shard `model` (the built-in Llama, typically on the meta device) over the 1-D tp `mesh` in place."""
@@ -47,6 +50,13 @@ def apply_tensor_parallel(model: nn.Module, *, mesh: DeviceMesh) -> None:
             f"plan.config.mesh.tp: tensor parallelism ({mesh.size()}) is implemented for the built-in "
             f"llama model only, this model is a {type(model).__name__}; make a plan with tp 1"
         )
+    for field in TP_UNSPLIT_MODEL_FIELDS:
+        if getattr(model.cfg, field):
+            raise PlanError(
+                f"plan.model.{field}: tensor parallelism ({mesh.size()}) does not split these blocks yet "
+                "(mixture-of-experts feed-forwards, latent attention and query/key norms); make a plan "
+                "with tp 1"
+            )
     for block in blocks_in_order(model.layers):
         parallelize_module(block, mesh, _block_plan())
     around: dict[str, ParallelStyle] = {

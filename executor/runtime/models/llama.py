@@ -1,7 +1,10 @@
 """Llama-family decoder: RMSNorm, rotary positions, grouped-query attention, SwiGLU.
 
-One implementation covers Llama 2/3/3.1, Mistral-style and Qwen2-style dense models (qkv bias);
-they differ only in dimensions. Parameter count matches the planner's `planner.cost.model_costs`.
+One implementation covers Llama 2/3/3.1, Mistral-style and Qwen2-style dense models (qkv bias),
+Qwen3-style query/key norms (`qk_norm`), and the mixture-of-experts families: blocks whose
+feed-forward routes tokens to experts (`moe`, `executor.runtime.models.moe`) and multi-head latent
+attention (`latent_attention`, `executor.runtime.models.latent_attention`). Parameter count matches
+the planner's `planner.cost.model_costs`.
 """
 
 from __future__ import annotations
@@ -9,61 +12,15 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from contract.model_config import ModelConfig
 from executor.runtime.models.common import InitRule, ModelParts, OutputHead, blocks_in_order, sdpa_causal
+from executor.runtime.models.latent_attention import LatentSelfAttention
+from executor.runtime.models.layers import FeedForward, RMSNorm, RotaryEmbedding
+from executor.runtime.models.moe import MoEFeedForward, moe_layers
 
-
-class RMSNorm(nn.Module):
-    """Root-mean-square layer norm (no mean subtraction, no bias)."""
-
-    def __init__(self, dim: int, *, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32: bf16 mean-of-squares loses too much precision at large widths.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return h.type_as(x) * self.weight
-
-
-class RotaryEmbedding(nn.Module):
-    """Precomputed cos/sin tables for rotary position embeddings (rotate-half convention)."""
-
-    def __init__(self, head_dim: int, *, max_len: int, theta: float) -> None:
-        super().__init__()
-        self.head_dim, self.max_len, self.theta = head_dim, max_len, theta
-        # Not persistent: recomputed after materialisation, never checkpointed.
-        self.register_buffer("cos", torch.empty(max_len, head_dim), persistent=False)
-        self.register_buffer("sin", torch.empty(max_len, head_dim), persistent=False)
-        if self.cos.device.type != "meta":
-            self.reset_buffers()
-
-    def reset_buffers(self) -> None:
-        device = self.cos.device
-        exponents = torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32) / self.head_dim
-        inv_freq = 1.0 / (self.theta**exponents)
-        angles = torch.outer(torch.arange(self.max_len, device=device, dtype=torch.float32), inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)
-        with torch.no_grad():
-            self.cos.copy_(angles.cos())
-            self.sin.copy_(angles.sin())
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Rotate `x` of shape [batch, heads, seq, head_dim]: its tokens sit at positions 0..seq-1,
-        or at `positions` (int64 [seq]: a context-parallel rank's chunks of a longer sequence)."""
-        if positions is None:
-            cos, sin = self.cos[: x.shape[-2]], self.sin[: x.shape[-2]]
-        else:
-            cos, sin = self.cos[positions], self.sin[positions]
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+__all__ = ["Attention", "FeedForward", "Llama", "RMSNorm", "RotaryEmbedding", "TransformerBlock"]
 
 
 class Attention(nn.Module):
@@ -83,11 +40,19 @@ class Attention(nn.Module):
         self.wk = nn.Linear(h, kv, bias=cfg.qkv_bias)
         self.wv = nn.Linear(h, kv, bias=cfg.qkv_bias)
         self.wo = nn.Linear(a, h, bias=False)
+        if cfg.qk_norm:
+            # One head_dim-wide weight each, shared by the heads (Qwen3).
+            self.q_norm = RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+        self.qk_norm = cfg.qk_norm
 
     def forward(self, x: torch.Tensor, rope: RotaryEmbedding) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.wq(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        q = self.wq(x).view(b, t, -1, self.head_dim)
+        k = self.wk(x).view(b, t, -1, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)  # before the rotation (in `attend`)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.wv(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         out = self.attend(q, k, v, rope)
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
@@ -100,28 +65,20 @@ class Attention(nn.Module):
         return sdpa_causal(rope(q), rope(k), v)
 
 
-class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x)."""
-
-    def __init__(self, hidden: int, ffn: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(hidden, ffn, bias=False)
-        self.w2 = nn.Linear(ffn, hidden, bias=False)
-        self.w3 = nn.Linear(hidden, ffn, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 class TransformerBlock(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then + ffn(norm(.))."""
+    """Pre-norm block: x + attn(norm(x)), then + ffn(norm(.)). Block `index` (from 0) of a model
+    with `moe` routes its feed-forward to experts when `cfg.moe.is_moe_layer(index)`."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, *, index: int = 0) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.attention = Attention(cfg)
+        self.attention = LatentSelfAttention(cfg) if cfg.latent_attention else Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg.hidden_size, cfg.ffn_size)
+        self.feed_forward: nn.Module = (
+            MoEFeedForward(cfg.hidden_size, cfg.moe)
+            if cfg.moe is not None and cfg.moe.is_moe_layer(index)
+            else FeedForward(cfg.hidden_size, cfg.ffn_size)
+        )
 
     def forward(self, x: torch.Tensor, rope: RotaryEmbedding) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), rope)
@@ -139,8 +96,10 @@ class Llama(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.rope = RotaryEmbedding(cfg.head_dim, max_len=seq_len, theta=cfg.rope_theta)
-        self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.num_layers))
+        # Latent attention rotates only each head's rope part (qk_rope_head_dim wide).
+        rope_dim = cfg.latent_attention.qk_rope_head_dim if cfg.latent_attention else cfg.head_dim
+        self.rope = RotaryEmbedding(rope_dim, max_len=seq_len, theta=cfg.rope_theta)
+        self.layers = nn.ModuleList(TransformerBlock(cfg, index=i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.output = OutputHead(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
@@ -167,15 +126,17 @@ class Llama(nn.Module):
 
     def reset_buffers(self) -> None:
         self.rope.reset_buffers()
+        for layer in moe_layers(self):
+            layer.router.reset_buffers()
 
     def init_rule(self, name: str) -> InitRule:
         """How parameter `name` is initialised (GPT-2 / Llama recipe, scaled residual outputs)."""
         std = 0.02
         if name.endswith("norm.weight"):
             return InitRule("ones")
-        if name.endswith(".bias"):
+        if name.endswith((".bias", "experts.b1", "experts.b2", "experts.b3")):
             return InitRule("zeros")
-        if name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+        if name.endswith(("attention.wo.weight", "feed_forward.w2.weight", "shared.w2.weight", "experts.w2")):
             # Residual branch outputs: keep the residual stream's variance independent of depth.
             return InitRule("normal", std / math.sqrt(2 * self.cfg.num_layers))
         if name == "output.weight":

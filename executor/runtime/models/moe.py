@@ -1,0 +1,289 @@
+"""The mixture-of-experts feed-forward of the llama family: router, top-k routing, routed experts as
+stacked weights run by one grouped matmul, shared experts, and load balancing (an auxiliary loss, or
+DeepSeek-V3's per-expert bias adjusted between steps).
+
+One forward, in four steps, so that expert parallelism can replace the middle two:
+  route     router scores -> each token's top-k experts and their weights (`Router`)
+  dispatch  token copies sorted by expert, with the number per expert (`LocalDispatcher.dispatch`)
+  experts   every expert's SwiGLU over its own rows, one grouped matmul per projection (`GroupedExperts`)
+  combine   expert outputs back to their tokens, weighted and summed over the k choices (`.combine`)
+`LocalDispatcher` keeps every expert on this rank; an expert-parallel dispatcher (all_to_all_single of
+the sorted rows over the ep group, its `tokens_per_expert` exchanged first) fits the same seam.
+
+Shapes are static everywhere but in the grouped matmul's group sizes: on CUDA with bf16
+`torch._grouped_mm` takes them as an offsets tensor (no host sync, one graph under torch.compile);
+elsewhere `grouped_matmul` loops over the experts' row ranges in eager mode and, under torch.compile,
+runs every expert on every row and keeps each row's own (static shapes, no graph break: E times the
+FLOPs, which a CPU test model can afford and a GPU run never takes).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from contract.model_config import MoeConfig
+from executor.runtime.models.layers import FeedForward
+
+AUX_LOSS_COEF = 0.01
+"""Weight of the load-balancing loss of softmax routers without a bias (Switch Transformer's 0.01)."""
+BIAS_UPDATE_RATE = 1e-3
+"""DeepSeek-V3's bias update speed (gamma): each step every expert's bias moves by this much."""
+
+
+def grouped_mm_available(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether `torch._grouped_mm` can run x [tokens, d_in] @ w [experts, d_in, d_out] here: CUDA (sm90+),
+    bf16, and rows 16-byte aligned (its kernel's requirement)."""
+    return (
+        hasattr(torch, "_grouped_mm")
+        and x.is_cuda
+        and x.dtype == torch.bfloat16
+        and w.dtype == torch.bfloat16
+        and torch.cuda.get_device_capability(x.device) >= (9, 0)
+        and w.shape[-1] % 8 == 0
+        and w.shape[-2] % 8 == 0
+    )
+
+
+def grouped_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """x [tokens, d_in], its rows sorted by expert with `counts[e]` rows for expert e, times each
+    expert's w[e] [d_in, d_out]: [tokens, d_out]."""
+    if grouped_mm_available(x, w):
+        offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+        return torch._grouped_mm(x, w, offs=offsets)
+    if torch.compiler.is_compiling():
+        return _masked_matmul(x, w, counts)
+    return _looped_matmul(x, w, counts)
+
+
+def _looped_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    # One matmul per expert over its own rows (the sizes are read to the host: eager only).
+    pieces = torch.split(x, counts.tolist())
+    return torch.cat([piece @ w[e] for e, piece in enumerate(pieces)])
+
+
+def expert_of_rows(counts: torch.Tensor, rows: int) -> torch.Tensor:
+    """The expert of each of `rows` rows sorted by expert, `counts[e]` rows for expert e (int64
+    [rows]; static shapes, unlike `repeat_interleave` by counts, which the compiler cannot size)."""
+    ends = torch.cumsum(counts, 0)
+    return torch.searchsorted(ends, torch.arange(rows, device=counts.device), right=True)
+
+
+def _masked_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    # Every expert on every row, each row keeping its own expert's: static shapes for the compiler.
+    expert_of_row = expert_of_rows(counts, x.shape[0])
+    out = x.new_zeros(x.shape[0], w.shape[-1])
+    for e in range(w.shape[0]):
+        out = torch.where((expert_of_row == e).unsqueeze(-1), x @ w[e], out)
+    return out
+
+
+class Routing(NamedTuple):
+    """Each token's choices: `experts` [tokens, k] (int64), `weights` [tokens, k] (fp32), and the
+    router's scores [tokens, experts] (fp32, softmax or sigmoid) for the auxiliary loss."""
+
+    experts: torch.Tensor
+    weights: torch.Tensor
+    scores: torch.Tensor
+
+
+class Router(nn.Module):
+    """Scores the experts for each token (a linear, then softmax or sigmoid in fp32) and
+    picks the top k, their weights renormalised to sum to 1. With `router_bias` a per-expert bias
+    (a buffer, changed between steps by `update_router_bias`, not by the optimizer) is added to the
+    scores for choosing only (DeepSeek-V3's auxiliary-loss-free balancing)."""
+
+    def __init__(self, hidden: int, moe: MoeConfig) -> None:
+        super().__init__()
+        self.top_k, self.score = moe.experts_per_token, moe.router
+        # gpt-oss's routers carry a bias with its experts' (`expert_bias`).
+        self.gate = nn.Linear(hidden, moe.num_experts, bias=moe.expert_bias)
+        self.has_bias = moe.router_bias
+        # Persistent: a checkpoint resumes with the balance reached. The load counts are per step.
+        self.register_buffer("score_bias", torch.zeros(moe.num_experts) if moe.router_bias else None)
+        self.register_buffer(
+            "tokens_per_expert",
+            torch.zeros(moe.num_experts, dtype=torch.int64) if moe.router_bias else None,
+            persistent=False,
+        )
+
+    def forward(self, x: torch.Tensor) -> Routing:
+        logits = self.gate(x).float()
+        scores = logits.softmax(-1) if self.score == "softmax" else logits.sigmoid()
+        choosing = scores + self.score_bias if self.has_bias else scores
+        _, experts = torch.topk(choosing, self.top_k, dim=-1)
+        weights = scores.gather(-1, experts)
+        weights = weights / weights.sum(-1, keepdim=True)
+        if self.has_bias and self.training:
+            # The step's load, for the bias update after it (a recomputed block counts twice: the
+            # update only reads each expert's load against the mean, so that changes nothing).
+            with torch.no_grad():
+                self.tokens_per_expert.add_(torch.bincount(experts.flatten(), minlength=scores.shape[-1]))
+        return Routing(experts=experts, weights=weights, scores=scores)
+
+    def reset_buffers(self) -> None:
+        if self.has_bias:
+            self.score_bias.zero_()
+            self.tokens_per_expert.zero_()
+
+
+def load_balancing_loss(routing: Routing, num_experts: int) -> torch.Tensor:
+    """Switch Transformer's auxiliary loss: E * sum_e f_e * P_e, with f_e the fraction of token
+    choices routed to expert e and P_e its mean router probability; 1 when the load is uniform."""
+    choices = routing.experts.numel()
+    counts = torch.zeros(num_experts, device=routing.scores.device).scatter_add_(
+        0, routing.experts.flatten(), torch.ones(choices, device=routing.scores.device)
+    )
+    fraction = counts / choices
+    probability = routing.scores.mean(0)
+    return num_experts * (fraction * probability).sum()
+
+
+class _AuxLossGradient(torch.autograd.Function):
+    """Identity on the block's output whose backward also sends `scale` as the gradient of `aux`:
+    the auxiliary loss joins the training gradient without the model's forward returning it
+    (the blocks return hidden states only, under FSDP, checkpointing, compile and pipelines alike)."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:  # type: ignore[override]
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:  # type: ignore[override]
+        return grad, torch.full((), ctx.scale, device=grad.device, dtype=torch.float32), None
+
+
+class Dispatched(NamedTuple):
+    """What `LocalDispatcher.dispatch` hands the experts and what `combine` needs back."""
+
+    rows: torch.Tensor
+    """Token copies sorted by expert [tokens * k, hidden]."""
+    tokens_per_expert: torch.Tensor
+    """Rows per expert [experts] (int64)."""
+    order: torch.Tensor
+    """rows[i] is flattened choice order[i] (choice c = token c // k, its (c % k)-th expert)."""
+
+
+class LocalDispatcher:
+    """Every expert on this rank: dispatch is a sort by expert, combine its inverse. The seam where
+    expert parallelism sends rows to the ranks holding their experts (all_to_all_single) and back."""
+
+    def dispatch(self, x: torch.Tensor, experts: torch.Tensor, num_experts: int) -> Dispatched:
+        flat = experts.flatten()
+        order = torch.argsort(flat, stable=True)
+        rows = x[order // experts.shape[1]]
+        counts = torch.bincount(flat, minlength=num_experts)
+        return Dispatched(rows=rows, tokens_per_expert=counts, order=order)
+
+    def combine(self, out: torch.Tensor, dispatched: Dispatched, weights: torch.Tensor) -> torch.Tensor:
+        """Expert outputs [tokens * k, hidden] in dispatch order -> [tokens, hidden], each token's k
+        outputs weighted by its routing weights and summed (in a fixed order: deterministic)."""
+        unsorted = torch.empty_like(out).index_copy_(0, dispatched.order, out)
+        tokens, k = weights.shape
+        return (unsorted.view(tokens, k, -1) * weights.unsqueeze(-1).to(out.dtype)).sum(1)
+
+
+class GroupedExperts(nn.Module):
+    """`num_experts` SwiGLU experts as stacked weights: w1, w3 [E, hidden, ffn], w2 [E, ffn, hidden]
+    (inputs times weights, the layout `torch._grouped_mm` takes), biases [E, width] when asked."""
+
+    def __init__(self, hidden: int, ffn: int, *, num_experts: int, bias: bool) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(num_experts, hidden, ffn))
+        self.w3 = nn.Parameter(torch.empty(num_experts, hidden, ffn))
+        self.w2 = nn.Parameter(torch.empty(num_experts, ffn, hidden))
+        if bias:
+            self.b1 = nn.Parameter(torch.empty(num_experts, ffn))
+            self.b3 = nn.Parameter(torch.empty(num_experts, ffn))
+            self.b2 = nn.Parameter(torch.empty(num_experts, hidden))
+        self.bias = bias
+
+    def forward(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        # Read every weight once (SimpleFSDP gathers on each attribute read).
+        w1, w2, w3 = self.w1, self.w2, self.w3
+        gate, up = grouped_matmul(rows, w1, tokens_per_expert), grouped_matmul(rows, w3, tokens_per_expert)
+        if self.bias:
+            gate = gate + self._row_bias(self.b1, tokens_per_expert, rows.shape[0])
+            up = up + self._row_bias(self.b3, tokens_per_expert, rows.shape[0])
+        out = grouped_matmul(F.silu(gate) * up, w2, tokens_per_expert)
+        if self.bias:
+            out = out + self._row_bias(self.b2, tokens_per_expert, rows.shape[0])
+        return out
+
+    @staticmethod
+    def _row_bias(bias: torch.Tensor, tokens_per_expert: torch.Tensor, rows: int) -> torch.Tensor:
+        return bias[expert_of_rows(tokens_per_expert, rows)]
+
+
+class MoEFeedForward(nn.Module):
+    """The MoE block's feed-forward: routed experts (top-k of `num_experts`) plus shared experts
+    every token goes through (one dense SwiGLU of num_shared_experts x their size)."""
+
+    def __init__(self, hidden: int, moe: MoeConfig, *, aux_loss_coef: float = AUX_LOSS_COEF) -> None:
+        super().__init__()
+        self.num_experts = moe.num_experts
+        self.router = Router(hidden, moe)
+        self.experts = GroupedExperts(
+            hidden, moe.expert_intermediate_size, num_experts=moe.num_experts, bias=moe.expert_bias
+        )
+        shared = moe.num_shared_experts * moe.shared_size
+        self.shared = FeedForward(hidden, shared) if shared else None
+        # A bias-balanced router needs no auxiliary loss (DeepSeek-V3).
+        self.aux_loss_coef = 0.0 if moe.router_bias else aux_loss_coef
+        self.aux_loss_scale = 1.0
+        """Multiplies the auxiliary loss's gradient: the trainer sets 1 / micro-batches, as it divides
+        each micro-batch's loss (`set_aux_loss_scale`)."""
+        self.dispatcher = LocalDispatcher()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])
+        routing = self.router(tokens)
+        dispatched = self.dispatcher.dispatch(tokens, routing.experts, self.num_experts)
+        out = self.experts(dispatched.rows, dispatched.tokens_per_expert)
+        y = self.dispatcher.combine(out, dispatched, routing.weights)
+        if self.shared is not None:
+            y = y + self.shared(tokens)
+        if self.training and self.aux_loss_coef > 0 and torch.is_grad_enabled():
+            aux = load_balancing_loss(routing, self.num_experts)
+            y = _AuxLossGradient.apply(y, aux, self.aux_loss_coef * self.aux_loss_scale)
+        return y.view(shape)
+
+
+def moe_layers(model: nn.Module) -> list[MoEFeedForward]:
+    return [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+
+
+def set_aux_loss_scale(model: nn.Module, scale: float) -> None:
+    """Scale every MoE block's auxiliary-loss gradient (the trainer: 1 / gradient accumulation steps)."""
+    for layer in moe_layers(model):
+        layer.aux_loss_scale = scale
+
+
+@torch.no_grad()
+def update_router_bias(
+    model: nn.Module, *, rate: float = BIAS_UPDATE_RATE, group: dist.ProcessGroup | None = None
+) -> None:
+    """DeepSeek-V3's balancing, after each optimizer step: every bias-balanced router's expert
+    bias moves by `rate` towards the under-loaded experts (sign of mean load minus the expert's),
+    from the step's token counts summed over `group`'s ranks (default: all), then the counts restart."""
+    for layer in moe_layers(model):
+        router = layer.router
+        if not router.has_bias:
+            continue
+        load = router.tokens_per_expert
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(load, group=group)
+        counts = load.float()
+        router.score_bias.add_(rate * torch.sign(counts.mean() - counts))
+        load.zero_()
+
+
+def has_bias_balanced_routers(model: nn.Module) -> bool:
+    """Whether `model` has bias-balanced routers (the trainer then runs `update_router_bias`)."""
+    return any(layer.router.has_bias for layer in moe_layers(model))
