@@ -1,0 +1,106 @@
+"""Mixture-of-experts blocks, latent attention and query/key norms as the cost model prices them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from contract.model_config import LatentAttention, MoeConfig
+from planner.catalog.gpus import resolve_gpu
+from planner.catalog.models import catalog_model
+from planner.cost.gemm import _gemm_shapes, curve_seconds, expert_rows, matmul_seconds
+from planner.cost.model_costs import model_costs, tensor_parallel_share
+from planner.cost.parameters import CostParameters, default_parameters
+from planner.specs import ClusterSpec, ModelSpec
+
+
+def _small(**changes: object) -> ModelSpec:
+    dims: dict[str, object] = dict(
+        name="tiny-moe", architecture="llama", vocab_size=1000, hidden_size=256, num_layers=4, num_heads=8,
+        num_kv_heads=4, intermediate_size=512,
+    )
+    return ModelSpec(**(dims | changes))
+
+
+MOE = MoeConfig(num_experts=8, experts_per_token=2, expert_intermediate_size=128, num_shared_experts=1,
+                first_dense_layers=1)
+
+
+def test_moe_block_counts_every_expert_and_runs_top_k() -> None:
+    h, f, fe = 256, 512, 128
+    costs = model_costs(_small(moe=MOE), 1024)
+    dense, routed = costs.blocks[0], costs.blocks[1]
+    # One object per kind: the cost model prices runs of the same object once.
+    assert costs.blocks[1] is costs.blocks[3] and dense is not routed
+    assert routed.num_params - dense.num_params == (h * 8 + 8 * 3 * h * fe + 3 * h * fe) - 3 * h * f
+    assert routed.expert_params == 8 * 3 * h * fe
+    assert routed.inactive_params == 6 * 3 * h * fe
+    assert routed.expert_matmul_params == 2 * 3 * h * fe
+    assert routed.matmul_params == dense.matmul_params - 3 * h * f + h * 8 + 3 * 3 * h * fe
+    assert costs.active_params == costs.num_params - 3 * routed.inactive_params
+    assert costs.flops_params == costs.active_params - costs.num_params_embedding
+
+
+def test_grouped_gemms_price_few_rows_per_expert_slower() -> None:
+    p = dataclasses.replace(catalog_params(), expert_load_imbalance=1.0)
+    costs = model_costs(catalog_model("qwen3-30b-a3b"), 4096)
+    block = costs.blocks[0]
+    tokens = 4096
+    rows = expert_rows(tokens, experts=128, experts_per_token=8, imbalance=1.0)
+    assert rows == 256
+    moe = matmul_seconds(p, block, tokens, dtype_bytes=2)
+    # The same FLOPs run at the micro-batch's rows (as if one dense SwiGLU k experts wide) is faster.
+    dense_shapes = _gemm_shapes(block.linear_shapes, 1, block.gemms, 0)
+    wide = sum(
+        curve_seconds(tokens, n, k, rate=p.peak_flops * p.matmul_efficiency, bandwidth=p.gemm_bandwidth,
+                      sms=p.sm_count, overhead=p.matmul_overhead_s, dtype_bytes=2)
+        for n, k in (*dense_shapes, (8 * 768, 2048), (8 * 768, 2048), (2048, 8 * 768))
+    )
+    assert moe > wide
+    # Imbalance: every expert priced at the most-loaded one's rows.
+    skewed = dataclasses.replace(p, expert_load_imbalance=1.5)
+    assert matmul_seconds(skewed, block, tokens, dtype_bytes=2) > moe
+
+
+def catalog_params() -> CostParameters:
+    return default_parameters(resolve_gpu("H100"), ClusterSpec.parse("1x8xH100"), "bf16")
+
+
+def test_tensor_parallel_splits_experts_like_a_dense_mlp() -> None:
+    costs = model_costs(_small(moe=MOE), 1024)
+    share = tensor_parallel_share(costs, 2)
+    routed, whole = share.blocks[1], costs.blocks[1]
+    assert routed.expert_matmul_params == whole.expert_matmul_params // 2
+    assert routed.expert_params == whole.expert_params // 2
+    assert routed.linear_share == 2 and routed.expert_shapes == whole.expert_shapes
+
+
+def test_latent_attention_params_and_flops() -> None:
+    latent = LatentAttention(q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                             v_head_dim=16)
+    h, heads, s = 256, 8, 1024
+    costs = model_costs(_small(latent_attention=latent), s)
+    dense = model_costs(_small(), s)
+    attention = (h * 64 + 64 * heads * 24) + h * (32 + 8) + 32 * heads * 32 + heads * 16 * h
+    gqa = h * h + 2 * h * 128 + h * h
+    block, plain = costs.blocks[0], dense.blocks[0]
+    assert block.num_params - plain.num_params == attention + 64 + 32 - gqa
+    assert block.attention_flops_convention == 2.0 * s * heads * (24 + 16)
+    assert sum(i * o for i, outs in block.linear_shapes for o in outs) == block.matmul_params
+
+
+def test_qk_norm_adds_two_head_wide_weights_per_block() -> None:
+    plain = model_costs(_small(), 1024)
+    normed = model_costs(_small(qk_norm=True), 1024)
+    assert normed.num_params - plain.num_params == 4 * 2 * 32
+    assert normed.blocks[0].elementwise_elems > plain.blocks[0].elementwise_elems
+
+
+@pytest.mark.parametrize("field", ["moe", "latent_attention", "qk_norm"])
+def test_llama_only_fields_are_refused_elsewhere(field: str) -> None:
+    value = {"moe": MOE, "qk_norm": True, "latent_attention": LatentAttention(
+        kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8)}[field]
+    with pytest.raises(ValueError, match=field):
+        ModelSpec(name="g", architecture="gpt2", vocab_size=100, hidden_size=64, num_layers=2, num_heads=4,
+                  **{field: value})
