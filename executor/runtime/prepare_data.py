@@ -39,7 +39,7 @@ from contract.token_format import DTYPE_LIMITS, FORMAT, FORMAT_VERSION, INDEX, S
 TEXT_SUFFIXES = {".txt", ".text", ".md"}
 JSONL_SUFFIXES = {".jsonl", ".json", ".ndjson"}
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|end|>")
-"""End-of-text tokens tried, in order, when a `tokenizers` tokenizer does not say which it uses."""
+"""End-of-text tokens tried, in order, when a tokenizer does not say which it uses."""
 DOCS_PER_BATCH = 256
 TEXT_PER_BATCH = 4 << 20
 """Characters of text tokenised in one call (a batch of documents, or a slice of a long one)."""
@@ -86,8 +86,14 @@ class _TransformersTokenizer:
         else:
             eos = tok.eos_token_id
             if eos is None:
+                # A bare tokenizer.json (no tokenizer_config.json) names no eos to transformers; the
+                # same directory loads through `tokenizers` by these candidates, so it must here too.
+                known = (tok.convert_tokens_to_ids(c) for c in EOS_CANDIDATES)
+                eos = next((i for i in known if i is not None and i != tok.unk_token_id), None)
+            if eos is None:
                 raise PrepareError(
-                    f"tokenizer {name!r} names no end-of-text token; pass --eos-token (e.g. '</s>')"
+                    f"tokenizer {name!r} names no end-of-text token and has none of "
+                    f"{', '.join(EOS_CANDIDATES)}; pass --eos-token (e.g. '</s>')"
                 )
         self.eos_token_id = int(eos)
 

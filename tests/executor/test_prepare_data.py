@@ -1,6 +1,7 @@
 """`fsdp-planner prepare-data`: text and JSONL into token shards + index.json, checked byte for byte
 with the built-in byte tokenizer (no Hugging Face package needed); refusals; the optional Hugging
-Face path with a tokenizer built in the test (skipped when `tokenizers` is not installed)."""
+Face paths (transformers, and tokenizers alone) with a tokenizer built in the test (each skipped when
+its package is not installed; the dev extra installs both)."""
 
 from __future__ import annotations
 
@@ -171,24 +172,33 @@ def test_refusals(tmp_path: Path) -> None:
         parse_count("lots")
 
 
-def test_hugging_face_tokenizer_without_the_package_says_what_to_install(monkeypatch) -> None:
+def hide_packages(monkeypatch, *names: str) -> None:
+    """Imports of `names` fail in this test, as on a machine without those packages."""
     import builtins
 
     real_import = builtins.__import__
 
-    def no_hf(name, *args, **kwargs):
-        if name.split(".")[0] in ("transformers", "tokenizers"):
+    def hidden(name, *args, **kwargs):
+        if name.split(".")[0] in names:
             raise ImportError(f"No module named {name!r}")
         return real_import(name, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "__import__", no_hf)
+    monkeypatch.setattr(builtins, "__import__", hidden)
+
+
+def test_hugging_face_tokenizer_without_the_package_says_what_to_install(monkeypatch) -> None:
+    hide_packages(monkeypatch, "transformers", "tokenizers")
     with pytest.raises(PrepareError, match="pip install tokenizers") as info:
         load_tokenizer("gpt2")
     assert "--tokenizer bytes" in str(info.value)
 
 
-def test_a_tokenizers_tokenizer_built_here(tmp_path: Path) -> None:
+@pytest.mark.parametrize("library", ["transformers", "tokenizers"])
+def test_a_tokenizers_tokenizer_built_here(tmp_path: Path, monkeypatch, library: str) -> None:
+    # A bare tokenizer.json (no tokenizer_config.json naming the eos): through transformers where it is
+    # installed, else through tokenizers (transformers hidden); both give the same shards.
     tokenizers = pytest.importorskip("tokenizers")
+    pytest.importorskip(library)
     from tokenizers import models, pre_tokenizers
 
     vocab = {"[UNK]": 0, "<|endoftext|>": 1, "hello": 2, "world": 3, "again": 4}
@@ -200,9 +210,10 @@ def test_a_tokenizers_tokenizer_built_here(tmp_path: Path) -> None:
     source = tmp_path / "a.jsonl"
     source.write_text('{"text": "hello world"}\n{"text": "world again hello"}\n')
     out = tmp_path / "ds"
+    if library == "tokenizers":
+        hide_packages(monkeypatch, "transformers")
     loaded = load_tokenizer(str(path.parent))
-    if loaded.library != "tokenizers":
-        pytest.skip("transformers is installed: it loads the directory instead")
+    assert loaded.library == library
     summary = prepare([source], out, tokenizer=loaded, eval_fraction=0)
     assert (summary.index["vocab_size"], summary.index["eos_token_id"]) == (5, 1)
     assert (out / "train-00000.bin").read_bytes() == u16([2, 3, 1, 3, 4, 2, 1])
