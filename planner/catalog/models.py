@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from contract.fields import FieldError
+from planner.catalog.hf_moe import EXTENDED_ARCHITECTURES, llama_extension
 from planner.catalog.moe_models import MOE_MODELS
 from planner.errors import (
     PlanningError,
@@ -132,6 +134,7 @@ _HF_ARCHITECTURES = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "llama",
     "GPT2LMHeadModel": "gpt2",
+    **dict.fromkeys(EXTENDED_ARCHITECTURES, "llama"),
 }
 
 
@@ -160,8 +163,9 @@ def model_from_hf_config(config: dict[str, Any], *, name: str | None = None) -> 
     if family is None:
         raise UnsupportedArchitecture(arch)
     display = name or str(config.get("_name_or_path") or config.get("model_type") or arch)
-    _refuse_unread_shapes(config, family)
     try:
+        config, extension = llama_extension(arch, config) if family == "llama" else (config, {})
+        _refuse_unread_shapes(config, family)
         if family == "gpt2":
             return ModelSpec(
                 name=display,
@@ -175,7 +179,7 @@ def model_from_hf_config(config: dict[str, Any], *, name: str | None = None) -> 
                 tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
                 norm_eps=float(config.get("layer_norm_epsilon", 1e-5)),
             )
-        return ModelSpec(
+        dims: dict[str, Any] = dict(
             name=display,
             architecture="llama",
             vocab_size=_int(config, "vocab_size"),
@@ -191,10 +195,13 @@ def model_from_hf_config(config: dict[str, Any], *, name: str | None = None) -> 
             rope_theta=float(config.get("rope_theta", 10000.0)),
             norm_eps=float(config.get("rms_norm_eps", 1e-5)),
         )
+        return ModelSpec(**(dims | extension))
     except ValidationError as exc:
         raise PlanningError(
             "config.json: " + "; ".join(describe_validation_error(exc)), field="model"
         ) from None
+    except FieldError as exc:  # an expert or latent field out of its bounds (contract.model_config)
+        raise PlanningError(f"config.json: {exc}", field="model") from None
 
 
 _UNPRICED_SHAPES: dict[str, tuple[tuple[str, object, str], ...]] = {
