@@ -24,6 +24,7 @@ from executor.launch.bundle import (
     write_bundle,
 )
 from executor.launch.quoting import UnsafeValueError
+from executor.launch.scheduling import DEFAULT_GPU_RESOURCE
 
 
 def register(app: typer.Typer) -> None:
@@ -64,6 +65,26 @@ def launcher(
     rdma_count: Annotated[int, typer.Option(
         parser=whole_number(low=1, high=64), help="RDMA resources per pod.",
     )] = 1,
+    queue: Annotated[
+        str | None,
+        typer.Option(help="Kueue LocalQueue for the Kubernetes job: its kueue.x-k8s.io/queue-name label, and "
+                     "the job created suspended until Kueue admits it."),
+    ] = None,
+    node_selector: Annotated[
+        list[str] | None,
+        typer.Option("--node-selector", help="KEY=VALUE a pod's node must carry (repeat for several)."),
+    ] = None,
+    toleration: Annotated[
+        list[str] | None,
+        typer.Option(help="Taint the pods tolerate: KEY[=VALUE][:EFFECT], e.g. nvidia.com/gpu:NoSchedule "
+                     "(repeat for several)."),
+    ] = None,
+    priority_class: Annotated[
+        str | None, typer.Option(help="PriorityClass of the pods (Kueue takes the job's priority from it).")
+    ] = None,
+    gpu_resource: Annotated[
+        str, typer.Option(help="The GPUs' resource name: nvidia.com/gpu | amd.com/gpu (with --image).")
+    ] = DEFAULT_GPU_RESOURCE,
     api_key: Annotated[
         str | None, typer.Option("--api-key", help="API key, if the server requires one for reads.")
     ] = None,
@@ -87,8 +108,16 @@ def launcher(
             cuda_version=cuda_version,
             rdma_resource=rdma_resource,
             rdma_count=rdma_count,
+            queue=queue,
+            node_selector=node_selector or [],
+            tolerations=toleration or [],
+            priority_class=priority_class,
+            gpu_resource=gpu_resource,
         )
-    except (UnsafeValueError, BundleTooLargeError) as exc:
+    except UnsafeValueError as exc:
+        option = f"--{exc.field.replace('_', '-')}: " if exc.field else ""
+        raise fail(f"{option}{exc}") from None
+    except BundleTooLargeError as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"cannot write to {out}: {exc.strerror or exc}") from None

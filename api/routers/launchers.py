@@ -6,6 +6,7 @@ from enum import StrEnum
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
+from pydantic import StringConstraints
 from sqlalchemy import select
 
 from api.db.models import PlanRow
@@ -39,6 +40,11 @@ class LaunchTarget(StrEnum):
     slurm = "slurm"
     k8s = "k8s"
     all = "all"
+
+
+class GpuResource(StrEnum):
+    nvidia = "nvidia.com/gpu"
+    amd = "amd.com/gpu"
 
 
 class ArchiveFormat(StrEnum):
@@ -96,6 +102,32 @@ def download_launcher(
         ),
     ] = None,
     rdma_count: Annotated[int, Query(ge=1, le=64, description="RDMA resources per pod")] = 1,
+    queue: Annotated[
+        str | None,
+        Query(
+            min_length=1, max_length=63,
+            description="Kueue LocalQueue of the Kubernetes job (its kueue.x-k8s.io/queue-name label; "
+            "the job is created suspended until Kueue admits it)",
+        ),
+    ] = None,
+    node_selector: Annotated[
+        list[Annotated[str, StringConstraints(max_length=317)]] | None,
+        Query(max_length=16, description="KEY=VALUE a pod's node must carry (repeat it for several)"),
+    ] = None,
+    toleration: Annotated[
+        list[Annotated[str, StringConstraints(max_length=340)]] | None,
+        Query(
+            max_length=16,
+            description="Taint the pods tolerate, KEY[=VALUE][:EFFECT] (e.g. nvidia.com/gpu:NoSchedule; "
+            "repeat the parameter for several)",
+        ),
+    ] = None,
+    priority_class: Annotated[
+        str | None, Query(min_length=1, max_length=253, description="PriorityClass of the pods")
+    ] = None,
+    gpu_resource: Annotated[
+        GpuResource, Query(description="The GPUs' resource name (amd.com/gpu needs an image with ROCm torch)")
+    ] = GpuResource.nvidia,
 ) -> Response:
     row = session.scalar(select(PlanRow).where(PlanRow.id == plan_id).options(*plan_service.full_plan()))
     if row is None:
@@ -111,6 +143,11 @@ def download_launcher(
             cuda_version=cuda_version,
             rdma_resource=rdma_resource,
             rdma_count=rdma_count,
+            queue=queue,
+            node_selector=node_selector or [],
+            tolerations=toleration or [],
+            priority_class=priority_class,
+            gpu_resource=gpu_resource.value,
         )
     except UnsafeValueError as exc:
         field = exc.field or "image"

@@ -14,13 +14,14 @@ import io
 import math
 import tarfile
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
 import contract
 from contract.parallel_config import PIPELINE_SCHEDULES, Float8Recipe, PipelineConfig
-from executor.launch import render
+from executor.launch import render, scheduling
 from executor.launch.quoting import (
     CUDA_VERSION_PATTERN,
     VERSION3,
@@ -182,6 +183,7 @@ def kube_context(
     torch_version: str = DEFAULT_TORCH_VERSION,
     rdma_resource: str | None = None,
     rdma_count: int = 1,
+    pods: scheduling.Scheduling | None = None,
 ) -> render.KubeContext:
     """The manifests' inputs; refuses a bundle that a ConfigMap cannot carry."""
     archive = _tar_gz(core, root=None)
@@ -194,6 +196,9 @@ def kube_context(
         )
     if rdma_resource is not None:
         resource_name(rdma_resource, field="rdma_resource")  # nvidia.com/gpu refused: the GPUs
+        if rdma_resource in scheduling.GPU_RESOURCES:
+            raise UnsafeValueError(f"rdma_resource: {rdma_resource} is the GPUs, requested already",
+                                   field="rdma_resource")
     if isinstance(rdma_count, bool) or not isinstance(rdma_count, int) or not 1 <= rdma_count <= 64:
         raise UnsafeValueError(f"rdma_count {rdma_count!r}: give 1 to 64", field="rdma_count")
     return render.KubeContext(
@@ -204,6 +209,7 @@ def kube_context(
         shm_gib=max(4, 2 * plan.cluster.gpus_per_node),
         rdma_resource=rdma_resource,
         rdma_count=rdma_count,
+        scheduling=pods or scheduling.Scheduling(),
     )
 
 
@@ -216,13 +222,24 @@ def bundle_files(
     cuda_version: str = DEFAULT_CUDA_VERSION,
     rdma_resource: str | None = None,
     rdma_count: int = 1,
+    queue: str | None = None,
+    node_selector: Sequence[str] = (),
+    tolerations: Sequence[str] = (),
+    priority_class: str | None = None,
+    gpu_resource: str = scheduling.DEFAULT_GPU_RESOURCE,
 ) -> list[BundleFile]:
     """Every file of the bundle for `target`, in a stable order.
 
     The Kubernetes manifests run `image` when given, else PyTorch's official image for
     `torch_version` / `cuda_version`; `rdma_resource` (`domain/name`, `rdma_count` per pod) requests
-    RDMA adapters, which are otherwise a commented-out block."""
+    RDMA adapters, which are otherwise a commented-out block. `queue`, `node_selector` (`key=value`),
+    `tolerations` (`key[=value][:Effect]`), `priority_class` and `gpu_resource` say where the pods are
+    scheduled (scheduling.py)."""
     _check_choice(target, TARGETS, "target")
+    pods = scheduling.scheduling(
+        queue=queue, node_selector=node_selector, tolerations=tolerations,
+        priority_class=priority_class, gpu_resource=gpu_resource,
+    )
     targets = ["torchrun", "slurm", "k8s"] if target == "all" else [target]
     ctx = context(plan, image=torch_image(torch_version, cuda_version, image))
     core = [
@@ -235,9 +252,17 @@ def bundle_files(
         files.append(BundleFile("slurm.sbatch", render.slurm_sbatch(ctx).encode(), executable=True))
     kube = None
     if "k8s" in targets:
+        if pods.gpu_resource != scheduling.DEFAULT_GPU_RESOURCE and image is None:
+            # PyTorch's official images are CUDA builds: AMD GPUs need a ROCm build of torch.
+            raise UnsafeValueError(
+                f"gpu_resource {pods.gpu_resource}: give an image (--image) with a ROCm build of torch, "
+                "e.g. rocm/pytorch; the default image is PyTorch's CUDA one",
+                field="image",
+            )
         # The manifests carry launch.sh + plan + runtime in a ConfigMap (see manifests.unpack_command).
         kube = kube_context(
-            plan, core, torch_version=torch_version, rdma_resource=rdma_resource, rdma_count=rdma_count
+            plan, core, torch_version=torch_version, rdma_resource=rdma_resource, rdma_count=rdma_count,
+            pods=pods,
         )
         files.append(BundleFile("k8s.yaml", render.k8s_trainjob(ctx, kube).encode()))
         files.append(BundleFile("k8s-pytorchjob.yaml", render.k8s_pytorchjob(ctx, kube).encode()))
@@ -263,7 +288,8 @@ def _prediction(plan: Plan) -> str:
 
 def build_bundle(plan: Plan, *, target: Target = "all", fmt: Format = "tar.gz", **options: object) -> bytes:
     """The bundle archive for `plan` (bytes of a .tar.gz or .zip); `options` as bundle_files takes them
-    (image, torch_version, cuda_version, rdma_resource, rdma_count)."""
+    (image, torch_version, cuda_version, rdma_resource, rdma_count, queue, node_selector, tolerations,
+    priority_class, gpu_resource)."""
     _check_choice(fmt, FORMATS, "format")
     files = bundle_files(plan, target=target, **options)  # type: ignore[arg-type]
     root = bundle_name(plan)

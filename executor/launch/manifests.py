@@ -6,10 +6,11 @@ manifest text is assembled by hand, so every value is quoted by the dumper, what
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from executor.launch import environment
+from executor.launch.scheduling import QUEUE_LABEL, Scheduling
 from executor.launch.templating import render_template
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ class KubeContext:
     rdma_resource: str | None = None
     """Extended resource of the RDMA device plugin (None: the manifests show it commented out)."""
     rdma_count: int = 1
+    scheduling: Scheduling = field(default_factory=Scheduling)
+    """Kueue queue, node selector, tolerations, priority class, GPU resource name (scheduling.py)."""
 
 
 def unpack_command() -> str:
@@ -54,6 +57,20 @@ def unpack_command() -> str:
 
 def _metadata(ctx: LaunchContext, name: str) -> Document:
     return {"name": name, "labels": {"fsdp-planner/plan": ctx.short_hash}}
+
+
+def _job_metadata(ctx: LaunchContext, kube: KubeContext) -> Document:
+    """The job's metadata: with a Kueue queue, the label that puts the job in it."""
+    metadata = _metadata(ctx, ctx.k8s_name)
+    if kube.scheduling.queue:
+        metadata["labels"][QUEUE_LABEL] = kube.scheduling.queue
+    return metadata
+
+
+def suspended(kube: KubeContext) -> Document:
+    """`suspend: true` for a queued job: it waits until Kueue admits it (Kueue's webhook sets it too;
+    written out, a job meant for a queue never starts its pods outside the queue's quota)."""
+    return {"suspend": True} if kube.scheduling.queue else {}
 
 
 def access_mode(ctx: LaunchContext) -> str:
@@ -101,7 +118,7 @@ def pod_env(ctx: LaunchContext) -> list[Document]:
 def resources(ctx: LaunchContext, kube: KubeContext) -> Document:
     """A node's GPUs (or, for a CPU plan, its cores), and the RDMA adapters when asked for."""
     if ctx.uses_gpus:
-        requested: Document = {"limits": {"nvidia.com/gpu": ctx.gpus_per_node}}
+        requested: Document = {"limits": {kube.scheduling.gpu_resource: ctx.gpus_per_node}}
     else:
         requested = {"requests": {"cpu": ctx.gpus_per_node}}
     if kube.rdma_resource:
@@ -135,6 +152,7 @@ def volume_mounts() -> list[Document]:
 def _pod_spec(ctx: LaunchContext, kube: KubeContext, container: Document) -> Document:
     return {
         "terminationGracePeriodSeconds": environment.TERMINATION_GRACE_S,
+        **kube.scheduling.pod_fields(),
         "volumes": volumes(ctx, kube),
         "containers": [container],
     }
@@ -148,8 +166,9 @@ def train_job(ctx: LaunchContext, kube: KubeContext) -> Document:
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
-        "metadata": _metadata(ctx, ctx.k8s_name),
+        "metadata": _job_metadata(ctx, kube),
         "spec": {
+            **suspended(kube),
             "runtimeRef": {"name": "torch-distributed"},
             "trainer": {
                 "image": ctx.image,
@@ -196,6 +215,6 @@ def pytorch_job(ctx: LaunchContext, kube: KubeContext) -> Document:
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
-        "metadata": _metadata(ctx, ctx.k8s_name),
-        "spec": {"runPolicy": {"cleanPodPolicy": "None"}, "pytorchReplicaSpecs": replicas},
+        "metadata": _job_metadata(ctx, kube),
+        "spec": {"runPolicy": {"cleanPodPolicy": "None", **suspended(kube)}, "pytorchReplicaSpecs": replicas},
     }

@@ -112,3 +112,49 @@ def positive_int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UnsafeValueError(f"{what}: expected a positive integer, got {value!r}")
     return value
+
+
+LABEL_VALUE_PATTERN = r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
+"""A Kubernetes label value: at most 63 characters, alphanumerics with `-`, `_`, `.` inside."""
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*$"
+"""A DNS-1123 subdomain (object names such as a PriorityClass; at most 253 characters)."""
+QUEUE_PATTERN = r"^[a-z0-9](?:[-a-z0-9.]{0,61}[a-z0-9])?$"
+"""A Kueue LocalQueue name as its label value holds it: an object name of at most 63 characters."""
+
+
+def label_value(value: str, *, field: str) -> str:
+    """A Kubernetes label value, refused otherwise."""
+    if not re.fullmatch(LABEL_VALUE_PATTERN, value):
+        raise UnsafeValueError(
+            f"{field} {value!r}: a Kubernetes label value has at most 63 letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit",
+            field=field,
+        )
+    return value
+
+
+def qualified_name(value: str, *, field: str) -> str:
+    """A label or taint key, `[prefix/]name` (prefix a DNS subdomain, name a label value), refused
+    otherwise."""
+    prefix, _, name = value.rpartition("/")
+    if (
+        not name
+        or not re.fullmatch(LABEL_VALUE_PATTERN, name)
+        or (prefix and (len(prefix) > 253 or not re.fullmatch(DNS_SUBDOMAIN_PATTERN, prefix)))
+    ):
+        raise UnsafeValueError(
+            f"{field} key {value!r}: give a Kubernetes label key such as node.kubernetes.io/instance-type "
+            "or gpu-type ([DNS prefix/]name, the name at most 63 letters, digits, '-', '_', '.')",
+            field=field,
+        )
+    return value
+
+
+def dns_subdomain(value: str, *, field: str) -> str:
+    """A Kubernetes object name (DNS-1123 subdomain), refused otherwise."""
+    if len(value) > 253 or not re.fullmatch(DNS_SUBDOMAIN_PATTERN, value):
+        raise UnsafeValueError(
+            f"{field} {value!r}: give a Kubernetes object name (lowercase letters, digits, '-' and '.')",
+            field=field,
+        )
+    return value

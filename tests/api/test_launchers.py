@@ -162,3 +162,38 @@ mesh = plan.config.mesh.as_document()
 print(json.dumps({"schema_version": plan.schema_version, "contract": where, "mesh": mesh}))
 """
 """Run inside an unpacked bundle: its own contract reads its plan.json."""
+
+
+async def test_kubernetes_scheduling_options(client: httpx.AsyncClient) -> None:
+    plan = (await client.post(PLANS, json=cheap_plan())).json()
+    url = f"{PLANS}/{plan['id']}/launcher"
+    options = {
+        "target": "k8s", "queue": "team-a", "node_selector": ["pool=training", "zone=a"],
+        "toleration": ["nvidia.com/gpu:NoSchedule"], "priority_class": "training-high",
+    }
+    response = await client.get(url, params=options)
+    assert response.status_code == 200, response.text
+    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+        manifest = next(archive.extractfile(m).read().decode()  # type: ignore[union-attr]
+                        for m in archive.getmembers() if m.name.endswith("/k8s-pytorchjob.yaml"))
+    job = {doc["kind"]: doc for doc in yaml.safe_load_all(manifest)}["PyTorchJob"]
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert job["spec"]["runPolicy"]["suspend"] is True
+    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "training", "zone": "a"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["priorityClassName"] == "training-high"
+    # Bad values are a 422 naming the parameter.
+    for bad, field in (
+        ({"queue": "Team A"}, "queue"),
+        ({"node_selector": ["pool"]}, "node_selector"),
+        ({"toleration": ["gpu:Sometimes"]}, "toleration"),
+        ({"priority_class": "High"}, "priority_class"),
+        ({"gpu_resource": "intel.com/gpu"}, "gpu_resource"),
+        ({"gpu_resource": "amd.com/gpu"}, "image"),  # PyTorch's official image is a CUDA build
+    ):
+        problem = assert_problem(await client.get(url, params={"target": "k8s", **bad}), 422)
+        assert field in json.dumps(problem), (bad, problem)
+    rocm = await client.get(url, params={"target": "k8s", "gpu_resource": "amd.com/gpu",
+                                          "image": "rocm/pytorch:latest-release"})
+    assert rocm.status_code == 200, rocm.text

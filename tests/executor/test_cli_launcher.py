@@ -152,3 +152,34 @@ def test_kubernetes_render_options(tmp_path: Path) -> None:
         "launcher", "--plan", str(plan_path), "--target", "k8s", "-o", str(out), "--torch-version", "latest",
     ])
     assert refused.exit_code != 0 and "torch_version 'latest'" in refused.output
+
+
+def test_kubernetes_scheduling_options(tmp_path: Path) -> None:
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(debug_plan()))
+    out = tmp_path / "out"
+    result = runner.invoke(app, [
+        "launcher", "--plan", str(plan_path), "--target", "k8s", "-o", str(out), "--queue", "team-a",
+        "--node-selector", "pool=training", "--node-selector", "zone=a",
+        "--toleration", "nvidia.com/gpu:NoSchedule", "--priority-class", "training-high",
+    ])
+    assert result.exit_code == 0, result.output
+    manifest = (out / bundle_name(Plan.model_validate(debug_plan())) / "k8s.yaml").read_text()
+    job = documents(manifest)["TrainJob"]
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert job["spec"]["suspend"] is True
+    pod = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
+        "template"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "training", "zone": "a"}
+    assert pod["priorityClassName"] == "training-high"
+    for args, message in (
+        (["--queue", "Team A"], "--queue: queue 'Team A'"),
+        (["--node-selector", "pool"], "--node-selector: node_selector 'pool': give key=value"),
+        (["--toleration", "gpu:Sometimes"], "--toleration: toleration 'gpu:Sometimes'"),
+        (["--gpu-resource", "intel.com/gpu"], "--gpu-resource: gpu_resource 'intel.com/gpu'"),
+        (["--gpu-resource", "amd.com/gpu"], "--image: gpu_resource amd.com/gpu"),
+    ):
+        refused = runner.invoke(app, ["launcher", "--plan", str(plan_path), "--target", "k8s", "-o", str(out),
+                                      *args])
+        assert refused.exit_code == 2, refused.output
+        assert message in " ".join(refused.output.split()), refused.output
