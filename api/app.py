@@ -18,6 +18,7 @@ from api.db import migrate
 from api.db.session import create_db_engine, create_session_factory
 from api.docs import install as install_docs
 from api.lifeline import stop_in_order_with_parent
+from api.metrics.endpoint import install as install_metrics
 from api.middleware import AllowedMethodsMiddleware, BodySizeLimitMiddleware
 from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
 from api.routers import api_router, health
@@ -127,7 +128,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(AllowedMethodsMiddleware, router=app.router)
     # Outside the others: another site's write is refused before its body or key is looked at.
     app.add_middleware(CrossSiteMiddleware, prefix=f"{API_PREFIX}/")
-    install_problem_handlers(app)  # outermost: also catches what the middleware above raises
+    install_problem_handlers(app)  # also catches what the middleware above raises
+    if settings.metrics:
+        install_metrics(app)  # outermost: counts every answer, the problem handlers' 500s included
 
     app.include_router(api_router, prefix=API_PREFIX)
     # Probes conventionally hit the root paths; same handlers, documented once under /api/v1.

@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     engine); with procrastinate, the job of a worker silent this long is retried by another worker."""
     require_key_for_reads: bool = False
     """Once API keys exist, also require one for GET requests (writes always need one then)."""
+    metrics: bool = True
+    """Serve Prometheus metrics at `/metrics` (requests, plans, searches, jobs: README, "Metrics"); false:
+    no such path (404), and requests are not timed."""
     migrate_on_startup: bool = True
     """Run `alembic upgrade head` when the app starts."""
     idempotency_ttl_s: Annotated[int, Field(ge=60)] = 24 * 3600

@@ -16,21 +16,29 @@ A web process
   order, its search pool with it (api/services/search_pool.py);
 - is never killed for being slow to start: until it says that its server has started, the supervisor only
   checks that it is alive; from then on uvicorn's health check applies (a web process that does not
-  answer within HEALTH_TIMEOUT_S is replaced).
+  answer within HEALTH_TIMEOUT_S is replaced);
+- writes its metrics where the others do (`PROMETHEUS_MULTIPROC_DIR`), so that `/metrics` answered by
+  any of them counts the requests, plans and jobs of all of them (api/metrics/endpoint.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import pickle
+import shutil
 import signal
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from socket import socket
 
 from uvicorn.config import STARTUP_FAILURE, Config
 from uvicorn.supervisors.multiprocess import Multiprocess, Process, logger
 
 from api.lifeline import end_with_parent
+from api.metrics import MULTIPROCESS_DIR_ENV
 
 APP = "api.app:create_app"
 HEALTH_TIMEOUT_S = 30
@@ -151,7 +159,28 @@ def main() -> None:
     args = parser.parse_args()
     config = Config(APP, factory=True, host=args.host, port=args.port, workers=args.workers,
                     log_level=args.log_level, proxy_headers=True, timeout_worker_healthcheck=HEALTH_TIMEOUT_S)
-    Supervisor(config, sockets=[config.bind_socket()]).run()
+    with shared_metrics_directory():
+        Supervisor(config, sockets=[config.bind_socket()]).run()
+
+
+@contextmanager
+def shared_metrics_directory() -> Iterator[None]:
+    """The web processes' shared `PROMETHEUS_MULTIPROC_DIR` while the block runs, so that `/metrics` adds
+    up all of them whichever answers: a fresh directory, removed afterwards; or the operator's own,
+    emptied of the files of an earlier run first (their counts would be added in again)."""
+    chosen = os.environ.get(MULTIPROCESS_DIR_ENV)
+    if chosen:
+        os.makedirs(chosen, exist_ok=True)
+        for stale in glob.glob(os.path.join(chosen, "*.db")):
+            os.remove(stale)
+        yield
+        return
+    directory = tempfile.mkdtemp(prefix="fsdp-planner-metrics-")
+    os.environ[MULTIPROCESS_DIR_ENV] = directory  # inherited by the web processes uvicorn spawns
+    try:
+        yield
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 if __name__ == "__main__":

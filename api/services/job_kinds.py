@@ -10,13 +10,16 @@ study's candidates, and a small POST /plans (the request pool) never waits behin
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.db.models import PlanJobRow, StudyRow
+from api.metrics import series as job_metrics
 from api.services import plan_jobs as plan_job_service
 from api.services import studies as study_service
 from api.services.job_rows import JobEnd
@@ -47,8 +50,18 @@ class JobKind:
 
     def run_job(self, session_factory: sessionmaker[Session], job_id: int, *, search_pool: SearchPool,
                 stopping: threading.Event, take_over: bool = False) -> JobEnd:
-        return self.run(session_factory, job_id, search_pool=search_pool, stopping=stopping,
-                        take_over=take_over)
+        started = time.perf_counter()
+        end = self.run(session_factory, job_id, search_pool=search_pool, stopping=stopping,
+                       take_over=take_over)
+        if end is JobEnd.finished:  # a run stopped for a shutdown is not a job's duration
+            job_metrics.observe_job(kind=self.name, state=self.state_of(session_factory, job_id),
+                                    seconds=time.perf_counter() - started)
+        return end
+
+    def state_of(self, session_factory: sessionmaker[Session], job_id: int) -> str:
+        """The state a job's row is in (`deleted` when the row is gone)."""
+        with session_factory() as session:
+            return session.scalar(select(self.table.state).where(self.table.id == job_id)) or "deleted"
 
 
 STUDIES = JobKind(name="study", table=StudyRow, run=study_service.run_study_job,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -25,6 +26,7 @@ from sqlalchemy.orm import Session, undefer
 from api.db.base import utcnow
 from api.db.inserts import insert_unless_taken, is_foreign_key_violation
 from api.db.models import IdempotencyKeyRow, PlanRow
+from api.metrics import series as plan_metrics
 from api.problems import FieldError, ProblemError, field_errors, summarize
 from api.schemas.plans import PlanCreate
 from api.services import calibrations as calibration_service
@@ -82,6 +84,37 @@ def create_plan(
     stored plan with the same hash), search (CPU-bound, holding no connection), then `save`, one
     transaction that stores the plan and the key or nothing at all. A refused request never gets there.
     """
+    return counted("plan", lambda: _create_plan(
+        session, body, locks=locks, search_pool=search_pool, max_model_layers=max_model_layers,
+        idempotency_key=idempotency_key, idempotency_ttl_s=idempotency_ttl_s,
+    ))
+
+
+def counted(kind: str, create: Callable[[], PlanOutcome]) -> PlanOutcome:
+    """`create()`, its outcome counted in the metrics (api/metrics/series.py PLANS: new, cached,
+    replayed, refused, failed) as a request of `kind` (`plan`, `replan`)."""
+    try:
+        outcome = create()
+    except ProblemError as exc:
+        plan_metrics.count_plan(kind=kind, status=exc.status)
+        raise
+    except Exception:
+        plan_metrics.count_plan(kind=kind, status=500)
+        raise
+    plan_metrics.count_plan(kind=kind, status=outcome.status_code, replayed=outcome.replayed)
+    return outcome
+
+
+def _create_plan(
+    session: Session,
+    body: PlanCreate,
+    *,
+    locks: KeyedLocks,
+    search_pool: SearchPool,
+    max_model_layers: int,
+    idempotency_key: str | None,
+    idempotency_ttl_s: int,
+) -> PlanOutcome:
     claim = None if idempotency_key is None else KeyClaim(
         key=idempotency_key, fingerprint=fingerprint(body), ttl_s=idempotency_ttl_s
     )

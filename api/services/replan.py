@@ -37,6 +37,14 @@ def replan(
     session: Session, plan_id: int, body: ReplanCreate, *, locks: KeyedLocks, search_pool: SearchPool
 ) -> plan_service.PlanOutcome:
     """Store (or find) the plan for `plan_id`'s request below its failed configuration's peak."""
+    return plan_service.counted("replan", lambda: _replan(
+        session, plan_id, body, locks=locks, search_pool=search_pool,
+    ))
+
+
+def _replan(
+    session: Session, plan_id: int, body: ReplanCreate, *, locks: KeyedLocks, search_pool: SearchPool
+) -> plan_service.PlanOutcome:
     source = session.scalar(
         select(PlanRow).where(PlanRow.id == plan_id).options(*plan_service.full_plan())
     )

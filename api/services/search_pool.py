@@ -14,7 +14,8 @@ Workers die with their web process, however it ends (kill -9 included): a worker
 child, and the forkserver exits when the web process is gone. On Linux the kernel then kills the worker
 (a parent-death signal); everywhere, a watchdog thread in the worker notices it was orphaned.
 
-This module is what the workers import: it stays free of the database and the web framework.
+This module is what the workers import: it stays free of the database and the web framework (the
+metrics' series are prometheus_client objects; only the web process records to them).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from api.lifeline import WATCHDOG_INTERVAL_S, signal_on_parent_death
+from api.metrics import series as search_metrics
 from planner.calibration import CalibrationProfile
 from planner.deadline import CpuDeadline
 from planner.errors import PlanningError
@@ -100,7 +102,17 @@ class SearchPool:
         Raises what make_plan raises (PlanningError and its subclasses, SearchDeadlineError) and
         SearchPoolBrokenError when the worker died.
         """
-        return self._run(_search, request, calibration, calibration_id, self.deadline_s)
+        started = time.perf_counter()
+        outcome = "failed"
+        try:
+            plan = self._run(_search, request, calibration, calibration_id, self.deadline_s)
+            outcome = "planned"
+            return plan
+        except PlanningError:
+            outcome = "refused"
+            raise
+        finally:
+            search_metrics.observe_search(outcome=outcome, seconds=time.perf_counter() - started)
 
     def batch_refusal(self, request: PlanRequest, tokens: int) -> PlanningError:
         """The refusal of a batch of `tokens` on `request`'s cluster (planner.precheck.batch_refusal,
