@@ -100,6 +100,12 @@ def worker(
     name: Annotated[str | None, typer.Option(
         help="The worker's name in the logs (default: host:pid).")] = None,
     log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
+    metrics_port: Annotated[int | None, typer.Option(
+        parser=whole_number(low=1, high=65535),
+        help="Serve this worker's Prometheus metrics (job durations, and the plans and searches of its "
+        "plan jobs) at http://METRICS_HOST:METRICS_PORT/metrics (default: not served).",
+    )] = None,
+    metrics_host: Annotated[str, typer.Option(help="Interface of --metrics-port.")] = "127.0.0.1",
 ) -> None:
     """Run study jobs and plan jobs (large plan searches, re-plans; procrastinate on PostgreSQL) for API
     servers started with FSDP_PLANNER_JOB_ENGINE=procrastinate: start any number, on any machine, with
@@ -142,6 +148,15 @@ def worker(
                       f"processes; {settings.plan_jobs} plan jobs (large plans, re-plans) at once; "
                       f"database {_display_url(url)}", highlight=False)
         search_pool.start()
+        if metrics_port is not None:
+            from api.metrics.worker import serve_metrics
+
+            try:
+                serve_metrics(host=metrics_host, port=metrics_port)
+            except OSError as exc:
+                err_console.print(f"error: cannot serve metrics on {metrics_host}:{metrics_port} "
+                                  f"({exc.strerror}); choose another --metrics-port", highlight=False)
+                raise typer.Exit(2) from None
         study_worker = StudyWorker(
             url, create_session_factory(engine), search_pool=search_pool, concurrency=jobs,
             stale_after_s=settings.study_stale_after_s, name=name,

@@ -5,7 +5,8 @@ the job queue and job durations; off by setting; a read like the others; correct
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import httpx
@@ -20,8 +21,17 @@ from api.db.models import PlanJobRow
 from api.keys import create_key
 from api.settings import Settings
 from tests.api.conftest import assert_problem, cheap_plan, wait_for_plan_job
+from tests.api.test_oom_runs import oom_run
 from tests.api.test_plan_jobs import THRESHOLD, graph
-from tests.live_server import running_server
+from tests.api.test_procrastinate_jobs import (  # noqa: F401  (fixtures)
+    Worker,
+    api,
+    explained,
+    new_database,
+    settings_for,
+    workers,
+)
+from tests.live_server import free_port, running_server
 
 pytestmark = pytest.mark.anyio
 PLANS = "/api/v1/plans"
@@ -236,3 +246,42 @@ def test_serve_with_several_workers_counts_every_process(database_url: str, tmp_
         assert sum(value(scraped, "fsdp_planner_plans_total", kind="plan", outcome=outcome)
                    for outcome in ("new", "cached")) == 1
         assert value(scraped, "fsdp_planner_database_up") == 1
+
+
+@pytest.mark.postgres
+async def test_a_procrastinate_worker_serves_the_metrics_of_the_jobs_it_runs(
+    new_database: Callable[[], str], workers: Callable[..., Worker]  # noqa: F811
+) -> None:
+    """With the procrastinate engine the jobs run in `fsdp-planner worker`: `--metrics-port` serves their
+    durations, plans and searches; the web's `/metrics` counts them queued (from the database)."""
+    url = new_database()
+    settings = settings_for(url).model_copy(update={"job_threshold_units": THRESHOLD})
+    async with api(settings) as client:
+        plan = (await client.post(PLANS, json=cheap_plan())).json()  # small: the API searches it
+        await client.post(f"{PLANS}/{plan['id']}/runs", json=oom_run())
+        replan = await client.post(f"{PLANS}/{plan['id']}/replan")
+        large = await client.post(PLANS, json=cheap_plan(model=graph(THRESHOLD * 2)))
+        assert replan.status_code == large.status_code == 202
+        assert value(await scrape(client), "fsdp_planner_jobs", kind="plan_job", state="queued") == 2
+        port = free_port()
+        worker = workers(url, "w1", args=("--metrics-port", str(port)))
+        with explained(worker):
+            for job in (replan, large):
+                done = await wait_for_plan_job(client, job.json()["id"], timeout_s=120)
+                assert done["state"] == "succeeded", done
+            # The worker's endpoint starts before it takes jobs: it answers by now.
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    scraped = samples(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text)
+                    break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline, worker.output()
+                    time.sleep(0.2)
+        web = await scrape(client)
+    count = "fsdp_planner_job_duration_seconds_count"
+    assert value(scraped, count, kind="plan_job", state="succeeded") == 2
+    assert value(scraped, "fsdp_planner_plans_total", kind="plan", outcome="new") == 1
+    assert value(scraped, "fsdp_planner_plans_total", kind="replan", outcome="new") == 1
+    assert value(scraped, "fsdp_planner_plan_search_duration_seconds_count", outcome="planned") == 2
+    assert value(web, "fsdp_planner_jobs", kind="plan_job", state="queued") == 0

@@ -107,7 +107,8 @@ def query(url: str, sql: str, **params: Any) -> list[Any]:
 class Worker:
     """A `fsdp-planner worker` process, in a process group of its own (with its search processes)."""
 
-    def __init__(self, url: str, log_dir: Path, name: str, search_workers: int = 1):
+    def __init__(self, url: str, log_dir: Path, name: str, search_workers: int = 1,
+                 args: tuple[str, ...] = ()):
         executable = Path(sys.executable).with_name("fsdp-planner")
         command = [str(executable)] if executable.exists() else [sys.executable, "-m", "api.cli.main"]
         env = {key: value for key, value in os.environ.items()
@@ -118,7 +119,7 @@ class Worker:
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            [*command, "worker", "--database-url", url, "--name", name], env=env, stdout=self._log,
+            [*command, "worker", "--database-url", url, "--name", name, *args], env=env, stdout=self._log,
             stderr=subprocess.STDOUT, start_new_session=True,
         )
 
@@ -156,8 +157,8 @@ class Worker:
 def workers(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     started: list[Worker] = []
 
-    def start(url: str, name: str, search_workers: int = 1) -> Worker:
-        worker = Worker(url, tmp_path, name, search_workers)
+    def start(url: str, name: str, search_workers: int = 1, args: tuple[str, ...] = ()) -> Worker:
+        worker = Worker(url, tmp_path, name, search_workers, args)
         started.append(worker)
         return worker
 
