@@ -13,7 +13,9 @@ all call it): schema 2 describes the parallelism as a device mesh `config.mesh =
 dp_shard, tp}` (contract.mesh); schema 1 plans (data parallelism only) named the two data-parallel
 degrees `shard_group_size` and `replicate_group_size`, and schema 1.0 named two memory terms
 differently. Schema 2.2 added the 80% intervals beside the predicted throughput and peak memory
-(optional: a 2.1 plan reads as one without them).
+(optional: a 2.1 plan reads as one without them); 2.3 a mixture-of-experts plan's peak split into
+experts, dispatch buffers and dense parts (`prediction.expert_memory_gib`, optional: a 2.2 plan reads
+as one without it).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from contract.model_config import ModelConfig
 from contract.parallel_config import ParallelConfig, PipelineError
 from contract.training_config import TrainingConfig
 
-SCHEMA_VERSION = "2.2"
+SCHEMA_VERSION = "2.3"
 """The version the planner writes. Bump the minor for a new field, the major when a field changes
 meaning (and teach `upgrade_document` the old one)."""
 SUPPORTED_SCHEMA_MAJORS = (1, 2)

@@ -11,12 +11,14 @@ from dataclasses import fields
 from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig
 from planner import PLANNER_VERSION
 from planner.cost.estimate import Estimator
+from planner.cost.expert_memory import expert_parts
 from planner.cost.memory import memory_margin_for
 from planner.cost.parameters import GIB
 from planner.cost.setting import Choice, Setting
 from planner.hashing import plan_hash
 from planner.plan import (
     Candidate,
+    ExpertMemory,
     MemoryBreakdown,
     Plan,
     PlannedCluster,
@@ -164,6 +166,7 @@ def _prediction(
             **{name: value / GIB for name, value in m.terms().items()},
             moment=m.moment,  # type: ignore[arg-type]
         ),
+        expert_memory_gib=_expert_memory(setting, e),
         usable_memory_gib=params.usable_memory_gib * (1.0 - headroom),
         memory_margin=margin,
         memory_margin_reason=margin_reason,
@@ -178,6 +181,21 @@ def _prediction(
         optimizer_s=t.optimizer_s,
         overhead_s=t.overhead_s,
         timeline=segments,
+    )
+
+
+def _expert_memory(setting: Setting, e: Evaluated) -> ExpertMemory | None:
+    """The peak's routed experts', dispatch buffers' and dense parts (None for a dense model)."""
+    parts = expert_parts(setting, e.choice, e.memory)
+    if parts is None:
+        return None
+    experts = parts.states + parts.gathered + parts.activations + parts.dispatch
+    return ExpertMemory(
+        routed_expert_states=parts.states / GIB,
+        routed_expert_gathered=parts.gathered / GIB,
+        routed_expert_activations=parts.activations / GIB,
+        dispatch_buffers=parts.dispatch / GIB,
+        dense_parts=(e.memory.total - experts) / GIB,
     )
 
 

@@ -54,6 +54,26 @@ class MemoryBreakdown(Document):
         return sum(getattr(self, name) for name in MEMORY_TERMS)
 
 
+class ExpertMemory(Document):
+    """A mixture-of-experts plan's peak memory per GPU, GiB, split into its routed experts', their
+    dispatch buffers' and the dense parts' (planner/cost/expert_memory.py): parts of the same
+    breakdown (`MemoryBreakdown`), at its moment, adding nothing to it. Added in schema 2.3."""
+
+    routed_expert_states: float
+    """Of the parameters, gradients and optimizer states: the routed experts' (FSDP shards them like
+    the rest)."""
+    routed_expert_gathered: float
+    """Of the gathered parameters and gradient buffers: the routed experts'."""
+    routed_expert_activations: float
+    """Of the activations: the routed experts' own (their SwiGLU intermediates, the router's scores)."""
+    dispatch_buffers: float
+    """Of the activations: each token's rows gathered for its experts and the experts' outputs
+    before the combine."""
+    dense_parts: float
+    """The rest of the peak: attention, dense and shared feed-forwards, embeddings, head, loss,
+    workspace, allocator reserve."""
+
+
 class TimelineSegment(Document):
     """One span on the step timeline (one micro-batch, forward then backward)."""
 
@@ -95,6 +115,9 @@ class Prediction(Document):
     peak_memory_gib_interval: PredictionInterval | None = None
     """Where the measured peak falls (absent in plans stored before schema 2.2)."""
     memory_breakdown_gib: MemoryBreakdown
+    expert_memory_gib: ExpertMemory | None = None
+    """A mixture-of-experts model's peak split into experts, dispatch buffers and dense parts (None:
+    a dense model, or a plan stored before schema 2.3)."""
     usable_memory_gib: float | None = None
     """What the allocator can obtain per GPU: capacity less the CUDA context and NCCL (and less the
     request's extra headroom)."""

@@ -78,3 +78,21 @@ def as_schema_2_0(document: dict[str, Any]) -> dict[str, Any]:
         return written
 
     return {**old(document), "schema_version": "2.0"}
+
+
+SCHEMA_2_3_FIELDS = ("expert_memory_gib",)
+"""What schema 2.3 added: a mixture-of-experts plan's peak split into experts, dispatch buffers and
+dense parts."""
+
+
+def as_schema_2_2(document: dict[str, Any]) -> dict[str, Any]:
+    """A 2.x plan as schema 2.2 wrote it: no expert memory parts."""
+
+    def old(value: Any) -> Any:
+        if isinstance(value, list):
+            return [old(item) for item in value]
+        if not isinstance(value, dict):
+            return value
+        return {key: old(item) for key, item in value.items() if key not in SCHEMA_2_3_FIELDS}
+
+    return {**old(document), "schema_version": "2.2"}

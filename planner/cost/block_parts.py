@@ -50,6 +50,11 @@ class BlockPart:
     """Of `expert_params`, those a token does not run: the routed experts outside its top-k."""
     expert_matmul_params: int = 0
     """Of `matmul_params`, the routed experts' a token runs (top-k experts' weights)."""
+    dispatch_elems: float = 0.0
+    """Of `saved_elems`, the dispatch buffers: each token's rows gathered for its k experts and the
+    experts' outputs before the combine."""
+    expert_saved_elems: float = 0.0
+    """Of `saved_elems`, the routed experts' own: their SwiGLU intermediates, the router's scores."""
 
     def __add__(self, other: BlockPart) -> BlockPart:
         return BlockPart(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
@@ -221,6 +226,8 @@ def moe_feed_forward(*, h: int, moe: MoeConfig) -> FeedForward:
         expert_params=experts * per_expert,
         inactive_params=(experts - k) * per_expert,
         expert_matmul_params=k * 3 * h * fe,
+        dispatch_elems=2 * routed_rows,
+        expert_saved_elems=2 * experts + k + 4 * k * fe,
     )
     # The router reads the norm output with the shared experts' w1 and w3.
     dense = ((h, (experts, shared, shared)), (shared, (h,))) if shared else ((h, (experts,)),)

@@ -111,6 +111,12 @@ class UnitCost:
     inactive_params: int = 0
     """Of `expert_params`, those a token does not run (the experts outside its top-k): left out of
     the active count that FLOPs and MFU use."""
+    dispatch_elems: float = 0.0
+    """Of `saved_elems`, a mixture of experts' dispatch buffers per token: the rows gathered for each
+    token's k experts and the experts' outputs before the combine (2 x top-k x hidden)."""
+    expert_saved_elems: float = 0.0
+    """Of `saved_elems`, the routed experts' own activations per token: their SwiGLU intermediates
+    (4 x top-k x expert hidden) and the router's scores."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +273,8 @@ def tensor_parallel_share(model: ModelCosts, tp: int) -> ModelCosts:
                 expert_matmul_params=u.expert_matmul_params // tp,
                 expert_params=u.expert_params // tp,
                 inactive_params=u.inactive_params // tp,
+                dispatch_elems=u.dispatch_elems / tp,
+                expert_saved_elems=u.expert_saved_elems / tp,
             )
         return shares[id(u)]
 
@@ -404,6 +412,8 @@ def _llama_block(attention: Attention, ffn: FeedForward, *, h: int) -> UnitCost:
         expert_matmul_params=part.expert_matmul_params,
         expert_params=part.expert_params,
         inactive_params=part.inactive_params,
+        dispatch_elems=part.dispatch_elems,
+        expert_saved_elems=part.expert_saved_elems,
     )
 
 

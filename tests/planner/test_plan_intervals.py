@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from api.cli.main import app
 from api.cli.plan_cmd import print_plan
 from contract.mesh import Mesh
-from contract.plan_document import parse_plan
+from contract.plan_document import SCHEMA_VERSION, parse_plan
 from planner.catalog.models import resolve_model
 from planner.cost.estimate import Estimator
 from planner.cost.parameters import CostParameters
@@ -204,7 +204,7 @@ def test_the_cli_json_carries_the_intervals(tmp_path: Path) -> None:
         assert "network not stated" in t["basis"]
         beside = document["alternatives"]
         assert beside and all(c["peak_memory_gib_interval"]["high"] > c["peak_memory_gib"] for c in beside)
-        assert document["network_assumed"] is True and document["schema_version"] == "2.2"
+        assert document["network_assumed"] is True and document["schema_version"] == SCHEMA_VERSION
 
 
 @pytest.mark.parametrize(("model", "cluster", "sequences", "search"), [
