@@ -9,6 +9,7 @@ its advice (planner/infeasibility.py) both walk this one enumeration.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -628,7 +629,13 @@ def stage_costs(setting: Setting) -> tuple[float, float]:
             checkpointing="none", compile_=True,
         )
 
-    block = step(m.blocks[0]) if m.blocks else 0.0
+    kinds = {id(b): b for b in m.blocks}  # one object per kind of block (dense, MoE)
+    if len(kinds) > 1:
+        # A model with blocks of two kinds (leading dense blocks, interleaved MoE ones): their mean.
+        counts = Counter(id(b) for b in m.blocks)
+        block = sum(step(b) * counts[key] for key, b in kinds.items()) / len(m.blocks)
+    else:
+        block = step(m.blocks[0]) if m.blocks else 0.0
     if not block:
         return 0.0, 0.0
     return step(m.embedding) / block, step(m.head) / block
