@@ -1,4 +1,5 @@
-"""`fsdp-planner launcher`: write a plan's launch bundle (torchrun / SLURM / Kubernetes) to a directory.
+"""`fsdp-planner launcher`: write a plan's launch bundle (torchrun / SLURM / Kubernetes / SkyPilot) to a
+directory.
 
 The plan comes from a file (`--plan plan.json`, a bare Plan or an API response holding one under
 `plan`) or from a server (`--plan-id 42 [--server URL]`, `GET /api/v1/plans/42`). The archive is
@@ -44,7 +45,7 @@ def launcher(
     server: Annotated[
         str, typer.Option(help="fsdp-planner server for --plan-id.", envvar=SERVER_ENV)
     ] = DEFAULT_SERVER,
-    target: Annotated[str, typer.Option(help="torchrun | slurm | k8s | all")] = "all",
+    target: Annotated[str, typer.Option(help="torchrun | slurm | k8s | skypilot | all")] = "all",
     fmt: Annotated[str, typer.Option("--format", help="Archive format: tar.gz | zip")] = "tar.gz",
     image: Annotated[
         str | None,
@@ -90,7 +91,8 @@ def launcher(
     ] = None,
     no_extract: Annotated[bool, typer.Option("--no-extract", help="Write only the archive.")] = False,
 ) -> None:
-    """Write a launch bundle: launch.sh (torchrun), slurm.sbatch, k8s.yaml, plan.json and the runtime."""
+    """Write a launch bundle: launch.sh (torchrun), slurm.sbatch, k8s.yaml, skypilot.yaml, plan.json and the
+    runtime."""
     if target not in TARGETS:
         raise fail(f"--target {target!r}: choose one of {', '.join(TARGETS)}")
     if fmt not in FORMATS:

@@ -58,7 +58,8 @@ router = APIRouter(
 
 STUDIES_PER_PAGE = 25
 LAUNCHER_TARGETS = (
-    ("torchrun", "torchrun"), ("slurm", "SLURM"), ("k8s", "Kubernetes"), ("all", "all targets"),
+    ("torchrun", "torchrun"), ("slurm", "SLURM"), ("k8s", "Kubernetes"), ("skypilot", "SkyPilot"),
+    ("all", "all targets"),
 )
 
 

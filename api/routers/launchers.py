@@ -1,4 +1,4 @@
-"""/plans/{id}/launcher: the plan's launch bundle (torchrun, SLURM, Kubernetes) as one archive."""
+"""/plans/{id}/launcher: the plan's launch bundle (torchrun, SLURM, Kubernetes, SkyPilot) as one archive."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ class LaunchTarget(StrEnum):
     torchrun = "torchrun"
     slurm = "slurm"
     k8s = "k8s"
+    skypilot = "skypilot"
     all = "all"
 
 

@@ -21,7 +21,7 @@ from typing import Literal, get_args
 
 import contract
 from contract.parallel_config import PIPELINE_SCHEDULES, Float8Recipe, PipelineConfig
-from executor.launch import render, scheduling
+from executor.launch import render, scheduling, skypilot
 from executor.launch.quoting import (
     CUDA_VERSION_PATTERN,
     VERSION3,
@@ -39,9 +39,9 @@ from executor.launch.templating import render_template
 from planner.formatting import between, duration
 from planner.plan import Plan
 
-Target = Literal["torchrun", "slurm", "k8s", "all"]
+Target = Literal["torchrun", "slurm", "k8s", "skypilot", "all"]
 Format = Literal["tar.gz", "zip"]
-TARGETS: tuple[str, ...] = ("torchrun", "slurm", "k8s", "all")
+TARGETS: tuple[str, ...] = ("torchrun", "slurm", "k8s", "skypilot", "all")
 FORMATS: tuple[str, ...] = ("tar.gz", "zip")
 DEFAULT_TORCH_VERSION = "2.13.0"
 """The torch the runtime is built and tested with (the `executor` extra's pin), so the version a plan
@@ -240,7 +240,7 @@ def bundle_files(
         queue=queue, node_selector=node_selector, tolerations=tolerations,
         priority_class=priority_class, gpu_resource=gpu_resource,
     )
-    targets = ["torchrun", "slurm", "k8s"] if target == "all" else [target]
+    targets = ["torchrun", "slurm", "k8s", "skypilot"] if target == "all" else [target]
     ctx = context(plan, image=torch_image(torch_version, cuda_version, image))
     core = [
         BundleFile("plan.json", (plan.model_dump_json(indent=1) + "\n").encode()),
@@ -266,8 +266,26 @@ def bundle_files(
         )
         files.append(BundleFile("k8s.yaml", render.k8s_trainjob(ctx, kube).encode()))
         files.append(BundleFile("k8s-pytorchjob.yaml", render.k8s_pytorchjob(ctx, kube).encode()))
+    sky, sky_missing = None, ""
+    if "skypilot" in targets:
+        try:
+            sky = skypilot.SkyContext(
+                accelerator=skypilot.accelerator(plan.cluster.resolved_gpu()),
+                requirements=skypilot.requirements(torch_version=torch_version, float8=ctx.float8),
+                image=ctx.image if image is not None else None,
+            )
+        except skypilot.NotOnSkyPilotError as exc:
+            if target == "skypilot":
+                raise
+            sky_missing = str(exc).removeprefix("target skypilot: ")  # the bundle's other targets stand
+        if sky is not None:
+            requirements = "".join(f"{line}\n" for line in sky.requirements)
+            files.append(BundleFile(skypilot.REQUIREMENTS_FILE, requirements.encode()))
+            files.append(BundleFile(skypilot.TASK_FILE, render.skypilot_task(ctx, sky).encode()))
     prediction = _prediction(plan)
-    text = render.readme(ctx, targets=targets, prediction=prediction, kube=kube)
+    text = render.readme(
+        ctx, targets=targets, prediction=prediction, kube=kube, sky=sky, sky_missing=sky_missing
+    )
     files.append(BundleFile("README.md", text.encode()))
     return files
 

@@ -1,5 +1,5 @@
 """The bundle's text files: launch.sh (torchrun), slurm.sbatch, k8s.yaml (TrainJob), k8s-pytorchjob.yaml,
-README.md. Each renderer takes a LaunchContext whose fields are already validated or quoted."""
+skypilot.yaml, README.md. Each renderer takes a LaunchContext whose fields are already validated or quoted."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from contract.float8 import TORCHAO_REQUIREMENT
 from contract.mesh import AXES, MESH_AXES, Axis, Mesh
 from contract.parallel_config import PipelineConfig
-from executor.launch import environment, manifests
+from executor.launch import environment, manifests, skypilot
 from executor.launch.manifests import CHECKPOINT_MOUNT, WORK_DIR, KubeContext
 from executor.launch.quoting import comment
 from executor.launch.templating import render_template
@@ -281,16 +281,38 @@ def _manifest(ctx: LaunchContext, kube: KubeContext, job: manifests.Document) ->
     )
 
 
+def skypilot_task(ctx: LaunchContext, sky: skypilot.SkyContext) -> str:
+    """skypilot.yaml: the SkyPilot task (templates/skypilot.yaml.j2 around skypilot.task's data)."""
+    return render_template(
+        "skypilot.yaml.j2",
+        task=skypilot.task(ctx, sky),
+        sky=sky,
+        task_file=skypilot.TASK_FILE,
+        requirements_file=skypilot.REQUIREMENTS_FILE,
+        torchao=TORCHAO_REQUIREMENT,
+        **_header_values(ctx),
+    )
+
+
 def readme(
-    ctx: LaunchContext, *, targets: list[str], prediction: str, kube: KubeContext | None = None
+    ctx: LaunchContext,
+    *,
+    targets: list[str],
+    prediction: str,
+    kube: KubeContext | None = None,
+    sky: skypilot.SkyContext | None = None,
+    sky_missing: str = "",
 ) -> str:
-    """The bundle's README.md: how to run each of its targets, its mesh, the cluster environment."""
+    """The bundle's README.md: how to run each of its targets, its mesh, the cluster environment
+    (`sky_missing`: why a bundle for every target has no SkyPilot task)."""
     return render_template(
         "README.md.j2",
         ctx=ctx,
         targets=targets,
         prediction=prediction,
         kube=kube,
+        sky=sky,
+        sky_missing=sky_missing,
         cluster_env=environment.shown(),
         signal_lead_s=SIGNAL_LEAD_S,
         exit_not_requeued=EXIT_NOT_REQUEUED,
@@ -335,5 +357,6 @@ __all__ = [
     "k8s_trainjob",
     "launch_sh",
     "readme",
+    "skypilot_task",
     "slurm_sbatch",
 ]

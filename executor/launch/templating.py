@@ -54,6 +54,18 @@ class _Dumper(yaml.SafeDumper):
         return True
 
 
+class Script(str):
+    """A multi-line script inside a YAML document (a SkyPilot task's setup and run): dumped as a literal
+    block (`|`), so the file shows it line by line as a person would write it."""
+
+
+def _literal_block(dumper: yaml.SafeDumper, data: Script) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", str(data), style="|")
+
+
+_Dumper.add_representer(Script, _literal_block)
+
+
 def yaml_document(document: dict[str, Any]) -> str:
     """One YAML document (without the `---` that separates it from the next), keys in their order."""
     return yaml.dump(

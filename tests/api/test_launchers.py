@@ -197,3 +197,24 @@ async def test_kubernetes_scheduling_options(client: httpx.AsyncClient) -> None:
     rocm = await client.get(url, params={"target": "k8s", "gpu_resource": "amd.com/gpu",
                                           "image": "rocm/pytorch:latest-release"})
     assert rocm.status_code == 200, rocm.text
+
+
+async def test_skypilot_target(client: httpx.AsyncClient) -> None:
+    plan = (await client.post(PLANS, json=cheap_plan())).json()
+    response = await client.get(f"{PLANS}/{plan['id']}/launcher", params={"target": "skypilot"})
+    assert response.status_code == 200, response.text
+    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+        by_name = {m.name.split("/", 1)[1]: m for m in archive.getmembers()}
+        assert {"skypilot.yaml", "requirements.txt", "launch.sh", "plan.json"} <= set(by_name)
+        assert "k8s.yaml" not in by_name
+        task = yaml.safe_load(archive.extractfile(by_name["skypilot.yaml"]).read())  # type: ignore[union-attr]
+    assert task["num_nodes"] == plan["plan"]["cluster"]["num_nodes"]
+    assert "SKYPILOT_NODE_IPS" in task["run"]
+
+
+def test_every_target_is_offered_everywhere() -> None:
+    from api.dashboard.pages import LAUNCHER_TARGETS
+    from api.routers.launchers import LaunchTarget
+    from executor.launch.bundle import TARGETS
+
+    assert [t.value for t in LaunchTarget] == list(TARGETS) == [t for t, _ in LAUNCHER_TARGETS]

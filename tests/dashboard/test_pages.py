@@ -469,7 +469,7 @@ def test_launcher_buttons_link_to_real_archives(client: TestClient) -> None:
     plan_id = create_plan(client)
     html = client.get(f"/plans/{plan_id}").text
     assert f"fsdp-planner launcher --plan-id {plan_id}" in html
-    for target in ("torchrun", "slurm", "k8s", "all"):
+    for target in ("torchrun", "slurm", "k8s", "skypilot", "all"):
         link = f"/api/v1/plans/{plan_id}/launcher?target={target}"
         assert f'href="{link}" download' in html
         archive = client.get(link)

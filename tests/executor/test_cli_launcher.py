@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from api.cli.main import app
@@ -183,3 +184,22 @@ def test_kubernetes_scheduling_options(tmp_path: Path) -> None:
                                       *args])
         assert refused.exit_code == 2, refused.output
         assert message in " ".join(refused.output.split()), refused.output
+
+
+def test_skypilot_target(tmp_path: Path) -> None:
+    doc = debug_plan(nodes=2, gpus_per_node=8, sharding="hybrid_shard")
+    doc["cluster"]["gpu"] = "H100-SXM-80GB"
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    args = ["launcher", "--plan", str(plan_path), "--target", "skypilot", "-o", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    bundle = out / bundle_name(Plan.model_validate(doc))
+    task = yaml.safe_load((bundle / "skypilot.yaml").read_text())
+    assert task["num_nodes"] == 2 and task["resources"]["accelerators"] == "H100:8"
+    assert (bundle / "requirements.txt").read_text() == "torch==2.13.0\n"
+    doc["cluster"]["gpu"] = "H100-SXM-96GB"
+    plan_path.write_text(json.dumps(doc))
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2 and "--target: target skypilot" in " ".join(refused.output.split())

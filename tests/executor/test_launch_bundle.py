@@ -52,7 +52,9 @@ def test_targets_select_files_and_archives_are_reproducible() -> None:
         "torchrun": {"launch.sh"},
         "slurm": {"launch.sh", "slurm.sbatch"},
         "k8s": {"launch.sh", "k8s.yaml", "k8s-pytorchjob.yaml"},
-        "all": {"launch.sh", "slurm.sbatch", "k8s.yaml", "k8s-pytorchjob.yaml"},
+        "skypilot": {"launch.sh", "skypilot.yaml", "requirements.txt"},
+        "all": {"launch.sh", "slurm.sbatch", "k8s.yaml", "k8s-pytorchjob.yaml", "skypilot.yaml",
+                "requirements.txt"},
     }
     for target, scripts in expected.items():
         archive = build_bundle(plan, target=target)
