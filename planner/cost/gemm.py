@@ -226,8 +226,10 @@ def _grouped_seconds(
     """One forward's grouped GEMMs of a mixture of experts' routed experts: per linear layer one kernel
     (one launch) running every expert's GEMM, each at `expert_rows` rows, priced by the curve at that
     shape, so that few rows per expert (many experts, a small micro-batch) run at the smaller tiles'
-    and the padding's lower efficiency. Every expert is priced at the most-loaded one's rows: the
-    kernel's last tiles are those of its largest groups."""
+    and the padding's lower efficiency. Every expert is priced at the most-loaded one's rows: under
+    expert parallelism (a later step) the rank holding the busiest experts sets the pace; on one rank,
+    whose grouped kernel spreads every group's tiles over the SMs, it is the upper side (the load
+    factor's padding and uneven groups priced as a whole extra share of rows)."""
     shapes, share, count, top_k = experts
     if not tokens:
         return 0.0

@@ -89,13 +89,13 @@ or block the cast kernel holds anyway)."""
 
 EXPERT_LOAD_IMBALANCE = 1.2
 """Default `CostParameters.expert_load_imbalance`: the routed rows of a micro-batch's most-loaded expert
-over the mean. Balanced routers (an auxiliary balance loss, or DeepSeek-V3's bias adjusted between
-steps) keep the imbalance over whole batches small, but a micro-batch's is larger: the
-auxiliary-loss-free balancing paper (Wang et al. 2024, arXiv:2408.15664, the method DeepSeek-V3 trains
-with) reports the maximal violation per batch (`MaxVio_batch`, max load / mean load - 1) in the tenths
-during training, and torchtitan pads each expert's group for its grouped GEMMs besides. A round
-figure from those reports, not fitted to any run: the fidelity step with published MoE runs (issue 40,
-item 5) is where it is checked."""
+over the mean. Balanced routers (an auxiliary balance loss, or DeepSeek-V3's per-expert bias adjusted
+between steps) keep it near 1 over whole runs, not in every micro-batch: the auxiliary-loss-free
+balancing paper (Wang et al. 2024, arXiv:2408.15664, the method DeepSeek-V3 trains with) measures it as
+MaxVio = max expert load / mean load - 1, per batch and over the run, and torchtitan's and Megatron's
+MoE write-ups name the imbalance among the costs of expert parallelism. 1.2 is a round figure for a
+micro-batch's, read off neither one table nor fitted to any run: the fidelity step with published MoE
+runs (issue 40, item 5) is where it is checked."""
 
 
 @dataclass(frozen=True, slots=True)
