@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from planner.bounds import MAX_SEQ_LEN
 from planner.catalog.models import catalog_model, model_from_hf_config
 from planner.cost.model_costs import model_costs
 from planner.errors import PlanningError
@@ -112,3 +113,13 @@ def test_qwen3_moe_with_chosen_dense_layers_is_refused() -> None:
 def test_expert_field_out_of_bounds_is_a_planning_error() -> None:
     with pytest.raises(PlanningError, match="num_experts"):
         model_from_hf_config(MIXTRAL_8X7B | {"num_local_experts": 1})
+
+
+def test_llama4_text_config_on_its_own_and_scouts_context_held_to_the_bound() -> None:
+    scout = LLAMA4_MAVERICK["text_config"] | {
+        "num_local_experts": 16, "interleave_moe_layer_step": 1, "max_position_embeddings": 10485760,
+    }
+    spec = model_from_hf_config({"architectures": ["Llama4ForCausalLM"], **scout}, name="llama4-scout")
+    entry = catalog_model("llama4-scout")
+    assert spec.moe == entry.moe and spec.max_seq_len == entry.max_seq_len == MAX_SEQ_LEN
+    assert model_costs(spec, 4096).num_params == model_costs(entry, 4096).num_params
