@@ -9,7 +9,7 @@ from api.routers.responses import problems
 from api.schemas.catalog import GpuInfo, ModelInfo
 from planner.catalog.gpus import GPU_CATALOG
 from planner.catalog.models import MODEL_CATALOG
-from planner.cost.model_costs import count_parameters
+from planner.cost.model_costs import count_parameters, model_costs
 
 router = APIRouter(tags=["catalog"], dependencies=[ReadAccess], responses=problems(401))
 
@@ -17,7 +17,8 @@ router = APIRouter(tags=["catalog"], dependencies=[ReadAccess], responses=proble
 _MODELS = [
     ModelInfo(
         name=spec.name, architecture=spec.architecture, num_params=count_parameters(spec),
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=spec.num_layers,
+        active_params=model_costs(spec, 1).active_params, vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size, num_layers=spec.num_layers,
         num_heads=spec.num_heads, num_kv_heads=spec.kv_heads, intermediate_size=spec.ffn_size,
         max_seq_len=spec.max_seq_len,
     )

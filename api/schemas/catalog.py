@@ -11,6 +11,9 @@ class ModelInfo(BaseModel):
     name: str
     architecture: str
     num_params: int
+    active_params: int | None = None
+    """Parameters a token runs: a mixture of experts' top-k routed experts, not all of them (its
+    FLOPs and MFU count these); None: every parameter (a dense model)."""
     vocab_size: int
     hidden_size: int
     num_layers: int

@@ -206,6 +206,8 @@ async def test_catalogs(client: httpx.AsyncClient) -> None:
     assert 7.9e9 < models["llama3-8b"]["num_params"] < 8.1e9
     assert models["llama3-8b"]["num_kv_heads"] == 8
     assert 120e6 < models["gpt2"]["num_params"] < 130e6
+    assert models["llama3-8b"]["active_params"] is None
+    assert 36e9 < models["deepseek-v3"]["active_params"] < 38e9 < 670e9 < models["deepseek-v3"]["num_params"]
     gpus = {g["name"]: g for g in (await client.get("/api/v1/gpus")).json()}
     assert "H100" in gpus["H100-SXM-80GB"]["aliases"]
     assert gpus["H100-SXM-80GB"]["memory_gib"] > 70
