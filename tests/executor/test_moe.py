@@ -312,3 +312,16 @@ def test_tensor_parallelism_is_refused_naming_the_field(field: str) -> None:
 def test_grouped_experts_layout() -> None:
     experts = GroupedExperts(H, 6, num_experts=4, bias=False)
     assert experts.w1.shape == (4, H, 6) and experts.w2.shape == (4, 6, H)
+
+
+@pytest.mark.parametrize(
+    "name", ["qwen3-8b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3", "gpt-oss-20b", "llama4-maverick"]
+)
+def test_catalog_moe_models_build_with_the_planners_count(name: str) -> None:
+    from planner.catalog.models import catalog_model
+    from planner.cost.model_costs import count_parameters
+
+    spec = catalog_model(name)
+    runtime = parse_plan(debug_plan(model=spec.model_dump(mode="json"))).model
+    model = build_model(runtime, seq_len=64)  # meta device: no memory even for 671B
+    assert count_params(model) == count_parameters(spec)
