@@ -26,6 +26,7 @@ from executor.launch.bundle import (
 )
 from executor.launch.quoting import UnsafeValueError
 from executor.launch.scheduling import DEFAULT_GPU_RESOURCE
+from executor.launch.skypilot import TASK_FILE as SKYPILOT_TASK_FILE
 
 
 def register(app: typer.Typer) -> None:
@@ -134,3 +135,10 @@ def launcher(
             highlight=False,
             soft_wrap=True,
         )
+        if target in ("skypilot", "all") and (directory / SKYPILOT_TASK_FILE).exists():
+            console.print(
+                f"  SkyPilot:  cd {directory} && sky launch -c train {SKYPILOT_TASK_FILE} "
+                '--env DATA=/path/to/dataset --env TRAIN_ARGS="--steps 1000"',
+                highlight=False,
+                soft_wrap=True,
+            )
