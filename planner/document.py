@@ -113,6 +113,7 @@ def plan_document(
             **request.model.model_dump(),
             num_params=setting.model.num_params,
             num_params_embedding=setting.model.num_params_embedding,
+            active_params=setting.model.active_params,
             flops_per_token=setting.model.flops_per_token,
         ),
         cluster=PlannedCluster(

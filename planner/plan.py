@@ -214,6 +214,10 @@ class PlannedModel(ModelSpec):
     num_params: int
     num_params_embedding: int
     """Input-embedding parameters (lookups, not matmuls; excluded from 6N)."""
+    active_params: int | None = None
+    """Parameters a token runs: a mixture of experts' top-k routed experts, not all of them (N of 6N
+    is these but the input embedding); None: every parameter (a dense model, or a plan stored before
+    schema 2.3)."""
     flops_per_token: float
     """Training FLOPs per token at this plan's sequence length: 6N + 12LHQT."""
 

@@ -235,8 +235,9 @@ def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
     (the out-of-memory families folded into one row unless `verbose`)."""
     pred = p.prediction
     gpu = p.cluster.gpu_spec
+    active = f", {quantity(p.model.active_params)} active" if p.model.active_params is not None else ""
     console.print(
-        f"[bold]{p.model.name}[/] ({quantity(p.model.num_params)} params) on "
+        f"[bold]{p.model.name}[/] ({quantity(p.model.num_params)} params{active}) on "
         f"{p.cluster.num_nodes}x{p.cluster.gpus_per_node} {gpu.name} ({p.cluster.ranks()}), "
         f"seq {p.training.seq_len}, {p.training.global_batch_tokens:,} tokens/step"
         + (f", {precision_label(p.training.precision, p.training.state_dtype)}"

@@ -12,6 +12,7 @@ def test_deepseek_v3_plans_on_256_h100s_with_mfu_over_active_weights() -> None:
     request = make_request("deepseek-v3", "32x8xH100", seq_len=4096, sequences=4096)
     plan = make_plan(request)
     assert 660e9 < plan.model.num_params < 680e9
+    assert plan.model.active_params is not None and 36e9 < plan.model.active_params < 38e9
     # 6 x ~37B active parameters per token (and attention), not 6 x 671B.
     assert plan.model.flops_per_token < 6.0 * 50e9
     assert 0.0 < plan.prediction.mfu < 0.6
