@@ -14,6 +14,7 @@ from contract.model_config import LatentAttention, ModelConfig, MoeConfig
 from contract.plan_document import PlanError, parse_plan
 from executor.runtime.materialize import materialize
 from executor.runtime.models import build_model, count_params
+from executor.runtime.models.grouped_mm import grouped_matmul, grouped_mm_loop
 from executor.runtime.models.latent_attention import LatentSelfAttention
 from executor.runtime.models.layers import RotaryEmbedding
 from executor.runtime.models.moe import (
@@ -22,8 +23,6 @@ from executor.runtime.models.moe import (
     MoEFeedForward,
     Router,
     Routing,
-    _looped_matmul,
-    _masked_matmul,
     load_balancing_loss,
     set_aux_loss_scale,
     update_router_bias,
@@ -104,13 +103,20 @@ def per_expert_reference(x: torch.Tensor, w: torch.Tensor, counts: list[int]) ->
 
 
 @pytest.mark.parametrize("counts", [[3, 0, 2, 5], [0, 0, 10, 0], [1, 1, 1, 7]])
-def test_grouped_matmul_fallbacks_equal_a_per_expert_loop(counts: list[int]) -> None:
+def test_grouped_matmul_fallback_equals_a_per_expert_loop(counts: list[int]) -> None:
     g = torch.Generator().manual_seed(0)
-    x, w = torch.randn(10, 6, generator=g), torch.randn(4, 6, 5, generator=g)
-    expected = per_expert_reference(x, w, counts)
+    x = torch.randn(10, 6, generator=g, requires_grad=True)
+    w = torch.randn(4, 6, 5, generator=g, requires_grad=True)
     tensor = torch.tensor(counts)
-    torch.testing.assert_close(_looped_matmul(x, w, tensor), expected)
-    torch.testing.assert_close(_masked_matmul(x, w, tensor), expected)
+    out = grouped_matmul(x, w, tensor)
+    expected = per_expert_reference(x, w, counts)
+    torch.testing.assert_close(out, expected)
+    upstream = torch.randn(10, 5, generator=g)
+    got = torch.autograd.grad(out, (x, w), upstream)
+    want = torch.autograd.grad(expected, (x, w), upstream)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+    torch.library.opcheck(grouped_mm_loop, (x, w, tensor))
 
 
 def naive_moe(ffn: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:

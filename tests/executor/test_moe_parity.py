@@ -1,5 +1,5 @@
 """A tiny mixture-of-experts llama sharded over 2 gloo ranks matches one process (issue 40): eager
-FSDP2, and SimpleFSDP compiled with inductor (its grouped matmuls in their static-shape form) and with
+FSDP2, and SimpleFSDP compiled with inductor (its grouped matmuls the per-expert custom operator) and with
 aot_eager under whole-block checkpointing; the latent-attention model with a bias-balanced sigmoid
 router also ends the step with the one process's router biases. One launch (the compiled cases
 dominate: each compiles its graphs once)."""

@@ -10,11 +10,9 @@ One forward, in four steps, so that expert parallelism can replace the middle tw
 `LocalDispatcher` keeps every expert on this rank; an expert-parallel dispatcher (all_to_all_single of
 the sorted rows over the ep group, its `tokens_per_expert` exchanged first) fits the same seam.
 
-Shapes are static everywhere but in the grouped matmul's group sizes: on CUDA with bf16
-`torch._grouped_mm` takes them as an offsets tensor (no host sync, one graph under torch.compile);
-elsewhere `grouped_matmul` loops over the experts' row ranges in eager mode and, under torch.compile,
-runs every expert on every row and keeps each row's own (static shapes, no graph break: E times the
-FLOPs, which a CPU test model can afford and a GPU run never takes).
+Shapes are static everywhere but in the grouped matmul's group sizes, which `grouped_mm.grouped_matmul`
+keeps inside one operator (`torch._grouped_mm` on CUDA bf16, a custom per-expert loop elsewhere): the
+model compiles into one graph (`fullgraph=True`) with no graph break and no capacity factor.
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from contract.model_config import MoeConfig
+from executor.runtime.models.grouped_mm import grouped_matmul
 from executor.runtime.models.layers import FeedForward
 
 AUX_LOSS_COEF = 0.01
@@ -35,51 +34,11 @@ BIAS_UPDATE_RATE = 1e-3
 """DeepSeek-V3's bias update speed (gamma): each step every expert's bias moves by this much."""
 
 
-def grouped_mm_available(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether `torch._grouped_mm` can run x [tokens, d_in] @ w [experts, d_in, d_out] here: CUDA (sm90+),
-    bf16, and rows 16-byte aligned (its kernel's requirement)."""
-    return (
-        hasattr(torch, "_grouped_mm")
-        and x.is_cuda
-        and x.dtype == torch.bfloat16
-        and w.dtype == torch.bfloat16
-        and torch.cuda.get_device_capability(x.device) >= (9, 0)
-        and w.shape[-1] % 8 == 0
-        and w.shape[-2] % 8 == 0
-    )
-
-
-def grouped_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """x [tokens, d_in], its rows sorted by expert with `counts[e]` rows for expert e, times each
-    expert's w[e] [d_in, d_out]: [tokens, d_out]."""
-    if grouped_mm_available(x, w):
-        offsets = torch.cumsum(counts, 0, dtype=torch.int32)
-        return torch._grouped_mm(x, w, offs=offsets)
-    if torch.compiler.is_compiling():
-        return _masked_matmul(x, w, counts)
-    return _looped_matmul(x, w, counts)
-
-
-def _looped_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    # One matmul per expert over its own rows (the sizes are read to the host: eager only).
-    pieces = torch.split(x, counts.tolist())
-    return torch.cat([piece @ w[e] for e, piece in enumerate(pieces)])
-
-
 def expert_of_rows(counts: torch.Tensor, rows: int) -> torch.Tensor:
     """The expert of each of `rows` rows sorted by expert, `counts[e]` rows for expert e (int64
     [rows]; static shapes, unlike `repeat_interleave` by counts, which the compiler cannot size)."""
     ends = torch.cumsum(counts, 0)
     return torch.searchsorted(ends, torch.arange(rows, device=counts.device), right=True)
-
-
-def _masked_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    # Every expert on every row, each row keeping its own expert's: static shapes for the compiler.
-    expert_of_row = expert_of_rows(counts, x.shape[0])
-    out = x.new_zeros(x.shape[0], w.shape[-1])
-    for e in range(w.shape[0]):
-        out = torch.where((expert_of_row == e).unsqueeze(-1), x @ w[e], out)
-    return out
 
 
 class Routing(NamedTuple):
