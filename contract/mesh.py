@@ -108,6 +108,10 @@ class Axis:
     """What its degree may not exceed (a pipeline's stages need a block each)."""
     at_most_reason: str = ""
     """Why, said after it (`{degree}` and `{limit}` are replaced)."""
+    torchtitan_degree: str = ""
+    """torchtitan's `ParallelismConfig` field for its degree (`tensor_parallel_degree`), which the
+    torchtitan launch target sets (executor/launch/torchtitan.py); empty: torchtitan has no such axis,
+    and a plan with it above 1 is refused there."""
 
     @property
     def option(self) -> str | None:
@@ -144,6 +148,7 @@ class Axis:
 AXES: tuple[Axis, ...] = (
     Axis(
         name="pp",
+        torchtitan_degree="pipeline_parallel_degree",
         what="pipeline-parallel",
         doc="Pipeline-parallel degree: ranks holding consecutive stages of the model's blocks (the first "
         "with the embeddings, the last with the final norm and the head), each micro-batch's "
@@ -176,6 +181,7 @@ AXES: tuple[Axis, ...] = (
     ),
     Axis(
         name="dp_replicate",
+        torchtitan_degree="data_parallel_replicate_degree",
         data_parallel=True,
         what="data-parallel replica",
         doc="Data-parallel replicas: ranks holding the same parameter shard (hybrid_shard across nodes, "
@@ -185,6 +191,7 @@ AXES: tuple[Axis, ...] = (
     ),
     Axis(
         name="dp_shard",
+        torchtitan_degree="data_parallel_shard_degree",
         data_parallel=True,
         what="data-parallel shard",
         doc="Data-parallel ranks a parameter is sharded over (FSDP's shard group, with the cp ranks).",
@@ -194,6 +201,7 @@ AXES: tuple[Axis, ...] = (
     ),
     Axis(
         name="cp",
+        torchtitan_degree="context_parallel_degree",
         what="context-parallel",
         doc="Context-parallel degree: ranks splitting every sequence (load-balanced chunks for the causal "
         "mask), each attending its queries to the keys and values all-gathered from the others; they "
@@ -223,6 +231,7 @@ AXES: tuple[Axis, ...] = (
     ),
     Axis(
         name="tp",
+        torchtitan_degree="tensor_parallel_degree",
         what="tensor-parallel",
         doc="Tensor-parallel degree: ranks splitting every block's matmuls (Megatron column/row "
         "parallel), with sequence parallelism between them and a vocabulary-parallel loss when > 1.",

@@ -39,9 +39,11 @@ from executor.launch.templating import render_template
 from planner.formatting import between, duration
 from planner.plan import Plan
 
-Target = Literal["torchrun", "slurm", "k8s", "skypilot", "all"]
+Target = Literal["torchrun", "slurm", "k8s", "skypilot", "all", "torchtitan"]
 Format = Literal["tar.gz", "zip"]
-TARGETS: tuple[str, ...] = ("torchrun", "slurm", "k8s", "skypilot", "all")
+TARGETS: tuple[str, ...] = ("torchrun", "slurm", "k8s", "skypilot", "all", "torchtitan")
+"""`torchtitan` is a bundle of its own (executor/launch/torchtitan.py): the plan as a torchtitan job, which
+`all` does not include since it runs another trainer."""
 FORMATS: tuple[str, ...] = ("tar.gz", "zip")
 DEFAULT_TORCH_VERSION = "2.13.0"
 """The torch the runtime is built and tested with (the `executor` extra's pin), so the version a plan
@@ -236,6 +238,11 @@ def bundle_files(
     `tolerations` (`key[=value][:Effect]`), `priority_class` and `gpu_resource` say where the pods are
     scheduled (scheduling.py)."""
     _check_choice(target, TARGETS, "target")
+    if target == "torchtitan":
+        # Imported here: the torchtitan target builds on this module's context and files.
+        from executor.launch import torchtitan
+
+        return torchtitan.bundle_files(plan)
     pods = scheduling.scheduling(
         queue=queue, node_selector=node_selector, tolerations=tolerations,
         priority_class=priority_class, gpu_resource=gpu_resource,

@@ -35,6 +35,33 @@ def sh(value: str | int | float) -> str:
     return shlex.quote(str(value))
 
 
+def python_literal(value: object) -> str:
+    """Python source for plain data (None, bool, int, finite float, str, and lists, tuples and dicts of
+    them): its repr, which reads back as an equal value. A generated Python module takes every value
+    from the plan through this, so no plan string can become code."""
+    _check_literal(value)
+    return repr(value)
+
+
+def _check_literal(value: object) -> None:
+    if value is None or isinstance(value, bool | int | str):
+        return
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise UnsafeValueError(f"{value!r} has no Python literal")
+        return
+    if isinstance(value, list | tuple):
+        for item in value:
+            _check_literal(item)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_literal(key)
+            _check_literal(item)
+        return
+    raise UnsafeValueError(f"{type(value).__name__} is not plain data: it cannot be written as a literal")
+
+
 def comment(value: str, *, limit: int = 80) -> str:
     """Text safe inside a `#` comment of any script or YAML file: one line, printable ASCII only."""
     text = _UNSAFE_COMMENT.sub("_", value)[:limit]
@@ -120,6 +147,12 @@ DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0
 """A DNS-1123 subdomain (object names such as a PriorityClass; at most 253 characters)."""
 QUEUE_PATTERN = r"^[a-z0-9](?:[-a-z0-9.]{0,61}[a-z0-9])?$"
 """A Kueue LocalQueue name as its label value holds it: an object name of at most 63 characters."""
+_NAME = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_KEY = rf"(?:{DNS_SUBDOMAIN_PATTERN[1:-1]}/)?{_NAME}"
+NODE_SELECTOR_PATTERN = rf"^{_KEY}=(?:{_NAME})?$"
+"""`key=value` of a node selector, for the API's schema (without the rule that a key comes once)."""
+TOLERATION_PATTERN = rf"^{_KEY}(?:=(?:{_NAME})?)?(?::(?:NoSchedule|PreferNoSchedule|NoExecute))?$"
+"""`key[=value][:Effect]` of a toleration, for the API's schema."""
 
 
 def label_value(value: str, *, field: str) -> str:
@@ -136,11 +169,11 @@ def label_value(value: str, *, field: str) -> str:
 def qualified_name(value: str, *, field: str) -> str:
     """A label or taint key, `[prefix/]name` (prefix a DNS subdomain, name a label value), refused
     otherwise."""
-    prefix, _, name = value.rpartition("/")
+    prefix, slash, name = value.rpartition("/")
     if (
         not name
         or not re.fullmatch(LABEL_VALUE_PATTERN, name)
-        or (prefix and (len(prefix) > 253 or not re.fullmatch(DNS_SUBDOMAIN_PATTERN, prefix)))
+        or (slash and (len(prefix) > 253 or not re.fullmatch(DNS_SUBDOMAIN_PATTERN, prefix)))
     ):
         raise UnsafeValueError(
             f"{field} key {value!r}: give a Kubernetes label key such as node.kubernetes.io/instance-type "

@@ -14,7 +14,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from executor.launch.quoting import sh
+from executor.launch.quoting import python_literal, sh
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 
@@ -33,6 +33,7 @@ def _environment() -> jinja2.Environment:
         comment_end_string="##}",
     )
     environment.filters["sh"] = sh
+    environment.filters["py"] = python_literal  # generated Python modules: data as literals, never code
     environment.filters["thousands"] = "{:,}".format
     environment.filters["yaml"] = yaml_document
     return environment

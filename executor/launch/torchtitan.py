@@ -1,0 +1,321 @@
+"""The `torchtitan` launch target: a plan as a torchtitan 0.3.x job (a Python config module and the
+torchrun / SLURM scripts that start `torchtitan.train` with it).
+
+torchtitan 0.3.x expresses a job as a Python function returning `Trainer.Config`, found by
+`--module <module> --config <function>` (its `ConfigManager` imports a fully qualified module too).
+`job_values` maps the plan onto that config as plain data; the module is a fixed template fed those
+values as literals (templates/torchtitan/job.py.j2), so no plan string becomes code. What torchtitan
+cannot express is listed (`Mapping.not_expressed`) and the configuration torchtitan will run
+(`Mapping.config`, the `torchtitan` engine) is re-priced, so the bundle's README shows what this
+target reaches, not what this project's trainer would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from contract.mesh import AXES
+from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig
+from executor.launch import render
+from executor.launch.bundle import BundleFile, _prediction, context
+from executor.launch.quoting import slug
+from executor.launch.templating import render_template
+from planner.plan import Plan
+from planner.search import predict
+from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
+
+TORCHTITAN_VERSION = "0.3.0"
+"""The torchtitan release the config module is written for (its `Trainer.Config` API)."""
+JOB_MODULE = "fsdp_planner_job"
+"""The generated module (`fsdp_planner_job.py` in the bundle), torchtitan's `--module`."""
+JOB_FUNCTION = "trainer_config"
+"""Its function returning `Trainer.Config`, torchtitan's `--config`."""
+
+
+class NotOnTorchtitanError(ValueError):
+    """The plan cannot run on torchtitan (its model is not in torchtitan's registries); says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Flavor:
+    """A model of torchtitan's registry: its module, flavor and the dims that identify it."""
+
+    module: str
+    flavor: str
+    dims: dict[str, int]
+
+
+_LLAMA3_SHARED = {"vocab_size": 128256, "num_kv_heads": 8}
+FLAVORS: tuple[Flavor, ...] = (
+    Flavor("llama3", "8B", {**_LLAMA3_SHARED, "hidden_size": 4096, "num_layers": 32, "num_heads": 32,
+                            "intermediate_size": 14336}),
+    Flavor("llama3", "70B", {**_LLAMA3_SHARED, "hidden_size": 8192, "num_layers": 80, "num_heads": 64,
+                             "intermediate_size": 28672}),
+    Flavor("llama3", "405B", {**_LLAMA3_SHARED, "hidden_size": 16384, "num_layers": 126, "num_heads": 128,
+                              "intermediate_size": 53248}),
+)
+"""torchtitan 0.3.0's dense Llama 3 flavors (torchtitan/models/llama3/__init__.py), by their dims."""
+
+HEAD, EMBEDDINGS, FINAL_NORM = "lm_head", "tok_embeddings", "norm"
+"""torchtitan's decoder module names (its pipeline stages list them)."""
+ALL_TOKENS_CHECKPOINTING = CheckpointingConfig(mode="full")
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    """A plan as torchtitan runs it."""
+
+    flavor: Flavor
+    values: dict[str, Any]
+    """The config module's data (templates/torchtitan/job.py.j2)."""
+    config: ParallelConfig
+    """The configuration torchtitan runs, for the `torchtitan` engine (re-priced)."""
+    not_expressed: tuple[str, ...]
+    """What of the plan torchtitan cannot express, and what runs instead (README)."""
+
+
+def flavor_of(plan: Plan) -> Flavor:
+    """torchtitan's model for the plan's, or NotOnTorchtitanError saying why there is none."""
+    model = plan.model
+    if getattr(model, "moe", None) is not None:
+        raise NotOnTorchtitanError(
+            f"target torchtitan: {model.name} is a mixture-of-experts model; this target maps dense "
+            "Llama 3 models only so far (use --target torchrun)"
+        )
+    for flavor in FLAVORS:
+        if all(getattr(model, name, None) == value for name, value in flavor.dims.items()):
+            return flavor
+    known = ", ".join(f"{f.module} {f.flavor}" for f in FLAVORS)
+    raise NotOnTorchtitanError(
+        f"target torchtitan: torchtitan {TORCHTITAN_VERSION}'s registry has no model with {model.name}'s "
+        f"dims (hidden {model.hidden_size}, {model.num_layers} layers, {model.num_heads} heads); it has "
+        f"{known}. Train it with this project's runtime (--target torchrun)"
+    )
+
+
+def mapping(plan: Plan) -> Mapping:
+    """The plan's torchtitan job: the config module's values, the configuration as torchtitan runs it,
+    and what it cannot express."""
+    flavor = flavor_of(plan)
+    config = plan.config
+    missing: list[str] = []
+    checkpointing, ac = _checkpointing(config.checkpointing, missing)
+    float8, converters = _converters(config, missing)
+    if config.blocks_per_unit > 1:
+        missing.append(
+            f"FSDP units of {config.blocks_per_unit} blocks: torchtitan wraps every block as its own unit"
+        )
+    if config.all_gather_bucket_mb or config.reduce_scatter_bucket_mb:
+        missing.append(
+            f"bucket caps (all-gather {config.all_gather_bucket_mb:g} MB, reduce-scatter "
+            f"{config.reduce_scatter_bucket_mb:g} MB): torchtitan issues one collective per FSDP unit"
+        )
+    if config.compile and (config.inductor.bucket_all_gathers or config.inductor.bucket_reduce_scatters
+                           or config.inductor.reorder_for_compute_comm_overlap):
+        missing.append(
+            "inductor's collective bucketing and reordering: torchtitan compiles each block, and FSDP2 "
+            "overlaps its collectives eagerly"
+        )
+    if config.prefetch_depth > 1:
+        missing.append(f"prefetch depth {config.prefetch_depth}: FSDP2 prefetches one unit ahead")
+    reduce_dtype = config.reduce_dtype
+    if reduce_dtype != "float32":
+        missing.append("bf16 gradient reduction: torchtitan reduces in fp32")
+        reduce_dtype = "float32"
+    if plan.training.optimizer != "adamw":
+        missing.append(f"the {plan.training.optimizer} optimizer: the config keeps torchtitan's AdamW")
+    runs = dataclasses.replace(
+        config,
+        blocks_per_unit=1,
+        all_gather_bucket_mb=0.0,
+        reduce_scatter_bucket_mb=0.0,
+        prefetch_depth=1,
+        checkpointing=checkpointing,
+        reduce_dtype=reduce_dtype,
+        inductor=InductorConfig(
+            bucket_all_gathers=False, bucket_reduce_scatters=False, reorder_for_compute_comm_overlap=False
+        ),
+        # torchtitan 0.3's ChunkedLossWrapper is this project's loss: the head and cross-entropy per
+        # slice of the sequence, each slice's backward at once.
+        loss="sliced",
+        float8=float8,
+        engine="torchtitan",
+    )
+    values = {
+        "version": TORCHTITAN_VERSION,
+        "module": flavor.module,
+        "flavor": flavor.flavor,
+        "training": _training(plan),
+        "parallelism": _parallelism(config),
+        "compile": {
+            "enable": config.compile,
+            "components": ["model", "loss"],
+            "enable_async_tensor_parallel": config.async_tp,
+        },
+        "loss_chunks": config.loss_chunks,
+        "activation_checkpoint": ac,
+        "converters": converters,
+    }
+    return Mapping(flavor=flavor, values=values, config=runs, not_expressed=tuple(missing))
+
+
+def _training(plan: Plan) -> dict[str, Any]:
+    """torchtitan's `TrainingConfig`: with a pipeline the local batch is the step's sequences per
+    data-parallel rank, which the schedule splits into micro-batches; without one it is a micro-batch,
+    and the global batch sets the accumulation steps."""
+    config = plan.config
+    local = config.micro_batch_size * (config.grad_accum_steps if config.pipeline is not None else 1)
+    # torchtitan 0.3 captures the step in CUDA graphs, which it refuses under a pipeline.
+    graphs = {"disable_cuda_graphs": True} if config.pipeline is not None else {}
+    return {
+        **graphs,
+        "local_batch_size": local,
+        "global_batch_size": config.micro_batch_size * config.grad_accum_steps * config.mesh.dp,
+        "seq_len": plan.training.seq_len,
+        "dtype": "bfloat16" if plan.training.state_dtype == "bfloat16" else "float32",
+        "mixed_precision_param": config.param_dtype,
+        "mixed_precision_reduce": "float32",
+    }
+
+
+def _parallelism(config: ParallelConfig) -> dict[str, Any]:
+    """torchtitan's `ParallelismConfig`: every mesh axis's degree through the registry, the reshard
+    policy, and the pipeline's schedule, micro-batch and exact stage split."""
+    values: dict[str, Any] = {}
+    for axis in AXES:
+        degree = config.mesh.degree(axis.name)
+        if not axis.torchtitan_degree:
+            if degree > 1:
+                raise NotOnTorchtitanError(
+                    f"target torchtitan: the plan's {axis.name} degree is {degree}; this target cannot "
+                    f"express {axis.what} parallelism yet"
+                )
+            continue
+        values[axis.torchtitan_degree] = degree
+    values["fsdp_reshard_after_forward"] = "always" if config.reshard_after_forward else "never"
+    if config.mesh.tp > 1:
+        values["enable_sequence_parallel"] = True  # the planner prices tp with sequence parallelism
+    pipeline = config.pipeline
+    if pipeline is not None:
+        values["pipeline_parallel_schedule"] = pipeline.schedule
+        values["pipeline_parallel_microbatch_size"] = config.micro_batch_size
+        values["module_fqns_per_model_part"] = stage_modules(pipeline.stage_blocks)
+    return values
+
+
+def stage_modules(stage_blocks: tuple[int, ...]) -> list[list[str]]:
+    """The modules of each pipeline stage as torchtitan names them: the plan's exact split, the
+    embeddings in the first stage, the final norm and head in the last."""
+    stages, first = [], 0
+    for blocks in stage_blocks:
+        stages.append([f"layers.{i}" for i in range(first, first + blocks)])
+        first += blocks
+    stages[0].insert(0, EMBEDDINGS)
+    stages[-1].extend([FINAL_NORM, HEAD])
+    return stages
+
+
+def _checkpointing(policy: CheckpointingConfig, missing: list[str]) -> tuple[CheckpointingConfig, str]:
+    """The checkpointing torchtitan runs and its name in the config module (`none`, `full`, `selective`:
+    torchtitan 0.3's per-op SAC)."""
+    if policy.mode == "none":
+        return policy, "none"
+    if policy.mode == "op_selective":
+        return policy, "selective"
+    if policy.mode == "selective" and policy.every_k > 1:
+        missing.append(
+            f"checkpointing every {policy.every_k}-th block: torchtitan {TORCHTITAN_VERSION} checkpoints "
+            "every block or none, so every block is recomputed (less memory, more compute)"
+        )
+    elif policy.mode == "blocks":
+        missing.append(
+            f"checkpointing the first {policy.blocks} blocks only: torchtitan checkpoints every block, so "
+            "every block is recomputed (less memory, more compute)"
+        )
+    return ALL_TOKENS_CHECKPOINTING, "full"
+
+
+def _converters(config: ParallelConfig, missing: list[str]) -> tuple[str, list[list[Any]]]:
+    """The Float8 recipe torchtitan runs and its model converters, as (name, keyword arguments)."""
+    recipe = config.float8
+    if recipe == "none":
+        return recipe, []
+    if recipe == "mxfp8":
+        # The blocks' linear layers only: the head stays in the compute precision, as the plan prices.
+        return recipe, [["mxfp8", {"fqns": ["layers"], "model_compile_enabled": config.compile}]]
+    if recipe == "tensorwise":
+        missing.append(
+            f"Float8 tensorwise scaling: torchtitan {TORCHTITAN_VERSION} has rowwise recipes only, so "
+            "the layers run rowwise Float8 (slower GEMMs, weights all-gathered in bf16)"
+        )
+        recipe = "rowwise"
+    kwargs = {
+        "recipe_name": recipe,
+        # The head stays in the compute precision, as the plan prices (torchtitan skips layers whose
+        # dims 16 does not divide by itself; its `auto_filter_small_kn` filters nn.Linear modules,
+        # which 0.3's model configs are not, so it would convert nothing).
+        "filter_fqns": [HEAD],
+        "model_compile_enabled": config.compile,
+    }
+    return recipe, [["float8", kwargs]]
+
+
+def request_of(plan: Plan) -> PlanRequest:
+    """The request the plan answered (its model, cluster and training, without the derived counts)."""
+    def spec(model_cls: type, value: Any) -> Any:
+        return model_cls.model_validate(value.model_dump(include=set(model_cls.model_fields)))
+
+    return PlanRequest(
+        model=spec(ModelSpec, plan.model),
+        cluster=spec(ClusterSpec, plan.cluster),
+        training=spec(TrainingSpec, plan.training),
+    )
+
+
+def repriced(plan: Plan, runs: ParallelConfig) -> Plan:
+    """The plan's request priced for the configuration torchtitan runs (the `torchtitan` engine)."""
+    return predict(request_of(plan), runs)
+
+
+TRAIN = render.Entry(
+    script="launch.sh",
+    module="torchtitan.train",
+    args=f"--module {JOB_MODULE} --config {JOB_FUNCTION}",
+    usage="./launch.sh [torchtitan options]   e.g. ./launch.sh --hf_assets_path ./assets/hf/Llama-3.1-8B "
+          "--training.steps 1000",
+    resumable=False,
+)
+
+
+def bundle_files(plan: Plan) -> list[BundleFile]:
+    """The torchtitan bundle: plan.json, the config module, launch.sh (torchrun), slurm.sbatch and a
+    README with the mapping, what torchtitan cannot express and the re-priced prediction."""
+    job = mapping(plan)
+    ctx = context(plan)
+    priced = repriced(plan, job.config)
+    readme = render_template(
+        "torchtitan/README.md.j2",
+        ctx=ctx,
+        job=job,
+        values=job.values,
+        job_module=JOB_MODULE,
+        job_function=JOB_FUNCTION,
+        planned=plan.config.label(),
+        runs=job.config.label(),
+        planned_prediction=_prediction(plan),
+        prediction=_prediction(priced),
+        model=slug(plan.model.name, limit=60),
+    )
+    module = render_template(
+        "torchtitan/job.py.j2", ctx=ctx, values=job.values, job_module=JOB_MODULE, job_function=JOB_FUNCTION,
+        model=slug(plan.model.name, limit=60),
+    )
+    return [
+        BundleFile("plan.json", (plan.model_dump_json(indent=1) + "\n").encode()),
+        BundleFile(f"{JOB_MODULE}.py", module.encode()),
+        BundleFile("launch.sh", render.launch_sh(ctx, TRAIN).encode(), executable=True),
+        BundleFile("slurm.sbatch", render.slurm_sbatch(ctx, TRAIN).encode(), executable=True),
+        BundleFile("README.md", readme.encode()),
+    ]

@@ -1,0 +1,182 @@
+"""The `torchtitan` launch target against the real torchtitan 0.3.0 package: a llama3-8b plan and a 70B
+TP+PP plan (and a Float8 one) download as bundles whose config module torchtitan builds, with every
+mapped field equal to the plan; models torchtitan lacks are refused with why."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from contract.mesh import AXES
+from executor.launch.bundle import bundle_files, bundle_name, write_bundle
+from executor.launch.quoting import UnsafeValueError, python_literal
+from executor.launch.torchtitan import JOB_FUNCTION, JOB_MODULE, NotOnTorchtitanError, mapping
+from planner.catalog.models import resolve_model
+from planner.plan import Plan
+from planner.search import make_plan
+from planner.specs import ClusterSpec, PlanRequest, SearchSpace, TrainingSpec
+from tests.executor.launch_lint import lint_script
+
+# The test command installs torchtitan==0.3.0 (scripts/test.sh): these run against the real package.
+from torchtitan import trainer  # isort: skip
+from torchtitan.components.loss import ChunkedLossWrapper  # isort: skip
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # isort: skip
+
+
+
+def plan_for(model: str, cluster: str, *, sequences: int, seq_len: int = 8192, **search: object) -> Plan:
+    return make_plan(PlanRequest(
+        model=resolve_model(model), cluster=ClusterSpec.parse(cluster),
+        training=TrainingSpec(seq_len=seq_len, global_batch_tokens=seq_len * sequences),
+        search=SearchSpace(**search),  # type: ignore[arg-type]
+    ))
+
+
+@pytest.fixture(scope="module")
+def plan_8b() -> Plan:
+    return plan_for("llama3-8b", "1x8xh100", sequences=64)
+
+
+@pytest.fixture(scope="module")
+def plan_70b() -> Plan:
+    plan = plan_for(
+        "llama3-70b", "8x8xh100", sequences=256, tensor_parallel_degrees=[8], pipeline_parallel_degrees=[4]
+    )
+    assert plan.config.mesh.tp == 8 and plan.config.mesh.pp == 4 and plan.config.pipeline is not None
+    return plan
+
+
+@pytest.fixture
+def job_module(tmp_path: Path) -> Iterator[object]:
+    """Writes a plan's torchtitan bundle and imports its config module (as torchtitan's --module does)."""
+    loaded: list[Path] = []
+
+    def load(plan: Plan) -> ModuleType:
+        write_bundle(plan, tmp_path / str(len(loaded)), target="torchtitan")
+        directory = tmp_path / str(len(loaded)) / bundle_name(plan)
+        loaded.append(directory)
+        sys.path.insert(0, str(directory))
+        sys.modules.pop(JOB_MODULE, None)
+        return importlib.import_module(JOB_MODULE)
+
+    yield load
+    for directory in loaded:
+        sys.path.remove(str(directory))
+    sys.modules.pop(JOB_MODULE, None)
+
+
+def check_mapped(config: object, plan: Plan) -> None:
+    """Every field the target maps equals the plan's."""
+    assert isinstance(config, trainer.Trainer.Config)
+    planned = plan.config
+    for axis in AXES:
+        if axis.torchtitan_degree:
+            assert getattr(config.parallelism, axis.torchtitan_degree) == planned.mesh.degree(axis.name), axis
+    reshard = "always" if planned.reshard_after_forward else "never"
+    assert config.parallelism.fsdp_reshard_after_forward == reshard
+    accumulation = planned.grad_accum_steps
+    if planned.pipeline is not None:
+        assert config.parallelism.pipeline_parallel_schedule == planned.pipeline.schedule
+        assert config.parallelism.pipeline_parallel_microbatch_size == planned.micro_batch_size
+        stages = config.parallelism.module_fqns_per_model_part
+        assert [sum(name.startswith("layers.") for name in stage) for stage in stages] \
+            == list(planned.pipeline.stage_blocks)
+        # The schedule's micro-batches are the plan's accumulation steps.
+        assert config.training.local_batch_size // planned.micro_batch_size == accumulation
+    else:
+        assert config.training.local_batch_size == planned.micro_batch_size
+        dp = planned.mesh.dp
+        assert config.training.global_batch_size // (config.training.local_batch_size * dp) == accumulation
+    assert config.training.global_batch_size == plan.training.global_batch_sequences
+    assert config.training.seq_len == plan.training.seq_len
+    assert config.training.mixed_precision_param == planned.param_dtype
+    assert config.compile.enable is planned.compile
+    assert config.compile.enable_async_tensor_parallel is planned.async_tp
+    assert isinstance(config.loss, ChunkedLossWrapper.Config)
+    assert config.loss.num_chunks == planned.loss_chunks
+    expected_ac = {
+        "none": type(None), "op_selective": SelectiveAC.Config, "full": FullAC.Config,
+    }.get(planned.checkpointing.mode, FullAC.Config)
+    assert type(config.activation_checkpoint) is expected_ac
+
+
+def test_a_llama3_8b_plan_builds_in_torchtitan(plan_8b: Plan, job_module) -> None:
+    config = getattr(job_module(plan_8b), JOB_FUNCTION)()
+    assert config.model_spec.name == "llama3" and config.model_spec.flavor == "8B"
+    check_mapped(config, plan_8b)
+
+
+def test_a_70b_tp_pp_plan_builds_in_torchtitan(plan_70b: Plan, job_module) -> None:
+    config = getattr(job_module(plan_70b), JOB_FUNCTION)()
+    assert config.model_spec.flavor == "70B"
+    check_mapped(config, plan_70b)
+    stages = config.parallelism.module_fqns_per_model_part
+    assert stages[0][0] == "tok_embeddings" and stages[-1][-2:] == ["norm", "lm_head"]
+
+
+@pytest.mark.parametrize("checkpointing", [
+    {"mode": "none"}, {"mode": "full"}, {"mode": "op_selective"}, {"mode": "selective", "every_k": 2},
+])
+def test_each_checkpointing_policy_and_cp(plan_8b: Plan, job_module, checkpointing: dict) -> None:
+    config = dataclasses.replace(
+        plan_8b.config,
+        checkpointing=dataclasses.replace(plan_8b.config.checkpointing, **checkpointing),
+        mesh=dataclasses.replace(plan_8b.config.mesh, cp=2, dp_shard=plan_8b.config.mesh.dp_shard // 2),
+        micro_batch_size=plan_8b.config.micro_batch_size * 2,
+    )
+    plan = plan_8b.model_copy(update={"config": config})
+    built = getattr(job_module(plan), JOB_FUNCTION)()
+    check_mapped(built, plan)
+    missing = mapping(plan).not_expressed
+    assert any("every 2-th block" in line for line in missing) is (checkpointing.get("every_k") == 2)
+
+
+def test_float8_plans_convert_the_blocks_linears(plan_8b: Plan, job_module, monkeypatch) -> None:
+    # torchtitan checks for an SM89+ GPU when it builds the converter; this machine has none.
+    from torchtitan.components.quantization import float8
+
+    monkeypatch.setattr(float8, "has_cuda_capability", lambda major, minor: True)
+    plan = plan_8b.model_copy(update={"config": dataclasses.replace(plan_8b.config, float8="rowwise")})
+    config = getattr(job_module(plan), JOB_FUNCTION)()
+    check_mapped(config, plan)
+    model = config.model_spec.model
+    assert isinstance(model.layers[0].feed_forward.w1, float8.Float8Linear.Config)
+    assert not isinstance(model.lm_head, float8.Float8Linear.Config)  # the head stays in bf16
+
+
+def test_the_bundle_readme_shows_the_repriced_plan_and_what_is_not_expressed(plan_70b: Plan) -> None:
+    files = {f.path: f.data for f in bundle_files(plan_70b, target="torchtitan")}
+    assert set(files) == {"plan.json", f"{JOB_MODULE}.py", "launch.sh", "slurm.sbatch", "README.md"}
+    readme = files["README.md"].decode()
+    assert "re-priced for the `torchtitan` engine" in readme and "[torchtitan]" in readme
+    assert "FSDP units of" in readme  # the 70B plan wraps several blocks per unit
+    launch = files["launch.sh"].decode()
+    assert f"ARGS=(--module {JOB_MODULE} --config {JOB_FUNCTION})" in launch
+    assert '-m torchtitan.train "${ARGS[@]}" "$@"' in launch
+
+
+def test_the_scripts_pass_shellcheck(plan_70b: Plan, tmp_path: Path) -> None:
+    write_bundle(plan_70b, tmp_path, target="torchtitan")
+    for script in ("launch.sh", "slurm.sbatch"):
+        lint_script(tmp_path / bundle_name(plan_70b) / script)
+
+
+@pytest.mark.parametrize("model", ["qwen3-8b", "gpt2"])
+def test_models_torchtitan_lacks_are_refused_with_why(model: str) -> None:
+    plan = plan_for(model, "1x8xh100", sequences=64, seq_len=1024)
+    with pytest.raises(NotOnTorchtitanError, match="registry has no model with"):
+        bundle_files(plan, target="torchtitan")
+
+
+def test_python_literal_writes_data_only() -> None:
+    data = {"a": [1, 2.5, None, True, "x'\"\n"]}
+    assert python_literal(data) == repr(data)
+    for value in (float("nan"), object(), {1, 2}):
+        with pytest.raises(UnsafeValueError):
+            python_literal(value)
