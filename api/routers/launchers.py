@@ -25,8 +25,12 @@ from executor.launch.bundle import (
 )
 from executor.launch.quoting import (
     CUDA_VERSION_PATTERN,
+    DNS_SUBDOMAIN_PATTERN,
     IMAGE_PATTERN,
+    NODE_SELECTOR_PATTERN,
+    QUEUE_PATTERN,
     RESOURCE_PATTERN,
+    TOLERATION_PATTERN,
     TORCH_VERSION_PATTERN,
     UnsafeValueError,
 )
@@ -106,17 +110,17 @@ def download_launcher(
     queue: Annotated[
         str | None,
         Query(
-            min_length=1, max_length=63,
+            min_length=1, max_length=63, pattern=QUEUE_PATTERN,
             description="Kueue LocalQueue of the Kubernetes job (its kueue.x-k8s.io/queue-name label; "
             "the job is created suspended until Kueue admits it)",
         ),
     ] = None,
     node_selector: Annotated[
-        list[Annotated[str, StringConstraints(max_length=317)]] | None,
+        list[Annotated[str, StringConstraints(max_length=253, pattern=NODE_SELECTOR_PATTERN)]] | None,
         Query(max_length=16, description="KEY=VALUE a pod's node must carry (repeat it for several)"),
     ] = None,
     toleration: Annotated[
-        list[Annotated[str, StringConstraints(max_length=340)]] | None,
+        list[Annotated[str, StringConstraints(max_length=253, pattern=TOLERATION_PATTERN)]] | None,
         Query(
             max_length=16,
             description="Taint the pods tolerate, KEY[=VALUE][:EFFECT] (e.g. nvidia.com/gpu:NoSchedule; "
@@ -124,7 +128,11 @@ def download_launcher(
         ),
     ] = None,
     priority_class: Annotated[
-        str | None, Query(min_length=1, max_length=253, description="PriorityClass of the pods")
+        str | None,
+        Query(
+            min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
+            description="PriorityClass of the pods",
+        ),
     ] = None,
     gpu_resource: Annotated[
         GpuResource, Query(description="The GPUs' resource name (amd.com/gpu needs an image with ROCm torch)")

@@ -64,11 +64,13 @@ ALL_CHECKS = [
 # can state: which model fits on which cluster, which names the catalogs know, that a timing and a size
 # together imply a physical rate, that heads divide the hidden size, which opaque cursors this server
 # issued, that 2 to 8 distinct ids are named across repeated `ids=` values, that a study's batch is whole
-# sequences and its GPU types distinct.
+# sequences and its GPU types distinct, that a launcher's node selector names each key once and that AMD
+# GPUs come with an image (the official one is a CUDA build).
 # `refused_only_for_unstatable_rules` below holds them to it.
 MAY_REFUSE_VALID_DATA = (
     "POST /api/v1/plans", "POST /api/v1/plans/{plan_id}/replan", "POST /api/v1/calibrations",
     "GET /api/v1/plans", "GET /api/v1/plans/compare", "POST /api/v1/studies",
+    "GET /api/v1/plans/{plan_id}/launcher",
 )
 CONDITIONALLY_REQUIRED = {"/api/v1/calibrations": {"gpu"}}
 """Fields the schema marks optional that a rule across fields requires: a profile may leave out `gpu`

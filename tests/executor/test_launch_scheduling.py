@@ -4,14 +4,23 @@ against the Kubernetes schemas and refused with the option's name when bad."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from executor.launch.bundle import bundle_files, bundle_name, write_bundle
-from executor.launch.quoting import UnsafeValueError
-from executor.launch.scheduling import QUEUE_LABEL, toleration
+from executor.launch.quoting import (
+    DNS_SUBDOMAIN_PATTERN,
+    NODE_SELECTOR_PATTERN,
+    QUEUE_PATTERN,
+    TOLERATION_PATTERN,
+    UnsafeValueError,
+)
+from executor.launch.scheduling import QUEUE_LABEL, scheduling, toleration
 from planner.plan import Plan
 from tests.executor.launch_lint import documents, validate_manifest
 from tests.executor.plan_factory import debug_plan
@@ -138,3 +147,23 @@ def test_toleration_syntax_is_kubectl_taints() -> None:
     assert toleration("example.com/gpu:NoExecute") == {
         "key": "example.com/gpu", "operator": "Exists", "effect": "NoExecute"
     }
+
+
+@example("tolerations", "/d")  # an empty prefix: refused by both
+@example("node_selector", "b.c/d=v")
+@example("tolerations", "a=:NoSchedule")
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.sampled_from(["queue", "node_selector", "tolerations", "priority_class"]),
+       st.text(alphabet=st.sampled_from("aZ09-_./=:é NoScheduleExecutePrefer"), max_size=40))
+def test_the_api_schema_patterns_agree_with_the_validators(option: str, text: str) -> None:
+    # The API declares these patterns; the validators decide. Where they disagree, a schema-valid
+    # request is refused (or a refused one documented as valid): they must accept the same strings.
+    pattern = {"queue": QUEUE_PATTERN, "node_selector": NODE_SELECTOR_PATTERN,
+               "tolerations": TOLERATION_PATTERN, "priority_class": DNS_SUBDOMAIN_PATTERN}[option]
+    value: Any = [text] if option in ("node_selector", "tolerations") else text
+    try:
+        scheduling(**{option: value})
+        accepted = True
+    except UnsafeValueError:
+        accepted = False
+    assert accepted == (re.fullmatch(pattern, text) is not None), (option, text)
