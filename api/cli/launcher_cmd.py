@@ -27,6 +27,7 @@ from executor.launch.bundle import (
 from executor.launch.quoting import UnsafeValueError
 from executor.launch.scheduling import DEFAULT_GPU_RESOURCE
 from executor.launch.skypilot import TASK_FILE as SKYPILOT_TASK_FILE
+from executor.launch.torchtitan import NotOnTorchtitanError
 
 
 def register(app: typer.Typer) -> None:
@@ -46,7 +47,9 @@ def launcher(
     server: Annotated[
         str, typer.Option(help="fsdp-planner server for --plan-id.", envvar=SERVER_ENV)
     ] = DEFAULT_SERVER,
-    target: Annotated[str, typer.Option(help="torchrun | slurm | k8s | skypilot | all")] = "all",
+    target: Annotated[str, typer.Option(
+        help="torchrun | slurm | k8s | skypilot | all | torchtitan (the plan as a torchtitan 0.3 job)",
+    )] = "all",
     fmt: Annotated[str, typer.Option("--format", help="Archive format: tar.gz | zip")] = "tar.gz",
     image: Annotated[
         str | None,
@@ -120,13 +123,20 @@ def launcher(
     except UnsafeValueError as exc:
         option = f"--{exc.field.replace('_', '-')}: " if exc.field else ""
         raise fail(f"{option}{exc}") from None
-    except BundleTooLargeError as exc:
+    except (BundleTooLargeError, NotOnTorchtitanError) as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"cannot write to {out}: {exc.strerror or exc}") from None
     console = Console()
     console.print(f"wrote {archive}", highlight=False)
-    if not no_extract:
+    if not no_extract and target == "torchtitan":
+        console.print(
+            f"  unpacked in {out / bundle_name(plan)}; run it with:  ./launch.sh --hf_assets_path <tokenizer "
+            "dir> --training.steps 1000  (torchtitan==0.3.0 installed; its README.md shows the mapping)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    elif not no_extract:
         directory = out / bundle_name(plan)
         console.print(
             f"  unpacked in {directory}; run it with:  cd {directory} && DATA=/path/to/dataset ./launch.sh "

@@ -59,7 +59,7 @@ router = APIRouter(
 STUDIES_PER_PAGE = 25
 LAUNCHER_TARGETS = (
     ("torchrun", "torchrun"), ("slurm", "SLURM"), ("k8s", "Kubernetes"), ("skypilot", "SkyPilot"),
-    ("all", "all targets"),
+    ("all", "all targets"), ("torchtitan", "torchtitan job"),
 )
 
 

@@ -1,4 +1,5 @@
-"""/plans/{id}/launcher: the plan's launch bundle (torchrun, SLURM, Kubernetes, SkyPilot) as one archive."""
+"""/plans/{id}/launcher: the plan's launch bundle (torchrun, SLURM, Kubernetes, SkyPilot; or the plan as a
+torchtitan job) as one archive."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from executor.launch.quoting import (
     TORCH_VERSION_PATTERN,
     UnsafeValueError,
 )
+from executor.launch.torchtitan import NotOnTorchtitanError
 from planner.plan import Plan
 
 router = APIRouter(prefix="/plans/{plan_id}/launcher", tags=["launchers"])
@@ -45,6 +47,7 @@ class LaunchTarget(StrEnum):
     k8s = "k8s"
     skypilot = "skypilot"
     all = "all"
+    torchtitan = "torchtitan"
 
 
 class GpuResource(StrEnum):
@@ -167,7 +170,7 @@ def download_launcher(
             title="Invalid request",
             errors=[FieldError(location="query", field=field, message=str(exc), type="value_error")],
         ) from None
-    except BundleTooLargeError as exc:
+    except (BundleTooLargeError, NotOnTorchtitanError) as exc:
         raise ProblemError(
             422,
             f"target: {exc}",

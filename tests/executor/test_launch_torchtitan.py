@@ -180,3 +180,30 @@ def test_python_literal_writes_data_only() -> None:
     for value in (float("nan"), object(), {1, 2}):
         with pytest.raises(UnsafeValueError):
             python_literal(value)
+
+
+def test_the_cli_writes_the_torchtitan_bundle(plan_8b: Plan, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from api.cli.main import app
+
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(plan_8b.model_dump_json())
+    out = tmp_path / "out"
+    args = ["launcher", "--plan", str(plan_path), "--target", "torchtitan", "-o", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert (out / bundle_name(plan_8b) / f"{JOB_MODULE}.py").is_file()
+    assert "--hf_assets_path" in result.output
+
+
+def test_the_cli_refuses_a_model_torchtitan_lacks(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from api.cli.main import app
+
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(plan_for("gpt2", "1x8xh100", sequences=64, seq_len=1024).model_dump_json())
+    result = CliRunner().invoke(app, ["launcher", "--plan", str(plan_path), "--target", "torchtitan", "-o",
+                                      str(tmp_path / "out")])
+    assert result.exit_code != 0 and "registry has no model" in " ".join(result.output.split())
