@@ -202,6 +202,12 @@ def moe_feed_forward(*, h: int, moe: MoeConfig) -> FeedForward:
     router = h * experts + (experts if moe.expert_bias else 0)
     per_expert = 3 * h * fe + ((2 * fe + h) if moe.expert_bias else 0)
     routed_rows = k * h
+    # The router keeps its scores (fp32: 2 elements each at 16 bits), its top-k indices (int64: 4) and
+    # weights (fp32: 2); the dispatch keeps the rows gathered for the experts, the experts' outputs in
+    # expert order and again in token order for the weighted combine, and three int64 indices per
+    # routed row (the sort, its inverse, the top-k's).
+    router_saved = 2 * experts + 6 * k
+    dispatch = 3 * routed_rows + 12 * k
     part = BlockPart(
         num_params=router + experts * per_expert + 3 * h * shared + h,
         matmul_params=h * experts + k * 3 * h * fe + 3 * h * shared,
@@ -212,11 +218,11 @@ def moe_feed_forward(*, h: int, moe: MoeConfig) -> FeedForward:
         # the combine's scatter-add (each reads and writes k rows), SwiGLU on the routed and shared rows.
         elementwise_elems=11 * h + 4 * experts + 4 * routed_rows + 5 * k * fe + 5 * shared,
         kernels=16 + 14 + (6 if shared else 0),
-        # The norm's three; the router's logits and scores, the top-k weights; the dispatched rows
-        # (the grouped GEMMs' input), their w1/w3 outputs, silu and product, their outputs (the
-        # combine's weights need them); the shared experts' four.
-        saved_elems=3 * h + 2 * experts + k + routed_rows + 4 * k * fe + routed_rows + 4 * shared,
-        compiled_saved_elems=h + experts + k + routed_rows + 3 * k * fe + routed_rows + 3 * shared,
+        # The norm's three; the router's; the dispatch buffers; the routed rows' w1/w3 outputs, silu
+        # and product; the shared experts' four (counted on the runtime's MoE block with saved-tensor
+        # hooks, tests/profile/test_moe_saved.py).
+        saved_elems=3 * h + router_saved + dispatch + 4 * k * fe + 4 * shared,
+        compiled_saved_elems=h + router_saved + dispatch + 3 * k * fe + 3 * shared,
         saved_fp32_elems=h,
         op_saved_elems=h + experts + routed_rows + k * fe + shared,
         op_recompute_matmul_params=k * h * fe + h * shared,
@@ -226,8 +232,8 @@ def moe_feed_forward(*, h: int, moe: MoeConfig) -> FeedForward:
         expert_params=experts * per_expert,
         inactive_params=(experts - k) * per_expert,
         expert_matmul_params=k * 3 * h * fe,
-        dispatch_elems=2 * routed_rows,
-        expert_saved_elems=2 * experts + k + 4 * k * fe,
+        dispatch_elems=dispatch,
+        expert_saved_elems=router_saved + 4 * k * fe,
     )
     # The router reads the norm output with the shared experts' w1 and w3.
     dense = ((h, (experts, shared, shared)), (shared, (h,))) if shared else ((h, (experts,)),)
