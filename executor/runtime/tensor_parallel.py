@@ -39,7 +39,7 @@ from executor.runtime.loss import VocabShard, vocab_parallel_linear_cross_entrop
 from executor.runtime.models.common import OutputHead, blocks_in_order
 from executor.runtime.models.llama import Llama
 
-TP_UNSPLIT_MODEL_FIELDS = ("moe", "latent_attention", "qk_norm")
+TP_UNSPLIT_MODEL_FIELDS = ("moe", "latent_attention")
 """Model fields whose blocks this module lays out no tensor-parallel plan for (refused, naming them)."""
 
 
@@ -54,11 +54,10 @@ def apply_tensor_parallel(model: nn.Module, *, mesh: DeviceMesh) -> None:
         if getattr(model.cfg, field):
             raise PlanError(
                 f"plan.model.{field}: tensor parallelism ({mesh.size()}) does not split these blocks yet "
-                "(mixture-of-experts feed-forwards, latent attention and query/key norms); make a plan "
-                "with tp 1"
+                "(mixture-of-experts feed-forwards, latent attention); make a plan with tp 1"
             )
     for block in blocks_in_order(model.layers):
-        parallelize_module(block, mesh, _block_plan())
+        parallelize_module(block, mesh, _block_plan(qk_norm=model.cfg.qk_norm))
     around: dict[str, ParallelStyle] = {
         # Vocabulary-sharded lookup; Shard(1) output: the residual stream is sequence-parallel.
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
@@ -75,13 +74,18 @@ def apply_tensor_parallel(model: nn.Module, *, mesh: DeviceMesh) -> None:
         model.output.weight = model.tok_embeddings.weight
 
 
-def _block_plan() -> dict[str, ParallelStyle]:
-    """One transformer block: sequence-parallel norms around column- then row-parallel matmuls."""
+def _block_plan(*, qk_norm: bool = False) -> dict[str, ParallelStyle]:
+    """One transformer block: sequence-parallel norms around column- then row-parallel matmuls.
+    Query/key norms normalise each of the rank's heads ([batch, seq, heads / T, head_dim]): their
+    weight is replicated like a sequence-parallel norm's, with the heads (dim 2) as the sharded dim,
+    so its gradient is summed over the tp ranks' heads."""
     # Attention's forward is (x, rope): only x is a tensor to lay out.
     gather_attention_input = PrepareModuleInput(
         input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
     )
     gather_ffn_input = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    head_norm = SequenceParallel(sequence_dim=2, use_local_output=True)
+    head_norms = {"attention.q_norm": head_norm, "attention.k_norm": head_norm} if qk_norm else {}
     return {
         "attention_norm": SequenceParallel(),
         "attention": gather_attention_input,
@@ -94,6 +98,7 @@ def _block_plan() -> dict[str, ParallelStyle]:
         "feed_forward.w1": ColwiseParallel(),
         "feed_forward.w3": ColwiseParallel(),
         "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        **head_norms,
     }
 
 

@@ -2,7 +2,7 @@
 with a shared expert and a sigmoid router balanced by its bias) on CPU gloo (issue 40): its loss falls,
 a checkpoint resumes it exactly (the routers' biases are in the checkpoint: without them routing
 changes), and a 2-stage pipeline trains like one rank (the bias update sums the counts over the
-stage's ranks)."""
+stage's ranks). And a dense model with query/key norms trains under tensor parallelism like one rank."""
 
 from __future__ import annotations
 
@@ -50,5 +50,17 @@ def test_moe_pipeline_trains_like_one_rank(tmp_path: Path, write_plan) -> None:
     one = write_plan(debug_plan(gpus_per_node=1, **common), "one.json")
     split = _train(pp, tmp_path, "pp", "--steps", "4")
     single = _train(one, tmp_path, "one", "--steps", "4", nproc=1)
+    assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in single], rel=2e-5)
+    assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
+
+
+def test_qk_norm_model_under_tensor_parallelism_trains_like_one_rank(tmp_path: Path, write_plan) -> None:
+    # tp 2: the query/key norms' weights replicated over the ranks' heads, their gradients summed.
+    model = {**LLAMA_DEBUG, "num_layers": 2, "qk_norm": True}
+    common = {"micro_batch_size": 2, "grad_accum_steps": 1, "model": model, "name": "qk-tiny"}
+    tp = write_plan(debug_plan(gpus_per_node=2, tp=2, **common), "tp.json")
+    one = write_plan(debug_plan(gpus_per_node=1, **common), "one.json")
+    split = _train(tp, tmp_path, "tp", "--steps", "3")
+    single = _train(one, tmp_path, "one", "--steps", "3", nproc=1)
     assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in single], rel=2e-5)
     assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
