@@ -113,7 +113,10 @@ class UnitCost:
     the active count that FLOPs and MFU use."""
     dispatch_elems: float = 0.0
     """Of `saved_elems`, a mixture of experts' dispatch buffers per token: the rows gathered for each
-    token's k experts and the experts' outputs before the combine (2 x top-k x hidden)."""
+    token's k experts, the experts' outputs (in expert order, and in token order for the combine) and
+    the routing indices. Under tensor parallelism they stay whole on every rank, like
+    `gathered_elems`: the experts read the sequence gathered whole, and their outputs are partial
+    sums until the reduce-scatter after the combine."""
     expert_saved_elems: float = 0.0
     """Of `saved_elems`, the routed experts' own activations per token: their SwiGLU intermediates
     (4 x top-k x expert hidden) and the router's scores."""
@@ -238,7 +241,8 @@ def tensor_parallel_share(model: ModelCosts, tp: int) -> ModelCosts:
     data-parallel micro-batch: matmul weights and FLOPs / tp (column/row parallel), attention / tp
     (heads split), activations and elementwise work / tp (sequence parallel between the regions,
     heads or FFN columns inside them) but for the gathered inputs of the column-parallel matmuls,
-    kept whole (`UnitCost.gathered_elems`), the vocabulary / tp (vocabulary-parallel embedding and
+    kept whole (`UnitCost.gathered_elems`; a mixture of experts' dispatch buffers too,
+    `UnitCost.dispatch_elems`), the vocabulary / tp (vocabulary-parallel embedding and
     loss). Norm weights are replicated. The head keeps its whole input: the loss all-gathers the
     sequence.
 
@@ -251,17 +255,16 @@ def tensor_parallel_share(model: ModelCosts, tp: int) -> ModelCosts:
 
     def share(u: UnitCost) -> UnitCost:
         if id(u) not in shares:
+            whole = u.gathered_elems + u.dispatch_elems  # kept whole on every tensor-parallel rank
             shares[id(u)] = replace(
                 u,
                 num_params=(u.num_params - u.replicated_params) // tp + u.replicated_params,
                 matmul_params=u.matmul_params // tp,
                 attention_flops=u.attention_flops / tp,
                 elementwise_elems=u.elementwise_elems / tp,
-                saved_elems=(u.saved_elems - u.gathered_elems) / tp + u.gathered_elems,
+                saved_elems=(u.saved_elems - whole) / tp + whole,
                 compiled_saved_elems=(
-                    None
-                    if u.compiled_saved_elems is None
-                    else (u.compiled_saved_elems - u.gathered_elems) / tp + u.gathered_elems
+                    None if u.compiled_saved_elems is None else (u.compiled_saved_elems - whole) / tp + whole
                 ),
                 saved_fp32_elems=u.saved_fp32_elems / tp,
                 op_saved_elems=u.op_saved_elems / tp,
@@ -273,7 +276,6 @@ def tensor_parallel_share(model: ModelCosts, tp: int) -> ModelCosts:
                 expert_matmul_params=u.expert_matmul_params // tp,
                 expert_params=u.expert_params // tp,
                 inactive_params=u.inactive_params // tp,
-                dispatch_elems=u.dispatch_elems / tp,
                 expert_saved_elems=u.expert_saved_elems / tp,
             )
         return shares[id(u)]

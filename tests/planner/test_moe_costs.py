@@ -74,6 +74,10 @@ def test_tensor_parallel_splits_experts_like_a_dense_mlp() -> None:
     assert routed.expert_matmul_params == whole.expert_matmul_params // 2
     assert routed.expert_params == whole.expert_params // 2
     assert routed.linear_share == 2 and routed.expert_shapes == whole.expert_shapes
+    # The dispatch buffers stay whole on every rank (the experts read the gathered sequence).
+    assert routed.dispatch_elems == whole.dispatch_elems
+    rest = whole.saved_elems - whole.gathered_elems - whole.dispatch_elems
+    assert routed.saved_elems == rest / 2 + whole.gathered_elems + whole.dispatch_elems
 
 
 def test_latent_attention_params_and_flops() -> None:
