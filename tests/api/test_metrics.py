@@ -211,10 +211,12 @@ async def test_a_read_like_the_others(settings: Settings, session: Session) -> N
             assert_problem(response, status)
 
 
-def test_serve_with_several_workers_counts_every_process(database_url: str, tmp_path: Path) -> None:
+def test_serve_with_several_workers_counts_every_process(
+    database_url: str, app: FastAPI, tmp_path: Path
+) -> None:
     """`serve --workers 2`: whichever web process answers the scrape, it counts the requests of both
     (prometheus_client's multiprocess mode, in the operator's PROMETHEUS_MULTIPROC_DIR here, whose files
-    of an earlier run are removed first)."""
+    of an earlier run are removed first). `app` empties the database first (no API key is left)."""
     metrics_dir = tmp_path / "metrics"
     env = {**os.environ, "DATABASE_URL": database_url, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
     metrics_dir.mkdir()
