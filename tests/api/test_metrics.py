@@ -197,18 +197,22 @@ def test_metrics_off_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
 
 async def test_a_read_like_the_others(settings: Settings, session: Session) -> None:
     """Open while reads are open (keys or not); with `require_key_for_reads`, a key like every GET."""
-    key = create_key(session, "prometheus").key
-    for require_key, headers, status in ((False, {}, 200), (True, {}, 401),
-                                         (True, {"Authorization": f"Bearer {key}"}, 200)):
-        app = create_app(settings.model_copy(update={"require_key_for_reads": require_key}))
-        try:
-            async with in_process(app) as client:
-                response = await client.get(METRICS, headers=headers)
-        finally:
-            app.state.engine.dispose()
-        assert response.status_code == status, (require_key, response.text)
-        if status != 200:
-            assert_problem(response, status)
+    issued = create_key(session, "prometheus")
+    try:
+        for require_key, headers, status in ((False, {}, 200), (True, {}, 401),
+                                             (True, {"Authorization": f"Bearer {issued.key}"}, 200)):
+            app = create_app(settings.model_copy(update={"require_key_for_reads": require_key}))
+            try:
+                async with in_process(app) as client:
+                    response = await client.get(METRICS, headers=headers)
+            finally:
+                app.state.engine.dispose()
+            assert response.status_code == status, (require_key, response.text)
+            if status != 200:
+                assert_problem(response, status)
+    finally:  # a key left behind would lock out the live servers of later tests
+        session.delete(issued.row)
+        session.commit()
 
 
 def test_serve_with_several_workers_counts_every_process(
