@@ -7,6 +7,7 @@ chose (model name) are never trusted, even though the planner validated their le
 
 from __future__ import annotations
 
+import pprint
 import re
 import shlex
 
@@ -37,10 +38,11 @@ def sh(value: str | int | float) -> str:
 
 def python_literal(value: object) -> str:
     """Python source for plain data (None, bool, int, finite float, str, and lists, tuples and dicts of
-    them): its repr, which reads back as an equal value. A generated Python module takes every value
-    from the plan through this, so no plan string can become code."""
+    them): its repr (wrapped at 100 columns, in its own order), which reads back as an equal value. A
+    generated Python module takes every value from the plan through this, so no plan string can become
+    code."""
     _check_literal(value)
-    return repr(value)
+    return pprint.pformat(value, width=100, sort_dicts=False)
 
 
 def _check_literal(value: object) -> None:
