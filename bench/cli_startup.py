@@ -1,0 +1,74 @@
+"""Benchmark: the CPU time `fsdp-planner` commands cost from start to exit (not a test; run on demand).
+
+    python bench/cli_startup.py [--runs 5]
+
+Each case runs the installed console script (the entry point in pyproject.toml) in a fresh process, RUNS
+times after one warm-up; a run's CPU time is its user + system seconds from the operating system's
+accounting of the finished child, so a loaded machine moves it far less than wall time. Issue 42's goals
+(medians): `--help` < 0.3 s, a llama3-8b plan < 0.6 s, a 405B plan on 1,024 GPUs < 1.3 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SCRIPT = shutil.which("fsdp-planner") or str(Path(sys.executable).with_name("fsdp-planner"))
+
+CASES: dict[str, tuple[list[str], float]] = {
+    "fsdp-planner --help": (["--help"], 0.3),
+    "plan --help": (["plan", "--help"], 0.3),
+    "plan llama3-8b on 1x8xH100": (
+        ["plan", "--model", "llama3-8b", "--cluster", "1x8xH100", "--seq-len", "8192",
+         "--global-batch-tokens", "131072"],
+        0.6,
+    ),
+    "plan llama3.1-405b on 128x8xH100": (
+        ["plan", "--model", "llama3.1-405b", "--cluster", "128x8xH100", "--seq-len", "8192",
+         "--global-batch-tokens", "16777216"],
+        1.3,
+    ),
+}
+"""Each case: the arguments after `fsdp-planner`, and its goal in seconds of CPU (median)."""
+
+
+def cpu_seconds(*, args: list[str]) -> tuple[float, float]:
+    """One run's (CPU, wall) seconds: the child's user + system time, read from the children's usage."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    done = subprocess.run([SCRIPT, *args], capture_output=True, check=False)
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"{args} exited {done.returncode}: {done.stderr.decode()[-2000:]}")
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    runs = parser.parse_args().runs
+    print(f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.1f}; {runs} runs each after one warm-up")
+    print("| command | median CPU s | min CPU s | max CPU s | median wall s | goal |")
+    print("|---|---:|---:|---:|---:|---|")
+    for name, (args, goal) in CASES.items():
+        cpu_seconds(args=args)
+        timings = [cpu_seconds(args=args) for _ in range(runs)]
+        cpus = [cpu for cpu, _ in timings]
+        median = statistics.median(cpus)
+        verdict = "met" if median < goal else "missed"
+        print(f"| {name} | {median:.2f} | {min(cpus):.2f} | {max(cpus):.2f} | "
+              f"{statistics.median(wall for _, wall in timings):.2f} | < {goal} s: {verdict} |")
+
+
+if __name__ == "__main__":
+    main()
