@@ -204,15 +204,28 @@ UNBUILT_MODEL_FIELDS: tuple[str, ...] = ()
 """Model fields the contract declares that this runtime's models do not build yet."""
 
 
+def unsupported_mesh(mesh: Mesh) -> str | None:
+    """Why this runtime cannot run `mesh`, though the planner prices it (the plan check and the
+    launcher's bundles refuse it alike, so nothing half-works); None: it can."""
+    if mesh.ep > 1:
+        return (
+            f"config.mesh.ep: ep={mesh.ep}: this runtime has no expert-parallel dispatch yet (issue 40); "
+            "plan with --ep 1 (experts FSDP-sharded over the whole shard group), or launch the plan with "
+            "the torchtitan target"
+        )
+    return None
+
+
 def check_plan(plan: RuntimePlan) -> None:
     """Consistency checks that types alone do not catch."""
     cfg, world, mesh = plan.config, plan.world_size, plan.config.mesh
+    if unsupported := unsupported_mesh(mesh):
+        raise PlanError(f"plan.{unsupported}")
     for unbuilt in UNBUILT_MODEL_FIELDS:
         if getattr(plan.model, unbuilt):
             raise PlanError(
-                f"plan.model.{unbuilt}: this runtime cannot build it yet (mixture-of-experts blocks, latent "
-                "attention and query/key norms are planned by issue 40); train the model with a runtime "
-                "that can, or plan it without that field"
+                f"plan.model.{unbuilt}: this runtime cannot build it yet; train the model with a runtime "
+                "that can (a newer launcher bundle), or plan it without that field"
             )
     if mesh.world_size != world:
         raise PlanError(f"plan.config.mesh: {mesh.describe().split(' = ')[0]} = {mesh.world_size} ranks, "
