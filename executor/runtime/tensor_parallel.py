@@ -24,7 +24,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor import (
+    DTensor,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    distribute_module,
+    distribute_tensor,
+)
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -38,8 +46,9 @@ from contract.plan_document import PlanError
 from executor.runtime.loss import VocabShard, vocab_parallel_linear_cross_entropy
 from executor.runtime.models.common import OutputHead, blocks_in_order
 from executor.runtime.models.llama import Llama
+from executor.runtime.models.moe import MoEFeedForward
 
-TP_UNSPLIT_MODEL_FIELDS = ("moe", "latent_attention")
+TP_UNSPLIT_MODEL_FIELDS = ("latent_attention",)
 """Model fields whose blocks this module lays out no tensor-parallel plan for (refused, naming them)."""
 
 
@@ -54,10 +63,11 @@ def apply_tensor_parallel(model: nn.Module, *, mesh: DeviceMesh) -> None:
         if getattr(model.cfg, field):
             raise PlanError(
                 f"plan.model.{field}: tensor parallelism ({mesh.size()}) does not split these blocks yet "
-                "(mixture-of-experts feed-forwards, latent attention); make a plan with tp 1"
+                "(latent attention); make a plan with tp 1"
             )
     for block in blocks_in_order(model.layers):
-        parallelize_module(block, mesh, _block_plan(qk_norm=model.cfg.qk_norm))
+        moe = isinstance(block.feed_forward, MoEFeedForward)
+        parallelize_module(block, mesh, _block_plan(qk_norm=model.cfg.qk_norm, moe=moe))
     around: dict[str, ParallelStyle] = {
         # Vocabulary-sharded lookup; Shard(1) output: the residual stream is sequence-parallel.
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
@@ -74,11 +84,12 @@ def apply_tensor_parallel(model: nn.Module, *, mesh: DeviceMesh) -> None:
         model.output.weight = model.tok_embeddings.weight
 
 
-def _block_plan(*, qk_norm: bool = False) -> dict[str, ParallelStyle]:
+def _block_plan(*, qk_norm: bool = False, moe: bool = False) -> dict[str, ParallelStyle]:
     """One transformer block: sequence-parallel norms around column- then row-parallel matmuls.
     Query/key norms normalise each of the rank's heads ([batch, seq, heads / T, head_dim]): their
     weight is replicated like a sequence-parallel norm's, with the heads (dim 2) as the sharded dim,
-    so its gradient is summed over the tp ranks' heads."""
+    so its gradient is summed over the tp ranks' heads. A mixture-of-experts feed-forward is laid out
+    by `ExpertTensorParallel`."""
     # Attention's forward is (x, rope): only x is a tensor to lay out.
     gather_attention_input = PrepareModuleInput(
         input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
@@ -94,12 +105,59 @@ def _block_plan(*, qk_norm: bool = False) -> dict[str, ParallelStyle]:
         "attention.wv": ColwiseParallel(),
         "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
-        "feed_forward": gather_ffn_input,
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w3": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
         **head_norms,
+        **(
+            {"feed_forward": ExpertTensorParallel()}
+            if moe
+            else {
+                "feed_forward": gather_ffn_input,
+                "feed_forward.w1": ColwiseParallel(),
+                "feed_forward.w3": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            }
+        ),
     }
+
+
+_EXPERT_SPLITS: dict[str, Placement] = {
+    "experts.w1": Shard(2), "experts.w3": Shard(2), "experts.w2": Shard(1),
+    "experts.b1": Shard(1), "experts.b3": Shard(1),
+    "shared.w1.weight": Shard(0), "shared.w3.weight": Shard(0), "shared.w2.weight": Shard(1),
+}
+"""The MoE feed-forward's tensor-parallel splits by parameter name (the others are replicated)."""
+
+
+class ExpertTensorParallel(ParallelStyle):
+    """A mixture-of-experts feed-forward (`models.moe.MoEFeedForward`) split like a dense MLP: every
+    routed expert's w1/w3 by its hidden columns (Shard(2) of [E, hidden, ffn], biases Shard(1)), w2 by
+    its rows (Shard(1) of [E, ffn, hidden]), the shared experts' linears column- then row-wise; the
+    router (and the experts' output bias) replicated. The input is gathered over the sequence; every
+    rank routes all tokens the same way, runs its share of each expert's hidden units, and the partial
+    sums are reduce-scattered back onto the sequence (`MoEFeedForward.forward`)."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not isinstance(module, MoEFeedForward) or device_mesh.ndim != 1:
+            raise ValueError(f"ExpertTensorParallel applies to an MoEFeedForward on a 1-D mesh, got {module}")
+        tp = device_mesh.size()
+        for name, param in module.named_parameters():
+            split = _EXPERT_SPLITS.get(name)
+            if split is not None and param.shape[split.dim] % tp:
+                raise PlanError(
+                    f"plan.model.moe: {name} {tuple(param.shape)} does not split evenly over tp {tp}"
+                )
+        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        gather._apply(module, device_mesh)
+
+        def split(prefix: str, mod: nn.Module, mesh: DeviceMesh) -> None:
+            for name, param in list(mod.named_parameters(recurse=False)):
+                placement = _EXPERT_SPLITS.get(f"{prefix}.{name}" if prefix else name, Replicate())
+                tensor = distribute_tensor(param, mesh, [placement], src_data_rank=None)
+                mod.register_parameter(name, nn.Parameter(tensor, requires_grad=param.requires_grad))
+
+        distribute_module(module, device_mesh, split)
+        for part in (module, module.router, module.experts):
+            part.tp = tp
+        return module
 
 
 class VocabParallelHead(ParallelStyle):

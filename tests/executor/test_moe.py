@@ -1,7 +1,7 @@
 """The llama family's mixture-of-experts blocks, latent attention and query/key norms (issue 40): routing,
 the grouped matmul's fallbacks, the auxiliary loss and the bias update, shapes and causality, the
-parameter count the planner prices, and what the runtime refuses (tensor parallelism of MoE and latent
-attention blocks)."""
+parameter count the planner prices, and what the runtime refuses (tensor parallelism of latent
+attention)."""
 
 from __future__ import annotations
 
@@ -308,11 +308,9 @@ def test_built_models_train_a_step_eagerly() -> None:
     assert type(model.layers[0].feed_forward).__name__ == "FeedForward"  # first_dense_layers
 
 
-@pytest.mark.parametrize("field", ["moe", "latent_attention"])
-def test_tensor_parallelism_is_refused_naming_the_field(field: str) -> None:
-    cfg = {"moe": MODELS["moe"], "latent_attention": tiny(latent_attention=MLA)}
-    model = build_model(cfg[field], seq_len=16)
-    with pytest.raises(PlanError, match=f"plan.model.{field}: tensor parallelism"):
+def test_tensor_parallelism_of_latent_attention_is_refused_naming_the_field() -> None:
+    model = build_model(tiny(latent_attention=MLA), seq_len=16)
+    with pytest.raises(PlanError, match=r"plan\.model\.latent_attention: tensor parallelism"):
         apply_tensor_parallel(model, mesh=types.SimpleNamespace(size=lambda: 2))  # type: ignore[arg-type]
 
 

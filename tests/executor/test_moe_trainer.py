@@ -2,7 +2,8 @@
 with a shared expert and a sigmoid router balanced by its bias) on CPU gloo (issue 40): its loss falls,
 a checkpoint resumes it exactly (the routers' biases are in the checkpoint: without them routing
 changes), and a 2-stage pipeline trains like one rank (the bias update sums the counts over the
-stage's ranks). And a dense model with query/key norms trains under tensor parallelism like one rank."""
+stage's ranks). Under tensor parallelism (tp 2) an MoE model (FSDP2 and SimpleFSDP) and a dense one
+with query/key norms train like one rank."""
 
 from __future__ import annotations
 
@@ -61,6 +62,29 @@ def test_qk_norm_model_under_tensor_parallelism_trains_like_one_rank(tmp_path: P
     tp = write_plan(debug_plan(gpus_per_node=2, tp=2, **common), "tp.json")
     one = write_plan(debug_plan(gpus_per_node=1, **common), "one.json")
     split = _train(tp, tmp_path, "tp", "--steps", "3")
+    single = _train(one, tmp_path, "one", "--steps", "3", nproc=1)
+    assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in single], rel=2e-5)
+    assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
+
+
+@pytest.mark.parametrize("engine", ["fsdp2", "simple_fsdp"])
+def test_moe_model_under_tensor_parallelism_trains_like_one_rank(
+    tmp_path: Path, write_plan, engine: str
+) -> None:
+    # tp 2: every expert's hidden units and the shared expert's split over the ranks, the router
+    # replicated (its gradient, the auxiliary loss's included, summed over them once); gpt-oss-style
+    # expert and router biases.
+    model = {
+        **LLAMA_DEBUG,
+        "num_layers": 2,
+        "moe": {"num_experts": 4, "experts_per_token": 2, "expert_intermediate_size": 128,
+                "num_shared_experts": 1, "expert_bias": True},
+    }
+    common = {"micro_batch_size": 2, "grad_accum_steps": 1, "model": model, "name": "moe-tiny"}
+    tp = write_plan(debug_plan(gpus_per_node=2, tp=2, **common), "tp.json")
+    one = write_plan(debug_plan(gpus_per_node=1, **common), "one.json")
+    flags = ("--engine", "simple_fsdp", "--no-compile") if engine == "simple_fsdp" else ()
+    split = _train(tp, tmp_path, "tp", "--steps", "3", *flags)
     single = _train(one, tmp_path, "one", "--steps", "3", nproc=1)
     assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in single], rel=2e-5)
     assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, Partial, Shard
 
 from contract.model_config import MoeConfig
 from executor.runtime.models.grouped_mm import grouped_matmul
@@ -39,6 +40,17 @@ def expert_of_rows(counts: torch.Tensor, rows: int) -> torch.Tensor:
     [rows]; static shapes, unlike `repeat_interleave` by counts, which the compiler cannot size)."""
     ends = torch.cumsum(counts, 0)
     return torch.searchsorted(ends, torch.arange(rows, device=counts.device), right=True)
+
+
+def local_weight(w: torch.Tensor | None) -> torch.Tensor | None:
+    """A weight as this rank computes with it: itself, or under tensor parallelism (a DTensor on the
+    tp mesh) its local shard; a replicated one's gradient is declared partial, as each tp rank's is
+    its share of the experts' (summed over the ranks by the conversion back)."""
+    if not isinstance(w, DTensor):
+        return w
+    if all(p.is_replicate() for p in w.placements):
+        return w.to_local(grad_placements=[Partial()] * len(w.placements))
+    return w.to_local()
 
 
 class Routing(NamedTuple):
@@ -62,6 +74,9 @@ class Router(nn.Module):
         # gpt-oss's routers carry a bias with its experts' (`expert_bias`).
         self.gate = nn.Linear(hidden, moe.num_experts, bias=moe.expert_bias)
         self.has_bias = moe.router_bias
+        self.tp = 1
+        """Tensor-parallel ranks (`tensor_parallel.ExpertTensorParallel` sets it): > 1, the weights
+        are DTensors on the tp mesh and the input this rank's local tokens."""
         # Persistent: a checkpoint resumes with the balance reached. The load counts are per step.
         self.register_buffer("score_bias", torch.zeros(moe.num_experts) if moe.router_bias else None)
         self.register_buffer(
@@ -71,7 +86,11 @@ class Router(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> Routing:
-        logits = self.gate(x).float()
+        gate = self.gate
+        if self.tp == 1:
+            logits = gate(x).float()
+        else:
+            logits = F.linear(x, local_weight(gate.weight), local_weight(gate.bias)).float()
         scores = logits.softmax(-1) if self.score == "softmax" else logits.sigmoid()
         choosing = scores + self.score_bias if self.has_bias else scores
         _, experts = torch.topk(choosing, self.top_k, dim=-1)
@@ -161,17 +180,21 @@ class GroupedExperts(nn.Module):
             self.b3 = nn.Parameter(torch.empty(num_experts, ffn))
             self.b2 = nn.Parameter(torch.empty(num_experts, hidden))
         self.bias = bias
+        self.tp = 1
+        """Tensor-parallel ranks: > 1, w1/w3 (and b1/b3) hold this rank's ffn columns, w2 its rows,
+        and the output is this rank's partial sum (`tensor_parallel.ExpertTensorParallel`)."""
 
     def forward(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         # Read every weight once (SimpleFSDP gathers on each attribute read).
-        w1, w2, w3 = self.w1, self.w2, self.w3
+        w1, w2, w3 = local_weight(self.w1), local_weight(self.w2), local_weight(self.w3)
         gate, up = grouped_matmul(rows, w1, tokens_per_expert), grouped_matmul(rows, w3, tokens_per_expert)
         if self.bias:
-            gate = gate + self._row_bias(self.b1, tokens_per_expert, rows.shape[0])
-            up = up + self._row_bias(self.b3, tokens_per_expert, rows.shape[0])
+            gate = gate + self._row_bias(local_weight(self.b1), tokens_per_expert, rows.shape[0])
+            up = up + self._row_bias(local_weight(self.b3), tokens_per_expert, rows.shape[0])
         out = grouped_matmul(F.silu(gate) * up, w2, tokens_per_expert)
         if self.bias:
-            out = out + self._row_bias(self.b2, tokens_per_expert, rows.shape[0])
+            # Under tensor parallelism every rank's output is a partial sum: each adds 1/tp of it.
+            out = out + self._row_bias(local_weight(self.b2), tokens_per_expert, rows.shape[0]) / self.tp
         return out
 
     @staticmethod
@@ -199,7 +222,21 @@ class MoEFeedForward(nn.Module):
         each micro-batch's loss (`set_aux_loss_scale`)."""
         self.dispatcher = LocalDispatcher()
 
+        self.tp = 1
+        """Tensor-parallel ranks (`tensor_parallel.ExpertTensorParallel`): > 1, the input is the
+        whole sequence as a replicated DTensor on the tp mesh, each rank computes a partial sum
+        (its share of every expert's and the shared experts' hidden units) and the output is
+        reduce-scattered back onto the sequence shards, as a dense block's row-parallel w2 does."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp == 1:
+            return self._partial(x)
+        assert isinstance(x, DTensor), "under tensor parallelism the MoE input is a replicated DTensor"
+        partial = self._partial(x.to_local(grad_placements=[Partial()]))
+        out = DTensor.from_local(partial, x.device_mesh, [Partial()])
+        return out.redistribute(placements=[Shard(1)]).to_local()
+
+    def _partial(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
         routing = self.router(tokens)
@@ -207,11 +244,19 @@ class MoEFeedForward(nn.Module):
         out = self.experts(dispatched.rows, dispatched.tokens_per_expert)
         y = self.dispatcher.combine(out, dispatched, routing.weights)
         if self.shared is not None:
-            y = y + self.shared(tokens)
+            y = y + self._shared(tokens)
         if self.training and self.aux_loss_coef > 0 and torch.is_grad_enabled():
             aux = load_balancing_loss(routing, self.num_experts)
-            y = _AuxLossGradient.apply(y, aux, self.aux_loss_coef * self.aux_loss_scale)
+            # Every tp rank adds the same loss to the router's partial gradient: 1/tp each.
+            y = _AuxLossGradient.apply(y, aux, self.aux_loss_coef * self.aux_loss_scale / self.tp)
         return y.view(shape)
+
+    def _shared(self, tokens: torch.Tensor) -> torch.Tensor:
+        shared = self.shared
+        if self.tp == 1:
+            return shared(tokens)  # the module (Float8 may have converted its linears)
+        w1, w2, w3 = (local_weight(m.weight) for m in (shared.w1, shared.w2, shared.w3))
+        return F.linear(F.silu(F.linear(tokens, w1)) * F.linear(tokens, w3), w2)
 
 
 def moe_layers(model: nn.Module) -> list[MoEFeedForward]:
