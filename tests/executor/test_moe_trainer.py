@@ -67,7 +67,7 @@ def test_qk_norm_model_under_tensor_parallelism_trains_like_one_rank(tmp_path: P
     assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
 
 
-@pytest.mark.parametrize("engine", ["fsdp2", "simple_fsdp"])
+@pytest.mark.parametrize("engine", ["fsdp2", "simple_fsdp", "compiled"])
 def test_moe_model_under_tensor_parallelism_trains_like_one_rank(
     tmp_path: Path, write_plan, engine: str
 ) -> None:
@@ -81,9 +81,15 @@ def test_moe_model_under_tensor_parallelism_trains_like_one_rank(
                 "num_shared_experts": 1, "expert_bias": True},
     }
     common = {"micro_batch_size": 2, "grad_accum_steps": 1, "model": model, "name": "moe-tiny"}
-    tp = write_plan(debug_plan(gpus_per_node=2, tp=2, **common), "tp.json")
+    compiled = {"compile": True, "bucket_mb": 64.0} if engine == "compiled" else {}
+    tp = write_plan(debug_plan(gpus_per_node=2, tp=2, **compiled, **common), "tp.json")
     one = write_plan(debug_plan(gpus_per_node=1, **common), "one.json")
-    flags = ("--engine", "simple_fsdp", "--no-compile") if engine == "simple_fsdp" else ()
+    flags = {
+        "fsdp2": (),
+        "simple_fsdp": ("--engine", "simple_fsdp", "--no-compile"),
+        # aot_eager: the same traced graph and AOTAutograd partitioning as inductor, without codegen.
+        "compiled": ("--compile-backend", "aot_eager"),
+    }[engine]
     split = _train(tp, tmp_path, "tp", "--steps", "3", *flags)
     single = _train(one, tmp_path, "one", "--steps", "3", nproc=1)
     assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in single], rel=2e-5)
