@@ -108,6 +108,15 @@ class Axis:
     """What its degree may not exceed (a pipeline's stages need a block each)."""
     at_most_reason: str = ""
     """Why, said after it (`{degree}` and `{limit}` are replaced)."""
+    carved_from: tuple[str, ...] = ()
+    """The axes whose groups its ranks are carved out of, instead of multiplying the world size: an
+    expert-parallel group is made of ranks of the data-parallel shard group (torchtitan's ep inside
+    dp_shard x cp), so its degree must divide their product and the world is the product of the
+    other axes. It is no dimension of the runtime's DeviceMesh (`WORLD_AXES`)."""
+    needs: str = ""
+    """The model's attribute that must be set for a degree above 1 (ep: `moe`, experts to split)."""
+    needs_reason: str = ""
+    """Why, said when it is not (`{degree}` is replaced)."""
     torchtitan_degree: str = ""
     """torchtitan's `ParallelismConfig` field for its degree (`tensor_parallel_degree`), which the
     torchtitan launch target sets (executor/launch/torchtitan.py); empty: torchtitan has no such axis,
@@ -200,6 +209,39 @@ AXES: tuple[Axis, ...] = (
         compare_label="Shard group (GPUs)",
     ),
     Axis(
+        name="ep",
+        torchtitan_degree="expert_parallel_degree",
+        what="expert-parallel",
+        doc="Expert-parallel degree: ranks of the data-parallel shard group (dp_shard x cp) that split "
+        "every MoE block's routed experts, each holding num_experts / ep of them, FSDP-sharded over the "
+        "other (dp_shard x cp) / ep ranks (torchtitan's `dp_shard_mod_ep`); tokens are sent to their "
+        "experts' ranks and back by all-to-all inside the group. Not a factor of the world size.",
+        search_field="expert_parallel_degrees",
+        search_doc="Expert-parallel degrees to consider (`[8]` pins ep=8: each rank holds 1/8 of every "
+        "MoE block's routed experts). None: for a mixture-of-experts model every power of two that "
+        "divides num_experts and the data-parallel shard group (dp_shard x cp); dense models plan ep=1.",
+        cli_help="Pin the expert-parallel degrees to search (repeatable or comma-separated): --ep 8 "
+        "holds 1/8 of the routed experts per rank (ep ranks are carved out of dp_shard x cp), --ep 1 "
+        "plans none. Default: every power of two dividing the experts and the shard group (MoE models).",
+        form_help="Empty: for a mixture-of-experts model the planner searches every power of two that "
+        "divides the experts and the shard group. A number pins it: 8 holds 1/8 of the experts per "
+        "rank; 1 plans none.",
+        label="ep",
+        optional=True,
+        added_after_schema_2=True,
+        shards="experts over {degree} ranks",
+        note="each rank of an ep group of {degree} (carved out of dp_shard × cp) holds 1/{degree} of the "
+        "routed experts, FSDP-sharded over the other {mesh.expert_shards}; tokens go to their experts "
+        "and back by all-to-all",
+        compare_label="Expert parallel (GPUs)",
+        compare_shown="{degree} (experts split)",
+        carved_from=("dp_shard", "cp"),
+        needs="moe",
+        needs_reason="a mixture-of-experts model (it splits the routed experts), and this one is dense",
+        divides=(Size(name="num_experts", of="model", attribute="routed_experts"),),
+        divides_reason="each rank holds the same number of whole experts",
+    ),
+    Axis(
         name="cp",
         torchtitan_degree="context_parallel_degree",
         what="context-parallel",
@@ -267,14 +309,20 @@ AXES: tuple[Axis, ...] = (
 """The mesh's axes, outermost first: the rank layout, and the runtime's DeviceMesh dimension order."""
 
 MESH_AXES: tuple[str, ...] = tuple(axis.name for axis in AXES)
-"""The axes' names, outermost first: the runtime's DeviceMesh dimension names."""
+"""The axes' names, outermost first: the `Mesh` fields and the plan document's keys."""
+WORLD_AXES: tuple[str, ...] = tuple(axis.name for axis in AXES if not axis.carved_from)
+"""The axes whose degrees multiply into the world size, outermost first: the runtime's DeviceMesh
+dimension names (an axis carved out of others, ep, is none)."""
 OPTIONAL_AXES: tuple[str, ...] = tuple(axis.name for axis in AXES if axis.optional)
 """Axes a mesh's description names only above 1 (added after the others, rarely used)."""
 SHARD_AXES: tuple[str, ...] = tuple(axis.name for axis in AXES if axis.shards_parameters)
 """The axes FSDP shards parameters over (torchtitan's `dp_shard_cp`): a context-parallel group holds
 the same parameters, so its ranks share the shards too."""
-MODEL_PARALLEL_AXES: tuple[str, ...] = tuple(axis.name for axis in AXES if not axis.data_parallel)
-"""The axes beyond data parallelism (pp, cp, tp), outermost first: what splits one model replica."""
+MODEL_PARALLEL_AXES: tuple[str, ...] = tuple(
+    axis.name for axis in AXES if not axis.data_parallel and not axis.carved_from
+)
+"""The axes beyond data parallelism (pp, cp, tp), outermost first: what splits one model replica (ep,
+carved out of the data-parallel ranks, is none: its ranks read different sequences)."""
 SEQUENCE_AXES: tuple[str, ...] = tuple(axis.name for axis in AXES if axis.sequence_chunks)
 """The axes that split every sequence (cp, tp): their product is `Mesh.sequence_ranks`."""
 ADDED_MESH_AXES: tuple[str, ...] = tuple(axis.name for axis in AXES if axis.added_after_schema_2)
@@ -312,6 +360,8 @@ class Mesh:
     """Data-parallel replicas (`AXES`: dp_replicate)."""
     dp_shard: int = 1
     """Data-parallel ranks a parameter is sharded over (`AXES`: dp_shard)."""
+    ep: int = 1
+    """Expert-parallel degree, carved out of dp_shard x cp (`AXES`: ep)."""
     cp: int = 1
     """Context-parallel degree (`AXES`: cp)."""
     tp: int = 1
@@ -360,12 +410,12 @@ class Mesh:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """The degrees in `MESH_AXES` order: the runtime's DeviceMesh shape."""
-        return tuple(self.degree(entry.name) for entry in AXES)
+        """The degrees in `WORLD_AXES` order: the runtime's DeviceMesh shape."""
+        return tuple(self.degree(name) for name in WORLD_AXES)
 
     @property
     def world_size(self) -> int:
-        """The product of every axis's degree."""
+        """The product of every axis's degree but those carved out of others (`WORLD_AXES`)."""
         return math.prod(self.shape)
 
     @property
@@ -387,6 +437,12 @@ class Mesh:
     def fsdp_shards(self) -> int:
         """Ranks a parameter is sharded over: the product of `SHARD_AXES` (dp_shard x cp)."""
         return math.prod(self.degree(entry.name) for entry in AXES if entry.shards_parameters)
+
+    @property
+    def expert_shards(self) -> int:
+        """Ranks a routed expert's parameters are sharded over: the shard group less the expert-parallel
+        ranks carved out of it, (dp_shard x cp) / ep (torchtitan's `dp_shard_mod_ep`)."""
+        return max(1, self.fsdp_shards // self.ep)
 
     @property
     def sequence_pieces(self) -> int:
@@ -426,6 +482,12 @@ class Mesh:
         (tp innermost), inside a node while they fit in one."""
         return "intra" if self.sequence_ranks <= gpus_per_node else "inter"
 
+    def expert_link(self, gpus_per_node: int) -> LinkClass:
+        """The link the expert-parallel all-to-alls cross: an ep group is carved out of the shard group,
+        which strides over the tp ranks, so it spans ep x tp consecutive ranks, inside a node while
+        they fit in one."""
+        return "intra" if self.ep * self.tp <= gpus_per_node else "inter"
+
     def pipeline_link(self, gpus_per_node: int) -> LinkClass:
         """The link the pipeline's slowest point-to-point send crosses: stages are the outermost
         blocks of `stage_ranks` ranks, so some neighbours sit on different nodes unless the whole
@@ -451,8 +513,21 @@ class Mesh:
 
     def degrees_text(self, times: str = "x") -> str:
         """`pp 4 x dp_replicate 1 x dp_shard 8 x tp 8`: every shown axis by name, outermost first
-        (`times`: the sign between them)."""
-        return f" {times} ".join(f"{entry.name} {self.degree(entry.name)}" for entry in self.shown_axes())
+        (`times`: the sign between them); an axis carved out of others in brackets after the last of
+        them, not multiplied (`dp_shard 32 (ep 8) x tp 8`)."""
+        shown = self.shown_axes()
+        carved = [entry for entry in shown if entry.carved_from]
+        parts = []
+        for entry in shown:
+            if entry.carved_from:
+                continue
+            part = f"{entry.name} {self.degree(entry.name)}"
+            for inner in carved:
+                present = [e.name for e in shown if e.name in inner.carved_from]
+                if present and present[-1] == entry.name:
+                    part += f" ({inner.name} {self.degree(inner.name)})"
+            parts.append(part)
+        return f" {times} ".join(parts)
 
     def describe(self) -> str:
         """`dp_replicate 1 x dp_shard 32 x tp 8 = 256 ranks` (pp and cp named when above 1)."""
@@ -489,7 +564,17 @@ def axis_problems(
             f"{shown}: {kind} parallelism needs {need} ({entry.architecture_reason}), "
             f"not '{model.architecture}'; {entry.name} 1 runs without it"
         ]
+    if entry.needs and not getattr(model, entry.needs, None):
+        return [f"{shown} needs {entry.needs_reason}; {entry.name} 1 runs without it"]
     problems = []
+    if entry.carved_from:
+        group = math.prod(mesh.degree(name) for name in entry.carved_from)
+        if group % degree:
+            within = " x ".join(f"{name} {mesh.degree(name)}" for name in entry.carved_from)
+            problems.append(
+                f"{shown} must divide {within} = {group} (its ranks are carved out of that group); pick "
+                "a degree that divides it"
+            )
     known = [
         (size, value)
         for size in entry.divides

@@ -45,6 +45,13 @@ class ModelShape:
     def ffn_size(self) -> int:
         return self.intermediate_size or 4 * self.hidden_size
 
+    @property
+    def routed_experts(self) -> int | None:
+        """Routed experts per MoE block (`moe.num_experts`), None for a dense model (a class without
+        `moe`, a traced layer graph, has none)."""
+        moe = getattr(self, "moe", None)
+        return moe.num_experts if moe is not None else None
+
 
 RouterScore = Literal["softmax", "sigmoid"]
 """How a router scores the experts: `softmax` over the experts (Mixtral, Qwen3-MoE, gpt-oss, Llama 4's

@@ -65,8 +65,12 @@ def micro_batch_sizes(local_batch: int, limit: int) -> list[int]:
 def pin_problems(request: PlanRequest, name: str, degree: int) -> list[str]:
     """Why `degree` on the mesh axis `name` cannot run this request's model, sequence and nodes
     (contract.mesh's rules, for a mesh of that axis alone): each `tp=3 must divide ...`."""
+    entry = axis(name)
+    # An axis carved out of others (ep, out of dp_shard x cp) is pinned before that group is known: a
+    # group of its own size keeps that relation silent here (the search keeps the meshes it divides).
+    carved = {entry.carved_from[0]: degree} if entry.carved_from else {}
     return axis_problems(
-        axis(name), Mesh(**{name: degree}), model=request.model, training=request.training,
+        entry, Mesh(**{name: degree, **carved}), model=request.model, training=request.training,
         gpus_per_node=request.cluster.gpus_per_node,
     )
 
@@ -101,6 +105,24 @@ def tensor_parallel_degrees(request: PlanRequest) -> list[int]:
             return [1]
         node = request.cluster.gpus_per_node
         return [tp for tp in (2**i for i in range(0, 8)) if tp <= node and splits_model(request, tp)]
+    return sorted(set(pinned))
+
+
+def expert_parallel_degrees(request: PlanRequest) -> list[int]:
+    """The expert-parallel degrees to search: the request's pins, else, for a mixture-of-experts model,
+    every power of two up to the world that divides its routed experts (each rank holds whole
+    experts); a dense model plans ep 1. Each mesh keeps those that divide its shard group, dp_shard x
+    cp, out of which the ep ranks are carved (`data_parallel_meshes`).
+
+    Raises PlanningError for a pinned degree the model cannot take, saying why.
+    """
+    pinned = check_pins(request, "ep")
+    if pinned is None:
+        experts = request.model.routed_experts
+        if not experts:
+            return [1]
+        powers = (2**i for i in range(0, 11))
+        return [ep for ep in powers if ep <= request.cluster.world_size and experts % ep == 0]
     return sorted(set(pinned))
 
 
@@ -314,18 +336,26 @@ def data_parallel_meshes(
     request: PlanRequest, tp: int, cp: int = 1, pp: int = 1
 ) -> Iterator[tuple[str, Mesh]]:
     """(sharding, mesh) for every allowed sharding of the dp = world / (pp x tp x cp) data-parallel
-    ranks (FSDP shards over dp_shard x cp: the cp ranks hold the same parameters)."""
+    ranks (FSDP shards over dp_shard x cp: the cp ranks hold the same parameters), each with every
+    searched expert-parallel degree that divides its shard group (the ep ranks are carved out of it)."""
     dp = request.cluster.world_size // (pp * tp * cp)
+    experts = searched_degrees(expert_parallel_degrees, request)
     for sharding in request.search.shardings:
         if dp * cp == 1 and sharding != "no_shard":
             continue  # one rank per model replica has nothing to shard over
         if sharding == "hybrid_shard":
-            for s in hybrid_shard_sizes(dp, request.cluster.gpus_per_node, tp=tp * cp):
-                yield sharding, Mesh(pp=pp, dp_replicate=dp // s, dp_shard=s, cp=cp, tp=tp)
+            meshes = [
+                Mesh(pp=pp, dp_replicate=dp // s, dp_shard=s, cp=cp, tp=tp)
+                for s in hybrid_shard_sizes(dp, request.cluster.gpus_per_node, tp=tp * cp)
+            ]
         elif sharding == "no_shard":
-            yield sharding, Mesh(pp=pp, dp_replicate=dp, cp=cp, tp=tp)
+            meshes = [Mesh(pp=pp, dp_replicate=dp, cp=cp, tp=tp)]
         else:
-            yield sharding, Mesh(pp=pp, dp_shard=dp, cp=cp, tp=tp)
+            meshes = [Mesh(pp=pp, dp_shard=dp, cp=cp, tp=tp)]
+        for mesh in meshes:
+            for ep in experts:
+                if mesh.fsdp_shards % ep == 0:
+                    yield sharding, mesh if ep == 1 else replace(mesh, ep=ep)
 
 
 def float8_recipes(request: PlanRequest) -> list[str]:
@@ -562,6 +592,7 @@ def enumerate_families(request: PlanRequest, setting: Setting) -> Iterator[Famil
     if search.async_tp:
         check_async_tp(request, field="search.async_tp")
     context_parallel_degrees(request)  # a cp pin the model cannot take is refused here, with why
+    expert_parallel_degrees(request)  # an ep pin
     pipeline_parallel_degrees(request)  # and a pp pin
     if not checkpointing:
         return

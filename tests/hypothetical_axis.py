@@ -1,6 +1,6 @@
 """What every layer that only names mesh axes does with an axis that is nothing but a registry entry.
 
-tests/test_mesh_layers.py copies the packages, adds one `Axis` (expert parallelism, `ep`) to the copy's
+tests/test_mesh_layers.py copies the packages, adds one `Axis` (a hypothetical one, `hx`) to the copy's
 contract/mesh.py and its degree to `Mesh`, and runs this file against the copy: nothing else in the copy
 changes. It prints, as JSON, what each layer shows for the new axis; the test checks it.
 """
@@ -46,38 +46,40 @@ def probe() -> dict[str, Any]:
     from planner.study import StudyRequest
 
     found: dict[str, Any] = {"contract": mesh.__file__, "axes": list(mesh.MESH_AXES)}
-    ep = mesh.Mesh(dp_shard=2, ep=2, tp=2)
+    hx = mesh.Mesh(dp_shard=2, hx=2, tp=2)
     found["mesh"] = {
-        "label": ep.label(),
-        "describe": ep.describe(),
-        "world_size": ep.world_size,
-        "splits": ep.splits(),
-        "document": ep.as_document(),
-        "read": mesh.Mesh.from_document({"ep": 4, "dp_shard": 2}).ep,
-        "hashed_as_before": "ep" in mesh.ADDED_MESH_AXES,
-        "optional": "ep" in mesh.OPTIONAL_AXES,
+        "label": hx.label(),
+        "describe": hx.describe(),
+        "world_size": hx.world_size,
+        "splits": hx.splits(),
+        "document": hx.as_document(),
+        "read": mesh.Mesh.from_document({"hx": 4, "dp_shard": 2}).hx,
+        "hashed_as_before": "hx" in mesh.ADDED_MESH_AXES,
+        "optional": "hx" in mesh.OPTIONAL_AXES,
         "problems": mesh.mesh_problems(
-            ep, resolve_model("llama-debug"), TrainingSpec(seq_len=64, global_batch_tokens=512)
+            hx, resolve_model("llama-debug"), TrainingSpec(seq_len=64, global_batch_tokens=512)
         ),
     }
     runner = CliRunner()
     plan_help = runner.invoke(app, ["plan", "--help"], env=WIDE).output
     whatif_help = runner.invoke(app, ["whatif", "--help"], env=WIDE).output
-    bad = runner.invoke(app, [*DEBUG_PLAN, "--ep", "x"], env=WIDE)
+    bad = runner.invoke(app, [*DEBUG_PLAN, "--hx", "x"], env=WIDE)
     found["cli"] = {
-        "plan_option": "--ep" in plan_help and "Pin the expert-parallel degrees" in plan_help,
-        "whatif_option": "--ep" in whatif_help,
-        "pins": search_pins(axis_pins={"ep": ["4,2", "2"]}).expert_parallel_degrees,
+        "plan_option": "--hx" in plan_help and "Pin the hypothetical-parallel degrees" in plan_help,
+        "whatif_option": "--hx" in whatif_help,
+        "pins": search_pins(axis_pins={"hx": ["4,2", "2"]}).hypothetical_parallel_degrees,
         "bad_pin": (bad.exit_code, bad.stderr.strip()),
-        "in_cli_terms": in_cli_terms("search.expert_parallel_degrees: ep=3 does not fit"),
+        "in_cli_terms": in_cli_terms("search.hypothetical_parallel_degrees: hx=3 does not fit"),
     }
     schema = SearchSpace.model_json_schema()["properties"]
     found["api"] = {
-        "search_field": "expert_parallel_degrees" in schema,
-        "pinned": SearchSpace.model_validate({"expert_parallel_degrees": [4, 2]}).expert_parallel_degrees,
-        "unset_omitted": "expert_parallel_degrees" not in SearchSpace().model_dump(),
-        "list_filter": PlanFilters(ep=2).mesh,
-        "list_query": "ep" in inspect.signature(plans_router._mesh_filters).parameters,
+        "search_field": "hypothetical_parallel_degrees" in schema,
+        "pinned": SearchSpace.model_validate(
+            {"hypothetical_parallel_degrees": [4, 2]}
+        ).hypothetical_parallel_degrees,
+        "unset_omitted": "hypothetical_parallel_degrees" not in SearchSpace().model_dump(),
+        "list_filter": PlanFilters(hx=2).mesh,
+        "list_query": "hx" in inspect.signature(plans_router._mesh_filters).parameters,
     }
     study = StudyRequest.model_validate(
         {
@@ -87,13 +89,14 @@ def probe() -> dict[str, Any]:
             "cluster_sizes": [2],
             "seq_len": 64,
             "global_batch_tokens": 512,
-            "search": search_pins(axis_pins={"ep": ["2"]}).model_dump(mode="json"),
+            "search": search_pins(axis_pins={"hx": ["2"]}).model_dump(mode="json"),
         }
     )
-    study_form_body = study_form.to_study_create(study_form.StudyForm(pins={"expert_parallel_degree": "2"}))
+    study_pins = study_form.StudyForm(pins={"hypothetical_parallel_degree": "2"})
+    study_form_body = study_form.to_study_create(study_pins)
     found["study_pins"] = {
-        "whatif": study.search.expert_parallel_degrees,
-        "dashboard": study_form_body.search.expert_parallel_degrees if study_form_body else None,
+        "whatif": study.search.hypothetical_parallel_degrees,
+        "dashboard": study_form_body.search.hypothetical_parallel_degrees if study_form_body else None,
     }
     script = launch_sh(
         LaunchContext(
@@ -108,24 +111,24 @@ def probe() -> dict[str, Any]:
             uses_gpus=True,
             image="i",
             label="l",
-            mesh=ep,
+            mesh=hx,
         )
     )
     found["bundle"] = {
-        "header": "dp_replicate 1 x dp_shard 2 x ep 2 x tp 2 = 8 ranks" in script,
-        "node_check": '"$((NPROC_PER_NODE % 2))"' in script and "each ep group is 2 consecutive" in script,
-        "replan": "re-plan with --ep" in script,
+        "header": "dp_replicate 1 x dp_shard 2 x hx 2 x tp 2 = 8 ranks" in script,
+        "node_check": '"$((NPROC_PER_NODE % 2))"' in script and "each hx group is 2 consecutive" in script,
+        "replan": "re-plan with --hx" in script,
     }
-    compared = [f for f in FIELDS if f.key == "config.mesh.ep"]
-    form = plan_form.PlanForm(pins={"expert_parallel_degree": "2"})
+    compared = [f for f in FIELDS if f.key == "config.mesh.hx"]
+    form = plan_form.PlanForm(pins={"hypothetical_parallel_degree": "2"})
     body = plan_form.to_plan_create(form)
     found["dashboard"] = {
-        "mesh_row": plan_views.mesh_row(SimpleNamespace(mesh=ep)).value,  # type: ignore[arg-type]
-        "mesh_note": plan_views.mesh_row(SimpleNamespace(mesh=ep)).hint,  # type: ignore[arg-type]
+        "mesh_row": plan_views.mesh_row(SimpleNamespace(mesh=hx)).value,  # type: ignore[arg-type]
+        "mesh_note": plan_views.mesh_row(SimpleNamespace(mesh=hx)).hint,  # type: ignore[arg-type]
         "compare_row": compared[0].label if compared else None,
-        "compare_value": plan_views._compare_value("config.mesh.ep", 2),
+        "compare_value": plan_views._compare_value("config.mesh.hx", 2),
         "form_fields": [pin.name for pin in form.pin_fields],
-        "form_pins": body.search.expert_parallel_degrees if body and body.search else form.errors,
+        "form_pins": body.search.hypothetical_parallel_degrees if body and body.search else form.errors,
     }
     return found
 

@@ -35,6 +35,7 @@ from contract.mesh import (
     OPTIONAL_AXES,
     SEQUENCE_AXES,
     SHARD_AXES,
+    WORLD_AXES,
     Mesh,
 )
 
@@ -50,6 +51,7 @@ PHYSICS: dict[str, dict[str, Handler | str]] = {
         "dp_shard": ("planner/enumeration.py", "data_parallel_meshes"),
         "cp": ("planner/enumeration.py", "context_parallel_degrees"),
         "tp": ("planner/enumeration.py", "tensor_parallel_degrees"),
+        "ep": ("planner/enumeration.py", "expert_parallel_degrees"),
     },
     "cost term": {
         "pp": ("planner/cost/estimate.py", "Estimator._pipeline_timing"),  # the bubble and the sends
@@ -57,6 +59,7 @@ PHYSICS: dict[str, dict[str, Handler | str]] = {
         "dp_shard": ("planner/cost/estimate.py", "_collectives"),
         "cp": ("planner/cost/estimate.py", "context_parallel_seconds"),
         "tp": ("planner/cost/estimate.py", "_UnitTimes._unit"),
+        "ep": ("planner/cost/estimate.py", "expert_parallel_seconds"),  # dispatch and combine all-to-alls
     },
     "memory term": {
         "pp": ("planner/cost/estimate.py", "Estimator.pipeline_ranks"),  # each rank's stages, in flight
@@ -64,6 +67,7 @@ PHYSICS: dict[str, dict[str, Handler | str]] = {
         "dp_shard": ("planner/cost/memory.py", "memory_moments"),
         "cp": ("planner/cost/memory.py", "memory_moments"),  # shards over dp_shard x cp; its share of tokens
         "tp": ("planner/cost/estimate.py", "Estimator.setting_for"),  # the rank's share of the model
+        "ep": ("planner/cost/memory.py", "sharded_states"),  # E/ep experts over (dp_shard x cp)/ep shards
     },
     "runtime apply step": {
         # The engines' data-parallel dims: contract.mesh.data_parallel_axes, cp folded in.
@@ -72,6 +76,8 @@ PHYSICS: dict[str, dict[str, Handler | str]] = {
         "pp": ("executor/runtime/parallelize.py", "parallelize_pipeline"),  # stages, then each parallelized
         "cp": ("executor/runtime/context_parallel.py", "apply_context_parallel"),
         "tp": ("executor/runtime/parallelize.py", "_tensor_parallel"),
+        "ep": "none yet: the runtime has no expert-parallel dispatch, and contract/plan_document.py "
+        "check_plan refuses ep above 1 (issue 40)",
     },
 }
 """Where each axis has physics: the only code an axis needs beside its registry entry."""
@@ -82,8 +88,9 @@ DERIVED: dict[str, tuple[str, ...]] = {
     "sequence_ranks": SEQUENCE_AXES,
     "dp": tuple(axis for axis in MESH_AXES if axis not in MODEL_PARALLEL_AXES),
     "model_parallel": MODEL_PARALLEL_AXES,
-    "world_size": MESH_AXES,
-    "shape": MESH_AXES,
+    "expert_shards": ("ep", *SHARD_AXES),
+    "world_size": WORLD_AXES,
+    "shape": WORLD_AXES,
 }
 """`Mesh` properties that read several axes from the registry: reading one reads each of them."""
 
@@ -146,10 +153,9 @@ def checklist_gaps(layers: dict[str, dict[str, Handler | str]], axes: tuple[str,
 
 def test_the_mesh_is_the_registry() -> None:
     assert tuple(f.name for f in dataclasses.fields(Mesh)) == MESH_AXES == tuple(a.name for a in AXES)
-    assert (
-        OPTIONAL_AXES == ("pp", "cp") and SHARD_AXES == ("dp_shard", "cp") and ADDED_MESH_AXES == ("pp", "cp")
-    )
+    assert OPTIONAL_AXES == ADDED_MESH_AXES == ("pp", "ep", "cp") and SHARD_AXES == ("dp_shard", "cp")
     assert MODEL_PARALLEL_AXES == ("pp", "cp", "tp") and SEQUENCE_AXES == ("cp", "tp")
+    assert WORLD_AXES == ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # ep is carved out of dp_shard x cp
     mesh = Mesh(pp=4, dp_replicate=2, dp_shard=2, cp=2, tp=4)
     assert mesh.label() == "pp4 dp2x2 cp2 tp4" and Mesh(dp_shard=8).label() == "dp8x1 tp1"
     assert mesh.describe() == "pp 4 x dp_replicate 2 x dp_shard 2 x cp 2 x tp 4 = 128 ranks"
@@ -168,6 +174,13 @@ def test_the_mesh_is_the_registry() -> None:
         "sequences split over 2 ranks",
         "sequence + loss parallel",
     ]
+    # Expert parallelism is carved out of the shard group: not a factor of the world, nor a DeviceMesh dim.
+    experts = Mesh(dp_shard=32, ep=8, tp=8)
+    assert (experts.world_size, experts.shape, experts.expert_shards) == (256, (1, 1, 32, 1, 8), 4)
+    assert experts.label() == "dp32x1 ep8 tp8"
+    assert experts.describe() == "dp_replicate 1 x dp_shard 32 (ep 8) x tp 8 = 256 ranks"
+    carved = Mesh(dp_shard=4, cp=2, ep=8)
+    assert carved.describe() == "dp_replicate 1 x dp_shard 4 x cp 2 (ep 8) x tp 1 = 8 ranks"
 
 
 def test_every_axis_has_its_physics() -> None:
@@ -175,8 +188,8 @@ def test_every_axis_has_its_physics() -> None:
 
 
 def test_a_new_axis_needs_exactly_its_physics() -> None:
-    gaps = checklist_gaps(PHYSICS, (*MESH_AXES, "ep"))
-    assert len(gaps) == len(PHYSICS) and all("'ep'" in gap for gap in gaps)
+    gaps = checklist_gaps(PHYSICS, (*MESH_AXES, "hx"))
+    assert len(gaps) == len(PHYSICS) and all("'hx'" in gap for gap in gaps)
     assert {gap.split(":")[0] for gap in gaps} == {
         "search degrees",
         "cost term",
@@ -199,27 +212,27 @@ def test_a_handler_that_ignores_its_axis_is_caught() -> None:
 
 
 NEW_AXIS = """    Axis(
-        name="ep",
-        what="expert-parallel",
+        name="hx",
+        what="hypothetical-parallel",
         doc="Expert-parallel degree: ranks each holding some of every MoE block's experts.",
-        search_field="expert_parallel_degrees",
-        search_doc="Expert-parallel degrees to consider (`[8]` pins ep=8).",
-        cli_help="Pin the expert-parallel degrees to search (repeatable or comma-separated).",
+        search_field="hypothetical_parallel_degrees",
+        search_doc="Hypothetical-parallel degrees to consider (`[8]` pins hx=8).",
+        cli_help="Pin the hypothetical-parallel degrees to search (repeatable or comma-separated).",
         form_help="Empty: the planner searches it. A number pins it.",
-        label="ep",
+        label="hx",
         optional=True,
         added_after_schema_2=True,
         shards="experts over {degree} ranks",
         note="each rank holds 1/{degree} of the experts, tokens sent to theirs and back (all-to-all)",
-        compare_label="Expert parallel (GPUs)",
+        compare_label="Hypothetical parallel (GPUs)",
         compare_shown="{degree} (experts split)",
         divides=(Size(name="gpus_per_node", of="cluster"),),
         divides_reason="an expert group exchanges its tokens inside a node",
     ),
 """
-"""The one entry expert parallelism costs in the registry (placed before cp: inside the shard group)."""
-NEW_DEGREE = '''    ep: int = 1
-    """Expert-parallel degree (`AXES`: ep)."""
+"""The one entry a hypothetical axis costs in the registry (placed before cp, multiplying the world)."""
+NEW_DEGREE = '''    hx: int = 1
+    """Hypothetical-parallel degree (`AXES`: hx)."""
 '''
 
 
@@ -251,21 +264,21 @@ def test_a_new_axis_is_one_entry_everywhere_else(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
     assert found["contract"].startswith(str(tmp_path))  # the copy ran, not the checkout
-    assert found["axes"] == ["pp", "dp_replicate", "dp_shard", "ep", "cp", "tp"]
+    assert found["axes"] == ["pp", "dp_replicate", "dp_shard", "ep", "hx", "cp", "tp"]
     # Label, description, world size, storage as one document (old plans hash as before: degree 1 is
     # what its absence meant), the validity rules (it has none: nothing to divide).
     assert found["mesh"] == {
-        "label": "dp2x1 ep2 tp2",
-        "describe": "dp_replicate 1 x dp_shard 2 x ep 2 x tp 2 = 8 ranks",
+        "label": "dp2x1 hx2 tp2",
+        "describe": "dp_replicate 1 x dp_shard 2 x hx 2 x tp 2 = 8 ranks",
         "world_size": 8,
         "splits": ["experts over 2 ranks", "sequence + loss parallel"],
-        "document": {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "ep": 2, "cp": 1, "tp": 2},
+        "document": {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "ep": 1, "hx": 2, "cp": 1, "tp": 2},
         "read": 4,
         "hashed_as_before": True,
         "optional": True,
         "problems": [],
     }
-    # The command line: --ep on plan and whatif with its help, read into the search space, a bad value
+    # The command line: --hx on plan and whatif with its help, read into the search space, a bad value
     # refused naming the option, the planner's messages in the option's terms.
     assert found["cli"] == {
         "plan_option": True,
@@ -273,35 +286,36 @@ def test_a_new_axis_is_one_entry_everywhere_else(tmp_path: Path) -> None:
         "pins": [2, 4],
         "bad_pin": [
             2,
-            "error: --ep: 'x' is not an expert-parallel degree; give whole numbers from 1 to "
-            "1024, e.g. --ep 8 or --ep 2,4 (leave --ep out to search every degree)",
+            "error: --hx: 'x' is not a hypothetical-parallel degree; give whole numbers from 1 to "
+            "1024, e.g. --hx 8 or --hx 2,4 (leave --hx out to search every degree)",
         ],
-        "in_cli_terms": "--ep: ep=3 does not fit",
+        "in_cli_terms": "--hx: hx=3 does not fit",
     }
     # The API: the search field, kept in order, omitted when unset (requests hash as before); the list
-    # filter and its query parameter (`?ep=2`); the what-if study's pins.
+    # filter and its query parameter (`?hx=2`); the what-if study's pins.
     assert found["api"] == {
         "search_field": True,
         "pinned": [2, 4],
         "unset_omitted": True,
-        "list_filter": [["ep", 2]],
+        "list_filter": [["hx", 2]],
         "list_query": True,
     }
-    assert found["study_pins"] == {"whatif": [2], "dashboard": [2]}  # whatif --ep, the study form's field
-    # The bundle: launch.sh states the mesh, and refuses a node whose process count splits an ep group
+    assert found["study_pins"] == {"whatif": [2], "dashboard": [2]}  # whatif --hx, the study form's field
+    # The bundle: launch.sh states the mesh, and refuses a node whose process count splits an hx group
     # (its groups stay inside a node: it divides the GPUs per node), naming the option to re-plan with.
     assert found["bundle"] == {"header": True, "node_check": True, "replan": True}
     # The dashboard: the mesh row and its note, the compare row, the plan form's pin.
     assert found["dashboard"] == {
-        "mesh_row": "dp_replicate 1 × dp_shard 2 × ep 2 × tp 2",
+        "mesh_row": "dp_replicate 1 × dp_shard 2 × hx 2 × tp 2",
         "mesh_note": "8 GPUs; each rank holds 1/2 of the experts, tokens sent to theirs and back "
         "(all-to-all); each tp group is 2 consecutive ranks inside a node, with sequence parallel and loss "
         "parallel (vocabulary-sharded cross-entropy)",
-        "compare_row": "Expert parallel (GPUs)",
+        "compare_row": "Hypothetical parallel (GPUs)",
         "compare_value": "2 (experts split)",
         "form_fields": [
             "tensor_parallel_degree",
             "context_parallel_degree",
+            "hypothetical_parallel_degree",
             "expert_parallel_degree",
             "pipeline_parallel_degree",
         ],

@@ -21,6 +21,7 @@ from typing import Literal, get_args
 
 import contract
 from contract.parallel_config import PIPELINE_SCHEDULES, Float8Recipe, PipelineConfig
+from contract.plan_document import unsupported_mesh
 from executor.launch import render, scheduling, skypilot
 from executor.launch.quoting import (
     CUDA_VERSION_PATTERN,
@@ -36,6 +37,7 @@ from executor.launch.quoting import (
     version,
 )
 from executor.launch.templating import render_template
+from planner.calibration import CalibrationProfile
 from planner.formatting import between, duration
 from planner.plan import Plan
 
@@ -229,6 +231,7 @@ def bundle_files(
     tolerations: Sequence[str] = (),
     priority_class: str | None = None,
     gpu_resource: str = scheduling.DEFAULT_GPU_RESOURCE,
+    calibration: CalibrationProfile | None = None,
 ) -> list[BundleFile]:
     """Every file of the bundle for `target`, in a stable order.
 
@@ -236,13 +239,15 @@ def bundle_files(
     `torch_version` / `cuda_version`; `rdma_resource` (`domain/name`, `rdma_count` per pod) requests
     RDMA adapters, which are otherwise a commented-out block. `queue`, `node_selector` (`key=value`),
     `tolerations` (`key[=value][:Effect]`), `priority_class` and `gpu_resource` say where the pods are
-    scheduled (scheduling.py)."""
+    scheduled (scheduling.py). `calibration` (the plan's profile) re-prices a `torchtitan` bundle."""
     _check_choice(target, TARGETS, "target")
     if target == "torchtitan":
         # Imported here: the torchtitan target builds on this module's context and files.
         from executor.launch import torchtitan
 
-        return torchtitan.bundle_files(plan)
+        return torchtitan.bundle_files(plan, calibration=calibration)
+    if unsupported := unsupported_mesh(plan.config.mesh):
+        raise UnsafeValueError(f"target {target}: {unsupported}", field="plan")
     pods = scheduling.scheduling(
         queue=queue, node_selector=node_selector, tolerations=tolerations,
         priority_class=priority_class, gpu_resource=gpu_resource,

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from contract.mesh import MESH_AXES, data_parallel_axes
+from contract.mesh import WORLD_AXES, data_parallel_axes
 from contract.plan_document import RuntimePlan
 
 
@@ -172,7 +172,7 @@ def build_mesh(plan: RuntimePlan, env: DistEnv) -> DeviceMesh:
     the replicas' all-reduce crosses nodes. Every engine takes its submeshes from this mesh (FSDP2
     needs its data-parallel mesh and the tensor-parallel mesh to share a root).
     """
-    mesh = init_device_mesh(env.device.type, plan.config.mesh.shape, mesh_dim_names=MESH_AXES)
+    mesh = init_device_mesh(env.device.type, plan.config.mesh.shape, mesh_dim_names=WORLD_AXES)
     data_parallel_mesh(mesh, plan.config.sharding)  # every rank creates the groups now, in step
     return mesh
 
@@ -185,7 +185,7 @@ def submesh(mesh: DeviceMesh, dims: tuple[str, ...]) -> DeviceMesh:
 def _data_parallel_groups(mesh: DeviceMesh, sharding: str) -> tuple[tuple[str, ...], ...]:
     """Per data-parallel dim of `sharding`, the consecutive axes of `mesh` it spans."""
     axes = data_parallel_axes(sharding)
-    if mesh.size(MESH_AXES.index("cp")) == 1:
+    if mesh.size(WORLD_AXES.index("cp")) == 1:
         return tuple((axis,) for axis in axes if axis != "cp")
     if sharding == "no_shard":
         # Replicas over dp_replicate x cp; dp_shard (1 for no_shard) lies between them.
@@ -227,7 +227,7 @@ def data_parallel_mesh(mesh: DeviceMesh, sharding: str, *, with_tp: bool = False
             made[names] = submesh(mesh, axes)._flatten(names[0])
         else:
             flat = submesh(mesh, axes)._flatten("_x_".join(axes))
-            sizes = tuple(math.prod(mesh.size(MESH_AXES.index(a)) for a in group) for group in groups)
+            sizes = tuple(math.prod(mesh.size(WORLD_AXES.index(a)) for a in group) for group in groups)
             made[names] = flat._unflatten(0, sizes, names)
     return made[names]
 
@@ -248,7 +248,7 @@ def data_parallel_rank(mesh: DeviceMesh) -> tuple[int, int]:
     then each keep their own chunks of them, `context_parallel`), and so do the pipeline ranks of
     one (the first stage takes the inputs, the last the targets)."""
     replicate, shard = mesh.get_local_rank("dp_replicate"), mesh.get_local_rank("dp_shard")
-    replicas, shards = (mesh.size(MESH_AXES.index(axis)) for axis in ("dp_replicate", "dp_shard"))
+    replicas, shards = (mesh.size(WORLD_AXES.index(axis)) for axis in ("dp_replicate", "dp_shard"))
     return replicate * shards + shard, replicas * shards
 
 

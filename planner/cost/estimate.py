@@ -25,6 +25,7 @@ from planner.cost.memory import (
 from planner.cost.model_costs import (
     UnitCost,
     context_parallel_share,
+    expert_parallel_share,
     float8_share,
     pipeline_rank_share,
     tensor_parallel_share,
@@ -262,6 +263,24 @@ def context_parallel_seconds(setting: Setting, choice: Choice, unit: UnitCost, *
     return _collective(setting.params, link, nbytes, cp, rails=rails)
 
 
+def expert_parallel_seconds(setting: Setting, choice: Choice, unit: UnitCost, *, tokens: int) -> float:
+    """One forward's expert-parallel all-to-alls of an MoE block: the dispatch, each of the rank's
+    `tokens` x top-k routed rows (hidden x act bytes each) sent to its expert's rank, and the combine,
+    the experts' outputs sent back (backward runs their mirror images: the same two). Of each rank's
+    send buffer the (ep - 1) / ep not bound for its own experts crosses the links the group spans
+    (`Mesh.expert_link`: NVLink while ep x tp ranks fit in a node, else the network), priced like the
+    other collectives (`_collective`: latency plus the bytes leaving the rank over the bandwidth).
+    Exposed, like the tensor-parallel collectives: the experts' GEMMs wait for their rows, and the
+    combine for the GEMMs (torchtitan overlaps neither)."""
+    ep = choice.mesh.ep
+    if ep == 1 or not unit.routed_experts or not unit.expert_shapes:
+        return 0.0
+    hidden = unit.expert_shapes[0][0]  # an expert's first linear reads the hidden state
+    nbytes = tokens * unit.experts_per_token * hidden * setting.act_bytes
+    link = choice.mesh.expert_link(setting.gpus_per_node)
+    return 2 * _collective(setting.params, link, nbytes, ep)
+
+
 def async_tensor_parallel_seconds(comm_s: float, matmul_s: float, *, tp: int, contention: float) -> float:
     """What a block's tensor-parallel collectives still cost under async TP (inductor's
     micro-pipelining): each collective is cut into `tp` per-rank pieces, and while one piece moves
@@ -471,6 +490,8 @@ class _UnitTimes:
                     tp_s, forward.matmul, unit=u, tp=tp, contention=setting.params.overlap_contention
                 )
             cp_s = context_parallel_seconds(setting, choice, u, tokens=self.tokens)
+            if choice.mesh.ep > 1:  # exposed beside the cp all-gathers, and recomputed alike
+                cp_s += expert_parallel_seconds(setting, choice, u, tokens=self.tokens)
             self._forward[id(u)] = (forward, tp_s, tp_back_s, cp_s)
         f, tp_s, tp_back_s, cp_s = self._forward[id(u)]
         tp_fwd = tp_s + cp_s
@@ -625,7 +646,7 @@ class Estimator:
 
     def __init__(self, setting: Setting) -> None:
         self.setting = setting
-        self._shares: dict[tuple[int, int], Setting] = {(1, 1): setting}
+        self._shares: dict[tuple[int, int, int], Setting] = {(1, 1, 1): setting}
         self._layouts: dict[tuple, CommLayout] = {}
         self._moments: dict[Choice, tuple[MemoryEstimate, ...]] = {}
         self._partial: dict[Choice, list[tuple[MemoryEstimate, ...]]] = {}
@@ -682,17 +703,20 @@ class Estimator:
         return other
 
     def setting_for(self, choice: Choice) -> Setting:
-        """The setting as one rank of the choice's tensor- and context-parallel groups sees it: its
-        share of the model, and its share of every sequence (`seq_len` is the rank's own tokens)."""
-        return self._share(choice.mesh.tp, choice.mesh.cp)
+        """The setting as one rank of the choice's tensor-, expert- and context-parallel groups sees
+        it: its share of the model (its experts), and its share of every sequence (`seq_len` is the
+        rank's own tokens)."""
+        return self._share(choice.mesh.tp, choice.mesh.cp, choice.mesh.ep)
 
-    def _share(self, tp: int, cp: int) -> Setting:
-        key = (tp, cp)
+    def _share(self, tp: int, cp: int, ep: int = 1) -> Setting:
+        key = (tp, cp, ep)
         if key not in self._shares:
-            if cp == 1:
+            if cp == 1 and ep == 1:
                 model = tensor_parallel_share(self.setting.model, tp)
-            else:  # the cp share of the tp share (its units made once per tp degree)
-                model = context_parallel_share(self._share(tp, 1).model, cp)
+            elif cp == 1:  # the ep share of the tp share
+                model = expert_parallel_share(self._share(tp, 1).model, ep)
+            else:  # the cp share of the tp (and ep) share (its units made once per tp degree)
+                model = context_parallel_share(self._share(tp, 1, ep).model, cp)
             self._shares[key] = replace(self.setting, model=model, seq_len=self.setting.seq_len // cp)
         return self._shares[key]
 
@@ -703,9 +727,9 @@ class Estimator:
         units (the search prices several cp degrees per tp degree: one layout serves them all)."""
         key = choice.layout_key
         if key not in self._layouts:
-            base = (key[0], 1, *key[2:])  # (tp, cp, ...): the layout of cp 1
+            base = (key[0], 1, *key[2:])  # (tp, cp, ..., ep): the layout of cp 1
             if base not in self._layouts:
-                self._layouts[base] = comm_layout(self._share(key[0], 1), choice)
+                self._layouts[base] = comm_layout(self._share(key[0], 1, key[-1]), choice)
             self._layouts[key] = self._layouts[base]
         return self._layouts[key]
 

@@ -334,7 +334,16 @@ def sharded_states(setting: Setting, choice: Choice) -> tuple[float, float, floa
     shard = choice.mesh.fsdp_shards
     element = float(setting.state_bytes)
     states = (2 if setting.optimizer == "adamw" else 1) * element
+    if choice.mesh.ep > 1:
+        # The rank's num_experts / ep routed experts are sharded over the (dp_shard x cp) / ep ranks
+        # left after ep (torchtitan's dp_shard_mod_ep), the dense parts over dp_shard x cp.
+        n_params = n_params * 1.0 + _local_expert_params(setting) * (shard / choice.mesh.expert_shards - 1)
     return element * n_params / shard, element * n_params / shard, states * n_params / shard
+
+
+def _local_expert_params(setting: Setting) -> int:
+    """The routed experts' parameters the rank holds (its expert-parallel share's blocks)."""
+    return sum(b.expert_params for b in setting.model.blocks)
 
 
 @dataclass(slots=True)
@@ -454,6 +463,8 @@ def memory_moments(
     p = setting.params
     n_params = setting.model.rank_params  # this rank's tensor-parallel share
     shard = choice.mesh.fsdp_shards  # FSDP shards over dp_shard x cp
+    if choice.mesh.ep > 1:  # its experts over (dp_shard x cp) / ep: `sharded_states`
+        n_params = n_params * 1.0 + _local_expert_params(setting) * (shard / choice.mesh.expert_shards - 1)
     held = _Held(
         *sharded_states(setting, choice),
         workspace=p.workspace_gib * GIB,

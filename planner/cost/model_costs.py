@@ -197,6 +197,9 @@ class ModelCosts:
     tensor_parallel: int = 1
     """1: the whole model; else one rank's share of a tensor-parallel group
     (`tensor_parallel_share`): units and vocabulary are per rank, `num_params` the whole model's."""
+    expert_parallel: int = 1
+    """1: every routed expert; else one rank's share of an expert-parallel group
+    (`expert_parallel_share`): its MoE blocks hold num_experts / ep routed experts."""
     share_params: int = 0
     """With tensor_parallel > 1: the parameters one rank holds (summed once, the search reads it
     thousands of times)."""
@@ -218,7 +221,8 @@ class ModelCosts:
     def rank_params(self) -> int:
         """Parameters one rank holds: its tensor-parallel share of its pipeline stages (all of them
         when tp and pp are 1)."""
-        return self.share_params if self.tensor_parallel > 1 or self.pipeline_stage else self.num_params
+        split = self.tensor_parallel > 1 or self.pipeline_stage or self.expert_parallel > 1
+        return self.share_params if split else self.num_params
 
     @property
     def flops_per_token(self) -> float:
@@ -290,6 +294,37 @@ def tensor_parallel_share(model: ModelCosts, tp: int) -> ModelCosts:
         tensor_parallel=tp,
         share_params=sum(u.num_params for u in (embedding, *blocks, head)),
     )
+
+
+def expert_parallel_share(model: ModelCosts, ep: int) -> ModelCosts:
+    """What one rank of an `ep`-wide expert-parallel group holds and computes (of its tensor-parallel
+    share): each MoE block's num_experts / ep routed experts, whose parameters are the only ones it
+    gathers and reduces for them, and their grouped GEMMs at the rows the whole group routes to them
+    (`routed_experts` / ep experts at the same tokens x top-k rows per rank: each expert's rows x ep,
+    planner/cost/gemm.py `expert_rows`). Per-token FLOPs, activations and dispatch buffers stay: a rank
+    receives as many routed rows as it sends. Repeated blocks stay one object."""
+    if ep == 1:
+        return model
+    shares: dict[int, UnitCost] = {}
+
+    def share(u: UnitCost) -> UnitCost:
+        if not u.routed_experts:
+            return u
+        if id(u) not in shares:
+            local = u.expert_params // ep
+            shares[id(u)] = replace(
+                u,
+                num_params=u.num_params - u.expert_params + local,
+                expert_params=local,
+                inactive_params=u.inactive_params // ep,
+                routed_experts=u.routed_experts // ep,
+            )
+        return shares[id(u)]
+
+    blocks = tuple(share(b) for b in model.blocks)
+    moved = sum(a.num_params - b.num_params for a, b in zip(model.blocks, blocks, strict=True))
+    share_params = model.rank_params - moved
+    return replace(model, blocks=blocks, expert_parallel=ep, share_params=share_params)
 
 
 def context_parallel_share(model: ModelCosts, cp: int) -> ModelCosts:

@@ -74,10 +74,11 @@ class Choice:
             self.reduce_scatter_bucket_mb if compiled else 0.0,
             self.reduce_bytes,
             self.float8 if self.float8_all_gather else "none",
+            self.mesh.ep,  # the routed experts a rank gathers (last: `Estimator.layout` keeps the rest)
         ))
         object.__setattr__(self, "compute_key", (
             tp, self.micro_batch_size, self.checkpointing, self.every_k, self.compile, self.engine,
-            self.float8, self.async_tp, cp, saves_gathers,
+            self.float8, self.async_tp, cp, saves_gathers, self.mesh.ep,
         ))
         object.__setattr__(self, "activations_key", (
             tp, cp, self.checkpointing, self.every_k, self.compile, self.engine, saves_gathers,
