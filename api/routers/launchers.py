@@ -15,6 +15,7 @@ from api.deps import ReadAccess, SessionDep
 from api.problems import FieldError, ProblemError
 from api.routers.responses import problems
 from api.schemas.plans import PlanId
+from api.services import calibrations as calibration_service
 from api.services import plans as plan_service
 from executor.launch.bundle import (
     DEFAULT_CUDA_VERSION,
@@ -145,6 +146,12 @@ def download_launcher(
     if row is None:
         raise plan_service.plan_not_found(plan_id)
     plan = Plan.model_validate(row.plan)
+    calibration = None
+    if target is LaunchTarget.torchtitan and row.calibration_id is not None:
+        # The torchtitan bundle re-prices the plan as torchtitan runs it, under the plan's own profile.
+        calibration = calibration_service.load_profile(
+            calibration_service.get_calibration(session, row.calibration_id)
+        )
     try:
         archive = build_bundle(
             plan,
@@ -160,6 +167,7 @@ def download_launcher(
             tolerations=toleration or [],
             priority_class=priority_class,
             gpu_resource=gpu_resource.value,
+            calibration=calibration,
         )
     except UnsafeValueError as exc:
         field = exc.field or "image"

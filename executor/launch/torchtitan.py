@@ -22,6 +22,7 @@ from executor.launch import render
 from executor.launch.bundle import BundleFile, _prediction, context
 from executor.launch.quoting import slug
 from executor.launch.templating import render_template
+from planner.calibration import CalibrationProfile
 from planner.plan import Plan
 from planner.search import predict
 from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
@@ -274,9 +275,11 @@ def request_of(plan: Plan) -> PlanRequest:
     )
 
 
-def repriced(plan: Plan, runs: ParallelConfig) -> Plan:
-    """The plan's request priced for the configuration torchtitan runs (the `torchtitan` engine)."""
-    return predict(request_of(plan), runs)
+def repriced(plan: Plan, runs: ParallelConfig, *, calibration: CalibrationProfile | None = None) -> Plan:
+    """The plan's request priced for the configuration torchtitan runs (the `torchtitan` engine), under
+    the plan's calibration profile when it is given."""
+    calibration_id = plan.calibration_id if calibration is not None else None
+    return predict(request_of(plan), runs, calibration=calibration, calibration_id=calibration_id)
 
 
 TRAIN = render.Entry(
@@ -289,12 +292,13 @@ TRAIN = render.Entry(
 )
 
 
-def bundle_files(plan: Plan) -> list[BundleFile]:
+def bundle_files(plan: Plan, *, calibration: CalibrationProfile | None = None) -> list[BundleFile]:
     """The torchtitan bundle: plan.json, the config module, launch.sh (torchrun), slurm.sbatch and a
-    README with the mapping, what torchtitan cannot express and the re-priced prediction."""
+    README with the mapping, what torchtitan cannot express and the prediction re-priced (under
+    `calibration`, the plan's profile, where the caller has it)."""
     job = mapping(plan)
     ctx = context(plan)
-    priced = repriced(plan, job.config)
+    priced = repriced(plan, job.config, calibration=calibration)
     readme = render_template(
         "torchtitan/README.md.j2",
         ctx=ctx,
@@ -306,6 +310,9 @@ def bundle_files(plan: Plan) -> list[BundleFile]:
         runs=job.config.label(),
         planned_prediction=_prediction(plan),
         prediction=_prediction(priced),
+        # A calibrated plan re-priced without its profile: the two predictions differ by more than the
+        # engine, and the README says so.
+        uncalibrated=plan.calibration_id if plan.calibration_id is not None and calibration is None else None,
         model=slug(plan.model.name, limit=60),
     )
     module = render_template(

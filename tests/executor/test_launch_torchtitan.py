@@ -208,3 +208,11 @@ def test_the_cli_refuses_a_model_torchtitan_lacks(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["launcher", "--plan", str(plan_path), "--target", "torchtitan", "-o",
                                       str(tmp_path / "out")])
     assert result.exit_code != 0 and "registry has no model" in " ".join(result.output.split())
+
+
+def test_a_calibrated_plan_repriced_without_its_profile_says_so(plan_8b: Plan) -> None:
+    calibrated = plan_8b.model_copy(update={"calibration_id": "7"})
+    readme = {f.path: f.data for f in bundle_files(calibrated, target="torchtitan")}["README.md"].decode()
+    assert "priced without the plan's calibration profile (`7`)" in " ".join(readme.split())
+    plain = {f.path: f.data for f in bundle_files(plan_8b, target="torchtitan")}["README.md"].decode()
+    assert "without the plan's calibration profile" not in plain
