@@ -44,7 +44,10 @@ from api.services.plan_documents import UnreadablePlanError, read_plan
 from api.typed_numbers import parse_id, parse_whole
 from contract.mesh import searched_axes
 from contract.training_config import Optimizer, Precision, StateDType
+from executor.launch.torchtitan import NotOnTorchtitanError
+from executor.launch.torchtitan import flavor_of as torchtitan_flavor
 from planner.catalog.models import MODEL_CATALOG
+from planner.plan import Plan
 from planner.rejected_summary import summarize_rejected
 
 router = APIRouter(
@@ -61,6 +64,16 @@ LAUNCHER_TARGETS = (
     ("torchrun", "torchrun"), ("slurm", "SLURM"), ("k8s", "Kubernetes"), ("skypilot", "SkyPilot"),
     ("all", "all targets"), ("torchtitan", "torchtitan job"),
 )
+
+
+def _torchtitan_refused(plan: Plan) -> str | None:
+    """Why the plan has no torchtitan job (its model is not in torchtitan's registry), or None: the page
+    says so in place of the download."""
+    try:
+        torchtitan_flavor(plan)
+    except NotOnTorchtitanError as exc:
+        return str(exc).removeprefix("target torchtitan: ")
+    return None
 
 
 def _parse_id(raw: str, what: str) -> int:
@@ -262,6 +275,7 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
         "candidates": plan_views.candidate_rows(plan), "rejected": summarize_rejected(plan), "runs": runs,
         "studies": queries.studies_of_plan(session, row.id),
         "launcher_targets": LAUNCHER_TARGETS,
+        "torchtitan_refused": _torchtitan_refused(plan),
         "replan_query": replan,
         "key_required": access.write_key_required(session, request),
     })
