@@ -353,9 +353,22 @@ def data_parallel_meshes(
         else:
             meshes = [Mesh(pp=pp, dp_shard=dp, cp=cp, tp=tp)]
         for mesh in meshes:
-            for ep in experts:
-                if mesh.fsdp_shards % ep == 0:
-                    yield sharding, mesh if ep == 1 else replace(mesh, ep=ep)
+            for ep in mesh_expert_degrees(request, mesh, experts):
+                yield sharding, mesh if ep == 1 else replace(mesh, ep=ep)
+
+
+def mesh_expert_degrees(request: PlanRequest, mesh: Mesh, degrees: list[int]) -> list[int]:
+    """Of the searched expert-parallel `degrees`, those `mesh` can carve out of its shard group
+    (dividing dp_shard x cp). Pinned, every one; unpinned, 1 and the largest on each link: the
+    largest whose ep x tp ranks fit in a node (all-to-all over NVLink) and the largest of all.
+    On one link a larger ep sends only (ep - 1) / ep of the same bytes per rank, while it divides
+    the experts' gathered parameters, their FSDP traffic and their GEMMs' padding by ep: the
+    largest dominates the smaller ones (and searching each would price the space several times)."""
+    fit = [ep for ep in degrees if mesh.fsdp_shards % ep == 0]
+    if request.search.expert_parallel_degrees is not None or len(fit) <= 1:
+        return fit
+    node = [ep for ep in fit if ep * mesh.tp <= request.cluster.gpus_per_node]
+    return sorted({1, max(node, default=1), max(fit)})
 
 
 def float8_recipes(request: PlanRequest) -> list[str]:
