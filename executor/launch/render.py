@@ -70,6 +70,8 @@ class Entry:
     """Whether CHECKPOINT_DIR makes the run save and resume checkpoints."""
     reads_data: bool = False
     """Whether the run trains on data: DATA / SYNTHETIC_DATA choose it, and one of them is required."""
+    example_options: str = "--steps 1000"
+    """Options the scripts' usage examples pass (the torchtitan target's are torchtitan's)."""
 
 
 TRAIN = Entry(

@@ -289,6 +289,7 @@ TRAIN = render.Entry(
     usage="./launch.sh [torchtitan options]   e.g. ./launch.sh --hf_assets_path ./assets/hf/Llama-3.1-8B "
           "--training.steps 1000",
     resumable=False,
+    example_options="--hf_assets_path /shared/tokenizer --training.steps 1000",
 )
 
 
