@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from contract.mesh import SEQUENCE_AXES, Mesh
+from contract.mesh import SEQUENCE_AXES, Mesh, axis
 from planner.bounds import MAX_GLOBAL_BATCH_TOKENS
 from planner.cost.estimate import Estimator
 from planner.cost.memory import MemoryEstimate, MemoryLimits, fits_in_memory
@@ -30,6 +30,7 @@ from planner.enumeration import (
     CONTEXT_PARALLEL_FROM_SEQ_LEN,
     context_parallel_degrees,
     enumerate_families,
+    expert_parallel_degrees,
     pipeline_parallel_degrees,
     searched_degrees,
     splitting_degrees,
@@ -482,8 +483,28 @@ def _why_not_here(
             return text + ", which more GPUs shrink only by splitting each sequence over more of them."
         return text + ", which more data-parallel GPUs do not shrink."
     if dominant.group == "gathered":
-        return text + " of whole blocks, which more data-parallel GPUs do not shrink."
+        text += " of whole blocks, which more data-parallel GPUs do not shrink"
+        return text + _expert_parallel_hint(request, here.choice.mesh) + "."
     return text + "."
+
+
+def _expert_parallel_hint(request: PlanRequest, mesh: Mesh) -> str:
+    """How expert parallelism would shrink a mixture of experts' gathered blocks on `mesh`: the
+    largest degree its shard group and the experts allow, where above the mesh's own (the request
+    pinned a smaller one); empty for a dense model or where none is larger."""
+    if not request.model.routed_experts:
+        return ""
+    unpinned = request.model_copy(
+        update={"search": request.search.model_copy(update={"expert_parallel_degrees": None})}
+    )
+    largest = max(ep for ep in expert_parallel_degrees(unpinned) if mesh.fsdp_shards % ep == 0)
+    if largest <= mesh.ep:
+        return ""
+    return (
+        f"; expert parallelism does: {axis('ep').option} {largest} holds 1/{largest} of the routed "
+        "experts per rank, and gathers only those"
+        + (" (the request pins the expert-parallel degrees)" if unpinned.search != request.search else "")
+    )
 
 
 def _split(mesh: Mesh) -> str:

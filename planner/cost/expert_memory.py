@@ -3,10 +3,12 @@ parts of the memory estimate's terms (planner/cost/memory.py), shown apart from 
 plan's `Prediction.expert_memory_gib`). They split the same estimate, adding nothing to it.
 
 Without expert parallelism FSDP shards the experts like every parameter, so their share of the
-sharded states is their share of the parameters; of the gathered parameters (and the gradient
-buffers), their share of the largest unit, an MoE block; of the activations, what the routed rows
-keep for backward under the plan's checkpointing, worked out by `saved_activations` itself over the
-blocks' routed parts. Pipeline ranks are taken as holding the model's mix of dense and MoE blocks.
+sharded states is their share of the parameters (with it too: each rank's num_experts / ep experts
+over (dp_shard x cp) / ep shards hold as much); of the gathered parameters (and the gradient
+buffers), their share of the largest unit, an MoE block (its num_experts / ep local experts); of
+the activations, what the routed rows keep for backward under the plan's checkpointing, worked out by
+`saved_activations` itself over the blocks' routed parts. Pipeline ranks are taken as holding the
+model's mix of dense and MoE blocks.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def expert_parts(setting: Setting, choice: Choice, memory: MemoryEstimate) -> Ex
     states_share = sum(b.expert_params for b in model.blocks) / model.num_params
     largest = max(model.blocks, key=lambda b: b.num_params)
     gathered_share = largest.expert_params / largest.num_params
+    if choice.mesh.ep > 1:  # a rank gathers its num_experts / ep experts only
+        local = largest.expert_params / choice.mesh.ep
+        gathered_share = local / (largest.num_params - largest.expert_params + local)
     ranked = replace(setting, model=tensor_parallel_share(model, choice.mesh.tp))
     whole = saved_activations(ranked, choice)
     recompute = memory.moment == "backward recompute"
