@@ -216,3 +216,17 @@ def test_a_calibrated_plan_repriced_without_its_profile_says_so(plan_8b: Plan) -
     assert "priced without the plan's calibration profile (`7`)" in " ".join(readme.split())
     plain = {f.path: f.data for f in bundle_files(plan_8b, target="torchtitan")}["README.md"].decode()
     assert "without the plan's calibration profile" not in plain
+
+
+def test_mxfp8_plans_convert_the_blocks_linears(job_module, monkeypatch) -> None:
+    # torchtitan checks for an SM100 GPU when it builds the converter; this machine has none.
+    from torchtitan.components.quantization import mx
+
+    monkeypatch.setattr(mx, "has_cuda_capability", lambda major, minor: True)
+    b200 = plan_for("llama3-8b", "1x8xb200", sequences=64)
+    plan = b200.model_copy(update={"config": dataclasses.replace(b200.config, float8="mxfp8")})
+    config = getattr(job_module(plan), JOB_FUNCTION)()
+    check_mapped(config, plan)
+    model = config.model_spec.model
+    assert isinstance(model.layers[0].attention.wo, mx.MXFP8Linear.Config)
+    assert not isinstance(model.lm_head, mx.MXFP8Linear.Config)
