@@ -48,9 +48,6 @@ from executor.runtime.models.common import OutputHead, blocks_in_order
 from executor.runtime.models.llama import Llama
 from executor.runtime.models.moe import MoEFeedForward
 
-TP_UNSPLIT_MODEL_FIELDS = ("latent_attention",)
-"""Model fields whose blocks this module lays out no tensor-parallel plan for (refused, naming them)."""
-
 
 def apply_tensor_parallel(model: nn.Module, *, mesh: DeviceMesh) -> None:
     """Shard `model` (the built-in Llama, typically on the meta device) over the 1-D tp `mesh` in place."""
@@ -59,15 +56,15 @@ def apply_tensor_parallel(model: nn.Module, *, mesh: DeviceMesh) -> None:
             f"plan.config.mesh.tp: tensor parallelism ({mesh.size()}) is implemented for the built-in "
             f"llama model only, this model is a {type(model).__name__}; make a plan with tp 1"
         )
-    for field in TP_UNSPLIT_MODEL_FIELDS:
-        if getattr(model.cfg, field):
-            raise PlanError(
-                f"plan.model.{field}: tensor parallelism ({mesh.size()}) does not split these blocks yet "
-                "(latent attention); make a plan with tp 1"
-            )
     for block in blocks_in_order(model.layers):
-        moe = isinstance(block.feed_forward, MoEFeedForward)
-        parallelize_module(block, mesh, _block_plan(qk_norm=model.cfg.qk_norm, moe=moe))
+        latent = model.cfg.latent_attention
+        styles = _block_plan(
+            qk_norm=model.cfg.qk_norm,
+            moe=isinstance(block.feed_forward, MoEFeedForward),
+            latent=latent is not None,
+            q_lora=latent is not None and latent.q_lora_rank is not None,
+        )
+        parallelize_module(block, mesh, styles)
     around: dict[str, ParallelStyle] = {
         # Vocabulary-sharded lookup; Shard(1) output: the residual stream is sequence-parallel.
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
@@ -84,12 +81,15 @@ def apply_tensor_parallel(model: nn.Module, *, mesh: DeviceMesh) -> None:
         model.output.weight = model.tok_embeddings.weight
 
 
-def _block_plan(*, qk_norm: bool = False, moe: bool = False) -> dict[str, ParallelStyle]:
+def _block_plan(
+    *, qk_norm: bool = False, moe: bool = False, latent: bool = False, q_lora: bool = False
+) -> dict[str, ParallelStyle]:
     """One transformer block: sequence-parallel norms around column- then row-parallel matmuls.
     Query/key norms normalise each of the rank's heads ([batch, seq, heads / T, head_dim]): their
     weight is replicated like a sequence-parallel norm's, with the heads (dim 2) as the sharded dim,
     so its gradient is summed over the tp ranks' heads. A mixture-of-experts feed-forward is laid out
-    by `ExpertTensorParallel`."""
+    by `ExpertTensorParallel`; latent attention splits its heads (wq / wq_b, wkv_b column-parallel)
+    and replicates its down projections and their norms (`models.latent_attention`)."""
     # Attention's forward is (x, rope): only x is a tensor to lay out.
     gather_attention_input = PrepareModuleInput(
         input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
@@ -97,12 +97,28 @@ def _block_plan(*, qk_norm: bool = False, moe: bool = False) -> dict[str, Parall
     gather_ffn_input = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
     head_norm = SequenceParallel(sequence_dim=2, use_local_output=True)
     head_norms = {"attention.q_norm": head_norm, "attention.k_norm": head_norm} if qk_norm else {}
+    if latent:
+        replicated = ReplicateParameters()
+        queries: dict[str, ParallelStyle] = {"attention.wq": ColwiseParallel()}
+        if q_lora:
+            queries = {"attention.wq_a": replicated, "attention.q_norm": replicated}
+            queries["attention.wq_b"] = ColwiseParallel()
+        projections: dict[str, ParallelStyle] = {
+            **queries,
+            "attention.wkv_a": replicated,
+            "attention.kv_norm": replicated,
+            "attention.wkv_b": ColwiseParallel(),
+        }
+    else:
+        projections = {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+        }
     return {
         "attention_norm": SequenceParallel(),
         "attention": gather_attention_input,
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
+        **projections,
         "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
         **head_norms,
@@ -117,6 +133,20 @@ def _block_plan(*, qk_norm: bool = False, moe: bool = False) -> dict[str, Parall
             }
         ),
     }
+
+
+class ReplicateParameters(ParallelStyle):
+    """Every parameter of the module replicated on the tp mesh (a DTensor: its gradient, partial on
+    each rank, is summed over the ranks); its input is a replicated DTensor already."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def replicate(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
+            for pname, param in list(mod.named_parameters(recurse=False)):
+                tensor = distribute_tensor(param, mesh, [Replicate()], src_data_rank=None)
+                mod.register_parameter(pname, nn.Parameter(tensor, requires_grad=param.requires_grad))
+
+        distribute_module(module, device_mesh, replicate)
+        return module
 
 
 _EXPERT_SPLITS: dict[str, Placement] = {
@@ -154,7 +184,12 @@ class ExpertTensorParallel(ParallelStyle):
                 tensor = distribute_tensor(param, mesh, [placement], src_data_rank=None)
                 mod.register_parameter(name, nn.Parameter(tensor, requires_grad=param.requires_grad))
 
+        # distribute_module replicates buffers too: the router's bias and token counts stay plain
+        # tensors (the same on every rank, updated by `moe.update_router_bias` over all ranks).
+        buffers = [(m, name, b) for m in module.modules() for name, b in m._buffers.items() if b is not None]
         distribute_module(module, device_mesh, split)
+        for owner, name, buffer in buffers:
+            owner._buffers[name] = buffer
         for part in (module, module.router, module.experts):
             part.tp = tp
         return module

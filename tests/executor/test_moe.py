@@ -1,18 +1,16 @@
 """The llama family's mixture-of-experts blocks, latent attention and query/key norms (issue 40): routing,
 the grouped matmul's fallbacks, the auxiliary loss and the bias update, shapes and causality, the
-parameter count the planner prices, and what the runtime refuses (tensor parallelism of latent
-attention)."""
+parameter count the planner prices."""
 
 from __future__ import annotations
 
 import dataclasses
-import types
 
 import pytest
 import torch
 
 from contract.model_config import LatentAttention, ModelConfig, MoeConfig
-from contract.plan_document import PlanError, parse_plan
+from contract.plan_document import parse_plan
 from executor.runtime.materialize import materialize
 from executor.runtime.models import build_model, count_params
 from executor.runtime.models.grouped_mm import grouped_matmul, grouped_mm_loop
@@ -28,7 +26,6 @@ from executor.runtime.models.moe import (
     set_aux_loss_scale,
     update_router_bias,
 )
-from executor.runtime.tensor_parallel import apply_tensor_parallel
 from tests.executor.plan_factory import debug_plan
 
 H = 8
@@ -306,12 +303,6 @@ def test_built_models_train_a_step_eagerly() -> None:
     assert torch.isfinite(loss)
     assert all(p.grad is not None for p in model.parameters())
     assert type(model.layers[0].feed_forward).__name__ == "FeedForward"  # first_dense_layers
-
-
-def test_tensor_parallelism_of_latent_attention_is_refused_naming_the_field() -> None:
-    model = build_model(tiny(latent_attention=MLA), seq_len=16)
-    with pytest.raises(PlanError, match=r"plan\.model\.latent_attention: tensor parallelism"):
-        apply_tensor_parallel(model, mesh=types.SimpleNamespace(size=lambda: 2))  # type: ignore[arg-type]
 
 
 def test_grouped_experts_layout() -> None:

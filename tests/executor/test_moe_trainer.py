@@ -2,8 +2,8 @@
 with a shared expert and a sigmoid router balanced by its bias) on CPU gloo (issue 40): its loss falls,
 a checkpoint resumes it exactly (the routers' biases are in the checkpoint: without them routing
 changes), and a 2-stage pipeline trains like one rank (the bias update sums the counts over the
-stage's ranks). Under tensor parallelism (tp 2) an MoE model (FSDP2 and SimpleFSDP) and a dense one
-with query/key norms train like one rank."""
+stage's ranks). Under tensor parallelism (tp 2) an MoE model (FSDP2, SimpleFSDP eager and compiled),
+the DeepSeek-like one and a dense one with query/key norms train like one rank."""
 
 from __future__ import annotations
 
@@ -91,6 +91,20 @@ def test_moe_model_under_tensor_parallelism_trains_like_one_rank(
         "compiled": ("--compile-backend", "aot_eager"),
     }[engine]
     split = _train(tp, tmp_path, "tp", "--steps", "3", *flags)
+    single = _train(one, tmp_path, "one", "--steps", "3", nproc=1)
+    assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in single], rel=2e-5)
+    assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
+
+
+def test_latent_attention_moe_model_under_tensor_parallelism_trains_like_one_rank(
+    tmp_path: Path, write_plan
+) -> None:
+    # tp 2 on the DeepSeek-like model: heads split (wq_b, wkv_b column-, wo row-parallel), the latent
+    # down projections and norms replicated, the experts split as above.
+    common = {"micro_batch_size": 2, "grad_accum_steps": 1, "model": DEEPSEEK_LIKE, "name": "ds-tiny"}
+    tp = write_plan(debug_plan(gpus_per_node=2, tp=2, **common), "tp.json")
+    one = write_plan(debug_plan(gpus_per_node=1, **common), "one.json")
+    split = _train(tp, tmp_path, "tp", "--steps", "3")
     single = _train(one, tmp_path, "one", "--steps", "3", nproc=1)
     assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in single], rel=2e-5)
     assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)

@@ -8,12 +8,17 @@ and key are [nope | rotated rope] (qk_head_dim wide), its value v_head_dim wide:
 attention takes values of another width than queries and keys (its math and memory-efficient kernels;
 flash needs equal widths and is then not chosen), so no padding. Hugging Face names: q_a_proj,
 q_a_layernorm, q_b_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj.
+
+Under tensor parallelism (`executor.runtime.tensor_parallel`) the heads are split: wq / wq_b and wkv_b
+column-parallel, wo row-parallel; the down projections and their norms (wq_a, q_norm, wkv_a, kv_norm)
+run replicated on the gathered sequence, as DTensors whose gradients sum over the ranks.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, Partial
 
 from contract.model_config import LatentAttention, ModelConfig
 from executor.runtime.models.common import sdpa_causal
@@ -51,6 +56,10 @@ class LatentSelfAttention(nn.Module):
         heads = q.shape[1]
         q_nope, q_rope = q.split([self.nope, self.rope_dim], dim=-1)
         latent, k_rope = self.wkv_a(x).split([self.kv_rank, self.rope_dim], dim=-1)
+        if isinstance(k_rope, DTensor):
+            # Tensor parallelism: the latent path is replicated, each rank's heads read the rotary
+            # key, so its gradient here is this rank's heads' share (summed over the ranks).
+            k_rope = k_rope.to_local(grad_placements=[Partial()])
         kv = self.wkv_b(self.kv_norm(latent)).view(b, t, heads, self.nope + self.v_dim).transpose(1, 2)
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
         # The rotary key is one head's, shared by all: rotate once, then broadcast.
