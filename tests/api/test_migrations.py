@@ -32,7 +32,7 @@ from tests.live_server import REPO_ROOT
 from tests.older_schemas import as_schema_1
 
 TABLES = {"plans", "calibration_profiles", "validation_runs", "api_keys", "idempotency_keys"}
-HEAD = "0010"
+HEAD = "0011"
 MESH_COLUMNS = ("sharding", "tensor_parallel_degree", "data_parallel_shard_degree")
 
 

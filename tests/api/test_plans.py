@@ -217,4 +217,4 @@ async def test_health(client: httpx.AsyncClient, backend: str) -> None:
     for path in ("/healthz", "/api/v1/healthz"):
         assert (await client.get(path)).json() == {"status": "ok"}
     ready = (await client.get("/readyz")).json()
-    assert ready == {"status": "ready", "database": backend, "schema_revision": "0010"}
+    assert ready == {"status": "ready", "database": backend, "schema_revision": "0011"}

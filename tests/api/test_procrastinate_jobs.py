@@ -446,7 +446,7 @@ async def test_an_api_restart_loses_no_queued_job(
     try:
         with pytest.raises(DataLossRefusedError, match="2 rows of queued or running task-engine jobs"):
             migrate.downgrade(engine, "0005")
-        assert migrate.current_revision(engine) == "0010"
+        assert migrate.current_revision(engine) == "0011"
     finally:
         engine.dispose()
 
