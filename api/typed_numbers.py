@@ -11,9 +11,12 @@ from __future__ import annotations
 import math
 import re
 
-from api.schemas.plans import MAX_ID
 from planner.specs import ASCII_DECIMAL
 
+MAX_ID = (1 << 53) - 1
+"""The largest id every JSON client reads exactly (JavaScript numbers, and JSON Schema validators that
+compare in floats: against 2^63 - 1 as a float, 2^63 + 191 passes); far beyond any table's ids. Declared
+here, not in api/schemas/plans.py, so that the command line reads ids without importing fastapi."""
 _ASCII_DIGITS = re.compile(r"[0-9]+")
 MAX_DECIMAL_TEXT = 40
 """Longer than any price or duration a person types."""

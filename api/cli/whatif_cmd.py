@@ -33,8 +33,6 @@ from api.cli.common import (
     whole_number,
 )
 from api.cli.plan_cmd import CHECKPOINT_MODES, FLOAT8_CHOICES, SHARDINGS, search_pins, within
-from api.services.search_pool import SearchPool, available_cores
-from api.services.studies import run_study
 from api.typed_numbers import parse_decimal
 from contract.training_config import precision_label
 from planner.errors import PlanningError, describe_validation_error
@@ -170,6 +168,11 @@ def whatif(
 
 
 def _plan_here(study: StudyRequest) -> StudySummary:
+    # The study runner lives beside the service's (its module also stores studies, with sqlalchemy):
+    # imported when a study is planned here, not for `whatif --help` or a study sent to a server.
+    from api.services.search_pool import SearchPool, available_cores
+    from api.services.studies import run_study
+
     count = len([c for c in study.candidates() if c.request is not None])
     pool = SearchPool(workers=available_cores(), deadline_s=CLI_SEARCH_LIMIT_S)
     progress = Progress(TextColumn("planning {task.total} clusters"), BarColumn(), MofNCompleteColumn(),

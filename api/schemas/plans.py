@@ -22,6 +22,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from api.problems import UNION_TAG_PREFIX
+from api.typed_numbers import MAX_ID as MAX_ID
 from contract.mesh import Mesh
 from contract.training_config import Optimizer, Precision, StateDType
 
@@ -45,9 +46,6 @@ from planner.specs import (
     whole_numbers,
 )
 
-MAX_ID = (1 << 53) - 1
-"""The largest id every JSON client reads exactly (JavaScript numbers, and JSON Schema validators that
-compare in floats: against 2^63 - 1 as a float, 2^63 + 191 passes); far beyond any table's ids."""
 PlanId = Annotated[int, Path(ge=1, le=MAX_ID, description="A plan's id")]
 MAX_PIPELINE_STAGES = 1024
 """The largest pipeline-parallel degree a filter takes: what `search.pipeline_parallel_degrees` allows."""

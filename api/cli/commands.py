@@ -1,0 +1,123 @@
+"""The command line's table of commands, loaded lazily: a command's module is imported only when it runs.
+
+Every command module registers its commands on a Typer app (`register(app)`). Importing them all before
+parsing the arguments cost every command the whole web stack, the planner and torch's helpers (issue 42:
+1.5-2 s of CPU for `--help`). Here each command is named once with its module and the first paragraph of
+its help, which the root's `--help` lists; the module is imported, and its real command built, only when
+that command is resolved to run (or to print its own `--help`). tests/api/test_cli_imports.py holds the
+listing to the modules' own help text and each command's imports to what it uses.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+import typer
+from typer import _click as click
+from typer.core import TyperCommand, TyperGroup
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommandEntry:
+    """One command of the root: its name, the module whose `register(app)` adds it, its summary."""
+
+    name: str
+    module: str
+    summary: str
+    """The first paragraph of the command's help, as the root's `--help` lists it."""
+
+
+COMMANDS: tuple[CommandEntry, ...] = (
+    CommandEntry(name="plan", module="api.cli.plan_cmd", summary=(
+        "Find the fastest FSDP configuration that fits, and say why."
+    )),
+    CommandEntry(name="replan", module="api.cli.replan_cmd", summary=(
+        "Re-plan a stored plan's request below the peak memory of its configuration that ran out of"
+        " memory."
+    )),
+    CommandEntry(name="serve", module="api.cli.service_cmd", summary=(
+        "Run the API (migrates the database first); OpenAPI docs at /docs."
+    )),
+    CommandEntry(name="worker", module="api.cli.service_cmd", summary=(
+        "Run study jobs and plan jobs (large plan searches, re-plans; procrastinate on PostgreSQL) "
+        "for API\n"
+        "servers started with FSDP_PLANNER_JOB_ENGINE=procrastinate: start any number, on any "
+        "machine, with\n"
+        "the same DATABASE_URL. Each kind has its own queue, slots and search processes.\n"
+        "SIGTERM/SIGINT put the running studies back in the queue for another worker; the jobs of a"
+        " worker\n"
+        "killed outright are retried by another one once it has been silent "
+        "FSDP_PLANNER_STUDY_STALE_AFTER_S."
+    )),
+    CommandEntry(name="calibrate", module="api.cli.calibrate_cmd", summary=(
+        "Measure GEMMs, collectives and the model's blocks here, within a time budget."
+    )),
+    CommandEntry(name="validate", module="api.cli.validate_cmd", summary=(
+        "Run the plan's launcher for a few steps and report measured vs predicted."
+    )),
+    CommandEntry(name="launcher", module="api.cli.launcher_cmd", summary=(
+        "Write a launch bundle: launch.sh (torchrun), slurm.sbatch, k8s.yaml, skypilot.yaml, "
+        "plan.json and the\n"
+        "runtime."
+    )),
+    CommandEntry(name="trace", module="api.cli.trace_cmd", summary=(
+        "Build your model on the meta device (no weights, no memory) and write its layer graph:\n"
+        "per module its parameters, forward FLOPs per token and bytes saved for backward per token,\n"
+        "with repeated blocks found. Plan it with `fsdp-planner plan --layer-graph FILE` or post it\n"
+        "to a server as the plan's `model`."
+    )),
+    CommandEntry(name="prepare-data", module="api.cli.prepare_data_cmd", summary=(
+        "Tokenise text or JSONL into memory-mapped token shards + index.json for `launch.sh "
+        "--data`."
+    )),
+    CommandEntry(name="whatif", module="api.cli.whatif_cmd", summary=(
+        "How long and how much to train a model on N tokens, on each GPU type and cluster size."
+    )),
+    CommandEntry(name="fidelity", module="api.cli.fidelity_cmd", summary=(
+        "Price every measured run of the corpus at its exact configuration; errors and targets."
+    )),
+    CommandEntry(name="db", module="api.cli.service_cmd", summary=(
+        "Database schema migrations (Alembic)."
+    )),
+    CommandEntry(name="keys", module="api.cli.service_cmd", summary=(
+        "API keys for writes (POST/DELETE); once one exists, writes need one."
+    )),
+)
+"""In the order the root's `--help` lists them (Typer lists sub-apps after plain commands)."""
+
+
+def load_command(entry: CommandEntry) -> click.Command:
+    """The real command of `entry`: its module imported, registered on an app of its own, built by Typer."""
+    app = typer.Typer()
+    importlib.import_module(entry.module).register(app)
+    return typer.main.get_group(app).commands[entry.name]
+
+
+class LazyCommand(TyperCommand):
+    """What the root lists for a command not loaded yet: its name and summary, nothing to run."""
+
+    def __init__(self, *, entry: CommandEntry) -> None:
+        super().__init__(name=entry.name, help=entry.summary)
+        self.entry = entry
+
+
+class LazyGroup(TyperGroup):
+    """The root group: every command of COMMANDS listed, each loaded when it is resolved to run."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        for entry in COMMANDS:
+            self.commands.setdefault(entry.name, LazyCommand(entry=entry))
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        if isinstance(command, LazyCommand):
+            entry = command.entry
+            command = load_command(entry)
+            # Loaded once: a second resolution in this process (tests invoke the app many times) reuses it.
+            self.commands[entry.name] = command
+        return name, command, rest
