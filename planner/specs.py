@@ -18,7 +18,6 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
-    TypeAdapter,
     ValidationError,
     ValidationInfo,
     create_model,
@@ -28,6 +27,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from contract.fields import field_descriptions
 from contract.mesh import searched_axes
 from contract.model_config import DERIVED_COUNTS, ModelConfig, ModelShape
 from contract.parallel_config import (
@@ -156,7 +156,8 @@ def contract_fields(cls: type, *, bounds: dict[str, Any], exclude: tuple[str, ..
     with the `bounds` a request must keep added to the named fields (inside an optional field's
     `| None`)."""
     hints = typing.get_type_hints(cls, include_extras=True)
-    described = TypeAdapter(cls).json_schema()["properties"]
+    # The docstrings as the JSON Schema reads them, without building one (half this module's import).
+    described = field_descriptions(cls)
     definitions: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if f.name in exclude:
@@ -171,7 +172,7 @@ def contract_fields(cls: type, *, bounds: dict[str, Any], exclude: tuple[str, ..
             else:
                 hint = Annotated[hint, bounds[f.name]]
         default = ... if f.default is dataclasses.MISSING else f.default
-        definitions[f.name] = (hint, Field(default, description=described[f.name].get("description")))
+        definitions[f.name] = (hint, Field(default, description=described.get(f.name)))
     return definitions
 
 
