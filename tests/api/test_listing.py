@@ -169,7 +169,7 @@ async def test_filters_on_the_mesh(client: httpx.AsyncClient, stored: list[PlanR
         assert mesh["dp_replicate"] * mesh["dp_shard"] * mesh["tp"] == row.world_size
     hybrid = next(i for i in items if i["sharding"] == "hybrid_shard" and i["world_size"] == 32 and
                   i["mesh"]["tp"] == 2)
-    assert hybrid["mesh"] == {"pp": 1, "dp_replicate": 8, "dp_shard": 2, "cp": 1, "tp": 2}
+    assert hybrid["mesh"] == {"pp": 1, "dp_replicate": 8, "dp_shard": 2, "ep": 1, "cp": 1, "tp": 2}
 
     # A cursor is bound to its mesh filters too.
     cursor = (await client.get(PLANS, params={"limit": 2, "tp": 1})).json()["next_cursor"]

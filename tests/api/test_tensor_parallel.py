@@ -58,7 +58,7 @@ async def test_a_pinned_degree_is_planned_stored_and_listed(
 
     listed = (await client.get(PLANS, params={"tp": 2})).json()["items"]
     assert [item["id"] for item in listed] == [body["id"]]
-    assert listed[0]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2}
+    assert listed[0]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "ep": 1, "cp": 1, "tp": 2}
     data_parallel = (await client.get(PLANS, params={"tp": 1})).json()["items"]
     assert [item["id"] for item in data_parallel] == [free.json()["id"]]
 

@@ -35,7 +35,7 @@ def test_a_pinned_plan_shows_its_mesh_and_tensor_parallel_time(client: TestClien
     stored = client.get(f"/api/v1/plans/{plan_id}").json()
     plan = stored["plan"]
     assert stored["request"]["search"]["tensor_parallel_degrees"] == [2]
-    assert plan["config"]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2}
+    assert plan["config"]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "ep": 1, "cp": 1, "tp": 2}
 
     page = text(client.get(f"/plans/{plan_id}").text)
     assert f"· {plan['config']['sharding']} dp2x1 tp2 " in page  # the configuration label in the subtitle
