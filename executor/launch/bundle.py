@@ -235,19 +235,16 @@ def bundle_files(
 ) -> list[BundleFile]:
     """Every file of the bundle for `target`, in a stable order.
 
-    The Kubernetes manifests run `image` when given, else PyTorch's official image for
-    `torch_version` / `cuda_version`; `rdma_resource` (`domain/name`, `rdma_count` per pod) requests
-    RDMA adapters, which are otherwise a commented-out block. `queue`, `node_selector` (`key=value`),
-    `tolerations` (`key[=value][:Effect]`), `priority_class` and `gpu_resource` say where the pods are
-    scheduled (scheduling.py). `calibration` (the plan's profile) re-prices a `torchtitan` bundle."""
-    _check_choice(target, TARGETS, "target")
+    The Kubernetes manifests run `image` when given, else PyTorch's official image for `torch_version` /
+    `cuda_version`; `rdma_resource` (`domain/name`, `rdma_count` per pod) requests RDMA adapters. `queue`,
+    `node_selector` (`key=value`), `tolerations` (`key[=value][:Effect]`), `priority_class` and `gpu_resource`
+    place the pods (scheduling.py); `calibration` (the plan's profile) re-prices a `torchtitan` bundle."""
+    _check_target(plan, target)
     if target == "torchtitan":
         # Imported here: the torchtitan target builds on this module's context and files.
         from executor.launch import torchtitan
 
         return torchtitan.bundle_files(plan, calibration=calibration)
-    if unsupported := unsupported_mesh(plan.config.mesh):
-        raise UnsafeValueError(f"target {target}: {unsupported}", field="plan")
     pods = scheduling.scheduling(
         queue=queue, node_selector=node_selector, tolerations=tolerations,
         priority_class=priority_class, gpu_resource=gpu_resource,
@@ -300,6 +297,15 @@ def bundle_files(
     )
     files.append(BundleFile("README.md", text.encode()))
     return files
+
+
+def _check_target(plan: Plan, target: str) -> None:
+    """Refuse an unknown target, and a plan this project's runtime cannot run on its own targets
+    (`contract.plan_document.unsupported_mesh`: expert parallelism, so far); the torchtitan target
+    runs torchtitan's trainer, which says itself what it takes."""
+    _check_choice(target, TARGETS, "target")
+    if target != "torchtitan" and (unsupported := unsupported_mesh(plan.config.mesh)):
+        raise UnsafeValueError(f"target {target}: {unsupported}", field="plan")
 
 
 def _prediction(plan: Plan) -> str:
