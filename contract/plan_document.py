@@ -209,9 +209,8 @@ def unsupported_mesh(mesh: Mesh) -> str | None:
     launcher's bundles refuse it alike, so nothing half-works); None: it can."""
     if mesh.ep > 1:
         return (
-            f"config.mesh.ep: ep={mesh.ep}: this runtime has no expert-parallel dispatch yet (issue 40); "
-            "plan with --ep 1 (experts FSDP-sharded over the whole shard group), or launch the plan with "
-            "the torchtitan target"
+            f"config.mesh.ep: ep={mesh.ep}: this runtime has no expert-parallel dispatch yet; "
+            "plan with --ep 1 to run it here (the experts FSDP-sharded over the whole shard group)"
         )
     return None
 
