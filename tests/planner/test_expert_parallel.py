@@ -130,7 +130,7 @@ def test_deepseek_v3_plans_with_ep_and_its_runtime_refuses_it() -> None:
     parts = plan.prediction.expert_memory_gib
     assert parts is not None and parts.routed_expert_states > 0 and parts.dispatch_buffers > 0
     document = plan.model_dump(mode="json")
-    refusal = r"ep=\d+: this runtime has no expert-parallel dispatch yet \(issue 40\)"
+    refusal = r"ep=\d+: this runtime has no expert-parallel dispatch yet; plan with --ep 1"
     with pytest.raises(PlanError, match=refusal):
         parse_plan(document)
     with pytest.raises(UnsafeValueError, match="no expert-parallel dispatch yet"):
