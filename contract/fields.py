@@ -20,7 +20,10 @@ from typing import Any
 @functools.cache
 def _classes_of(module_name: str) -> dict[str, ast.ClassDef]:
     """The top-level classes of a module's source, by name: the module parsed once."""
-    tree = ast.parse(inspect.getsource(sys.modules[module_name]))
+    try:
+        tree = ast.parse(inspect.getsource(sys.modules[module_name]))
+    except (OSError, TypeError):  # no source shipped (a zipped or compiled-only install): no descriptions
+        return {}
     return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
 
 
