@@ -28,9 +28,9 @@ def fresh_url(backend: str, database_factory: Callable[[str], str]) -> str:
 def test_db_upgrade_and_current(fresh_url: str) -> None:
     result = runner.invoke(app, ["db", "upgrade", "--database-url", fresh_url])
     assert result.exit_code == 0, result.output
-    assert "at revision 0010" in result.output
+    assert "at revision 0011" in result.output
     result = runner.invoke(app, ["db", "current", "--database-url", fresh_url])
-    assert "current: 0010" in result.output and "head: 0010" in result.output
+    assert "current: 0011" in result.output and "head: 0011" in result.output
     assert runner.invoke(app, ["db", "downgrade", "base", "--database-url", fresh_url]).exit_code == 0
     assert "current: None" in runner.invoke(app, ["db", "current", "--database-url", fresh_url]).output
 
