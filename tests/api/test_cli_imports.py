@@ -60,14 +60,15 @@ try:
     app(["--help"], prog_name="fsdp-planner")
 except SystemExit:
     pass
-print(json.dumps(sorted({name.partition(".")[0] for name in sys.modules})), file=sys.stderr)
+print(json.dumps(sorted({name.partition(".")[0] for name in sys.modules})))
 """
 
 
 def loaded_packages(*, code: str, args: list[str]) -> set[str]:
+    """The top-level packages `code` has loaded: the last line it prints (after any help text)."""
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True,
                           timeout=120)
-    return set(json.loads((done.stdout if code is RESOLVE else done.stderr).strip().splitlines()[-1]))
+    return set(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def test_every_command_is_in_the_table() -> None:
