@@ -96,11 +96,23 @@ def load_command(entry: CommandEntry) -> click.Command:
 
 
 class LazyCommand(TyperCommand):
-    """What the root lists for a command not loaded yet: its name and summary, nothing to run."""
+    """What the root lists for a command not loaded yet: its name and summary; parsing its arguments
+    loads the real command (once) and lets it parse."""
 
     def __init__(self, *, entry: CommandEntry) -> None:
         super().__init__(name=entry.name, help=entry.summary)
         self.entry = entry
+        self._loaded: click.Command | None = None
+
+    def load(self) -> click.Command:
+        if self._loaded is None:
+            self._loaded = load_command(self.entry)
+        return self._loaded
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        return self.load().make_context(info_name, args, parent=parent, **extra)
 
 
 class LazyGroup(TyperGroup):
@@ -116,8 +128,6 @@ class LazyGroup(TyperGroup):
     ) -> tuple[str | None, click.Command | None, list[str]]:
         name, command, rest = super().resolve_command(ctx, args)
         if isinstance(command, LazyCommand):
-            entry = command.entry
-            command = load_command(entry)
             # Loaded once: a second resolution in this process (tests invoke the app many times) reuses it.
-            self.commands[entry.name] = command
+            self.commands[command.entry.name] = command = command.load()
         return name, command, rest
