@@ -3,9 +3,10 @@ search pool and the job engines record (the job queue's depth is read from the d
 api/metrics/job_queue.py).
 
 Plans, searches and jobs are always recorded (a dictionary look-up and an addition each); with
-`Settings.metrics` off nothing serves them, and requests are not timed at all (no middleware). Under `serve --workers N` every web process writes its values to files in
-`PROMETHEUS_MULTIPROC_DIR` (prometheus_client's multiprocess mode, set up by api/web_supervisor.py), and
-a scrape of any of them adds up all of them (api/metrics/endpoint.py).
+`Settings.metrics` off nothing serves them, and requests are not timed at all (no middleware). Under
+`serve --workers N` every web process writes its values to files in `PROMETHEUS_MULTIPROC_DIR`
+(prometheus_client's multiprocess mode, set up by api/web_supervisor.py), and a scrape of any of them
+adds up all of them (api/metrics/endpoint.py).
 """
 
 from __future__ import annotations

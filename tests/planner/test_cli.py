@@ -212,7 +212,8 @@ def test_tp_pin_plans_that_degree_and_prints_the_mesh() -> None:
     exposed = re.search(r"tensor parallel\s+(\S+ \S+)/step of it \(between the matmuls", result.output)
     assert exposed, result.output
     document = plan_json(*LLAMA8B_ONE_NODE, "--tp", "2")
-    assert document["config"]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 4, "ep": 1, "cp": 1, "tp": 2}
+    mesh = {"pp": 1, "dp_replicate": 1, "dp_shard": 4, "ep": 1, "cp": 1, "tp": 2}
+    assert document["config"]["mesh"] == mesh
     assert exposed.group(1) == duration(document["prediction"]["exposed_tensor_parallel_s"])
     assert {c["config"]["mesh"]["tp"] for c in document["alternatives"]} == {2}
     assert all("tp2" in r["family"].split() for r in document["rejected"])  # nothing else searched
