@@ -200,10 +200,6 @@ def _upgrade_schema_1(value: Any, world: int | None) -> Any:
     return upgraded
 
 
-UNBUILT_MODEL_FIELDS: tuple[str, ...] = ()
-"""Model fields the contract declares that this runtime's models do not build yet."""
-
-
 def unsupported_mesh(mesh: Mesh) -> str | None:
     """Why this runtime cannot run `mesh`, though the planner prices it (the plan check and the
     launcher's bundles refuse it alike, so nothing half-works); None: it can."""
@@ -220,12 +216,6 @@ def check_plan(plan: RuntimePlan) -> None:
     cfg, world, mesh = plan.config, plan.world_size, plan.config.mesh
     if unsupported := unsupported_mesh(mesh):
         raise PlanError(f"plan.{unsupported}")
-    for unbuilt in UNBUILT_MODEL_FIELDS:
-        if getattr(plan.model, unbuilt):
-            raise PlanError(
-                f"plan.model.{unbuilt}: this runtime cannot build it yet; train the model with a runtime "
-                "that can (a newer launcher bundle), or plan it without that field"
-            )
     if mesh.world_size != world:
         raise PlanError(f"plan.config.mesh: {mesh.describe().split(' = ')[0]} = {mesh.world_size} ranks, "
                         f"but the cluster has {world}")

@@ -176,10 +176,6 @@ def contract_fields(cls: type, *, bounds: dict[str, Any], exclude: tuple[str, ..
     return definitions
 
 
-UNPRICED_MODEL_FIELDS: tuple[str, ...] = ()
-"""Model fields the contract declares that the cost model does not price yet (refused, naming them):
-none now (mixture-of-experts blocks, latent attention and query/key norms are priced, issue 40)."""
-
 LLAMA_ONLY_FIELDS = ("moe", "latent_attention", "qk_norm")
 """Model fields only the llama family's blocks price (mixture-of-experts feed-forwards, latent
 attention, query/key norms)."""
@@ -226,12 +222,6 @@ class ModelSpec(_ModelFields, ModelShape):  # type: ignore[misc, valid-type]
             raise ValueError(
                 f"layer_graph: only allowed with architecture 'layer_graph', not '{self.architecture}'"
             )
-        for field in UNPRICED_MODEL_FIELDS:
-            if getattr(self, field):
-                raise ValueError(
-                    f"{field}: the planner does not price it yet; leave it out to plan the model "
-                    "without it"
-                )
         for field in LLAMA_ONLY_FIELDS:
             if getattr(self, field) and self.architecture != "llama":
                 raise ValueError(
