@@ -59,7 +59,9 @@ def _qwen3_moe(config: dict[str, Any]) -> MoeConfig:
     step = _int(config, "decoder_sparse_step", 1)
     # Hugging Face routes block i when (i + 1) % step == 0: the first step - 1 are dense.
     return MoeConfig(
-        num_experts=_int(config, "num_experts"), experts_per_token=_int(config, "num_experts_per_tok"),
+        # transformers 5 writes `num_experts` as `num_local_experts` (its config's attribute_map).
+        num_experts=_int(config, "num_experts" if "num_experts" in config else "num_local_experts"),
+        experts_per_token=_int(config, "num_experts_per_tok"),
         expert_intermediate_size=_int(config, "moe_intermediate_size"), first_dense_layers=step - 1,
         layer_interval=step,
     )

@@ -192,7 +192,7 @@ def model_from_hf_config(config: dict[str, Any], *, name: str | None = None) -> 
             max_seq_len=_int(config, "max_position_embeddings", 2048),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qkv_bias=arch == "Qwen2ForCausalLM",
-            rope_theta=float(config.get("rope_theta", 10000.0)),
+            rope_theta=_rope_theta(config),
             norm_eps=float(config.get("rms_norm_eps", 1e-5)),
         )
         return ModelSpec(**(dims | extension))
@@ -228,6 +228,14 @@ def _refuse_unread_shapes(config: dict[str, Any], family: str) -> None:
                 f"(`{key}`: {json.dumps(planned)} can)",
                 field="model",
             )
+
+
+def _rope_theta(config: dict[str, Any]) -> float:
+    """RoPE's base: `rope_theta`, or where transformers 5 writes it (`rope_parameters.rope_theta`)."""
+    params = config.get("rope_parameters")
+    nested = params.get("rope_theta") if isinstance(params, dict) else None
+    theta = config.get("rope_theta", nested)
+    return float(10000.0 if theta is None else theta)
 
 
 def _head_size(config: dict[str, Any]) -> int | None:
