@@ -103,6 +103,9 @@ MAX_NODES = 4096
 """Nodes in one cluster: twice the largest published training jobs (Llama 3 405B: 2,048 nodes)."""
 MAX_GPUS_PER_NODE = 64
 """GPUs (ranks) per node: 8x the usual 8-GPU server, beyond any NVLink domain sold as one node."""
+MAX_SCALEUP_DOMAIN_GPUS = 1024
+"""GPUs in one scale-up (NVLink or Infinity Fabric) domain of several hosts: beyond the largest
+announced (NVIDIA's NVL576 racks), and a multiple of MAX_GPUS_PER_NODE."""
 MAX_SEQ_LEN = 1 << 20
 """Tokens per sequence: 1M, the longest contexts trained today."""
 MAX_GLOBAL_BATCH_TOKENS = 1 << 36

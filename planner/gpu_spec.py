@@ -6,15 +6,16 @@ importing the model catalog, which itself imports the specs.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from planner.bounds import (
     MAX_DEVICE_GBPS,
     MAX_DEVICE_MEMORY_GIB,
     MAX_DEVICE_TFLOPS,
     MAX_GPUS_PER_NODE,
+    MAX_SCALEUP_DOMAIN_GPUS,
     MIN_DEVICE_MEMORY_GIB,
     MIN_DEVICE_TFLOPS,
     MIN_LINK_GBPS,
@@ -48,16 +49,23 @@ class GpuSpec(BaseModel):
     they are not offered: Float8 plans are refused on it)."""
     mx_formats: bool = False
     """Whether the tensor cores run MX block-scaled formats (MXFP8: Blackwell)."""
+    peak_fp4_tflops: Tflops | None = None
+    """Dense FP4 (NVFP4 / MXFP4) tensor-core throughput, TFLOP/s, for reference: no FP4 training
+    recipe is planned (torchao trains in MXFP8 at the lowest), so nothing is priced from it."""
     memory_bandwidth_gbps: Annotated[
         float, Field(ge=MIN_MEMORY_BANDWIDTH_GBPS, le=MAX_DEVICE_GBPS, allow_inf_nan=False)
     ]
     """HBM (or DRAM) bandwidth, GB/s."""
     intra_node_bandwidth_gbps: LinkGbps
-    """Per-GPU unidirectional link bandwidth inside a node (NVLink, PCIe, shared memory), GB/s."""
+    """Per-GPU unidirectional scale-up link bandwidth (NVLink, Infinity Fabric, PCIe, shared memory)
+    among the GPUs of one scale-up domain (`scaleup_domain_gpus`), GB/s."""
     inter_node_bandwidth_gbps: LinkGbps
-    """Default per-GPU network bandwidth between nodes, GB/s."""
+    """Default per-GPU scale-out network bandwidth (the NIC's) between scale-up domains, GB/s."""
     default_gpus_per_node: Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)] = 8
-    """GPUs in a typical node of this type."""
+    """GPUs in a typical host (node) of this type."""
+    scaleup_domain_gpus: Annotated[int, Field(ge=1, le=MAX_SCALEUP_DOMAIN_GPUS)] | None = None
+    """GPUs in one scale-up domain of the type's usual system where it reaches beyond one host
+    (72: a GB200 NVL72 rack of 18 hosts of 4); None: the domain is the host."""
     nominal_memory_gb: (
         Annotated[float, Field(ge=MIN_DEVICE_MEMORY_GIB, le=MAX_DEVICE_MEMORY_GIB, allow_inf_nan=False)]
         | None
@@ -85,6 +93,15 @@ class GpuSpec(BaseModel):
     sm_count: Annotated[int, Field(ge=1, le=10_000)] | None = None
     """Streaming multiprocessors (the datasheet's): what a GEMM's output tiles are spread over, in
     waves (planner/cost/gemm.py). None: GEMMs are priced at the ceiling whatever their shape."""
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_figures(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A custom GPU written before these fields existed serialises (and so hashes) as it did.
+        data = handler(self)
+        for name in ("peak_fp4_tflops", "scaleup_domain_gpus"):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
     @property
     def is_cpu(self) -> bool:

@@ -64,6 +64,15 @@ DEFAULT_PRICES_PER_GPU_HOUR: dict[str, float] = {
     "A100-40GB": 1.29,
     "L4": 0.80,
     "B200": 4.99,
+    "B300": 6.49,
+    "GB200": 5.99,  # rented by the rack's GPU-hour
+    "GB300": 7.49,
+    "H800": 2.49,  # not rented outside China: priced below the H100 its network trails
+    "H20": 1.49,
+    "L40S": 1.29,
+    "MI300X": 2.29,
+    "MI325X": 2.69,
+    "MI355X": 3.49,
     "cpu": 0.05,
 }
 """USD per GPU-hour when a study names no price: indicative on-demand list prices of GPU clouds in

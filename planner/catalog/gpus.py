@@ -29,6 +29,193 @@ _H100_SXM = GpuSpec(
     sm_count=132,
 )
 
+# Figures below are per GPU, dense (NVIDIA's and AMD's tables state sparse peaks at twice these), from
+# the vendors' datasheets named beside each entry. `memory_gib` is the sold size less the share the
+# runtime keeps (as for the entries above: about 1%), to be replaced by what a run reports.
+
+# Blackwell in NVIDIA's rack-scale and HGX systems. GB200 NVL72 datasheet (nvidia.com, "GB200 NVL72"):
+# per rack of 72 GPUs, FP4 1,440 PF, FP8 720 PF, BF16 360 PF, all with sparsity; FP32 5,760 TF;
+# HBM3e 13.4 TB at 576 TB/s; fifth-generation NVLink at 1.8 TB/s per GPU (both directions) over one
+# 72-GPU NVLink domain of 18 compute trays, each 2 Grace CPUs and 4 GPUs; one 400 Gb/s ConnectX-7
+# per GPU for the scale-out network. The GPU is rated at 1,200 W in it.
+# GB300 NVL72 and HGX B300 datasheets (nvidia.com, "GB300 NVL72", "HGX B300"): Blackwell Ultra, BF16
+# and FP8 as GB200 in the rack (360 / 720 PF sparse per 72), dense FP4 1,080 PF per rack (15 PF per
+# GPU) and 108 PF per HGX B300 board of 8 (13.5 PF); 288 GB HBM3e per GPU (GB300 NVL72: 20 TB, 279
+# GB per GPU usable; HGX B300: 2.3 TB per 8, 270 GB per GPU usable); 8 TB/s; one 800 Gb/s
+# ConnectX-8 SuperNIC per GPU; GB300 at 1,400 W, B300 at 1,100 W. MX formats (MXFP8) run on every
+# Blackwell tensor core.
+_BLACKWELL_SYSTEMS = (
+    GpuSpec(
+        name="GB200",
+        aliases=("GB200-NVL72", "B200-GB200"),
+        memory_gib=184.0,
+        peak_bf16_tflops=2500.0,
+        peak_fp32_tflops=80.0,
+        peak_fp8_tflops=5000.0,
+        peak_fp4_tflops=10000.0,
+        mx_formats=True,
+        memory_bandwidth_gbps=8000,
+        intra_node_bandwidth_gbps=900,
+        inter_node_bandwidth_gbps=50,
+        default_gpus_per_node=4,
+        scaleup_domain_gpus=72,
+        nominal_memory_gb=186,
+        board_power_w=1200,
+        # B200's die: the MAMF share measured on B200 (the entry above), until a GB200 measures its own.
+        matmul_efficiency=0.776,
+        attention_efficiency=0.35,
+        chip="GB100",
+        sm_count=148,
+    ),
+    GpuSpec(
+        name="GB300",
+        aliases=("GB300-NVL72",),
+        memory_gib=276.0,
+        peak_bf16_tflops=2500.0,
+        peak_fp32_tflops=80.0,
+        peak_fp8_tflops=5000.0,
+        peak_fp4_tflops=15000.0,
+        mx_formats=True,
+        memory_bandwidth_gbps=8000,
+        intra_node_bandwidth_gbps=900,
+        inter_node_bandwidth_gbps=100,
+        default_gpus_per_node=4,
+        scaleup_domain_gpus=72,
+        nominal_memory_gb=279,
+        board_power_w=1400,
+        matmul_efficiency=0.776,
+        attention_efficiency=0.35,
+        sm_count=160,
+    ),
+    GpuSpec(
+        name="B300",
+        aliases=("B300-288GB", "HGX-B300"),
+        memory_gib=268.0,
+        peak_bf16_tflops=2250.0,
+        peak_fp32_tflops=75.0,
+        peak_fp8_tflops=4500.0,
+        peak_fp4_tflops=13500.0,
+        mx_formats=True,
+        memory_bandwidth_gbps=8000,
+        intra_node_bandwidth_gbps=900,
+        inter_node_bandwidth_gbps=100,
+        nominal_memory_gb=270,
+        board_power_w=1100,
+        matmul_efficiency=0.776,
+        attention_efficiency=0.35,
+        sm_count=160,
+    ),
+)
+
+# Hopper variants sold where the H100 could not be. H800 SXM (NVIDIA's H800 product brief): the
+# H100 SXM's die, memory and peaks with NVLink cut to 400 GB/s per GPU (both directions), 700 W;
+# the 400 Gb/s InfiniBand per GPU of the clusters that trained on it (DeepSeek-V3 technical report).
+# H20 (NVIDIA's H20 product brief): 96 GB HBM3 at 4.0 TB/s, FP8 296 TF, BF16 148 TF, FP32 44 TF
+# dense, NVLink 900 GB/s (both directions), 400 W; 78 SMs (the device's own report).
+_HOPPER_VARIANTS = (
+    GpuSpec.model_validate({
+        **_H100_SXM.model_dump(),
+        "name": "H800",
+        "aliases": ("H800-SXM", "H800-80GB"),
+        "intra_node_bandwidth_gbps": 200,
+    }),
+    GpuSpec(
+        name="H20",
+        aliases=("H20-96GB",),
+        memory_gib=95.0,
+        peak_bf16_tflops=148.0,
+        peak_fp32_tflops=44.0,
+        peak_fp8_tflops=296.0,
+        memory_bandwidth_gbps=4000,
+        intra_node_bandwidth_gbps=450,
+        inter_node_bandwidth_gbps=50,
+        nominal_memory_gb=96,
+        board_power_w=400,
+        matmul_efficiency=0.801,
+        attention_efficiency=0.35,
+        chip="GH100",
+        sm_count=78,
+    ),
+)
+
+# L40S datasheet (nvidia.com, "L40S"): Ada Lovelace AD102, 48 GB GDDR6 with ECC at 864 GB/s, BF16
+# 362.05 TF and FP8 733 TF dense, FP32 91.6 TF, 350 W, 142 SMs; no NVLink: PCIe Gen4 x16 at 64 GB/s
+# (both directions) between GPUs. The network is the server's: 200 Gb/s per GPU is assumed (a pair
+# of 400 Gb/s NICs per 4-GPU server), stated as a default to override.
+_L40S = GpuSpec(
+    name="L40S",
+    aliases=("L40S-48GB",),
+    memory_gib=44.4,
+    peak_bf16_tflops=362.05,
+    peak_fp32_tflops=91.6,
+    peak_fp8_tflops=733.0,
+    memory_bandwidth_gbps=864,
+    intra_node_bandwidth_gbps=32,
+    inter_node_bandwidth_gbps=25,
+    nominal_memory_gb=48,
+    board_power_w=350,
+    chip="AD102",
+    sm_count=142,
+)
+
+# AMD Instinct, eight GPUs per platform fully connected by fourth-generation Infinity Fabric (7 links
+# per GPU). MI300X and MI325X datasheets (amd.com): 304 CUs, BF16 1,307.4 TF and FP8 2,614.9 TF
+# dense, FP32 163.4 TF; 192 GB HBM3 at 5.3 TB/s (MI300X, 750 W) and 256 GB HBM3E at 6 TB/s (MI325X,
+# 1,000 W); 7 links of 128 GB/s (both directions): 448 GB/s out of each GPU. MI355X datasheet: 256 CUs
+# (CDNA 4), BF16 2.5 PF, FP8 5.0 PF and MXFP4 10 PF dense, FP32 157.3 TF; 288 GB HBM3E at 8 TB/s,
+# 1,400 W; 7 links of 153.6 GB/s: 537.6 GB/s out of each GPU. One 400 Gb/s NIC per GPU (AMD's
+# Pollara 400 reference platforms). Their best large bf16 GEMM reaches about 60% of the peak (the
+# published MAMF tables: 782 TF of 1,307 on MI300X, 785 on MI325X); MI355X is taken at that share
+# until a run measures it. Float8 runs on all three (torchao picks the e4m3fnuz encoding on MI300X
+# and MI325X); torchao's MX training kernels are CUDA's, so no MXFP8 here.
+_MI300X = GpuSpec(
+    name="MI300X",
+    aliases=("MI300X-192GB", "Instinct-MI300X"),
+    memory_gib=191.0,
+    peak_bf16_tflops=1307.4,
+    peak_fp32_tflops=163.4,
+    peak_fp8_tflops=2614.9,
+    memory_bandwidth_gbps=5300,
+    intra_node_bandwidth_gbps=448,
+    inter_node_bandwidth_gbps=50,
+    nominal_memory_gb=192,
+    board_power_w=750,
+    matmul_efficiency=0.6,
+    attention_efficiency=0.35,
+    chip="CDNA3",
+    sm_count=304,
+)
+_AMD_INSTINCT = (
+    _MI300X,
+    GpuSpec.model_validate({
+        **_MI300X.model_dump(),
+        "name": "MI325X",
+        "aliases": ("MI325X-256GB", "Instinct-MI325X"),
+        "memory_gib": 254.5,
+        "memory_bandwidth_gbps": 6000,
+        "nominal_memory_gb": 256,
+        "board_power_w": 1000,
+    }),
+    GpuSpec(
+        name="MI355X",
+        aliases=("MI355X-288GB", "Instinct-MI355X"),
+        memory_gib=286.5,
+        peak_bf16_tflops=2516.6,
+        peak_fp32_tflops=157.3,
+        peak_fp8_tflops=5033.2,
+        peak_fp4_tflops=10066.3,
+        memory_bandwidth_gbps=8000,
+        intra_node_bandwidth_gbps=537.6,
+        inter_node_bandwidth_gbps=50,
+        nominal_memory_gb=288,
+        board_power_w=1400,
+        matmul_efficiency=0.6,
+        attention_efficiency=0.35,
+        chip="CDNA4",
+        sm_count=256,
+    ),
+)
+
 GPU_CATALOG: dict[str, GpuSpec] = {
     gpu.name: gpu
     for gpu in (
@@ -127,6 +314,10 @@ GPU_CATALOG: dict[str, GpuSpec] = {
             chip="GB100",
             sm_count=148,
         ),
+        *_BLACKWELL_SYSTEMS,
+        *_HOPPER_VARIANTS,
+        _L40S,
+        *_AMD_INSTINCT,
         # A CPU "device" (one rank per core group, gloo over shared memory): lets plans and
         # launchers be exercised on machines without GPUs. Calibration replaces these guesses.
         GpuSpec(

@@ -74,7 +74,17 @@ def test_unknown_names_list_what_is_known() -> None:
         ("NVIDIA L4", "L4"),
         ("NVIDIA B200", "B200"),
         ("cpu (x86_64)", "cpu"),
-        ("NVIDIA L40S", None),  # a word, not a prefix: an L40S is no L4
+        ("NVIDIA L40S", "L40S"),  # a word, not a prefix: an L40S is no L4
+        ("NVIDIA L40", None),
+        ("NVIDIA GB200", "GB200"),
+        ("NVIDIA GB300", "GB300"),
+        ("NVIDIA B300 SXM6 AC", "B300"),
+        ("NVIDIA H800", "H800"),
+        ("NVIDIA H20", "H20"),
+        ("AMD Instinct MI300X", "MI300X"),
+        ("AMD Instinct MI300X VF", "MI300X"),
+        ("AMD Instinct MI325X", "MI325X"),
+        ("AMD Instinct MI355X", "MI355X"),
         ("NVIDIA GH200 480GB", None),
         ("TPU v5e", None),
         ("", None),
