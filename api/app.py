@@ -135,7 +135,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api_router, prefix=API_PREFIX)
     # Probes conventionally hit the root paths; same handlers, documented once under /api/v1.
     app.include_router(health.router, include_in_schema=False)
-    install_docs(app)  # /docs with Swagger UI from /static/swagger-ui: before the dashboard's /static
+    # /docs with Swagger UI from /static/swagger-ui, and the built guide at /docs/guide: before the
+    # dashboard's /static
+    install_docs(app, guide_dir=settings.docs_site_dir)
     install_plotly(app)  # plotly.js from the plotly package: before the dashboard's /static
     install_dashboard(app)  # server-rendered pages at /, static files at /static
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

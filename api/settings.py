@@ -9,6 +9,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path("data")
+DEFAULT_DOCS_SITE_DIR = Path("site")
 SQLITE_FILE_NAME = "fsdp-planner.sqlite3"
 
 
@@ -29,6 +30,9 @@ class Settings(BaseSettings):
     """SQLAlchemy URL; None means a SQLite file in `data_dir`. `postgresql://` URLs use psycopg 3."""
     data_dir: Path = DEFAULT_DATA_DIR
     """Where the embedded SQLite database lives (created on first run)."""
+    docs_site_dir: Path = DEFAULT_DOCS_SITE_DIR
+    """The documentation site `mkdocs build` writes (`site/` in the checkout), served at /docs/guide;
+    relative to the directory the server starts in. Until it is built, /docs/guide says how to build it."""
     max_body_bytes: Annotated[int, Field(ge=1024)] = 5 * 1024 * 1024
     """Request bodies larger than this are refused with 413."""
     max_model_layers: Annotated[int, Field(ge=1)] = 1024
