@@ -112,7 +112,11 @@ def export(
         hf.check_config(base, model_cfg, seq_len=plan.training.seq_len, where=str(hf_config / "config.json"))
     # The parameters to write: the model's own (a tied weight once), in the model's order.
     model = build_model(model_cfg, seq_len=plan.training.seq_len)
-    wanted = [clean_name(n) for n, _ in model.named_parameters()]
+    # The parameters and the buffers a Hugging Face checkpoint holds too (DeepSeek-V3's router bias).
+    tensors_of = dict(model.named_parameters()) | {
+        n: b for n, b in model.named_buffers() if n.endswith(hf.LOADED_BUFFERS)
+    }
+    wanted = [clean_name(n) for n in tensors_of]
     stored = _stored_tensors(checkpoint)
     missing = [n for n in wanted if n not in stored]
     if missing:
@@ -120,7 +124,7 @@ def export(
             f"{checkpoint}: lacks model parameters {missing[:4]}{' ...' if len(missing) > 4 else ''}: "
             "was it written with another plan's model?"
         )
-    shapes = dict(model.named_parameters())
+    shapes = tensors_of
     for name in wanted:
         size, _, key = stored[name]
         if tuple(size) != tuple(shapes[name].shape):
@@ -143,13 +147,12 @@ def export(
             dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
         tensors = {}
         for name in names:
-            target = hf.export_name(model_cfg, name)
-            tensor = state[stored[name][2]]
-            if target.transpose:
-                tensor = tensor.t()
-            tensors[target.name] = tensor.to(out_dtypes[name]).contiguous()
-            weight_map[target.name] = file
-            total += tensors[target.name].numel() * tensors[target.name].element_size()
+            # One tensor, or one per expert of a stacked parameter, in the checkpoint's layout.
+            for target in hf.export_names(model_cfg, name, config=base):
+                tensor = hf.to_checkpoint(state[stored[name][2]], target)
+                tensors[target.name] = tensor.to(out_dtypes[name]).contiguous()
+                weight_map[target.name] = file
+                total += tensors[target.name].numel() * tensors[target.name].element_size()
         write_safetensors(out / file, tensors, metadata={"format": "pt"})
         del state, tensors
     if len(files) > 1:

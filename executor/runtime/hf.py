@@ -2,6 +2,9 @@
 
 Supported (as `planner.catalog.models.model_from_hf_config` plans them):
   LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM   -> the runtime's `llama` model
+  Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM,
+  DeepseekV3ForCausalLM                                    -> the same, with query/key norms, experts,
+                                                              latent attention (`executor.runtime.hf_moe`)
   GPT2LMHeadModel                                          -> the runtime's `gpt2` model
 
 Names, runtime <- Hugging Face (Llama family; `model.` prefix optional):
@@ -29,18 +32,23 @@ from pathlib import Path
 from typing import Any
 
 from contract.model_config import ModelConfig
+from executor.runtime import hf_moe
+from executor.runtime.hf_moe import RopeRows
 from executor.runtime.safetensors_io import WeightsError
 
 LLAMA_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    **hf_moe.MOE_ARCHITECTURES,
 }
 GPT2_ARCHITECTURES = {"GPT2LMHeadModel": "gpt2"}
 ARCHITECTURES = {**LLAMA_ARCHITECTURES, **GPT2_ARCHITECTURES}
 
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
 """Buffers that old checkpoints carry and the runtime recomputes: skipped without a word."""
+LOADED_BUFFERS = ("router.score_bias",)
+"""The runtime's buffers a checkpoint holds too (DeepSeek-V3's router bias): loaded and exported."""
 
 _LLAMA_BLOCK = {
     "attention.wq": "self_attn.q_proj",
@@ -63,7 +71,11 @@ class Source:
     name: str
     """The tensor's name in the safetensors files."""
     transpose: bool = False
-    """Stored as the transpose of the runtime's layout (GPT-2 Conv1D weights)."""
+    """Stored as the transpose of the runtime's layout (GPT-2 Conv1D weights, experts' matrices)."""
+    expert: int | None = None
+    """The runtime parameter stacks the experts on dim 0 and this tensor is expert `expert`'s slice."""
+    rope_rows: RopeRows | None = None
+    """Rows whose rotary part the checkpoint interleaves (DeepSeek's `rope_interleave`)."""
 
 
 def read_config(directory: Path) -> dict[str, Any]:
@@ -97,6 +109,11 @@ def check_config(
     feature the runtime does not implement. Every mismatch is named in one message."""
     arch = hf_architecture(config)
     family = "gpt2" if arch in GPT2_ARCHITECTURES else "llama" if arch in LLAMA_ARCHITECTURES else None
+    if arch in hf_moe.REFUSED_ARCHITECTURES:
+        raise WeightsError(
+            f"{where}: {arch} checkpoints are not supported by --init-from: the runtime's model lacks "
+            f"{hf_moe.REFUSED_ARCHITECTURES[arch]}; train it from scratch, or with --model-factory"
+        )
     if family is None:
         raise WeightsError(
             f"{where}: architecture {arch} is not supported; --init-from reads {', '.join(ARCHITECTURES)}"
@@ -109,8 +126,9 @@ def check_config(
         )
     problems: list[str] = []
     expected = _llama_fields(config, arch) if family == "llama" else _gpt2_fields(config)
+    expected |= hf_moe.expected_fields(config, arch)
     for field, (key, value) in expected.items():
-        planned = getattr(model, field)
+        planned = hf_moe.planned(model, field)
         if not _same(value, planned):
             problems.append(f"{key} is {value!r}, the plan's model.{field} is {planned!r}")
     problems += _unsupported(config, arch, model, seq_len=seq_len)
@@ -135,13 +153,17 @@ def _llama_fields(config: dict[str, Any], arch: str) -> dict[str, tuple[str, Any
     params = config.get("rope_parameters")  # transformers 5 moved rope_theta here
     if theta is None and isinstance(params, dict):
         theta = params.get("rope_theta")
+    # Latent attention has no key/value heads and heads of its own widths (compared by hf_moe).
+    latent = arch == "DeepseekV3ForCausalLM"
     return {
         "vocab_size": ("vocab_size", config.get("vocab_size")),
         "hidden_size": ("hidden_size", config.get("hidden_size")),
         "num_layers": ("num_hidden_layers", config.get("num_hidden_layers")),
         "num_heads": ("num_attention_heads", heads),
-        "kv_heads": ("num_key_value_heads", config.get("num_key_value_heads") or heads),
-        "head_dim": ("head_dim", config.get("head_dim") or _quotient(config.get("hidden_size"), heads)),
+        **({} if latent else {
+            "kv_heads": ("num_key_value_heads", config.get("num_key_value_heads") or heads),
+            "head_dim": ("head_dim", config.get("head_dim") or _quotient(config.get("hidden_size"), heads)),
+        }),
         "ffn_size": ("intermediate_size", config.get("intermediate_size")),
         "tie_word_embeddings": ("tie_word_embeddings", bool(config.get("tie_word_embeddings", False))),
         "qkv_bias": (
@@ -204,8 +226,9 @@ def _unsupported(config: dict[str, Any], arch: str, model: ModelConfig, *, seq_l
             f"rope_scaling {kind!r} (the runtime computes unscaled RoPE: positions would be encoded "
             "differently from how the model was trained)"
         )
+    problems += hf_moe.unsupported(config, arch)
     window = config.get("sliding_window")
-    uses_window = config.get("use_sliding_window", arch == "MistralForCausalLM")
+    uses_window = config.get("use_sliding_window", arch in ("MistralForCausalLM", "MixtralForCausalLM"))
     if window and uses_window and seq_len > int(window):
         problems.append(
             f"sliding_window {window} shorter than the plan's seq_len {seq_len} (the runtime attends "
@@ -214,16 +237,21 @@ def _unsupported(config: dict[str, Any], arch: str, model: ModelConfig, *, seq_l
     return problems
 
 
-def sources(model: ModelConfig, names: list[str], available: set[str]) -> dict[str, Source]:
-    """The checkpoint tensor each runtime parameter in `names` is read from. Raises WeightsError
-    naming the parameters the checkpoint lacks."""
-    found: dict[str, Source] = {}
+def sources(
+    model: ModelConfig, names: list[str], available: set[str], *, config: dict[str, Any] | None = None
+) -> dict[str, tuple[Source, ...]]:
+    """The checkpoint tensors each runtime parameter in `names` is read from (one, or one per expert
+    of a stacked parameter); `config` is the checkpoint's config.json (its family's names). Raises
+    WeightsError naming the parameters the checkpoint lacks."""
+    names_of = hf_moe.naming(model, config) if model.architecture == "llama" else None
+    found: dict[str, tuple[Source, ...]] = {}
     missing: list[str] = []
     for name in names:
-        src = _candidates(model, name)
-        hit = next((s for s in src if s.name in available), None)
+        options = _candidates(model, name, names_of)
+        hit = next((o for o in options if all(s.name in available for s in o)), None)
         if hit is None:
-            missing.append(f"{name} (as {src[0].name})")
+            first = next((s.name for s in options[0] if s.name not in available), options[0][0].name)
+            missing.append(f"{name} (as {first})")
         else:
             found[name] = hit
     if missing:
@@ -232,48 +260,80 @@ def sources(model: ModelConfig, names: list[str], available: set[str]) -> dict[s
     return found
 
 
-def _candidates(model: ModelConfig, name: str) -> list[Source]:
+def _candidates(model: ModelConfig, name: str, names: hf_moe.Naming | None) -> list[tuple[Source, ...]]:
+    """The ways a checkpoint may hold runtime parameter `name`, the usual first."""
     if model.architecture == "gpt2":
         transpose = name.endswith(_GPT2_CONV1D) and name.startswith("h.")
         if name == "lm_head.weight":
-            out = [Source("lm_head.weight")]
+            out = [(Source("lm_head.weight"),)]
             if model.tie_word_embeddings:
-                out += [Source("transformer.wte.weight"), Source("wte.weight")]
+                out += [(Source("transformer.wte.weight"),), (Source("wte.weight"),)]
             return out
-        return [Source("transformer." + name, transpose), Source(name, transpose)]
-    hf = hf_llama_name(name)
+        return [(Source("transformer." + name, transpose),), (Source(name, transpose),)]
+    hf = llama_sources(model, name, names or hf_moe.Naming())
     if name == "output.weight":
-        out = [Source(hf)]
+        out = [hf]
         if model.tie_word_embeddings:
-            out += [Source("model.embed_tokens.weight"), Source("embed_tokens.weight")]
+            out += [(Source("model.embed_tokens.weight"),), (Source("embed_tokens.weight"),)]
         return out
-    return [Source(hf), Source(hf.removeprefix("model."))]
+    bare = tuple(Source(s.name.removeprefix("model."), s.transpose, s.expert, s.rope_rows) for s in hf)
+    return [hf, bare]
 
 
-def hf_llama_name(name: str) -> str:
-    """The Hugging Face name of a runtime Llama parameter (`layers.0.attention.wq.weight` ->
-    `model.layers.0.self_attn.q_proj.weight`)."""
+def llama_sources(model: ModelConfig, name: str, names: hf_moe.Naming) -> tuple[Source, ...]:
+    """The Hugging Face tensors of a runtime Llama-family parameter (`layers.0.attention.wq.weight` ->
+    `model.layers.0.self_attn.q_proj.weight`; a stacked expert parameter -> one per expert)."""
     if name == "tok_embeddings.weight":
-        return "model.embed_tokens.weight"
+        return (Source("model.embed_tokens.weight"),)
     if name == "norm.weight":
-        return "model.norm.weight"
+        return (Source("model.norm.weight"),)
     if name == "output.weight":
-        return "lm_head.weight"
+        return (Source("lm_head.weight"),)
     parts = name.split(".")
     if parts[0] == "layers" and len(parts) >= 4:
         module, leaf = ".".join(parts[2:-1]), parts[-1]
+        rows = hf_moe.rope_rows(model, module, names)
+        family = hf_moe.block_names(model, module, leaf, parts[1], names)
+        if family is not None:
+            # The experts' matrices are stored [out, in], the transpose of their slice of the stack.
+            return tuple(Source(n, expert is not None, expert, rows) for n, expert in family)
         if module in _LLAMA_BLOCK:
-            return f"model.layers.{parts[1]}.{_LLAMA_BLOCK[module]}.{leaf}"
+            feed_forward = _LLAMA_BLOCK[module].replace("mlp.", names.feed_forward + ".")
+            return (Source(f"model.layers.{parts[1]}.{feed_forward}.{leaf}", rope_rows=rows),)
     raise WeightsError(f"no Hugging Face name for the runtime's Llama parameter {name!r}")
 
 
-def export_name(model: ModelConfig, name: str) -> Source:
-    """How runtime parameter `name` is written for Hugging Face (name, and whether transposed)."""
+def export_names(
+    model: ModelConfig, name: str, *, config: dict[str, Any] | None = None
+) -> tuple[Source, ...]:
+    """How runtime parameter `name` is written for Hugging Face: the tensors (one per expert of a
+    stacked parameter), whether transposed, in the family of `config` (the original config.json),
+    else of `hf_moe.export_architecture`."""
     if model.architecture == "gpt2":
         if name == "lm_head.weight":
-            return Source(name)
-        return Source("transformer." + name, name.startswith("h.") and name.endswith(_GPT2_CONV1D))
-    return Source(hf_llama_name(name))
+            return (Source(name),)
+        return (Source("transformer." + name, name.startswith("h.") and name.endswith(_GPT2_CONV1D)),)
+    return llama_sources(model, name, hf_moe.naming(model, config))
+
+
+def to_runtime(tensor: Any, src: Source, shape: tuple[int, ...], offset: tuple[int, ...]) -> Any:
+    """The box (`shape` at `offset`) of a runtime parameter (or of its expert slice) in checkpoint
+    tensor `tensor` as stored: transposed and rows reordered as `src` says, reading only the box's rows."""
+    view = tensor.t() if src.transpose else tensor
+    if src.rope_rows is not None:
+        rows = src.rope_rows.order(view.shape[0])[offset[0] : offset[0] + shape[0]]
+        view, offset = view.index_select(0, rows), (0, *offset[1:])
+    return view[tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))]
+
+
+def to_checkpoint(tensor: Any, src: Source) -> Any:
+    """Runtime parameter `tensor` (whole) as checkpoint tensor `src`: its expert's slice, rows back in
+    the checkpoint's order, transposed as stored (the inverse of `to_runtime`)."""
+    if src.expert is not None:
+        tensor = tensor[src.expert]
+    if src.rope_rows is not None:
+        tensor = tensor.new_empty(tensor.shape).index_copy_(0, src.rope_rows.order(tensor.shape[0]), tensor)
+    return tensor.t() if src.transpose else tensor
 
 
 def export_config(model: ModelConfig, *, dtype: str, base: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -295,7 +355,10 @@ def export_config(model: ModelConfig, *, dtype: str, base: dict[str, Any] | None
             tie_word_embeddings=model.tie_word_embeddings,
         )
     else:
-        if not base:
+        family = None if base else hf_moe.export_architecture(model)
+        if family is not None:
+            config.update(hf_moe.export_fields(model, family))
+        elif not base:
             qwen = model.qkv_bias
             config.update(
                 architectures=["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
@@ -317,6 +380,7 @@ def export_config(model: ModelConfig, *, dtype: str, base: dict[str, Any] | None
             rope_theta=model.rope_theta,
             tie_word_embeddings=model.tie_word_embeddings,
         )
-        config.setdefault("head_dim", model.head_dim)
+        if model.latent_attention is None:
+            config.setdefault("head_dim", model.head_dim)
     config["torch_dtype"] = dtype
     return config

@@ -106,43 +106,55 @@ def load_pretrained(
     params = {clean_name(n): p for n, p in model.named_parameters()}  # a tied weight once
     if any(p.is_meta for p in params.values()):
         raise RuntimeError("load_pretrained: materialise the model first (materialize(init=False))")
+    # The buffers a checkpoint holds too (DeepSeek-V3's router bias), plain tensors on every rank.
+    params |= {clean_name(n): b for n, b in model.named_buffers() if n.endswith(hf.LOADED_BUFFERS)}
     available = set(checkpoint.keys())
-    sources = hf.sources(cfg, list(params), available)
+    sources = hf.sources(cfg, list(params), available, config=config)
     report = LoadReport(directory=directory, architecture=hf.hf_architecture(config))
     casts: set[str] = set()
-    for name, src in sources.items():
-        info = checkpoint.info(src.name)
-        shape = info.shape[::-1] if src.transpose else info.shape
-        if len(info.shape) not in (1, 2) and src.transpose:
-            raise WeightsError(f"{src.name}: expected a matrix, got shape {list(info.shape)}")
-        if tuple(shape) != tuple(params[name].shape):
-            raise WeightsError(
-                f"{src.name}: shape {list(info.shape)} in the checkpoint, the model's {name} is "
-                f"{list(params[name].shape)}" + (" (stored transposed)" if src.transpose else "")
-            )
-        report.checkpoint_bytes += info.nbytes
-        if info.dtype != params[name].dtype:
-            casts.add(f"{_dtype_name(info.dtype)} -> {_dtype_name(params[name].dtype)}")
-    by_source = {src.name: name for name, src in sources.items()}
-    used = set(by_source)
+    by_source: dict[str, tuple[str, hf.Source]] = {}
+    for name, srcs in sources.items():
+        for src in srcs:
+            info = checkpoint.info(src.name)
+            _check_shape(info.shape, src, params[name], name)
+            report.checkpoint_bytes += info.nbytes
+            if info.dtype != params[name].dtype:
+                casts.add(f"{_dtype_name(info.dtype)} -> {_dtype_name(params[name].dtype)}")
+            by_source[src.name] = (name, src)
     if not share:
-        report.unused = sorted(n for n in available - used if not n.endswith(hf.IGNORED_SUFFIXES))
+        report.unused = sorted(n for n in available - set(by_source) if not n.endswith(hf.IGNORED_SUFFIXES))
     for file, names in checkpoint.files():
         wanted = [n for n in names if n in by_source]
         if wanted:
             report.files += 1
         for source_name in wanted:
-            name = by_source[source_name]
-            param, src = params[name], sources[name]
-            view = file.tensor(source_name)
-            if src.transpose:
-                view = view.t()
-            shape, offset, local = local_box(param)
-            box = view[tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))]
+            name, src = by_source[source_name]
+            shape, offset, local = local_box(params[name])
+            if src.expert is not None:
+                # One expert's matrix of a stacked parameter: its slice, if this rank holds it.
+                index = src.expert - offset[0]
+                if not 0 <= index < shape[0]:
+                    continue
+                shape, offset, local = shape[1:], offset[1:], local[index]
+            box = hf.to_runtime(file.tensor(source_name), src, shape, offset)
             local.copy_(box)
             report.tensors += 1
             report.bytes_read += box.numel() * box.element_size()
-            del view, box
+            del box
     report.cast = ", ".join(sorted(casts))
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _check_shape(stored: tuple[int, ...], src: hf.Source, param: torch.Tensor, name: str) -> None:
+    """Refuse a checkpoint tensor whose shape is not the runtime parameter's (or its expert slice's)."""
+    if len(stored) not in (1, 2) and src.transpose:
+        raise WeightsError(f"{src.name}: expected a matrix, got shape {list(stored)}")
+    shape = tuple(stored[::-1] if src.transpose else stored)
+    wanted = tuple(param.shape[1:] if src.expert is not None else param.shape)
+    if shape != wanted:
+        whose = f"expert {src.expert} of {name}" if src.expert is not None else name
+        raise WeightsError(
+            f"{src.name}: shape {list(stored)} in the checkpoint, the model's {whose} is {list(wanted)}"
+            + (" (stored transposed)" if src.transpose else "")
+        )
