@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from contract.mesh import LinkClass
 from planner.cost.gemm import attention_scale, matmul_seconds
-from planner.cost.layout import CommLayout, comm_layout
+from planner.cost.layout import CommLayout, LayoutBuilder
 from planner.cost.memory import (
     MemoryEstimate,
     SavedActivations,
@@ -648,6 +648,7 @@ class Estimator:
         self.setting = setting
         self._shares: dict[tuple[int, int, int], Setting] = {(1, 1, 1): setting}
         self._layouts: dict[tuple, CommLayout] = {}
+        self._builders: dict[tuple[int, int], LayoutBuilder] = {}  # by (tp, ep) share
         self._moments: dict[Choice, tuple[MemoryEstimate, ...]] = {}
         self._partial: dict[Choice, list[tuple[MemoryEstimate, ...]]] = {}
         self._saved: dict[tuple, SavedActivations] = {}
@@ -699,7 +700,7 @@ class Estimator:
         changes: the collective layouts (`comm_layout` reads the model, the precision and the
         choice) and their repeated groups."""
         other = Estimator(replace(self.setting, params=params))
-        other._layouts, other._repeats = self._layouts, self._repeats
+        other._layouts, other._repeats, other._builders = self._layouts, self._repeats, self._builders
         return other
 
     def setting_for(self, choice: Choice) -> Setting:
@@ -729,7 +730,10 @@ class Estimator:
         if key not in self._layouts:
             base = (key[0], 1, *key[2:])  # (tp, cp, ..., ep): the layout of cp 1
             if base not in self._layouts:
-                self._layouts[base] = comm_layout(self._share(key[0], 1, key[-1]), choice)
+                share = (key[0], key[-1])
+                if share not in self._builders:
+                    self._builders[share] = LayoutBuilder(self._share(key[0], 1, key[-1]))
+                self._layouts[base] = self._builders[share].layout(choice)
             self._layouts[key] = self._layouts[base]
         return self._layouts[key]
 

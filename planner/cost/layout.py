@@ -71,10 +71,10 @@ class CommLayout:
         return largest
 
 
-def _wrap_units(setting: Setting, choice: Choice) -> list[list[IndexedUnit]]:
+def _wrap_units(setting: Setting, k: int) -> list[list[IndexedUnit]]:
+    """The embedding, the blocks `k` to a unit, the head."""
     m = setting.model
     blocks = list(enumerate(m.blocks))
-    k = 1 if choice.simple_fsdp else choice.blocks_per_unit
     units: list[list[IndexedUnit]] = [[(-1, m.embedding)]]
     units += [blocks[i : i + k] for i in range(0, len(blocks), k)]
     units.append([(-1, m.head)])
@@ -132,67 +132,148 @@ def _gathered_bytes(setting: Setting, choice: Choice) -> Callable[[UnitCost], fl
 def comm_layout(setting: Setting, choice: Choice) -> CommLayout:
     """Eager FSDP2 issues one all-gather and one reduce-scatter per wrap unit; compiled
     SimpleFSDP one per parameter tensor, merged by inductor into buckets up to the caps."""
-    units = _wrap_units(setting, choice)
-    unit_params = [sum(u.num_params for _, u in unit) for unit in units]
-    unit_tensors = [sum(u.tensors for _, u in unit) for unit in units]
-    ag_cap = choice.all_gather_bucket_mb * MB if choice.simple_fsdp else 0.0
-    rs_cap = choice.reduce_scatter_bucket_mb * MB if choice.simple_fsdp else 0.0
-    ag_buckets = _bucket(unit_params, ag_cap, setting.param_bytes)
-    group_of_unit = {u: g for g, bucket in enumerate(ag_buckets) for u in bucket}
-    reversed_params, reversed_tensors = unit_params[::-1], unit_tensors[::-1]
-    reduce: list[list[int]] = [[] for _ in ag_buckets]
-    reduce_launches: list[list[int]] = [[] for _ in ag_buckets]
-    for bucket in _bucket(reversed_params, rs_cap, 4):
-        last_unit = len(units) - 1 - bucket[-1]  # in backward order the bucket completes here
-        params = sum(reversed_params[i] for i in bucket)
-        reduce[group_of_unit[last_unit]].append(params)
-        reduce_launches[group_of_unit[last_unit]].append(
-            _launches(
-                reversed_params, reversed_tensors, bucket, compile_=choice.simple_fsdp, cap_bytes=rs_cap,
-                bytes_per_param=choice.reduce_bytes,
-            )
+    return LayoutBuilder(setting).layout(choice)
+
+
+@dataclass(frozen=True, slots=True)
+class _Units:
+    """A setting's wrap units for one blocks-per-unit, with each unit's parameters and tensors."""
+
+    units: list[list[IndexedUnit]]
+    params: list[int]
+    tensors: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class _GatherSide:
+    """What the all-gather cap (and float8 all-gathers) decide: the groups and their launches and
+    bytes, and which group each unit lies in."""
+
+    groups: tuple[tuple[IndexedUnit, ...], ...]
+    group_of_unit: tuple[int, ...]
+    launches: tuple[int, ...]
+    gather_bytes: tuple[float, ...]
+    block_groups: tuple[int, ...]
+    sizes: tuple[int, ...]
+    idents: tuple[tuple[tuple[int, bool], ...], ...]
+    """Each group's units by identity and role (`_group_keys`)."""
+
+
+class LayoutBuilder:
+    """`comm_layout` for the choices of one setting (a tensor- and expert-parallel share), sharing
+    what their layouts have in common: the search asks for every pair of bucket caps, and the
+    gradient reductions' buckets do not depend on the all-gather cap, nor the all-gather groups on
+    the reduce-scatter cap. Each part is worked out as `comm_layout` always did; only once."""
+
+    def __init__(self, setting: Setting) -> None:
+        self.setting = setting  # keeps the units alive: the group keys name them by identity
+        self._units: dict[int, _Units] = {}
+        self._gathers: dict[tuple, _GatherSide] = {}
+        self._reduces: dict[tuple, tuple[tuple[int, int, int], ...]] = {}
+
+    def layout(self, choice: Choice) -> CommLayout:
+        compiled = choice.simple_fsdp
+        units = self._wrap(1 if compiled else choice.blocks_per_unit)
+        ag_cap = choice.all_gather_bucket_mb * MB if compiled else 0.0
+        rs_cap = choice.reduce_scatter_bucket_mb * MB if compiled else 0.0
+        gather = self._gather(units, choice, ag_cap)
+        reduce: list[list[int]] = [[] for _ in gather.groups]
+        reduce_launches: list[list[int]] = [[] for _ in gather.groups]
+        for last_unit, params, launches in self._reduce(units, choice, rs_cap):
+            group = gather.group_of_unit[last_unit]
+            reduce[group].append(params)
+            reduce_launches[group].append(launches)
+        reduce_buckets = tuple(tuple(r) for r in reduce)
+        launches = tuple(tuple(r) for r in reduce_launches)
+        group_bytes = gather.gather_bytes
+        largest_reduce = max(p for bucket in reduce_buckets for p in bucket)
+        block_reduces = [p for j in gather.block_groups for p in reduce_buckets[j]]
+        return CommLayout(
+            groups=gather.groups,
+            reduce_buckets=reduce_buckets,
+            group_gather_bytes=group_bytes,
+            model_gather_bytes=sum(group_bytes),
+            group_launches=gather.launches,
+            reduce_launches=launches,
+            largest_reduce=largest_reduce,
+            block_group_gather_bytes=tuple(group_bytes[j] for j in gather.block_groups) or group_bytes,
+            largest_block_reduce=max(block_reduces, default=largest_reduce),
+            signature=(gather.sizes, reduce_buckets, gather.launches, launches),
+            group_keys=_group_keys(gather.idents, reduce_buckets, gather.launches, launches),
         )
-    groups = tuple(tuple(x for i in bucket for x in units[i]) for bucket in ag_buckets)
-    pb = setting.param_bytes
-    group_launches = tuple(
-        _launches(unit_params, unit_tensors, bucket, compile_=choice.simple_fsdp, cap_bytes=ag_cap,
-                  bytes_per_param=pb)
-        for bucket in ag_buckets
-    )
-    reduce_buckets = tuple(tuple(r) for r in reduce)
-    launches = tuple(tuple(r) for r in reduce_launches)
-    unit_bytes = _gathered_bytes(setting, choice)
-    group_bytes = tuple(sum(unit_bytes(u) for _, u in g) for g in groups)
-    largest_reduce = max(p for bucket in reduce_buckets for p in bucket)
-    block_groups = [j for j, g in enumerate(groups) if all(index >= 0 for index, _ in g)]
-    block_reduces = [p for j in block_groups for p in reduce_buckets[j]]
-    return CommLayout(
-        groups=groups,
-        reduce_buckets=reduce_buckets,
-        group_gather_bytes=group_bytes,
-        model_gather_bytes=sum(group_bytes),
-        group_launches=group_launches,
-        reduce_launches=launches,
-        largest_reduce=largest_reduce,
-        block_group_gather_bytes=tuple(group_bytes[j] for j in block_groups) or group_bytes,
-        largest_block_reduce=max(block_reduces, default=largest_reduce),
-        signature=(tuple(len(g) for g in groups), reduce_buckets, group_launches, launches),
-        group_keys=_group_keys(groups, reduce_buckets, group_launches, launches),
-    )
+
+    def _wrap(self, blocks_per_unit: int) -> _Units:
+        units = self._units.get(blocks_per_unit)
+        if units is None:
+            wrapped = _wrap_units(self.setting, blocks_per_unit)
+            units = _Units(
+                wrapped,
+                [sum(u.num_params for _, u in unit) for unit in wrapped],
+                [sum(u.tensors for _, u in unit) for unit in wrapped],
+            )
+            self._units[blocks_per_unit] = units
+        return units
+
+    def _gather(self, units: _Units, choice: Choice, cap: float) -> _GatherSide:
+        float8 = choice.float8 if choice.float8_all_gather else "none"
+        key = (id(units), choice.simple_fsdp, cap, float8)
+        side = self._gathers.get(key)
+        if side is None:
+            pb = self.setting.param_bytes
+            buckets = _bucket(units.params, cap, pb)
+            groups = tuple(tuple(x for i in bucket for x in units.units[i]) for bucket in buckets)
+            unit_bytes = _gathered_bytes(self.setting, choice)
+            side = _GatherSide(
+                groups=groups,
+                group_of_unit=tuple(g for g, bucket in enumerate(buckets) for _ in bucket),
+                launches=tuple(
+                    _launches(units.params, units.tensors, bucket, compile_=choice.simple_fsdp,
+                              cap_bytes=cap, bytes_per_param=pb)
+                    for bucket in buckets
+                ),
+                gather_bytes=tuple(sum(unit_bytes(u) for _, u in g) for g in groups),
+                block_groups=tuple(j for j, g in enumerate(groups) if all(index >= 0 for index, _ in g)),
+                sizes=tuple(len(g) for g in groups),
+                idents=tuple(tuple((id(u), index >= 0) for index, u in g) for g in groups),
+            )
+            self._gathers[key] = side
+        return side
+
+    def _reduce(self, units: _Units, choice: Choice, cap: float) -> tuple[tuple[int, int, int], ...]:
+        """The gradient-reduction buckets, formed over the units in backward order: each one's last
+        unit (in forward order: where in backward it completes), parameters and kernels."""
+        key = (id(units), choice.simple_fsdp, cap, choice.reduce_bytes)
+        side = self._reduces.get(key)
+        if side is None:
+            reversed_params, reversed_tensors = units.params[::-1], units.tensors[::-1]
+            last = len(units.params) - 1
+            side = tuple(
+                (
+                    last - bucket[-1],  # in backward order the bucket completes here
+                    sum(reversed_params[i] for i in bucket),
+                    _launches(
+                        reversed_params, reversed_tensors, bucket, compile_=choice.simple_fsdp,
+                        cap_bytes=cap, bytes_per_param=choice.reduce_bytes,
+                    ),
+                )
+                for bucket in _bucket(reversed_params, cap, 4)
+            )
+            self._reduces[key] = side
+        return side
 
 
 def _group_keys(
-    groups: tuple[tuple[IndexedUnit, ...], ...],
+    idents: tuple[tuple[tuple[int, bool], ...], ...],
     reduce_buckets: tuple[tuple[int, ...], ...],
     group_launches: tuple[int, ...],
     reduce_launches: tuple[tuple[int, ...], ...],
 ) -> tuple[int, ...]:
     ids: dict[tuple, int] = {}
     keys = []
-    for group, reduces, launches, reduce_launch in zip(
-        groups, reduce_buckets, group_launches, reduce_launches, strict=True
+    for ident, reduces, launches, reduce_launch in zip(
+        idents, reduce_buckets, group_launches, reduce_launches, strict=True
     ):
         # Units by identity: the model's repeated blocks are one object (planner/cost/model_costs.py).
-        content = (tuple((id(u), index >= 0) for index, u in group), reduces, launches, reduce_launch)
+        content = (ident, reduces, launches, reduce_launch)
         keys.append(ids.setdefault(content, len(ids)))
     return tuple(keys)
