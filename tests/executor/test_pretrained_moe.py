@@ -103,7 +103,7 @@ def tokens(vocab: int) -> torch.Tensor:
 
 def read_all(directory: Path) -> dict[str, torch.Tensor]:
     checkpoint = SafetensorsCheckpoint(directory)
-    return {name: checkpoint.read(name).clone() for name in checkpoint}
+    return {name: checkpoint.read(name).clone() for name in checkpoint.keys()}  # noqa: SIM118 (not a dict)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
