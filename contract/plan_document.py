@@ -203,11 +203,6 @@ def _upgrade_schema_1(value: Any, world: int | None) -> Any:
 def unsupported_mesh(mesh: Mesh) -> str | None:
     """Why this runtime cannot run `mesh`, though the planner prices it (the plan check and the
     launcher's bundles refuse it alike, so nothing half-works); None: it can."""
-    if mesh.ep > 1:
-        return (
-            f"config.mesh.ep: ep={mesh.ep}: this runtime has no expert-parallel dispatch yet; "
-            "plan with --ep 1 to run it here (the experts FSDP-sharded over the whole shard group)"
-        )
     return None
 
 

@@ -76,8 +76,7 @@ PHYSICS: dict[str, dict[str, Handler | str]] = {
         "pp": ("executor/runtime/parallelize.py", "parallelize_pipeline"),  # stages, then each parallelized
         "cp": ("executor/runtime/context_parallel.py", "apply_context_parallel"),
         "tp": ("executor/runtime/parallelize.py", "_tensor_parallel"),
-        "ep": "none yet: the runtime has no expert-parallel dispatch, and contract/plan_document.py "
-        "check_plan refuses ep above 1 (issue 40)",
+        "ep": ("executor/runtime/parallelize.py", "_expert_parallel"),  # experts split, all-to-all dispatch
     },
 }
 """Where each axis has physics: the only code an axis needs beside its registry entry."""

@@ -6,7 +6,9 @@ single unit). no_shard and hybrid_shard use FSDP2's HSDP on the 2-D (dp_replicat
 for no_shard the shard dimension has size 1, which is DDP. Context-parallel ranks hold the same
 parameters: their dim is folded into the shard dim (`dp_shard_cp`) or, for no_shard, the
 replicas. Tensor-parallel parameters (DTensors on the tp mesh of the same root mesh) are sharded
-further by FSDP2 itself, keeping their tp layout.
+further by FSDP2 itself, keeping their tp layout. Under expert parallelism every MoE block's routed
+experts (DTensors on the ep mesh) are a unit of their own, sharded over the data-parallel ranks left
+after ep (`experts_mesh`: torchtitan's `dp_shard_mod_ep`) before their block's unit takes the rest.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from executor.runtime.distributed import data_parallel_dims, data_parallel_mesh
 from executor.runtime.models import ModelParts
+from executor.runtime.models.moe import moe_layers
 
 
 def fsdp2_mesh(mesh: DeviceMesh, sharding: str) -> DeviceMesh:
@@ -47,10 +50,17 @@ def apply_fsdp2(
     prefetch_depth: int,
     param_dtype: torch.dtype | None,
     reduce_dtype: torch.dtype | None,
+    experts_mesh: DeviceMesh | None = None,
 ) -> nn.Module:
-    """Wrap `model` in place and return it (the root is an FSDPModule); `mesh` is `fsdp2_mesh`'s."""
+    """Wrap `model` in place and return it (the root is an FSDPModule); `mesh` is `fsdp2_mesh`'s,
+    `experts_mesh` the expert-parallel experts' (`expert_parallel.ExpertMeshes.data_parallel`)."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     units: list[FSDPModule] = []
+    if experts_mesh is not None:
+        for layer in moe_layers(model):
+            fully_shard(
+                layer.experts, mesh=experts_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp
+            )
 
     def shard(modules: list[nn.Module], *, reshard: bool) -> None:
         target: nn.Module | list[nn.Module] = modules[0] if len(modules) == 1 else modules

@@ -83,36 +83,34 @@ def clip_grad_norm(
     `counted_elsewhere`: a tied weight's second copy) and every rank scales its own by the same
     coefficient, as one process clipping the whole model would."""
     params = [p for p in model.parameters() if p.grad is not None]
-    # max_norm inf: measure only (the clip coefficient is then capped at 1).
-    limit = max_norm if max_norm > 0 else math.inf
-    if pipeline_group is not None:
-        skip = {id(p) for p in counted_elsewhere}
-        counted = [p for p in params if id(p) not in skip]
-        return _clip_over_stages(counted, params, limit, pipeline_group)
-    if not params:
+    if not params and pipeline_group is None:
         return 0.0
+    skip = {id(p) for p in counted_elsewhere}
     grads = [p.grad for p in params]
-    norm = torch.nn.utils.clip_grad_norm_(params, limit, foreach=grads[0].device.type == "cuda")
-    # With DTensor gradients the norm is a replicated DTensor (its computation all-reduced shards).
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
-    return float(norm)
-
-
-def _clip_over_stages(
-    counted: list[nn.Parameter], params: list[nn.Parameter], limit: float, group: dist.ProcessGroup
-) -> float:
-    grads = [p.grad for p in params if p.grad is not None]
-    norm_grads = [p.grad for p in counted if p.grad is not None]
     device = grads[0].device if grads else torch.device("cpu")
-    local = torch.nn.utils.get_total_norm(norm_grads) if norm_grads else torch.zeros((), device=device)
-    if isinstance(local, DTensor):
-        local = local.full_tensor()
-    squared = local.float().square()
-    dist.all_reduce(squared, group=group)  # every rank of the pipeline joins, gradients or not
+    squared = _squared_norm([p.grad for p in params if id(p) not in skip], device=device)
+    if pipeline_group is not None:
+        dist.all_reduce(squared, group=pipeline_group)  # every rank of the pipeline joins, gradients or not
     norm = float(squared.sqrt())
-    coefficient = min(1.0, limit / (norm + 1e-6))  # torch's clip_grad_norm_ coefficient
+    # max_norm inf: measure only (the coefficient is then capped at 1); torch's clip_grad_norm_ one.
+    coefficient = min(1.0, (max_norm if max_norm > 0 else math.inf) / (norm + 1e-6))
     if coefficient < 1.0:
         for grad in grads:
             grad.mul_(coefficient)
     return norm
+
+
+def _squared_norm(grads: list[torch.Tensor], *, device: torch.device) -> torch.Tensor:
+    """The squared 2-norm of all `grads` (fp32). DTensor gradients are grouped by their mesh (expert
+    parallelism's experts live on another mesh than the dense parameters), each group's norm
+    all-reduced over its own shards."""
+    groups: dict[object, list[torch.Tensor]] = {}
+    for grad in grads:
+        groups.setdefault(grad.device_mesh if isinstance(grad, DTensor) else None, []).append(grad)
+    squared = torch.zeros((), device=device, dtype=torch.float32)
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm(group)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        squared = squared + norm.float().square()
+    return squared

@@ -1,9 +1,9 @@
-"""parallelize(): Float8 conversion, tensor parallelism, context parallelism, activation
-checkpointing, data parallelism and compilation, in that order.
+"""parallelize(): Float8 conversion, tensor parallelism, expert parallelism, context parallelism,
+activation checkpointing, data parallelism and compilation, in that order.
 
 Two engines, as the plan chooses with `config.compile`:
-  simple_fsdp (compile=True)   [Float8] -> TP -> CP -> AC -> SimpleFSDP parametrization -> torch.compile
-  fsdp2       (compile=False)  [Float8] -> TP -> CP -> AC -> FSDP2 fully_shard per wrap unit (eager)
+  simple_fsdp (compile=True)   [Float8] -> TP -> EP -> CP -> AC -> SimpleFSDP parametrization -> torch.compile
+  fsdp2       (compile=False)  [Float8] -> TP -> EP -> CP -> AC -> FSDP2 fully_shard per wrap unit (eager)
 Pipeline parallelism (pp > 1) comes before all of them: the model is cut to this rank's stages
 (`executor.runtime.pipeline`), Float8 converts the rank's share, and each stage module then gets
 TP -> CP -> AC -> data parallelism -> compile as a whole model would (torchtitan's order: split first,
@@ -16,7 +16,11 @@ tensor parallelism addresses, and before FSDP2 wraps the weights (its float8 all
 float8 weight subclass in place when fully_shard runs).
 Why this order: tensor parallelism addresses submodules by name (`attention.wq`), which activation
 checkpointing's wrapper would rename, and it turns parameters into tp DTensors that data
-parallelism then shards further over its own mesh dims. Context parallelism
+parallelism then shards further over its own mesh dims. Expert parallelism (`expert_parallel`,
+ep > 1) comes right after: it keeps each MoE block's share of the routed experts (as DTensors on the
+ep mesh, keeping their tp split) and swaps in the all-to-all dispatcher; the engines then shard
+those experts over the data-parallel ranks left after ep (`dp_shard_mod_ep`) and the dense
+parameters over all of them, as torchtitan does. Context parallelism
 (`context_parallel`) changes no parameter: it swaps the forward of the root and of every attention
 module (they keep their names), so the data-parallel engines shard the same parameters, over the
 cp ranks too (dp_shard x cp). Activation checkpointing wraps blocks
@@ -45,6 +49,12 @@ from executor.runtime.activation_checkpoint import apply_activation_checkpointin
 from executor.runtime.compile import CompileSettings, apply_compile, compile_settings
 from executor.runtime.context_parallel import apply_context_parallel
 from executor.runtime.distributed import data_parallel_mesh, pipeline_mesh, submesh, tensor_parallel_mesh
+from executor.runtime.expert_parallel import (
+    ExpertMeshes,
+    apply_expert_parallel,
+    expert_meshes,
+    expert_parallel_note,
+)
 from executor.runtime.float8 import Float8Conversion, after_optimizer_step, convert_to_float8
 from executor.runtime.fsdp2 import apply_fsdp2, fsdp2_mesh
 from executor.runtime.models import ModelParts, computes_own_loss, find_parts
@@ -289,12 +299,15 @@ def _apply_strategy(
     reshard_after_forward: bool,
     notes: list[str],
 ) -> _Applied:
-    """TP -> CP -> AC -> data parallelism -> compile on `model` (a whole model or one pipeline
+    """TP -> EP -> CP -> AC -> data parallelism -> compile on `model` (a whole model or one pipeline
     stage) in place; appends what it applied to `notes`."""
     cfg = plan.config
 
     # 1. Tensor parallelism: it names submodules that the AC wrapper would rename.
     micro_pipeline_tp = _tensor_parallel(model, plan=plan, mesh=mesh, compiled=compiled, notes=notes)
+
+    # 1b. Expert parallelism: the rank's experts (keeping their tp split) before FSDP shards them.
+    experts = _expert_parallel(model, plan=plan, mesh=mesh, notes=notes)
 
     # 2. Context parallelism: it swaps the root's and the attention modules' forward (not their
     # parameters), inside tensor parallelism's layout; AC and compile then wrap what it made.
@@ -321,7 +334,7 @@ def _apply_strategy(
     _data_parallel(
         model, parts, plan=plan, mesh=mesh, engine=engine, compiled=compiled, param_dtype=param_dtype,
         reduce_dtype=reduce_dtype, reshard_after_forward=reshard_after_forward,
-        recomputed_blocks=checkpointed, notes=notes,
+        recomputed_blocks=checkpointed, experts=experts, notes=notes,
     )
 
     # 5. Compilation last, over the sharded model, so the collectives are part of the graph.
@@ -354,6 +367,21 @@ def _tensor_parallel(
     return micro_pipeline_tp
 
 
+def _expert_parallel(
+    model: nn.Module, *, plan: RuntimePlan, mesh: DeviceMesh, notes: list[str]
+) -> ExpertMeshes | None:
+    """Expert parallelism over ep ranks carved out of the shard group (ep > 1): each MoE block keeps
+    num_experts / ep routed experts and dispatches tokens by all-to-all (`expert_parallel`); the
+    meshes the engines shard the experts over, or None without ep."""
+    cfg = plan.config
+    if cfg.mesh.ep == 1:
+        return None
+    meshes = expert_meshes(mesh, ep=cfg.mesh.ep, sharding=cfg.sharding)
+    blocks = apply_expert_parallel(model, meshes=meshes)
+    notes.append(expert_parallel_note(plan=plan, meshes=meshes, blocks=blocks))
+    return meshes
+
+
 def _data_parallel(
     model: nn.Module,
     parts: ModelParts,
@@ -366,10 +394,12 @@ def _data_parallel(
     reduce_dtype: torch.dtype,
     reshard_after_forward: bool,
     recomputed_blocks: list[nn.Module],
+    experts: ExpertMeshes | None,
     notes: list[str],
 ) -> None:
     """The engine's sharding over the data-parallel dims (SimpleFSDP's parametrization or FSDP2's
-    units), with the plan's mixed precision; notes what it applied and how the loss runs."""
+    units; expert-parallel experts over `experts.data_parallel`), with the plan's mixed precision;
+    notes what it applied and how the loss runs."""
     cfg = plan.config
     if engine == "simple_fsdp":
         apply_simple_fsdp(
@@ -381,6 +411,7 @@ def _data_parallel(
             # Only the compiled partitioner can honour "re-gather in backward" (see simple_fsdp).
             reshard_after_forward=reshard_after_forward and compiled,
             recomputed_blocks=recomputed_blocks,
+            experts_mesh=experts.data_parallel if experts else None,
         )
         notes.append(f"SimpleFSDP {cfg.sharding} on mesh {_mesh_str(data_parallel_mesh(mesh, cfg.sharding))}")
     else:
@@ -394,6 +425,7 @@ def _data_parallel(
             prefetch_depth=cfg.prefetch_depth,
             param_dtype=param_dtype,
             reduce_dtype=reduce_dtype,
+            experts_mesh=experts.data_parallel if experts else None,
         )
         notes.append(
             f"FSDP2 {cfg.sharding} on mesh {_mesh_str(dp_mesh)}, {cfg.blocks_per_unit} block(s) per unit"

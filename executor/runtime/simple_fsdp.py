@@ -28,6 +28,9 @@ mesh: the data-parallel placements above, then its tp placement. When tp already
 chunk *of the tp chunk*, which DTensor spells `_StridedShard(0, split_factor=tp)` (what FSDP2 does
 too). Its gather all-gathers over the data-parallel dims only and hands the module a DTensor on the
 tp mesh, still tp-sharded, so the tensor-parallel layers compute as they would without FSDP.
+Expert-parallel experts (DTensors on the ep or (ep, expert_tp) mesh, `expert_parallel`) are stored
+the same way on their own combined mesh, (the data-parallel ranks left after ep..., ep[, expert_tp]):
+gathered over `dp_shard_mod_ep` only, handed to the experts as their ep (and tp) shard.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -93,12 +97,13 @@ def layout_for(sharding: str, mesh: DeviceMesh) -> Layout:
 
 @dataclass(frozen=True, slots=True)
 class TensorParallelSpec:
-    """How a tensor-parallel parameter is laid out on the tp mesh (what its gather hands back)."""
+    """How a tensor- or expert-parallel parameter is laid out on its model-parallel mesh (what its
+    gather hands back)."""
 
     mesh: DeviceMesh
-    """The 1-D tp mesh."""
+    """The 1-D tp mesh, or the experts' ep or (ep, expert_tp) mesh."""
     placements: tuple[Placement, ...]
-    """Its tp placement (Shard(0), Shard(1) or Replicate)."""
+    """Its placements there (Shard(0), Shard(1) or Replicate per dim)."""
     local_shape: tuple[int, ...]
     """Shape of this rank's tp shard: what the data-parallel all-gather reassembles."""
 
@@ -135,6 +140,7 @@ class GatherParameter:
 
     layout: Layout
     dp_mesh: DeviceMesh
+    """The data-parallel mesh it is gathered over (the experts': the ranks left after ep)."""
     param_dtype: torch.dtype | None
     reduce_dtype: torch.dtype | None
     reshard_after_forward: bool
@@ -212,6 +218,7 @@ def apply_simple_fsdp(
     reduce_dtype: torch.dtype | None,
     reshard_after_forward: bool,
     recomputed_blocks: Iterable[nn.Module] = (),
+    experts_mesh: DeviceMesh | None = None,
 ) -> nn.Module:
     """Shard every parameter of `model` in place and route parameter reads through a gather.
 
@@ -220,13 +227,15 @@ def apply_simple_fsdp(
     folded into the shard or replica dim), and tensor-parallel parameters (DTensors
     on the tp mesh) keep their tp placement on the combined mesh. `recomputed_blocks` are blocks
     under activation checkpointing: their whole forward already reruns in backward (gathers
-    included), so they skip the per-parameter reshard policy.
+    included), so they skip the per-parameter reshard policy. `experts_mesh`: the data-parallel mesh
+    of expert-parallel experts (`expert_parallel.ExpertMeshes.data_parallel`).
     """
-    dp_mesh = data_parallel_mesh(mesh, sharding)
-    layout = layout_for(sharding, dp_mesh)
+    dense = _DataParallel.of(data_parallel_mesh(mesh, sharding), sharding)
     # Tensor-parallel weights live on the combined (data-parallel dims..., tp) mesh.
-    tp_weights = any(isinstance(p, DTensor) for p in model.parameters())
-    combined = data_parallel_mesh(mesh, sharding, with_tp=True) if tp_weights else None
+    tp_weights = any(isinstance(p, DTensor) and not _is_expert(p) for p in model.parameters())
+    if tp_weights:
+        dense.combined = data_parallel_mesh(mesh, sharding, with_tp=True)
+    experts = _DataParallel.of(experts_mesh, sharding) if experts_mesh is not None else None
     reshard = reshard_after_forward and sharding in ("full_shard", "hybrid_shard")
     inside_checkpoint = {id(m) for block in recomputed_blocks for m in block.modules()}
     sharded: dict[int, tuple[nn.Parameter, TensorParallelSpec | None]] = {}  # tied weights: shared
@@ -237,14 +246,18 @@ def apply_simple_fsdp(
         gathers = []
         for name in names:
             param = module._parameters[name]
+            group = dense
+            if _is_expert(param):
+                assert experts is not None, "expert-parallel experts need their data-parallel mesh"
+                group = experts
             if id(param) not in sharded:
                 sharded[id(param)] = _shard_parameter(
-                    param, dp_mesh=dp_mesh, combined=combined, layout=layout
+                    param, dp_mesh=group.mesh, combined=group.combined_with(param), layout=group.layout
                 )
             module._parameters[name], tp = sharded[id(param)]
             gather = GatherParameter(
-                layout=layout,
-                dp_mesh=dp_mesh,
+                layout=group.layout,
+                dp_mesh=group.mesh,
                 param_dtype=param_dtype,
                 reduce_dtype=reduce_dtype,
                 reshard_after_forward=reshard and id(module) not in inside_checkpoint,
@@ -253,6 +266,31 @@ def apply_simple_fsdp(
             gathers.append((name, gather))
         module.__class__ = _gathering_class(type(module), tuple(gathers))
     return model
+
+
+def _is_expert(param: torch.Tensor) -> bool:
+    """An expert-parallel parameter: a DTensor on the experts' ep mesh (`expert_parallel`)."""
+    return isinstance(param, DTensor) and "ep" in (param.device_mesh.mesh_dim_names or ())
+
+
+@dataclass(slots=True)
+class _DataParallel:
+    """A data-parallel mesh, its layout, and the combined mesh of its model-parallel parameters."""
+
+    mesh: DeviceMesh
+    layout: Layout
+    combined: DeviceMesh | None = None
+
+    @classmethod
+    def of(cls, mesh: DeviceMesh, sharding: str) -> _DataParallel:
+        return cls(mesh, layout_for(sharding, mesh))
+
+    def combined_with(self, param: torch.Tensor) -> DeviceMesh | None:
+        """The (data-parallel..., model-parallel...) mesh a DTensor parameter is stored on: the
+        dense engines' `with_tp` mesh, or for experts theirs with the ep (and expert_tp) dims."""
+        if not _is_expert(param):
+            return self.combined
+        return DeviceMesh._concatenate([self.mesh, param.device_mesh])  # type: ignore[union-attr]
 
 
 def _shard_parameter(
@@ -264,16 +302,15 @@ def _shard_parameter(
         stored = _distribute(param, dp_mesh, layout.param)
         return nn.Parameter(stored, requires_grad=param.requires_grad), None
     tp_mesh = param.device_mesh
-    if tp_mesh.ndim != 1 or tp_mesh.mesh_dim_names != ("tp",):
+    if not _is_expert(param) and (tp_mesh.ndim != 1 or tp_mesh.mesh_dim_names != ("tp",)):
         raise ValueError(f"SimpleFSDP composes with 1-D tensor parallelism on the `tp` dim, got {tp_mesh}")
-    tp_placement = param.placements[0]
     tp_local = param.to_local().detach()
     # Data-parallel placements as seen on the global tensor: a dp shard of dim d taken from a tp
-    # shard of the same dim is strided (every tp chunk is split again), see the module docstring.
+    # (or ep) shard of the same dim is strided (every such chunk is split again), see the module
+    # docstring.
     dp_placements = tuple(
-        _StridedShard(p.dim, split_factor=tp_mesh.size())
-        if isinstance(p, Shard) and isinstance(tp_placement, Shard) and tp_placement.dim == p.dim
-        else p
+        _StridedShard(p.dim, split_factor=_shards_of(param, p.dim)) if isinstance(p, Shard)
+        and _shards_of(param, p.dim) > 1 else p
         for p in layout.param
     )
     local = _distribute(tp_local, dp_mesh, layout.param).to_local()
@@ -281,12 +318,20 @@ def _shard_parameter(
     stored = DTensor.from_local(
         local,
         combined,
-        (*dp_placements, tp_placement),
+        (*dp_placements, *param.placements),
         shape=param.shape,
         stride=param.stride(),
     )
     spec = TensorParallelSpec(tp_mesh, tuple(param.placements), tuple(tp_local.shape))
     return nn.Parameter(stored, requires_grad=param.requires_grad), spec
+
+
+def _shards_of(param: DTensor, dim: int) -> int:
+    """How many pieces `param`'s model-parallel placements cut tensor dim `dim` into."""
+    return math.prod(
+        size for size, p in zip(param.device_mesh.shape, param.placements, strict=True)
+        if isinstance(p, Shard) and p.dim == dim
+    )
 
 
 def _distribute(param: torch.Tensor, mesh: DeviceMesh, placements: tuple[Placement, ...]) -> DTensor:

@@ -1,8 +1,8 @@
 """Expert parallelism in the planner (issue 40): the `ep` axis carved out of the shard group (not a factor
 of the world), searched for mixture-of-experts models, priced (the rank's experts gathered and reduced,
 their GEMMs at ep x the rows, the dispatch and combine all-to-alls over the links the group spans),
-its memory (expert states over (dp_shard x cp) / ep shards), and refused by this runtime and its bundles
-until it has an expert-parallel dispatch."""
+its memory (expert states over (dp_shard x cp) / ep shards), and taken by this runtime's plan check and
+its bundles (the runtime dispatches tokens by all-to-all)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ import pytest
 
 from contract.mesh import WORLD_AXES, Mesh, mesh_problems
 from contract.model_config import MoeConfig
-from contract.plan_document import PlanError, parse_plan, unsupported_mesh
+from contract.plan_document import parse_plan, unsupported_mesh
 from executor.launch.bundle import bundle_files
-from executor.launch.quoting import UnsafeValueError
 from planner.catalog.models import resolve_model
 from planner.cost.estimate import Estimator, _collective, expert_parallel_seconds
 from planner.cost.gemm import expert_rows
@@ -123,19 +122,17 @@ def test_the_all_to_alls_cross_the_links_the_group_spans() -> None:
     assert expert_parallel_seconds(share, replace(choice, mesh=Mesh(dp_shard=16)), block, tokens=tokens) == 0
 
 
-def test_deepseek_v3_plans_with_ep_and_its_runtime_refuses_it() -> None:
+def test_deepseek_v3_plans_with_ep_and_its_runtime_takes_it() -> None:
     request = make_request("deepseek-v3", "32x8xH100", seq_len=4096, sequences=4096)
     plan = make_plan(request)
     assert plan.config.mesh.ep > 1 and f"ep{plan.config.mesh.ep}" in plan.config.label()
     parts = plan.prediction.expert_memory_gib
     assert parts is not None and parts.routed_expert_states > 0 and parts.dispatch_buffers > 0
-    document = plan.model_dump(mode="json")
-    refusal = r"ep=\d+: this runtime has no expert-parallel dispatch yet; plan with --ep 1"
-    with pytest.raises(PlanError, match=refusal):
-        parse_plan(document)
-    with pytest.raises(UnsafeValueError, match="no expert-parallel dispatch yet"):
-        bundle_files(plan, target="torchrun")
-    assert unsupported_mesh(Mesh(dp_shard=8)) is None
+    # The runtime dispatches tokens by all-to-all (executor/runtime/expert_parallel.py): the plan
+    # check and the bundles take ep plans (tests/executor/test_moe_parity.py runs them).
+    assert parse_plan(plan.model_dump(mode="json")).config.mesh.ep == plan.config.mesh.ep
+    assert any(f.path == "launch.sh" for f in bundle_files(plan, target="torchrun"))
+    assert unsupported_mesh(plan.config.mesh) is None
 
 
 def test_a_refusal_of_gathered_experts_names_ep() -> None:

@@ -7,8 +7,9 @@ One forward, in four steps, so that expert parallelism can replace the middle tw
   dispatch  token copies sorted by expert, with the number per expert (`LocalDispatcher.dispatch`)
   experts   every expert's SwiGLU over its own rows, one grouped matmul per projection (`GroupedExperts`)
   combine   expert outputs back to their tokens, weighted and summed over the k choices (`.combine`)
-`LocalDispatcher` keeps every expert on this rank; an expert-parallel dispatcher (all_to_all_single of
-the sorted rows over the ep group, its `tokens_per_expert` exchanged first) fits the same seam.
+`LocalDispatcher` keeps every expert on this rank; with expert parallelism
+`executor.runtime.expert_parallel.AllToAllDispatcher` takes its place (all_to_all_single of the sorted
+rows over the ep group, their counts per expert exchanged first) and the experts hold the rank's share.
 
 Shapes are static everywhere but in the grouped matmul's group sizes, which `grouped_mm.grouped_matmul`
 keeps inside one operator (`torch._grouped_mm` on CUDA bf16, a custom per-expert loop elsewhere): the
@@ -43,14 +44,15 @@ def expert_of_rows(counts: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def local_weight(w: torch.Tensor | None) -> torch.Tensor | None:
-    """A weight as this rank computes with it: itself, or under tensor parallelism (a DTensor on the
-    tp mesh) its local shard; a replicated one's gradient is declared partial, as each tp rank's is
-    its share of the experts' (summed over the ranks by the conversion back)."""
+    """A weight as this rank computes with it: itself, or under tensor or expert parallelism (a
+    DTensor on the tp, ep or (ep, tp) mesh) its local shard; its gradient is declared partial on the
+    dims that replicate it, as each tp rank's is its share of the experts' (summed over the ranks by
+    the conversion back)."""
     if not isinstance(w, DTensor):
         return w
-    if all(p.is_replicate() for p in w.placements):
-        return w.to_local(grad_placements=[Partial()] * len(w.placements))
-    return w.to_local()
+    if all(p.is_shard() for p in w.placements):
+        return w.to_local()
+    return w.to_local(grad_placements=[Partial() if p.is_replicate() else p for p in w.placements])
 
 
 class Routing(NamedTuple):
@@ -136,6 +138,20 @@ class _AuxLossGradient(torch.autograd.Function):
         return grad, torch.full((), ctx.scale, device=grad.device, dtype=torch.float32), None
 
 
+class _ScaleGradient(torch.autograd.Function):
+    """Identity whose backward multiplies the gradient by `scale` (an expert-parallel rank's expert
+    weights: see `GroupedExperts.grad_scale`)."""
+
+    @staticmethod
+    def forward(ctx, w: torch.Tensor, scale: float) -> torch.Tensor:  # type: ignore[override]
+        ctx.scale = scale
+        return w.view_as(w)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return grad * ctx.scale, None
+
+
 class Dispatched(NamedTuple):
     """What `LocalDispatcher.dispatch` hands the experts and what `combine` needs back."""
 
@@ -183,19 +199,27 @@ class GroupedExperts(nn.Module):
         self.tp = 1
         """Tensor-parallel ranks: > 1, w1/w3 (and b1/b3) hold this rank's ffn columns, w2 its rows,
         and the output is this rank's partial sum (`tensor_parallel.ExpertTensorParallel`)."""
+        self.grad_scale = 1.0
+        """Multiplies the weights' gradients: under expert parallelism 1 / ep, as a rank's experts
+        gather the gradients of its ep peers' tokens while the data-parallel engines average them over
+        the (dp_shard x cp) / ep ranks holding the same experts only (`expert_parallel`)."""
 
     def forward(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         # Read every weight once (SimpleFSDP gathers on each attribute read).
-        w1, w2, w3 = local_weight(self.w1), local_weight(self.w2), local_weight(self.w3)
+        w1, w2, w3 = (self._weight(w) for w in (self.w1, self.w2, self.w3))
         gate, up = grouped_matmul(rows, w1, tokens_per_expert), grouped_matmul(rows, w3, tokens_per_expert)
         if self.bias:
-            gate = gate + self._row_bias(local_weight(self.b1), tokens_per_expert, rows.shape[0])
-            up = up + self._row_bias(local_weight(self.b3), tokens_per_expert, rows.shape[0])
+            gate = gate + self._row_bias(self._weight(self.b1), tokens_per_expert, rows.shape[0])
+            up = up + self._row_bias(self._weight(self.b3), tokens_per_expert, rows.shape[0])
         out = grouped_matmul(F.silu(gate) * up, w2, tokens_per_expert)
         if self.bias:
             # Under tensor parallelism every rank's output is a partial sum: each adds 1/tp of it.
-            out = out + self._row_bias(local_weight(self.b2), tokens_per_expert, rows.shape[0]) / self.tp
+            out = out + self._row_bias(self._weight(self.b2), tokens_per_expert, rows.shape[0]) / self.tp
         return out
+
+    def _weight(self, w: torch.Tensor) -> torch.Tensor:
+        local = local_weight(w)
+        return local if self.grad_scale == 1.0 else _ScaleGradient.apply(local, self.grad_scale)
 
     @staticmethod
     def _row_bias(bias: torch.Tensor, tokens_per_expert: torch.Tensor, rows: int) -> torch.Tensor:
