@@ -199,3 +199,47 @@ def test_families_the_runtime_cannot_compute_are_refused(tmp_path: Path, arch: s
     refused = rf"{arch} checkpoints are not supported by --init-from: .*{lacks}"
     with pytest.raises(WeightsError, match=refused):
         check_config({**config, "architectures": [arch]}, plan.model, seq_len=SEQ)
+
+
+# --- 2 ranks: the experts sharded -----------------------------------------------------------------
+
+DIST_CASES = ["qwen3_moe:full_shard:fsdp2", "deepseek_v3:full_shard:fsdp2", "qwen3_moe:no_shard:fsdp2:tp2"]
+
+
+@pytest.fixture(scope="module")
+def moe_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Each family's checkpoint with its plan's model, the full tensors in the runtime's layout (as
+    the one-process load, checked above against transformers, holds them), one global batch and
+    transformers' loss on it."""
+    tmp = tmp_path_factory.mktemp("pretrained_moe")
+    batch = torch.randint(0, _BASE["vocab_size"], (4, SEQ + 1), generator=torch.Generator().manual_seed(11))
+    expected, refs = {}, {}
+    for name in {case.split(":")[0] for case in DIST_CASES}:
+        theirs = hf_model(name, tmp / name)
+        plan = make_plan(tmp / name)
+        config = json.loads((tmp / name / "config.json").read_text())
+        (tmp / name / "plan_model.json").write_text(json.dumps(plan_model(config)))
+        model = loaded(tmp / name, plan)
+        expected[str(tmp / name)] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        with torch.no_grad():
+            logits = theirs(batch[:, :-1]).logits
+        refs[name] = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).item()
+    torch.save(expected, tmp / "expected.pt")
+    torch.save(batch, tmp / "batch.pt")
+    return {"dir": tmp, "refs": refs}
+
+
+@pytest.mark.distributed
+def test_sharded_experts_load_their_boxes(moe_files: dict[str, Any]) -> None:
+    """FSDP2 shards the stacked experts on their first dim (each rank loads its experts' matrices
+    only), tensor parallelism splits every expert's columns or rows; every rank's shards equal the
+    source's boxes, it reads about half the bytes, and the first step's loss is transformers'."""
+    from tests.executor.test_pretrained import check_ranks, load_sharded
+
+    records = load_sharded(moe_files, 2, DIST_CASES)
+    for case in DIST_CASES:
+        ranks = records[case]
+        check_ranks(ranks, moe_files["refs"][case.split(":")[0]], case)
+        if case.endswith("fsdp2"):  # the experts' dim split: rank 1 starts past rank 0's experts
+            starts = [r["offsets"]["layers.1.feed_forward.experts.w1"][0] for r in ranks]
+            assert starts[0] == 0 < starts[1], (case, starts)
