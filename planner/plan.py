@@ -74,6 +74,16 @@ class ExpertMemory(Document):
     workspace, allocator reserve."""
 
 
+EXPERT_MEMORY_LABELS = {
+    "routed_expert_states": "routed experts: params, grads, states",
+    "routed_expert_gathered": "routed experts: gathered, grad buffers",
+    "routed_expert_activations": "routed experts: activations",
+    "dispatch_buffers": "dispatch buffers",
+    "dense_parts": "dense parts (attention, shared, rest)",
+}
+"""`ExpertMemory`'s parts in its field order, in the words the command line and the plan page show."""
+
+
 class TimelineSegment(Document):
     """One span on the step timeline (one micro-batch, forward then backward)."""
 

@@ -36,7 +36,7 @@ from planner.calibration import CalibrationProfile
 from planner.cost.memory import MEMORY_TERMS
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
 from planner.formatting import between, duration, quantity
-from planner.plan import ExpertMemory, Plan, PredictionInterval
+from planner.plan import EXPERT_MEMORY_LABELS, ExpertMemory, Plan, PredictionInterval
 from planner.precheck import read_request
 from planner.rejected_summary import summarize_rejected
 from planner.search import make_plan
@@ -316,23 +316,13 @@ def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
     )
 
 
-EXPERT_MEMORY_PARTS = {
-    "routed_expert_states": "routed experts: params, grads, states",
-    "routed_expert_gathered": "routed experts: gathered, grad buffers",
-    "routed_expert_activations": "routed experts: activations",
-    "dispatch_buffers": "dispatch buffers",
-    "dense_parts": "dense parts (attention, shared, rest)",
-}
-"""The rows of a mixture-of-experts plan's second memory table, in `ExpertMemory`'s field order."""
-
-
 def _expert_memory_table(parts: ExpertMemory, peak_gib: float) -> Table:
     """The same peak split into the routed experts', the dispatch buffers' and the dense parts."""
     table = Table(title="Of it, by part of the model", title_justify="left")
     table.add_column("part")
     table.add_column("GiB", justify="right")
     table.add_column("share", justify="right")
-    for name, label in EXPERT_MEMORY_PARTS.items():
+    for name, label in EXPERT_MEMORY_LABELS.items():
         gib = getattr(parts, name)
         table.add_row(label, f"{gib:.2f}", f"{gib / peak_gib:.0%}")
     return table

@@ -268,6 +268,7 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
         "inputs": plan_views.input_rows(row, plan), "config": plan_views.config_rows(plan.config),
         "prediction": plan_views.prediction_rows(plan),
         "memory_chart": plan_views.memory_chart([(row.name, plan)]),
+        "expert_memory": plan_views.expert_memory_rows(plan),
         "timeline_chart": plan_views.timeline_chart(plan) if plan.prediction.timeline else None,
         "timeline_per_phase": plan_views.timeline_per_phase(plan),
         "pipeline": pipeline_views.section(plan),

@@ -22,7 +22,14 @@ from contract.parallel_config import ParallelConfig
 from contract.training_config import precision_label
 from planner.cost.memory import MEMORY_TERMS
 from planner.formatting import quantity
-from planner.plan import Candidate, Plan, Prediction, PredictionInterval, TimelineSegment
+from planner.plan import (
+    EXPERT_MEMORY_LABELS,
+    Candidate,
+    Plan,
+    Prediction,
+    PredictionInterval,
+    TimelineSegment,
+)
 
 # Memory parts in the order they are stacked, with the words a person reads: the planner's own terms.
 MEMORY_PARTS = {name: term.label for name, term in MEMORY_TERMS.items()}
@@ -207,6 +214,29 @@ def _margin_rows(p: Prediction) -> list[Row]:
 def memory_segments(plan: Plan) -> list[tuple[str, float]]:
     breakdown = plan.prediction.memory_breakdown_gib
     return [(label, getattr(breakdown, key)) for key, label in MEMORY_PARTS.items()]
+
+
+@dataclass(frozen=True)
+class MemoryPart:
+    """One row of a mixture-of-experts plan's peak split by part of the model."""
+
+    part: str
+    gib: str
+    share: str
+
+
+def expert_memory_rows(plan: Plan) -> list[MemoryPart]:
+    """The peak split into the routed experts', the dispatch buffers' and the dense parts' (the
+    command line's second memory table); none for a dense model or a plan stored without the split."""
+    p = plan.prediction
+    parts = p.expert_memory_gib
+    if parts is None:
+        return []
+    gib = {name: getattr(parts, name) for name in EXPERT_MEMORY_LABELS}
+    return [
+        MemoryPart(label, fmt.gib(gib[name]), fmt.percent(gib[name] / p.peak_memory_gib))
+        for name, label in EXPERT_MEMORY_LABELS.items()
+    ]
 
 
 def memory_chart(plans: Sequence[tuple[str, Plan]], chart_id: str = "memory-chart") -> charts.Chart:
