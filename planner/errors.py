@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 from pydantic import ValidationError
 
 
@@ -28,6 +31,14 @@ def _restore(cls: type[PlanningError], args: tuple, state: dict) -> PlanningErro
 
 class UnknownCatalogEntryError(PlanningError):
     """A model or GPU name that the catalog does not know."""
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """` (did you mean 'llama3-8b'?)` for a name one slip away from a known one (a letter missed,
+    doubled or swapped, case and spaces aside), else empty: the refusal leads with the fix."""
+    by_lower = {entry.lower(): entry for entry in known}
+    close = difflib.get_close_matches(name.strip().lower(), by_lower, n=1, cutoff=0.8)
+    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
 
 
 class UnsupportedArchitectureError(PlanningError):

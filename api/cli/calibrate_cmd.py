@@ -22,6 +22,7 @@ from rich.table import Table
 
 from api.cli.common import (
     EXIT_FAILED,
+    SEQUENCE_TOKENS,
     ServerClient,
     cluster_from_options,
     decimal_number,
@@ -33,6 +34,7 @@ from api.hints import EXECUTOR_EXTRA_INSTALL
 from executor.launch.calibration import write_calibration_bundle
 from executor.launch.environment import static_defaults
 from executor.launch.quoting import UnsafeValueError
+from planner.bounds import MAX_GPUS_PER_NODE, MAX_SECONDS
 from planner.calibration import CalibrationProfile, fit_parameters
 from planner.catalog.models import resolve_model
 from planner.cost.parameters import QUOTED_GROUP_SIZE, default_parameters
@@ -47,15 +49,17 @@ def register(app: typer.Typer) -> None:
 
 def calibrate(
     nproc: Annotated[int, typer.Option(
-        "--nproc", parser=whole_number(low=1), help="Local processes (GPUs) to profile.",
+        "--nproc", parser=whole_number(unit="processes", low=1, high=MAX_GPUS_PER_NODE),
+        help="Local processes (GPUs) to profile.",
     )] = 1,
     model: Annotated[str | None, typer.Option(help="Catalog model whose shapes and blocks to time.")] = None,
     seq_len: Annotated[int, typer.Option(
-        "--seq-len", parser=whole_number(low=1), help="Sequence length for the block timings.",
+        "--seq-len", parser=SEQUENCE_TOKENS, help="Sequence length for the block timings.",
     )] = 2048,
     micro_batches: Annotated[str, typer.Option("--micro-batches", help="Comma-separated sizes.")] = "1,2",
     budget_s: Annotated[float, typer.Option(
-        "--budget-s", parser=decimal_number(), help="Time allowance in seconds.",
+        "--budget-s", parser=decimal_number(unit="seconds", high=MAX_SECONDS),
+        help="Time allowance in seconds.",
     )] = 120.0,
     name: Annotated[str | None, typer.Option(help="Name stored in the profile.")] = None,
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the profile.")] = Path(

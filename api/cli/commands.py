@@ -16,7 +16,8 @@ from typing import Any
 
 import typer
 from typer import _click as click
-from typer.core import TyperCommand, TyperGroup
+from typer._click.exceptions import BadParameter, UsageError
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,11 +89,75 @@ COMMANDS: tuple[CommandEntry, ...] = (
 """In the order the root's `--help` lists them (Typer lists sub-apps after plain commands)."""
 
 
+def describe_option(param: click.Parameter) -> None:
+    """Make an option's help match what it takes, once, when its command is built: a flag takes no
+    value, so it shows no `<bool>`; a number option's parser (api/cli/common.py's WholeNumber,
+    DecimalNumber) holds its unit and bounds, which its help states (`Range: 1 to 1,048,576 tokens.`),
+    so the help and the check read one declaration."""
+    if not isinstance(param, TyperOption):
+        return
+    if param.is_flag:
+        # Typer shows every option's Python type; a flag's metavar is all its help shows in that column.
+        param.metavar = ""
+        return
+    describe = getattr(param.type_descriptor.parameter_info.parser, "describe", None)
+    if describe is not None and describe() not in (param.help or ""):
+        param.help = f"{param.help or ''} {describe()}".strip()
+
+
+class PlannerCommand(TyperCommand):
+    """A command whose `--help` matches its options (`describe_option`), --help itself included."""
+
+    def __init__(self, name: str | None, **attrs: Any) -> None:
+        super().__init__(name, **attrs)
+        for param in self.params:
+            describe_option(param)
+
+    def get_help_option(self, ctx: click.Context) -> TyperOption | None:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            describe_option(option)
+        return option
+
+
+def _with_planner_commands(app: typer.Typer) -> None:
+    """Build every command of `app` and of its sub-apps (db, keys) as a PlannerCommand."""
+    for info in app.registered_commands:
+        if info.cls in (None, TyperCommand):  # Typer's default
+            info.cls = PlannerCommand
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            _with_planner_commands(group.typer_instance)
+
+
 def load_command(entry: CommandEntry) -> click.Command:
     """The real command of `entry`: its module imported, registered on an app of its own, built by Typer."""
     app = typer.Typer()
     importlib.import_module(entry.module).register(app)
+    _with_planner_commands(app)
     return typer.main.get_group(app).commands[entry.name]
+
+
+def one_line(error: UsageError) -> str:
+    """A usage error (a bad or missing option, an unknown command) as every other refusal reads: one
+    line naming the option, and where its help is; click's framed usage box says the same in five."""
+    if isinstance(error, BadParameter) and error.param is not None and error.param_hint is None:
+        names = getattr(error.param, "opts", None) or [error.param.name]
+        message = f"{names[-1] if names[-1].startswith('--') else names[0]}: {error.message}"
+    else:
+        message = error.format_message()
+    where = error.ctx.command_path if error.ctx is not None else "fsdp-planner"
+    return f"{message.rstrip('.')}; see `{where} --help`"
+
+
+def refuse_usage(error: UsageError) -> typer.Exit:
+    """Print `one_line(error)` to stderr and return the Exit (code 2) to raise."""
+    from rich.console import Console  # only on this path: the entry point imports nothing it may not use
+    from rich.markup import escape
+
+    line = f"[bold red]error:[/] {escape(one_line(error))}"
+    Console(stderr=True).print(line, highlight=False, soft_wrap=True)
+    return typer.Exit(error.exit_code)
 
 
 class LazyCommand(TyperCommand):
@@ -115,7 +180,33 @@ class LazyCommand(TyperCommand):
         return self.load().make_context(info_name, args, parent=parent, **extra)
 
 
-class LazyGroup(TyperGroup):
+class PlannerGroup(TyperGroup):
+    """A group whose usage errors read as one line (`refuse_usage`) and whose `--help` flag shows no
+    value type (`describe_option`)."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except UsageError as error:
+            raise refuse_usage(error) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        # A command's options are parsed here (its make_context), and a command may raise one too.
+        try:
+            return super().invoke(ctx)
+        except UsageError as error:
+            raise refuse_usage(error) from None
+
+    def get_help_option(self, ctx: click.Context) -> TyperOption | None:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            describe_option(option)
+        return option
+
+
+class LazyGroup(PlannerGroup):
     """The root group: every command of COMMANDS listed, each loaded when it is resolved to run."""
 
     def __init__(self, **attrs: Any) -> None:

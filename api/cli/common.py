@@ -5,17 +5,20 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
-from api.typed_numbers import parse_decimal, parse_whole
+from api.cli.exit_codes import EXIT_FAILED, EXIT_INFEASIBLE, EXIT_INVALID_INPUT, EXIT_UNAVAILABLE
+from api.cli.exit_codes import EXIT_OOM as EXIT_OOM  # validate's; re-exported with the others
+from api.typed_numbers import MAX_ID, parse_decimal, parse_whole
 from contract.mesh import searched_axes
 from contract.plan_document import PlanError, schema_major, unwrap
+from planner.bounds import MAX_GLOBAL_BATCH_TOKENS, MAX_SEQ_LEN
 from planner.catalog.models import resolve_model
 from planner.errors import describe_validation_error
 from planner.plan import Plan
@@ -24,12 +27,6 @@ from planner.specs import ClusterSpec, ModelSpec
 if TYPE_CHECKING:
     import httpx
 
-EXIT_FAILED = 1
-EXIT_INVALID_INPUT = 2
-EXIT_INFEASIBLE = 3
-EXIT_UNAVAILABLE = 4
-EXIT_OOM = 5
-"""`validate`: the plan's launcher ran out of memory (the run is stored as an OOM run with --upload)."""
 API_KEY_ENV = "FSDP_PLANNER_API_KEY"
 
 
@@ -80,35 +77,103 @@ MAX_TYPED_NUMBER = 10**15
 """Larger than any count, size or duration typed on the command line (the planner bounds each further)."""
 
 
-def whole_number(*, low: int = 0, high: int | None = None) -> Callable[[str | int], int]:
-    """A parser for a whole-number option, read as every number typed as text is (api.typed_numbers:
-    ASCII digits, bounded): `int()` would read '٣' as 3. Defaults arrive as numbers already."""
-    bounds = f"from {low} to {high}" if high is not None else f"of at least {low}"
+SEQUENCE_SUFFIX = 1024
+"""`8k` tokens per sequence: 8 x 1024. Sequence lengths are powers of two, and `8k`, `32k`, `128k`
+contexts mean 8,192, 32,768 and 131,072 tokens; so only sequence lengths take the suffix (a token budget's
+`15T` is decimal, `whatif --tokens`)."""
 
-    def parse(raw: str | int) -> int:
-        if isinstance(raw, int):
+
+@dataclass(frozen=True, kw_only=True)
+class WholeNumber:
+    """The parser of a whole-number option: its unit and bounds, which its `--help` states (`describe`,
+    added to every number option's help by api/cli/commands.py), and the reading of every number typed
+    as text (api.typed_numbers: ASCII digits, bounded; `int()` would read '٣' as 3)."""
+
+    unit: str
+    low: int = 0
+    high: int | None = None
+    k_suffix: bool = False
+    """Whether `8k` reads as 8 x SEQUENCE_SUFFIX (sequence lengths only)."""
+
+    def describe(self) -> str:
+        """`Range: 1 to 1,048,576 tokens; 8k = 8,192.`"""
+        bounds = f"{self.low:,} to {self.high:,}" if self.high is not None else f"at least {self.low:,}"
+        suffix = f"; 8k = {8 * SEQUENCE_SUFFIX:,}" if self.k_suffix else ""
+        return f"Range: {bounds} {self.unit}{suffix}."
+
+    def __call__(self, raw: str | int) -> int:
+        if isinstance(raw, int):  # a default
             return raw
-        value = parse_whole(raw, low=low, high=high if high is not None else MAX_TYPED_NUMBER)
+        high = self.high if self.high is not None else MAX_TYPED_NUMBER
+        text, factor = raw.strip(), 1
+        if self.k_suffix and text[-1:] in ("k", "K"):
+            text, factor = text[:-1], SEQUENCE_SUFFIX
+        value = parse_whole(text, low=-(-self.low // factor), high=high // factor)
         if value is None:
-            raise typer.BadParameter(f"{raw!r} is not a whole number {bounds} in the digits 0-9")
-        return value
+            bounds = self.describe().removeprefix("Range: ")
+            if parse_whole(text, low=0, high=MAX_TYPED_NUMBER) is not None:
+                raise typer.BadParameter(f"{raw} is out of range: give {bounds}")
+            written = "whole number" + (" (or Nk)" if self.k_suffix else "")
+            raise typer.BadParameter(f"{raw!r} is not a {written} in the digits 0-9; give {bounds}")
+        return value * factor
 
-    return parse
 
+@dataclass(frozen=True, kw_only=True)
+class DecimalNumber:
+    """The parser of a decimal option (`2.5`, `1e3`): its unit and bounds, stated in its `--help`;
+    ASCII digits only, finite."""
 
-def decimal_number(*, low: float = 0.0, high: float | None = None) -> Callable[[str | float], float]:
-    """A parser for a decimal option (`2.5`, `1e3`): ASCII digits only, finite and bounded."""
-    bounds = f"from {low:g} to {high:g}" if high is not None else f"of at least {low:g}"
+    unit: str
+    low: float = 0.0
+    high: float | None = None
 
-    def parse(raw: str | float) -> float:
+    def describe(self) -> str:
+        bounds = f"{self.low:g} to {self.high:g}" if self.high is not None else f"at least {self.low:g}"
+        return f"Range: {bounds} {self.unit}."
+
+    def __call__(self, raw: str | float) -> float:
         if isinstance(raw, int | float):
             return float(raw)
-        value = parse_decimal(raw, low=low, high=high if high is not None else float(MAX_TYPED_NUMBER))
+        high = self.high if self.high is not None else float(MAX_TYPED_NUMBER)
+        value = parse_decimal(raw, low=self.low, high=high)
         if value is None:
-            raise typer.BadParameter(f"{raw!r} is not a number {bounds} in the digits 0-9")
+            raise typer.BadParameter(
+                f"{raw!r} is not a number in the digits 0-9; {self.describe().removeprefix('Range: ')}"
+            )
         return value
 
-    return parse
+
+NumberParser = WholeNumber | DecimalNumber
+
+
+def whole_number(*, unit: str, low: int = 0, high: int | None = None, k_suffix: bool = False) -> WholeNumber:
+    """A parser for a whole-number option of `unit`s in [low, high] (no upper bound where None)."""
+    return WholeNumber(unit=unit, low=low, high=high, k_suffix=k_suffix)
+
+
+def decimal_number(*, unit: str, low: float = 0.0, high: float | None = None) -> DecimalNumber:
+    """A parser for a decimal option of `unit`s in [low, high] (no upper bound where None)."""
+    return DecimalNumber(unit=unit, low=low, high=high)
+
+
+SEQUENCE_TOKENS = whole_number(unit="tokens", low=1, high=MAX_SEQ_LEN, k_suffix=True)
+"""`--seq-len` of every command, bounded as every plan request is (planner/bounds.py)."""
+BATCH_TOKENS = whole_number(unit="tokens", low=1, high=MAX_GLOBAL_BATCH_TOKENS)
+"""`--global-batch-tokens` (and a batch per GPU) of every command."""
+STORED_ID = whole_number(unit="(a stored id)", low=1, high=MAX_ID)
+"""A plan's or run's id on a server (`--plan-id`, `--run`)."""
+TCP_PORT = whole_number(unit="(a TCP port)", low=1, high=65535)
+
+
+def field_bounds(model: type[BaseModel], name: str) -> tuple[int, int]:
+    """The bounds a pydantic model declares for its whole-number field `name` (`Field(ge=1, le=50)`):
+    an option that sets that field states the same bounds, read from the one declaration."""
+    low = high = None
+    for rule in model.model_fields[name].metadata:
+        low = getattr(rule, "ge", low)
+        high = getattr(rule, "le", high)
+    assert low is not None and high is not None, f"{model.__name__}.{name} declares no bounds"
+    return int(low), int(high)
 
 
 def in_cli_terms(message: str) -> str:
@@ -156,20 +221,40 @@ def cluster_from_options(*, cluster: str | None, cluster_file: Path | None = Non
     problem (exit 2), naming the format or the bound."""
     if (cluster is None) == (cluster_file is None):
         raise fail("give exactly one of --cluster NODESxGPUSxGPU or --cluster-file FILE")
-    try:
-        if cluster is not None:
+    if cluster is not None:
+        try:
             return ClusterSpec.parse(cluster)
-        assert cluster_file is not None
+        except ValidationError as exc:
+            # The string is one option: its problems name it, not the API's fields (`cluster.gpu`).
+            raise fail([f"--cluster {cluster}: {line}" for line in error_messages(exc)]) from None
+    assert cluster_file is not None
+    try:
         return ClusterSpec.model_validate(read_json_file(cluster_file, "--cluster-file"))
     except ValidationError as exc:
-        raise fail(describe_validation_error(exc, prefix="cluster")) from None
+        lines = describe_validation_error(exc)
+        raise fail([f"--cluster-file {cluster_file}: {line}" for line in lines]) from None
+
+
+CLUSTER_PARTS = {"num_nodes": "nodes", "gpus_per_node": "GPUs per node", "gpu": ""}
+"""The parts of a `--cluster NODESxGPUSxGPU` string, as its refusals name them (the GPU's own message
+says `unknown GPU`)."""
+
+
+def error_messages(exc: ValidationError) -> list[str]:
+    """Each problem of a `--cluster` string, naming the part of the string rather than the field."""
+    lines = []
+    for error in exc.errors():
+        message = str(error["msg"]).removeprefix("Value error, ")
+        part = CLUSTER_PARTS.get(str(error["loc"][0]), str(error["loc"][0])) if error["loc"] else ""
+        lines.append(f"{part}: {message}" if part else message)
+    return lines
 
 
 class ServerClient:
     """JSON calls to an fsdp-planner server, every failure turned into one actionable line."""
 
     def __init__(self, server: str, api_key: str | None = None, *, timeout_s: float = 60.0) -> None:
-        self.server = server.rstrip("/")
+        self.server = server_url(server)
         self.api_key = api_key or os.environ.get(API_KEY_ENV)
         self.timeout_s = timeout_s
 
@@ -245,7 +330,21 @@ SERVER_ENV = "FSDP_PLANNER_SERVER"
 
 def configured_server() -> str:
     """The server a command talks to without --server: FSDP_PLANNER_SERVER, else serve's default."""
-    return (os.environ.get(SERVER_ENV) or DEFAULT_SERVER).rstrip("/")
+    return server_url(os.environ.get(SERVER_ENV) or DEFAULT_SERVER)
+
+
+def server_url(raw: str) -> str:
+    """A server as typed (`--server`, FSDP_PLANNER_SERVER) as a base URL: `127.0.0.1:8000` or
+    `host:8000` is read as http://, what `fsdp-planner serve` speaks; another scheme is refused."""
+    text = raw.strip().rstrip("/")
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return f"http://{text}"
+    if scheme.lower() not in ("http", "https") or not rest:
+        raise fail(
+            f"--server {raw}: not a server URL; give http://HOST:PORT (e.g. {DEFAULT_SERVER}) or https://HOST"
+        )
+    return text
 
 
 def cpu_precision_note(plan: Plan) -> str | None:

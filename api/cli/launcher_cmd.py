@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from api.cli.common import DEFAULT_SERVER, SERVER_ENV, fail, load_plan, whole_number
+from api.cli.common import DEFAULT_SERVER, SERVER_ENV, STORED_ID, fail, load_plan, whole_number
 from executor.launch.bundle import (
     DEFAULT_CUDA_VERSION,
     DEFAULT_TORCH_VERSION,
@@ -41,7 +41,7 @@ def launcher(
     ] = None,
     plan_id: Annotated[
         int | None, typer.Option(
-            "--plan-id", parser=whole_number(low=1), help="A stored plan's id on the server.",
+            "--plan-id", parser=STORED_ID, help="A stored plan's id on the server.",
         )
     ] = None,
     server: Annotated[
@@ -68,7 +68,7 @@ def launcher(
                      "rdma/rdma_shared_device_a (default: a commented-out block in the manifests)."),
     ] = None,
     rdma_count: Annotated[int, typer.Option(
-        parser=whole_number(low=1, high=64), help="RDMA resources per pod.",
+        parser=whole_number(unit="resources per pod", low=1, high=64), help="RDMA resources per pod.",
     )] = 1,
     queue: Annotated[
         str | None,

@@ -9,11 +9,13 @@ from __future__ import annotations
 import typer
 
 from api.cli.commands import LazyGroup
+from api.cli.exit_codes import epilog
 
 app = typer.Typer(
     name="fsdp-planner",
     cls=LazyGroup,
     help="Plan FSDP sharding and compilation for a model on a GPU cluster, serve plans, emit launchers.",
+    epilog=epilog(),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -13,11 +13,14 @@ from rich.table import Table
 
 from api.cli.axis_pins import AxisPins, choices, pinned_degrees, with_axis_pins
 from api.cli.common import (
+    BATCH_TOKENS,
     EXIT_INFEASIBLE,
+    SEQUENCE_TOKENS,
     check_one_model,
     cluster_from_options,
     cpu_precision_note,
     fail,
+    field_bounds,
     in_cli_terms,
     model_from_options,
     read_json_file,
@@ -40,11 +43,12 @@ from planner.plan import EXPERT_MEMORY_LABELS, ExpertMemory, Plan, PredictionInt
 from planner.precheck import read_request
 from planner.rejected_summary import summarize_rejected
 from planner.search import make_plan
-from planner.specs import SearchSpace
+from planner.specs import PlanRequest, SearchSpace
 
 SHARDINGS: tuple[str, ...] = typing.get_args(ShardingStrategy)
 CHECKPOINT_MODES: tuple[str, ...] = typing.get_args(CheckpointMode)
 FLOAT8_CHOICES: tuple[str, ...] = typing.get_args(Float8Recipe)
+TOP_LOW, TOP_HIGH = field_bounds(PlanRequest, "top_k")
 VerboseOption = Annotated[bool, typer.Option(
     "--verbose", "-v", help="List every family that lost; without it the out-of-memory ones share one row."
 )]
@@ -72,11 +76,11 @@ def plan(
         typer.Option("--cluster-file", help="JSON cluster spec (num_nodes, gpus_per_node, gpu, ...)."),
     ] = None,
     seq_len: Annotated[int, typer.Option(
-        "--seq-len", parser=whole_number(low=1), help="Tokens per sequence.",
+        "--seq-len", parser=SEQUENCE_TOKENS, help="Tokens per sequence.",
     )] = 2048,
     global_batch_tokens: Annotated[
         int | None, typer.Option(
-            "--global-batch-tokens", parser=whole_number(low=1), help="Tokens per optimizer step (all GPUs).",
+            "--global-batch-tokens", parser=BATCH_TOKENS, help="Tokens per optimizer step (all GPUs).",
         )
     ] = None,
     precision: Annotated[str, typer.Option(
@@ -123,7 +127,8 @@ def plan(
         "micro-pipelined TP over CUDA symmetric memory), priced as overlapping their matmuls.",
     )] = False,
     top: Annotated[int, typer.Option(
-        "--top", parser=whole_number(), help="Ranked alternatives to show.",
+        "--top", parser=whole_number(unit="configurations", low=TOP_LOW, high=TOP_HIGH),
+        help="Ranked alternatives to show.",
     )] = 5,
     verbose: VerboseOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the Plan document as JSON.")] = False,

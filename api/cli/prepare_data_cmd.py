@@ -59,12 +59,12 @@ def prepare_data(
     eval_fraction: Annotated[
         float,
         typer.Option(
-            "--eval-fraction", parser=decimal_number(high=1.0),
+            "--eval-fraction", parser=decimal_number(unit="(a share of the documents)", high=1.0),
             help="Share of the documents held out as the eval split (0: none).",
         ),
     ] = 0.01,
     seed: Annotated[int, typer.Option(
-        parser=whole_number(), help="Seed choosing which documents are held out.",
+        parser=whole_number(unit="(any whole number)"), help="Seed choosing which documents are held out.",
     )] = 0,
     shard_tokens: Annotated[
         str, typer.Option("--shard-tokens", help="Tokens per shard file (e.g. 100M, 50000).")

@@ -12,10 +12,10 @@ from rich.console import Console
 from api.cli.common import (
     DEFAULT_SERVER,
     SERVER_ENV,
+    STORED_ID,
     ServerClient,
     plan_answer,
     plan_from_document,
-    whole_number,
 )
 from api.cli.plan_cmd import VerboseOption, print_plan
 
@@ -26,12 +26,12 @@ def register(app: typer.Typer) -> None:
 
 def replan(
     plan_id: Annotated[int, typer.Argument(
-        parser=whole_number(low=1), help="The stored plan whose configuration ran out of memory.",
+        parser=STORED_ID, help="The stored plan whose configuration ran out of memory.",
     )],
     run: Annotated[
         int | None,
         typer.Option(
-            "--run", parser=whole_number(low=1),
+            "--run", parser=STORED_ID,
             help="Its OOM run (default: the newest, else the plan's own configuration).",
         ),
     ] = None,

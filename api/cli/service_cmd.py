@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.common import whole_number
+from api.cli.common import TCP_PORT, whole_number
 from api.settings import Settings
 
 if TYPE_CHECKING:
@@ -41,11 +41,11 @@ def _engine(database_url: str | None) -> Engine:
 def serve(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(
-        parser=whole_number(low=1, high=65535), help="Port to listen on.",
+        parser=TCP_PORT, help="Port to listen on.",
     )] = 8000,
     database_url: DatabaseUrlOption = None,
     workers: Annotated[int, typer.Option(
-        parser=whole_number(low=1), help="Worker processes (each plans in threads).",
+        parser=whole_number(unit="processes", low=1), help="Worker processes (each plans in threads).",
     )] = 1,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
@@ -93,7 +93,7 @@ def serve(
 def worker(
     database_url: DatabaseUrlOption = None,
     concurrency: Annotated[int | None, typer.Option(
-        parser=whole_number(low=1, high=64),
+        parser=whole_number(unit="studies", low=1, high=64),
         help="Studies this worker runs at once (default: FSDP_PLANNER_STUDY_JOBS, 1); their "
         "searches share FSDP_PLANNER_STUDY_SEARCH_WORKERS processes (default: one per core).",
     )] = None,
@@ -101,7 +101,7 @@ def worker(
         help="The worker's name in the logs (default: host:pid).")] = None,
     log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
     metrics_port: Annotated[int | None, typer.Option(
-        parser=whole_number(low=1, high=65535),
+        parser=TCP_PORT,
         help="Serve this worker's Prometheus metrics (job durations, and the plans and searches of its "
         "plan jobs) at http://METRICS_HOST:METRICS_PORT/metrics (default: not served).",
     )] = None,

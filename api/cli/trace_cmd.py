@@ -20,7 +20,15 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.common import API_KEY_ENV, ServerClient, configured_server, fail, plan_answer
+from api.cli.common import (
+    API_KEY_ENV,
+    BATCH_TOKENS,
+    SEQUENCE_TOKENS,
+    ServerClient,
+    configured_server,
+    fail,
+    plan_answer,
+)
 from api.hints import EXECUTOR_EXTRA_INSTALL
 from api.settings import Settings
 from planner.errors import describe_validation_error
@@ -55,7 +63,8 @@ def trace(
     seq_len: Annotated[
         int,
         typer.Option(
-            "--seq-len", min=1, metavar="N", help="Tokens per sequence to trace at (use your training one)."
+            "--seq-len", parser=SEQUENCE_TOKENS, metavar="N",
+            help="Tokens per sequence to trace at (use your training one)."
         ),
     ] = 2048,
     name: Annotated[
@@ -77,7 +86,9 @@ def trace(
         str | None, typer.Option(help="With --server: NODESxGPUSxGPU to plan for, e.g. 1x8xH100.")
     ] = None,
     global_batch_tokens: Annotated[
-        int | None, typer.Option("--global-batch-tokens", help="With --server: tokens per optimizer step.")
+        int | None, typer.Option(
+            "--global-batch-tokens", parser=BATCH_TOKENS, help="With --server: tokens per optimizer step."
+        )
     ] = None,
     api_key: Annotated[
         str | None, typer.Option("--api-key", help=f"With --server: API key (or {API_KEY_ENV}).")

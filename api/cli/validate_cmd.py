@@ -32,6 +32,7 @@ from api.cli.common import (
     EXIT_FAILED,
     EXIT_OOM,
     SERVER_ENV,
+    STORED_ID,
     ServerClient,
     cpu_precision_note,
     decimal_number,
@@ -41,6 +42,7 @@ from api.cli.common import (
 )
 from api.cli.plan_cmd import within
 from executor.launch.bundle import bundle_name, write_bundle
+from planner.bounds import MAX_MEMORY_GIB, MIN_DEVICE_MEMORY_GIB
 from planner.formatting import duration
 from planner.plan import Plan, PredictionInterval
 
@@ -173,15 +175,15 @@ def validate(
     plan_file: Annotated[Path | None, typer.Option("--plan", help="A plan JSON file.")] = None,
     plan_id: Annotated[
         int | None, typer.Option(
-            "--plan-id", parser=whole_number(low=1), help="A stored plan's id (with --server).",
+            "--plan-id", parser=STORED_ID, help="A stored plan's id (with --server).",
         )
     ] = None,
     server: Annotated[str, typer.Option(help="fsdp-planner server URL.", envvar=SERVER_ENV)] = DEFAULT_SERVER,
     steps: Annotated[int, typer.Option(
-        parser=whole_number(low=1), help="Optimizer steps to run.",
+        parser=whole_number(unit="optimizer steps", low=1), help="Optimizer steps to run.",
     )] = DEFAULT_STEPS,
     warmup: Annotated[int, typer.Option(
-        parser=whole_number(), help="Leading steps left out of the timing.",
+        parser=whole_number(unit="optimizer steps"), help="Leading steps left out of the timing.",
     )] = DEFAULT_WARMUP,
     upload: Annotated[bool, typer.Option(help="Store the run on the server (needs --plan-id).")] = False,
     api_key: Annotated[str | None, typer.Option("--api-key", help="API key for --upload.")] = None,
@@ -193,7 +195,8 @@ def validate(
     max_memory_gib: Annotated[
         float | None,
         typer.Option(
-            "--max-memory-gib", parser=decimal_number(),
+            "--max-memory-gib",
+            parser=decimal_number(unit="GiB per GPU", low=MIN_DEVICE_MEMORY_GIB, high=MAX_MEMORY_GIB),
             help="CUDA: cap each GPU at this many GiB (rehearse a smaller GPU)",
         ),
     ] = None,

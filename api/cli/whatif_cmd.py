@@ -10,6 +10,7 @@ to download).
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,14 +24,16 @@ from rich.table import Table
 
 from api.cli.axis_pins import AxisPins, with_axis_pins
 from api.cli.common import (
+    BATCH_TOKENS,
     EXIT_FAILED,
+    SEQUENCE_TOKENS,
     ServerClient,
     decimal_number,
     fail,
     in_cli_terms,
     model_from_options,
     read_json_file,
-    whole_number,
+    server_url,
 )
 from api.cli.plan_cmd import CHECKPOINT_MODES, FLOAT8_CHOICES, SHARDINGS, search_pins, within
 from api.typed_numbers import parse_decimal
@@ -83,18 +86,18 @@ def whatif(
         "(64-512:+64).",
     )] = "8-1024",
     seq_len: Annotated[int, typer.Option(
-        "--seq-len", parser=whole_number(low=1), help="Tokens per sequence.",
+        "--seq-len", parser=SEQUENCE_TOKENS, help="Tokens per sequence.",
     )] = 4096,
     global_batch_tokens: Annotated[int | None, typer.Option(
-        "--global-batch-tokens", parser=whole_number(low=1),
+        "--global-batch-tokens", parser=BATCH_TOKENS,
         help="Tokens per optimizer step, the same on every cluster.",
     )] = None,
     batch_tokens_per_gpu: Annotated[int | None, typer.Option(
-        "--batch-tokens-per-gpu", parser=whole_number(low=1),
+        "--batch-tokens-per-gpu", parser=BATCH_TOKENS,
         help="Tokens per step per GPU instead: the batch grows with the cluster.",
     )] = None,
     deadline_days: Annotated[float | None, typer.Option(
-        "--deadline-days", parser=decimal_number(),
+        "--deadline-days", parser=decimal_number(unit="days"),
         help="Name the cheapest cluster that trains within this many days.",
     )] = None,
     precision: Annotated[str, typer.Option(help="bf16 (mixed, fp32 master) or fp32.")] = "bf16",
@@ -148,7 +151,7 @@ def whatif(
             {**body, "model": model_from_options(model=model, hf_config=hf_config, layer_graph=layer_graph)}
         )
     except ValidationError as exc:
-        raise fail(describe_validation_error(exc)) from None
+        raise fail([_candidate_named(line, gpu or []) for line in describe_validation_error(exc)]) from None
     except PlanningError as exc:
         raise fail(exc.message) from None
     if any(gpu.calibration_id is not None for gpu in study.gpus):
@@ -211,7 +214,24 @@ def _on_server(server: str, api_key: str | None, body: dict[str, Any], *, model:
     summary = StudySummary(points=points, fastest=stored["fastest"], cheapest=stored["cheapest"],
                            cheapest_within_deadline=stored["cheapest_within_deadline"])
     print_study(study, summary, Console())
-    Console().print(f"\nStored as study {stored['id']}: {server.rstrip('/')}/studies/{stored['id']}")
+    Console().print(f"\nStored as study {stored['id']}: {server_url(server)}/studies/{stored['id']}")
+
+
+_CANDIDATE = re.compile(r"^gpus\.(\d+)(\.[\w.]+)?: ")
+
+
+def _candidate_named(line: str, typed: list[str]) -> str:
+    """A problem of the study's `gpus.N` candidate named by the option that gave it: `--gpu RTX4090:`
+    for the N-th --gpu, `--gpu-file (candidate 2), gpu:` for one read from a file."""
+    match = _CANDIDATE.match(line)
+    if match is None:
+        return line
+    index, field = int(match.group(1)), (match.group(2) or "").removeprefix(".")
+    if index < len(typed):
+        where = f"--gpu {typed[index]}"
+    else:
+        where = f"--gpu-file (candidate {index - len(typed) + 1})" + (f", {field}" if field else "")
+    return f"{where}: {line[match.end():]}"
 
 
 def follow_study(client: ServerClient, study: dict[str, Any]) -> dict[str, Any]:

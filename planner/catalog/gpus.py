@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from planner.errors import UnknownCatalogEntryError
+from planner.errors import UnknownCatalogEntryError, did_you_mean
 from planner.gpu_spec import GpuSpec
 
 _H100_SXM = GpuSpec(
@@ -343,8 +343,10 @@ def resolve_gpu(name: str) -> GpuSpec:
     gpu = _BY_LOWER_NAME.get(name.strip().lower())
     if gpu is None:
         known = ", ".join(sorted(GPU_CATALOG))
+        names = [key for gpu in GPU_CATALOG.values() for key in (gpu.name, *gpu.aliases)]
         raise UnknownCatalogEntryError(
-            f"unknown GPU {name!r}; known GPUs: {known} (aliases such as H100 and A100 work too)",
+            f"unknown GPU {name!r}{did_you_mean(name, names)}; known GPUs: {known} (aliases such as H100 "
+            "and A100 work too)",
             field="cluster.gpu",
         )
     return gpu

@@ -113,8 +113,20 @@ def _llama4(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return text, {"moe": moe, "intermediate_size": dense, "max_seq_len": context}
 
 
-def _int(config: dict[str, Any], key: str, default: int | None = None) -> int:
+def config_int(config: dict[str, Any], key: str, default: int | None = None) -> int:
+    """A whole-number field of a Hugging Face config.json; a missing one is named as missing (not as
+    "got None"), with what to do about it."""
     value = config.get(key, default)
+    if value is None:
+        arch = ", ".join(config.get("architectures") or []) or "this model's"
+        raise PlanningError(
+            f"config.json: `{key}` is missing; a {arch} config gives it as a whole number (pass the "
+            "model's config.json whole, as its Hugging Face repository has it)",
+            field="model",
+        )
     if isinstance(value, bool) or not isinstance(value, int):
-        raise PlanningError(f"config.json: `{key}` must be an integer, got {value!r}", field="model")
+        raise PlanningError(f"config.json: `{key}` must be a whole number, got {value!r}", field="model")
     return value
+
+
+_int = config_int  # the short name the readers above use

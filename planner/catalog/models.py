@@ -9,12 +9,14 @@ from pydantic import ValidationError
 
 from contract.fields import FieldError
 from planner.catalog.hf_moe import EXTENDED_ARCHITECTURES, llama_extension
+from planner.catalog.hf_moe import config_int as _int
 from planner.catalog.moe_models import MOE_MODELS
 from planner.errors import (
     PlanningError,
     UnknownCatalogEntryError,
     UnsupportedArchitectureError,
     describe_validation_error,
+    did_you_mean,
 )
 from planner.specs import ModelSpec
 
@@ -146,8 +148,9 @@ def catalog_model(name: str) -> ModelSpec:
     if spec is None:
         known = ", ".join(MODEL_CATALOG)
         raise UnknownCatalogEntryError(
-            f"unknown model {name!r}; known models: {known}. For another model pass its Hugging Face "
-            "config.json or a layer graph from `fsdp-planner trace`",
+            f"unknown model {name!r}{did_you_mean(name, [*MODEL_CATALOG, *_ALIASES])}; known models: "
+            f"{known}. For another model pass its Hugging Face config.json or a layer graph from "
+            "`fsdp-planner trace`",
             field="model",
         )
     return spec
@@ -259,13 +262,6 @@ class UnsupportedArchitecture(UnsupportedArchitectureError):
         supported = ", ".join(_HF_ARCHITECTURES)
         lead = detail or f"unsupported architecture {arch}"
         super().__init__(f"{lead}; supported: {supported}", field="model")
-
-
-def _int(config: dict[str, Any], key: str, default: int | None = None) -> int:
-    value = config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PlanningError(f"config.json: `{key}` must be an integer, got {value!r}", field="model")
-    return value
 
 
 def _shape_advice(value: dict[str, Any]) -> str:

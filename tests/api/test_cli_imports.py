@@ -16,7 +16,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from api.cli.commands import COMMANDS, CommandEntry, LazyCommand, load_command
+from api.cli.commands import COMMANDS, CommandEntry, LazyCommand, PlannerGroup, load_command
 from api.cli.main import app
 
 WEB = {"fastapi", "starlette", "sqlalchemy", "alembic", "uvicorn", "procrastinate", "prometheus_client"}
@@ -96,7 +96,8 @@ def test_the_listing_reads_as_the_commands_own_help(entry: CommandEntry) -> None
 
 def test_the_root_help_is_the_same_as_with_every_command_loaded() -> None:
     """The lazy root's `--help` against an app with every module registered up front, as before."""
-    eager = typer.Typer(name="fsdp-planner", help=app.info.help, no_args_is_help=True, add_completion=False)
+    eager = typer.Typer(name="fsdp-planner", cls=PlannerGroup, help=app.info.help, epilog=app.info.epilog,
+                        no_args_is_help=True, add_completion=False)
     eager.callback()(lambda: None)
     for module in dict.fromkeys(entry.module for entry in COMMANDS):
         __import__(module, fromlist=["register"]).register(eager)

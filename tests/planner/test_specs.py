@@ -230,5 +230,5 @@ def test_unsupported_architecture_lists_supported_ones() -> None:
 
 
 def test_hf_config_with_wrong_types_names_the_key() -> None:
-    with pytest.raises(PlanningError, match="`hidden_size` must be an integer"):
+    with pytest.raises(PlanningError, match="`hidden_size` must be a whole number"):
         resolve_model({**HF_LLAMA3, "hidden_size": "4096"})
