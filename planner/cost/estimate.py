@@ -7,10 +7,13 @@ collective layout (planner/cost/layout.py).
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from contract.mesh import LinkClass
+from planner.cost.expert_dispatch import dispatch_bytes_per_token
 from planner.cost.gemm import attention_scale, matmul_seconds
 from planner.cost.layout import CommLayout, LayoutBuilder
 from planner.cost.memory import (
@@ -265,20 +268,36 @@ def context_parallel_seconds(setting: Setting, choice: Choice, unit: UnitCost, *
 
 def expert_parallel_seconds(setting: Setting, choice: Choice, unit: UnitCost, *, tokens: int) -> float:
     """One forward's expert-parallel all-to-alls of an MoE block: the dispatch, each of the rank's
-    `tokens` x top-k routed rows (hidden x act bytes each) sent to its expert's rank, and the combine,
-    the experts' outputs sent back (backward runs their mirror images: the same two). Of each rank's
-    send buffer the (ep - 1) / ep not bound for its own experts crosses the links the group spans
+    `tokens` sent to its experts' ranks, and the combine, the experts' outputs sent back (backward
+    runs their mirror images: the same two). What one token sends is
+    planner/cost/expert_dispatch.py's: top-k copies of its hidden state (`copies`), or one per rank
+    and one per node its experts sit on (`deduplicated`, DeepEP-class kernels). Of each rank's send
+    buffer the (ep - 1) / ep not bound for its own experts crosses the links the group spans
     (`Mesh.expert_link`: NVLink while ep x tp ranks fit in a node, else the network), priced like the
-    other collectives (`_collective`: latency plus the bytes leaving the rank over the bandwidth).
-    Exposed, like the tensor-parallel collectives: the experts' GEMMs wait for their rows, and the
-    combine for the GEMMs (torchtitan overlaps neither)."""
+    other collectives (`_collective`: latency plus the bytes leaving the rank over the bandwidth);
+    deduplicated across nodes, the network carries one copy per node while NVLink fans them out,
+    the two pipelined (the slower sets the pace). Exposed, like the tensor-parallel collectives: the
+    experts' GEMMs wait for their rows, and the combine for the GEMMs (torchtitan overlaps neither)."""
     ep = choice.mesh.ep
     if ep == 1 or not unit.routed_experts or not unit.expert_shapes:
         return 0.0
-    hidden = unit.expert_shapes[0][0]  # an expert's first linear reads the hidden state
-    nbytes = tokens * unit.experts_per_token * hidden * setting.act_bytes
+    p = setting.params
+    sent = functools.partial(
+        dispatch_bytes_per_token,
+        hidden=unit.expert_shapes[0][0],  # an expert's first linear reads the hidden state
+        act_bytes=setting.act_bytes,
+        experts=unit.routed_experts * ep,  # the rank's share holds num_experts / ep of them
+        top_k=unit.experts_per_token,
+        dispatch=p.expert_dispatch,
+        placement=p.expert_placement,
+    )
     link = choice.mesh.expert_link(setting.gpus_per_node)
-    return 2 * _collective(setting.params, link, nbytes, ep)
+    if p.expert_dispatch == "copies" or link == "intra":
+        return 2 * _collective(p, link, tokens * sent(groups=ep), ep)
+    nodes = math.ceil(ep * choice.mesh.tp / setting.gpus_per_node)
+    nvlink = _collective(p, "intra", tokens * sent(groups=ep), ep)
+    network = _collective(p, "inter", tokens * sent(groups=nodes), nodes)
+    return 2 * max(nvlink, network)
 
 
 def async_tensor_parallel_seconds(comm_s: float, matmul_s: float, *, tp: int, contention: float) -> float:

@@ -56,17 +56,21 @@ _BEST_REUSE = max(_reuse(tile) for tile in TILES)
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def tile_efficiency(m: int, n: int, k: int, sms: int) -> float:
+def tile_efficiency(m: int, n: int, k: int, sms: int, groups: int = 1) -> float:
     """Of the ceiling (a large GEMM's rate), the share a GEMM of this shape reaches on `sms` SMs: its
     best tile's useful share of the padded output, times the share of the SMs its waves keep busy,
     times its operand reuse against the largest tile's (a smaller tile loads more per FLOP). 1.0
-    without an SM count (the CPU device, a user's GPU type): the shape is not modelled."""
+    without an SM count (the CPU device, a user's GPU type): the shape is not modelled.
+
+    `groups` GEMMs of this shape run as one grouped kernel (a mixture of experts' experts): each pads
+    its own output to whole tiles, and the tiles of all of them are spread over the SMs together, so
+    the waves count them all (a persistent grouped kernel, CUTLASS's and torch's `_grouped_mm`)."""
     if sms <= 0:
         return 1.0
     best = 0.0
     for tile in TILES:
         rows, columns = math.ceil(m / tile[0]), math.ceil(n / tile[1])
-        tiles = rows * columns
+        tiles = rows * columns * groups
         split = max(1, min(sms // tiles, k // MIN_SPLIT_K)) if tiles < sms else 1
         work = tiles * split
         waves = math.ceil(work / sms)
@@ -226,21 +230,23 @@ def _grouped_seconds(
     """One forward's grouped GEMMs of a mixture of experts' routed experts: per linear layer one kernel
     (one launch) running every expert's GEMM, each at `expert_rows` rows, priced by the curve at that
     shape, so that few rows per expert (many experts, a small micro-batch) run at the smaller tiles'
-    and the padding's lower efficiency. Every expert is priced at the most-loaded one's rows: under
-    expert parallelism (a later step) the rank holding the busiest experts sets the pace; on one rank,
-    whose grouped kernel spreads every group's tiles over the SMs, it is the upper side (the load
-    factor's padding and uneven groups priced as a whole extra share of rows)."""
+    and the padding's lower efficiency, the tiles of all experts sharing the kernel's waves. Every
+    expert is priced at the most-loaded one's rows: under expert parallelism the rank holding the
+    busiest experts sets the pace; on one rank, whose grouped kernel spreads every group's tiles over
+    the SMs, it is the upper side (the load factor's padding and uneven groups priced as a whole extra
+    share of rows)."""
     shapes, share, count, top_k = experts
     if not tokens:
         return 0.0
     rows = expert_rows(tokens, experts=count, experts_per_token=top_k, imbalance=imbalance)
     seconds = 0.0
     for n, k in _gemm_shapes(shapes, share, 0, 0):
-        one = curve_seconds(
-            rows, n, k, rate=device.rate, bandwidth=device.bandwidth, sms=device.sms, overhead=0.0,
-            dtype_bytes=dtype_bytes,
-        )
-        seconds += count * one + device.overhead
+        # One launch for every expert's GEMM: their tiles share the waves (`tile_efficiency`'s groups).
+        compute = 2.0 * rows * n * k * count / (device.rate * tile_efficiency(rows, n, k, device.sms, count))
+        memory = 0.0
+        if device.bandwidth:
+            memory = count * (rows * k + k * n + rows * n) * dtype_bytes / device.bandwidth
+        seconds += max(compute, memory) + device.overhead
     return seconds
 
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from contract.mesh import LinkClass
 from contract.training_config import Precision
 from planner.catalog.gpus import GpuSpec
+from planner.cost.expert_dispatch import ExpertDispatch, ExpertPlacement
 from planner.specs import ClusterSpec
 
 GIB = 1024.0**3
@@ -190,6 +191,13 @@ class CostParameters:
     """A mixture of experts' router: the most-loaded routed expert's tokens over the mean, in a
     micro-batch (planner/cost/gemm.py prices the grouped expert GEMMs at it; `EXPERT_LOAD_IMBALANCE`
     says where the default comes from)."""
+    expert_dispatch: ExpertDispatch = "copies"
+    """How the expert-parallel all-to-alls move a token (planner/cost/expert_dispatch.py): `copies`, one
+    per routed expert (`all_to_all_single`, torchtitan's and this project's runtime); `deduplicated`,
+    once per destination rank and node (DeepEP-class kernels, which published runs name)."""
+    expert_placement: ExpertPlacement = "random"
+    """Where a token's top-k experts sit (planner/cost/expert_dispatch.py): `random` for a router's
+    choice; `contiguous` for benchmark gates that give each token consecutive experts."""
 
     @property
     def usable_memory_gib(self) -> float:
