@@ -494,9 +494,7 @@ def _expert_parallel_hint(request: PlanRequest, mesh: Mesh) -> str:
     pinned a smaller one); empty for a dense model or where none is larger."""
     if not request.model.routed_experts:
         return ""
-    unpinned = request.model_copy(
-        update={"search": request.search.model_copy(update={"expert_parallel_degrees": None})}
-    )
+    unpinned = _ep_unpinned(request)
     largest = max(ep for ep in expert_parallel_degrees(unpinned) if mesh.fsdp_shards % ep == 0)
     if largest <= mesh.ep:
         return ""
@@ -504,6 +502,30 @@ def _expert_parallel_hint(request: PlanRequest, mesh: Mesh) -> str:
         f"; expert parallelism does: {axis('ep').option} {largest} holds 1/{largest} of the routed "
         "experts per rank, and gathers only those"
         + (" (the request pins the expert-parallel degrees)" if unpinned.search != request.search else "")
+    )
+
+
+def _ep_unpinned(request: PlanRequest) -> PlanRequest:
+    """The request with its expert-parallel degrees searched as the model allows."""
+    return request.model_copy(
+        update={"search": request.search.model_copy(update={"expert_parallel_degrees": None})}
+    )
+
+
+def _expert_parallel_beyond(request: PlanRequest) -> str:
+    """Expert parallelism above the degrees the request pinned, where the model takes more: it
+    divides the routed experts' gathered blocks, which more data-parallel GPUs leave whole (a
+    sentence's first item, empty for a dense model or an unpinned search)."""
+    if not request.model.routed_experts:
+        return ""
+    searched = max(expert_parallel_degrees(request))
+    possible = max(expert_parallel_degrees(_ep_unpinned(request)))
+    if possible <= searched:
+        return ""
+    return (
+        f"expert parallelism beyond ep={searched} (up to ep={possible} splits its "
+        f"{request.model.routed_experts} routed experts, each rank gathering only its own; widen "
+        "search.expert_parallel_degrees), "
     )
 
 
@@ -584,10 +606,16 @@ def tensor_parallel_reach(request: PlanRequest) -> tuple[int, int]:
 
 
 def _beyond_the_search(request: PlanRequest) -> str:
-    """The parallelism this request's search left out that would divide activations further.
+    """The parallelism this request's search left out that would divide activations further, or a
+    mixture of experts' gathered blocks (`_expert_parallel_beyond`).
 
     Pipeline stages do not: under the 1F1B schedules the first stage holds a micro-batch in flight
     per stage, as many blocks' activations as the whole model's for one micro-batch."""
+    return _expert_parallel_beyond(request) + _sequence_splits_beyond(request)
+
+
+def _sequence_splits_beyond(request: PlanRequest) -> str:
+    """`_beyond_the_search`'s tensor and context parallelism (or why there is none to add)."""
     searched, possible = tensor_parallel_reach(request)
     context = max(context_parallel_degrees(request))
     if possible > searched:
