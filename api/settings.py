@@ -67,7 +67,7 @@ class Settings(BaseSettings):
     """A `POST /plans` whose model has more layer-graph units (or layers) than this is a job (202 and a
     plan job to poll) instead of a synchronous request (201); re-plans are always jobs. 256: a worst-case
     graph (no two units alike) searches in about 0.7 s on one core, 512 in 1.5-1.8 s, 1,024 in 3.1-3.3 s
-    (bench: README, "Jobs")."""
+    (bench: docs/service/jobs.md)."""
     plan_jobs: Annotated[int, Field(ge=1, le=64)] = 1
     """Plan jobs (large plan searches, re-plans) run at once per web process (in-process engine) or per
     `fsdp-planner worker` (procrastinate), each in a search process of their own, apart from the studies'
@@ -79,8 +79,8 @@ class Settings(BaseSettings):
     require_key_for_reads: bool = False
     """Once API keys exist, also require one for GET requests (writes always need one then)."""
     metrics: bool = True
-    """Serve Prometheus metrics at `/metrics` (requests, plans, searches, jobs: README, "Metrics"); false:
-    no such path (404), and requests are not timed."""
+    """Serve Prometheus metrics at `/metrics` (requests, plans, searches, jobs: docs/service/metrics.md);
+    false: no such path (404), and requests are not timed."""
     migrate_on_startup: bool = True
     """Run `alembic upgrade head` when the app starts."""
     idempotency_ttl_s: Annotated[int, Field(ge=60)] = 24 * 3600

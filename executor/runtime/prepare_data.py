@@ -1,7 +1,7 @@
 """Tokenise text or JSONL into the trainer's dataset format (`fsdp-planner prepare-data`).
 
 The format (`fsdp-planner-tokens` version 1) is declared in `contract/token_format.py`, read
-by `executor/runtime/data.py` and documented in the README's *Data* section: a directory of raw
+by `executor/runtime/data.py` and documented in docs/data.md: a directory of raw
 little-endian uint16/uint32 token shards (`train-00000.bin`, ..., `eval-00000.bin`) and an
 `index.json` written last. Every document's tokens are followed by the tokenizer's end-of-text id
 (the document separator).

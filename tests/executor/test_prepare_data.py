@@ -222,9 +222,9 @@ def test_a_tokenizers_tokenizer_built_here(tmp_path: Path, monkeypatch, library:
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_readme_prepare_data_example_runs_on_the_shipped_sample(tmp_path: Path, monkeypatch) -> None:
-    # The README's example names a corpus the repository ships, and prints what running it prints.
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+def test_the_docs_prepare_data_example_runs_on_the_shipped_sample(tmp_path: Path, monkeypatch) -> None:
+    # The data page's example names a corpus the repository ships, and prints what running it prints.
+    readme = (REPO / "docs" / "data.md").read_text(encoding="utf-8")
     command = next(line.strip()[2:] for line in readme.splitlines()
                    if line.strip().startswith("$ fsdp-planner prepare-data "))
     argv = command.split()[2:]
@@ -235,7 +235,7 @@ def test_the_readme_prepare_data_example_runs_on_the_shipped_sample(tmp_path: Pa
     argv[argv.index("-o") + 1] = str(out)
     result = invoke(*argv)
     assert result.exit_code == 0, result.output
-    for split in ("train", "eval", "total"):  # documents and tokens, as the README shows them
+    for split in ("train", "eval", "total"):  # documents and tokens, as the page shows them
         printed = next(" ".join(line.split()[:5]) for line in result.output.splitlines()
                        if line.split()[:1] == [split])
         assert any(" ".join(line.split()[:5]) == printed for line in readme.splitlines()), printed

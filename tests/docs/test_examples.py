@@ -1,0 +1,196 @@
+"""The documentation's examples are what the code prints. Every `fsdp-planner plan` shown with its
+output is run, and every line it shows (each piece between `...` elisions) must be in what the command
+prints, figures included; every plan request posted with `curl` and shown with the service's answer is
+posted to the real app, and each field the answer shows must be what the service answers, to the
+digits shown. An example that drifts fails here, naming its page and line: run the command, and copy
+its output into the page."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from api.app import create_app
+from api.cli.main import app as cli
+from api.settings import Settings
+from tests.docs.conftest import DOCS
+
+# Options whose files are the reader's own (a config.json, a traced graph, a profile): not runnable here.
+READER_FILES = ("--hf-config", "--layer-graph", "--calibration", "--cluster-file", "--gpu-file")
+WIDE = {"COLUMNS": "400"}  # rich wraps at the terminal's width; the pages show rows unwrapped
+
+
+@dataclass(frozen=True, kw_only=True)
+class Example:
+    page: Path
+    line: int
+    command: str
+    output: list[str]
+
+    def __str__(self) -> str:
+        return f"{self.page.relative_to(DOCS)}:{self.line}"
+
+
+def code_blocks(text: str) -> list[tuple[int, list[str]]]:
+    """The indented code blocks of a page: (line number of the first line, the lines dedented)."""
+    blocks: list[tuple[int, list[str]]] = []
+    current: list[str] = []
+    start = 0
+    for number, line in enumerate([*text.splitlines(), "."], start=1):
+        if line.startswith("    ") or (current and not line.strip()):
+            if not current:
+                start = number
+            current.append(line[4:])
+            continue
+        if current:
+            while current and not current[-1].strip():
+                current.pop()
+            blocks.append((start, current))
+            current = []
+    return blocks
+
+
+def examples(prefix: str) -> list[Example]:
+    """Commands starting with `prefix` (after an optional `$ `), their continuation lines joined, with the
+    lines that follow them in their block up to the next command."""
+    found = []
+    for page in sorted(DOCS.rglob("*.md")):
+        for start, lines in code_blocks(page.read_text(encoding="utf-8")):
+            index = 0
+            while index < len(lines):
+                line = lines[index].removeprefix("$ ")
+                if not line.startswith(prefix):
+                    index += 1
+                    continue
+                first = index
+                command = line
+                while command.endswith("\\"):
+                    index += 1
+                    command = command[:-1] + " " + lines[index].strip()
+                index += 1
+                output = []
+                while index < len(lines) and not is_command(lines[index]):
+                    output.append(lines[index])
+                    index += 1
+                found.append(Example(page=page, line=start + first, command=command,
+                                     output=[o for o in output if o.strip()]))
+    return found
+
+
+def is_command(line: str) -> bool:
+    """A line the reader types (the next example in the block), not one the previous command printed."""
+    return line.startswith(("$ ", "fsdp-planner ", "curl ", "cd ", "#"))
+
+
+def words(text: str) -> str:
+    return " ".join(text.split())
+
+
+def shown_pieces(example: Example) -> list[str]:
+    """What the output must contain: each line's pieces between `...` elisions (a refusal, wrapped by
+    hand on the page, as one text), without the separators left at a cut."""
+    lines = [" ".join(example.output)] if example.output[0].startswith("error:") else example.output
+    pieces = []
+    for line in lines:
+        for piece in line.split("..."):
+            piece = words(piece).strip(" ,;(")
+            if len(piece.strip("│ ")) >= 3:
+                pieces.append(piece)
+    return pieces
+
+
+PLAN_EXAMPLES = [e for e in examples("fsdp-planner plan ") if e.output and not any(
+    option in e.command.split() for option in READER_FILES)]
+
+
+def test_the_pages_show_plan_examples_with_their_output() -> None:
+    pages = {e.page.relative_to(DOCS).as_posix() for e in PLAN_EXAMPLES}
+    assert {"planning/index.md", "planning/tensor-parallel.md", "planning/pipeline-parallel.md",
+            "planning/context-parallel.md", "quickstart.md"} <= pages, pages
+
+
+@pytest.mark.parametrize("example", PLAN_EXAMPLES, ids=str)
+def test_a_plan_example_prints_what_its_page_shows(example: Example) -> None:
+    argv = example.command.split()[1:]
+    result = CliRunner().invoke(cli, argv, env=WIDE)
+    refused = example.output[0].startswith("error:")
+    assert result.exit_code in ((2, 3) if refused else (0,)), f"{example}: {result.output}"
+    printed = words(result.output)
+    drifted = [piece for piece in shown_pieces(example) if piece not in printed]
+    assert not drifted, f"{example} shows what the command does not print:\n" + "\n".join(
+        drifted) + f"\n\nIt prints:\n{result.output}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApiExample:
+    page: Path
+    line: int
+    body: dict[str, Any]
+    shown: str
+
+    def __str__(self) -> str:
+        return f"{self.page.relative_to(DOCS)}:{self.line}"
+
+
+def api_examples() -> list[ApiExample]:
+    """`curl ... /api/v1/plans ... -d '{...}'` with the answer shown after it (a JSON object with the plan's
+    figures)."""
+    found = []
+    for example in examples("curl "):
+        text = "\n".join([example.command, *example.output])
+        request = re.search(r"/api/v1/plans'? .*?-d '(\{.*?\})'", text, re.DOTALL)
+        answer = re.search(r"^\{.*\"tokens_per_s_per_gpu\".*", text[request.end():] if request else "",
+                           re.DOTALL | re.MULTILINE)
+        if request and answer:
+            found.append(ApiExample(page=example.page, line=example.line, body=json.loads(request[1]),
+                                    shown=answer[0]))
+    return found
+
+
+API_EXAMPLES = api_examples()
+
+
+def shown_fields(shown: str) -> dict[str, str]:
+    """The top-level `"field":value` pairs an answer shows (a value: a number, a string, or a flat object)."""
+    return dict(re.findall(r'"(\w+)":\s*("[^"]*"|\{[^{}]*\}|-?[\d.]+(?:e-?\d+)?)', shown))
+
+
+def same_as_shown(shown: str, actual: Any) -> bool:
+    value = json.loads(shown)
+    if isinstance(value, dict):
+        return isinstance(actual, dict) and all(actual.get(k) == v for k, v in value.items())
+    if isinstance(value, float):
+        digits = len(shown.split(".")[1]) if "." in shown else 0
+        return isinstance(actual, int | float) and round(actual, digits) == value
+    return actual == value
+
+
+def test_the_pages_show_api_examples_with_their_answers() -> None:
+    pages = {e.page.relative_to(DOCS).as_posix() for e in API_EXAMPLES}
+    assert {"service/index.md", "planning/tensor-parallel.md"} <= pages, pages
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> TestClient:
+    settings = Settings(data_dir=tmp_path_factory.mktemp("docs-examples"))
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+@pytest.mark.parametrize("example", API_EXAMPLES, ids=str)
+def test_an_api_example_answers_what_its_page_shows(example: ApiExample, service: TestClient) -> None:
+    response = service.post("/api/v1/plans", json=example.body)
+    assert response.status_code in (200, 201), f"{example}: {response.text}"
+    answer = response.json()
+    fields = {k: v for k, v in shown_fields(example.shown).items() if k not in ("id", "plan")}
+    assert {"tokens_per_s_per_gpu", "mfu"} <= fields.keys(), example
+    for field, shown in fields.items():
+        assert same_as_shown(shown, answer.get(field)), (
+            f"{example} shows \"{field}\":{shown} where the service answers {answer.get(field)!r}")
