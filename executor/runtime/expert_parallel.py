@@ -28,7 +28,6 @@ the dense parameters.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
@@ -196,9 +195,11 @@ def expert_parallel_note(*, plan: RuntimePlan, meshes: ExpertMeshes, blocks: int
     mesh = plan.config.mesh
     moe = plan.model.moe
     experts = moe.num_experts // mesh.ep if moe is not None else 0
-    shards = math.prod(meshes.data_parallel.shape)
+    data_parallel = meshes.data_parallel
+    names = data_parallel.mesh_dim_names or ()
+    over = " x ".join(f"{name}={size}" for name, size in zip(names, data_parallel.shape, strict=True))
     tp = f", each split over tp {mesh.tp}" if mesh.tp > 1 else ""
     return (
         f"expert parallel: ep={mesh.ep} ({blocks} MoE blocks, {experts} routed experts per rank{tp}, "
-        f"tokens dispatched by all-to-all); experts FSDP-sharded over {shards} rank(s) (dp_shard_mod_ep)"
+        f"tokens dispatched by all-to-all); experts FSDP-sharded on mesh {over}"
     )

@@ -3,16 +3,29 @@ with a shared expert and a sigmoid router balanced by its bias) on CPU gloo (iss
 a checkpoint resumes it exactly (the routers' biases are in the checkpoint: without them routing
 changes), and a 2-stage pipeline trains like one rank (the bias update sums the counts over the
 stage's ranks). Under tensor parallelism (tp 2) an MoE model (FSDP2, SimpleFSDP eager and compiled),
-the DeepSeek-like one and a dense one with query/key norms train like one rank."""
+the DeepSeek-like one and a dense one with query/key norms train like one rank. A planner's plan of a
+tiny MoE model with expert parallelism (ep 2) trains through its bundle's launch.sh on prepared text."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from api.cli.main import app
+from contract.model_config import MoeConfig
+from executor.launch.bundle import bundle_name, write_bundle
+from planner.catalog.models import catalog_model
+from planner.search import make_plan
+from planner.specs import ClusterSpec, PlanRequest, SearchSpace, TrainingSpec
+from tests.executor.conftest import explain, read_metrics
 from tests.executor.plan_factory import LLAMA_DEBUG, debug_plan
+from tests.executor.test_production_run import _corpus
 from tests.executor.test_trainer_e2e import _train
 
 pytestmark = pytest.mark.distributed
@@ -108,3 +121,40 @@ def test_latent_attention_moe_model_under_tensor_parallelism_trains_like_one_ran
     single = _train(one, tmp_path, "one", "--steps", "3", nproc=1)
     assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in single], rel=2e-5)
     assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
+
+
+def test_an_expert_parallel_bundle_trains_on_prepared_text(tmp_path: Path) -> None:
+    # The planner's plan for a tiny MoE model on 1x2 cpu with ep pinned to 2 (each rank holds 2 of the
+    # 4 experts); the byte tokenizer's 257 ids fit its 264-entry vocabulary.
+    moe = MoeConfig(num_experts=4, experts_per_token=2, expert_intermediate_size=128, num_shared_experts=1)
+    model = catalog_model("llama-debug").model_copy(
+        update={"name": "moe-debug", "vocab_size": 264, "num_layers": 2, "moe": moe}
+    )
+    request = PlanRequest(
+        model=model,
+        cluster=ClusterSpec.parse("1x2xcpu"),
+        training=TrainingSpec(seq_len=64, global_batch_tokens=64 * 8, precision="fp32"),
+        search=SearchSpace(compile=[False], expert_parallel_degrees=[2]),
+    )
+    plan = make_plan(request)
+    assert plan.config.mesh.ep == 2
+    write_bundle(plan, tmp_path / "out", target="torchrun")
+    bundle = tmp_path / "out" / bundle_name(plan)
+    data = tmp_path / "data"
+    corpus = _corpus(tmp_path / "corpus.txt")
+    prepared = CliRunner().invoke(
+        app, ["prepare-data", str(corpus), "--out", str(data), "--tokenizer", "bytes"]
+    )
+    assert prepared.exit_code == 0, prepared.output
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NPROC_PER_NODE", "NNODES")}
+    env.update(PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    metrics = tmp_path / "metrics.jsonl"
+    result = subprocess.run(
+        ["./launch.sh", "--steps", "12", "--lr", "3e-3", "--warmup", "2", "--metrics-file", str(metrics),
+         "--data", str(data)],
+        cwd=bundle, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert result.returncode == 0, explain(result)
+    assert "expert parallel: ep=2" in result.stdout, explain(result)
+    losses = [r["loss"] for r in read_metrics(metrics)]
+    assert len(losses) == 12 and sum(losses[-3:]) / 3 < losses[0] - 1.0, losses

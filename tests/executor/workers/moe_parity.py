@@ -88,10 +88,12 @@ def run_case(case: str, world: int, cache: dict) -> dict:
     ac = rest[0] if rest else "none"
     ep, tp = _mesh(rest[1] if len(rest) > 1 else "")
     compiled = backend != "eager"
+    # hybrid_shard: two "nodes", each a shard group, replicated across them.
+    nodes = 2 if sharding == "hybrid_shard" else 1
     doc = debug_plan(
         micro_batch_size=2, sharding=sharding, compile=compiled, checkpointing=ac, every_k=1,
         bucket_mb=64.0 if compiled else 0.0, model=MODELS[name], name=f"{name}-parity",
-        gpus_per_node=world, tp=tp,
+        nodes=nodes, gpus_per_node=world // nodes, tp=tp,
     )
     doc["config"]["mesh"]["ep"] = ep
     plan = parse_plan(doc)
