@@ -17,6 +17,7 @@ from rich.console import Console
 from api.cli.common import DEFAULT_SERVER, SERVER_ENV, STORED_ID, fail, load_plan, whole_number
 from executor.launch.bundle import (
     DEFAULT_CUDA_VERSION,
+    DEFAULT_ROCM_VERSION,
     DEFAULT_TORCH_VERSION,
     FORMATS,
     TARGETS,
@@ -25,7 +26,6 @@ from executor.launch.bundle import (
     write_bundle,
 )
 from executor.launch.quoting import UnsafeValueError
-from executor.launch.scheduling import DEFAULT_GPU_RESOURCE
 from executor.launch.skypilot import TASK_FILE as SKYPILOT_TASK_FILE
 from executor.launch.torchtitan import NotOnTorchtitanError
 
@@ -53,15 +53,20 @@ def launcher(
     fmt: Annotated[str, typer.Option("--format", help="Archive format: tar.gz | zip")] = "tar.gz",
     image: Annotated[
         str | None,
-        typer.Option(help="Container image for the Kubernetes manifests (default: PyTorch's official image "
-                     "for --torch-version and --cuda-version)."),
+        typer.Option(help="Container image for the Kubernetes manifests (default: the plan's GPU vendor's "
+                     "PyTorch image: PyTorch's official one for --torch-version and --cuda-version, AMD's "
+                     "rocm/pytorch for --torch-version and --rocm-version)."),
     ] = None,
     torch_version: Annotated[
         str,
         typer.Option(help="The torch the plan runs with: the manifests run "
-                     "pytorch/pytorch:<torch>-cuda<cuda>-cudnn9-runtime."),
+                     "pytorch/pytorch:<torch>-cuda<cuda>-cudnn9-runtime (NVIDIA GPUs) or "
+                     "rocm/pytorch:rocm<rocm>_ubuntu24.04_py3.12_pytorch_release_<torch> (AMD GPUs)."),
     ] = DEFAULT_TORCH_VERSION,
     cuda_version: Annotated[str, typer.Option(help="The CUDA of that image.")] = DEFAULT_CUDA_VERSION,
+    rocm_version: Annotated[
+        str, typer.Option(help="The ROCm of the image for AMD GPUs, e.g. 7.2 or 6.4.1.")
+    ] = DEFAULT_ROCM_VERSION,
     rdma_resource: Annotated[
         str | None,
         typer.Option(help="Extended resource of your RDMA device plugin for every pod, e.g. "
@@ -88,8 +93,10 @@ def launcher(
         str | None, typer.Option(help="PriorityClass of the pods (Kueue takes the job's priority from it).")
     ] = None,
     gpu_resource: Annotated[
-        str, typer.Option(help="The GPUs' resource name: nvidia.com/gpu | amd.com/gpu (with --image).")
-    ] = DEFAULT_GPU_RESOURCE,
+        str | None,
+        typer.Option(help="The GPUs' resource name: nvidia.com/gpu | amd.com/gpu (default: the plan's GPU "
+                     "vendor's; another vendor's needs --image)."),
+    ] = None,
     api_key: Annotated[
         str | None, typer.Option("--api-key", help="API key, if the server requires one for reads.")
     ] = None,
@@ -112,6 +119,7 @@ def launcher(
             image=image,
             torch_version=torch_version,
             cuda_version=cuda_version,
+            rocm_version=rocm_version,
             rdma_resource=rdma_resource,
             rdma_count=rdma_count,
             queue=queue,

@@ -19,6 +19,7 @@ from api.services import calibrations as calibration_service
 from api.services import plans as plan_service
 from executor.launch.bundle import (
     DEFAULT_CUDA_VERSION,
+    DEFAULT_ROCM_VERSION,
     DEFAULT_TORCH_VERSION,
     MEDIA_TYPES,
     BundleTooLargeError,
@@ -32,6 +33,7 @@ from executor.launch.quoting import (
     NODE_SELECTOR_PATTERN,
     QUEUE_PATTERN,
     RESOURCE_PATTERN,
+    ROCM_VERSION_PATTERN,
     TOLERATION_PATTERN,
     TORCH_VERSION_PATTERN,
     UnsafeValueError,
@@ -88,7 +90,8 @@ def download_launcher(
         Query(
             min_length=1, max_length=255, pattern=IMAGE_PATTERN,
             description="Container image for the Kubernetes manifests (a plain image reference); "
-            "default: PyTorch's official image for torch_version and cuda_version",
+            "default: the plan's GPU vendor's PyTorch image, PyTorch's official one for torch_version and "
+            "cuda_version, or AMD's ROCm one (rocm/pytorch) for torch_version and rocm_version",
         ),
     ] = None,
     torch_version: Annotated[
@@ -102,6 +105,10 @@ def download_launcher(
     cuda_version: Annotated[
         str, Query(max_length=10, pattern=CUDA_VERSION_PATTERN, description="The CUDA of that image")
     ] = DEFAULT_CUDA_VERSION,
+    rocm_version: Annotated[
+        str,
+        Query(max_length=10, pattern=ROCM_VERSION_PATTERN, description="The ROCm of the image for AMD GPUs"),
+    ] = DEFAULT_ROCM_VERSION,
     rdma_resource: Annotated[
         str | None,
         Query(
@@ -139,8 +146,10 @@ def download_launcher(
         ),
     ] = None,
     gpu_resource: Annotated[
-        GpuResource, Query(description="The GPUs' resource name (amd.com/gpu needs an image with ROCm torch)")
-    ] = GpuResource.nvidia,
+        GpuResource | None,
+        Query(description="The GPUs' resource name; default: the plan's GPU vendor's (amd.com/gpu for AMD "
+              "Instinct, else nvidia.com/gpu). Another vendor's needs an image with its build of torch"),
+    ] = None,
 ) -> Response:
     row = session.scalar(select(PlanRow).where(PlanRow.id == plan_id).options(*plan_service.full_plan()))
     if row is None:
@@ -160,13 +169,14 @@ def download_launcher(
             image=image,
             torch_version=torch_version,
             cuda_version=cuda_version,
+            rocm_version=rocm_version,
             rdma_resource=rdma_resource,
             rdma_count=rdma_count,
             queue=queue,
             node_selector=node_selector or [],
             tolerations=toleration or [],
             priority_class=priority_class,
-            gpu_resource=gpu_resource.value,
+            gpu_resource=gpu_resource.value if gpu_resource else None,
             calibration=calibration,
         )
     except UnsafeValueError as exc:

@@ -22,9 +22,8 @@ from typing import Literal, get_args
 import contract
 from contract.parallel_config import PIPELINE_SCHEDULES, Float8Recipe, PipelineConfig
 from contract.plan_document import unsupported_mesh
-from executor.launch import render, scheduling, skypilot
+from executor.launch import render, scheduling, skypilot, vendors
 from executor.launch.quoting import (
-    CUDA_VERSION_PATTERN,
     VERSION3,
     UnsafeValueError,
     comment,
@@ -50,8 +49,10 @@ FORMATS: tuple[str, ...] = ("tar.gz", "zip")
 DEFAULT_TORCH_VERSION = "2.13.0"
 """The torch the runtime is built and tested with (the `executor` extra's pin), so the version a plan
 is made for unless the bundle is rendered for another."""
-DEFAULT_CUDA_VERSION = "13.0"
+DEFAULT_CUDA_VERSION = vendors.DEFAULT_CUDA_VERSION
 """The CUDA of PyTorch's official image for DEFAULT_TORCH_VERSION."""
+DEFAULT_ROCM_VERSION = vendors.DEFAULT_ROCM_VERSION
+"""The ROCm of AMD's PyTorch image that AMD plans' manifests run."""
 MIN_TORCH = (2, 6)
 """The oldest torch the runtime supports (the bundle README says so too)."""
 CONFIGMAP_LIMIT_BYTES = 1024 * 1024
@@ -63,7 +64,7 @@ def official_image(
 ) -> str:
     """PyTorch's official runtime image for a torch and CUDA version, e.g.
     `pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime` (Docker Hub's tag scheme since torch 2.3)."""
-    return f"pytorch/pytorch:{torch_version}-cuda{cuda_version}-cudnn9-runtime"
+    return vendors.NVIDIA.image(torch_version=torch_version, runtime_version=cuda_version)
 
 
 DEFAULT_IMAGE = official_image()
@@ -105,6 +106,7 @@ def context(plan: Plan, *, image: str = DEFAULT_IMAGE) -> render.LaunchContext:
     """Validated and quoted values the templates use."""
     full_hash = hex_id(plan.plan_hash)
     cluster = plan.cluster
+    gpu = cluster.resolved_gpu()
     nodes = positive_int(cluster.num_nodes, "cluster.num_nodes")
     gpus = positive_int(cluster.gpus_per_node, "cluster.gpus_per_node")
     title = comment(f"{plan.model.name} on {nodes}x{gpus}x{cluster.gpu}", limit=100)
@@ -117,7 +119,8 @@ def context(plan: Plan, *, image: str = DEFAULT_IMAGE) -> render.LaunchContext:
         num_nodes=nodes,
         gpus_per_node=gpus,
         gpu=comment(cluster.gpu, limit=40),
-        uses_gpus=not cluster.resolved_gpu().is_cpu,
+        uses_gpus=not gpu.is_cpu,
+        stack=vendors.stack_for(gpu),
         image=image_ref(image),
         label=comment(plan.config.label(), limit=100),
         mesh=plan.config.mesh,  # a contract.mesh.Mesh: its degrees are checked whole numbers >= 1
@@ -158,8 +161,12 @@ def torch_image(
     torch_version: str = DEFAULT_TORCH_VERSION,
     cuda_version: str = DEFAULT_CUDA_VERSION,
     image: str | None = None,
+    *,
+    stack: vendors.Stack = vendors.NVIDIA,
+    rocm_version: str = DEFAULT_ROCM_VERSION,
 ) -> str:
-    """The manifests' image: `image` when given, else PyTorch's official one for the versions."""
+    """The manifests' image: `image` when given, else the stack's PyTorch image for the versions
+    (PyTorch's official CUDA image, or AMD's ROCm one)."""
     version(torch_version, VERSION3, field="torch_version", example=DEFAULT_TORCH_VERSION)
     major, minor = (int(part) for part in torch_version.split(".")[:2])
     if (major, minor) < MIN_TORCH:
@@ -167,8 +174,13 @@ def torch_image(
             f"torch_version {torch_version!r}: the runtime needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}",
             field="torch_version",
         )
-    version(cuda_version, CUDA_VERSION_PATTERN, field="cuda_version", example=DEFAULT_CUDA_VERSION)
-    return image_ref(image) if image is not None else official_image(torch_version, cuda_version)
+    # Both runtime versions are checked whichever the plan's stack uses: a bad option is refused as such.
+    official_image(torch_version, cuda_version)
+    vendors.AMD.image(torch_version=torch_version, runtime_version=rocm_version)
+    if image is not None:
+        return image_ref(image)
+    runtime_version = rocm_version if stack is vendors.AMD else cuda_version
+    return stack.image(torch_version=torch_version, runtime_version=runtime_version)
 
 
 def checkpoint_gib(plan: Plan) -> int:
@@ -224,33 +236,38 @@ def bundle_files(
     image: str | None = None,
     torch_version: str = DEFAULT_TORCH_VERSION,
     cuda_version: str = DEFAULT_CUDA_VERSION,
+    rocm_version: str = DEFAULT_ROCM_VERSION,
     rdma_resource: str | None = None,
     rdma_count: int = 1,
     queue: str | None = None,
     node_selector: Sequence[str] = (),
     tolerations: Sequence[str] = (),
     priority_class: str | None = None,
-    gpu_resource: str = scheduling.DEFAULT_GPU_RESOURCE,
+    gpu_resource: str | None = None,
     calibration: CalibrationProfile | None = None,
 ) -> list[BundleFile]:
     """Every file of the bundle for `target`, in a stable order.
 
-    The Kubernetes manifests run `image` when given, else PyTorch's official image for `torch_version` /
-    `cuda_version`; `rdma_resource` (`domain/name`, `rdma_count` per pod) requests RDMA adapters. `queue`,
-    `node_selector` (`key=value`), `tolerations` (`key[=value][:Effect]`), `priority_class` and `gpu_resource`
-    place the pods (scheduling.py); `calibration` (the plan's profile) re-prices a `torchtitan` bundle."""
+    The Kubernetes manifests run `image` when given, else the plan's GPU vendor's PyTorch image for
+    `torch_version` and `cuda_version` (PyTorch's official image) or `rocm_version` (AMD's ROCm image);
+    `rdma_resource` (`domain/name`, `rdma_count` per pod) requests RDMA adapters. `queue`, `node_selector`
+    (`key=value`), `tolerations` (`key[=value][:Effect]`), `priority_class` and `gpu_resource` (None: the
+    vendor's, nvidia.com/gpu or amd.com/gpu) place the pods (scheduling.py); `calibration` (the plan's
+    profile) re-prices a `torchtitan` bundle."""
     _check_target(plan, target)
     if target == "torchtitan":
         # Imported here: the torchtitan target builds on this module's context and files.
         from executor.launch import torchtitan
 
         return torchtitan.bundle_files(plan, calibration=calibration)
+    stack = vendors.stack_for(plan.cluster.resolved_gpu())
     pods = scheduling.scheduling(
         queue=queue, node_selector=node_selector, tolerations=tolerations,
-        priority_class=priority_class, gpu_resource=gpu_resource,
+        priority_class=priority_class, gpu_resource=gpu_resource or stack.gpu_resource,
     )
     targets = ["torchrun", "slurm", "k8s", "skypilot"] if target == "all" else [target]
-    ctx = context(plan, image=torch_image(torch_version, cuda_version, image))
+    chosen = torch_image(torch_version, cuda_version, image, stack=stack, rocm_version=rocm_version)
+    ctx = context(plan, image=chosen)
     core = [
         BundleFile("plan.json", (plan.model_dump_json(indent=1) + "\n").encode()),
         BundleFile("launch.sh", render.launch_sh(ctx).encode(), executable=True),
@@ -261,13 +278,7 @@ def bundle_files(
         files.append(BundleFile("slurm.sbatch", render.slurm_sbatch(ctx).encode(), executable=True))
     kube = None
     if "k8s" in targets:
-        if pods.gpu_resource != scheduling.DEFAULT_GPU_RESOURCE and image is None:
-            # PyTorch's official images are CUDA builds: AMD GPUs need a ROCm build of torch.
-            raise UnsafeValueError(
-                f"gpu_resource {pods.gpu_resource}: give an image (--image) with a ROCm build of torch, "
-                "e.g. rocm/pytorch; the default image is PyTorch's CUDA one",
-                field="image",
-            )
+        _check_resource_image(plan, stack, pods.gpu_resource, image)
         # The manifests carry launch.sh + plan + runtime in a ConfigMap (see manifests.unpack_command).
         kube = kube_context(
             plan, core, torch_version=torch_version, rdma_resource=rdma_resource, rdma_count=rdma_count,
@@ -299,6 +310,21 @@ def bundle_files(
     return files
 
 
+def _check_resource_image(plan: Plan, stack: vendors.Stack, gpu_resource: str, image: str | None) -> None:
+    """Refuse pods that get another vendor's GPUs than the plan's in the plan's vendor's image: a CUDA
+    build of torch cannot drive AMD GPUs, nor a ROCm build NVIDIA ones, so such pods need their own."""
+    other = vendors.stack_of_resource(gpu_resource)
+    if other is stack or image is not None:
+        return
+    example = other.image(torch_version=DEFAULT_TORCH_VERSION, runtime_version=other.default_version)
+    raise UnsafeValueError(
+        f"gpu_resource {gpu_resource}: the plan is for {plan.cluster.gpu}, whose default image is "
+        f"{stack.images} ({stack.runtime}); give an image (--image) with a {other.runtime} build of torch "
+        f"for {gpu_resource} GPUs, e.g. {example}",
+        field="image",
+    )
+
+
 def _check_target(plan: Plan, target: str) -> None:
     """Refuse an unknown target, and a plan this project's runtime cannot run on its own targets
     (`contract.plan_document.unsupported_mesh`: expert parallelism, so far); the torchtitan target
@@ -324,8 +350,8 @@ def _prediction(plan: Plan) -> str:
 
 def build_bundle(plan: Plan, *, target: Target = "all", fmt: Format = "tar.gz", **options: object) -> bytes:
     """The bundle archive for `plan` (bytes of a .tar.gz or .zip); `options` as bundle_files takes them
-    (image, torch_version, cuda_version, rdma_resource, rdma_count, queue, node_selector, tolerations,
-    priority_class, gpu_resource)."""
+    (image, torch_version, cuda_version, rocm_version, rdma_resource, rdma_count, queue, node_selector,
+    tolerations, priority_class, gpu_resource)."""
     _check_choice(fmt, FORMATS, "format")
     files = bundle_files(plan, target=target, **options)  # type: ignore[arg-type]
     root = bundle_name(plan)

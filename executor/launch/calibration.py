@@ -12,7 +12,7 @@ import json
 import re
 from pathlib import Path
 
-from executor.launch import render
+from executor.launch import render, vendors
 from executor.launch.bundle import DEFAULT_IMAGE, BundleFile, runtime_files
 from executor.launch.quoting import comment, dns_label, image_ref, positive_int, slug
 from executor.launch.templating import render_template
@@ -77,6 +77,7 @@ def calibration_bundle_files(
         uses_gpus=not cluster.resolved_gpu().is_cpu,
         image=image_ref(DEFAULT_IMAGE),
         label="calibration",
+        stack=vendors.stack_for(cluster.resolved_gpu()),
     )
     entry = _entry(
         budget_s=budget_s,

@@ -1,12 +1,13 @@
 """The environment a GPU cluster expects around the trainer: allocator, NCCL error handling and
-network selection, the process-group timeout, torchrun's shutdown grace, OpenMP threads.
+network selection, the process-group timeout, torchrun's shutdown grace, OpenMP threads; on AMD GPUs
+also the ROCm runtime's and RCCL's own settings (`ROCM_ENV`: RCCL reads the NCCL_* variables itself).
 
-One table (`CLUSTER_ENV`) renders everywhere it appears, so the scripts, the manifests and the READMEs
-never disagree: the header block of `launch.sh` / `slurm.sbatch`, the bash that applies the defaults,
-the Kubernetes `env` lists and the bundle README's table (`shown()` gives the templates their rows:
-templates/parts/cluster_env*.j2). Every variable is a *default*: a value
-already in the environment wins, and a variable whose default is empty stays unset (NCCL then picks
-by itself) unless the user sets it.
+One table per vendor (`table`: `CLUSTER_ENV`, with `ROCM_ENV` for AMD) renders everywhere it appears,
+so the scripts, the manifests and the READMEs never disagree: the header block of `launch.sh` /
+`slurm.sbatch`, the bash that applies the defaults, the Kubernetes `env` lists and the bundle README's
+table (`shown()` gives the templates their rows: templates/parts/cluster_env*.j2). Every variable is a
+*default*: a value already in the environment wins, and a variable whose default is empty stays unset
+(NCCL then picks by itself) unless the user sets it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from executor.launch.quoting import sh
+from executor.launch.vendors import Vendor
 from planner.cost.memory import PRICED_ALLOCATOR_CONFIG
 
 PG_TIMEOUT_ENV = "FSDP_PG_TIMEOUT_S"
@@ -126,6 +128,52 @@ CLUSTER_ENV: tuple[EnvVar, ...] = (
 )
 
 
+ROCM_ENV: tuple[EnvVar, ...] = (
+    EnvVar(
+        "PYTORCH_HIP_ALLOC_CONF",
+        PRICED_ALLOCATOR_CONFIG,
+        "the allocator the plan's memory model assumes (HIP)",
+        "The caching allocator's settings as a ROCm build of torch reads them: this name before "
+        "PYTORCH_CUDA_ALLOC_CONF, so it is set to the same priced configuration (an image that sets it "
+        "otherwise would change the peak).",
+    ),
+    EnvVar(
+        "HSA_NO_SCRATCH_RECLAIM",
+        "1",
+        "1: keep kernels' scratch memory between launches",
+        "1: the ROCm runtime keeps the scratch memory a kernel was given instead of reclaiming it after "
+        "each launch, which stalls the queue; AMD's training containers set it for MI300-series GPUs.",
+    ),
+    EnvVar(
+        "TORCH_BLAS_PREFER_HIPBLASLT",
+        "1",
+        "1: GEMMs through hipBLASLt (the tuned MI300 kernels)",
+        "1: torch runs its matrix multiplications through hipBLASLt rather than rocBLAS: the library "
+        "AMD tunes for Instinct GPUs and the one whose speed calibration measures.",
+    ),
+    EnvVar(
+        "NCCL_IB_GID_INDEX",
+        "",
+        "RoCE: the GID index RCCL uses, e.g. 3 for RoCEv2",
+        "Unset: RCCL picks the adapter's default GID. On RoCE fabrics (the usual scale-out network of "
+        "AMD clusters) name the RoCEv2 GID, often `3` (`show_gids` lists them).",
+    ),
+    EnvVar(
+        "HSA_FORCE_FINE_GRAIN_PCIE",
+        "",
+        "1: RCCL peer-to-peer between PCIe-connected GPUs",
+        "Unset: GPUs of one node talk over Infinity Fabric. Set `1` where they are connected by PCIe "
+        "only, so that RCCL may copy between them directly (it needs large-BAR support).",
+    ),
+)
+"""What AMD GPUs add (ROCm's HIP runtime and RCCL; AMD's RCCL usage tips and training containers)."""
+
+
+def table(vendor: Vendor = "nvidia") -> tuple[EnvVar, ...]:
+    """The variables a vendor's scripts and manifests set: the common table, then the vendor's own."""
+    return CLUSTER_ENV + (ROCM_ENV if vendor == "amd" else ())
+
+
 @dataclass(frozen=True, slots=True)
 class Shown:
     """The table as the templates show it (templates/parts/cluster_env*.j2)."""
@@ -142,16 +190,17 @@ class Shown:
     """(name, default, what it does) for the bundle README's table."""
 
 
-def shown() -> Shown:
-    """The table in the forms the scripts and the README show it; OMP_NUM_THREADS is computed per
-    script (the node's cores over its processes)."""
+def shown(vendor: Vendor = "nvidia") -> Shown:
+    """The vendor's table in the forms the scripts and the README show it; OMP_NUM_THREADS is computed
+    per script (the node's cores over its processes)."""
     omp = "OMP_NUM_THREADS"
+    variables = table(vendor)
     return Shown(
         header_rows=[
-            (v.name, "cores/procs" if v.name == omp else (v.default or "(unset)"), v.doc) for v in CLUSTER_ENV
+            (v.name, "cores/procs" if v.name == omp else (v.default or "(unset)"), v.doc) for v in variables
         ],
-        width=max(len(v.name) for v in CLUSTER_ENV),
-        bash_words=[(v.name, '"$PER_RANK"' if v.name == omp else sh(v.default)) for v in CLUSTER_ENV],
+        width=max(len(v.name) for v in variables),
+        bash_words=[(v.name, '"$PER_RANK"' if v.name == omp else sh(v.default)) for v in variables],
         positive=(PG_TIMEOUT_ENV, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", omp),
         readme_rows=[
             (
@@ -159,22 +208,22 @@ def shown() -> Shown:
                 "cores / processes" if v.name == omp else (f"`{v.default}`" if v.default else "unset"),
                 v.readme,
             )
-            for v in CLUSTER_ENV
+            for v in variables
         ],
     )
 
 
-def static_defaults() -> dict[str, str]:
+def static_defaults(vendor: Vendor = "nvidia") -> dict[str, str]:
     """The variables with a fixed default: what a manifest sets, and what a process started from
     Python gets under the values already in its environment (`fsdp-planner calibrate` profiles under
     the launchers' allocator, so that the reserve it measures is the one plans run with).
     OMP_NUM_THREADS is computed per script."""
-    return {v.name: v.default for v in CLUSTER_ENV if v.default and v.name != "OMP_NUM_THREADS"}
+    return {v.name: v.default for v in table(vendor) if v.default and v.name != "OMP_NUM_THREADS"}
 
 
-def k8s_env() -> tuple[list[tuple[str, str]], list[str]]:
+def k8s_env(vendor: Vendor = "nvidia") -> tuple[list[tuple[str, str]], list[str]]:
     """(set, optional): the static defaults a manifest lists, and the names it shows commented out.
     OMP_NUM_THREADS is left to launch.sh (it counts the pod's cores)."""
-    given = list(static_defaults().items())
-    optional = [v.name for v in CLUSTER_ENV if not v.default and v.name != "OMP_NUM_THREADS"]
+    given = list(static_defaults(vendor).items())
+    optional = [v.name for v in table(vendor) if not v.default and v.name != "OMP_NUM_THREADS"]
     return given, optional

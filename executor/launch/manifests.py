@@ -104,7 +104,7 @@ def bundle_config_map(ctx: LaunchContext, kube: KubeContext) -> Document:
 def pod_env(ctx: LaunchContext) -> list[Document]:
     """The container's env: the plan's world and checkpoint directory, then the cluster environment's
     fixed defaults (environment.k8s_env; the variables left unset are listed in a comment instead)."""
-    given, _ = environment.k8s_env()
+    given, _ = environment.k8s_env(ctx.stack.vendor)
     entries = [
         ("NNODES", str(ctx.num_nodes)),
         ("NPROC_PER_NODE", str(ctx.gpus_per_node)),

@@ -108,6 +108,8 @@ VERSION3 = r"^[0-9]{1,2}\.[0-9]{1,3}\.[0-9]{1,3}$"
 TORCH_VERSION_PATTERN = r"^(?:2\.(?:[6-9]|[1-9][0-9]{1,2})|(?:[3-9]|[1-9][0-9])\.[0-9]{1,3})\.[0-9]{1,3}$"
 """The API's schema for a torch version: X.Y.Z and at least 2.6, the oldest the runtime supports."""
 CUDA_VERSION_PATTERN = r"^[0-9]{1,2}\.[0-9]{1,2}$"
+ROCM_VERSION_PATTERN = r"^[0-9]{1,2}\.[0-9]{1,2}(?:\.[0-9]{1,2})?$"
+"""A ROCm release as AMD's image tags write it: `7.2`, or with its patch level, `6.4.1`."""
 RESOURCE_PATTERN = (
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"  # domain
     r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"  # /name

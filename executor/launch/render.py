@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from contract.float8 import TORCHAO_REQUIREMENT
 from contract.mesh import AXES, MESH_AXES, Axis, Mesh
 from contract.parallel_config import PipelineConfig
-from executor.launch import environment, manifests, skypilot
+from executor.launch import environment, manifests, skypilot, vendors
 from executor.launch.manifests import CHECKPOINT_MOUNT, WORK_DIR, KubeContext
 from executor.launch.quoting import comment
 from executor.launch.templating import render_template
@@ -48,6 +48,9 @@ class LaunchContext:
     """The plan's pipeline (`config.pipeline`, present when mesh.pp > 1; its schedule a checked choice)."""
     pure_bf16: bool = False
     """The plan trains in pure bf16 (`training.state_dtype` bfloat16: no fp32 master)."""
+    stack: vendors.Stack = vendors.NVIDIA
+    """The GPU vendor's stack (CUDA and NCCL, or ROCm and RCCL): the image, the resource, the
+    environment the scripts and manifests set."""
 
 
 FLOAT8_GPUS = {"mxfp8": "compute capability 10.0+: B200"}
@@ -210,7 +213,7 @@ def launch_sh(ctx: LaunchContext, entry: Entry = TRAIN) -> str:
     return render_template(
         "launch.sh.j2",
         entry=entry,
-        cluster_env=environment.shown(),
+        cluster_env=environment.shown(ctx.stack.vendor),
         mesh_checks=_mesh_checks(ctx, entry.script),
         float8_check=_float8_check(ctx, entry.script),
         **_header_values(ctx),
@@ -244,7 +247,7 @@ def slurm_sbatch(ctx: LaunchContext, entry: Entry = TRAIN) -> str:
     return render_template(
         "slurm.sbatch.j2",
         entry=entry,
-        cluster_env=environment.shown(),
+        cluster_env=environment.shown(ctx.stack.vendor),
         sbatch_options=_sbatch_options(ctx, entry),
         mesh_checks=_mesh_checks(ctx, "sbatch"),
         signal_lead_s=SIGNAL_LEAD_S,
@@ -265,7 +268,7 @@ def k8s_pytorchjob(ctx: LaunchContext, kube: KubeContext) -> str:
 
 def _manifest(ctx: LaunchContext, kube: KubeContext, job: manifests.Document) -> str:
     """The manifest's three documents, dumped between their comments (templates/k8s.yaml.j2)."""
-    _, unset = environment.k8s_env()
+    _, unset = environment.k8s_env(ctx.stack.vendor)
     return render_template(
         "k8s.yaml.j2",
         kube=kube,
@@ -315,7 +318,7 @@ def readme(
         kube=kube,
         sky=sky,
         sky_missing=sky_missing,
-        cluster_env=environment.shown(),
+        cluster_env=environment.shown(ctx.stack.vendor),
         signal_lead_s=SIGNAL_LEAD_S,
         exit_not_requeued=EXIT_NOT_REQUEUED,
         work_dir=WORK_DIR,

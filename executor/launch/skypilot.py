@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from contract.float8 import TORCHAO_REQUIREMENT
+from executor.launch import vendors
 from executor.launch.quoting import UnsafeValueError
 from executor.launch.templating import Script, render_template
 
@@ -27,12 +28,22 @@ ACCELERATORS: dict[str, str] = {
     "A100-80GB": "A100-80GB",
     "A100-40GB": "A100",
     "L4": "L4",
+    "L40S": "L40S",
     "B200": "B200",
 }
 """SkyPilot's accelerator name for each catalog GPU (`sky show-gpus` lists them)."""
 UNAVAILABLE: dict[str, str] = {
     "H100-SXM-96GB": "the 96 GB H100 (HBM2e) of Meta's Grand Teton servers is not offered by clouds, whose "
     "H100 has 80 GB: plan for H100-SXM-80GB (SkyPilot's H100) so that the memory the plan fits in is there",
+    "GB200": "GB200 NVL72 racks are rented whole and scheduled by their NVLink domain, which a SkyPilot "
+    "accelerator count does not express: use the slurm or k8s target",
+    "GB300": "GB300 NVL72 racks are rented whole and scheduled by their NVLink domain, which a SkyPilot "
+    "accelerator count does not express: use the slurm or k8s target",
+    "B300": "SkyPilot's catalog names no B300 accelerator yet: use the slurm or k8s target",
+    "H20": "the H20 is sold in China only, and no cloud SkyPilot reaches offers it: use the slurm or k8s "
+    "target",
+    "H800": "the H800 is sold in China only, and no cloud SkyPilot reaches offers it: use the slurm or k8s "
+    "target",
 }
 """Catalog GPUs SkyPilot cannot ask a cloud for, with why."""
 TASK_FILE = "skypilot.yaml"
@@ -59,6 +70,12 @@ def accelerator(gpu: GpuSpec) -> str | None:
     """SkyPilot's name of a catalog GPU (None for `cpu`); refuses one that SkyPilot cannot request."""
     if gpu.is_cpu:
         return None
+    if vendors.vendor_of(gpu) == "amd":
+        raise NotOnSkyPilotError(
+            f"target skypilot: the task's setup installs PyTorch's CUDA wheels, and {gpu.name} needs a ROCm "
+            "build of torch: use the torchrun, slurm or k8s target (its manifests run AMD's ROCm image)",
+            field="target",
+        )
     if gpu.name in UNAVAILABLE:
         raise NotOnSkyPilotError(f"target skypilot: {UNAVAILABLE[gpu.name]}", field="target")
     if gpu.name not in ACCELERATORS:
