@@ -20,8 +20,10 @@ from typer.testing import CliRunner
 from api.app import create_app
 from api.cli.main import app as cli
 from api.settings import Settings
-from tests.docs.conftest import DOCS
+from tests.docs.conftest import DOCS, REPO
 
+# The pages, and the README's tour.
+DOCUMENTS = [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
 # Options whose files are the reader's own (a config.json, a traced graph, a profile): not runnable here.
 READER_FILES = ("--hf-config", "--layer-graph", "--calibration", "--cluster-file", "--gpu-file")
 WIDE = {"COLUMNS": "400"}  # rich wraps at the terminal's width; the pages show rows unwrapped
@@ -35,7 +37,7 @@ class Example:
     output: list[str]
 
     def __str__(self) -> str:
-        return f"{self.page.relative_to(DOCS)}:{self.line}"
+        return f"{self.page.relative_to(REPO)}:{self.line}"
 
 
 def code_blocks(text: str) -> list[tuple[int, list[str]]]:
@@ -61,7 +63,7 @@ def examples(prefix: str) -> list[Example]:
     """Commands starting with `prefix` (after an optional `$ `), their continuation lines joined, with the
     lines that follow them in their block up to the next command."""
     found = []
-    for page in sorted(DOCS.rglob("*.md")):
+    for page in DOCUMENTS:
         for start, lines in code_blocks(page.read_text(encoding="utf-8")):
             index = 0
             while index < len(lines):
@@ -111,9 +113,10 @@ PLAN_EXAMPLES = [e for e in examples("fsdp-planner plan ") if e.output and not a
 
 
 def test_the_pages_show_plan_examples_with_their_output() -> None:
-    pages = {e.page.relative_to(DOCS).as_posix() for e in PLAN_EXAMPLES}
-    assert {"planning/index.md", "planning/tensor-parallel.md", "planning/pipeline-parallel.md",
-            "planning/context-parallel.md", "quickstart.md"} <= pages, pages
+    pages = {e.page.relative_to(REPO).as_posix() for e in PLAN_EXAMPLES}
+    assert {"docs/planning/index.md", "docs/planning/tensor-parallel.md",
+            "docs/planning/pipeline-parallel.md", "docs/planning/context-parallel.md", "docs/quickstart.md",
+            "README.md"} <= pages, pages
 
 
 @pytest.mark.parametrize("example", PLAN_EXAMPLES, ids=str)
@@ -136,7 +139,7 @@ class ApiExample:
     shown: str
 
     def __str__(self) -> str:
-        return f"{self.page.relative_to(DOCS)}:{self.line}"
+        return f"{self.page.relative_to(REPO)}:{self.line}"
 
 
 def api_examples() -> list[ApiExample]:
@@ -173,8 +176,8 @@ def same_as_shown(shown: str, actual: Any) -> bool:
 
 
 def test_the_pages_show_api_examples_with_their_answers() -> None:
-    pages = {e.page.relative_to(DOCS).as_posix() for e in API_EXAMPLES}
-    assert {"service/index.md", "planning/tensor-parallel.md"} <= pages, pages
+    pages = {e.page.relative_to(REPO).as_posix() for e in API_EXAMPLES}
+    assert {"docs/service/index.md", "docs/planning/tensor-parallel.md"} <= pages, pages
 
 
 @pytest.fixture(scope="module")
