@@ -41,11 +41,22 @@ class NotOnTorchtitanError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Flavor:
-    """A model of torchtitan's registry: its module, flavor and the dims that identify it."""
+    """A model of torchtitan's registry: its module, flavor and the dims that identify it (dotted
+    names reach into the model's parts: `moe.num_experts`)."""
 
     module: str
     flavor: str
-    dims: dict[str, int]
+    dims: dict[str, Any]
+
+    def matches(self, model: object) -> bool:
+        return all(_field(model, name) == value for name, value in self.dims.items())
+
+
+def _field(model: object, name: str) -> Any:
+    value = model
+    for part in name.split("."):
+        value = getattr(value, part, None)
+    return value
 
 
 _LLAMA3_SHARED = {"vocab_size": 128256, "num_kv_heads": 8}
@@ -58,6 +69,30 @@ FLAVORS: tuple[Flavor, ...] = (
                               "intermediate_size": 53248}),
 )
 """torchtitan 0.3.0's dense Llama 3 flavors (torchtitan/models/llama3/__init__.py), by their dims."""
+
+
+def _moe_dims(*, experts: int, top_k: int, expert: int, dense_layers: int = 0, **dims: Any) -> dict[str, Any]:
+    return {
+        **dims, "moe.num_experts": experts, "moe.experts_per_token": top_k,
+        "moe.expert_intermediate_size": expert, "moe.first_dense_layers": dense_layers,
+    }
+
+
+_QWEN3_MOE = {"vocab_size": 151936, "num_kv_heads": 4, "qk_norm": True}
+_GPT_OSS = {"vocab_size": 201088, "hidden_size": 2880, "num_heads": 64, "num_kv_heads": 8}
+MOE_FLAVORS: tuple[Flavor, ...] = (
+    Flavor("qwen3", "30B-A3B", _moe_dims(**_QWEN3_MOE, hidden_size=2048, num_layers=48, num_heads=32,
+                                         experts=128, top_k=8, expert=768)),
+    Flavor("qwen3", "235B-A22B", _moe_dims(**_QWEN3_MOE, hidden_size=4096, num_layers=94, num_heads=64,
+                                           experts=128, top_k=8, expert=1536)),
+    Flavor("deepseek_v3", "671B", _moe_dims(vocab_size=129280, hidden_size=7168, num_layers=61, num_heads=128,
+                                            experts=256, top_k=8, expert=2048, dense_layers=3)),
+    Flavor("gpt_oss", "20b", _moe_dims(**_GPT_OSS, num_layers=24, experts=32, top_k=4, expert=2880)),
+    Flavor("gpt_oss", "120b", _moe_dims(**_GPT_OSS, num_layers=36, experts=128, top_k=4, expert=2880)),
+)
+"""torchtitan 0.3.0's mixture-of-experts flavors whose models the catalog has (its qwen3, deepseek_v3
+and gpt_oss registries), by their dims. It has no Llama 4, Mixtral or Kimi K2 flavor, and its
+DeepSeek 16B and 236B are DeepSeek-MoE / V2 models the planner does not read."""
 
 HEAD, EMBEDDINGS, FINAL_NORM = "lm_head", "tok_embeddings", "norm"
 """torchtitan's decoder module names (its pipeline stages list them)."""
@@ -80,15 +115,15 @@ class Mapping:
 def flavor_of(plan: Plan) -> Flavor:
     """torchtitan's model for the plan's, or NotOnTorchtitanError saying why there is none."""
     model = plan.model
-    if getattr(model, "moe", None) is not None:
-        raise NotOnTorchtitanError(
-            f"target torchtitan: {model.name} is a mixture-of-experts model; this target maps dense "
-            "Llama 3 models only so far (use --target torchrun)"
-        )
+    # A dense model matches no MoE flavor (its `moe.*` dims are None), nor an MoE model a dense one.
+    dense = {"moe": None, "latent_attention": None, "qk_norm": False}
     for flavor in FLAVORS:
-        if all(getattr(model, name, None) == value for name, value in flavor.dims.items()):
+        if flavor.matches(model) and all(_field(model, name) == value for name, value in dense.items()):
             return flavor
-    known = ", ".join(f"{f.module} {f.flavor}" for f in FLAVORS)
+    for flavor in MOE_FLAVORS:
+        if flavor.matches(model):
+            return flavor
+    known = ", ".join(f"{f.module} {f.flavor}" for f in (*FLAVORS, *MOE_FLAVORS))
     raise NotOnTorchtitanError(
         f"target torchtitan: torchtitan {TORCHTITAN_VERSION}'s registry has no model with {model.name}'s "
         f"dims (hidden {model.hidden_size}, {model.num_layers} layers, {model.num_heads} heads); it has "
@@ -125,6 +160,8 @@ def mapping(plan: Plan) -> Mapping:
     if reduce_dtype != "float32":
         missing.append("bf16 gradient reduction: torchtitan reduces in fp32")
         reduce_dtype = "float32"
+    if plan.model.moe is not None:
+        _moe_not_expressed(config, missing)
     if plan.training.optimizer != "adamw":
         missing.append(f"the {plan.training.optimizer} optimizer: the config keeps torchtitan's AdamW")
     runs = dataclasses.replace(
@@ -162,14 +199,34 @@ def mapping(plan: Plan) -> Mapping:
     return Mapping(flavor=flavor, values=values, config=runs, not_expressed=tuple(missing))
 
 
+def _moe_not_expressed(config: ParallelConfig, missing: list[str]) -> None:
+    """What of an MoE plan torchtitan 0.3 runs otherwise: its ep borrows the tp ranks as well, and
+    its linear converters leave the experts' grouped GEMMs in bf16."""
+    mesh = config.mesh
+    if mesh.ep > 1 and mesh.tp > 1:
+        missing.append(
+            f"tensor parallelism inside the experts: torchtitan {TORCHTITAN_VERSION}'s ep {mesh.ep} borrows "
+            f"the tp ranks as well as dp_shard x cp (its experts are FSDP-sharded over dp_shard x cp x tp / "
+            f"ep = {mesh.dp_shard * mesh.cp * mesh.tp // mesh.ep} ranks), so each expert runs whole on "
+            "its rank; the same share of the experts' weights per rank, other all-to-all and GEMM shapes"
+        )
+    if config.float8 != "none":
+        missing.append(
+            f"{config.float8} for the routed experts: the config converts linear layers only, so the "
+            "experts' grouped GEMMs run in bf16"
+        )
+
+
 def _training(plan: Plan) -> dict[str, Any]:
     """torchtitan's `TrainingConfig`: with a pipeline the local batch is the step's sequences per
     data-parallel rank, which the schedule splits into micro-batches; without one it is a micro-batch,
     and the global batch sets the accumulation steps."""
     config = plan.config
     local = config.micro_batch_size * (config.grad_accum_steps if config.pipeline is not None else 1)
-    # torchtitan 0.3 captures the step in CUDA graphs, which it refuses under a pipeline.
-    graphs = {"disable_cuda_graphs": True} if config.pipeline is not None else {}
+    # torchtitan 0.3 captures the step in CUDA graphs, which it refuses under a pipeline, and under
+    # expert parallelism with its default all-to-all dispatcher (which syncs with the CPU for sizes).
+    no_graphs = config.pipeline is not None or config.mesh.ep > 1
+    graphs = {"disable_cuda_graphs": True} if no_graphs else {}
     return {
         **graphs,
         "local_batch_size": local,

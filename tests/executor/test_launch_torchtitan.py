@@ -230,3 +230,72 @@ def test_mxfp8_plans_convert_the_blocks_linears(job_module, monkeypatch) -> None
     model = config.model_spec.model
     assert isinstance(model.layers[0].attention.wo, mx.MXFP8Linear.Config)
     assert not isinstance(model.lm_head, mx.MXFP8Linear.Config)
+
+
+# --- mixture-of-experts plans ------------------------------------------------------------------------
+
+def moe_plan(
+    model: str, cluster: str, *, ep: int, sequences: int, seq_len: int = 4096, **search: object
+) -> Plan:
+    """An MoE plan with its expert-parallel degree pinned (pure bf16 training, so that one node holds
+    Qwen3-30B-A3B)."""
+    plan = make_plan(PlanRequest(
+        model=resolve_model(model), cluster=ClusterSpec.parse(cluster),
+        training=TrainingSpec(
+            seq_len=seq_len, global_batch_tokens=seq_len * sequences, state_dtype="bfloat16"
+        ),
+        search=SearchSpace(expert_parallel_degrees=[ep], **search),  # type: ignore[arg-type]
+    ))
+    assert plan.config.mesh.ep == ep
+    return plan
+
+
+def check_experts(config: object, plan: Plan) -> None:
+    """torchtitan's model has the plan's experts: their number, top-k and width in every MoE block,
+    and the plan's dense blocks before them."""
+    moe = plan.model.moe
+    layers = config.model_spec.model.layers
+    assert len(layers) == plan.model.num_layers
+    routed = [i for i, layer in enumerate(layers) if getattr(layer, "moe", None) is not None]
+    assert routed == [i for i in range(plan.model.num_layers) if moe.is_moe_layer(i)]
+    block = layers[routed[0]].moe
+    assert block.num_experts == moe.num_experts
+    assert block.router.top_k == moe.experts_per_token
+    assert block.routed_experts.inner_experts.hidden_dim == moe.expert_intermediate_size
+    assert (block.shared_experts is not None) == (moe.num_shared_experts > 0)
+    assert config.model_spec.model.dim == plan.model.hidden_size
+    assert config.model_spec.model.vocab_size == plan.model.vocab_size
+
+
+@pytest.mark.parametrize(("model", "cluster", "ep", "sequences", "flavor"), [
+    ("qwen3-30b-a3b", "1x8xh100", 8, 256, ("qwen3", "30B-A3B")),
+    ("gpt-oss-20b", "1x8xh100", 4, 256, ("gpt_oss", "20b")),
+    ("deepseek-v3", "32x8xh100", 8, 4096, ("deepseek_v3", "671B")),
+])
+def test_moe_plans_build_in_torchtitan_with_their_ep(
+    job_module, model: str, cluster: str, ep: int, sequences: int, flavor: tuple[str, str]
+) -> None:
+    plan = moe_plan(model, cluster, ep=ep, sequences=sequences)
+    config = getattr(job_module(plan), JOB_FUNCTION)()
+    assert (config.model_spec.name, config.model_spec.flavor) == flavor
+    check_mapped(config, plan)  # every axis, expert_parallel_degree among them
+    assert config.parallelism.expert_parallel_degree == ep
+    check_experts(config, plan)
+
+
+def test_an_moe_plan_with_tp_says_torchtitan_borrows_the_tp_ranks(job_module) -> None:
+    plan = moe_plan("qwen3-30b-a3b", "2x8xh100", ep=4, sequences=256, tensor_parallel_degrees=[2])
+    assert plan.config.mesh.tp == 2
+    config = getattr(job_module(plan), JOB_FUNCTION)()
+    check_mapped(config, plan)
+    missing = " ".join(mapping(plan).not_expressed)
+    assert "ep 4 borrows the tp ranks" in missing and "dp_shard x cp x tp / ep" in missing
+
+
+@pytest.mark.parametrize(("model", "cluster"), [
+    ("llama4-scout", "8x8xh100"), ("mixtral-8x7b", "8x8xh100"), ("kimi-k2", "32x8xh100"),
+])
+def test_moe_models_torchtitan_lacks_are_refused_with_why(model: str, cluster: str) -> None:
+    plan = moe_plan(model, cluster, ep=8, sequences=512)
+    with pytest.raises(NotOnTorchtitanError, match=r"registry has no model with .* it has .*qwen3 30B-A3B"):
+        bundle_files(plan, target="torchtitan")
