@@ -15,6 +15,7 @@ import yaml
 from api.app import create_app
 from api.docs import GUIDE_PATH
 from api.settings import Settings
+from tests.api.test_user_messages import ISSUE_NUMBER
 from tests.docs.conftest import DOCS, REPO, build_site
 
 
@@ -33,6 +34,13 @@ def test_every_page_is_built_and_in_the_nav(built_site: Path) -> None:
     for page in pages:
         html = built_site / re.sub(r"(index)?\.md$", "", page) / "index.html"
         assert html.is_file(), page
+
+
+def test_no_page_cites_an_internal_issue_number() -> None:
+    # The pages are read by users (also at /docs/guide), who cannot look the project's issues up.
+    found = [f"{page.relative_to(REPO)}: {m[0]!r}" for page in [REPO / "README.md", *DOCS.rglob("*.md")]
+             for m in ISSUE_NUMBER.finditer(page.read_text(encoding="utf-8"))]
+    assert not found, "\n".join(found)
 
 
 def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
