@@ -202,12 +202,12 @@ def test_a_handler_that_ignores_its_axis_is_caught() -> None:
     wrong: dict[str, dict[str, Handler | str]] = {"search degrees": search}
     assert checklist_gaps(wrong, MESH_AXES) == []  # it reads tp (world / tp): a fair entry
     wrong["search degrees"]["tp"] = ("planner/enumeration.py", "hybrid_shard_sizes_missing")
-    wrong["search degrees"]["dp_shard"] = ("contract/mesh.py", "Mesh.shard_link")
-    wrong["search degrees"]["dp_replicate"] = ("contract/mesh.py", "Mesh.shard_link")
+    wrong["search degrees"]["dp_shard"] = ("contract/mesh.py", "Mesh.expert_shards")
+    wrong["search degrees"]["dp_replicate"] = ("contract/mesh.py", "Mesh.expert_shards")
     gaps = checklist_gaps(wrong, MESH_AXES)
     assert any("has no function hybrid_shard_sizes_missing" in gap for gap in gaps)
-    assert any("Mesh.shard_link never reads 'dp_replicate'" in gap for gap in gaps)
-    assert not any("Mesh.shard_link never reads 'dp_shard'" in gap for gap in gaps)  # via fsdp_shards
+    assert any("Mesh.expert_shards never reads 'dp_replicate'" in gap for gap in gaps)
+    assert not any("Mesh.expert_shards never reads 'dp_shard'" in gap for gap in gaps)  # via fsdp_shards
 
 
 NEW_AXIS = """    Axis(
