@@ -343,7 +343,7 @@ TRAIN = render.Entry(
     script="launch.sh",
     module="torchtitan.train",
     args=f"--module {JOB_MODULE} --config {JOB_FUNCTION}",
-    usage="./launch.sh [torchtitan options]   e.g. ./launch.sh --hf_assets_path ./assets/hf/Llama-3.1-8B "
+    usage="./launch.sh [torchtitan options]   e.g. ./launch.sh --hf_assets_path ./assets/hf/<model> "
           "--training.steps 1000",
     resumable=False,
     example_options="--hf_assets_path /shared/tokenizer --training.steps 1000",
