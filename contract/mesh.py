@@ -23,7 +23,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-LinkClass = Literal["intra", "inter"]
+from contract.topology import LinkClass as LinkClass
+from contract.topology import span_link
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -472,27 +473,27 @@ class Mesh:
         chunks = [str(e.sequence_chunks) for e in split if e.sequence_chunks > 1]
         return " x ".join([*chunks, *(f"{e.name} {self.degree(e.name)}" for e in split)]) or "1"
 
-    def shard_link(self, gpus_per_node: int) -> LinkClass:
-        """The link FSDP's all-gathers and reduce-scatters cross: a shard group strides over the tp
-        ranks, so it stays in a node while dp_shard x cp x tp GPUs fit in one."""
-        return "intra" if self.fsdp_shards * self.tp <= gpus_per_node else "inter"
+    def shard_link(self, domain_gpus: int) -> LinkClass:
+        """The link FSDP's all-gathers and reductions cross: a shard group strides over the tp ranks,
+        so it spans dp_shard x cp x tp consecutive ranks (contract/topology.py `span_link`, on
+        scale-up domains of `domain_gpus`)."""
+        return span_link(self.fsdp_shards * self.tp, domain=domain_gpus, world=self.world_size)
 
-    def context_link(self, gpus_per_node: int) -> LinkClass:
+    def context_link(self, domain_gpus: int) -> LinkClass:
         """The link the context-parallel all-gathers cross: a cp group is cp x tp consecutive ranks
-        (tp innermost), inside a node while they fit in one."""
-        return "intra" if self.sequence_ranks <= gpus_per_node else "inter"
+        (tp innermost)."""
+        return span_link(self.sequence_ranks, domain=domain_gpus, world=self.world_size)
 
-    def expert_link(self, gpus_per_node: int) -> LinkClass:
+    def expert_link(self, domain_gpus: int) -> LinkClass:
         """The link the expert-parallel all-to-alls cross: an ep group is carved out of the shard group,
-        which strides over the tp ranks, so it spans ep x tp consecutive ranks, inside a node while
-        they fit in one."""
-        return "intra" if self.ep * self.tp <= gpus_per_node else "inter"
+        which strides over the tp ranks, so it spans ep x tp consecutive ranks."""
+        return span_link(self.ep * self.tp, domain=domain_gpus, world=self.world_size)
 
-    def pipeline_link(self, gpus_per_node: int) -> LinkClass:
+    def pipeline_link(self, domain_gpus: int) -> LinkClass:
         """The link the pipeline's slowest point-to-point send crosses: stages are the outermost
-        blocks of `stage_ranks` ranks, so some neighbours sit on different nodes unless the whole
+        blocks of `stage_ranks` ranks, so some neighbours sit in different domains unless the whole
         pipeline fits in one."""
-        return "intra" if self.world_size <= gpus_per_node else "inter"
+        return span_link(self.world_size, domain=domain_gpus, world=self.world_size)
 
     def shown_axes(self) -> tuple[Axis, ...]:
         """The axes a description names, outermost first: optional ones only above 1."""

@@ -39,14 +39,17 @@ recomputed (the first ones): a few, so that the search stays as fast; `predict` 
 
 def hybrid_shard_sizes(dp: int, gpus_per_node: int, *, tp: int = 1) -> list[int]:
     """Shard-group sizes for a 2-D data-parallel mesh of `dp` ranks (each a `tp`-wide group):
-    divisors of dp strictly between 1 and dp whose groups line up with nodes (dp_shard x tp ranks
-    divide the node, or are a whole number of nodes), of the form 2^k or 3 x 2^k.
+    divisors of dp strictly between 1 and dp whose groups line up with nodes (`gpus_per_node`: the
+    scale-up domain; dp_shard x tp ranks divide it, or are a whole number of them), of the form 2^k or
+    3 x 2^k, or a whole domain.
 
     Only those forms are tried (about 2 log2(dp) candidates), never every number below dp: dp is
     the cluster's size, and the pre-check's advice runs it for many clusters (planner/precheck.py)."""
     candidates = {
         base << k for base in (1, 3) for k in range(dp.bit_length()) if 1 < base << k < dp
     }
+    if gpus_per_node % tp == 0 and 1 < gpus_per_node // tp < dp:
+        candidates.add(gpus_per_node // tp)  # a whole domain of another form (72 GPUs of an NVL72)
     return sorted(
         s
         for s in candidates
@@ -71,7 +74,7 @@ def pin_problems(request: PlanRequest, name: str, degree: int) -> list[str]:
     carved = {entry.carved_from[0]: degree} if entry.carved_from else {}
     return axis_problems(
         entry, Mesh(**{name: degree, **carved}), model=request.model, training=request.training,
-        gpus_per_node=request.cluster.gpus_per_node,
+        gpus_per_node=request.cluster.scaleup_gpus,
     )
 
 
@@ -103,7 +106,7 @@ def tensor_parallel_degrees(request: PlanRequest) -> list[int]:
     if pinned is None:
         if request.model.architecture != "llama":
             return [1]
-        node = request.cluster.gpus_per_node
+        node = request.cluster.scaleup_gpus
         return [tp for tp in (2**i for i in range(0, 8)) if tp <= node and splits_model(request, tp)]
     return sorted(set(pinned))
 
@@ -309,7 +312,7 @@ def check_mesh(request: PlanRequest, sharding: str, mesh: Mesh) -> None:
         problem = "no_shard replicates: dp_shard must be 1"
     if problem:
         raise PlanningError(f"config.mesh: {problem}", field="config")
-    model, training, gpus_per_node = request.model, request.training, request.cluster.gpus_per_node
+    model, training, gpus_per_node = request.model, request.training, request.cluster.scaleup_gpus
     for problem in mesh_problems(mesh, model, training, gpus_per_node=gpus_per_node):
         if problem.startswith("config.mesh."):  # the sequence's own limit is the pre-check's
             raise PlanningError(problem, field="config")
@@ -346,7 +349,7 @@ def data_parallel_meshes(
         if sharding == "hybrid_shard":
             meshes = [
                 Mesh(pp=pp, dp_replicate=dp // s, dp_shard=s, cp=cp, tp=tp)
-                for s in hybrid_shard_sizes(dp, request.cluster.gpus_per_node, tp=tp * cp)
+                for s in hybrid_shard_sizes(dp, request.cluster.scaleup_gpus, tp=tp * cp)
             ]
         elif sharding == "no_shard":
             meshes = [Mesh(pp=pp, dp_replicate=dp, cp=cp, tp=tp)]
@@ -367,7 +370,8 @@ def mesh_expert_degrees(request: PlanRequest, mesh: Mesh, degrees: list[int]) ->
     fit = [ep for ep in degrees if mesh.fsdp_shards % ep == 0]
     if request.search.expert_parallel_degrees is not None or len(fit) <= 1:
         return fit
-    node = [ep for ep in fit if ep * mesh.tp <= request.cluster.gpus_per_node]
+    domain = request.cluster.scaleup_gpus
+    node = [ep for ep in fit if replace(mesh, ep=ep).expert_link(domain) == "intra"]
     return sorted({1, max(node, default=1), max(fit)})
 
 

@@ -43,4 +43,5 @@ def build_setting(
         seq_len=request.training.seq_len,
         global_batch_sequences=request.training.global_batch_sequences,
         state_dtype=request.training.state_dtype,
+        scaleup_gpus=cluster.scaleup_gpus,
     )

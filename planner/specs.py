@@ -49,18 +49,21 @@ from planner.bounds import (
     MAX_LINK_OVERRIDE_GBPS,
     MAX_MICRO_BATCH,
     MAX_NODES,
+    MAX_SCALEUP_DOMAIN_GPUS,
     MAX_SEQ_LEN,
     MAX_UNIT_PARAMS,
     MIN_DEVICE_MEMORY_GIB,
     MIN_LINK_GBPS,
 )
 from planner.catalog.gpus import GPU_CATALOG, resolve_gpu
+from planner.errors import UnknownCatalogEntryError
 from planner.gpu_spec import GpuSpec
 
 PositiveInt = Annotated[int, Field(ge=1)]
 Dimension = Annotated[int, Field(ge=1, le=MAX_DIMENSION)]
 NodeCount = Annotated[int, Field(ge=1, le=MAX_NODES)]
 GpusPerNode = Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)]
+ScaleupDomainGpus = Annotated[int, Field(ge=1, le=MAX_SCALEUP_DOMAIN_GPUS)]
 LinkOverrideGbps = Annotated[float, Field(ge=MIN_LINK_GBPS, le=MAX_LINK_OVERRIDE_GBPS, allow_inf_nan=False)]
 SeqLen = Annotated[int, Field(ge=1, le=MAX_SEQ_LEN)]
 GlobalBatchTokens = Annotated[int, Field(ge=1, le=MAX_GLOBAL_BATCH_TOKENS)]
@@ -261,7 +264,8 @@ PowerLimitW = Annotated[float, Field(ge=10, le=1e5, allow_inf_nan=False)]
 
 
 class ClusterSpec(StrictModel):
-    """The GPUs to train on: nodes x GPUs per node of one GPU type."""
+    """The GPUs to train on: nodes (hosts) x GPUs per node of one GPU type, in scale-up domains
+    (NVLink, Infinity Fabric) of one host or of several (`scaleup_domain_gpus`)."""
 
     num_nodes: NodeCount = 1
     """Number of machines."""
@@ -274,9 +278,16 @@ class ClusterSpec(StrictModel):
     gpu: Annotated[str, Field(min_length=1, max_length=64)]
     """GPU type: a catalog name or alias (`H100`, `A100-80GB`, `cpu`, ...)."""
     intra_node_bandwidth_gbps: LinkOverrideGbps | None = None
-    """Override of the per-GPU intra-node link bandwidth in GB/s (default: the GPU catalog's)."""
+    """Override of the per-GPU scale-up link bandwidth (NVLink, Infinity Fabric) inside a scale-up
+    domain, GB/s (default: the GPU catalog's)."""
     inter_node_bandwidth_gbps: LinkOverrideGbps | None = None
-    """Override of the per-GPU network bandwidth in GB/s (default: the GPU catalog's NIC)."""
+    """Override of the per-GPU scale-out network bandwidth between scale-up domains, GB/s (default:
+    the GPU catalog's NIC; a node's is this x gpus_per_node)."""
+    scaleup_domain_gpus: ScaleupDomainGpus | None = None
+    """GPUs joined by one scale-up fabric (NVLink, Infinity Fabric), a whole number of nodes: 72 for
+    a GB200 NVL72 rack of 18 nodes of 4. Collectives whose groups stay inside one run at the scale-up
+    bandwidth, the others over the network (contract/topology.py). None: the GPU type's system
+    (`scaleup_domain_gpus` in the catalog: 72 for GB200 and GB300), else one node."""
 
     gpu_memory_gib: DeviceMemoryGib | None = None
     """Memory per GPU usable by the framework, GiB, where the cards are another size than the GPU
@@ -304,13 +315,37 @@ class ClusterSpec(StrictModel):
             raise ValueError(f"must be the custom GPU's name {custom.name!r} (it is {value!r})")
         return value
 
+    @model_validator(mode="after")
+    def _whole_hosts_per_domain(self) -> ClusterSpec:
+        domain = self.scaleup_domain_gpus
+        if domain is not None and domain % self.gpus_per_node:
+            whole = max(1, domain // self.gpus_per_node) * self.gpus_per_node
+            raise ValueError(
+                f"scaleup_domain_gpus: {domain} is not a whole number of {self.gpus_per_node}-GPU nodes "
+                f"(a node's GPUs share one fabric); use a multiple of gpus_per_node such as {whole}"
+            )
+        return self
+
     @model_serializer(mode="wrap")
     def _omit_catalog_gpu(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Clusters of catalog GPUs serialise (and so hash) as before custom GPUs existed.
+        # Clusters of catalog GPUs, and of the GPU type's own domains, serialise (and so hash) as
+        # before custom GPUs and scale-up domains existed.
         data = handler(self)
-        if data.get("custom_gpu") is None:
-            data.pop("custom_gpu", None)
+        for name in ("custom_gpu", "scaleup_domain_gpus"):
+            if data.get(name) is None:
+                data.pop(name, None)
         return data
+
+    @property
+    def scaleup_gpus(self) -> int:
+        """GPUs per scale-up domain: `scaleup_domain_gpus`, else the GPU type's domain where it is a
+        whole number of these nodes, else one node."""
+        if self.scaleup_domain_gpus is not None:
+            return self.scaleup_domain_gpus
+        typical = self.resolved_gpu().scaleup_domain_gpus
+        if typical and typical > self.gpus_per_node and typical % self.gpus_per_node == 0:
+            return typical
+        return self.gpus_per_node
 
     def resolved_gpu(self) -> GpuSpec:
         """The GPU's datasheet figures: the custom spec, or the catalog entry `gpu` names."""
@@ -322,6 +357,16 @@ class ClusterSpec(StrictModel):
     @property
     def world_size(self) -> int:
         return self.num_nodes * self.gpus_per_node
+
+    def text(self, *, num_nodes: int | None = None) -> str:
+        """The cluster as `--cluster` reads it back (with `num_nodes` nodes instead, for advice about
+        other sizes): `NODESxGPUSxGPU`, or `DOMAINSxGPUSxGPU` where a scale-up domain of its own
+        spans nodes (`4x64xGB200`)."""
+        nodes = self.num_nodes if num_nodes is None else num_nodes
+        domain, gpus = self.scaleup_domain_gpus, nodes * self.gpus_per_node
+        if domain is not None and domain > self.gpus_per_node and gpus % domain == 0:
+            return f"{gpus // domain}x{domain}x{self.gpu}"
+        return f"{nodes}x{self.gpus_per_node}x{self.gpu}"
 
     def ranks(self) -> str:
         """`16 GPUs`, or `2 CPU processes` on the `cpu` device, whose ranks are no GPUs."""
@@ -338,7 +383,10 @@ class ClusterSpec(StrictModel):
         return cls.model_validate(cluster_fields(text))
 
 
-CLUSTER_FORMAT = "NODESxGPUSxGPU, e.g. 1x8xH100 or 4x8xA100-80GB (GPUSxGPU, e.g. 8xH100, for one node)"
+CLUSTER_FORMAT = (
+    "NODESxGPUSxGPU, e.g. 1x8xH100 or 4x8xA100-80GB (GPUSxGPU, e.g. 8xH100, for one node; for GPUs whose "
+    "NVLink domain spans nodes, DOMAINSxGPUSxGPU: 4x72xGB200 is four NVL72 racks)"
+)
 CLUSTER_PATTERN = r"^(?:([0-9]+)[xX])?([0-9]+)[xX]([A-Za-z][A-Za-z0-9._-]*)$"
 """The cluster text, as a regular expression both Python and JSON Schema (ECMA-262) read alike (ASCII
 digits only: `int` would read other scripts' digits too). Nothing around it, not even a newline: Python
@@ -363,12 +411,13 @@ def whole_number_pattern(high: int) -> str:
 
 
 CLUSTER_SCHEMA_PATTERN = (
-    rf"^(?:{whole_number_pattern(MAX_NODES)}[xX])?{whole_number_pattern(MAX_GPUS_PER_NODE)}[xX]"
+    rf"^(?:{whole_number_pattern(MAX_NODES)}[xX])?{whole_number_pattern(MAX_SCALEUP_DOMAIN_GPUS)}[xX]"
     r"([A-Za-z][A-Za-z0-9._-]*)$"
 )
 """The cluster text as the API's JSON schema states it: CLUSTER_PATTERN with the counts' bounds written
-out (1 to MAX_NODES nodes, 1 to MAX_GPUS_PER_NODE GPUs per node), so that a schema-valid string is
-refused only for what no schema can state (which GPU names the catalog knows). The text itself is read
+out (1 to MAX_NODES nodes, 1 to MAX_SCALEUP_DOMAIN_GPUS GPUs per node or scale-up domain), so that a
+schema-valid string is refused only for what no schema can state (which GPU names the catalog knows,
+and whose domains span nodes). The text itself is read
 with CLUSTER_PATTERN, so that a count out of bounds is refused naming the bound."""
 MAX_CLUSTER_TEXT = 80
 """Longer than any cluster written as text (and than the API's cluster strings)."""
@@ -392,7 +441,23 @@ def cluster_fields(text: str) -> dict[str, Any]:
             loc=(), input=text,
         )])
     nodes, gpus, gpu = match.groups()
-    return {"num_nodes": int(nodes or 1), "gpus_per_node": int(gpus), "gpu": gpu}
+    return _domains_as_nodes(num_nodes=int(nodes or 1), gpus=int(gpus), gpu=gpu)
+
+
+def _domains_as_nodes(*, num_nodes: int, gpus: int, gpu: str) -> dict[str, Any]:
+    """`{num_nodes, gpus_per_node, gpu}` as written, except for a catalog GPU whose scale-up domain
+    spans several nodes (GB200 NVL72: nodes of 4 in domains of 72) written with more GPUs than its
+    node holds: that count is a domain's, as racks are sold (`4x72xGB200` is 72 nodes of 4 in four
+    72-GPU domains, `scaleup_domain_gpus` left to the catalog's default where it is that)."""
+    try:
+        spec = resolve_gpu(gpu)
+    except UnknownCatalogEntryError:
+        spec = None  # ClusterSpec refuses it, naming the known GPUs
+    host = spec.default_gpus_per_node if spec else gpus
+    if spec is None or not spec.scaleup_domain_gpus or gpus <= host or gpus % host:
+        return {"num_nodes": num_nodes, "gpus_per_node": gpus, "gpu": gpu}
+    domain = {} if gpus == spec.scaleup_domain_gpus else {"scaleup_domain_gpus": gpus}
+    return {"num_nodes": num_nodes * (gpus // host), "gpus_per_node": host, "gpu": gpu, **domain}
 
 
 _TRAINING_BOUNDS: dict[str, Any] = {

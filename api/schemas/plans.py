@@ -40,6 +40,7 @@ from planner.specs import (
     LinkOverrideGbps,
     NodeCount,
     PowerLimitW,
+    ScaleupDomainGpus,
     SearchSpace,
     SeqLen,
     cluster_fields,
@@ -104,6 +105,10 @@ class ClusterIn(StrictBody):
     """Override of the per-GPU intra-node link bandwidth, GB/s."""
     inter_node_bandwidth_gbps: LinkOverrideGbps | None = None
     """Override of the per-GPU network bandwidth, GB/s."""
+    scaleup_domain_gpus: ScaleupDomainGpus | None = None
+    """GPUs one NVLink or Infinity Fabric domain joins, a whole number of nodes (72 for a GB200 NVL72
+    rack of 18 nodes of 4); default: the GPU type's system (`scaleup_domain_gpus` in GET /api/v1/gpus),
+    else one node."""
     gpu_memory_gib: DeviceMemoryGib | None = None
     """Memory per GPU usable by the framework, GiB, for cards of another size than the GPU type's
     (scaled from the sold size by the type's usable share); default: the GPU type's."""

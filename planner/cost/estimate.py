@@ -8,11 +8,11 @@ collective layout (planner/cost/layout.py).
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from contract.mesh import LinkClass
+from contract.topology import domains_spanned
 from planner.cost.expert_dispatch import dispatch_bytes_per_token
 from planner.cost.gemm import attention_scale, matmul_seconds
 from planner.cost.layout import CommLayout, LayoutBuilder
@@ -261,8 +261,8 @@ def context_parallel_seconds(setting: Setting, choice: Choice, unit: UnitCost, *
     if cp == 1 or not unit.kv_elems:
         return 0.0
     nbytes = unit.kv_elems * tokens * cp * setting.act_bytes
-    link = choice.mesh.context_link(setting.gpus_per_node)
-    rails = max(1, min(cp, setting.gpus_per_node // choice.mesh.tp))
+    link = choice.mesh.context_link(setting.domain_gpus)
+    rails = max(1, min(cp, setting.domain_gpus // choice.mesh.tp))
     return _collective(setting.params, link, nbytes, cp, rails=rails)
 
 
@@ -273,7 +273,7 @@ def expert_parallel_seconds(setting: Setting, choice: Choice, unit: UnitCost, *,
     planner/cost/expert_dispatch.py's: top-k copies of its hidden state (`copies`), or one per rank
     and one per node its experts sit on (`deduplicated`, DeepEP-class kernels). Of each rank's send
     buffer the (ep - 1) / ep not bound for its own experts crosses the links the group spans
-    (`Mesh.expert_link`: NVLink while ep x tp ranks fit in a node, else the network), priced like the
+    (`Mesh.expert_link`: NVLink while ep x tp ranks tile a scale-up domain, else the network), priced like the
     other collectives (`_collective`: latency plus the bytes leaving the rank over the bandwidth);
     deduplicated across nodes, the network carries one copy per node while NVLink fans them out,
     the two pipelined (the slower sets the pace). Exposed, like the tensor-parallel collectives: the
@@ -291,10 +291,10 @@ def expert_parallel_seconds(setting: Setting, choice: Choice, unit: UnitCost, *,
         dispatch=p.expert_dispatch,
         placement=p.expert_placement,
     )
-    link = choice.mesh.expert_link(setting.gpus_per_node)
+    link = choice.mesh.expert_link(setting.domain_gpus)
     if p.expert_dispatch == "copies" or link == "intra":
         return 2 * _collective(p, link, tokens * sent(groups=ep), ep)
-    nodes = math.ceil(ep * choice.mesh.tp / setting.gpus_per_node)
+    nodes = domains_spanned(ep * choice.mesh.tp, domain=setting.domain_gpus)
     nvlink = _collective(p, "intra", tokens * sent(groups=ep), ep)
     network = _collective(p, "inter", tokens * sent(groups=nodes), nodes)
     return 2 * max(nvlink, network)
@@ -364,13 +364,13 @@ def _collectives(
     mesh = choice.mesh
     rb = choice.reduce_bytes
     shard, replicas = mesh.fsdp_shards, mesh.dp_replicate  # FSDP shards over dp_shard x cp
-    shard_link: LinkClass = mesh.shard_link(setting.gpus_per_node)
-    replica_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"
-    world_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"
+    shard_link: LinkClass = mesh.shard_link(setting.domain_gpus)
+    # Replicas are the outermost axis: their groups span the whole cluster.
+    replica_link = world_link = mesh.pipeline_link(setting.domain_gpus)
 
     # Ranks of each group on one node (the mesh is replicas x shards x cp x tp, tp innermost; FSDP's
     # shard group is dp_shard x cp).
-    per_node = setting.gpus_per_node
+    per_node = setting.domain_gpus  # each GPU of a domain has its own NIC: a rail
     shard_rails = max(1, min(shard, per_node // mesh.tp))
     replica_rails = max(1, per_node // (shard * mesh.tp))
     world_rails = max(1, per_node // mesh.tp)
@@ -585,7 +585,7 @@ def point_to_point_seconds(setting: Setting, choice: Choice) -> float:
     p, mesh = setting.params, choice.mesh
     hidden = setting.model.head.input_elems  # the hidden size: what a block hands the next
     nbytes = choice.micro_batch_size * setting.seq_len * hidden * setting.act_bytes / mesh.tp
-    link = p.links[mesh.pipeline_link(setting.gpus_per_node)]
+    link = p.links[mesh.pipeline_link(setting.domain_gpus)]
     return link.latency(2) + nbytes / link.bandwidth
 
 
@@ -604,7 +604,7 @@ def pipeline_exposed_p2p(chunk: ChunkTimes, send_s: float, choice: Choice) -> fl
 def _outside_the_timeline(setting: Setting, choice: Choice) -> tuple[float, float]:
     """(optimizer step, framework overhead) seconds per step: around the micro-batches' timeline."""
     p = setting.params
-    world_link: LinkClass = "inter" if setting.num_nodes > 1 else "intra"
+    world_link = choice.mesh.pipeline_link(setting.domain_gpus)  # the whole cluster's span
     local_params = setting.model.rank_params / choice.mesh.fsdp_shards
     # The update reads and writes the parameters, gradients and states in their dtype (the traffic
     # per parameter is priced for fp32: pure bf16 moves half of it).

@@ -219,6 +219,14 @@ class Setting:
     state_dtype: StateDType = "float32"
     """What the optimizer updates (contract/training_config.py): fp32 master parameters, gradients
     and states, or all of them in bf16 (pure bf16 training)."""
+    scaleup_gpus: int = 0
+    """GPUs per scale-up domain (ClusterSpec.scaleup_gpus: 72 on GB200 NVL72); 0: the host."""
+
+    @property
+    def domain_gpus(self) -> int:
+        """GPUs one scale-up domain joins: what decides which link each group's collectives cross
+        (contract/topology.py)."""
+        return self.scaleup_gpus or self.gpus_per_node
 
     @property
     def param_bytes(self) -> int:
