@@ -367,8 +367,7 @@ def _smallest_keeping_batch(prober: Prober, tokens: int, *, at_least: int) -> Pr
 
 
 def cluster_name(request: PlanRequest, nodes: int) -> str:
-    c = request.cluster
-    return f"{nodes}x{c.gpus_per_node}x{c.gpu}"
+    return request.cluster.text(num_nodes=nodes)
 
 
 def _gpus(request: PlanRequest, nodes: int) -> str:
