@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from api.app import create_app
+from api.cli.commands import COMMANDS
 from api.docs import GUIDE_PATH
 from api.settings import Settings
 from tests.api.test_user_messages import ISSUE_NUMBER
@@ -34,6 +35,11 @@ def test_every_page_is_built_and_in_the_nav(built_site: Path) -> None:
     for page in pages:
         html = built_site / re.sub(r"(index)?\.md$", "", page) / "index.html"
         assert html.is_file(), page
+
+
+def test_the_command_line_page_lists_every_command() -> None:
+    listed = re.findall(r"^\| `([a-z-]+)` \|", (DOCS / "cli.md").read_text(encoding="utf-8"), re.MULTILINE)
+    assert listed == [entry.name for entry in COMMANDS]
 
 
 def test_no_page_cites_an_internal_issue_number() -> None:
