@@ -131,7 +131,14 @@ def check_config(
         planned = hf_moe.planned(model, field)
         if not _same(value, planned):
             problems.append(f"{key} is {value!r}, the plan's model.{field} is {planned!r}")
-    problems += _unsupported(config, arch, model, seq_len=seq_len)
+    unsupported = _unsupported(config, arch, model, seq_len=seq_len)
+    if unsupported and not problems:
+        # Planning again from this config.json would not help: the runtime computes these otherwise.
+        raise WeightsError(
+            f"{where}: not supported by the runtime's model, which would compute it differently from "
+            "how it was trained: " + "; ".join(unsupported)
+        )
+    problems += unsupported
     if problems:
         raise WeightsError(
             f"{where} does not match the plan's model {model.name!r}: " + "; ".join(problems) + ". Make "
