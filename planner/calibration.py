@@ -11,7 +11,7 @@ import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -47,6 +47,8 @@ MAX_STEP_SAMPLES = 64
 """Timed steps accepted, and their deepest cut of the model: the profiler times about ten steps of 1
 to 4 blocks, and the fit prices every step some hundred times at a cost that grows with its depth, so
 these bound one upload's fitting to seconds."""
+FLOAT8_GEMM_DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz")
+"""The encodings of the tensorwise float8 GEMM a profile times (OCP e4m3, and AMD MI300's fnuz)."""
 MAX_PROFILE_MODEL_LAYERS = 1_000_000
 """The profile's model is only read for one block's costs, but building it is linear in its depth."""
 
@@ -71,7 +73,11 @@ class HardwareFingerprint(ProfileModel):
     """How devices in a node connect (e.g. `NV18`, `PCIe`, `shm`)."""
     torch_version: Annotated[str, Field(max_length=100)]
     cuda_version: Annotated[str, Field(max_length=100)] | None = None
+    """The CUDA torch was built for (None on a ROCm build)."""
+    hip_version: Annotated[str, Field(max_length=100)] | None = None
+    """The HIP (ROCm) torch was built for (None on a CUDA build, and in profiles before 2026-11-28)."""
     nccl_version: Annotated[str, Field(max_length=100)] | None = None
+    """NCCL's version, or on ROCm the NCCL version RCCL implements."""
 
 
 class MatmulSample(ProfileModel):
@@ -80,9 +86,9 @@ class MatmulSample(ProfileModel):
     m: Count
     n: Count
     k: Count
-    dtype: Literal["bfloat16", "float32", "float16", "float8_e4m3fn"]
+    dtype: Literal["bfloat16", "float32", "float16", "float8_e4m3fn", "float8_e4m3fnuz"]
     """`float8_e4m3fn`: the tensorwise-scaled float8 GEMM (`torch._scaled_mm`, bf16 out), timed on GPUs
-    with float8 tensor cores."""
+    with float8 tensor cores; `float8_e4m3fnuz` the same GEMM in the encoding MI300-series GPUs take."""
     seconds: KernelSeconds
     """At most 100 PFLOP/s (2·m·n·k / seconds)."""
 
@@ -276,7 +282,11 @@ class CalibrationProfile(ProfileModel):
     def content_id(self) -> str:
         """A stable id from the measurements themselves (`profile-<12 hex>`)."""
         # A field added later is left out while unset, so an older profile keeps its id.
-        unset = {"allocator_config"} if self.allocator_config is None else set()
+        unset: dict[str, Any] = {}
+        if self.allocator_config is None:
+            unset["allocator_config"] = True
+        if self.fingerprint.hip_version is None:
+            unset["fingerprint"] = {"hip_version"}
         digest = hashlib.sha256(self.model_dump_json(exclude=unset).encode()).hexdigest()
         return f"profile-{digest[:12]}"
 
@@ -481,7 +491,7 @@ def _fit(
         changes["matmul_efficiency"] = ceiling or min(1.0, 1.0 / (seconds_per_flop * base.peak_flops))
         changes["matmul_overhead_s"] = overhead
         changes["gemm_points"] = points
-        float8 = _fit_line([(s.flops, s.seconds) for s in profile.matmul if s.dtype == "float8_e4m3fn"])
+        float8 = _fit_line([(s.flops, s.seconds) for s in profile.matmul if s.dtype in FLOAT8_GEMM_DTYPES])
         if float8 is not None and base.fp8_peak_flops and precision == "bf16":
             # The measured float8 GEMM rate against the measured bf16 one, as a share of the 2x the
             # peaks allow: what FLOAT8_GEMM_EFFICIENCY states for tensorwise from the corpus.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from executor.runtime.float8 import device_supports
+from executor.profile.device import float8_gemm_dtype
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}
 # torch 2.13 renamed the tensor collectives and warns (FutureWarning) on every call of the old names;
@@ -108,8 +108,10 @@ def float8_matmul_samples(
     scale each, bf16 out) for each shape, smallest first, until the budget ends; none where the device
     has no float8 tensor cores. Shapes whose sides are not multiples of 16 are skipped (the kernel
     refuses them, and the planner's filter never converts such layers)."""
-    if not (hasattr(torch, "_scaled_mm") and device_supports(device, "tensorwise")):
+    fp8 = float8_gemm_dtype(device)  # e4m3; on MI300-series GPUs its fnuz encoding
+    if fp8 is None:
         return []
+    name = str(fp8).removeprefix("torch.")
     samples = []
     one = torch.ones((), device=device, dtype=torch.float32)
     for m, n, k in sorted(set(shapes), key=lambda s: s[0] * s[1] * s[2]):
@@ -117,14 +119,14 @@ def float8_matmul_samples(
             break
         if m % 16 or n % 16 or k % 16:
             continue
-        a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
-        b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()  # column-major, as cuBLASLt wants
+        a = torch.randn(m, k, device=device).to(fp8)
+        b = torch.randn(n, k, device=device).to(fp8).t()  # column-major, as cuBLASLt and hipBLASLt want
         seconds = time_call(
             lambda a=a, b=b: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
             device,
         )
-        samples.append({"m": m, "n": n, "k": k, "dtype": "float8_e4m3fn", "seconds": seconds})
-        on_sample(f"matmul {m}x{k}x{n} float8_e4m3fn")
+        samples.append({"m": m, "n": n, "k": k, "dtype": name, "seconds": seconds})
+        on_sample(f"matmul {m}x{k}x{n} {name}")
         del a, b
     return samples
 

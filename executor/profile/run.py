@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from contract.calibration_profile import PROFILE_SCHEMA_VERSION
+from executor.profile.device import catalog_gpu, runtime_versions
 from executor.profile.measure import (
     Budget,
     bandwidth_samples,
@@ -43,13 +44,6 @@ PHASES = {
     "blocks": 0.15,
     "steps": 0.45,
 }
-KNOWN_GPUS = (
-    ("H200", "H200-141GB"),
-    ("H100", "H100-SXM-80GB"),
-    ("A100", "A100-80GB"),
-    ("L4", "L4"),
-    ("B200", "B200"),
-)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -177,7 +171,7 @@ def fingerprint(device: torch.device, backend: str, local_world: int) -> dict:
         "backend": backend,
         "link_class": link,
         "torch_version": torch.__version__,
-        "cuda_version": torch.version.cuda,
+        **runtime_versions(),
         "nccl_version": nccl,
     }
 
@@ -197,13 +191,6 @@ def memory_capacity(device: torch.device) -> tuple[int | None, int | None]:
     if dist.is_initialized():
         dist.all_reduce(both, op=dist.ReduceOp.MIN)
     return int(both[0].item()), int(both[1].item())
-
-
-def catalog_gpu(device: torch.device) -> str | None:
-    if device.type != "cuda":
-        return "cpu"
-    name = torch.cuda.get_device_name(device)
-    return next((catalog for key, catalog in KNOWN_GPUS if key in name), None)
 
 
 def model_shapes(

@@ -55,9 +55,9 @@ async def test_without_gpu_the_catalog_gpu_comes_from_the_device_name(
 async def test_without_gpu_an_unknown_device_is_refused_naming_the_field(client: httpx.AsyncClient) -> None:
     profile = cpu_profile()
     del profile["gpu"]
-    profile["fingerprint"] = {**profile["fingerprint"], "device_name": "NVIDIA L40S"}
+    profile["fingerprint"] = {**profile["fingerprint"], "device_name": "NVIDIA RTX 6000 Ada Generation"}
     problem = assert_problem(await client.post(CALIBRATIONS, json=profile), 422, "invalid-calibration")
-    assert "'NVIDIA L40S'" in problem["detail"] and "set `gpu`" in problem["detail"]
+    assert "'NVIDIA RTX 6000 Ada Generation'" in problem["detail"] and "set `gpu`" in problem["detail"]
     assert problem["errors"][0]["field"] == "gpu"
     assert (await client.get(CALIBRATIONS)).json()["items"] == []
 
