@@ -368,6 +368,12 @@ class ClusterSpec(StrictModel):
             return f"{gpus // domain}x{domain}x{self.gpu}"
         return f"{nodes}x{self.gpus_per_node}x{self.gpu}"
 
+    def domains(self) -> str:
+        """` in scale-up domains of 72` where a domain spans nodes (NVL72 racks), else nothing: what a
+        plan's headline adds after its GPUs."""
+        domain = self.scaleup_gpus
+        return f" in scale-up domains of {domain}" if domain > self.gpus_per_node else ""
+
     def ranks(self) -> str:
         """`16 GPUs`, or `2 CPU processes` on the `cpu` device, whose ranks are no GPUs."""
         what = ("CPU process", "CPU processes") if self.resolved_gpu().is_cpu else ("GPU", "GPUs")

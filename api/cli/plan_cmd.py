@@ -243,7 +243,8 @@ def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
     active = f", {quantity(p.model.active_params)} active" if p.model.active_params is not None else ""
     console.print(
         f"[bold]{p.model.name}[/] ({quantity(p.model.num_params)} params{active}) on "
-        f"{p.cluster.num_nodes}x{p.cluster.gpus_per_node} {gpu.name} ({p.cluster.ranks()}), "
+        f"{p.cluster.num_nodes}x{p.cluster.gpus_per_node} {gpu.name} "
+        f"({p.cluster.ranks()}{p.cluster.domains()}), "
         f"seq {p.training.seq_len}, {p.training.global_batch_tokens:,} tokens/step"
         + (f", {precision_label(p.training.precision, p.training.state_dtype)}"
            if p.training.state_dtype == "bfloat16" else "")

@@ -140,8 +140,8 @@ _HOPPER_VARIANTS = (
 
 # L40S datasheet (nvidia.com, "L40S"): Ada Lovelace AD102, 48 GB GDDR6 with ECC at 864 GB/s, BF16
 # 362.05 TF and FP8 733 TF dense, FP32 91.6 TF, 350 W, 142 SMs; no NVLink: PCIe Gen4 x16 at 64 GB/s
-# (both directions) between GPUs. The network is the server's: 200 Gb/s per GPU is assumed (a pair
-# of 400 Gb/s NICs per 4-GPU server), stated as a default to override.
+# (both directions) between GPUs. The network is the server's: 200 Gb/s per GPU is assumed (four
+# 400 Gb/s NICs per 8-GPU server), a default to override.
 _L40S = GpuSpec(
     name="L40S",
     aliases=("L40S-48GB",),

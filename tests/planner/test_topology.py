@@ -115,3 +115,8 @@ def test_a_cluster_is_spelt_back_as_it_reads() -> None:
         cluster = ClusterSpec.parse(text)
         assert ClusterSpec.parse(cluster.text()) == cluster
     assert ClusterSpec.parse("4x64xGB200").text(num_nodes=32) == "2x64xGB200"
+
+
+def test_a_plan_headline_names_domains_that_span_nodes() -> None:
+    assert ClusterSpec.parse("4x72xGB200").domains() == " in scale-up domains of 72"
+    assert ClusterSpec.parse("2x8xH100").domains() == ""
