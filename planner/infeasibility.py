@@ -28,9 +28,11 @@ from planner.deadline import CpuDeadline
 from planner.document import to_parallel_config
 from planner.enumeration import (
     CONTEXT_PARALLEL_FROM_SEQ_LEN,
+    MAX_CONTEXT_PARALLEL,
     context_parallel_degrees,
     enumerate_families,
     expert_parallel_degrees,
+    pin_problems,
     pipeline_parallel_degrees,
     searched_degrees,
     splitting_degrees,
@@ -440,6 +442,10 @@ def infeasible_error(
     remedy = [what_fits(request, advice) if fitting else data_parallel_cannot(request, limiting)]
     if fitting and needs_model_parallelism:
         remedy.append(_model_parallelism_would_help(request, fitting))
+    if needs_model_parallelism:
+        # Say where the parallelism named plans, checked as the search would: advice that names only
+        # an option (`--cp`) may not plan on this cluster at all (one GPU cannot split a sequence).
+        remedy.append(parallelism_that_plans(request, setting, advice.tokens, deadline=deadline))
     parts = [_why_not_here(request, here, fitting, peak_gib=peak_gib, limit_gib=limit_gib), *remedy]
     suggested = first.global_batch_sequences * request.training.seq_len if first else None
     keeps_batch = suggested == request.training.global_batch_tokens
@@ -665,3 +671,56 @@ def data_parallel_cannot(request: PlanRequest, largest: Probe) -> str:
         f"{largest.memory.total / GIB:.1f} GiB per GPU; {_unshrinkable(request, largest)}. "
         f"It needs {_beyond_the_search(request)}."
     )
+
+
+def parallelism_that_plans(
+    request: PlanRequest, setting: Setting, tokens: int, *, deadline: CpuDeadline | None = None
+) -> str:
+    """The smallest cluster on which the request plans once its search takes every degree of the
+    parallelism that splits a sequence (every context-parallel degree the sequence takes, every
+    tensor-parallel one a node allows), on nodes as wide as the request's or, where the GPU's usual
+    node is wider, as wide as that (one GPU per node leaves tensor parallelism nothing to split):
+    `... it plans on 120 GPUs: --cluster 15x8xH100 --cp 2 --tp 4`, the options to type, priced by the
+    search's own test (`advise`). Empty when none plans up to MAX_NODES_TRIED nodes, or when looking
+    passes `deadline`."""
+    found: list[tuple[int, PlanRequest, Advice]] = []
+    usual = request.cluster.resolved_gpu().default_gpus_per_node
+    for width in dict.fromkeys([request.cluster.gpus_per_node, max(usual, request.cluster.gpus_per_node)]):
+        widened = _widened(request, width)
+        prober = Prober(widened, replace(setting, gpus_per_node=width), deadline=deadline)
+        try:
+            advice = advise(prober, tokens)
+        except SearchDeadlineError:
+            return ""
+        if advice.batches:
+            found.append((advice.batches[0].num_nodes * width, widened, advice))
+    if not found:
+        return ""
+    _, widened, advice = min(found, key=lambda entry: entry[0])
+    first = advice.batches[0]
+    mesh = first.choice.mesh
+    options = [f"--cluster {cluster_name(widened, first.num_nodes)}"]
+    options += [f"{axis(name).option} {mesh.degree(name)}" for name in SEQUENCE_AXES if mesh.degree(name) > 1]
+    batch = first.global_batch_sequences * request.training.seq_len
+    if batch != tokens:
+        options.append(f"global_batch_tokens {batch}")
+    return (
+        "Searching every context- and tensor-parallel degree, it plans on "
+        f"{_gpus(widened, first.num_nodes)}: {' '.join(options)} (the lightest configuration there: "
+        f"{to_parallel_config(first.choice, widened).label()})."
+    )
+
+
+def _widened(request: PlanRequest, gpus_per_node: int) -> PlanRequest:
+    """The request on nodes of `gpus_per_node` GPUs, searching every tensor-parallel degree a node
+    allows and every context-parallel degree the model and sequence take (the search's threshold on
+    sequence length left aside: it is about speed, not about what fits)."""
+    wider = request.model_copy(
+        update={"cluster": request.cluster.model_copy(update={"gpus_per_node": gpus_per_node})}
+    )
+    powers = (2**i for i in range(MAX_CONTEXT_PARALLEL.bit_length()))
+    context = [cp for cp in powers if cp <= MAX_CONTEXT_PARALLEL and not pin_problems(wider, "cp", cp)]
+    search = request.search.model_copy(
+        update={"tensor_parallel_degrees": None, "context_parallel_degrees": context}
+    )
+    return wider.model_copy(update={"search": search})

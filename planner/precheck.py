@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from contract.mesh import Mesh, mesh_problems
+from contract.mesh import Mesh, mesh_problems, searched_axes
 from planner.bounds import MAX_GLOBAL_BATCH_TOKENS
 from planner.collector import collector_paused
 from planner.cost.setting import Setting
@@ -145,9 +145,30 @@ def batch_refusal(
     batch rounded down to whole sequences when `tokens` is not; `setting` defaults to the request's
     uncalibrated one."""
     tensor_parallel_degrees(request)  # a pin the model cannot take is refused first, with why
+    if beyond := _pins_beyond_the_cluster(request):
+        return PlanningError(beyond, field=beyond.partition(":")[0])
     with collector_paused():  # the advice probes configurations as a search does (planner/collector.py)
         advice = _what_plans(request, tokens, setting, deadline)
     return PlanningError(f"{BATCH_FIELD}: {_problem(request, tokens)}; {advice}", field=BATCH_FIELD)
+
+
+def _pins_beyond_the_cluster(request: PlanRequest) -> str:
+    """Why a pinned degree cannot run on the cluster at all (more ranks than it has GPUs), with a
+    cluster it can run on; empty when every pin fits. Said before any batch: no batch splits then,
+    and the batch is not what to change."""
+    world = request.cluster.world_size
+    for entry in searched_axes():
+        pinned = getattr(request.search, entry.search_field or "") or []
+        if entry.carved_from or not pinned or min(pinned) <= world:
+            continue
+        degree = min(pinned)
+        nodes = -(-degree // request.cluster.gpus_per_node)
+        return (
+            f"search.{entry.search_field}: {entry.name}={degree} needs {degree} GPUs ({entry.what} ranks), "
+            f"and {cluster_name(request, request.cluster.num_nodes)} has {world}; pin a degree of at most "
+            f"{world}, or plan on at least {degree} GPUs, e.g. {cluster_name(request, nodes)}"
+        )
+    return ""
 
 
 def _problem(request: PlanRequest, tokens: int) -> str:

@@ -201,3 +201,33 @@ def test_the_docs_show_the_exit_codes_of_the_code() -> None:
     assert markdown_table() in (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     codes = [entry.code for entry in EXIT_CODES]
     assert codes == sorted(set(codes))
+
+
+def advised_options(message: str) -> list[str]:
+    """The options a refusal's last advice names (`... it plans on 120 GPUs: --cluster 15x8xH100 --cp 2
+    --tp 4 --global-batch-tokens 122880 (...)`), as a person would type them."""
+    tail = message.rsplit("it plans on ", 1)[1]
+    return tail.split(": ", 1)[1].split(" (", 1)[0].split()
+
+
+def test_advice_for_a_model_one_gpu_cannot_hold_leads_to_a_plan() -> None:
+    """405B on one GPU per node: naming `--cp` alone is not advice (one GPU cannot split a sequence
+    over 8); the refusal names the cluster and degrees on which it plans, and they plan."""
+    request = ["plan", "--model", "llama3.1-405b", "--seq-len", "8192"]
+    refused = runner.invoke(app, [*request, "--cluster", "1x1xH100", "--global-batch-tokens", "65536"])
+    text = " ".join(refused.output.split())
+    assert refused.exit_code == 3, text
+    options = advised_options(text)
+    assert "--cluster" in options and "--cp" in options, text
+    followed = runner.invoke(app, [*request, *options, "--json"])
+    assert followed.exit_code == 0, " ".join(followed.output.split())
+    assert json.loads(followed.stdout)["config"]["mesh"]["cp"] > 1
+
+
+def test_a_degree_larger_than_the_cluster_says_so() -> None:
+    result = runner.invoke(app, ["plan", "--model", "llama3.1-405b", "--seq-len", "8192", "--cluster",
+                                 "1x1xH100", "--global-batch-tokens", "65536", "--cp", "8"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, text
+    assert "--cp: cp=8 needs 8 GPUs (context-parallel ranks), and 1x1xH100-SXM-80GB has 1" in text
+    assert "cannot be split evenly" not in text
