@@ -69,7 +69,10 @@ def plan(
         typer.Option("--layer-graph", help="A layer graph JSON from `fsdp-planner trace` to plan instead."),
     ] = None,
     cluster: Annotated[
-        str | None, typer.Option(help="NODESxGPUSxGPU, e.g. 1x8xH100 or 4x8xA100-80GB.")
+        str | None, typer.Option(help=(
+            "NODESxGPUSxGPU, e.g. 1x8xH100 or 4x8xA100-80GB; racks whose NVLink spans nodes as "
+            "RACKSxGPUSxGPU, e.g. 4x72xGB200."
+        ))
     ] = None,
     cluster_file: Annotated[
         Path | None,
