@@ -24,7 +24,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from contract.mesh import MODEL_PARALLEL_AXES, Mesh
+from contract.mesh import AXES, Mesh
 from planner.catalog.gpus import resolve_gpu
 from planner.gpu_spec import GpuSpec
 from planner.specs import ClusterSpec
@@ -33,8 +33,9 @@ INTERVALS_PACKAGE = "planner.fidelity"
 INTERVALS_RESOURCE = "intervals.json"
 LEVEL = 0.8
 """The intervals' nominal coverage: 4 runs in 5 measure inside them."""
-EXTRA_DIMENSIONS = MODEL_PARALLEL_AXES
-"""The mesh axes beyond data parallelism that name an interval's group (`dimension_key`)."""
+EXTRA_DIMENSIONS = tuple(axis.name for axis in AXES if not axis.data_parallel)
+"""The mesh axes beyond data parallelism that name an interval's group (`dimension_key`): the model-
+parallel ones and expert parallelism, whose all-to-alls and grouped GEMMs are errors of their own."""
 NETWORK_RANGES_GBPS_PER_NODE: dict[str, tuple[float, float]] = {
     # A100 clusters: AWS p4d.24xlarge nodes have 400 Gb/s of EFA; a DGX A100 SuperPOD 8 x 200 Gb/s
     # HDR InfiniBand (the catalog's NIC).
@@ -110,6 +111,17 @@ def dimension_key(mesh: Mesh) -> str:
     return "+".join(used) or "dp"
 
 
+EXPERT_FAMILY = "ep*"
+"""The wildcard of expert-parallel dimensions: mixture-of-experts runs form groups of their own (their
+all-to-alls and grouped GEMMs err their own way), so that their residuals neither widen nor narrow a
+dense plan's interval; `*` is the dense runs' wildcard."""
+
+
+def dimension_family(dims: str) -> str:
+    """The wildcard a `dimension_key` falls back to: `EXPERT_FAMILY` where it uses ep, else `*`."""
+    return EXPERT_FAMILY if "ep" in dims.split("+") else "*"
+
+
 @cache
 def interval_data() -> dict[str, Any]:
     """The stored quantiles, network ranges and corpus reach (planner/fidelity/intervals.json)."""
@@ -131,9 +143,11 @@ def _group(quantity: str, gpu: str | GpuSpec, mesh: Mesh) -> dict[str, Any]:
 
 def find_group(groups: Sequence[dict[str, Any]], *, gpu: str, chip: str | None, dims: str) -> dict[str, Any]:
     """The most specific of `groups` for a GPU type and its dimensions: (GPU type, dimensions), GPU
-    type, chip, dimensions, then pooled (which every calibration has)."""
+    type, chip, dimensions, their family (expert-parallel or dense: `dimension_family`), then pooled
+    (which every calibration has)."""
     by_key = {(g["gpu"], g["dims"]): g for g in groups}
-    for key in ((gpu, dims), (gpu, "*"), (f"chip:{chip}", "*"), ("*", dims), ("*", "*")):
+    family = dimension_family(dims)
+    for key in ((gpu, dims), (gpu, family), (f"chip:{chip}", family), ("*", dims), ("*", family), ("*", "*")):
         if key in by_key:
             return by_key[key]
     raise KeyError(f"{INTERVALS_RESOURCE}: no pooled group; run `fsdp-planner fidelity --write`")
@@ -244,7 +258,8 @@ def coverage_warnings(*, cluster: ClusterSpec, mesh: Mesh) -> tuple[Caveat, ...]
 
 
 __all__ = [
-    "Caveat", "Interval", "LeadUncertainty", "NetworkSpread", "coverage_warnings", "dimension_key",
+    "Caveat", "Interval", "LeadUncertainty", "NetworkSpread", "coverage_warnings", "dimension_family",
+    "dimension_key",
     "find_group", "lead_uncertainty", "memory_interval", "network_assumed", "network_range", "network_spread",
     "throughput_interval",
 ]

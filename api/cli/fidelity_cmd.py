@@ -3,7 +3,8 @@
 Prices every run of the corpus (planner/fidelity/corpus) at its exact configuration, live, and prints the
 errors per GPU type and per quantity for the fit split (in-sample and leave-one-source-out) beside the
 held-out split (sources no fit reads: planner/fidelity/split.json), per source, how many held-out runs
-the 80% interval contains, the targets the project holds itself to, and with `--runs` every run.
+the 80% interval contains, the mixture-of-experts runs apart (per source), the targets the project holds
+itself to, and with `--runs` every run.
 `--write` stores the report as the one the service serves (`GET /api/v1/fidelity`, the dashboard's
 accuracy page) and the intervals' quantiles every plan reads (planner/fidelity/intervals.json), which
 tests keep in step with the code.
@@ -216,6 +217,16 @@ def print_report(report: FidelityReport, console: Console, *, runs: bool = False
             f"80% interval: contains {c.covered} of {c.runs} held-out {c.quantity} runs ({c.fraction:.0%}), "
             "each calibrated without its own source", highlight=False,
         )
+    if report.moe_by_source:
+        console.print(_summary_table(
+            "Mixture-of-experts runs (held out; not in the summaries above)",
+            [*report.moe_by_source, *report.moe_by_quantity], "source",
+        ))
+        for c in report.moe_coverage:
+            console.print(
+                f"80% interval: contains {c.covered} of {c.runs} mixture-of-experts {c.quantity} runs "
+                f"({c.fraction:.0%})", highlight=False,
+            )
     targets = Table(title="Targets", title_justify="left")
     for column in ("target", "goal", "value", ""):
         targets.add_column(column, overflow="fold")

@@ -30,7 +30,7 @@ from planner.catalog.gpus import resolve_gpu
 from planner.cost.parameters import CorpusFit
 from planner.fidelity.fit import Prices, SourceRun
 from planner.fidelity.pricing import PricedRun, run_cluster
-from planner.uncertainty import LEVEL, dimension_key, find_group, network_range
+from planner.uncertainty import LEVEL, dimension_family, dimension_key, find_group, network_range
 
 MIN_GROUP_RUNS = 8
 MIN_GROUP_SOURCES = 2
@@ -99,7 +99,10 @@ def conformal_quantile(scores: Sequence[float], level: float = LEVEL) -> float:
 
 
 def _group_keys(r: Residual) -> list[tuple[str, str]]:
-    return [(r.gpu, r.dims), (r.gpu, "*"), (f"chip:{r.chip}", "*"), ("*", r.dims), ("*", "*")]
+    # An expert-parallel run's wildcard is its family's (`dimension_family`): it stays out of the
+    # dense runs' groups, the pooled one (a dense run's ("*", "*")) included.
+    family = dimension_family(r.dims)
+    return [(r.gpu, r.dims), (r.gpu, family), (f"chip:{r.chip}", family), ("*", r.dims), ("*", family)]
 
 
 def groups(found: Sequence[Residual]) -> list[dict[str, Any]]:

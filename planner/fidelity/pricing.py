@@ -4,8 +4,9 @@ A run becomes a `PlanRequest` and a `ParallelConfig` that `planner.search.predic
 searching. What the source's trainer did decides the engine priced (`fsdp-planner` for this project's
 own runs, `torchtitan` for FSDP trainers that wrap and optionally compile per block: torchtitan,
 and FSDP1 trainers such as fms-fsdp and llm-foundry, which wrap and all-gather per block the same
-way), the loss (`autograd_fp32` unless the run sliced it), the checkpointing policy and the attention
-kernel's generation (`ATTENTION_KERNEL_SPEED`).
+way), the loss (`autograd_fp32` unless the run sliced it), the checkpointing policy, the attention
+kernel's generation (`ATTENTION_KERNEL_SPEED`) and, for a mixture of experts, how its tokens reached
+their experts (`ExpertRouting`: the dispatch kernels and the gate, as cost parameters).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from planner.catalog.models import resolve_model
 from planner.cost.parameters import CostParameters
 from planner.enumeration import balanced_pipeline, stage_costs
 from planner.errors import PlanningError
-from planner.fidelity.schema import AttentionKernel, Run
+from planner.fidelity.schema import AttentionKernel, ExpertRouting, Run
 from planner.plan import Plan
 from planner.search import predict
 from planner.search_setting import build_setting
@@ -239,6 +240,17 @@ def _every_k(run: Run) -> int:
     return checkpointing.every_k or (2 if checkpointing.policy == "selective_layer" else 1)
 
 
+def _expert_routing(routing: ExpertRouting, imbalance: float) -> dict[str, object]:
+    """The cost parameters a run's expert routing sets (planner/cost/expert_dispatch.py): its dispatch,
+    where a token's experts sit, and the load imbalance (1 under a forced balance)."""
+    forced = routing.gate != "learned"
+    return {
+        "expert_dispatch": "deduplicated" if routing.dispatcher == "deepep" else "copies",
+        "expert_placement": "contiguous" if routing.gate == "forced_contiguous" else "random",
+        "expert_load_imbalance": 1.0 if forced else imbalance,
+    }
+
+
 class NotPriceable(PlanningError):
     """A run the planner cannot price as it was run (float8, pipeline or context parallelism)."""
 
@@ -275,6 +287,10 @@ def price_as_run(
     if speed != 1.0:
         parameters = parameters or build_setting(request, calibration, None).params
         parameters = replace(parameters, attention_efficiency=parameters.attention_efficiency * speed)
+    routing = run.config.experts
+    if routing is not None:
+        parameters = parameters or build_setting(request, calibration, None).params
+        parameters = replace(parameters, **_expert_routing(routing, parameters.expert_load_imbalance))
     # The report places each run's interval itself (held-out runs calibrated without their source:
     # planner/fidelity/intervals.py), so the plan's own would be priced for nothing.
     plan = predict(request, run_config(run), calibration=calibration, parameters=parameters, intervals=False)

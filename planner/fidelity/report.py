@@ -30,7 +30,7 @@ from planner import PLANNER_VERSION
 from planner.cost.parameters import CORPUS_FIT, CorpusFit
 from planner.fidelity import intervals
 from planner.fidelity.fit import Prices, SourceRun, corpus_runs, fit_split, leave_one_source_out, price
-from planner.fidelity.pricing import PricedRun, run_cluster, run_engine
+from planner.fidelity.pricing import PricedRun, run_cluster, run_engine, run_model
 from planner.fidelity.schema import SourceFile, load_corpus
 from planner.fidelity.split import split_of
 from planner.uncertainty import LEVEL
@@ -47,6 +47,13 @@ HELD_OUT_THROUGHPUT_MAX_TARGET = 0.30
 HELD_OUT_MEMORY_MEAN_TARGET = 0.10
 COVERAGE_TARGET = 0.75
 """Of the held-out runs, the share the 80% interval (calibrated without their source) contains."""
+MOE_THROUGHPUT_MEAN_TARGET = 0.15
+MOE_MEMORY_MEAN_TARGET = 0.12
+MOE_MIN_RUNS = 12
+MOE_MIN_SOURCES = 3
+"""Issue 40's targets for published mixture-of-experts runs: at least 12 from 3 sources, priced as run;
+they are held out and reported apart from the dense runs' splits (their own errors: the all-to-alls,
+the router and the grouped GEMMs)."""
 HELD_OUT_SOURCE_SHARE = 1 / 3
 HELD_OUT_MIN_PRICED_RUNS = 25
 """Issue 37's rule for the held-out split: a third of the sources, 25 priced runs."""
@@ -101,6 +108,9 @@ class RunResult(ReportModel):
     network_assumed: bool = False
     """The run spans nodes and its source does not state the network: priced on the catalog's NIC,
     and its throughput scored against the GPU type's low and high plausible network."""
+    moe: bool = False
+    """The model is a mixture of experts: reported apart (`FidelityReport.moe_by_source`), not in the
+    dense runs' split summaries."""
 
 
 class ErrorSummary(ReportModel):
@@ -147,6 +157,12 @@ class FidelityReport(ReportModel):
     """The held-out split's runs per GPU type (priced by the committed fit, which never read them)."""
     held_out_by_quantity: tuple[ErrorSummary, ...] = ()
     coverage: tuple[Coverage, ...] = ()
+    moe_by_source: tuple[ErrorSummary, ...] = ()
+    """Mixture-of-experts runs per source (held out, priced by the committed fit; not in the summaries
+    above)."""
+    moe_by_quantity: tuple[ErrorSummary, ...] = ()
+    moe_coverage: tuple[Coverage, ...] = ()
+    """Of the mixture-of-experts runs, how many their 80% interval contains."""
     intervals: dict[str, Any] = {}
     """What `INTERVALS_RESOURCE` stores: the quantiles per group, the corpus' reach."""
     targets: tuple[TargetCheck, ...]
@@ -168,6 +184,7 @@ def _result(item: SourceRun, priced: PricedRun | None, reason: str | None) -> Ru
         measured_mfu=measured.mfu_percent / 100 if measured.mfu_percent else None,
         memory_counter=measured.memory_counter,
         network_assumed=run.hardware.network_gbps_per_node is None and run_cluster(run).num_nodes > 1,
+        moe=run_model(run).moe is not None,
     )
     if priced is None:
         return RunResult(**fields, config="", priced=False, reason=reason)
@@ -277,12 +294,52 @@ def _targets(by_gpu: Sequence[ErrorSummary], by_quantity: Sequence[ErrorSummary]
         name="held-out split: priced runs", target=f">= {HELD_OUT_MIN_PRICED_RUNS}",
         value=str(priced_held_out), met=priced_held_out >= HELD_OUT_MIN_PRICED_RUNS,
     ))
+    checks += _moe_targets(results)
     over = [f"{r.source}/{r.run_id}" for r in results if r.exceeds_margin]
     checks.append(TargetCheck(
         name="runs whose measured peak exceeds the predicted peak plus the stated margin",
         target="none", value=", ".join(over) if over else "none", met=not over,
     ))
     return checks
+
+
+def _moe_targets(results: Sequence[RunResult]) -> list[TargetCheck]:
+    """Issue 40's: the mixture-of-experts runs' count, sources, mean errors and intervals."""
+    priced = [r for r in results if r.priced and r.moe]
+    if not priced:
+        return []
+    sources = len({r.source for r in priced})
+    checks = [TargetCheck(
+        name="MoE: priced runs (sources)", target=f">= {MOE_MIN_RUNS} ({MOE_MIN_SOURCES})",
+        value=f"{len(priced)} ({sources})", met=len(priced) >= MOE_MIN_RUNS and sources >= MOE_MIN_SOURCES,
+    )]
+    for s in _summaries(priced, lambda r: "all"):
+        goal = MOE_THROUGHPUT_MEAN_TARGET if s.quantity == "throughput" else MOE_MEMORY_MEAN_TARGET
+        checks.append(TargetCheck(
+            name=f"MoE: {s.quantity} mean |error| ({s.runs} runs)", target=f"<= {goal:.0%}",
+            value=f"{s.mean_abs:.1%}", met=s.mean_abs <= goal,
+        ))
+    for quantity, flag in (("throughput", "throughput_covered"), ("memory", "memory_covered")):
+        inside = [r for r in priced if getattr(r, flag) is not None]
+        out = [r.run_id for r in inside if not getattr(r, flag)]
+        if inside:
+            value = f"{len(inside) - len(out)} of {len(inside)}"
+            value += f" (out: {', '.join(out)})" if out else ""
+            checks.append(TargetCheck(
+                name=f"MoE: {quantity} runs inside their {LEVEL:.0%} interval", target="all", value=value,
+                met=not out,
+            ))
+    return checks
+
+
+def _coverage(results: Sequence[RunResult]) -> list[Coverage]:
+    coverage = []
+    for quantity, flag in (("throughput", "throughput_covered"), ("memory", "memory_covered")):
+        inside = [getattr(r, flag) for r in results if getattr(r, flag) is not None]
+        if inside:
+            coverage.append(Coverage(quantity=quantity, runs=len(inside), covered=sum(inside),  # type: ignore[arg-type]
+                                     fraction=sum(inside) / len(inside)))
+    return coverage
 
 
 def _interval(center: float | None, band: tuple[float, float], q: float) -> tuple[float, float] | None:
@@ -371,29 +428,29 @@ def build_report(
                 "loso_throughput_error": other.throughput_error, "loso_memory_error": other.memory_error,
             })
         results.append(result)
-    priced = [r for r in results if r.priced and r.split == "fit"]
-    unseen = [r for r in results if r.priced and r.split == "held-out"]
+    # Mixture-of-experts runs are reported apart, with their own targets (`_moe_targets`).
+    priced = [r for r in results if r.priced and r.split == "fit" and not r.moe]
+    unseen = [r for r in results if r.priced and r.split == "held-out" and not r.moe]
+    experts = [r for r in results if r.priced and r.moe]
     by_gpu = _summaries(priced, lambda r: r.gpu)
     by_quantity = _summaries(priced, lambda r: "all")
     held_out_by_gpu = _summaries(unseen, lambda r: r.gpu)
     held_out_by_quantity = _summaries(unseen, lambda r: "all")
-    coverage = []
-    for quantity, flag in (("throughput", "throughput_covered"), ("memory", "memory_covered")):
-        inside = [getattr(r, flag) for r in unseen if getattr(r, flag) is not None]
-        if inside:
-            coverage.append(Coverage(quantity=quantity, runs=len(inside), covered=sum(inside),  # type: ignore[arg-type]
-                                     fraction=sum(inside) / len(inside)))
+    coverage = _coverage(unseen)
     return FidelityReport(
         planner_version=PLANNER_VERSION,
         fit=asdict(fit),
         sources=len({item.source for item in runs}),
         runs=tuple(results),
         by_gpu=tuple(by_gpu),
-        by_source=tuple(_summaries([r for r in results if r.priced], lambda r: r.source)),
+        by_source=tuple(_summaries([r for r in results if r.priced and not r.moe], lambda r: r.source)),
         by_quantity=tuple(by_quantity),
         held_out_by_gpu=tuple(held_out_by_gpu),
         held_out_by_quantity=tuple(held_out_by_quantity),
         coverage=tuple(coverage),
+        moe_by_source=tuple(_summaries(experts, lambda r: r.source)),
+        moe_by_quantity=tuple(_summaries(experts, lambda r: "all")),
+        moe_coverage=tuple(_coverage(experts)),
         intervals={
             "level": LEVEL,
             "written_by": "fsdp-planner fidelity --write (planner/fidelity/intervals.py)",

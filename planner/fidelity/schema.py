@@ -132,6 +132,24 @@ class Checkpointing(CorpusModel):
         return self
 
 
+class ExpertRouting(CorpusModel):
+    """How a mixture-of-experts run moved its tokens to their experts (the model's routed experts and
+    the mesh's `ep` say how many and over how many ranks; this says how they were reached)."""
+
+    as_published: str
+    """The source's own words (its dispatcher and gate settings), or where they were read."""
+    dispatcher: Literal["all_to_all", "deepep"]
+    """`all_to_all`: each routed row sent on its own (`all_to_all_single`: torchtitan's default,
+    Megatron's `alltoall` dispatcher); `deepep`: DeepEP-class kernels (DeepEP, HybridEP, Megatron's
+    `flex` dispatcher), which send a token once per destination rank and node (priced as the cost
+    model's `deduplicated` dispatch, planner/cost/expert_dispatch.py)."""
+    gate: Literal["learned", "forced_random", "forced_contiguous"]
+    """`learned`: the model's router (priced at the planner's load imbalance); `forced_random`: a
+    benchmark's forced balance from random scores (Megatron's `moe_router_force_load_balancing`);
+    `forced_contiguous`: a benchmark gate giving token t the experts t*k .. t*k + k - 1 (NeMo
+    AutoModel's `fake_balanced_gate`). Forced gates load every expert evenly (imbalance 1)."""
+
+
 class RunConfig(CorpusModel):
     model: str | ModelDims
     seq_len: Annotated[int, Field(ge=1)]
@@ -172,6 +190,9 @@ class RunConfig(CorpusModel):
     first generation (flash-attn 1.x and its Triton port, llm-foundry's `attn_impl: triton`)."""
     pipeline: Pipeline | None = None
     """The pipeline's schedule (runs with mesh.pp > 1)."""
+    experts: ExpertRouting | None = None
+    """How the tokens reached their experts (runs of mixture-of-experts models; None: a dense model,
+    or an MoE run priced as torchtitan routes: all-to-all copies, a learned router)."""
     engine: str
     """The trainer as the source names it (`torchtitan-fsdp2`, `fsdp1`, `project-simplefsdp`, ...)."""
 

@@ -295,7 +295,10 @@ def test_the_interval_contains_the_held_out_runs_it_promises(report: FidelityRep
         low, high = r.throughput_interval
         measured = r.measured_tokens_per_s_per_gpu or (r.measured_mfu or 0.0)
         assert r.throughput_covered == (low * (1 - 1e-9) <= measured <= high * (1 + 1e-9)), r.run_id
-    assert sum(r.throughput_covered for r in held_out) == coverage["throughput"].covered
+    # The dense runs' coverage is the issue's; mixture-of-experts runs are counted apart.
+    assert sum(r.throughput_covered for r in held_out if not r.moe) == coverage["throughput"].covered
+    experts = {c.quantity: c for c in report.moe_coverage}
+    assert sum(r.throughput_covered for r in held_out if r.moe) == experts["throughput"].covered
 
 
 def _residual(source: str, score: float, gpu: str = "H100-SXM-80GB") -> intervals.Residual:

@@ -1,0 +1,61 @@
+"""Published mixture-of-experts runs in the fidelity corpus: how their routing is priced, and how the
+report keeps them apart (issue 40 item 5)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.fidelity.pricing import price_run
+from planner.fidelity.report import FidelityReport, stored_report
+from planner.fidelity.schema import Run, load_corpus
+from planner.fidelity.split import split_of
+
+MOE_GUARD = {"throughput_mean": 0.30, "throughput_max": 1.37}
+"""Today's mixture-of-experts errors rounded up (mean 29.4%, max 136.0%: Megatron-Bridge 25.11's B200
+gpt-oss-120b row, whose EP 8 its recipe at the same commit contradicts). Issue 40 asks for 15%."""
+
+
+def _moe_runs() -> list[tuple[str, Run]]:
+    return [(f.source.id, run) for f in load_corpus() for run in f.runs if run.config.experts is not None]
+
+
+@pytest.fixture(scope="module")
+def report() -> FidelityReport:
+    return stored_report()
+
+
+def test_the_corpus_has_published_moe_runs_from_several_sources_all_held_out() -> None:
+    priced = [(source, run) for source, run in _moe_runs() if run.priceable]
+    assert len(priced) >= 12 and len({source for source, _ in priced}) >= 3
+    assert all(split_of(source) == "held-out" for source, _ in priced)
+    assert all(run.config.mesh.ep > 1 for _, run in priced)
+
+
+def test_a_forced_contiguous_gate_with_deepep_is_priced_as_deduplicated_balanced_dispatch() -> None:
+    run = next(r for _, r in _moe_runs() if r.id == "deepseek-v3-h100-256gpu-pp4-ep64")
+    routing = run.config.experts
+    assert routing is not None and (routing.dispatcher, routing.gate) == ("deepep", "forced_contiguous")
+    priced = price_run(run)
+    learned = run.model_copy(update={"config": run.config.model_copy(update={"experts": None})})
+    as_torchtitan = price_run(learned)
+    # Each token's 8 experts sit on 2 ranks of one node: one copy crosses the network, not 8.
+    assert priced.predicted_tokens_per_s_per_gpu > 1.5 * as_torchtitan.predicted_tokens_per_s_per_gpu
+    exposed = priced.plan.prediction.exposed_tensor_parallel_s
+    assert exposed < as_torchtitan.plan.prediction.exposed_tensor_parallel_s
+
+
+def test_moe_runs_are_reported_apart_with_their_own_targets(report: FidelityReport) -> None:
+    moe = [r for r in report.runs if r.moe and r.priced]
+    assert moe and all(r.split == "held-out" for r in moe)
+    held_out_runs = sum(s.runs for s in report.held_out_by_quantity if s.quantity == "throughput")
+    dense = [r for r in report.runs if r.priced and r.split == "held-out" and not r.moe]
+    assert held_out_runs == sum(r.throughput_error is not None for r in dense)
+    assert {s.group for s in report.moe_by_source} == {r.source for r in moe}
+    names = [t.name for t in report.targets if t.name.startswith("MoE:")]
+    assert any("priced runs" in n for n in names) and any("throughput mean" in n for n in names)
+
+
+def test_no_moe_error_regresses_past_the_guard(report: FidelityReport) -> None:
+    (total,) = [s for s in report.moe_by_quantity if s.quantity == "throughput"]
+    assert total.mean_abs <= MOE_GUARD["throughput_mean"], f"MoE throughput mean {total.mean_abs:.1%}"
+    assert total.max_abs <= MOE_GUARD["throughput_max"], f"MoE throughput max {total.max_abs:.1%}"
