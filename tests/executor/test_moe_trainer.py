@@ -1,10 +1,11 @@
 """The trainer on a tiny DeepSeek-like model (latent attention, a dense first block, then MoE blocks
-with a shared expert and a sigmoid router balanced by its bias) on CPU gloo (issue 40): its loss falls,
-a checkpoint resumes it exactly (the routers' biases are in the checkpoint: without them routing
-changes), and a 2-stage pipeline trains like one rank (the bias update sums the counts over the
-stage's ranks). Under tensor parallelism (tp 2) an MoE model (FSDP2, SimpleFSDP eager and compiled),
-the DeepSeek-like one and a dense one with query/key norms train like one rank. A planner's plan of a
-tiny MoE model with expert parallelism (ep 2) trains through its bundle's launch.sh on prepared text."""
+with a shared expert and a sigmoid router balanced by its bias) on CPU gloo (issue 40): with expert
+parallelism its loss falls and a checkpoint resumes it exactly (the routers' biases are in the
+checkpoint: without them routing changes), and a 2-stage pipeline trains like one rank (the bias
+update sums the counts over the stage's ranks). Under tensor parallelism (tp 2) an MoE model (FSDP2,
+SimpleFSDP eager and compiled), the DeepSeek-like one and a dense one with query/key norms train like
+one rank. A planner's plan of a tiny MoE model with expert parallelism (ep 2) trains through its
+bundle's launch.sh on prepared text."""
 
 from __future__ import annotations
 
@@ -45,7 +46,11 @@ DEEPSEEK_LIKE = {
 
 
 def test_moe_model_trains_and_resumes_exactly(tmp_path: Path, write_plan) -> None:
-    plan = write_plan(debug_plan(micro_batch_size=1, grad_accum_steps=2, model=DEEPSEEK_LIKE, name="ds-tiny"))
+    # With expert parallelism (ep 2): the checkpoint holds each rank's experts, DTensors on the
+    # experts' own mesh beside the dense parameters'.
+    document = debug_plan(micro_batch_size=1, grad_accum_steps=2, model=DEEPSEEK_LIKE, name="ds-tiny")
+    document["config"]["mesh"]["ep"] = 2
+    plan = write_plan(document)
     ckpt = tmp_path / "ckpt"
     save = ("--checkpoint-dir", str(ckpt), "--checkpoint-every", "4", "--keep-checkpoints", "0")
     straight = _train(plan, tmp_path, "straight", "--steps", "8", *save)
