@@ -202,7 +202,9 @@ def _upgrade_schema_1(value: Any, world: int | None) -> Any:
 
 def unsupported_mesh(mesh: Mesh) -> str | None:
     """Why this runtime cannot run `mesh`, though the planner prices it (the plan check and the
-    launcher's bundles refuse it alike, so nothing half-works); None: it can."""
+    launcher's bundles refuse it alike, so nothing half-works); None: it can. Every axis of the
+    registry runs now (expert parallelism too: executor/runtime/expert_parallel.py): this is the
+    one place to say so when an axis is priced before the runtime applies it."""
     return None
 
 
