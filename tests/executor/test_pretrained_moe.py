@@ -203,7 +203,13 @@ def test_families_the_runtime_cannot_compute_are_refused(tmp_path: Path, arch: s
 
 # --- 2 ranks: the experts sharded -----------------------------------------------------------------
 
-DIST_CASES = ["qwen3_moe:full_shard:fsdp2", "deepseek_v3:full_shard:fsdp2", "qwen3_moe:no_shard:fsdp2:tp2"]
+DIST_CASES = [
+    "qwen3_moe:full_shard:fsdp2",
+    "deepseek_v3:full_shard:fsdp2",
+    "qwen3_moe:no_shard:fsdp2:tp2",
+    "qwen3_moe:full_shard:fsdp2:ep2",
+    "deepseek_v3:full_shard:simple_fsdp:ep2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -232,14 +238,17 @@ def moe_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.mark.distributed
 def test_sharded_experts_load_their_boxes(moe_files: dict[str, Any]) -> None:
     """FSDP2 shards the stacked experts on their first dim (each rank loads its experts' matrices
-    only), tensor parallelism splits every expert's columns or rows; every rank's shards equal the
-    source's boxes, it reads about half the bytes, and the first step's loss is transformers'."""
+    only), tensor parallelism splits every expert's columns or rows, expert parallelism gives each
+    rank half the experts; every rank's shards equal the source's boxes, it reads about half the
+    bytes, and the first step's loss is transformers'."""
     from tests.executor.test_pretrained import check_ranks, load_sharded
 
     records = load_sharded(moe_files, 2, DIST_CASES)
     for case in DIST_CASES:
         ranks = records[case]
         check_ranks(ranks, moe_files["refs"][case.split(":")[0]], case)
-        if case.endswith("fsdp2"):  # the experts' dim split: rank 1 starts past rank 0's experts
+        if not case.endswith("tp2"):  # the experts' dim split: rank 1 starts past rank 0's experts
             starts = [r["offsets"]["layers.1.feed_forward.experts.w1"][0] for r in ranks]
             assert starts[0] == 0 < starts[1], (case, starts)
+        if case.endswith("ep2"):
+            assert any("expert parallel: ep=2" in note for note in ranks[0]["notes"]), ranks[0]["notes"]

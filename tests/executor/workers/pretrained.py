@@ -3,8 +3,9 @@
     torchrun --nproc-per-node 2 tests/executor/workers/pretrained.py --out result.json \
         --batch batch.pt --expected expected.pt CKPT_DIR:CASE [CKPT_DIR:CASE ...]
 
-CASE is `sharding:engine[:tp2]`, e.g. `full_shard:fsdp2`, `full_shard:simple_fsdp` (eager),
-`no_shard:simple_fsdp:tp2` (mesh dp 1 x tp 2). For each, every rank builds the plan's model on the
+CASE is `sharding:engine[:tp2|:ep2]`, e.g. `full_shard:fsdp2`, `full_shard:simple_fsdp` (eager),
+`no_shard:simple_fsdp:tp2` (mesh dp 1 x tp 2), `full_shard:fsdp2:ep2` (an MoE model's experts split
+over 2 expert-parallel ranks). For each, every rank builds the plan's model on the
 meta device, parallelizes it, allocates it without initialising (`materialize(init=False)`) and
 runs `load_pretrained`. Rank 0 writes one record per case and rank: for every parameter the largest
 difference between the rank's local shard and the box of the expected full tensor (`expected.pt`,
@@ -44,21 +45,22 @@ def run_case(spec: str, *, batch: torch.Tensor, expected: dict, meshes: dict) ->
     directory, case = spec.split(":", 1)
     sharding, engine, *rest = case.split(":")
     tp = 2 if rest == ["tp2"] else 1
+    ep = 2 if rest == ["ep2"] else 1
     model_doc = json.loads((Path(directory) / "plan_model.json").read_text())
     world = int(os.environ["WORLD_SIZE"])
     micro = batch.shape[0] // (world // tp)  # the whole batch is one global step
-    plan = parse_plan(
-        debug_plan(
-            sharding=sharding,
-            gpus_per_node=world,
-            tp=tp,
-            seq_len=batch.shape[1] - 1,
-            micro_batch_size=micro,
-            model=model_doc,
-        )
+    doc = debug_plan(
+        sharding=sharding,
+        gpus_per_node=world,
+        tp=tp,
+        seq_len=batch.shape[1] - 1,
+        micro_batch_size=micro,
+        model=model_doc,
     )
+    doc["config"]["mesh"]["ep"] = ep
+    plan = parse_plan(doc)
     env = init_distributed(plan)
-    shape = (plan.config.mesh.dp_replicate, plan.config.mesh.dp_shard, tp)
+    shape = (plan.config.mesh.dp_replicate, plan.config.mesh.dp_shard, tp, ep)
     if shape not in meshes:
         meshes[shape] = build_mesh(plan, env)
     mesh = meshes[shape]
@@ -92,6 +94,7 @@ def run_case(spec: str, *, batch: torch.Tensor, expected: dict, meshes: dict) ->
         "local_numel": sum(local_box(p)[2].numel() for p in par.module.parameters()),
         "loss": loss.item() / dist.get_world_size(),
         "report": report.describe(),
+        "notes": par.notes,
         "bytes_read": report.bytes_read,
         "checkpoint_bytes": report.checkpoint_bytes,
     }
