@@ -201,6 +201,17 @@ ClusterInput = Annotated[
 class PlanCreate(StrictBody):
     """What to plan. Identical inputs (name aside) return the plan already stored."""
 
+    renamed: ClassVar[Mapping[str, str]] = {
+        # A field of a section sent at the top level (`seq_len` beside `training`) is pointed to it.
+        **{name: f"search.{name}" for name in SearchSpace.model_fields},
+        **{name: f"cluster.{name}" for name in ClusterIn.model_fields},
+        **{name: f"training.{name}" for name in TrainingIn.model_fields},
+    }
+    example: ClassVar[str] = (
+        '{"model": "llama3-8b", "cluster": "1x8xH100", "training": {"seq_len": 4096, '
+        '"global_batch_tokens": 1048576}}'
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _sane_json(cls, data: Any) -> Any:

@@ -97,9 +97,12 @@ def bundle_name(plan: Plan) -> str:
     return f"fsdp-{slug(plan.model.name, limit=40)}-{hex_id(plan.plan_hash)[:12]}"
 
 
-def archive_filename(plan: Plan, *, fmt: Format = "tar.gz") -> str:
+def archive_filename(plan: Plan, *, fmt: Format = "tar.gz", target: Target = "all") -> str:
+    """`fsdp-llama3-8b-<hash12>.tar.gz` for every target's bundle, `...-slurm.tar.gz` for one target's:
+    bundles of one plan for different targets download under names of their own."""
     _check_choice(fmt, FORMATS, "format")
-    return f"{bundle_name(plan)}.{fmt}"
+    suffix = "" if target == "all" else f"-{target}"
+    return f"{bundle_name(plan)}{suffix}.{fmt}"
 
 
 def context(plan: Plan, *, image: str = DEFAULT_IMAGE) -> render.LaunchContext:
@@ -371,7 +374,7 @@ def write_bundle(
     it); returns the archive's path. `options` as bundle_files takes them."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    archive = out / archive_filename(plan, fmt=fmt)
+    archive = out / archive_filename(plan, fmt=fmt, target=target)
     files = bundle_files(plan, target=target, **options)  # type: ignore[arg-type]
     root_name = bundle_name(plan)
     archive.write_bytes(_tar_gz(files, root=root_name) if fmt == "tar.gz" else _zip(files, root=root_name))

@@ -65,7 +65,7 @@ def test_from_plan_file_writes_archive_and_directory(tmp_path: Path) -> None:
     result = runner.invoke(app, ["launcher", "--plan", str(plan_path), "--target", "slurm", "-o", str(out)])
     assert result.exit_code == 0, result.output
     plan = Plan.model_validate(debug_plan())
-    archive = out / f"{bundle_name(plan)}.tar.gz"
+    archive = out / f"{bundle_name(plan)}-slurm.tar.gz"  # one target's bundle: named after it
     # The CLI writes exactly the archive the API serves (same function, same bytes).
     assert archive.read_bytes() == build_bundle(plan, target="slurm")
     directory = out / bundle_name(plan)
