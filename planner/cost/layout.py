@@ -52,10 +52,21 @@ class CommLayout:
     """Parameters of the largest gradient-reduction bucket completing in such a group."""
     signature: tuple
     """Equal for layouts that price identically (the search memoizes on it)."""
-    group_keys: tuple[int, ...]
-    """Equal for groups that price identically under a configuration that checkpoints every block
-    alike: same units in the same roles, same collectives (what lets repeated blocks price once)."""
+    group_idents: tuple[tuple[tuple[int, bool], ...], ...]
+    """Each group's units by identity and role (block or not): what `group_keys` compares."""
     _windows: dict[tuple[bool, int], float] = field(default_factory=dict, compare=False, repr=False)
+    _keys: list[tuple[int, ...]] = field(default_factory=list, compare=False, repr=False)
+
+    @property
+    def group_keys(self) -> tuple[int, ...]:
+        """Equal for groups that price identically under a configuration that checkpoints every block
+        alike: same units in the same roles, same collectives (what lets repeated blocks price once).
+        Worked out when first asked: only the configurations the search times ask."""
+        if not self._keys:
+            self._keys.append(
+                _group_keys(self.group_idents, self.reduce_buckets, self.group_launches, self.reduce_launches)
+            )
+        return self._keys[0]
 
     def largest_gather(self, width: int, *, blocks_only: bool) -> float:
         """The most bytes `width` consecutive all-gather groups gather (fewer at the start): what is
@@ -66,7 +77,10 @@ class CommLayout:
         largest = self._windows.get(key)
         if largest is None:
             groups = self.block_group_gather_bytes if blocks_only else self.group_gather_bytes
-            largest = max(sum(groups[max(0, j - width + 1) : j + 1]) for j in range(len(groups)))
+            if width == 1:  # the windows' sums are the groups themselves (0.0 + x is x)
+                largest = max(groups)
+            else:
+                largest = max(sum(groups[max(0, j - width + 1) : j + 1]) for j in range(len(groups)))
             self._windows[key] = largest
         return largest
 
@@ -142,6 +156,12 @@ class _Units:
     units: list[list[IndexedUnit]]
     params: list[int]
     tensors: list[int]
+    idents: list[tuple[tuple[int, bool], ...]]
+    """Each unit's members by identity and role (block or not)."""
+    blocks: list[bool]
+    """Whether each unit holds transformer blocks only."""
+    gathered: dict[str, list[list[float]]] = field(default_factory=dict)
+    """Each unit's members' gathered bytes, by the float8 recipe gathered in (`_gathered_bytes`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +219,7 @@ class LayoutBuilder:
             block_group_gather_bytes=tuple(group_bytes[j] for j in gather.block_groups) or group_bytes,
             largest_block_reduce=max(block_reduces, default=largest_reduce),
             signature=(gather.sizes, reduce_buckets, gather.launches, launches),
-            group_keys=_group_keys(gather.idents, reduce_buckets, gather.launches, launches),
+            group_idents=gather.idents,
         )
 
     def _wrap(self, blocks_per_unit: int) -> _Units:
@@ -210,6 +230,8 @@ class LayoutBuilder:
                 wrapped,
                 [sum(u.num_params for _, u in unit) for unit in wrapped],
                 [sum(u.tensors for _, u in unit) for unit in wrapped],
+                [tuple((id(u), index >= 0) for index, u in unit) for unit in wrapped],
+                [all(index >= 0 for index, _ in unit) for unit in wrapped],
             )
             self._units[blocks_per_unit] = units
         return units
@@ -221,8 +243,11 @@ class LayoutBuilder:
         if side is None:
             pb = self.setting.param_bytes
             buckets = _bucket(units.params, cap, pb)
+            gathered = units.gathered.get(float8)
+            if gathered is None:
+                unit_bytes = _gathered_bytes(self.setting, choice)
+                gathered = units.gathered[float8] = [[unit_bytes(u) for _, u in unit] for unit in units.units]
             groups = tuple(tuple(x for i in bucket for x in units.units[i]) for bucket in buckets)
-            unit_bytes = _gathered_bytes(self.setting, choice)
             side = _GatherSide(
                 groups=groups,
                 group_of_unit=tuple(g for g, bucket in enumerate(buckets) for _ in bucket),
@@ -231,10 +256,17 @@ class LayoutBuilder:
                               cap_bytes=cap, bytes_per_param=pb)
                     for bucket in buckets
                 ),
-                gather_bytes=tuple(sum(unit_bytes(u) for _, u in g) for g in groups),
-                block_groups=tuple(j for j, g in enumerate(groups) if all(index >= 0 for index, _ in g)),
+                # Summed member by member in forward order, as a group's members are.
+                gather_bytes=tuple(sum(b for i in bucket for b in gathered[i]) for bucket in buckets),
+                block_groups=tuple(
+                    j for j, bucket in enumerate(buckets) if all(units.blocks[i] for i in bucket)
+                ),
                 sizes=tuple(len(g) for g in groups),
-                idents=tuple(tuple((id(u), index >= 0) for index, u in g) for g in groups),
+                idents=tuple(
+                    units.idents[bucket[0]] if len(bucket) == 1
+                    else tuple(x for i in bucket for x in units.idents[i])
+                    for bucket in buckets
+                ),
             )
             self._gathers[key] = side
         return side
