@@ -193,22 +193,34 @@ def parse_count(text: str) -> int:
 # -- input -------------------------------------------------------------------------------------
 
 
-def input_files(paths: list[Path]) -> list[Path]:
-    """The files to read: files as given, directories expanded to their text / JSONL files (sorted)."""
+def input_files(paths: list[Path], *, fmt: str = "auto") -> list[Path]:
+    """The files to read: files as given, directories expanded to their files (sorted).
+
+    One rule for both: with `fmt` auto, a file is read when its suffix says text or JSONL
+    (.txt/.md/.jsonl/.json, optionally .gz), whether named or found in a directory, and a named file
+    of another suffix (`train.py`) is refused, as a directory of only such files is; with `fmt` text
+    or jsonl every file is read as that format."""
+    known = TEXT_SUFFIXES | JSONL_SUFFIXES
+    hint = "pass --format text (or jsonl) to read every file as that format"
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
             found = sorted(
-                p
-                for p in path.rglob("*")
-                if p.is_file() and _kind_suffix(p) in TEXT_SUFFIXES | JSONL_SUFFIXES
+                p for p in path.rglob("*") if p.is_file() and (fmt != "auto" or _kind_suffix(p) in known)
             )
+            if not found and fmt != "auto":
+                raise PrepareError(f"{path}: no files in this directory")
             if not found:
                 raise PrepareError(
-                    f"{path}: no .txt/.md/.jsonl/.json files (optionally .gz) in this directory"
+                    f"{path}: no .txt/.md/.jsonl/.json files (optionally .gz) in this directory; {hint}"
                 )
             files += found
         elif path.is_file():
+            if fmt == "auto" and _kind_suffix(path) not in known:
+                raise PrepareError(
+                    f"{path}: not a .txt/.md/.jsonl/.json file (optionally .gz), so its format is unknown; "
+                    + hint
+                )
             files.append(path)
         else:
             raise PrepareError(f"{path}: no such file or directory")
@@ -421,7 +433,7 @@ def prepare(
         tokenizer, fmt=fmt, sample_by=sample_by, dtype=dtype, shard_tokens=shard_tokens,
         eval_fraction=eval_fraction,
     )
-    files = input_files(inputs)
+    files = input_files(inputs, fmt=fmt)
     if not files:
         raise PrepareError("no input files: name text or JSONL files (or directories of them)")
     created = not out.exists()

@@ -242,3 +242,21 @@ def test_the_docs_prepare_data_example_runs_on_the_shipped_sample(tmp_path: Path
     index = json.loads((out / "index.json").read_text())
     assert index["sources"] == ["examples/docs.jsonl"]
     assert '"sources": ["examples/docs.jsonl"]' in readme
+
+
+def test_a_python_file_and_a_folder_of_them_are_read_alike(tmp_path: Path) -> None:
+    """One rule for a file named and files found in a folder: by suffix under --format auto (both
+    refused for .py, saying how to read them), every file as text under --format text (both taken)."""
+    folder = tmp_path / "code"
+    folder.mkdir()
+    (folder / "train.py").write_text("print('hello')\n")
+    for given in (folder, folder / "train.py"):
+        refused = invoke(str(given), "-o", str(tmp_path / "refused"), "--tokenizer", "bytes")
+        text = " ".join(refused.output.split())
+        assert refused.exit_code == 2 and "--format text" in text, text
+        assert not (tmp_path / "refused").exists()
+        out = tmp_path / f"taken-{given.name}"
+        taken = invoke(str(given), "-o", str(out), "--tokenizer", "bytes", "--format", "text",
+                       "--eval-fraction", "0")
+        assert taken.exit_code == 0, taken.output
+        assert (out / "train-00000.bin").read_bytes() == u16(doc("print('hello')\n"))
