@@ -109,7 +109,7 @@ def input_rows(row: PlanRow, plan: Plan) -> list[Row]:
             "Precision / optimizer",
             f"{precision_label(training.precision, training.state_dtype)} / {training.optimizer}",
         ),
-        Row("Calibration", f"profile {row.calibration_id}" if row.calibration_id else "none (catalog peaks)"),
+        Row("Calibration", calibration_words(row.calibration_id)),
     ]
 
 
@@ -137,14 +137,30 @@ def config_rows(config: ParallelConfig) -> list[Row]:
         Row("Micro-batching", f"{config.micro_batch_size} sequence(s) per micro-batch × "
             f"{config.grad_accum_steps} accumulation step(s)"),
         Row("Mixed precision", f"params {config.param_dtype}, reductions {config.reduce_dtype}"),
-        Row("Float8 training", "off" if config.float8 == "none" else f"{config.float8} (torchao)",
+        Row("Float8 training", float8_words(config.float8),
             "the blocks' linear layers that pass the recipe's size filter; the output head stays "
             "in the compute precision" if config.float8 != "none" else ""),
-        Row("Async tensor parallel", "on (inductor micro-pipelined TP, CUDA symmetric memory)"
-            if config.async_tp else "off"),
-        Row("torch.compile", ("on: " + (", ".join(knobs) or "default inductor")) if config.compile
-            else "off (eager FSDP2)"),
+        Row("Async tensor parallel", async_tp_words(config.async_tp)),
+        Row("torch.compile", compile_words(config.compile)
+            + (": " + (", ".join(knobs) or "default inductor") if config.compile else "")),
     ]
+
+
+# How the plan page and the compare page both write a configuration's switches: one wording.
+def float8_words(recipe: str) -> str:
+    return "off" if recipe == "none" else f"{recipe} (torchao)"
+
+
+def async_tp_words(on: bool) -> str:
+    return "on (inductor micro-pipelined TP, CUDA symmetric memory)" if on else "off"
+
+
+def compile_words(on: bool) -> str:
+    return "on" if on else "off (eager FSDP2)"
+
+
+def calibration_words(calibration_id: int | None) -> str:
+    return f"profile {calibration_id}" if calibration_id else "none (catalog peaks)"
 
 
 def prediction_rows(plan: Plan) -> list[Row]:
@@ -468,13 +484,15 @@ _COMPARE_DISPLAY: dict[str, Callable[[Any], str]] = {
     "model.num_params": quantity,
     "training.seq_len": _number,
     "training.global_batch_tokens": _number,
-    "calibration_id": lambda v: f"profile {v}" if v else "none",
+    "calibration_id": calibration_words,
     "config.sharding": lambda v: _SHARDING_WORDS.get(v, v),
     "config.all_gather_bucket_mb": _number,
     "config.reduce_scatter_bucket_mb": _number,
     "config.reshard_after_forward": _yes_no,
     "config.checkpointing.mode": lambda v: _CHECKPOINTING_WORDS.get(v, v),
-    "config.compile": lambda v: "on" if v else "off",
+    "config.float8": float8_words,
+    "config.async_tp": async_tp_words,
+    "config.compile": compile_words,
     "prediction.step_time_s": fmt.duration,
     "prediction.tokens_per_s_per_gpu": fmt.thousands,
     "prediction.tokens_per_s": fmt.thousands,
