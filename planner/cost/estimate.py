@@ -889,21 +889,32 @@ class Estimator:
         def forward_backward(f: ForwardTime) -> float:
             return f.total * (1.0 + BACKWARD_FLOPS_RATIO) + ATTENTION_BACKWARD_EXTRA * f.attention
 
-        recompute = eager = 0.0
-        for index, u in [(-1, m.embedding), *enumerate(m.blocks), (-1, m.head)]:
+        def unit_times(u: UnitCost) -> tuple[ForwardTime, float]:
+            """The unit's forward, and what eager adds to its forward and backward."""
             whole = choice.float8_casts_whole_sequence
             f = _forward_time(
                 p, setting.act_bytes, u, tokens, choice.compile, choice.float8, seq_len=m.seq_len,
                 whole_sequence_casts=whole,
             )
+            if choice.compile:
+                return f, 0.0
+            return f, forward_backward(f) - forward_backward(
+                _forward_time(
+                    p, setting.act_bytes, u, tokens, True, choice.float8, seq_len=m.seq_len,
+                    whole_sequence_casts=whole,
+                )
+            )
+
+        # The model's repeated blocks are one object (planner/cost/model_costs.py): priced once each.
+        times: dict[int, tuple[ForwardTime, float]] = {}
+        recompute = eager = 0.0
+        for index, u in [(-1, m.embedding), *enumerate(m.blocks), (-1, m.head)]:
+            if id(u) not in times:
+                times[id(u)] = unit_times(u)
+            f, eager_extra = times[id(u)]
             recompute += _recompute_time(choice, u, index, f)
             if not choice.compile:
-                eager += forward_backward(f) - forward_backward(
-                    _forward_time(
-                        p, setting.act_bytes, u, tokens, True, choice.float8, seq_len=m.seq_len,
-                        whole_sequence_casts=whole,
-                    )
-                )
+                eager += eager_extra
         return recompute * choice.grad_accum_steps, eager * choice.grad_accum_steps
 
     def price(self, choice: Choice) -> PricedStep:
