@@ -132,10 +132,13 @@ def corpus_throughput_chart(report: FidelityReport) -> charts.Chart | None:
     """Predicted against measured tokens/s per GPU of every priced corpus run that publishes them, by GPU
     type, on log axes (the corpus spans small models on many GPUs and large ones on few: decades apart)."""
     groups: dict[str, list[charts.Point]] = {}
+    speed_unpriced = corpus_speed_unpriced(report)
     for r in sorted(report.runs, key=lambda r: r.gpu):
         p, m = r.predicted_tokens_per_s_per_gpu, r.measured_tokens_per_s_per_gpu
         if not r.priced or p is None or m is None or not (math.isfinite(p) and math.isfinite(m)):
             continue
+        if r in speed_unpriced:
+            continue  # a point far off the line that says nothing of the model: named under the chart
         band = r.throughput_interval  # on tokens/s here: the run publishes them
         tooltip = (f"{r.source} / {r.run_id} ({r.config}): predicted {_throughput(p)}"
                    + (f" (80%: {fmt.interval(band)})" if band else "")
@@ -152,3 +155,15 @@ def corpus_throughput_chart(report: FidelityReport) -> charts.Chart | None:
 def corpus_runs(report: FidelityReport) -> list[RunResult]:
     """Every run, priced ones first, each group by source then run (the order of the corpus files)."""
     return sorted(report.runs, key=lambda r: (not r.priced, r.source, r.run_id))
+
+
+def corpus_speed_unpriced(report: FidelityReport) -> list[RunResult]:
+    """Priced runs whose tokens/s the corpus does not price, though it publishes them: their GPUs ran
+    under a power cap the source does not state, so their clock is unknown (planner/fidelity/schema.py
+    `Run.speed_priced`); their memory is priced. The throughput chart leaves them out and names them,
+    rather than plotting a point far off the line that says nothing of the cost model."""
+    return [
+        r for r in report.runs
+        if r.priced and r.throughput_error is None
+        and r.predicted_tokens_per_s_per_gpu is not None and r.measured_tokens_per_s_per_gpu is not None
+    ]

@@ -400,6 +400,7 @@ def accuracy_page(request: Request, session: SessionDep) -> HTMLResponse:
         "error_histogram": accuracy_views.error_histogram(runs),
         "fidelity": fidelity,
         "corpus_chart": accuracy_views.corpus_throughput_chart(fidelity),
+        "corpus_unplotted": accuracy_views.corpus_speed_unpriced(fidelity),
         "corpus_runs": accuracy_views.corpus_runs(fidelity),
     })
 

@@ -35,3 +35,24 @@ def test_compare_writes_switches_as_the_plan_page_does(client: TestClient) -> No
         assert row_cells(compare, compare_label) == [html.unescape(shown.group(1)).strip()] * 2
     assert row_cells(compare, "Async TP") == ["off", "off"]
     assert "False" not in compare
+
+
+def test_the_accuracy_page_names_a_run_whose_speed_is_not_priced_instead_of_plotting_it(
+    client: TestClient,
+) -> None:
+    """The power-capped B200 bf16 run publishes tokens/s the corpus cannot price (its cap is not
+    stated): plotted, it was an ordinary point at twice its measured speed."""
+    from api.dashboard.accuracy_views import corpus_speed_unpriced
+    from api.services.fidelity import served_report
+    from tests.dashboard.figures import figure_html
+
+    unplotted = corpus_speed_unpriced(served_report())
+    assert "b200x8-llama3-8b-sac-op-compile-bf16" in {r.run_id for r in unplotted}
+    page = client.get("/accuracy").text
+    chart = figure_html(page, "corpus-throughput")
+    note = re.search(r'<p class="muted" id="corpus-unplotted">(.*?)</p>', page, re.S)
+    assert note, "no note under the chart"
+    for run in unplotted:
+        assert run.run_id not in chart
+        assert f"{run.source} / {run.run_id}" in html.unescape(note.group(1))
+    assert "power cap" in note.group(1)
