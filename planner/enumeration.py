@@ -391,10 +391,12 @@ def check_float8(request: PlanRequest, recipe: str, *, field: str) -> None:
     gpu = request.cluster.resolved_gpu()
     problem = None
     if gpu.peak_fp8_tflops is None:
-        problem = (f"the {gpu.name} has no float8 tensor cores (H100, H200 and B200 have); "
+        problem = (f"the {gpu.name} has no float8 tensor cores (H100, H200, L40S, Blackwell and AMD "
+                   "Instinct GPUs have); "
                    "plan it without Float8")
     elif recipe == "mxfp8" and not gpu.mx_formats:
-        problem = f"needs MX tensor cores (B200), the {gpu.name} has none; use tensorwise or rowwise"
+        problem = (f"needs MX tensor cores (Blackwell: B200, B300, GB200, GB300), the {gpu.name} has "
+                   "none; use tensorwise or rowwise")
     elif request.training.precision != "bf16":
         problem = "Float8 training needs bf16 as the compute precision; set training.precision to bf16"
     elif request.model.architecture == "layer_graph":

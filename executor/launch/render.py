@@ -53,8 +53,10 @@ class LaunchContext:
     environment the scripts and manifests set."""
 
 
-FLOAT8_GPUS = {"mxfp8": "compute capability 10.0+: B200"}
-"""GPUs each Float8 recipe needs (default: compute capability 8.9+: L40S, H100, H200, B200)."""
+FLOAT8_GPUS = {"mxfp8": "compute capability 10.0+: B200, B300, GB200, GB300"}
+"""GPUs each Float8 recipe needs (default: FLOAT8_ANY_GPU)."""
+FLOAT8_ANY_GPU = "compute capability 8.9+ (L40S, H100, H200, H800, H20, Blackwell) or AMD Instinct MI300X+"
+"""The GPUs the tensorwise and rowwise recipes train on (torchao's float8 GEMMs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +190,7 @@ def _float8_header(ctx: LaunchContext) -> str:
     """Header comment lines stating a Float8 plan's precision and requirements ('' without Float8)."""
     if ctx.float8 == "none":
         return ""
-    gpus = FLOAT8_GPUS.get(ctx.float8, "compute capability 8.9+: L40S, H100, H200, B200")
+    gpus = FLOAT8_GPUS.get(ctx.float8, FLOAT8_ANY_GPU)
     return render_template(
         "parts/float8_header.sh.j2", recipe=ctx.float8, torchao=TORCHAO_REQUIREMENT, gpus=gpus
     )

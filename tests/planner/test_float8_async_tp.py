@@ -107,7 +107,8 @@ def test_the_search_tries_float8_only_when_asked_and_says_why_bf16_lost() -> Non
     [
         ("1x8xA100", ["tensorwise"], "bf16", "search.float8: tensorwise: the A100-80GB has no float8"),
         ("1x8xL4", ["rowwise"], "bf16", "the L4 has no float8 tensor cores"),
-        ("1x8xH100", ["mxfp8"], "bf16", "mxfp8: needs MX tensor cores (B200), the H100-SXM-80GB has none"),
+        ("1x8xH100", ["mxfp8"], "bf16", "mxfp8: needs MX tensor cores (Blackwell: B200, B300, GB200, GB300), "
+         "the H100-SXM-80GB has none"),
         ("1x8xH100", ["tensorwise"], "fp32", "set training.precision to bf16"),
     ],
 )
