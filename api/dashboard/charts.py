@@ -85,6 +85,9 @@ class Series:
     radius: float = 4.0
     css_class: str = ""
     """What the series is (e.g. `chosen`): the traces' `meta.class`, for tests and readers of the JSON."""
+    ring: bool = False
+    """Markers drawn as rings, for a point drawn over others at the same place (the chosen plan
+    among its alternatives): a filled marker would hide them."""
 
 
 @dataclass(frozen=True)
@@ -409,8 +412,7 @@ def xy_chart(
             "x": [p.x for p in points], "y": [p.y for p in points],
             "hovertext": [_text(p.tooltip) for p in points], "hoverinfo": "text",
             "customdata": [p.href for p in points],
-            "marker": {"color": s.color, "size": 2 * s.radius + 1, "opacity": 0.85,
-                       "line": {"color": "#ffffff", "width": 1}},
+            "marker": _marker(s),
             "line": {"color": s.color, "width": 2},
             "meta": _trace_meta(s.css_class),
             **_error_bars(points, s.color),
@@ -449,6 +451,16 @@ def _error_bars(points: Sequence[Point], color: str) -> dict[str, Any]:
             "arrayminus": [v - r.low if r else 0.0 for r, v in zip(ranges, values, strict=True)],
         }
     return bars
+
+
+def _marker(series: Series) -> dict[str, Any]:
+    if series.ring:
+        # Open: what lies under it (the same configuration on the Pareto front, an alternative priced
+        # the same) stays visible inside the ring.
+        return {"color": series.color, "size": 2 * series.radius + 1, "symbol": "circle-open",
+                "line": {"color": series.color, "width": 3}}
+    return {"color": series.color, "size": 2 * series.radius + 1, "opacity": 0.85,
+            "line": {"color": "#ffffff", "width": 1}}
 
 
 def _guide_trace(label: str, xs: list[float], ys: list[float], color: str) -> dict[str, Any]:

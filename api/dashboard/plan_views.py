@@ -421,7 +421,8 @@ def tradeoff_chart(plan: Plan) -> charts.Chart:
                        css_class="alternative"),
             charts.Series("Pareto front", [_candidate_point(c) for c in plan.pareto_front], charts.PALETTE[1],
                        line=True, css_class="pareto"),
-            charts.Series("chosen plan", [chosen], charts.HIGHLIGHT_COLOR, radius=7, css_class="chosen"),
+            charts.Series("chosen plan", [chosen], charts.HIGHLIGHT_COLOR, radius=8, css_class="chosen",
+                          ring=True),
         ],
         x_label="peak memory per GPU (GiB)", y_label="tokens/s per GPU", guides=guides,
     )
