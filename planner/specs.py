@@ -416,15 +416,28 @@ def whole_number_pattern(high: int) -> str:
     return "(?:" + "|".join(options) + ")"
 
 
+def _any_case(name: str) -> str:
+    """`name` as a regular expression (Python and ECMA-262 alike) matching it in any letter case."""
+    return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else ("\\." if c == "." else c) for c in name)
+
+
+RACK_GPUS: tuple[str, ...] = tuple(
+    key for gpu in GPU_CATALOG.values()
+    if gpu.scaleup_domain_gpus and gpu.scaleup_domain_gpus > gpu.default_gpus_per_node
+    for key in (gpu.name, *gpu.aliases)
+)
+"""The names and aliases of catalog GPUs whose scale-up domain spans nodes (GB200, GB300): the text
+may count their GPUs by the domain (`4x72xGB200`), beyond a node's MAX_GPUS_PER_NODE."""
 CLUSTER_SCHEMA_PATTERN = (
-    rf"^(?:{whole_number_pattern(MAX_NODES)}[xX])?{whole_number_pattern(MAX_SCALEUP_DOMAIN_GPUS)}[xX]"
-    r"([A-Za-z][A-Za-z0-9._-]*)$"
+    rf"^(?:{whole_number_pattern(MAX_NODES)}[xX])?(?:{whole_number_pattern(MAX_GPUS_PER_NODE)}[xX]"
+    r"[A-Za-z][A-Za-z0-9._-]*"
+    rf"|{whole_number_pattern(MAX_SCALEUP_DOMAIN_GPUS)}[xX](?:{'|'.join(map(_any_case, RACK_GPUS))}))$"
 )
 """The cluster text as the API's JSON schema states it: CLUSTER_PATTERN with the counts' bounds written
-out (1 to MAX_NODES nodes, 1 to MAX_SCALEUP_DOMAIN_GPUS GPUs per node or scale-up domain), so that a
-schema-valid string is refused only for what no schema can state (which GPU names the catalog knows,
-and whose domains span nodes). The text itself is read
-with CLUSTER_PATTERN, so that a count out of bounds is refused naming the bound."""
+out (1 to MAX_NODES nodes, 1 to MAX_GPUS_PER_NODE GPUs per node, or 1 to MAX_SCALEUP_DOMAIN_GPUS per
+domain for the RACK_GPUS), so that a schema-valid string is refused only for what no schema can state
+(which GPU names the catalog knows, a domain of whole nodes). The text itself is read with
+CLUSTER_PATTERN, so that a count out of bounds is refused naming the bound."""
 MAX_CLUSTER_TEXT = 80
 """Longer than any cluster written as text (and than the API's cluster strings)."""
 
@@ -460,10 +473,21 @@ def _domains_as_nodes(*, num_nodes: int, gpus: int, gpu: str) -> dict[str, Any]:
     except UnknownCatalogEntryError:
         spec = None  # ClusterSpec refuses it, naming the known GPUs
     host = spec.default_gpus_per_node if spec else gpus
-    if spec is None or not spec.scaleup_domain_gpus or gpus <= host or gpus % host:
+    if spec is None or not spec.scaleup_domain_gpus or gpus <= host:
         return {"num_nodes": num_nodes, "gpus_per_node": gpus, "gpu": gpu}
+    nodes = num_nodes * (gpus // host)
+    if gpus % host or nodes > MAX_NODES:
+        problem = (
+            f"{gpus} GPUs is not a whole number of {spec.name}'s {host}-GPU nodes" if gpus % host
+            else f"{num_nodes} domains of {gpus} GPUs are {nodes:,} nodes of {host}, more than {MAX_NODES:,}"
+        )
+        raise ValidationError.from_exception_data(ClusterSpec.__name__, [InitErrorDetails(
+            type=PydanticCustomError("cluster_domain", "{problem}; write {format}",
+                                     {"problem": problem, "format": CLUSTER_FORMAT}),
+            loc=(), input=f"{num_nodes}x{gpus}x{gpu}",
+        )])
     domain = {} if gpus == spec.scaleup_domain_gpus else {"scaleup_domain_gpus": gpus}
-    return {"num_nodes": num_nodes * (gpus // host), "gpus_per_node": host, "gpu": gpu, **domain}
+    return {"num_nodes": nodes, "gpus_per_node": host, "gpu": gpu, **domain}
 
 
 _TRAINING_BOUNDS: dict[str, Any] = {

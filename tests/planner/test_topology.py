@@ -4,6 +4,8 @@ search makes of it."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from pydantic import ValidationError
 
@@ -11,7 +13,7 @@ from contract.mesh import Mesh
 from contract.topology import domains_spanned, span_link
 from planner.hashing import plan_hash
 from planner.search import make_plan
-from planner.specs import ClusterSpec, SearchSpace
+from planner.specs import CLUSTER_SCHEMA_PATTERN, ClusterSpec, SearchSpace
 from tests.planner.conftest import make_request
 
 
@@ -120,3 +122,13 @@ def test_a_cluster_is_spelt_back_as_it_reads() -> None:
 def test_a_plan_headline_names_domains_that_span_nodes() -> None:
     assert ClusterSpec.parse("4x72xGB200").domains() == " in scale-up domains of 72"
     assert ClusterSpec.parse("2x8xH100").domains() == ""
+
+
+def test_a_rack_count_is_whole_nodes_and_the_schema_says_which_gpus_take_one() -> None:
+    with pytest.raises(ValidationError, match="70 GPUs is not a whole number of GB200's 4-GPU nodes"):
+        ClusterSpec.parse("1x70xGB200")
+    with pytest.raises(ValidationError, match="73,728 nodes of 4, more than 4,096"):
+        ClusterSpec.parse("4096x72xGB200")
+    schema = re.compile(CLUSTER_SCHEMA_PATTERN)
+    assert schema.fullmatch("4x72xGB200") and schema.fullmatch("2x36xgb300-nvl72")
+    assert not schema.fullmatch("1x72xH100") and schema.fullmatch("1x64xH100")
