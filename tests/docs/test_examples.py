@@ -41,11 +41,22 @@ class Example:
 
 
 def code_blocks(text: str) -> list[tuple[int, list[str]]]:
-    """The indented code blocks of a page: (line number of the first line, the lines dedented)."""
+    """The code blocks of a page, indented or fenced: (line number of the first line, its lines, dedented)."""
     blocks: list[tuple[int, list[str]]] = []
     current: list[str] = []
     start = 0
+    fence = False
     for number, line in enumerate([*text.splitlines(), "."], start=1):
+        if line.startswith("```"):
+            if fence:
+                blocks.append((start, current))
+                current = []
+            fence = not fence
+            start = number + 1
+            continue
+        if fence:
+            current.append(line)
+            continue
         if line.startswith("    ") or (current and not line.strip()):
             if not current:
                 start = number
@@ -197,3 +208,38 @@ def test_an_api_example_answers_what_its_page_shows(example: ApiExample, service
     for field, shown in fields.items():
         assert same_as_shown(shown, answer.get(field)), (
             f"{example} shows \"{field}\":{shown} where the service answers {answer.get(field)!r}")
+
+
+def percent(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1%}"
+
+
+def report_rows(rows: list[dict[str, Any]], *, loso: bool) -> list[list[str]]:
+    return [[r["group"], r["quantity"], str(r["runs"]), percent(r["mean_abs"]), percent(r["max_abs"]),
+             percent(r["bias"]), *([percent(r["loso_mean_abs"])] if loso else [])] for r in rows]
+
+
+def page_tables(text: str) -> list[list[list[str]]]:
+    """The markdown tables of a page, each a list of rows of cells (header and rule left out)."""
+    tables: list[list[list[str]]] = []
+    for block in re.findall(r"(?:^\|.*\|\n)+", text, re.MULTILINE):
+        rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in block.splitlines()]
+        tables.append(rows[2:])
+    return tables
+
+
+def test_the_fidelity_page_shows_the_stored_report() -> None:
+    # The figures of the report the service serves (`fsdp-planner fidelity --write` stores it).
+    report = json.loads((REPO / "planner" / "fidelity" / "report.json").read_text())
+    page = (DOCS / "fidelity.md").read_text(encoding="utf-8")
+    tables = page_tables(page)
+    fit = report_rows(report["by_gpu"] + report["by_quantity"], loso=True)
+    held_out = report_rows(report["held_out_by_gpu"] + report["held_out_by_quantity"], loso=False)
+    assert fit in tables, f"docs/fidelity.md's fit table is not the stored report's:\n{fit}"
+    assert held_out in tables, f"docs/fidelity.md's held-out table is not the stored report's:\n{held_out}"
+    priced = sum(run["priced"] for run in report["runs"])
+    assert f"{report['sources']} sources, {priced} of {len(report['runs'])} runs priced" in page
+    for coverage in report["coverage"]:
+        line = (f"80% interval: {coverage['covered']} of {coverage['runs']} held-out {coverage['quantity']} "
+                f"runs inside ({coverage['fraction']:.0%})")
+        assert line in page, line
