@@ -124,6 +124,7 @@ def context(plan: Plan, *, image: str = DEFAULT_IMAGE) -> render.LaunchContext:
         gpu=comment(cluster.gpu, limit=40),
         uses_gpus=not gpu.is_cpu,
         stack=vendors.stack_for(gpu),
+        domain_nodes=domain_nodes(plan),
         image=image_ref(image),
         label=comment(plan.config.label(), limit=100),
         mesh=plan.config.mesh,  # a contract.mesh.Mesh: its degrees are checked whole numbers >= 1
@@ -132,6 +133,17 @@ def context(plan: Plan, *, image: str = DEFAULT_IMAGE) -> render.LaunchContext:
         pipeline=_pipeline(plan.config.pipeline),
         pure_bf16=plan.training.state_dtype == "bfloat16",
     )
+
+
+def domain_nodes(plan: Plan) -> int:
+    """Nodes per scale-up domain where a domain spans nodes and whole domains make up the job (the job
+    smaller than one domain: the job's nodes); else 1. What the bundles ask the scheduler to keep together."""
+    cluster = plan.cluster
+    per_domain = cluster.scaleup_gpus // cluster.gpus_per_node
+    if per_domain <= 1:
+        return 1
+    nodes = min(per_domain, cluster.num_nodes)
+    return nodes if cluster.num_nodes % nodes == 0 else 1
 
 
 def _pipeline(pipeline: PipelineConfig | None) -> PipelineConfig | None:

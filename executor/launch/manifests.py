@@ -26,6 +26,13 @@ CHECKPOINT_MOUNT = "/checkpoints"
 """Where the checkpoint PersistentVolumeClaim is mounted: CHECKPOINT_DIR in the pods."""
 RDMA_EXAMPLE = "rdma/rdma_shared_device_a"
 """The RDMA resource the manifests' commented-out example names."""
+DOMAIN_LABEL = "nvidia.com/gpu.clique"
+"""The node label naming a node's NVLink domain (NVIDIA GPU Feature Discovery's on multi-node NVLink
+systems such as GB200 NVL72): the topology level a queued job's pods are kept together by."""
+SLICE_TOPOLOGY = "kueue.x-k8s.io/podset-slice-required-topology"
+SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"
+"""Kueue's topology-aware scheduling: the pods of a pod set in slices of this many, each slice inside
+one domain of that topology level."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +156,16 @@ def volume_mounts() -> list[Document]:
     ]
 
 
+def pod_metadata(ctx: LaunchContext, kube: KubeContext) -> Document:
+    """For a queued TrainJob whose scale-up domains span nodes, the pod template's annotations that have
+    Kueue place its pods a domain at a time (one pod per node: slices of `domain_nodes` pods, each on
+    one NVLink domain), as the plan lays its ranks out; {} otherwise. Only the TrainJob's one pod set
+    of every node can be sliced so: a PyTorchJob's Master and Workers are pod sets of their own."""
+    if not kube.scheduling.queue or ctx.domain_nodes <= 1:
+        return {}
+    return {"metadata": {"annotations": {SLICE_TOPOLOGY: DOMAIN_LABEL, SLICE_SIZE: str(ctx.domain_nodes)}}}
+
+
 def _pod_spec(ctx: LaunchContext, kube: KubeContext, container: Document) -> Document:
     return {
         "terminationGracePeriodSeconds": environment.TERMINATION_GRACE_S,
@@ -162,7 +179,7 @@ def train_job(ctx: LaunchContext, kube: KubeContext) -> Document:
     """The Kubeflow Trainer v2 TrainJob on the torch-distributed runtime: the trainer's container, and
     a runtime patch for what the trainer section cannot say (volumes, grace period, IPC_LOCK)."""
     node = {"name": "node", **security_context(kube), "volumeMounts": volume_mounts()}
-    patch = {"spec": {"template": {"spec": _pod_spec(ctx, kube, node)}}}
+    patch = {"spec": {"template": {**pod_metadata(ctx, kube), "spec": _pod_spec(ctx, kube, node)}}}
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",

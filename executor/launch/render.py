@@ -51,6 +51,10 @@ class LaunchContext:
     stack: vendors.Stack = vendors.NVIDIA
     """The GPU vendor's stack (CUDA and NCCL, or ROCm and RCCL): the image, the resource, the
     environment the scripts and manifests set."""
+    domain_nodes: int = 1
+    """Nodes per scale-up domain where one spans several nodes and tiles the job (18 on a GB200 NVL72
+    rack): the plan lays its ranks domain after domain, so the scheduler is asked for whole domains
+    (SLURM's `--segment`, Kueue's pod-set slices). 1: a domain is a node, nothing to ask."""
 
 
 FLOAT8_GPUS = {"mxfp8": "compute capability 10.0+: B200, B300, GB200, GB300"}
@@ -237,6 +241,9 @@ def _sbatch_options(ctx: LaunchContext, entry: Entry) -> dict[str, str | int | N
     }
     if ctx.uses_gpus:
         options["gpus-per-node"] = ctx.gpus_per_node
+    if ctx.domain_nodes > 1:
+        # The topology/block plugin's segments: each a set of nodes inside one block (NVLink domain).
+        options["segment"] = ctx.domain_nodes
     options |= {"exclusive": None, "output": "%x-%j.out"}
     if entry.resumable:
         # SIGUSR1 to the batch shell before the time limit, then requeued under the same job id.
