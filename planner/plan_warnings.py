@@ -81,7 +81,7 @@ def _what_cuts_communication(request: PlanRequest) -> str:
     searched, possible = tensor_parallel_reach(request)
     # Pipeline stages, where the search left them out (pinned, or one node).
     pipeline = " or pipeline parallelism" if max(pipeline_parallel_degrees(request)) == 1 else ""
-    if request.cluster.num_nodes > 1:
+    if request.cluster.world_size > request.cluster.scaleup_gpus:  # the network carries it
         return (
             "A larger global batch (more tokens per GPU per step)"
             + (", a faster network between nodes" if pipeline else " or a faster network between nodes")
