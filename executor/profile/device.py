@@ -10,6 +10,7 @@ float8 GEMM it runs (if any). Standard library and torch only, like the rest of 
 
 from __future__ import annotations
 
+import os
 import re
 
 import torch
@@ -65,6 +66,14 @@ def architecture(device: torch.device) -> str | None:
 def runtime_versions() -> dict[str, str | None]:
     """The GPU runtime torch was built for: `cuda_version` (None on ROCm) and `hip_version`."""
     return {"cuda_version": torch.version.cuda, "hip_version": getattr(torch.version, "hip", None)}
+
+
+def allocator_config() -> str:
+    """The caching allocator's settings this process runs under ('' for torch's defaults): on a ROCm
+    build `PYTORCH_HIP_ALLOC_CONF` where it is set (the HIP allocator reads it first), else
+    `PYTORCH_CUDA_ALLOC_CONF`."""
+    hip = os.environ.get("PYTORCH_HIP_ALLOC_CONF") if is_rocm() else None
+    return hip if hip is not None else os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
 
 
 def catalog_gpu(device: torch.device) -> str | None:

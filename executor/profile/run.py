@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from contract.calibration_profile import PROFILE_SCHEMA_VERSION
-from executor.profile.device import catalog_gpu, runtime_versions
+from executor.profile.device import allocator_config, catalog_gpu, runtime_versions
 from executor.profile.measure import (
     Budget,
     bandwidth_samples,
@@ -305,7 +305,7 @@ def run(args: argparse.Namespace) -> dict:
         "device_memory_bytes": device_bytes,
         # The reserve beyond allocated bytes is the allocator's: the fit uses it only when the steps
         # ran under the allocator the launchers set (planner/memory_calibration.py).
-        "allocator_config": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "allocator_config": allocator_config(),
     }
 
 

@@ -77,6 +77,18 @@ def test_a_rocm_build_reports_hip_and_names_instinct_gpus(rocm: SimpleNamespace)
     assert detect.catalog_gpu(GPU) is None
 
 
+def test_the_allocator_recorded_is_the_one_the_build_reads(
+    rocm: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.delenv("PYTORCH_HIP_ALLOC_CONF", raising=False)
+    assert detect.allocator_config() == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_HIP_ALLOC_CONF", "")  # set, though empty: the HIP allocator's defaults
+    assert detect.allocator_config() == ""
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)  # a CUDA build ignores the HIP name
+    assert detect.allocator_config() == "expandable_segments:True"
+
+
 def test_float8_gemms_take_each_architectures_encoding(rocm: SimpleNamespace) -> None:
     assert detect.float8_gemm_dtype(GPU) == torch.float8_e4m3fnuz  # MI300X, MI325X
     rocm.arch = "gfx950"
