@@ -680,7 +680,8 @@ def parallelism_that_plans(
     parallelism that splits a sequence (every context-parallel degree the sequence takes, every
     tensor-parallel one a node allows), on nodes as wide as the request's or, where the GPU's usual
     node is wider, as wide as that (one GPU per node leaves tensor parallelism nothing to split):
-    `... it plans on 120 GPUs: --cluster 15x8xH100 --cp 2 --tp 4`, the options to type, priced by the
+    `... it plans on 120 GPUs: cluster "15x8xH100", search.context_parallel_degrees [2], ...`, the
+    inputs to set (`--cluster 15x8xH100, --cp 2` on the command line), priced by the
     search's own test (`advise`). Empty when none plans up to MAX_NODES_TRIED nodes, or when looking
     passes `deadline`."""
     found: list[tuple[int, PlanRequest, Advice]] = []
@@ -699,14 +700,16 @@ def parallelism_that_plans(
     _, widened, advice = min(found, key=lambda entry: entry[0])
     first = advice.batches[0]
     mesh = first.choice.mesh
-    options = [f"--cluster {cluster_name(widened, first.num_nodes)}"]
-    options += [f"{axis(name).option} {mesh.degree(name)}" for name in SEQUENCE_AXES if mesh.degree(name) > 1]
+    # In the request's terms (the command line names its options: api/cli/common.py `in_cli_terms`).
+    options = [f'cluster "{cluster_name(widened, first.num_nodes)}"']
+    split = [name for name in SEQUENCE_AXES if mesh.degree(name) > 1]
+    options += [f"search.{axis(name).search_field} [{mesh.degree(name)}]" for name in split]
     batch = first.global_batch_sequences * request.training.seq_len
     if batch != tokens:
-        options.append(f"global_batch_tokens {batch}")
+        options.append(f"training.global_batch_tokens {batch}")
     return (
         "Searching every context- and tensor-parallel degree, it plans on "
-        f"{_gpus(widened, first.num_nodes)}: {' '.join(options)} (the lightest configuration there: "
+        f"{_gpus(widened, first.num_nodes)}: {', '.join(options)} (the lightest configuration there: "
         f"{to_parallel_config(first.choice, widened).label()})."
     )
 

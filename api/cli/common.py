@@ -176,10 +176,18 @@ def field_bounds(model: type[BaseModel], name: str) -> tuple[int, int]:
     return int(low), int(high)
 
 
+_SET_TO = re.compile(r'(?<![\w.-])cluster "([^"\s]+)"|(--[a-z-]+) \[(\d+)\]')
+"""A value the planner's advice sets an input to, as the command line types it: `cluster "4x8xH100"`
+-> `--cluster 4x8xH100`, and a pin of one degree, `--cp [8]` (once named as its option) -> `--cp 8`."""
+
+
 def in_cli_terms(message: str) -> str:
     """`message` with every input field it names replaced by the option that sets it:
     `search.tensor_parallel_degrees: tp=3 must divide ...` -> `--tp: tp=3 must divide ...`."""
-    return _FIELD_NAME.sub(lambda match: CLI_OPTIONS[match.group(1)], message)
+    named = _FIELD_NAME.sub(lambda match: CLI_OPTIONS[match.group(1)], message)
+    return _SET_TO.sub(
+        lambda m: f"--cluster {m.group(1)}" if m.group(1) else f"{m.group(2)} {m.group(3)}", named
+    )
 
 
 def fail(message: str | list[str], code: int = EXIT_INVALID_INPUT) -> typer.Exit:

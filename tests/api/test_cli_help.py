@@ -207,7 +207,7 @@ def advised_options(message: str) -> list[str]:
     """The options a refusal's last advice names (`... it plans on 120 GPUs: --cluster 15x8xH100 --cp 2
     --tp 4 --global-batch-tokens 122880 (...)`), as a person would type them."""
     tail = message.rsplit("it plans on ", 1)[1]
-    return tail.split(": ", 1)[1].split(" (", 1)[0].split()
+    return tail.split(": ", 1)[1].split(" (", 1)[0].replace(",", "").split()
 
 
 def test_advice_for_a_model_one_gpu_cannot_hold_leads_to_a_plan() -> None:

@@ -4,6 +4,9 @@ level is told where it belongs."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import httpx
 import pytest
 
@@ -36,3 +39,29 @@ async def test_a_training_field_at_the_top_level_is_pointed_to_training(client: 
     problem = response.json()
     assert 'unknown field "seq_len": did you mean "training.seq_len"?' in problem["detail"], problem
     assert '"training": {"seq_len": 4096' in problem["detail"]  # the example shows where it goes
+
+
+async def test_the_advice_for_a_model_one_gpu_cannot_hold_names_the_inputs_that_plan(
+    client: httpx.AsyncClient,
+) -> None:
+    """In the request's terms (the command line turns them into options): the cluster, the pinned
+    degrees and the batch on which the request plans, and posting them plans."""
+    body = {"model": "llama3.1-405b", "cluster": "1x1xH100",
+            "training": {"seq_len": 8192, "global_batch_tokens": 65536}}
+    refused = await client.post(PLANS, json=body)
+    assert refused.status_code == 422, refused.text
+    detail = refused.json()["detail"]
+    advice = re.search(r'it plans on \d+ GPUs: cluster "([^"]+)", (.*?) \(the lightest', detail)
+    assert advice, detail
+    search: dict[str, list[int]] = {}
+    training = dict(body["training"])
+    for name, value in re.findall(r"([\w.]+) (\[\d+\]|\d+)", advice.group(2)):
+        section, field = name.split(".")
+        if section == "search":
+            search[field] = json.loads(value)
+        else:
+            training[field] = int(value)
+    assert "context_parallel_degrees" in search, detail
+    followed = await client.post(PLANS, json={**body, "cluster": advice.group(1), "training": training,
+                                              "search": search})
+    assert followed.status_code in (200, 201), followed.text
