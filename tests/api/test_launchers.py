@@ -218,3 +218,27 @@ def test_every_target_is_offered_everywhere() -> None:
     from executor.launch.bundle import TARGETS
 
     assert [t.value for t in LaunchTarget] == list(TARGETS) == [t for t, _ in LAUNCHER_TARGETS]
+
+
+async def test_an_amd_plans_bundle_asks_for_amd_gpus_in_a_rocm_image(client: httpx.AsyncClient) -> None:
+    plan = (await client.post(PLANS, json=cheap_plan(cluster="1x8xMI300X"))).json()
+    url = f"{PLANS}/{plan['id']}/launcher"
+
+    def trainer(response: httpx.Response) -> dict:
+        assert response.status_code == 200, response.text
+        with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
+            (member,) = [m for m in archive.getmembers() if m.name.endswith("/k8s.yaml")]
+            text = archive.extractfile(member).read().decode()  # type: ignore[union-attr]
+        (job,) = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "TrainJob"]
+        return job["spec"]["trainer"]
+
+    default = trainer(await client.get(url, params={"target": "k8s"}))
+    assert default["resourcesPerNode"]["limits"] == {"amd.com/gpu": 8}
+    assert default["image"] == "rocm/pytorch:rocm7.2_ubuntu24.04_py3.12_pytorch_release_2.13.0"
+    older = trainer(await client.get(url, params={"target": "k8s", "rocm_version": "6.4.1",
+                                                  "torch_version": "2.9.0"}))
+    assert older["image"] == "rocm/pytorch:rocm6.4.1_ubuntu24.04_py3.12_pytorch_release_2.9.0"
+    # NVIDIA GPUs for an AMD plan need an image with a CUDA build of torch.
+    nvidia = await client.get(url, params={"target": "k8s", "gpu_resource": "nvidia.com/gpu"})
+    problem = assert_problem(nvidia, 422)
+    assert "image" in json.dumps(problem)
