@@ -440,6 +440,8 @@ def infeasible_error(
     assert limiting is not None
     needs_model_parallelism = fitting is None or dominant_term(limiting.memory).group == "activations"
     remedy = [what_fits(request, advice) if fitting else data_parallel_cannot(request, limiting)]
+    if dominant.group == "states":
+        remedy += [sentence for sentence in [_pure_bf16_fits_here(request, setting, deadline)] if sentence]
     if fitting and needs_model_parallelism:
         remedy.append(_model_parallelism_would_help(request, fitting))
     if needs_model_parallelism:
@@ -507,6 +509,29 @@ def _expert_parallel_hint(request: PlanRequest, mesh: Mesh) -> str:
         f"; expert parallelism does: {axis('ep').option} {largest} holds 1/{largest} of the routed "
         "experts per rank, and gathers only those"
         + (" (the request pins the expert-parallel degrees)" if unpinned.search != request.search else "")
+    )
+
+
+def _pure_bf16_fits_here(request: PlanRequest, setting: Setting, deadline: CpuDeadline | None) -> str:
+    """Where fp32 master parameters, gradients and optimizer states hold most of the peak: whether
+    pure bf16 training (half their bytes) fits on the cluster asked for, as a sentence (empty when it
+    does not, or when the request trains in pure bf16 or fp32 already). Priced by the advice's own
+    probe, the search's memory test on the lightest configurations."""
+    training = request.training
+    if training.precision != "bf16" or training.state_dtype == "bfloat16":
+        return ""
+    pure = request.model_copy(update={"training": training.model_copy(update={"state_dtype": "bfloat16"})})
+    prober = Prober(pure, replace(setting, state_dtype="bfloat16"), deadline=deadline)
+    try:
+        probe = prober.at(request.cluster.num_nodes, training.global_batch_sequences, lightest=True)
+    except SearchDeadlineError:
+        return ""  # the refusal says what it found within the limit per plan
+    if not probe.fits:
+        return ""
+    return (
+        "Pure bf16 training fits it here: with training.state_dtype bfloat16 the parameters, gradients "
+        f"and optimizer states are kept in bf16, with no fp32 master copy (the lightest configuration: "
+        f"{to_parallel_config(probe.choice, pure).label()}, {probe.memory.total / GIB:.1f} GiB per GPU)."
     )
 
 

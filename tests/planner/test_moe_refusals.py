@@ -36,3 +36,27 @@ def test_a_dense_refusal_names_no_expert_parallelism() -> None:
     with pytest.raises(InfeasiblePlanError) as refused:
         make_plan(request)
     assert "expert parallelism" not in str(refused.value)
+
+
+def test_a_refusal_held_up_by_fp32_states_says_pure_bf16_fits_here() -> None:
+    request = make_request("qwen3-30b-a3b", "1x8xH100", seq_len=4096, sequences=256)
+    with pytest.raises(InfeasiblePlanError) as refused:
+        make_plan(request)
+    assert str(refused.value).endswith(
+        "Pure bf16 training fits it here: with training.state_dtype bfloat16 the parameters, gradients and "
+        "optimizer states are kept in bf16, with no fp32 master copy (the lightest configuration: "
+        "full_shard dp8x1 ep8 tp1 u1 AC=full mb1x32 eager, 36.5 GiB per GPU)."
+    )
+    assert "Pure bf16 training fits it here" in (refused.value.advice or "")
+    # And it does: the same request in pure bf16 plans on the same node.
+    pure = request.model_copy(
+        update={"training": request.training.model_copy(update={"state_dtype": "bfloat16"})}
+    )
+    assert make_plan(pure).config.mesh.world_size == 8
+
+
+def test_no_pure_bf16_advice_where_half_the_states_still_do_not_fit() -> None:
+    request = make_request("llama3-70b", "1x8xH100", seq_len=4096, sequences=256)
+    with pytest.raises(InfeasiblePlanError) as refused:
+        make_plan(request)
+    assert "Pure bf16" not in str(refused.value)
