@@ -50,3 +50,19 @@ def test_the_chosen_point_leaves_the_points_under_it_visible(
     assert under and under[0]["width"] > 0, markers
     assert under[0]["width"] < chosen["width"]  # inside the ring, not covering it
     page.screenshot("tradeoff-chosen-ring")
+
+
+def test_each_launcher_button_downloads_a_file_of_its_own(live_server: LiveServer, page: BrowserPage) -> None:
+    """Downloaded one after another, the targets' bundles no longer land on one name (the browser
+    renamed them `... (1).tar.gz`, or the second replaced the first)."""
+    p = page.page
+    created = p.request.post(f"{live_server.url}/api/v1/plans", data=CHEAP_PLAN)
+    assert created.ok, created.text()
+    p.goto(f"{live_server.url}/plans/{created.json()['id']}")
+    names = {}
+    for target in ("torchrun", "slurm", "k8s", "skypilot"):
+        with p.expect_download() as download:
+            p.click(f"#download-launcher-{target}")
+        names[target] = download.value.suggested_filename
+    assert len(set(names.values())) == 4, names
+    assert all(name.endswith(f"-{target}.tar.gz") for target, name in names.items()), names
