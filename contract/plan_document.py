@@ -70,10 +70,18 @@ class ClusterConfig:
     """Total ranks (num_nodes x gpus_per_node when 0)."""
     gpu_spec: GpuConfig = field(default_factory=GpuConfig)
     """The GPU's catalog entry."""
+    scaleup_domain_gpus: int | None = None
+    """GPUs one NVLink (or Infinity Fabric) domain joins where it spans nodes (72 on a GB200 NVL72
+    rack of nodes of 4); None: the node."""
 
     @property
     def ranks(self) -> int:
         return self.world_size or self.num_nodes * self.gpus_per_node
+
+    @property
+    def domain_gpus(self) -> int:
+        """The GPUs a tensor-parallel group may span (contract/topology.py): the scale-up domain."""
+        return self.scaleup_domain_gpus or self.gpus_per_node
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +255,7 @@ def check_plan(plan: RuntimePlan) -> None:
         model.hidden_size % model.num_heads or model.num_heads % model.kv_heads
     ):
         raise PlanError("plan.model: num_heads must divide hidden_size and num_kv_heads num_heads")
-    problems = mesh_problems(mesh, model, plan.training, gpus_per_node=plan.cluster.gpus_per_node)
+    problems = mesh_problems(mesh, model, plan.training, gpus_per_node=plan.cluster.domain_gpus)
     if problems:
         raise PlanError(f"plan.{problems[0]}")
     if cfg.pipeline is not None:

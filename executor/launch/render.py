@@ -179,7 +179,7 @@ def _fixed_layout_check(ctx: LaunchContext, script: str, entry: Axis) -> str:
 
 def _within_node_check(ctx: LaunchContext, script: str, entry: Axis) -> str:
     """Bash that refuses a per-node process count the axis's groups cannot tile (tp: they stay inside a
-    node)."""
+    node, or inside a scale-up domain that spans nodes, where a group may span whole nodes)."""
     assert ctx.mesh is not None
     return render_template(
         "parts/within_node_check.sh.j2",
@@ -187,6 +187,7 @@ def _within_node_check(ctx: LaunchContext, script: str, entry: Axis) -> str:
         axis=entry,
         degree=ctx.mesh.degree(entry.name),
         gpus_per_node=ctx.gpus_per_node,
+        domain_gpus=ctx.domain_nodes * ctx.gpus_per_node if ctx.domain_nodes > 1 else 0,
     )
 
 
