@@ -17,7 +17,7 @@ weight is a DTensor on (ep, expert_tp), (Shard(0), its tp placement).
 A step (`AllToAllDispatcher`): sort the rank's token copies by expert, exchange the counts per
 expert (all_to_all_single of [num_experts] counts: each rank learns how many rows it receives from
 each peer for each of its experts), send the rows (all_to_all_single with those split sizes,
-`all_to_all_single_autograd`: its backward is the reverse all-to-all), reorder them from
+`exchange_rows`: its backward is the reverse all-to-all), reorder them from
 source-rank-major to expert-major for the grouped matmul, and after the experts undo both.
 
 Gradients: a rank's experts get the gradients of every ep peer's tokens, and the engines average
@@ -33,8 +33,9 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed._functional_collectives import all_to_all_single, all_to_all_single_autograd
+from torch.distributed._functional_collectives import all_to_all_single
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from contract.mesh import WORLD_AXES
@@ -143,6 +144,7 @@ class AllToAllDispatcher(LocalDispatcher):
 
     def __init__(self, *, group: dist.ProcessGroup, ep: int) -> None:
         self.group, self.ep = group, ep
+        self.group_name = group.group_name
 
     def dispatch(self, x: torch.Tensor, experts: torch.Tensor, num_experts: int) -> EpDispatched:  # type: ignore[override]
         local = super().dispatch(x, experts, num_experts)
@@ -154,7 +156,7 @@ class AllToAllDispatcher(LocalDispatcher):
             # The split sizes are read on the host: the all-to-all's buffers are sized by them.
             send_splits = local.tokens_per_expert.view(self.ep, -1).sum(1).tolist()
             receive_splits = per_peer.sum(1).tolist()
-        rows = all_to_all_single_autograd(local.rows, receive_splits, send_splits, self.group)
+        rows = exchange_rows(local.rows, receive_splits, send_splits, self.group_name, sum(receive_splits))
         with torch.no_grad():
             order = _expert_major_order(per_peer, rows.shape[0])
         return EpDispatched(
@@ -169,10 +171,47 @@ class AllToAllDispatcher(LocalDispatcher):
     def combine(self, out: torch.Tensor, dispatched: EpDispatched, weights: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         """Expert outputs (expert-major) back to their source ranks, then `LocalDispatcher.combine`."""
         received = torch.zeros_like(out).index_copy(0, dispatched.received_order, out)
-        back = all_to_all_single_autograd(
-            received, dispatched.send_splits, dispatched.receive_splits, self.group
+        back = exchange_rows(
+            received, dispatched.send_splits, dispatched.receive_splits, self.group_name,
+            dispatched.local.rows.shape[0],  # every copy comes back: the rank's tokens x k
         )
         return super().combine(back, dispatched.local, weights)
+
+
+@torch.library.custom_op("fsdp_planner::exchange_rows", mutates_args=())
+def exchange_rows(
+    rows: torch.Tensor, receive: list[int], send: list[int], group_name: str, received: int
+) -> torch.Tensor:
+    """All-to-all of `rows` [sum(send), width] over the process group `group_name`: send[i] rows to
+    peer i, receive[i] from it, in peer order; `received` is sum(receive), given apart so that the
+    combine's exchange back says it is the rank's own (static) number of token copies.
+
+    A custom operator (its backward the reverse exchange) rather than the functional collective:
+    the compiler sees one opaque op whose output size is the one it is told, instead of an
+    all-to-all whose data-dependent sizes inductor's collective bucketing cannot hint."""
+    out = rows.new_empty(received, rows.shape[1])
+    dist.all_to_all_single(out, rows.contiguous(), receive, send, group=_resolve_process_group(group_name))
+    return out
+
+
+@exchange_rows.register_fake
+def _(
+    rows: torch.Tensor, receive: list[int], send: list[int], group_name: str, received: int
+) -> torch.Tensor:
+    return rows.new_empty(received, rows.shape[1])
+
+
+def _exchange_setup(ctx, inputs: tuple, output: torch.Tensor) -> None:
+    rows, ctx.receive, ctx.send, ctx.group_name, _ = inputs
+    ctx.rows = rows.shape[0]
+
+
+def _exchange_backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
+    back = exchange_rows(grad, ctx.send, ctx.receive, ctx.group_name, ctx.rows)
+    return back, None, None, None, None
+
+
+exchange_rows.register_autograd(_exchange_backward, setup_context=_exchange_setup)
 
 
 def _expert_major_order(per_peer: torch.Tensor, rows: int) -> torch.Tensor:
