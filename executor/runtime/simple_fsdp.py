@@ -308,11 +308,7 @@ def _shard_parameter(
     # Data-parallel placements as seen on the global tensor: a dp shard of dim d taken from a tp
     # (or ep) shard of the same dim is strided (every such chunk is split again), see the module
     # docstring.
-    dp_placements = tuple(
-        _StridedShard(p.dim, split_factor=_shards_of(param, p.dim)) if isinstance(p, Shard)
-        and _shards_of(param, p.dim) > 1 else p
-        for p in layout.param
-    )
+    dp_placements = tuple(_strided(p, param) for p in layout.param)
     local = _distribute(tp_local, dp_mesh, layout.param).to_local()
     assert combined is not None, "a tensor-parallel weight needs the combined (dp..., tp) mesh"
     stored = DTensor.from_local(
@@ -326,12 +322,16 @@ def _shard_parameter(
     return nn.Parameter(stored, requires_grad=param.requires_grad), spec
 
 
-def _shards_of(param: DTensor, dim: int) -> int:
-    """How many pieces `param`'s model-parallel placements cut tensor dim `dim` into."""
-    return math.prod(
+def _strided(placement: Placement, param: DTensor) -> Placement:
+    """A data-parallel placement as seen on `param`'s global tensor: a Shard of a dim that `param`'s
+    model-parallel placements already cut into pieces is strided (split_factor: the pieces)."""
+    if not isinstance(placement, Shard):
+        return placement
+    pieces = math.prod(
         size for size, p in zip(param.device_mesh.shape, param.placements, strict=True)
-        if isinstance(p, Shard) and p.dim == dim
+        if isinstance(p, Shard) and p.dim == placement.dim
     )
+    return _StridedShard(placement.dim, split_factor=pieces) if pieces > 1 else placement
 
 
 def _distribute(param: torch.Tensor, mesh: DeviceMesh, placements: tuple[Placement, ...]) -> DTensor:
