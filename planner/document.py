@@ -117,10 +117,10 @@ def plan_document(
             flops_per_token=setting.model.flops_per_token,
         ),
         cluster=PlannedCluster(
-            **request.cluster.model_dump(),
             # A domain that spans nodes is written out, so that the runtime checks groups against it.
-            **({"scaleup_domain_gpus": request.cluster.scaleup_gpus}
-               if request.cluster.scaleup_gpus > request.cluster.gpus_per_node else {}),
+            **request.cluster.model_dump()
+            | ({} if request.cluster.scaleup_gpus <= request.cluster.gpus_per_node
+               else {"scaleup_domain_gpus": request.cluster.scaleup_gpus}),
             world_size=request.cluster.world_size,
             gpu_spec=request.cluster.resolved_gpu(),
         ),

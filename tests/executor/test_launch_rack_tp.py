@@ -43,3 +43,8 @@ def test_the_launch_script_tiles_tp_groups_over_nodes_of_a_domain() -> None:
             ["bash", "-c", f"NPROC_PER_NODE={nproc}\n{check}"], capture_output=True, text=True
         )
         assert (result.returncode == 2) == refused, (nproc, result.stderr)
+
+
+def test_a_domain_of_its_own_is_written_once() -> None:
+    plan = make_plan(make_request("llama3-8b", "2x36xGB200", seq_len=4096, sequences=72))
+    assert plan.model_dump(mode="json")["cluster"]["scaleup_domain_gpus"] == 36
