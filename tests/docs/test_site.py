@@ -49,6 +49,27 @@ def test_no_page_cites_an_internal_issue_number() -> None:
     assert not found, "\n".join(found)
 
 
+# A claim of how fast this project's own code runs (a search, an answer, a start-up, a test run) ...
+SPEED_CLAIM = re.compile(
+    r"\b(answer(?:s|ed)?\s+(?:in|with)|p99|is\s+ready\s+in|(?:takes?|took|runs?\s+in|searches\s+in|plans\s+in)"
+    r"\s+(?:about\s+|well\s+under\s+|under\s+)?[\d.]+(?:-[\d.]+)?\s?(?:s|ms|min|minutes|seconds)\b"
+    r"|about\s+[\d.]+(?:-[\d.]+)?\s?(?:s|ms|minutes?|seconds)\b|about\s+a\s+minute)", re.IGNORECASE)
+# ... names, in its paragraph, the machine it was measured on.
+MACHINE = re.compile(r"\d+\s+cores?\b|\d+-core|\bcores?\s+of\b|machine\b"
+                     r"|\bon\s+(?:one|an?|\d+)\s+(?:H100|H200|A100|B200|MI300X|GPU)", re.IGNORECASE)
+
+
+def test_every_speed_claim_names_its_machine() -> None:
+    unlabelled = []
+    for page in [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        for paragraph in re.split(r"\n\s*\n", page.read_text(encoding="utf-8")):
+            if paragraph.startswith(("    ", "|", "```")) or MACHINE.search(paragraph):
+                continue  # code and tables show output; a paragraph that names its machine is labelled
+            unlabelled += [f"{page.relative_to(REPO)}: ...{paragraph[max(0, m.start() - 60):m.end()]}"
+                           for m in SPEED_CLAIM.finditer(paragraph)]
+    assert not unlabelled, "say which machine measured it (e.g. 'on 2 cores'):\n" + "\n".join(unlabelled)
+
+
 def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
     shutil.copytree(DOCS, tmp_path / "docs")
     shutil.copy(REPO / "mkdocs.yml", tmp_path / "mkdocs.yml")
