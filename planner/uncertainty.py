@@ -225,7 +225,8 @@ def network_spread(*, cluster: ClusterSpec, price: Callable[[ClusterSpec], float
 
 def coverage_warnings(*, cluster: ClusterSpec, mesh: Mesh) -> tuple[Caveat, ...]:
     """Named warnings where a plan goes past what the corpus' priced runs reach: a GPU type none ran
-    on, more GPUs than the largest run, a parallel degree above any run's, and an assumed network."""
+    on (or whose every held-out run the model over-predicted past its interval), more GPUs than the
+    largest run, a parallel degree above any run's, and an assumed network."""
     reach = interval_data()["reach"]
     spec = cluster.resolved_gpu()
     out: list[Caveat] = []
@@ -234,6 +235,15 @@ def coverage_warnings(*, cluster: ClusterSpec, mesh: Mesh) -> tuple[Caveat, ...]
             f"no priced run of the corpus ran on {spec.name} (it has {', '.join(reach['gpus'])}): its "
             "predictions rest on the datasheet alone; calibrate on the GPU (`fsdp-planner profile`) "
             "before trusting the interval"
+        )))
+    missed = reach.get("optimistic_gpus", {}).get(spec.name)
+    if missed:
+        runs = int(missed["runs"])
+        out.append(Caveat("optimistic_throughput", (
+            f"optimistic throughput on {spec.name}: {'the' if runs == 1 else 'all'} {runs} published "
+            f"run{'s' if runs > 1 else ''} on it the model has priced ran slower than priced and outside "
+            f"the 80% interval, by up to {1 + missed['worst']:.2f}x: take this plan's tokens/s as an "
+            "upper bound until a calibration on the GPU (`fsdp-planner profile`) measures it"
         )))
     world = cluster.num_nodes * cluster.gpus_per_node
     if world > reach["max_gpus"]:

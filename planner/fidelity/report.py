@@ -342,6 +342,21 @@ def _coverage(results: Sequence[RunResult]) -> list[Coverage]:
     return coverage
 
 
+def _optimistic_gpus(results: Sequence[RunResult]) -> dict[str, dict[str, float]]:
+    """GPU types every held-out priced run of which ran slower than predicted and outside its interval
+    (the runs, their largest over-prediction): where the corpus measured the type and the model missed
+    it, its plans say so (planner/uncertainty.py) rather than read as covered."""
+    by_gpu: dict[str, list[RunResult]] = {}
+    for r in results:
+        if r.throughput_error is not None and r.throughput_covered is not None:
+            by_gpu.setdefault(r.gpu, []).append(r)
+    return {
+        gpu: {"runs": len(runs), "worst": round(max(r.throughput_error or 0.0 for r in runs), 3)}
+        for gpu, runs in sorted(by_gpu.items())
+        if all(not r.throughput_covered and (r.throughput_error or 0.0) > 0 for r in runs)
+    }
+
+
 def _interval(center: float | None, band: tuple[float, float], q: float) -> tuple[float, float] | None:
     if center is None:
         return None
@@ -460,7 +475,7 @@ def build_report(
             "lead": intervals.lead_calibration(
                 [(item, result) for item, result in dense_runs if split_of(item.source) == "held-out"]
             ),
-            "reach": intervals.reach(dense_runs),
+            "reach": {**intervals.reach(dense_runs), "optimistic_gpus": _optimistic_gpus(unseen)},
         },
         targets=tuple(
             _targets(by_gpu, by_quantity, results, held_out_by_gpu, held_out_by_quantity, coverage)
