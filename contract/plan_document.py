@@ -15,7 +15,9 @@ degrees `shard_group_size` and `replicate_group_size`, and schema 1.0 named two 
 differently. Schema 2.2 added the 80% intervals beside the predicted throughput and peak memory
 (optional: a 2.1 plan reads as one without them); 2.3 a mixture-of-experts plan's peak split into
 experts, dispatch buffers and dense parts (`prediction.expert_memory_gib`, optional: a 2.2 plan reads
-as one without it).
+as one without it); 2.4 the expert-parallel all-to-alls' time apart from the tensor-parallel
+collectives' (`prediction.exposed_expert_parallel_s`, optional: a 2.3 plan reads as one that counted
+them with tensor parallelism).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from contract.model_config import ModelConfig
 from contract.parallel_config import ParallelConfig, PipelineError
 from contract.training_config import TrainingConfig
 
-SCHEMA_VERSION = "2.3"
+SCHEMA_VERSION = "2.4"
 """The version the planner writes. Bump the minor for a new field, the major when a field changes
 meaning (and teach `upgrade_document` the old one)."""
 SUPPORTED_SCHEMA_MAJORS = (1, 2)

@@ -180,6 +180,7 @@ def _prediction(
         exposed_all_gather_s=t.exposed_all_gather_s,
         exposed_reduce_scatter_s=t.exposed_reduce_s,
         exposed_tensor_parallel_s=t.tensor_parallel_s,
+        exposed_expert_parallel_s=t.expert_parallel_s,
         pipeline_bubble_s=t.pipeline_bubble_s,
         exposed_pipeline_p2p_s=t.pipeline_p2p_s,
         optimizer_s=t.optimizer_s,

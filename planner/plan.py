@@ -145,7 +145,12 @@ class Prediction(Document):
     exposed_all_gather_s: float
     exposed_reduce_scatter_s: float
     exposed_tensor_parallel_s: float = 0.0
-    """Tensor-parallel collectives per step (all exposed: they sit between the matmuls)."""
+    """Tensor-parallel collectives per step (all exposed: they sit between the matmuls). Plans
+    stored before schema 2.4 count the expert-parallel all-to-alls here too."""
+    exposed_expert_parallel_s: float = 0.0
+    """Expert parallelism's token dispatch and combine all-to-alls per step, forward, backward and
+    recomputed (all exposed: the experts' GEMMs wait for their rows; in exposed_comm_s; 0 for dense
+    plans and plans stored before schema 2.4)."""
     pipeline_bubble_s: float = 0.0
     """Time per step the busiest pipeline rank waits while the schedule fills and drains (in
     step_time_s, in neither compute_s nor exposed_comm_s)."""

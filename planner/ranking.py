@@ -190,6 +190,7 @@ def cost_components(e: Evaluated, estimator: Estimator) -> dict[str, float]:
         "exposed all-gather": t.exposed_all_gather_s,
         f"exposed {reduce_name}": t.exposed_reduce_s,
         f"tp={e.choice.mesh.tp} per-layer collectives": t.tensor_parallel_s,
+        f"ep={e.choice.mesh.ep} all-to-alls": t.expert_parallel_s,
         "pipeline bubble": t.pipeline_bubble_s,
         "pipeline sends": t.pipeline_p2p_s,
     }

@@ -96,3 +96,13 @@ def as_schema_2_2(document: dict[str, Any]) -> dict[str, Any]:
         return {key: old(item) for key, item in value.items() if key not in SCHEMA_2_3_FIELDS}
 
     return {**old(document), "schema_version": "2.2"}
+
+
+
+def as_schema_2_3(document: dict[str, Any]) -> dict[str, Any]:
+    """A 2.x plan as schema 2.3 wrote it: no `prediction.exposed_expert_parallel_s`, that time
+    counted in `exposed_tensor_parallel_s` instead."""
+    prediction = dict(document["prediction"])
+    expert_parallel = prediction.pop("exposed_expert_parallel_s", 0.0)
+    prediction["exposed_tensor_parallel_s"] = prediction["exposed_tensor_parallel_s"] + expert_parallel
+    return {**document, "prediction": prediction, "schema_version": "2.3"}

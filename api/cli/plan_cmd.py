@@ -275,6 +275,12 @@ def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
             "tensor parallel",
             f"{duration(pred.exposed_tensor_parallel_s)}/step of it (between the matmuls: never overlapped)",
         )
+    if p.config.mesh.ep > 1:
+        summary.add_row(
+            "expert parallel",
+            f"{duration(pred.exposed_expert_parallel_s)}/step of it (token dispatch and combine "
+            "all-to-alls: the experts wait for their tokens)",
+        )
     if pred.tokens_per_s_per_gpu_interval is not None:
         # "80% interval": no wider than the other labels, so the rows stay where they were.
         summary.add_row("80% interval", interval_basis(p))

@@ -182,8 +182,11 @@ def prediction_rows(plan: Plan) -> list[Row]:
             f"all-gather {fmt.duration(p.exposed_all_gather_s)}, "
             f"reduce-scatter {fmt.duration(p.exposed_reduce_scatter_s)}"
             + (f", tensor parallel {fmt.duration(p.exposed_tensor_parallel_s)}" if plan.config.mesh.tp > 1
+               else "")
+            + (f", expert parallel {fmt.duration(p.exposed_expert_parallel_s)}" if plan.config.mesh.ep > 1
                else "")),
         *_tensor_parallel_rows(plan),
+        *_expert_parallel_rows(plan),
         Row("Search", f"{plan.search.candidates_evaluated:,} configurations evaluated",
             f"{plan.search.candidates_fitting:,} fit in memory"),
     ]
@@ -197,6 +200,18 @@ def _tensor_parallel_rows(plan: Plan) -> list[Row]:
         "Tensor-parallel communication", fmt.duration(p.exposed_tensor_parallel_s),
         f"per step, all exposed: the tp={plan.config.mesh.tp} collectives of every layer sit between its "
         f"matmuls ({p.exposed_tensor_parallel_s / p.step_time_s:.0%} of the step)",
+    )]
+
+
+def _expert_parallel_rows(plan: Plan) -> list[Row]:
+    if plan.config.mesh.ep == 1:
+        return []
+    p = plan.prediction
+    share = p.exposed_expert_parallel_s / p.step_time_s
+    return [Row(
+        "Expert-parallel communication", fmt.duration(p.exposed_expert_parallel_s),
+        f"per step, all exposed: the ep={plan.config.mesh.ep} token dispatch and combine all-to-alls of "
+        f"every MoE layer, which the experts' matmuls wait for ({share:.0%} of the step)",
     )]
 
 
@@ -503,6 +518,7 @@ _COMPARE_DISPLAY: dict[str, Callable[[Any], str]] = {
     "network_assumed": lambda v: "not stated: priced as a range" if v else "stated (or one node)",
     "prediction.exposed_comm_s": fmt.duration,
     "prediction.exposed_tensor_parallel_s": fmt.duration,
+    "prediction.exposed_expert_parallel_s": fmt.duration,
     **{f"config.mesh.{entry.name}": entry.compared for entry in AXES},
     # To the second: two plans made in the same minute differ here, and the row must show how.
     "created_at": lambda v: f"{datetime.fromisoformat(v):%Y-%m-%d %H:%M:%S} UTC",

@@ -227,6 +227,8 @@ FIELDS: tuple[ComparedField, ...] = (
                   lambda _r, p: p.prediction.exposed_comm_s, "lower"),
     ComparedField("prediction.exposed_tensor_parallel_s", "Prediction", "of which tensor parallel",
                   lambda _r, p: p.prediction.exposed_tensor_parallel_s, "lower"),
+    ComparedField("prediction.exposed_expert_parallel_s", "Prediction", "of which expert parallel",
+                  lambda _r, p: p.prediction.exposed_expert_parallel_s, "lower"),
     *(_memory(key, term.label) for key, term in MEMORY_TERMS.items()),
     ComparedField("planner_version", "Provenance", "Planner version", lambda r, _p: r.planner_version),
     ComparedField("created_at", "Provenance", "Created",

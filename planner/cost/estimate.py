@@ -113,10 +113,14 @@ class TimeEstimate:
     """Time the busiest pipeline rank waits per step while the schedule fills and drains."""
     pipeline_p2p_s: float = 0.0
     """The pipeline's point-to-point sends per step on the critical path (in `comm_s` too)."""
+    expert_parallel_s: float = 0.0
+    """Expert-parallel all-to-alls (token dispatch and combine) per step: on the compute stream's
+    path like the tensor-parallel collectives, all exposed, and counted apart from them."""
 
     @property
     def exposed_comm_s(self) -> float:
-        collectives = self.exposed_all_gather_s + self.exposed_reduce_s + self.tensor_parallel_s
+        model_parallel = self.tensor_parallel_s + self.expert_parallel_s
+        collectives = self.exposed_all_gather_s + self.exposed_reduce_s + model_parallel
         return collectives + self.pipeline_p2p_s
 
 
@@ -338,6 +342,8 @@ class PricedStep:
     eager FSDP2 under a pipeline)."""
     tensor_parallel_s: float
     """Tensor-parallel collectives per micro-batch (inside the groups' compute)."""
+    expert_parallel_s: float
+    """Expert-parallel all-to-alls per micro-batch (inside the groups' compute too)."""
     optimizer_s: float
     overhead_s: float
     """Framework time per step outside the priced kernels."""
@@ -437,7 +443,7 @@ def _price(
     def with_compute(shape: GroupShape, comm: GroupTimes) -> GroupTimes:
         fwd = bwd = 0.0
         for index, u, count in shape.units:
-            f, b, _ = unit_times(index, u)
+            f, b, *_ = unit_times(index, u)
             fwd += count * f
             bwd += count * b
         return GroupTimes(fwd, bwd, comm.all_gather_forward, comm.all_gather_backward, comm.reduce)
@@ -451,38 +457,41 @@ def _price(
             ),
         )
 
-    tp_per_micro_batch = sum(
-        run.repeats * count * unit_times(index, u)[2]
-        for run, pattern in zip(repeats.runs, repeats.patterns, strict=True)
-        for shape in pattern
-        for index, u, count in shape.units
-    )
+    tp_per_micro_batch = ep_per_micro_batch = 0.0
+    for run, pattern in zip(repeats.runs, repeats.patterns, strict=True):
+        for shape in pattern:
+            for index, u, count in shape.units:
+                _, _, tp_s, ep_s = unit_times(index, u)
+                tp_per_micro_batch += run.repeats * count * tp_s
+                ep_per_micro_batch += run.repeats * count * ep_s
     optimizer_s, overhead_s = _outside_the_timeline(setting, choice)
     last = priced(collectives.last)
     return PricedStep(
         last=last,
         middle=last if collectives.middle is collectives.last else priced(collectives.middle),
         tensor_parallel_s=tp_per_micro_batch,
+        expert_parallel_s=ep_per_micro_batch,
         optimizer_s=optimizer_s,
         overhead_s=overhead_s,
     )
 
 
 class _UnitTimes:
-    """(forward, backward, tensor-parallel collectives) seconds of one unit in one micro-batch,
-    backward with its recompute; forward and backward include the tensor-parallel collectives,
-    which sit on the compute stream. Repeated blocks are one object: priced once. The times depend
-    on the choice's `compute_key` only, so choices that share it may share one of these."""
+    """(forward, backward, tensor- and context-parallel collectives, expert-parallel all-to-alls)
+    seconds of one unit in one micro-batch, backward with its recompute; forward and backward
+    include the collectives, which sit on the compute stream. Repeated blocks are one object:
+    priced once. The times depend on the choice's `compute_key` only, so choices that share it
+    may share one of these."""
 
     def __init__(self, setting: Setting, choice: Choice) -> None:
         self.setting = setting
         self.choice = choice
         self.tokens = choice.micro_batch_size * setting.seq_len
-        # (forward, forward tp s, backward tp s, cp s)
-        self._forward: dict[int, tuple[ForwardTime, float, float, float]] = {}
-        self._times: dict[tuple[int, int], tuple[float, float, float]] = {}  # (role, unit id)
+        # (forward, forward tp s, backward tp s, cp s, ep s)
+        self._forward: dict[int, tuple[ForwardTime, float, float, float, float]] = {}
+        self._times: dict[tuple[int, int], tuple[float, float, float, float]] = {}  # (role, unit id)
 
-    def __call__(self, index: int, u: UnitCost) -> tuple[float, float, float]:
+    def __call__(self, index: int, u: UnitCost) -> tuple[float, float, float, float]:
         # A unit's times depend on its index only through whether it is an end (embedding, head)
         # or a block recomputed whole: identical blocks alike in that are priced once.
         key = (-1 if index < 0 else int(self.choice.is_checkpointed(index)), id(u))
@@ -490,7 +499,7 @@ class _UnitTimes:
             self._times[key] = self._unit(index, u)
         return self._times[key]
 
-    def _unit(self, index: int, u: UnitCost) -> tuple[float, float, float]:
+    def _unit(self, index: int, u: UnitCost) -> tuple[float, float, float, float]:
         setting, choice = self.setting, self.choice
         if id(u) not in self._forward:
             tp = choice.mesh.tp
@@ -509,15 +518,19 @@ class _UnitTimes:
                     tp_s, forward.matmul, unit=u, tp=tp, contention=setting.params.overlap_contention
                 )
             cp_s = context_parallel_seconds(setting, choice, u, tokens=self.tokens)
+            ep_s = 0.0
             if choice.mesh.ep > 1:  # exposed beside the cp all-gathers, and recomputed alike
-                cp_s += expert_parallel_seconds(setting, choice, u, tokens=self.tokens)
-            self._forward[id(u)] = (forward, tp_s, tp_back_s, cp_s)
-        f, tp_s, tp_back_s, cp_s = self._forward[id(u)]
+                ep_s = expert_parallel_seconds(setting, choice, u, tokens=self.tokens)
+            self._forward[id(u)] = (forward, tp_s, tp_back_s, cp_s, ep_s)
+        f, tp_s, tp_back_s, cp_s, ep_s = self._forward[id(u)]
         tp_fwd = tp_s + cp_s
         tp_unit = tp_fwd + tp_back_s + cp_s + _recomputed_collectives(choice, u, index, tp_s=tp_s, cp_s=cp_s)
+        # The all-to-alls run once forward, once backward (the transposed exchange) and again where
+        # the block is recomputed, like the cp all-gathers; reported apart from tp's.
+        ep_unit = 2 * ep_s + _recomputed_collectives(choice, u, index, tp_s=0.0, cp_s=ep_s)
         backward = BACKWARD_FLOPS_RATIO * f.total + ATTENTION_BACKWARD_EXTRA * f.attention
-        backward += _recompute_time(choice, u, index, f) + tp_unit - tp_fwd
-        return f.total + tp_fwd, backward, tp_unit
+        backward += _recompute_time(choice, u, index, f) + tp_unit - tp_fwd + ep_unit - ep_s
+        return f.total + tp_fwd + ep_s, backward, tp_unit, ep_unit
 
 
 def _recomputed_collectives(
@@ -542,7 +555,7 @@ def _micro_batch_compute(setting: Setting, choice: Choice) -> float:
     m = setting.model
     unit_times = _UnitTimes(setting, choice)
     indexed = [(-1, m.embedding), *enumerate(m.blocks), (-1, m.head)]
-    return sum(f + b for f, b, _ in (unit_times(i, u) for i, u in indexed))
+    return sum(f + b for f, b, *_ in (unit_times(i, u) for i, u in indexed))
 
 
 def chunk_times(
@@ -567,7 +580,7 @@ def compute_split(setting: Setting, choice: Choice) -> tuple[float, float, float
     tokens = choice.micro_batch_size * setting.seq_len
     forward = backward = weight = 0.0
     for index, u in [(-1, m.embedding), *enumerate(m.blocks), (-1, m.head)]:
-        f, b, _ = unit_times(index, u)
+        f, b, *_ = unit_times(index, u)
         forward += f
         backward += b
         p = setting.params
@@ -636,18 +649,20 @@ def _timing(priced: PricedStep, choice: Choice, contention: float, *, record: bo
     accum_before = choice.grad_accum_steps - 1
     optimizer_s, overhead_s = priced.optimizer_s, priced.overhead_s
     tp_comm_s = priced.tensor_parallel_s * choice.grad_accum_steps
+    ep_comm_s = priced.expert_parallel_s * choice.grad_accum_steps
     step = accum_before * inner.total_s + final.total_s + optimizer_s + overhead_s
     compute_s = accum_before * inner.compute_s + final.compute_s + optimizer_s + overhead_s
     return TimeEstimate(
         step_time_s=step,
-        compute_s=compute_s - tp_comm_s,
-        comm_s=accum_before * inner.comm_s + final.comm_s + tp_comm_s,
+        compute_s=compute_s - tp_comm_s - ep_comm_s,
+        comm_s=accum_before * inner.comm_s + final.comm_s + tp_comm_s + ep_comm_s,
         exposed_all_gather_s=accum_before * inner.exposed_all_gather_s + final.exposed_all_gather_s,
         exposed_reduce_s=accum_before * inner.exposed_reduce_s + final.exposed_reduce_s,
         optimizer_s=optimizer_s,
         overhead_s=overhead_s,
         micro_batch_timeline=final,
         tensor_parallel_s=tp_comm_s,
+        expert_parallel_s=ep_comm_s,
     )
 
 

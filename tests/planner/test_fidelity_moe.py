@@ -49,8 +49,8 @@ def test_a_forced_contiguous_gate_with_deepep_is_priced_as_deduplicated_balanced
     as_torchtitan = price_run(learned)
     # Each token's 8 experts sit on 2 ranks of one node: one copy crosses the network, not 8.
     assert priced.predicted_tokens_per_s_per_gpu > 1.5 * as_torchtitan.predicted_tokens_per_s_per_gpu
-    exposed = priced.plan.prediction.exposed_tensor_parallel_s
-    assert exposed < as_torchtitan.plan.prediction.exposed_tensor_parallel_s
+    exposed = priced.plan.prediction.exposed_expert_parallel_s
+    assert 0 < exposed < as_torchtitan.plan.prediction.exposed_expert_parallel_s
 
 
 def test_moe_runs_are_reported_apart_with_their_own_targets(report: FidelityReport) -> None:
