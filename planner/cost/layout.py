@@ -241,12 +241,15 @@ class LayoutBuilder:
         key = (id(units), choice.simple_fsdp, cap, float8)
         side = self._gathers.get(key)
         if side is None:
-            pb = self.setting.param_bytes
-            buckets = _bucket(units.params, cap, pb)
             gathered = units.gathered.get(float8)
             if gathered is None:
                 unit_bytes = _gathered_bytes(self.setting, choice)
                 gathered = units.gathered[float8] = [[unit_bytes(u) for _, u in unit] for unit in units.units]
+            if cap <= 0:
+                side = self._gathers[key] = _unit_groups(units, gathered, compiled=choice.simple_fsdp)
+                return side
+            pb = self.setting.param_bytes
+            buckets = _bucket(units.params, cap, pb)
             groups = tuple(tuple(x for i in bucket for x in units.units[i]) for bucket in buckets)
             side = _GatherSide(
                 groups=groups,
@@ -279,6 +282,12 @@ class LayoutBuilder:
         if side is None:
             reversed_params, reversed_tensors = units.params[::-1], units.tensors[::-1]
             last = len(units.params) - 1
+            if cap <= 0:  # a bucket per unit: its tensors (compiled) or its flat buffer (eager)
+                launches = reversed_tensors if choice.simple_fsdp else [1] * len(reversed_params)
+                side = self._reduces[key] = tuple(
+                    (last - j, params, launches[j]) for j, params in enumerate(reversed_params)
+                )
+                return side
             side = tuple(
                 (
                     last - bucket[-1],  # in backward order the bucket completes here
@@ -292,6 +301,21 @@ class LayoutBuilder:
             )
             self._reduces[key] = side
         return side
+
+
+def _unit_groups(units: _Units, gathered: list[list[float]], *, compiled: bool) -> _GatherSide:
+    """The all-gather groups without bucketing (eager FSDP2, or a cap of 0): a group per wrap unit,
+    gathered in one flat buffer (eager) or tensor by tensor (compiled), as `_bucket` and `_launches`
+    would have them."""
+    return _GatherSide(
+        groups=tuple(tuple(unit) for unit in units.units),
+        group_of_unit=tuple(range(len(units.units))),
+        launches=tuple(units.tensors) if compiled else (1,) * len(units.units),
+        gather_bytes=tuple(sum(members) for members in gathered),
+        block_groups=tuple(j for j, blocks in enumerate(units.blocks) if blocks),
+        sizes=tuple(len(unit) for unit in units.units),
+        idents=tuple(units.idents),
+    )
 
 
 def _group_keys(
