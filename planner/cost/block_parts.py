@@ -202,12 +202,19 @@ def moe_feed_forward(*, h: int, moe: MoeConfig) -> FeedForward:
     router = h * experts + (experts if moe.expert_bias else 0)
     per_expert = 3 * h * fe + ((2 * fe + h) if moe.expert_bias else 0)
     routed_rows = k * h
-    # The router keeps its scores (fp32: 2 elements each at 16 bits), its top-k indices (int64: 4) and
-    # weights (fp32: 2); the dispatch keeps the rows gathered for the experts, the experts' outputs in
-    # expert order and again in token order for the weighted combine, and three int64 indices per
-    # routed row (the sort, its inverse, the top-k's).
+    # Counted on the runtime's block (tests/profile/test_moe_saved_tensors.py, exactly), in 16-bit
+    # elements per token. The router keeps its scores (fp32: 2 each), its top-k indices (int64: 4) and
+    # weights (fp32: 2), and eagerly their sum that renormalises them (fp32: 2 per token). The dispatch
+    # keeps the rows gathered for the experts and the experts' outputs back in token order for the
+    # weighted combine, two int64 indices per routed row (the gather's source, the combine's
+    # destination) and, eagerly, the experts' outputs in expert order too and the weights cast to the
+    # activations' dtype (1 per row); compiled, those two are not kept. With expert biases each row's
+    # expert index (int64) is kept for their gradients.
     router_saved = 2 * experts + 6 * k
-    dispatch = 3 * routed_rows + 12 * k
+    renormalising_sum = 2  # eager only
+    indices = 8 * k + (4 * k if moe.expert_bias else 0)
+    dispatch = 3 * routed_rows + indices + k
+    compiled_dispatch = 2 * routed_rows + indices
     part = BlockPart(
         num_params=router + experts * per_expert + 3 * h * shared + h,
         matmul_params=h * experts + k * 3 * h * fe + 3 * h * shared,
@@ -221,8 +228,8 @@ def moe_feed_forward(*, h: int, moe: MoeConfig) -> FeedForward:
         # The norm's three; the router's; the dispatch buffers; the routed rows' w1/w3 outputs, silu
         # and product; the shared experts' four (counted on the runtime's MoE block with saved-tensor
         # hooks, tests/profile/test_moe_saved.py).
-        saved_elems=3 * h + router_saved + dispatch + 4 * k * fe + 4 * shared,
-        compiled_saved_elems=h + router_saved + dispatch + 3 * k * fe + 3 * shared,
+        saved_elems=3 * h + router_saved + renormalising_sum + dispatch + 4 * k * fe + 4 * shared,
+        compiled_saved_elems=h + router_saved + compiled_dispatch + 3 * k * fe + 3 * shared,
         saved_fp32_elems=h,
         op_saved_elems=h + experts + routed_rows + k * fe + shared,
         op_recompute_matmul_params=k * h * fe + h * shared,
@@ -233,7 +240,7 @@ def moe_feed_forward(*, h: int, moe: MoeConfig) -> FeedForward:
         inactive_params=(experts - k) * per_expert,
         expert_matmul_params=k * 3 * h * fe,
         dispatch_elems=dispatch,
-        expert_saved_elems=router_saved + 4 * k * fe,
+        expert_saved_elems=router_saved + renormalising_sum + 4 * k * fe,
     )
     # The router reads the norm output with the shared experts' w1 and w3.
     dense = ((h, (experts, shared, shared)), (shared, (h,))) if shared else ((h, (experts,)),)

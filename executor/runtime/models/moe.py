@@ -208,22 +208,20 @@ class GroupedExperts(nn.Module):
         # Read every weight once (SimpleFSDP gathers on each attribute read).
         w1, w2, w3 = (self._weight(w) for w in (self.w1, self.w2, self.w3))
         gate, up = grouped_matmul(rows, w1, tokens_per_expert), grouped_matmul(rows, w3, tokens_per_expert)
-        if self.bias:
-            gate = gate + self._row_bias(self._weight(self.b1), tokens_per_expert, rows.shape[0])
-            up = up + self._row_bias(self._weight(self.b3), tokens_per_expert, rows.shape[0])
+        # Each row's expert, once for the three biases: backward keeps one index per row, not three.
+        expert = expert_of_rows(tokens_per_expert, rows.shape[0]) if self.bias else None
+        if expert is not None:
+            gate = gate + self._weight(self.b1)[expert]
+            up = up + self._weight(self.b3)[expert]
         out = grouped_matmul(F.silu(gate) * up, w2, tokens_per_expert)
-        if self.bias:
+        if expert is not None:
             # Under tensor parallelism every rank's output is a partial sum: each adds 1/tp of it.
-            out = out + self._row_bias(self._weight(self.b2), tokens_per_expert, rows.shape[0]) / self.tp
+            out = out + self._weight(self.b2)[expert] / self.tp
         return out
 
     def _weight(self, w: torch.Tensor) -> torch.Tensor:
         local = local_weight(w)
         return local if self.grad_scale == 1.0 else _ScaleGradient.apply(local, self.grad_scale)
-
-    @staticmethod
-    def _row_bias(bias: torch.Tensor, tokens_per_expert: torch.Tensor, rows: int) -> torch.Tensor:
-        return bias[expert_of_rows(tokens_per_expert, rows)]
 
 
 class MoEFeedForward(nn.Module):
