@@ -104,7 +104,8 @@ class Axis:
     divides: tuple[Size, ...] = ()
     """What its degree must divide (above 1)."""
     divides_reason: str = ""
-    """Why, said after them."""
+    """Why, said after them (`{domain}` is replaced: `a node`, or `a scale-up domain` where the
+    cluster's spans nodes)."""
     at_most: Size | None = None
     """What its degree may not exceed (a pipeline's stages need a block each)."""
     at_most_reason: str = ""
@@ -304,7 +305,8 @@ AXES: tuple[Axis, ...] = (
             Size(name="seq_len", of="training", why="sequence parallelism splits it"),
             Size(name="gpus_per_node", of="cluster"),
         ),
-        divides_reason="tensor parallelism stays inside a node and splits heads, FFN and vocabulary evenly",
+        divides_reason="tensor parallelism stays inside {domain} and splits heads, FFN and vocabulary "
+        "evenly",
     ),
 )
 """The mesh's axes, outermost first: the rank layout, and the runtime's DeviceMesh dimension order."""
@@ -545,11 +547,17 @@ def mesh_axes() -> tuple[str, ...]:
 
 
 def axis_problems(
-    entry: Axis, mesh: Mesh, *, model: Any, training: Any, gpus_per_node: int | None = None
+    entry: Axis, mesh: Mesh, *, model: Any, training: Any, gpus_per_node: int | None = None,
+    node_gpus: int | None = None,
 ) -> list[str]:
     """Why `mesh`'s degree on one axis cannot run `model` (the contract's ModelConfig or the
     planner's ModelSpec: both have the fields `Size` reads) at `training`'s sequence length: each a
-    sentence starting `tp=3 ...`, without advice (the caller knows what to change: a pin, a plan)."""
+    sentence starting `tp=3 ...`, without advice (the caller knows what to change: a pin, a plan).
+
+    `gpus_per_node` is what a group that stays inside one scale-up domain may span: the node, or a
+    domain of several nodes (a GB200 NVL72 rack's 72); `node_gpus`, where the caller knows it, is one
+    node's, so that a refusal names such a domain as the domain (and the domain that would take the
+    degree) instead of as a node."""
     degree = mesh.degree(entry.name)
     if degree <= 1:
         return []
@@ -582,9 +590,12 @@ def axis_problems(
         if (value := size.read(model, training, gpus_per_node)) is not None
     ]
     if any(value % degree for _, value in known):
-        limits = ", ".join(size.shown(value) for size, value in known)
+        limits = ", ".join(_shown_size(size, value, node_gpus=node_gpus) for size, value in known)
+        racks = any(size.of == "cluster" and node_gpus and value > node_gpus for size, value in known)
+        reason = entry.divides_reason.replace("{domain}", "a scale-up domain" if racks else "a node")
         problems.append(
-            f"{shown} must divide each of {limits} ({entry.divides_reason}); pick a common divisor"
+            f"{shown} must divide each of {limits} ({reason}); "
+            + _divisor_advice(entry.name, degree, known, node_gpus=node_gpus)
         )
     if entry.at_most is not None:
         limit = entry.at_most.read(model, training, gpus_per_node)
@@ -600,15 +611,59 @@ def axis_problems(
     return problems
 
 
-def mesh_problems(mesh: Mesh, model: Any, training: Any, *, gpus_per_node: int | None = None) -> list[str]:
+def _shown_size(size: Size, value: int, *, node_gpus: int | None) -> str:
+    """A size as a refusal names it: a cluster's scale-up domain that spans nodes as the domain."""
+    if size.of == "cluster" and node_gpus and value > node_gpus:
+        return (
+            f"scaleup_domain_gpus {value} (one NVLink or Infinity Fabric domain of {value // node_gpus} "
+            f"nodes of {node_gpus}: a rack)"
+        )
+    return size.shown(value)
+
+
+_MOST_DIVISORS_SHOWN = 6
+"""The largest common divisors a refusal lists (the smaller ones are what nobody pins)."""
+
+
+def _divisor_advice(
+    name: str, degree: int, known: list[tuple[Size, int]], *, node_gpus: int | None
+) -> str:
+    """How to fix a degree that does not divide every size: the degrees that do (`tp 2, 4 or 8`),
+    and, where only a scale-up domain of several nodes is in the way, the domain that `degree` would
+    divide (a rack's first 64 GPUs take tp 16; all 72 do not)."""
+    common = math.gcd(*(value for _, value in known))
+    divisors = [d for d in range(2, math.isqrt(common) + 1) if common % d == 0]
+    divisors = sorted({*divisors, *(common // d for d in divisors), common} - {1})[-_MOST_DIVISORS_SHOWN:]
+    if not divisors:
+        advice = f"no {name} above 1 divides them all: {name} 1 runs without it"
+    else:
+        listed = ", ".join(f"{d}" for d in divisors[:-1]) + (" or " if len(divisors) > 1 else "")
+        advice = f"pick a common divisor: {name} {listed}{divisors[-1]}"
+    blocking = [(size, value) for size, value in known if value % degree]
+    if len(blocking) == 1 and blocking[0][0].of == "cluster" and node_gpus and blocking[0][1] > node_gpus:
+        domain, step = blocking[0][1], math.lcm(degree, node_gpus)
+        fitting = domain // step * step
+        if fitting:
+            advice += (
+                f"; or, for {name} {degree}, describe domains of {fitting} GPUs (scaleup_domain_gpus "
+                f"{fitting}: {fitting // node_gpus} of the {domain // node_gpus} nodes each)"
+            )
+    return advice
+
+
+def mesh_problems(
+    mesh: Mesh, model: Any, training: Any, *, gpus_per_node: int | None = None, node_gpus: int | None = None
+) -> list[str]:
     """Every rule a mesh must keep to run `model` at `training`'s sequence length, held once here
     and called by the planner's pre-check (each pinned degree, each given mesh) and the contract's
     plan check alike. Each problem is `<field>: <why>`, the field relative to a plan
     (`config.mesh.tp`, `training.seq_len`); `gpus_per_node`, where known, bounds the axes that must
-    stay inside a node. An empty list: the mesh can run."""
+    stay inside a scale-up domain (`node_gpus`: see `axis_problems`). An empty list: the mesh can run."""
     problems = [f"training.seq_len: {problem}" for problem in _sequence_problems(model, training)]
     for entry in AXES:
-        found = axis_problems(entry, mesh, model=model, training=training, gpus_per_node=gpus_per_node)
+        found = axis_problems(
+            entry, mesh, model=model, training=training, gpus_per_node=gpus_per_node, node_gpus=node_gpus
+        )
         problems.extend(f"config.mesh.{entry.name}: {problem}" for problem in found)
     return problems
 

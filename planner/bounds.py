@@ -10,10 +10,13 @@ keeps every ratio, logarithm and line fit computed from stored values finite.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import PydanticCustomError
+
+if TYPE_CHECKING:
+    from contract.mesh import Axis
 
 MIN_KERNEL_SECONDS = 1e-7
 """100 ns: below a single kernel launch, so no timed GEMM, copy or collective can be shorter."""
@@ -106,6 +109,9 @@ MAX_GPUS_PER_NODE = 64
 MAX_SCALEUP_DOMAIN_GPUS = 1024
 """GPUs in one scale-up (NVLink or Infinity Fabric) domain of several hosts: beyond the largest
 announced (NVIDIA's NVL576 racks), and a multiple of MAX_GPUS_PER_NODE."""
+MAX_PARALLEL_DEGREE = 1024
+"""The largest degree a request may pin on a mesh axis whose groups may reach over the network (pp,
+cp, ep): as many GPUs as the largest scale-up domain, far beyond any published job's."""
 MAX_SEQ_LEN = 1 << 20
 """Tokens per sequence: 1M, the longest contexts trained today."""
 MAX_GLOBAL_BATCH_TOKENS = 1 << 36
@@ -147,3 +153,40 @@ def all_finite(value: Any) -> bool:
     if isinstance(value, list):
         return all(all_finite(v) for v in value)
     return True
+
+
+def max_degree(entry: Axis) -> int:
+    """The largest degree a request may pin on the mesh axis `entry`, the one bound the search, the API
+    (pins and list filters), the command line and the dashboard's forms all keep: an axis whose groups
+    stay inside one scale-up domain (tp) takes at most the largest domain one may describe
+    (MAX_SCALEUP_DOMAIN_GPUS: a rack's 72 GPUs on a GB200 NVL72, not a node's MAX_GPUS_PER_NODE), the
+    others MAX_PARALLEL_DEGREE. Whether a degree fits the cluster at hand is the planner's check."""
+    return MAX_SCALEUP_DOMAIN_GPUS if entry.within_node else MAX_PARALLEL_DEGREE
+
+
+def degree_range(entry: Axis) -> str:
+    """What a pinned degree of `entry` may be, for a refusal: `whole numbers from 1 to 1024 (GPUs of
+    one scale-up domain: tensor-parallel groups stay inside one)`."""
+    why = (
+        "GPUs of one scale-up domain: its groups stay inside one" if entry.within_node
+        else "GPUs its groups may span"
+    )
+    return f"whole numbers from 1 to {max_degree(entry)} ({why})"
+
+
+def pinned_degree(entry: Axis) -> Any:
+    """The type of one pinned degree of `entry` in a request: bounded by `max_degree` (shown in the JSON
+    schema), refused out of range saying what range it takes and why."""
+
+    def explain(value: Any, handler: ValidatorFunctionWrapHandler) -> int:
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            if not any(error["type"] in _RANGE_ERRORS for error in exc.errors()):
+                raise
+            raise PydanticCustomError(
+                "degree_range", "{value} is not {what} degree: give " + degree_range(entry),
+                {"value": value, "what": ("an " if entry.what[0] in "aeiou" else "a ") + entry.what},
+            ) from None
+
+    return Annotated[int, Field(ge=1, le=max_degree(entry)), WrapValidator(explain)]

@@ -74,7 +74,7 @@ def pin_problems(request: PlanRequest, name: str, degree: int) -> list[str]:
     carved = {entry.carved_from[0]: degree} if entry.carved_from else {}
     return axis_problems(
         entry, Mesh(**{name: degree, **carved}), model=request.model, training=request.training,
-        gpus_per_node=request.cluster.scaleup_gpus,
+        gpus_per_node=request.cluster.scaleup_gpus, node_gpus=request.cluster.gpus_per_node,
     )
 
 
@@ -313,7 +313,8 @@ def check_mesh(request: PlanRequest, sharding: str, mesh: Mesh) -> None:
     if problem:
         raise PlanningError(f"config.mesh: {problem}", field="config")
     model, training, gpus_per_node = request.model, request.training, request.cluster.scaleup_gpus
-    for problem in mesh_problems(mesh, model, training, gpus_per_node=gpus_per_node):
+    node_gpus = request.cluster.gpus_per_node
+    for problem in mesh_problems(mesh, model, training, gpus_per_node=gpus_per_node, node_gpus=node_gpus):
         if problem.startswith("config.mesh."):  # the sequence's own limit is the pre-check's
             raise PlanningError(problem, field="config")
 

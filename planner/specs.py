@@ -54,6 +54,7 @@ from planner.bounds import (
     MAX_UNIT_PARAMS,
     MIN_DEVICE_MEMORY_GIB,
     MIN_LINK_GBPS,
+    pinned_degree,
 )
 from planner.catalog.gpus import GPU_CATALOG, resolve_gpu
 from planner.errors import UnknownCatalogEntryError
@@ -339,13 +340,15 @@ class ClusterSpec(StrictModel):
     @property
     def scaleup_gpus(self) -> int:
         """GPUs per scale-up domain: `scaleup_domain_gpus`, else the GPU type's domain where it is a
-        whole number of these nodes, else one node."""
-        if self.scaleup_domain_gpus is not None:
-            return self.scaleup_domain_gpus
+        whole number of these nodes, else one node; at most the cluster's GPUs, which then make one
+        domain (16 nodes of an NVL72 rack: 64 GPUs on one fabric, whose tp 16 or 32 groups stay on it)."""
+        domain = self.gpus_per_node
         typical = self.resolved_gpu().scaleup_domain_gpus
-        if typical and typical > self.gpus_per_node and typical % self.gpus_per_node == 0:
-            return typical
-        return self.gpus_per_node
+        if self.scaleup_domain_gpus is not None:
+            domain = self.scaleup_domain_gpus
+        elif typical and typical > self.gpus_per_node and typical % self.gpus_per_node == 0:
+            domain = typical
+        return min(domain, self.world_size)
 
     def resolved_gpu(self) -> GpuSpec:
         """The GPU's datasheet figures: the custom spec, or the catalog entry `gpu` names."""
@@ -541,8 +544,6 @@ class TrainingSpec(_TrainingFields):  # type: ignore[misc, valid-type]
         return self.global_batch_tokens // self.seq_len
 
 
-MAX_PARALLEL_DEGREE = 1024
-"""The largest tensor-, context- or pipeline-parallel degree a request may pin."""
 MAX_SEARCH_OPTIONS = 16
 """The most entries one search list (`search.shardings`, `search.compile`, the pinned degrees, ...)
 may hold as sent, duplicates included. Each list is then de-duplicated and put in one order (the
@@ -557,7 +558,6 @@ _OPTION_ORDER: dict[str, tuple[object, ...]] = {
 }
 """The order each list of named options is kept in (the defaults' order, so defaults hash as before);
 lists of degrees are kept ascending."""
-Degree = Annotated[int, Field(ge=1, le=MAX_PARALLEL_DEGREE)]
 _Option = typing.TypeVar("_Option")
 Options = Annotated[list[_Option], Field(max_length=MAX_SEARCH_OPTIONS)]
 """A search list: at most MAX_SEARCH_OPTIONS entries as sent."""
@@ -584,7 +584,9 @@ _SearchPins = create_model(
     __base__=_SearchChoices,
     __module__=__name__,
     **{
-        entry.search_field: (Options[Degree] | None, Field(default=None, description=entry.search_doc))
+        entry.search_field: (
+            Options[pinned_degree(entry)] | None, Field(default=None, description=entry.search_doc)
+        )
         for entry in searched_axes()
         if entry.search_field
     },

@@ -286,7 +286,8 @@ def test_a_new_axis_is_one_entry_everywhere_else(tmp_path: Path) -> None:
         "bad_pin": [
             2,
             "error: --hx: 'x' is not a hypothetical-parallel degree; give whole numbers from 1 to "
-            "1024, e.g. --hx 8 or --hx 2,4 (leave --hx out to search every degree)",
+            "1024 (GPUs of one scale-up domain: its groups stay inside one), e.g. --hx 8 or --hx 2,4 (leave "
+            "--hx out to search every degree)",
         ],
         "in_cli_terms": "--hx: hx=3 does not fit",
     }

@@ -16,7 +16,7 @@ import typer
 from api.cli.common import fail
 from api.typed_numbers import parse_whole
 from contract.mesh import Axis, searched_axes
-from planner.specs import MAX_PARALLEL_DEGREE
+from planner.bounds import degree_range, max_degree
 
 AxisPins = Mapping[str, list[str] | None] | None
 """What the command receives: each pinned axis's name -> its option's values as typed (None: not given)."""
@@ -88,13 +88,13 @@ def pinned_degrees(axis_pins: AxisPins) -> dict[str, list[int]]:
             continue
         option = entry.option
         # ASCII digits only: str.isdigit() is true for '²' (int() then fails) and '٣' (int() reads 3).
-        degrees = [(d, parse_whole(d, low=1, high=MAX_PARALLEL_DEGREE)) for d in choices(values)]
+        degrees = [(d, parse_whole(d, low=1, high=max_degree(entry))) for d in choices(values)]
         bad = [d for d, degree in degrees if degree is None]
         if bad or not degrees:
             article = "an" if entry.what[0] in "aeiou" else "a"
             raise fail(
                 f"{option}: {bad[0] if bad else '(empty)'!r} is not {article} {entry.what} degree; give "
-                f"whole numbers from 1 to {MAX_PARALLEL_DEGREE}, e.g. {option} 8 or {option} 2,4 (leave "
+                f"{degree_range(entry)}, e.g. {option} 8 or {option} 2,4 (leave "
                 f"{option} out to search every degree)"
             )
         pins[entry.search_field] = sorted({degree for _, degree in degrees if degree is not None})

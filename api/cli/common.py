@@ -52,6 +52,7 @@ CLI_OPTIONS: dict[str, str] = {
     "training.precision": "--precision",
     "training.state_dtype": "--state-dtype",
     "gpus_per_node": "--cluster's GPUs per node",
+    "scaleup_domain_gpus": "--cluster's GPUs per scale-up domain",
     "top_k": "--top",
     "token_budget": "--tokens",
     "cluster_sizes": "--sizes",

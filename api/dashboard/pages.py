@@ -121,6 +121,7 @@ def _form_context(request: Request, session: SessionDep, form: plan_form.PlanFor
     return {
         "active": "new", "form": form,
         "models": plan_form.model_choices(), "gpus": plan_form.gpu_choices(),
+        "domain_defaults": plan_form.domain_defaults(),
         "precisions": typing.get_args(Precision), "optimizers": typing.get_args(Optimizer),
         "state_dtypes": typing.get_args(StateDType),
         "calibrations": [
@@ -254,6 +255,8 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
         "global_batch_tokens": plan.training.global_batch_tokens, "precision": plan.training.precision,
         "optimizer": plan.training.optimizer, "calibration_id": row.calibration_id or "",
     }
+    if plan.cluster.scaleup_domain_gpus is not None:  # a domain the request stated, not the GPU's own
+        replan["scaleup_domain_gpus"] = plan.cluster.scaleup_domain_gpus
     if plan.training.state_dtype == "bfloat16":  # mixed precision's links read as before
         replan["state_dtype"] = plan.training.state_dtype
     if plan.model.name in MODEL_CATALOG:

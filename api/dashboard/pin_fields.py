@@ -7,10 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from api.schemas.plans import MAX_GPUS_PER_NODE
 from api.typed_numbers import parse_whole
 from contract.mesh import Axis, searched_axes
-from planner.specs import MAX_PARALLEL_DEGREE
+from planner.bounds import max_degree
 
 PINNED_AXES: tuple[Axis, ...] = tuple(entry for entry in searched_axes() if entry.form_field)
 """The axes a form pins, innermost first (the search space's order)."""
@@ -50,14 +49,13 @@ def pin_fields(pins: Mapping[str, str]) -> list[PinField]:
 
 def pinned_search(pins: Mapping[str, str], add_error: Callable[[str, str], None]) -> dict[str, list[int]]:
     """The search space's pin fields for what was typed (`{"tensor_parallel_degrees": [8]}`); a value
-    that is not a degree adds an error beside its field. An axis whose groups stay inside a node takes
-    at most MAX_GPUS_PER_NODE, the others MAX_PARALLEL_DEGREE."""
+    that is not a degree adds an error beside its field (the bound is the API's: `max_degree`)."""
     search: dict[str, list[int]] = {}
     for entry in PINNED_AXES:
         if not (entry.search_field and entry.form_field):
             continue
         raw = pins.get(entry.form_field, "").strip()
-        high = MAX_GPUS_PER_NODE if entry.within_node else MAX_PARALLEL_DEGREE
+        high = max_degree(entry)
         degree = parse_whole(raw, low=1, high=high) if raw else None
         if raw and degree is None:
             add_error(

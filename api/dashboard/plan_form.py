@@ -36,6 +36,7 @@ _FIELD_FOR_PATH: tuple[tuple[str, str], ...] = (
     ("cluster.num_nodes", "num_nodes"),
     ("cluster.gpus_per_node", "gpus_per_node"),
     ("cluster.gpu", "gpu"),
+    ("cluster.scaleup_domain_gpus", "scaleup_domain_gpus"),
     ("cluster", "cluster"),
     ("training.seq_len", "seq_len"),
     ("training.global_batch_tokens", "global_batch_tokens"),
@@ -55,6 +56,8 @@ INTEGER_FIELDS = {
     "seq_len": "sequence length",
     "global_batch_tokens": "global batch",
 }
+OPTIONAL_INTEGER_FIELDS = {"scaleup_domain_gpus": "GPUs per scale-up domain"}
+"""Whole-number fields that may be left empty (the API's default then)."""
 
 
 @dataclass
@@ -69,6 +72,8 @@ class PlanForm:
     num_nodes: str = "1"
     gpus_per_node: str = "8"
     gpu: str = "H100-SXM-80GB"
+    scaleup_domain_gpus: str = ""
+    """GPUs per scale-up (NVLink, Infinity Fabric) domain as typed; empty: the GPU type's system."""
     seq_len: str = "8192"
     global_batch_tokens: str = "131072"
     precision: str = "bf16"
@@ -115,7 +120,8 @@ def _integer(form: PlanForm, name: str) -> int | None:
     raw = getattr(form, name).strip().replace(",", "").replace("_", "")
     value = parse_whole(raw, low=0, high=MAX_ID)
     if value is None:
-        form.add_error(name, f"enter the {INTEGER_FIELDS[name]} as a whole number" +
+        what = INTEGER_FIELDS.get(name) or OPTIONAL_INTEGER_FIELDS[name]
+        form.add_error(name, f"enter the {what} as a whole number" +
                        (f" (got {raw[:40]!r})" if raw else ""))
     return value
 
@@ -147,13 +153,17 @@ def to_plan_create(form: PlanForm) -> PlanCreate | None:
     calibration_id = parse_id(form.calibration_id) if form.calibration_id.strip() else None
     if form.calibration_id.strip() and calibration_id is None:
         form.add_error("calibration_id", "choose a stored calibration profile, or none")
+    domain = _integer(form, "scaleup_domain_gpus") if form.scaleup_domain_gpus.strip() else None
     search = pinned_search(form.pins, form.add_error)
     if form.errors:
         return None
+    cluster = {"num_nodes": numbers["num_nodes"], "gpus_per_node": numbers["gpus_per_node"],
+               "gpu": form.gpu.strip()}
+    if domain is not None:  # empty: the GPU type's system, as the API's absent field
+        cluster["scaleup_domain_gpus"] = domain
     body: dict[str, Any] = {
         "model": model,
-        "cluster": {"num_nodes": numbers["num_nodes"], "gpus_per_node": numbers["gpus_per_node"],
-                    "gpu": form.gpu.strip()},
+        "cluster": cluster,
         "training": {"seq_len": numbers["seq_len"], "global_batch_tokens": numbers["global_batch_tokens"],
                      "precision": form.precision, "optimizer": form.optimizer,
                      "state_dtype": form.state_dtype},
@@ -232,6 +242,19 @@ class Choice:
 def model_choices() -> list[Choice]:
     return [Choice(name, f"{name} ({quantity(count_parameters(spec))} parameters)")
             for name, spec in MODEL_CATALOG.items()]
+
+
+def domain_defaults() -> str:
+    """The scale-up domains the GPU types' systems default to where one spans nodes, for the form's
+    help: `72 for GB200 and GB300 (NVL72 racks of nodes of 4)`."""
+    racks: dict[tuple[int, int], list[str]] = {}
+    for gpu in GPU_CATALOG.values():
+        if gpu.scaleup_domain_gpus and gpu.scaleup_domain_gpus > gpu.default_gpus_per_node:
+            racks.setdefault((gpu.scaleup_domain_gpus, gpu.default_gpus_per_node), []).append(gpu.name)
+    return "; ".join(
+        f"{domain} for {' and '.join(names)} (racks of nodes of {node})"
+        for (domain, node), names in racks.items()
+    )
 
 
 def gpu_choices() -> list[Choice]:

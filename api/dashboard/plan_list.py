@@ -13,12 +13,12 @@ from urllib.parse import urlencode
 
 from starlette.datastructures import QueryParams
 
-from api.schemas.plans import MAX_GPUS_PER_NODE, MAX_ID, MAX_NODES, PlanSort, SortOrder
+from api.schemas.plans import MAX_ID, MAX_NODES, PlanSort, SortOrder
 from api.services.plan_listing import PlanFilters
 from api.typed_numbers import parse_whole
 from contract.mesh import Axis, searched_axes
 from contract.parallel_config import ShardingStrategy
-from planner.specs import MAX_PARALLEL_DEGREE
+from planner.bounds import max_degree
 
 DEFAULT_PAGE_SIZE = 25
 MAX_PAGE_SIZE = 200
@@ -127,7 +127,7 @@ class ListingState:
         degrees = []
         for entry in FILTER_AXES:  # a filter per mesh axis with a search field (contract/mesh.py)
             raw = text(entry.name)
-            high = MAX_GPUS_PER_NODE if entry.within_node else MAX_PARALLEL_DEGREE
+            high = max_degree(entry)
             degree = parse_whole(raw, low=1, high=high) if raw else None
             if raw and degree is None:
                 notices.append(f"{_words(entry)} must be a whole number from 1 to {high}; that filter was "

@@ -17,7 +17,6 @@ from api.problems import FieldError, ProblemError
 from api.routers.responses import location, problems
 from api.schemas.plan_jobs import PlanJobOut
 from api.schemas.plans import (
-    MAX_GPUS_PER_NODE,
     MAX_NODES,
     ComparedPlan,
     ComparisonRow,
@@ -34,9 +33,9 @@ from api.schemas.plans import (
 from api.services import plan_compare, plan_jobs, plan_listing
 from api.services import plans as plan_service
 from api.services.plan_documents import UnreadablePlanError
-from contract.mesh import AXES, Axis
+from contract.mesh import AXES
 from contract.parallel_config import ShardingStrategy
-from planner.specs import MAX_PARALLEL_DEGREE
+from planner.bounds import max_degree
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 
@@ -78,13 +77,6 @@ def _text_query(max_length: int, description: str) -> Query:
     return Query(max_length=max_length, description=description)
 
 
-def _max_filtered_degree(axis: Axis) -> int:
-    # An axis that must divide the GPUs per node (tp) stays inside one node; the others are bounded
-    # like the search's pins.
-    in_a_node = any(size.of == "cluster" for size in axis.divides)
-    return MAX_GPUS_PER_NODE if in_a_node else MAX_PARALLEL_DEGREE
-
-
 def _mesh_filters(**degrees: int | None) -> dict[str, int | None]:
     """The list's mesh filters, one query parameter per axis a request can pin (`?tp=8&pp=4`): its
     parameters are made from the registry below."""
@@ -94,7 +86,7 @@ def _mesh_filters(**degrees: int | None) -> dict[str, int | None]:
 _mesh_filters.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
     inspect.Parameter(axis.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
         int | None, Query(
-            ge=1, le=_max_filtered_degree(axis),
+            ge=1, le=max_degree(axis),  # what a request may pin: a plan's mesh is one of those
             description=f"{axis.what.capitalize()} degree of the chosen mesh "
             f"(1: plans without {axis.what.replace('-parallel', ' parallelism')})",
         ),

@@ -81,7 +81,7 @@ async def test_a_pin_written_as_a_float_is_the_integer(client: httpx.AsyncClient
         (pinned(FOUR_CPU_RANKS, 8), FIELD, ["tp=8 must divide", "gpus_per_node 4"]),
         (pinned(cheap_plan(model="gpt2"), 2), FIELD, ["llama-family"]),
         (pinned(FOUR_CPU_RANKS), FIELD, ["at least one"]),
-        (pinned(FOUR_CPU_RANKS, 0), f"{FIELD}.0", ["greater than or equal to 1"]),
+        (pinned(FOUR_CPU_RANKS, 0), f"{FIELD}.0", ["0 is not a tensor-parallel degree: give whole numbers"]),
         (pinned(FOUR_CPU_RANKS, "2"), f"{FIELD}.0", ["integer"]),
     ],
 )

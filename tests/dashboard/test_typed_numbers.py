@@ -98,9 +98,9 @@ def test_studies_cursor_falls_back_to_the_newest(client: TestClient, cursor: str
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
-    ("tensor_parallel_degree", SUPERSCRIPT_TWO, "enter a whole number from 1 to 64"),
-    ("tensor_parallel_degree", ARABIC_INDIC_ONE, "enter a whole number from 1 to 64"),
-    ("tensor_parallel_degree", HUGE, "enter a whole number from 1 to 64"),
+    ("tensor_parallel_degree", SUPERSCRIPT_TWO, "enter a whole number from 1 to 1024"),
+    ("tensor_parallel_degree", ARABIC_INDIC_ONE, "enter a whole number from 1 to 1024"),
+    ("tensor_parallel_degree", HUGE, "enter a whole number from 1 to 1024"),
     ("num_nodes", ARABIC_INDIC_ONE, "enter the number of nodes as a whole number"),
     ("seq_len", SUPERSCRIPT_TWO, "enter the sequence length as a whole number"),
     ("calibration_id", SUPERSCRIPT_TWO, "choose a stored calibration profile"),

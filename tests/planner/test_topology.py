@@ -55,7 +55,7 @@ def test_racks_are_spelt_as_sold_and_read_as_nodes_in_domains() -> None:
     assert (partial.num_nodes, partial.gpus_per_node, partial.scaleup_gpus) == (64, 4, 64)
     hosts = ClusterSpec.parse("36x8xGB200")  # NVLink domains of 8 (two trays), like HGX hosts
     assert (hosts.num_nodes, hosts.gpus_per_node, hosts.scaleup_gpus) == (72, 4, 8)
-    assert ClusterSpec.parse("1x4xGB300").scaleup_gpus == 72  # a tray of a rack: the cluster is one domain
+    assert ClusterSpec.parse("1x4xGB300").scaleup_gpus == 4  # a tray of a rack: the cluster is one domain
 
 
 def test_old_spellings_read_and_serialise_as_before() -> None:
