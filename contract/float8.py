@@ -34,3 +34,14 @@ def float8_converts(recipe: str, in_features: int, out_features: int) -> bool:
                     or (out_features <= 4096 and in_features <= 2048))
     # tensorwise, and mxfp8 (torchao states no rule of its own for MX)
     return not (in_features <= 4096 and out_features <= 1024)
+
+
+GROUPED_GEMM_KERNELS: dict[str, str] = {
+    "rowwise": "float8 rowwise grouped GEMM (Float8TrainingOpConfig, on GPUs with float8 tensor cores)",
+    "mxfp8": "MXFP8 grouped GEMM (MXFP8TrainingOpConfig, on Blackwell)",
+}
+"""torchao 0.18's scaled grouped GEMMs for a mixture of experts' routed experts, by recipe
+(torchao.prototype.moe_training, a prototype: token groups padded to 16 rows, 32 for MX; tensorwise
+has none). This project's trainer converts linear layers only (`float8_converts`), and its torchtitan
+bundles list linear converters only: under every recipe the experts' grouped GEMMs run, and are
+priced, in bf16, and the plan says so (planner/plan_warnings.py)."""

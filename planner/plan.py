@@ -204,7 +204,7 @@ class PlanWarning(Document):
     code: Literal[
         "communication_bound", "seq_len_beyond_max_position", "optimistic_throughput",
         "lead_within_interval", "network_assumed", "gpu_outside_corpus", "cluster_size_outside_corpus",
-        "degree_outside_corpus",
+        "degree_outside_corpus", "float8_experts_in_bf16",
     ]
     """`communication_bound`: much of the step is exposed communication, which data parallelism
     alone cannot hide; `seq_len_beyond_max_position`: longer sequences than the model's positions;
@@ -213,7 +213,8 @@ class PlanWarning(Document):
     inside the pick's interval (schema 2.2 adds this and the next four); `network_assumed`: the
     cluster did not state its network; `gpu_outside_corpus`, `cluster_size_outside_corpus`,
     `degree_outside_corpus`: a GPU type, cluster size or parallel degree no priced run of the
-    corpus reaches (planner/uncertainty.py)."""
+    corpus reaches (planner/uncertainty.py); `float8_experts_in_bf16` (schema 2.4): a Float8 plan's
+    routed experts' grouped GEMMs run and are priced in bf16."""
     message: str
     """What is wrong, with the numbers, and what would help."""
 

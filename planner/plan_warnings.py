@@ -6,8 +6,10 @@ ran slower than the model prices them.
 
 from __future__ import annotations
 
+from contract.float8 import GROUPED_GEMM_KERNELS
 from contract.mesh import Mesh
 from planner.cost.estimate import TimeEstimate
+from planner.cost.model_costs import ModelCosts
 from planner.cost.parameters import DimensionThroughput
 from planner.enumeration import pipeline_parallel_degrees
 from planner.formatting import duration
@@ -27,6 +29,8 @@ def plan_warnings(
     mfu: float,
     mesh: Mesh,
     evidence: tuple[DimensionThroughput, ...],
+    float8: str = "none",
+    model_costs: ModelCosts | None = None,
 ) -> tuple[PlanWarning, ...]:
     """What a person should know about a plan that fits, in the order they matter."""
     out: list[PlanWarning] = []
@@ -68,7 +72,33 @@ def plan_warnings(
         for slower in evidence
         if getattr(mesh, slower.dimension) >= slower.degree
     )
+    if float8 != "none" and model_costs is not None:
+        out.extend(_experts_in_bf16(float8, model_costs))
     return tuple(out)
+
+
+def _experts_in_bf16(recipe: str, model: ModelCosts) -> list[PlanWarning]:
+    """A Float8 plan of a mixture of experts: its routed experts' grouped GEMMs stay in bf16 (no
+    trainer here converts them: contract/float8.py's GROUPED_GEMM_KERNELS), and how much of the
+    matmul work per token that is."""
+    blocks = [(b.expert_matmul_params, b.matmul_params) for b in model.blocks]
+    experts, matmuls = sum(e for e, _ in blocks), sum(m for _, m in blocks)
+    if not experts:
+        return []
+    kernel = GROUPED_GEMM_KERNELS.get(recipe)
+    torchao = (
+        f"torchao has a {kernel} as a prototype, which this trainer does not apply yet"
+        if kernel else
+        f"torchao has no {recipe} grouped GEMM (its rowwise and mxfp8 recipes have one)"
+    )
+    return [PlanWarning(
+        code="float8_experts_in_bf16",
+        message=(
+            f"Float8 ({recipe}) converts the linear layers only: the routed experts' grouped GEMMs, "
+            f"{experts / matmuls:.0%} of the blocks' matmul work per token, run in bf16 and are priced "
+            f"so; {torchao}"
+        ),
+    )]
 
 
 def _what_cuts_communication(request: PlanRequest) -> str:

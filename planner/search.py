@@ -264,6 +264,8 @@ def _warnings(request: PlanRequest, setting: Setting, best: Evaluated) -> tuple[
         mfu=mfu(setting, best.tokens_per_s_per_gpu),
         mesh=best.choice.mesh,
         evidence=setting.params.dimension_throughput,
+        float8=best.choice.float8,
+        model_costs=setting.model,
     )
 
 

@@ -98,11 +98,15 @@ def as_schema_2_2(document: dict[str, Any]) -> dict[str, Any]:
     return {**old(document), "schema_version": "2.2"}
 
 
+SCHEMA_2_4_WARNINGS = ("float8_experts_in_bf16",)
+"""The warning code schema 2.4 added (with `prediction.exposed_expert_parallel_s`)."""
+
 
 def as_schema_2_3(document: dict[str, Any]) -> dict[str, Any]:
     """A 2.x plan as schema 2.3 wrote it: no `prediction.exposed_expert_parallel_s`, that time
-    counted in `exposed_tensor_parallel_s` instead."""
+    counted in `exposed_tensor_parallel_s` instead, and none of 2.4's warnings."""
     prediction = dict(document["prediction"])
     expert_parallel = prediction.pop("exposed_expert_parallel_s", 0.0)
     prediction["exposed_tensor_parallel_s"] = prediction["exposed_tensor_parallel_s"] + expert_parallel
-    return {**document, "prediction": prediction, "schema_version": "2.3"}
+    warnings = [w for w in document.get("warnings", []) if w["code"] not in SCHEMA_2_4_WARNINGS]
+    return {**document, "prediction": prediction, "warnings": warnings, "schema_version": "2.3"}

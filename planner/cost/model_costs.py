@@ -151,7 +151,8 @@ def float8_share(
     layers' inputs (gathered in forward) and the row-parallel layers' output gradients (gathered in
     backward). That is how torchao's Float8 linears run under torch's tensor-parallel styles; only
     its float8 styles (torchtitan's tensorwise recipe) cast each rank's shard before the gather."""
-    # The routed experts' grouped GEMMs stay in bf16 (torchao's float8 linears do not convert them):
+    # The routed experts' grouped GEMMs stay in bf16 (no trainer here converts them, though torchao has
+    # grouped kernels for some recipes: contract/float8.py's GROUPED_GEMM_KERNELS; the plan warns):
     # they count in the whole, not in the converted share.
     experts = unit.experts_per_token * sum(i * o for i, outs in unit.expert_shapes for o in outs)
     total = sum(i * o for i, outs in unit.linear_shapes for o in outs) + experts
