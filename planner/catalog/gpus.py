@@ -44,6 +44,12 @@ _H100_SXM = GpuSpec(
 # GB per GPU usable; HGX B300: 2.3 TB per 8, 270 GB per GPU usable); 8 TB/s; one 800 Gb/s
 # ConnectX-8 SuperNIC per GPU; GB300 at 1,400 W, B300 at 1,100 W. MX formats (MXFP8) run on every
 # Blackwell tensor core.
+# Maximum achievable matmul throughput (MAMF: the best bf16 `matmul` of a shape sweep, mean of 100
+# iterations) as Stas Bekman's ml-engineering book measured it (compute/accelerator/README.md at
+# stas00/ml-engineering@744d01e, "Maximum Achievable Matmul FLOPS comparison table"): GB200 1,822 TF
+# (torch 2.10 nightly, CUDA 13.0), B300 1,769 TF (torch 2.9.1, CUDA 13.0), B200 1,745 TF. No GB300 has
+# been measured: it takes GB200's share, the same NVL72 system at the same stated peak (B300's die
+# measures as B200's, 1,769 against 1,745 TF).
 _BLACKWELL_SYSTEMS = (
     GpuSpec(
         name="GB200",
@@ -61,8 +67,7 @@ _BLACKWELL_SYSTEMS = (
         scaleup_domain_gpus=72,
         nominal_memory_gb=186,
         board_power_w=1200,
-        # B200's die: the MAMF share measured on B200 (the entry above), until a GB200 measures its own.
-        matmul_efficiency=0.776,
+        matmul_efficiency=0.729,  # MAMF 1,822 of 2,500 TF
         attention_efficiency=0.35,
         chip="GB100",
         sm_count=148,
@@ -83,7 +88,7 @@ _BLACKWELL_SYSTEMS = (
         scaleup_domain_gpus=72,
         nominal_memory_gb=279,
         board_power_w=1400,
-        matmul_efficiency=0.776,
+        matmul_efficiency=0.729,  # GB200's MAMF share (no GB300 measured)
         attention_efficiency=0.35,
         sm_count=160,
     ),
@@ -101,7 +106,7 @@ _BLACKWELL_SYSTEMS = (
         inter_node_bandwidth_gbps=100,
         nominal_memory_gb=270,
         board_power_w=1100,
-        matmul_efficiency=0.776,
+        matmul_efficiency=0.786,  # MAMF 1,769 of 2,250 TF
         attention_efficiency=0.35,
         sm_count=160,
     ),
@@ -164,10 +169,12 @@ _L40S = GpuSpec(
 # 1,000 W); 7 links of 128 GB/s (both directions): 448 GB/s out of each GPU. MI355X datasheet: 256 CUs
 # (CDNA 4), BF16 2.5 PF, FP8 5.0 PF and MXFP4 10 PF dense, FP32 157.3 TF; 288 GB HBM3E at 8 TB/s,
 # 1,400 W; 7 links of 153.6 GB/s: 537.6 GB/s out of each GPU. One 400 Gb/s NIC per GPU (AMD's
-# Pollara 400 reference platforms). Their best large bf16 GEMM reaches about 60% of the peak (the
-# published MAMF tables: 782 TF of 1,307 on MI300X, 785 on MI325X); MI355X is taken at that share
-# until a run measures it. Float8 runs on all three (torchao picks the e4m3fnuz encoding on MI300X
-# and MI325X); torchao's MX training kernels are CUDA's, so no MXFP8 here.
+# Pollara 400 reference platforms). Their best large bf16 GEMM, as the MAMF table named above for the
+# Blackwell systems measured it: MI300X 668.4 TF (torch 2.5.1, ROCm 6.3, TunableOp on: the table's
+# current row; an older one had 782 TF on ROCm 6.2 at another shape), MI325X 784.9 TF (ROCm 6.2,
+# TunableOp on, 1,000 W), MI355X 1,565 TF (torch 2.8, ROCm 7.0.2, TunableOp off), each over its
+# datasheet peak. Float8 runs on all three (torchao picks the e4m3fnuz encoding on MI300X and
+# MI325X); torchao's MX training kernels are CUDA's, so no MXFP8 here.
 _MI300X = GpuSpec(
     name="MI300X",
     aliases=("MI300X-192GB", "Instinct-MI300X"),
@@ -180,7 +187,7 @@ _MI300X = GpuSpec(
     inter_node_bandwidth_gbps=50,
     nominal_memory_gb=192,
     board_power_w=750,
-    matmul_efficiency=0.6,
+    matmul_efficiency=0.511,  # MAMF 668.4 of 1,307.4 TF
     attention_efficiency=0.35,
     chip="CDNA3",
     sm_count=304,
@@ -195,6 +202,7 @@ _AMD_INSTINCT = (
         "memory_bandwidth_gbps": 6000,
         "nominal_memory_gb": 256,
         "board_power_w": 1000,
+        "matmul_efficiency": 0.6,  # MAMF 784.9 of 1,307.4 TF
     }),
     GpuSpec(
         name="MI355X",
@@ -209,7 +217,7 @@ _AMD_INSTINCT = (
         inter_node_bandwidth_gbps=50,
         nominal_memory_gb=288,
         board_power_w=1400,
-        matmul_efficiency=0.6,
+        matmul_efficiency=0.622,  # MAMF 1,565 of 2,516.6 TF
         attention_efficiency=0.35,
         chip="CDNA4",
         sm_count=256,
