@@ -103,10 +103,10 @@ def test_a_plan_past_the_corpus_reach_is_named() -> None:
 
 
 def test_a_gpu_whose_held_out_runs_all_ran_slower_than_priced_is_named() -> None:
-    # The corpus' one priced MI300X run ran 1.35x slower than priced, outside its interval.
+    # The corpus' one priced MI300X run ran 1.30x slower than priced, outside its interval.
     missed = interval_data()["reach"]["optimistic_gpus"]
-    assert "H100-SXM-80GB" not in missed and missed["MI300X"]["worst"] > 0.3
+    assert "H100-SXM-80GB" not in missed and missed["MI300X"]["worst"] > 0.25
     caveats = coverage_warnings(cluster=ClusterSpec.parse("1x8xMI300X"), mesh=FSDP8)
     assert [c.code for c in caveats] == ["optimistic_throughput"]
-    assert "upper bound" in caveats[0].message and "1.35x" in caveats[0].message
+    assert "upper bound" in caveats[0].message and "1.30x" in caveats[0].message
     assert coverage_warnings(cluster=ClusterSpec.parse("1x8xH100"), mesh=FSDP8) == ()
