@@ -358,6 +358,12 @@ class Collectives:
     middle: RepeatedGroups
 
 
+def _routed_expert_share(shape: GroupShape) -> float:
+    """Of a group's parameters (the rank's expert-parallel share), the routed experts'."""
+    params = sum(count * u.num_params for _, u, count in shape.units)
+    return sum(count * u.expert_params for _, u, count in shape.units) / params if params else 0.0
+
+
 def _collectives(
     setting: Setting, choice: Choice, layout: CommLayout, repeats: RepeatedLayout
 ) -> Collectives:
@@ -381,6 +387,17 @@ def _collectives(
     replica_rails = max(1, per_node // (shard * mesh.tp))
     world_rails = max(1, per_node // mesh.tp)
     replicated = mesh.dp * mesh.cp  # no_shard's all-reduce group: every rank of one tp position
+    # The routed experts' own shard group (Mesh.expert_shards ranks at a stride of ep x tp): a domain
+    # holds domain // (ep x tp) of them, each with its own card; inside one domain where they all fit.
+    expert_rails = max(1, per_node // (mesh.ep * mesh.tp))
+    expert_link: LinkClass = "intra" if mesh.expert_shards <= expert_rails else shard_link
+
+    def sharded(nbytes: float, launches: int, expert: float) -> float:
+        """An FSDP collective of `nbytes` over the shard group, less their `expert` share: the routed
+        experts' are sharded over their own group (none at all where ep takes every shard rank)."""
+        dense = _collective(p, shard_link, nbytes * (1 - expert), shard, launches=launches, rails=shard_rails)
+        group, rails = mesh.expert_shards, expert_rails
+        return dense + _collective(p, expert_link, nbytes * expert, group, launches=launches, rails=rails)
 
     def group_collectives(shape: GroupShape) -> tuple[GroupTimes, GroupTimes]:
         """One group's collectives in the last micro-batch, and in the earlier ones."""
@@ -389,13 +406,10 @@ def _collectives(
         if choice.sharding != "no_shard":
             g = shape.group
             gathered = layout.group_gather_bytes[g]
-            ag = _collective(
-                p, shard_link, gathered, shard, launches=layout.group_launches[g], rails=shard_rails
-            )
+            expert = _routed_expert_share(shape) if mesh.ep > 1 else 0.0
+            ag = sharded(gathered, layout.group_launches[g], expert)
             for params, launches, count in shape.reduces:
-                reduce += count * _collective(
-                    p, shard_link, rb * params, shard, launches=launches, rails=shard_rails
-                )
+                reduce += count * sharded(rb * params, launches, expert)
                 if choice.sharding == "hybrid_shard":
                     reduce += count * _collective(
                         p, replica_link, rb * params / shard, replicas, all_reduce=True, launches=launches,

