@@ -82,8 +82,9 @@ class ClusterConfig:
 
     @property
     def domain_gpus(self) -> int:
-        """The GPUs a tensor-parallel group may span (contract/topology.py): the scale-up domain."""
-        return self.scaleup_domain_gpus or self.gpus_per_node
+        """The GPUs a tensor-parallel group may span (contract/topology.py): the scale-up domain, at
+        most the plan's ranks (part of a rack is one domain of its GPUs, as the planner reads it)."""
+        return min(self.scaleup_domain_gpus or self.gpus_per_node, self.ranks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +258,10 @@ def check_plan(plan: RuntimePlan) -> None:
         model.hidden_size % model.num_heads or model.num_heads % model.kv_heads
     ):
         raise PlanError("plan.model: num_heads must divide hidden_size and num_kv_heads num_heads")
-    problems = mesh_problems(mesh, model, plan.training, gpus_per_node=plan.cluster.domain_gpus)
+    cluster = plan.cluster
+    problems = mesh_problems(
+        mesh, model, plan.training, gpus_per_node=cluster.domain_gpus, node_gpus=cluster.gpus_per_node
+    )
     if problems:
         raise PlanError(f"plan.{problems[0]}")
     if cfg.pipeline is not None:
