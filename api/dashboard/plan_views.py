@@ -58,8 +58,9 @@ class Row:
 
 
 def cluster_label(plan: Plan) -> str:
+    """`18 × 4 × GB200 in scale-up domains of 72` where a domain spans nodes (`ClusterSpec.domains`)."""
     c = plan.cluster
-    return f"{c.num_nodes} × {c.gpus_per_node} × {c.gpu}"
+    return f"{c.num_nodes} × {c.gpus_per_node} × {c.gpu}{c.domains()}"
 
 
 def checkpointing_label(config: ParallelConfig) -> str:

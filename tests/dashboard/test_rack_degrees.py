@@ -136,6 +136,7 @@ def test_the_plan_form_states_a_scale_up_domain(client: TestClient) -> None:
                                                "tensor_parallel_degree": "16"}, follow_redirects=False)
     assert planned.status_code == 303, errors_beside_fields(planned.text)
     detail = html.unescape(client.get(planned.headers["location"]).text)
+    assert "16 × 4 × GB200 in scale-up domains of 64" in detail  # the plan's inputs name the domain
     again = re.search(r'href="(/plans/new\?[^"]*)"', detail)
     assert again and "scaleup_domain_gpus=64" in again.group(1)
     assert 'value="64"' in client.get(again.group(1)).text
