@@ -290,8 +290,8 @@ AXES: tuple[Axis, ...] = (
         "sequence and loss parallel, FSDP over the rest); 1 plans data parallelism only.",
         label="tp",
         shards="sequence + loss parallel",
-        note="each tp group is {degree} consecutive ranks inside a node, with sequence parallel and loss "
-        "parallel (vocabulary-sharded cross-entropy)",
+        note="each tp group is {degree} consecutive ranks inside a scale-up domain (a node, or an NVLink "
+        "rack), with sequence parallel and loss parallel (vocabulary-sharded cross-entropy)",
         compare_label="Tensor parallel (GPUs)",
         compare_shown="{degree} (sequence + loss parallel)",
         sequence_chunks=1,

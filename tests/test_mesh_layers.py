@@ -308,8 +308,8 @@ def test_a_new_axis_is_one_entry_everywhere_else(tmp_path: Path) -> None:
     assert found["dashboard"] == {
         "mesh_row": "dp_replicate 1 × dp_shard 2 × hx 2 × tp 2",
         "mesh_note": "8 GPUs; each rank holds 1/2 of the experts, tokens sent to theirs and back "
-        "(all-to-all); each tp group is 2 consecutive ranks inside a node, with sequence parallel and loss "
-        "parallel (vocabulary-sharded cross-entropy)",
+        "(all-to-all); each tp group is 2 consecutive ranks inside a scale-up domain (a node, or an NVLink "
+        "rack), with sequence parallel and loss parallel (vocabulary-sharded cross-entropy)",
         "compare_row": "Hypothetical parallel (GPUs)",
         "compare_value": "2 (experts split)",
         "form_fields": [

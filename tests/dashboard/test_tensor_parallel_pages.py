@@ -40,8 +40,8 @@ def test_a_pinned_plan_shows_its_mesh_and_tensor_parallel_time(client: TestClien
     page = text(client.get(f"/plans/{plan_id}").text)
     assert f"· {plan['config']['sharding']} dp2x1 tp2 " in page  # the configuration label in the subtitle
     assert "Device mesh dp_replicate 1 × dp_shard 2 × tp 2" in page
-    assert "each tp group is 2 consecutive ranks inside a node, with sequence parallel and loss parallel" \
-        in page
+    assert ("each tp group is 2 consecutive ranks inside a scale-up domain (a node, or an NVLink rack), with "
+            "sequence parallel and loss parallel") in page
     tensor_parallel = fmt.duration(plan["prediction"]["exposed_tensor_parallel_s"])
     assert f"Tensor-parallel communication {tensor_parallel} per step, all exposed" in page
     assert f"tensor parallel {tensor_parallel}" in page  # in the exposed communication's breakdown
