@@ -1,9 +1,9 @@
-"""The documentation's examples are what the code prints. Every `fsdp-planner plan` shown with its
-output is run, and every line it shows (each piece between `...` elisions) must be in what the command
-prints, figures included; every plan request posted with `curl` and shown with the service's answer is
-posted to the real app, and each field the answer shows must be what the service answers, to the
-digits shown. An example that drifts fails here, naming its page and line: run the command, and copy
-its output into the page."""
+"""The documentation's examples are what the code prints. Every `fsdp-planner plan` and `whatif` shown
+with its output is run, and every line it shows (each piece between `...` elisions) must be in what the
+command prints, figures included; every plan request posted with `curl` and shown with the service's
+answer is posted to the real app, and each field the answer shows must be what the service answers, to
+the digits shown; the accuracy report's tables are the stored report's. An example that drifts fails
+here, naming its page and line: run the command, and copy its output into the page."""
 
 from __future__ import annotations
 
@@ -72,10 +72,18 @@ def code_blocks(text: str) -> list[tuple[int, list[str]]]:
 
 def examples(prefix: str) -> list[Example]:
     """Commands starting with `prefix` (after an optional `$ `), their continuation lines joined, with the
-    lines that follow them in their block up to the next command."""
+    lines that follow them in their block up to the next command; and a block of output alone whose
+    paragraph just above names its command in one code span (`fsdp-planner plan ...`, then the block)."""
     found = []
     for page in DOCUMENTS:
-        for start, lines in code_blocks(page.read_text(encoding="utf-8")):
+        text = page.read_text(encoding="utf-8")
+        for start, lines in code_blocks(text):
+            if lines and PRINTOUT.match(lines[0]):
+                command = inline_command(text, start, prefix)
+                if command:
+                    found.append(Example(page=page, line=start, command=command,
+                                         output=[o for o in lines if o.strip()]))
+                continue
             index = 0
             while index < len(lines):
                 line = lines[index].removeprefix("$ ")
@@ -95,6 +103,22 @@ def examples(prefix: str) -> list[Example]:
                 found.append(Example(page=page, line=start + first, command=command,
                                      output=[o for o in output if o.strip()]))
     return found
+
+
+# The first line of what `plan` prints: its headline (`llama3-8b (8.03B params) on ...`) or a refusal.
+PRINTOUT = re.compile(r"\S+ \([\d.]+[KMBT]? params|error: ")
+
+
+def inline_command(text: str, block_start: int, prefix: str) -> str | None:
+    """The one `prefix...` code span of the paragraph right above the block starting at `block_start`."""
+    above = text.splitlines()[:block_start - 1]
+    while above and (not above[-1].strip() or above[-1].startswith("```")):
+        above.pop()
+    paragraph: list[str] = []
+    while above and above[-1].strip():
+        paragraph.insert(0, above.pop())
+    spans = re.findall(rf"`({re.escape(prefix)}[^`]*)`", " ".join(paragraph))
+    return spans[0] if len(spans) == 1 else None
 
 
 def is_command(line: str) -> bool:
@@ -119,25 +143,29 @@ def shown_pieces(example: Example) -> list[str]:
     return pieces
 
 
-PLAN_EXAMPLES = [e for e in examples("fsdp-planner plan ") if e.output and not any(
-    option in e.command.split() for option in READER_FILES)]
+PLAN_EXAMPLES = [e for e in [*examples("fsdp-planner plan "), *examples("fsdp-planner whatif ")]
+                 if e.output and not any(option in e.command.split() for option in READER_FILES)]
 
 
-def test_the_pages_show_plan_examples_with_their_output() -> None:
+def test_the_pages_show_plan_and_whatif_examples_with_their_output() -> None:
     pages = {e.page.relative_to(REPO).as_posix() for e in PLAN_EXAMPLES}
     assert {"docs/planning/index.md", "docs/planning/tensor-parallel.md",
             "docs/planning/pipeline-parallel.md", "docs/planning/context-parallel.md", "docs/quickstart.md",
-            "README.md"} <= pages, pages
+            "docs/whatif.md", "README.md"} <= pages, pages
 
 
 @pytest.mark.parametrize("example", PLAN_EXAMPLES, ids=str)
-def test_a_plan_example_prints_what_its_page_shows(example: Example) -> None:
+def test_a_plan_or_whatif_example_prints_what_its_page_shows(example: Example) -> None:
     argv = example.command.split()[1:]
-    result = CliRunner().invoke(cli, argv, env=WIDE)
     refused = example.output[0].startswith("error:")
-    assert result.exit_code in ((2, 3) if refused else (0,)), f"{example}: {result.output}"
-    printed = words(result.output)
-    drifted = [piece for piece in shown_pieces(example) if piece not in printed]
+    # Unwrapped first; a page that shows the table rows as printed at its own width is compared at it.
+    for width in dict.fromkeys([WIDE["COLUMNS"], str(max(len(line) for line in example.output))]):
+        result = CliRunner().invoke(cli, argv, env={"COLUMNS": width})
+        assert result.exit_code in ((2, 3) if refused else (0,)), f"{example}: {result.output}"
+        printed = words(result.output)
+        drifted = [piece for piece in shown_pieces(example) if piece not in printed]
+        if not drifted:
+            break
     assert not drifted, f"{example} shows what the command does not print:\n" + "\n".join(
         drifted) + f"\n\nIt prints:\n{result.output}"
 
