@@ -45,22 +45,30 @@ def _physical(*, low: float, high: float, unit: str, meaning: str) -> Any:
     """A float type bounded to [low, high] (shown in the JSON schema), whose out-of-range error says
     what range is plausible and why, instead of pydantic's bare "should be less than or equal to"."""
     advice = f"give {unit} between {low:g} and {high:g} ({meaning})"
+    return Annotated[
+        float,
+        Field(ge=low, le=high, allow_inf_nan=False, description=f"{unit.capitalize()}, {low:g} to {high:g}."),
+        _explained_range(
+            error_type="physical_bound", message="{value} is not physically plausible: " + advice
+        ),
+    ]
 
-    def explain(value: Any, handler: ValidatorFunctionWrapHandler) -> float:
+
+def _explained_range(
+    *, error_type: str, message: str, context: dict[str, str] | None = None
+) -> WrapValidator:
+    """A validator that lets every error through but a range error, which it replaces by `message`
+    (a template over `value` and `context`): pydantic's own says only "should be less than or equal to"."""
+
+    def explain(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         try:
             return handler(value)
         except ValidationError as exc:
             if not any(error["type"] in _RANGE_ERRORS for error in exc.errors()):
                 raise
-            raise PydanticCustomError(
-                "physical_bound", "{value} is not physically plausible: " + advice, {"value": value}
-            ) from None
+            raise PydanticCustomError(error_type, message, {"value": value, **(context or {})}) from None
 
-    return Annotated[
-        float,
-        Field(ge=low, le=high, allow_inf_nan=False, description=f"{unit.capitalize()}, {low:g} to {high:g}."),
-        WrapValidator(explain),
-    ]
+    return WrapValidator(explain)
 
 
 KernelSeconds = _physical(
@@ -177,16 +185,12 @@ def degree_range(entry: Axis) -> str:
 def pinned_degree(entry: Axis) -> Any:
     """The type of one pinned degree of `entry` in a request: bounded by `max_degree` (shown in the JSON
     schema), refused out of range saying what range it takes and why."""
-
-    def explain(value: Any, handler: ValidatorFunctionWrapHandler) -> int:
-        try:
-            return handler(value)
-        except ValidationError as exc:
-            if not any(error["type"] in _RANGE_ERRORS for error in exc.errors()):
-                raise
-            raise PydanticCustomError(
-                "degree_range", "{value} is not {what} degree: give " + degree_range(entry),
-                {"value": value, "what": ("an " if entry.what[0] in "aeiou" else "a ") + entry.what},
-            ) from None
-
-    return Annotated[int, Field(ge=1, le=max_degree(entry)), WrapValidator(explain)]
+    article = "an " if entry.what[0] in "aeiou" else "a "
+    return Annotated[
+        int,
+        Field(ge=1, le=max_degree(entry)),
+        _explained_range(
+            error_type="degree_range", message="{value} is not {what} degree: give " + degree_range(entry),
+            context={"what": article + entry.what},
+        ),
+    ]
