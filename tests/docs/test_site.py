@@ -125,3 +125,18 @@ async def test_an_unbuilt_site_answers_how_to_build_it(tmp_path: Path) -> None:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_every_dashboard_page_links_the_guide(built_site: Path, tmp_path: Path) -> None:
+    settings = Settings(docs_site_dir=built_site, data_dir=tmp_path)
+    app = create_app(settings)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://testserver"
+    ) as client:
+        page = await client.get("/accuracy")
+        assert page.status_code == 200
+        links = re.findall(r'<a href="(/docs/guide/)">Guide</a>', page.text)
+        assert len(links) == 2  # the top bar's nav and the footer
+        guide = await client.get(links[0])
+        assert guide.status_code == 200 and "Quick start" in guide.text
