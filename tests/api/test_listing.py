@@ -268,7 +268,7 @@ async def test_an_empty_cursor_is_the_first_page(client: httpx.AsyncClient, stor
         {"nodes": "x"},
         {"q": "x" * 201},
         {"tp": 0},
-        {"tp": 65},
+        {"tp": 1025},
         {"tp": "two"},
         {"pp": 0},
         {"pp": 1025},
