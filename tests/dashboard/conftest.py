@@ -108,8 +108,11 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
         database.dispose()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    # Per module, not per session: a sync playwright keeps its asyncio loop set on the main thread while
+    # it is open, and every async test (anyio) or other playwright user that runs later in the same
+    # process fails ("another loop is running") until it closes.
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium); "
                     "scripts/test.sh does this on CI")
