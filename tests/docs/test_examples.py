@@ -155,9 +155,12 @@ def test_the_pages_show_plan_and_whatif_examples_with_their_output() -> None:
 
 
 @pytest.mark.parametrize("example", PLAN_EXAMPLES, ids=str)
-def test_a_plan_or_whatif_example_prints_what_its_page_shows(example: Example) -> None:
+def test_a_plan_or_whatif_example_prints_what_its_page_shows(
+    example: Example, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     argv = example.command.split()[1:]
     refused = example.output[0].startswith("error:")
+    monkeypatch.chdir(tmp_path)  # an example's `-o plan.json` writes there, not into the checkout
     # Unwrapped first; a page that shows the table rows as printed at its own width is compared at it.
     for width in dict.fromkeys([WIDE["COLUMNS"], str(max(len(line) for line in example.output))]):
         result = CliRunner().invoke(cli, argv, env={"COLUMNS": width})
