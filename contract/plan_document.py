@@ -211,19 +211,9 @@ def _upgrade_schema_1(value: Any, world: int | None) -> Any:
     return upgraded
 
 
-def unsupported_mesh(mesh: Mesh) -> str | None:
-    """Why this runtime cannot run `mesh`, though the planner prices it (the plan check and the
-    launcher's bundles refuse it alike, so nothing half-works); None: it can. Every axis of the
-    registry runs now (expert parallelism too: executor/runtime/expert_parallel.py): this is the
-    one place to say so when an axis is priced before the runtime applies it."""
-    return None
-
-
 def check_plan(plan: RuntimePlan) -> None:
     """Consistency checks that types alone do not catch."""
     cfg, world, mesh = plan.config, plan.world_size, plan.config.mesh
-    if unsupported := unsupported_mesh(mesh):
-        raise PlanError(f"plan.{unsupported}")
     if mesh.world_size != world:
         raise PlanError(f"plan.config.mesh: {mesh.describe().split(' = ')[0]} = {mesh.world_size} ranks, "
                         f"but the cluster has {world}")

@@ -21,7 +21,6 @@ from typing import Literal, get_args
 
 import contract
 from contract.parallel_config import PIPELINE_SCHEDULES, Float8Recipe, PipelineConfig
-from contract.plan_document import unsupported_mesh
 from executor.launch import render, scheduling, skypilot, vendors
 from executor.launch.quoting import (
     VERSION3,
@@ -269,7 +268,7 @@ def bundle_files(
     (`key=value`), `tolerations` (`key[=value][:Effect]`), `priority_class` and `gpu_resource` (None: the
     vendor's, nvidia.com/gpu or amd.com/gpu) place the pods (scheduling.py); `calibration` (the plan's
     profile) re-prices a `torchtitan` bundle."""
-    _check_target(plan, target)
+    _check_target(target)
     if target == "torchtitan":
         # Imported here: the torchtitan target builds on this module's context and files.
         from executor.launch import torchtitan
@@ -340,13 +339,9 @@ def _check_resource_image(plan: Plan, stack: vendors.Stack, gpu_resource: str, i
     )
 
 
-def _check_target(plan: Plan, target: str) -> None:
-    """Refuse an unknown target, and a plan this project's runtime cannot run on its own targets
-    (`contract.plan_document.unsupported_mesh`: expert parallelism, so far); the torchtitan target
-    runs torchtitan's trainer, which says itself what it takes."""
+def _check_target(target: str) -> None:
+    """Refuse an unknown target (every axis a plan holds runs on each of them)."""
     _check_choice(target, TARGETS, "target")
-    if target != "torchtitan" and (unsupported := unsupported_mesh(plan.config.mesh)):
-        raise UnsafeValueError(f"target {target}: {unsupported}", field="plan")
 
 
 def _prediction(plan: Plan) -> str:

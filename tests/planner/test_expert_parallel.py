@@ -12,7 +12,7 @@ import pytest
 
 from contract.mesh import WORLD_AXES, Mesh, mesh_problems
 from contract.model_config import MoeConfig
-from contract.plan_document import parse_plan, unsupported_mesh
+from contract.plan_document import parse_plan
 from executor.launch.bundle import bundle_files
 from planner.catalog.models import resolve_model
 from planner.cost.estimate import Estimator, _collective, expert_parallel_seconds
@@ -135,7 +135,6 @@ def test_deepseek_v3_plans_with_ep_and_its_runtime_takes_it() -> None:
     # check and the bundles take ep plans (tests/executor/test_moe_parity.py runs them).
     assert parse_plan(plan.model_dump(mode="json")).config.mesh.ep == plan.config.mesh.ep
     assert any(f.path == "launch.sh" for f in bundle_files(plan, target="torchrun"))
-    assert unsupported_mesh(plan.config.mesh) is None
 
 
 def test_a_refusal_of_gathered_experts_names_ep() -> None:
