@@ -22,6 +22,7 @@ from contract.parallel_config import (
     PipelineError,
     PipelineSchedule,
 )
+from planner.catalog.gpus import MX_GPUS
 from planner.cost.estimate import block_step_time
 from planner.cost.model_costs import UnitCost
 from planner.cost.pipeline import balanced_stage_split
@@ -396,7 +397,7 @@ def check_float8(request: PlanRequest, recipe: str, *, field: str) -> None:
                    "Instinct GPUs have); "
                    "plan it without Float8")
     elif recipe == "mxfp8" and not gpu.mx_formats:
-        problem = (f"needs MX tensor cores (Blackwell: B200, B300, GB200, GB300), the {gpu.name} has "
+        problem = (f"needs MX tensor cores (Blackwell: {MX_GPUS}), the {gpu.name} has "
                    "none; use tensorwise or rowwise")
     elif request.training.precision != "bf16":
         problem = "Float8 training needs bf16 as the compute precision; set training.precision to bf16"

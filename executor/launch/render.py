@@ -12,6 +12,7 @@ from executor.launch import environment, manifests, skypilot, vendors
 from executor.launch.manifests import CHECKPOINT_MOUNT, WORK_DIR, KubeContext
 from executor.launch.quoting import comment
 from executor.launch.templating import render_template
+from planner.catalog.gpus import MX_GPUS
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,7 @@ class LaunchContext:
     (SLURM's `--segment`, Kueue's pod-set slices). 1: a domain is a node, nothing to ask."""
 
 
-FLOAT8_GPUS = {"mxfp8": "compute capability 10.0+: B200, B300, GB200, GB300"}
+FLOAT8_GPUS = {"mxfp8": f"compute capability 10.0+: {MX_GPUS}"}
 """GPUs each Float8 recipe needs (default: FLOAT8_ANY_GPU)."""
 FLOAT8_ANY_GPU = "compute capability 8.9+ (L40S, H100, H200, H800, H20, Blackwell) or AMD Instinct MI300X+"
 """The GPUs the tensorwise and rowwise recipes train on (torchao's float8 GEMMs)."""

@@ -351,6 +351,9 @@ GPU_CATALOG: dict[str, GpuSpec] = {
 
 _BY_LOWER_NAME = {key.lower(): gpu for gpu in GPU_CATALOG.values() for key in (gpu.name, *gpu.aliases)}
 
+MX_GPUS = ", ".join(sorted(gpu.name for gpu in GPU_CATALOG.values() if gpu.mx_formats))
+"""The catalog's GPUs with MX (block-scaled) tensor cores, as refusals and bundle headers name them."""
+
 
 def resolve_gpu(name: str) -> GpuSpec:
     """The catalog entry for a GPU name or alias, case-insensitively."""
