@@ -366,10 +366,7 @@ class ClusterSpec(StrictModel):
         other sizes): `NODESxGPUSxGPU`, or `DOMAINSxGPUSxGPU` where a scale-up domain of its own
         spans nodes (`4x64xGB200`)."""
         nodes = self.num_nodes if num_nodes is None else num_nodes
-        domain, gpus = self.scaleup_domain_gpus, nodes * self.gpus_per_node
-        if domain is not None and domain > self.gpus_per_node and gpus % domain == 0:
-            return f"{gpus // domain}x{domain}x{self.gpu}"
-        return f"{nodes}x{self.gpus_per_node}x{self.gpu}"
+        return cluster_text(nodes, self.gpus_per_node, self.gpu, self.scaleup_domain_gpus)
 
     def domains(self) -> str:
         """` in scale-up domains of 72` where a domain spans nodes (NVL72 racks), else nothing: what a
@@ -443,6 +440,15 @@ domain for the RACK_GPUS), so that a schema-valid string is refused only for wha
 CLUSTER_PATTERN, so that a count out of bounds is refused naming the bound."""
 MAX_CLUSTER_TEXT = 80
 """Longer than any cluster written as text (and than the API's cluster strings)."""
+
+
+def cluster_text(num_nodes: int, gpus_per_node: int, gpu: str, scaleup_domain_gpus: int | None) -> str:
+    """A cluster as `--cluster` reads it back (`cluster_fields`): `NODESxGPUSxGPU`, or `DOMAINSxGPUSxGPU`
+    where a stated scale-up domain spans nodes and the cluster is whole domains (`2x36xGB200`)."""
+    domain, gpus = scaleup_domain_gpus, num_nodes * gpus_per_node
+    if domain is not None and domain > gpus_per_node and gpus % domain == 0:
+        return f"{gpus // domain}x{domain}x{gpu}"
+    return f"{num_nodes}x{gpus_per_node}x{gpu}"
 
 
 def cluster_fields(text: str) -> dict[str, Any]:

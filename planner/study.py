@@ -42,8 +42,10 @@ from planner.specs import (
     ModelSpec,
     PlanRequest,
     PositiveInt,
+    ScaleupDomainGpus,
     SearchSpace,
     StrictModel,
+    cluster_text,
 )
 
 SECONDS_PER_DAY = 86_400.0
@@ -90,9 +92,11 @@ Price = Annotated[float, Field(gt=0, le=MAX_PRICE_PER_GPU_HOUR, allow_inf_nan=Fa
 ClusterGpus = Annotated[int, Field(ge=1, le=MAX_CLUSTER_GPUS)]
 
 
-def series_name(gpu: str, float8: str) -> str:
-    """A study's name for a candidate GPU type trained with a Float8 recipe (or not)."""
-    return gpu if float8 == "none" else f"{gpu} fp8-{float8}"
+def series_name(gpu: str, float8: str, scaleup_domain_gpus: int | None = None) -> str:
+    """A study's name for a candidate GPU type trained with a Float8 recipe (or not), in scale-up domains
+    of its own size (or its system's): `GB200 fp8-tensorwise (domains of 36)`."""
+    name = gpu if float8 == "none" else f"{gpu} fp8-{float8}"
+    return name if scaleup_domain_gpus is None else f"{name} (domains of {scaleup_domain_gpus})"
 
 
 class StudyGpu(StrictModel):
@@ -112,29 +116,42 @@ class StudyGpu(StrictModel):
     float8: Float8Recipe = "none"
     """Train this candidate's linears with a Float8 recipe (`none`: the study's precision). The same GPU
     type may be listed once per recipe, so a study compares bf16 and Float8 side by side."""
+    scaleup_domain_gpus: ScaleupDomainGpus | None = None
+    """GPUs per scale-up domain (NVLink, Infinity Fabric), a whole number of nodes, as a plan's
+    `cluster.scaleup_domain_gpus`: 36 for GB200 in NVL36 racks. None: the GPU type's system (72 for
+    GB200 and GB300), else one node. The same GPU type may be listed once per domain size."""
 
     @model_validator(mode="after")
     def _resolvable(self) -> StudyGpu:
-        spec = self.cluster(num_nodes=1, gpus_per_node=1)  # raises for unknown names and bad customs
+        spec = self._one_gpu()  # raises for unknown names and bad customs
         if self.price_per_gpu_hour is None and spec.gpu not in DEFAULT_PRICES_PER_GPU_HOUR:
             raise ValueError(
                 f"price_per_gpu_hour: {spec.gpu!r} has no default price; give its price in USD per GPU-hour"
             )
+        if self.scaleup_domain_gpus is not None:
+            self.cluster(num_nodes=1, gpus_per_node=self.node_size)  # raises for a domain of part nodes
         return self
 
+    def _one_gpu(self) -> ClusterSpec:
+        return ClusterSpec(num_nodes=1, gpus_per_node=1, gpu=self.gpu, custom_gpu=self.custom_gpu)
+
     def cluster(self, *, num_nodes: int, gpus_per_node: int) -> ClusterSpec:
+        """`num_nodes` x `gpus_per_node` of this GPU type, in its scale-up domains where the nodes are whole
+        (a part of one node is on that node's fabric whatever the domain)."""
+        whole = gpus_per_node == self.node_size
         return ClusterSpec(num_nodes=num_nodes, gpus_per_node=gpus_per_node, gpu=self.gpu,
-                           custom_gpu=self.custom_gpu)
+                           custom_gpu=self.custom_gpu,
+                           scaleup_domain_gpus=self.scaleup_domain_gpus if whole else None)
 
     @property
     def name(self) -> str:
         """The canonical name (catalog aliases resolved)."""
-        return self.cluster(num_nodes=1, gpus_per_node=1).gpu
+        return self._one_gpu().gpu
 
     @property
     def series(self) -> str:
-        """The candidate as the study names it: the GPU type, and its Float8 recipe if any."""
-        return series_name(self.name, self.float8)
+        """The candidate as the study names it: the GPU type, its Float8 recipe and its domains if any."""
+        return series_name(self.name, self.float8, self.scaleup_domain_gpus)
 
     @property
     def price(self) -> float:
@@ -142,7 +159,7 @@ class StudyGpu(StrictModel):
 
     @property
     def node_size(self) -> int:
-        spec = self.cluster(num_nodes=1, gpus_per_node=1).resolved_gpu()
+        spec = self._one_gpu().resolved_gpu()
         return self.gpus_per_node or spec.default_gpus_per_node
 
 
@@ -226,7 +243,9 @@ class StudyRequest(StrictModel):
             raise ValueError(STATE_DTYPE_NEEDS_BF16.replace("training.", ""))
         names = [gpu.series for gpu in self.gpus]
         if len(set(names)) != len(names):
-            raise ValueError(f"gpus: each GPU type once per Float8 recipe (got {', '.join(names)})")
+            raise ValueError(
+                f"gpus: each GPU type once per Float8 recipe and domain size (got {', '.join(names)})"
+            )
         sizes = self.sizes()
         if len(sizes) * len(self.gpus) > MAX_CANDIDATES:
             raise ValueError(
@@ -275,18 +294,21 @@ class StudyCluster(BaseModel):
     global_batch_tokens: int
     price_per_gpu_hour: float
     """USD."""
+    scaleup_domain_gpus: int | None = None
+    """The candidate's own scale-up domain size (None: its GPU type's system)."""
 
     @property
     def series(self) -> str:
         """`H100-SXM-80GB`, or `H100-SXM-80GB fp8-tensorwise` for a Float8 candidate."""
-        return series_name(self.gpu, self.float8)
+        return series_name(self.gpu, self.float8, self.scaleup_domain_gpus)
 
     @property
     def label(self) -> str:
-        """`NODESxGPUSxGPU`, or `GPUSxGPU` for a size that is not whole nodes."""
+        """The cluster as `--cluster` reads it (`NODESxGPUSxGPU`, `DOMAINSxGPUSxGPU` in domains of the
+        candidate's own size), or `GPUSxGPU` for a size that is not whole nodes."""
         if self.num_nodes * self.gpus_per_node != self.num_gpus:
             return f"{self.num_gpus}x{self.gpu}"
-        return f"{self.num_nodes}x{self.gpus_per_node}x{self.gpu}"
+        return cluster_text(self.num_nodes, self.gpus_per_node, self.gpu, self.scaleup_domain_gpus)
 
     def cluster_fields(self) -> dict[str, object]:
         return self.model_dump(include=set(StudyCluster.model_fields))
@@ -308,7 +330,7 @@ class StudyCandidate(StudyCluster):
         fields = dict(gpu=gpu.name, float8=gpu.float8, num_gpus=num_gpus, num_nodes=nodes,
                       gpus_per_node=gpus_per_node,
                       global_batch_tokens=study.batch_tokens(num_gpus), price_per_gpu_hour=gpu.price,
-                      calibration_id=gpu.calibration_id)
+                      calibration_id=gpu.calibration_id, scaleup_domain_gpus=gpu.scaleup_domain_gpus)
         if nodes * gpus_per_node != num_gpus:
             return cls(**fields, request=None,
                        refusal=f"{num_gpus} GPUs is not a whole number of {node}-GPU {gpu.name} nodes")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import string
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +41,7 @@ from api.typed_numbers import parse_decimal
 from contract.training_config import precision_label
 from planner.errors import PlanningError, describe_validation_error
 from planner.formatting import duration, money, quantity
+from planner.specs import ClusterSpec
 from planner.study import (
     DEFAULT_PRICES_PER_GPU_HOUR,
     StudyPoint,
@@ -71,10 +73,11 @@ def whatif(
         Path | None, typer.Option("--layer-graph", help="A layer graph JSON from `fsdp-planner trace`.")
     ] = None,
     gpu: Annotated[list[str] | None, typer.Option(
-        "--gpu", metavar="NAME[+FLOAT8][=USD_PER_HOUR]",
+        "--gpu", metavar="[GPUSx]NAME[+FLOAT8][=USD_PER_HOUR]",
         help="A candidate GPU type from the catalog, with its price per GPU-hour (repeatable); "
         "NAME+tensorwise trains it with a Float8 recipe, so --gpu H100 --gpu H100+tensorwise compares "
-        "bf16 and Float8 side by side; "
+        "bf16 and Float8 side by side; GPUSxNAME counts one node (4xH100) or, as --cluster does, one "
+        "scale-up domain where it spans nodes (36xGB200: NVL36 racks; default NVL72); "
         "default prices: " + ", ".join(f"{k} ${v:g}" for k, v in DEFAULT_PRICES_PER_GPU_HOUR.items()) + ".",
     )] = None,
     gpu_file: Annotated[list[Path] | None, typer.Option(
@@ -270,10 +273,11 @@ def _parsed(parse: Callable[[str], Any], text: str, option: str) -> Any:
 
 
 def _catalog_gpu(text: str) -> dict[str, Any]:
-    """`H100`, `H100=2.49` or `H100+tensorwise=2.49` (Float8) -> a StudyGpu body."""
+    """`H100`, `H100=2.49`, `H100+tensorwise=2.49` (Float8) or `36xGB200=4.5` (its domain) -> a StudyGpu
+    body."""
     name, sep, price = text.partition("=")
     gpu_name, plus, recipe = name.partition("+")
-    body: dict[str, Any] = {"gpu": gpu_name.strip()}
+    body = _gpu_type(gpu_name.strip(), text)
     if plus:
         if recipe.strip() not in FLOAT8_CHOICES or recipe.strip() == "none":
             raise fail(f"--gpu {text!r}: after '+' comes a Float8 recipe ({', '.join(FLOAT8_CHOICES[1:])}), "
@@ -286,6 +290,23 @@ def _catalog_gpu(text: str) -> dict[str, Any]:
         raise fail(f"--gpu {text!r}: the price after '=' must be USD per GPU-hour in the digits 0-9, e.g. "
                    "--gpu H100=2.49")
     return {**body, "price_per_gpu_hour": value}
+
+
+def _gpu_type(name: str, text: str) -> dict[str, Any]:
+    """`H100` -> {gpu}; `4xH100` (one node) or `36xGB200` (one scale-up domain) -> {gpu, gpus_per_node,
+    scaleup_domain_gpus}, read as `--cluster` reads the count (ClusterSpec.parse), for one node or domain:
+    the study's sizes give how many."""
+    if name[:1] not in string.digits or not name:
+        return {"gpu": name}
+    try:
+        spec = ClusterSpec.parse(name)
+    except ValidationError as exc:
+        raise fail([f"--gpu {text!r}: {line}" for line in describe_validation_error(exc)]) from None
+    if spec.world_size != spec.scaleup_gpus:
+        raise fail(f"--gpu {text!r}: give the GPUs of one node or one scale-up domain (e.g. 36xGB200); "
+                   "--sizes gives how many GPUs each candidate cluster has")
+    return {"gpu": spec.gpu, "gpus_per_node": spec.gpus_per_node,
+            **({"scaleup_domain_gpus": spec.scaleup_domain_gpus} if spec.scaleup_domain_gpus else {})}
 
 
 def print_study(study: StudyRequest, summary: StudySummary, console: Console) -> None:

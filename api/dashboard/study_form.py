@@ -17,9 +17,13 @@ from api.schemas.plans import MAX_ID
 from api.schemas.studies import StudyCreate
 from api.typed_numbers import parse_decimal, parse_whole
 from planner.catalog.gpus import GPU_CATALOG
+from planner.specs import RACK_GPUS
 from planner.study import DEFAULT_PRICES_PER_GPU_HOUR, parse_cluster_sizes, parse_token_count
 
 FORM_LEVEL = "form"
+DOMAIN_GPUS: tuple[str, ...] = tuple(name for name in GPU_CATALOG if name in RACK_GPUS)
+"""The GPU types whose scale-up domain spans nodes (GB200, GB300: NVL72 racks), which the form asks for
+another domain size (NVL36); the others' domain is their node."""
 # API field paths (prefixes) -> form fields; `gpus.N...` are mapped by `_gpu_field`.
 _FIELD_FOR_PATH: tuple[tuple[str, str], ...] = (
     ("model", "model"),
@@ -50,6 +54,8 @@ class StudyForm:
         default_factory=lambda: {name: f"{price:g}" for name, price in DEFAULT_PRICES_PER_GPU_HOUR.items()}
     )
     """USD per GPU-hour by GPU type (all shown; only ticked ones are sent)."""
+    domains: dict[str, str] = field(default_factory=dict)
+    """GPUs per scale-up domain by GPU type (DOMAIN_GPUS), as typed; empty: the GPU type's system."""
     sizes: str = "8-512"
     seq_len: str = "8192"
     batch_rule: str = "fixed"
@@ -78,6 +84,10 @@ class StudyForm:
             price = submitted.get(f"price_{gpu}")
             if isinstance(price, str):
                 form.prices[gpu] = price[:40]
+        for gpu in DOMAIN_GPUS:
+            domain = submitted.get(f"domain_{gpu}")
+            if isinstance(domain, str):
+                form.domains[gpu] = domain[:40]
         form.pins = {name: value[:40] for name in PIN_FIELDS if isinstance(value := submitted.get(name), str)}
         return form
 
@@ -90,6 +100,16 @@ class StudyForm:
     def price_fields(self) -> dict[str, str]:
         """Form field name of each GPU type's price (ids in the page)."""
         return {gpu: f"price_{gpu}" for gpu in GPU_CATALOG}
+
+    @property
+    def domain_fields(self) -> dict[str, str]:
+        """Form field name of the scale-up domain of each GPU type that takes one (DOMAIN_GPUS)."""
+        return {gpu: f"domain_{gpu}" for gpu in DOMAIN_GPUS}
+
+    @property
+    def domain_defaults(self) -> dict[str, int]:
+        """The scale-up domain of each of DOMAIN_GPUS' systems (72: NVL72), which an empty field keeps."""
+        return {gpu: GPU_CATALOG[gpu].scaleup_domain_gpus or 0 for gpu in DOMAIN_GPUS}
 
 
 def _number(form: StudyForm, name: str, raw: str, what: str, *, integer: bool) -> float | int | None:
@@ -127,7 +147,11 @@ def to_study_create(form: StudyForm) -> StudyCreate | None:
     for gpu in form.gpus:
         price = _number(form, f"price_{gpu}", form.prices.get(gpu, ""), f"{gpu} price per GPU-hour",
                         integer=False)
-        gpus.append({"gpu": gpu, "price_per_gpu_hour": price})
+        candidate: dict[str, Any] = {"gpu": gpu, "price_per_gpu_hour": price}
+        if form.domains.get(gpu, "").strip():  # empty: the GPU type's system, as the API's absent field
+            candidate["scaleup_domain_gpus"] = _number(form, f"domain_{gpu}", form.domains[gpu],
+                                                       f"{gpu} GPUs per NVLink domain", integer=True)
+        gpus.append(candidate)
     body["gpus"] = gpus
     if search := pinned_search(form.pins, form.add_error):
         body["search"] = search
@@ -145,6 +169,8 @@ def _form_field(form: StudyForm, path: str) -> str:
     index = parse_whole(parts[1], low=0, high=len(form.gpus) - 1) if len(parts) >= 3 else None
     if parts[0] == "gpus" and index is not None:
         gpu = form.gpus[index]
+        if parts[2] == "scaleup_domain_gpus" and gpu in DOMAIN_GPUS:
+            return f"domain_{gpu}"
         return f"price_{gpu}" if parts[2] == "price_per_gpu_hour" else "gpus"
     for prefix, form_field in _FIELD_FOR_PATH:
         if path == prefix or path.startswith(prefix + "."):
@@ -159,6 +185,11 @@ def add_api_errors(form: StudyForm, errors: list[FieldError]) -> None:
         if not path:
             head = error.message.split(":", 1)[0]
             path = head if any(head == p or head.startswith(p + ".") for p, _ in _FIELD_FOR_PATH) else ""
+        elif path.startswith("gpus.") and path.count(".") == 1 and ":" in error.message:
+            # A candidate's cross-field refusal names its field first ("scaleup_domain_gpus: 30 is ...").
+            head = error.message.split(":", 1)[0]
+            if head.isidentifier():
+                path = f"{path}.{head}"
         target = _form_field(form, path)
         message = error.message
         for prefix in (path, path.rsplit(".", 1)[-1]):

@@ -78,7 +78,7 @@ def input_rows(study: StudyDetail) -> list[Row]:
         Row("Batch", batch),
         Row("Precision / optimizer", f"{request.precision} / {request.optimizer}"),
         Row("GPU types and prices", ", ".join(
-            f"{gpu.name} ${gpu.price:g}/GPU-hour"
+            f"{gpu.series} ${gpu.price:g}/GPU-hour"
             + (f" (calibration profile #{gpu.calibration_id})" if gpu.calibration_id else "")
             for gpu in request.gpus
         ), "calibrated where a profile is named; catalog peaks otherwise"),

@@ -233,3 +233,24 @@ async def test_a_gpu_type_is_planned_with_its_stored_calibration(client: httpx.A
     other = assert_problem(await client.post(STUDIES, json={**body, "gpus": [
         {"gpu": "H100", "calibration_id": profile["id"]}]}), 422, "calibration-mismatch")
     assert other["errors"][0]["field"] == "gpus.0.calibration_id" and "measured on cpu" in other["detail"]
+
+
+async def test_a_candidate_may_state_its_scale_up_domain(client: httpx.AsyncClient) -> None:
+    # GB200 in NVL36 racks beside the catalog's NVL72: each plan's cluster has its candidate's domain.
+    created = await planned(client, study(
+        gpus=[{"gpu": "GB200", "price_per_gpu_hour": 5.0},
+              {"gpu": "GB200", "price_per_gpu_hour": 5.0, "scaleup_domain_gpus": 36}],
+        cluster_sizes=[72], global_batch_tokens=1024 * 288,
+    ))
+    assert created["gpus"] == ["GB200", "GB200 (domains of 36)"]
+    nvl72, nvl36 = created["points"]
+    assert (nvl72["cluster"], nvl36["cluster"]) == ("18x4xGB200", "2x36xGB200")
+    assert nvl36["fits"] and nvl36["scaleup_domain_gpus"] == 36
+    plan = (await client.get(f"{PLANS}/{nvl36['plan_id']}")).json()["plan"]
+    assert plan["cluster"]["scaleup_domain_gpus"] == 36
+    assert nvl72["plan_id"] != nvl36["plan_id"]
+
+    bad = await client.post(STUDIES, json=study(gpus=[{"gpu": "GB200", "scaleup_domain_gpus": 30,
+                                                       "price_per_gpu_hour": 5.0}]))
+    body = assert_problem(bad, 422)
+    assert "scaleup_domain_gpus: 30 is not a whole number of 4-GPU nodes" in body["detail"], body

@@ -183,3 +183,23 @@ def test_number_options_read_ascii_digits_only(command: list[str], option: str |
     result = runner.invoke(app, [*command, *typed], env={"COLUMNS": "300"})
     assert result.exit_code == 2, result.output
     assert "in the digits 0-9" in result.output and f"'1{digit}'" in result.output, result.output
+
+
+def test_a_candidate_states_its_scale_up_domain_as_the_cluster_text_counts_it() -> None:
+    # `36xGB200` is one NVL36 domain, read as `--cluster` reads it; the plans run in domains of 36.
+    args = ["whatif", "--model", "gpt2", "--tokens", "10B", "--seq-len", "1024", "--global-batch-tokens",
+            str(1024 * 288), "--sizes", "72,144", "--gpu", "GB200", "--gpu", "36xGB200=5", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    study = json.loads(result.stdout)
+    candidate = study["request"]["gpus"][1]
+    assert (candidate["gpus_per_node"], candidate["scaleup_domain_gpus"]) == (4, 36)
+    by = {(p["scaleup_domain_gpus"], p["num_gpus"]): p for p in study["points"]}
+    assert by[(None, 72)]["fits"] and by[(36, 72)]["fits"] and by[(36, 144)]["fits"]
+    assert by[(36, 144)]["num_nodes"] == 36 and by[(36, 144)]["gpus_per_node"] == 4
+    table = runner.invoke(app, args[:-1], env={"COLUMNS": "240"})
+    assert "GB200 (domains of 36)" in table.stdout
+    for typed, message in (("2x36xGB200", "give the GPUs of one node or one scale-up domain"),
+                           ("30xGB200", "30 GPUs is not a whole number of GB200's 4-GPU nodes")):
+        bad = runner.invoke(app, [*GPT2, "--gpu", typed], env={"COLUMNS": "400"})
+        assert bad.exit_code == 2 and f"--gpu '{typed}': {message}" in bad.output, bad.output

@@ -213,3 +213,22 @@ def test_a_failed_study_shows_its_reason(client: TestClient, db: Database) -> No
     html = client.get(f"/studies/{study_id}").text
     assert '<p class="notice error" id="study-error" role="alert">calibration profile 7 does not exist; ' \
         "upload one &lt;again&gt;</p>" in html
+
+
+def test_rack_gpus_take_their_scale_up_domain(client: TestClient) -> None:
+    # GB200 and GB300 (NVL72 racks) have a domain field; an NVL36 study's plans are in domains of 36.
+    form = client.get("/studies/new").text
+    assert 'id="domain_GB200"' in form and 'id="domain_GB300"' in form
+    assert 'id="domain_H100-SXM-80GB"' not in form
+    study_id = create_study(client, gpu=["GB200"], **{"price_GB200": "5", "domain_GB200": "36"},
+                            sizes="72", batch_tokens=str(1024 * 288))
+    api = client.get(f"/api/v1/studies/{study_id}").json()
+    assert api["request"]["gpus"][0]["scaleup_domain_gpus"] == 36
+    (point,) = api["points"]
+    assert point["cluster"] == "2x36xGB200"
+    assert "GB200 (domains of 36) $5/GPU-hour" in client.get(f"/studies/{study_id}").text
+    refused = client.post("/studies/new", data={**STUDY_FORM, "gpu": ["GB200"], "price_GB200": "5",
+                                                "domain_GB200": "30", "sizes": "72"})
+    assert refused.status_code == 422
+    assert "30 is not a whole number of 4-GPU nodes" in field_errors(refused.text)["domain_GB200"]
+    assert 'value="30"' in refused.text
