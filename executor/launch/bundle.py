@@ -124,6 +124,7 @@ def context(plan: Plan, *, image: str = DEFAULT_IMAGE) -> render.LaunchContext:
         uses_gpus=not gpu.is_cpu,
         stack=vendors.stack_for(gpu),
         domain_nodes=domain_nodes(plan),
+        domain_gpus=cluster.scaleup_gpus if cluster.scaleup_gpus > gpus else 0,
         image=image_ref(image),
         label=comment(plan.config.label(), limit=100),
         mesh=plan.config.mesh,  # a contract.mesh.Mesh: its degrees are checked whole numbers >= 1

@@ -56,6 +56,10 @@ class LaunchContext:
     """Nodes per scale-up domain where one spans several nodes and tiles the job (18 on a GB200 NVL72
     rack): the plan lays its ranks domain after domain, so the scheduler is asked for whole domains
     (SLURM's `--segment`, Kueue's pod-set slices). 1: a domain is a node, nothing to ask."""
+    domain_gpus: int = 0
+    """GPUs per scale-up domain where the plan's cluster has one that spans nodes (72 on GB200 NVL72; the
+    job's GPUs where it is smaller): tensor-parallel groups stay inside it, across nodes. 0: a domain is
+    a node."""
 
 
 FLOAT8_GPUS = {"mxfp8": f"compute capability 10.0+: {MX_GPUS}"}
@@ -114,6 +118,7 @@ def _mesh_header(ctx: LaunchContext) -> str:
         mesh=mesh,
         data_parallel_only=mesh.tp == 1 and mesh.pp == 1 and mesh.cp == 1,
         async_tp=ctx.async_tp,
+        **_domain_values(ctx),
     )
     return text + _pipeline_header(ctx)
 
@@ -188,8 +193,14 @@ def _within_node_check(ctx: LaunchContext, script: str, entry: Axis) -> str:
         axis=entry,
         degree=ctx.mesh.degree(entry.name),
         gpus_per_node=ctx.gpus_per_node,
-        domain_gpus=ctx.domain_nodes * ctx.gpus_per_node if ctx.domain_nodes > 1 else 0,
+        **_domain_values(ctx),
     )
+
+
+def _domain_values(ctx: LaunchContext) -> dict[str, object]:
+    """What the text about groups that stay inside a scale-up domain needs (templates/parts/
+    tp_span.j2): the domain's GPUs where it spans nodes (0: a node) and its fabric's name."""
+    return {"domain_gpus": ctx.domain_gpus, "fabric": ctx.stack.fabric}
 
 
 def _float8_header(ctx: LaunchContext) -> str:
@@ -347,6 +358,7 @@ def _readme_mesh_values(ctx: LaunchContext) -> dict[str, object]:
         "mesh": mesh,
         "mesh_axes": MESH_AXES,
         "data_parallel_only": mesh is not None and mesh.tp == 1 and mesh.pp == 1 and mesh.cp == 1,
+        **_domain_values(ctx),
         **_readme_pipeline_values(ctx),
     }
 

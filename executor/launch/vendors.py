@@ -41,6 +41,8 @@ class Stack:
     version_pattern: str
     images: str
     """Whose images the manifests run by default, for the bundle's README and comments."""
+    fabric: str
+    """The scale-up fabric between its GPUs, as a person names it (`NVLink`, `Infinity Fabric`)."""
 
     def image(self, *, torch_version: str, runtime_version: str) -> str:
         """The vendor's PyTorch image for a torch and runtime version: PyTorch's official CUDA runtime
@@ -62,6 +64,7 @@ NVIDIA = Stack(
     default_version=DEFAULT_CUDA_VERSION,
     version_pattern=CUDA_VERSION_PATTERN,
     images="PyTorch's official image",
+    fabric="NVLink",
 )
 AMD = Stack(
     vendor="amd",
@@ -72,6 +75,7 @@ AMD = Stack(
     default_version=DEFAULT_ROCM_VERSION,
     version_pattern=ROCM_VERSION_PATTERN,
     images="AMD's ROCm PyTorch image",
+    fabric="Infinity Fabric",
 )
 STACKS: dict[str, Stack] = {stack.vendor: stack for stack in (NVIDIA, AMD)}
 

@@ -53,7 +53,7 @@ def test_a_tp2_bundle_states_its_mesh_everywhere(tmp_path: Path) -> None:
     write_bundle(plan, tmp_path, target="all")
     directory = tmp_path / bundle_name(plan)
     header = "# mesh: dp_replicate 1 x dp_shard 4 x tp 2 = 8 ranks\n"
-    groups = "#   tp groups are 2 consecutive ranks inside a node (tensor parallel with sequence + loss\n"
+    groups = "#   tp groups are 2 consecutive ranks inside one node (tensor parallel\n"
     for name in (*SCRIPTS, *MANIFESTS):
         text = (directory / name).read_text()
         assert header + groups in text, name

@@ -48,3 +48,22 @@ def test_the_launch_script_tiles_tp_groups_over_nodes_of_a_domain() -> None:
 def test_a_domain_of_its_own_is_written_once() -> None:
     plan = make_plan(make_request("llama3-8b", "2x36xGB200", seq_len=4096, sequences=72))
     assert plan.model_dump(mode="json")["cluster"]["scaleup_domain_gpus"] == 36
+
+
+def test_the_bundles_words_say_the_tp_groups_stay_inside_the_domain_not_a_node() -> None:
+    # 4x72xGB200 at tp 8: groups of 8 over two nodes of 4, inside one 72-GPU NVLink domain.
+    files = {f.path: f.data.decode() for f in bundle_files(_rack_plan(), target="all")}
+    readme = files["README.md"]
+    assert "consecutive ranks inside one NVLink domain of 72 GPUs, across nodes**" in readme
+    assert "inside one node" not in readme and "multiple of 8 or a whole share of one" in readme
+    for name in ("launch.sh", "slurm.sbatch"):
+        header = files[name][:files[name].index("\n\n")]
+        assert "tp groups are 8 consecutive ranks inside one NVLink domain of 72 GPUs, across nodes" in header
+        assert "inside a node" not in header and "Every node runs a multiple of 8" not in header
+    # An H100 plan's groups stay inside one node, as before.
+    h100 = make_plan(make_request("llama3-8b", "2x8xH100", seq_len=4096, sequences=16,
+                                  search=SearchSpace(tensor_parallel_degrees=[4])))
+    words = {f.path: f.data.decode() for f in bundle_files(h100, target="all")}
+    assert "consecutive ranks inside one node**" in words["README.md"]
+    assert "tp groups are 4 consecutive ranks inside one node" in words["launch.sh"]
+    assert "Every node runs a multiple of 4." in words["launch.sh"]
