@@ -165,6 +165,13 @@ def run_pipeline(run: Run, request: PlanRequest) -> PipelineConfig | None:
         return None
     if pipeline is None:
         raise NotPriceable(f"{run.id}: config.pipeline: the run has pp {run.config.mesh.pp} but no schedule")
+    stages = run.config.mesh.pp * pipeline.stages_per_rank
+    if stages > request.model.num_layers:
+        # Megatron counts the embedding and the loss as pipeline layers; the planner's stages hold blocks.
+        raise NotPriceable(
+            f"{run.id}: config.pipeline: {stages} stages (pp {run.config.mesh.pp} x "
+            f"{pipeline.stages_per_rank} per rank) for {request.model.num_layers} blocks"
+        )
     return balanced_pipeline(
         request.model.num_layers,
         stage_costs(build_setting(request, None, None)),
