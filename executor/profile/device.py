@@ -15,7 +15,7 @@ import re
 
 import torch
 
-from executor.runtime.float8 import device_supports
+from executor.runtime.float8 import ROCM_FLOAT8, architecture, device_supports, is_rocm
 
 KNOWN_GPUS: tuple[tuple[str, str], ...] = (
     ("gb300", "GB300"),
@@ -42,25 +42,6 @@ AMD_ARCHITECTURES: dict[str, tuple[tuple[float, str], ...]] = {
 """Instinct GPUs by their architecture (`gcnArchName`) and memory (GiB, at most): what a ROCm device
 whose name is blank or unfamiliar (a virtual function, an OEM name) is. MI300X and MI325X share the
 gfx942 die; 192 GB against 256 GB tells them apart."""
-ROCM_FLOAT8: dict[str, torch.dtype] = {
-    "gfx942": torch.float8_e4m3fnuz,
-    "gfx950": torch.float8_e4m3fn,
-}
-"""The float8 encoding each Instinct architecture's GEMMs take (MI300-series: e4m3 `fnuz`, what torchao
-picks there; CDNA4 runs the OCP e4m3 of NVIDIA's GPUs). Architectures not named have no float8 GEMM."""
-
-
-def is_rocm() -> bool:
-    """Whether this torch is a ROCm (HIP) build."""
-    return getattr(torch.version, "hip", None) is not None
-
-
-def architecture(device: torch.device) -> str | None:
-    """The ROCm device's architecture (`gfx942`), without its feature flags; None on CUDA and CPU."""
-    if device.type != "cuda" or not is_rocm():
-        return None
-    name = getattr(torch.cuda.get_device_properties(device), "gcnArchName", "") or ""
-    return name.split(":", 1)[0] or None
 
 
 def runtime_versions() -> dict[str, str | None]:

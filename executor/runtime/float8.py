@@ -27,7 +27,11 @@ e.g. tensorwise converts every linear of a block with hidden size 1040+ (a multi
 heads as heads) and only w1/w3 of a block with hidden 256 and ffn 1280. mxfp8 also needs each
 micro-batch's token count (micro_batch_size x seq_len) to be a multiple of 32.
 
-Hardware: FP8 GEMMs need CUDA compute capability 8.9+ (L40S, H100, H200; MX: 10.0+, B200). On CPU
+Hardware: FP8 GEMMs need CUDA compute capability 8.9+ (L40S, H100, H200; MX: 10.0+, B200), or on a
+ROCm build of torch an Instinct architecture with FP8 matrix cores (`ROCM_FLOAT8`: gfx942, MI300X and
+MI325X; gfx950, MI355X), told by the device's `gcnArchName`: there `get_device_capability` answers the
+architecture's numbers (gfx942 reads as 9.4, gfx90a as 9.0), which are no CUDA capability. torchao's
+MX training kernels are CUDA's: no mxfp8 on ROCm. On CPU
 torchao *emulates* them (`emulate=True`: quantize and dequantize, matmul in high precision), which
 is what the CPU tests run. A CUDA GPU without FP8 tensor cores refuses the plan before training
 (`Float8Error`, reported as one line), as does a missing torchao (`INSTALL_HINT`: `pip install
@@ -68,6 +72,14 @@ FP8_CAPABILITY = (8, 9)
 """Smallest CUDA compute capability with FP8 tensor cores (Ada / Hopper)."""
 MX_CAPABILITY = (10, 0)
 """Smallest CUDA compute capability with MX (block-scaled) FP8 tensor cores (Blackwell)."""
+ROCM_FLOAT8: dict[str, torch.dtype] = {
+    "gfx942": torch.float8_e4m3fnuz,
+    "gfx950": torch.float8_e4m3fn,
+}
+"""The Instinct architectures (`gcnArchName`) with FP8 matrix cores, and the float8 encoding their GEMMs
+take (MI300-series: e4m3 `fnuz`, what torchao picks there; CDNA4 runs the OCP e4m3 of NVIDIA's GPUs).
+Architectures not named (gfx90a: MI210, MI250X) have none."""
+ROCM_FLOAT8_GPUS = "AMD Instinct MI300X, MI325X (gfx942), MI355X (gfx950)"
 
 
 class Float8Error(RuntimeError):
@@ -136,10 +148,26 @@ def _consecutive(ids: list[str]) -> bool:
     return len(values) > 2 and values == list(range(values[0], values[0] + len(values)))
 
 
+def is_rocm() -> bool:
+    """Whether this torch is a ROCm (HIP) build (its `torch.cuda` is HIP)."""
+    return getattr(torch.version, "hip", None) is not None
+
+
+def architecture(device: torch.device) -> str | None:
+    """The ROCm device's architecture (`gfx942`), without its feature flags; None on CUDA and CPU."""
+    if device.type != "cuda" or not is_rocm():
+        return None
+    name = getattr(torch.cuda.get_device_properties(device), "gcnArchName", "") or ""
+    return name.split(":", 1)[0] or None
+
+
 def device_supports(device: torch.device, recipe: str) -> bool:
-    """Whether `device` runs `recipe`'s GEMMs in hardware (CUDA capability 8.9+, MX: 10.0+)."""
+    """Whether `device` runs `recipe`'s GEMMs in hardware (CUDA capability 8.9+, MX: 10.0+; on ROCm an
+    architecture of ROCM_FLOAT8, no MX)."""
     if device.type != "cuda":
         return False
+    if is_rocm():
+        return recipe != "mxfp8" and architecture(device) in ROCM_FLOAT8
     needed = MX_CAPABILITY if recipe == "mxfp8" else FP8_CAPABILITY
     return cuda_capability(device) >= needed
 
@@ -155,6 +183,8 @@ def check_device(device: torch.device, recipe: str) -> bool:
     if device.type == "cuda":
         if device_supports(device, recipe):
             return False
+        if is_rocm():
+            raise Float8Error(_rocm_refusal(device, recipe))
         major, minor = cuda_capability(device)
         needed = MX_CAPABILITY if recipe == "mxfp8" else FP8_CAPABILITY
         gpus = "B200" if recipe == "mxfp8" else "L40S, H100, H200, B200"
@@ -164,6 +194,18 @@ def check_device(device: torch.device, recipe: str) -> bool:
             f"Run it on such GPUs, or make the plan again without Float8 (config.float8 'none') for this GPU"
         )
     raise Float8Error(f"the plan trains with Float8 ({recipe}); device type {device.type!r} cannot run it")
+
+
+def _rocm_refusal(device: torch.device, recipe: str) -> str:
+    """Why a ROCm device does not run `recipe`: no FP8 matrix cores, or MX kernels that are CUDA's."""
+    arch = architecture(device) or "an unknown architecture"
+    name = f"{torch.cuda.get_device_name(device) or 'this GPU'} ({arch})"
+    if recipe == "mxfp8":
+        need = "torchao's MX training kernels, which run on CUDA (compute capability 10.0+) only"
+    else:
+        need = f"FP8 matrix cores ({ROCM_FLOAT8_GPUS})"
+    return (f"the plan trains with Float8 ({recipe}), which needs {need}; {name} has none. Run it on such "
+            "GPUs, or make the plan again without Float8 (config.float8 'none') for this GPU")
 
 
 @contextlib.contextmanager

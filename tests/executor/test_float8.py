@@ -402,3 +402,37 @@ def test_bundle_states_async_tp_in_the_mesh_header() -> None:
     doc["config"]["async_tp"] = False
     plain = {f.path: f.data.decode() for f in bundle_files(Plan.model_validate(doc))}
     assert "async TP" not in plain["launch.sh"]
+
+
+@pytest.mark.parametrize(("arch", "capability", "runs"), [
+    ("gfx942:sramecc+:xnack-", (9, 4), True),  # MI300X, MI325X
+    ("gfx950:sramecc+:xnack-", (9, 5), True),  # MI355X
+    ("gfx90a:sramecc+:xnack-", (9, 0), False),  # MI250X: reads as 9.0, has no FP8 matrix cores
+])
+def test_rocm_devices_are_told_by_their_architecture_not_a_cuda_capability(
+    arch: str, capability: tuple[int, int], runs: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A ROCm build of torch: torch.cuda is HIP, and its "capability" is the gfx version's numbers.
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.version, "hip", "7.2.41134-abc", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device=None: types.SimpleNamespace(gcnArchName=arch))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "AMD Instinct")
+    assert f8.architecture(cuda) == arch.split(":")[0]
+    for recipe in ("tensorwise", "rowwise"):
+        assert f8.device_supports(cuda, recipe) is runs
+        if runs:
+            assert f8.check_device(cuda, recipe) is False  # in hardware, not emulated
+        else:
+            with pytest.raises(Float8Error,
+                               match=r"FP8 matrix cores \(AMD Instinct MI300X.*\(gfx90a\) has none"):
+                f8.check_device(cuda, recipe)
+    # torchao's MX training kernels are CUDA's: no mxfp8 on any Instinct GPU.
+    assert f8.device_supports(cuda, "mxfp8") is False
+    with pytest.raises(Float8Error, match="MX training kernels, which run on CUDA"):
+        f8.check_device(cuda, "mxfp8")
+    # A CUDA build reads the capability as before.
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(f8, "cuda_capability", lambda device: (9, 0))
+    assert f8.device_supports(cuda, "tensorwise") is True
