@@ -227,6 +227,11 @@ def print_report(report: FidelityReport, console: Console, *, runs: bool = False
                 f"80% interval: contains {c.covered} of {c.runs} mixture-of-experts {c.quantity} runs "
                 f"({c.fraction:.0%})", highlight=False,
             )
+    if report.unseen_gpu_by_gpu:
+        console.print(_summary_table(
+            "GPU types no fit run measured (dense and mixture-of-experts runs: the catalog's own figures)",
+            report.unseen_gpu_by_gpu, "GPU",
+        ))
     targets = Table(title="Targets", title_justify="left")
     for column in ("target", "goal", "value", ""):
         targets.add_column(column, overflow="fold")
