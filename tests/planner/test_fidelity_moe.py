@@ -10,10 +10,13 @@ from planner.fidelity.report import FidelityReport, stored_report
 from planner.fidelity.schema import Run, load_corpus
 from planner.fidelity.split import split_of
 
-MOE_GUARD = {"throughput_mean": 0.20, "throughput_max": 0.49}
-"""Today's mixture-of-experts errors rounded up (mean 19.4% over 19 runs, max 48.5%: Megatron-Bridge
-26.02's B300 gpt-oss-120b row; Megatron-Core's rows run up to 49% slower than
-priced). Issue 40 asks for 15%."""
+MOE_GUARD = {"throughput_mean": 0.29, "throughput_max": 0.78, "memory_mean": 0.05}
+"""Today's mixture-of-experts errors rounded up (throughput: mean 28.8% over 27 runs, max 77.5%; memory:
+mean 3.0% over 2 runs). Issue 40 asks for 15% and 12%. (2026-11-29: torchtitan's own MoE runs joined,
+both priced faster than they ran: DeepSeek-V3 671B on 512 H100s before and after DeepEP, +26% and
++46%, and Nous Research's Qwen3-30B-A3B on 8 to 128 B200s with DeepEP, +48% to +78%; the mean rose
+from 19.4% over 19 runs and the max from 48.5%, Megatron-Bridge 26.02's B300 row. The DeepSeek-V3
+runs' peaks are the first MoE peaks compared, +4.3% and -1.6%.)"""
 
 
 def _moe_runs() -> list[tuple[str, Run]]:
@@ -69,3 +72,5 @@ def test_no_moe_error_regresses_past_the_guard(report: FidelityReport) -> None:
     (total,) = [s for s in report.moe_by_quantity if s.quantity == "throughput"]
     assert total.mean_abs <= MOE_GUARD["throughput_mean"], f"MoE throughput mean {total.mean_abs:.1%}"
     assert total.max_abs <= MOE_GUARD["throughput_max"], f"MoE throughput max {total.max_abs:.1%}"
+    for memory in [s for s in report.moe_by_quantity if s.quantity == "memory"]:
+        assert memory.mean_abs <= MOE_GUARD["memory_mean"], f"MoE memory mean {memory.mean_abs:.1%}"
