@@ -34,6 +34,7 @@ from api.hints import EXECUTOR_EXTRA_INSTALL
 from executor.launch.calibration import write_calibration_bundle
 from executor.launch.environment import static_defaults
 from executor.launch.quoting import UnsafeValueError
+from executor.launch.vendors import Vendor
 from planner.bounds import MAX_GPUS_PER_NODE, MAX_SECONDS
 from planner.calibration import CalibrationProfile, fit_parameters
 from planner.catalog.models import resolve_model
@@ -130,9 +131,10 @@ def calibrate(
             model_file.write_text(spec.model_dump_json())
             command += ["--model-json", str(model_file)]
         # One thread per rank: ranks share the machine's cores, and oversubscription distorts timings.
-        # The launchers' environment under the user's: the allocator's reserve is measured as plans
-        # run (the profile records the allocator it ran under).
-        env = {"OMP_NUM_THREADS": "1", **static_defaults(), **os.environ}
+        # The launchers' environment (this torch build's vendor's: a ROCm build reads
+        # PYTORCH_HIP_ALLOC_CONF) under the user's: the allocator's reserve is measured as plans run (the
+        # profile records the allocator it ran under).
+        env = {"OMP_NUM_THREADS": "1", **static_defaults(local_vendor()), **os.environ}
         result = subprocess.run(command, env=env, check=False)
     if result.returncode != 0:
         raise fail(f"the profiler exited with status {result.returncode}; its output is above", EXIT_FAILED)
@@ -149,6 +151,14 @@ def calibrate(
         Console().print(
             f'Uploaded as calibration {stored["id"]}: POST plans with "calibration_id": {stored["id"]}'
         )
+
+
+def local_vendor() -> Vendor:
+    """The GPU vendor this machine's torch is built for: `amd` for a ROCm (HIP) build, else `nvidia`
+    (whose environment a CPU run takes too). Imports torch: only when a calibration runs here."""
+    from executor.profile.device import is_rocm
+
+    return "amd" if is_rocm() else "nvidia"
 
 
 def write_bundle(
