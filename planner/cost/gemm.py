@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.cost.model_costs import UnitCost
 from planner.cost.parameters import CostParameters
@@ -197,7 +197,9 @@ def matmul_seconds(p: CostParameters, unit: UnitCost, tokens: int, *, dtype_byte
     seconds = _matmul_seconds(shapes, tokens, dtype_bytes, device)
     if unit.routed_experts:
         experts = (unit.expert_shapes, unit.linear_share, unit.routed_experts, unit.experts_per_token)
-        seconds += _grouped_seconds(experts, tokens, p.expert_load_imbalance, dtype_bytes, device)
+        # The grouped kernel runs below the dense GEMMs' rate at the same shapes (`GROUPED_MM_EFFICIENCY`).
+        grouped = replace(device, rate=device.rate * p.grouped_gemm_efficiency)
+        seconds += _grouped_seconds(experts, tokens, p.expert_load_imbalance, dtype_bytes, grouped)
     return seconds
 
 

@@ -98,6 +98,19 @@ MoE write-ups name the imbalance among the costs of expert parallelism. 1.2 is a
 micro-batch's, read off neither one table nor fitted to any run: the fidelity step with published MoE
 runs (issue 40, item 5) is where it is checked."""
 
+GROUPED_MM_EFFICIENCY = 0.45
+"""Default `CostParameters.grouped_gemm_efficiency`: torch's bf16 grouped GEMM (`torch._grouped_mm`, the
+CUTLASS kernel torchtitan's and this project's experts run) against the dense GEMM rate the catalog's
+`matmul_efficiency` states, forward and backward together (its weight gradient is a K-grouped GEMM,
+the slowest of the three). torchao's MoE-training microbenchmark (torchao/prototype/moe_training/README.md
+at pytorch/ao@36027d8, "Autograd function", one B200, torch 2.10 nightly, compiled) times a forward and
+backward of 128,000 routed rows at 0.41-0.49 of the B200's measured dense GEMM rate (753-862 TFLOP/s
+against 1,745): DeepSeek-V3's expert shapes (2048 x 7168) at 1, 2, 4 and 8 experts per GPU, and
+Llama 4 Scout's (8192 x 5120). Hopper's grouped kernel is the same CUTLASS design and takes the
+B200's share until a calibration times it. The vendor BLAS's GEMMs per expert (Transformer Engine's
+grouped linear layers in Megatron, the `grouped_gemm` package in NeMo AutoModel) are not this kernel:
+the fidelity corpus states which one a run used."""
+
 
 @dataclass(frozen=True, slots=True)
 class CostParameters:
@@ -191,6 +204,9 @@ class CostParameters:
     """A mixture of experts' router: the most-loaded routed expert's tokens over the mean, in a
     micro-batch (planner/cost/gemm.py prices the grouped expert GEMMs at it; `EXPERT_LOAD_IMBALANCE`
     says where the default comes from)."""
+    grouped_gemm_efficiency: float = GROUPED_MM_EFFICIENCY
+    """The routed experts' grouped GEMMs' rate over the dense GEMM rate at the same shapes (planner/cost/
+    gemm.py; `GROUPED_MM_EFFICIENCY` says where the default comes from; 1.0: priced as dense GEMMs)."""
     expert_dispatch: ExpertDispatch = "copies"
     """How the expert-parallel all-to-alls move a token (planner/cost/expert_dispatch.py): `copies`, one
     per routed expert (`all_to_all_single`, torchtitan's and this project's runtime); `deduplicated`,

@@ -157,9 +157,12 @@ def run_engine(run: Run) -> str:
     return "fsdp-planner" if run.config.engine in PROJECT_ENGINES else "torchtitan"
 
 
-def run_pipeline(run: Run, request: PlanRequest) -> PipelineConfig | None:
+def run_pipeline(
+    run: Run, request: PlanRequest, parameters: CostParameters | None = None
+) -> PipelineConfig | None:
     """The run's pipeline with the planner's time-balanced stage split (sources publish the schedule
-    and micro-batching, not where the blocks went)."""
+    and micro-batching, not where the blocks went), balanced at the cost parameters the run is priced
+    at (`parameters`, else the request's)."""
     pipeline = run.config.pipeline
     if run.config.mesh.pp == 1:
         return None
@@ -172,19 +175,22 @@ def run_pipeline(run: Run, request: PlanRequest) -> PipelineConfig | None:
             f"{run.id}: config.pipeline: {stages} stages (pp {run.config.mesh.pp} x "
             f"{pipeline.stages_per_rank} per rank) for {request.model.num_layers} blocks"
         )
+    setting = build_setting(request, None, None)
+    if parameters is not None:
+        setting = replace(setting, params=parameters)
     return balanced_pipeline(
         request.model.num_layers,
-        stage_costs(build_setting(request, None, None)),
+        stage_costs(setting),
         schedule=pipeline.schedule,
         stages_per_rank=pipeline.stages_per_rank,
         pp=run.config.mesh.pp,
     )
 
 
-def run_config(run: Run) -> ParallelConfig:
+def run_config(run: Run, *, parameters: CostParameters | None = None) -> ParallelConfig:
     config = run.config
     mesh = config.mesh
-    pipeline = run_pipeline(run, run_request(run))
+    pipeline = run_pipeline(run, run_request(run), parameters)
     micro_batch, accumulation = config.local_batch_size, config.grad_accum_steps
     if pipeline is not None and config.pipeline is not None:
         # A pipeline splits the step's sequences into its micro-batches (the schedule's accumulation).
@@ -249,13 +255,17 @@ def _every_k(run: Run) -> int:
 
 def _expert_routing(routing: ExpertRouting, imbalance: float) -> dict[str, object]:
     """The cost parameters a run's expert routing sets (planner/cost/expert_dispatch.py): its dispatch,
-    where a token's experts sit, and the load imbalance (1 under a forced balance)."""
+    where a token's experts sit, the load imbalance (1 under a forced balance) and its experts' GEMM
+    kernel's rate."""
     forced = routing.gate != "learned"
-    return {
+    routed = {
         "expert_dispatch": "deduplicated" if routing.dispatcher == "deepep" else "copies",
         "expert_placement": "contiguous" if routing.gate == "forced_contiguous" else "random",
         "expert_load_imbalance": 1.0 if forced else imbalance,
     }
+    if routing.grouped_gemm == "vendor_blas":
+        routed["grouped_gemm_efficiency"] = 1.0  # the vendor BLAS's GEMMs per expert: the dense rate
+    return routed
 
 
 class NotPriceable(PlanningError):
@@ -300,6 +310,7 @@ def price_as_run(
         parameters = replace(parameters, **_expert_routing(routing, parameters.expert_load_imbalance))
     # The report places each run's interval itself (held-out runs calibrated without their source:
     # planner/fidelity/intervals.py), so the plan's own would be priced for nothing.
-    plan = predict(request, run_config(run), calibration=calibration, parameters=parameters, intervals=False)
+    config = run_config(run, parameters=parameters)
+    plan = predict(request, config, calibration=calibration, parameters=parameters, intervals=False)
     margin = plan.prediction.memory_margin or 0.0
     return PricedRun(run=run, plan=plan, margin=margin)

@@ -148,6 +148,11 @@ class ExpertRouting(CorpusModel):
     benchmark's forced balance from random scores (Megatron's `moe_router_force_load_balancing`);
     `forced_contiguous`: a benchmark gate giving token t the experts t*k .. t*k + k - 1 (NeMo
     AutoModel's `fake_balanced_gate`). Forced gates load every expert evenly (imbalance 1)."""
+    grouped_gemm: Literal["torch", "vendor_blas"] = "torch"
+    """The experts' GEMM kernel: `torch`, `torch._grouped_mm` (torchtitan, NeMo AutoModel's `torch_mm`
+    experts; priced at `GROUPED_MM_EFFICIENCY` of the dense rate); `vendor_blas`, the vendor BLAS's
+    GEMMs per expert (Transformer Engine's grouped linear layers in Megatron, the `grouped_gemm`
+    package's `gmm` in NeMo AutoModel), priced as dense GEMMs of the same shapes."""
 
 
 class RunConfig(CorpusModel):
