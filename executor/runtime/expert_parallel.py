@@ -2,8 +2,10 @@
 experts' ranks and back by all-to-all.
 
 The mesh (torchtitan's `dp_shard_mod_ep` / `dp_shard_in_ep`): ep is carved out of the data-parallel
-shard group (dp_shard x cp, `contract.mesh.AXES`), innermost, so an ep group is ep consecutive shard
-ranks (with tp, the ranks of one tp coordinate: the ep group strides over the tp ranks). The job's
+shard group (the ep axis's `carved_from`, dp_shard x cp, in `contract.mesh.AXES`), innermost, so an ep
+group is ep consecutive shard ranks (with tp, the ranks of one tp coordinate: the ep group strides over
+the tp ranks), and the experts are FSDP-sharded over the other `Mesh.expert_shards` (the contract's
+one rule, which the planner prices too). The job's
 data-parallel ranks (dp_replicate x dp_shard x cp) are unflattened into (`expert_replicate`,
 `dp_shard_mod_ep`, `ep`) and, beside them, `expert_tp` (the tp ranks again, under a name of this
 lineage, so the experts' 2-D (ep, tp) mesh and their data-parallel mesh share one root):
@@ -38,13 +40,15 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from contract.mesh import WORLD_AXES
+from contract.mesh import WORLD_AXES, Mesh, axis
 from contract.plan_document import PlanError, RuntimePlan
 from executor.runtime.distributed import submesh
 from executor.runtime.models.moe import Dispatched, LocalDispatcher, moe_layers
 
-_DATA_AXES = ("dp_replicate", "dp_shard", "cp")
-"""The world axes whose ranks see different tokens, ep carved out of the inner two (dp_shard x cp)."""
+_SHARD_GROUP = axis("ep").carved_from
+"""The world axes whose ranks the ep groups are carved out of (dp_shard x cp)."""
+_EXPERT_AXES = ("dp_replicate", *_SHARD_GROUP, "tp")
+"""The world axes unflattened into EXPERT_DIMS: the replicas, the shard group, the tp ranks."""
 EXPERT_DIMS = ("expert_replicate", "dp_shard_mod_ep", "ep", "expert_tp")
 """The dims the data-parallel and tp ranks are unflattened into for the experts (see the docstring)."""
 
@@ -63,24 +67,26 @@ class ExpertMeshes(NamedTuple):
     hybrid_shard."""
 
 
-def expert_meshes(mesh: DeviceMesh, *, ep: int, sharding: str) -> ExpertMeshes:
-    """The expert-parallel meshes of the job's (pp, dp_replicate, dp_shard, cp, tp) `mesh` (made once
-    per mesh and kept on it: every rank makes the same collective calls, in step)."""
+def expert_meshes(mesh: DeviceMesh, plan_mesh: Mesh, *, sharding: str) -> ExpertMeshes:
+    """The expert-parallel meshes of the job's (pp, dp_replicate, dp_shard, cp, tp) `mesh`, laid out
+    as the plan's `plan_mesh` says (its ep, and `expert_shards` ranks per expert-sharded FSDP group);
+    made once per mesh and kept on it: every rank makes the same collective calls, in step."""
+    ep = plan_mesh.ep
     made: dict[tuple[int, str], ExpertMeshes] = mesh.__dict__.setdefault("_fsdp_planner_experts", {})
     if (ep, sharding) in made:
         return made[(ep, sharding)]
-    sizes = {axis: mesh.size(WORLD_AXES.index(axis)) for axis in WORLD_AXES}
-    shard_group = sizes["dp_shard"] * sizes["cp"]
-    if shard_group % ep:
+    sizes = tuple(mesh.size(WORLD_AXES.index(name)) for name in WORLD_AXES)
+    if sizes != plan_mesh.shape or plan_mesh.expert_shards * ep != plan_mesh.fsdp_shards:
         raise PlanError(
-            f"plan.config.mesh.ep: ep {ep} must divide the shard group dp_shard x cp ({shard_group})"
+            f"plan.config.mesh: {plan_mesh.describe()} cannot be laid on this job's device mesh "
+            f"{dict(zip(WORLD_AXES, sizes, strict=True))} (ep must divide "
+            f"{' x '.join(_SHARD_GROUP)}: its ranks are carved out of them)"
         )
-    axes = (*_DATA_AXES, "tp")
-    flat = submesh(mesh, axes)._flatten("_x_".join(axes))
-    shape = (sizes["dp_replicate"], shard_group // ep, ep, sizes["tp"])
+    flat = submesh(mesh, _EXPERT_AXES)._flatten("_x_".join(_EXPERT_AXES))
+    shape = (plan_mesh.dp_replicate, plan_mesh.expert_shards, ep, plan_mesh.tp)
     experts = flat._unflatten(0, shape, EXPERT_DIMS)
-    ep_mesh = experts["ep", "expert_tp"] if sizes["tp"] > 1 else experts["ep"]
-    replicas = sharding == "hybrid_shard" and sizes["dp_replicate"] > 1
+    ep_mesh = experts["ep", "expert_tp"] if plan_mesh.tp > 1 else experts["ep"]
+    replicas = sharding == "hybrid_shard" and plan_mesh.dp_replicate > 1
     data_parallel = experts["expert_replicate", "dp_shard_mod_ep"] if replicas else experts["dp_shard_mod_ep"]
     made[(ep, sharding)] = ExpertMeshes(ep_mesh, experts["ep"], data_parallel)
     return made[(ep, sharding)]

@@ -376,7 +376,7 @@ def _expert_parallel(
     cfg = plan.config
     if cfg.mesh.ep == 1:
         return None
-    meshes = expert_meshes(mesh, ep=cfg.mesh.ep, sharding=cfg.sharding)
+    meshes = expert_meshes(mesh, cfg.mesh, sharding=cfg.sharding)
     blocks = apply_expert_parallel(model, meshes=meshes)
     notes.append(expert_parallel_note(plan=plan, meshes=meshes, blocks=blocks))
     return meshes
