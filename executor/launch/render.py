@@ -12,7 +12,7 @@ from executor.launch import environment, manifests, skypilot, vendors
 from executor.launch.manifests import CHECKPOINT_MOUNT, WORK_DIR, KubeContext
 from executor.launch.quoting import comment
 from executor.launch.templating import render_template
-from planner.catalog.gpus import MX_GPUS
+from planner.catalog.gpus import FP8_GPUS, MX_GPUS
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +64,9 @@ class LaunchContext:
 
 FLOAT8_GPUS = {"mxfp8": f"compute capability 10.0+: {MX_GPUS}"}
 """GPUs each Float8 recipe needs (default: FLOAT8_ANY_GPU)."""
-FLOAT8_ANY_GPU = "compute capability 8.9+ (L40S, H100, H200, H800, H20, Blackwell) or AMD Instinct MI300X+"
-"""The GPUs the tensorwise and rowwise recipes train on (torchao's float8 GEMMs)."""
+FLOAT8_ANY_GPU = f"compute capability 8.9+, or AMD Instinct gfx942+: {FP8_GPUS}"
+"""The GPUs the tensorwise and rowwise recipes train on (torchao's float8 GEMMs): the catalog's with
+float8 tensor cores."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -353,6 +353,9 @@ _BY_LOWER_NAME = {key.lower(): gpu for gpu in GPU_CATALOG.values() for key in (g
 
 MX_GPUS = ", ".join(sorted(gpu.name for gpu in GPU_CATALOG.values() if gpu.mx_formats))
 """The catalog's GPUs with MX (block-scaled) tensor cores, as refusals and bundle headers name them."""
+FP8_GPUS = ", ".join(sorted(gpu.name for gpu in GPU_CATALOG.values() if gpu.peak_fp8_tflops))
+"""The catalog's GPUs with float8 tensor (matrix) cores, which the tensorwise and rowwise recipes train
+on, as bundle headers name them."""
 
 
 def resolve_gpu(name: str) -> GpuSpec:

@@ -19,6 +19,7 @@ from torch import nn
 
 from contract.float8 import float8_converts as float8_eligible
 from contract.plan_document import parse_plan
+from executor.launch import render as render_module
 from executor.launch.bundle import bundle_files, bundle_name, write_bundle
 from executor.launch.render import TORCHAO_REQUIREMENT
 from executor.runtime import float8 as f8
@@ -436,3 +437,21 @@ def test_rocm_devices_are_told_by_their_architecture_not_a_cuda_capability(
     monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setattr(f8, "cuda_capability", lambda device: (9, 0))
     assert f8.device_supports(cuda, "tensorwise") is True
+
+
+def test_the_bundle_names_the_fp8_gpus_of_the_catalog() -> None:
+    # The header's GPUs are the catalog's with float8 tensor cores (no list typed beside it): every
+    # one with a float8 peak, none without (A100, L4, cpu), and the MX ones for mxfp8.
+    from planner.catalog.gpus import GPU_CATALOG
+
+    doc = debug_plan(model=FLOAT8_LLAMA, name="llama-fp8-debug", float8="tensorwise", nodes=1,
+                     gpus_per_node=8)
+    doc["cluster"]["gpu"] = "h100-sxm"
+    header = next(f.data.decode() for f in bundle_files(Plan.model_validate(doc)) if f.path == "launch.sh")
+    line = next(line for line in header.splitlines() if line.startswith("#   FP8 GPUs: "))
+    named = set(line.removeprefix("#   FP8 GPUs: ").split(": ", 1)[1].rstrip(".").split(", "))
+    assert named == {gpu.name for gpu in GPU_CATALOG.values() if gpu.peak_fp8_tflops}
+    assert {"H100-SXM-80GB", "L40S", "MI300X", "MI355X", "GB300"} <= named
+    assert not named & {"A100-80GB", "A100-40GB", "L4", "cpu"}
+    mx = {gpu.name for gpu in GPU_CATALOG.values() if gpu.mx_formats}
+    assert render_module.FLOAT8_GPUS["mxfp8"].endswith(", ".join(sorted(mx)))
