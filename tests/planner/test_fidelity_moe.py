@@ -10,13 +10,14 @@ from planner.fidelity.report import FidelityReport, stored_report
 from planner.fidelity.schema import Run, load_corpus
 from planner.fidelity.split import split_of
 
-MOE_GUARD = {"throughput_mean": 0.29, "throughput_max": 0.78, "memory_mean": 0.05}
-"""Today's mixture-of-experts errors rounded up (throughput: mean 28.8% over 27 runs, max 77.5%; memory:
+MOE_GUARD = {"throughput_mean": 0.21, "throughput_max": 0.49, "memory_mean": 0.05}
+"""Today's mixture-of-experts errors rounded up (throughput: mean 20.2% over 27 runs, max 48.5%; memory:
 mean 3.0% over 2 runs). Issue 40 asks for 15% and 12%. (2026-11-29: torchtitan's own MoE runs joined,
-both priced faster than they ran: DeepSeek-V3 671B on 512 H100s before and after DeepEP, +26% and
-+46%, and Nous Research's Qwen3-30B-A3B on 8 to 128 B200s with DeepEP, +48% to +78%; the mean rose
-from 19.4% over 19 runs and the max from 48.5%, Megatron-Bridge 26.02's B300 row. The DeepSeek-V3
-runs' peaks are the first MoE peaks compared, +4.3% and -1.6%.)"""
+priced faster than they ran, DeepSeek-V3 671B on 512 H100s +26% and +46% and Qwen3-30B-A3B on B200s
++48% to +78%, which took the mean to 28.8%; then the routed experts' grouped GEMMs were priced at
+torch._grouped_mm's measured share of the dense rate (planner/cost/parameters.py
+GROUPED_MM_EFFICIENCY), and those runs came to +5% and +18% to +34%. The max is Megatron-Bridge
+26.02's B300 row.)"""
 
 
 def _moe_runs() -> list[tuple[str, Run]]:
