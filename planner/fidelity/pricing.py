@@ -160,15 +160,27 @@ def run_engine(run: Run) -> str:
 def run_pipeline(
     run: Run, request: PlanRequest, parameters: CostParameters | None = None
 ) -> PipelineConfig | None:
-    """The run's pipeline with the planner's time-balanced stage split (sources publish the schedule
-    and micro-batching, not where the blocks went), balanced at the cost parameters the run is priced
-    at (`parameters`, else the request's)."""
+    """The run's pipeline: its trainer's stage split where the source or recipe states it, else the
+    planner's time-balanced split (most sources publish the schedule and micro-batching, not where the
+    blocks went), balanced at the cost parameters the run is priced at (`parameters`, else the
+    request's)."""
     pipeline = run.config.pipeline
     if run.config.mesh.pp == 1:
         return None
     if pipeline is None:
         raise NotPriceable(f"{run.id}: config.pipeline: the run has pp {run.config.mesh.pp} but no schedule")
     stages = run.config.mesh.pp * pipeline.stages_per_rank
+    if pipeline.stage_blocks is not None:
+        # The trainer's own split, as its source or recipe states it.
+        if len(pipeline.stage_blocks) != stages or sum(pipeline.stage_blocks) != request.model.num_layers:
+            raise NotPriceable(
+                f"{run.id}: config.pipeline.stage_blocks: {list(pipeline.stage_blocks)} is not {stages} "
+                f"stages holding the model's {request.model.num_layers} blocks"
+            )
+        return PipelineConfig(
+            schedule=pipeline.schedule, stages_per_rank=pipeline.stages_per_rank,
+            stage_blocks=pipeline.stage_blocks,
+        )
     if stages > request.model.num_layers:
         # Megatron counts the embedding and the loss as pipeline layers; the planner's stages hold blocks.
         raise NotPriceable(

@@ -113,6 +113,11 @@ class Pipeline(CorpusModel):
     """Pipeline micro-batches per optimizer step per data-parallel rank: the step's sequences
     (`local_batch_size` x `grad_accum_steps`) are split into this many (torchtitan's
     `pipeline_parallel_microbatches`, by default the pp degree; Megatron's accumulation steps)."""
+    stage_blocks: tuple[Annotated[int, Field(ge=1)], ...] | None = None
+    """Transformer blocks per stage in stage order (pp x stages_per_rank of them), where the source or
+    the recipe it ran says how the trainer split them: Megatron-Core splits the blocks evenly unless
+    its recipe accounts for the embedding and the loss or states a layout. None: the planner's
+    time-balanced split (planner/cost/pipeline.py `balanced_stage_split`)."""
 
 
 class Checkpointing(CorpusModel):

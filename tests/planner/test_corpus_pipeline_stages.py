@@ -20,3 +20,20 @@ def test_more_stages_than_blocks_is_not_priceable() -> None:
     document["config"]["pipeline"]["stages_per_rank"] = layers  # pp x layers stages > layers blocks
     with pytest.raises(NotPriceable, match=r"config\.pipeline: \d+ stages .* for \d+ blocks"):
         price_as_run(Run.model_validate(document))
+
+
+def test_a_stated_split_is_priced_as_the_trainer_ran_it() -> None:
+    # Megatron-Core's gpt-oss recipe splits its 36 blocks evenly over 4 stages (no embedding or loss
+    # accounting): priced with that split, not the planner's time-balanced one.
+    run = next(
+        r for f in load_corpus() for r in f.runs
+        if r.config.pipeline is not None and r.config.pipeline.stage_blocks is not None
+    )
+    assert price_as_run(run).plan.config.pipeline.stage_blocks == run.config.pipeline.stage_blocks  # type: ignore[union-attr]
+    document = run.model_dump(mode="json")
+    document["config"]["pipeline"]["stage_blocks"] = [*run.config.pipeline.stage_blocks[:-1], 1]  # type: ignore[union-attr]
+    with pytest.raises(NotPriceable, match=r"config\.pipeline\.stage_blocks: .* is not \d+ stages holding"):
+        price_as_run(Run.model_validate(document))
+    document["config"]["pipeline"]["stage_blocks"] = None
+    balanced = price_as_run(Run.model_validate(document)).plan.config.pipeline
+    assert balanced is not None and balanced.stage_blocks != run.config.pipeline.stage_blocks  # type: ignore[union-attr]
