@@ -10,14 +10,15 @@ from planner.fidelity.report import FidelityReport, stored_report
 from planner.fidelity.schema import Run, load_corpus
 from planner.fidelity.split import split_of
 
-MOE_GUARD = {"throughput_mean": 0.21, "throughput_max": 0.49, "memory_mean": 0.05}
-"""Today's mixture-of-experts errors rounded up (throughput: mean 20.2% over 27 runs, max 48.5%; memory:
+MOE_GUARD = {"throughput_mean": 0.18, "throughput_max": 0.49, "memory_mean": 0.05}
+"""Today's mixture-of-experts errors rounded up (throughput: mean 17.1% over 27 runs, max 48.5%; memory:
 mean 3.0% over 2 runs). Issue 40 asks for 15% and 12%. (2026-11-29: torchtitan's own MoE runs joined,
 priced faster than they ran, DeepSeek-V3 671B on 512 H100s +26% and +46% and Qwen3-30B-A3B on B200s
 +48% to +78%, which took the mean to 28.8%; then the routed experts' grouped GEMMs were priced at
 torch._grouped_mm's measured share of the dense rate (planner/cost/parameters.py
-GROUPED_MM_EFFICIENCY), and those runs came to +5% and +18% to +34%. The max is Megatron-Bridge
-26.02's B300 row.)"""
+GROUPED_MM_EFFICIENCY), and those runs came to +5% and +18% to +34%; Megatron's gpt-oss rows on
+pipelines are priced at the recipe's even stage split, and every Megatron and NeMo row at its vendor
+BLAS's per-expert GEMMs. The max is Megatron-Bridge 26.02's B300 row.)"""
 
 
 def _moe_runs() -> list[tuple[str, Run]]:
