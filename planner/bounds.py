@@ -126,6 +126,9 @@ MAX_GLOBAL_BATCH_TOKENS = 1 << 36
 """Tokens per optimizer step: ~69G, four orders of magnitude beyond the largest published batches."""
 MAX_MICRO_BATCH = 1 << 20
 """Sequences per micro-batch: a micro-batch never exceeds the global batch."""
+MAX_SHARD_TOKENS = 10**12
+"""Tokens per file of a prepared dataset (`prepare-data --shard-tokens`): 1T, 4 TB at uint32, beyond
+any file a dataset is split into."""
 MAX_DIMENSION = 1 << 24
 """A model's width, vocabulary, head count or FFN size: 16M, ~100x the widest models (vocabularies ~256K)."""
 MAX_LAYERS = 1 << 16

@@ -517,8 +517,9 @@ def parse_token_count(text: str) -> int:
         value = float(cleaned)
     else:
         raise ValueError(f"cannot read {text!r} as a token count; write e.g. 15T, 300B, 2.5e12 or 1000000")
-    if not 1 <= value < math.inf:
-        raise ValueError(f"{text!r} is not a positive token count")
+    if not 1 <= value <= MAX_TOKEN_BUDGET:
+        raise ValueError(f"token count {text.strip()!r} is out of range: give 1 to {MAX_TOKEN_BUDGET:,} "
+                         f"tokens ({MAX_TOKEN_BUDGET // _COUNT_SUFFIXES['T']:,}T)")
     return round(value)
 
 
@@ -527,12 +528,21 @@ def parse_cluster_sizes(text: str) -> list[int] | dict[str, int | str]:
     `cluster_sizes` of a StudyRequest). ValueError says what to write."""
     cleaned = text.replace(" ", "")
     if match := _SIZE_RANGE.match(cleaned):
-        low, high, step = match.groups()
+        low, high, step = (_cluster_gpus(count) if count is not None else None for count in match.groups())
         if step is None:
-            return {"min_gpus": int(low), "max_gpus": int(high)}
-        return {"min_gpus": int(low), "max_gpus": int(high), "progression": "step", "step": int(step)}
+            return {"min_gpus": low, "max_gpus": high}
+        return {"min_gpus": low, "max_gpus": high, "progression": "step", "step": step}
     parts = [part for part in cleaned.split(",") if part]
     if not parts or not all(_WHOLE.fullmatch(part) for part in parts):
         raise ValueError(f"cannot read {text!r}; write a list (64,128,512), a doubling range (8-4096) or a "
                          "stepped range (64-512:+64), in ASCII digits")
-    return [int(part) for part in parts]
+    return [_cluster_gpus(part) for part in parts]
+
+
+def _cluster_gpus(count: str) -> int:
+    """One size (or step) of `parse_cluster_sizes`, within the bounds every study's sizes keep."""
+    value = int(count) if len(count) <= len(str(MAX_CLUSTER_GPUS)) + 2 else MAX_CLUSTER_GPUS + 1
+    if not 1 <= value <= MAX_CLUSTER_GPUS:
+        shown = count if len(count) <= 20 else count[:20] + "..."
+        raise ValueError(f"{shown} is out of range: give 1 to {MAX_CLUSTER_GPUS:,} GPUs")
+    return value

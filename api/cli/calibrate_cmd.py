@@ -24,6 +24,7 @@ from api.cli.common import (
     EXIT_FAILED,
     SEQUENCE_TOKENS,
     ServerClient,
+    WholeNumbers,
     cluster_from_options,
     decimal_number,
     fail,
@@ -35,13 +36,16 @@ from executor.launch.calibration import write_calibration_bundle
 from executor.launch.environment import static_defaults
 from executor.launch.quoting import UnsafeValueError
 from executor.launch.vendors import Vendor
-from planner.bounds import MAX_GPUS_PER_NODE, MAX_SECONDS
+from planner.bounds import MAX_GPUS_PER_NODE, MAX_MICRO_BATCH, MAX_SECONDS
 from planner.calibration import CalibrationProfile, fit_parameters
 from planner.catalog.models import resolve_model
 from planner.cost.parameters import QUOTED_GROUP_SIZE, default_parameters
 from planner.errors import PlanningError, describe_validation_error
 from planner.formatting import duration
 from planner.specs import ClusterSpec
+
+MICRO_BATCH_SIZES = WholeNumbers(unit="sequences", low=1, high=MAX_MICRO_BATCH)
+"""`--micro-batches`: the sizes whose shapes the profiler times, bounded as a plan's micro-batch is."""
 
 
 def register(app: typer.Typer) -> None:
@@ -57,7 +61,9 @@ def calibrate(
     seq_len: Annotated[int, typer.Option(
         "--seq-len", parser=SEQUENCE_TOKENS, help="Sequence length for the block timings.",
     )] = 2048,
-    micro_batches: Annotated[str, typer.Option("--micro-batches", help="Comma-separated sizes.")] = "1,2",
+    micro_batches: Annotated[str, typer.Option(
+        "--micro-batches", parser=MICRO_BATCH_SIZES, help="Micro-batch sizes whose shapes to time.",
+    )] = "1,2",
     budget_s: Annotated[float, typer.Option(
         "--budget-s", parser=decimal_number(unit="seconds", high=MAX_SECONDS),
         help="Time allowance in seconds.",

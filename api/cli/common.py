@@ -144,6 +144,21 @@ class DecimalNumber:
         return value
 
 
+@dataclass(frozen=True, kw_only=True)
+class WholeNumbers(WholeNumber):
+    """The parser of an option holding whole numbers separated by commas (`--micro-batches 1,2,4`):
+    each read and bounded as a WholeNumber, the list given back as text (`1,2,4`)."""
+
+    def describe(self) -> str:
+        """`Range: 1 to 1,048,576 sequences each, separated by commas.`"""
+        return super().describe().removesuffix(".") + " each, separated by commas."
+
+    def __call__(self, raw: str | int) -> str:  # type: ignore[override]
+        if isinstance(raw, int):
+            return str(raw)
+        return ",".join(str(WholeNumber.__call__(self, part)) for part in raw.split(","))
+
+
 NumberParser = WholeNumber | DecimalNumber
 
 

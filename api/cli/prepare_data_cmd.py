@@ -9,12 +9,45 @@ never imports the runtime.
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from api.cli.common import decimal_number, fail, whole_number
+from api.cli.common import WholeNumber, decimal_number, fail, whole_number
+from planner.bounds import MAX_SHARD_TOKENS
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenCount(WholeNumber):
+    """The parser of a token count typed with a decimal suffix (`100M`, `64k`, `5000000`: the runtime's
+    `parse_count`, which `python -m executor.runtime.prepare_data` reads too), in [low, high] tokens."""
+
+    default: int
+
+    def describe(self) -> str:
+        return f"Range: {self.low:,} to {self.high:,} {self.unit}; 100M = 100,000,000."
+
+    def __call__(self, raw: str | int) -> int:
+        if isinstance(raw, int):  # a default
+            return raw
+        assert self.high is not None
+        # The runtime's reader (standard library only), imported when the option is read.
+        from executor.runtime.prepare_data import PrepareError, parse_count
+
+        bounds = self.describe().removeprefix("Range: ")
+        try:
+            value = parse_count(raw)
+        except PrepareError as exc:
+            raise typer.BadParameter(f"{exc}; give {bounds}") from None
+        if not self.low <= value <= self.high:
+            raise typer.BadParameter(f"{raw.strip()} is out of range: give {bounds}")
+        return value
+
+
+SHARD_TOKENS = TokenCount(unit="tokens", low=1, high=MAX_SHARD_TOKENS, default=100_000_000)
+"""`--shard-tokens`: tokens per shard file."""
 
 
 def _progress(documents: int, tokens: int) -> None:
@@ -66,9 +99,10 @@ def prepare_data(
     seed: Annotated[int, typer.Option(
         parser=whole_number(unit="(any whole number)"), help="Seed choosing which documents are held out.",
     )] = 0,
-    shard_tokens: Annotated[
-        str, typer.Option("--shard-tokens", help="Tokens per shard file (e.g. 100M, 50000).")
-    ] = "100M",
+    shard_tokens: Annotated[int, typer.Option(
+        "--shard-tokens", parser=SHARD_TOKENS, metavar="COUNT",
+        help="Tokens per shard file (e.g. 100M, 50000; k, M, G are powers of 1000).",
+    )] = SHARD_TOKENS.default,
     dtype: Annotated[
         str, typer.Option(help="auto (uint16 up to 65,536 tokens, else uint32) | uint16 | uint32")
     ] = "auto",
@@ -83,7 +117,7 @@ def prepare_data(
     ] = False,
 ) -> None:
     """Tokenise text or JSONL into memory-mapped token shards + index.json for `launch.sh --data`."""
-    from executor.runtime.prepare_data import PrepareError, load_tokenizer, parse_count, prepare
+    from executor.runtime.prepare_data import PrepareError, load_tokenizer, prepare
 
     try:
         tok = load_tokenizer(tokenizer, eos_token=eos_token)
@@ -95,7 +129,7 @@ def prepare_data(
             text_field=text_field,
             sample_by=sample_by,
             dtype=dtype,
-            shard_tokens=parse_count(shard_tokens),
+            shard_tokens=shard_tokens,
             eval_fraction=eval_fraction,
             seed=seed,
             overwrite=overwrite,

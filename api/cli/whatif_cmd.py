@@ -44,6 +44,7 @@ from planner.formatting import duration, money, quantity
 from planner.specs import ClusterSpec
 from planner.study import (
     DEFAULT_PRICES_PER_GPU_HOUR,
+    MAX_PRICE_PER_GPU_HOUR,
     StudyPoint,
     StudyRequest,
     StudySummary,
@@ -289,6 +290,9 @@ def _catalog_gpu(text: str) -> dict[str, Any]:
     if value is None:
         raise fail(f"--gpu {text!r}: the price after '=' must be USD per GPU-hour in the digits 0-9, e.g. "
                    "--gpu H100=2.49")
+    if not 0 < value <= MAX_PRICE_PER_GPU_HOUR:  # the bounds of StudyGpu.price_per_gpu_hour
+        raise fail(f"--gpu {text!r}: the price after '=' is out of range: give more than 0 and at most "
+                   f"{MAX_PRICE_PER_GPU_HOUR:,g} USD per GPU-hour")
     return {**body, "price_per_gpu_hour": value}
 
 

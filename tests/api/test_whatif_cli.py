@@ -90,7 +90,7 @@ def test_every_row_gives_its_80_percent_intervals() -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["--sizes", "8"], "give at least one candidate GPU type"),
     (["--gpu", "H100=free"], "the price after '=' must be USD per GPU-hour"),
-    (["--gpu", "H100=0"], "greater than 0"),
+    (["--gpu", "H100=0"], "out of range: give more than 0 and at most 10,000 USD per GPU-hour"),
     (["--gpu", "H100", "--sizes", "8-"], "--sizes: cannot read '8-'"),
     (["--gpu", "H100", "--tokens", "lots"], "--tokens: cannot read 'lots' as a token count"),
     (["--gpu", "H100", "--sizes", "64-8"], "the range from 64 to 8 GPUs is empty"),
