@@ -214,6 +214,57 @@ class StepSample(ProfileModel):
         return self
 
 
+class GroupedGemmSample(ProfileModel):
+    """One routed expert projection timed as the grouped GEMM (`torch._grouped_mm`) and as the dense
+    GEMM of the same work: forward x [experts x rows, k] @ w [experts, k, n], and its backward (the
+    input gradient, and the weight gradient: a K-grouped GEMM); the dense one is `torch.mm` of all the
+    rows at the same widths, the same FLOPs in one GEMM."""
+
+    experts: Annotated[int, Field(ge=1, le=1_000_000)]
+    """Experts (groups) in the kernel: the experts one GPU holds."""
+    rows: Count
+    """Rows (routed tokens) per expert."""
+    n: Count
+    k: Count
+    dtype: Literal["bfloat16", "float32", "float16"]
+    forward_seconds: KernelSeconds
+    backward_seconds: KernelSeconds
+    dense_forward_seconds: KernelSeconds
+    dense_backward_seconds: KernelSeconds
+    """Each at most 100 PFLOP/s (the forward 2 x experts x rows x n x k FLOPs, the backward twice that)."""
+
+    @property
+    def flops(self) -> float:
+        """One forward's FLOPs (of either GEMM)."""
+        return 2.0 * self.experts * self.rows * self.n * self.k
+
+    @property
+    def efficiency(self) -> float:
+        """The grouped GEMM's rate over the dense one's, forward and backward together (the same FLOPs)."""
+        dense = self.dense_forward_seconds + self.dense_backward_seconds
+        return dense / (self.forward_seconds + self.backward_seconds)
+
+    @model_validator(mode="after")
+    def _possible(self) -> GroupedGemmSample:
+        for name, passes in (("forward_seconds", 1), ("backward_seconds", 2), ("dense_forward_seconds", 1),
+                             ("dense_backward_seconds", 2)):
+            problem = rate_problem(amount=passes * self.flops, unit="FLOP", seconds=getattr(self, name),
+                                   limit=MAX_FLOPS_PER_S, what="accelerator")
+            if problem:
+                raise ValueError(f"{name}: {problem}")
+        return self
+
+
+class GroupedGemmProfile(ProfileModel):
+    """A mixture of experts' routed expert GEMMs, timed by the profiler at the model's expert shapes
+    (executor/profile/grouped_gemm.py): they set `CostParameters.grouped_gemm_efficiency`."""
+
+    samples: Annotated[list[GroupedGemmSample], Field(max_length=MAX_SAMPLES)] = []
+    not_measured: Annotated[str, Field(max_length=500)] | None = None
+    """Why no sample was timed (torch without `torch._grouped_mm`, a device that refuses it, the budget
+    spent): the catalog's efficiency stays."""
+
+
 class CalibrationProfile(ProfileModel):
     """Measurements of one hardware + software stack."""
 
@@ -229,6 +280,10 @@ class CalibrationProfile(ProfileModel):
     model: ModelSpec | None = None
     """The model whose blocks were timed (`blocks`)."""
     matmul: Annotated[list[MatmulSample], Field(max_length=MAX_SAMPLES)] = []
+    grouped_gemm: GroupedGemmProfile | None = None
+    """The routed experts' grouped GEMMs beside dense ones, when `model` is a mixture of experts. None:
+    not measured (a dense model, or a profile written before 2026-11-29); the catalog's
+    `grouped_gemm_efficiency` stays."""
     memory_bandwidth: Annotated[list[BandwidthSample], Field(max_length=MAX_SAMPLES)] = []
     collectives: Annotated[list[CollectiveSample], Field(max_length=MAX_SAMPLES)] = []
     blocks: Annotated[list[BlockSample], Field(max_length=MAX_SAMPLES)] = []
@@ -285,6 +340,8 @@ class CalibrationProfile(ProfileModel):
         unset: dict[str, Any] = {}
         if self.allocator_config is None:
             unset["allocator_config"] = True
+        if self.grouped_gemm is None:
+            unset["grouped_gemm"] = True
         if self.fingerprint.hip_version is None:
             unset["fingerprint"] = {"hip_version"}
         digest = hashlib.sha256(self.model_dump_json(exclude=unset).encode()).hexdigest()
@@ -497,6 +554,9 @@ def _fit(
             # peaks allow: what FLOAT8_GEMM_EFFICIENCY states for tensorwise from the corpus.
             ratio = seconds_per_flop / float8[1] / (base.fp8_peak_flops / base.peak_flops)
             changes["float8_gemm_efficiency"] = {**base.float8_gemm_efficiency, "tensorwise": min(1.0, ratio)}
+    grouped = grouped_gemm_efficiency(profile, dtype)
+    if grouped is not None:
+        changes["grouped_gemm_efficiency"] = grouped
 
     links = dict(base.links)
     by_link: dict[LinkClass, list[tuple[float, float, int]]] = defaultdict(list)
@@ -544,6 +604,22 @@ def _fit(
         profile_id=profile.content_id(),
         allocator_config=profile.allocator_config,
     )
+
+
+def grouped_gemm_efficiency(profile: CalibrationProfile, dtype: str) -> float | None:
+    """The routed experts' grouped GEMM rate over the dense GEMM rate at the same shapes, as the profile
+    timed it in `dtype`: the median over its points (each forward and backward together), at most 1
+    (the parameter is a share of the dense rate: a median above it, which a host's timing noise at
+    small shapes can give, prices the experts as dense GEMMs). None where nothing was timed in `dtype`:
+    the catalog's value stays."""
+    if profile.grouped_gemm is None:
+        return None
+    ratios = sorted(s.efficiency for s in profile.grouped_gemm.samples if s.dtype == dtype)
+    if not ratios:
+        return None
+    middle = len(ratios) // 2
+    median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+    return min(1.0, median)
 
 
 def _step_model(profile: CalibrationProfile, sample: StepSample) -> ModelCosts:
