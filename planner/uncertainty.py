@@ -233,7 +233,7 @@ def coverage_warnings(*, cluster: ClusterSpec, mesh: Mesh) -> tuple[Caveat, ...]
     if spec.name not in reach["gpus"]:
         out.append(Caveat("gpu_outside_corpus", (
             f"no priced run of the corpus ran on {spec.name} (it has {', '.join(reach['gpus'])}): its "
-            "predictions rest on the datasheet alone; calibrate on the GPU (`fsdp-planner profile`) "
+            "predictions rest on the datasheet alone; calibrate on the GPU (`fsdp-planner calibrate`) "
             "before trusting the interval"
         )))
     missed = reach.get("optimistic_gpus", {}).get(spec.name)
@@ -243,7 +243,7 @@ def coverage_warnings(*, cluster: ClusterSpec, mesh: Mesh) -> tuple[Caveat, ...]
             f"optimistic throughput on {spec.name}: {'the' if runs == 1 else 'all'} {runs} published "
             f"run{'s' if runs > 1 else ''} on it the model has priced ran slower than priced and outside "
             f"the 80% interval, by up to {1 + missed['worst']:.2f}x: take this plan's tokens/s as an "
-            "upper bound until a calibration on the GPU (`fsdp-planner profile`) measures it"
+            "upper bound until a calibration on the GPU (`fsdp-planner calibrate`) measures it"
         )))
     world = cluster.num_nodes * cluster.gpus_per_node
     if world > reach["max_gpus"]:

@@ -534,7 +534,13 @@ def build_report(
             "lead": intervals.lead_calibration(
                 [(item, result) for item, result in dense_runs if split_of(item.source) == "held-out"]
             ),
-            "reach": {**intervals.reach(dense_runs), "optimistic_gpus": _optimistic_gpus(unseen)},
+            # The GPU types any priced run measured (a mixture of experts' too), and those whose every
+            # held-out run, dense or not, ran slower than priced and outside its interval.
+            "reach": {
+                **intervals.reach(dense_runs),
+                "gpus": intervals.reach(priced_runs)["gpus"],
+                "optimistic_gpus": _optimistic_gpus([r for r in results if r.split == "held-out"]),
+            },
         },
         targets=tuple(
             _targets(by_gpu, by_quantity, results, held_out_by_gpu, held_out_by_quantity, coverage)

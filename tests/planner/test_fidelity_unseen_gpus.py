@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from contract.mesh import Mesh
 from planner.fidelity.report import (
     UNSEEN_GPU_MIN_RUNS,
     RunResult,
@@ -12,6 +13,8 @@ from planner.fidelity.report import (
     stored_report,
     unseen_gpus,
 )
+from planner.specs import ClusterSpec
+from planner.uncertainty import coverage_warnings, interval_data
 
 
 def _run(
@@ -55,3 +58,16 @@ def test_the_stored_report_summarises_them_per_type_and_together() -> None:
     (target,) = [t for t in report.targets if t.name.startswith("GPU types no fit run measured: throughput")]
     assert target.value == f"{total.mean_abs:.1%}"
     assert total.runs == pytest.approx(sum(s.runs for s in report.unseen_gpu_by_gpu if s.group != "all"))
+
+
+def test_a_gpu_type_only_mixture_of_experts_runs_measured_is_in_the_corpus_reach() -> None:
+    # GB200 has no dense published run the planner prices, only Megatron's gpt-oss-120b rows: a plan on
+    # it is not told that no priced run ran there, and the advice names the command that calibrates.
+    report = stored_report()
+    assert any(r.gpu == "GB200" and r.moe and r.priced for r in report.runs)
+    assert not any(r.gpu == "GB200" and not r.moe and r.priced for r in report.runs)
+    assert "GB200" in interval_data()["reach"]["gpus"]
+    codes = [c.code for c in coverage_warnings(cluster=ClusterSpec.parse("1x4xGB200"), mesh=Mesh(dp_shard=4))]
+    assert "gpu_outside_corpus" not in codes
+    (outside,) = coverage_warnings(cluster=ClusterSpec.parse("1x8xL4"), mesh=Mesh(dp_shard=8))
+    assert "`fsdp-planner calibrate`" in outside.message
