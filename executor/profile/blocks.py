@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from contract.model_config import ModelConfig
+from contract.model_config import LatentAttention, ModelConfig, MoeConfig
 from executor.profile.measure import Budget, synchronize, time_call
 from executor.runtime.activation_checkpoint import apply_activation_checkpointing
 from executor.runtime.materialize import materialize
@@ -25,10 +25,22 @@ CHECKPOINTING = ("none", "op_selective", "full")
 PROFILE_VOCAB = 512
 
 
+NESTED_CONFIGS: dict[str, type] = {"moe": MoeConfig, "latent_attention": LatentAttention}
+"""ModelConfig's fields that are dataclasses of their own: a ModelSpec dict holds them as dicts."""
+
+
 def model_config(spec: dict) -> ModelConfig:
-    """The runtime's ModelConfig from a planner ModelSpec dict (unknown keys ignored)."""
-    names = {f.name for f in dataclasses.fields(ModelConfig)}
-    return ModelConfig(**{k: v for k, v in spec.items() if k in names})
+    """The runtime's ModelConfig from a planner ModelSpec dict (unknown keys ignored, at every level)."""
+    fields = _known(ModelConfig, spec)
+    for key, cls in NESTED_CONFIGS.items():
+        if isinstance(fields.get(key), dict):
+            fields[key] = cls(**_known(cls, fields[key]))
+    return ModelConfig(**fields)
+
+
+def _known(cls: type, values: dict) -> dict:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in values.items() if k in names}
 
 
 def _step_seconds(

@@ -3,7 +3,8 @@
 Measures the machine briefly (GEMMs at the model's own shapes, memory bandwidth, collectives over
 message sizes for the whole group, the whole node and node-local groups of every power-of-two size
 (the tensor-parallel group sizes), comm/compute contention, the usable device memory, and, when a
-model is given, its blocks and whole training steps, eager and compiled, with their peak memory)
+model is given, its blocks and whole training steps, eager and compiled, with their peak memory, and
+for a mixture of experts its routed experts' grouped GEMMs beside dense ones of the same work)
 within a time budget, and writes a CalibrationProfile JSON on rank 0. Imports only the standard
 library and torch, so it runs wherever training would.
 """
@@ -24,6 +25,7 @@ import torch.distributed as dist
 
 from contract.calibration_profile import PROFILE_SCHEMA_VERSION
 from executor.profile.device import allocator_config, catalog_gpu, runtime_versions
+from executor.profile.grouped_gemm import grouped_gemm_profile
 from executor.profile.measure import (
     Budget,
     bandwidth_samples,
@@ -35,10 +37,11 @@ from executor.profile.measure import (
 from executor.runtime.distributed import exit_process
 
 # Share of the budget per phase (the contention probe takes a few seconds and is not budgeted);
-# blocks and training steps only run when a model is given. Half the steps' share is kept for the
-# compiled shapes (see executor/profile/step.py).
+# blocks and training steps only run when a model is given, grouped GEMMs when it is a mixture of
+# experts. Half the steps' share is kept for the compiled shapes (see executor/profile/step.py).
 PHASES = {
     "matmul": 0.25,
+    "grouped_gemm": 0.05,
     "bandwidth": 0.05,
     "collectives": 0.3,
     "blocks": 0.15,
@@ -224,6 +227,8 @@ def run(args: argparse.Namespace) -> dict:
     if model is None:
         phases.pop("blocks")
         phases.pop("steps")
+    if not (model or {}).get("moe"):
+        phases.pop("grouped_gemm")
     budgets = PhaseBudgets(args.budget_s, phases)
 
     dtypes = [torch.bfloat16, torch.float32] if on_gpu else [torch.float32]
@@ -231,6 +236,16 @@ def run(args: argparse.Namespace) -> dict:
     matmul_budget = budgets.take("matmul")
     matmul = matmul_samples(shapes, dtypes, device, matmul_budget, progress)
     matmul += float8_matmul_samples(shapes, device, matmul_budget, progress)
+    grouped = None
+    if "grouped_gemm" in phases:
+        grouped = grouped_gemm_profile(
+            model,
+            seq_len=args.seq_len,
+            micro_batches=micro_batches,
+            device=device,
+            budget=budgets.take("grouped_gemm"),
+            on_sample=progress,
+        )
     progress("memory bandwidth")
     mib = 1 << 20
     sizes = [64 * mib, 256 * mib, 1024 * mib] if on_gpu else [8 * mib, 32 * mib, 128 * mib]
@@ -296,6 +311,8 @@ def run(args: argparse.Namespace) -> dict:
         "fingerprint": fingerprint(device, backend, local_world),
         "model": model,
         "matmul": matmul,
+        # Left out for a dense model (as in profiles written before it existed): nothing to time.
+        **({"grouped_gemm": grouped} if grouped is not None else {}),
         "memory_bandwidth": bandwidth,
         "collectives": collectives,
         "blocks": blocks,
