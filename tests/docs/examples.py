@@ -286,8 +286,9 @@ def report_sentences(report: dict[str, Any]) -> list[str]:
 # ---- Matching a shown line to fresh output ---------------------------------------------------------
 
 # A figure: a number standing alone (not inside a name like `dp8x1`, `ag512/rs512MB` or `1x8`), with
-# its sign, thousands commas, decimals and a one-letter scale or `x` (`29.5M`, `1.26x`).
-FIGURE = r"(?<![\w.])[-+−]?\d[\d,]*(?:\.\d+)?[kKMBTx]?(?![\w])"
+# its sign, thousands commas, decimals and a one-letter scale or `x` (`29.5M`, `1.26x`); or a plan's
+# hash (`plan 334a98e0a78c`: 12 hex digits), which moves with the planner's version.
+FIGURE = r"(?<![\w.])(?:[-+−]?\d[\d,]*(?:\.\d+)?[kKMBTx]?|[0-9a-f]{12})(?![\w])"
 _TOKEN = re.compile(rf"(?P<figure>{FIGURE})|(?P<space>\s+)|(?P<other>.)", re.DOTALL)
 
 

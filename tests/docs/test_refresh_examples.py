@@ -66,6 +66,8 @@ def test_the_skeleton_frees_figures_but_not_names() -> None:
     assert ex.skeleton("│ dp8x1 ag512/rs512MB │ 7,863 (6,918–8,936) │  -3.2% │ $88.1M │ 1.26x") == (
         "│ dp8x1 ag512/rs512MB │ # (#–#) │ #% │ $# │ #")
     assert ex.skeleton("llama3-8b on 1x8 H100 (8 GPUs)") == "llama3-8b on 1x8 H100 (# GPUs)"
+    assert ex.skeleton("9594 configurations evaluated, 307 fit; plan 334a98e0a78c") == (
+        "# configurations evaluated, # fit; plan #")
 
 
 def test_the_example_carries_the_page_line_of_each_shown_line(page: Path) -> None:
