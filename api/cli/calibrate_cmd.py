@@ -18,6 +18,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from api.cli.common import (
@@ -265,6 +266,16 @@ def show_fit(profile: CalibrationProfile, console: Console) -> None:
             duration(fitted.compiled_overhead_s),
         ),
         ("overlap contention", f"{base.overlap_contention:.2f}", f"{fitted.overlap_contention:.2f}"),
+        # A mixture of experts' routed experts: their grouped GEMMs' share of the dense GEMM rate.
+        *(
+            [(
+                "grouped GEMM efficiency (routed experts)",
+                f"{base.grouped_gemm_efficiency:.2f}",
+                f"{fitted.grouped_gemm_efficiency:.2f}",
+            )]
+            if profile.grouped_gemm is not None
+            else []
+        ),
         (
             "activation memory (eager / compiled)",
             f"{base.activation_memory_scale:.2f} / {base.compiled_activation_memory_scale:.2f}",
@@ -296,3 +307,10 @@ def show_fit(profile: CalibrationProfile, console: Console) -> None:
     for row in rows:
         table.add_row(*row)
     console.print(table)
+    if profile.grouped_gemm is not None and not profile.grouped_gemm.samples:
+        reason = escape(profile.grouped_gemm.not_measured or "no reason recorded")
+        console.print(
+            f"[yellow]grouped GEMM not measured ({reason}): the routed experts keep the catalog's "
+            "efficiency[/]",
+            highlight=False,
+        )

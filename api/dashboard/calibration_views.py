@@ -68,8 +68,23 @@ def fingerprint_rows(profile: CalibrationProfile) -> list[Row]:
             f"{len(profile.steps)} training-step"),
         Row("Overlap contention", "not measured" if profile.overlap_contention is None
             else f"{profile.overlap_contention:.1%} compute slowdown beside a collective"),
+        *_grouped_gemm_rows(profile),
         _memory_row(profile),
     ]
+
+
+def _grouped_gemm_rows(profile: CalibrationProfile) -> list[Row]:
+    """A mixture of experts' grouped GEMMs against dense ones of the same work (none for a dense model)."""
+    grouped = profile.grouped_gemm
+    if grouped is None:
+        return []
+    label = "Grouped GEMM (routed experts)"
+    if not grouped.samples:
+        return [Row(label, "not measured", grouped.not_measured or "")]
+    ratios = sorted(s.efficiency for s in grouped.samples)
+    dtypes = ", ".join(sorted({s.dtype for s in grouped.samples}))
+    return [Row(label, f"{ratios[len(ratios) // 2]:.0%} of the dense GEMM rate (median)",
+                f"{len(ratios)} points in {dtypes}, {ratios[0]:.0%} to {ratios[-1]:.0%}")]
 
 
 def _memory_row(profile: CalibrationProfile) -> Row:
@@ -271,6 +286,7 @@ _FITTED_FIELDS: tuple[tuple[str, Reader, Callable[[float], str]], ...] = (
     (f"Inter-node latency at {QUOTED_GROUP_SIZE} ranks", _quoted_latency("inter"), fmt.duration),
     ("Inter-node latency per group doubling", _at("links", "inter", "latency_per_log2_s"), fmt.duration),
     ("Overlap contention", _at("overlap_contention"), lambda v: f"{v:.1%}"),
+    ("Grouped GEMM efficiency (routed experts)", _at("grouped_gemm_efficiency"), lambda v: f"{v:.1%}"),
     ("Compute scale", _at("compute_scale"), lambda v: f"{v:.3g}×"),
     ("Compiled compute scale", _at("compiled_compute_scale"), lambda v: f"{v:.3g}×"),
     ("Optimizer traffic", _at("optimizer_bytes_per_param"), lambda v: f"{v:,.0f} B/parameter"),
