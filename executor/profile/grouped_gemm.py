@@ -22,11 +22,11 @@ import torch
 
 from executor.profile.measure import DTYPE_NAMES, Budget, synchronize, time_call
 
-EXPERT_PARALLEL_DEGREES = (1, 4, 16)
+EXPERT_PARALLEL_DEGREES = (1, 8, 64)
 """The experts per GPU timed are the model's experts over each of these degrees (where it divides
-them): every expert on the GPU (FSDP alone), and the shares expert parallelism inside a node and
-across a few nodes leaves, so that the rows per expert range from a micro-batch's smallest to its
-largest."""
+them): every expert on the GPU (FSDP alone), a node's share (expert parallelism over 8 GPUs), and the
+share of 64 (DeepSeek-V3's degree), so that the rows per expert range from a micro-batch's fewest to
+its most."""
 ROW_ALIGNMENT = 16
 """Rows per expert are rounded up to this: the grouped kernel's tile height divides it, so the timing
 states the kernel's rate at the shape, not a padding accident that a router's counts would average."""

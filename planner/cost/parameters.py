@@ -107,8 +107,11 @@ at pytorch/ao@36027d8, "Autograd function", one B200, torch 2.10 nightly, compil
 backward of 128,000 routed rows at 0.41-0.49 of the B200's measured dense GEMM rate (753-862 TFLOP/s
 against 1,745): DeepSeek-V3's expert shapes (2048 x 7168) at 1, 2, 4 and 8 experts per GPU, and
 Llama 4 Scout's (8192 x 5120). Hopper's grouped kernel is the same CUTLASS design and takes the
-B200's share until a calibration times it. The vendor BLAS's GEMMs per expert (Transformer Engine's
-grouped linear layers in Megatron, the `grouped_gemm` package in NeMo AutoModel) are not this kernel:
+B200's share until a calibration times it: a profile of a mixture of experts times the grouped GEMM
+beside the dense one at the model's expert shapes (executor/profile/grouped_gemm.py), and the fit
+replaces this with their median ratio (planner/calibration.py `grouped_gemm_efficiency`). The vendor
+BLAS's GEMMs per expert (Transformer Engine's grouped linear layers in Megatron, the `grouped_gemm`
+package in NeMo AutoModel) are not this kernel:
 the fidelity corpus states which one a run used."""
 
 

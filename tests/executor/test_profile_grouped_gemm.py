@@ -22,9 +22,9 @@ def test_points_are_the_expert_shapes_at_a_few_experts_per_gpu() -> None:
     deepseek = {"hidden_size": 7168,
                 "moe": {"num_experts": 256, "experts_per_token": 8, "expert_intermediate_size": 2048}}
     points = grouped_gemm_points(deepseek, seq_len=4096, micro_batches=[1])
-    # All 256 experts on the GPU, and 64 and 16 (expert parallelism over 4 and 16 GPUs); the rows a
+    # All 256 experts on the GPU, and 32 and 4 (expert parallelism over 8 and 64 GPUs); the rows a
     # micro-batch's 4096 x 8 routed tokens give each; w1/w3 (7168 -> 2048) and w2 (2048 -> 7168).
-    assert {(e, r) for e, r, _, _ in points} == {(256, 128), (64, 512), (16, 2048)}
+    assert {(e, r) for e, r, _, _ in points} == {(256, 128), (32, 1024), (4, 8192)}
     assert {(n, k) for _, _, n, k in points} == {(2048, 7168), (7168, 2048)}
     assert points == sorted(points, key=lambda p: p[0] * p[1] * p[2] * p[3])
     assert grouped_gemm_points({"hidden_size": 64}, seq_len=64, micro_batches=[1]) == []  # dense
@@ -32,7 +32,7 @@ def test_points_are_the_expert_shapes_at_a_few_experts_per_gpu() -> None:
     mixtral = {"hidden_size": 4096, "moe": {"num_experts": 8, "experts_per_token": 2,
                                             "expert_intermediate_size": 14336}}
     assert {(e, r) for e, r, _, _ in grouped_gemm_points(mixtral, seq_len=5, micro_batches=[1])} == {
-        (8, 16), (2, 16)}
+        (8, 16), (1, 16)}
 
 
 def test_a_dense_model_has_no_grouped_section() -> None:
