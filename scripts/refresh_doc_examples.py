@@ -3,7 +3,7 @@
 
 Finds the examples `tests/docs/test_examples.py` checks (the same parsing: `tests/docs/examples.py`):
 every `fsdp-planner plan` / `whatif` shown with its output, every `curl` to `POST /api/v1/plans` shown
-with the service's answer, and the accuracy report's two tables on `docs/fidelity.md`. It runs each
+with the service's answer, and the accuracy report's tables on `docs/fidelity.md`. It runs each
 command as the test does (the CLI in-process, 400 columns wide, in a scratch directory; a page that
 shows rows at its own width is matched at that width too), posts each request to the real app, and
 rewrites each shown line in place with its line of the new output: a shown line is matched to a printed
@@ -154,8 +154,10 @@ def markdown_row(cells: list[str], like: str) -> str:
 
 
 def refresh_report_tables(edits: PageEdits) -> None:
-    """Rewrite the accuracy page's fit and held-out tables from the stored report (each table is the
-    report's rows whole, so its body is replaced); the report's sentences in the prose are only checked."""
+    """Rewrite the accuracy page's report tables (fit, held-out, GPU types no fit run measured) from the
+    stored report: each table is the report's rows whole, so its body is replaced, in the page's table
+    with the report's columns that shares most rows with it. The report's sentences in the prose are
+    only checked."""
     report = json.loads((REPO / "planner" / "fidelity" / "report.json").read_text(encoding="utf-8"))
     text = edits.page.read_text(encoding="utf-8")
     tables = []  # (first body line number, body lines, rows) of each table
@@ -164,7 +166,7 @@ def refresh_report_tables(edits: PageEdits) -> None:
         lines = match[0].splitlines()
         tables.append((first + 2, lines[2:], [ex.table_cells(line) for line in lines[2:]]))
     used: set[int] = set()
-    for name, rows in (("fit", ex.fit_rows(report)), ("held-out", ex.held_out_rows(report))):
+    for name, rows in ex.report_tables(report):
         columns = len(rows[0])
         keys = {tuple(row[:2]) for row in rows}
         # The table with the report's columns that shares most rows (then most GPU/quantity pairs) with it.

@@ -262,6 +262,17 @@ def held_out_rows(report: dict[str, Any]) -> list[list[str]]:
     return report_rows(report["held_out_by_gpu"] + report["held_out_by_quantity"], loso=False)
 
 
+def unseen_gpu_rows(report: dict[str, Any]) -> list[list[str]]:
+    """The table of the GPU types no fit run measured (dense and mixture-of-experts runs together)."""
+    return report_rows(report["unseen_gpu_by_gpu"], loso=False)
+
+
+def report_tables(report: dict[str, Any]) -> list[tuple[str, list[list[str]]]]:
+    """The report's tables the accuracy page shows, by name, in the page's order."""
+    return [("fit", fit_rows(report)), ("held-out", held_out_rows(report)),
+            ("GPU types no fit run measured", unseen_gpu_rows(report))]
+
+
 TABLE = re.compile(r"(?:^\|.*\|\n)+", re.MULTILINE)
 
 
