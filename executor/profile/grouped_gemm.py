@@ -28,8 +28,8 @@ them): every expert on the GPU (FSDP alone), a node's share (expert parallelism 
 share of 64 (DeepSeek-V3's degree), so that the rows per expert range from a micro-batch's fewest to
 its most."""
 ROW_ALIGNMENT = 16
-"""Rows per expert are rounded up to this: the grouped kernel's tile height divides it, so the timing
-states the kernel's rate at the shape, not a padding accident that a router's counts would average."""
+"""Rows per expert are rounded up to a multiple of this, so that every group offset is aligned to 16
+bytes or more in any dtype (the kernel's weight gradient contracts over the rows and asks it)."""
 MAX_POINTS = 12
 """Points timed at most (projections x expert counts x micro-batches): a second or two on a GPU."""
 
