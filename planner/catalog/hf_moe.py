@@ -19,6 +19,7 @@ EXTENDED_ARCHITECTURES = (
     "Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM",
     "MixtralForCausalLM",
+    "DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM",
     "GptOssForCausalLM",
     "Llama4ForCausalLM",
@@ -39,7 +40,8 @@ def llama_extension(arch: str, config: dict[str, Any]) -> tuple[dict[str, Any], 
             experts_per_token=_int(config, "num_experts_per_tok"),
             expert_intermediate_size=_int(config, "intermediate_size"),
         )}
-    if arch == "DeepseekV3ForCausalLM":
+    if arch in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"):
+        # V2's config has V3's fields; its `topk_method` (greedy, group_limited_greedy) has no bias.
         return config, _deepseek_v3(config)
     if arch == "GptOssForCausalLM":
         return _gpt_oss(config)

@@ -62,6 +62,25 @@ def _deepseek(name: str, *, vocab: int, heads: int, experts: int, dense_layers: 
     )
 
 
+def _deepseek_v2_lite(name: str) -> ModelSpec:
+    # DeepSeek-V2-Lite (deepseek-ai/DeepSeek-V2-Lite config.json); torchtitan's `deepseek_v3` flavor
+    # "16B" (torchtitan/models/deepseek_v3/__init__.py) has exactly these dimensions: queries projected
+    # from the hidden state (q_lora_rank 0), 64 routed experts top-6 with softmax scores plus 2 shared,
+    # the first block dense. Its YaRN rope scaling (attention-score scale only) is not modelled.
+    return _moe(
+        name,
+        moe=MoeConfig(
+            num_experts=64, experts_per_token=6, expert_intermediate_size=1408, num_shared_experts=2,
+            first_dense_layers=1, router="softmax",
+        ),
+        latent_attention=LatentAttention(
+            kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128
+        ),
+        vocab_size=102400, hidden_size=2048, num_layers=27, num_heads=16, intermediate_size=10944,
+        max_seq_len=163840, rope_theta=10000.0, norm_eps=1e-6,
+    )
+
+
 def _gpt_oss(name: str, *, layers: int, experts: int) -> ModelSpec:
     # Priced as full attention with q/k/v biases: its attention sinks (one learned logit per head), the
     # output projection's bias (together under 0.01% of the parameters) and the sliding windows of
@@ -101,6 +120,7 @@ MOE_MODELS: tuple[ModelSpec, ...] = (
               rope_theta=10000.0),
     _deepseek("kimi-k2", vocab=163840, heads=64, experts=384, dense_layers=1, context=131072,
               rope_theta=50000.0),
+    _deepseek_v2_lite("deepseek-v2-lite"),
     _gpt_oss("gpt-oss-20b", layers=24, experts=32),
     _gpt_oss("gpt-oss-120b", layers=36, experts=128),
     _llama4("llama4-scout", experts=16, interval=1),

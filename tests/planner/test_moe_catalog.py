@@ -4,7 +4,7 @@ Each count is the model card's (or the release post's), quoted below. Where a ca
 significant digits or more the count here is within 1% of it; where it gives two (37B, 3.3B, 32B, 17B) it
 is within one unit of the last one, the card's own rounding. Conventions differ: OpenAI's gpt-oss card
 counts the active parameters without the input embedding (its table: embedding and unembedding apart),
-the others with every weight a token uses.
+and so does DeepSeek-V2-Lite's 2.4B, the others with every weight a token uses.
 """
 
 from __future__ import annotations
@@ -22,20 +22,25 @@ PUBLISHED: dict[str, tuple[float, float, str]] = {
     "qwen3-30b-a3b": (30.5e9, 3.3e9, "Qwen/Qwen3-30B-A3B card: 30.5B in total and 3.3B activated"),
     "qwen3-235b-a22b": (235e9, 22e9, "Qwen/Qwen3-235B-A22B card: 235B in total and 22B activated"),
     "deepseek-v3": (671e9, 37e9, "DeepSeek-V3 card: 671B total (main model, MTP apart), 37B activated"),
+    "deepseek-v2-lite": (15.7e9, 2.4e9, "DeepSeek-V2 paper, appendix: V2-Lite 15.7B total, 2.4B activated"),
     "kimi-k2": (1e12, 32e9, "moonshotai/Kimi-K2-Instruct card: 1T total, 32B activated"),
     "gpt-oss-20b": (20.91e9, 3.61e9, "OpenAI gpt-oss model card, table 1: 20.91B total, 3.61B active"),
     "gpt-oss-120b": (116.83e9, 5.13e9, "OpenAI gpt-oss model card, table 1: 116.83B total, 5.13B active"),
     "llama4-maverick": (400e9, 17e9, "meta-llama/Llama-4-Maverick-17B-128E card: 400B total, 17B active"),
 }
 
-TWO_DIGITS = {"deepseek-v3": 1e9, "qwen3-30b-a3b": 0.1e9, "kimi-k2": 1e9, "llama4-maverick": 1e9}
+TWO_DIGITS = {
+    "deepseek-v3": 1e9, "deepseek-v2-lite": 0.1e9, "qwen3-30b-a3b": 0.1e9, "kimi-k2": 1e9,
+    "llama4-maverick": 1e9,
+}
 """Active counts the cards give to two significant digits: checked within one unit of the last."""
 ROUNDED_TOTALS = {"kimi-k2": 0.05e12}
 """Totals the cards round further: Kimi K2's "1T" (it is DeepSeek-V3's architecture, whose 671B the
 same code counts to 0.01%, with 384 experts and 64 heads), checked within half a tenth of it."""
 
-EMBEDDING_APART = {"gpt-oss-20b", "gpt-oss-120b"}
-"""Cards whose active count leaves the input embedding out."""
+EMBEDDING_APART = {"gpt-oss-20b", "gpt-oss-120b", "deepseek-v2-lite"}
+"""Cards whose active count leaves the input embedding out (DeepSeek-V2-Lite's 2.4B: 2.45B without its
+0.21B input embedding, 2.66B with it; DeepSeek-V3's 37B reads either way at its two digits)."""
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))

@@ -24,6 +24,16 @@ DEEPSEEK_V3: dict[str, Any] = {
     "max_position_embeddings": 163840, "rms_norm_eps": 1e-06, "rope_theta": 10000,
     "tie_word_embeddings": False,
 }
+DEEPSEEK_V2_LITE: dict[str, Any] = {
+    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "vocab_size": 102400,
+    "hidden_size": 2048, "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 27,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "n_shared_experts": 2, "n_routed_experts": 64,
+    "routed_scaling_factor": 1.0, "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "greedy", "n_group": 1, "topk_group": 1,
+    "num_experts_per_tok": 6, "moe_layer_freq": 1, "first_k_dense_replace": 1, "norm_topk_prob": False,
+    "scoring_func": "softmax", "max_position_embeddings": 163840, "rms_norm_eps": 1e-06,
+    "rope_theta": 10000, "attention_bias": False, "tie_word_embeddings": False,
+}
 QWEN3_30B_A3B: dict[str, Any] = {
     "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 151936,
     "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48,
@@ -68,6 +78,7 @@ LLAMA4_MAVERICK: dict[str, Any] = {
 
 SAME_AS_CATALOG = [
     (DEEPSEEK_V3, "deepseek-v3"),
+    (DEEPSEEK_V2_LITE, "deepseek-v2-lite"),
     (QWEN3_30B_A3B, "qwen3-30b-a3b"),
     (QWEN3_8B, "qwen3-8b"),
     (GPT_OSS_20B, "gpt-oss-20b"),
