@@ -55,18 +55,21 @@ def plan_warnings(
     step = time.step_time_s
     exposed = time.exposed_comm_s
     if step > 0 and exposed / step >= COMM_BOUND_FRACTION:
-        out.append(
-            PlanWarning(
-                code="communication_bound",
-                message=(
-                    f"communication-bound: {exposed / step:.0%} of the step is exposed communication "
-                    f"({duration(exposed)} of {duration(step)}; MFU {mfu:.1%}): every micro-batch "
-                    f"moves the whole model's parameters and gradients while each GPU computes only "
-                    f"{micro_batch} x {seq_len} tokens, and more data-parallel GPUs do not change that. "
-                    f"{_what_cuts_communication(request)}"
-                ),
-            )
+        head = (
+            f"communication-bound: {exposed / step:.0%} of the step is exposed communication "
+            f"({duration(exposed)} of {duration(step)}; MFU {mfu:.1%})"
         )
+        # Where most of it is expert parallelism's token all-to-alls, the FSDP story (every
+        # micro-batch moves the whole model) is not what the step waits on: say what is.
+        if time.expert_parallel_s >= exposed / 2:
+            message = f"{head}, {duration(time.expert_parallel_s)} of it {_what_cuts_all_to_alls(request)}"
+        else:
+            message = (
+                f"{head}: every micro-batch moves the whole model's parameters and gradients while each "
+                f"GPU computes only {micro_batch} x {seq_len} tokens, and more data-parallel GPUs do not "
+                f"change that. {_what_cuts_communication(request)}"
+            )
+        out.append(PlanWarning(code="communication_bound", message=message))
     out.extend(
         PlanWarning(code="optimistic_throughput", message=slower.reason)
         for slower in evidence
@@ -99,6 +102,20 @@ def _experts_in_bf16(recipe: str, model: ModelCosts) -> list[PlanWarning]:
             f"so; {torchao}"
         ),
     )]
+
+
+def _what_cuts_all_to_alls(request: PlanRequest) -> str:
+    """What the expert-parallel all-to-alls are, and what would shrink them.
+
+    They carry every routed token to its experts' ranks and back, so their time grows with the
+    tokens a GPU computes: a larger batch does not shrink their share, unlike FSDP's gathers.
+    """
+    across = request.cluster.world_size > request.cluster.scaleup_gpus
+    return (
+        "is expert parallelism's token dispatch and combine all-to-alls: every routed token goes to "
+        "its experts' ranks and back, so more tokens per step do not shrink their share"
+        + ("; a faster network between nodes would cut it" if across else "")
+    )
 
 
 def _what_cuts_communication(request: PlanRequest) -> str:

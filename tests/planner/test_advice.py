@@ -184,6 +184,18 @@ def test_405b_on_1024_gpus_over_a_slow_network_warns_that_it_is_communication_bo
     assert larger.prediction.exposed_comm_s / larger.prediction.step_time_s < share / 1.5
 
 
+def test_a_plan_waiting_on_its_experts_all_to_alls_says_so_not_that_fsdp_moves_the_model() -> None:
+    # DeepSeek-V3 at ep 256 gathers none of its routed experts: nearly all of its exposed
+    # communication is the token dispatch and combine, which a larger batch does not shrink.
+    plan = make_plan(make_request("deepseek-v3", "32x8xH100", seq_len=4096, sequences=4096))
+    assert plan.config.mesh.ep > 1
+    assert plan.prediction.exposed_expert_parallel_s > plan.prediction.exposed_comm_s / 2
+    message = {w.code: w.message for w in plan.warnings}["communication_bound"]
+    assert "expert parallelism's token dispatch and combine all-to-alls" in message
+    assert "moves the whole model's parameters" not in message
+    assert "A larger global batch" not in message
+
+
 def test_a_plan_that_overlaps_its_communication_carries_no_warning(llama8b_request: PlanRequest) -> None:
     plan = make_plan(llama8b_request)
     assert plan.prediction.exposed_comm_s / plan.prediction.step_time_s < 0.25
