@@ -14,6 +14,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from executor.runtime import expert_parallel  # noqa: F401  (registers fsdp_planner::exchange_rows)
 from executor.runtime.models import ModelParts
 from executor.runtime.models.common import replace_block
 
@@ -36,6 +37,23 @@ _SAVE_OPS = {
     )
     if op is not None
 }
+# Op-level SAC keeps also what a mixture of experts must not redo (torchtitan's policy keeps the
+# same): the router's top-k, so that the recompute cannot send a token to other experts than forward
+# did (the scores are recomputed, and equal only up to kernel nondeterminism), and expert
+# parallelism's all-to-alls (the per-expert counts over the functional collective, the rows over
+# `exchange_rows`), so that backward never re-runs communication. The routed experts' grouped GEMMs
+# (`_grouped_mm`, or the loop operator off sm90) stay recomputed, as torchtitan leaves them: keeping
+# the first would hold k x expert width per token, what op-level SAC on MoE blocks saves by
+# recomputing; the planner prices their recompute (planner/cost/block_parts.py `moe_feed_forward`).
+_EXPERT_SAVE_OPS = {
+    op
+    for op in (
+        torch.ops.aten.topk.default,
+        _op("_c10d_functional", "all_to_all_single"),
+        torch.ops.fsdp_planner.exchange_rows.default,
+    )
+    if op is not None
+}
 MUST_SAVE, PREFER_RECOMPUTE = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
 # FP8 GEMMs (Float8 plans on FP8 GPUs; torchao's CPU emulation runs mm) count as matmuls too.
 _MATMULS = {
@@ -55,7 +73,8 @@ _GATHERS = {
 
 
 def _op_sac_context(*, keep_gathered_params: bool):
-    """Context functions for op-level SAC: save attention and every other matmul output."""
+    """Context functions for op-level SAC: save attention, every other matmul output, and a mixture
+    of experts' routing and all-to-alls (`_EXPERT_SAVE_OPS`)."""
 
     def policy_factory():
         mm_count: dict[str, int] = defaultdict(int)
@@ -64,7 +83,7 @@ def _op_sac_context(*, keep_gathered_params: bool):
             if func in _GATHERS:
                 # shard_grad_op keeps gathered parameters through backward; sharded plans re-gather.
                 return MUST_SAVE if keep_gathered_params else PREFER_RECOMPUTE
-            if func in _SAVE_OPS:
+            if func in _SAVE_OPS or func in _EXPERT_SAVE_OPS:
                 return MUST_SAVE
             if func in _MATMULS:
                 # Count forward and recompute separately so both passes pick the same matmuls.
