@@ -55,6 +55,14 @@ class BlockPart:
     experts' outputs before the combine."""
     expert_saved_elems: float = 0.0
     """Of `saved_elems`, the routed experts' own: their SwiGLU intermediates, the router's scores."""
+    op_routing_elems: float = 0.0
+    """Of `op_saved_elems`, the router's: its top-k values and indices, and its GEMM's output when
+    the matmul alternation keeps it (computed for the whole sequence on every tensor-parallel rank)."""
+    exchange_elems: float = 0.0
+    """Expert parallelism's all-to-all outputs per token: the rows received for the rank's experts
+    and the experts' outputs received back (k hidden-wide rows each). Op-level checkpointing keeps
+    them (its recompute never re-runs communication) once ep > 1: not in `op_saved_elems`, which is
+    the block without expert parallelism (`model_costs.expert_parallel_share` adds them)."""
 
     def __add__(self, other: BlockPart) -> BlockPart:
         return BlockPart(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
@@ -191,12 +199,14 @@ def dense_feed_forward(*, h: int, f: int) -> FeedForward:
     return FeedForward(part, ((h, (f, f)), (f, (h,))))
 
 
-def moe_feed_forward(*, h: int, moe: MoeConfig) -> FeedForward:
+def moe_feed_forward(*, h: int, moe: MoeConfig, matmuls_before: int = 4) -> FeedForward:
     """A mixture of experts: the RMSNorm; the router (an h x E GEMM, softmax or sigmoid scores, top-k);
     each token's rows gathered to its k experts (the dispatch), each routed expert a SwiGLU of
     `expert_intermediate_size` run as grouped GEMMs, the results scattered back and summed with the
     scores as weights (the combine); the shared experts, a SwiGLU every token runs; the residual add.
-    With `expert_bias` (gpt-oss) the router and the experts' projections carry biases."""
+    With `expert_bias` (gpt-oss) the router and the experts' projections carry biases.
+    `matmuls_before` is the block's matmuls ahead of this half (its attention's): op-level
+    checkpointing keeps every other matmul output of a block, counting from its first."""
     experts, k, fe = moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size
     shared = moe.num_shared_experts * moe.shared_size
     router = h * experts + (experts if moe.expert_bias else 0)
@@ -215,6 +225,19 @@ def moe_feed_forward(*, h: int, moe: MoeConfig) -> FeedForward:
     indices = 8 * k + (4 * k if moe.expert_bias else 0)
     dispatch = 3 * routed_rows + indices + k
     compiled_dispatch = 2 * routed_rows + indices
+    # Op-level checkpointing (executor/runtime/activation_checkpoint.py `_op_sac_context`, counted
+    # in tests/profile/test_moe_saved_tensors.py) keeps the router's top-k (fp32 values: 2 each,
+    # int64 indices: 4) and of the matmuls (router; shared w1, w3, w2) every other one, the block's
+    # odd ones; the grouped GEMMs are recomputed, and with them all three routed projections.
+    # (output width, weights) of the half's matmuls in forward order: the router, shared w1, w3, w2.
+    router_mm = (experts, h * experts)
+    shared_mms = ((shared, h * shared), (shared, h * shared), (h, shared * h)) if shared else ()
+    kept = [(matmuls_before + i) % 2 == 0 for i in range(1 + len(shared_mms))]  # the block's 1st, 3rd...
+    op_routing = 6 * k + (router_mm[0] if kept[0] else 0)
+    op_saved = op_routing + sum(width for (width, _), keep in zip(shared_mms, kept[1:], strict=True) if keep)
+    op_recompute = 3 * k * h * fe + sum(
+        weights for (_, weights), keep in zip((router_mm, *shared_mms), kept, strict=True) if not keep
+    )
     part = BlockPart(
         num_params=router + experts * per_expert + 3 * h * shared + h,
         matmul_params=h * experts + k * 3 * h * fe + 3 * h * shared,
@@ -231,8 +254,8 @@ def moe_feed_forward(*, h: int, moe: MoeConfig) -> FeedForward:
         saved_elems=3 * h + router_saved + renormalising_sum + dispatch + 4 * k * fe + 4 * shared,
         compiled_saved_elems=h + router_saved + compiled_dispatch + 3 * k * fe + 3 * shared,
         saved_fp32_elems=h,
-        op_saved_elems=h + experts + routed_rows + k * fe + shared,
-        op_recompute_matmul_params=k * h * fe + h * shared,
+        op_saved_elems=op_saved,
+        op_recompute_matmul_params=op_recompute,
         attention_output_elems=0.0,
         tensors=2 + (1 if moe.expert_bias else 0) + 3 + (2 if moe.expert_bias else 0) + (3 if shared else 0),
         replicated_params=h + router,  # the norm and the router, whole on every tensor-parallel rank
@@ -241,6 +264,8 @@ def moe_feed_forward(*, h: int, moe: MoeConfig) -> FeedForward:
         expert_matmul_params=k * 3 * h * fe,
         dispatch_elems=dispatch,
         expert_saved_elems=router_saved + renormalising_sum + 4 * k * fe,
+        op_routing_elems=op_routing,
+        exchange_elems=2 * routed_rows,
     )
     # The router reads the norm output with the shared experts' w1 and w3.
     dense = ((h, (experts, shared, shared)), (shared, (h,))) if shared else ((h, (experts,)),)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from planner.cost.memory import MemoryEstimate, SavedActivations, saved_activations
-from planner.cost.model_costs import ModelCosts, UnitCost, tensor_parallel_share
+from planner.cost.model_costs import ModelCosts, UnitCost, expert_parallel_share, tensor_parallel_share
 from planner.cost.setting import Choice, Setting
 
 
@@ -45,7 +45,9 @@ def expert_parts(setting: Setting, choice: Choice, memory: MemoryEstimate) -> Ex
     if choice.mesh.ep > 1:  # a rank gathers its num_experts / ep experts only
         local = largest.expert_params / choice.mesh.ep
         gathered_share = local / (largest.num_params - largest.expert_params + local)
-    ranked = replace(setting, model=tensor_parallel_share(model, choice.mesh.tp))
+    ranked = replace(
+        setting, model=expert_parallel_share(tensor_parallel_share(model, choice.mesh.tp), choice.mesh.ep)
+    )
     whole = saved_activations(ranked, choice)
     recompute = memory.moment == "backward recompute"
 
@@ -65,19 +67,26 @@ def _kept(saved: SavedActivations, recompute: bool) -> float:
     return saved.saved + (saved.recompute if recompute else 0.0)
 
 
+_OP_PARTS = {"expert_saved_elems": "op_routing_elems", "dispatch_elems": "exchange_elems"}
+"""What op-level checkpointing keeps of each part: the router's top-k and GEMM output; of the
+dispatch buffers, the expert-parallel all-to-alls' outputs (in `op_saved_elems` once ep > 1)."""
+
+
 def _routed_only(model: ModelCosts, field: str) -> ModelCosts:
-    """The model with each block keeping only its `field` part of what it saves (the same share of
-    what op-level checkpointing keeps), the head nothing: what `saved_activations` then counts is
-    that part's, under the same checkpointing."""
+    """The model with each block keeping only its `field` part of what it saves (and of what op-level
+    checkpointing keeps), the head nothing: what `saved_activations` then counts is that part's,
+    under the same checkpointing."""
     parts: dict[int, UnitCost] = {}
 
     def routed(block: UnitCost) -> UnitCost:
         if id(block) not in parts:
             elems = getattr(block, field)
-            op_share = block.op_saved_elems / block.saved_elems if block.saved_elems else 0.0
+            op_elems = getattr(block, _OP_PARTS[field])
+            if field == "dispatch_elems" and model.expert_parallel == 1:
+                op_elems = 0.0  # the local dispatch keeps nothing under op-level checkpointing
             parts[id(block)] = replace(
                 block, saved_elems=elems, compiled_saved_elems=elems, saved_fp32_elems=0.0,
-                op_saved_elems=elems * op_share, input_elems=0.0, attention_output_elems=0.0,
+                op_saved_elems=op_elems, input_elems=0.0, attention_output_elems=0.0,
                 gathered_elems=0.0, tp_collective_elems=0.0, kv_elems=0.0,
             )
         return parts[id(block)]

@@ -120,6 +120,16 @@ class UnitCost:
     expert_saved_elems: float = 0.0
     """Of `saved_elems`, the routed experts' own activations per token: their SwiGLU intermediates
     (4 x top-k x expert hidden) and the router's scores."""
+    op_routing_elems: float = 0.0
+    """Of `op_saved_elems`, a mixture of experts' router's: its top-k values and indices, and its
+    GEMM's output where op-level checkpointing's matmul alternation keeps it. Whole on every
+    tensor-parallel rank (each routes the whole sequence), and the routed experts' share of what
+    op-level checkpointing keeps (planner/cost/expert_memory.py)."""
+    exchange_elems: float = 0.0
+    """A mixture of experts' expert-parallel all-to-all outputs per token (the rows received for
+    the rank's experts, the experts' outputs received back: 2 x top-k x hidden), which op-level
+    checkpointing keeps so that backward never re-runs them: `expert_parallel_share` adds them to
+    `op_saved_elems` once ep > 1. Whole on every tensor-parallel rank, like `dispatch_elems`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +282,7 @@ def tensor_parallel_share(model: ModelCosts, tp: int) -> ModelCosts:
                     None if u.compiled_saved_elems is None else (u.compiled_saved_elems - whole) / tp + whole
                 ),
                 saved_fp32_elems=u.saved_fp32_elems / tp,
-                op_saved_elems=u.op_saved_elems / tp,
+                op_saved_elems=(u.op_saved_elems - u.op_routing_elems) / tp + u.op_routing_elems,
                 op_recompute_matmul_params=u.op_recompute_matmul_params // tp,
                 input_elems=u.input_elems if u is model.head else u.input_elems / tp,
                 attention_output_elems=u.attention_output_elems / tp,
@@ -303,7 +313,8 @@ def expert_parallel_share(model: ModelCosts, ep: int) -> ModelCosts:
     gathers and reduces for them, and their grouped GEMMs at the rows the whole group routes to them
     (`routed_experts` / ep experts at the same tokens x top-k rows per rank: each expert's rows x ep,
     planner/cost/gemm.py `expert_rows`). Per-token FLOPs, activations and dispatch buffers stay: a rank
-    receives as many routed rows as it sends. Repeated blocks stay one object."""
+    receives as many routed rows as it sends; op-level checkpointing keeps the all-to-alls' outputs
+    besides (`UnitCost.exchange_elems`). Repeated blocks stay one object."""
     if ep == 1:
         return model
     shares: dict[int, UnitCost] = {}
@@ -316,6 +327,7 @@ def expert_parallel_share(model: ModelCosts, ep: int) -> ModelCosts:
             shares[id(u)] = replace(
                 u,
                 num_params=u.num_params - u.expert_params + local,
+                op_saved_elems=u.op_saved_elems + u.exchange_elems,
                 expert_params=local,
                 inactive_params=u.inactive_params // ep,
                 routed_experts=u.routed_experts // ep,
@@ -452,6 +464,8 @@ def _llama_block(attention: Attention, ffn: FeedForward, *, h: int) -> UnitCost:
         inactive_params=part.inactive_params,
         dispatch_elems=part.dispatch_elems,
         expert_saved_elems=part.expert_saved_elems,
+        op_routing_elems=part.op_routing_elems,
+        exchange_elems=part.exchange_elems,
     )
 
 
@@ -464,7 +478,8 @@ def _llama_costs(spec: ModelSpec, seq_len: int) -> ModelCosts:
     if moe is None:
         blocks = (dense,) * spec.num_layers
     else:
-        routed = _llama_block(attention, moe_feed_forward(h=h, moe=moe), h=h)
+        ffn = moe_feed_forward(h=h, moe=moe, matmuls_before=attention.part.gemms)
+        routed = _llama_block(attention, ffn, h=h)
         blocks = tuple(routed if moe.is_moe_layer(i) else dense for i in range(spec.num_layers))
     # The vocabulary-parallel embedding reduce-scatters its output onto the sequence shards.
     embedding = replace(_embedding_unit(v * h, h, tensors=1), tp_collectives=1, tp_collective_elems=h)

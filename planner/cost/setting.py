@@ -82,6 +82,7 @@ class Choice:
         ))
         object.__setattr__(self, "activations_key", (
             tp, cp, self.checkpointing, self.every_k, self.compile, self.engine, saves_gathers,
+            self.mesh.ep,  # op-level checkpointing keeps the expert-parallel all-to-alls' outputs
         ))
 
     @property
