@@ -3,10 +3,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The dashboard's browser tests drive Debian's Chromium (never a downloaded one); they skip if it cannot be had.
-command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; } || echo "no chromium: browser tests will skip"
 # The generated launch scripts are linted with Debian's ShellCheck (tests/executor/launch_lint.py).
-command -v shellcheck >/dev/null || { apt-get update -q && apt-get install -y -q shellcheck; } \
-  || echo "NO SHELLCHECK: the launch-script lint tests will SKIP (apt-get install shellcheck)"
+# What is missing is installed in the background while pip installs the project (the two downloads overlap),
+# after one apt-get update; each package on its own, so one that cannot be had leaves the other installed.
+apt_packages=()
+command -v chromium >/dev/null || apt_packages+=(chromium)
+command -v shellcheck >/dev/null || apt_packages+=(shellcheck)
+apt_log=$(mktemp)
+trap 'rm -f "$apt_log"' EXIT
+apt_pid=
+if [ "${#apt_packages[@]}" -gt 0 ]; then
+  { apt-get update -q && for package in "${apt_packages[@]}"; do apt-get install -y -q "$package"; done; } \
+    >"$apt_log" 2>&1 &
+  apt_pid=$!
+fi
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
@@ -14,6 +24,13 @@ python -m pip install -q --upgrade pip
 python -m pip install -q -e '.[executor,dev]'
 ruff check .
 lint-imports
+if [ -n "$apt_pid" ]; then
+  wait "$apt_pid" || true
+  cat "$apt_log"
+fi
+rm -f "$apt_log"
+command -v chromium >/dev/null || echo "no chromium: browser tests will skip"
+command -v shellcheck >/dev/null || echo "NO SHELLCHECK: the launch-script lint tests will SKIP (apt-get install shellcheck)"
 if [ "$#" -gt 0 ]; then
   exec python -m pytest "$@"  # a selection of one's own runs as given
 fi
