@@ -220,14 +220,17 @@ AXES: tuple[Axis, ...] = (
         "experts' ranks and back by all-to-all inside the group. Not a factor of the world size.",
         search_field="expert_parallel_degrees",
         search_doc="Expert-parallel degrees to consider (`[8]` pins ep=8: each rank holds 1/8 of every "
-        "MoE block's routed experts). None: for a mixture-of-experts model every power of two that "
-        "divides num_experts and the data-parallel shard group (dp_shard x cp); dense models plan ep=1.",
+        "MoE block's routed experts). None: for a mixture-of-experts model, per mesh, ep=1, the largest "
+        "power of two dividing num_experts and the data-parallel shard group (dp_shard x cp) whose "
+        "all-to-alls stay inside a scale-up domain, and the largest of all; dense models plan ep=1.",
         cli_help="Pin the expert-parallel degrees to search (repeatable or comma-separated): --ep 8 "
         "holds 1/8 of the routed experts per rank (ep ranks are carved out of dp_shard x cp), --ep 1 "
-        "plans none. Default: every power of two dividing the experts and the shard group (MoE models).",
-        form_help="Empty: for a mixture-of-experts model the planner searches every power of two that "
-        "divides the experts and the shard group. A number pins it: 8 holds 1/8 of the experts per "
-        "rank; 1 plans none.",
+        "plans none. Default (MoE models): ep 1, the largest degree dividing the experts and the shard group "
+        "whose all-to-alls stay inside a node (or NVLink domain), and the largest of all.",
+        form_help="Empty: for a mixture-of-experts model the planner searches ep 1, the largest degree "
+        "dividing the experts and the shard group whose all-to-alls stay inside a node (or NVLink "
+        "domain), and the largest of all. A number pins it: 8 holds 1/8 of the experts per rank; 1 "
+        "plans none.",
         label="ep",
         optional=True,
         added_after_schema_2=True,

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from contract.mesh import WORLD_AXES, Mesh, mesh_problems
+from contract.mesh import WORLD_AXES, Mesh, axis, mesh_problems
 from contract.model_config import MoeConfig
 from contract.plan_document import parse_plan
 from executor.launch.bundle import bundle_files
@@ -83,6 +83,10 @@ def test_searched_for_moe_models_only() -> None:
     assert [m.ep for m in meshes] == [1, 4]  # dp_shard 4, tp 2: ep 4 x tp 2 fills the node
     pinned = data_parallel_meshes(_request(expert_parallel_degrees=[1, 2, 4]), tp=2)
     assert sorted({m.ep for s, m in pinned if s == "full_shard"}) == [1, 2, 4]
+    # The option's help (CLI, API schema, dashboard form) says the same, not "every power of two".
+    ep = axis("ep")
+    for text in (ep.cli_help, ep.search_doc, ep.form_help):
+        assert "largest of all" in text and "every power of two" not in text, text
 
 
 def test_each_rank_computes_its_experts_at_ep_times_the_rows() -> None:
