@@ -3,6 +3,7 @@ exactly; a job that does not match the plan's world size is refused with a clear
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -150,13 +151,25 @@ def test_tensor_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan) -
         assert r["tokens_per_s_per_gpu"] == pytest.approx(4 * 64 / 4 / r["step_time_s"], rel=1e-6)
 
 
-def _trains_like_one_rank(split_plan: Path, tmp_path: Path, write_plan, name: str, nproc: int = 2) -> None:
-    """`nproc` ranks of `split_plan` log one rank's losses, gradient norms and held-out losses (2
-    micro-batches of 1 sequence, 4 steps, evaluated every 2)."""
-    one = write_plan(debug_plan(gpus_per_node=1, micro_batch_size=1, grad_accum_steps=2), "one.json")
-    evals = ("--steps", "4", "--eval-every", "2", "--eval-batches", "1")
-    split = _train(split_plan, tmp_path, name, *evals, nproc=nproc)
-    single = _train(one, tmp_path, "one", *evals, nproc=1)
+EVALS = ("--steps", "4", "--eval-every", "2", "--eval-batches", "1")
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """The one-rank run the cp, pp and pp x cp plans are held to (2 micro-batches of 1 sequence, 4
+    steps, evaluated every 2): the same launch for each of them, so it runs once per module."""
+    tmp = tmp_path_factory.mktemp("one-rank")
+    one = tmp / "one.json"
+    one.write_text(json.dumps(debug_plan(gpus_per_node=1, micro_batch_size=1, grad_accum_steps=2)))
+    return _train(one, tmp, "one", *EVALS, nproc=1)
+
+
+def _trains_like_one_rank(
+    split_plan: Path, tmp_path: Path, single: list[dict], name: str, nproc: int = 2
+) -> None:
+    """`nproc` ranks of `split_plan` log one rank's (`single`'s) losses, gradient norms and held-out
+    losses (2 micro-batches of 1 sequence, 4 steps, evaluated every 2)."""
+    split = _train(split_plan, tmp_path, name, *EVALS, nproc=nproc)
     assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in single], rel=2e-5)
     assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
     evaluated = [(r["step"], r["eval_loss"]) for r in split if r.get("eval_loss") is not None]
@@ -166,17 +179,19 @@ def _trains_like_one_rank(split_plan: Path, tmp_path: Path, write_plan, name: st
 
 
 @pytest.mark.distributed
-def test_context_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan) -> None:
+def test_context_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan, one_rank: list[dict]) -> None:
     # cp 2: both ranks read the same 2 micro-batches of 1 sequence and keep half of each; the
     # trainer's losses (each rank logs its cp group's mean), gradient norms and held-out losses are
     # those of one rank taking the whole sequences (fp32; cp only reorders sums, see
     # test_context_parallel).
     cp = write_plan(debug_plan(gpus_per_node=2, cp=2, micro_batch_size=1, grad_accum_steps=2), "cp.json")
-    _trains_like_one_rank(cp, tmp_path, write_plan, "cp")
+    _trains_like_one_rank(cp, tmp_path, one_rank, "cp")
 
 
 @pytest.mark.distributed
-def test_pipeline_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan) -> None:
+def test_pipeline_parallel_plan_trains_like_one_rank(
+    tmp_path: Path, write_plan, one_rank: list[dict]
+) -> None:
     # pp 2 (1F1B, two stages of 2 blocks): both ranks read the same 2 micro-batches of 1
     # sequence, the first stage takes the inputs, the last the targets and the loss; the logged
     # losses (the last stage's), the gradient norms (clipped over both stages) and the held-out
@@ -185,18 +200,20 @@ def test_pipeline_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan)
     pp = write_plan(
         debug_plan(gpus_per_node=2, micro_batch_size=1, grad_accum_steps=2, pipeline=pipeline), "pp.json"
     )
-    _trains_like_one_rank(pp, tmp_path, write_plan, "pp")
+    _trains_like_one_rank(pp, tmp_path, one_rank, "pp")
 
 
 @pytest.mark.distributed
-def test_pipeline_with_context_parallel_plan_trains_like_one_rank(tmp_path: Path, write_plan) -> None:
+def test_pipeline_with_context_parallel_plan_trains_like_one_rank(
+    tmp_path: Path, write_plan, one_rank: list[dict]
+) -> None:
     # pp 2 x cp 2 on 4 ranks, cp inside each stage: the first stage's cp ranks keep half of each
     # sequence, the last stage's log their cp group's mean loss (the logged mean is over the last
     # stage's ranks); losses, gradient norms and held-out losses are still one rank's.
     pipeline = {"schedule": "1F1B", "stages_per_rank": 1, "stage_blocks": [2, 2]}
     document = debug_plan(gpus_per_node=4, cp=2, micro_batch_size=1, grad_accum_steps=2, pipeline=pipeline)
     both = write_plan(document, "ppcp.json")
-    _trains_like_one_rank(both, tmp_path, write_plan, "ppcp", nproc=4)
+    _trains_like_one_rank(both, tmp_path, one_rank, "ppcp", nproc=4)
 
 
 def test_world_size_mismatch_is_a_clear_error(write_plan) -> None:
