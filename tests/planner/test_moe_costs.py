@@ -9,8 +9,9 @@ import pytest
 from contract.model_config import LatentAttention, MoeConfig
 from planner.catalog.gpus import resolve_gpu
 from planner.catalog.models import catalog_model
+from planner.cost.block_parts import latent_attention, moe_feed_forward
 from planner.cost.gemm import _gemm_shapes, curve_seconds, expert_rows, matmul_seconds
-from planner.cost.model_costs import model_costs, tensor_parallel_share
+from planner.cost.model_costs import expert_parallel_share, model_costs, tensor_parallel_share
 from planner.cost.parameters import CostParameters, default_parameters
 from planner.specs import ClusterSpec, ModelSpec
 
@@ -78,6 +79,35 @@ def test_tensor_parallel_splits_experts_like_a_dense_mlp() -> None:
     assert routed.dispatch_elems == whole.dispatch_elems
     rest = whole.saved_elems - whole.gathered_elems - whole.dispatch_elems
     assert routed.saved_elems == rest / 2 + whole.gathered_elems + whole.dispatch_elems
+
+
+def test_op_level_checkpointing_of_moe_blocks_follows_the_matmul_alternation() -> None:
+    """The runtime's op-level policy keeps every other matmul output of a block (the 1st, 3rd, ...),
+    the router's top-k, and with expert parallelism both all-to-alls' outputs; it recomputes every
+    grouped expert GEMM (tests/profile/test_moe_saved_tensors.py counts what it keeps)."""
+    h, fe, shared, k, e = 256, 128, 128, 2, 8
+    after_four = moe_feed_forward(h=h, moe=MOE, matmuls_before=4).part  # grouped-query attention
+    after_five = moe_feed_forward(h=h, moe=MOE, matmuls_before=5).part  # latent attention with q_lora
+    # After four: the router (5th) and the shared experts' w3 (7th) kept, w1 and w2 recomputed.
+    assert after_four.op_saved_elems == 6 * k + e + shared
+    assert after_four.op_recompute_matmul_params == 3 * k * h * fe + 2 * h * shared
+    # After five: the router and w3 recomputed, w1 and w2 kept.
+    assert after_five.op_saved_elems == 6 * k + shared + h
+    assert after_five.op_recompute_matmul_params == 3 * k * h * fe + h * e + h * shared
+    latent = LatentAttention(q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                             v_head_dim=16)
+    costs = model_costs(_small(moe=MOE, latent_attention=latent), 1024)
+    attention = latent_attention(h=h, heads=8, latent=latent, seq_len=1024).part  # five matmuls
+    assert costs.blocks[1].op_saved_elems == attention.op_saved_elems + after_five.op_saved_elems
+
+    routed = model_costs(_small(moe=MOE), 1024).blocks[1]
+    # Tensor parallelism: the router's part stays whole (each rank routes the whole sequence).
+    tp2 = tensor_parallel_share(model_costs(_small(moe=MOE), 1024), 2).blocks[1]
+    router = routed.op_routing_elems
+    assert tp2.op_saved_elems == (routed.op_saved_elems - router) / 2 + router
+    # Expert parallelism: the rows received for the experts and their outputs received back.
+    ep2 = expert_parallel_share(model_costs(_small(moe=MOE), 1024), 2).blocks[1]
+    assert ep2.op_saved_elems == routed.op_saved_elems + 2 * k * h
 
 
 def test_latent_attention_params_and_flops() -> None:
