@@ -9,6 +9,7 @@ bundle's launch.sh on prepared text."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -85,23 +86,34 @@ def test_qk_norm_model_under_tensor_parallelism_trains_like_one_rank(tmp_path: P
     assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
 
 
+# gpt-oss-style expert and router biases, on 2 blocks.
+MOE_TINY = {
+    **LLAMA_DEBUG,
+    "num_layers": 2,
+    "moe": {"num_experts": 4, "experts_per_token": 2, "expert_intermediate_size": 128,
+            "num_shared_experts": 1, "expert_bias": True},
+}
+MOE_TINY_COMMON = {"micro_batch_size": 2, "grad_accum_steps": 1, "model": MOE_TINY, "name": "moe-tiny"}
+
+
+@pytest.fixture(scope="module")
+def moe_tiny_one_rank(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """One rank's 3 steps of MOE_TINY, which each engine's tp 2 run is held to: one launch for all three."""
+    tmp = tmp_path_factory.mktemp("moe-tiny-one")
+    one = tmp / "one.json"
+    one.write_text(json.dumps(debug_plan(gpus_per_node=1, **MOE_TINY_COMMON)))
+    return _train(one, tmp, "one", "--steps", "3", nproc=1)
+
+
 @pytest.mark.parametrize("engine", ["fsdp2", "simple_fsdp", "compiled"])
 def test_moe_model_under_tensor_parallelism_trains_like_one_rank(
-    tmp_path: Path, write_plan, engine: str
+    tmp_path: Path, write_plan, engine: str, moe_tiny_one_rank: list[dict]
 ) -> None:
     # tp 2: every expert's hidden units and the shared expert's split over the ranks, the router
     # replicated (its gradient, the auxiliary loss's included, summed over them once); gpt-oss-style
     # expert and router biases.
-    model = {
-        **LLAMA_DEBUG,
-        "num_layers": 2,
-        "moe": {"num_experts": 4, "experts_per_token": 2, "expert_intermediate_size": 128,
-                "num_shared_experts": 1, "expert_bias": True},
-    }
-    common = {"micro_batch_size": 2, "grad_accum_steps": 1, "model": model, "name": "moe-tiny"}
     compiled = {"compile": True, "bucket_mb": 64.0} if engine == "compiled" else {}
-    tp = write_plan(debug_plan(gpus_per_node=2, tp=2, **compiled, **common), "tp.json")
-    one = write_plan(debug_plan(gpus_per_node=1, **common), "one.json")
+    tp = write_plan(debug_plan(gpus_per_node=2, tp=2, **compiled, **MOE_TINY_COMMON), "tp.json")
     flags = {
         "fsdp2": (),
         "simple_fsdp": ("--engine", "simple_fsdp", "--no-compile"),
@@ -109,7 +121,7 @@ def test_moe_model_under_tensor_parallelism_trains_like_one_rank(
         "compiled": ("--compile-backend", "aot_eager"),
     }[engine]
     split = _train(tp, tmp_path, "tp", "--steps", "3", *flags)
-    single = _train(one, tmp_path, "one", "--steps", "3", nproc=1)
+    single = moe_tiny_one_rank
     assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in single], rel=2e-5)
     assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
 
