@@ -100,7 +100,9 @@ def _op_sac_context(*, keep_gathered_params: bool):
 def _recompute_all_context(*, keep_gathered_params: bool):
     """Whole-block recomputation as an SAC policy (see apply_activation_checkpointing): every op is
     recomputed except attention (whose output and softmax statistics are kept, as torchtitan does)
-    and communication."""
+    and the FSDP and tensor-parallel collectives. A mixture of experts' token exchange runs again
+    with its router (keeping its outputs would hold k rows per token, what whole-block checkpointing
+    is chosen to free; the planner prices the second exchange)."""
 
     def policy_factory():
         def policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:

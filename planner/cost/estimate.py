@@ -540,11 +540,12 @@ class _UnitTimes:
         tp_fwd = tp_s + cp_s
         tp_unit = tp_fwd + tp_back_s + cp_s + _recomputed_collectives(choice, u, index, tp_s=tp_s, cp_s=cp_s)
         # The all-to-alls run once forward, once backward (the transposed exchange) and again where
-        # the block is recomputed whole, like the cp all-gathers (op-level checkpointing keeps
-        # their outputs instead); reported apart from tp's.
+        # the block is recomputed whole, on every engine (the runtime's whole-block policies keep the
+        # FSDP and tensor-parallel collectives' outputs, not the token exchange's; op-level
+        # checkpointing keeps them instead); reported apart from tp's.
         ep_again = 0.0
-        if choice.checkpointing != "op_selective":
-            ep_again = _recomputed_collectives(choice, u, index, tp_s=0.0, cp_s=ep_s)
+        if choice.checkpointing != "op_selective" and index >= 0 and choice.is_checkpointed(index):
+            ep_again = ep_s
         ep_unit = 2 * ep_s + ep_again
         backward = BACKWARD_FLOPS_RATIO * f.total + ATTENTION_BACKWARD_EXTRA * f.attention
         backward += _recompute_time(choice, u, index, f) + tp_unit - tp_fwd + ep_unit - ep_s

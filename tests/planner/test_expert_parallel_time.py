@@ -50,6 +50,21 @@ def test_recomputed_blocks_exchange_their_tokens_again() -> None:
     )
 
 
+@pytest.mark.parametrize("sharding", ["full_shard", "shard_grad_op"])
+def test_compiled_whole_block_recompute_exchanges_the_tokens_again(sharding: str) -> None:
+    # The compiled engine's whole-block policy keeps the FSDP collectives' outputs (with shard_grad_op
+    # its gathered parameters too) but runs the token exchange again with the router, as the runtime
+    # does (executor/runtime/activation_checkpoint.py `_recompute_all_context`).
+    estimator = Estimator(build_setting(_request("2x8xH100")))
+    mesh = Mesh(dp_shard=16, ep=8)
+    kept = Choice(sharding=sharding, mesh=mesh, checkpointing="none", compile=True)
+    recomputed = Choice(sharding=sharding, mesh=mesh, checkpointing="full", compile=True)
+    assert recomputed.simple_fsdp and recomputed.checkpoint_policy_saves_communication
+    assert estimator.timing(recomputed).expert_parallel_s == pytest.approx(
+        1.5 * estimator.timing(kept).expert_parallel_s
+    )
+
+
 def test_an_ep_plan_reports_the_all_to_alls_apart_and_a_dense_plan_none() -> None:
     plan = make_plan(_request("2x8xH100", expert_parallel_degrees=[8], tensor_parallel_degrees=[2]))
     p = plan.prediction
