@@ -72,7 +72,10 @@ def test_bundle_runs_on_two_cpu_ranks_and_writes_a_profile(tmp_path: Path) -> No
         budget_s=6,
         name="bundle-cpu",
     )
-    env = {**os.environ, "NPROC_PER_NODE": "2", "PYTHON": os.environ.get("PYTHON", "python")}
+    # Scalar C++ kernels for the compiled steps: they compile faster on a 2-core machine (as job_env's in
+    # tests/executor/conftest.py), and what is checked here is that the bundle runs and writes its profile.
+    env = {**os.environ, "NPROC_PER_NODE": "2", "PYTHON": os.environ.get("PYTHON", "python"),
+           "TORCHINDUCTOR_VEC_ISA_OK": "0"}
     result = subprocess.run(
         [str(directory / "calibrate.sh")], env=env, capture_output=True, text=True, check=False, timeout=300
     )
