@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
@@ -614,12 +615,10 @@ def grouped_gemm_efficiency(profile: CalibrationProfile, dtype: str) -> float | 
     the catalog's value stays."""
     if profile.grouped_gemm is None:
         return None
-    ratios = sorted(s.efficiency for s in profile.grouped_gemm.samples if s.dtype == dtype)
+    ratios = [s.efficiency for s in profile.grouped_gemm.samples if s.dtype == dtype]
     if not ratios:
         return None
-    middle = len(ratios) // 2
-    median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
-    return min(1.0, median)
+    return min(1.0, statistics.median(ratios))
 
 
 def _step_model(profile: CalibrationProfile, sample: StepSample) -> ModelCosts:

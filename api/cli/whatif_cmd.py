@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import string
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -300,7 +299,7 @@ def _gpu_type(name: str, text: str) -> dict[str, Any]:
     """`H100` -> {gpu}; `4xH100` (one node) or `36xGB200` (one scale-up domain) -> {gpu, gpus_per_node,
     scaleup_domain_gpus}, read as `--cluster` reads the count (ClusterSpec.parse), for one node or domain:
     the study's sizes give how many."""
-    if name[:1] not in string.digits or not name:
+    if not name[:1].isdigit():
         return {"gpu": name}
     try:
         spec = ClusterSpec.parse(name)

@@ -501,6 +501,7 @@ def build_report(
     priced = [r for r in results if r.priced and r.split == "fit" and not r.moe]
     unseen = [r for r in results if r.priced and r.split == "held-out" and not r.moe]
     experts = [r for r in results if r.priced and r.moe]
+    unseen_gpu = _unseen_gpu_results(results)
     by_gpu = _summaries(priced, lambda r: r.gpu)
     by_quantity = _summaries(priced, lambda r: "all")
     held_out_by_gpu = _summaries(unseen, lambda r: r.gpu)
@@ -521,10 +522,8 @@ def build_report(
         moe_by_quantity=tuple(_summaries(experts, lambda r: "all")),
         moe_coverage=tuple(_coverage(experts)),
         unseen_gpu_by_gpu=tuple(
-            s for s in (
-                *_summaries(_unseen_gpu_results(results), lambda r: r.gpu),
-                *_summaries(_unseen_gpu_results(results), lambda r: "all"),
-            ) if s.quantity == "throughput"
+            s for s in (*_summaries(unseen_gpu, lambda r: r.gpu), *_summaries(unseen_gpu, lambda r: "all"))
+            if s.quantity == "throughput"
         ),
         intervals={
             "level": LEVEL,
