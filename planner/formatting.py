@@ -65,3 +65,12 @@ def between(low: float, high: float, *, decimals: int = 0) -> str:
 def money(usd: float) -> str:
     """US dollars at a glance: $0.42, $789, $45.6K, $87.8M."""
     return f"${usd:.2f}" if abs(usd) < 100 else f"${quantity(usd)}"
+
+
+BITS_PER_BYTE = 8
+
+
+def network_bandwidth(gbps_per_gpu: float) -> str:
+    """A cluster's stated scale-out network (GB/s per GPU) as NICs are sold and as GB/s:
+    `400 Gb/s per GPU (50 GB/s)`."""
+    return f"{gbps_per_gpu * BITS_PER_BYTE:,g} Gb/s per GPU ({gbps_per_gpu:,g} GB/s)"

@@ -39,6 +39,7 @@ from planner.specs import (
     UNION_TAG_PREFIX,
     ClusterSpec,
     GpusPerNode,
+    LinkOverrideGbps,
     ModelSpec,
     PlanRequest,
     PositiveInt,
@@ -135,13 +136,17 @@ class StudyGpu(StrictModel):
     def _one_gpu(self) -> ClusterSpec:
         return ClusterSpec(num_nodes=1, gpus_per_node=1, gpu=self.gpu, custom_gpu=self.custom_gpu)
 
-    def cluster(self, *, num_nodes: int, gpus_per_node: int) -> ClusterSpec:
+    def cluster(
+        self, *, num_nodes: int, gpus_per_node: int, inter_node_bandwidth_gbps: float | None = None
+    ) -> ClusterSpec:
         """`num_nodes` x `gpus_per_node` of this GPU type, in its scale-up domains where the nodes are whole
-        (a part of one node is on that node's fabric whatever the domain)."""
+        (a part of one node is on that node's fabric whatever the domain), on the study's network (None:
+        the GPU type's NIC)."""
         whole = gpus_per_node == self.node_size
         return ClusterSpec(num_nodes=num_nodes, gpus_per_node=gpus_per_node, gpu=self.gpu,
                            custom_gpu=self.custom_gpu,
-                           scaleup_domain_gpus=self.scaleup_domain_gpus if whole else None)
+                           scaleup_domain_gpus=self.scaleup_domain_gpus if whole else None,
+                           inter_node_bandwidth_gbps=inter_node_bandwidth_gbps)
 
     @property
     def name(self) -> str:
@@ -225,6 +230,12 @@ class StudyRequest(StrictModel):
     """Restrictions applied to every candidate's search."""
     deadline_days: Annotated[float, Field(gt=0, le=1e5, allow_inf_nan=False)] | None = None
     """Train within this many days: the study names the cheapest cluster that does."""
+    inter_node_bandwidth_gbps: LinkOverrideGbps | None = None
+    """The scale-out network every candidate cluster has between its nodes (between its scale-up
+    domains where those span nodes), GB/s per GPU, as a plan's `cluster.inter_node_bandwidth_gbps`:
+    50 for one 400 Gb/s NIC per GPU. None: each GPU type's catalog NIC (`inter_node_bandwidth_gbps` in
+    GET /api/v1/gpus), which each plan's tokens/s interval then spreads over the networks such clusters
+    have."""
 
     @model_validator(mode="after")
     def _consistent(self) -> StudyRequest:
@@ -255,11 +266,14 @@ class StudyRequest(StrictModel):
         return self
 
     @model_serializer(mode="wrap")
-    def _omit_mixed_precision_states(self, handler: SerializerFunctionWrapHandler) -> dict:
+    def _omit_unstated_additions(self, handler: SerializerFunctionWrapHandler) -> dict:
         # Studies in mixed precision (the default) serialise, and are stored, as before the field existed.
+        # So do studies on each GPU type's own network.
         data = handler(self)
         if data.get("state_dtype") == "float32":
             data.pop("state_dtype", None)
+        if data.get("inter_node_bandwidth_gbps") is None:
+            data.pop("inter_node_bandwidth_gbps", None)
         return data
 
     def sizes(self) -> list[int]:
@@ -337,7 +351,8 @@ class StudyCandidate(StudyCluster):
         try:
             request = PlanRequest(
                 model=study.model,
-                cluster=gpu.cluster(num_nodes=nodes, gpus_per_node=gpus_per_node),
+                cluster=gpu.cluster(num_nodes=nodes, gpus_per_node=gpus_per_node,
+                                    inter_node_bandwidth_gbps=study.inter_node_bandwidth_gbps),
                 training={"seq_len": study.seq_len, "global_batch_tokens": fields["global_batch_tokens"],
                           "precision": study.precision, "optimizer": study.optimizer,
                           "state_dtype": study.state_dtype},

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import BaseModel, ValidationError
@@ -18,11 +20,13 @@ from api.cli.exit_codes import EXIT_OOM as EXIT_OOM  # validate's; re-exported w
 from api.typed_numbers import MAX_ID, parse_decimal, parse_whole
 from contract.mesh import searched_axes
 from contract.plan_document import PlanError, schema_major, unwrap
-from planner.bounds import MAX_GLOBAL_BATCH_TOKENS, MAX_SEQ_LEN
+from planner.bounds import MAX_GLOBAL_BATCH_TOKENS, MAX_GPUS_PER_NODE, MAX_NODES, MAX_SEQ_LEN
+from planner.catalog.gpus import resolve_gpu
 from planner.catalog.models import resolve_model
-from planner.errors import describe_validation_error
+from planner.errors import UnknownCatalogEntryError, describe_validation_error
+from planner.formatting import BITS_PER_BYTE
 from planner.plan import Plan
-from planner.specs import ClusterSpec, ModelSpec
+from planner.specs import ASCII_DECIMAL, CLUSTER_PATTERN, ClusterSpec, LinkOverrideGbps, ModelSpec
 
 if TYPE_CHECKING:
     import httpx
@@ -53,6 +57,8 @@ CLI_OPTIONS: dict[str, str] = {
     "training.state_dtype": "--state-dtype",
     "gpus_per_node": "--cluster's GPUs per node",
     "scaleup_domain_gpus": "--cluster's GPUs per scale-up domain",
+    "cluster.inter_node_bandwidth_gbps": "--network",
+    "inter_node_bandwidth_gbps": "--network",
     "top_k": "--top",
     "token_budget": "--tokens",
     "cluster_sizes": "--sizes",
@@ -181,6 +187,69 @@ STORED_ID = whole_number(unit="(a stored id)", low=1, high=MAX_ID)
 TCP_PORT = whole_number(unit="(a TCP port)", low=1, high=65535)
 
 
+_LINK_RULES = typing.get_args(LinkOverrideGbps)[1].metadata
+_NETWORK_TEXT = re.compile(
+    rf"(?P<number>{ASCII_DECIMAL.pattern})\s*(?P<prefix>[MmGgTt])(?P<unit>|b|b/s|bps|bit/s|B|B/s|Bps)"
+)
+"""`400G`, `400Gb/s`, `400 Gbps`, `1.6T` (bits: a NIC's port speed, `G` alone as Ethernet names it) or
+`50GB/s`, `50GB` (bytes): the prefix in either case, the unit's b or B as written (bits or bytes)."""
+_NETWORK_PREFIXES = {"m": 1e-3, "g": 1.0, "t": 1e3}
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkBandwidth:
+    """The parser of `--network`: the scale-out network's bandwidth per GPU, typed as a NIC is sold
+    (`400G`, `400Gb/s`) or in bytes (`50GB/s`), read as GB/s per GPU (ClusterSpec's
+    `inter_node_bandwidth_gbps`), within the bounds of its type (`LinkOverrideGbps`). A bare number is
+    refused: 400 could be either unit, eight times apart."""
+
+    unit: str = "Gb/s per GPU"
+    """As its help states it (it reads GB/s too)."""
+    low: float = next(rule.ge for rule in _LINK_RULES if getattr(rule, "ge", None) is not None)
+    """GB/s per GPU."""
+    high: float = next(rule.le for rule in _LINK_RULES if getattr(rule, "le", None) is not None)
+
+    def describe(self) -> str:
+        """`Range: 0.08 to 800,000 Gb/s per GPU (0.01 to 100,000 GB/s).`"""
+        return (f"Range: {self.low * BITS_PER_BYTE:,g} to {self.high * BITS_PER_BYTE:,g} {self.unit} "
+                f"({self.low:,g} to {self.high:,g} GB/s).")
+
+    def __call__(self, raw: str | float) -> float:
+        if isinstance(raw, int | float):  # a default
+            return float(raw)
+        text = raw.strip()
+        match = _NETWORK_TEXT.fullmatch(text) if len(text) <= MAX_NETWORK_TEXT else None
+        number = parse_decimal(match.group("number")) if match else None
+        if match is None or number is None:
+            written = ("has no unit" if parse_decimal(text) is not None
+                       else "is not a bandwidth per GPU in the digits 0-9 and a unit")
+            raise typer.BadParameter(
+                f"{raw!r} {written}: write Gb/s per GPU as 400G (or 400Gb/s), or GB/s per GPU as 50GB/s"
+            )
+        gbps = number * _NETWORK_PREFIXES[match.group("prefix").lower()]
+        if not match.group("unit").startswith("B"):
+            gbps /= BITS_PER_BYTE
+        if not self.low <= gbps <= self.high:
+            raise typer.BadParameter(
+                f"{raw} is out of range: give {self.describe().removeprefix('Range: ').removesuffix('.')}, "
+                "e.g. 400G"
+            )
+        return gbps
+
+
+MAX_NETWORK_TEXT = 40
+"""Longer than any bandwidth typed (`800Gb/s`, `1.6e3 Gbit/s`)."""
+NETWORK = NetworkBandwidth()
+NetworkOption = Annotated[float | None, typer.Option(
+    "--network", parser=NETWORK, metavar="BANDWIDTH",
+    help="The scale-out network between nodes (between scale-up domains where those span nodes), per "
+    "GPU: Gb/s as a NIC is sold, 400G or 400Gb/s (one 400G NIC per GPU), or GB/s as 50GB/s. Default: the "
+    "GPU type's usual NIC (inter_node_bandwidth_gbps in GET /api/v1/gpus), which the plan's interval "
+    "then spreads over the networks such clusters have.",
+)]
+"""`--network` of every command that takes `--cluster`: GB/s per GPU, or None (the catalog's NIC)."""
+
+
 def field_bounds(model: type[BaseModel], name: str) -> tuple[int, int]:
     """The bounds a pydantic model declares for its whole-number field `name` (`Field(ge=1, le=50)`):
     an option that sets that field states the same bounds, read from the one declaration."""
@@ -239,39 +308,111 @@ def model_from_options(*, model: str | None, hf_config: Path | None, layer_graph
     return resolve_model(read_json_file(layer_graph, "--layer-graph"))
 
 
-def cluster_from_options(*, cluster: str | None, cluster_file: Path | None = None) -> ClusterSpec:
+def cluster_from_options(
+    *, cluster: str | None, cluster_file: Path | None = None, network: float | None = None
+) -> ClusterSpec:
     """The cluster of `--cluster NODESxGPUSxGPU` or `--cluster-file FILE` (exactly one), read by the
-    planner's one parser with the bounds of every other spelling; a bad one fails with one line per
-    problem (exit 2), naming the format or the bound."""
+    planner's one parser with the bounds of every other spelling, on the network of `--network` (GB/s
+    per GPU, over the file's) where given; a bad one fails with one line per problem (exit 2), naming
+    the format or the bound."""
     if (cluster is None) == (cluster_file is None):
         raise fail("give exactly one of --cluster NODESxGPUSxGPU or --cluster-file FILE")
     if cluster is not None:
         try:
-            return ClusterSpec.parse(cluster)
+            spec = ClusterSpec.parse(cluster)
         except ValidationError as exc:
             # The string is one option: its problems name it, not the API's fields (`cluster.gpu`).
-            raise fail([f"--cluster {cluster}: {line}" for line in error_messages(exc)]) from None
-    assert cluster_file is not None
-    try:
-        return ClusterSpec.model_validate(read_json_file(cluster_file, "--cluster-file"))
-    except ValidationError as exc:
-        lines = describe_validation_error(exc)
-        raise fail([f"--cluster-file {cluster_file}: {line}" for line in lines]) from None
+            lines = error_messages(exc, text=cluster)
+            raise fail([f"--cluster {cluster}: {line}" for line in lines]) from None
+    else:
+        assert cluster_file is not None
+        try:
+            spec = ClusterSpec.model_validate(read_json_file(cluster_file, "--cluster-file"))
+        except ValidationError as exc:
+            lines = describe_validation_error(exc)
+            raise fail([f"--cluster-file {cluster_file}: {line}" for line in lines]) from None
+    if network is None:
+        return spec
+    # Validated again (not model_copy): the one check of every field, NETWORK having kept its bounds.
+    return ClusterSpec.model_validate({**spec.model_dump(), "inter_node_bandwidth_gbps": network})
+
+
+def network_unused(cluster: ClusterSpec) -> str | None:
+    """Why `--network` changes nothing on `cluster`, where it does not: its GPUs share one scale-up
+    fabric (one node, or one NVL72 rack), which carries all their traffic."""
+    if cluster.inter_node_bandwidth_gbps is None or cluster.world_size > cluster.scaleup_gpus:
+        return None
+    where = "one node" if cluster.num_nodes == 1 else f"one scale-up domain of {cluster.scaleup_gpus} GPUs"
+    return (f"--network: {cluster.text()} is {where}, whose GPUs talk over their scale-up fabric; the "
+            "network between nodes carries none of its traffic")
 
 
 CLUSTER_PARTS = {"num_nodes": "nodes", "gpus_per_node": "GPUs per node", "gpu": ""}
 """The parts of a `--cluster NODESxGPUSxGPU` string, as its refusals name them (the GPU's own message
 says `unknown GPU`)."""
+_CLUSTER_TEXT = re.compile(CLUSTER_PATTERN)
+_BOUNDS = ("less_than_equal", "greater_than_equal")
 
 
-def error_messages(exc: ValidationError) -> list[str]:
-    """Each problem of a `--cluster` string, naming the part of the string rather than the field."""
+def error_messages(exc: ValidationError, *, text: str | None = None) -> list[str]:
+    """Each problem of a `--cluster` string, naming the part of the string rather than the field; a
+    count out of its bounds says which bound and what to ask for instead, with a cluster to write
+    where `text` (the whole cluster as typed) gives one."""
     lines = []
     for error in exc.errors():
+        field = str(error["loc"][0]) if len(error["loc"]) == 1 else ""
+        if field in _COUNT_WORDS and error["type"] in _BOUNDS:
+            lines.append(_count_out_of_bounds(field, error, text))
+            continue
         message = str(error["msg"]).removeprefix("Value error, ")
-        part = CLUSTER_PARTS.get(str(error["loc"][0]), str(error["loc"][0])) if error["loc"] else ""
+        part = CLUSTER_PARTS.get(field, field) if error["loc"] else ""
         lines.append(f"{part}: {message}" if part else message)
     return lines
+
+
+_COUNT_WORDS = {
+    "num_nodes": ("nodes", "a plan may span", "node", ""),
+    "gpus_per_node": ("GPUs per node", "a node may hold", "GPU per node",
+                      " per node, more GPUs as more nodes"),
+    "scaleup_domain_gpus": ("GPUs in one scale-up domain", "one fabric may join", "GPU per domain",
+                            " per domain, more GPUs as more domains"),
+}
+"""Each count of the cluster text: its words, what its upper bound is, its lower bound's unit, and how
+to ask for as many GPUs within the upper bound."""
+
+
+def _count_out_of_bounds(field: str, error: Any, text: str | None) -> str:
+    """`5,000 nodes is more than the 4,096 a plan may span; ask for at most 4,096 (e.g. 4096x8xH100)`."""
+    words, what, least, instead = _COUNT_WORDS[field]
+    value, context = error["input"], error.get("ctx", {})
+    if error["type"] == "greater_than_equal":
+        return f"{value} {words}: ask for at least {context['ge']} {least}"
+    bound = context["le"]
+    example = _within(field, bound, text) if text is not None else None
+    return (f"{value:,} {words} is more than the {bound:,} {what}; ask for at most {bound:,}{instead}"
+            + (f" (e.g. {example})" if example else ""))
+
+
+def _within(field: str, bound: int, text: str) -> str | None:
+    """A cluster like `text` within the bound that `field` broke: as many nodes as allowed, or the same
+    GPUs counted in the GPU type's own nodes (or scale-up domains); None where that is no cluster."""
+    match = _CLUSTER_TEXT.fullmatch(text)
+    if match is None:
+        return None
+    nodes, gpus, gpu = int(match.group(1) or 1), int(match.group(2)), match.group(3)
+    if field == "num_nodes":
+        return f"{bound}x{gpus}x{gpu}" if gpus <= MAX_GPUS_PER_NODE else None
+    try:
+        spec = resolve_gpu(gpu)
+    except UnknownCatalogEntryError:
+        return None
+    unit = spec.scaleup_domain_gpus if field == "scaleup_domain_gpus" else spec.default_gpus_per_node
+    if not unit or nodes > MAX_NODES:
+        return None
+    count = math.ceil(nodes * gpus / unit)
+    if count * unit > MAX_NODES * spec.default_gpus_per_node:
+        return None
+    return f"{count}x{unit}x{gpu} is {count * unit:,} GPUs"
 
 
 class ServerClient:

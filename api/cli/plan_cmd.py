@@ -16,6 +16,7 @@ from api.cli.common import (
     BATCH_TOKENS,
     EXIT_INFEASIBLE,
     SEQUENCE_TOKENS,
+    NetworkOption,
     check_one_model,
     cluster_from_options,
     cpu_precision_note,
@@ -23,6 +24,7 @@ from api.cli.common import (
     field_bounds,
     in_cli_terms,
     model_from_options,
+    network_unused,
     read_json_file,
     whole_number,
 )
@@ -38,7 +40,7 @@ from contract.training_config import precision_label
 from planner.calibration import CalibrationProfile
 from planner.cost.memory import MEMORY_TERMS
 from planner.errors import InfeasiblePlanError, PlanningError, describe_validation_error
-from planner.formatting import between, duration, quantity
+from planner.formatting import between, duration, network_bandwidth, quantity
 from planner.plan import EXPERT_MEMORY_LABELS, ExpertMemory, Plan, PredictionInterval
 from planner.precheck import read_request
 from planner.rejected_summary import summarize_rejected
@@ -78,6 +80,7 @@ def plan(
         Path | None,
         typer.Option("--cluster-file", help="JSON cluster spec (num_nodes, gpus_per_node, gpu, ...)."),
     ] = None,
+    network: NetworkOption = None,
     seq_len: Annotated[int, typer.Option(
         "--seq-len", parser=SEQUENCE_TOKENS, help="Tokens per sequence.",
     )] = 2048,
@@ -139,7 +142,7 @@ def plan(
 ) -> None:
     """Find the fastest FSDP configuration that fits, and say why."""
     check_one_model(model, hf_config, layer_graph)
-    cluster_spec = cluster_from_options(cluster=cluster, cluster_file=cluster_file)
+    cluster_spec = cluster_from_options(cluster=cluster, cluster_file=cluster_file, network=network)
     if global_batch_tokens is None:
         raise fail("--global-batch-tokens is required (tokens per optimizer step over all GPUs)")
     search = search_pins(
@@ -185,8 +188,9 @@ def plan(
         print_plan(result, Console(), verbose=verbose)
         if output is not None:
             Console().print(f"\nPlan written to {output}")
-    if note := cpu_precision_note(result):
-        Console(stderr=True).print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    for note in (cpu_precision_note(result), network_unused(cluster_spec)):
+        if note:
+            Console(stderr=True).print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
 
 
 def search_pins(
@@ -249,6 +253,8 @@ def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
         f"{p.cluster.num_nodes}x{p.cluster.gpus_per_node} {gpu.name} "
         f"({p.cluster.ranks()}{p.cluster.domains()}), "
         f"seq {p.training.seq_len}, {p.training.global_batch_tokens:,} tokens/step"
+        + (f", network {network_bandwidth(p.cluster.inter_node_bandwidth_gbps)}"
+           if p.cluster.inter_node_bandwidth_gbps is not None else "")
         + (f", {precision_label(p.training.precision, p.training.state_dtype)}"
            if p.training.state_dtype == "bfloat16" else "")
         + (f", calibration {p.calibration_id}" if p.calibration_id else ", uncalibrated")

@@ -27,8 +27,10 @@ from api.cli.common import (
     BATCH_TOKENS,
     EXIT_FAILED,
     SEQUENCE_TOKENS,
+    NetworkOption,
     ServerClient,
     decimal_number,
+    error_messages,
     fail,
     in_cli_terms,
     model_from_options,
@@ -39,7 +41,7 @@ from api.cli.plan_cmd import CHECKPOINT_MODES, FLOAT8_CHOICES, SHARDINGS, search
 from api.typed_numbers import parse_decimal
 from contract.training_config import precision_label
 from planner.errors import PlanningError, describe_validation_error
-from planner.formatting import duration, money, quantity
+from planner.formatting import duration, money, network_bandwidth, quantity
 from planner.specs import ClusterSpec
 from planner.study import (
     DEFAULT_PRICES_PER_GPU_HOUR,
@@ -88,6 +90,7 @@ def whatif(
         help="Cluster sizes in GPUs: a list (64,128,512), a doubling range (8-4096) or a stepped one "
         "(64-512:+64).",
     )] = "8-1024",
+    network: NetworkOption = None,
     seq_len: Annotated[int, typer.Option(
         "--seq-len", parser=SEQUENCE_TOKENS, help="Tokens per sequence.",
     )] = 4096,
@@ -141,6 +144,7 @@ def whatif(
         **({"batch_rule": "per_gpu", "batch_tokens_per_gpu": batch_tokens_per_gpu}
            if batch_tokens_per_gpu is not None else {"global_batch_tokens": global_batch_tokens}),
         **({"deadline_days": deadline_days} if deadline_days is not None else {}),
+        **({"inter_node_bandwidth_gbps": network} if network is not None else {}),
     }
     if global_batch_tokens is None and batch_tokens_per_gpu is None:
         raise fail("give --global-batch-tokens (fixed batch) or --batch-tokens-per-gpu (batch grows with the "
@@ -304,7 +308,7 @@ def _gpu_type(name: str, text: str) -> dict[str, Any]:
     try:
         spec = ClusterSpec.parse(name)
     except ValidationError as exc:
-        raise fail([f"--gpu {text!r}: {line}" for line in describe_validation_error(exc)]) from None
+        raise fail([f"--gpu {text!r}: {line}" for line in error_messages(exc)]) from None
     if spec.world_size != spec.scaleup_gpus:
         raise fail(f"--gpu {text!r}: give the GPUs of one node or one scale-up domain (e.g. 36xGB200); "
                    "--sizes gives how many GPUs each candidate cluster has")
@@ -319,6 +323,8 @@ def print_study(study: StudyRequest, summary: StudySummary, console: Console) ->
         + (f"{study.global_batch_tokens:,} tokens/step" if study.batch_rule == "fixed"
            else f"{study.batch_tokens_per_gpu:,} tokens/step per GPU")
         + (f", deadline {study.deadline_days:g} days" if study.deadline_days else "")
+        + (f", network {network_bandwidth(study.inter_node_bandwidth_gbps)}"
+           if study.inter_node_bandwidth_gbps is not None else "")
         + (f", {precision_label(study.precision, study.state_dtype)}"
            if study.state_dtype == "bfloat16" else "")
     )

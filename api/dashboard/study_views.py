@@ -8,7 +8,7 @@ from api.dashboard import charts
 from api.dashboard.formatting import days, percent, thousands
 from api.dashboard.plan_views import Row
 from api.schemas.studies import StudyDetail, StudyPointOut
-from planner.formatting import money, quantity
+from planner.formatting import money, network_bandwidth, quantity
 from planner.study import StudyRequest
 
 
@@ -71,6 +71,12 @@ def input_rows(study: StudyDetail) -> list[Row]:
              else f"{thousands(request.batch_tokens_per_gpu)} tokens per step per GPU (grows with the "
                   "cluster)")
     search = request.search.model_dump(exclude_defaults=True)
+    stated = request.inter_node_bandwidth_gbps
+    network = (
+        Row("Network between nodes", network_bandwidth(stated), "stated by the study") if stated is not None
+        else Row("Network between nodes", "each GPU type's catalog NIC",
+                 "not stated: each plan's tokens/s interval spans the networks such clusters have")
+    )
     return [
         Row("Model", request.model.name),
         Row("Token budget", f"{thousands(request.token_budget)} ({quantity(request.token_budget)})"),
@@ -83,6 +89,7 @@ def input_rows(study: StudyDetail) -> list[Row]:
             for gpu in request.gpus
         ), "calibrated where a profile is named; catalog peaks otherwise"),
         Row("Cluster sizes", ", ".join(str(size) for size in request.sizes()) + " GPUs"),
+        network,
         Row("Deadline", f"{request.deadline_days:g} days" if request.deadline_days else "none"),
         Row("Search restrictions",
             "; ".join(f"{k}: {v}" for k, v in search.items()) if search else "none (everything searched)"),

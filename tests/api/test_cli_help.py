@@ -21,7 +21,7 @@ from typer.core import TyperOption
 from typer.testing import CliRunner
 
 from api.cli.commands import COMMANDS, load_command
-from api.cli.common import DecimalNumber, WholeNumber
+from api.cli.common import DecimalNumber, NetworkBandwidth, WholeNumber
 from api.cli.exit_codes import EXIT_CODES, markdown_table
 from api.cli.main import app
 from tests.planner.test_specs import HF_LLAMA3
@@ -80,7 +80,9 @@ def test_every_number_option_states_its_unit_and_bounds(path: str) -> None:
         if option.is_flag or option.type_descriptor.annotation not in (int, float):
             continue
         parser = option.type_descriptor.parameter_info.parser
-        assert isinstance(parser, WholeNumber | DecimalNumber), f"{path} {option.opts}: no bounded parser"
+        assert isinstance(parser, WholeNumber | DecimalNumber | NetworkBandwidth), (
+            f"{path} {option.opts}: no bounded parser"
+        )
         assert parser.unit, f"{path} {option.opts}: no unit"
         assert parser.describe() in text, f"{path} {option.opts}: help does not state {parser.describe()!r}"
 
