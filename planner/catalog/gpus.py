@@ -173,12 +173,24 @@ _L40S = GpuSpec(
 # Blackwell systems measured it: MI300X 668.4 TF (torch 2.5.1, ROCm 6.3, TunableOp on: the table's
 # current row; an older one had 782 TF on ROCm 6.2 at another shape), MI325X 784.9 TF (ROCm 6.2,
 # TunableOp on, 1,000 W), MI355X 1,565 TF (torch 2.8, ROCm 7.0.2, TunableOp off), each over its
-# datasheet peak. Attention: Azure's AI benchmarking guide (its Azure_Results/ND_MI300X_v5_results.md
-# and ND_H100_v5_results.md, as in the fork samuel-bohman/AI-benchmarking-guide) times FlashAttention-2
-# at seq 8192, batch 2, in the same harness: 328.6 TF on an ND MI300X v5 (head dim 64), 327.9 TF on an
-# ND H100 v5 (head dim 128). MI300X and MI325X (the same die) take the H100's `attention_efficiency`
-# scaled by the two shares of peak (328.6 / 1,307.4 against 327.9 / 989.4): 0.265; the MI300X's smaller
-# head dim makes it, if anything, low. MI355X has no published figure and keeps the H100's. Float8
+# datasheet peak. Attention is what torch's own flash-attention op runs on ROCm (its SDPA backend, by
+# default AOTriton's Triton kernels: torch.backends.cuda.preferred_rocm_fa_library), the kernel the
+# planner's engines call. AMD's "Deep Dive into Primus" (ROCm blogs, 2026-01-15) profiles Llama 3.1 70B
+# on Primus's TorchTitan backend without its kernel library on MI300-class GPUs (seq 8192, full
+# checkpointing, Tables 1-2): aten::mm 67.43% of the step, aten::_flash_attention_backward 19.47%,
+# _forward 7.48%. At that model's FLOPs (causal attention 2 s h per token and layer, recomputed, its
+# backward 2.5x; every linear and the output head) attention's FLOPs are 0.0872 of the GEMMs' and its
+# time 0.400: it runs at 0.218 of the GEMMs' rate, 0.222 at the 16k sequence the figure is quoted at
+# (`sequence_scale`). Those are 70B's large GEMMs, which the catalog's ceiling (a lone large GEMM's
+# MAMF) describes; like every attention figure here it is a kernel's, before the training share the
+# corpus fits for GEMMs: MI300X 0.222 x 0.511 = 0.113 and MI325X 0.222 x 0.6 = 0.133 of peak. The
+# same blog's Figure 1 puts AMD's AITER kernels (the attention Primus-Turbo switches to) at 47% less
+# forward and 75% less backward latency: 3.05x the native op (the corpus' `aiter` attention kernel).
+# FlashAttention-2's CK port sits between the two: Azure's AI benchmarking guide
+# (Azure_Results/ND_MI300X_v5_results.md, as in the fork samuel-bohman/AI-benchmarking-guide) times it
+# at 328.6 TF on an ND MI300X v5 (seq 8192, head dim 64), 0.25 of peak, the figure the catalog took
+# before, which torch's op does not reach.
+# MI355X has no published figure and keeps the H100's. Float8
 # runs on all three (torchao picks the e4m3fnuz encoding on MI300X and MI325X); torchao's MX training
 # kernels are CUDA's, so no MXFP8 here.
 _MI300X = GpuSpec(
@@ -194,7 +206,7 @@ _MI300X = GpuSpec(
     nominal_memory_gb=192,
     board_power_w=750,
     matmul_efficiency=0.511,  # MAMF 668.4 of 1,307.4 TF
-    attention_efficiency=0.265,
+    attention_efficiency=0.113,  # torch's flash op: 0.222 of the GEMM ceiling (above)
     chip="CDNA3",
     sm_count=304,
 )
@@ -209,6 +221,7 @@ _AMD_INSTINCT = (
         "nominal_memory_gb": 256,
         "board_power_w": 1000,
         "matmul_efficiency": 0.6,  # MAMF 784.9 of 1,307.4 TF
+        "attention_efficiency": 0.133,  # 0.222 x 0.6
     }),
     GpuSpec(
         name="MI355X",

@@ -25,7 +25,7 @@ CheckpointPolicy = Literal["none", "full", "selective_layer", "selective_op", "f
 CompileScope = Literal["none", "per_block", "whole_model"]
 RunPrecision = Literal["bf16", "float8_tensorwise", "float8_rowwise", "mxfp8", "fp16", "fp32"]
 MemoryCounter = Literal["reserved", "allocated", "nvidia-smi", "unknown"]
-AttentionKernel = Literal["flash2", "flash1"]
+AttentionKernel = Literal["flash2", "flash1", "aiter"]
 Fraction = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
@@ -197,7 +197,9 @@ class RunConfig(CorpusModel):
     attention: AttentionKernel = "flash2"
     """The attention kernel's generation: `flash2` for FlashAttention-2-class kernels (flash-attn 2.x,
     torch SDPA's flash and cuDNN backends, what the planner's own runtimes use); `flash1` for the
-    first generation (flash-attn 1.x and its Triton port, llm-foundry's `attn_impl: triton`)."""
+    first generation (flash-attn 1.x and its Triton port, llm-foundry's `attn_impl: triton`); `aiter`
+    for AMD's AITER kernels on Instinct GPUs (what Primus-Turbo's `use_turbo_attention` runs), against
+    which torch's own flash op on ROCm is the catalog's figure."""
     pipeline: Pipeline | None = None
     """The pipeline's schedule (runs with mesh.pp > 1)."""
     experts: ExpertRouting | None = None

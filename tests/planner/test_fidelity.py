@@ -206,6 +206,25 @@ def test_a_first_generation_attention_kernel_takes_twice_the_attention_time_and_
     assert as_run.peak_memory_gib == flash2.plan.prediction.peak_memory_gib
 
 
+def test_an_aiter_attention_kernel_divides_the_attention_time_by_its_published_speed() -> None:
+    # AMD's Primus runs Llama 3.1 70B with Primus-Turbo's attention (AITER's kernels), 3.05x the
+    # torch flash op the catalog's MI325X figure describes. Attention's time at the catalog figure is
+    # what the first generation's half speed adds to the run; AITER's saves 1 - 1/3.05 of it.
+    (run,) = [run for run in _runs() if run.id == "mi325x-64gpu-llama3.1-70b-megatron-fsdp2-bf16"]
+    assert run.config.attention == "aiter"
+
+    def priced(kernel: str) -> Any:
+        config = run.config.model_copy(update={"attention": kernel})
+        return price_run(run.model_copy(update={"config": config}))
+
+    aiter, flash2, flash1 = (priced(kernel).plan.prediction for kernel in ("aiter", "flash2", "flash1"))
+    attention_s = flash1.compute_s - flash2.compute_s
+    assert attention_s > 0.05 * flash2.compute_s
+    saved_s = attention_s * (1 - 1 / ATTENTION_KERNEL_SPEED["aiter"])
+    assert flash2.compute_s - aiter.compute_s == pytest.approx(saved_s, rel=1e-9)
+    assert aiter.peak_memory_gib == flash2.peak_memory_gib
+
+
 def test_a_run_on_cards_of_unstated_power_cap_is_priced_for_memory_not_tokens() -> None:
     # torchao's B200 table: "power limited" cards, the limit not given. At the catalog's clock its bf16
     # run was over-predicted by 110% and, in the fit, pulled the shares every other GPU is priced with.

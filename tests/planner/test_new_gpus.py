@@ -6,6 +6,9 @@ from __future__ import annotations
 import pytest
 
 from planner.catalog.gpus import resolve_gpu
+from planner.catalog.models import MODEL_CATALOG
+from planner.cost.gemm import sequence_scale
+from planner.cost.model_costs import model_costs
 from planner.enumeration import check_float8
 from planner.errors import PlanningError
 from planner.search import make_plan
@@ -46,6 +49,25 @@ def test_published_figures_hold() -> None:
     assert resolve_gpu("H800").intra_node_bandwidth_gbps < resolve_gpu("H100").intra_node_bandwidth_gbps
     assert resolve_gpu("L40S").peak_fp8_tflops == 733
     assert resolve_gpu("GB300").scaleup_domain_gpus == 72 and resolve_gpu("GB300").default_gpus_per_node == 4
+
+
+@pytest.mark.parametrize("gpu", ["MI300X", "MI325X"])
+def test_cdna3_attention_runs_at_the_primus_profiles_share_of_the_gemm_rate(gpu: str) -> None:
+    """AMD's Primus deep dive profiles Llama 3.1 70B (seq 8192, full checkpointing) on torch's own
+    flash op: aten::mm 67.43% of the step, its flash-attention forward and backward 7.48% + 19.47%.
+    At the planner's FLOP counts for that step, attention runs at that share of the GEMMs' rate: of
+    the catalog's GEMM ceiling (a kernel's figure, as every attention figure is)."""
+    seq_len = 8192
+    costs = model_costs(MODEL_CATALOG["llama3-70b"], seq_len)
+    # Full checkpointing: every block's forward twice, backward 2x (GEMMs) and 2.5x (flash attention);
+    # the output head outside the blocks once forward, 2x backward.
+    matmul = sum(2.0 * block.matmul_params * 4 for block in costs.blocks) + 2.0 * costs.head.matmul_params * 3
+    attention = sum(block.attention_flops * (1 + 1 + 2.5) for block in costs.blocks)
+    rate_share = (attention / matmul) / ((7.48 + 19.47) / 67.43)
+    assert rate_share == pytest.approx(0.218, abs=0.001)
+    spec = resolve_gpu(gpu)
+    expected = rate_share / sequence_scale(seq_len) * spec.matmul_efficiency
+    assert spec.attention_efficiency == pytest.approx(expected, abs=0.001)
 
 
 def test_a_custom_gpu_serialises_as_before() -> None:
