@@ -239,9 +239,13 @@ class CorpusFit:
     published measurement of the GPU type (planner/catalog/gpus.py)."""
 
     matmul_share: float
-    """Of the GPU type's maximum achievable matmul throughput (a lone large GEMM), the share a
-    training step's GEMMs reach: smaller and oddly shaped GEMMs, and clocks that drop as the whole
-    step draws power. For chips the corpus has too few runs of, the mean of the fitted chips'."""
+    """For chips the corpus has too few runs of: the share of the maximum achievable matmul
+    throughput (see `matmul_share_by_chip`) that a chip drawing one dense bf16 TFLOP/s per board
+    watt reaches. A chip's own share is this over the cube root of its power density
+    (`matmul_share_for`), the fitted chips' shares times the cube roots of theirs averaged
+    (planner/fidelity/fit.py): a training step holds the GPU at its board power, and the clock that
+    power sustains falls as the cube root of the work each watt must carry (`power_limited_clock`'s
+    law)."""
     matmul_share_by_chip: dict[str, float]
     """The same, fitted per chip where the corpus has enough runs of it (`GpuSpec.chip`): how far a
     chip's GEMMs fall below its best one depends on its tile sizes, SM count and power headroom
@@ -262,12 +266,17 @@ class CorpusFit:
     dimension_throughput: tuple[DimensionThroughput, ...] = ()
     """Per parallel dimension whose corpus runs were over-predicted past the tolerance, the evidence."""
 
-    def matmul_share_for(self, chip: str | None) -> float:
-        return self.matmul_share_by_chip.get(chip or "", self.matmul_share)
+    def matmul_share_for(self, gpu: GpuSpec) -> float:
+        """The share `gpu`'s GEMMs reach in a training step: its chip's fitted one, else the power
+        density law's."""
+        fitted = self.matmul_share_by_chip.get(gpu.chip or "")
+        if fitted is not None:
+            return fitted
+        return self.matmul_share / power_density(gpu) ** (1.0 / 3.0)
 
 
 CORPUS_FIT = CorpusFit(
-    matmul_share=0.825,
+    matmul_share=0.835,
     matmul_share_by_chip={"GA100": 0.9, "GH100": 0.75},
     elementwise_bandwidth_share=0.55,
     overlap_contention=0.5,
@@ -316,6 +325,19 @@ CORPUS_FIT = CorpusFit(
 """The committed fit (`fsdp-planner fidelity --write` refits it; tests/planner/test_fidelity.py checks
 that it is what the fit gives)."""
 
+UNSTATED_POWER_DENSITY = 1.0
+"""Dense bf16 TFLOP/s per board watt assumed for a GPU whose board power is not stated (a custom
+GPU): between the fitted chips' (A100 0.78, H100 1.41), so its share is `CorpusFit.matmul_share`."""
+
+
+def power_density(gpu: GpuSpec) -> float:
+    """Dense bf16 TFLOP/s per watt of board power: how much tensor-core work each watt a training
+    step draws must carry (A100 0.78, H100 1.41, B200 2.25, GB300 1.79, MI325X 1.31)."""
+    if not gpu.board_power_w:
+        return UNSTATED_POWER_DENSITY
+    return gpu.peak_bf16_tflops / gpu.board_power_w
+
+
 STATIC_POWER_FRACTION = 0.2
 """Share of a GPU's board power drawn whatever the clock (leakage, HBM, fans and board), so not
 freed by clocking down: a power cap takes its watts from the rest."""
@@ -350,7 +372,7 @@ def default_parameters(
     return CostParameters(
         peak_flops=peak,
         mfu_peak_flops=gpu.peak_bf16_tflops * 1e12,
-        matmul_efficiency=gpu.matmul_efficiency * (1.0 if is_cpu else fit.matmul_share_for(gpu.chip)),
+        matmul_efficiency=gpu.matmul_efficiency * (1.0 if is_cpu else fit.matmul_share_for(gpu)),
         sm_count=gpu.sm_count or 0,
         gemm_bandwidth=0.0 if is_cpu else gpu.memory_bandwidth_gbps * 1e9,
         fp8_peak_flops=(gpu.peak_fp8_tflops or 0.0) * 1e12 * clock,

@@ -28,6 +28,7 @@ from planner.cost.parameters import (
     DimensionMargin,
     DimensionThroughput,
     default_parameters,
+    power_density,
 )
 from planner.errors import PlanningError
 from planner.fidelity.pricing import NotPriceable, PricedRun, price_as_run, price_run, run_request
@@ -240,7 +241,29 @@ def _with(fit: CorpusFit, axis: str, value: float) -> CorpusFit:
 
 
 def _value(fit: CorpusFit, axis: str) -> float:
-    return fit.matmul_share_for(axis[5:]) if axis.startswith("chip:") else getattr(fit, axis)
+    return _chip_share(fit, axis[5:]) if axis.startswith("chip:") else getattr(fit, axis)
+
+
+def _chip_share(fit: CorpusFit, chip: str) -> float:
+    return fit.matmul_share_by_chip.get(chip, fit.matmul_share)
+
+
+def chip_densities(runs: Sequence[SourceRun]) -> dict[str, float]:
+    """Per chip, the mean power density (dense TFLOP/s per board watt) of the GPUs its priced
+    throughput runs ran on (an H100 SXM and an H200 at 1.41, not the H20 cut from the same die)."""
+    by_chip: dict[str, list[float]] = {}
+    for item in runs:
+        if item.run.priceable and item.run.throughput_comparable:
+            gpu = resolve_gpu(item.run.hardware.gpu)
+            if gpu.chip and gpu.board_power_w:
+                by_chip.setdefault(gpu.chip, []).append(power_density(gpu))
+    return {chip: statistics.fmean(densities) for chip, densities in by_chip.items()}
+
+
+def density_share(shares: dict[str, float], densities: dict[str, float]) -> float:
+    """`CorpusFit.matmul_share` from the fitted chips' shares: each times the cube root of its runs'
+    power density, averaged over the chips."""
+    return statistics.fmean(share * densities[chip] ** (1.0 / 3.0) for chip, share in shares.items())
 
 
 def fit_corpus(
@@ -272,7 +295,7 @@ def _fit_shares(runs: Sequence[SourceRun], *, start: CorpusFit, rounds: int, pri
     require_fit_sources(item.source for item in runs)
     chips = fitted_chips(runs)
     current = replace(
-        start, matmul_share_by_chip={chip: start.matmul_share_for(chip) for chip in chips}
+        start, matmul_share_by_chip={chip: _chip_share(start, chip) for chip in chips}
     )
     best = _objective(price(runs, current, prices))
     axes = (
@@ -292,9 +315,9 @@ def _fit_shares(runs: Sequence[SourceRun], *, start: CorpusFit, rounds: int, pri
                     best, current, moved = score, candidate, True
         if not moved:
             break
-    if chips:  # chips the corpus cannot fit take the fitted chips' mean
-        shares = current.matmul_share_by_chip.values()
-        current = replace(current, matmul_share=round(statistics.fmean(shares), 3))
+    if chips:  # chips the corpus cannot fit take the power density law through the fitted ones
+        shares = current.matmul_share_by_chip
+        current = replace(current, matmul_share=round(density_share(shares, chip_densities(runs)), 3))
     return current
 
 
@@ -317,6 +340,6 @@ def leave_one_source_out(
 
 
 __all__ = [
-    "NotPriceable", "Prices", "SourceRun", "corpus_runs", "fit_corpus", "fit_split", "leave_one_source_out",
-    "price",
+    "NotPriceable", "Prices", "SourceRun", "chip_densities", "corpus_runs", "density_share", "fit_corpus",
+    "fit_split", "leave_one_source_out", "price",
 ]

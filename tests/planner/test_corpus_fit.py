@@ -12,11 +12,14 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from planner.cost.parameters import CORPUS_FIT, power_limited_clock
+from planner.catalog.gpus import resolve_gpu
+from planner.cost.parameters import CORPUS_FIT, power_density, power_limited_clock
 from planner.fidelity.fit import (
     Prices,
     SourceRun,
+    chip_densities,
     corpus_runs,
+    density_share,
     fit_corpus,
     fit_split,
     fitted_chips,
@@ -101,3 +104,26 @@ def test_a_power_cap_slows_the_clock_by_the_cube_root_of_the_dynamic_power_left(
     board: float | None, limit: float | None, clock: float
 ) -> None:
     assert power_limited_clock(board, limit) == pytest.approx(clock, abs=1e-3)
+
+
+def test_a_chip_without_a_fit_of_its_own_takes_the_power_density_law_through_the_fitted_ones() -> None:
+    """A training step holds the GPU at its board power: the more dense TFLOP/s each watt must carry,
+    the lower the clock it sustains (as the cube root, `power_limited_clock`'s law). The law through
+    the fitted chips' mean reproduces each fitted chip's own share within 2% (A100 at 0.78 TFLOP/s per
+    watt, H100 and H200 at 1.41), and prices the chips no fit has by their datasheets alone."""
+    densities = chip_densities(fit_split(corpus_runs(load_corpus())))
+    assert densities == pytest.approx({"GA100": 0.78, "GH100": 1.413}, abs=1e-3)
+    assert CORPUS_FIT.matmul_share == pytest.approx(
+        density_share(CORPUS_FIT.matmul_share_by_chip, densities), abs=5e-4
+    )
+    for chip, share in CORPUS_FIT.matmul_share_by_chip.items():
+        law = CORPUS_FIT.matmul_share / densities[chip] ** (1 / 3)
+        assert law == pytest.approx(share, rel=0.02), (chip, law, share)
+    names = ("GB200", "GB300", "B200", "MI300X", "MI325X")
+    share = {name: CORPUS_FIT.matmul_share_for(resolve_gpu(name)) for name in names}
+    assert power_density(resolve_gpu("B200")) == pytest.approx(2.25)
+    assert share["GB300"] > share["GB200"]  # the same peak at 1,400 W against 1,200 W
+    assert share["MI325X"] > share["MI300X"]  # the same die at 1,000 W against 750 W
+    assert share["B200"] < CORPUS_FIT.matmul_share_by_chip["GH100"]  # 2.25 TFLOP/s per watt against 1.41
+    unstated = resolve_gpu("H100").model_copy(update={"name": "mine", "chip": None, "board_power_w": None})
+    assert CORPUS_FIT.matmul_share_for(unstated) == CORPUS_FIT.matmul_share
