@@ -24,7 +24,9 @@ from api.cli.common import (
     API_KEY_ENV,
     BATCH_TOKENS,
     SEQUENCE_TOKENS,
+    NetworkOption,
     ServerClient,
+    cluster_from_options,
     configured_server,
     fail,
     plan_answer,
@@ -90,6 +92,7 @@ def trace(
             "--global-batch-tokens", parser=BATCH_TOKENS, help="With --server: tokens per optimizer step."
         )
     ] = None,
+    network: NetworkOption = None,
     api_key: Annotated[
         str | None, typer.Option("--api-key", help=f"With --server: API key (or {API_KEY_ENV}).")
     ] = None,
@@ -101,6 +104,13 @@ def trace(
     """
     if server is not None and (cluster is None or global_batch_tokens is None):
         raise fail("--server plans the graph: give --cluster NODESxGPUSxGPU and --global-batch-tokens N too")
+    if server is None and network is not None:
+        raise fail("--network states the cluster's network for --server's plan: give --server URL, --cluster "
+                   "and --global-batch-tokens too")
+    # Read here, before the trace, so that a bad cluster fails at once; the text as typed where it is all.
+    planned_cluster = cluster if network is None or cluster is None else (
+        cluster_from_options(cluster=cluster, network=network).model_dump(mode="json")
+    )
     if importlib.util.find_spec("torch") is None:
         raise fail(
             "trace builds your model with torch: install the executor extra "
@@ -134,7 +144,7 @@ def trace(
         return
     body = {
         "model": document,
-        "cluster": cluster,
+        "cluster": planned_cluster,
         "training": {"seq_len": seq_len, "global_batch_tokens": global_batch_tokens},
     }
     client = ServerClient(server, api_key)

@@ -254,3 +254,26 @@ async def test_a_candidate_may_state_its_scale_up_domain(client: httpx.AsyncClie
                                                        "price_per_gpu_hour": 5.0}]))
     body = assert_problem(bad, 422)
     assert "scaleup_domain_gpus: 30 is not a whole number of 4-GPU nodes" in body["detail"], body
+
+
+async def test_a_study_may_state_the_network_of_its_clusters(client: httpx.AsyncClient) -> None:
+    # 16 GPUs are two nodes of H100s: their plans are priced on the stated 200 Gb/s per GPU.
+    created = await planned(client, study(gpus=[{"gpu": "H100"}], cluster_sizes=[8, 16],
+                                          inter_node_bandwidth_gbps=25.0))
+    assert created["request"]["inter_node_bandwidth_gbps"] == 25.0
+    one_node, two_nodes = created["points"]
+    assert (one_node["num_nodes"], two_nodes["num_nodes"]) == (1, 2) and two_nodes["fits"]
+    plan = (await client.get(f"{PLANS}/{two_nodes['plan_id']}")).json()["plan"]
+    assert plan["cluster"]["inter_node_bandwidth_gbps"] == 25.0
+    assert not any("network" in warning["message"] for warning in plan["warnings"]), plan["warnings"]
+
+    # A study that states none reads and stores as before the field existed: each GPU type's own NIC.
+    unstated = await planned(client, study(gpus=[{"gpu": "H100"}], cluster_sizes=[16]))
+    assert "inter_node_bandwidth_gbps" not in unstated["request"]
+    plan = (await client.get(f"{PLANS}/{unstated['points'][0]['plan_id']}")).json()["plan"]
+    assert plan["cluster"]["inter_node_bandwidth_gbps"] is None
+    assert any("does not state its network" in warning["message"] for warning in plan["warnings"])
+
+    for bad in (0.0, 1e9, "400G"):
+        body = assert_problem(await client.post(STUDIES, json=study(inter_node_bandwidth_gbps=bad)), 422)
+        assert "inter_node_bandwidth_gbps" in [error["field"] for error in body["errors"]], body

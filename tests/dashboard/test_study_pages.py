@@ -232,3 +232,18 @@ def test_rack_gpus_take_their_scale_up_domain(client: TestClient) -> None:
     assert refused.status_code == 422
     assert "30 is not a whole number of 4-GPU nodes" in field_errors(refused.text)["domain_GB200"]
     assert 'value="30"' in refused.text
+
+
+def test_the_study_page_lists_the_network_among_its_assumptions(client: TestClient) -> None:
+    body = {"model": "gpt2", "token_budget": 10**10, "gpus": [{"gpu": "H100"}], "cluster_sizes": [16],
+            "seq_len": 1024, "global_batch_tokens": 262144, "inter_node_bandwidth_gbps": 25.0}
+    response = client.post("/api/v1/studies", json=body)
+    assert response.status_code == 202, response.text
+    stated = response.json()["id"]
+    assert wait_for_study(client, stated)["state"] == "succeeded"
+    text = re.sub(r"\s+", " ", client.get(f"/studies/{stated}").text)
+    assert "Network between nodes" in text and "200 Gb/s per GPU (25 GB/s)" in text
+
+    unstated = create_study(client)
+    text = re.sub(r"\s+", " ", client.get(f"/studies/{unstated}").text)
+    assert "Network between nodes" in text and "catalog NIC" in text and "Gb/s per GPU" not in text

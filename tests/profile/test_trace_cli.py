@@ -133,3 +133,22 @@ def test_server_needs_a_cluster_and_a_batch(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert "give --cluster NODESxGPUSxGPU and --global-batch-tokens" in result.stderr
     assert not graph.exists()
+
+
+def test_server_plans_the_graph_on_the_stated_network(server: str, tmp_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        ["trace", *DEBUG, "-o", str(tmp_path / "graph.json"), "--server", server, "--cluster", "2x1xcpu",
+         "--global-batch-tokens", "2048", "--network", "10G"],
+    )
+    assert result.exit_code == 0, result.output
+    plan = httpx.get(f"{server}/api/v1/plans/1").json()["plan"]
+    assert plan["cluster"]["num_nodes"] == 2 and plan["cluster"]["inter_node_bandwidth_gbps"] == 1.25
+
+
+def test_network_without_server_is_refused_before_tracing(tmp_path: Path) -> None:
+    graph = tmp_path / "graph.json"
+    result = runner.invoke(app, ["trace", *DEBUG, "-o", str(graph), "--network", "400G"])
+    assert result.exit_code == 2, result.output
+    assert "--network states the cluster's network for --server's plan" in result.stderr
+    assert not graph.exists()
