@@ -66,11 +66,12 @@ class PlanIntervals:
         cluster, mesh = self.request.cluster, e.choice.mesh
         gpu = cluster.resolved_gpu()  # a GPU of the user's own has no catalog name
         spread = network_spread(cluster=cluster, price=lambda other: self._tokens(other, e))
+        experts = any(block.routed_experts for block in self.setting.model.blocks)
         throughput = throughput_interval(
             predicted=e.tokens_per_s_per_gpu, gpu=gpu, mesh=mesh,
-            network_stated=not self.network_assumed, spread=spread,
+            network_stated=not self.network_assumed, spread=spread, experts=experts,
         )
-        memory = memory_interval(predicted_gib=e.peak_gib, gpu=gpu, mesh=mesh)
+        memory = memory_interval(predicted_gib=e.peak_gib, gpu=gpu, mesh=mesh, experts=experts)
         return {
             "tokens_per_s_per_gpu_interval": document_interval(throughput),
             "peak_memory_gib_interval": document_interval(memory),

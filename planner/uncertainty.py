@@ -105,9 +105,12 @@ class Caveat:
     message: str
 
 
-def dimension_key(mesh: Mesh) -> str:
-    """The parallel dimensions beyond data parallelism a mesh uses (`dp` for FSDP / DDP alone)."""
+def dimension_key(mesh: Mesh, *, experts: bool = False) -> str:
+    """The parallel dimensions beyond data parallelism a mesh uses (`dp` for FSDP / DDP alone). A
+    mixture of experts (`experts`) without expert parallelism adds `EXPERTS_DIMENSION`."""
     used = [axis for axis in EXTRA_DIMENSIONS if getattr(mesh, axis) > 1]
+    if experts and mesh.ep == 1:
+        used.append(EXPERTS_DIMENSION)
     return "+".join(used) or "dp"
 
 
@@ -117,9 +120,16 @@ all-to-alls and grouped GEMMs err their own way), so that their residuals neithe
 dense plan's interval; `*` is the dense runs' wildcard."""
 
 
+EXPERTS_DIMENSION = "experts"
+"""The dimension a mixture of experts sharded by FSDP alone (ep 1) names: its routed experts' grouped
+GEMMs and dispatch err as the expert-parallel runs' do, so it joins their family, not the dense one."""
+
+
 def dimension_family(dims: str) -> str:
-    """The wildcard a `dimension_key` falls back to: `EXPERT_FAMILY` where it uses ep, else `*`."""
-    return EXPERT_FAMILY if "ep" in dims.split("+") else "*"
+    """The wildcard a `dimension_key` falls back to: `EXPERT_FAMILY` where it uses ep or names a
+    mixture of experts without it, else `*`."""
+    parts = dims.split("+")
+    return EXPERT_FAMILY if "ep" in parts or EXPERTS_DIMENSION in parts else "*"
 
 
 @cache
@@ -136,9 +146,10 @@ def _spec(gpu: str | GpuSpec) -> GpuSpec:
     return gpu if isinstance(gpu, GpuSpec) else resolve_gpu(gpu)
 
 
-def _group(quantity: str, gpu: str | GpuSpec, mesh: Mesh) -> dict[str, Any]:
+def _group(quantity: str, gpu: str | GpuSpec, mesh: Mesh, *, experts: bool) -> dict[str, Any]:
     spec = _spec(gpu)
-    return find_group(interval_data()[quantity], gpu=spec.name, chip=spec.chip, dims=dimension_key(mesh))
+    dims = dimension_key(mesh, experts=experts)
+    return find_group(interval_data()[quantity], gpu=spec.name, chip=spec.chip, dims=dims)
 
 
 def find_group(groups: Sequence[dict[str, Any]], *, gpu: str, chip: str | None, dims: str) -> dict[str, Any]:
@@ -166,10 +177,12 @@ def throughput_interval(
     mesh: Mesh,
     network_stated: bool = True,
     spread: NetworkSpread | None = None,
+    experts: bool = False,
 ) -> Interval:
-    """The 80% interval on a plan's tokens/s per GPU. Where the network was assumed, `spread` (from
-    `network_spread`) widens it to the predictions on the low and the high plausible network."""
-    group = _group("throughput", gpu, mesh)
+    """The 80% interval on a plan's tokens/s per GPU (`experts`: of a mixture-of-experts model). Where
+    the network was assumed, `spread` (from `network_spread`) widens it to the predictions on the low
+    and the high plausible network."""
+    group = _group("throughput", gpu, mesh, experts=experts)
     q = max(0.0, group["q"])
     low = high = predicted
     basis = _basis(group)
@@ -183,9 +196,12 @@ def throughput_interval(
     return Interval(low=low * math.exp(-q), high=high * math.exp(q), basis=basis)
 
 
-def memory_interval(*, predicted_gib: float, gpu: str | GpuSpec, mesh: Mesh) -> Interval:
-    """The 80% interval on a plan's peak memory per GPU (GiB)."""
-    group = _group("memory", gpu, mesh)
+def memory_interval(
+    *, predicted_gib: float, gpu: str | GpuSpec, mesh: Mesh, experts: bool = False
+) -> Interval:
+    """The 80% interval on a plan's peak memory per GPU (GiB) (`experts`: of a mixture-of-experts
+    model)."""
+    group = _group("memory", gpu, mesh, experts=experts)
     q = max(0.0, group["q"])
     return Interval(low=predicted_gib * math.exp(-q), high=predicted_gib * math.exp(q), basis=_basis(group))
 

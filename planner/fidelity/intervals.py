@@ -9,9 +9,11 @@ kind falls inside [prediction / e^q, prediction x e^q] (widened to that band) 80
 
 Groups are the GPU type and the parallel dimensions beyond data parallelism (`dimension_key`), the
 GPU type alone, the chip, the dimensions alone and everything pooled; a group gets its own quantile
-with at least `MIN_GROUP_RUNS` runs from `MIN_GROUP_SOURCES` sources. Where the held-out split has
-too few memory peaks for any quantile (fewer than 4), the fit split's residuals join them (the group
-says so).
+with at least `MIN_GROUP_RUNS` runs from `MIN_GROUP_SOURCES` sources. Mixture-of-experts runs fall
+back to a family of their own (`dimension_family`), those without expert parallelism too (their key
+names `experts`), so that they leave the dense groups' quantiles as the dense runs set them. Where
+the held-out split has too few memory peaks for any quantile (fewer than 4), the fit split's
+residuals join them (the group says so).
 
 Coverage is measured honestly: each held-out source's runs against intervals calibrated on the
 other held-out sources' runs only.
@@ -29,7 +31,7 @@ from contract.mesh import MODEL_PARALLEL_AXES
 from planner.catalog.gpus import resolve_gpu
 from planner.cost.parameters import CorpusFit
 from planner.fidelity.fit import Prices, SourceRun
-from planner.fidelity.pricing import PricedRun, run_cluster
+from planner.fidelity.pricing import PricedRun, run_cluster, run_model
 from planner.uncertainty import LEVEL, dimension_family, dimension_key, find_group, network_range
 
 MIN_GROUP_RUNS = 8
@@ -76,8 +78,9 @@ def residuals(
     for item, result in priced:
         run = item.run
         spec = resolve_gpu(run.hardware.gpu)
+        experts = run_model(run).moe is not None
         common = dict(source=item.source, run_id=run.id, gpu=spec.name, chip=spec.chip,
-                      dims=dimension_key(run.config.mesh), split=split)
+                      dims=dimension_key(run.config.mesh, experts=experts), split=split)
         if spec.is_cpu:  # a run on CPU tests nothing a GPU plan carries
             continue
         if result.throughput_error is not None:

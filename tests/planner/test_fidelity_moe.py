@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from planner.cost.parameters import CORPUS_FIT
+from planner.fidelity import intervals
+from planner.fidelity.fit import Prices, SourceRun
 from planner.fidelity.pricing import price_run
 from planner.fidelity.report import FidelityReport, stored_report
 from planner.fidelity.schema import Run, load_corpus
 from planner.fidelity.split import split_of
+from planner.uncertainty import EXPERT_FAMILY, dimension_family, dimension_key
 
 MOE_GUARD = {"throughput_mean": 0.18, "throughput_max": 0.49, "memory_mean": 0.05}
 """Today's mixture-of-experts errors rounded up (throughput: mean 17.1% over 27 runs, max 48.5%; memory:
@@ -34,7 +38,19 @@ def test_the_corpus_has_published_moe_runs_from_several_sources_all_held_out() -
     priced = [(source, run) for source, run in _moe_runs() if run.priceable]
     assert len(priced) >= 12 and len({source for source, _ in priced}) >= 3
     assert all(split_of(source) == "held-out" for source, _ in priced)
-    assert all(run.config.mesh.ep > 1 for _, run in priced)
+
+
+def test_moe_runs_without_expert_parallelism_calibrate_the_expert_family_not_the_dense_one() -> None:
+    # FSDP alone shards these experts, but their routed GEMMs err as the expert-parallel runs' do: their
+    # residuals join the expert family, so that they neither widen nor narrow a dense plan's interval.
+    fsdp_only = [(s, r) for s, r in _moe_runs() if r.priceable and r.config.mesh.ep == 1]
+    assert fsdp_only
+    source, run = fsdp_only[0]
+    scored = intervals.residuals([(SourceRun(source, run), price_run(run))], fit=CORPUS_FIT, prices=Prices(),
+                                 split="held-out")
+    (residual,) = scored["throughput"]
+    assert residual.dims == "experts" and dimension_family(residual.dims) == EXPERT_FAMILY
+    assert dimension_key(run.config.mesh) == "dp" and dimension_family("dp") == "*"
 
 
 def test_a_run_whose_source_contradicts_its_layout_is_reported_unpriced_with_the_reason(
