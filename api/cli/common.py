@@ -58,7 +58,6 @@ CLI_OPTIONS: dict[str, str] = {
     "gpus_per_node": "--cluster's GPUs per node",
     "scaleup_domain_gpus": "--cluster's GPUs per scale-up domain",
     "cluster.inter_node_bandwidth_gbps": "--network",
-    "inter_node_bandwidth_gbps": "--network",
     "top_k": "--top",
     "token_budget": "--tokens",
     "cluster_sizes": "--sizes",
@@ -194,6 +193,8 @@ _NETWORK_TEXT = re.compile(
 """`400G`, `400Gb/s`, `400 Gbps`, `1.6T` (bits: a NIC's port speed, `G` alone as Ethernet names it) or
 `50GB/s`, `50GB` (bytes): the prefix in either case, the unit's b or B as written (bits or bytes)."""
 _NETWORK_PREFIXES = {"m": 1e-3, "g": 1.0, "t": 1e3}
+MAX_NETWORK_TEXT = 40
+"""Longer than any bandwidth typed (`800Gb/s`, `1.6e3 Gbit/s`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,8 +238,6 @@ class NetworkBandwidth:
         return gbps
 
 
-MAX_NETWORK_TEXT = 40
-"""Longer than any bandwidth typed (`800Gb/s`, `1.6e3 Gbit/s`)."""
 NETWORK = NetworkBandwidth()
 NetworkOption = Annotated[float | None, typer.Option(
     "--network", parser=NETWORK, metavar="BANDWIDTH",
