@@ -219,9 +219,21 @@ def _matmul_seconds(
 
 def expert_rows(tokens: int, *, experts: int, experts_per_token: int, imbalance: float) -> int:
     """Rows (tokens) one routed expert's GEMMs run in a forward over `tokens` tokens: its even share of
-    the tokens x top-k routed rows, times the router's load imbalance (the most-loaded expert's rows
-    over the mean, `CostParameters.expert_load_imbalance`)."""
-    return max(1, math.ceil(tokens * experts_per_token * imbalance / experts))
+    the tokens x top-k routed rows, times the load imbalance of the rank's experts together
+    (`rank_imbalance`)."""
+    return max(1, math.ceil(tokens * experts_per_token * rank_imbalance(imbalance, experts) / experts))
+
+
+def rank_imbalance(imbalance: float, experts: int) -> float:
+    """The most-loaded rank's routed rows over the mean, for ranks of `experts` experts each, from one
+    expert's (`CostParameters.expert_load_imbalance`: the most-loaded expert's rows over the mean).
+
+    One grouped kernel spreads the tiles of all the rank's experts over its SMs, so what sets the pace
+    is the rank's rows, the sum of its experts' loads. A sum of n experts' loads strays from its mean
+    by about 1 / sqrt(n) of what one expert's does (loads that vary independently), so a rank holding
+    every expert of a layer (ep 1) is within a few percent of the mean, and one holding a single expert
+    carries that expert's whole imbalance."""
+    return 1.0 + (imbalance - 1.0) / math.sqrt(max(1, experts))
 
 
 @functools.lru_cache(maxsize=1 << 12)
@@ -233,10 +245,8 @@ def _grouped_seconds(
     (one launch) running every expert's GEMM, each at `expert_rows` rows, priced by the curve at that
     shape, so that few rows per expert (many experts, a small micro-batch) run at the smaller tiles'
     and the padding's lower efficiency, the tiles of all experts sharing the kernel's waves. Every
-    expert is priced at the most-loaded one's rows: under expert parallelism the rank holding the
-    busiest experts sets the pace; on one rank, whose grouped kernel spreads every group's tiles over
-    the SMs, it is the upper side (the load factor's padding and uneven groups priced as a whole extra
-    share of rows)."""
+    expert is priced at the rows of the most-loaded rank's mean expert (`rank_imbalance`): under
+    expert parallelism the rank holding the busiest experts sets the pace."""
     shapes, share, count, top_k = experts
     if not tokens:
         return 0.0

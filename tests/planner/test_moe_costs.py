@@ -10,7 +10,7 @@ from contract.model_config import LatentAttention, MoeConfig
 from planner.catalog.gpus import resolve_gpu
 from planner.catalog.models import catalog_model
 from planner.cost.block_parts import latent_attention, moe_feed_forward
-from planner.cost.gemm import _gemm_shapes, curve_seconds, expert_rows, matmul_seconds
+from planner.cost.gemm import _gemm_shapes, curve_seconds, expert_rows, matmul_seconds, rank_imbalance
 from planner.cost.model_costs import expert_parallel_share, model_costs, tensor_parallel_share
 from planner.cost.parameters import CostParameters, default_parameters
 from planner.specs import ClusterSpec, ModelSpec
@@ -59,9 +59,20 @@ def test_grouped_gemms_price_few_rows_per_expert_slower() -> None:
         for n, k in (*dense_shapes, (8 * 768, 2048), (8 * 768, 2048), (2048, 8 * 768))
     )
     assert moe > wide
-    # Imbalance: every expert priced at the most-loaded one's rows.
+    # Imbalance: every expert priced at the most-loaded rank's mean expert's rows.
     skewed = dataclasses.replace(p, expert_load_imbalance=1.5)
     assert matmul_seconds(skewed, block, tokens, dtype_bytes=2) > moe
+
+
+def test_a_rank_holding_many_experts_averages_their_loads() -> None:
+    """The pace is the busiest rank's rows, the sum of its experts' loads: one expert per rank carries a
+    single expert's imbalance, a rank of n experts about 1 / sqrt(n) of it."""
+    assert rank_imbalance(1.2, 1) == pytest.approx(1.2)
+    assert rank_imbalance(1.2, 4) == pytest.approx(1.1)
+    assert rank_imbalance(1.2, 128) == pytest.approx(1.0 + 0.2 / 128**0.5)
+    assert rank_imbalance(1.0, 7) == 1.0
+    assert expert_rows(4096, experts=2, experts_per_token=8, imbalance=1.2) > 4096 * 8 / 2 * 1.14
+    assert expert_rows(4096, experts=128, experts_per_token=8, imbalance=1.2) == 261  # 256 x 1.018, up
 
 
 def catalog_params() -> CostParameters:
