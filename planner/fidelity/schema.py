@@ -219,6 +219,11 @@ class Measured(CorpusModel):
     """Why the measured peak cannot be set against the planner's (None: it can): the run does something
     to memory that no planner option expresses (a trainer without FSDP, a loss kept in bf16) and that
     moves the peak by more than the memory target. The peak stays in the corpus, its speed is priced."""
+    throughput_not_comparable: str | None = None
+    """Why the measured speed cannot be set against the planner's (None: it can), in the source's own
+    words: the run measured a failure no plan is made to run into (an allocator thrashing at the
+    device's ceiling, which the planner's memory margin keeps a plan away from). The speed stays in the
+    corpus, its peak is compared."""
 
 
 class Run(CorpusModel):
@@ -258,10 +263,11 @@ class Run(CorpusModel):
     @property
     def throughput_comparable(self) -> bool:
         """Whether its speed can be set against a prediction: it publishes tokens/s or MFU, on cards
-        whose clock is known (not capped at an unstated power limit)."""
+        whose clock is known (not capped at an unstated power limit), and measured no failure
+        (`Measured.throughput_not_comparable`)."""
         measured = self.measured
         has_speed = measured.tokens_per_s_per_gpu is not None or measured.mfu_percent is not None
-        return has_speed and not self.hardware.power_limit_unstated
+        return has_speed and not self.hardware.power_limit_unstated and not measured.throughput_not_comparable
 
 
 class SourceFile(CorpusModel):

@@ -266,6 +266,21 @@ def test_a_peak_no_planner_option_can_match_is_kept_but_not_compared() -> None:
     assert all(reported[run.id].throughput_error is not None for run in runs)
 
 
+def test_a_speed_that_measured_a_failure_is_kept_but_not_compared() -> None:
+    # Lambda's GPT-OSS-20B batch 8 on GB300 ran at 98.7% of the device with the allocator thrashing
+    # (the source's words): its peak is compared, its speed is not, and no fit or summary reads it.
+    runs = [run for run in _runs() if run.measured.throughput_not_comparable and run.priceable]
+    assert runs
+    for run in runs:
+        assert not run.throughput_comparable
+        priced = price_run(run)
+        assert priced.throughput_error is None
+        assert priced.memory_error is not None, run.id
+    reported = {r.run_id: r for r in stored_report().runs}
+    assert all(reported[run.id].throughput_error is None for run in runs)
+    assert all(reported[run.id].memory_error is not None for run in runs)
+
+
 # ---------------------------------------------------------------- the regression guard
 
 
