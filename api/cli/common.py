@@ -241,10 +241,8 @@ class NetworkBandwidth:
 NETWORK = NetworkBandwidth()
 NetworkOption = Annotated[float | None, typer.Option(
     "--network", parser=NETWORK, metavar="BANDWIDTH",
-    help="The scale-out network between nodes (between scale-up domains where those span nodes), per "
-    "GPU: Gb/s as a NIC is sold, 400G or 400Gb/s (one 400G NIC per GPU), or GB/s as 50GB/s. Default: the "
-    "GPU type's usual NIC (inter_node_bandwidth_gbps in GET /api/v1/gpus), which the plan's interval "
-    "then spreads over the networks such clusters have.",
+    help="The network between nodes (between scale-up domains where those span nodes) per GPU: Gb/s as "
+    "NICs are sold, 400G or 400Gb/s, or GB/s, 50GB/s. Default: the GPU type's NIC (GET /api/v1/gpus).",
 )]
 """`--network` of every command that takes `--cluster`: GB/s per GPU, or None (the catalog's NIC)."""
 

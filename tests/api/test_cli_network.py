@@ -49,7 +49,7 @@ def test_the_bounds_are_the_cluster_fields_own() -> None:
     # Wide enough that the option's row holds all its help.
     help_text = " ".join(runner.invoke(app, ["plan", "--help"], env={"COLUMNS": "400"}).stdout.split())
     assert f"Range: {low * 8:,g} to {high * 8:,g} Gb/s per GPU ({low:,g} to {high:,g} GB/s)." in help_text
-    assert "400G or 400Gb/s" in help_text and "50GB/s" in help_text
+    assert "400G or 400Gb/s" in help_text and "GB/s, 50GB/s" in help_text
 
 
 def test_a_stated_network_is_planned_on_shown_and_ends_the_caveat() -> None:
