@@ -114,3 +114,17 @@ def test_whatif_stores_the_study_on_a_server(server: str) -> None:
     assert [s["name"] for s in listed] == ["from the CLI"]
     assert f"Stored as study {listed[0]['id']}: {server}/studies/{listed[0]['id']}" in result.output
     assert "H100-SXM-80GB" in result.output and "cost" in result.output  # the stored study as a table
+
+
+def test_whatif_states_the_network_of_a_study_on_a_server(server: str) -> None:
+    result = runner.invoke(app, [
+        "whatif", "--model", "gpt2", "--tokens", "10B", "--gpu", "H100", "--sizes", "16", "--seq-len",
+        "1024", "--global-batch-tokens", "262144", "--network", "800G", "--server", server,
+    ], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    [listed] = httpx.get(f"{server}/api/v1/studies").json()["items"]
+    stored = httpx.get(f"{server}/api/v1/studies/{listed['id']}").json()
+    assert stored["request"]["inter_node_bandwidth_gbps"] == 100.0
+    plan = httpx.get(f"{server}/api/v1/plans/{stored['points'][0]['plan_id']}").json()["plan"]
+    assert plan["cluster"]["inter_node_bandwidth_gbps"] == 100.0
+    assert "network 800 Gb/s per GPU (100 GB/s)" in result.stdout  # the stored study's headline
