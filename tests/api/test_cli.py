@@ -104,12 +104,18 @@ def test_calibrate_shows_the_fit_of_a_profile_that_names_only_its_device() -> No
     assert "set the profile's `gpu`" in console.export_text()
 
 
-def test_whatif_stores_the_study_on_a_server(server: str) -> None:
+def _whatif_on(server: str, *options: str):  # type: ignore[no-untyped-def]
+    """`fsdp-planner whatif` of gpt2 on 10B tokens at seq 1024, stored on `server`, with `options`."""
     result = runner.invoke(app, [
-        "whatif", "--model", "gpt2", "--tokens", "10B", "--gpu", "H100=2.5", "--sizes", "8,16", "--seq-len",
-        "1024", "--global-batch-tokens", "262144", "--name", "from the CLI", "--server", server,
+        "whatif", "--model", "gpt2", "--tokens", "10B", "--seq-len", "1024",
+        "--global-batch-tokens", "262144", *options, "--server", server,
     ], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
+    return result
+
+
+def test_whatif_stores_the_study_on_a_server(server: str) -> None:
+    result = _whatif_on(server, "--gpu", "H100=2.5", "--sizes", "8,16", "--name", "from the CLI")
     listed = httpx.get(f"{server}/api/v1/studies").json()["items"]
     assert [s["name"] for s in listed] == ["from the CLI"]
     assert f"Stored as study {listed[0]['id']}: {server}/studies/{listed[0]['id']}" in result.output
@@ -117,11 +123,7 @@ def test_whatif_stores_the_study_on_a_server(server: str) -> None:
 
 
 def test_whatif_states_the_network_of_a_study_on_a_server(server: str) -> None:
-    result = runner.invoke(app, [
-        "whatif", "--model", "gpt2", "--tokens", "10B", "--gpu", "H100", "--sizes", "16", "--seq-len",
-        "1024", "--global-batch-tokens", "262144", "--network", "800G", "--server", server,
-    ], env={"COLUMNS": "200"})
-    assert result.exit_code == 0, result.output
+    result = _whatif_on(server, "--gpu", "H100", "--sizes", "16", "--network", "800G")
     [listed] = httpx.get(f"{server}/api/v1/studies").json()["items"]
     stored = httpx.get(f"{server}/api/v1/studies/{listed['id']}").json()
     assert stored["request"]["inter_node_bandwidth_gbps"] == 100.0
