@@ -395,7 +395,7 @@ def _coverage(results: Sequence[RunResult]) -> list[Coverage]:
     return coverage
 
 
-def _optimistic_gpus(results: Sequence[RunResult]) -> dict[str, dict[str, float]]:
+def optimistic_gpus(results: Sequence[RunResult]) -> dict[str, dict[str, float]]:
     """GPU types every held-out priced run of which ran slower than predicted and outside its interval
     (the runs, their largest over-prediction): where the corpus measured the type and the model missed
     it, its plans say so (planner/uncertainty.py) rather than read as covered."""
@@ -538,7 +538,7 @@ def build_report(
             "reach": {
                 **intervals.reach(dense_runs),
                 "gpus": intervals.reach(priced_runs)["gpus"],
-                "optimistic_gpus": _optimistic_gpus([r for r in results if r.split == "held-out"]),
+                "optimistic_gpus": optimistic_gpus([r for r in results if r.split == "held-out"]),
             },
         },
         targets=tuple(
@@ -562,4 +562,6 @@ def intervals_json(report: FidelityReport) -> str:
     return json.dumps(report.intervals, indent=1) + "\n"
 
 
-__all__ = ["FidelityReport", "build_report", "intervals_json", "report_json", "stored_report"]
+__all__ = [
+    "FidelityReport", "build_report", "intervals_json", "optimistic_gpus", "report_json", "stored_report",
+]

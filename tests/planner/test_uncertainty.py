@@ -10,6 +10,8 @@ import math
 import pytest
 
 from contract.mesh import Mesh
+from planner import uncertainty
+from planner.fidelity.report import optimistic_gpus, stored_report
 from planner.search import make_plan, predict
 from planner.specs import ClusterSpec
 from planner.uncertainty import (
@@ -102,10 +104,19 @@ def test_a_plan_past_the_corpus_reach_is_named() -> None:
     assert f"tp=16: no priced run of the corpus went past tp={reach['max_degree']['tp']}" in deep[0].message
 
 
-def test_a_gpu_whose_held_out_runs_all_ran_slower_than_priced_is_named() -> None:
-    # The corpus' one priced MI300X run ran 1.30x slower than priced, outside its interval.
-    missed = interval_data()["reach"]["optimistic_gpus"]
-    assert "H100-SXM-80GB" not in missed and missed["MI300X"]["worst"] > 0.25
+def test_a_gpu_whose_held_out_runs_all_ran_slower_than_priced_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The stored reach names exactly the GPU types whose every held-out priced run ran slower than
+    # priced and outside its interval (today none: MI300X's one run, +30% before AMD's attention figure
+    # and the power density share, is now inside).
+    stored = interval_data()
+    results = [r for r in stored_report().runs if r.split == "held-out"]
+    assert stored["reach"]["optimistic_gpus"] == optimistic_gpus(results)
+    assert coverage_warnings(cluster=ClusterSpec.parse("1x8xH100"), mesh=FSDP8) == ()
+    # A type the corpus names so gets the warning, with its worst miss.
+    reach = {**stored["reach"], "optimistic_gpus": {"MI300X": {"runs": 1, "worst": 0.3}}}
+    monkeypatch.setattr(uncertainty, "interval_data", lambda: {**stored, "reach": reach})
     caveats = coverage_warnings(cluster=ClusterSpec.parse("1x8xMI300X"), mesh=FSDP8)
     assert [c.code for c in caveats] == ["optimistic_throughput"]
     assert "upper bound" in caveats[0].message and "1.30x" in caveats[0].message
