@@ -66,7 +66,7 @@ class PlanIntervals:
         cluster, mesh = self.request.cluster, e.choice.mesh
         gpu = cluster.resolved_gpu()  # a GPU of the user's own has no catalog name
         spread = network_spread(cluster=cluster, price=lambda other: self._tokens(other, e))
-        experts = any(block.routed_experts for block in self.setting.model.blocks)
+        experts = self.setting.model.has_routed_experts
         throughput = throughput_interval(
             predicted=e.tokens_per_s_per_gpu, gpu=gpu, mesh=mesh,
             network_stated=not self.network_assumed, spread=spread, experts=experts,

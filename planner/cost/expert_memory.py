@@ -37,7 +37,7 @@ class ExpertParts:
 def expert_parts(setting: Setting, choice: Choice, memory: MemoryEstimate) -> ExpertParts | None:
     """The routed experts' parts of `memory` (the plan's peak), or None for a dense model."""
     model = setting.model
-    if not any(b.routed_experts for b in model.blocks):
+    if not model.has_routed_experts:
         return None
     states_share = sum(b.expert_params for b in model.blocks) / model.num_params
     largest = max(model.blocks, key=lambda b: b.num_params)

@@ -236,6 +236,11 @@ class ModelCosts:
         return self.share_params if split else self.num_params
 
     @property
+    def has_routed_experts(self) -> bool:
+        """A mixture of experts: some block runs routed experts."""
+        return any(block.routed_experts for block in self.blocks)
+
+    @property
     def flops_per_token(self) -> float:
         """Training FLOPs per token, 6N + 12LHQT (the PaLM / torchtitan / nanoGPT convention)."""
         attention = sum(3.0 * u.attention_flops_convention for u in self.blocks)

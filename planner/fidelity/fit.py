@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 
 from contract.mesh import MODEL_PARALLEL_AXES
-from planner.catalog.gpus import resolve_gpu
+from planner.catalog.gpus import GpuSpec, resolve_gpu
 from planner.cost.memory import MARGIN_DIMENSIONS, margin_dimension
 from planner.cost.parameters import (
     CORPUS_FIT,
@@ -224,14 +225,18 @@ def dimension_throughput(meshed: Sequence[tuple[SourceRun, PricedRun]]) -> tuple
     return tuple(evidence)
 
 
+def _speed_gpus(runs: Sequence[SourceRun]) -> list[GpuSpec]:
+    """The GPU of each priced run whose speed is compared (what a chip's share is fitted to)."""
+    return [
+        resolve_gpu(item.run.hardware.gpu) for item in runs
+        if item.run.priceable and item.run.throughput_comparable
+    ]
+
+
 def fitted_chips(runs: Sequence[SourceRun]) -> list[str]:
     """Chips with enough priced throughput runs for a matmul share of their own."""
-    counts: dict[str, int] = {}
-    for item in runs:
-        if item.run.priceable and item.run.throughput_comparable:
-            chip = resolve_gpu(item.run.hardware.gpu).chip or ""
-            counts[chip] = counts.get(chip, 0) + 1
-    return sorted(chip for chip, n in counts.items() if chip and n >= MIN_CHIP_RUNS)
+    counts = Counter(gpu.chip for gpu in _speed_gpus(runs) if gpu.chip)
+    return sorted(chip for chip, n in counts.items() if n >= MIN_CHIP_RUNS)
 
 
 def _with(fit: CorpusFit, axis: str, value: float) -> CorpusFit:
@@ -252,11 +257,9 @@ def chip_densities(runs: Sequence[SourceRun]) -> dict[str, float]:
     """Per chip, the mean power density (dense TFLOP/s per board watt) of the GPUs its priced
     throughput runs ran on (an H100 SXM and an H200 at 1.41, not the H20 cut from the same die)."""
     by_chip: dict[str, list[float]] = {}
-    for item in runs:
-        if item.run.priceable and item.run.throughput_comparable:
-            gpu = resolve_gpu(item.run.hardware.gpu)
-            if gpu.chip and gpu.board_power_w:
-                by_chip.setdefault(gpu.chip, []).append(power_density(gpu))
+    for gpu in _speed_gpus(runs):
+        if gpu.chip and gpu.board_power_w:
+            by_chip.setdefault(gpu.chip, []).append(power_density(gpu))
     return {chip: statistics.fmean(densities) for chip, densities in by_chip.items()}
 
 
