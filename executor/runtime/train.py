@@ -18,6 +18,7 @@ line to the metrics file, prints one line to stderr and exits with EXIT_OOM (3),
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import signal
 import statistics
@@ -534,6 +535,10 @@ def _summary(env: DistEnv, plan: RuntimePlan, history: list[StepMetrics], *, tim
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A rank killed by a signal (a segfault or an abort in a collective library, an allocator's heap
+    # check) prints every Python thread's stack to stderr, so its last step names where it died; the
+    # launcher's per-rank prefix tells which rank it was.
+    faulthandler.enable(all_threads=True)
     args = parse_args(argv)
     tracker = PhaseTracker()
     oom = False

@@ -88,9 +88,17 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+FATAL_MARKERS = ("Fatal Python error", "malloc(", "free(", "corrupted", "double free", "Segmentation fault",
+                 "Aborted", "exitcode", "Signal ", "terminate called")
+"""Lines that say how a rank died: kept whole in a failure's message, where a peer's long traceback (a
+connection reset by the dead rank) would push them out of the stderr tail."""
+
+
 def explain(result: subprocess.CompletedProcess[str], tail: int = 6000) -> str:
     out, err = result.stdout[-tail:], result.stderr[-tail:]
-    return f"exit {result.returncode}\n--- stdout ---\n{out}\n--- stderr ---\n{err}"
+    fatal = [line for line in result.stderr.splitlines() if any(m in line for m in FATAL_MARKERS)]
+    deaths = "\n--- how ranks died ---\n" + "\n".join(fatal[:40]) if fatal else ""
+    return f"exit {result.returncode}{deaths}\n--- stdout ---\n{out}\n--- stderr ---\n{err}"
 
 
 @pytest.fixture
