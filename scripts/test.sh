@@ -38,20 +38,21 @@ fi
 # tests (each a torchrun of CPU ranks) then the planner's other tests, and everything else but those,
 # each in its usual order. tests/planner (CPU-bound, about 3.5 min alone on 2 cores) runs after the
 # distributed tests because that half used to end minutes before the other, leaving a core idle.
-# The first half's output follows the second's; any failing fails the run.
+# The first half's output follows the second's; any failing fails the run. Each lists its slowest
+# tests at its end (--durations), so a CI log says where the time went.
 distributed_log=$(mktemp)
 trap 'rm -f "$distributed_log"' EXIT
 {
   distributed=0
-  python -m pytest -m distributed || distributed=$?
+  python -m pytest -m distributed --durations=25 || distributed=$?
   planner=0
-  python -m pytest -m "not distributed" tests/planner || planner=$?
+  python -m pytest -m "not distributed" tests/planner --durations=10 || planner=$?
   echo "exit $distributed (pytest -m distributed), exit $planner (pytest -m 'not distributed' tests/planner)"
   [ "$distributed" -eq 0 ] && [ "$planner" -eq 0 ]
 } >"$distributed_log" 2>&1 &
 distributed_pid=$!
 rest=0
-python -m pytest -m "not distributed" --ignore=tests/planner || rest=$?
+python -m pytest -m "not distributed" --ignore=tests/planner --durations=25 || rest=$?
 first_half=0
 wait "$distributed_pid" || first_half=$?
 echo "==== the torch.distributed tests, then tests/planner (pytest -m distributed; -m 'not distributed' tests/planner) ===="
