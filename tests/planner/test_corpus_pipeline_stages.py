@@ -10,7 +10,12 @@ from planner.fidelity.schema import Run, load_corpus
 
 
 def _pipelined_run() -> Run:
-    return next(r for f in load_corpus() for r in f.runs if r.config.mesh.pp > 1 and r.config.pipeline)
+    """A pipelined corpus run whose stage split the planner chooses (no `stage_blocks` stated: a stated
+    split is checked on its own, below), whichever source comes first."""
+    return next(
+        r for f in load_corpus() for r in f.runs
+        if r.config.mesh.pp > 1 and r.config.pipeline and r.config.pipeline.stage_blocks is None
+    )
 
 
 def test_more_stages_than_blocks_is_not_priceable() -> None:
