@@ -4,16 +4,34 @@ validate, upload)."""
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from api.db import migrate
+from api.db.session import create_db_engine
 from tests.live_server import running_server
 
 
+@pytest.fixture(scope="session")
+def migrated_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty SQLite file at the schema's head, migrated once per session; each server's database starts
+    as a copy of it (its start-up still runs the migrations, at head)."""
+    path = tmp_path_factory.mktemp("migrated") / "loop.sqlite3"
+    engine = create_db_engine(f"sqlite:///{path}")
+    try:
+        migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+    return path
+
+
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'loop.sqlite3'}"}
+def server(tmp_path: Path, migrated_database: Path) -> Iterator[str]:
+    database = tmp_path / "loop.sqlite3"
+    shutil.copyfile(migrated_database, database)
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{database}"}
     with running_server(env=env, log=tmp_path / "serve.log") as url:
         yield url
