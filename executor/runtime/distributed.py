@@ -125,6 +125,42 @@ def pg_timeout_s() -> float:
     return value
 
 
+GLOO_WORKER_THREADS = 1
+"""Worker threads of a CPU job's gloo process groups (torch's own default: 2 per network device).
+With two, torch 2.13's gloo corrupted glibc's heap when all-gathers ran on both at once: a compiled
+SimpleFSDP step issues its dozens of all-gathers together, and about one CPU run in twenty on a loaded
+2-core machine died of it (`malloc(): unaligned tcache chunk detected`, SIGABRT on one rank, a
+connection reset on its peer). `bench/gloo_in_flight.py` reproduces it without compile or this
+project's code. One thread runs a group's collectives one at a time in issue order, still beside the
+computation, as a GPU job's NCCL stream does."""
+CPU_BACKEND = "gloo_serial"
+"""The torch.distributed backend name of a CPU job's process groups: gloo with
+`GLOO_WORKER_THREADS` worker threads (`cpu_backend` registers it)."""
+
+
+def cpu_backend() -> str:
+    """`CPU_BACKEND`, registered with torch.distributed on first use (every rank, before its first
+    process group: device meshes create their groups with the default group's backend)."""
+    if not hasattr(dist.Backend, CPU_BACKEND.upper()):
+        dist.Backend.register_backend(CPU_BACKEND, _serial_gloo, devices=["cpu"])
+    return CPU_BACKEND
+
+
+def _serial_gloo(
+    store: dist.Store, rank: int, size: int, timeout: datetime.timedelta
+) -> dist.ProcessGroupGloo:
+    """A gloo process group as torch makes one (the network interfaces GLOO_SOCKET_IFNAME names, else
+    the host's default), with `GLOO_WORKER_THREADS` worker threads."""
+    gloo = dist.ProcessGroupGloo
+    options = gloo._Options()
+    interfaces = [name for name in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if name]
+    devices = [gloo.create_device(interface=name) for name in interfaces]
+    options._devices = devices or [gloo.create_default_device()]
+    options._timeout = timeout
+    options._threads = GLOO_WORKER_THREADS
+    return gloo(store, rank, size, options)
+
+
 def init_distributed(plan: RuntimePlan, *, device: str = "auto", timeout_s: float | None = None) -> DistEnv:
     """Check the world size, pick device and backend, and start the default process group (its
     timeout: `timeout_s`, else FSDP_PG_TIMEOUT_S, else 30 minutes)."""
@@ -154,7 +190,8 @@ def init_distributed(plan: RuntimePlan, *, device: str = "auto", timeout_s: floa
         dev, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
         kwargs = {"device_id": dev} if use_cuda else {}
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+        group_backend = backend if use_cuda else cpu_backend()
+        dist.init_process_group(group_backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, backend=backend)
 
 

@@ -8,11 +8,10 @@ gradients. One all-reduce gives every rank the same mean.
 A compiled model evaluates through the graph its training steps run: grad mode on, no backward, the
 loss detached (its saved activations go with it, as a training forward's would before backward).
 Under `torch.no_grad()` or `eval()` torch.compile compiles a second, forward-only graph in the middle
-of the run, at the first evaluation, while the other ranks wait in its collectives: on 2 CPU ranks on a
-loaded machine 1 run in 4 was reported to die there with `malloc(): unaligned tcache chunk detected`
-(issue 38 item 11; here 1 cold run in 18 died after it, with SIGSEGV), where the training graph ran clean.
-The same graph also saves that compile (30-65 s at llama-debug's size on a loaded machine) and holds
-nothing the plan did not price for a training step.
+of the run, at the first evaluation, while the other ranks wait in its collectives (30-65 s at
+llama-debug's size on a loaded machine); the training graph holds nothing the plan did not price for
+a training step. (The heap corruption CPU runs died of around evaluations was gloo's two worker threads
+running all-gathers side by side, not this compile: `GLOO_WORKER_THREADS` in distributed.py.)
 Eager models evaluate without gradients (they compile nothing), and so do pipelines, through their
 schedule's forward-only pass.
 """

@@ -1,13 +1,13 @@
-"""Evaluation in a compiled run compiles nothing new (issue 38 item 11).
+"""Evaluation in a compiled run compiles nothing new.
 
 The README's compiled llama-debug bundle, rendered as a user would (`fsdp-planner plan`, then
 `fsdp-planner launcher`), run through its own `launch.sh` on 2 CPU ranks with an evaluation every
-other step. Its evaluations used to compile a forward-only graph in the middle of the run, where 1 run
-in 4 on a loaded machine was reported to die there of heap corruption (`malloc(): unaligned tcache chunk
-detected`); they now run the training graph. Four evaluations in one run, and dynamo's recompilation
-log must stay silent: a new graph at any of them fails the test at once, where the crash reported in
-that compile needed several runs to show (1 in 18 here: bench/RESULTS.md).
-`bench/launcher_eval_repeats.py` repeats the whole run 20 times on a loaded machine.
+other step. Its evaluations used to compile a forward-only graph in the middle of the run (30-65 s on
+a loaded machine); they now run the training graph. Four evaluations in one run, and dynamo's
+recompilation log must stay silent: a new graph at any of them fails the test at once.
+`bench/launcher_eval_repeats.py` repeats the whole run on a loaded machine. (The heap corruption that
+killed about one such run in twenty was gloo's two worker threads running all-gathers side by side:
+tests/executor/test_cpu_process_groups.py, bench/gloo_in_flight.py.)
 """
 
 from __future__ import annotations
