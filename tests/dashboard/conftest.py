@@ -24,10 +24,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from api.app import create_app
-from api.db import migrate
 from api.db.session import create_db_engine, create_session_factory
 from api.settings import SQLITE_FILE_NAME, Settings
 from tests.live_server import running_server
+from tests.migrated_database import migrate_empty_sqlite
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT_DIR = REPO_ROOT / "test-artifacts" / "screenshots"
@@ -67,13 +67,7 @@ class Database:
 def migrated_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An empty SQLite file at the schema's head, migrated once per session (one to three seconds a
     migration on the 2-core CI box, once per page test before)."""
-    path = tmp_path_factory.mktemp("migrated") / SQLITE_FILE_NAME
-    engine = create_db_engine(f"sqlite:///{path}")
-    try:
-        migrate.upgrade(engine)
-    finally:
-        engine.dispose()
-    return path
+    return migrate_empty_sqlite(tmp_path_factory.mktemp("migrated") / SQLITE_FILE_NAME)
 
 
 @pytest.fixture

@@ -10,22 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from api.db import migrate
-from api.db.session import create_db_engine
 from tests.live_server import running_server
+from tests.migrated_database import migrate_empty_sqlite
 
 
 @pytest.fixture(scope="session")
 def migrated_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An empty SQLite file at the schema's head, migrated once per session; each server's database starts
     as a copy of it (its start-up still runs the migrations, at head)."""
-    path = tmp_path_factory.mktemp("migrated") / "loop.sqlite3"
-    engine = create_db_engine(f"sqlite:///{path}")
-    try:
-        migrate.upgrade(engine)
-    finally:
-        engine.dispose()
-    return path
+    return migrate_empty_sqlite(tmp_path_factory.mktemp("migrated") / "loop.sqlite3")
 
 
 @pytest.fixture
