@@ -27,6 +27,10 @@ import torch
 import torch.distributed as dist
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from executor.runtime.distributed import cpu_backend  # noqa: E402 (the repo on the path first)
+
 SHARD_SHAPES = ((1024, 256), (128,), (128, 768), (384, 256), (384, 256), (128,), (128, 256), (64, 256))
 """One llama-debug block's parameter shards on 2 ranks (plus the embedding's), as the compiled
 forward gathers them."""
@@ -34,9 +38,6 @@ forward gathers them."""
 
 def worker(args: argparse.Namespace) -> None:
     faulthandler.enable(all_threads=True)
-    sys.path.insert(0, str(REPO))
-    from executor.runtime.distributed import cpu_backend
-
     dist.init_process_group(cpu_backend() if args.backend == "runtime" else "gloo")
     rank, group = dist.get_rank(), dist.group.WORLD.group_name
     threads = dist.group.WORLD._get_backend(torch.device("cpu")).options._threads

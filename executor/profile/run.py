@@ -34,7 +34,7 @@ from executor.profile.measure import (
     matmul_samples,
     overlap_contention,
 )
-from executor.runtime.distributed import cpu_backend, exit_process
+from executor.runtime.distributed import exit_process, start_process_group
 
 # Share of the budget per phase (the contention probe takes a few seconds and is not budgeted);
 # blocks and training steps only run when a model is given, grouped GEMMs when it is a mixture of
@@ -150,9 +150,7 @@ def setup() -> tuple[torch.device, str, int]:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if "RANK" in os.environ and not dist.is_initialized():
-        # CPU ranks: gloo with the trainer's one worker thread (`cpu_backend`).
-        group_backend = backend if device.type == "cuda" else cpu_backend()
-        dist.init_process_group(group_backend, timeout=timedelta(minutes=10))
+        start_process_group(device, timedelta(minutes=10))  # as the trainer's (gloo: one worker thread)
     return device, backend, local_world
 
 

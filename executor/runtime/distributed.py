@@ -138,9 +138,18 @@ CPU_BACKEND = "gloo_serial"
 `GLOO_WORKER_THREADS` worker threads (`cpu_backend` registers it)."""
 
 
+def start_process_group(device: torch.device, timeout: datetime.timedelta) -> None:
+    """The default process group for ranks on `device`: nccl on GPUs (bound to the rank's device),
+    gloo with `GLOO_WORKER_THREADS` worker threads on CPU (`cpu_backend`). Device meshes create their
+    groups with the default group's backend, so every group of the job gets the same."""
+    if device.type == "cuda":
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    else:
+        dist.init_process_group(cpu_backend(), timeout=timeout)
+
+
 def cpu_backend() -> str:
-    """`CPU_BACKEND`, registered with torch.distributed on first use (every rank, before its first
-    process group: device meshes create their groups with the default group's backend)."""
+    """`CPU_BACKEND`, registered with torch.distributed on first use."""
     if not hasattr(dist.Backend, CPU_BACKEND.upper()):
         dist.Backend.register_backend(CPU_BACKEND, _serial_gloo, devices=["cpu"])
     return CPU_BACKEND
@@ -189,9 +198,7 @@ def init_distributed(plan: RuntimePlan, *, device: str = "auto", timeout_s: floa
     else:
         dev, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        kwargs = {"device_id": dev} if use_cuda else {}
-        group_backend = backend if use_cuda else cpu_backend()
-        dist.init_process_group(group_backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+        start_process_group(dev, datetime.timedelta(seconds=timeout_s))
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, backend=backend)
 
 

@@ -13,7 +13,7 @@ import json
 import subprocess
 import sys
 
-from executor.runtime.distributed import GLOO_WORKER_THREADS
+from executor.runtime.distributed import CPU_BACKEND, GLOO_WORKER_THREADS
 from tests.executor.conftest import REPO, job_env
 
 PROBE = """
@@ -45,6 +45,7 @@ def test_cpu_jobs_run_gloo_with_one_worker_thread_in_every_group() -> None:
                             text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["backend"] == CPU_BACKEND
     assert seen["kinds"] == ["ProcessGroupGloo"]
     assert seen["threads"] == [GLOO_WORKER_THREADS] == [1]
     assert seen["gathered"] == [0.0, 1.0, 2.0, 3.0]  # the functional collectives compiled graphs call
