@@ -18,6 +18,7 @@ import typer
 from typer import _click as click
 from typer._click.exceptions import BadParameter, UsageError
 from typer.core import TyperCommand, TyperGroup, TyperOption
+from typer.models import DefaultPlaceholder
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,13 +122,18 @@ class PlannerCommand(TyperCommand):
 
 
 def _with_planner_commands(app: typer.Typer) -> None:
-    """Build every command of `app` and of its sub-apps (db, keys) as a PlannerCommand."""
+    """Build every command of `app` as a PlannerCommand, and its sub-apps (db, keys) as PlannerGroups
+    whose commands are PlannerCommands: a group's `--help` is a flag like a command's."""
     for info in app.registered_commands:
         if info.cls in (None, TyperCommand):  # Typer's default
             info.cls = PlannerCommand
     for group in app.registered_groups:
-        if group.typer_instance is not None:
-            _with_planner_commands(group.typer_instance)
+        if group.typer_instance is None:
+            continue
+        cls = group.cls if not isinstance(group.cls, DefaultPlaceholder) else group.typer_instance.info.cls
+        if isinstance(cls, DefaultPlaceholder) or cls in (None, TyperGroup):  # Typer's default
+            group.cls = PlannerGroup
+        _with_planner_commands(group.typer_instance)
 
 
 def load_command(entry: CommandEntry) -> click.Command:

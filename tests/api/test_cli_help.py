@@ -49,6 +49,23 @@ def every_command() -> Iterator[tuple[str, object]]:
 COMMAND_PATHS = sorted(path for path, _ in every_command())
 
 
+def every_group() -> Iterator[str]:
+    """`` (the root), `db`, `keys`, ...: every path whose `--help` lists commands rather than options."""
+    def walk(path: str, command: object) -> Iterator[str]:
+        subcommands = getattr(command, "commands", None)
+        if subcommands:
+            yield path
+            for name, sub in subcommands.items():
+                yield from walk(f"{path} {name}", sub)
+
+    yield ""
+    for entry in COMMANDS:
+        yield from walk(entry.name, load_command(entry))
+
+
+GROUP_PATHS = sorted(every_group())
+
+
 def help_text(path: str) -> str:
     result = runner.invoke(app, [*path.split(), "--help"], prog_name="fsdp-planner", env=WIDE)
     assert result.exit_code == 0, result.output
@@ -59,17 +76,20 @@ def options(command: object) -> list[TyperOption]:
     return [p for p in command.params if isinstance(p, TyperOption)]  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("path", COMMAND_PATHS)
+@pytest.mark.parametrize("path", GROUP_PATHS + COMMAND_PATHS)
 def test_flags_show_no_value_type(path: str) -> None:
+    """Every command's `--help`, and every group's (the root, `db`, `keys`): `--help` itself is a flag."""
     text = help_text(path)
+    assert "--help" in text, text
     assert "<bool>" not in text, text
 
 
 def test_every_command_has_a_flag_and_a_number_walked() -> None:
-    """The walk reaches the commands' options (a test over nothing would pass)."""
+    """The walk reaches the commands' options and the groups (a test over nothing would pass)."""
     commands = dict(every_command())
     assert {"--async-tp", "--verbose"} <= {o.opts[0] for o in options(commands["plan"]) if o.is_flag}
     assert len(commands) >= 17
+    assert {"", "db", "keys"} <= set(GROUP_PATHS)
 
 
 @pytest.mark.parametrize("path", COMMAND_PATHS)
