@@ -10,6 +10,11 @@ This renders that bundle the same way, then runs it `--runs` times beside `--bur
 on the CPU, and reports each run's exit status, wall time, evaluation losses and any heap-corruption
 message. `--cold-cache` gives every run an empty inductor cache (a fresh machine's first run compiles
 everything); by default the runs share one cache, as a user's reruns do.
+
+The cause, found later (bench/gloo_in_flight.py, bench/RESULTS.md "CPU ranks' heap corruption"): torch's
+gloo with two worker threads corrupts the heap when many all-gathers are in flight; every CPU group of a
+job now runs gloo with one worker thread (executor/runtime/distributed.py). This bench is the user's-eye
+check of that fix.
 """
 
 from __future__ import annotations
