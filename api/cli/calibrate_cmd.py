@@ -32,6 +32,7 @@ from api.cli.common import (
     read_json_file,
     whole_number,
 )
+from api.cli.printing import stdout_console
 from api.hints import EXECUTOR_EXTRA_INSTALL
 from executor.launch.calibration import write_calibration_bundle
 from executor.launch.environment import static_defaults
@@ -149,13 +150,13 @@ def calibrate(
         profile = CalibrationProfile.model_validate(read_json_file(output, "profile"))
     except ValidationError as exc:
         raise fail(describe_validation_error(exc, prefix="profile"), EXIT_FAILED) from None
-    show_fit(profile, Console())
-    Console().print(
+    show_fit(profile, stdout_console())
+    stdout_console().print(
         f"Profile written to {output}; plan with it: fsdp-planner plan ... --calibration {output}"
     )
     if upload is not None:
         stored = ServerClient(upload, api_key).post("/calibrations", profile.model_dump(mode="json"))
-        Console().print(
+        stdout_console().print(
             f'Uploaded as calibration {stored["id"]}: POST plans with "calibration_id": {stored["id"]}'
         )
 
@@ -197,7 +198,7 @@ def write_bundle(
         raise fail(exc.message) from None
     except (ValueError, UnsafeValueError) as exc:
         raise fail(str(exc)) from None
-    Console().print(
+    stdout_console().print(
         f"wrote {directory}\n  on the cluster: cd {directory.name} && sbatch calibrate.sbatch "
         f"(or NNODES={spec.num_nodes} MASTER_ADDR=<node 0> ./calibrate.sh on every node); then upload "
         "profile.json (POST /api/v1/calibrations)",

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from api.cli.printing import stdout_console
 from planner import fidelity as fidelity_package
 from planner.fidelity.report import (
     REPORT_RESOURCE,
@@ -76,7 +77,7 @@ def fidelity(
     if as_json:
         typer.echo(document, nl=False)
         return
-    console = Console()
+    console = stdout_console()
     print_report(report, console, runs=runs)
     for path in written:
         console.print(f"Report written to {path}", highlight=False)

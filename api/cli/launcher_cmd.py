@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from api.cli.common import DEFAULT_SERVER, SERVER_ENV, STORED_ID, fail, load_plan, whole_number
+from api.cli.printing import stdout_console
 from executor.launch.bundle import (
     DEFAULT_CUDA_VERSION,
     DEFAULT_ROCM_VERSION,
@@ -135,7 +135,7 @@ def launcher(
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"cannot write to {out}: {exc.strerror or exc}") from None
-    console = Console()
+    console = stdout_console()
     console.print(f"wrote {archive}", highlight=False)
     if not no_extract and target == "torchtitan":
         console.print(

@@ -28,6 +28,7 @@ from api.cli.common import (
     read_json_file,
     whole_number,
 )
+from api.cli.printing import stdout_console
 from contract.parallel_config import (
     PIPELINE_SCHEDULES,
     CheckpointMode,
@@ -185,9 +186,9 @@ def plan(
     if as_json:
         typer.echo(document)
     else:
-        print_plan(result, Console(), verbose=verbose)
+        print_plan(result, stdout_console(), verbose=verbose)
         if output is not None:
-            Console().print(f"\nPlan written to {output}")
+            stdout_console().print(f"\nPlan written to {output}")
     for note in (cpu_precision_note(result), network_unused(cluster_spec)):
         if note:
             Console(stderr=True).print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)

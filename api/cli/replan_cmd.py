@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from api.cli.common import (
     DEFAULT_SERVER,
@@ -18,6 +17,7 @@ from api.cli.common import (
     plan_from_document,
 )
 from api.cli.plan_cmd import VerboseOption, print_plan
+from api.cli.printing import stdout_console
 
 
 def register(app: typer.Typer) -> None:
@@ -58,7 +58,7 @@ def replan(
     if as_json:
         typer.echo(document)
         return
-    console = Console()
+    console = stdout_console()
     ceiling = stored["request"]["search"].get("max_peak_memory_gib")
     failed = stored.get("replanned_from_run_id")
     source = f"as run {failed} of plan {plan_id} did" if failed else f"as plan {plan_id}'s configuration"

@@ -31,6 +31,7 @@ from api.cli.common import (
     fail,
     plan_answer,
 )
+from api.cli.printing import stdout_console
 from api.hints import EXECUTOR_EXTRA_INSTALL
 from api.settings import Settings
 from planner.errors import describe_validation_error
@@ -137,7 +138,8 @@ def trace(
         raise fail(f"--output: cannot write {output}: {exc.strerror or exc}") from None
     if as_json:
         typer.echo(text)
-    console = Console(stderr=as_json)  # with --json, stdout carries only the document
+    # With --json, stdout carries only the document.
+    console = Console(stderr=True) if as_json else stdout_console()
     print_trace(result, console)
     if server is None:
         print_next_steps(result, output, console)

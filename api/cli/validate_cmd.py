@@ -41,6 +41,7 @@ from api.cli.common import (
     whole_number,
 )
 from api.cli.plan_cmd import within
+from api.cli.printing import stdout_console
 from executor.launch.bundle import bundle_name, write_bundle
 from planner.bounds import MAX_MEMORY_GIB, MIN_DEVICE_MEMORY_GIB
 from planner.formatting import duration
@@ -219,7 +220,7 @@ def validate(
     if upload and plan_id is None:
         raise fail("--upload stores the run with its plan on the server: use --plan-id ID (not --plan FILE)")
     plan = load_plan(plan_file, plan_id, server, api_key)
-    console = Console()
+    console = stdout_console()
     if note := cpu_precision_note(plan):
         console.print(f"[yellow]note:[/] {note}")
     trainer_args: tuple[str, ...] = ()

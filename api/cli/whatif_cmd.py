@@ -38,6 +38,7 @@ from api.cli.common import (
     server_url,
 )
 from api.cli.plan_cmd import CHECKPOINT_MODES, FLOAT8_CHOICES, SHARDINGS, search_pins, within
+from api.cli.printing import stdout_console
 from api.typed_numbers import parse_decimal
 from contract.training_config import precision_label
 from planner.errors import PlanningError, describe_validation_error
@@ -172,9 +173,9 @@ def whatif(
     if as_json:
         typer.echo(document)
         return
-    print_study(study, summary, Console())
+    print_study(study, summary, stdout_console())
     if output is not None:
-        Console().print(f"\nStudy written to {output}")
+        stdout_console().print(f"\nStudy written to {output}")
 
 
 def _plan_here(study: StudyRequest) -> StudySummary:
@@ -220,8 +221,8 @@ def _on_server(server: str, api_key: str | None, body: dict[str, Any], *, model:
     points = tuple(StudyPoint.model_validate(p) for p in stored["points"])
     summary = StudySummary(points=points, fastest=stored["fastest"], cheapest=stored["cheapest"],
                            cheapest_within_deadline=stored["cheapest_within_deadline"])
-    print_study(study, summary, Console())
-    Console().print(f"\nStored as study {stored['id']}: {server_url(server)}/studies/{stored['id']}")
+    print_study(study, summary, stdout_console())
+    stdout_console().print(f"\nStored as study {stored['id']}: {server_url(server)}/studies/{stored['id']}")
 
 
 _CANDIDATE = re.compile(r"^gpus\.(\d+)(\.[\w.]+)?: ")
