@@ -270,19 +270,18 @@ def bundle_files(
     vendor's, nvidia.com/gpu or amd.com/gpu) place the pods (scheduling.py); `calibration` (the plan's
     profile) re-prices a `torchtitan` bundle."""
     _check_target(target)
+    placement = pod_placement(
+        plan, image=image, torch_version=torch_version, cuda_version=cuda_version, rocm_version=rocm_version,
+        rdma_resource=rdma_resource, rdma_count=rdma_count, queue=queue, node_selector=node_selector,
+        tolerations=tolerations, priority_class=priority_class, gpu_resource=gpu_resource,
+    )
     if target == "torchtitan":
         # Imported here: the torchtitan target builds on this module's context and files.
         from executor.launch import torchtitan
 
-        return torchtitan.bundle_files(plan, calibration=calibration)
-    stack = vendors.stack_for(plan.cluster.resolved_gpu())
-    pods = scheduling.scheduling(
-        queue=queue, node_selector=node_selector, tolerations=tolerations,
-        priority_class=priority_class, gpu_resource=gpu_resource or stack.gpu_resource,
-    )
+        return torchtitan.bundle_files(plan, calibration=calibration, placement=placement)
     targets = ["torchrun", "slurm", "k8s", "skypilot"] if target == "all" else [target]
-    chosen = torch_image(torch_version, cuda_version, image, stack=stack, rocm_version=rocm_version)
-    ctx = context(plan, image=chosen)
+    ctx = context(plan, image=placement.image)
     core = [
         BundleFile("plan.json", (plan.model_dump_json(indent=1) + "\n").encode()),
         BundleFile("launch.sh", render.launch_sh(ctx).encode(), executable=True),
@@ -293,14 +292,9 @@ def bundle_files(
         files.append(BundleFile("slurm.sbatch", render.slurm_sbatch(ctx).encode(), executable=True))
     kube = None
     if "k8s" in targets:
-        _check_resource_image(plan, stack, pods.gpu_resource, image)
         # The manifests carry launch.sh + plan + runtime in a ConfigMap (see manifests.unpack_command).
-        kube = kube_context(
-            plan, core, torch_version=torch_version, rdma_resource=rdma_resource, rdma_count=rdma_count,
-            pods=pods,
-        )
-        files.append(BundleFile("k8s.yaml", render.k8s_trainjob(ctx, kube).encode()))
-        files.append(BundleFile("k8s-pytorchjob.yaml", render.k8s_pytorchjob(ctx, kube).encode()))
+        kube, manifests = kubernetes_files(plan, ctx, core, placement)
+        files.extend(manifests)
     sky, sky_missing = None, ""
     if "skypilot" in targets:
         try:
@@ -323,6 +317,72 @@ def bundle_files(
     )
     files.append(BundleFile("README.md", text.encode()))
     return files
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The Kubernetes options of a bundle, validated: the image, the pods' scheduling and RDMA."""
+
+    stack: vendors.Stack
+    """The plan's GPU vendor's stack."""
+    image: str
+    """The manifests' image (the one given, else the stack's PyTorch image)."""
+    given_image: bool
+    """Whether the image was given (--image): then it may drive another vendor's GPUs."""
+    torch_version: str
+    pods: scheduling.Scheduling
+    rdma_resource: str | None = None
+    rdma_count: int = 1
+
+
+def pod_placement(
+    plan: Plan,
+    *,
+    image: str | None = None,
+    torch_version: str = DEFAULT_TORCH_VERSION,
+    cuda_version: str = DEFAULT_CUDA_VERSION,
+    rocm_version: str = DEFAULT_ROCM_VERSION,
+    rdma_resource: str | None = None,
+    rdma_count: int = 1,
+    queue: str | None = None,
+    node_selector: Sequence[str] = (),
+    tolerations: Sequence[str] = (),
+    priority_class: str | None = None,
+    gpu_resource: str | None = None,
+) -> Placement:
+    """The bundle's Kubernetes options checked (bundle_files says what each is); every target's bundle
+    checks them, so a bad one is refused whichever target is asked for."""
+    stack = vendors.stack_for(plan.cluster.resolved_gpu())
+    pods = scheduling.scheduling(
+        queue=queue, node_selector=node_selector, tolerations=tolerations,
+        priority_class=priority_class, gpu_resource=gpu_resource or stack.gpu_resource,
+    )
+    chosen = torch_image(torch_version, cuda_version, image, stack=stack, rocm_version=rocm_version)
+    return Placement(
+        stack=stack, image=chosen, given_image=image is not None, torch_version=torch_version, pods=pods,
+        rdma_resource=rdma_resource, rdma_count=rdma_count,
+    )
+
+
+def kubernetes_files(
+    plan: Plan,
+    ctx: render.LaunchContext,
+    core: list[BundleFile],
+    placement: Placement,
+    entry: render.Entry = render.TRAIN,
+) -> tuple[render.KubeContext, list[BundleFile]]:
+    """k8s.yaml (TrainJob) and k8s-pytorchjob.yaml (PyTorchJob), whose pods unpack `core` from a
+    ConfigMap and run its launch.sh (which starts `entry`), and the KubeContext the README describes."""
+    _check_resource_image(plan, placement.stack, placement.pods.gpu_resource,
+                          placement.image if placement.given_image else None)
+    kube = kube_context(
+        plan, core, torch_version=placement.torch_version, rdma_resource=placement.rdma_resource,
+        rdma_count=placement.rdma_count, pods=placement.pods,
+    )
+    return kube, [
+        BundleFile("k8s.yaml", render.k8s_trainjob(ctx, kube, entry).encode()),
+        BundleFile("k8s-pytorchjob.yaml", render.k8s_pytorchjob(ctx, kube, entry).encode()),
+    ]
 
 
 def _check_resource_image(plan: Plan, stack: vendors.Stack, gpu_resource: str, image: str | None) -> None:

@@ -3,6 +3,7 @@ skypilot.yaml, README.md. Each renderer takes a LaunchContext whose fields are a
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from contract.float8 import TORCHAO_REQUIREMENT
@@ -87,6 +88,16 @@ class Entry:
     """Whether the run trains on data: DATA / SYNTHETIC_DATA choose it, and one of them is required."""
     example_options: str = "--steps 1000"
     """Options the scripts' usage examples pass (the torchtitan target's are torchtitan's)."""
+    carries: str = "launch.sh, plan.json, the runtime"
+    """What the bundle's Kubernetes ConfigMap carries, as the manifests' comments and README name it."""
+    k8s_options: str = "--data /data/ds --steps 1000"
+    """Options the manifests' comments show after the "launch" placeholder of the container's args."""
+    checkpoints: str = "CHECKPOINT_DIR: a restarted pod resumes from the newest"
+    """How the run uses the checkpoint claim mounted at CHECKPOINT_DIR (the manifests' comments)."""
+    requirement: str = ""
+    """A package the image must add to torch, which launch.sh checks for (`torchtitan==0.3.0`; '': none)."""
+    requirement_module: str = ""
+    """The module launch.sh imports to check for it."""
 
 
 TRAIN = Entry(
@@ -279,21 +290,29 @@ def slurm_sbatch(ctx: LaunchContext, entry: Entry = TRAIN) -> str:
     )
 
 
-def k8s_trainjob(ctx: LaunchContext, kube: KubeContext) -> str:
-    """k8s.yaml: the checkpoint claim, a Kubeflow Trainer v2 TrainJob, and the ConfigMap of the bundle."""
-    return _manifest(ctx, kube, manifests.train_job(ctx, kube))
+def k8s_trainjob(ctx: LaunchContext, kube: KubeContext, entry: Entry = TRAIN) -> str:
+    """k8s.yaml: the checkpoint claim, a Kubeflow Trainer v2 TrainJob, and the ConfigMap of the bundle
+    (whose launch.sh starts `entry`)."""
+    return _manifest(ctx, kube, manifests.train_job(ctx, kube), entry)
 
 
-def k8s_pytorchjob(ctx: LaunchContext, kube: KubeContext) -> str:
+def k8s_pytorchjob(ctx: LaunchContext, kube: KubeContext, entry: Entry = TRAIN) -> str:
     """k8s-pytorchjob.yaml: the same with a Training Operator v1 PyTorchJob (clusters without Trainer v2)."""
-    return _manifest(ctx, kube, manifests.pytorch_job(ctx, kube))
+    return _manifest(ctx, kube, manifests.pytorch_job(ctx, kube), entry)
 
 
-def _manifest(ctx: LaunchContext, kube: KubeContext, job: manifests.Document) -> str:
+def k8s_example_args(entry: Entry) -> str:
+    """The container's args with the entry's example options, as the manifests' comments show them."""
+    return json.dumps(["launch", *entry.k8s_options.split()])
+
+
+def _manifest(ctx: LaunchContext, kube: KubeContext, job: manifests.Document, entry: Entry) -> str:
     """The manifest's three documents, dumped between their comments (templates/k8s.yaml.j2)."""
     _, unset = environment.k8s_env(ctx.stack.vendor)
     return render_template(
         "k8s.yaml.j2",
+        entry=entry,
+        example_args=k8s_example_args(entry),
         kube=kube,
         claim=manifests.checkpoint_claim(ctx, kube),
         job=job,
@@ -330,12 +349,15 @@ def readme(
     kube: KubeContext | None = None,
     sky: skypilot.SkyContext | None = None,
     sky_missing: str = "",
+    entry: Entry = TRAIN,
 ) -> str:
     """The bundle's README.md: how to run each of its targets, its mesh, the cluster environment
     (`sky_missing`: why a bundle for every target has no SkyPilot task)."""
     return render_template(
         "README.md.j2",
         ctx=ctx,
+        entry=entry,
+        example_args=k8s_example_args(entry),
         targets=targets,
         prediction=prediction,
         kube=kube,

@@ -18,8 +18,16 @@ from typing import Any
 
 from contract.mesh import AXES
 from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig
-from executor.launch import render
-from executor.launch.bundle import BundleFile, _prediction, context
+from executor.launch import environment, render
+from executor.launch.bundle import (
+    BundleFile,
+    Placement,
+    _prediction,
+    context,
+    kubernetes_files,
+    pod_placement,
+)
+from executor.launch.manifests import CHECKPOINT_MOUNT, WORK_DIR
 from executor.launch.quoting import slug
 from executor.launch.templating import render_template
 from planner.calibration import CalibrationProfile
@@ -347,16 +355,39 @@ TRAIN = render.Entry(
           "--training.steps 1000",
     resumable=False,
     example_options="--hf_assets_path /shared/tokenizer --training.steps 1000",
+    carries=f"launch.sh, plan.json, {JOB_MODULE}.py",
+    k8s_options="--hf_assets_path /shared/tokenizer --checkpoint.enable "
+                f"--checkpoint.folder {CHECKPOINT_MOUNT} --checkpoint.keep_latest_k 2",
+    checkpoints=f"torchtitan saves there and resumes from the newest with `--checkpoint.enable "
+                f"--checkpoint.folder {CHECKPOINT_MOUNT}`",
+    requirement=f"torchtitan=={TORCHTITAN_VERSION}",
+    requirement_module="torchtitan",
 )
 
 
-def bundle_files(plan: Plan, *, calibration: CalibrationProfile | None = None) -> list[BundleFile]:
-    """The torchtitan bundle: plan.json, the config module, launch.sh (torchrun), slurm.sbatch and a
-    README with the mapping, what torchtitan cannot express and the prediction re-priced (under
-    `calibration`, the plan's profile, where the caller has it)."""
+def bundle_files(
+    plan: Plan, *, calibration: CalibrationProfile | None = None, placement: Placement | None = None
+) -> list[BundleFile]:
+    """The torchtitan bundle: plan.json, the config module, launch.sh (torchrun), slurm.sbatch, the
+    Kubernetes manifests (the torchrun target's, whose pods run this launch.sh; `placement`: their
+    checked options, default the plan's vendor's PyTorch image) and a README with the mapping, what
+    torchtitan cannot express and the prediction re-priced (under `calibration`, the plan's profile,
+    where the caller has it)."""
     job = mapping(plan)
-    ctx = context(plan)
+    placement = placement or pod_placement(plan)
+    ctx = context(plan, image=placement.image)
     priced = repriced(plan, job.config, calibration=calibration)
+    module = render_template(
+        "torchtitan/job.py.j2", ctx=ctx, values=job.values, job_module=JOB_MODULE, job_function=JOB_FUNCTION,
+        model=slug(plan.model.name, limit=60),
+    )
+    core = [
+        BundleFile("plan.json", (plan.model_dump_json(indent=1) + "\n").encode()),
+        BundleFile(f"{JOB_MODULE}.py", module.encode()),
+        BundleFile("launch.sh", render.launch_sh(ctx, TRAIN).encode(), executable=True),
+    ]
+    # The pods unpack these three from a ConfigMap and run launch.sh (manifests.unpack_command).
+    kube, manifests = kubernetes_files(plan, ctx, core, placement, TRAIN)
     readme = render_template(
         "torchtitan/README.md.j2",
         ctx=ctx,
@@ -372,15 +403,17 @@ def bundle_files(plan: Plan, *, calibration: CalibrationProfile | None = None) -
         # engine, and the README says so.
         uncalibrated=plan.calibration_id if plan.calibration_id is not None and calibration is None else None,
         model=slug(plan.model.name, limit=60),
-    )
-    module = render_template(
-        "torchtitan/job.py.j2", ctx=ctx, values=job.values, job_module=JOB_MODULE, job_function=JOB_FUNCTION,
-        model=slug(plan.model.name, limit=60),
+        # The Kubernetes section (templates/parts/readme_kubernetes.md.j2), as the torchrun bundle's.
+        entry=TRAIN,
+        example_args=render.k8s_example_args(TRAIN),
+        kube=kube,
+        work_dir=WORK_DIR,
+        checkpoint_mount=CHECKPOINT_MOUNT,
+        termination_grace_s=environment.TERMINATION_GRACE_S,
     )
     return [
-        BundleFile("plan.json", (plan.model_dump_json(indent=1) + "\n").encode()),
-        BundleFile(f"{JOB_MODULE}.py", module.encode()),
-        BundleFile("launch.sh", render.launch_sh(ctx, TRAIN).encode(), executable=True),
+        *core,
         BundleFile("slurm.sbatch", render.slurm_sbatch(ctx, TRAIN).encode(), executable=True),
+        *manifests,
         BundleFile("README.md", readme.encode()),
     ]

@@ -5,9 +5,12 @@ mapped field equal to the plan; models torchtitan lacks are refused with why."""
 from __future__ import annotations
 
 import ast
+import base64
 import dataclasses
 import importlib
+import io
 import sys
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -16,13 +19,14 @@ import pytest
 
 from contract.mesh import AXES
 from executor.launch.bundle import bundle_files, bundle_name, write_bundle
+from executor.launch.manifests import unpack_command
 from executor.launch.quoting import UnsafeValueError, python_literal
 from executor.launch.torchtitan import JOB_FUNCTION, JOB_MODULE, NotOnTorchtitanError, mapping
 from planner.catalog.models import resolve_model
 from planner.plan import Plan
 from planner.search import make_plan
 from planner.specs import ClusterSpec, PlanRequest, SearchSpace, TrainingSpec
-from tests.executor.launch_lint import lint_script
+from tests.executor.launch_lint import documents, lint_script, validate_manifest
 
 # The test command installs torchtitan==0.3.0 (scripts/test.sh): these run against the real package.
 from torchtitan import trainer  # isort: skip
@@ -153,13 +157,77 @@ def test_float8_plans_convert_the_blocks_linears(plan_8b: Plan, job_module, monk
 
 def test_the_bundle_readme_shows_the_repriced_plan_and_what_is_not_expressed(plan_70b: Plan) -> None:
     files = {f.path: f.data for f in bundle_files(plan_70b, target="torchtitan")}
-    assert set(files) == {"plan.json", f"{JOB_MODULE}.py", "launch.sh", "slurm.sbatch", "README.md"}
+    assert set(files) == {
+        "plan.json", f"{JOB_MODULE}.py", "launch.sh", "slurm.sbatch", "k8s.yaml", "k8s-pytorchjob.yaml",
+        "README.md",
+    }
     readme = files["README.md"].decode()
     assert "re-priced for the `torchtitan` engine" in readme and "[torchtitan]" in readme
     assert "FSDP units of" in readme  # the 70B plan wraps several blocks per unit
     launch = files["launch.sh"].decode()
     assert f"ARGS=(--module {JOB_MODULE} --config {JOB_FUNCTION})" in launch
     assert '-m torchtitan.train "${ARGS[@]}" "$@"' in launch
+
+
+KUEUE = {
+    "queue": "team-a",
+    "node_selector": ["nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"],
+    "tolerations": ["nvidia.com/gpu:NoSchedule"],
+    "priority_class": "training-high",
+    "image": "registry.example.com/torchtitan:0.3.0",
+}
+
+
+def pod_commands(doc: dict) -> list[tuple[list[str], list[str], str]]:
+    """(command, args, image) of every container of a TrainJob or PyTorchJob."""
+    if doc["kind"] == "TrainJob":
+        trainer = doc["spec"]["trainer"]
+        return [(trainer["command"], trainer["args"], trainer["image"])]
+    return [
+        (c["command"], c["args"], c["image"])
+        for replica in doc["spec"]["pytorchReplicaSpecs"].values()
+        for c in replica["template"]["spec"]["containers"]
+    ]
+
+
+def test_the_kubernetes_manifests_start_torchtitan_and_pass_the_schemas(
+    plan_70b: Plan, 
+    tmp_path: Path,
+) -> None:
+    write_bundle(plan_70b, tmp_path, target="torchtitan", **KUEUE)
+    directory = tmp_path / bundle_name(plan_70b)
+    launch = (directory / "launch.sh").read_text()
+    # launch.sh's torchtitan invocation: torchrun running torchtitan.train with the config module.
+    assert f"ARGS=(--module {JOB_MODULE} --config {JOB_FUNCTION})" in launch
+    assert '-m torchtitan.train "${ARGS[@]}" "$@"' in launch
+    for name, job_kind in (("k8s.yaml", "TrainJob"), ("k8s-pytorchjob.yaml", "PyTorchJob")):
+        checked = validate_manifest(directory / name)  # strict, at the oldest and newest Kubernetes
+        assert any(c.startswith(f"{job_kind}/") for c in checked), checked
+        docs = documents((directory / name).read_text())
+        job = docs[job_kind]
+        assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        # Every pod unpacks the ConfigMap's archive and runs its launch.sh: the bundle's own, byte for byte,
+        # beside the config module it names.
+        for command, args, image in pod_commands(job):
+            assert command == ["bash", "-c", unpack_command()] and args == ["launch"]
+            assert image == KUEUE["image"]
+        assert unpack_command().endswith('exec ./launch.sh "$@"')
+        archive = base64.b64decode(docs["ConfigMap"]["binaryData"]["bundle.tar.gz"])
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            carried = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+        assert set(carried) == {"plan.json", f"{JOB_MODULE}.py", "launch.sh"}
+        assert carried["launch.sh"].decode() == launch
+        assert carried[f"{JOB_MODULE}.py"] == (directory / f"{JOB_MODULE}.py").read_bytes()
+        text = (directory / name).read_text()
+        assert "torchtitan==0.3.0: the official image has none" in text
+        assert "--checkpoint.folder" in text and "--data" not in text
+    readme = (directory / "README.md").read_text()
+    assert "## Kubernetes" in readme and "Kueue LocalQueue `team-a`" in " ".join(readme.split())
+
+
+def test_launch_sh_refuses_an_interpreter_without_torchtitan(plan_8b: Plan) -> None:
+    launch = {f.path: f.data for f in bundle_files(plan_8b, target="torchtitan")}["launch.sh"].decode()
+    assert 'if ! "$PYTHON" -c "import torchtitan"' in launch and "torchtitan==0.3.0" in launch
 
 
 def test_the_scripts_pass_shellcheck(plan_70b: Plan, tmp_path: Path) -> None:
