@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from contract.loss_slices import loss_chunks_for
-from contract.mesh import Mesh, axis, axis_problems, mesh_problems
+from contract.mesh import MODEL_PARALLEL_AXES, Axis, Mesh, axis, axis_problems, mesh_problems, searched_axes
 from contract.parallel_config import (
     EAGER_ONLY_SCHEDULES,
     ParallelConfig,
@@ -237,31 +237,51 @@ def searched_degrees(axis: Callable[[PlanRequest], list[int]], request: PlanRequ
         return [1]
 
 
-def splitting_meshes(request: PlanRequest) -> list[tuple[int, int, int]]:
-    """(pp, tp, cp) of the searched degrees whose data-parallel ranks (world / (pp x tp x cp)) split
-    the global batch evenly, whose sequence splits into 2 x cp x tp pieces, and whose per-rank batch
-    fills the pipeline (at least pp sequences); pipelines with context parallelism are searched
-    together (the runtime runs cp inside each stage); a pin the model cannot take counts as 1 here:
-    planning names that error."""
-    degrees = [
-        searched_degrees(axis, request)
-        for axis in (pipeline_parallel_degrees, tensor_parallel_degrees, context_parallel_degrees)
-    ]
+SEARCH_DEGREES: dict[str, Callable[[PlanRequest], list[int]]] = {
+    degrees.__name__: degrees
+    for degrees in (
+        tensor_parallel_degrees, context_parallel_degrees, expert_parallel_degrees, pipeline_parallel_degrees
+    )
+}
+"""The functions choosing each searched axis's degrees (its physics: what is worth trying), by the
+search field the registry names for the axis (`Axis.search_field`)."""
+
+
+def search_degrees(entry: Axis) -> Callable[[PlanRequest], list[int]]:
+    """The function choosing the degrees the search tries on a searched axis: the one named as the
+    axis's search field (`tensor_parallel_degrees`)."""
+    return SEARCH_DEGREES[entry.search_field or ""]
+
+
+def model_parallel_meshes(degrees: Callable[[Axis], list[int]]) -> Iterator[Mesh]:
+    """Every mesh of one data-parallel rank (its data-parallel axes at 1): each combination of the
+    degrees `degrees` gives each model-parallel axis (`MODEL_PARALLEL_AXES`, outermost first)."""
+    axes = [axis(name) for name in MODEL_PARALLEL_AXES]
+    for chosen in itertools.product(*(degrees(entry) for entry in axes)):
+        yield Mesh(**dict(zip(MODEL_PARALLEL_AXES, chosen, strict=True)))
+
+
+def splitting_meshes(request: PlanRequest) -> list[Mesh]:
+    """The model-parallel meshes (pp, cp, tp; data-parallel axes at 1) of the searched degrees whose
+    data-parallel ranks (world / model_parallel) split the global batch evenly, whose sequence splits
+    into its `sequence_pieces`, and whose per-rank batch fills the pipeline (at least pp sequences);
+    pipelines with context parallelism are searched together (the runtime runs cp inside each stage);
+    a pin the model cannot take counts as 1 here: planning names that error."""
     world, sequences = request.cluster.world_size, request.training.global_batch_sequences
     seq_len = request.training.seq_len
     meshes = []
-    for pp, tp, cp in itertools.product(*degrees):
-        ranks = pp * tp * cp
+    for parallel in model_parallel_meshes(lambda entry: searched_degrees(search_degrees(entry), request)):
+        ranks = parallel.model_parallel
         if world % ranks or sequences % (world // ranks):
             continue
-        if seq_len % Mesh(cp=cp, tp=tp).sequence_pieces == 0 and sequences // (world // ranks) >= pp:
-            meshes.append((pp, tp, cp))
+        if seq_len % parallel.sequence_pieces == 0 and sequences // (world // ranks) >= parallel.pp:
+            meshes.append(parallel)
     return meshes
 
 
 def splitting_degrees(request: PlanRequest) -> list[int]:
     """The searched tensor-parallel degrees that split the batch with some pp and cp degree."""
-    return sorted({tp for _, tp, _ in splitting_meshes(request)})
+    return sorted({parallel.tp for parallel in splitting_meshes(request)})
 
 
 def pipeline_configs(
@@ -337,26 +357,25 @@ def check_pipeline(request: PlanRequest, config: ParallelConfig) -> None:
         raise PlanningError(f"config.{exc}", field="config.pipeline") from None
 
 
-def data_parallel_meshes(
-    request: PlanRequest, tp: int, cp: int = 1, pp: int = 1
-) -> Iterator[tuple[str, Mesh]]:
-    """(sharding, mesh) for every allowed sharding of the dp = world / (pp x tp x cp) data-parallel
-    ranks (FSDP shards over dp_shard x cp: the cp ranks hold the same parameters), each with every
-    searched expert-parallel degree that divides its shard group (the ep ranks are carved out of it)."""
-    dp = request.cluster.world_size // (pp * tp * cp)
+def data_parallel_meshes(request: PlanRequest, parallel: Mesh) -> Iterator[tuple[str, Mesh]]:
+    """(sharding, mesh) for every allowed sharding of the dp = world / model_parallel data-parallel
+    ranks around the model-parallel mesh `parallel` (FSDP shards over dp_shard x cp: the cp ranks hold
+    the same parameters), each with every searched expert-parallel degree that divides its shard group
+    (the ep ranks are carved out of it)."""
+    dp = request.cluster.world_size // parallel.model_parallel
     experts = searched_degrees(expert_parallel_degrees, request)
     for sharding in request.search.shardings:
-        if dp * cp == 1 and sharding != "no_shard":
+        if dp * parallel.fsdp_shards == 1 and sharding != "no_shard":
             continue  # one rank per model replica has nothing to shard over
         if sharding == "hybrid_shard":
             meshes = [
-                Mesh(pp=pp, dp_replicate=dp // s, dp_shard=s, cp=cp, tp=tp)
-                for s in hybrid_shard_sizes(dp, request.cluster.scaleup_gpus, tp=tp * cp)
+                replace(parallel, dp_replicate=dp // s, dp_shard=s)
+                for s in hybrid_shard_sizes(dp, request.cluster.scaleup_gpus, tp=parallel.sequence_ranks)
             ]
         elif sharding == "no_shard":
-            meshes = [Mesh(pp=pp, dp_replicate=dp, cp=cp, tp=tp)]
+            meshes = [replace(parallel, dp_replicate=dp)]
         else:
-            meshes = [Mesh(pp=pp, dp_shard=dp, cp=cp, tp=tp)]
+            meshes = [replace(parallel, dp_shard=dp)]
         for mesh in meshes:
             for ep in mesh_expert_degrees(request, mesh, experts):
                 yield sharding, mesh if ep == 1 else replace(mesh, ep=ep)
@@ -570,11 +589,11 @@ def space_size(request: PlanRequest, *, limit: int | None = None) -> int:
     units, policies = len(wrap_units(request)), len(checkpointing_policies(request))
     recipes = len(set(search.float8 or ["none"]))
     total = 0
-    for pp, tp, cp in splitting_meshes(request):
-        dp = request.cluster.world_size // (pp * tp * cp)
+    for parallel in splitting_meshes(request):
+        dp = request.cluster.world_size // parallel.model_parallel
         micro_batches = len(micro_batch_sizes(request.training.global_batch_sequences // dp,
                                               search.max_micro_batch_size))
-        for sharding, mesh in data_parallel_meshes(request, tp, cp, pp):
+        for sharding, mesh in data_parallel_meshes(request, parallel):
             gathers = sharding != "no_shard" and mesh.dp > 1
             for compile_ in search.compile:
                 members_units = units if mesh.dp > 1 and not compile_ else 1
@@ -594,9 +613,8 @@ def check_space(request: PlanRequest, *, limit: int = MAX_SEARCH_SPACE) -> None:
     raise SearchSpaceError(
         f"search: this request's search space holds more than {limit:,} configurations (at least "
         f"{size:,} counted), more than one request may price; narrow it: fewer pinned degrees "
-        "(search.tensor_parallel_degrees, search.context_parallel_degrees, "
-        "search.pipeline_parallel_degrees), Float8 recipes, shardings or checkpointing modes, or a "
-        "smaller search.max_micro_batch_size",
+        f"({', '.join(f'search.{entry.search_field}' for entry in searched_axes())}), Float8 recipes, "
+        "shardings or checkpointing modes, or a smaller search.max_micro_batch_size",
         configurations=size, limit=limit,
     )
 
@@ -620,10 +638,11 @@ def enumerate_families(request: PlanRequest, setting: Setting) -> Iterator[Famil
     staged_checkpointing = tuple(policy for policy in checkpointing if policy[0] != "blocks")
     costs = stage_costs(setting)
     all_caps = tuple((a, r) for a in BUCKET_CAPS_MB for r in BUCKET_CAPS_MB)
-    for pp, tp, cp in splitting_meshes(request):
+    for parallel in splitting_meshes(request):
+        pp = parallel.pp
         if pp > 1 and not staged_checkpointing:
             continue
-        dp = request.cluster.world_size // (pp * tp * cp)
+        dp = request.cluster.world_size // parallel.model_parallel
         local_batch = request.training.global_batch_sequences // dp
         micro_batches = micro_batch_sizes(local_batch, search.max_micro_batch_size)
         # Per compile mode, the pipeline (the preferred schedule: schedule_variants tries the rest)
@@ -641,12 +660,12 @@ def enumerate_families(request: PlanRequest, setting: Setting) -> Iterator[Famil
                 }
                 for compile_ in search.compile
             }
-        vocab_share = setting.model.vocab_size // tp
+        vocab_share = setting.model.vocab_size // parallel.tp
         chunks = {
-            mb: loss_chunks_for(mb * setting.seq_len // cp, vocab_share, setting.act_bytes)
+            mb: loss_chunks_for(mb * setting.seq_len // parallel.cp, vocab_share, setting.act_bytes)
             for mb in micro_batches
         }
-        for sharding, mesh in data_parallel_meshes(request, tp, cp, pp):
+        for sharding, mesh in data_parallel_meshes(request, parallel):
             gathers = sharding != "no_shard" and mesh.dp > 1
             for compile_ in search.compile:
                 if not pipelines[compile_]:
@@ -664,7 +683,7 @@ def enumerate_families(request: PlanRequest, setting: Setting) -> Iterator[Famil
                     recipes=recipes,
                     loss_chunks=chunks,
                     local_batch=local_batch,
-                    async_tp=search.async_tp and compile_ and tp > 1,
+                    async_tp=search.async_tp and compile_ and parallel.tp > 1,
                     reduce_dtype=setting.reduce_dtype,
                 )
 

@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from contract.mesh import SEQUENCE_AXES, Mesh, axis
+from contract.mesh import MODEL_PARALLEL_AXES, SEQUENCE_AXES, Axis, Mesh, axis
 from planner.bounds import MAX_GLOBAL_BATCH_TOKENS
 from planner.cost.estimate import Estimator
 from planner.cost.memory import MemoryEstimate, MemoryLimits, fits_in_memory
@@ -32,8 +32,10 @@ from planner.enumeration import (
     context_parallel_degrees,
     enumerate_families,
     expert_parallel_degrees,
+    model_parallel_meshes,
     pin_problems,
     pipeline_parallel_degrees,
+    search_degrees,
     searched_degrees,
     splitting_degrees,
     tensor_parallel_degrees,
@@ -217,10 +219,8 @@ class Prober:
 def _all_but_sharding(c: Choice) -> tuple:
     # A tuple rather than dataclasses.replace: a probe compares thousands of configurations.
     return (
-        c.mesh.pp,
+        *(c.mesh.degree(name) for name in MODEL_PARALLEL_AXES),
         c.pipeline,
-        c.mesh.tp,
-        c.mesh.cp,
         c.float8,
         c.async_tp,
         c.blocks_per_unit,
@@ -246,17 +246,21 @@ def roundings(request: PlanRequest, num_nodes: int, tokens: int) -> list[int]:
     world = num_nodes * request.cluster.gpus_per_node
     cluster = request.cluster.model_copy(update={"num_nodes": num_nodes})
     there = request.model_copy(update={"cluster": cluster})
-    pipelines = searched_degrees(pipeline_parallel_degrees, there)
     batches: set[int] = set()
-    degrees = (pipelines, tensor_parallel_degrees(request), context_parallel_degrees(request))
-    for pp, tp, cp in itertools.product(*degrees):
-        if world % (pp * tp * cp):
+
+    def degrees(entry: Axis) -> list[int]:
+        # The pipeline's stages are laid over the nodes: its degrees are those of the cluster tried.
+        return searched_degrees(search_degrees(entry), there if entry.fixed_layout else request)
+
+    for parallel in model_parallel_meshes(degrees):
+        if world % parallel.model_parallel:
             continue
-        unit = world // (pp * tp * cp) * seq_len  # a batch giving each data-parallel rank a sequence
+        # A batch giving each data-parallel rank a sequence.
+        unit = world // parallel.model_parallel * seq_len
         below = tokens // unit * unit
         nearest = (below,) if below == tokens else (below, below + unit)
         # A pipeline needs a sequence per stage on every data-parallel rank.
-        batches |= {max(b, pp * unit) // seq_len for b in nearest if b > 0}
+        batches |= {max(b, parallel.pp * unit) // seq_len for b in nearest if b > 0}
     fitting = (b for b in batches if b * seq_len <= MAX_GLOBAL_BATCH_TOKENS)
     return sorted(fitting, key=lambda b: (abs(b * seq_len - tokens), b))
 

@@ -5,12 +5,15 @@ API search fields and list filters, labels and descriptions, compare, the dashbo
 form, the what-if study's pins, storage as one document, the launcher's checks) iterates it; an axis
 writes code only where it has physics. That code is the checklist `PHYSICS`: per axis, the one function
 that applies it in each such layer (the source is parsed, nothing imported: the runtime's files need
-torch). The README's "Adding a parallel dimension" section is this file in prose.
+torch). docs/architecture.md's "Adding a parallel dimension" is this file in prose.
 
-`test_a_new_axis_is_one_entry_everywhere_else` proves the rest: it copies the packages, adds an `ep`
-entry to the copy's registry (and its degree to `Mesh`), changes nothing else, and checks what every
-naming layer shows for it (tests/hypothetical_axis.py). `test_no_layer_writes_its_own_axis_list` keeps
-it true: no tuple or list of axis names, no `--tp` literal, outside the registry.
+`test_a_new_axis_is_one_entry_everywhere_else` proves the rest: it copies the packages, adds a made-up
+`hx` entry to the copy's registry (and its degree to `Mesh`), changes nothing else, and checks what
+every naming layer shows for it (tests/hypothetical_axis.py), and that storage lacks only the
+migration adding its list-filter index. `test_no_layer_writes_its_own_axis_list` keeps it true: no
+tuple or list of axis names, no `--tp` literal, outside the registry; `test_no_layer_combines_axes_by_hand`
+likewise for formulas over several degrees (`pp * tp * cp`, `mesh.tp == 1 and mesh.pp == 1`), which
+`Mesh`'s properties name once.
 """
 
 from __future__ import annotations
@@ -237,7 +240,7 @@ NEW_DEGREE = '''    hx: int = 1
 
 def _copy_with_new_axis(root: Path) -> None:
     """The packages, with `NEW_AXIS` in the registry and its degree on `Mesh`: nothing else changed."""
-    for package in ("contract", "planner", "api", "executor"):
+    for package in ("contract", "planner", "api", "executor", "migrations"):
         shutil.copytree(REPO / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
     source = (root / "contract/mesh.py").read_text(encoding="utf-8")
     entry, degree = '    Axis(\n        name="cp",\n', "    cp: int = 1\n"
@@ -321,6 +324,9 @@ def test_a_new_axis_is_one_entry_everywhere_else(tmp_path: Path) -> None:
         ],
         "form_pins": [2],
     }
+    # Storage: the mesh is one JSON document (no column), but the list filter's expression index is
+    # made by a migration: the models name ix_plans_mesh_hx, the migrations at head have none.
+    assert found["unmigrated"] == ["ix_plans_mesh_hx"]
 
 
 NAMING_LAYERS = ("api", "planner", "executor/launch")
@@ -357,6 +363,119 @@ def test_no_layer_writes_its_own_axis_list() -> None:
         for hit in axis_lists(path)
     ]
     assert found == [], "iterate contract.mesh.AXES (or a tuple derived there) instead:\n" + "\n".join(found)
+
+
+PHYSICS_LAYERS = ("planner/cost",)
+"""Where axes have physics (the cost and memory terms of `PHYSICS`): there a formula over several
+degrees is the model itself (a rank's share of the model at tp x cp x ep, the span of an ep x tp
+group), so `axis_arithmetic` does not scan it."""
+ARITHMETIC_PENDING: dict[str, str] = {
+    "executor/launch/torchtitan.py": "its expert-parallel checks combine ep, tp and the shard group by "
+    "hand until they read a Mesh property",
+}
+"""Files `axis_arithmetic` skips for now, each with why: an entry is debt, to be removed."""
+
+
+def _axis_read(node: ast.AST) -> str | None:
+    """The axis an expression reads directly: `mesh.tp`, `c.mesh.cp`, or a variable named `pp`."""
+    if isinstance(node, ast.Attribute) and node.attr in MESH_AXES:
+        return node.attr
+    if isinstance(node, ast.Name) and node.id in MESH_AXES:
+        return node.id
+    return None
+
+
+def _operands(node: ast.expr) -> list[ast.expr]:
+    """The leaves of a chain of arithmetic (`pp * tp * cp` -> pp, tp, cp) or of a comparison."""
+    if isinstance(node, ast.BinOp):
+        return [*_operands(node.left), *_operands(node.right)]
+    if isinstance(node, ast.Compare):
+        return [node.left, *node.comparators]
+    return [node]
+
+
+def axis_arithmetic(path: Path) -> list[str]:
+    """Expressions combining two or more axes' degrees by hand: arithmetic (`pp * tp * cp`,
+    `dp_replicate * dp_shard`), a condition (`mesh.tp == 1 and mesh.pp == 1`), a tuple or list
+    (`for pp, tp, cp in ...`, `(c.mesh.pp, c.mesh.tp)`), or a call's arguments (`max(mesh.pp,
+    mesh.tp)`). `Mesh` names each such product once (model_parallel, dp, fsdp_shards,
+    sequence_ranks, sequence_pieces) and `MODEL_PARALLEL_AXES` and the like iterate the rest."""
+    shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    inside_arithmetic = {
+        id(child)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.BinOp)
+        for child in (node.left, node.right)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and id(node) not in inside_arithmetic:
+            parts = _operands(node)
+        elif isinstance(node, ast.BoolOp):
+            parts = [leaf for value in node.values for leaf in _operands(value)]
+        elif isinstance(node, ast.Tuple | ast.List | ast.Set):
+            parts = node.elts
+        elif isinstance(node, ast.Call):
+            parts = node.args
+        else:
+            continue
+        axes = sorted({name for part in parts if (name := _axis_read(part))})
+        if len(axes) >= 2:
+            found.append(f"{shown}:{node.lineno}: {', '.join(axes)}: {ast.unparse(node)[:80]}")
+    return found
+
+
+def test_no_layer_combines_axes_by_hand() -> None:
+    pending = [REPO / path for path in ARITHMETIC_PENDING]
+    assert all(path.exists() for path in pending), "drop ARITHMETIC_PENDING's entries for removed files"
+    found = [
+        hit
+        for layer in NAMING_LAYERS
+        for path in sorted((REPO / layer).rglob("*.py"))
+        if path not in pending and not any(path.is_relative_to(REPO / p) for p in PHYSICS_LAYERS)
+        for hit in axis_arithmetic(path)
+    ]
+    assert found == [], "read the Mesh property (or iterate a tuple of contract.mesh) instead:\n" + "\n".join(
+        found
+    )
+    # A pending file that no longer combines axes by hand leaves the list.
+    assert [path for path in pending if not axis_arithmetic(path)] == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "ranks = pp * tp * cp",
+        "dp = world // (pp * tp * cp)",
+        "dp = config.mesh.dp_replicate * config.mesh.dp_shard",
+        "only = mesh.tp == 1 and mesh.pp == 1 and mesh.cp == 1",
+        "if max(mesh.pp, mesh.cp, mesh.tp) == 1: pass",
+        "key = (c.mesh.pp, c.pipeline, c.mesh.tp)",
+        "for pp, tp, cp in meshes: pass",
+        "meshes(request, tp, cp, pp)",
+        "sizes(dp, node, tp=tp * cp)",
+    ],
+)
+def test_the_scan_finds_each_kind_of_arithmetic(tmp_path: Path, source: str) -> None:
+    module = tmp_path / "layer.py"
+    module.write_text(source + "\n", encoding="utf-8")
+    assert axis_arithmetic(module), source
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "ranks = mesh.model_parallel * mesh.tp",  # one axis, beside a property
+        "span = mesh.tp * other.tp",  # the same axis of two meshes
+        "mesh = Mesh(pp=pp, cp=cp, tp=tp)",  # keywords name each axis once
+        "share = vocab // parallel.tp",
+    ],
+)
+def test_the_scan_passes_single_axis_reads(tmp_path: Path, source: str) -> None:
+    module = tmp_path / "layer.py"
+    module.write_text(source + "\n", encoding="utf-8")
+    assert axis_arithmetic(module) == [], source
 
 
 @pytest.mark.parametrize(

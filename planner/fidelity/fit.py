@@ -156,7 +156,7 @@ def _meshed(runs: Sequence[SourceRun], fit: CorpusFit) -> list[tuple[SourceRun, 
     priced = []
     for item in runs:
         mesh = item.run.config.mesh
-        if max(mesh.pp, mesh.cp, mesh.tp) == 1:
+        if mesh.model_parallel == 1:
             continue
         try:
             priced.append((item, price_as_run(item.run, parameters=run_parameters(item.run, fit))))

@@ -142,8 +142,7 @@ def run_cluster(run: Run) -> ClusterSpec:
 
 def run_request(run: Run) -> PlanRequest:
     config = run.config
-    dp = config.mesh.dp_replicate * config.mesh.dp_shard
-    sequences = config.local_batch_size * config.grad_accum_steps * dp
+    sequences = config.local_batch_size * config.grad_accum_steps * config.mesh.dp
     return PlanRequest(
         model=run_model(run),
         cluster=run_cluster(run),

@@ -79,9 +79,10 @@ def test_searched_for_moe_models_only() -> None:
     with pytest.raises(PlanningError, match="ep=3 must divide each of num_experts 8"):
         expert_parallel_degrees(_request(expert_parallel_degrees=[3]))
     # Unpinned, each mesh tries 1 and the largest degree on each link that divides its shard group.
-    meshes = [mesh for sharding, mesh in data_parallel_meshes(_request(), tp=2) if sharding == "full_shard"]
+    searched = data_parallel_meshes(_request(), Mesh(tp=2))
+    meshes = [mesh for sharding, mesh in searched if sharding == "full_shard"]
     assert [m.ep for m in meshes] == [1, 4]  # dp_shard 4, tp 2: ep 4 x tp 2 fills the node
-    pinned = data_parallel_meshes(_request(expert_parallel_degrees=[1, 2, 4]), tp=2)
+    pinned = data_parallel_meshes(_request(expert_parallel_degrees=[1, 2, 4]), Mesh(tp=2))
     assert sorted({m.ep for s, m in pinned if s == "full_shard"}) == [1, 2, 4]
     # The option's help (CLI, API schema, dashboard form) says the same, not "every power of two".
     ep = axis("ep")
