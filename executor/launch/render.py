@@ -128,7 +128,7 @@ def _mesh_header(ctx: LaunchContext) -> str:
     text = render_template(
         "parts/mesh_header.sh.j2",
         mesh=mesh,
-        data_parallel_only=mesh.tp == 1 and mesh.pp == 1 and mesh.cp == 1,
+        data_parallel_only=mesh.model_parallel == 1,
         async_tp=ctx.async_tp,
         **_domain_values(ctx),
     )
@@ -380,7 +380,7 @@ def _readme_mesh_values(ctx: LaunchContext) -> dict[str, object]:
     return {
         "mesh": mesh,
         "mesh_axes": MESH_AXES,
-        "data_parallel_only": mesh is not None and mesh.tp == 1 and mesh.pp == 1 and mesh.cp == 1,
+        "data_parallel_only": mesh is not None and mesh.model_parallel == 1,
         **_domain_values(ctx),
         **_readme_pipeline_values(ctx),
     }
