@@ -119,6 +119,14 @@ class Axis:
     """The model's attribute that must be set for a degree above 1 (ep: `moe`, experts to split)."""
     needs_reason: str = ""
     """Why, said when it is not (`{degree}` is replaced)."""
+    exposed_comm: str = ""
+    """The plan's prediction field holding the time its collectives leave exposed, where the cost model
+    prices them apart (`exposed_tensor_parallel_s`): the printout, the dashboard and compare show it for
+    a degree above 1. Empty: its communication is counted with the others (or shown as a bubble)."""
+    exposed_comm_why: str = ""
+    """Why that time is exposed, as the printout says it after the time."""
+    exposed_comm_detail: str = ""
+    """What that time is, as the dashboard's row says it (`{degree}` is replaced)."""
     torchtitan_degree: str = ""
     """torchtitan's `ParallelismConfig` field for its degree (`tensor_parallel_degree`), which the
     torchtitan launch target sets (executor/launch/torchtitan.py); empty: torchtitan has no such axis,
@@ -128,6 +136,11 @@ class Axis:
     def option(self) -> str | None:
         """Its command-line pin (`--tp`): one where it has a search field."""
         return f"--{self.name.replace('_', '-')}" if self.search_field else None
+
+    @property
+    def spoken(self) -> str:
+        """Its kind of parallelism as words (`tensor parallel`): the rows of its exposed communication."""
+        return self.what.replace("-", " ")
 
     @property
     def within_node(self) -> bool:
@@ -240,6 +253,10 @@ AXES: tuple[Axis, ...] = (
         "and back by all-to-all",
         compare_label="Expert parallel (GPUs)",
         compare_shown="{degree} (experts split)",
+        exposed_comm="exposed_expert_parallel_s",
+        exposed_comm_why="token dispatch and combine all-to-alls: the experts wait for their tokens",
+        exposed_comm_detail="the ep={degree} token dispatch and combine all-to-alls of every MoE layer, "
+        "which the experts' matmuls wait for",
         carved_from=("dp_shard", "cp"),
         needs="moe",
         needs_reason="a mixture-of-experts model (it splits the routed experts), and this one is dense",
@@ -297,6 +314,9 @@ AXES: tuple[Axis, ...] = (
         "rack), with sequence parallel and loss parallel (vocabulary-sharded cross-entropy)",
         compare_label="Tensor parallel (GPUs)",
         compare_shown="{degree} (sequence + loss parallel)",
+        exposed_comm="exposed_tensor_parallel_s",
+        exposed_comm_why="between the matmuls: never overlapped",
+        exposed_comm_detail="the tp={degree} collectives of every layer sit between its matmuls",
         sequence_chunks=1,
         architectures=("llama",),
         architecture_reason="the runtime splits its attention, MLP and vocabulary",
@@ -347,6 +367,12 @@ def searched_axes() -> tuple[Axis, ...]:
     """The axes a request pins by a search field, innermost first: the order the search space
     declares their fields in (`tensor_parallel_degrees` first, as it always was)."""
     return tuple(entry for entry in reversed(AXES) if entry.search_field)
+
+
+def exposed_comm_axes() -> tuple[Axis, ...]:
+    """The axes whose exposed communication the plan states apart (`Axis.exposed_comm`), innermost
+    first (tensor parallelism's row, then expert parallelism's)."""
+    return tuple(entry for entry in reversed(AXES) if entry.exposed_comm)
 
 
 class MeshError(ValueError):

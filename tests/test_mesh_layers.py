@@ -40,6 +40,7 @@ from contract.mesh import (
     SHARD_AXES,
     WORLD_AXES,
     Mesh,
+    exposed_comm_axes,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,6 +184,15 @@ def test_the_mesh_is_the_registry() -> None:
     assert experts.describe() == "dp_replicate 1 x dp_shard 32 (ep 8) x tp 8 = 256 ranks"
     carved = Mesh(dp_shard=4, cp=2, ep=8)
     assert carved.describe() == "dp_replicate 1 x dp_shard 4 x cp 2 (ep 8) x tp 1 = 8 ranks"
+
+
+def test_each_exposed_communication_is_a_prediction_field() -> None:
+    from planner.plan import Prediction
+
+    assert [entry.name for entry in exposed_comm_axes()] == ["tp", "ep"]  # the rows' order
+    for entry in exposed_comm_axes():
+        assert Prediction.model_fields[entry.exposed_comm].annotation is float, entry.name
+        assert entry.exposed_comm_why and "{degree}" in entry.exposed_comm_detail, entry.name
 
 
 def test_every_axis_has_its_physics() -> None:

@@ -29,6 +29,7 @@ from api.cli.common import (
     whole_number,
 )
 from api.cli.printing import stdout_console
+from contract.mesh import exposed_comm_axes
 from contract.parallel_config import (
     PIPELINE_SCHEDULES,
     CheckpointMode,
@@ -277,17 +278,10 @@ def print_plan(p: Plan, console: Console, *, verbose: bool = False) -> None:
     summary.add_row("MFU", f"{pred.mfu:.1%}")
     summary.add_row("peak memory", _peak_line(p))
     summary.add_row("exposed comm", f"{duration(pred.exposed_comm_s)}/step of {duration(pred.comm_s)}")
-    if p.config.mesh.tp > 1:
-        summary.add_row(
-            "tensor parallel",
-            f"{duration(pred.exposed_tensor_parallel_s)}/step of it (between the matmuls: never overlapped)",
-        )
-    if p.config.mesh.ep > 1:
-        summary.add_row(
-            "expert parallel",
-            f"{duration(pred.exposed_expert_parallel_s)}/step of it (token dispatch and combine "
-            "all-to-alls: the experts wait for their tokens)",
-        )
+    for entry in exposed_comm_axes():
+        if p.config.mesh.degree(entry.name) > 1:
+            exposed = getattr(pred, entry.exposed_comm)
+            summary.add_row(entry.spoken, f"{duration(exposed)}/step of it ({entry.exposed_comm_why})")
     if pred.tokens_per_s_per_gpu_interval is not None:
         # "80% interval": no wider than the other labels, so the rows stay where they were.
         summary.add_row("80% interval", interval_basis(p))

@@ -17,7 +17,7 @@ from api.dashboard import formatting as fmt
 from api.db.models import PlanRow
 from api.services import plan_compare
 from api.services.plan_compare import Scalar
-from contract.mesh import AXES
+from contract.mesh import AXES, Axis, exposed_comm_axes
 from contract.parallel_config import ParallelConfig
 from contract.training_config import precision_label
 from planner.cost.memory import MEMORY_TERMS
@@ -182,38 +182,27 @@ def prediction_rows(plan: Plan) -> list[Row]:
         Row("Exposed communication", fmt.duration(p.exposed_comm_s),
             f"all-gather {fmt.duration(p.exposed_all_gather_s)}, "
             f"reduce-scatter {fmt.duration(p.exposed_reduce_scatter_s)}"
-            + (f", tensor parallel {fmt.duration(p.exposed_tensor_parallel_s)}" if plan.config.mesh.tp > 1
-               else "")
-            + (f", expert parallel {fmt.duration(p.exposed_expert_parallel_s)}" if plan.config.mesh.ep > 1
-               else "")),
-        *_tensor_parallel_rows(plan),
-        *_expert_parallel_rows(plan),
+            + "".join(f", {entry.spoken} {fmt.duration(getattr(p, entry.exposed_comm))}"
+                      for entry in _exposed_axes(plan))),
+        *(_exposed_comm_row(plan, entry) for entry in _exposed_axes(plan)),
         Row("Search", f"{plan.search.candidates_evaluated:,} configurations evaluated",
             f"{plan.search.candidates_fitting:,} fit in memory"),
     ]
 
 
-def _tensor_parallel_rows(plan: Plan) -> list[Row]:
-    if plan.config.mesh.tp == 1:
-        return []
-    p = plan.prediction
-    return [Row(
-        "Tensor-parallel communication", fmt.duration(p.exposed_tensor_parallel_s),
-        f"per step, all exposed: the tp={plan.config.mesh.tp} collectives of every layer sit between its "
-        f"matmuls ({p.exposed_tensor_parallel_s / p.step_time_s:.0%} of the step)",
-    )]
+def _exposed_axes(plan: Plan) -> list[Axis]:
+    """The axes above 1 whose exposed communication the plan states apart (`Axis.exposed_comm`)."""
+    return [entry for entry in exposed_comm_axes() if plan.config.mesh.degree(entry.name) > 1]
 
 
-def _expert_parallel_rows(plan: Plan) -> list[Row]:
-    if plan.config.mesh.ep == 1:
-        return []
+def _exposed_comm_row(plan: Plan, entry: Axis) -> Row:
     p = plan.prediction
-    share = p.exposed_expert_parallel_s / p.step_time_s
-    return [Row(
-        "Expert-parallel communication", fmt.duration(p.exposed_expert_parallel_s),
-        f"per step, all exposed: the ep={plan.config.mesh.ep} token dispatch and combine all-to-alls of "
-        f"every MoE layer, which the experts' matmuls wait for ({share:.0%} of the step)",
-    )]
+    exposed: float = getattr(p, entry.exposed_comm)
+    detail = entry.exposed_comm_detail.format(degree=plan.config.mesh.degree(entry.name))
+    return Row(
+        f"{entry.what.capitalize()} communication", fmt.duration(exposed),
+        f"per step, all exposed: {detail} ({exposed / p.step_time_s:.0%} of the step)",
+    )
 
 
 def _interval_rows(p: Prediction) -> list[Row]:
@@ -518,8 +507,7 @@ _COMPARE_DISPLAY: dict[str, Callable[[Any], str]] = {
     "prediction.peak_memory_gib_interval": lambda v: f"{v} GiB",
     "network_assumed": lambda v: "not stated: priced as a range" if v else "stated (or one node)",
     "prediction.exposed_comm_s": fmt.duration,
-    "prediction.exposed_tensor_parallel_s": fmt.duration,
-    "prediction.exposed_expert_parallel_s": fmt.duration,
+    **{f"prediction.{entry.exposed_comm}": fmt.duration for entry in exposed_comm_axes()},
     **{f"config.mesh.{entry.name}": entry.compared for entry in AXES},
     # To the second: two plans made in the same minute differ here, and the row must show how.
     "created_at": lambda v: f"{datetime.fromisoformat(v):%Y-%m-%d %H:%M:%S} UTC",

@@ -20,7 +20,7 @@ from api.schemas.plans import MAX_ID
 from api.services.plan_documents import read_plan
 from api.services.plans import full_plan
 from api.typed_numbers import parse_id
-from contract.mesh import AXES, Axis
+from contract.mesh import AXES, Axis, exposed_comm_axes
 from planner.cost.memory import MEMORY_TERMS
 from planner.formatting import between
 from planner.plan import Plan, PredictionInterval
@@ -159,6 +159,12 @@ def _axis_field(entry: Axis) -> ComparedField:
                          lambda _r, p: p.config.mesh.degree(entry.name))
 
 
+def _exposed_comm(entry: Axis) -> ComparedField:
+    """The compare table's row for an axis's exposed communication (`Axis.exposed_comm`)."""
+    return ComparedField(f"prediction.{entry.exposed_comm}", "Prediction", f"of which {entry.spoken}",
+                         lambda _r, p: getattr(p.prediction, entry.exposed_comm), "lower")
+
+
 FIELDS: tuple[ComparedField, ...] = (
     ComparedField("name", "Inputs", "Name", lambda r, _p: r.name),
     ComparedField("model.name", "Inputs", "Model", lambda _r, p: p.model.name),
@@ -225,10 +231,7 @@ FIELDS: tuple[ComparedField, ...] = (
                   lambda _r, p: _interval(p.prediction.peak_memory_gib_interval, decimals=1)),
     ComparedField("prediction.exposed_comm_s", "Prediction", "Exposed communication",
                   lambda _r, p: p.prediction.exposed_comm_s, "lower"),
-    ComparedField("prediction.exposed_tensor_parallel_s", "Prediction", "of which tensor parallel",
-                  lambda _r, p: p.prediction.exposed_tensor_parallel_s, "lower"),
-    ComparedField("prediction.exposed_expert_parallel_s", "Prediction", "of which expert parallel",
-                  lambda _r, p: p.prediction.exposed_expert_parallel_s, "lower"),
+    *(_exposed_comm(entry) for entry in exposed_comm_axes()),
     *(_memory(key, term.label) for key, term in MEMORY_TERMS.items()),
     ComparedField("planner_version", "Provenance", "Planner version", lambda r, _p: r.planner_version),
     ComparedField("created_at", "Provenance", "Created",
