@@ -477,6 +477,12 @@ class Mesh:
         return max(1, self.fsdp_shards // self.ep)
 
     @property
+    def expert_span(self) -> int:
+        """Consecutive ranks one expert-parallel group spans: it is carved out of the shard group,
+        which strides over the tp ranks, so ep x tp."""
+        return self.ep * self.tp
+
+    @property
     def sequence_pieces(self) -> int:
         """Equal pieces every sequence is cut into: 2 x cp load-balanced chunks (cp above 1), each
         split again over the tp ranks (sequence parallelism): the product of each sequence-splitting
@@ -517,8 +523,8 @@ class Mesh:
 
     def expert_link(self, domain_gpus: int) -> LinkClass:
         """The link the expert-parallel all-to-alls cross: an ep group is carved out of the shard group,
-        which strides over the tp ranks, so it spans ep x tp consecutive ranks."""
-        return span_link(self.ep * self.tp, domain=domain_gpus, world=self.world_size)
+        which strides over the tp ranks, so it spans ep x tp consecutive ranks (`expert_span`)."""
+        return span_link(self.expert_span, domain=domain_gpus, world=self.world_size)
 
     def pipeline_link(self, domain_gpus: int) -> LinkClass:
         """The link the pipeline's slowest point-to-point send crosses: stages are the outermost

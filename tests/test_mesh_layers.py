@@ -92,6 +92,7 @@ DERIVED: dict[str, tuple[str, ...]] = {
     "dp": tuple(axis for axis in MESH_AXES if axis not in MODEL_PARALLEL_AXES),
     "model_parallel": MODEL_PARALLEL_AXES,
     "expert_shards": ("ep", *SHARD_AXES),
+    "expert_span": ("ep", "tp"),
     "world_size": WORLD_AXES,
     "shape": WORLD_AXES,
 }

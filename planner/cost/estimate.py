@@ -298,7 +298,7 @@ def expert_parallel_seconds(setting: Setting, choice: Choice, unit: UnitCost, *,
     link = choice.mesh.expert_link(setting.domain_gpus)
     if p.expert_dispatch == "copies" or link == "intra":
         return 2 * _collective(p, link, tokens * sent(groups=ep), ep)
-    nodes = domains_spanned(ep * choice.mesh.tp, domain=setting.domain_gpus)
+    nodes = domains_spanned(choice.mesh.expert_span, domain=setting.domain_gpus)
     nvlink = _collective(p, "intra", tokens * sent(groups=ep), ep)
     network = _collective(p, "inter", tokens * sent(groups=nodes), nodes)
     return 2 * max(nvlink, network)
@@ -389,7 +389,7 @@ def _collectives(
     replicated = mesh.dp * mesh.cp  # no_shard's all-reduce group: every rank of one tp position
     # The routed experts' own shard group (Mesh.expert_shards ranks at a stride of ep x tp): a domain
     # holds domain // (ep x tp) of them, each with its own card; inside one domain where they all fit.
-    expert_rails = max(1, per_node // (mesh.ep * mesh.tp))
+    expert_rails = max(1, per_node // mesh.expert_span)
     expert_link: LinkClass = "intra" if mesh.expert_shards <= expert_rails else shard_link
 
     def sharded(nbytes: float, launches: int, expert: float) -> float:
