@@ -2,8 +2,9 @@
 """Refresh the documentation's examples from what the code prints now.
 
 Finds the examples `tests/docs/test_examples.py` checks (the same parsing: `tests/docs/examples.py`):
-every `fsdp-planner plan` / `whatif` shown with its output, every `curl` to `POST /api/v1/plans` shown
-with the service's answer, and the accuracy report's tables on `docs/fidelity.md`. It runs each
+every `fsdp-planner plan` / `whatif` / `fidelity --no-loso` shown with its output, every `curl` to
+`POST /api/v1/plans` shown with the service's answer, and the accuracy report's tables on
+`docs/fidelity.md`. It runs each
 command as the test does (the CLI in-process, 400 columns wide, in a scratch directory; a page that
 shows rows at its own width is matched at that width too), posts each request to the real app, and
 rewrites each shown line in place with its line of the new output: a shown line is matched to a printed

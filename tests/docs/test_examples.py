@@ -1,11 +1,11 @@
-"""The documentation's examples are what the code prints. Every `fsdp-planner plan` and `whatif` shown
-with its output is run, and every line it shows (each piece between `...` elisions) must be in what the
-command prints, figures included; every plan request posted with `curl` and shown with the service's
-answer is posted to the real app, and each field the answer shows must be what the service answers, to
-the digits shown; the accuracy report's tables are the stored report's. An example that drifts fails
-here, naming its page and line: `python scripts/refresh_doc_examples.py` rewrites the figures from
-fresh output (the parsing is `tests/docs/examples.py`'s, shared with it), and names what a human must
-fix."""
+"""The documentation's examples are what the code prints. Every `fsdp-planner plan`, `whatif` and
+`fidelity --no-loso` shown with its output is run, and every line it shows (each piece between `...`
+elisions) must be in what the command prints, figures included; every plan request posted with `curl`
+and shown with the service's answer is posted to the real app, and each field the answer shows must be
+what the service answers, to the digits shown; the accuracy report's tables are the stored report's. An
+example that drifts fails here, naming its page and line: `python scripts/refresh_doc_examples.py`
+rewrites the figures from fresh output (the parsing is `tests/docs/examples.py`'s, shared with it), and
+names what a human must fix."""
 
 from __future__ import annotations
 
@@ -46,6 +46,9 @@ def test_the_pages_show_plan_and_whatif_examples_with_their_output() -> None:
     assert {"docs/planning/index.md", "docs/planning/tensor-parallel.md",
             "docs/planning/pipeline-parallel.md", "docs/planning/context-parallel.md", "docs/quickstart.md",
             "docs/whatif.md", "README.md"} <= pages, pages
+    # The README's accuracy section quotes `fidelity`'s held-out tables as the command prints them.
+    assert any(e.page.name == "README.md" and e.command.startswith("fsdp-planner fidelity")
+               for e in PLAN_EXAMPLES)
 
 
 @pytest.mark.parametrize("example", PLAN_EXAMPLES, ids=str)

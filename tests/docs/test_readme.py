@@ -57,3 +57,15 @@ def test_every_link_is_a_file_of_the_repository() -> None:
     nav = yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]
     sections = {f"docs/{nav_pages([entry])[0]}" for entry in nav} - {"docs/index.md"}
     assert sections - set(local) == set(), "link these sections of the docs from the README"
+
+
+def test_the_fidelity_section_reads_the_tours_plan() -> None:
+    """The interval the section explains is the tour's, as the tour shows it (held to what `plan` prints by
+    tests/docs/test_examples.py), and the figures its prose reads out are that interval's."""
+    fidelity = section(README, "Fidelity")
+    tour = " ".join(section(README, "A five-minute tour").split())
+    [quoted] = re.findall(r"`(tokens/s/GPU [^`]+)`", fidelity)
+    assert " ".join(quoted.split()) in tour, quoted
+    prose = fidelity.split("\n\n    ")[0]  # before the command's output
+    assert set(re.findall(r"\d{1,3}(?:,\d{3})+", prose)) == set(re.findall(r"\d{1,3}(?:,\d{3})+", quoted))
+    assert "(docs/fidelity.md)" in fidelity
