@@ -247,7 +247,7 @@ SEARCH_DEGREES: dict[str, Callable[[PlanRequest], list[int]]] = {
 search field the registry names for the axis (`Axis.search_field`)."""
 
 
-def search_degrees(entry: Axis) -> Callable[[PlanRequest], list[int]]:
+def degree_search(entry: Axis) -> Callable[[PlanRequest], list[int]]:
     """The function choosing the degrees the search tries on a searched axis: the one named as the
     axis's search field (`tensor_parallel_degrees`)."""
     return SEARCH_DEGREES[entry.search_field or ""]
@@ -270,7 +270,7 @@ def splitting_meshes(request: PlanRequest) -> list[Mesh]:
     world, sequences = request.cluster.world_size, request.training.global_batch_sequences
     seq_len = request.training.seq_len
     meshes = []
-    for parallel in model_parallel_meshes(lambda entry: searched_degrees(search_degrees(entry), request)):
+    for parallel in model_parallel_meshes(lambda entry: searched_degrees(degree_search(entry), request)):
         ranks = parallel.model_parallel
         if world % ranks or sequences % (world // ranks):
             continue

@@ -30,12 +30,12 @@ from planner.enumeration import (
     CONTEXT_PARALLEL_FROM_SEQ_LEN,
     MAX_CONTEXT_PARALLEL,
     context_parallel_degrees,
+    degree_search,
     enumerate_families,
     expert_parallel_degrees,
     model_parallel_meshes,
     pin_problems,
     pipeline_parallel_degrees,
-    search_degrees,
     searched_degrees,
     splitting_degrees,
     tensor_parallel_degrees,
@@ -250,7 +250,7 @@ def roundings(request: PlanRequest, num_nodes: int, tokens: int) -> list[int]:
 
     def degrees(entry: Axis) -> list[int]:
         # The pipeline's stages are laid over the nodes: its degrees are those of the cluster tried.
-        return searched_degrees(search_degrees(entry), there if entry.fixed_layout else request)
+        return searched_degrees(degree_search(entry), there if entry.fixed_layout else request)
 
     for parallel in model_parallel_meshes(degrees):
         if world % parallel.model_parallel:
