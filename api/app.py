@@ -150,8 +150,62 @@ CROSS_SITE_RESPONSE = {
 }
 
 
+LINKS: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {
+    # (method, path, status) of a response -> its OpenAPI links: what a client can do next with the row
+    # it names. Targets are written as (method, path) and resolved to their operationId below.
+    ("post", "/api/v1/calibrations", "201"): {
+        "GetCalibration": {"operation": ("get", "/api/v1/calibrations/{calibration_id}"),
+                           "parameters": {"calibration_id": "$response.body#/id"}},
+        "DeleteCalibration": {"operation": ("delete", "/api/v1/calibrations/{calibration_id}"),
+                              "parameters": {"calibration_id": "$response.body#/id"}},
+        "PlanWithCalibration": {"operation": ("post", "/api/v1/plans"),
+                                "requestBody": {"calibration_id": "$response.body#/id"}},
+        "ListCalibrations": {"operation": ("get", "/api/v1/calibrations")},
+    },
+    ("get", "/api/v1/calibrations", "200"): {
+        "GetNewestCalibration": {"operation": ("get", "/api/v1/calibrations/{calibration_id}"),
+                                 "parameters": {"calibration_id": "$response.body#/items/0/id"}},
+    },
+    ("get", "/api/v1/calibrations/{calibration_id}", "200"): {
+        "DeleteCalibration": {"operation": ("delete", "/api/v1/calibrations/{calibration_id}"),
+                              "parameters": {"calibration_id": "$response.body#/id"}},
+    },
+    **{
+        ("post", "/api/v1/plans", status): {
+            "GetPlan": {"operation": ("get", "/api/v1/plans/{plan_id}"),
+                        "parameters": {"plan_id": "$response.body#/id"}},
+            "AddRun": {"operation": ("post", "/api/v1/plans/{plan_id}/runs"),
+                       "parameters": {"plan_id": "$response.body#/id"}},
+            "ListRuns": {"operation": ("get", "/api/v1/plans/{plan_id}/runs"),
+                         "parameters": {"plan_id": "$response.body#/id"}},
+        }
+        for status in ("200", "201")
+    },
+    ("post", "/api/v1/plans/{plan_id}/runs", "201"): {
+        "ListRuns": {"operation": ("get", "/api/v1/plans/{plan_id}/runs"),
+                     "parameters": {"plan_id": "$response.body#/plan_id"}},
+        "AddRun": {"operation": ("post", "/api/v1/plans/{plan_id}/runs"),
+                   "parameters": {"plan_id": "$response.body#/plan_id"}},
+        "GetPlan": {"operation": ("get", "/api/v1/plans/{plan_id}"),
+                    "parameters": {"plan_id": "$response.body#/plan_id"}},
+    },
+}
+
+
+def _links(paths: dict[str, Any]) -> None:
+    """Adds LINKS to the responses of `paths`, each target named by its operationId."""
+    for (method, path, status), links in LINKS.items():
+        response = paths[path][method]["responses"][status]
+        response["links"] = {
+            name: {"operationId": paths[link["operation"][1]][link["operation"][0]]["operationId"],
+                   **{key: value for key, value in link.items() if key != "operation"}}
+            for name, link in links.items()
+        }
+
+
 def _openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's schema, with error responses declared as application/problem+json.
+    """FastAPI's schema, with error responses declared as application/problem+json and LINKS from a
+    created row to what reads and extends it.
 
     Reads are documented without security unless `require_key_for_reads` is set, as they are served.
     """
@@ -170,5 +224,6 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                         content[PROBLEM_MEDIA_TYPE] = content.pop("application/json")
                 if method.upper() not in SAFE_METHODS:  # answered by api/cross_site.py before the route
                     operation.setdefault("responses", {}).setdefault("403", CROSS_SITE_RESPONSE)
+        _links(schema.get("paths", {}))
         app.openapi_schema = schema
     return app.openapi_schema

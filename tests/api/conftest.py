@@ -131,12 +131,18 @@ def settings(database_url: str) -> Settings:
     return Settings(database_url=database_url, migrate_on_startup=False)
 
 
+def empty_tables(app: FastAPI, *, keep: tuple[str, ...] = ()) -> None:
+    """Deletes every row of the app's database, but those of the tables named in `keep`."""
+    with app.state.engine.begin() as connection:
+        for table in reversed(Base.metadata.sorted_tables):
+            if table.name not in keep:
+                connection.execute(table.delete())
+
+
 @pytest.fixture
 def app(settings: Settings) -> Iterator[FastAPI]:
     app = create_app(settings)
-    with app.state.engine.begin() as connection:
-        for table in reversed(Base.metadata.sorted_tables):
-            connection.execute(table.delete())
+    empty_tables(app)
     yield app
     app.state.jobs.shutdown()  # started by a study when a test ran no lifespan
     app.state.plan_jobs.shutdown()  # started by a plan job when a test ran no lifespan
