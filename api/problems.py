@@ -135,8 +135,21 @@ def _strip_field_prefix(message: str, field: str) -> str:
     return message
 
 
+FASTAPI_BODY_ERROR = "There was an error parsing the body"
+"""FastAPI's 400 for a body its JSON reader raised on with anything but a JSONDecodeError (bytes that are
+not UTF-8; a body nested past the parser's recursion limit is refused before, by api/text_check.py)."""
+
+
 async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and exc.detail == FASTAPI_BODY_ERROR:
+        cause = exc.__cause__
+        reason = (f"byte {cause.start} (0x{cause.object[cause.start]:02x}) is not UTF-8"
+                  if isinstance(cause, UnicodeDecodeError) else "it could not be read")
+        return problem_response(
+            400, f"the request body is not valid JSON: {reason}", slug="malformed-json",
+            instance=request.url.path,
+        )
     detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
     if exc.status_code == 404 and detail == "Not Found":
         detail = f"no endpoint at {request.url.path}; the API lives under /api/v1 (see /docs)"

@@ -1,5 +1,6 @@
 """One refusal for text no database can store: NUL characters and unpaired UTF-16 surrogates, anywhere in
-a request (path, query, JSON body, form fields), answered 422 naming the field before any route runs.
+a request (path, query, JSON body, form fields), answered 422 naming the field before any route runs;
+and one for JSON bodies nested deeper than MAX_JSON_DEPTH levels, however deep.
 
 PostgreSQL's text and jsonb cannot hold U+0000, and a lone surrogate (`"\\ud800"` in JSON, or its bytes
 ED A0 80 that Python's JSON reader lets through) is not a character at all: no UTF-8 encoder writes it,
@@ -62,6 +63,33 @@ def _strings(document: Any) -> Iterator[tuple[list[object], str]]:
             stack.extend((item, [*path, index]) for index, item in enumerate(value))
 
 
+def too_deep_at(document: Any) -> list[object] | None:
+    """The path of the first value of a decoded JSON document nested deeper than MAX_JSON_DEPTH levels
+    of arrays and objects, or None; measured without recursion."""
+    stack: list[tuple[Any, list[object]]] = [(document, [])]
+    while stack:
+        value, path = stack.pop()
+        if len(path) > MAX_JSON_DEPTH:
+            return path
+        if isinstance(value, dict):
+            stack.extend((item, [*path, key]) for key, item in value.items())
+        elif isinstance(value, list):
+            stack.extend((item, [*path, index]) for index, item in enumerate(value))
+    return None
+
+
+def too_deep_refusal(path: list[object] | None) -> ProblemError:
+    """The 422 for a JSON body nested deeper than MAX_JSON_DEPTH levels (at `path`, when the parser could
+    read that far)."""
+    field = "" if path is None else ".".join(_shown(part) for part in path)
+    message = (f"nested deeper than {MAX_JSON_DEPTH} levels of arrays and objects; no field of this API "
+               "takes more than a few")
+    return ProblemError(
+        422, f"{field or 'the request body'}: {message}", slug="invalid-request", title="Invalid request",
+        errors=[FieldError(location="body", field=field, message=message, type="json_depth")],
+    )
+
+
 class JsonTextError(ValueError):
     """Why a field's JSON text cannot be read; the message says where inside it and what to change."""
 
@@ -82,15 +110,8 @@ def load_json_text(text: str) -> Any:
         raise JsonTextError(too_deep) from None
     except json.JSONDecodeError as exc:
         raise JsonTextError(f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
-    stack: list[tuple[Any, int]] = [(document, 0)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise JsonTextError(too_deep)
-        if isinstance(value, dict):
-            stack.extend((item, depth + 1) for item in value.values())
-        elif isinstance(value, list):
-            stack.extend((item, depth + 1) for item in value)
+    if too_deep_at(document) is not None:
+        raise JsonTextError(too_deep)
     for path, string in _strings(document):
         character = bad_character(string)
         if character is not None:
@@ -127,16 +148,24 @@ def check_pairs(location: str, pairs: list[tuple[str, str]]) -> None:
 
 
 def check_json_body(body: bytes) -> None:
-    """Raise the refusal for the first key or string of a JSON body that cannot be stored.
+    """Raise the refusal for a JSON body nested deeper than MAX_JSON_DEPTH levels, or for its first key
+    or string that cannot be stored.
 
-    A body that is not JSON, or nests deeper than the parser goes, is left for the route to refuse
-    with its own message."""
-    if not any(marker in body for marker in _JSON_MARKERS):
+    A body nested deeper than the parser goes (near 1,000 levels, a RecursionError that FastAPI answers
+    with a bare "error parsing the body") is refused the same way. A body that is not JSON is left for the
+    route to refuse with its own message."""
+    # Fewer opening brackets than the bound cannot nest past it: most bodies are not parsed twice.
+    deep = body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH
+    if not deep and not any(marker in body for marker in _JSON_MARKERS):
         return
     try:
         document = json.loads(body)  # as Starlette's Request.json() reads it
-    except (ValueError, RecursionError):
+    except RecursionError:
+        raise too_deep_refusal(None) from None
+    except ValueError:
         return
+    if deep and (path := too_deep_at(document)) is not None:
+        raise too_deep_refusal(path)
     for path, text in _strings(document):
         character = bad_character(text)
         if character is not None:
@@ -159,7 +188,8 @@ async def check_form(scope: Scope, body: bytes) -> None:
 
 
 class TextCheckMiddleware:
-    """Refuses a request whose path, query or body text holds NUL or an unpaired surrogate (422)."""
+    """Refuses a request whose path, query or body text holds NUL or an unpaired surrogate, or whose JSON
+    body nests deeper than MAX_JSON_DEPTH levels (422)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

@@ -27,6 +27,51 @@ async def test_malformed_json_is_400(client: httpx.AsyncClient) -> None:
     assert "not valid JSON" in problem["detail"]
 
 
+def nested(levels: int) -> list:
+    """`levels` arrays, one inside the other."""
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        # Past the parser's recursion (FastAPI answered these with a bare "error parsing the body").
+        (PLANS, b"[" * 1200 + b"]" * 1200, ""),
+        (PLANS, b"[" * 50_000, ""),
+        ("/api/v1/calibrations", b'{"name": ' * 5_000, ""),
+        # Readable, but past the bound: the first value too deep is named.
+        (PLANS, json.dumps(cheap_plan(model={"a": nested(32)})), "model.a" + ".0" * 31),
+        ("/api/v1/plans/1/runs", json.dumps({"steps": 1, "raw": {"x": nested(32)}}), "raw.x" + ".0" * 31),
+    ],
+)
+async def test_json_nested_past_the_bound_is_refused_naming_it(
+    client: httpx.AsyncClient, path: str, body: str | bytes, field: str
+) -> None:
+    problem = assert_problem(await client.post(path, content=body, headers=JSON), 422, "invalid-request")
+    assert "nested deeper than 32 levels" in problem["detail"]
+    errors = [(e["location"], e["field"], e["type"]) for e in problem["errors"]]
+    assert errors == [("body", field, "json_depth")]
+
+
+async def test_json_at_the_bound_is_read(client: httpx.AsyncClient) -> None:
+    """32 levels are within the bound: the route reads the body and answers for its fields."""
+    body = json.dumps(cheap_plan(model={"a": nested(31)}))
+    response = await client.post(PLANS, content=body, headers=JSON)
+    assert response.status_code == 422, response.text
+    assert all(e["type"] != "json_depth" for e in response.json()["errors"]), response.text
+
+
+async def test_body_not_utf8_is_400_naming_the_byte(client: httpx.AsyncClient) -> None:
+    problem = assert_problem(
+        await client.post(PLANS, content=b'{"model": "\xff"}', headers=JSON),
+        400, "malformed-json",
+    )
+    assert problem["detail"] == "the request body is not valid JSON: byte 11 (0xff) is not UTF-8"
+
+
 async def test_not_json_is_415(client: httpx.AsyncClient) -> None:
     problem = assert_problem(
         await client.post(
