@@ -27,7 +27,7 @@ from executor.launch.bundle import (
 )
 from executor.launch.quoting import UnsafeValueError
 from executor.launch.skypilot import TASK_FILE as SKYPILOT_TASK_FILE
-from executor.launch.torchtitan import NotOnTorchtitanError
+from executor.launch.torchtitan import TORCHTITAN_RELEASES, NotOnTorchtitanError
 
 
 def register(app: typer.Typer) -> None:
@@ -100,6 +100,12 @@ def launcher(
     api_key: Annotated[
         str | None, typer.Option("--api-key", help="API key, if the server requires one for reads.")
     ] = None,
+    torchtitan_version: Annotated[
+        str,
+        typer.Option(help="--target torchtitan: the torchtitan series the job config is written for: 0.3 "
+                     "(its Python config module, torchtitan 0.3.0) | 0.2 (its TOML job config, "
+                     "torchtitan 0.2.2)."),
+    ] = "0.3",
     no_extract: Annotated[bool, typer.Option("--no-extract", help="Write only the archive.")] = False,
 ) -> None:
     """Write a launch bundle: launch.sh (torchrun), slurm.sbatch, k8s.yaml, skypilot.yaml, plan.json and the
@@ -127,6 +133,7 @@ def launcher(
             tolerations=toleration or [],
             priority_class=priority_class,
             gpu_resource=gpu_resource,
+            torchtitan_version=torchtitan_version,
         )
     except UnsafeValueError as exc:
         option = f"--{exc.field.replace('_', '-')}: " if exc.field else ""
@@ -138,9 +145,11 @@ def launcher(
     console = stdout_console()
     console.print(f"wrote {archive}", highlight=False)
     if not no_extract and target == "torchtitan":
+        hf = "--model.hf_assets_path" if torchtitan_version == "0.2" else "--hf_assets_path"
         console.print(
-            f"  unpacked in {out / bundle_name(plan)}; run it with:  ./launch.sh --hf_assets_path <tokenizer "
-            "dir> --training.steps 1000  (torchtitan==0.3.0 installed; its README.md shows the mapping)",
+            f"  unpacked in {out / bundle_name(plan)}; run it with:  ./launch.sh {hf} <tokenizer dir> "
+            f"--training.steps 1000  (torchtitan=={TORCHTITAN_RELEASES[torchtitan_version]} installed; its "
+            "README.md shows the mapping)",
             highlight=False,
             soft_wrap=True,
         )

@@ -58,6 +58,11 @@ class GpuResource(StrEnum):
     amd = "amd.com/gpu"
 
 
+class TorchtitanSeries(StrEnum):
+    v0_3 = "0.3"
+    v0_2 = "0.2"
+
+
 class ArchiveFormat(StrEnum):
     tar_gz = "tar.gz"
     zip = "zip"
@@ -145,6 +150,11 @@ def download_launcher(
             description="PriorityClass of the pods",
         ),
     ] = None,
+    torchtitan_version: Annotated[
+        TorchtitanSeries,
+        Query(description="target torchtitan: the torchtitan series the job config is written for: 0.3 (its "
+              "Python config module, torchtitan 0.3.0) or 0.2 (its TOML job config, torchtitan 0.2.2)"),
+    ] = TorchtitanSeries.v0_3,
     gpu_resource: Annotated[
         GpuResource | None,
         Query(description="The GPUs' resource name; default: the plan's GPU vendor's (amd.com/gpu for AMD "
@@ -178,6 +188,7 @@ def download_launcher(
             priority_class=priority_class,
             gpu_resource=gpu_resource.value if gpu_resource else None,
             calibration=calibration,
+            torchtitan_version=torchtitan_version.value,
         )
     except UnsafeValueError as exc:
         field = exc.field or "image"

@@ -260,6 +260,7 @@ def bundle_files(
     priority_class: str | None = None,
     gpu_resource: str | None = None,
     calibration: CalibrationProfile | None = None,
+    torchtitan_version: str = "0.3",
 ) -> list[BundleFile]:
     """Every file of the bundle for `target`, in a stable order.
 
@@ -268,7 +269,8 @@ def bundle_files(
     `rdma_resource` (`domain/name`, `rdma_count` per pod) requests RDMA adapters. `queue`, `node_selector`
     (`key=value`), `tolerations` (`key[=value][:Effect]`), `priority_class` and `gpu_resource` (None: the
     vendor's, nvidia.com/gpu or amd.com/gpu) place the pods (scheduling.py); `calibration` (the plan's
-    profile) re-prices a `torchtitan` bundle."""
+    profile) re-prices a `torchtitan` bundle, written for `torchtitan_version` (`0.3`: its Python config
+    module; `0.2`: its TOML job config)."""
     _check_target(target)
     placement = pod_placement(
         plan, image=image, torch_version=torch_version, cuda_version=cuda_version, rocm_version=rocm_version,
@@ -279,7 +281,9 @@ def bundle_files(
         # Imported here: the torchtitan target builds on this module's context and files.
         from executor.launch import torchtitan
 
-        return torchtitan.bundle_files(plan, calibration=calibration, placement=placement)
+        return torchtitan.bundle_files(
+            plan, calibration=calibration, placement=placement, series=torchtitan_version
+        )
     targets = ["torchrun", "slurm", "k8s", "skypilot"] if target == "all" else [target]
     ctx = context(plan, image=placement.image)
     core = [
@@ -422,7 +426,7 @@ def _prediction(plan: Plan) -> str:
 def build_bundle(plan: Plan, *, target: Target = "all", fmt: Format = "tar.gz", **options: object) -> bytes:
     """The bundle archive for `plan` (bytes of a .tar.gz or .zip); `options` as bundle_files takes them
     (image, torch_version, cuda_version, rocm_version, rdma_resource, rdma_count, queue, node_selector,
-    tolerations, priority_class, gpu_resource)."""
+    tolerations, priority_class, gpu_resource, calibration, torchtitan_version)."""
     _check_choice(fmt, FORMATS, "format")
     files = bundle_files(plan, target=target, **options)  # type: ignore[arg-type]
     root = bundle_name(plan)

@@ -16,6 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import tomli_w
+
 from contract.mesh import AXES
 from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig
 from executor.launch import environment, render
@@ -28,7 +30,7 @@ from executor.launch.bundle import (
     pod_placement,
 )
 from executor.launch.manifests import CHECKPOINT_MOUNT, WORK_DIR
-from executor.launch.quoting import slug
+from executor.launch.quoting import UnsafeValueError, slug
 from executor.launch.templating import render_template
 from planner.calibration import CalibrationProfile
 from planner.plan import Plan
@@ -37,6 +39,13 @@ from planner.specs import ClusterSpec, ModelSpec, PlanRequest, TrainingSpec
 
 TORCHTITAN_VERSION = "0.3.0"
 """The torchtitan release the config module is written for (its `Trainer.Config` API)."""
+TORCHTITAN_RELEASES = {"0.3": TORCHTITAN_VERSION, "0.2": "0.2.2"}
+"""The torchtitan series a bundle can be written for, and the release of each it names: 0.3.x's
+Python config module, or 0.2.x's TOML job config (`--job.config_file`, the JobConfig dataclasses of
+torchtitan/config/job_config.py, the same in 0.2.0 to 0.2.2 for every field the bundle writes)."""
+DEFAULT_SERIES = "0.3"
+JOB_TOML = "fsdp_planner_job.toml"
+"""0.2.x's job config (`fsdp_planner_job.toml` in the bundle), torchtitan's `--job.config_file`."""
 JOB_MODULE = "fsdp_planner_job"
 """The generated module (`fsdp_planner_job.py` in the bundle), torchtitan's `--module`."""
 JOB_FUNCTION = "trainer_config"
@@ -104,6 +113,8 @@ DeepSeek 16B and 236B are DeepSeek-MoE / V2 models the planner does not read."""
 
 HEAD, EMBEDDINGS, FINAL_NORM = "lm_head", "tok_embeddings", "norm"
 """torchtitan's decoder module names (its pipeline stages list them)."""
+HEAD_02 = "output"
+"""The output head's name in torchtitan 0.2.x's models."""
 ALL_TOKENS_CHECKPOINTING = CheckpointingConfig(mode="full")
 
 
@@ -120,8 +131,9 @@ class Mapping:
     """What of the plan torchtitan cannot express, and what runs instead (README)."""
 
 
-def flavor_of(plan: Plan) -> Flavor:
-    """torchtitan's model for the plan's, or NotOnTorchtitanError saying why there is none."""
+def flavor_of(plan: Plan, release: str = TORCHTITAN_VERSION) -> Flavor:
+    """torchtitan's model for the plan's, or NotOnTorchtitanError saying why there is none (0.2.2's
+    registries hold the same flavors under the same names)."""
     model = plan.model
     # A dense model matches no MoE flavor (its `moe.*` dims are None), nor an MoE model a dense one.
     dense = {"moe": None, "latent_attention": None, "qk_norm": False}
@@ -133,20 +145,37 @@ def flavor_of(plan: Plan) -> Flavor:
             return flavor
     known = ", ".join(f"{f.module} {f.flavor}" for f in (*FLAVORS, *MOE_FLAVORS))
     raise NotOnTorchtitanError(
-        f"target torchtitan: torchtitan {TORCHTITAN_VERSION}'s registry has no model with {model.name}'s "
+        f"target torchtitan: torchtitan {release}'s registry has no model with {model.name}'s "
         f"dims (hidden {model.hidden_size}, {model.num_layers} layers, {model.num_heads} heads); it has "
         f"{known}. Train it with this project's runtime (--target torchrun)"
     )
 
 
-def mapping(plan: Plan) -> Mapping:
-    """The plan's torchtitan job: the config module's values, the configuration as torchtitan runs it,
-    and what it cannot express."""
-    flavor = flavor_of(plan)
+def release_of(series: str) -> str:
+    """The torchtitan release a series' bundle is written for, or UnsafeValueError naming the option."""
+    if series not in TORCHTITAN_RELEASES:
+        raise UnsafeValueError(
+            f"torchtitan_version {series!r}: choose one of {', '.join(TORCHTITAN_RELEASES)}",
+            field="torchtitan_version",
+        )
+    return TORCHTITAN_RELEASES[series]
+
+
+def mapping(plan: Plan, series: str = DEFAULT_SERIES) -> Mapping:
+    """The plan's torchtitan job for a torchtitan series (`0.3`: the config module's values; `0.2`: the
+    TOML job config's sections), the configuration as torchtitan runs it, and what it cannot express."""
+    release = release_of(series)
+    legacy = series == "0.2"
+    flavor = flavor_of(plan, release)
     config = plan.config
     missing: list[str] = []
-    checkpointing, ac = _checkpointing(config.checkpointing, missing)
-    float8, converters = _converters(config, missing)
+    if legacy:
+        checkpointing, ac = _checkpointing_02(config.checkpointing, missing)
+        float8, converters, quantize = _quantize_02(config)
+    else:
+        checkpointing, ac = _checkpointing(config.checkpointing, missing)
+        float8, converters = _converters(config, missing)
+        quantize = {}
     if config.blocks_per_unit > 1:
         missing.append(
             f"FSDP units of {config.blocks_per_unit} blocks: torchtitan wraps every block as its own unit"
@@ -169,7 +198,17 @@ def mapping(plan: Plan) -> Mapping:
         missing.append("bf16 gradient reduction: torchtitan reduces in fp32")
         reduce_dtype = "float32"
     if plan.model.moe is not None:
-        _moe_not_expressed(config, missing)
+        _moe_not_expressed(config, missing, legacy=legacy)
+    loss = "sliced"
+    if legacy:
+        # 0.2.x has no chunked loss: the plain cross-entropy over the micro-batch's whole logits (fused
+        # by inductor when it compiles).
+        loss = "compiled_fp32" if config.compile else "autograd_fp32"
+        if config.loss_chunks > 1:
+            missing.append(
+                f"the loss over {config.loss_chunks} slices of the tokens: torchtitan {release} computes "
+                "the cross-entropy over the whole micro-batch's logits at once (more memory)"
+            )
     if plan.training.optimizer != "adamw":
         missing.append(f"the {plan.training.optimizer} optimizer: the config keeps torchtitan's AdamW")
     runs = dataclasses.replace(
@@ -185,12 +224,28 @@ def mapping(plan: Plan) -> Mapping:
         ),
         # torchtitan 0.3's ChunkedLossWrapper is this project's loss: the head and cross-entropy per
         # slice of the sequence, each slice's backward at once.
-        loss="sliced",
+        loss=loss,
+        loss_chunks=1 if legacy else config.loss_chunks,
         float8=float8,
         engine="torchtitan",
     )
+    if legacy:
+        values = {
+            "version": release,
+            "series": series,
+            "module": flavor.module,
+            "flavor": flavor.flavor,
+            "training": _training(plan, legacy=True),
+            "parallelism": _parallelism(config, legacy=True),
+            "compile": {"enable": config.compile, "components": ["model", "loss"]},
+            "activation_checkpoint": ac,
+            "converters": converters,
+            "quantize": quantize,
+        }
+        return Mapping(flavor=flavor, values=values, config=runs, not_expressed=tuple(missing))
     values = {
-        "version": TORCHTITAN_VERSION,
+        "version": release,
+        "series": series,
         "module": flavor.module,
         "flavor": flavor.flavor,
         "training": _training(plan),
@@ -207,11 +262,12 @@ def mapping(plan: Plan) -> Mapping:
     return Mapping(flavor=flavor, values=values, config=runs, not_expressed=tuple(missing))
 
 
-def _moe_not_expressed(config: ParallelConfig, missing: list[str]) -> None:
-    """What of an MoE plan torchtitan 0.3 runs otherwise: its ep borrows the tp ranks as well, and
-    its linear converters leave the experts' grouped GEMMs in bf16."""
+def _moe_not_expressed(config: ParallelConfig, missing: list[str], *, legacy: bool = False) -> None:
+    """What of an MoE plan torchtitan runs otherwise: 0.3's ep borrows the tp ranks as well (0.2's
+    `expert_tensor_parallel_degree` keeps tp inside the experts), and the linear converters leave the
+    experts' grouped GEMMs in bf16."""
     mesh = config.mesh
-    if mesh.ep > 1 and mesh.tp > 1:
+    if mesh.ep > 1 and mesh.tp > 1 and not legacy:
         missing.append(
             f"tensor parallelism inside the experts: torchtitan {TORCHTITAN_VERSION}'s ep {mesh.ep} borrows "
             f"the tp ranks as well as dp_shard x cp (its experts are FSDP-sharded over dp_shard x cp x tp / "
@@ -225,7 +281,7 @@ def _moe_not_expressed(config: ParallelConfig, missing: list[str]) -> None:
         )
 
 
-def _training(plan: Plan) -> dict[str, Any]:
+def _training(plan: Plan, *, legacy: bool = False) -> dict[str, Any]:
     """torchtitan's `TrainingConfig`: with a pipeline the local batch is the step's sequences per
     data-parallel rank, which the schedule splits into micro-batches; without one it is a micro-batch,
     and the global batch sets the accumulation steps."""
@@ -233,7 +289,8 @@ def _training(plan: Plan) -> dict[str, Any]:
     local = config.micro_batch_size * (config.grad_accum_steps if config.pipeline is not None else 1)
     # torchtitan 0.3 captures the step in CUDA graphs, which it refuses under a pipeline, and under
     # expert parallelism with its default all-to-all dispatcher (which syncs with the CPU for sizes).
-    no_graphs = config.pipeline is not None or config.mesh.ep > 1
+    # (0.2.x captures none.)
+    no_graphs = not legacy and (config.pipeline is not None or config.mesh.ep > 1)
     graphs = {"disable_cuda_graphs": True} if no_graphs else {}
     return {
         **graphs,
@@ -246,9 +303,12 @@ def _training(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _parallelism(config: ParallelConfig) -> dict[str, Any]:
-    """torchtitan's `ParallelismConfig`: every mesh axis's degree through the registry, the reshard
-    policy, and the pipeline's schedule, micro-batch and exact stage split."""
+def _parallelism(config: ParallelConfig, *, legacy: bool = False) -> dict[str, Any]:
+    """torchtitan's `ParallelismConfig` (0.2.x: its [parallelism] section): every mesh axis's degree
+    through the registry, the reshard policy, and the pipeline's schedule, micro-batch and exact stage
+    split. 0.2.x applies sequence parallelism with tp whenever it is on, takes async tp here (0.3 in
+    its compile config) and keeps an MoE plan's tp inside the experts (`expert_tensor_parallel_degree`
+    = tp: ep over the data-parallel ranks only, as the plan lays it)."""
     values: dict[str, Any] = {}
     for axis in AXES:
         degree = config.mesh.degree(axis.name)
@@ -261,17 +321,23 @@ def _parallelism(config: ParallelConfig) -> dict[str, Any]:
             continue
         values[axis.torchtitan_degree] = degree
     values["fsdp_reshard_after_forward"] = "always" if config.reshard_after_forward else "never"
-    if config.mesh.tp > 1:
+    if legacy:
+        values["enable_async_tensor_parallel"] = config.async_tp
+        if config.mesh.ep > 1 and config.mesh.tp > 1:
+            values["expert_tensor_parallel_degree"] = config.mesh.tp
+    elif config.mesh.tp > 1:
         values["enable_sequence_parallel"] = True  # the planner prices tp with sequence parallelism
     pipeline = config.pipeline
     if pipeline is not None:
         values["pipeline_parallel_schedule"] = pipeline.schedule
         values["pipeline_parallel_microbatch_size"] = config.micro_batch_size
-        values["module_fqns_per_model_part"] = stage_modules(pipeline.stage_blocks)
+        values["module_fqns_per_model_part"] = stage_modules(
+            pipeline.stage_blocks, head=HEAD_02 if legacy else HEAD
+        )
     return values
 
 
-def stage_modules(stage_blocks: tuple[int, ...]) -> list[list[str]]:
+def stage_modules(stage_blocks: tuple[int, ...], head: str = HEAD) -> list[list[str]]:
     """The modules of each pipeline stage as torchtitan names them: the plan's exact split, the
     embeddings in the first stage, the final norm and head in the last."""
     stages, first = [], 0
@@ -279,8 +345,65 @@ def stage_modules(stage_blocks: tuple[int, ...]) -> list[list[str]]:
         stages.append([f"layers.{i}" for i in range(first, first + blocks)])
         first += blocks
     stages[0].insert(0, EMBEDDINGS)
-    stages[-1].extend([FINAL_NORM, HEAD])
+    stages[-1].extend([FINAL_NORM, head])
     return stages
+
+
+def _checkpointing_02(policy: CheckpointingConfig, missing: list[str]) -> tuple[CheckpointingConfig, dict]:
+    """The checkpointing torchtitan 0.2.x runs and its [activation_checkpoint] section: every k-th
+    block (`selective_ac_option` k), per-op SAC (`op`), every block or none."""
+    if policy.mode == "none":
+        return policy, {"mode": "none"}
+    if policy.mode == "op_selective":
+        return policy, {"mode": "selective", "selective_ac_option": "op"}
+    if policy.mode == "selective" and policy.every_k > 1:
+        return policy, {"mode": "selective", "selective_ac_option": str(policy.every_k)}
+    if policy.mode == "blocks":
+        missing.append(
+            f"checkpointing the first {policy.blocks} blocks only: torchtitan checkpoints every block or "
+            "every k-th, so every block is recomputed (less memory, more compute)"
+        )
+    return ALL_TOKENS_CHECKPOINTING, {"mode": "full"}
+
+
+def _quantize_02(config: ParallelConfig) -> tuple[str, list[str], dict[str, Any]]:
+    """The Float8 recipe torchtitan 0.2.x runs, its model converters and its [quantize] section (every
+    recipe of the plan has one there; the head stays in the compute precision, as the plan prices)."""
+    recipe = config.float8
+    if recipe == "none":
+        return recipe, [], {}
+    if recipe == "mxfp8":
+        return recipe, ["quantize.linear.mx"], {
+            "linear": {"mx": {"recipe_name": "mxfp8_cublas", "filter_fqns": [HEAD_02]}}
+        }
+    float8: dict[str, Any] = {"recipe_name": recipe, "filter_fqns": [HEAD_02]}
+    if recipe == "tensorwise":
+        # The plan all-gathers the sharded weights in float8 (torchtitan's recommendation for tensorwise).
+        float8 |= {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True}
+    return recipe, ["quantize.linear.float8"], {"linear": {"float8": float8}}
+
+
+def toml_text(ctx: render.LaunchContext, values: dict[str, Any]) -> str:
+    """The TOML file of torchtitan 0.2.x's job config: a comment header, then job_toml's data dumped by
+    a TOML library (every value quoted by the dumper)."""
+    header = render_template("torchtitan/job.toml.j2", ctx=ctx, values=values, job_toml=JOB_TOML)
+    return header + tomli_w.dumps(job_toml(ctx, values))
+
+
+def job_toml(ctx: render.LaunchContext, values: dict[str, Any]) -> dict[str, Any]:
+    """torchtitan 0.2.x's job config for a `0.2` mapping's values, as the TOML document's data (its
+    JobConfig sections: job, model, training, parallelism, activation_checkpoint, compile, quantize)."""
+    doc: dict[str, Any] = {
+        "job": {"description": f"fsdp-planner plan {ctx.short_hash}: {ctx.title}"},
+        "model": {"name": values["module"], "flavor": values["flavor"], "converters": values["converters"]},
+        "training": values["training"],
+        "parallelism": values["parallelism"],
+        "activation_checkpoint": values["activation_checkpoint"],
+        "compile": values["compile"],
+    }
+    if values["quantize"]:
+        doc["quantize"] = values["quantize"]
+    return doc
 
 
 def _checkpointing(policy: CheckpointingConfig, missing: list[str]) -> tuple[CheckpointingConfig, str]:
@@ -363,31 +486,59 @@ TRAIN = render.Entry(
     requirement=f"torchtitan=={TORCHTITAN_VERSION}",
     requirement_module="torchtitan",
 )
+TRAIN_02 = render.Entry(
+    script="launch.sh",
+    module="torchtitan.train",
+    args=f'--job.config_file "$HERE/{JOB_TOML}"',
+    usage="./launch.sh [torchtitan options]   e.g. ./launch.sh --model.hf_assets_path ./assets/hf/<model> "
+          "--training.steps 1000",
+    resumable=False,
+    example_options="--model.hf_assets_path /shared/tokenizer --training.steps 1000",
+    carries=f"launch.sh, plan.json, {JOB_TOML}",
+    k8s_options="--model.hf_assets_path /shared/tokenizer --checkpoint.enable "
+                f"--checkpoint.folder {CHECKPOINT_MOUNT} --checkpoint.keep_latest_k 2",
+    checkpoints=f"torchtitan saves there and resumes from the newest with `--checkpoint.enable "
+                f"--checkpoint.folder {CHECKPOINT_MOUNT}`",
+    requirement=f"torchtitan=={TORCHTITAN_RELEASES['0.2']}",
+    requirement_module="torchtitan",
+)
+"""torchtitan 0.2.x's launch: `torchtitan.train --job.config_file` with the TOML job config."""
 
 
 def bundle_files(
-    plan: Plan, *, calibration: CalibrationProfile | None = None, placement: Placement | None = None
+    plan: Plan,
+    *,
+    calibration: CalibrationProfile | None = None,
+    placement: Placement | None = None,
+    series: str = DEFAULT_SERIES,
 ) -> list[BundleFile]:
     """The torchtitan bundle: plan.json, the config module, launch.sh (torchrun), slurm.sbatch, the
     Kubernetes manifests (the torchrun target's, whose pods run this launch.sh; `placement`: their
     checked options, default the plan's vendor's PyTorch image) and a README with the mapping, what
     torchtitan cannot express and the prediction re-priced (under `calibration`, the plan's profile,
-    where the caller has it)."""
-    job = mapping(plan)
+    where the caller has it). `series` `0.2` writes the job config as 0.2.x's TOML instead of the
+    config module."""
+    job = mapping(plan, series)
+    legacy = series == "0.2"
+    entry = TRAIN_02 if legacy else TRAIN
     placement = placement or pod_placement(plan)
     ctx = context(plan, image=placement.image)
     priced = repriced(plan, job.config, calibration=calibration)
-    module = render_template(
-        "torchtitan/job.py.j2", ctx=ctx, values=job.values, job_module=JOB_MODULE, job_function=JOB_FUNCTION,
-        model=slug(plan.model.name, limit=60),
-    )
+    if legacy:
+        config = BundleFile(JOB_TOML, toml_text(ctx, job.values).encode())
+    else:
+        module = render_template(
+            "torchtitan/job.py.j2", ctx=ctx, values=job.values, job_module=JOB_MODULE,
+            job_function=JOB_FUNCTION, model=slug(plan.model.name, limit=60),
+        )
+        config = BundleFile(f"{JOB_MODULE}.py", module.encode())
     core = [
         BundleFile("plan.json", (plan.model_dump_json(indent=1) + "\n").encode()),
-        BundleFile(f"{JOB_MODULE}.py", module.encode()),
-        BundleFile("launch.sh", render.launch_sh(ctx, TRAIN).encode(), executable=True),
+        config,
+        BundleFile("launch.sh", render.launch_sh(ctx, entry).encode(), executable=True),
     ]
     # The pods unpack these three from a ConfigMap and run launch.sh (manifests.unpack_command).
-    kube, manifests = kubernetes_files(plan, ctx, core, placement, TRAIN)
+    kube, manifests = kubernetes_files(plan, ctx, core, placement, entry)
     readme = render_template(
         "torchtitan/README.md.j2",
         ctx=ctx,
@@ -395,6 +546,8 @@ def bundle_files(
         values=job.values,
         job_module=JOB_MODULE,
         job_function=JOB_FUNCTION,
+        job_toml=JOB_TOML,
+        legacy=legacy,
         planned=plan.config.label(),
         runs=job.config.label(),
         planned_prediction=_prediction(plan),
@@ -404,8 +557,8 @@ def bundle_files(
         uncalibrated=plan.calibration_id if plan.calibration_id is not None and calibration is None else None,
         model=slug(plan.model.name, limit=60),
         # The Kubernetes section (templates/parts/readme_kubernetes.md.j2), as the torchrun bundle's.
-        entry=TRAIN,
-        example_args=render.k8s_example_args(TRAIN),
+        entry=entry,
+        example_args=render.k8s_example_args(entry),
         kube=kube,
         work_dir=WORK_DIR,
         checkpoint_mount=CHECKPOINT_MOUNT,
@@ -413,7 +566,7 @@ def bundle_files(
     )
     return [
         *core,
-        BundleFile("slurm.sbatch", render.slurm_sbatch(ctx, TRAIN).encode(), executable=True),
+        BundleFile("slurm.sbatch", render.slurm_sbatch(ctx, entry).encode(), executable=True),
         *manifests,
         BundleFile("README.md", readme.encode()),
     ]
