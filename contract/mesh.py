@@ -477,6 +477,13 @@ class Mesh:
         return max(1, self.fsdp_shards // self.ep)
 
     @property
+    def expert_shards_borrowing_tp(self) -> int:
+        """Ranks a routed expert's parameters are sharded over where the expert-parallel ranks are
+        carved out of the tp ranks too, each expert whole on its rank (torchtitan 0.3's layout):
+        (dp_shard x cp x tp) / ep."""
+        return max(1, self.fsdp_shards * self.tp // self.ep)
+
+    @property
     def expert_span(self) -> int:
         """Consecutive ranks one expert-parallel group spans: it is carved out of the shard group,
         which strides over the tp ranks, so ep x tp."""

@@ -271,7 +271,7 @@ def _moe_not_expressed(config: ParallelConfig, missing: list[str], *, legacy: bo
         missing.append(
             f"tensor parallelism inside the experts: torchtitan {TORCHTITAN_VERSION}'s ep {mesh.ep} borrows "
             f"the tp ranks as well as dp_shard x cp (its experts are FSDP-sharded over dp_shard x cp x tp / "
-            f"ep = {mesh.dp_shard * mesh.cp * mesh.tp // mesh.ep} ranks), so each expert runs whole on "
+            f"ep = {mesh.expert_shards_borrowing_tp} ranks), so each expert runs whole on "
             "its rank; the same share of the experts' weights per rank, other all-to-all and GEMM shapes"
         )
     if config.float8 != "none":

@@ -358,6 +358,9 @@ def test_an_moe_plan_with_tp_says_torchtitan_borrows_the_tp_ranks(job_module) ->
     check_mapped(config, plan)
     missing = " ".join(mapping(plan).not_expressed)
     assert "ep 4 borrows the tp ranks" in missing and "dp_shard x cp x tp / ep" in missing
+    mesh = plan.config.mesh
+    shards = mesh.dp_shard * mesh.cp * mesh.tp // mesh.ep
+    assert mesh.expert_shards_borrowing_tp == shards and f"tp / ep = {shards} ranks" in missing
 
 
 @pytest.mark.parametrize(("model", "cluster"), [
