@@ -484,6 +484,13 @@ class Mesh:
         return max(1, self.fsdp_shards * self.tp // self.ep)
 
     @property
+    def experts_split_by_tp(self) -> bool:
+        """Whether the routed experts run tensor-parallel inside each expert-parallel rank (ep and tp
+        both above 1): the plan's layout, which a trainer that carves ep out of the tp ranks cannot
+        express."""
+        return self.ep > 1 and self.tp > 1
+
+    @property
     def expert_span(self) -> int:
         """Consecutive ranks one expert-parallel group spans: it is carved out of the shard group,
         which strides over the tp ranks, so ep x tp."""

@@ -380,10 +380,7 @@ PHYSICS_LAYERS = ("planner/cost",)
 """Where axes have physics (the cost and memory terms of `PHYSICS`): there a formula over several
 degrees is the model itself (a rank's share of the model at tp x cp x ep, the span of an ep x tp
 group), so `axis_arithmetic` does not scan it."""
-ARITHMETIC_PENDING: dict[str, str] = {
-    "executor/launch/torchtitan.py": "its expert-parallel checks combine ep, tp and the shard group by "
-    "hand until they read a Mesh property",
-}
+ARITHMETIC_PENDING: dict[str, str] = {}
 """Files `axis_arithmetic` skips for now, each with why: an entry is debt, to be removed."""
 
 

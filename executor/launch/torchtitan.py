@@ -267,7 +267,7 @@ def _moe_not_expressed(config: ParallelConfig, missing: list[str], *, legacy: bo
     `expert_tensor_parallel_degree` keeps tp inside the experts), and the linear converters leave the
     experts' grouped GEMMs in bf16."""
     mesh = config.mesh
-    if mesh.ep > 1 and mesh.tp > 1 and not legacy:
+    if mesh.experts_split_by_tp and not legacy:
         missing.append(
             f"tensor parallelism inside the experts: torchtitan {TORCHTITAN_VERSION}'s ep {mesh.ep} borrows "
             f"the tp ranks as well as dp_shard x cp (its experts are FSDP-sharded over dp_shard x cp x tp / "
@@ -323,7 +323,7 @@ def _parallelism(config: ParallelConfig, *, legacy: bool = False) -> dict[str, A
     values["fsdp_reshard_after_forward"] = "always" if config.reshard_after_forward else "never"
     if legacy:
         values["enable_async_tensor_parallel"] = config.async_tp
-        if config.mesh.ep > 1 and config.mesh.tp > 1:
+        if config.mesh.experts_split_by_tp:
             values["expert_tensor_parallel_degree"] = config.mesh.tp
     elif config.mesh.tp > 1:
         values["enable_sequence_parallel"] = True  # the planner prices tp with sequence parallelism
