@@ -66,12 +66,16 @@ HELD_OUT_GUARD: dict[tuple[str, str], float] = {
     ("throughput_max", "A100-80GB"): 0.18,
     ("throughput_mean", "H100-SXM-80GB"): 0.09,
     ("throughput_max", "H100-SXM-80GB"): 0.19,
+    ("throughput_mean", "H200-141GB"): 0.11,
+    ("throughput_max", "H200-141GB"): 0.27,
     ("memory_mean", "all"): 0.08,
 }
 """The held-out split's |error| (sources no fit reads, priced by the committed fit), today's values
 rounded up to the next whole percent: the numbers that say how the model does on runs it never saw.
 (2026-11-28: other trainers' compiled blocks priced with what inductor's partitioner saves moved the
-held-out memory mean from 11.5% to 7.8%; OLMo-core's eight H100 runs joined the split at 4.9%.)"""
+held-out memory mean from 11.5% to 7.8%; OLMo-core's eight H100 runs joined the split at 4.9%.
+2026-11-29: KempnerForge's fourteen H200 runs, 1-32 GPUs, joined at 10.5% mean, 26.0% max: its pure-FSDP
+and single-GPU runs priced 15-26% slow, its tp runs within 10%.)"""
 COVERAGE_GUARD = {"throughput": 0.75, "memory": 0.75}
 """The least share of held-out runs the 80% interval contains (each calibrated without its source): the
 issue's 75% for tokens/s and for peaks (today 32 of 36 runs and 6 of 7 peaks: torchtune's pure-bf16
