@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from planner.plan import Plan
+from tests.executor.torchtitan_plans import llama3_8b_plan, llama3_70b_tp_pp_plan
+
 REPO = Path(__file__).resolve().parents[2]
 SLOW_BF16 = 8.0
 """bf16 matrix products this many times slower than fp32 ones make a bf16 training test impractical."""
@@ -111,3 +114,15 @@ def write_plan(tmp_path: Path):
         return path
 
     return write
+
+
+@pytest.fixture(scope="module")
+def plan_8b() -> Plan:
+    """The torchtitan target's llama3-8b plan (tests/executor/torchtitan_plans.py)."""
+    return llama3_8b_plan()
+
+
+@pytest.fixture(scope="module")
+def plan_70b() -> Plan:
+    """The torchtitan target's 70B TP+PP plan (tests/executor/torchtitan_plans.py)."""
+    return llama3_70b_tp_pp_plan()

@@ -18,43 +18,19 @@ from types import ModuleType
 import pytest
 
 from contract.mesh import AXES
-from executor.launch.bundle import bundle_files, bundle_name, write_bundle
+from executor.launch.bundle import PodOptions, bundle_files, bundle_name, write_bundle
 from executor.launch.manifests import unpack_command
 from executor.launch.quoting import UnsafeValueError, python_literal
 from executor.launch.torchtitan import JOB_FUNCTION, JOB_MODULE, NotOnTorchtitanError, mapping
-from planner.catalog.models import resolve_model
 from planner.plan import Plan
-from planner.search import make_plan
-from planner.specs import ClusterSpec, PlanRequest, SearchSpace, TrainingSpec
 from tests.executor.launch_lint import documents, lint_script, validate_manifest
+from tests.executor.torchtitan_plans import moe_plan, plan_for
 
 # The test command installs torchtitan==0.3.0 (scripts/test.sh): these run against the real package.
 from torchtitan import trainer  # isort: skip
 from torchtitan.components.loss import ChunkedLossWrapper  # isort: skip
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # isort: skip
 
-
-
-def plan_for(model: str, cluster: str, *, sequences: int, seq_len: int = 8192, **search: object) -> Plan:
-    return make_plan(PlanRequest(
-        model=resolve_model(model), cluster=ClusterSpec.parse(cluster),
-        training=TrainingSpec(seq_len=seq_len, global_batch_tokens=seq_len * sequences),
-        search=SearchSpace(**search),  # type: ignore[arg-type]
-    ))
-
-
-@pytest.fixture(scope="module")
-def plan_8b() -> Plan:
-    return plan_for("llama3-8b", "1x8xh100", sequences=64)
-
-
-@pytest.fixture(scope="module")
-def plan_70b() -> Plan:
-    plan = plan_for(
-        "llama3-70b", "8x8xh100", sequences=256, tensor_parallel_degrees=[8], pipeline_parallel_degrees=[4]
-    )
-    assert plan.config.mesh.tp == 8 and plan.config.mesh.pp == 4 and plan.config.pipeline is not None
-    return plan
 
 
 @pytest.fixture
@@ -194,7 +170,7 @@ def test_the_kubernetes_manifests_start_torchtitan_and_pass_the_schemas(
     plan_70b: Plan, 
     tmp_path: Path,
 ) -> None:
-    write_bundle(plan_70b, tmp_path, target="torchtitan", **KUEUE)
+    write_bundle(plan_70b, tmp_path, target="torchtitan", pods=PodOptions(**KUEUE))
     directory = tmp_path / bundle_name(plan_70b)
     launch = (directory / "launch.sh").read_text()
     # launch.sh's torchtitan invocation: torchrun running torchtitan.train with the config module.
@@ -302,20 +278,6 @@ def test_mxfp8_plans_convert_the_blocks_linears(job_module, monkeypatch) -> None
 
 # --- mixture-of-experts plans ------------------------------------------------------------------------
 
-def moe_plan(
-    model: str, cluster: str, *, ep: int, sequences: int, seq_len: int = 4096, **search: object
-) -> Plan:
-    """An MoE plan with its expert-parallel degree pinned (pure bf16 training, so that one node holds
-    Qwen3-30B-A3B)."""
-    plan = make_plan(PlanRequest(
-        model=resolve_model(model), cluster=ClusterSpec.parse(cluster),
-        training=TrainingSpec(
-            seq_len=seq_len, global_batch_tokens=seq_len * sequences, state_dtype="bfloat16"
-        ),
-        search=SearchSpace(expert_parallel_degrees=[ep], **search),  # type: ignore[arg-type]
-    ))
-    assert plan.config.mesh.ep == ep
-    return plan
 
 
 def check_experts(config: object, plan: Plan) -> None:

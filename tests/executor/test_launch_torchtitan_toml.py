@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from contract.mesh import AXES
-from executor.launch.bundle import bundle_files, bundle_name, write_bundle
+from executor.launch.bundle import PodOptions, bundle_files, bundle_name, write_bundle
 from executor.launch.quoting import UnsafeValueError
 from executor.launch.torchtitan import JOB_TOML, mapping
 from planner.plan import Plan
 from tests.executor.launch_lint import documents, validate_manifest
-from tests.executor.test_launch_torchtitan import moe_plan, plan_for
+from tests.executor.torchtitan_plans import moe_plan, plan_for
 
 # torchtitan 0.2.x's job config: the fields of each JobConfig section the bundle may write, as
 # torchtitan/config/job_config.py declares them at tag v0.2.2 (commit
@@ -70,20 +70,6 @@ CONVERTERS_02 = {
     "quantize.linear.float8", "quantize.grouped_mm.float8", "quantize.linear.mx", "quantize.grouped_mm.mx",
 }
 HEAD_02 = "output"  # the llama3 model's output head in 0.2.x (torchtitan/models/llama3/model/model.py)
-
-
-@pytest.fixture(scope="module")
-def plan_8b() -> Plan:
-    return plan_for("llama3-8b", "1x8xh100", sequences=64)
-
-
-@pytest.fixture(scope="module")
-def plan_70b() -> Plan:
-    plan = plan_for(
-        "llama3-70b", "8x8xh100", sequences=256, tensor_parallel_degrees=[8], pipeline_parallel_degrees=[4]
-    )
-    assert plan.config.mesh.tp == 8 and plan.config.pipeline is not None
-    return plan
 
 
 def job_config(plan: Plan) -> dict[str, Any]:
@@ -205,7 +191,9 @@ def test_mxfp8_as_0_2_toml() -> None:
 def test_the_0_2_bundle_launches_the_toml_and_its_manifests_pass_the_schemas(
     plan_70b: Plan, tmp_path: Path,
 ) -> None:
-    write_bundle(plan_70b, tmp_path, target="torchtitan", torchtitan_version="0.2", queue="team-a")
+    write_bundle(
+        plan_70b, tmp_path, target="torchtitan", torchtitan_version="0.2", pods=PodOptions(queue="team-a")
+    )
     directory = tmp_path / bundle_name(plan_70b)
     launch = (directory / "launch.sh").read_text()
     assert f'ARGS=(--job.config_file "$HERE/{JOB_TOML}")' in launch
