@@ -22,6 +22,7 @@ from executor.launch.bundle import (
     FORMATS,
     TARGETS,
     BundleTooLargeError,
+    PodOptions,
     bundle_name,
     write_bundle,
 )
@@ -122,17 +123,12 @@ def launcher(
             target=target,  # type: ignore[arg-type]
             fmt=fmt,  # type: ignore[arg-type]
             extract=not no_extract,
-            image=image,
-            torch_version=torch_version,
-            cuda_version=cuda_version,
-            rocm_version=rocm_version,
-            rdma_resource=rdma_resource,
-            rdma_count=rdma_count,
-            queue=queue,
-            node_selector=node_selector or [],
-            tolerations=toleration or [],
-            priority_class=priority_class,
-            gpu_resource=gpu_resource,
+            pods=PodOptions(
+                image=image, torch_version=torch_version, cuda_version=cuda_version,
+                rocm_version=rocm_version, rdma_resource=rdma_resource, rdma_count=rdma_count, queue=queue,
+                node_selector=tuple(node_selector or ()), tolerations=tuple(toleration or ()),
+                priority_class=priority_class, gpu_resource=gpu_resource,
+            ),
             torchtitan_version=torchtitan_version,
         )
     except UnsafeValueError as exc:

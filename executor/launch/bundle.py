@@ -207,6 +207,35 @@ def checkpoint_gib(plan: Plan) -> int:
     return max(10, math.ceil(one * 3 * 1.25 / 2**30))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodOptions:
+    """The Kubernetes options of a bundle as given (the CLI's options, the API's query parameters):
+    the manifests' image, the pods' scheduling and RDMA. pod_placement checks them."""
+
+    image: str | None = None
+    """The manifests' image; None: the plan's GPU vendor's PyTorch image for the versions below."""
+    torch_version: str = DEFAULT_TORCH_VERSION
+    """The torch the plan runs with (the image's, and the SkyPilot task's requirement)."""
+    cuda_version: str = DEFAULT_CUDA_VERSION
+    """The CUDA of PyTorch's official image (NVIDIA GPUs)."""
+    rocm_version: str = DEFAULT_ROCM_VERSION
+    """The ROCm of AMD's PyTorch image (AMD GPUs)."""
+    rdma_resource: str | None = None
+    """The RDMA device plugin's extended resource (`domain/name`) every pod requests; None: none."""
+    rdma_count: int = 1
+    """RDMA resources per pod (1 to 64)."""
+    queue: str | None = None
+    """Kueue LocalQueue of the job (scheduling.py)."""
+    node_selector: Sequence[str] = ()
+    """`key=value` labels a pod's node must carry."""
+    tolerations: Sequence[str] = ()
+    """Taints the pods tolerate: `key[=value][:Effect]`."""
+    priority_class: str | None = None
+    """PriorityClass of the pods."""
+    gpu_resource: str | None = None
+    """The GPUs' resource name; None: the vendor's (nvidia.com/gpu or amd.com/gpu)."""
+
+
 def kube_context(
     plan: Plan,
     core: list[BundleFile],
@@ -248,35 +277,17 @@ def bundle_files(
     plan: Plan,
     *,
     target: Target = "all",
-    image: str | None = None,
-    torch_version: str = DEFAULT_TORCH_VERSION,
-    cuda_version: str = DEFAULT_CUDA_VERSION,
-    rocm_version: str = DEFAULT_ROCM_VERSION,
-    rdma_resource: str | None = None,
-    rdma_count: int = 1,
-    queue: str | None = None,
-    node_selector: Sequence[str] = (),
-    tolerations: Sequence[str] = (),
-    priority_class: str | None = None,
-    gpu_resource: str | None = None,
+    pods: PodOptions = PodOptions(),
     calibration: CalibrationProfile | None = None,
     torchtitan_version: str = "0.3",
 ) -> list[BundleFile]:
     """Every file of the bundle for `target`, in a stable order.
 
-    The Kubernetes manifests run `image` when given, else the plan's GPU vendor's PyTorch image for
-    `torch_version` and `cuda_version` (PyTorch's official image) or `rocm_version` (AMD's ROCm image);
-    `rdma_resource` (`domain/name`, `rdma_count` per pod) requests RDMA adapters. `queue`, `node_selector`
-    (`key=value`), `tolerations` (`key[=value][:Effect]`), `priority_class` and `gpu_resource` (None: the
-    vendor's, nvidia.com/gpu or amd.com/gpu) place the pods (scheduling.py); `calibration` (the plan's
-    profile) re-prices a `torchtitan` bundle, written for `torchtitan_version` (`0.3`: its Python config
-    module; `0.2`: its TOML job config)."""
+    `pods` (PodOptions) holds the Kubernetes options: the manifests' image, the pods' scheduling and RDMA;
+    `calibration` (the plan's profile) re-prices a `torchtitan` bundle, written for `torchtitan_version`
+    (`0.3`: its Python config module; `0.2`: its TOML job config)."""
     _check_target(target)
-    placement = pod_placement(
-        plan, image=image, torch_version=torch_version, cuda_version=cuda_version, rocm_version=rocm_version,
-        rdma_resource=rdma_resource, rdma_count=rdma_count, queue=queue, node_selector=node_selector,
-        tolerations=tolerations, priority_class=priority_class, gpu_resource=gpu_resource,
-    )
+    placement = pod_placement(plan, pods)
     if target == "torchtitan":
         # Imported here: the torchtitan target builds on this module's context and files.
         from executor.launch import torchtitan
@@ -304,8 +315,8 @@ def bundle_files(
         try:
             sky = skypilot.SkyContext(
                 accelerator=skypilot.accelerator(plan.cluster.resolved_gpu()),
-                requirements=skypilot.requirements(torch_version=torch_version, float8=ctx.float8),
-                image=ctx.image if image is not None else None,
+                requirements=skypilot.requirements(torch_version=pods.torch_version, float8=ctx.float8),
+                image=ctx.image if pods.image is not None else None,
             )
         except skypilot.NotOnSkyPilotError as exc:
             if target == "skypilot":
@@ -339,32 +350,20 @@ class Placement:
     rdma_count: int = 1
 
 
-def pod_placement(
-    plan: Plan,
-    *,
-    image: str | None = None,
-    torch_version: str = DEFAULT_TORCH_VERSION,
-    cuda_version: str = DEFAULT_CUDA_VERSION,
-    rocm_version: str = DEFAULT_ROCM_VERSION,
-    rdma_resource: str | None = None,
-    rdma_count: int = 1,
-    queue: str | None = None,
-    node_selector: Sequence[str] = (),
-    tolerations: Sequence[str] = (),
-    priority_class: str | None = None,
-    gpu_resource: str | None = None,
-) -> Placement:
-    """The bundle's Kubernetes options checked (bundle_files says what each is); every target's bundle
+def pod_placement(plan: Plan, pods: PodOptions = PodOptions()) -> Placement:
+    """The bundle's Kubernetes options checked (PodOptions says what each is); every target's bundle
     checks them, so a bad one is refused whichever target is asked for."""
     stack = vendors.stack_for(plan.cluster.resolved_gpu())
-    pods = scheduling.scheduling(
-        queue=queue, node_selector=node_selector, tolerations=tolerations,
-        priority_class=priority_class, gpu_resource=gpu_resource or stack.gpu_resource,
+    scheduled = scheduling.scheduling(
+        queue=pods.queue, node_selector=pods.node_selector, tolerations=pods.tolerations,
+        priority_class=pods.priority_class, gpu_resource=pods.gpu_resource or stack.gpu_resource,
     )
-    chosen = torch_image(torch_version, cuda_version, image, stack=stack, rocm_version=rocm_version)
+    chosen = torch_image(
+        pods.torch_version, pods.cuda_version, pods.image, stack=stack, rocm_version=pods.rocm_version
+    )
     return Placement(
-        stack=stack, image=chosen, given_image=image is not None, torch_version=torch_version, pods=pods,
-        rdma_resource=rdma_resource, rdma_count=rdma_count,
+        stack=stack, image=chosen, given_image=pods.image is not None, torch_version=pods.torch_version,
+        pods=scheduled, rdma_resource=pods.rdma_resource, rdma_count=pods.rdma_count,
     )
 
 
@@ -425,8 +424,7 @@ def _prediction(plan: Plan) -> str:
 
 def build_bundle(plan: Plan, *, target: Target = "all", fmt: Format = "tar.gz", **options: object) -> bytes:
     """The bundle archive for `plan` (bytes of a .tar.gz or .zip); `options` as bundle_files takes them
-    (image, torch_version, cuda_version, rocm_version, rdma_resource, rdma_count, queue, node_selector,
-    tolerations, priority_class, gpu_resource, calibration, torchtitan_version)."""
+    (pods, calibration, torchtitan_version)."""
     _check_choice(fmt, FORMATS, "format")
     files = bundle_files(plan, target=target, **options)  # type: ignore[arg-type]
     root = bundle_name(plan)

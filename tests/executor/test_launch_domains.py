@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from executor.launch.bundle import bundle_files, bundle_name, domain_nodes, write_bundle
+from executor.launch.bundle import PodOptions, bundle_files, bundle_name, domain_nodes, write_bundle
 from executor.launch.manifests import DOMAIN_LABEL, SLICE_SIZE, SLICE_TOPOLOGY
 from planner.plan import Plan
 from tests.executor.launch_lint import documents, lint_script, validate_manifest
@@ -30,7 +30,7 @@ def sbatch_options(plan: Plan) -> list[str]:
 
 
 def trainjob_annotations(plan: Plan, **options: Any) -> dict[str, str]:
-    files = {f.path: f.data.decode() for f in bundle_files(plan, target="k8s", **options)}
+    files = {f.path: f.data.decode() for f in bundle_files(plan, target="k8s", pods=PodOptions(**options))}
     job = documents(files["k8s.yaml"])["TrainJob"]
     (patch,) = job["spec"]["runtimePatches"]
     (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
@@ -61,7 +61,7 @@ def test_a_queued_trainjob_is_sliced_by_domain_and_lints(tmp_path: Path) -> None
     assert trainjob_annotations(plan, queue="team-a") == {SLICE_TOPOLOGY: DOMAIN_LABEL, SLICE_SIZE: "18"}
     assert trainjob_annotations(plan) == {}  # without Kueue no scheduler reads them
     assert trainjob_annotations(plan_on("H100", 4, 8), queue="team-a") == {}
-    write_bundle(plan, tmp_path, target="all", queue="team-a")
+    write_bundle(plan, tmp_path, target="all", pods=PodOptions(queue="team-a"))
     root = tmp_path / bundle_name(plan)
     lint_script(root / "slurm.sbatch")
     for manifest in ("k8s.yaml", "k8s-pytorchjob.yaml"):

@@ -18,6 +18,7 @@ from executor.launch import bundle as bundle_module
 from executor.launch.bundle import (
     DEFAULT_IMAGE,
     BundleTooLargeError,
+    PodOptions,
     bundle_files,
     bundle_name,
     official_image,
@@ -72,7 +73,7 @@ def test_every_generated_file_passes_the_linters(tmp_path: Path, which: str) -> 
     plan = PLANS[which]()
     variants = {"plain": {}, "rdma": {"rdma_resource": "rdma/rdma_shared_device_a", "rdma_count": 2}}
     for variant, options in variants.items():
-        write_bundle(plan, tmp_path / variant, target="all", **options)
+        write_bundle(plan, tmp_path / variant, target="all", pods=PodOptions(**options))
         directory = tmp_path / variant / bundle_name(plan)
         for script in SCRIPTS:
             lint_script(directory / script)
@@ -328,7 +329,8 @@ def test_the_image_is_the_official_one_for_the_plans_torch(tmp_path: Path) -> No
     assert f'"torch=={bundle_module.DEFAULT_TORCH_VERSION}"' in pyproject
 
     def image(**options: object) -> str:
-        files = {f.path: f.data.decode() for f in bundle_files(plan, target="k8s", **options)}
+        pods = PodOptions(**options)
+        files = {f.path: f.data.decode() for f in bundle_files(plan, target="k8s", pods=pods)}
         trainer = documents(files["k8s.yaml"])["TrainJob"]["spec"]["trainer"]["image"]
         pod = documents(files["k8s-pytorchjob.yaml"])["PyTorchJob"]["spec"]["pytorchReplicaSpecs"]["Master"]
         assert pod["template"]["spec"]["containers"][0]["image"] == trainer
@@ -345,7 +347,7 @@ def test_the_image_is_the_official_one_for_the_plans_torch(tmp_path: Path) -> No
         ({"image": "x; rm -rf /"}, "image"),
     ):
         with pytest.raises(UnsafeValueError) as caught:
-            bundle_files(plan, target="k8s", **bad)
+            bundle_files(plan, target="k8s", pods=PodOptions(**bad))
         assert caught.value.field == field
 
 
@@ -357,8 +359,8 @@ def test_rdma_is_a_marked_block_until_asked_for() -> None:
     trainer = documents(plain["k8s.yaml"])["TrainJob"]["spec"]["trainer"]
     assert set(trainer["resourcesPerNode"]["limits"]) == {"nvidia.com/gpu"}
 
-    rdma = {f.path: f.data.decode()
-            for f in bundle_files(gpu_plan(2), rdma_resource="rdma/rdma_shared_device_a", rdma_count=2)}
+    pods = PodOptions(rdma_resource="rdma/rdma_shared_device_a", rdma_count=2)
+    rdma = {f.path: f.data.decode() for f in bundle_files(gpu_plan(2), pods=pods)}
     job = documents(rdma["k8s.yaml"])["TrainJob"]["spec"]
     limits = job["trainer"]["resourcesPerNode"]["limits"]
     assert limits == {"nvidia.com/gpu": 8, "rdma/rdma_shared_device_a": 2}
@@ -372,7 +374,7 @@ def test_rdma_is_a_marked_block_until_asked_for() -> None:
     assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
     for bad in ("rdma", "nvidia.com/gpu", "rdma/ib; rm -rf /", "Rdma/ib"):
         with pytest.raises(UnsafeValueError):
-            bundle_files(gpu_plan(2), rdma_resource=bad)
+            bundle_files(gpu_plan(2), pods=PodOptions(rdma_resource=bad))
     # CPU plans get no RDMA block (gloo over TCP), and request CPUs instead of GPUs.
     cpu = {f.path: f.data.decode() for f in bundle_files(Plan.model_validate(debug_plan()))}
     assert "RDMA" not in cpu["k8s.yaml"] and "nvidia.com/gpu" not in cpu["k8s.yaml"]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from executor.launch import environment, vendors
-from executor.launch.bundle import DEFAULT_IMAGE, bundle_files, bundle_name, write_bundle
+from executor.launch.bundle import DEFAULT_IMAGE, PodOptions, Target, bundle_files, bundle_name, write_bundle
 from executor.launch.calibration import calibration_bundle_files
 from executor.launch.quoting import UnsafeValueError
 from executor.launch.skypilot import NotOnSkyPilotError
@@ -31,8 +31,8 @@ def plan_on(gpu: str, nodes: int = 2) -> Plan:
     return Plan.model_validate(doc)
 
 
-def texts(plan: Plan, **options: Any) -> dict[str, str]:
-    return {f.path: f.data.decode() for f in bundle_files(plan, **options)}
+def texts(plan: Plan, target: Target = "all", **options: Any) -> dict[str, str]:
+    return {f.path: f.data.decode() for f in bundle_files(plan, target=target, pods=PodOptions(**options))}
 
 
 def pod_containers(files: dict[str, str]) -> list[dict[str, Any]]:
@@ -88,19 +88,19 @@ def test_the_rocm_version_names_amds_image_and_a_bad_one_is_refused() -> None:
         "registry.example.com/rocm:1"
     )
     with pytest.raises(UnsafeValueError) as caught:
-        bundle_files(plan, target="k8s", rocm_version="7")
+        bundle_files(plan, target="k8s", pods=PodOptions(rocm_version="7"))
     assert caught.value.field == "rocm_version"
 
 
 def test_another_vendors_gpus_need_their_own_image() -> None:
     # An AMD plan's pods asked for NVIDIA GPUs would get a ROCm image: refused, naming the image.
     with pytest.raises(UnsafeValueError, match="CUDA build of torch") as caught:
-        bundle_files(plan_on("MI355X"), target="k8s", gpu_resource="nvidia.com/gpu")
+        bundle_files(plan_on("MI355X"), target="k8s", pods=PodOptions(gpu_resource="nvidia.com/gpu"))
     assert caught.value.field == "image"
     files = texts(plan_on("MI355X"), target="k8s", gpu_resource="nvidia.com/gpu", image="my/cuda:1")
     assert pod_containers(files)[0]["limits"] == {"nvidia.com/gpu": 8}
     with pytest.raises(UnsafeValueError, match="ROCm build of torch"):
-        bundle_files(plan_on("H100-SXM-80GB"), target="k8s", gpu_resource="amd.com/gpu")
+        bundle_files(plan_on("H100-SXM-80GB"), target="k8s", pods=PodOptions(gpu_resource="amd.com/gpu"))
     with pytest.raises(NotOnSkyPilotError, match="ROCm"):
         bundle_files(plan_on("MI300X"), target="skypilot")
 

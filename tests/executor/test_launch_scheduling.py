@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from executor.launch.bundle import bundle_files, bundle_name, write_bundle
+from executor.launch.bundle import PodOptions, bundle_files, bundle_name, write_bundle
 from executor.launch.quoting import (
     DNS_SUBDOMAIN_PATTERN,
     NODE_SELECTOR_PATTERN,
@@ -49,7 +49,7 @@ def gpu_plan(nodes: int = 2) -> Plan:
 
 
 def manifests(plan: Plan, **options: Any) -> dict[str, dict[str, dict[str, Any]]]:
-    files = {f.path: f.data.decode() for f in bundle_files(plan, target="k8s", **options)}
+    files = {f.path: f.data.decode() for f in bundle_files(plan, target="k8s", pods=PodOptions(**options))}
     return {name: documents(files[name]) for name in ("k8s.yaml", "k8s-pytorchjob.yaml")}
 
 
@@ -61,7 +61,7 @@ def trainjob_pod(job: dict[str, Any]) -> dict[str, Any]:
 
 def test_every_option_lands_in_both_jobs_and_passes_the_schemas(tmp_path: Path) -> None:
     plan = gpu_plan()
-    write_bundle(plan, tmp_path, target="k8s", **OPTIONS)
+    write_bundle(plan, tmp_path, target="k8s", pods=PodOptions(**OPTIONS))
     for name in ("k8s.yaml", "k8s-pytorchjob.yaml"):
         # kubernetes-validate, strict, at the oldest and newest Kubernetes (the pods as PodTemplates).
         checked = validate_manifest(tmp_path / bundle_name(plan) / name)
@@ -81,7 +81,8 @@ def test_every_option_lands_in_both_jobs_and_passes_the_schemas(tmp_path: Path) 
     # The queue is the job's alone: the claim and the ConfigMap are not workloads.
     for kind in ("PersistentVolumeClaim", "ConfigMap"):
         assert QUEUE_LABEL not in docs["k8s.yaml"][kind]["metadata"]["labels"]
-    text = next(f.data.decode() for f in bundle_files(plan, target="k8s", **OPTIONS) if f.path == "k8s.yaml")
+    files = bundle_files(plan, target="k8s", pods=PodOptions(**OPTIONS))
+    text = next(f.data.decode() for f in files if f.path == "k8s.yaml")
     assert "# Kueue: the job waits in LocalQueue team-a" in text
     assert "trainer.kubeflow.org/trainjob" in text
 
@@ -103,11 +104,11 @@ def test_amd_gpus_are_requested_as_amd_gpus_from_a_rocm_image(tmp_path: Path) ->
     assert docs["k8s.yaml"]["TrainJob"]["spec"]["trainer"]["resourcesPerNode"]["limits"] == {"amd.com/gpu": 8}
     master = docs["k8s-pytorchjob.yaml"]["PyTorchJob"]["spec"]["pytorchReplicaSpecs"]["Master"]
     assert master["template"]["spec"]["containers"][0]["resources"]["limits"] == {"amd.com/gpu": 8}
-    write_bundle(plan, tmp_path, target="k8s", **rocm)
+    write_bundle(plan, tmp_path, target="k8s", pods=PodOptions(**rocm))
     validate_manifest(tmp_path / bundle_name(plan) / "k8s.yaml")
     # PyTorch's official image is a CUDA build: AMD without an image is refused, naming the image.
     with pytest.raises(UnsafeValueError, match="ROCm") as caught:
-        bundle_files(plan, target="k8s", gpu_resource="amd.com/gpu")
+        bundle_files(plan, target="k8s", pods=PodOptions(gpu_resource="amd.com/gpu"))
     assert caught.value.field == "image"
     # A CPU plan requests cores whatever the GPU resource.
     cpu = manifests(Plan.model_validate(debug_plan()), **rocm)
@@ -136,7 +137,7 @@ def test_amd_gpus_are_requested_as_amd_gpus_from_a_rocm_image(tmp_path: Path) ->
 )
 def test_bad_values_are_refused_naming_the_option(option: str, value: Any, field: str, message: str) -> None:
     with pytest.raises(UnsafeValueError) as caught:
-        bundle_files(gpu_plan(), target="k8s", **{option: value})
+        bundle_files(gpu_plan(), target="k8s", pods=PodOptions(**{option: value}))
     assert caught.value.field == field
     assert message in str(caught.value)
 

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 import yaml
 
-from executor.launch.bundle import bundle_files, bundle_name, write_bundle
+from executor.launch.bundle import PodOptions, Target, bundle_files, bundle_name, write_bundle
 from executor.launch.skypilot import ACCELERATORS, UNAVAILABLE, NotOnSkyPilotError
 from executor.launch.vendors import vendor_of
 from planner.catalog.gpus import GPU_CATALOG
@@ -57,8 +57,8 @@ def gpu_plan(nodes: int = 2, gpu: str = "H100-SXM-80GB", **kwargs: Any) -> Plan:
     return Plan.model_validate(doc)
 
 
-def files(plan: Plan, **options: Any) -> dict[str, str]:
-    return {f.path: f.data.decode() for f in bundle_files(plan, **options)}
+def files(plan: Plan, target: Target = "all", **options: Any) -> dict[str, str]:
+    return {f.path: f.data.decode() for f in bundle_files(plan, target=target, pods=PodOptions(**options))}
 
 
 def test_the_schema_is_skypilots() -> None:
