@@ -25,7 +25,16 @@ async def test_a_llama3_plan_downloads_as_a_torchtitan_job(client: httpx.AsyncCl
     assert response.status_code == 200, response.text
     with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as archive:
         names = {m.name.split("/", 1)[1] for m in archive.getmembers()}
-    assert names == {"plan.json", "fsdp_planner_job.py", "launch.sh", "slurm.sbatch", "README.md"}
+    runs = {"launch.sh", "slurm.sbatch", "k8s.yaml", "k8s-pytorchjob.yaml", "README.md", "plan.json"}
+    assert names == {"fsdp_planner_job.py", *runs}
+    legacy = await client.get(
+        f"{PLANS}/{created.json()['id']}/launcher",
+        params={"target": "torchtitan", "torchtitan_version": "0.2"},
+    )
+    assert legacy.status_code == 200, legacy.text
+    with tarfile.open(fileobj=io.BytesIO(legacy.content), mode="r:gz") as archive:
+        names = {m.name.split("/", 1)[1] for m in archive.getmembers()}
+    assert names == {"fsdp_planner_job.toml", *runs}
 
 
 async def test_a_model_torchtitan_lacks_is_a_clear_422(client: httpx.AsyncClient) -> None:
