@@ -61,9 +61,15 @@ router = APIRouter(
 
 STUDIES_PER_PAGE = 25
 LAUNCHER_TARGETS = (
-    ("torchrun", "torchrun"), ("slurm", "SLURM"), ("k8s", "Kubernetes"), ("skypilot", "SkyPilot"),
-    ("all", "all targets"), ("torchtitan", "torchtitan job"),
+    ("torchrun", "target=torchrun", "torchrun"),
+    ("slurm", "target=slurm", "SLURM"),
+    ("k8s", "target=k8s", "Kubernetes"),
+    ("skypilot", "target=skypilot", "SkyPilot"),
+    ("all", "target=all", "all targets"),
+    ("torchtitan", "target=torchtitan", "torchtitan job"),
+    ("torchtitan-0.2", "target=torchtitan&torchtitan_version=0.2", "torchtitan 0.2.x job (TOML)"),
 )
+"""The plan page's launcher downloads: (the button's id suffix, the launcher query, its label)."""
 
 
 def _torchtitan_refused(plan: Plan) -> str | None:

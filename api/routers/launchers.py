@@ -203,7 +203,9 @@ def download_launcher(
             title="Invalid request",
             errors=[FieldError(location="query", field="target", message=str(exc), type="value_error")],
         ) from None
-    filename = archive_filename(plan, fmt=archive_format.value, target=target.value)
+    filename = archive_filename(
+        plan, fmt=archive_format.value, target=target.value, torchtitan_version=torchtitan_version.value
+    )
     return Response(
         content=archive,
         media_type=MEDIA_TYPES[archive_format.value],

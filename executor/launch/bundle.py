@@ -96,11 +96,16 @@ def bundle_name(plan: Plan) -> str:
     return f"fsdp-{slug(plan.model.name, limit=40)}-{hex_id(plan.plan_hash)[:12]}"
 
 
-def archive_filename(plan: Plan, *, fmt: Format = "tar.gz", target: Target = "all") -> str:
-    """`fsdp-llama3-8b-<hash12>.tar.gz` for every target's bundle, `...-slurm.tar.gz` for one target's:
+def archive_filename(
+    plan: Plan, *, fmt: Format = "tar.gz", target: Target = "all", torchtitan_version: str | None = None
+) -> str:
+    """`fsdp-llama3-8b-<hash12>.tar.gz` for every target's bundle, `...-slurm.tar.gz` for one target's,
+    `...-torchtitan-0.2.tar.gz` for a torchtitan bundle written for a series other than the default:
     bundles of one plan for different targets download under names of their own."""
     _check_choice(fmt, FORMATS, "format")
     suffix = "" if target == "all" else f"-{target}"
+    if target == "torchtitan" and torchtitan_version not in (None, "0.3"):
+        suffix += f"-{torchtitan_version}"
     return f"{bundle_name(plan)}{suffix}.{fmt}"
 
 
@@ -444,7 +449,9 @@ def write_bundle(
     it); returns the archive's path. `options` as bundle_files takes them."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    archive = out / archive_filename(plan, fmt=fmt, target=target)
+    series = options.get("torchtitan_version")
+    name = archive_filename(plan, fmt=fmt, target=target, torchtitan_version=str(series) if series else None)
+    archive = out / name
     files = bundle_files(plan, target=target, **options)  # type: ignore[arg-type]
     root_name = bundle_name(plan)
     archive.write_bytes(_tar_gz(files, root=root_name) if fmt == "tar.gz" else _zip(files, root=root_name))
