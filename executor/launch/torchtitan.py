@@ -176,27 +176,7 @@ def mapping(plan: Plan, series: str = DEFAULT_SERIES) -> Mapping:
         checkpointing, ac = _checkpointing(config.checkpointing, missing)
         float8, converters = _converters(config, missing)
         quantize = {}
-    if config.blocks_per_unit > 1:
-        missing.append(
-            f"FSDP units of {config.blocks_per_unit} blocks: torchtitan wraps every block as its own unit"
-        )
-    if config.all_gather_bucket_mb or config.reduce_scatter_bucket_mb:
-        missing.append(
-            f"bucket caps (all-gather {config.all_gather_bucket_mb:g} MB, reduce-scatter "
-            f"{config.reduce_scatter_bucket_mb:g} MB): torchtitan issues one collective per FSDP unit"
-        )
-    if config.compile and (config.inductor.bucket_all_gathers or config.inductor.bucket_reduce_scatters
-                           or config.inductor.reorder_for_compute_comm_overlap):
-        missing.append(
-            "inductor's collective bucketing and reordering: torchtitan compiles each block, and FSDP2 "
-            "overlaps its collectives eagerly"
-        )
-    if config.prefetch_depth > 1:
-        missing.append(f"prefetch depth {config.prefetch_depth}: FSDP2 prefetches one unit ahead")
-    reduce_dtype = config.reduce_dtype
-    if reduce_dtype != "float32":
-        missing.append("bf16 gradient reduction: torchtitan reduces in fp32")
-        reduce_dtype = "float32"
+    _fsdp_not_expressed(config, missing)
     if plan.model.moe is not None:
         _moe_not_expressed(config, missing, legacy=legacy)
     loss = "sliced"
@@ -218,7 +198,7 @@ def mapping(plan: Plan, series: str = DEFAULT_SERIES) -> Mapping:
         reduce_scatter_bucket_mb=0.0,
         prefetch_depth=1,
         checkpointing=checkpointing,
-        reduce_dtype=reduce_dtype,
+        reduce_dtype="float32",
         inductor=InductorConfig(
             bucket_all_gathers=False, bucket_reduce_scatters=False, reorder_for_compute_comm_overlap=False
         ),
@@ -229,37 +209,47 @@ def mapping(plan: Plan, series: str = DEFAULT_SERIES) -> Mapping:
         float8=float8,
         engine="torchtitan",
     )
-    if legacy:
-        values = {
-            "version": release,
-            "series": series,
-            "module": flavor.module,
-            "flavor": flavor.flavor,
-            "training": _training(plan, legacy=True),
-            "parallelism": _parallelism(config, legacy=True),
-            "compile": {"enable": config.compile, "components": ["model", "loss"]},
-            "activation_checkpoint": ac,
-            "converters": converters,
-            "quantize": quantize,
-        }
-        return Mapping(flavor=flavor, values=values, config=runs, not_expressed=tuple(missing))
-    values = {
+    values: dict[str, Any] = {
         "version": release,
         "series": series,
         "module": flavor.module,
         "flavor": flavor.flavor,
-        "training": _training(plan),
-        "parallelism": _parallelism(config),
-        "compile": {
-            "enable": config.compile,
-            "components": ["model", "loss"],
-            "enable_async_tensor_parallel": config.async_tp,
-        },
-        "loss_chunks": config.loss_chunks,
+        "training": _training(plan, legacy=legacy),
+        "parallelism": _parallelism(config, legacy=legacy),
+        "compile": {"enable": config.compile, "components": ["model", "loss"]},
         "activation_checkpoint": ac,
         "converters": converters,
     }
+    if legacy:
+        values["quantize"] = quantize
+    else:
+        values["compile"]["enable_async_tensor_parallel"] = config.async_tp
+        values["loss_chunks"] = config.loss_chunks
     return Mapping(flavor=flavor, values=values, config=runs, not_expressed=tuple(missing))
+
+
+def _fsdp_not_expressed(config: ParallelConfig, missing: list[str]) -> None:
+    """What of the plan's FSDP torchtitan runs otherwise (every release): a unit per block, one
+    collective per unit, eager overlap, one unit of prefetch, fp32 gradient reduction."""
+    if config.blocks_per_unit > 1:
+        missing.append(
+            f"FSDP units of {config.blocks_per_unit} blocks: torchtitan wraps every block as its own unit"
+        )
+    if config.all_gather_bucket_mb or config.reduce_scatter_bucket_mb:
+        missing.append(
+            f"bucket caps (all-gather {config.all_gather_bucket_mb:g} MB, reduce-scatter "
+            f"{config.reduce_scatter_bucket_mb:g} MB): torchtitan issues one collective per FSDP unit"
+        )
+    if config.compile and (config.inductor.bucket_all_gathers or config.inductor.bucket_reduce_scatters
+                           or config.inductor.reorder_for_compute_comm_overlap):
+        missing.append(
+            "inductor's collective bucketing and reordering: torchtitan compiles each block, and FSDP2 "
+            "overlaps its collectives eagerly"
+        )
+    if config.prefetch_depth > 1:
+        missing.append(f"prefetch depth {config.prefetch_depth}: FSDP2 prefetches one unit ahead")
+    if config.reduce_dtype != "float32":
+        missing.append("bf16 gradient reduction: torchtitan reduces in fp32")
 
 
 def _moe_not_expressed(config: ParallelConfig, missing: list[str], *, legacy: bool = False) -> None:

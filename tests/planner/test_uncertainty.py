@@ -47,13 +47,19 @@ def test_an_interval_is_the_prediction_over_and_times_e_to_its_groups_quantile()
     assert peak.low < 50.0 < peak.high and peak.contains(50.0)
 
 
-def test_a_gpu_type_without_a_group_of_its_own_takes_the_pooled_one() -> None:
-    # No held-out run ran on an L4: its interval is the one of all GPU types together.
-    pooled = _group("throughput", "*", None, "*")
+def test_a_gpu_type_without_a_group_of_its_own_takes_all_gpu_types_at_its_dimensions() -> None:
+    # No held-out run ran on an L4: its interval is the one of all GPU types at its dimensions (data
+    # parallelism alone), or of all GPU types together where no such group has enough runs and sources.
+    data_parallel = _group("throughput", "*", None, "dp")
     l4 = throughput_interval(predicted=100.0, gpu="L4", mesh=Mesh())
+    assert (data_parallel["gpu"], data_parallel["dims"]) == ("*", "dp")
+    assert l4.high == pytest.approx(100.0 * math.exp(data_parallel["q"]))
+    assert l4.basis.startswith("all GPU types, dp:")
+    pooled = _group("throughput", "*", None, "*")
     assert (pooled["gpu"], pooled["dims"]) == ("*", "*")
-    assert l4.high == pytest.approx(100.0 * math.exp(pooled["q"]))
-    assert l4.basis.startswith("all GPU types")
+    l4_cp = throughput_interval(predicted=100.0, gpu="L4", mesh=Mesh(dp_shard=4, cp=2))
+    assert l4_cp.high == pytest.approx(100.0 * math.exp(pooled["q"]))
+    assert l4_cp.basis.startswith("all GPU types:")
 
 
 def test_the_unknown_network_widens_the_throughput_interval_to_the_low_and_high_networks() -> None:
