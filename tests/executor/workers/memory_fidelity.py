@@ -206,8 +206,13 @@ def main() -> None:
     parser.add_argument("--plans", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
     # 6 measured steps per eager plan (a warm-up and the tracker's step besides): the lowest counts, and
-    # with 3 the accumulating plans' peaks kept a gloo buffer in flight in every one now and then.
+    # with 3 the accumulating plans' peaks kept a gloo buffer in flight in every one now and then. Those
+    # plans (a micro-batch's collectives still queued on gloo's one worker thread when the next
+    # micro-batch peaks) measure 12: with 6, a loaded CI run found every step of one of them ~15% over
+    # its clean peak once in three runs (2026-11-29).
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps per eager plan")
+    parser.add_argument("--accumulating-steps", type=int, default=14,
+                        help="optimizer steps per eager plan of several micro-batches")
     parser.add_argument("--compiled-steps", type=int, default=4, help="optimizer steps per compiled plan")
     args = parser.parse_args()
     cases = json.loads(args.plans.read_text())
@@ -220,7 +225,10 @@ def main() -> None:
     gc.freeze()
     for case in cases:
         plan = parse_plan(case["plan"])
-        steps = args.compiled_steps if plan.config.compile else args.steps
+        if plan.config.compile:
+            steps = args.compiled_steps
+        else:
+            steps = args.accumulating_steps if plan.config.grad_accum_steps > 1 else args.steps
         record = run_plan(case["label"], plan, steps=steps, meshes=meshes)
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, record)
