@@ -28,7 +28,7 @@ from executor.launch.bundle import (
 )
 from executor.launch.quoting import UnsafeValueError
 from executor.launch.skypilot import TASK_FILE as SKYPILOT_TASK_FILE
-from executor.launch.torchtitan import TORCHTITAN_RELEASES, NotOnTorchtitanError
+from executor.launch.torchtitan import DEFAULT_SERIES, TORCHTITAN_RELEASES, NotOnTorchtitanError
 
 
 def register(app: typer.Typer) -> None:
@@ -106,7 +106,7 @@ def launcher(
         typer.Option(help="--target torchtitan: the torchtitan series the job config is written for: 0.3 "
                      "(its Python config module, torchtitan 0.3.0) | 0.2 (its TOML job config, "
                      "torchtitan 0.2.2)."),
-    ] = "0.3",
+    ] = DEFAULT_SERIES,
     no_extract: Annotated[bool, typer.Option("--no-extract", help="Write only the archive.")] = False,
 ) -> None:
     """Write a launch bundle: launch.sh (torchrun), slurm.sbatch, k8s.yaml, skypilot.yaml, plan.json and the

@@ -39,7 +39,7 @@ from executor.launch.quoting import (
     TORCH_VERSION_PATTERN,
     UnsafeValueError,
 )
-from executor.launch.torchtitan import NotOnTorchtitanError
+from executor.launch.torchtitan import DEFAULT_SERIES, TORCHTITAN_RELEASES, NotOnTorchtitanError
 from planner.plan import Plan
 
 router = APIRouter(prefix="/plans/{plan_id}/launcher", tags=["launchers"])
@@ -59,9 +59,10 @@ class GpuResource(StrEnum):
     amd = "amd.com/gpu"
 
 
-class TorchtitanSeries(StrEnum):
-    v0_3 = "0.3"
-    v0_2 = "0.2"
+TorchtitanSeries = StrEnum(  # type: ignore[misc]
+    "TorchtitanSeries", {f"v{series.replace('.', '_')}": series for series in TORCHTITAN_RELEASES}
+)
+"""The torchtitan series a torchtitan bundle can be written for (executor/launch/torchtitan.py's)."""
 
 
 class ArchiveFormat(StrEnum):
@@ -155,7 +156,7 @@ def download_launcher(
         TorchtitanSeries,
         Query(description="target torchtitan: the torchtitan series the job config is written for: 0.3 (its "
               "Python config module, torchtitan 0.3.0) or 0.2 (its TOML job config, torchtitan 0.2.2)"),
-    ] = TorchtitanSeries.v0_3,
+    ] = TorchtitanSeries(DEFAULT_SERIES),
     gpu_resource: Annotated[
         GpuResource | None,
         Query(description="The GPUs' resource name; default: the plan's GPU vendor's (amd.com/gpu for AMD "

@@ -68,6 +68,9 @@ def official_image(
 
 DEFAULT_IMAGE = official_image()
 """Container image in the Kubernetes manifests unless another torch version or image is given."""
+DEFAULT_TORCHTITAN_SERIES = "0.3"
+"""The torchtitan series a `torchtitan` bundle is written for unless asked (executor/launch/torchtitan.py
+holds the series and their releases); other series' archives carry theirs in their names."""
 
 
 class BundleTooLargeError(ValueError):
@@ -96,6 +99,12 @@ def bundle_name(plan: Plan) -> str:
     return f"fsdp-{slug(plan.model.name, limit=40)}-{hex_id(plan.plan_hash)[:12]}"
 
 
+def plan_file(plan: Plan) -> BundleFile:
+    """plan.json: the plan document every bundle carries (the runtime and the manifests' ConfigMap
+    read it)."""
+    return BundleFile("plan.json", (plan.model_dump_json(indent=1) + "\n").encode())
+
+
 def archive_filename(
     plan: Plan, *, fmt: Format = "tar.gz", target: Target = "all", torchtitan_version: str | None = None
 ) -> str:
@@ -104,7 +113,7 @@ def archive_filename(
     bundles of one plan for different targets download under names of their own."""
     _check_choice(fmt, FORMATS, "format")
     suffix = "" if target == "all" else f"-{target}"
-    if target == "torchtitan" and torchtitan_version not in (None, "0.3"):
+    if target == "torchtitan" and torchtitan_version not in (None, DEFAULT_TORCHTITAN_SERIES):
         suffix += f"-{torchtitan_version}"
     return f"{bundle_name(plan)}{suffix}.{fmt}"
 
@@ -284,7 +293,7 @@ def bundle_files(
     target: Target = "all",
     pods: PodOptions = PodOptions(),
     calibration: CalibrationProfile | None = None,
-    torchtitan_version: str = "0.3",
+    torchtitan_version: str = DEFAULT_TORCHTITAN_SERIES,
 ) -> list[BundleFile]:
     """Every file of the bundle for `target`, in a stable order.
 
@@ -303,7 +312,7 @@ def bundle_files(
     targets = ["torchrun", "slurm", "k8s", "skypilot"] if target == "all" else [target]
     ctx = context(plan, image=placement.image)
     core = [
-        BundleFile("plan.json", (plan.model_dump_json(indent=1) + "\n").encode()),
+        plan_file(plan),
         BundleFile("launch.sh", render.launch_sh(ctx).encode(), executable=True),
         *runtime_files(),
     ]

@@ -22,11 +22,13 @@ from contract.mesh import AXES
 from contract.parallel_config import CheckpointingConfig, InductorConfig, ParallelConfig
 from executor.launch import environment, render
 from executor.launch.bundle import (
+    DEFAULT_TORCHTITAN_SERIES,
     BundleFile,
     Placement,
     _prediction,
     context,
     kubernetes_files,
+    plan_file,
     pod_placement,
 )
 from executor.launch.manifests import CHECKPOINT_MOUNT, WORK_DIR
@@ -43,7 +45,7 @@ TORCHTITAN_RELEASES = {"0.3": TORCHTITAN_VERSION, "0.2": "0.2.2"}
 """The torchtitan series a bundle can be written for, and the release of each it names: 0.3.x's
 Python config module, or 0.2.x's TOML job config (`--job.config_file`, the JobConfig dataclasses of
 torchtitan/config/job_config.py, the same in 0.2.0 to 0.2.2 for every field the bundle writes)."""
-DEFAULT_SERIES = "0.3"
+DEFAULT_SERIES = DEFAULT_TORCHTITAN_SERIES
 JOB_TOML = "fsdp_planner_job.toml"
 """0.2.x's job config (`fsdp_planner_job.toml` in the bundle), torchtitan's `--job.config_file`."""
 JOB_MODULE = "fsdp_planner_job"
@@ -476,21 +478,15 @@ TRAIN = render.Entry(
     requirement=f"torchtitan=={TORCHTITAN_VERSION}",
     requirement_module="torchtitan",
 )
-TRAIN_02 = render.Entry(
-    script="launch.sh",
-    module="torchtitan.train",
+TRAIN_02 = dataclasses.replace(
+    TRAIN,
     args=f'--job.config_file "$HERE/{JOB_TOML}"',
     usage="./launch.sh [torchtitan options]   e.g. ./launch.sh --model.hf_assets_path ./assets/hf/<model> "
           "--training.steps 1000",
-    resumable=False,
     example_options="--model.hf_assets_path /shared/tokenizer --training.steps 1000",
     carries=f"launch.sh, plan.json, {JOB_TOML}",
-    k8s_options="--model.hf_assets_path /shared/tokenizer --checkpoint.enable "
-                f"--checkpoint.folder {CHECKPOINT_MOUNT} --checkpoint.keep_latest_k 2",
-    checkpoints=f"torchtitan saves there and resumes from the newest with `--checkpoint.enable "
-                f"--checkpoint.folder {CHECKPOINT_MOUNT}`",
+    k8s_options=TRAIN.k8s_options.replace("--hf_assets_path", "--model.hf_assets_path"),
     requirement=f"torchtitan=={TORCHTITAN_RELEASES['0.2']}",
-    requirement_module="torchtitan",
 )
 """torchtitan 0.2.x's launch: `torchtitan.train --job.config_file` with the TOML job config."""
 
@@ -523,7 +519,7 @@ def bundle_files(
         )
         config = BundleFile(f"{JOB_MODULE}.py", module.encode())
     core = [
-        BundleFile("plan.json", (plan.model_dump_json(indent=1) + "\n").encode()),
+        plan_file(plan),
         config,
         BundleFile("launch.sh", render.launch_sh(ctx, entry).encode(), executable=True),
     ]
